@@ -1,1 +1,3 @@
 //! actorcile
+
+pub mod cluster;
