@@ -14,6 +14,7 @@
 //! - [`cluster`]: an in-process Kubernetes API server for tests, benchmarks and simulation.
 
 pub mod actors;
+pub mod cluster;
 pub mod messages;
 mod object_api;
 pub mod policy;
