@@ -116,7 +116,9 @@ async fn main() {
     let deadline = started + Duration::from_secs(args.timeout);
     for i in 0..args.objects {
         let db = Database::new(&format!("db-{i}"), DatabaseSpec { size_gib: 10 });
-        api.create(&PostParams::default(), &db).await.expect("create");
+        api.create(&PostParams::default(), &db)
+            .await
+            .expect("create");
     }
     let mut ready = 0;
     while Instant::now() < deadline {
@@ -126,7 +128,10 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!("{ready} Ready after {:.2}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "{ready} Ready after {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
 
     for i in 0..args.objects {
         api.delete(&format!("db-{i}"), &DeleteParams::default())

@@ -117,16 +117,31 @@ async fn concurrent_runs_every_child_even_when_one_yields_and_merges_determinist
     let tree = concurrent![
         rec("a", &t, y("A")),
         rec("b", &t, Outcome::Terminal(Reason::new("T", "bad"))),
-        rec("c", &t, Outcome::failed(Reason::new("C", ""), std::io::Error::other("x"))),
+        rec(
+            "c",
+            &t,
+            Outcome::failed(Reason::new("C", ""), std::io::Error::other("x"))
+        ),
     ];
     assert_eq!(tree.provision(&cx("")).await.reason().unwrap().code(), "T");
     // among yields the earliest wake-up wins
     let tree = concurrent![
-        rec("a", &t, Outcome::yield_after(Duration::from_secs(9), Reason::new("Late", ""))),
-        rec("b", &t, Outcome::yield_after(Duration::from_secs(1), Reason::new("Soon", ""))),
+        rec(
+            "a",
+            &t,
+            Outcome::yield_after(Duration::from_secs(9), Reason::new("Late", ""))
+        ),
+        rec(
+            "b",
+            &t,
+            Outcome::yield_after(Duration::from_secs(1), Reason::new("Soon", ""))
+        ),
         rec("c", &t, Outcome::Done),
     ];
-    assert_eq!(tree.provision(&cx("")).await.reason().unwrap().code(), "Soon");
+    assert_eq!(
+        tree.provision(&cx("")).await.reason().unwrap().code(),
+        "Soon"
+    );
 }
 
 #[tokio::test]
@@ -165,7 +180,12 @@ async fn conditional_provisions_when_true_and_actively_deprovisions_when_false()
     let t = Trace::default();
     let tree = conditional(
         "feature",
-        |cm: &ConfigMap| cm.data.as_ref().and_then(|d| d.get("flag")).is_some_and(|f| f == "on"),
+        |cm: &ConfigMap| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("flag"))
+                .is_some_and(|f| f == "on")
+        },
         rec("child", &t, Outcome::Done),
     );
     assert!(tree.provision(&cx("on")).await.is_done());
@@ -173,7 +193,11 @@ async fn conditional_provisions_when_true_and_actively_deprovisions_when_false()
     assert!(tree.provision(&cx("off")).await.is_done());
     assert_eq!(taken(&t), ["-child"], "false deprovisions, not skips");
     assert!(tree.deprovision(&cx("on")).await.is_done());
-    assert_eq!(taken(&t), ["-child"], "deprovision always deprovisions the child");
+    assert_eq!(
+        taken(&t),
+        ["-child"],
+        "deprovision always deprovisions the child"
+    );
 }
 
 #[tokio::test]
@@ -188,11 +212,17 @@ async fn resource_step_reports_api_failures_as_typed_failed_outcomes() {
     match tree.provision(&cx("")).await {
         Outcome::Failed { reason, errors } => {
             assert_eq!(reason.code(), "ApplyFailed");
-            assert!(!reason.message().contains("offline"), "raw error text stays out of the reason");
+            assert!(
+                !reason.message().contains("offline"),
+                "raw error text stays out of the reason"
+            );
             assert!(errors[0].to_string().contains("offline"));
         }
         other => panic!("expected Failed, got {other:?}"),
     }
     let nameless = resource("child", |_cm: &ConfigMap| ConfigMap::default());
-    assert!(matches!(nameless.provision(&cx("")).await, Outcome::Terminal(_)));
+    assert!(matches!(
+        nameless.provision(&cx("")).await,
+        Outcome::Terminal(_)
+    ));
 }

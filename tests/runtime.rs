@@ -36,13 +36,15 @@ async fn lifecycle_provision_ready_delete_gone_without_leaks() {
     let d = deprovisioned.clone();
     let tree = serial![
         step("a", |_cx: Context<Widget>| async { Outcome::Done }),
-        step("b", |_cx: Context<Widget>| async { Outcome::Done }).on_delete(move |_cx: Context<Widget>| {
-            let d = d.clone();
-            async move {
-                d.fetch_add(1, Ordering::SeqCst);
-                Outcome::Done
+        step("b", |_cx: Context<Widget>| async { Outcome::Done }).on_delete(
+            move |_cx: Context<Widget>| {
+                let d = d.clone();
+                async move {
+                    d.fetch_add(1, Ordering::SeqCst);
+                    Outcome::Done
+                }
             }
-        }),
+        ),
     ];
     let rt = Runtime::builder(client.clone())
         .policy(test_policy())
@@ -55,7 +57,10 @@ async fn lifecycle_provision_ready_delete_gone_without_leaks() {
     }
     wait_all_ready(&client, 20, LIMIT).await;
     let w = widgets(&client).get("w0").await.unwrap();
-    assert!(w.finalizers().contains(&"actorcile.dev/finalizer".to_string()));
+    assert!(
+        w.finalizers()
+            .contains(&"actorcile.dev/finalizer".to_string())
+    );
     let s = w.status.unwrap();
     assert_eq!(s.phase, Some(Phase::Ready));
     assert_eq!(s.observed_generation, w.metadata.generation);
@@ -67,7 +72,10 @@ async fn lifecycle_provision_ready_delete_gone_without_leaks() {
     }
     assert_eq!(deprovisioned.load(Ordering::SeqCst), 20);
     let left = widgets(&client).list(&Default::default()).await.unwrap();
-    assert!(left.items.is_empty(), "no widget left behind (no leaked finalizer)");
+    assert!(
+        left.items.is_empty(),
+        "no widget left behind (no leaked finalizer)"
+    );
     drop(cluster);
     // every actor stopped and was forgotten
     eventually("actors stopped", LIMIT, || async {
@@ -90,7 +98,10 @@ async fn yield_delay_is_honoured_and_default_applies() {
             let i = l.start(&cx.object().name_any());
             l.end(i);
             match c.fetch_add(1, Ordering::SeqCst) {
-                0 => Outcome::yield_after(Duration::from_secs(7), Reason::new("Wait", "seven seconds")),
+                0 => Outcome::yield_after(
+                    Duration::from_secs(7),
+                    Reason::new("Wait", "seven seconds"),
+                ),
                 1 => Outcome::yield_now(Reason::new("Wait", "default delay")),
                 _ => Outcome::Done,
             }
@@ -110,8 +121,14 @@ async fn yield_delay_is_honoured_and_default_applies() {
     assert_eq!(s.len(), 3, "exactly three passes: two yields then done");
     let gap1 = s[1] - s[0];
     let gap2 = s[2] - s[1];
-    assert!(gap1 >= Duration::from_secs(7) && gap1 < Duration::from_millis(7100), "{gap1:?}");
-    assert!(gap2 >= Duration::from_secs(3) && gap2 < Duration::from_millis(3100), "{gap2:?}");
+    assert!(
+        gap1 >= Duration::from_secs(7) && gap1 < Duration::from_millis(7100),
+        "{gap1:?}"
+    );
+    assert!(
+        gap2 >= Duration::from_secs(3) && gap2 < Duration::from_millis(3100),
+        "{gap2:?}"
+    );
     rt.shutdown().await;
 }
 
@@ -143,7 +160,10 @@ async fn new_generation_preempts_a_pending_timer() {
     let before = Instant::now();
     set_note(&client, "g", "go").await;
     wait_ready(&client, "g", LIMIT).await;
-    assert!(Instant::now() - before < Duration::from_secs(5), "ran on the new generation at once");
+    assert!(
+        Instant::now() - before < Duration::from_secs(5),
+        "ran on the new generation at once"
+    );
     assert_eq!(log.count("g"), 2);
     // the hour-long timer was cancelled: no third run an hour later
     tokio::time::sleep(Duration::from_secs(7200)).await;
@@ -182,11 +202,19 @@ async fn events_during_a_run_coalesce_into_one_follow_up_run() {
         set_note(&client, "c", &format!("n{i}")).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(log.count("c"), 1, "no second run while the first is in progress");
+    assert_eq!(
+        log.count("c"),
+        1,
+        "no second run while the first is in progress"
+    );
     gate.notify_one();
     wait_ready(&client, "c", LIMIT).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(log.count("c"), 2, "100 events during one run give exactly one follow-up run");
+    assert_eq!(
+        log.count("c"),
+        2,
+        "100 events during one run give exactly one follow-up run"
+    );
     rt.shutdown().await;
 }
 
@@ -226,10 +254,17 @@ async fn error_backoff_grows_and_resets_on_success() {
     let s = log.starts("f");
     assert_eq!(s.len(), 8);
     let gaps: Vec<Duration> = s.windows(2).map(|w| w[1] - w[0]).collect();
-    let near = |d: Duration, ms: u64| d >= Duration::from_millis(ms) && d < Duration::from_millis(ms + 60);
-    assert!(near(gaps[0], 100) && near(gaps[1], 200) && near(gaps[2], 400) && near(gaps[3], 800), "{gaps:?}");
+    let near =
+        |d: Duration, ms: u64| d >= Duration::from_millis(ms) && d < Duration::from_millis(ms + 60);
+    assert!(
+        near(gaps[0], 100) && near(gaps[1], 200) && near(gaps[2], 400) && near(gaps[3], 800),
+        "{gaps:?}"
+    );
     assert!(near(gaps[4], 50), "yield delay after success: {gaps:?}");
-    assert!(near(gaps[5], 100) && near(gaps[6], 200), "backoff reset after success: {gaps:?}");
+    assert!(
+        near(gaps[5], 100) && near(gaps[6], 200),
+        "backoff reset after success: {gaps:?}"
+    );
     rt.shutdown().await;
 }
 
@@ -265,8 +300,14 @@ async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
     assert_eq!(s.len(), 4);
     let gaps: Vec<Duration> = s.windows(2).map(|w| w[1] - w[0]).collect();
     assert!(gaps[0] >= Duration::from_millis(100), "{gaps:?}");
-    assert!(gaps[1] >= Duration::from_millis(200) && gaps[1] > gaps[0], "{gaps:?}");
-    assert!(gaps[2] >= Duration::from_millis(400) && gaps[2] > gaps[1], "{gaps:?}");
+    assert!(
+        gaps[1] >= Duration::from_millis(200) && gaps[1] > gaps[0],
+        "{gaps:?}"
+    );
+    assert!(
+        gaps[2] >= Duration::from_millis(400) && gaps[2] > gaps[1],
+        "{gaps:?}"
+    );
     rt.shutdown().await;
 }
 
@@ -373,7 +414,10 @@ async fn invalid_spec_is_terminal_with_typed_reason_and_bounded_runs() {
         async move {
             l.start(&cx.object().name_any());
             if cx.object().spec.size < 0 {
-                return Outcome::Terminal(Reason::new("InvalidSize", "spec.size must not be negative"));
+                return Outcome::Terminal(Reason::new(
+                    "InvalidSize",
+                    "spec.size must not be negative",
+                ));
             }
             Outcome::Done
         }
@@ -388,9 +432,16 @@ async fn invalid_spec_is_terminal_with_typed_reason_and_bounded_runs() {
     let s = wait_reason(&client, "neg", "Terminal", LIMIT).await;
     assert_eq!(s.phase, Some(Phase::Failed));
     let msg = &s.ready().unwrap().message;
-    assert!(msg.contains("InvalidSize") && msg.contains("must not be negative"), "{msg}");
+    assert!(
+        msg.contains("InvalidSize") && msg.contains("must not be negative"),
+        "{msg}"
+    );
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    assert_eq!(log.count("neg"), 1, "terminal: no retries until the object changes");
+    assert_eq!(
+        log.count("neg"),
+        1,
+        "terminal: no retries until the object changes"
+    );
     // deleting a terminal object still cleans up (no leaked finalizer)
     delete(&client, "neg").await;
     wait_gone(&client, "neg", LIMIT).await;
@@ -410,7 +461,11 @@ async fn an_idle_rerun_writes_no_status() {
     create(&client, "i", 1).await;
     wait_ready(&client, "i", LIMIT).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(log.count("i"), 1, "the echoes of our own writes do not re-run");
+    assert_eq!(
+        log.count("i"),
+        1,
+        "the echoes of our own writes do not re-run"
+    );
     let writes = rt.metrics().status_writes;
     // a label change re-runs the tree, but the status it computes is unchanged
     widgets(&client)
@@ -421,9 +476,16 @@ async fn an_idle_rerun_writes_no_status() {
         )
         .await
         .unwrap();
-    eventually("re-run", LIMIT, || async { (log.count("i") == 2).then_some(()) }).await;
+    eventually("re-run", LIMIT, || async {
+        (log.count("i") == 2).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(rt.metrics().status_writes, writes, "idle re-run wrote nothing");
+    assert_eq!(
+        rt.metrics().status_writes,
+        writes,
+        "idle re-run wrote nothing"
+    );
     rt.shutdown().await;
 }
 
@@ -449,7 +511,10 @@ async fn idle_actors_passivate_and_reactivate_on_their_next_event() {
     assert_eq!(m.passivations, 10);
     assert_eq!(log.total(), 10, "passivation re-ran nothing");
     set_note(&client, "z3", "wake").await;
-    eventually("z3 re-run", LIMIT, || async { (log.count("z3") == 2).then_some(()) }).await;
+    eventually("z3 re-run", LIMIT, || async {
+        (log.count("z3") == 2).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(log.total(), 11, "only the changed object ran");
     assert_eq!(rt.metrics().live_actors, 1);
@@ -485,5 +550,9 @@ async fn graceful_shutdown_lets_an_in_flight_run_finish() {
     create(&client, "s", 1).await;
     entered.notified().await;
     rt.shutdown().await;
-    assert_eq!(finished.load(Ordering::SeqCst), 1, "the in-flight run completed before shutdown returned");
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        1,
+        "the in-flight run completed before shutdown returned"
+    );
 }

@@ -13,7 +13,7 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::resource::{ResourceActor, ResourceArgs, key_hash};
+use super::resource::{ResourceActor, ResourceArgs, ResourceState, key_hash};
 use super::{ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
 use crate::policy::Exhausted;
@@ -32,10 +32,7 @@ enum Life {
     /// A live actor.
     Live(ActorId),
     /// Asked to passivate; waiting for it to stop. `pending`: something arrived meanwhile.
-    Stopping {
-        passive: Option<PassiveState>,
-        pending: bool,
-    },
+    Stopping { pending: bool },
     /// No actor; its state kept here; optional timer (token, task).
     Passive(PassiveState, Option<(u64, JoinHandle<()>)>),
     /// Failed; a restart is scheduled.
@@ -352,20 +349,8 @@ impl<K: ManagedResource> Actor for Manager<K> {
                     && matches!(slot.life, Life::Live(live) if live == id)
                     && let Some((_, actor)) = self.shared.routes.remove(&key)
                 {
-                    slot.life = Life::Stopping {
-                        passive: None,
-                        pending: false,
-                    };
+                    slot.life = Life::Stopping { pending: false };
                     let _ = actor.cast(ResourceMsg::Passivate);
-                }
-            }
-            ManagerMsg::Passivated(key, ps) => {
-                if let Some(Slot {
-                    life: Life::Stopping { passive, .. },
-                    ..
-                }) = st.slots.get_mut(&key)
-                {
-                    *passive = Some(ps);
                 }
             }
             ManagerMsg::Notify(key) => {
@@ -408,7 +393,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match event {
-            SupervisionEvent::ActorTerminated(cell, _, _) => {
+            SupervisionEvent::ActorTerminated(cell, last_state, _) => {
                 let Some(key) = st.ids.remove(&cell.get_id()) else {
                     return Ok(());
                 };
@@ -419,8 +404,12 @@ impl<K: ManagedResource> Actor for Manager<K> {
                     return Ok(());
                 };
                 match &mut slot.life {
-                    Life::Stopping { passive, pending } => {
-                        let ps = passive.take().unwrap_or_default();
+                    Life::Stopping { pending } => {
+                        // The passivated actor's last state carries what it handed over.
+                        let ps = last_state
+                            .and_then(|mut b| b.take::<ResourceState<K>>().ok())
+                            .and_then(|mut s| s.passive.take())
+                            .unwrap_or_default();
                         let pending = *pending;
                         self.settle_passive(&myself, st, key, ps, pending).await;
                     }

@@ -53,6 +53,8 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     idle_task: Option<JoinHandle<()>>,
     error_attempts: u32,
     error_backoff: Option<ExponentialBackoff>,
+    /// Set when passivating: what the manager keeps (it takes it from the terminated state).
+    pub(crate) passive: Option<PassiveState>,
 }
 
 impl<K: ManagedResource> ResourceState<K> {
@@ -461,6 +463,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             idle_task: None,
             error_attempts: 0,
             error_backoff: None,
+            passive: None,
         };
         if let Some(p) = args.passive {
             st.last_run_version = p.last_run_version;
@@ -563,9 +566,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                         .map(|at| at.saturating_duration_since(Instant::now())),
                     pending_run: st.dirty || st.run_pending,
                 };
-                let _ = st
-                    .manager
-                    .cast(ManagerMsg::Passivated(st.key.clone(), state));
+                st.passive = Some(state);
                 Metrics::inc(&self.shared.metrics.passivations);
                 myself.stop(Some("passivated".into()));
             }

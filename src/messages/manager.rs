@@ -37,8 +37,6 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     Restart(ObjectRef<K>),
     /// A live actor has been idle for the idle timeout and asks to passivate.
     Idle(ObjectRef<K>, ActorId),
-    /// A passivating actor hands its state back before it stops.
-    Passivated(ObjectRef<K>, PassiveState),
     /// Wake this key (dependency ready, reference released, or a passive timer fired).
     Notify(ObjectRef<K>),
     /// A passive key's timer fired (token guards against stale timers).

@@ -17,7 +17,7 @@ pub enum ResourceMsg<K> {
     Notify,
     /// Self-message: the idle timer with this token fired.
     IdleCheck(u64),
-    /// From the manager: stop now, handing the actor's state back (sent only after the manager
-    /// stopped routing events here).
+    /// From the manager: stop now, leaving a [`PassiveState`](super::PassiveState) in the final
+    /// state the manager receives (sent only after the manager stopped routing events here).
     Passivate,
 }

@@ -43,7 +43,13 @@ pub fn widgets(client: &Client) -> Api<Widget> {
 }
 
 pub fn widget(name: &str, size: i32) -> Widget {
-    let mut w = Widget::new(name, WidgetSpec { size, note: String::new() });
+    let mut w = Widget::new(
+        name,
+        WidgetSpec {
+            size,
+            note: String::new(),
+        },
+    );
     w.metadata.namespace = Some("default".into());
     w
 }
@@ -89,12 +95,20 @@ where
 }
 
 pub async fn status_of(client: &Client, name: &str) -> Option<ResourceStatus> {
-    widgets(client).get_opt(name).await.ok().flatten().map(|w| w.status.unwrap_or_default())
+    widgets(client)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .map(|w| w.status.unwrap_or_default())
 }
 
 pub async fn wait_ready(client: &Client, name: &str, limit: Duration) {
     eventually(&format!("{name} Ready"), limit, || async {
-        status_of(client, name).await.filter(|s| s.is_ready()).map(|_| ())
+        status_of(client, name)
+            .await
+            .filter(|s| s.is_ready())
+            .map(|_| ())
     })
     .await
 }
@@ -119,7 +133,12 @@ pub async fn wait_gone(client: &Client, name: &str, limit: Duration) {
     .await
 }
 
-pub async fn wait_reason(client: &Client, name: &str, reason: &str, limit: Duration) -> ResourceStatus {
+pub async fn wait_reason(
+    client: &Client,
+    name: &str,
+    reason: &str,
+    limit: Duration,
+) -> ResourceStatus {
     eventually(&format!("{name} reason {reason}"), limit, || async {
         status_of(client, name)
             .await
@@ -142,10 +161,21 @@ impl RunLog {
         self.0.lock().unwrap()[i].2 = Some(Instant::now());
     }
     pub fn count(&self, name: &str) -> usize {
-        self.0.lock().unwrap().iter().filter(|r| r.0 == name).count()
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.0 == name)
+            .count()
     }
     pub fn starts(&self, name: &str) -> Vec<Instant> {
-        self.0.lock().unwrap().iter().filter(|r| r.0 == name).map(|r| r.1).collect()
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.0 == name)
+            .map(|r| r.1)
+            .collect()
     }
     pub fn total(&self) -> usize {
         self.0.lock().unwrap().len()
