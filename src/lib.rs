@@ -20,6 +20,7 @@ mod object_api;
 pub mod policy;
 pub mod providers;
 pub mod provisioners;
+pub mod rbac;
 pub mod references;
 pub mod runtime;
 pub mod status;
@@ -54,6 +55,9 @@ pub enum Error {
     /// The target changed while a reference was written; retry.
     #[error("{0} changed while the reference was written; retry")]
     Conflict(references::Target),
+    /// The running identity lacks permissions the runtime needs (see [`rbac`]).
+    #[error("missing RBAC permissions: {}", .0.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; "))]
+    Forbidden(Vec<rbac::MissingPermission>),
     /// An internal failure (a bug, or the runtime could not start).
     #[error("internal error: {0}")]
     Internal(String),
