@@ -1208,3 +1208,81 @@ async fn twenty_thousand_objects() {
     .await
     .expect("bounded");
 }
+
+#[tokio::test]
+async fn secrets_labels_and_discovery() {
+    bounded(async {
+        let c = Cluster::new();
+        let client = c.client();
+        // stringData is folded into base64 data, as the real server does.
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::default_namespaced(client.clone());
+        let mut s = k8s_openapi::api::core::v1::Secret::default();
+        s.metadata.name = Some("s".into());
+        s.string_data = Some(BTreeMap::from([(
+            "password".to_string(),
+            "hunter2".to_string(),
+        )]));
+        let s = secrets.create(&PostParams::default(), &s).await.unwrap();
+        assert!(s.string_data.is_none());
+        assert_eq!(s.data.unwrap()["password"].0, b"hunter2");
+        // Invalid label syntax: 422.
+        let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+        let err = cms
+            .create(&PostParams::default(), &cm("l", &[("bad key!", "v")]))
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err), (422, "Invalid".to_string()));
+        // Installing the same CRD twice changes nothing.
+        c.install_crd(&Widget::crd()).unwrap();
+        let rev = c.revision();
+        c.install_crd(&Widget::crd()).unwrap();
+        assert_eq!(c.revision(), rev);
+        // kube's discovery finds built-in and custom kinds.
+        let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+        let found: BTreeSet<String> = discovery
+            .groups()
+            .flat_map(|g| {
+                g.recommended_resources()
+                    .into_iter()
+                    .map(|(ar, _)| format!("{}/{}", ar.api_version, ar.plural))
+            })
+            .collect();
+        for want in [
+            "v1/configmaps",
+            "v1/namespaces",
+            "coordination.k8s.io/v1/leases",
+            "test.actorcile.io/v1/widgets",
+        ] {
+            assert!(found.contains(want), "{want} missing from {found:?}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kube_runtime_streaming_list_watcher() {
+    bounded(async {
+        let c = Cluster::new();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        for i in 0..10 {
+            cms.create(&PostParams::default(), &cm(&format!("s-{i}"), &[]))
+                .await
+                .unwrap();
+        }
+        let (reader, writer) = reflector::store();
+        let stream = reflector(
+            writer,
+            watcher(cms.clone(), watcher::Config::default().streaming_lists()),
+        );
+        let driver = tokio::spawn(stream.applied_objects().for_each(|_| async {}));
+        reader.wait_until_ready().await.unwrap();
+        assert_eq!(reader.state().len(), 10);
+        cms.delete("s-0", &DeleteParams::default()).await.unwrap();
+        while reader.state().len() != 9 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        driver.abort();
+    })
+    .await;
+}

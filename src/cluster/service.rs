@@ -110,9 +110,9 @@ impl http_body::Body for ClusterBody {
     }
 }
 
-fn json_response(code: u16, body: Vec<u8>) -> Response<ClusterBody> {
+fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ClusterBody> {
     let mut r = Response::new(ClusterBody {
-        inner: BodyInner::Full(Some(Bytes::from(body))),
+        inner: BodyInner::Full(Some(body.into())),
     });
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut().insert(
@@ -494,7 +494,7 @@ fn execute(
     let name = route.name.as_deref().unwrap_or_default();
     let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
     match verb {
-        Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?.to_vec())),
+        Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?)),
         Verb::List => Ok(json_response(200, store.list(kind, ns, &list_opts(q)?)?)),
         Verb::Watch => {
             let opts = list_opts(q)?;
@@ -523,7 +523,7 @@ fn execute(
         }
         Verb::Create => {
             let w = store.create(kind, ns, parse_json(body)?)?;
-            Ok(json_response(201, w.bytes.to_vec()))
+            Ok(json_response(201, w.bytes))
         }
         Verb::Update => {
             let w = store.update(
@@ -535,7 +535,7 @@ fn execute(
                 WriteKind::Put,
                 inject_conflict,
             )?;
-            Ok(json_response(200, w.bytes.to_vec()))
+            Ok(json_response(200, w.bytes))
         }
         Verb::Patch => {
             let ct = parts
@@ -602,7 +602,7 @@ fn execute(
                                 )));
                             }
                             let w = store.create(kind, ns, patch)?;
-                            return Ok(json_response(201, w.bytes.to_vec()));
+                            return Ok(json_response(201, w.bytes));
                         }
                         None => return Err(ApiError::not_found(kind_subject(kind, name))),
                         Some(mut cur) => {
@@ -622,15 +622,12 @@ fn execute(
                 WriteKind::Patch,
                 inject_conflict,
             )?;
-            Ok(json_response(200, w.bytes.to_vec()))
+            Ok(json_response(200, w.bytes))
         }
         Verb::Delete => {
             let opts = delete_opts(q, body)?;
             if route.name.is_some() {
-                Ok(json_response(
-                    200,
-                    store.delete(kind, ns, name, &opts)?.to_vec(),
-                ))
+                Ok(json_response(200, store.delete(kind, ns, name, &opts)?))
             } else {
                 Ok(json_response(
                     200,

@@ -358,6 +358,57 @@ fn unhex(s: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
+/// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
+/// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`.
+fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    for field in ["labels", "annotations"] {
+        let Some(map) = meta(v).and_then(|m| m.get(field)) else {
+            continue;
+        };
+        if map.is_null() {
+            continue;
+        }
+        let Some(map) = map.as_object() else {
+            return Err(ApiError::bad_request(format!(
+                "metadata.{field} must be a map of strings"
+            )));
+        };
+        for (k, val) in map {
+            let Some(val) = val.as_str() else {
+                return Err(ApiError::bad_request(format!(
+                    "metadata.{field}[{k:?}] must be a string"
+                )));
+            };
+            if field == "labels"
+                && !(super::selector::valid_key(k) && super::selector::valid_value(val))
+            {
+                return Err(ApiError::invalid(
+                    &kind.gr.group,
+                    &kind.kind,
+                    name,
+                    "metadata.labels",
+                    format!("Invalid value: {k:?}: {val:?}: not a valid label"),
+                ));
+            }
+        }
+    }
+    if kind.gr.group.is_empty() && kind.gr.plural == "secrets" {
+        if let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData")) {
+            if !v.get("data").is_some_and(Value::is_object) {
+                v["data"] = json!({});
+            }
+            for (k, val) in sd {
+                let text = val
+                    .as_str()
+                    .ok_or_else(|| ApiError::bad_request("stringData values must be strings"))?;
+                v["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     pub(crate) fn new(history_limit: usize, seed: u64) -> Store {
         let mut s = Store {
@@ -979,6 +1030,7 @@ impl Store {
                 "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
             ));
         }
+        normalize(kind, &name, &mut body)?;
         let r = Self::objref(kind, ns, &name);
         if self.lookup(&r).is_some() {
             return Err(ApiError::already_exists(kind.subject(&name)));
@@ -1145,6 +1197,7 @@ impl Store {
                     ));
                 }
             }
+            normalize(kind, name, &mut new)?;
             if kind.gr.plural == "customresourcedefinitions" {
                 self.prepare_crd(&mut new, name)?;
             }
@@ -1591,7 +1644,15 @@ impl Store {
         if names.get("listKind").is_none() {
             names["listKind"] = json!(format!("{kind}List"));
         }
-        let now = self.clock.now();
+        let mut now = self.clock.now();
+        if let Some(t) = crd
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| c.iter().find(|c| c["type"] == "Established"))
+            .and_then(|c| c["lastTransitionTime"].as_str())
+        {
+            now = t.to_string();
+        }
         crd["status"] = json!({
             "conditions": [
                 {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
