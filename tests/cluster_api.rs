@@ -952,6 +952,10 @@ async fn malformed_requests_answer_status() {
             r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#).await, 404);
         assert_eq!(b["details"]["kind"], "namespaces");
         let widgets = "/apis/test.actorcile.io/v1/namespaces/default/widgets";
+        let w = r#"{"apiVersion":"test.actorcile.io/v1","kind":"Widget","metadata":{"name":"w"},"spec":{"size":1}}"#;
+        assert_eq!(raw(&c, "POST", widgets, json, w).await.0, 201);
+        check(raw(&c, "DELETE", &format!("{widgets}/w/status"), json, "").await, 405);
+        assert_eq!(raw(&c, "GET", &format!("{widgets}/w"), json, "").await.0, 200, "still there");
         check(raw(&c, "PATCH", &format!("{widgets}/w"), "application/strategic-merge-patch+json", "{}").await, 415);
         check(raw(&c, "POST", widgets, json, r#"{"apiVersion":"test.actorcile.io/v2","kind":"Widget","metadata":{"name":"w"}}"#).await, 400);
         // Through kube's client, the same errors arrive as kube::Error::Api.
@@ -1285,4 +1289,59 @@ async fn kube_runtime_streaming_list_watcher() {
         driver.abort();
     })
     .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn reflector_converges_under_paused_clock_with_faults() {
+    tokio::time::timeout(Duration::from_secs(3600), async {
+        let faults = Faults {
+            latency: Duration::from_millis(10),
+            latency_jitter: Duration::from_millis(5),
+            error_rate: 0.1,
+            conflict_rate: 0.2,
+            seed: 1,
+        };
+        let c = Cluster::builder().faults(faults).build();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        let (reader, writer) = reflector::store();
+        let stream = reflector(
+            writer,
+            watcher(cms.clone(), watcher::Config::default()).default_backoff(),
+        );
+        let driver = tokio::spawn(stream.for_each(|_| async {}));
+        // Writers retry what the faults refuse.
+        for i in 0..30 {
+            let name = format!("c-{i}");
+            while cms
+                .create(&PostParams::default(), &cm(&name, &[]))
+                .await
+                .is_err()
+            {
+                if cms.get_opt(&name).await.is_ok_and(|o| o.is_some()) {
+                    break;
+                }
+            }
+            let p = json!({"data": {"k": "updated"}});
+            while cms
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+                .await
+                .is_err()
+            {}
+        }
+        loop {
+            let done = reader.state().len() == 30
+                && reader
+                    .state()
+                    .iter()
+                    .all(|c| c.data.as_ref().is_some_and(|d| d["k"] == "updated"));
+            if done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(c.stats().injected_errors > 0 && c.stats().injected_conflicts > 0);
+        driver.abort();
+    })
+    .await
+    .expect("bounded (virtual time)");
 }

@@ -440,6 +440,10 @@ async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Resp
         Verb::Other => return error_response(&ApiError::method_not_allowed()),
     };
     counter.fetch_add(1, Ordering::Relaxed);
+    // The status subresource serves get, update and patch only.
+    if route.status && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {
+        return error_response(&ApiError::method_not_allowed());
+    }
     // A namespaced kind addressed without a namespace: only list, watch and deletecollection make sense.
     if route.kind.namespaced && route.ns.is_none() && !matches!(verb, Verb::List | Verb::Watch) {
         return error_response(&if route.name.is_some() {
