@@ -393,17 +393,18 @@ fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
             }
         }
     }
-    if kind.gr.group.is_empty() && kind.gr.plural == "secrets" {
-        if let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData")) {
-            if !v.get("data").is_some_and(Value::is_object) {
-                v["data"] = json!({});
-            }
-            for (k, val) in sd {
-                let text = val
-                    .as_str()
-                    .ok_or_else(|| ApiError::bad_request("stringData values must be strings"))?;
-                v["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
-            }
+    if kind.gr.group.is_empty()
+        && kind.gr.plural == "secrets"
+        && let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData"))
+    {
+        if !v.get("data").is_some_and(Value::is_object) {
+            v["data"] = json!({});
+        }
+        for (k, val) in sd {
+            let text = val
+                .as_str()
+                .ok_or_else(|| ApiError::bad_request("stringData values must be strings"))?;
+            v["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
         }
     }
     Ok(())
