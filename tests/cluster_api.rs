@@ -1345,3 +1345,59 @@ async fn reflector_converges_under_paused_clock_with_faults() {
     .await
     .expect("bounded (virtual time)");
 }
+
+#[tokio::test]
+async fn immutable_config_maps_and_uid_preconditions() {
+    bounded(async {
+        let c = Cluster::new();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        let mut frozen = cm("frozen", &[]);
+        frozen.immutable = Some(true);
+        cms.create(&PostParams::default(), &frozen).await.unwrap();
+        let err = cms
+            .patch(
+                "frozen",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"k": "2"}})),
+            )
+            .await;
+        assert_eq!(api_err(err.unwrap_err()), (422, "Invalid".to_string()));
+        // Metadata may still change.
+        cms.patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+        // A write naming another uid is refused.
+        let p = json!({"metadata": {"uid": "00000000-0000-0000-0000-000000000000"}});
+        let err = cms
+            .patch("frozen", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err), (409, "Conflict".to_string()));
+        // Delete preconditions.
+        let cur = cms.get("frozen").await.unwrap();
+        let stale = kube::api::Preconditions {
+            resource_version: Some("1".into()),
+            uid: None,
+        };
+        let err = cms
+            .delete("frozen", &DeleteParams::default().preconditions(stale))
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err).0, 409);
+        let ok = kube::api::Preconditions {
+            resource_version: cur.resource_version(),
+            uid: cur.uid(),
+        };
+        let gone = cms
+            .delete("frozen", &DeleteParams::default().preconditions(ok))
+            .await
+            .unwrap();
+        let status = gone.right().expect("a Status for a built-in kind");
+        assert_eq!(status.details.unwrap().uid, cur.uid().unwrap());
+    })
+    .await;
+}

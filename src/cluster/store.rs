@@ -1142,8 +1142,40 @@ impl Store {
             }
             _ => {}
         }
+        let old_uid = meta_str(&old.value, "uid").unwrap_or_default();
+        if let Some(uid) = meta_str(&new, "uid").filter(|u| !u.is_empty() && *u != old_uid) {
+            return Err(ApiError::precondition(
+                kind.subject(name),
+                format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
+                ),
+            ));
+        }
         if inject_conflict {
             return Err(ApiError::conflict(kind.subject(name)));
+        }
+        if !status_only
+            && kind.gr.group.is_empty()
+            && (kind.gr.plural == "configmaps" || kind.gr.plural == "secrets")
+            && old.value.get("immutable").and_then(Value::as_bool) == Some(true)
+        {
+            for field in ["data", "binaryData", "stringData", "immutable"] {
+                let (before, after) = (old.value.get(field), new.get(field));
+                let unchanged = match field {
+                    // stringData is folded into data; it changes data only if it differs.
+                    "stringData" => after.is_none(),
+                    _ => before == after,
+                };
+                if !unchanged {
+                    return Err(ApiError::invalid(
+                        &kind.gr.group,
+                        &kind.kind,
+                        name,
+                        field,
+                        "Forbidden: field is immutable when `immutable` is set".into(),
+                    ));
+                }
+            }
         }
         let old_v: &Value = &old.value;
         let mut next = if status_only {
@@ -1222,7 +1254,9 @@ impl Store {
             && finalizers(&next).is_empty()
             && !self.namespace_blocks(kind, name)
         {
-            self.remove(&r, next)
+            // As the real server: the write is not stored, the object is deleted, and the DELETED event (and
+            // the answer) carry the last stored state.
+            self.remove(&r, (*old.value).clone())
         } else {
             self.put(&r, next, EvType::Modified)
         };
@@ -1471,7 +1505,7 @@ impl Store {
             && is_deleting(&v)
             && !(is_namespace && self.ns_counts.get(&r.name).copied().unwrap_or(0) > 0)
         {
-            self.remove(r, v);
+            self.remove(r, (*o.value).clone());
         } else {
             self.put(r, v, EvType::Modified);
         }
