@@ -59,6 +59,39 @@ struct WatchBody {
     frames: VecDeque<Bytes>,
     rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    bookmarks: Option<Bookmarks>,
+}
+
+/// How often a watch that allows bookmarks gets one (besides the one that ends it), as the real server.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+
+/// What a watch needs to send `BOOKMARK` events.
+struct Bookmarks {
+    inner: Arc<Inner>,
+    kind: String,
+    api_version: String,
+    next: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl WatchBody {
+    /// Queues a `BOOKMARK` at the current revision, after every event up to it. Events are sent under the
+    /// store's lock, so draining the channel under that lock delivers all events the bookmark covers.
+    fn bookmark(&mut self) {
+        let (Some(b), Some(rx)) = (&self.bookmarks, self.rx.as_mut()) else {
+            return;
+        };
+        let rev = {
+            let store = b.inner.store.lock().unwrap_or_else(|p| p.into_inner());
+            while let Ok(item) = rx.try_recv() {
+                push_item(&mut self.frames, item);
+            }
+            store.revision()
+        };
+        let obj = json!({"kind": b.kind, "apiVersion": b.api_version,
+            "metadata": {"resourceVersion": rev.to_string()}});
+        let bytes = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
+        push_item(&mut self.frames, (EvType::Bookmark, bytes));
+    }
 }
 
 fn push_item(frames: &mut VecDeque<Bytes>, (ty, obj): WatchItem) {
@@ -92,8 +125,22 @@ impl http_body::Body for ClusterBody {
                     }
                     Poll::Pending => {
                         if w.deadline.as_mut().poll(cx).is_ready() {
+                            w.bookmark();
                             w.rx = None;
-                            return Poll::Ready(None);
+                            continue;
+                        }
+                        let due = w
+                            .bookmarks
+                            .as_mut()
+                            .is_some_and(|b| b.next.as_mut().poll(cx).is_ready());
+                        if due {
+                            if let Some(b) = w.bookmarks.as_mut() {
+                                b.next
+                                    .as_mut()
+                                    .reset(tokio::time::Instant::now() + BOOKMARK_EVERY);
+                            }
+                            w.bookmark();
+                            continue;
                         }
                         return Poll::Pending;
                     }
@@ -133,6 +180,7 @@ fn watch_response(
     first: Vec<WatchItem>,
     rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
     timeout: Duration,
+    bookmarks: Option<Bookmarks>,
 ) -> Response<ClusterBody> {
     let mut frames = VecDeque::with_capacity(first.len() * 3);
     for item in first {
@@ -142,6 +190,7 @@ fn watch_response(
         frames,
         rx,
         deadline: Box::pin(tokio::time::sleep(timeout)),
+        bookmarks,
     };
     let mut r = Response::new(ClusterBody {
         inner: BodyInner::Watch(body),
@@ -401,7 +450,11 @@ fn list_opts(q: &HashMap<String, String>) -> Result<ListOpts, ApiError> {
     })
 }
 
-async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Response<ClusterBody> {
+async fn handle(
+    inner: &Arc<Inner>,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Response<ClusterBody> {
     inner.stats.total.fetch_add(1, Ordering::Relaxed);
     let q = query_map(&parts.uri);
     let target = match route(inner, parts.uri.path()) {
@@ -485,7 +538,7 @@ async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Resp
 }
 
 fn execute(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     parts: &http::request::Parts,
     q: &HashMap<String, String>,
     body: &Bytes,
@@ -517,11 +570,27 @@ fn execute(
             };
             let bookmark = q.get("sendInitialEvents").is_some_and(|v| v == "true");
             match store.watch(kind, ns, opts.labels, opts.fields, rv, bookmark) {
-                Ok((first, rx)) => Ok(watch_response(first, Some(rx), timeout)),
+                Ok((first, rx)) => {
+                    let bookmarks = q
+                        .get("allowWatchBookmarks")
+                        .is_some_and(|v| v == "true")
+                        .then(|| Bookmarks {
+                            inner: inner.clone(),
+                            kind: kind.kind.clone(),
+                            api_version: kind.api_version.clone(),
+                            next: Box::pin(tokio::time::sleep(BOOKMARK_EVERY)),
+                        });
+                    Ok(watch_response(first, Some(rx), timeout, bookmarks))
+                }
                 Err(e) => {
                     let status =
                         Bytes::from(serde_json::to_vec(&e.to_status()).unwrap_or_default());
-                    Ok(watch_response(vec![(EvType::Error, status)], None, timeout))
+                    Ok(watch_response(
+                        vec![(EvType::Error, status)],
+                        None,
+                        timeout,
+                        None,
+                    ))
                 }
             }
         }
