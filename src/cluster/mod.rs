@@ -74,10 +74,14 @@
 //! * Status subresource: writes to `/status` change only `status`; writes to the main resource keep the
 //!   stored `status`; create drops `status`.
 //! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
-//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; the object goes when a write leaves it with
-//!   no finalizers (one `DELETED` event carrying that last state); no finalizer may be added meanwhile
-//!   (422). DELETE answers the object for custom resources and namespaces, and a success `Status` for the
-//!   other built-in kinds when the object is gone at once, as the real server does.
+//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; no finalizer may be added meanwhile (422);
+//!   a write that leaves no finalizers deletes the object instead of storing the write, so — as on the real
+//!   server — the `DELETED` event and the answer carry the last stored state. DELETE answers the object for
+//!   custom resources and namespaces, and a success `Status` for the other built-in kinds when the object
+//!   is gone at once, as the real server does. Preconditions (`uid`, `resourceVersion`) answer 409.
+//! * Other checks done by the real server: label syntax (422), string-valued labels and annotations,
+//!   `metadata.uid` in a write must match (409), `immutable` ConfigMaps and Secrets (422), a Secret's
+//!   `stringData` is folded into base64 `data`, names are DNS subdomains (labels for namespaces).
 //! * Garbage collection by `ownerReferences` runs inline, within the request that removed an owner, so it
 //!   is deterministic: dependents whose owners are all gone are deleted (background policy, respecting
 //!   their finalizers). `propagationPolicy: Orphan` removes the owner's references from its dependents
@@ -86,12 +90,16 @@
 //!   Dangling owner references on newly created objects are not collected.
 //! * Namespaces: creating in a missing namespace → 404, in a terminating one → 403. Deleting a namespace
 //!   marks it `Terminating`, deletes its contents and removes it once empty.
-//! * Watches: newline-delimited `WatchEvent`s (`ADDED`, `MODIFIED`, `DELETED`, `ERROR`; `BOOKMARK` only to
-//!   end the initial events when `sendInitialEvents=true`). `resourceVersion` "" or "0" first sends a
-//!   synthetic `ADDED` per current object; a revision sends every later event, in order. A revision older
-//!   than the history window ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired`
-//!   `Status`. Selectors are honoured, including objects entering (`ADDED`) or leaving (`DELETED`) a label
-//!   selector. `timeoutSeconds` ends the stream (default 30 minutes).
+//! * Watches: newline-delimited `WatchEvent`s (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`).
+//!   `resourceVersion` "" or "0" first sends a synthetic `ADDED` per current object (then a `BOOKMARK`
+//!   annotated `k8s.io/initial-events-end` when `sendInitialEvents=true`, for kube-runtime's streaming
+//!   lists); a revision sends every later event, in order. A revision older than the history window
+//!   ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired` `Status`, as the real
+//!   server's watch cache. Selectors are honoured, including objects entering (`ADDED`) or leaving
+//!   (`DELETED`) a label selector. `timeoutSeconds` ends the stream (default 30 minutes). With
+//!   `allowWatchBookmarks=true` (kube's default) a `BOOKMARK` at the current revision comes every 60 s
+//!   and when the stream ends, so a watcher of a quiet kind resumes without a 410 even when other kinds
+//!   fill the history.
 //! * Lists: `metadata.resourceVersion` is the current revision. Pages after the first show the objects'
 //!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
 //!   history window answers 410.
