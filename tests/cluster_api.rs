@@ -1474,3 +1474,52 @@ async fn bookmarks_keep_quiet_watches_resumable() {
     .await
     .expect("bounded (virtual time)");
 }
+
+#[tokio::test]
+async fn dry_run_changes_nothing() {
+    bounded(async {
+        let c = Cluster::new();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        cms.create(&PostParams::default(), &cm("real", &[]))
+            .await
+            .unwrap();
+        let rev = c.revision();
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let would = cms.create(&dry, &cm("ghost", &[])).await.unwrap();
+        assert_eq!(would.name_any(), "ghost");
+        assert!(cms.get_opt("ghost").await.unwrap().is_none());
+        // Dry runs are still checked.
+        assert_eq!(
+            api_err(cms.create(&dry, &cm("real", &[])).await.unwrap_err()).0,
+            409
+        );
+        let pp = PatchParams {
+            dry_run: true,
+            ..PatchParams::default()
+        };
+        let would = cms
+            .patch("real", &pp, &Patch::Merge(json!({"data": {"k": "dry"}})))
+            .await
+            .unwrap();
+        assert_eq!(would.data.unwrap()["k"], "dry");
+        assert_eq!(cms.get("real").await.unwrap().data.unwrap()["k"], "v");
+        cms.delete("real", &DeleteParams::default().dry_run())
+            .await
+            .unwrap();
+        assert!(cms.get_opt("real").await.unwrap().is_some());
+        assert_eq!(c.revision(), rev, "nothing was written");
+        let (code, _) = raw(
+            &c,
+            "DELETE",
+            "/api/v1/namespaces/default/configmaps/real?dryRun=Some",
+            "application/json",
+            "",
+        )
+        .await;
+        assert_eq!(code, 400);
+    })
+    .await;
+}

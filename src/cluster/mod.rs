@@ -105,7 +105,8 @@
 //!   history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
 //!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405.
-//! * `dryRun` is not supported (the write happens).
+//! * `dryRun=All` (query, or `dryRun: ["All"]` in DeleteOptions) checks a write and answers its result
+//!   without storing it or sending events.
 //!
 //! # Cost
 //!

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use super::Inner;
 use super::error::ApiError;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, WatchItem, WriteKind};
+use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, Store, WatchItem, WriteKind};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
 /// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.
@@ -546,10 +546,57 @@ fn execute(
     verb: Verb,
     inject_conflict: bool,
 ) -> Result<Response<ClusterBody>, ApiError> {
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid value: {other:?}: supported values: \"All\""
+            )));
+        }
+    };
+    // DELETE carries it in its DeleteOptions body too.
+    let dry_run = dry_run
+        || (verb == Verb::Delete
+            && serde_json::from_slice::<Value>(body).ok().is_some_and(|v| {
+                v.get("dryRun")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.iter().any(|x| x == "All"))
+            }));
+    let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
+    store.dry_run = dry_run
+        && matches!(
+            verb,
+            Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+        );
+    let result = execute_locked(
+        inner,
+        &mut store,
+        parts,
+        q,
+        body,
+        route,
+        verb,
+        inject_conflict,
+    );
+    store.dry_run = false;
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn execute_locked(
+    inner: &Arc<Inner>,
+    store: &mut Store,
+    parts: &http::request::Parts,
+    q: &HashMap<String, String>,
+    body: &Bytes,
+    route: &Route,
+    verb: Verb,
+    inject_conflict: bool,
+) -> Result<Response<ClusterBody>, ApiError> {
     let kind = &route.kind;
     let ns = route.ns.as_deref();
     let name = route.name.as_deref().unwrap_or_default();
-    let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
     match verb {
         Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?)),
         Verb::List => Ok(json_response(200, store.list(kind, ns, &list_opts(q)?)?)),

@@ -253,6 +253,8 @@ pub(crate) struct Store {
     rng: fastrand::Rng,
     clock: Clock,
     gc: VecDeque<Gc>,
+    /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
+    pub(crate) dry_run: bool,
 }
 
 fn meta(v: &Value) -> Option<&Map<String, Value>> {
@@ -429,6 +431,7 @@ impl Store {
                 inst0: tokio::time::Instant::now(),
             },
             gc: VecDeque::new(),
+            dry_run: false,
         };
         s.register_builtins();
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -581,6 +584,13 @@ impl Store {
     }
 
     fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
+        if self.dry_run {
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            return Obj {
+                value: Arc::new(value),
+                bytes,
+            };
+        }
         self.rev += 1;
         meta_mut(&mut value).insert("resourceVersion".into(), json!(self.rev.to_string()));
         let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
@@ -616,6 +626,13 @@ impl Store {
     }
 
     fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
+        if self.dry_run {
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            return Obj {
+                value: Arc::new(value),
+                bytes,
+            };
+        }
         let Some(old) = self
             .tables
             .get_mut(&r.gr)
@@ -1066,7 +1083,7 @@ impl Store {
             body.as_object_mut().map(|o| o.remove("status"));
         }
         let obj = self.put(&r, body, EvType::Added);
-        if kind.gr.plural == "customresourcedefinitions" {
+        if kind.gr.plural == "customresourcedefinitions" && !self.dry_run {
             self.register_crd(&obj.value);
         }
         self.run_gc();
@@ -1260,7 +1277,10 @@ impl Store {
         } else {
             self.put(&r, next, EvType::Modified)
         };
-        if kind.gr.plural == "customresourcedefinitions" && self.lookup(&r).is_some() {
+        if kind.gr.plural == "customresourcedefinitions"
+            && !self.dry_run
+            && self.lookup(&r).is_some()
+        {
             self.register_crd(&obj.value);
         }
         self.run_gc();
