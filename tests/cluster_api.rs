@@ -1523,3 +1523,27 @@ async fn dry_run_changes_nothing() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn workload_kinds_are_stored() {
+    bounded(async {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let c = Cluster::new();
+        let deps: Api<Deployment> = Api::default_namespaced(c.client());
+        let d: Deployment = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"}, "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))
+        .unwrap();
+        let d = deps.create(&PostParams::default(), &d).await.unwrap();
+        assert_eq!(d.metadata.generation, Some(1));
+        let pp = PatchParams::default();
+        let d = deps.patch("web", &pp, &Patch::Merge(json!({"spec": {"replicas": 3}}))).await.unwrap();
+        assert_eq!(d.metadata.generation, Some(2));
+        let d = deps.patch_status("web", &pp, &Patch::Merge(json!({"status": {"readyReplicas": 3}}))).await.unwrap();
+        assert_eq!((d.metadata.generation, d.status.unwrap().ready_replicas), (Some(2), Some(3)));
+        // Built-in kinds take strategic merge patches.
+        let d = deps.patch("web", &pp, &Patch::Strategic(json!({"spec": {"replicas": 4}}))).await.unwrap();
+        assert_eq!(d.spec.unwrap().replicas, Some(4));
+    })
+    .await;
+}

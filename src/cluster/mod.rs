@@ -44,7 +44,13 @@
 //! * Built-in kinds: core v1 `Namespace` (cluster-scoped; `default`, `kube-system`, `kube-public` and
 //!   `kube-node-lease` exist from the start), `ConfigMap`, `Secret`, `Event`; `events.k8s.io/v1` `Event`
 //!   (stored apart from core events, unlike the real server); `coordination.k8s.io/v1` `Lease`;
-//!   `apiextensions.k8s.io/v1` `CustomResourceDefinition`. Creating a CRD (by POST or
+//!   `apiextensions.k8s.io/v1` `CustomResourceDefinition`. Also stored, without any behaviour of their own
+//!   (no scheduler, kubelet or workload controllers run here; no defaulting or validation of their specs),
+//!   so that operators that create them work unchanged: core v1 `Pod`, `Service`, `ServiceAccount`,
+//!   `Endpoints`, `PersistentVolumeClaim`, `PersistentVolume`, `Node`; `apps/v1` `Deployment`,
+//!   `StatefulSet`, `DaemonSet`, `ReplicaSet`; `batch/v1` `Job`, `CronJob`; `networking.k8s.io/v1`
+//!   `Ingress`; `rbac.authorization.k8s.io/v1` `Role`, `RoleBinding`, `ClusterRole`,
+//!   `ClusterRoleBinding`. Custom kinds: creating a CRD (by POST or
 //!   [`Cluster::install_crd`]) serves its kind at once in every served version, with its scope and its
 //!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
 //!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).

@@ -480,6 +480,86 @@ impl Store {
             true,
         );
         crd.generation = true;
+        let mut pods = b("", "v1", "pods", "Pod", true, true);
+        pods.delete_returns_object = true;
+        // Workload kinds keep metadata.generation, as on the real server.
+        let workload = |group: &str, plural: &str, kind: &str| Kind {
+            generation: true,
+            ..b(group, "v1", plural, kind, true, true)
+        };
+        // Kinds stored without behaviour of their own (no controllers run here), so that operators creating
+        // them work unchanged.
+        for k in [
+            pods,
+            b("", "v1", "services", "Service", true, true),
+            b("", "v1", "serviceaccounts", "ServiceAccount", true, false),
+            b("", "v1", "endpoints", "Endpoints", true, false),
+            b(
+                "",
+                "v1",
+                "persistentvolumeclaims",
+                "PersistentVolumeClaim",
+                true,
+                true,
+            ),
+            b(
+                "",
+                "v1",
+                "persistentvolumes",
+                "PersistentVolume",
+                false,
+                true,
+            ),
+            b("", "v1", "nodes", "Node", false, true),
+            workload("apps", "deployments", "Deployment"),
+            workload("apps", "statefulsets", "StatefulSet"),
+            workload("apps", "daemonsets", "DaemonSet"),
+            workload("apps", "replicasets", "ReplicaSet"),
+            workload("batch", "jobs", "Job"),
+            workload("batch", "cronjobs", "CronJob"),
+            b(
+                "networking.k8s.io",
+                "v1",
+                "ingresses",
+                "Ingress",
+                true,
+                true,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "roles",
+                "Role",
+                true,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "rolebindings",
+                "RoleBinding",
+                true,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterroles",
+                "ClusterRole",
+                false,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterrolebindings",
+                "ClusterRoleBinding",
+                false,
+                false,
+            ),
+        ] {
+            self.add_route(k);
+        }
         for k in [
             ns,
             b("", "v1", "configmaps", "ConfigMap", true, false),
