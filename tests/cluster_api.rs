@@ -1547,3 +1547,57 @@ async fn workload_kinds_are_stored() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn runs_are_deterministic_from_the_seed() {
+    bounded(async {
+        let run = || async {
+            let c = Cluster::builder().seed(7).build();
+            let start = c.revision().to_string();
+            let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+            let owner = cms
+                .create(&PostParams::default(), &cm("owner", &[]))
+                .await
+                .unwrap();
+            for i in 0..20 {
+                cms.create(
+                    &PostParams::default(),
+                    &owned_by(&format!("dep-{i}"), &owner, i % 2 == 0),
+                )
+                .await
+                .unwrap();
+                let mut g = cm("", &[]);
+                g.metadata.name = None;
+                g.metadata.generate_name = Some("gen-".into());
+                let mut g = cms.create(&PostParams::default(), &g).await.unwrap();
+                g.metadata.owner_references =
+                    owned_by("x", &owner, false).metadata.owner_references;
+                cms.replace(&g.name_any(), &PostParams::default(), &g)
+                    .await
+                    .unwrap();
+            }
+            cms.delete("owner", &DeleteParams::foreground())
+                .await
+                .unwrap();
+            let events = watch_all(&cms, &start, &WatchParams::default().timeout(1)).await;
+            events
+                .iter()
+                .map(|e| match e {
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                        format!(
+                            "{} {} {}",
+                            o.name_any(),
+                            o.uid().unwrap(),
+                            o.resource_version().unwrap()
+                        )
+                    }
+                    other => format!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = run().await;
+        assert_eq!(a.len(), 1 + 20 * 3 + 2 + 40, "{a:#?}");
+        assert_eq!(a, run().await);
+    })
+    .await;
+}

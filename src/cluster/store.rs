@@ -3,7 +3,7 @@
 //! Everything here is synchronous and runs under the cluster's lock; the HTTP layer (`service.rs`) parses
 //! requests and turns results into responses.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -57,7 +57,7 @@ struct Obj {
 }
 
 /// Reference to a stored object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct ObjRef {
     gr: Gr,
     ns: String,
@@ -240,14 +240,15 @@ const FOREGROUND: &str = "foregroundDeletion";
 pub(crate) struct Store {
     rev: u64,
     routes: HashMap<(String, String, String), Arc<Kind>>,
-    tables: HashMap<Gr, Table>,
+    /// Ordered, like everything iterated here, so that runs are deterministic.
+    tables: BTreeMap<Gr, Table>,
     history: VecDeque<Arc<Event>>,
     history_limit: usize,
     /// Highest revision dropped from the history.
     compacted: u64,
     uids: HashMap<String, ObjRef>,
     /// owner uid → dependents naming it.
-    dependents: HashMap<String, HashSet<ObjRef>>,
+    dependents: HashMap<String, BTreeSet<ObjRef>>,
     ns_counts: HashMap<String, usize>,
     count: usize,
     rng: fastrand::Rng,
@@ -417,7 +418,7 @@ impl Store {
         let mut s = Store {
             rev: 0,
             routes: HashMap::new(),
-            tables: HashMap::new(),
+            tables: BTreeMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
             compacted: 0,
@@ -1854,7 +1855,7 @@ impl Store {
             .get(&crds)
             .map(|t| t.objects.keys().map(|k| k.1.clone()).collect())
             .unwrap_or_default();
-        let dead: Vec<Gr> = self
+        let dead: BTreeSet<Gr> = self
             .routes
             .values()
             .filter(|k| k.custom && !live.contains(&format!("{}.{}", k.gr.plural, k.gr.group)))
