@@ -178,7 +178,10 @@ struct Clock {
 impl Clock {
     fn now(&self) -> String {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.inst0);
-        let t = self.wall0 + chrono::Duration::from_std(elapsed).unwrap_or_default();
+        let t = chrono::Duration::from_std(elapsed)
+            .ok()
+            .and_then(|d| self.wall0.checked_add_signed(d))
+            .unwrap_or(self.wall0);
         t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
     }
 }
@@ -481,6 +484,8 @@ impl Store {
             true,
         );
         crd.generation = true;
+        // The real server answers DELETE of a CRD with the CRD (it is finalized, not gone at once).
+        crd.delete_returns_object = true;
         let mut pods = b("", "v1", "pods", "Pod", true, true);
         pods.delete_returns_object = true;
         // Workload kinds keep metadata.generation, as on the real server.
