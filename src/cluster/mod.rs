@@ -82,9 +82,10 @@
 //! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
 //!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; no finalizer may be added meanwhile (422);
 //!   a write that leaves no finalizers deletes the object instead of storing the write, so — as on the real
-//!   server — the `DELETED` event and the answer carry the last stored state. DELETE answers the object for
-//!   custom resources, CRDs, namespaces and pods, and a success `Status` for the other built-in kinds when the object
-//!   is gone at once, as the real server does. Preconditions (`uid`, `resourceVersion`) answer 409.
+//!   server — the `DELETED` event and the answer carry the last stored state. DELETE answers the object
+//!   for custom resources, CRDs, namespaces and pods, and a success `Status` for the other built-in kinds
+//!   when the object is gone at once, as the real server does. Preconditions (`uid`,
+//!   `resourceVersion`) answer 409.
 //! * Other checks done by the real server: label syntax (422), string-valued labels and annotations,
 //!   `metadata.uid` in a write must match (409), `immutable` ConfigMaps and Secrets (422), a Secret's
 //!   `stringData` is folded into base64 `data`, names are DNS subdomains (labels for namespaces).
