@@ -308,10 +308,15 @@ async fn finalizers_and_deletion_timestamp_lifecycle() {
         .await
         .unwrap();
         // Removing the last finalizer removes the object.
+        let last = ws.get("w").await.unwrap();
         let p = json!({"metadata": {"finalizers": null}});
-        ws.patch("w", &PatchParams::default(), &Patch::Merge(&p))
+        let answer = ws
+            .patch("w", &PatchParams::default(), &Patch::Merge(&p))
             .await
             .unwrap();
+        // As the real server: the answer is the written state at its old resourceVersion...
+        assert!(answer.finalizers().is_empty());
+        assert_eq!(answer.resource_version(), last.resource_version());
         let (code, reason) = api_err(ws.get("w").await.unwrap_err());
         assert_eq!((code, reason.as_str()), (404, "NotFound"));
 
@@ -334,6 +339,15 @@ async fn finalizers_and_deletion_timestamp_lifecycle() {
             kinds,
             ["ADDED false", "MODIFIED true", "MODIFIED true", "DELETED"]
         );
+        // ...while the DELETED event carries the last stored state, at a new resourceVersion.
+        let Some(WatchEvent::Deleted(gone)) = events.last() else {
+            panic!("no DELETED event")
+        };
+        assert_eq!(gone.finalizers(), ["test/keep"]);
+        let gone_rv: u64 = gone.resource_version().unwrap().parse().unwrap();
+        assert!(gone_rv > last.resource_version().unwrap().parse::<u64>().unwrap());
+        // Marking for deletion bumped the generation (1 → 2), the spec change after it too (→ 3).
+        assert_eq!(gone.metadata.generation, Some(3));
     })
     .await;
 }
@@ -930,9 +944,19 @@ async fn malformed_requests_answer_status() {
         check(raw(&c, "POST", cms, json, "{not json").await, 400);
         check(raw(&c, "POST", cms, json, "[1,2]").await, 400);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x"}}"#).await, 400);
-        check(raw(&c, "POST", cms, json, r#"{"metadata":{"name":"x"}}"#).await, 400);
+        // Custom resources need apiVersion and kind; built-in kinds take them from the URL.
+        let b = check(raw(&c, "POST", "/apis/test.actorcile.io/v1/namespaces/default/widgets", json,
+            r#"{"metadata":{"name":"x"}}"#).await, 400);
+        assert!(b["message"].as_str().unwrap().contains("Object 'Kind' is missing"), "{b}");
+        let (code, obj) = raw(&c, "POST", cms, json, r#"{"metadata":{"name":"defaulted"}}"#).await;
+        assert_eq!((code, obj["kind"].as_str()), (201, Some("ConfigMap")));
+        // A resourceVersion on create is a bare 500, as on the real server.
+        let b = raw(&c, "POST", cms, json, r#"{"metadata":{"name":"rv","resourceVersion":"5"}}"#).await;
+        assert_eq!((b.0, b.1["message"].as_str()), (500, Some("resourceVersion should not be set on objects to be created")));
         let b = check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}"#).await, 422);
         assert_eq!(b["reason"], "Invalid");
+        assert_eq!(b["message"], "ConfigMap \"\" is invalid: metadata.name: Required value: name or generateName is required");
+        assert_eq!(b["details"]["causes"][0]["reason"], "FieldValueRequired");
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#).await, 422);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"other"}}"#).await, 400);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":"oops"}"#).await, 400);

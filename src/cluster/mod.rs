@@ -82,10 +82,11 @@
 //! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
 //!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; no finalizer may be added meanwhile (422);
 //!   a write that leaves no finalizers deletes the object instead of storing the write, so — as on the real
-//!   server — the `DELETED` event and the answer carry the last stored state. DELETE answers the object
-//!   for custom resources, CRDs, namespaces and pods, and a success `Status` for the other built-in kinds
-//!   when the object is gone at once, as the real server does. Preconditions (`uid`,
-//!   `resourceVersion`) answer 409.
+//!   server — the `DELETED` event carries the last stored state (at a new revision) and the answer the
+//!   written state (at the old one). Marking an object for deletion bumps its `generation` (if it has
+//!   one). DELETE answers the object while it remains (finalizers; always for namespaces, CRDs and pods)
+//!   and a success `Status` naming it when it is gone at once, as a 1.20 server does. Preconditions
+//!   (`uid`, `resourceVersion`) answer 409.
 //! * Other checks done by the real server: label syntax (422), string-valued labels and annotations,
 //!   `metadata.uid` in a write must match (409), `immutable` ConfigMaps and Secrets (422), a Secret's
 //!   `stringData` is folded into base64 `data`, names are DNS subdomains (labels for namespaces).
@@ -111,7 +112,9 @@
 //!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
 //!   history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
-//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405.
+//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405. Messages
+//!   follow a v1.20 kube-apiserver's where they were compared. Built-in kinds take a missing `apiVersion`
+//!   / `kind` from the URL; custom resources require them (400).
 //! * `dryRun=All` (query, or `dryRun: ["All"]` in DeleteOptions) checks a write and answers its result
 //!   without storing it or sending events.
 //!

@@ -676,7 +676,7 @@ fn execute_locked(
             let patched = match ct.as_str() {
                 "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                     if ct.starts_with("application/strategic") && kind.custom {
-                        return Err(ApiError::unsupported_media_type(&ct));
+                        return Err(ApiError::unsupported_media_type());
                     }
                     let patch = parse_json(body)?;
                     let mut cur = current()?;
@@ -731,7 +731,7 @@ fn execute_locked(
                         }
                     }
                 }
-                other => return Err(ApiError::unsupported_media_type(other)),
+                _ => return Err(ApiError::unsupported_media_type()),
             };
             let w = store.update(
                 kind,

@@ -985,13 +985,24 @@ impl Store {
     }
 
     /// The body's declared apiVersion and kind must be those of the resource.
-    fn check_type(kind: &Kind, body: &Value) -> Result<(), ApiError> {
-        if !body.is_object() {
+    /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
+    /// ones from the URL, as the real server's typed decoding does; custom resources require them.
+    fn check_type(kind: &Kind, body: &mut Value) -> Result<(), ApiError> {
+        let Some(obj) = body.as_object_mut() else {
             return Err(ApiError::bad_request(
-                "the request body must be a JSON object",
+                "the object provided is unrecognized: the request body must be a JSON object",
             ));
+        };
+        let empty = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
+        if !kind.custom {
+            if empty(obj.get("kind")) {
+                obj.insert("kind".into(), json!(kind.kind));
+            }
+            if empty(obj.get("apiVersion")) {
+                obj.insert("apiVersion".into(), json!(kind.api_version));
+            }
         }
-        match body.get("kind").and_then(Value::as_str) {
+        match obj.get("kind").and_then(Value::as_str) {
             None | Some("") => {
                 return Err(ApiError::bad_request(format!(
                     "Object 'Kind' is missing in '{body}'"
@@ -999,13 +1010,14 @@ impl Store {
             }
             Some(k) if k != kind.kind => {
                 return Err(ApiError::bad_request(format!(
-                    "the kind in the data ({k}) does not match the expected kind ({})",
-                    kind.kind
+                    "{k} in version \"{}\" cannot be handled as a {}: the kind in the data ({k}) does \
+                     not match the expected kind ({})",
+                    kind.version, kind.kind, kind.kind
                 )));
             }
             _ => {}
         }
-        match body.get("apiVersion").and_then(Value::as_str) {
+        match obj.get("apiVersion").and_then(Value::as_str) {
             Some(v) if v == kind.api_version => Ok(()),
             v => Err(ApiError::bad_request(format!(
                 "the API version in the data ({}) does not match the expected API version ({})",
@@ -1046,7 +1058,7 @@ impl Store {
         ns: Option<&str>,
         mut body: Value,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &body)?;
+        Self::check_type(kind, &mut body)?;
         if !body.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -1083,7 +1095,7 @@ impl Store {
             }
         }
         if meta_str(&body, "resourceVersion").is_some_and(|v| !v.is_empty()) {
-            return Err(ApiError::internal(
+            return Err(ApiError::storage(
                 "resourceVersion should not be set on objects to be created",
             ));
         }
@@ -1190,7 +1202,7 @@ impl Store {
         how: WriteKind,
         inject_conflict: bool,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &new)?;
+        Self::check_type(kind, &mut new)?;
         if !new.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -1237,7 +1249,7 @@ impl Store {
             _ if how == WriteKind::Put && kind.custom => {
                 return Err(ApiError::invalid(
                     &kind.gr.group,
-                    &kind.kind,
+                    &kind.gr.plural,
                     name,
                     "metadata.resourceVersion",
                     "Invalid value: 0x0: must be specified for an update".into(),
@@ -1357,9 +1369,14 @@ impl Store {
             && finalizers(&next).is_empty()
             && !self.namespace_blocks(kind, name)
         {
-            // As the real server: the write is not stored, the object is deleted, and the DELETED event (and
-            // the answer) carry the last stored state.
-            self.remove(&r, (*old.value).clone())
+            // As the real server: the write is not stored but the object is deleted; the DELETED event
+            // carries the last stored state, the answer the written one (at its old resourceVersion).
+            self.remove(&r, (*old.value).clone());
+            let bytes = Bytes::from(serde_json::to_vec(&next).unwrap_or_default());
+            Obj {
+                value: Arc::new(next),
+                bytes,
+            }
         } else {
             self.put(&r, next, EvType::Modified)
         };
@@ -1522,6 +1539,10 @@ impl Store {
         let m = meta_mut(&mut v);
         m.insert("deletionTimestamp".into(), json!(now));
         m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        // Marking an object for deletion bumps its generation, as on the real server.
+        if let Some(g) = m.get("generation").and_then(Value::as_i64) {
+            m.insert("generation".into(), json!(g + 1));
+        }
         if is_namespace {
             v["status"] = json!({"phase": "Terminating"});
         }
@@ -1844,7 +1865,8 @@ impl Store {
                 status: v.pointer("/subresources/status").is_some(),
                 generation: true,
                 custom: true,
-                delete_returns_object: true,
+                // Gone at once → a success Status (real 1.20 servers do not answer the object here).
+                delete_returns_object: false,
             });
         }
     }
