@@ -500,6 +500,18 @@ async fn list_paging() {
             all.list(&ListParams::default()).await.unwrap().items.len(),
             n + 1
         );
+        // resourceVersion=0 is served whole, as from the real server's cache.
+        let (code, whole) = raw(
+            &c,
+            "GET",
+            "/api/v1/namespaces/default/configmaps?limit=5&resourceVersion=0",
+            "",
+            "",
+        )
+        .await;
+        assert_eq!(code, 200);
+        assert_eq!(whole["items"].as_array().unwrap().len(), n);
+        assert!(whole["metadata"].get("continue").is_none());
         let l = cms.list(&ListParams::default().limit(5)).await.unwrap();
         assert_eq!(l.metadata.resource_version, Some(c.revision().to_string()));
         let (code, _) = api_err(

@@ -108,7 +108,8 @@
 //!   `allowWatchBookmarks=true` (kube's default) a `BOOKMARK` at the current revision comes every 60 s
 //!   and when the stream ends, so a watcher of a quiet kind resumes without a 410 even when other kinds
 //!   fill the history.
-//! * Lists: `metadata.resourceVersion` is the current revision. Pages after the first show the objects'
+//! * Lists: `metadata.resourceVersion` is the current revision. `resourceVersion=0` lists are whole
+//!   (the `limit` is ignored, as the real server's cache does); `remainingItemCount` is not given. Pages after the first show the objects'
 //!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
 //!   history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`

@@ -599,7 +599,14 @@ fn execute_locked(
     let name = route.name.as_deref().unwrap_or_default();
     match verb {
         Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?)),
-        Verb::List => Ok(json_response(200, store.list(kind, ns, &list_opts(q)?)?)),
+        Verb::List => {
+            let mut opts = list_opts(q)?;
+            // resourceVersion=0 is served whole, as from the real server's watch cache.
+            if q.get("resourceVersion").is_some_and(|v| v == "0") && opts.cont.is_none() {
+                opts.limit = None;
+            }
+            Ok(json_response(200, store.list(kind, ns, &opts)?))
+        }
         Verb::Watch => {
             let opts = list_opts(q)?;
             let timeout =
