@@ -1137,13 +1137,13 @@ impl Store {
             if !is_dns_label(&name) {
                 return Err(invalid_name(
                     &name,
-                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
+                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
                 ));
             }
         } else if !is_dns_subdomain(&name) {
             return Err(invalid_name(
                 &name,
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
             ));
         }
         normalize(kind, &name, &mut body)?;
@@ -1213,28 +1213,11 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
         match meta_str(&new, "name") {
             Some(n) if n == name => {}
-            Some(n) if how == WriteKind::Put => {
+            other => {
                 return Err(ApiError::bad_request(format!(
-                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                    "the name of the object ({}) does not match the name on the URL ({name})",
+                    other.unwrap_or_default()
                 )));
-            }
-            _ if how == WriteKind::Put => {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.name",
-                    "Required value: name is required".into(),
-                ));
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.name",
-                    "Invalid value: the name may not be changed by a patch".into(),
-                ));
             }
         }
         Self::check_namespace_field(kind, ns, &mut new)?;
