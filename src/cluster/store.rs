@@ -1082,14 +1082,21 @@ impl Store {
                     }));
                 }
                 Some(o) if is_deleting(&o.value) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being \
-                         terminated",
+                    let obj_name = meta_str(&body, "name").unwrap_or_default();
+                    let mut e = ApiError::forbidden(format!(
+                        "{} \"{obj_name}\" is forbidden: unable to create new content in namespace {ns} \
+                         because it is being terminated",
                         kind.gr.plural,
-                        meta_str(&body, "name")
-                            .or(meta_str(&body, "generateName"))
-                            .unwrap_or_default()
-                    )));
+                    ));
+                    let mut details = json!({"name": obj_name, "kind": kind.gr.plural, "causes": [{
+                        "reason": "NamespaceTerminating",
+                        "message": format!("namespace {ns} is being terminated"),
+                        "field": "metadata.namespace"}]});
+                    if !kind.gr.group.is_empty() {
+                        details["group"] = json!(kind.gr.group);
+                    }
+                    e.details = Some(details);
+                    return Err(e);
                 }
                 Some(_) => {}
             }
