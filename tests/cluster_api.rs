@@ -974,6 +974,8 @@ async fn malformed_requests_answer_status() {
         assert_eq!(b["message"], r#"ConfigMap "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"#);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"other"}}"#).await, 400);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":"oops"}"#).await, 400);
+        check(raw(&c, "POST", cms, json, r#"{"metadata":{"name":"o","ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"p"}]}}"#).await, 422);
+        check(raw(&c, "POST", cms, json, r#"{"metadata":{"name":"o","labels":{"a":1}}}"#).await, 400);
         let ok = raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#).await;
         assert_eq!(ok.0, 201);
         check(raw(&c, "PUT", &format!("{cms}/x"), json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"y"}}"#).await, 400);

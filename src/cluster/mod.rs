@@ -88,6 +88,7 @@
 //!   and a success `Status` naming it when it is gone at once, as a 1.20 server does. Preconditions
 //!   (`uid`, `resourceVersion`) answer 409.
 //! * Other checks done by the real server: label syntax (422), string-valued labels and annotations,
+//!   complete `ownerReferences` with at most one controller (422),
 //!   `metadata.uid` in a write must match (409), `immutable` ConfigMaps and Secrets (422), a Secret's
 //!   `stringData` is folded into base64 `data`, names are DNS subdomains (labels for namespaces).
 //! * Garbage collection by `ownerReferences` runs inline, within the request that removed an owner, so it

@@ -399,6 +399,45 @@ fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
             }
         }
     }
+    if let Some(refs) = meta(v)
+        .and_then(|m| m.get("ownerReferences"))
+        .filter(|r| !r.is_null())
+    {
+        let Some(refs) = refs.as_array() else {
+            return Err(ApiError::bad_request(
+                "metadata.ownerReferences must be a list",
+            ));
+        };
+        let mut controllers = 0;
+        for (i, r) in refs.iter().enumerate() {
+            for field in ["apiVersion", "kind", "name", "uid"] {
+                if r.get(field)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    return Err(ApiError::invalid(
+                        &kind.gr.group,
+                        &kind.kind,
+                        name,
+                        &format!("metadata.ownerReferences[{i}].{field}"),
+                        format!("Invalid value: \"\": {field} must not be empty"),
+                    ));
+                }
+            }
+            if r.get("controller").and_then(Value::as_bool) == Some(true) {
+                controllers += 1;
+            }
+        }
+        if controllers > 1 {
+            return Err(ApiError::invalid(
+                &kind.gr.group,
+                &kind.kind,
+                name,
+                "metadata.ownerReferences",
+                "Invalid value: only one reference can have Controller set to true".into(),
+            ));
+        }
+    }
     if kind.gr.group.is_empty()
         && kind.gr.plural == "secrets"
         && let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData"))
