@@ -1641,3 +1641,37 @@ async fn runs_are_deterministic_from_the_seed() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn kube_runtime_event_recorder() {
+    bounded(async {
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        let c = Cluster::new();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        let obj = cms
+            .create(&PostParams::default(), &cm("a", &[]))
+            .await
+            .unwrap();
+        let reporter = Reporter {
+            controller: "test-controller".into(),
+            instance: None,
+        };
+        let recorder = Recorder::new(c.client(), reporter);
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: "Tested".into(),
+            note: Some("hello".into()),
+            action: "Test".into(),
+            secondary: None,
+        };
+        let reference = kube::Resource::object_ref(&obj, &());
+        recorder.publish(&ev, &reference).await.unwrap();
+        recorder.publish(&ev, &reference).await.unwrap();
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::default_namespaced(c.client());
+        let list = events.list(&ListParams::default()).await.unwrap();
+        assert_eq!(list.items.len(), 1, "the second publish updates the series");
+        assert_eq!(list.items[0].reason.as_deref(), Some("Tested"));
+        assert_eq!(list.items[0].series.as_ref().map(|s| s.count), Some(2));
+    })
+    .await;
+}
