@@ -1,1 +1,4 @@
 //! actorcile
+
+#[cfg(feature = "envtest")]
+pub mod envtest;
