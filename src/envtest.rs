@@ -566,6 +566,8 @@ impl Envtest {
             server_url: self.server_url(),
             kubeconfig: self.work.kubeconfig_path().to_path_buf(),
             user_kubeconfig: self.work.user_kubeconfig_path().to_path_buf(),
+            etcd_binary: self.binaries.etcd.clone(),
+            apiserver_binary: self.binaries.kube_apiserver.clone(),
         };
         state.save()?;
         Ok(state)
