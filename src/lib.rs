@@ -1,4 +1,5 @@
 //! actorcile
 
+pub mod cluster;
 #[cfg(feature = "envtest")]
 pub mod envtest;
