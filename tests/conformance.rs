@@ -99,6 +99,12 @@ conformance!(
     already_exists_and_invalid_names,
     unknown_fields_are_pruned,
     list_pagination,
+    put_without_resource_version,
+    field_selectors,
+    delete_collection_by_label,
+    terminating_namespace_forbids_creates,
+    dry_run_writes_nothing,
+    watch_timeout_ends_the_stream,
 );
 
 // ---------------------------------------------------------------------------------------------------
@@ -945,4 +951,159 @@ async fn list_pagination(cx: Ctx) {
             .await,
     );
     assert_eq!(s.code, 400, "{s:?}");
+}
+
+async fn put_without_resource_version(cx: Ctx) {
+    // Custom resources: an update must carry a resourceVersion.
+    let api = widgets(&cx);
+    api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let s = api_error(api.replace("a", &pp(), &widget("a", 2)).await);
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+    assert_eq!(api.get("a").await.unwrap().spec.size, 1);
+
+    // Built-in kinds: a PUT without one is unconditional.
+    let cms: Api<ConfigMap> = Api::namespaced(cx.client.clone(), &cx.ns);
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("c".into());
+    cms.create(&pp(), &cm).await.unwrap();
+    cm.data = Some([("k".to_string(), "v".to_string())].into());
+    let replaced = cms.replace("c", &pp(), &cm).await.unwrap();
+    assert_eq!(replaced.data, cm.data);
+    // ConfigMaps have no generation.
+    assert_eq!(replaced.metadata.generation, None);
+}
+
+async fn field_selectors(cx: Ctx) {
+    let api = widgets(&cx);
+    for name in ["a", "b"] {
+        api.create(&pp(), &widget(name, 1)).await.unwrap();
+    }
+    let by_name = api
+        .list(&ListParams::default().fields("metadata.name=a"))
+        .await
+        .unwrap();
+    let got: Vec<_> = by_name.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(got, ["a"]);
+    let not_a = api
+        .list(&ListParams::default().fields("metadata.name!=a"))
+        .await
+        .unwrap();
+    let got: Vec<_> = not_a.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(got, ["b"]);
+    let all: Api<Widget> = Api::all(cx.client.clone());
+    let in_ns = all
+        .list(&ListParams::default().fields(&format!("metadata.namespace={}", cx.ns)))
+        .await
+        .unwrap();
+    assert_eq!(in_ns.items.len(), 2);
+    // Custom resources support only metadata.name and metadata.namespace.
+    let s = api_error(api.list(&ListParams::default().fields("spec.size=1")).await);
+    assert_eq!((s.code, s.reason.as_str()), (400, "BadRequest"), "{s:?}");
+}
+
+async fn delete_collection_by_label(cx: Ctx) {
+    let api = widgets(&cx);
+    api.create(&pp(), &labelled("a", &[("del", "yes")]))
+        .await
+        .unwrap();
+    api.create(&pp(), &labelled("b", &[("del", "yes")]))
+        .await
+        .unwrap();
+    api.create(&pp(), &labelled("c", &[("del", "no")]))
+        .await
+        .unwrap();
+    let res = api
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("del=yes"),
+        )
+        .await
+        .unwrap();
+    let list = match res.clone().left() {
+        Some(l) => l,
+        None => panic!(
+            "deletecollection answers the deleted list, got {:?}",
+            res.right()
+        ),
+    };
+    let mut deleted: Vec<_> = list.items.iter().map(|w| w.name_any()).collect();
+    deleted.sort();
+    assert_eq!(deleted, ["a", "b"]);
+    assert_eq!(names(&api, "").await, ["c"]);
+}
+
+async fn terminating_namespace_forbids_creates(cx: Ctx) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api = widgets(&cx);
+    let mut held = widget("held", 1);
+    held.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    api.create(&pp(), &held).await.unwrap();
+    let nss: Api<Namespace> = Api::all(cx.client.clone());
+    let res = nss.delete(&cx.ns, &DeleteParams::default()).await.unwrap();
+    let ns = res.left().expect("namespace DELETE answers the namespace");
+    assert!(ns.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        ns.status.and_then(|s| s.phase).as_deref(),
+        Some("Terminating")
+    );
+    let s = api_error(api.create(&pp(), &widget("late", 1)).await);
+    assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"), "{s:?}");
+    // The namespace is still there while its contents are (the object holds a finalizer).
+    let got = nss.get(&cx.ns).await.unwrap();
+    assert!(got.metadata.deletion_timestamp.is_some());
+}
+
+async fn dry_run_writes_nothing(cx: Ctx) {
+    let api = widgets(&cx);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let made = api.create(&dry, &widget("a", 1)).await.unwrap();
+    assert_eq!(made.name_any(), "a");
+    assert!(
+        api.get_opt("a").await.unwrap().is_none(),
+        "dry-run create stores nothing"
+    );
+    api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let mut pp_dry = PatchParams::default();
+    pp_dry.dry_run = true;
+    let patched = api
+        .patch("a", &pp_dry, &merge(json!({"spec": {"size": 9}})))
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.size, 9);
+    assert_eq!(
+        api.get("a").await.unwrap().spec.size,
+        1,
+        "dry-run patch stores nothing"
+    );
+}
+
+async fn watch_timeout_ends_the_stream(cx: Ctx) {
+    let api = widgets(&cx);
+    let start = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let began = std::time::Instant::now();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(1), &start)
+        .await
+        .unwrap()
+        .boxed();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(15), stream.next())
+            .await
+            .expect("the watch ends by its timeoutSeconds");
+        match next {
+            None => break,
+            Some(Ok(WatchEvent::Bookmark(_))) => {}
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(began.elapsed() < Duration::from_secs(14));
 }
