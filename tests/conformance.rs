@@ -2,7 +2,9 @@
 //! real etcd + kube-apiserver v1.20 (`real_apiserver::*`, needs scripts/install-test-deps.sh).
 //!
 //! Every case asserts what the real server does. A case failing only under `in_process` is a
-//! difference of the in-process cluster; those are listed in notes/conformance-diffs.md.
+//! difference of the in-process cluster (the team's notes/conformance-diffs.md lists them). Under
+//! `cargo test` the real cases share one control plane (`Envtest::shared`, ~15 s for the whole file);
+//! under nextest each test is its own process and starts its own (~10 s each).
 
 #[path = "common/envtest_support.rs"]
 mod envtest_support;
@@ -1066,8 +1068,10 @@ async fn dry_run_writes_nothing(cx: Ctx) {
         "dry-run create stores nothing"
     );
     api.create(&pp(), &widget("a", 1)).await.unwrap();
-    let mut pp_dry = PatchParams::default();
-    pp_dry.dry_run = true;
+    let pp_dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
     let patched = api
         .patch("a", &pp_dry, &merge(json!({"spec": {"size": 9}})))
         .await
