@@ -403,10 +403,11 @@ impl Envtest {
         mode: SpawnMode,
         startup_timeout: Duration,
     ) -> Result<Envtest, EnvtestError> {
+        let [etcd_client, etcd_peer, apiserver] = process::free_ports::<3>()?;
         let ports = Ports {
-            etcd_client: process::free_port()?,
-            etcd_peer: process::free_port()?,
-            apiserver: process::free_port()?,
+            etcd_client,
+            etcd_peer,
+            apiserver,
         };
         files::prepare(&work, ports.apiserver)?;
         let deadline = Instant::now() + startup_timeout;
