@@ -35,6 +35,9 @@
 //! # }
 //! ```
 //!
+//! Test binaries with many tests can share one control plane per process with [`Envtest::shared`]
+//! (give each test its own namespace).
+//!
 //! For a control plane that outlives the process (the `actorcile envtest up` command), see
 //! [`EnvtestBuilder::start_detached`] and [`DetachedEnvtest`].
 
@@ -289,7 +292,8 @@ impl EnvtestBuilder {
         self
     }
 
-    /// Bound on how long each component may take to become ready (default 30 s).
+    /// Bound on start-up (etcd healthy, apiserver ready, `default` namespace present), and on each
+    /// restart and each wait for CRDs to be Established (default 30 s).
     pub fn startup_timeout(mut self, timeout: Duration) -> Self {
         self.startup_timeout = timeout;
         self

@@ -57,7 +57,9 @@ async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::R
                 .with_context(|| format!("in {}", f.display()))?,
         );
     }
-    if let Some(existing) = DetachedEnvtest::load(&dir)? {
+    let existing = DetachedEnvtest::load(&dir)
+        .context("reading the envtest state (`actorcile envtest down` removes it)")?;
+    if let Some(existing) = existing {
         if existing.is_running() {
             if !crds.is_empty() {
                 let config = kube_config(&existing).await?;
@@ -112,7 +114,19 @@ async fn kube_config(s: &DetachedEnvtest) -> anyhow::Result<kube::Config> {
 }
 
 async fn down(dir: PathBuf) -> anyhow::Result<()> {
-    match DetachedEnvtest::load(&dir)? {
+    let state = match DetachedEnvtest::load(&dir) {
+        Ok(state) => state,
+        Err(e) => {
+            // Unreadable state: the processes cannot be found by pid; clean the directory anyway.
+            eprintln!(
+                "envtest: {e}; removing {} (stop any leftover etcd/kube-apiserver by hand)",
+                dir.display()
+            );
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+            return Ok(());
+        }
+    };
+    match state {
         Some(s) => {
             let was_running = s.is_running();
             s.stop(Duration::from_secs(5)).await?;
