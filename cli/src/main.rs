@@ -1,1 +1,49 @@
-fn main() {}
+//! The `actorcile` command line: `bench` (reconcile throughput of actorcile side by side with
+//! kube-runtime's `Controller`). `simulate`, `envtest` and `demo` come later.
+
+mod bench;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The `actorcile` command.
+#[derive(Debug, Parser)]
+#[command(
+    name = "actorcile",
+    version,
+    about = "actorcile: an actor-based reconcile runtime for Kubernetes operators"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Subcommands of `actorcile`.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure reconcile throughput, latency, API requests and memory of actorcile and of
+    /// kube-runtime's `Controller` on the same workload, side by side.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => bench::main(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The bench resource and the reconcile logic of each workload, shared verbatim by both runtimes.
+//!
+//! Runs and latencies are measured here, inside the reconcile logic, so both runtimes are measured
+//! by the same code. What "latency" means per workload (event → run):
+//! - `noop`, `status`: from the runtime's start (the objects exist before it) to the object's first run;
+//! - `yield`: how late each run after a yield comes, beyond the delay the yield asked for;
+//! - `churn`: from the driver stamping `spec.stampMicros` (wall clock, same process) to the first
+//!   run that sees that stamp.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use dashmap::DashMap;
+use kube::{
+    Api, Client, CustomResource, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::{args::Workload, counting::RequestCounter};
+
+/// Spec of the bench resource.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "bench.actorcile.dev",
+    version = "v1",
+    kind = "BenchObject",
+    plural = "benchobjects",
+    namespaced,
+    status = "BenchStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BenchObjectSpec {
+    /// `churn`: wall-clock time (µs since the Unix epoch) at which the driver wrote this spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stamp_micros: Option<u64>,
+    /// `churn`: this is the driver's last update of the object.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_update: bool,
+}
+
+/// Status of the bench resource: the fields of actorcile's resource status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BenchStatus {
+    /// Ready / Progressing / Terminating / Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions (one `Ready` condition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<BenchCondition>,
+}
+
+/// One status condition.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BenchCondition {
+    /// Condition type (`Ready`).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default)]
+    pub reason: String,
+    /// Human-readable message.
+    #[serde(default)]
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    /// The generation the condition describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Name of the `i`-th bench object.
+pub fn object_name(i: u32) -> String {
+    format!("bench-{i:06}")
+}
+
+/// What a reconcile asks its runtime to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing more to do until the object changes.
+    Done,
+    /// Run again after this delay.
+    YieldAfter(Duration),
+}
+
+/// A reconcile failed (the runtime retries it).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// An API call failed.
+    #[error("kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object has no name.
+    #[error("object has no name")]
+    Unnamed,
+}
+
+/// Workload parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkloadConfig {
+    /// Which workload.
+    pub workload: Workload,
+    /// Number of objects.
+    pub objects: u32,
+    /// `yield`: yields per object before it is done.
+    pub yields: u32,
+    /// `yield`: delay each yield asks for.
+    pub yield_interval: Duration,
+}
+
+#[derive(Debug, Default)]
+struct ObjectState {
+    seen: bool,
+    done: bool,
+    yields: u32,
+    wake_due: Option<Instant>,
+    last_stamp: Option<u64>,
+}
+
+/// Figures frozen at the moment the last object became done.
+#[derive(Debug, Clone, Copy)]
+pub struct DoneSnapshot {
+    /// Elapsed time since the start.
+    pub elapsed: Duration,
+    /// Runs so far.
+    pub runs: u64,
+    /// API requests by the runtime's client so far.
+    pub api_requests: u64,
+}
+
+/// The shared reconcile logic and its measurements (one per child process).
+#[derive(Debug)]
+pub struct Recorder {
+    config: WorkloadConfig,
+    start: Instant,
+    requests: RequestCounter,
+    runs: AtomicU64,
+    seen: AtomicUsize,
+    done: AtomicUsize,
+    objects: DashMap<String, ObjectState>,
+    latencies: Mutex<Vec<Duration>>,
+    finished: Mutex<Option<DoneSnapshot>>,
+    all_seen: Notify,
+    all_done: Notify,
+}
+
+impl Recorder {
+    /// Starts measuring now; `requests` is the runtime client's request counter.
+    pub fn start(config: WorkloadConfig, requests: RequestCounter) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            start: Instant::now(),
+            requests,
+            runs: AtomicU64::new(0),
+            seen: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            objects: DashMap::with_capacity(config.objects as usize),
+            latencies: Mutex::new(Vec::with_capacity(config.objects as usize)),
+            finished: Mutex::new(None),
+            all_seen: Notify::new(),
+            all_done: Notify::new(),
+        })
+    }
+
+    /// Runs counted so far.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Objects done so far.
+    pub fn done_count(&self) -> usize {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Latency samples so far.
+    pub fn latencies(&self) -> Vec<Duration> {
+        self.latencies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The figures at the moment the last object became done, once it has.
+    pub fn finished(&self) -> Option<DoneSnapshot> {
+        *self.finished.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until every object has had its first run.
+    pub async fn wait_all_seen(&self) {
+        loop {
+            let notified = self.all_seen.notified();
+            if self.seen.load(Ordering::Acquire) >= self.config.objects as usize {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Waits until every object is done and returns the figures of that moment.
+    pub async fn wait_done(&self) -> DoneSnapshot {
+        loop {
+            let notified = self.all_done.notified();
+            if let Some(snapshot) = self.finished() {
+                return snapshot;
+            }
+            notified.await;
+        }
+    }
+
+    fn record_latency(&self, d: Duration) {
+        self.latencies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(d);
+    }
+
+    fn mark_done(&self, state: &mut ObjectState) {
+        if state.done {
+            return;
+        }
+        state.done = true;
+        if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+            let snapshot = DoneSnapshot {
+                elapsed: self.start.elapsed(),
+                runs: self.runs(),
+                api_requests: self.requests.get(),
+            };
+            *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
+            self.all_done.notify_waiters();
+        }
+    }
+
+    /// One reconcile of `obj` (both runtimes call exactly this).
+    pub async fn reconcile(
+        &self,
+        obj: &BenchObject,
+        client: &Client,
+    ) -> Result<Step, WorkloadError> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
+        let write_status = {
+            let mut state = self.objects.entry(name.to_string()).or_default();
+            if !state.seen {
+                state.seen = true;
+                if matches!(self.config.workload, Workload::Noop | Workload::Status) {
+                    self.record_latency(now - self.start);
+                }
+                if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+                    self.all_seen.notify_waiters();
+                }
+            }
+            match self.config.workload {
+                Workload::Noop => {
+                    self.mark_done(&mut state);
+                    return Ok(Step::Done);
+                }
+                Workload::Yield => {
+                    if let Some(due) = state.wake_due.take() {
+                        self.record_latency(now.saturating_duration_since(due));
+                    }
+                    if state.yields < self.config.yields {
+                        state.yields += 1;
+                        state.wake_due = Some(now + self.config.yield_interval);
+                        return Ok(Step::YieldAfter(self.config.yield_interval));
+                    }
+                    self.mark_done(&mut state);
+                    return Ok(Step::Done);
+                }
+                Workload::Churn => {
+                    if let Some(stamp) = obj.spec.stamp_micros
+                        && state.last_stamp != Some(stamp)
+                    {
+                        state.last_stamp = Some(stamp);
+                        let lag = wall_micros().saturating_sub(stamp);
+                        self.record_latency(Duration::from_micros(lag));
+                        if obj.spec.last_update {
+                            self.mark_done(&mut state);
+                        }
+                    }
+                    return Ok(Step::Done);
+                }
+                Workload::Status => !status_is_current(obj),
+            }
+        };
+        if write_status {
+            patch_ready_status(obj, client).await?;
+        }
+        if let Some(mut state) = self.objects.get_mut(name) {
+            self.mark_done(&mut state);
+        }
+        Ok(Step::Done)
+    }
+}
+
+/// Microseconds since the Unix epoch (the churn stamp's clock).
+pub fn wall_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether `obj`'s status already says Ready for its current generation.
+pub fn status_is_current(obj: &BenchObject) -> bool {
+    let Some(status) = &obj.status else {
+        return false;
+    };
+    status.phase.as_deref() == Some("Ready")
+        && status.observed_generation == obj.metadata.generation
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
+    let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
+    let api: Api<BenchObject> = match obj.namespace() {
+        Some(ns) => Api::namespaced(client.clone(), &ns),
+        None => Api::default_namespaced(client.clone()),
+    };
+    let generation = obj.metadata.generation;
+    let status = BenchStatus {
+        phase: Some("Ready".into()),
+        observed_generation: generation,
+        conditions: vec![BenchCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: "Provisioned".into(),
+            message: String::new(),
+            last_transition_time: Some(rfc3339_now()),
+            observed_generation: generation,
+        }],
+    };
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+fn rfc3339_now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
