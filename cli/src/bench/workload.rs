@@ -356,3 +356,183 @@ async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), Wo
 fn rfc3339_now() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::{CustomResourceExt, client::Body};
+    use std::{convert::Infallible, sync::atomic::AtomicU32};
+
+    fn obj(name: &str) -> BenchObject {
+        let mut o = BenchObject::new(name, BenchObjectSpec::default());
+        o.metadata.namespace = Some("ns".into());
+        o.metadata.generation = Some(1);
+        o
+    }
+
+    fn config(workload: Workload, objects: u32) -> WorkloadConfig {
+        WorkloadConfig {
+            workload,
+            objects,
+            yields: 3,
+            yield_interval: Duration::from_millis(1),
+        }
+    }
+
+    /// A client whose every request fails the test (for workloads that must do no I/O).
+    fn no_io_client() -> Client {
+        Client::new(
+            tower::service_fn(|req: Request<Body>| async move {
+                panic!("unexpected request {} {}", req.method(), req.uri());
+                #[allow(unreachable_code)]
+                Ok::<Response<Body>, Infallible>(Response::new(Body::empty()))
+            }),
+            "ns",
+        )
+    }
+
+    #[tokio::test]
+    async fn noop_is_done_on_first_run() {
+        let counter = RequestCounter::new();
+        let rec = Recorder::start(config(Workload::Noop, 2), counter);
+        let client = no_io_client();
+        assert_eq!(rec.reconcile(&obj("a"), &client).await.unwrap(), Step::Done);
+        assert!(rec.finished().is_none());
+        assert_eq!(rec.reconcile(&obj("a"), &client).await.unwrap(), Step::Done);
+        assert!(
+            rec.finished().is_none(),
+            "a second run of one object is not a second object"
+        );
+        rec.reconcile(&obj("b"), &client).await.unwrap();
+        let snap = tokio::time::timeout(Duration::from_secs(5), rec.wait_done())
+            .await
+            .unwrap();
+        assert_eq!(snap.runs, 3);
+        assert_eq!(rec.done_count(), 2);
+        assert_eq!(
+            rec.latencies().len(),
+            2,
+            "one start→first-run sample per object"
+        );
+        // Runs after done still count in the live total but not in the snapshot.
+        rec.reconcile(&obj("b"), &client).await.unwrap();
+        assert_eq!(rec.runs(), 4);
+        assert_eq!(rec.finished().unwrap().runs, 3);
+    }
+
+    #[tokio::test]
+    async fn yield_yields_k_times_then_done() {
+        let rec = Recorder::start(config(Workload::Yield, 1), RequestCounter::new());
+        let client = no_io_client();
+        for _ in 0..3 {
+            assert_eq!(
+                rec.reconcile(&obj("a"), &client).await.unwrap(),
+                Step::YieldAfter(Duration::from_millis(1))
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(rec.finished().is_none());
+        assert_eq!(rec.reconcile(&obj("a"), &client).await.unwrap(), Step::Done);
+        let snap = rec.finished().unwrap();
+        assert_eq!(snap.runs, 4);
+        let lat = rec.latencies();
+        assert_eq!(lat.len(), 3, "one lateness sample per run after a yield");
+        assert!(
+            lat.iter().all(|d| *d >= Duration::from_millis(1)),
+            "slept 2 ms per 1 ms yield: {lat:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn churn_measures_stamp_to_run_and_finishes_on_last_update() {
+        let rec = Recorder::start(config(Workload::Churn, 1), RequestCounter::new());
+        let client = no_io_client();
+        let mut o = obj("a");
+        rec.reconcile(&o, &client).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), rec.wait_all_seen())
+            .await
+            .unwrap();
+        assert!(rec.latencies().is_empty(), "no stamp, no sample");
+        o.spec.stamp_micros = Some(wall_micros() - 5_000);
+        rec.reconcile(&o, &client).await.unwrap();
+        rec.reconcile(&o, &client).await.unwrap();
+        assert_eq!(rec.latencies().len(), 1, "a stamp is measured once");
+        assert!(rec.latencies()[0] >= Duration::from_millis(5));
+        assert!(rec.finished().is_none());
+        o.spec.stamp_micros = Some(wall_micros());
+        o.spec.last_update = true;
+        rec.reconcile(&o, &client).await.unwrap();
+        assert_eq!(rec.finished().unwrap().runs, 4);
+        assert_eq!(rec.latencies().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn status_is_patched_only_when_changed() {
+        let patches = Arc::new(AtomicU32::new(0));
+        let seen = patches.clone();
+        let client = Client::new(
+            tower::service_fn(move |req: Request<Body>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(req.method(), http::Method::PATCH);
+                    assert_eq!(
+                        req.uri().path(),
+                        "/apis/bench.actorcile.dev/v1/namespaces/ns/benchobjects/a/status"
+                    );
+                    assert_eq!(
+                        req.headers()["content-type"],
+                        "application/merge-patch+json"
+                    );
+                    let body = http_body_util::BodyExt::collect(req.into_body())
+                        .await
+                        .unwrap()
+                        .to_bytes();
+                    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    assert_eq!(patch["status"]["phase"], "Ready");
+                    assert_eq!(patch["status"]["observedGeneration"], 1);
+                    assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let mut o = obj("a");
+                    o.status = serde_json::from_value(patch["status"].clone()).unwrap();
+                    Ok::<_, Infallible>(Response::new(Body::from(serde_json::to_vec(&o).unwrap())))
+                }
+            }),
+            "ns",
+        );
+        let counter = RequestCounter::new();
+        let rec = Recorder::start(config(Workload::Status, 1), counter);
+        let mut o = obj("a");
+        rec.reconcile(&o, &client).await.unwrap();
+        assert_eq!(patches.load(Ordering::SeqCst), 1);
+        assert!(rec.finished().is_some());
+        o.status = Some(BenchStatus {
+            phase: Some("Ready".into()),
+            observed_generation: Some(1),
+            conditions: vec![BenchCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }],
+        });
+        assert!(status_is_current(&o));
+        rec.reconcile(&o, &client).await.unwrap();
+        assert_eq!(
+            patches.load(Ordering::SeqCst),
+            1,
+            "the echo run writes nothing"
+        );
+        o.metadata.generation = Some(2);
+        assert!(!status_is_current(&o));
+    }
+
+    #[test]
+    fn crd_shape() {
+        let crd = BenchObject::crd();
+        assert_eq!(crd.spec.group, "bench.actorcile.dev");
+        assert_eq!(crd.spec.names.plural, "benchobjects");
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let v = &crd.spec.versions[0];
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+    }
+}
