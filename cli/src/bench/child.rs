@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kube::{
     Api, Client,
     api::{ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
 };
 
 use super::{
@@ -93,6 +94,8 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
             recorder.clone(),
         ))
     });
+    let observer = (args.workload == Workload::Status)
+        .then(|| tokio::spawn(observe(api.clone(), recorder.clone())));
     let ticker = {
         let recorder = recorder.clone();
         let bar = bar.clone();
@@ -106,6 +109,9 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
 
     let waited = tokio::time::timeout(args.timeout(), recorder.wait_done()).await;
     ticker.abort();
+    if let Some(observer) = observer {
+        observer.abort();
+    }
     bar.finish_and_clear();
     let driver_result = match driver {
         Some(driver) if waited.is_ok() => Some(driver.await),
@@ -160,6 +166,21 @@ impl Running {
     async fn stop(self) {
         match self {
             Running::Kube(run) => run.stop(Duration::from_secs(5)).await,
+        }
+    }
+}
+
+/// `status`: watches the objects (on the uncounted set-up client) and tells the recorder each
+/// version it sees, so an object is done when its Ready status is visible in the API.
+async fn observe(api: Api<BenchObject>, recorder: Arc<Recorder>) {
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(obj) => recorder.observe(&obj),
+            Err(err) => tracing::debug!(error = %err, "status observer watch error"),
         }
     }
 }

@@ -13,7 +13,7 @@ use kube::{
 };
 use tokio::{sync::oneshot, task::JoinHandle};
 
-use super::workload::{BenchObject, Recorder, Step, WorkloadError};
+use super::workload::{BenchObject, Recorder, StatusWriter, Step, WorkloadError};
 
 /// Delay before retrying a reconcile that failed.
 pub const ERROR_REQUEUE: Duration = Duration::from_millis(100);
@@ -70,10 +70,16 @@ impl KubeRuntimeRun {
 }
 
 async fn reconcile(obj: Arc<BenchObject>, ctx: Arc<Ctx>) -> Result<Action, WorkloadError> {
-    Ok(match ctx.recorder.reconcile(&obj, &ctx.client).await? {
-        Step::Done => Action::await_change(),
-        Step::YieldAfter(after) => Action::requeue(after),
-    })
+    Ok(
+        match ctx
+            .recorder
+            .reconcile(&obj, &ctx.client, StatusWriter::Reconcile)
+            .await?
+        {
+            Step::Done => Action::await_change(),
+            Step::YieldAfter(after) => Action::requeue(after),
+        },
+    )
 }
 
 fn error_policy(_obj: Arc<BenchObject>, err: &WorkloadError, _ctx: Arc<Ctx>) -> Action {

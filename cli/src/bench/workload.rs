@@ -2,7 +2,12 @@
 //!
 //! Runs and latencies are measured here, inside the reconcile logic, so both runtimes are measured
 //! by the same code. What "latency" means per workload (event → run):
-//! - `noop`, `status`: from the runtime's start (the objects exist before it) to the object's first run;
+//! - `noop`: from the runtime's start (the objects exist before it) to the object's first run;
+//! - `status`: from the runtime's start to the moment an observer (a watch on a separate,
+//!   uncounted client, the same for both runtimes) sees the object's status Ready for its
+//!   generation. This is also when a `status` object counts as done: the Ready status is written by
+//!   the reconcile under kube-runtime and by the runtime itself under actorcile (see
+//!   [`StatusWriter`]), so only the API tells both apart the same way;
 //! - `yield`: how late each run after a yield comes, beyond the delay the yield asked for;
 //! - `churn`: from the driver stamping `spec.stampMicros` (wall clock, same process) to the first
 //!   run that sees that stamp.
@@ -107,6 +112,15 @@ pub enum WorkloadError {
     /// The object has no name.
     #[error("object has no name")]
     Unnamed,
+}
+
+/// Who writes the Ready status (phase, `Ready` condition, observedGeneration) of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWriter {
+    /// The reconcile writes it (kube-runtime: a `Controller` writes no status of its own).
+    Reconcile,
+    /// The runtime writes it after the reconcile (actorcile writes it on every change).
+    Runtime,
 }
 
 /// Workload parameters.
@@ -245,10 +259,14 @@ impl Recorder {
     }
 
     /// One reconcile of `obj` (both runtimes call exactly this).
+    ///
+    /// `status_writer` says who writes the Ready status in the `status` workload: kube-runtime's
+    /// `Controller` leaves it to the reconcile, actorcile's runtime writes it itself.
     pub async fn reconcile(
         &self,
         obj: &BenchObject,
         client: &Client,
+        status_writer: StatusWriter,
     ) -> Result<Step, WorkloadError> {
         self.runs.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
@@ -257,7 +275,7 @@ impl Recorder {
             let mut state = self.objects.entry(name.to_string()).or_default();
             if !state.seen {
                 state.seen = true;
-                if matches!(self.config.workload, Workload::Noop | Workload::Status) {
+                if self.config.workload == Workload::Noop {
                     self.record_latency(now - self.start);
                 }
                 if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
@@ -294,16 +312,31 @@ impl Recorder {
                     }
                     return Ok(Step::Done);
                 }
-                Workload::Status => !status_is_current(obj),
+                Workload::Status => {
+                    status_writer == StatusWriter::Reconcile && !status_is_current(obj)
+                }
             }
         };
         if write_status {
             patch_ready_status(obj, client).await?;
         }
-        if let Some(mut state) = self.objects.get_mut(name) {
+        Ok(Step::Done)
+    }
+
+    /// `status`: called by the observer for every version of an object it sees in the API; the
+    /// object is done once its status says Ready for its current generation (whoever wrote it).
+    pub fn observe(&self, obj: &BenchObject) {
+        if self.config.workload != Workload::Status || !status_is_current(obj) {
+            return;
+        }
+        let Some(name) = obj.metadata.name.as_deref() else {
+            return;
+        };
+        let mut state = self.objects.entry(name.to_string()).or_default();
+        if !state.done {
+            self.record_latency(self.start.elapsed());
             self.mark_done(&mut state);
         }
-        Ok(Step::Done)
     }
 }
 
@@ -397,14 +430,26 @@ mod tests {
         let counter = RequestCounter::new();
         let rec = Recorder::start(config(Workload::Noop, 2), counter);
         let client = no_io_client();
-        assert_eq!(rec.reconcile(&obj("a"), &client).await.unwrap(), Step::Done);
+        assert_eq!(
+            rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                .await
+                .unwrap(),
+            Step::Done
+        );
         assert!(rec.finished().is_none());
-        assert_eq!(rec.reconcile(&obj("a"), &client).await.unwrap(), Step::Done);
+        assert_eq!(
+            rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                .await
+                .unwrap(),
+            Step::Done
+        );
         assert!(
             rec.finished().is_none(),
             "a second run of one object is not a second object"
         );
-        rec.reconcile(&obj("b"), &client).await.unwrap();
+        rec.reconcile(&obj("b"), &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
         let snap = tokio::time::timeout(Duration::from_secs(5), rec.wait_done())
             .await
             .unwrap();
@@ -416,7 +461,9 @@ mod tests {
             "one start→first-run sample per object"
         );
         // Runs after done still count in the live total but not in the snapshot.
-        rec.reconcile(&obj("b"), &client).await.unwrap();
+        rec.reconcile(&obj("b"), &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
         assert_eq!(rec.runs(), 4);
         assert_eq!(rec.finished().unwrap().runs, 3);
     }
@@ -427,13 +474,20 @@ mod tests {
         let client = no_io_client();
         for _ in 0..3 {
             assert_eq!(
-                rec.reconcile(&obj("a"), &client).await.unwrap(),
+                rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                    .await
+                    .unwrap(),
                 Step::YieldAfter(Duration::from_millis(1))
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         assert!(rec.finished().is_none());
-        assert_eq!(rec.reconcile(&obj("a"), &client).await.unwrap(), Step::Done);
+        assert_eq!(
+            rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                .await
+                .unwrap(),
+            Step::Done
+        );
         let snap = rec.finished().unwrap();
         assert_eq!(snap.runs, 4);
         let lat = rec.latencies();
@@ -449,20 +503,28 @@ mod tests {
         let rec = Recorder::start(config(Workload::Churn, 1), RequestCounter::new());
         let client = no_io_client();
         let mut o = obj("a");
-        rec.reconcile(&o, &client).await.unwrap();
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
         tokio::time::timeout(Duration::from_secs(5), rec.wait_all_seen())
             .await
             .unwrap();
         assert!(rec.latencies().is_empty(), "no stamp, no sample");
         o.spec.stamp_micros = Some(wall_micros() - 5_000);
-        rec.reconcile(&o, &client).await.unwrap();
-        rec.reconcile(&o, &client).await.unwrap();
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
         assert_eq!(rec.latencies().len(), 1, "a stamp is measured once");
         assert!(rec.latencies()[0] >= Duration::from_millis(5));
         assert!(rec.finished().is_none());
         o.spec.stamp_micros = Some(wall_micros());
         o.spec.last_update = true;
-        rec.reconcile(&o, &client).await.unwrap();
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
         assert_eq!(rec.finished().unwrap().runs, 4);
         assert_eq!(rec.latencies().len(), 2);
     }
@@ -501,11 +563,20 @@ mod tests {
             "ns",
         );
         let counter = RequestCounter::new();
-        let rec = Recorder::start(config(Workload::Status, 1), counter);
+        let rec = Recorder::start(config(Workload::Status, 2), counter);
         let mut o = obj("a");
-        rec.reconcile(&o, &client).await.unwrap();
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
         assert_eq!(patches.load(Ordering::SeqCst), 1);
-        assert!(rec.finished().is_some());
+        // Under a runtime that writes status itself, the reconcile writes nothing.
+        rec.reconcile(&o, &client, StatusWriter::Runtime)
+            .await
+            .unwrap();
+        assert_eq!(patches.load(Ordering::SeqCst), 1);
+        // Done only once the observer sees the Ready status.
+        rec.observe(&o);
+        assert_eq!(rec.done_count(), 0);
         o.status = Some(BenchStatus {
             phase: Some("Ready".into()),
             observed_generation: Some(1),
@@ -516,12 +587,23 @@ mod tests {
             }],
         });
         assert!(status_is_current(&o));
-        rec.reconcile(&o, &client).await.unwrap();
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
         assert_eq!(
             patches.load(Ordering::SeqCst),
             1,
             "the echo run writes nothing"
         );
+        rec.observe(&o);
+        rec.observe(&o);
+        assert_eq!(rec.done_count(), 1);
+        assert_eq!(rec.latencies().len(), 1);
+        assert!(rec.finished().is_none());
+        let mut b = o.clone();
+        b.metadata.name = Some("b".into());
+        rec.observe(&b);
+        assert_eq!(rec.finished().unwrap().runs, 3);
         o.metadata.generation = Some(2);
         assert!(!status_is_current(&o));
     }
