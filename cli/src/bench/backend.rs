@@ -11,7 +11,7 @@ use k8s_openapi::{
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
-    Api, Client, CustomResourceExt, ResourceExt,
+    Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
     client::ClientBuilder,
     config::{KubeConfigOptions, Kubeconfig},
@@ -20,7 +20,7 @@ use kube::{
 use super::{
     args::{Backend, RuntimeKind},
     counting::{CountingLayer, RequestCounter},
-    workload::BenchObject,
+    workload::{BenchObject, bench_crd},
 };
 
 /// Field manager used for the bench's own writes.
@@ -99,18 +99,24 @@ impl Session {
     }
 }
 
-/// Applies the bench CRD (server-side apply) and waits until it is established.
+/// Creates (or replaces) the bench CRD and waits until it is established.
+///
 pub async fn apply_crd(client: &Client) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = BenchObject::crd();
+    let crd = bench_crd();
     let name = crd.name_any();
-    crds.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .context("applying the bench CRD")?;
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let current = crds.get(&name).await.context("reading the bench CRD")?;
+            let mut desired = crd.clone();
+            desired.metadata.resource_version = current.metadata.resource_version;
+            crds.replace(&name, &PostParams::default(), &desired)
+                .await
+                .context("updating the bench CRD")?;
+        }
+        Err(err) => return Err(err).context("creating the bench CRD"),
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let current = crds.get(&name).await.context("reading the bench CRD")?;
