@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The full test suite, on a fresh Debian 12 machine or a prepared one:
+#   1. installs what the tests need (etcd, a kube-apiserver built once and cached under
+#      ~/.cache/actorcile/, Podman) via scripts/install-test-deps.sh;
+#   2. checks formatting, lints and docs;
+#   3. runs every test (unit, in-process cluster, real kube-apiserver) in release mode with
+#      cargo-nextest (per-test time limit in .config/nextest.toml), then the doc tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "installing test dependencies"
+bash scripts/install-test-deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets --all-features -- -D warnings"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
+
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  step "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+
+step "tests (release mode)"
+profile=default
+[ "${CI:-}" = "true" ] && profile=ci
+cargo nextest run --release --workspace --all-features --profile "$profile"
+
+step "doc tests"
+cargo test --workspace --all-features --doc

@@ -1,0 +1,84 @@
+//! The watch feeder: kube-runtime's `watcher` + reflector, turned into messages.
+//!
+//! Events for objects with a live actor go straight to that actor's mailbox through the shared
+//! route map (a `DashMap`), so routing never serializes through one mailbox; only objects
+//! without a live actor (new, passive, restarting, quarantined, deleted) go through the manager.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher::{self, Event};
+use ractor::ActorRef;
+
+use super::{ManagedResource, Shared};
+use crate::messages::{ManagerMsg, ResourceMsg};
+
+/// Route one applied object to its actor, or to the manager when it has none.
+fn route<K: ManagedResource>(
+    shared: &Shared<K>,
+    manager: &ActorRef<ManagerMsg<K>>,
+    key: ObjectRef<K>,
+) {
+    let Some(obj) = shared.store.get(&key) else {
+        return;
+    };
+    if let Some(actor) = shared.routes.get(&key)
+        && actor.cast(ResourceMsg::Observed(obj)).is_ok()
+    {
+        return;
+    }
+    let _ = manager.cast(ManagerMsg::Event(key));
+}
+
+fn route_gone<K: ManagedResource>(
+    shared: &Shared<K>,
+    manager: &ActorRef<ManagerMsg<K>>,
+    key: ObjectRef<K>,
+) {
+    if let Some(actor) = shared.routes.get(&key)
+        && actor.cast(ResourceMsg::Gone).is_ok()
+    {
+        return;
+    }
+    let _ = manager.cast(ManagerMsg::Gone(key));
+}
+
+/// Run the watch for one kind until the task is aborted. Updates the reflector store behind
+/// `shared.store` (through `writer`) before routing, so actors always find the object there.
+pub(crate) async fn run_feeder<K: ManagedResource>(
+    shared: Arc<Shared<K>>,
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    manager: ActorRef<ManagerMsg<K>>,
+) {
+    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    futures::pin_mut!(stream);
+    let mut relisting: Option<HashSet<ObjectRef<K>>> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Apply(obj)) => route(&shared, &manager, ObjectRef::from_obj(&obj)),
+            Ok(Event::Delete(obj)) => route_gone(&shared, &manager, ObjectRef::from_obj(&obj)),
+            Ok(Event::Init) => relisting = Some(HashSet::new()),
+            Ok(Event::InitApply(obj)) => {
+                let key = ObjectRef::from_obj(&obj);
+                if let Some(seen) = &mut relisting {
+                    seen.insert(key.clone());
+                }
+                route(&shared, &manager, key);
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = relisting.take() {
+                    let _ = manager.cast(ManagerMsg::Resync(seen));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
+            }
+        }
+    }
+}

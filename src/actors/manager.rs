@@ -1,0 +1,437 @@
+//! The manager supervisor: one per managed kind. Spawns one linked resource actor per object,
+//! restarts failed ones per the [`SupervisorPolicy`](crate::policy::SupervisorPolicy), keeps the
+//! state of passivated actors, and forgets deleted objects.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use backon::ExponentialBackoff;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::resource::{ResourceActor, ResourceArgs, ResourceState, key_hash};
+use super::{ManagedResource, Metrics, Shared, version_of};
+use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
+use crate::policy::Exhausted;
+use crate::status::{Phase, ReadyReason, ResourceStatus};
+
+/// The manager behaviour.
+pub(crate) struct Manager<K: ManagedResource> {
+    pub shared: Arc<Shared<K>>,
+}
+
+/// Start-up arguments (none beyond the shared state).
+pub(crate) struct ManagerArgs;
+
+/// Where one object's actor is in its life.
+enum Life {
+    /// A live actor.
+    Live(ActorId),
+    /// Asked to passivate; waiting for it to stop. `pending`: something arrived meanwhile.
+    Stopping { pending: bool },
+    /// No actor; its state kept here; optional timer (token, task).
+    Passive(PassiveState, Option<(u64, JoinHandle<()>)>),
+    /// Failed; a restart is scheduled.
+    Restarting,
+    /// Past the restart intensity; no restarts until the generation changes or it is deleted.
+    Quarantined {
+        generation: Option<i64>,
+        deleting: bool,
+    },
+}
+
+#[derive(Default)]
+struct Restarts {
+    failures: VecDeque<Instant>,
+    backoff: Option<ExponentialBackoff>,
+    last: Option<Instant>,
+}
+
+struct Slot {
+    life: Life,
+    restarts: Restarts,
+}
+
+/// Manager state: every known object's slot.
+pub(crate) struct ManagerState<K: ManagedResource> {
+    slots: HashMap<ObjectRef<K>, Slot>,
+    ids: HashMap<ActorId, ObjectRef<K>>,
+    wake_token: u64,
+}
+
+fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
+    match version {
+        Some(v) => !ps.own_writes.contains(&v) && ps.last_run_version.is_none_or(|l| v > l),
+        None => true,
+    }
+}
+
+impl<K: ManagedResource> Manager<K> {
+    async fn spawn(
+        &self,
+        myself: &ActorRef<ManagerMsg<K>>,
+        st: &mut ManagerState<K>,
+        key: ObjectRef<K>,
+        passive: Option<PassiveState>,
+    ) {
+        let args = ResourceArgs {
+            key: key.clone(),
+            manager: myself.clone(),
+            passive,
+        };
+        let handler = ResourceActor {
+            shared: self.shared.clone(),
+        };
+        match Actor::spawn_linked(None, handler, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                let id = actor.get_id();
+                st.ids.insert(id, key.clone());
+                self.shared.routes.insert(key.clone(), actor);
+                let slot = st.slots.entry(key).or_insert_with(|| Slot {
+                    life: Life::Restarting,
+                    restarts: Restarts::default(),
+                });
+                if let Life::Passive(_, Some((_, t))) = &slot.life {
+                    t.abort();
+                }
+                slot.life = Life::Live(id);
+            }
+            Err(e) => {
+                tracing::error!(object = %key, error = %e, "could not spawn resource actor");
+                st.slots.remove(&key);
+            }
+        }
+    }
+
+    /// Passive or stopped actor: decide from the store whether to re-activate now.
+    async fn settle_passive(
+        &self,
+        myself: &ActorRef<ManagerMsg<K>>,
+        st: &mut ManagerState<K>,
+        key: ObjectRef<K>,
+        ps: PassiveState,
+        pending: bool,
+    ) {
+        let Some(obj) = self.shared.store.get(&key) else {
+            st.slots.remove(&key);
+            return;
+        };
+        if pending || ps.pending_run || is_news(&ps, version_of(obj.as_ref())) {
+            self.spawn(myself, st, key, Some(ps)).await;
+            return;
+        }
+        let timer = ps.wake_in.map(|d| {
+            st.wake_token += 1;
+            let token = st.wake_token;
+            let me = myself.clone();
+            let k = key.clone();
+            let task = tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let _ = me.cast(ManagerMsg::PassiveWake(k, token));
+            });
+            (token, task)
+        });
+        if let Some(slot) = st.slots.get_mut(&key) {
+            slot.life = Life::Passive(ps, timer);
+        }
+    }
+
+    /// The object was deleted from the API.
+    fn gone(&self, st: &mut ManagerState<K>, key: ObjectRef<K>) {
+        if let Some(slot) = st.slots.get_mut(&key) {
+            match &mut slot.life {
+                Life::Live(_) => {
+                    self.forward(&key, ResourceMsg::Gone);
+                }
+                Life::Stopping { .. } => {}
+                _ => {
+                    st.slots.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn forward(&self, key: &ObjectRef<K>, msg: ResourceMsg<K>) -> bool {
+        match self.shared.routes.get(key) {
+            Some(actor) => actor.cast(msg).is_ok(),
+            None => false,
+        }
+    }
+
+    async fn on_failure(
+        &self,
+        myself: &ActorRef<ManagerMsg<K>>,
+        st: &mut ManagerState<K>,
+        key: ObjectRef<K>,
+        error: String,
+    ) -> Result<(), ActorProcessingErr> {
+        let policy = &self.shared.policy.restart;
+        let now = Instant::now();
+        let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
+            life: Life::Restarting,
+            restarts: Restarts::default(),
+        });
+        let r = &mut slot.restarts;
+        if r.last
+            .is_some_and(|l| now.duration_since(l) >= policy.backoff.reset_after)
+        {
+            r.backoff = None;
+        }
+        r.last = Some(now);
+        r.failures.push_back(now);
+        while r
+            .failures
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > policy.window)
+        {
+            r.failures.pop_front();
+        }
+        tracing::warn!(object = %key, error = %error, failures = r.failures.len(), "resource actor failed");
+        if r.failures.len() as u32 > policy.max_restarts {
+            match policy.on_exhausted {
+                Exhausted::Escalate => {
+                    return Err(format!(
+                        "restart intensity exceeded for {key} ({} failures within {:?}): {error}",
+                        r.failures.len(),
+                        policy.window
+                    )
+                    .into());
+                }
+                Exhausted::Quarantine => {
+                    let obj = self.shared.store.get(&key);
+                    slot.life = Life::Quarantined {
+                        generation: obj.as_ref().and_then(|o| o.meta().generation),
+                        deleting: obj
+                            .as_ref()
+                            .is_some_and(|o| o.meta().deletion_timestamp.is_some()),
+                    };
+                    Metrics::inc(&self.shared.metrics.quarantined);
+                    if let Some(obj) = obj {
+                        let message = format!(
+                            "the resource's actor failed {} times within {}s; not restarted until the resource changes",
+                            r.failures.len(),
+                            policy.window.as_secs()
+                        );
+                        quarantine_status(self.shared.clone(), obj, message);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&key));
+        let delay = r
+            .backoff
+            .get_or_insert_with(|| policy.backoff.sequence(seed))
+            .next()
+            .unwrap_or(policy.backoff.max);
+        slot.life = Life::Restarting;
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = me.cast(ManagerMsg::Restart(key));
+        });
+        Ok(())
+    }
+}
+
+/// Write phase Failed / reason Quarantined (best effort, off the manager's mailbox).
+fn quarantine_status<K: ManagedResource>(shared: Arc<Shared<K>>, obj: Arc<K>, message: String) {
+    tokio::spawn(async move {
+        let status = ResourceStatus::of(obj.as_ref()).with_ready(
+            Phase::Failed,
+            false,
+            ReadyReason::Quarantined,
+            message,
+            obj.meta().generation,
+        );
+        let api = shared.api(&obj);
+        match api
+            .patch_status(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(status.patch()),
+            )
+            .await
+        {
+            Ok(_) => Metrics::inc(&shared.metrics.status_writes),
+            Err(e) => tracing::warn!(error = %e, "could not write quarantine status"),
+        }
+    });
+}
+
+impl<K: ManagedResource> Actor for Manager<K> {
+    type Msg = ManagerMsg<K>;
+    type State = ManagerState<K>;
+    type Arguments = ManagerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        _args: ManagerArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(ManagerState {
+            slots: HashMap::new(),
+            ids: HashMap::new(),
+            wake_token: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ManagerMsg::Event(key) => {
+                let Some(slot) = st.slots.get_mut(&key) else {
+                    if self.shared.store.get(&key).is_some() {
+                        self.spawn(&myself, st, key, None).await;
+                    }
+                    return Ok(());
+                };
+                match &mut slot.life {
+                    Life::Live(_) => {
+                        if let Some(obj) = self.shared.store.get(&key) {
+                            self.forward(&key, ResourceMsg::Observed(obj));
+                        }
+                    }
+                    Life::Stopping { pending, .. } => *pending = true,
+                    Life::Passive(ps, _) => {
+                        let ps = std::mem::take(ps);
+                        self.settle_passive(&myself, st, key, ps, false).await;
+                    }
+                    Life::Restarting => {}
+                    Life::Quarantined {
+                        generation,
+                        deleting,
+                    } => {
+                        let Some(obj) = self.shared.store.get(&key) else {
+                            return Ok(());
+                        };
+                        let changed = obj.meta().generation != *generation
+                            || (obj.meta().deletion_timestamp.is_some() && !*deleting);
+                        if changed {
+                            slot.restarts = Restarts::default();
+                            self.spawn(&myself, st, key, None).await;
+                        }
+                    }
+                }
+            }
+            ManagerMsg::Gone(key) => self.gone(st, key),
+            ManagerMsg::Resync(existing) => {
+                let gone: Vec<ObjectRef<K>> = st
+                    .slots
+                    .keys()
+                    .filter(|k| !existing.contains(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.gone(st, key);
+                }
+            }
+            ManagerMsg::Restart(key) => {
+                if matches!(st.slots.get(&key).map(|s| &s.life), Some(Life::Restarting)) {
+                    if self.shared.store.get(&key).is_some() {
+                        Metrics::inc(&self.shared.metrics.restarts);
+                        self.spawn(&myself, st, key, None).await;
+                    } else {
+                        st.slots.remove(&key);
+                    }
+                }
+            }
+            ManagerMsg::Idle(key, id) => {
+                if let Some(slot) = st.slots.get_mut(&key)
+                    && matches!(slot.life, Life::Live(live) if live == id)
+                    && let Some((_, actor)) = self.shared.routes.remove(&key)
+                {
+                    slot.life = Life::Stopping { pending: false };
+                    let _ = actor.cast(ResourceMsg::Passivate);
+                }
+            }
+            ManagerMsg::Notify(key) => {
+                if let Some(slot) = st.slots.get_mut(&key) {
+                    match &mut slot.life {
+                        Life::Live(_) => {
+                            self.forward(&key, ResourceMsg::Notify);
+                        }
+                        Life::Stopping { pending, .. } => *pending = true,
+                        Life::Passive(ps, _) => {
+                            let mut ps = std::mem::take(ps);
+                            ps.pending_run = true;
+                            self.spawn(&myself, st, key, Some(ps)).await;
+                        }
+                        Life::Restarting | Life::Quarantined { .. } => {}
+                    }
+                }
+            }
+            ManagerMsg::PassiveWake(key, token) => {
+                if let Some(Slot {
+                    life: Life::Passive(ps, Some((t, _))),
+                    ..
+                }) = st.slots.get_mut(&key)
+                    && *t == token
+                {
+                    let mut ps = std::mem::take(ps);
+                    ps.pending_run = true;
+                    ps.wake_in = None;
+                    self.spawn(&myself, st, key, Some(ps)).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, last_state, _) => {
+                let Some(key) = st.ids.remove(&cell.get_id()) else {
+                    return Ok(());
+                };
+                self.shared
+                    .routes
+                    .remove_if(&key, |_, a| a.get_id() == cell.get_id());
+                let Some(slot) = st.slots.get_mut(&key) else {
+                    return Ok(());
+                };
+                match &mut slot.life {
+                    Life::Stopping { pending } => {
+                        // The passivated actor's last state carries what it handed over.
+                        let ps = last_state
+                            .and_then(|mut b| b.take::<ResourceState<K>>().ok())
+                            .and_then(|mut s| s.passive.take())
+                            .unwrap_or_default();
+                        let pending = *pending;
+                        self.settle_passive(&myself, st, key, ps, pending).await;
+                    }
+                    Life::Live(id) if *id == cell.get_id() => {
+                        // Stopped because its object is gone (or at shutdown): forget it.
+                        st.slots.remove(&key);
+                    }
+                    _ => {}
+                }
+            }
+            SupervisionEvent::ActorFailed(cell, err) => {
+                let Some(key) = st.ids.remove(&cell.get_id()) else {
+                    return Ok(());
+                };
+                self.shared
+                    .routes
+                    .remove_if(&key, |_, a| a.get_id() == cell.get_id());
+                Metrics::dec(&self.shared.metrics.live_actors);
+                self.on_failure(&myself, st, key, err.to_string()).await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! The actors: a manager supervisor per kind, a resource actor per object, the watch feeder that
+//! turns kube-runtime watch events into messages.
+//!
+//! Message types live in [`crate::messages`]; the tunables in [`crate::policy`].
+
+mod feeder;
+mod manager;
+mod resource;
+mod timer;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
+use ractor::ActorRef;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+
+use crate::messages::ResourceMsg;
+use crate::object_api::ObjectApi;
+use crate::policy::SupervisorPolicy;
+use crate::provisioners::BoxProvisioner;
+use crate::references::ReferenceIndex;
+
+pub(crate) use feeder::run_feeder;
+pub(crate) use manager::{Manager, ManagerArgs};
+
+/// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
+/// `#[derive(CustomResource)]` type or a k8s-openapi type).
+pub trait ManagedResource:
+    Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+}
+
+impl<T> ManagedResource for T where
+    T: Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Everything the manager, its resource actors and its feeder share for one kind.
+pub(crate) struct Shared<K: ManagedResource> {
+    pub client: Client,
+    pub tree: BoxProvisioner<K>,
+    pub policy: SupervisorPolicy,
+    pub runs: Arc<Semaphore>,
+    pub store: Store<K>,
+    pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>>,
+    pub finalizer: String,
+    pub field_manager: String,
+    pub recorder: Option<Recorder>,
+    pub metrics: Arc<Metrics>,
+    pub references: Arc<ReferenceIndex>,
+}
+
+impl<K: ManagedResource> Shared<K> {
+    /// The API for the object's namespace (or cluster scope).
+    pub(crate) fn api(&self, obj: &K) -> ObjectApi<K> {
+        ObjectApi::new(self.client.clone(), obj.meta().namespace.as_deref())
+    }
+}
+
+/// `metadata.resourceVersion` as a number. Kubernetes calls resource versions opaque, but every
+/// real server (etcd revisions) and the in-process cluster use integers; the runtime only uses
+/// this to tell its own writes' echoes from newer changes and never fails when it is not one.
+pub(crate) fn version_of<K: Resource>(obj: &K) -> Option<u64> {
+    obj.meta().resource_version.as_deref()?.parse().ok()
+}
+
+/// Runtime-wide counters, shared by every controller. Cheap atomics; read with
+/// [`Metrics::snapshot`].
+#[derive(Debug, Default)]
+pub struct Metrics {
+    runs: AtomicU64,
+    provision_runs: AtomicU64,
+    deprovision_runs: AtomicU64,
+    restarts: AtomicU64,
+    quarantined: AtomicU64,
+    status_writes: AtomicU64,
+    in_flight: AtomicU64,
+    peak_in_flight: AtomicU64,
+    live_actors: AtomicU64,
+    passivations: AtomicU64,
+    activations: AtomicU64,
+}
+
+/// A point-in-time copy of [`Metrics`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsSnapshot {
+    /// Provisioner passes started (provision + deprovision).
+    pub runs: u64,
+    /// Provision passes.
+    pub provision_runs: u64,
+    /// Deprovision passes.
+    pub deprovision_runs: u64,
+    /// Resource actors restarted after a failure or panic.
+    pub restarts: u64,
+    /// Resources quarantined past the restart intensity.
+    pub quarantined: u64,
+    /// Status patches sent (only when status changed).
+    pub status_writes: u64,
+    /// Passes running right now.
+    pub in_flight: u64,
+    /// Most passes ever running at once.
+    pub peak_in_flight: u64,
+    /// Resource actors alive right now.
+    pub live_actors: u64,
+    /// Actors stopped for being idle.
+    pub passivations: u64,
+    /// Actors spawned (first activation, re-activation after passivation, or restart).
+    pub activations: u64,
+}
+
+impl Metrics {
+    /// Copy the counters.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            runs: l(&self.runs),
+            provision_runs: l(&self.provision_runs),
+            deprovision_runs: l(&self.deprovision_runs),
+            restarts: l(&self.restarts),
+            quarantined: l(&self.quarantined),
+            status_writes: l(&self.status_writes),
+            in_flight: l(&self.in_flight),
+            peak_in_flight: l(&self.peak_in_flight),
+            live_actors: l(&self.live_actors),
+            passivations: l(&self.passivations),
+            activations: l(&self.activations),
+        }
+    }
+
+    fn run_started(&self, deleting: bool) -> InFlight<'_> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        if deleting {
+            self.deprovision_runs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.provision_runs.fetch_add(1, Ordering::Relaxed);
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_in_flight.fetch_max(now, Ordering::Relaxed);
+        InFlight(self)
+    }
+
+    fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn dec(counter: &AtomicU64) {
+        counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Decrements the in-flight gauge when a pass ends, even by panic.
+struct InFlight<'a>(&'a Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        Metrics::dec(&self.0.in_flight);
+    }
+}

@@ -1,0 +1,576 @@
+//! The resource actor: one per managed object, running its provisioner tree one pass at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::object_api::ObjectApi;
+use backon::ExponentialBackoff;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::timer::WakeSlot;
+use super::{ManagedResource, Metrics, Shared, version_of};
+use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
+use crate::provisioners::{Context, Outcome, Reason};
+use crate::references::{ReferenceApi, Target};
+use crate::status::{ReadyReason, ResourceStatus};
+
+/// The actor behaviour; all per-object data is in [`ResourceState`].
+pub(crate) struct ResourceActor<K: ManagedResource> {
+    pub shared: Arc<Shared<K>>,
+}
+
+/// How the manager starts a resource actor.
+pub(crate) struct ResourceArgs<K: ManagedResource> {
+    pub key: ObjectRef<K>,
+    pub manager: ActorRef<ManagerMsg<K>>,
+    /// State handed back at passivation (`None` for a first activation or a restart).
+    pub passive: Option<PassiveState>,
+}
+
+/// One object's actor state.
+pub(crate) struct ResourceState<K: ManagedResource> {
+    key: ObjectRef<K>,
+    manager: ActorRef<ManagerMsg<K>>,
+    /// Newest version known (observed, or returned by our own write).
+    object: Option<Arc<K>>,
+    /// Version the last pass ran on.
+    last_run_version: Option<u64>,
+    /// Versions our own writes produced: their watch echoes do not trigger a run.
+    own_writes: Vec<u64>,
+    /// A pass is due.
+    dirty: bool,
+    /// A `Run` self-message is queued.
+    run_pending: bool,
+    wake: WakeSlot,
+    idle_token: u64,
+    idle_task: Option<JoinHandle<()>>,
+    error_attempts: u32,
+    error_backoff: Option<ExponentialBackoff>,
+    /// Set when passivating: what the manager keeps (it takes it from the terminated state).
+    pub(crate) passive: Option<PassiveState>,
+}
+
+impl<K: ManagedResource> ResourceState<K> {
+    fn trigger_run(&mut self, myself: &ActorRef<ResourceMsg<K>>)
+    where
+        K: ManagedResource,
+    {
+        self.dirty = true;
+        if !self.run_pending {
+            self.run_pending = true;
+            let _ = myself.cast(ResourceMsg::Run);
+        }
+    }
+
+    /// Whether a version we have not handled yet (and did not write ourselves).
+    fn is_news(&self, version: Option<u64>) -> bool {
+        match version {
+            Some(v) => !self.own_writes.contains(&v) && self.last_run_version.is_none_or(|l| v > l),
+            None => true,
+        }
+    }
+
+    /// Keep the newer of the known and the given object.
+    fn remember(&mut self, obj: Arc<K>)
+    where
+        K: ManagedResource,
+    {
+        let newer = match (
+            self.object.as_deref().and_then(version_of),
+            version_of(obj.as_ref()),
+        ) {
+            (Some(cur), Some(v)) => v >= cur,
+            _ => true,
+        };
+        if newer {
+            self.object = Some(obj);
+        }
+    }
+
+    fn record_write(&mut self, obj: K)
+    where
+        K: ManagedResource,
+    {
+        if let Some(v) = version_of(&obj) {
+            self.own_writes.push(v);
+        }
+        self.remember(Arc::new(obj));
+    }
+}
+
+impl<K: ManagedResource> ResourceActor<K> {
+    fn schedule_wake(
+        &self,
+        myself: &ActorRef<ResourceMsg<K>>,
+        st: &mut ResourceState<K>,
+        delay: Duration,
+    ) {
+        let me = myself.clone();
+        st.wake.schedule(Instant::now() + delay, move |token, d| {
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let _ = me.cast(ResourceMsg::Wake(token));
+            })
+        });
+    }
+
+    fn arm_idle(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        let Some(idle) = self.shared.policy.idle_timeout else {
+            return;
+        };
+        st.idle_token += 1;
+        if let Some(t) = st.idle_task.take() {
+            t.abort();
+        }
+        let token = st.idle_token;
+        let me = myself.clone();
+        st.idle_task = Some(tokio::spawn(async move {
+            tokio::time::sleep(idle).await;
+            let _ = me.cast(ResourceMsg::IdleCheck(token));
+        }));
+    }
+
+    fn context(&self, obj: Arc<K>, status: ResourceStatus) -> Context<K> {
+        Context::with_parts(
+            obj,
+            self.shared.client.clone(),
+            status,
+            self.shared.recorder.clone(),
+            Some(self.shared.references.clone() as Arc<dyn ReferenceApi>),
+            self.shared.field_manager.clone(),
+        )
+    }
+
+    /// One provision or deprovision pass over the newest known object.
+    async fn run_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        let shared = &self.shared;
+        let Some(mut obj) = st.object.clone() else {
+            return;
+        };
+        let deleting = obj.meta().deletion_timestamp.is_some();
+        let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.finalizer);
+        st.last_run_version = version_of(obj.as_ref());
+        st.own_writes.clear();
+        if deleting && !has_finalizer {
+            // Never provisioned by us (or already cleaned up): nothing of ours to undo.
+            return;
+        }
+        let Ok(_permit) = shared.runs.clone().acquire_owned().await else {
+            return;
+        };
+        let _in_flight = shared.metrics.run_started(deleting);
+        let api = shared.api(&obj);
+        let status = ResourceStatus::of(obj.as_ref());
+        let target = Target::of(obj.as_ref());
+        let generation = obj.meta().generation;
+
+        let (outcome, desired) = if deleting {
+            if let Some(blocked) = shared.references.deletion_blocked(&target, obj.as_ref()) {
+                let desired = status.while_deprovisioning(
+                    blocked.reason,
+                    blocked.message.clone(),
+                    generation,
+                );
+                (
+                    Outcome::Waiting {
+                        target: target.clone(),
+                        reason: Reason::new("InUse", blocked.message),
+                    },
+                    desired,
+                )
+            } else {
+                let cx = self.context(obj.clone(), status.clone());
+                let outcome = shared.tree.deprovision(&cx).await;
+                if outcome.is_done() {
+                    shared.references.release_all(&target).await;
+                    match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+                        Ok(()) => {
+                            st.error_backoff = None;
+                            st.error_attempts = 0;
+                            return; // the object disappears; the feeder reports it gone
+                        }
+                        Err(e) => {
+                            let o = Outcome::failed(
+                                Reason::new(
+                                    "FinalizerRemovalFailed",
+                                    "could not remove the finalizer",
+                                ),
+                                e,
+                            );
+                            let d = status.while_deprovisioning(
+                                ReadyReason::Errored,
+                                "retrying finalizer removal",
+                                generation,
+                            );
+                            (o, d)
+                        }
+                    }
+                } else {
+                    let (reason, message) = deprovision_reason(&outcome);
+                    let d = status.while_deprovisioning(reason, message, generation);
+                    (outcome, d)
+                }
+            }
+        } else {
+            let mut pre_failure = None;
+            if !has_finalizer {
+                match add_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+                    Ok(o) => {
+                        st.record_write(o);
+                        obj = st.object.clone().unwrap_or(obj);
+                    }
+                    Err(e) => {
+                        pre_failure = Some(Outcome::failed(
+                            Reason::new("FinalizerAddFailed", "could not add the finalizer"),
+                            e,
+                        ));
+                    }
+                }
+            }
+            let outcome = match pre_failure {
+                Some(o) => o,
+                None => {
+                    shared
+                        .tree
+                        .provision(&self.context(obj.clone(), status.clone()))
+                        .await
+                }
+            };
+            let desired = status.after_provision(&outcome, generation);
+            (outcome, desired)
+        };
+
+        if let Outcome::Failed { reason, errors } = &outcome {
+            for e in errors {
+                tracing::warn!(object = %target, reason = %reason, error = %e, "provisioning failed");
+            }
+        }
+
+        if desired != status {
+            let transition =
+                desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
+            match api
+                .patch_status(
+                    &obj.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(desired.patch()),
+                )
+                .await
+            {
+                Ok(o) => {
+                    Metrics::inc(&shared.metrics.status_writes);
+                    st.record_write(o);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => tracing::warn!(object = %target, error = %e, "status write failed"),
+            }
+            if transition {
+                publish_transition(self, &obj, &outcome).await;
+            }
+        }
+        if desired.is_ready() {
+            shared.references.mark_ready(&target, true);
+        } else if status.is_ready() {
+            shared.references.mark_ready(&target, false);
+        }
+
+        let delay = match &outcome {
+            Outcome::Done => {
+                st.error_backoff = None;
+                st.error_attempts = 0;
+                shared
+                    .policy
+                    .poll_interval
+                    .map(|p| jitter(p, shared.policy.poll_jitter))
+            }
+            Outcome::Yield { after, .. } => {
+                st.error_backoff = None;
+                st.error_attempts = 0;
+                Some(after.unwrap_or(shared.policy.yield_delay))
+            }
+            Outcome::Waiting { .. } => Some(shared.policy.dependency_poll),
+            Outcome::Terminal(_) | Outcome::UserActionRequired(_) => None,
+            Outcome::Failed { .. } => {
+                st.error_attempts += 1;
+                let seed = shared.policy.seed.map(|s| s ^ key_hash(&st.key));
+                let policy = &shared.policy.error_backoff;
+                st.error_backoff
+                    .get_or_insert_with(|| policy.sequence(seed))
+                    .next()
+                    .or(Some(policy.max))
+            }
+        };
+        if let Some(d) = delay {
+            self.schedule_wake(myself, st, d);
+        }
+    }
+}
+
+async fn publish_transition<K: ManagedResource>(
+    a: &ResourceActor<K>,
+    obj: &Arc<K>,
+    outcome: &Outcome,
+) {
+    let Some(recorder) = &a.shared.recorder else {
+        return;
+    };
+    let (type_, reason, note) = match outcome {
+        Outcome::Done => (EventType::Normal, "Provisioned", None),
+        Outcome::Failed { reason, errors } => (
+            EventType::Warning,
+            "ProvisioningFailed",
+            Some(format!(
+                "{reason}; {}",
+                errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )),
+        ),
+        Outcome::Terminal(r) => (EventType::Warning, "Terminal", Some(r.to_string())),
+        Outcome::UserActionRequired(r) => (
+            EventType::Warning,
+            "UserActionRequired",
+            Some(r.to_string()),
+        ),
+        _ => return,
+    };
+    let ev = kube::runtime::events::Event {
+        type_,
+        reason: reason.into(),
+        note: note.map(|n| n.chars().take(1024).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
+        tracing::debug!(error = %e, "could not publish event");
+    }
+}
+
+fn deprovision_reason(outcome: &Outcome) -> (ReadyReason, String) {
+    let message = outcome.reason().map(|r| r.to_string()).unwrap_or_default();
+    let reason = match outcome {
+        Outcome::Failed { .. } => ReadyReason::Errored,
+        Outcome::Terminal(_) => ReadyReason::Terminal,
+        Outcome::UserActionRequired(_) => ReadyReason::UserActionRequired,
+        Outcome::Waiting { .. } => ReadyReason::DependencyNotReady,
+        _ => ReadyReason::Deprovisioning,
+    };
+    (reason, message)
+}
+
+pub(crate) fn key_hash<K>(key: &ObjectRef<K>) -> u64
+where
+    K: kube::Resource,
+    K::DynamicType: std::hash::Hash + Eq,
+{
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(key)
+}
+
+fn jitter(d: Duration, fraction: f64) -> Duration {
+    if fraction <= 0.0 {
+        return d;
+    }
+    d.mul_f64(1.0 + fastrand::f64() * fraction)
+}
+
+/// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
+async fn add_finalizer<K: ManagedResource>(
+    api: &ObjectApi<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<K, kube::Error> {
+    let rv = obj.meta().resource_version.clone().unwrap_or_default();
+    let add = if obj.meta().finalizers.is_none() {
+        json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})
+    } else {
+        json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        add,
+    ]))
+    .expect("static JSON patch shape");
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await
+}
+
+/// Remove the runtime finalizer by index, guarded by a `test` of that index.
+async fn remove_finalizer<K: ManagedResource>(
+    api: &ObjectApi<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<(), kube::Error> {
+    let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{i}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": finalizer},
+        {"op": "remove", "path": path},
+    ]))
+    .expect("static JSON patch shape");
+    match api
+        .patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+impl<K: ManagedResource> Actor for ResourceActor<K> {
+    type Msg = ResourceMsg<K>;
+    type State = ResourceState<K>;
+    type Arguments = ResourceArgs<K>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Metrics::inc(&self.shared.metrics.live_actors);
+        Metrics::inc(&self.shared.metrics.activations);
+        let object = self.shared.store.get(&args.key);
+        let mut st = ResourceState {
+            key: args.key,
+            manager: args.manager,
+            object,
+            last_run_version: None,
+            own_writes: Vec::new(),
+            dirty: false,
+            run_pending: false,
+            wake: WakeSlot::default(),
+            idle_token: 0,
+            idle_task: None,
+            error_attempts: 0,
+            error_backoff: None,
+            passive: None,
+        };
+        if let Some(p) = args.passive {
+            st.last_run_version = p.last_run_version;
+            st.own_writes = p.own_writes;
+            st.error_attempts = p.error_attempts;
+            if let Some(d) = p.wake_in {
+                self.schedule_wake(&myself, &mut st, d);
+            }
+        }
+        Ok(st)
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match &st.object {
+            None => myself.stop(Some("gone".into())),
+            Some(obj) => {
+                if st.is_news(version_of(obj.as_ref())) {
+                    st.trigger_run(&myself);
+                } else {
+                    self.arm_idle(&myself, st);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        st.wake.cancel();
+        if let Some(t) = st.idle_task.take() {
+            t.abort();
+        }
+        Metrics::dec(&self.shared.metrics.live_actors);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ResourceMsg::Observed(obj) => {
+                let news = st.is_news(version_of(obj.as_ref()));
+                st.remember(obj);
+                if news {
+                    st.trigger_run(&myself);
+                }
+            }
+            ResourceMsg::Gone => {
+                st.object = None;
+                myself.stop(Some("gone".into()));
+            }
+            ResourceMsg::Run => {
+                st.run_pending = false;
+                if st.dirty {
+                    st.dirty = false;
+                    st.wake.cancel();
+                    self.run_pass(&myself, st).await;
+                }
+                if !st.dirty && !st.run_pending {
+                    self.arm_idle(&myself, st);
+                }
+            }
+            ResourceMsg::Wake(token) => {
+                if st.wake.fire(token) {
+                    st.trigger_run(&myself);
+                }
+            }
+            ResourceMsg::Notify => st.trigger_run(&myself),
+            ResourceMsg::IdleCheck(token) => {
+                let quiet = token == st.idle_token && !st.dirty && !st.run_pending;
+                let timer_far = match (st.wake.deadline(), self.shared.policy.idle_timeout) {
+                    (None, _) => true,
+                    (Some(at), Some(idle)) => at.saturating_duration_since(Instant::now()) >= idle,
+                    (Some(_), None) => false,
+                };
+                if quiet && timer_far {
+                    let _ = st
+                        .manager
+                        .cast(ManagerMsg::Idle(st.key.clone(), myself.get_id()));
+                }
+            }
+            ResourceMsg::Passivate => {
+                let state = PassiveState {
+                    last_run_version: st.last_run_version,
+                    own_writes: std::mem::take(&mut st.own_writes),
+                    error_attempts: st.error_attempts,
+                    wake_in: st
+                        .wake
+                        .deadline()
+                        .map(|at| at.saturating_duration_since(Instant::now())),
+                    pending_run: st.dirty || st.run_pending,
+                };
+                st.passive = Some(state);
+                Metrics::inc(&self.shared.metrics.passivations);
+                myself.stop(Some("passivated".into()));
+            }
+        }
+        Ok(())
+    }
+}

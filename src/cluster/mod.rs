@@ -1,0 +1,335 @@
+//! An in-process Kubernetes API server.
+//!
+//! [`Cluster`] keeps Kubernetes objects in memory and serves the Kubernetes REST API as a
+//! [`tower::Service`] ([`ClusterService`]), so an unmodified [`kube::Client`] — and everything built on it:
+//! `kube::Api`, `Api<DynamicObject>`, kube-runtime's `watcher`, reflectors and controllers — talks to it as
+//! to a real kube-apiserver. It is the default backend for fast tests, for benchmarks and for simulations
+//! under a paused tokio clock. It stands alone: it knows nothing of the rest of actorcile.
+//!
+//! ```
+//! use actorcile::cluster::Cluster;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), kube::Error> {
+//! let cluster = Cluster::new();
+//! let cms: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+//!
+//! let mut cm = ConfigMap::default();
+//! cm.metadata.name = Some("settings".into());
+//! cm.data = Some([("mode".to_string(), "fast".to_string())].into());
+//! let created = cms.create(&PostParams::default(), &cm).await?;
+//! assert!(created.metadata.uid.is_some());
+//!
+//! let patch = serde_json::json!({"data": {"mode": "safe"}});
+//! let patched = cms.patch("settings", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+//! assert_eq!(patched.data.unwrap()["mode"], "safe");
+//!
+//! // A stale resourceVersion is refused with 409 Conflict, as on a real server.
+//! let err = cms.replace("settings", &PostParams::default(), &created).await.unwrap_err();
+//! assert!(matches!(err, kube::Error::Api(s) if s.code == 409));
+//!
+//! assert_eq!(cms.list(&ListParams::default()).await?.items.len(), 1);
+//! assert_eq!(cluster.stats().create, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What is served
+//!
+//! * Paths `/api/v1/...` and `/apis/GROUP/VERSION/...`, namespaced (`/namespaces/NS/PLURAL[/NAME[/status]]`)
+//!   and cluster-scoped kinds, and all-namespace lists and watches of namespaced kinds. `/version` and
+//!   minimal discovery documents (`/api`, `/api/v1`, `/apis`, `/apis/GROUP/VERSION`).
+//! * Built-in kinds: core v1 `Namespace` (cluster-scoped; `default`, `kube-system`, `kube-public` and
+//!   `kube-node-lease` exist from the start), `ConfigMap`, `Secret`, `Event`; `events.k8s.io/v1` `Event`
+//!   (stored apart from core events, unlike the real server); `coordination.k8s.io/v1` `Lease`;
+//!   `apiextensions.k8s.io/v1` `CustomResourceDefinition`. Creating a CRD (by POST or
+//!   [`Cluster::install_crd`]) serves its kind at once in every served version, with its scope and its
+//!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
+//!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).
+//!   Deleting a CRD deletes its objects and stops serving the kind. CRD schemas are not validated, nor
+//!   pruned.
+//! * Verbs: create (POST, `generateName`), get, list (`labelSelector` with `=`, `==`, `!=`, `in`, `notin`,
+//!   `key`, `!key`, `>`/`<`; `fieldSelector` on `metadata.name` / `metadata.namespace`; `limit` +
+//!   `continue`), watch, replace (PUT), patch, delete (with `propagationPolicy` and preconditions) and
+//!   deletecollection.
+//! * Patches: `application/merge-patch+json`; `application/json-patch+json` (a failed `test` op → 422);
+//!   `application/strategic-merge-patch+json` on built-in kinds is applied as a merge patch (no merge
+//!   keys), and on custom resources answers 415 as the real server; `application/apply-patch+yaml`
+//!   (server-side apply) is **a merge patch that creates the object when missing**: there is no field
+//!   ownership, so fields a manager stops sending are not removed and no apply conflicts are reported;
+//!   the body must be JSON (which is YAML; kube always sends JSON); `fieldManager` is required.
+//!
+//! # Semantics
+//!
+//! * One global revision counter (as etcd's); each write takes the next revision as the object's
+//!   `resourceVersion`. A write carrying a stale `resourceVersion` → 409 Conflict. A PUT without one is
+//!   unconditional for built-in kinds and refused (422) for custom resources and CRDs, as on the real
+//!   server. A write that changes nothing stores nothing and sends no watch event.
+//! * `metadata.uid`, `creationTimestamp` are set on create (timestamps follow the tokio clock, so a paused
+//!   clock gives simulated time); `managedFields` are not maintained.
+//! * `metadata.generation` (custom resources and CRDs) starts at 1 and is bumped when anything outside
+//!   metadata changes — outside metadata and status when the kind has a status subresource.
+//! * Status subresource: writes to `/status` change only `status`; writes to the main resource keep the
+//!   stored `status`; create drops `status`.
+//! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
+//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; the object goes when a write leaves it with
+//!   no finalizers (one `DELETED` event carrying that last state); no finalizer may be added meanwhile
+//!   (422). DELETE answers the object for custom resources and namespaces, and a success `Status` for the
+//!   other built-in kinds when the object is gone at once, as the real server does.
+//! * Garbage collection by `ownerReferences` runs inline, within the request that removed an owner, so it
+//!   is deterministic: dependents whose owners are all gone are deleted (background policy, respecting
+//!   their finalizers). `propagationPolicy: Orphan` removes the owner's references from its dependents
+//!   first; `Foreground` adds the `foregroundDeletion` finalizer when dependents with
+//!   `blockOwnerDeletion: true` exist, deletes all dependents, and removes the owner once those are gone.
+//!   Dangling owner references on newly created objects are not collected.
+//! * Namespaces: creating in a missing namespace → 404, in a terminating one → 403. Deleting a namespace
+//!   marks it `Terminating`, deletes its contents and removes it once empty.
+//! * Watches: newline-delimited `WatchEvent`s (`ADDED`, `MODIFIED`, `DELETED`, `ERROR`; `BOOKMARK` only to
+//!   end the initial events when `sendInitialEvents=true`). `resourceVersion` "" or "0" first sends a
+//!   synthetic `ADDED` per current object; a revision sends every later event, in order. A revision older
+//!   than the history window ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired`
+//!   `Status`. Selectors are honoured, including objects entering (`ADDED`) or leaving (`DELETED`) a label
+//!   selector. `timeoutSeconds` ends the stream (default 30 minutes).
+//! * Lists: `metadata.resourceVersion` is the current revision. Pages after the first show the objects'
+//!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
+//!   history window answers 410.
+//! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
+//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405.
+//! * `dryRun` is not supported (the write happens).
+//!
+//! # Cost
+//!
+//! Objects are serialized once per write; lists, gets and every watcher share those bytes. Gets and
+//! writes are `O(log n)` besides the object's own JSON; lists and watches starting from "now" walk only
+//! the requested namespace (or page); watch resumption binary-searches the history. Each write costs one
+//! check per open watch of its kind.
+//!
+//! # Fault injection
+//!
+//! [`Faults`] (from code, or TOML via serde) adds latency, 500 errors and 409 conflicts, drawn from a
+//! seeded generator; [`Cluster::set_faults`] changes them at run time. Delays use `tokio::time`, so they
+//! cost nothing under a paused clock.
+
+mod error;
+mod faults;
+mod selector;
+mod service;
+mod store;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+pub use error::ClusterError;
+pub use faults::Faults;
+pub use service::{ClusterBody, ClusterService};
+
+use faults::FaultState;
+use store::Store;
+
+/// Shared state behind every handle.
+pub(crate) struct Inner {
+    pub(crate) store: Mutex<Store>,
+    pub(crate) faults: Mutex<FaultState>,
+    pub(crate) stats: Stats,
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) get: AtomicU64,
+    pub(crate) list: AtomicU64,
+    pub(crate) watch: AtomicU64,
+    pub(crate) create: AtomicU64,
+    pub(crate) update: AtomicU64,
+    pub(crate) patch: AtomicU64,
+    pub(crate) delete: AtomicU64,
+    pub(crate) total: AtomicU64,
+    pub(crate) injected_errors: AtomicU64,
+    pub(crate) injected_conflicts: AtomicU64,
+}
+
+/// Request counters of a [`Cluster`], by verb.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterStats {
+    /// GET of one object (main resource or status).
+    pub get: u64,
+    /// LIST requests.
+    pub list: u64,
+    /// WATCH requests.
+    pub watch: u64,
+    /// POST (create) requests.
+    pub create: u64,
+    /// PUT (replace) requests, status included.
+    pub update: u64,
+    /// PATCH requests, status and apply included.
+    pub patch: u64,
+    /// DELETE requests (one object or a collection).
+    pub delete: u64,
+    /// Every request, including discovery, `/version` and malformed ones.
+    pub total: u64,
+    /// Requests answered with an injected 500.
+    pub injected_errors: u64,
+    /// Writes answered with an injected 409.
+    pub injected_conflicts: u64,
+}
+
+/// An in-process Kubernetes API server. Cheap to clone: clones share the same cluster.
+///
+/// See the [module documentation](self) for what it serves and how.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("objects", &self.object_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster::new()
+    }
+}
+
+/// Builds a [`Cluster`] with non-default settings.
+#[derive(Debug, Clone)]
+pub struct ClusterBuilder {
+    history: usize,
+    faults: Faults,
+    seed: u64,
+}
+
+impl Default for ClusterBuilder {
+    fn default() -> Self {
+        ClusterBuilder {
+            history: 100_000,
+            faults: Faults::default(),
+            seed: 0,
+        }
+    }
+}
+
+impl ClusterBuilder {
+    /// How many events the cluster keeps for watch resumption (default 100 000, at least 1). A watch from
+    /// an older revision answers 410 Expired.
+    pub fn history(mut self, events: usize) -> Self {
+        self.history = events;
+        self
+    }
+
+    /// Faults to inject from the start (default none).
+    pub fn faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Seed of the generator of uids and `generateName` suffixes (default 0), so runs are reproducible.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Builds the cluster.
+    pub fn build(self) -> Cluster {
+        Cluster {
+            inner: Arc::new(Inner {
+                store: Mutex::new(Store::new(self.history, self.seed)),
+                faults: Mutex::new(FaultState::new(self.faults)),
+                stats: Stats::default(),
+            }),
+        }
+    }
+}
+
+impl Cluster {
+    /// A cluster with default settings: namespaces `default`, `kube-system`, `kube-public` and
+    /// `kube-node-lease`, no faults, a 100 000-event watch history.
+    pub fn new() -> Cluster {
+        ClusterBuilder::default().build()
+    }
+
+    /// A builder for non-default settings.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::default()
+    }
+
+    /// A `kube::Client` talking to this cluster, with default namespace `default`.
+    ///
+    /// Must be called inside a tokio runtime (kube's client spawns its request buffer task).
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.service(), "default")
+    }
+
+    /// The cluster as a `tower::Service`, e.g. to wrap it in other layers before `kube::Client::new`.
+    pub fn service(&self) -> ClusterService {
+        ClusterService {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Creates a CustomResourceDefinition, or replaces the spec of an existing one, and serves its kind at
+    /// once (it is `Established` immediately).
+    pub fn install_crd(&self, crd: &CustomResourceDefinition) -> Result<(), ClusterError> {
+        let value = serde_json::to_value(crd)?;
+        let mut store = self.inner.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.install_crd(value).map_err(ClusterError::from)
+    }
+
+    /// Replaces the injected faults (and reseeds the fault generator with `faults.seed`).
+    pub fn set_faults(&self, faults: Faults) {
+        *self.inner.faults.lock().unwrap_or_else(|p| p.into_inner()) = FaultState::new(faults);
+    }
+
+    /// The current faults.
+    pub fn faults(&self) -> Faults {
+        self.inner
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .faults
+            .clone()
+    }
+
+    /// Request counters so far.
+    pub fn stats(&self) -> ClusterStats {
+        let s = &self.inner.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClusterStats {
+            get: l(&s.get),
+            list: l(&s.list),
+            watch: l(&s.watch),
+            create: l(&s.create),
+            update: l(&s.update),
+            patch: l(&s.patch),
+            delete: l(&s.delete),
+            total: l(&s.total),
+            injected_errors: l(&s.injected_errors),
+            injected_conflicts: l(&s.injected_conflicts),
+        }
+    }
+
+    /// How many objects are stored, of every kind — the built-in namespaces and CRDs included.
+    pub fn object_count(&self) -> usize {
+        self.inner
+            .store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .object_count()
+    }
+
+    /// The current revision (the `resourceVersion` of the latest write).
+    pub fn revision(&self) -> u64 {
+        self.inner
+            .store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .revision()
+    }
+}

@@ -1,0 +1,651 @@
+//! The HTTP face of the cluster: a `tower::Service` that routes Kubernetes API requests to the store.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::Inner;
+use super::error::ApiError;
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, WatchItem, WriteKind};
+
+/// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
+/// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.
+///
+/// It accepts any request body type (`kube::client::Body`, `http_body_util::Full<Bytes>`, …) and never fails
+/// at the service level: every error is an HTTP response carrying a Kubernetes `Status`.
+#[derive(Clone)]
+pub struct ClusterService {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ClusterService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterService").finish_non_exhaustive()
+    }
+}
+
+/// The response body of [`ClusterService`]: a complete JSON document, or a watch stream of
+/// newline-delimited `WatchEvent`s that ends when the watch times out (`timeoutSeconds`), when the client
+/// drops it, or when its resource stops being served.
+pub struct ClusterBody {
+    inner: BodyInner,
+}
+
+impl std::fmt::Debug for ClusterBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterBody").finish_non_exhaustive()
+    }
+}
+
+enum BodyInner {
+    Full(Option<Bytes>),
+    Watch(WatchBody),
+}
+
+struct WatchBody {
+    frames: VecDeque<Bytes>,
+    rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+fn push_item(frames: &mut VecDeque<Bytes>, (ty, obj): WatchItem) {
+    frames.push_back(Bytes::from_static(ty.prefix()));
+    frames.push_back(obj);
+    frames.push_back(Bytes::from_static(b"}\n"));
+}
+
+impl http_body::Body for ClusterBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match &mut self.get_mut().inner {
+            BodyInner::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            BodyInner::Watch(w) => loop {
+                if let Some(f) = w.frames.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(f))));
+                }
+                let Some(rx) = w.rx.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                match rx.poll_recv(cx) {
+                    Poll::Ready(Some(item)) => push_item(&mut w.frames, item),
+                    Poll::Ready(None) => {
+                        w.rx = None;
+                        return Poll::Ready(None);
+                    }
+                    Poll::Pending => {
+                        if w.deadline.as_mut().poll(cx).is_ready() {
+                            w.rx = None;
+                            return Poll::Ready(None);
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            BodyInner::Full(b) => b.is_none(),
+            BodyInner::Watch(w) => w.rx.is_none() && w.frames.is_empty(),
+        }
+    }
+}
+
+fn json_response(code: u16, body: Vec<u8>) -> Response<ClusterBody> {
+    let mut r = Response::new(ClusterBody {
+        inner: BodyInner::Full(Some(Bytes::from(body))),
+    });
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn error_response(e: &ApiError) -> Response<ClusterBody> {
+    json_response(
+        e.code,
+        serde_json::to_vec(&e.to_status()).unwrap_or_default(),
+    )
+}
+
+fn watch_response(
+    first: Vec<WatchItem>,
+    rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
+    timeout: Duration,
+) -> Response<ClusterBody> {
+    let mut frames = VecDeque::with_capacity(first.len() * 3);
+    for item in first {
+        push_item(&mut frames, item);
+    }
+    let body = WatchBody {
+        frames,
+        rx,
+        deadline: Box::pin(tokio::time::sleep(timeout)),
+    };
+    let mut r = Response::new(ClusterBody {
+        inner: BodyInner::Watch(body),
+    });
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Request verbs as counted by [`ClusterStats`](super::ClusterStats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    Other,
+}
+
+/// A parsed resource path.
+struct Route {
+    kind: Arc<Kind>,
+    ns: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+enum Target {
+    Resource(Route),
+    Document(Value),
+}
+
+impl<B> tower::Service<Request<B>> for ClusterService
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = Response<ClusterBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ClusterBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let body = match body.collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+                    return Ok(error_response(&ApiError::bad_request(format!(
+                        "reading request body: {e}"
+                    ))));
+                }
+            };
+            Ok(handle(&inner, parts, body).await)
+        })
+    }
+}
+
+fn query_map(uri: &http::Uri) -> HashMap<String, String> {
+    uri.query()
+        .map(|q| {
+            url::form_urlencoded::parse(q.as_bytes())
+                .into_owned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
+    let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
+        ["version"] => {
+            return Ok(Target::Document(json!({
+                "major": "1", "minor": "33", "gitVersion": "v1.33.0-actorcile", "gitCommit": "",
+                "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z", "goVersion": "n/a",
+                "compiler": "rustc", "platform": "in-process"})));
+        }
+        ["api"] => {
+            return Ok(Target::Document(
+                json!({"kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "in-process"}]}),
+            ));
+        }
+        ["apis"] => {
+            let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+            for k in store.kinds() {
+                if k.gr.group.is_empty() {
+                    continue;
+                }
+                match groups.iter_mut().find(|g| g.0 == k.gr.group) {
+                    Some(g) if !g.1.contains(&k.version) => g.1.push(k.version.clone()),
+                    Some(_) => {}
+                    None => groups.push((k.gr.group.clone(), vec![k.version.clone()])),
+                }
+            }
+            let groups: Vec<Value> = groups
+                .into_iter()
+                .map(|(g, vs)| {
+                    let versions: Vec<Value> = vs
+                        .iter()
+                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                        .collect();
+                    json!({"name": g, "versions": versions, "preferredVersion": versions[0]})
+                })
+                .collect();
+            return Ok(Target::Document(
+                json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+            ));
+        }
+        ["api", "v1"] => return Ok(Target::Document(resource_list(&store.kinds(), "", "v1"))),
+        ["apis", g, v] => {
+            let kinds = store.kinds();
+            if !kinds.iter().any(|k| k.gr.group == *g && k.version == *v) {
+                return Err(ApiError::no_route());
+            }
+            return Ok(Target::Document(resource_list(&kinds, g, v)));
+        }
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", g, v, rest @ ..] if !rest.is_empty() => (g, v, rest),
+        _ => return Err(ApiError::no_route()),
+    };
+    let (ns, plural, name, sub) = match rest {
+        ["namespaces", ns, plural, tail @ ..]
+            if !(group.is_empty()
+                && tail.is_empty()
+                && (*plural == "status" || *plural == "finalize")) =>
+        {
+            if tail.len() > 2 {
+                return Err(ApiError::no_route());
+            }
+            (
+                Some(*ns),
+                *plural,
+                tail.first().copied(),
+                tail.get(1).copied(),
+            )
+        }
+        [plural, tail @ ..] => {
+            if tail.len() > 2 {
+                return Err(ApiError::no_route());
+            }
+            (None, *plural, tail.first().copied(), tail.get(1).copied())
+        }
+        [] => return Err(ApiError::no_route()),
+    };
+    let kind = store
+        .resolve(group, version, plural)
+        .ok_or_else(ApiError::no_route)?;
+    if ns.is_some() && !kind.namespaced {
+        return Err(ApiError::no_route());
+    }
+    let status = match sub {
+        None => false,
+        Some("status") if kind.status => true,
+        Some(_) => return Err(ApiError::no_route()),
+    };
+    Ok(Target::Resource(Route {
+        kind,
+        ns: ns.map(str::to_string),
+        name: name.map(str::to_string),
+        status,
+    }))
+}
+
+fn resource_list(kinds: &[Arc<Kind>], group: &str, version: &str) -> Value {
+    let mut resources = Vec::new();
+    for k in kinds
+        .iter()
+        .filter(|k| k.gr.group == group && k.version == version)
+    {
+        resources.push(json!({"name": k.gr.plural, "singularName": k.kind.to_lowercase(), "namespaced": k.namespaced,
+            "kind": k.kind, "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]}));
+        if k.status {
+            resources.push(json!({"name": format!("{}/status", k.gr.plural), "singularName": "", "namespaced": k.namespaced,
+                "kind": k.kind, "verbs": ["get", "patch", "update"]}));
+        }
+    }
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+}
+
+fn delete_opts(q: &HashMap<String, String>, body: &Bytes) -> Result<DeleteOpts, ApiError> {
+    let mut opts = DeleteOpts::default();
+    let mut policy = q.get("propagationPolicy").cloned();
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v = parse_json(body)?;
+        if !v.is_object() {
+            return Err(ApiError::bad_request("DeleteOptions must be a JSON object"));
+        }
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            policy = Some(p.to_string());
+        }
+        if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) && policy.is_none() {
+            policy = Some("Orphan".into());
+        }
+        opts.uid = v
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        opts.resource_version = v
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    opts.propagation = match policy.as_deref() {
+        None | Some("Background") => Propagation::Background,
+        Some("Foreground") => Propagation::Foreground,
+        Some("Orphan") => Propagation::Orphan,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "meta.k8s.io",
+                "DeleteOptions",
+                "",
+                "propagationPolicy",
+                format!(
+                    "Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                ),
+            ));
+        }
+    };
+    Ok(opts)
+}
+
+fn list_opts(q: &HashMap<String, String>) -> Result<ListOpts, ApiError> {
+    Ok(ListOpts {
+        labels: LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?,
+        fields: FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))?,
+        limit: match q.get("limit") {
+            None => None,
+            Some(l) => Some(
+                l.parse()
+                    .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+            ),
+        },
+        cont: q.get("continue").filter(|c| !c.is_empty()).cloned(),
+    })
+}
+
+async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Response<ClusterBody> {
+    inner.stats.total.fetch_add(1, Ordering::Relaxed);
+    let q = query_map(&parts.uri);
+    let target = match route(inner, parts.uri.path()) {
+        Ok(t) => t,
+        Err(e) => return error_response(&e),
+    };
+    let route = match target {
+        Target::Document(doc) => {
+            return if parts.method == Method::GET {
+                json_response(200, serde_json::to_vec(&doc).unwrap_or_default())
+            } else {
+                error_response(&ApiError::method_not_allowed())
+            };
+        }
+        Target::Resource(r) => r,
+    };
+    let is_watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (&parts.method, route.name.is_some()) {
+        (&Method::GET, true) => Verb::Get,
+        (&Method::GET, false) if is_watch => Verb::Watch,
+        (&Method::GET, false) => Verb::List,
+        (&Method::POST, false) => Verb::Create,
+        (&Method::PUT, true) => Verb::Update,
+        (&Method::PATCH, true) => Verb::Patch,
+        (&Method::DELETE, _) => Verb::Delete,
+        _ => Verb::Other,
+    };
+    let counter = match verb {
+        Verb::Get => &inner.stats.get,
+        Verb::List => &inner.stats.list,
+        Verb::Watch => &inner.stats.watch,
+        Verb::Create => &inner.stats.create,
+        Verb::Update => &inner.stats.update,
+        Verb::Patch => &inner.stats.patch,
+        Verb::Delete => &inner.stats.delete,
+        Verb::Other => return error_response(&ApiError::method_not_allowed()),
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    // A namespaced kind addressed without a namespace: only list, watch and deletecollection make sense.
+    if route.kind.namespaced && route.ns.is_none() && !matches!(verb, Verb::List | Verb::Watch) {
+        return error_response(&if route.name.is_some() {
+            ApiError::no_route()
+        } else {
+            ApiError::method_not_allowed()
+        });
+    }
+    let decision = inner
+        .faults
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .decide(
+            verb == Verb::Watch,
+            matches!(verb, Verb::Update | Verb::Patch),
+        );
+    if !decision.delay.is_zero() {
+        tokio::time::sleep(decision.delay).await;
+    }
+    if decision.error {
+        inner.stats.injected_errors.fetch_add(1, Ordering::Relaxed);
+        return error_response(&ApiError::internal(
+            "injected fault (actorcile in-process cluster)",
+        ));
+    }
+    let result = execute(inner, &parts, &q, &body, &route, verb, decision.conflict);
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            if decision.conflict && e.code == 409 && e.reason == "Conflict" {
+                inner
+                    .stats
+                    .injected_conflicts
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            error_response(&e)
+        }
+    }
+}
+
+fn execute(
+    inner: &Inner,
+    parts: &http::request::Parts,
+    q: &HashMap<String, String>,
+    body: &Bytes,
+    route: &Route,
+    verb: Verb,
+    inject_conflict: bool,
+) -> Result<Response<ClusterBody>, ApiError> {
+    let kind = &route.kind;
+    let ns = route.ns.as_deref();
+    let name = route.name.as_deref().unwrap_or_default();
+    let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
+    match verb {
+        Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?.to_vec())),
+        Verb::List => Ok(json_response(200, store.list(kind, ns, &list_opts(q)?)?)),
+        Verb::Watch => {
+            let opts = list_opts(q)?;
+            let timeout =
+                match q.get("timeoutSeconds") {
+                    Some(t) => Duration::from_secs(t.parse().map_err(|_| {
+                        ApiError::bad_request(format!("invalid timeoutSeconds {t:?}"))
+                    })?),
+                    None => Duration::from_secs(1800),
+                };
+            let rv = match q.get("resourceVersion").map(String::as_str) {
+                None | Some("") | Some("0") => None,
+                Some(v) => Some(v.parse::<u64>().map_err(|_| {
+                    ApiError::bad_request(format!("invalid resource version {v:?}"))
+                })?),
+            };
+            let bookmark = q.get("sendInitialEvents").is_some_and(|v| v == "true");
+            match store.watch(kind, ns, opts.labels, opts.fields, rv, bookmark) {
+                Ok((first, rx)) => Ok(watch_response(first, Some(rx), timeout)),
+                Err(e) => {
+                    let status =
+                        Bytes::from(serde_json::to_vec(&e.to_status()).unwrap_or_default());
+                    Ok(watch_response(vec![(EvType::Error, status)], None, timeout))
+                }
+            }
+        }
+        Verb::Create => {
+            let w = store.create(kind, ns, parse_json(body)?)?;
+            Ok(json_response(201, w.bytes.to_vec()))
+        }
+        Verb::Update => {
+            let w = store.update(
+                kind,
+                ns,
+                name,
+                parse_json(body)?,
+                route.status,
+                WriteKind::Put,
+                inject_conflict,
+            )?;
+            Ok(json_response(200, w.bytes.to_vec()))
+        }
+        Verb::Patch => {
+            let ct = parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            let current = || {
+                store
+                    .current(kind, ns, name)
+                    .ok_or_else(|| ApiError::not_found(kind_subject(kind, name)))
+            };
+            let patched = match ct.as_str() {
+                "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+                    if ct.starts_with("application/strategic") && kind.custom {
+                        return Err(ApiError::unsupported_media_type(&ct));
+                    }
+                    let patch = parse_json(body)?;
+                    let mut cur = current()?;
+                    json_patch::merge(&mut cur, &patch);
+                    cur
+                }
+                "application/json-patch+json" => {
+                    let patch: json_patch::Patch = serde_json::from_slice(body)
+                        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                    let mut cur = current()?;
+                    json_patch::patch(&mut cur, &patch)
+                        .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+                    cur
+                }
+                "application/apply-patch+yaml" => {
+                    if q.get("fieldManager").is_none_or(String::is_empty) {
+                        return Err(ApiError::invalid(
+                            "meta.k8s.io",
+                            "PatchOptions",
+                            "",
+                            "fieldManager",
+                            "Required value: is required for apply patch".into(),
+                        ));
+                    }
+                    let patch = serde_json::from_slice::<Value>(body).map_err(|e| {
+                        ApiError::bad_request(format!(
+                            "error decoding apply patch (the in-process cluster accepts JSON, which is YAML): {e}"
+                        ))
+                    })?;
+                    if !patch.is_object() {
+                        return Err(ApiError::bad_request("apply patch must be an object"));
+                    }
+                    match store.current(kind, ns, name) {
+                        None if !route.status => {
+                            if patch.pointer("/metadata/name").and_then(Value::as_str) != Some(name)
+                            {
+                                return Err(ApiError::bad_request(format!(
+                                    "the name of the object ({}) does not match the name on the URL ({name})",
+                                    patch
+                                        .pointer("/metadata/name")
+                                        .and_then(Value::as_str)
+                                        .unwrap_or_default()
+                                )));
+                            }
+                            let w = store.create(kind, ns, patch)?;
+                            return Ok(json_response(201, w.bytes.to_vec()));
+                        }
+                        None => return Err(ApiError::not_found(kind_subject(kind, name))),
+                        Some(mut cur) => {
+                            json_patch::merge(&mut cur, &patch);
+                            cur
+                        }
+                    }
+                }
+                other => return Err(ApiError::unsupported_media_type(other)),
+            };
+            let w = store.update(
+                kind,
+                ns,
+                name,
+                patched,
+                route.status,
+                WriteKind::Patch,
+                inject_conflict,
+            )?;
+            Ok(json_response(200, w.bytes.to_vec()))
+        }
+        Verb::Delete => {
+            let opts = delete_opts(q, body)?;
+            if route.name.is_some() {
+                Ok(json_response(
+                    200,
+                    store.delete(kind, ns, name, &opts)?.to_vec(),
+                ))
+            } else {
+                Ok(json_response(
+                    200,
+                    store.delete_collection(kind, ns, &list_opts(q)?, &opts)?,
+                ))
+            }
+        }
+        Verb::Other => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn kind_subject<'a>(kind: &'a Kind, name: &'a str) -> super::error::Subject<'a> {
+    super::error::Subject {
+        group: &kind.gr.group,
+        plural: &kind.gr.plural,
+        name,
+    }
+}

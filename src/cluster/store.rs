@@ -1,0 +1,1704 @@
+//! The object store: one revision counter, one table per resource, the event history and the watchers.
+//!
+//! Everything here is synchronous and runs under the cluster's lock; the HTTP layer (`service.rs`) parses
+//! requests and turns results into responses.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use super::error::{ApiError, Subject};
+use super::selector::{FieldSelector, LabelSelector};
+
+/// Group + plural: the identity of a stored resource (all versions of a kind share one table).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Gr {
+    pub(crate) group: String,
+    pub(crate) plural: String,
+}
+
+/// One served version of a resource.
+#[derive(Debug, Clone)]
+pub(crate) struct Kind {
+    pub(crate) gr: Gr,
+    pub(crate) version: String,
+    pub(crate) api_version: String,
+    pub(crate) kind: String,
+    pub(crate) list_kind: String,
+    pub(crate) namespaced: bool,
+    /// Has a `/status` subresource.
+    pub(crate) status: bool,
+    /// metadata.generation is maintained.
+    pub(crate) generation: bool,
+    /// A custom resource: no strategic merge patch, no unconditional PUT.
+    pub(crate) custom: bool,
+    /// DELETE answers the object (otherwise a `Status` when the object is gone at once).
+    pub(crate) delete_returns_object: bool,
+}
+
+impl Kind {
+    fn subject<'a>(&'a self, name: &'a str) -> Subject<'a> {
+        Subject {
+            group: &self.gr.group,
+            plural: &self.gr.plural,
+            name,
+        }
+    }
+}
+
+/// A stored object: its JSON value and its serialized bytes (serialized once per write).
+#[derive(Debug, Clone)]
+struct Obj {
+    value: Arc<Value>,
+    bytes: Bytes,
+}
+
+/// Reference to a stored object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ObjRef {
+    gr: Gr,
+    ns: String,
+    name: String,
+}
+
+/// Watch event type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EvType {
+    Added,
+    Modified,
+    Deleted,
+    Bookmark,
+    Error,
+}
+
+impl EvType {
+    pub(crate) fn prefix(self) -> &'static [u8] {
+        match self {
+            EvType::Added => b"{\"type\":\"ADDED\",\"object\":",
+            EvType::Modified => b"{\"type\":\"MODIFIED\",\"object\":",
+            EvType::Deleted => b"{\"type\":\"DELETED\",\"object\":",
+            EvType::Bookmark => b"{\"type\":\"BOOKMARK\",\"object\":",
+            EvType::Error => b"{\"type\":\"ERROR\",\"object\":",
+        }
+    }
+}
+
+/// One item sent to a watch stream: the event type and the object's bytes (shared, not copied).
+pub(crate) type WatchItem = (EvType, Bytes);
+
+#[derive(Debug)]
+struct Event {
+    rev: u64,
+    gr: Gr,
+    ty: EvType,
+    value: Arc<Value>,
+    bytes: Bytes,
+    /// The previous state, for watchers with selectors (an object leaving a selector is DELETED for them).
+    old: Option<Arc<Value>>,
+}
+
+#[derive(Debug)]
+struct Watcher {
+    ns: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    api_version: String,
+    tx: mpsc::UnboundedSender<WatchItem>,
+}
+
+impl Watcher {
+    fn filtered(&self) -> bool {
+        !self.labels.is_empty() || !self.fields.is_empty()
+    }
+
+    fn matches(&self, v: &Value) -> bool {
+        self.labels.matches(v) && self.fields.matches(v)
+    }
+
+    /// What this watcher sees of an event, if anything.
+    fn translate(&self, ev: &Event) -> Option<WatchItem> {
+        if let Some(ns) = &self.ns
+            && ev
+                .value
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                != Some(ns.as_str())
+        {
+            return None;
+        }
+        let ty = if self.filtered() {
+            let now = self.matches(&ev.value);
+            let before = ev.old.as_deref().is_some_and(|o| self.matches(o));
+            match (ev.ty, before, now) {
+                (EvType::Deleted, _, true) | (EvType::Deleted, true, _) => EvType::Deleted,
+                (EvType::Added, _, true) => EvType::Added,
+                (EvType::Modified, true, true) => EvType::Modified,
+                (EvType::Modified, false, true) => EvType::Added,
+                (EvType::Modified, true, false) => EvType::Deleted,
+                _ => return None,
+            }
+        } else {
+            ev.ty
+        };
+        Some((ty, render(&ev.value, &ev.bytes, &self.api_version)))
+    }
+}
+
+/// Serialized bytes of an object as seen through `api_version` (custom resources served in several
+/// versions are stored once; their apiVersion is rewritten, as the real server does without a conversion
+/// webhook).
+fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
+    if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
+        bytes.clone()
+    } else {
+        let mut v = value.clone();
+        v["apiVersion"] = json!(api_version);
+        Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    namespaced: bool,
+    objects: BTreeMap<(String, String), Obj>,
+    watchers: Vec<Watcher>,
+}
+
+/// Time as seen by the cluster: wall time at creation plus tokio's elapsed time, so that timestamps follow
+/// a paused tokio clock.
+#[derive(Debug)]
+struct Clock {
+    wall0: chrono::DateTime<chrono::Utc>,
+    inst0: tokio::time::Instant,
+}
+
+impl Clock {
+    fn now(&self) -> String {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.inst0);
+        let t = self.wall0 + chrono::Duration::from_std(elapsed).unwrap_or_default();
+        t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    }
+}
+
+/// Deletion propagation policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Propagation {
+    #[default]
+    Background,
+    Foreground,
+    Orphan,
+}
+
+/// Options of a DELETE.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DeleteOpts {
+    pub(crate) propagation: Propagation,
+    pub(crate) uid: Option<String>,
+    pub(crate) resource_version: Option<String>,
+}
+
+/// What a list request asks for.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ListOpts {
+    pub(crate) labels: LabelSelector,
+    pub(crate) fields: FieldSelector,
+    pub(crate) limit: Option<usize>,
+    pub(crate) cont: Option<String>,
+}
+
+/// How a write must treat metadata.resourceVersion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteKind {
+    Put,
+    Patch,
+}
+
+/// The successful result of a write.
+#[derive(Debug)]
+pub(crate) struct Written {
+    pub(crate) bytes: Bytes,
+}
+
+/// Pending garbage-collection work.
+#[derive(Debug)]
+enum Gc {
+    /// An object was removed: its dependents may be orphaned, its owners may be waiting in foreground.
+    Removed { uid: String, owners: Vec<String> },
+    /// A namespace may have become empty.
+    Namespace(String),
+    /// A CRD was removed: stop serving its kind.
+    CrdRemoved,
+}
+
+const FOREGROUND: &str = "foregroundDeletion";
+
+/// The store.
+#[derive(Debug)]
+pub(crate) struct Store {
+    rev: u64,
+    routes: HashMap<(String, String, String), Arc<Kind>>,
+    tables: HashMap<Gr, Table>,
+    history: VecDeque<Arc<Event>>,
+    history_limit: usize,
+    /// Highest revision dropped from the history.
+    compacted: u64,
+    uids: HashMap<String, ObjRef>,
+    /// owner uid → dependents naming it.
+    dependents: HashMap<String, HashSet<ObjRef>>,
+    ns_counts: HashMap<String, usize>,
+    count: usize,
+    rng: fastrand::Rng,
+    clock: Clock,
+    gc: VecDeque<Gc>,
+}
+
+fn meta(v: &Value) -> Option<&Map<String, Value>> {
+    v.get("metadata").and_then(Value::as_object)
+}
+
+fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
+    meta(v).and_then(|m| m.get(field)).and_then(Value::as_str)
+}
+
+fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
+    if !v.get("metadata").is_some_and(Value::is_object) {
+        v["metadata"] = json!({});
+    }
+    v["metadata"]
+        .as_object_mut()
+        .expect("metadata is an object")
+}
+
+fn finalizers(v: &Value) -> Vec<String> {
+    meta(v)
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn set_finalizers(v: &mut Value, f: Vec<String>) {
+    let m = meta_mut(v);
+    if f.is_empty() {
+        m.remove("finalizers");
+    } else {
+        m.insert("finalizers".into(), json!(f));
+    }
+}
+
+fn is_deleting(v: &Value) -> bool {
+    meta(v)
+        .and_then(|m| m.get("deletionTimestamp"))
+        .is_some_and(|t| !t.is_null())
+}
+
+fn owner_refs(v: &Value) -> Vec<(String, bool)> {
+    meta(v)
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| {
+                    let uid = o.get("uid")?.as_str()?.to_string();
+                    Some((
+                        uid,
+                        o.get("blockOwnerDeletion")
+                            .and_then(Value::as_bool)
+                            .unwrap_or(false),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// The object with everything except metadata (and status when it is a subresource): generation bumps
+/// when this changes.
+fn spec_part(v: &Value, skip_status: bool) -> Map<String, Value> {
+    let mut m = v.as_object().cloned().unwrap_or_default();
+    m.remove("metadata");
+    if skip_status {
+        m.remove("status");
+    }
+    m
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<String> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+impl Store {
+    pub(crate) fn new(history_limit: usize, seed: u64) -> Store {
+        let mut s = Store {
+            rev: 0,
+            routes: HashMap::new(),
+            tables: HashMap::new(),
+            history: VecDeque::new(),
+            history_limit: history_limit.max(1),
+            compacted: 0,
+            uids: HashMap::new(),
+            dependents: HashMap::new(),
+            ns_counts: HashMap::new(),
+            count: 0,
+            rng: fastrand::Rng::with_seed(seed),
+            clock: Clock {
+                wall0: chrono::Utc::now(),
+                inst0: tokio::time::Instant::now(),
+            },
+            gc: VecDeque::new(),
+        };
+        s.register_builtins();
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            let kind =
+                s.routes[&(String::new(), "v1".to_string(), "namespaces".to_string())].clone();
+            let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            s.create(&kind, None, body)
+                .expect("built-in namespace is valid");
+        }
+        s
+    }
+
+    fn register_builtins(&mut self) {
+        let b = |group: &str,
+                 version: &str,
+                 plural: &str,
+                 kind: &str,
+                 namespaced: bool,
+                 status: bool| Kind {
+            gr: Gr {
+                group: group.into(),
+                plural: plural.into(),
+            },
+            version: version.into(),
+            api_version: if group.is_empty() {
+                version.into()
+            } else {
+                format!("{group}/{version}")
+            },
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            namespaced,
+            status,
+            generation: false,
+            custom: false,
+            delete_returns_object: false,
+        };
+        let mut ns = b("", "v1", "namespaces", "Namespace", false, true);
+        ns.delete_returns_object = true;
+        let mut crd = b(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+            true,
+        );
+        crd.generation = true;
+        for k in [
+            ns,
+            b("", "v1", "configmaps", "ConfigMap", true, false),
+            b("", "v1", "secrets", "Secret", true, false),
+            b("", "v1", "events", "Event", true, false),
+            b("events.k8s.io", "v1", "events", "Event", true, false),
+            b("coordination.k8s.io", "v1", "leases", "Lease", true, false),
+            crd,
+        ] {
+            self.add_route(k);
+        }
+    }
+
+    fn add_route(&mut self, k: Kind) {
+        self.tables.entry(k.gr.clone()).or_default().namespaced = k.namespaced;
+        self.routes.insert(
+            (k.gr.group.clone(), k.version.clone(), k.gr.plural.clone()),
+            Arc::new(k),
+        );
+    }
+
+    /// The resource served at GROUP/VERSION/PLURAL.
+    pub(crate) fn resolve(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Kind>> {
+        self.routes
+            .get(&(group.to_string(), version.to_string(), plural.to_string()))
+            .cloned()
+    }
+
+    /// Every served resource (for discovery).
+    pub(crate) fn kinds(&self) -> Vec<Arc<Kind>> {
+        let mut v: Vec<_> = self.routes.values().cloned().collect();
+        v.sort_by(|a, b| (&a.gr, &a.version).cmp(&(&b.gr, &b.version)));
+        v
+    }
+
+    pub(crate) fn object_count(&self) -> usize {
+        self.count
+    }
+
+    pub(crate) fn revision(&self) -> u64 {
+        self.rev
+    }
+
+    fn new_uid(&mut self) -> String {
+        let a = self.rng.u64(..);
+        let b = self.rng.u64(..);
+        format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            ((b >> 48) & 0x3fff) | 0x8000,
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    // ---- low-level writes: every change goes through these three ------------------------------------
+
+    fn emit(&mut self, ev: Event) {
+        let ev = Arc::new(ev);
+        if let Some(t) = self.tables.get_mut(&ev.gr) {
+            t.watchers.retain(|w| match w.translate(&ev) {
+                Some(item) => w.tx.send(item).is_ok(),
+                None => !w.tx.is_closed(),
+            });
+        }
+        self.history.push_back(ev);
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rev;
+            }
+        }
+    }
+
+    fn index(&mut self, r: &ObjRef, old: Option<&Value>, new: Option<&Value>) {
+        let old_owners: HashSet<String> = old
+            .map(owner_refs)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| o.0)
+            .collect();
+        let new_owners: HashSet<String> = new
+            .map(owner_refs)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| o.0)
+            .collect();
+        for o in old_owners.difference(&new_owners) {
+            if let Some(set) = self.dependents.get_mut(o) {
+                set.remove(r);
+                if set.is_empty() {
+                    self.dependents.remove(o);
+                }
+            }
+        }
+        for o in new_owners.difference(&old_owners) {
+            self.dependents
+                .entry(o.clone())
+                .or_default()
+                .insert(r.clone());
+        }
+    }
+
+    fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
+        self.rev += 1;
+        meta_mut(&mut value).insert("resourceVersion".into(), json!(self.rev.to_string()));
+        let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+        let value = Arc::new(value);
+        let obj = Obj {
+            value: value.clone(),
+            bytes: bytes.clone(),
+        };
+        let table = self.tables.entry(r.gr.clone()).or_default();
+        let old = table
+            .objects
+            .insert((r.ns.clone(), r.name.clone()), obj.clone());
+        if old.is_none() {
+            self.count += 1;
+            if !r.ns.is_empty() {
+                *self.ns_counts.entry(r.ns.clone()).or_default() += 1;
+            }
+            if let Some(uid) = meta_str(&value, "uid") {
+                self.uids.insert(uid.to_string(), r.clone());
+            }
+        }
+        let old_value = old.map(|o| o.value);
+        self.index(r, old_value.as_deref(), Some(&value));
+        self.emit(Event {
+            rev: self.rev,
+            gr: r.gr.clone(),
+            ty,
+            value,
+            bytes,
+            old: old_value,
+        });
+        obj
+    }
+
+    fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
+        let Some(old) = self
+            .tables
+            .get_mut(&r.gr)
+            .and_then(|t| t.objects.remove(&(r.ns.clone(), r.name.clone())))
+        else {
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            return Obj {
+                value: Arc::new(value),
+                bytes,
+            };
+        };
+        self.rev += 1;
+        meta_mut(&mut value).insert("resourceVersion".into(), json!(self.rev.to_string()));
+        let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+        let value = Arc::new(value);
+        self.count -= 1;
+        if !r.ns.is_empty()
+            && let Some(c) = self.ns_counts.get_mut(&r.ns)
+        {
+            *c -= 1;
+            if *c == 0 {
+                self.gc.push_back(Gc::Namespace(r.ns.clone()));
+            }
+        }
+        let uid = meta_str(&value, "uid").unwrap_or_default().to_string();
+        self.uids.remove(&uid);
+        self.index(r, Some(&old.value), None);
+        self.gc.push_back(Gc::Removed {
+            uid,
+            owners: owner_refs(&value).into_iter().map(|o| o.0).collect(),
+        });
+        if r.gr.plural == "customresourcedefinitions" && r.gr.group == "apiextensions.k8s.io" {
+            self.gc.push_back(Gc::CrdRemoved);
+        }
+        self.emit(Event {
+            rev: self.rev,
+            gr: r.gr.clone(),
+            ty: EvType::Deleted,
+            value: value.clone(),
+            bytes: bytes.clone(),
+            old: Some(old.value),
+        });
+        Obj { value, bytes }
+    }
+
+    fn lookup(&self, r: &ObjRef) -> Option<&Obj> {
+        self.tables
+            .get(&r.gr)?
+            .objects
+            .get(&(r.ns.clone(), r.name.clone()))
+    }
+
+    // ---- requests ------------------------------------------------------------------------------------
+
+    fn objref(kind: &Kind, ns: Option<&str>, name: &str) -> ObjRef {
+        ObjRef {
+            gr: kind.gr.clone(),
+            ns: if kind.namespaced {
+                ns.unwrap_or_default().to_string()
+            } else {
+                String::new()
+            },
+            name: name.to_string(),
+        }
+    }
+
+    /// GET one object.
+    pub(crate) fn get(&self, kind: &Kind, ns: Option<&str>, name: &str) -> Result<Bytes, ApiError> {
+        let r = Self::objref(kind, ns, name);
+        let o = self
+            .lookup(&r)
+            .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
+        Ok(render(&o.value, &o.bytes, &kind.api_version))
+    }
+
+    /// LIST, with selectors and paging. Answers the list's JSON.
+    pub(crate) fn list(
+        &self,
+        kind: &Kind,
+        ns: Option<&str>,
+        opts: &ListOpts,
+    ) -> Result<Vec<u8>, ApiError> {
+        let table = self.tables.get(&kind.gr);
+        let (mut list_rev, start) = match &opts.cont {
+            Some(c) => {
+                let bad = || ApiError::bad_request(format!("continue key is not valid: {c}"));
+                let mut parts = c.splitn(3, '.');
+                let rev: u64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+                let cns = parts.next().and_then(unhex).ok_or_else(bad)?;
+                let cname = parts.next().and_then(unhex).ok_or_else(bad)?;
+                if rev < self.compacted {
+                    return Err(ApiError::expired(
+                        "The provided continue parameter is too old to display a consistent list result. You \
+                         can start a new list without the continue parameter, or use the continue token in \
+                         this response to retrieve the remainder of the results. Continuing with the provided \
+                         token results in an inconsistent list - objects that were created, modified, or \
+                         deleted between the time the first chunk was returned and now may show up in the list.",
+                    ));
+                }
+                (rev, Some((cns, cname)))
+            }
+            None => (self.rev, None),
+        };
+        if list_rev > self.rev {
+            list_rev = self.rev;
+        }
+        let limit = opts.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let ns = if kind.namespaced { ns } else { None };
+        let mut items: Vec<Bytes> = Vec::new();
+        let mut next: Option<(String, String)> = None;
+        if let Some(t) = table {
+            let matches = |o: &Obj| opts.labels.matches(&o.value) && opts.fields.matches(&o.value);
+            if let (Some(name), None) = (opts.fields.exact_name(), &start) {
+                // Fast path: a list pinned to one name.
+                let candidates: Vec<&Obj> = match ns {
+                    Some(ns) => t
+                        .objects
+                        .get(&(ns.to_string(), name.to_string()))
+                        .into_iter()
+                        .collect(),
+                    None if !kind.namespaced => t
+                        .objects
+                        .get(&(String::new(), name.to_string()))
+                        .into_iter()
+                        .collect(),
+                    None => t
+                        .objects
+                        .iter()
+                        .filter(|(k, _)| k.1 == name)
+                        .map(|(_, o)| o)
+                        .collect(),
+                };
+                items.extend(
+                    candidates
+                        .into_iter()
+                        .filter(|o| matches(o))
+                        .map(|o| render(&o.value, &o.bytes, &kind.api_version)),
+                );
+            } else {
+                use std::ops::Bound;
+                let lower = match (&start, ns) {
+                    (Some(s), _) => Bound::Excluded(s.clone()),
+                    (None, Some(ns)) => Bound::Included((ns.to_string(), String::new())),
+                    (None, None) => Bound::Unbounded,
+                };
+                let mut last: Option<&(String, String)> = None;
+                for (key, o) in t.objects.range((lower, Bound::Unbounded)) {
+                    if let Some(ns) = ns
+                        && key.0 != ns
+                    {
+                        break;
+                    }
+                    if items.len() >= limit {
+                        next = last.cloned();
+                        break;
+                    }
+                    last = Some(key);
+                    if matches(o) {
+                        items.push(render(&o.value, &o.bytes, &kind.api_version));
+                    }
+                }
+            }
+        }
+        let mut metadata = json!({"resourceVersion": list_rev.to_string()});
+        if let Some((cns, cname)) = next {
+            metadata["continue"] = json!(format!("{list_rev}.{}.{}", hex(&cns), hex(&cname)));
+        }
+        let head =
+            json!({"kind": kind.list_kind, "apiVersion": kind.api_version, "metadata": metadata});
+        let mut out = serde_json::to_vec(&head).unwrap_or_default();
+        out.pop(); // the closing brace
+        out.extend_from_slice(b",\"items\":[");
+        for (i, it) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(it);
+        }
+        out.extend_from_slice(b"]}");
+        Ok(out)
+    }
+
+    /// Starts a watch. Answers the events to send first and the receiver of later ones.
+    /// `rv`: `None` for "" or "0" (synthetic ADDED events for every current object), or a revision.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn watch(
+        &mut self,
+        kind: &Kind,
+        ns: Option<&str>,
+        labels: LabelSelector,
+        fields: FieldSelector,
+        rv: Option<u64>,
+        initial_events_bookmark: bool,
+    ) -> Result<(Vec<WatchItem>, mpsc::UnboundedReceiver<WatchItem>), ApiError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let w = Watcher {
+            ns: if kind.namespaced {
+                ns.map(str::to_string)
+            } else {
+                None
+            },
+            labels,
+            fields,
+            api_version: kind.api_version.clone(),
+            tx,
+        };
+        let mut first = Vec::new();
+        match rv {
+            None => {
+                if let Some(t) = self.tables.get(&kind.gr) {
+                    let iter: Box<dyn Iterator<Item = (&(String, String), &Obj)>> = match &w.ns {
+                        Some(ns) => {
+                            let ns = ns.clone();
+                            Box::new(
+                                t.objects
+                                    .range((ns.clone(), String::new())..)
+                                    .take_while(move |(k, _)| k.0 == ns),
+                            )
+                        }
+                        None => Box::new(t.objects.iter()),
+                    };
+                    for (_, o) in iter {
+                        if w.matches(&o.value) {
+                            first.push((
+                                EvType::Added,
+                                render(&o.value, &o.bytes, &kind.api_version),
+                            ));
+                        }
+                    }
+                }
+                if initial_events_bookmark {
+                    let bm = json!({"kind": kind.kind, "apiVersion": kind.api_version, "metadata": {
+                        "resourceVersion": self.rev.to_string(),
+                        "annotations": {"k8s.io/initial-events-end": "true"}}});
+                    first.push((
+                        EvType::Bookmark,
+                        Bytes::from(serde_json::to_vec(&bm).unwrap_or_default()),
+                    ));
+                }
+            }
+            Some(rv) => {
+                if rv < self.compacted {
+                    return Err(ApiError::expired(format!(
+                        "too old resource version: {rv} ({})",
+                        self.compacted + 1
+                    )));
+                }
+                let start = self.history.partition_point(|e| e.rev <= rv);
+                for ev in self.history.range(start..) {
+                    if ev.gr == kind.gr
+                        && let Some(item) = w.translate(ev)
+                    {
+                        first.push(item);
+                    }
+                }
+            }
+        }
+        self.tables
+            .entry(kind.gr.clone())
+            .or_default()
+            .watchers
+            .push(w);
+        Ok((first, rx))
+    }
+
+    /// The body's declared apiVersion and kind must be those of the resource.
+    fn check_type(kind: &Kind, body: &Value) -> Result<(), ApiError> {
+        if !body.is_object() {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ));
+        }
+        match body.get("kind").and_then(Value::as_str) {
+            None | Some("") => {
+                return Err(ApiError::bad_request(format!(
+                    "Object 'Kind' is missing in '{body}'"
+                )));
+            }
+            Some(k) if k != kind.kind => {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({k}) does not match the expected kind ({})",
+                    kind.kind
+                )));
+            }
+            _ => {}
+        }
+        match body.get("apiVersion").and_then(Value::as_str) {
+            Some(v) if v == kind.api_version => Ok(()),
+            v => Err(ApiError::bad_request(format!(
+                "the API version in the data ({}) does not match the expected API version ({})",
+                v.unwrap_or_default(),
+                kind.api_version
+            ))),
+        }
+    }
+
+    fn check_namespace_field(
+        kind: &Kind,
+        ns: Option<&str>,
+        body: &mut Value,
+    ) -> Result<(), ApiError> {
+        let m = meta_mut(body);
+        if kind.namespaced {
+            let ns = ns.unwrap_or_default();
+            match m.get("namespace").and_then(Value::as_str) {
+                Some(bns) if !bns.is_empty() && bns != ns => {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ));
+                }
+                _ => {
+                    m.insert("namespace".into(), json!(ns));
+                }
+            }
+        } else {
+            m.remove("namespace");
+        }
+        Ok(())
+    }
+
+    /// POST.
+    pub(crate) fn create(
+        &mut self,
+        kind: &Kind,
+        ns: Option<&str>,
+        mut body: Value,
+    ) -> Result<Written, ApiError> {
+        Self::check_type(kind, &body)?;
+        if !body.get("metadata").is_none_or(Value::is_object) {
+            return Err(ApiError::bad_request("metadata must be an object"));
+        }
+        Self::check_namespace_field(kind, ns, &mut body)?;
+        if kind.namespaced {
+            let ns = ns.unwrap_or_default();
+            let nsr = ObjRef {
+                gr: Gr {
+                    group: String::new(),
+                    plural: "namespaces".into(),
+                },
+                ns: String::new(),
+                name: ns.into(),
+            };
+            match self.lookup(&nsr) {
+                None => {
+                    return Err(ApiError::not_found(Subject {
+                        group: "",
+                        plural: "namespaces",
+                        name: ns,
+                    }));
+                }
+                Some(o) if is_deleting(&o.value) => {
+                    return Err(ApiError::forbidden(format!(
+                        "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being \
+                         terminated",
+                        kind.gr.plural,
+                        meta_str(&body, "name")
+                            .or(meta_str(&body, "generateName"))
+                            .unwrap_or_default()
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        if meta_str(&body, "resourceVersion").is_some_and(|v| !v.is_empty()) {
+            return Err(ApiError::internal(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
+        let generate = meta_str(&body, "generateName")
+            .unwrap_or_default()
+            .to_string();
+        let mut name = meta_str(&body, "name").unwrap_or_default().to_string();
+        let invalid_name = |n: &str, why: &str| {
+            ApiError::invalid(
+                &kind.gr.group,
+                &kind.kind,
+                n,
+                "metadata.name",
+                format!("Invalid value: {n:?}: {why}"),
+            )
+        };
+        if name.is_empty() {
+            if generate.is_empty() {
+                return Err(ApiError::invalid(
+                    &kind.gr.group,
+                    &kind.kind,
+                    "",
+                    "metadata.name",
+                    "Required value: name or generateName is required".into(),
+                ));
+            }
+            const ALNUM: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+            for _ in 0..16 {
+                let suffix: String = (0..5)
+                    .map(|_| ALNUM[self.rng.usize(..ALNUM.len())] as char)
+                    .collect();
+                name = format!("{generate}{suffix}");
+                if self.lookup(&Self::objref(kind, ns, &name)).is_none() {
+                    break;
+                }
+            }
+        }
+        if kind.gr.plural == "namespaces" {
+            if !is_dns_label(&name) {
+                return Err(invalid_name(
+                    &name,
+                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
+                ));
+            }
+        } else if !is_dns_subdomain(&name) {
+            return Err(invalid_name(
+                &name,
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+            ));
+        }
+        let r = Self::objref(kind, ns, &name);
+        if self.lookup(&r).is_some() {
+            return Err(ApiError::already_exists(kind.subject(&name)));
+        }
+        if kind.gr.plural == "customresourcedefinitions" {
+            self.prepare_crd(&mut body, &name)?;
+        }
+        let uid = self.new_uid();
+        let now = self.clock.now();
+        let m = meta_mut(&mut body);
+        m.insert("name".into(), json!(name));
+        for f in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "managedFields",
+            "selfLink",
+            "resourceVersion",
+        ] {
+            m.remove(f);
+        }
+        m.insert("uid".into(), json!(uid));
+        m.insert("creationTimestamp".into(), json!(now));
+        if kind.generation {
+            m.insert("generation".into(), json!(1));
+        } else {
+            m.remove("generation");
+        }
+        if kind.gr.plural == "namespaces" {
+            body["spec"] = json!({"finalizers": ["kubernetes"]});
+            body["status"] = json!({"phase": "Active"});
+        } else if kind.status && kind.gr.plural != "customresourcedefinitions" {
+            body.as_object_mut().map(|o| o.remove("status"));
+        }
+        let obj = self.put(&r, body, EvType::Added);
+        if kind.gr.plural == "customresourcedefinitions" {
+            self.register_crd(&obj.value);
+        }
+        self.run_gc();
+        Ok(Written {
+            bytes: render(&obj.value, &obj.bytes, &kind.api_version),
+        })
+    }
+
+    /// PUT (replace) or the result of a PATCH: `new` is the full desired object.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn update(
+        &mut self,
+        kind: &Kind,
+        ns: Option<&str>,
+        name: &str,
+        mut new: Value,
+        status_only: bool,
+        how: WriteKind,
+        inject_conflict: bool,
+    ) -> Result<Written, ApiError> {
+        Self::check_type(kind, &new)?;
+        if !new.get("metadata").is_none_or(Value::is_object) {
+            return Err(ApiError::bad_request("metadata must be an object"));
+        }
+        let r = Self::objref(kind, ns, name);
+        let old = self
+            .lookup(&r)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
+        match meta_str(&new, "name") {
+            Some(n) if n == name => {}
+            Some(n) if how == WriteKind::Put => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+            _ if how == WriteKind::Put => {
+                return Err(ApiError::invalid(
+                    &kind.gr.group,
+                    &kind.kind,
+                    name,
+                    "metadata.name",
+                    "Required value: name is required".into(),
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    &kind.gr.group,
+                    &kind.kind,
+                    name,
+                    "metadata.name",
+                    "Invalid value: the name may not be changed by a patch".into(),
+                ));
+            }
+        }
+        Self::check_namespace_field(kind, ns, &mut new)?;
+        let old_rv = meta_str(&old.value, "resourceVersion")
+            .unwrap_or_default()
+            .to_string();
+        match meta_str(&new, "resourceVersion") {
+            Some(rv) if !rv.is_empty() && rv != old_rv => {
+                return Err(ApiError::conflict(kind.subject(name)));
+            }
+            Some(rv) if !rv.is_empty() => {}
+            _ if how == WriteKind::Put && kind.custom => {
+                return Err(ApiError::invalid(
+                    &kind.gr.group,
+                    &kind.kind,
+                    name,
+                    "metadata.resourceVersion",
+                    "Invalid value: 0x0: must be specified for an update".into(),
+                ));
+            }
+            _ => {}
+        }
+        if inject_conflict {
+            return Err(ApiError::conflict(kind.subject(name)));
+        }
+        let old_v: &Value = &old.value;
+        let mut next = if status_only {
+            let mut n = old_v.clone();
+            match new.get("status") {
+                Some(s) => n["status"] = s.clone(),
+                None => {
+                    n.as_object_mut().map(|o| o.remove("status"));
+                }
+            }
+            n
+        } else {
+            let om = meta(old_v).cloned().unwrap_or_default();
+            let m = meta_mut(&mut new);
+            for f in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
+                match om.get(f) {
+                    Some(v) => m.insert(f.into(), v.clone()),
+                    None => m.remove(f),
+                };
+            }
+            m.remove("managedFields");
+            m.remove("selfLink");
+            if kind.status {
+                match old_v.get("status") {
+                    Some(s) => new["status"] = s.clone(),
+                    None => {
+                        new.as_object_mut().map(|o| o.remove("status"));
+                    }
+                }
+            }
+            if is_deleting(old_v) {
+                let had: HashSet<String> = finalizers(old_v).into_iter().collect();
+                let added: Vec<String> = finalizers(&new)
+                    .into_iter()
+                    .filter(|f| !had.contains(f))
+                    .collect();
+                if !added.is_empty() {
+                    return Err(ApiError::invalid(
+                        &kind.gr.group,
+                        &kind.kind,
+                        name,
+                        "metadata.finalizers",
+                        format!(
+                            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                        ),
+                    ));
+                }
+            }
+            if kind.gr.plural == "customresourcedefinitions" {
+                self.prepare_crd(&mut new, name)?;
+            }
+            new
+        };
+        meta_mut(&mut next).insert("resourceVersion".into(), json!(old_rv));
+        if kind.generation && spec_part(old_v, kind.status) != spec_part(&next, kind.status) {
+            let g = meta(old_v)
+                .and_then(|m| m.get("generation"))
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            meta_mut(&mut next).insert("generation".into(), json!(g + 1));
+        }
+        if next == *old_v {
+            // No-op writes store nothing and send no event, as on the real server.
+            return Ok(Written {
+                bytes: render(&old.value, &old.bytes, &kind.api_version),
+            });
+        }
+        let obj = if is_deleting(&next)
+            && finalizers(&next).is_empty()
+            && !self.namespace_blocks(kind, name)
+        {
+            self.remove(&r, next)
+        } else {
+            self.put(&r, next, EvType::Modified)
+        };
+        if kind.gr.plural == "customresourcedefinitions" && self.lookup(&r).is_some() {
+            self.register_crd(&obj.value);
+        }
+        self.run_gc();
+        Ok(Written {
+            bytes: render(&obj.value, &obj.bytes, &kind.api_version),
+        })
+    }
+
+    /// A namespace is removed only once empty.
+    fn namespace_blocks(&self, kind: &Kind, name: &str) -> bool {
+        kind.gr.plural == "namespaces"
+            && kind.gr.group.is_empty()
+            && self.ns_counts.get(name).copied().unwrap_or(0) > 0
+    }
+
+    /// The current object (for patches).
+    pub(crate) fn current(&self, kind: &Kind, ns: Option<&str>, name: &str) -> Option<Value> {
+        let o = self.lookup(&Self::objref(kind, ns, name))?;
+        let mut v = (*o.value).clone();
+        v["apiVersion"] = json!(kind.api_version);
+        Some(v)
+    }
+
+    /// DELETE. Answers the object (or a success `Status` for kinds that answer one) and whether it is gone.
+    pub(crate) fn delete(
+        &mut self,
+        kind: &Kind,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> Result<Bytes, ApiError> {
+        let r = Self::objref(kind, ns, name);
+        let cur = self
+            .lookup(&r)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
+        if let Some(uid) = &opts.uid
+            && meta_str(&cur.value, "uid") != Some(uid.as_str())
+        {
+            return Err(ApiError::precondition(
+                kind.subject(name),
+                format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(&cur.value, "uid").unwrap_or_default()
+                ),
+            ));
+        }
+        if let Some(rv) = &opts.resource_version
+            && meta_str(&cur.value, "resourceVersion") != Some(rv.as_str())
+        {
+            return Err(ApiError::precondition(
+                kind.subject(name),
+                format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta_str(&cur.value, "resourceVersion").unwrap_or_default()
+                ),
+            ));
+        }
+        let (obj, gone) = self.delete_ref(&r, opts.propagation);
+        self.run_gc();
+        if gone && !kind.delete_returns_object {
+            let mut details = json!({"name": name, "kind": kind.gr.plural,
+                "uid": meta_str(&obj.value, "uid").unwrap_or_default()});
+            if !kind.gr.group.is_empty() {
+                details["group"] = json!(kind.gr.group);
+            }
+            let s = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details});
+            return Ok(Bytes::from(serde_json::to_vec(&s).unwrap_or_default()));
+        }
+        Ok(render(&obj.value, &obj.bytes, &kind.api_version))
+    }
+
+    /// DELETE of a collection: deletes every match, answers the list of what was deleted.
+    pub(crate) fn delete_collection(
+        &mut self,
+        kind: &Kind,
+        ns: Option<&str>,
+        opts: &ListOpts,
+        del: &DeleteOpts,
+    ) -> Result<Vec<u8>, ApiError> {
+        let refs: Vec<ObjRef> = match self.tables.get(&kind.gr) {
+            Some(t) => t
+                .objects
+                .iter()
+                .filter(|(k, o)| {
+                    (!kind.namespaced || ns.is_none_or(|ns| ns == k.0))
+                        && opts.labels.matches(&o.value)
+                        && opts.fields.matches(&o.value)
+                })
+                .map(|(k, _)| ObjRef {
+                    gr: kind.gr.clone(),
+                    ns: k.0.clone(),
+                    name: k.1.clone(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut items = Vec::new();
+        for r in refs {
+            let (o, _) = self.delete_ref(&r, del.propagation);
+            items.push(render(&o.value, &o.bytes, &kind.api_version));
+        }
+        self.run_gc();
+        let mut out = serde_json::to_vec(
+            &json!({"kind": kind.list_kind, "apiVersion": kind.api_version,
+            "metadata": {"resourceVersion": self.rev.to_string()}}),
+        )
+        .unwrap_or_default();
+        out.pop();
+        out.extend_from_slice(b",\"items\":[");
+        for (i, it) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(it);
+        }
+        out.extend_from_slice(b"]}");
+        Ok(out)
+    }
+
+    /// Deletes one existing object per policy. Answers its last state and whether it is gone.
+    fn delete_ref(&mut self, r: &ObjRef, policy: Propagation) -> (Obj, bool) {
+        let Some(cur) = self.lookup(r).cloned() else {
+            return (
+                Obj {
+                    value: Arc::new(Value::Null),
+                    bytes: Bytes::from_static(b"null"),
+                },
+                true,
+            );
+        };
+        if is_deleting(&cur.value) {
+            return (cur, false);
+        }
+        let uid = meta_str(&cur.value, "uid").unwrap_or_default().to_string();
+        let is_namespace = r.gr.group.is_empty() && r.gr.plural == "namespaces";
+        if policy == Propagation::Orphan {
+            self.orphan_dependents(&uid);
+        }
+        let mut v = (*cur.value).clone();
+        let mut fins = finalizers(&v);
+        let blocking = self.blocking_dependents(&uid);
+        if policy == Propagation::Foreground && blocking && !fins.iter().any(|f| f == FOREGROUND) {
+            fins.push(FOREGROUND.to_string());
+            set_finalizers(&mut v, fins.clone());
+        }
+        let ns_busy = is_namespace && self.ns_counts.get(&r.name).copied().unwrap_or(0) > 0;
+        if fins.is_empty() && !ns_busy {
+            let obj = self.remove(r, v);
+            return (obj, true);
+        }
+        let now = self.clock.now();
+        let m = meta_mut(&mut v);
+        m.insert("deletionTimestamp".into(), json!(now));
+        m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        if is_namespace {
+            v["status"] = json!({"phase": "Terminating"});
+        }
+        let obj = self.put(r, v, EvType::Modified);
+        if policy == Propagation::Foreground {
+            let deps: Vec<ObjRef> = self
+                .dependents
+                .get(&uid)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            for d in deps {
+                self.delete_ref(&d, Propagation::Background);
+            }
+            self.gc.push_back(Gc::Removed {
+                uid: String::new(),
+                owners: vec![uid],
+            });
+        }
+        if is_namespace {
+            let contents: Vec<ObjRef> = self
+                .tables
+                .iter()
+                .filter(|(_, t)| t.namespaced)
+                .flat_map(|(gr, t)| {
+                    t.objects
+                        .range((r.name.clone(), String::new())..)
+                        .take_while(|(k, _)| k.0 == r.name)
+                        .map(|(k, _)| ObjRef {
+                            gr: gr.clone(),
+                            ns: k.0.clone(),
+                            name: k.1.clone(),
+                        })
+                })
+                .collect();
+            for c in contents {
+                self.delete_ref(&c, Propagation::Background);
+            }
+            self.gc.push_back(Gc::Namespace(r.name.clone()));
+        }
+        let latest = self.lookup(r).cloned().unwrap_or(obj);
+        (latest, false)
+    }
+
+    fn blocking_dependents(&self, uid: &str) -> bool {
+        self.dependents.get(uid).is_some_and(|deps| {
+            deps.iter().any(|d| {
+                self.lookup(d).is_some_and(|o| {
+                    owner_refs(&o.value)
+                        .iter()
+                        .any(|(u, block)| u == uid && *block)
+                })
+            })
+        })
+    }
+
+    fn orphan_dependents(&mut self, uid: &str) {
+        let deps: Vec<ObjRef> = self
+            .dependents
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for d in deps {
+            if let Some(o) = self.lookup(&d).cloned() {
+                let mut v = (*o.value).clone();
+                let m = meta_mut(&mut v);
+                if let Some(Value::Array(refs)) = m.get_mut("ownerReferences") {
+                    refs.retain(|o| o.get("uid").and_then(Value::as_str) != Some(uid));
+                    if refs.is_empty() {
+                        m.remove("ownerReferences");
+                    }
+                }
+                self.put(&d, v, EvType::Modified);
+            }
+        }
+    }
+
+    /// Removes a finalizer from an existing object (an internal controller's write).
+    fn drop_finalizer(&mut self, r: &ObjRef, fin: &str) {
+        let Some(o) = self.lookup(r).cloned() else {
+            return;
+        };
+        let mut v = (*o.value).clone();
+        let fins: Vec<String> = finalizers(&v).into_iter().filter(|f| f != fin).collect();
+        set_finalizers(&mut v, fins.clone());
+        let is_namespace = r.gr.group.is_empty() && r.gr.plural == "namespaces";
+        if fins.is_empty()
+            && is_deleting(&v)
+            && !(is_namespace && self.ns_counts.get(&r.name).copied().unwrap_or(0) > 0)
+        {
+            self.remove(r, v);
+        } else {
+            self.put(r, v, EvType::Modified);
+        }
+    }
+
+    /// The in-process garbage collector and namespace controller: runs until nothing is left to do.
+    fn run_gc(&mut self) {
+        while let Some(work) = self.gc.pop_front() {
+            match work {
+                Gc::Removed { uid, owners } => {
+                    // Dependents whose owners are all gone are deleted (background).
+                    if !uid.is_empty() {
+                        let deps: Vec<ObjRef> = self
+                            .dependents
+                            .get(&uid)
+                            .map(|s| s.iter().cloned().collect())
+                            .unwrap_or_default();
+                        for d in deps {
+                            let Some(o) = self.lookup(&d) else { continue };
+                            let all_gone = owner_refs(&o.value)
+                                .iter()
+                                .all(|(u, _)| !self.uids.contains_key(u));
+                            if all_gone {
+                                self.delete_ref(&d, Propagation::Background);
+                            }
+                        }
+                    }
+                    // Owners waiting in foreground deletion may now be free.
+                    for owner in owners {
+                        let Some(r) = self.uids.get(&owner).cloned() else {
+                            continue;
+                        };
+                        let Some(o) = self.lookup(&r) else { continue };
+                        if is_deleting(&o.value)
+                            && finalizers(&o.value).iter().any(|f| f == FOREGROUND)
+                            && !self.blocking_dependents(&owner)
+                        {
+                            self.drop_finalizer(&r, FOREGROUND);
+                        }
+                    }
+                }
+                Gc::CrdRemoved => self.unregister_removed_crds(),
+                Gc::Namespace(ns) => {
+                    if self.ns_counts.get(&ns).copied().unwrap_or(0) > 0 {
+                        continue;
+                    }
+                    let r = ObjRef {
+                        gr: Gr {
+                            group: String::new(),
+                            plural: "namespaces".into(),
+                        },
+                        ns: String::new(),
+                        name: ns,
+                    };
+                    if let Some(o) = self.lookup(&r)
+                        && is_deleting(&o.value)
+                        && finalizers(&o.value).is_empty()
+                    {
+                        let v = (*o.value).clone();
+                        self.remove(&r, v);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- custom resource definitions ----------------------------------------------------------------
+
+    /// Validates a CRD's spec enough to serve it, and sets its status (Established at once).
+    fn prepare_crd(&mut self, crd: &mut Value, name: &str) -> Result<(), ApiError> {
+        let inv = |field: &str, why: &str| {
+            ApiError::invalid(
+                "apiextensions.k8s.io",
+                "CustomResourceDefinition",
+                name,
+                field,
+                why.to_string(),
+            )
+        };
+        let spec = crd
+            .get("spec")
+            .ok_or_else(|| inv("spec", "Required value"))?;
+        let group = spec
+            .get("group")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let plural = spec
+            .pointer("/names/plural")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let kind = spec
+            .pointer("/names/kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if group.is_empty() || !group.contains('.') {
+            return Err(inv(
+                "spec.group",
+                "Invalid value: should be a domain with at least one dot",
+            ));
+        }
+        if plural.is_empty() || kind.is_empty() {
+            return Err(inv(
+                "spec.names",
+                "Required value: plural and kind are required",
+            ));
+        }
+        if name != format!("{plural}.{group}") {
+            return Err(inv(
+                "metadata.name",
+                "Invalid value: must be spec.names.plural+\".\"+spec.group",
+            ));
+        }
+        match spec.get("scope").and_then(Value::as_str) {
+            Some("Namespaced") | Some("Cluster") => {}
+            _ => {
+                return Err(inv(
+                    "spec.scope",
+                    "Unsupported value: supported values: \"Cluster\", \"Namespaced\"",
+                ));
+            }
+        }
+        let versions = spec
+            .get("versions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if versions.is_empty()
+            || versions.iter().any(|v| {
+                v.get("name")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+            })
+        {
+            return Err(inv(
+                "spec.versions",
+                "Invalid value: must have at least one named version",
+            ));
+        }
+        if versions
+            .iter()
+            .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+            .count()
+            != 1
+        {
+            return Err(inv(
+                "spec.versions",
+                "Invalid value: must have exactly one version marked as storage version",
+            ));
+        }
+        // Another CRD must not serve the same group/plural.
+        if let Some(existing) = self
+            .routes
+            .values()
+            .find(|k| k.gr.group == group && k.gr.plural == plural)
+            && !existing.custom
+        {
+            return Err(inv(
+                "spec.names.plural",
+                "Invalid value: already served by a built-in resource",
+            ));
+        }
+        let storage = versions
+            .iter()
+            .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+            .and_then(|v| v.get("name").cloned())
+            .unwrap_or(Value::Null);
+        let mut names = spec.get("names").cloned().unwrap_or(json!({}));
+        if names.get("singular").is_none() {
+            names["singular"] = json!(kind.to_lowercase());
+        }
+        if names.get("listKind").is_none() {
+            names["listKind"] = json!(format!("{kind}List"));
+        }
+        let now = self.clock.now();
+        crd["status"] = json!({
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                 "message": "no conflicts found", "lastTransitionTime": now},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                 "message": "the initial names have been accepted", "lastTransitionTime": now},
+            ],
+            "acceptedNames": names,
+            "storedVersions": [storage],
+        });
+        Ok(())
+    }
+
+    /// Serves a (validated) CRD's versions.
+    fn register_crd(&mut self, crd: &Value) {
+        let spec = &crd["spec"];
+        let group = spec["group"].as_str().unwrap_or_default().to_string();
+        let plural = spec["names"]["plural"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let kind = spec["names"]["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let list_kind = spec["names"]["listKind"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{kind}List"));
+        let namespaced = spec["scope"].as_str() == Some("Namespaced");
+        self.routes
+            .retain(|(g, _, p), _| !(g == &group && p == &plural));
+        for v in spec["versions"].as_array().into_iter().flatten() {
+            if v.get("served").and_then(Value::as_bool) == Some(false) {
+                continue;
+            }
+            let version = v["name"].as_str().unwrap_or_default().to_string();
+            self.add_route(Kind {
+                gr: Gr {
+                    group: group.clone(),
+                    plural: plural.clone(),
+                },
+                api_version: format!("{group}/{version}"),
+                version,
+                kind: kind.clone(),
+                list_kind: list_kind.clone(),
+                namespaced,
+                status: v.pointer("/subresources/status").is_some(),
+                generation: true,
+                custom: true,
+                delete_returns_object: true,
+            });
+        }
+    }
+
+    /// Stops serving a CRD's kind once the CRD is gone, deleting its objects (their watches end).
+    fn unregister_removed_crds(&mut self) {
+        let crds = Gr {
+            group: "apiextensions.k8s.io".into(),
+            plural: "customresourcedefinitions".into(),
+        };
+        let live: HashSet<String> = self
+            .tables
+            .get(&crds)
+            .map(|t| t.objects.keys().map(|k| k.1.clone()).collect())
+            .unwrap_or_default();
+        let dead: Vec<Gr> = self
+            .routes
+            .values()
+            .filter(|k| k.custom && !live.contains(&format!("{}.{}", k.gr.plural, k.gr.group)))
+            .map(|k| k.gr.clone())
+            .collect();
+        for gr in dead {
+            self.routes
+                .retain(|(g, _, p), _| !(g == &gr.group && p == &gr.plural));
+            if let Some(t) = self.tables.get(&gr) {
+                let keys: Vec<(String, String)> = t.objects.keys().cloned().collect();
+                for (ns, name) in keys {
+                    let r = ObjRef {
+                        gr: gr.clone(),
+                        ns,
+                        name,
+                    };
+                    if let Some(o) = self.lookup(&r) {
+                        let v = (*o.value).clone();
+                        self.remove(&r, v);
+                    }
+                }
+            }
+            self.tables.remove(&gr);
+        }
+    }
+
+    /// Installs a CRD given as JSON: create, or replace the spec of an existing one.
+    pub(crate) fn install_crd(&mut self, mut crd: Value) -> Result<(), ApiError> {
+        let kind = self
+            .resolve("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+            .ok_or_else(ApiError::no_route)?;
+        crd["apiVersion"] = json!("apiextensions.k8s.io/v1");
+        crd["kind"] = json!("CustomResourceDefinition");
+        let name = meta_str(&crd, "name").unwrap_or_default().to_string();
+        if let Some(mut cur) = self.current(&kind, None, &name) {
+            cur["spec"] = crd.get("spec").cloned().unwrap_or(Value::Null);
+            self.update(&kind, None, &name, cur, false, WriteKind::Patch, false)?;
+        } else {
+            self.create(&kind, None, crd)?;
+        }
+        Ok(())
+    }
+}

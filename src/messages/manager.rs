@@ -1,0 +1,44 @@
+//! Messages a manager supervisor receives.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use kube::runtime::reflector::ObjectRef;
+use ractor::ActorId;
+
+/// What a resource actor remembers across passivation (everything else is in the reflector
+/// store): the versions it has already handled, so a re-activation does not redo finished work.
+#[derive(Clone, Debug, Default)]
+pub struct PassiveState {
+    /// `metadata.resourceVersion` of the object the last pass ran on.
+    pub last_run_version: Option<u64>,
+    /// Resource versions produced by the actor's own writes (their watch echoes do not re-run).
+    pub own_writes: Vec<u64>,
+    /// Consecutive transient failures (the error backoff position).
+    pub error_attempts: u32,
+    /// A pending wake-up, as a delay from the moment of passivation.
+    pub wake_in: Option<Duration>,
+    /// A pass was due when the actor passivated (re-activate at once).
+    pub pending_run: bool,
+}
+
+/// What a manager supervisor handles. Resource actors are its linked children; their failures
+/// reach it as supervision events, not messages.
+#[derive(Debug)]
+pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
+    /// The feeder has an event for an object without a live actor (new, passive, restarting,
+    /// quarantined): activate it if appropriate.
+    Event(ObjectRef<K>),
+    /// An object without a live actor was deleted from the API.
+    Gone(ObjectRef<K>),
+    /// After a (re-)list, the keys that exist; every other known key is gone.
+    Resync(HashSet<ObjectRef<K>>),
+    /// The restart backoff of this key elapsed.
+    Restart(ObjectRef<K>),
+    /// A live actor has been idle for the idle timeout and asks to passivate.
+    Idle(ObjectRef<K>, ActorId),
+    /// Wake this key (dependency ready, reference released, or a passive timer fired).
+    Notify(ObjectRef<K>),
+    /// A passive key's timer fired (token guards against stale timers).
+    PassiveWake(ObjectRef<K>, u64),
+}

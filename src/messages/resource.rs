@@ -1,0 +1,23 @@
+//! Messages a resource actor receives.
+
+use std::sync::Arc;
+
+/// What a resource actor handles, one at a time, so one object never has two runs at once.
+#[derive(Debug)]
+pub enum ResourceMsg<K> {
+    /// The watch feeder observed a new version of the object.
+    Observed(Arc<K>),
+    /// The object is gone from the API: stop and be forgotten.
+    Gone,
+    /// Self-message: run a pass now if one is due (coalesces any number of triggers).
+    Run,
+    /// The pending timer with this token fired (stale tokens are ignored).
+    Wake(u64),
+    /// A dependency became Ready, or a referrer released this object: run now.
+    Notify,
+    /// Self-message: the idle timer with this token fired.
+    IdleCheck(u64),
+    /// From the manager: stop now, leaving a [`PassiveState`](super::PassiveState) in the final
+    /// state the manager receives (sent only after the manager stopped routing events here).
+    Passivate,
+}

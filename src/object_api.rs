@@ -1,0 +1,95 @@
+//! A typed object API that works for namespaced and cluster-scoped kinds alike.
+//!
+//! kube 5's `Api<K>` checks a kind's scope at compile time (`Api::namespaced` needs
+//! `K: Resource<Scope = NamespaceResourceScope>`), which a runtime generic over every kind cannot
+//! name. This wrapper builds the same requests with kube's own `Request` builder from
+//! `K::url_path(&(), namespace)` and sends them through the same `Client`.
+
+use kube::api::{DeleteParams, GetParams, Patch, PatchParams};
+use kube::core::Request;
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Whether `K` is cluster-scoped. k8s-openapi's scopes are marker types without methods, and a
+/// `TypeId` comparison would need `K::Scope: 'static` bounds everywhere; the type's name is
+/// enough to tell the two concrete scopes apart.
+pub(crate) fn is_cluster_scoped<K: Resource>() -> bool {
+    std::any::type_name::<K::Scope>().ends_with("ClusterResourceScope")
+}
+
+/// Typed requests for one kind in one namespace (or cluster scope).
+pub(crate) struct ObjectApi<K> {
+    client: Client,
+    request: Request,
+    _k: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K> ObjectApi<K>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    /// The API for `namespace` (ignored for cluster-scoped kinds).
+    pub(crate) fn new(client: Client, namespace: Option<&str>) -> Self {
+        let namespace = if is_cluster_scoped::<K>() {
+            None
+        } else {
+            namespace
+        };
+        Self {
+            client,
+            request: Request::new(K::url_path(&(), namespace)),
+            _k: std::marker::PhantomData,
+        }
+    }
+
+    pub(crate) async fn patch<P: Serialize + std::fmt::Debug>(
+        &self,
+        name: &str,
+        pp: &PatchParams,
+        patch: &Patch<P>,
+    ) -> Result<K, kube::Error> {
+        let req = self
+            .request
+            .patch(name, pp, patch)
+            .map_err(kube::Error::BuildRequest)?;
+        self.client.request(req).await
+    }
+
+    pub(crate) async fn patch_status<P: Serialize + std::fmt::Debug>(
+        &self,
+        name: &str,
+        pp: &PatchParams,
+        patch: &Patch<P>,
+    ) -> Result<K, kube::Error> {
+        let req = self
+            .request
+            .patch_subresource("status", name, pp, patch)
+            .map_err(kube::Error::BuildRequest)?;
+        self.client.request(req).await
+    }
+
+    pub(crate) async fn get_opt(&self, name: &str) -> Result<Option<K>, kube::Error> {
+        let req = self
+            .request
+            .get(name, &GetParams::default())
+            .map_err(kube::Error::BuildRequest)?;
+        match self.client.request(req).await {
+            Ok(o) => Ok(Some(o)),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Delete; `Ok(())` whether it went at once or was marked for deletion.
+    pub(crate) async fn delete(&self, name: &str, dp: &DeleteParams) -> Result<(), kube::Error> {
+        let req = self
+            .request
+            .delete(name, dp)
+            .map_err(kube::Error::BuildRequest)?;
+        self.client
+            .request_status::<serde_json::Value>(req)
+            .await
+            .map(|_| ())
+    }
+}

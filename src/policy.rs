@@ -1,0 +1,329 @@
+//! The supervisor policy: how resource actors are restarted, backed off, woken and limited.
+//!
+//! Modelled on OTP supervisors and Akka's backoff supervisor. Every knob has a default and can be
+//! set in code or loaded from TOML, where durations are human-readable (`"250ms"`, `"10s"`,
+//! `"5m"`):
+//!
+//! ```
+//! use actorcile::policy::{SupervisorPolicy, Exhausted};
+//! let p = SupervisorPolicy::from_toml(r#"
+//!     yield_delay = "2s"
+//!     max_concurrent_runs = 32
+//!     [restart]
+//!     max_restarts = 3
+//!     window = "1m"
+//!     on_exhausted = "quarantine"
+//!     [restart.backoff]
+//!     min = "100ms"
+//!     max = "30s"
+//! "#).unwrap();
+//! assert_eq!(p.max_concurrent_runs, 32);
+//! assert_eq!(p.restart.on_exhausted, Exhausted::Quarantine);
+//!
+//! let err = SupervisorPolicy::from_toml("yield_delay = \"soon\"").unwrap_err();
+//! assert!(err.to_string().contains("yield_delay"));
+//! ```
+//!
+//! | knob | default | meaning |
+//! |---|---|---|
+//! | `restart.max_restarts` / `restart.window` | 5 in 60 s | restart intensity: more failures than this within the window and `on_exhausted` applies |
+//! | `restart.on_exhausted` | `quarantine` | `quarantine`: phase Failed, reason Quarantined, no restarts until the object's generation changes; `escalate`: the kind's manager fails and the runtime stops with an error |
+//! | `restart.backoff` | 100 ms … 30 s, ×2, jitter, reset after 60 s | delay before restarting a failed actor |
+//! | `error_backoff` | 200 ms … 5 min, ×2, jitter | per-resource delay after a transient failure; resets on success |
+//! | `yield_delay` | 5 s | delay after a `Yield` without `after` |
+//! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
+//! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
+//! | `max_concurrent_runs` | 64 | provisioner runs in flight across the runtime |
+//! | `idle_timeout` | 30 s | an actor idle this long passivates (stops; re-activated by its next event, timer or message); `none` never |
+//! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
+
+use std::path::Path;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use serde::{Deserialize, Serialize};
+
+/// Everything the manager supervisor and the resource actors are tuned by.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SupervisorPolicy {
+    /// Restart of failed (erroring or panicking) resource actors.
+    pub restart: RestartPolicy,
+    /// Per-resource backoff after a transient provisioning failure.
+    pub error_backoff: BackoffPolicy,
+    /// Delay after a `Yield` without an explicit `after`.
+    #[serde(with = "humantime_serde")]
+    pub yield_delay: Duration,
+    /// Re-run Ready resources this often to detect drift (`None`: never).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Option<Duration>,
+    /// Jitter of the poll interval, a fraction in `[0, 1]`.
+    pub poll_jitter: f64,
+    /// Slow fallback re-check while waiting on a dependency.
+    #[serde(with = "humantime_serde")]
+    pub dependency_poll: Duration,
+    /// Provisioner runs in flight across the runtime.
+    pub max_concurrent_runs: usize,
+    /// Idle time after which a resource actor passivates (`None`: never).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    /// How long graceful shutdown waits for in-flight runs.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// Seed for jitter (`None`: random). Set it for reproducible simulations.
+    pub seed: Option<u64>,
+}
+
+impl Default for SupervisorPolicy {
+    fn default() -> Self {
+        Self {
+            restart: RestartPolicy::default(),
+            error_backoff: BackoffPolicy {
+                min: Duration::from_millis(200),
+                max: Duration::from_secs(300),
+                factor: 2.0,
+                jitter: true,
+                reset_after: Duration::from_secs(300),
+            },
+            yield_delay: Duration::from_secs(5),
+            poll_interval: None,
+            poll_jitter: 0.1,
+            dependency_poll: Duration::from_secs(60),
+            max_concurrent_runs: 64,
+            idle_timeout: Some(Duration::from_secs(30)),
+            shutdown_timeout: Duration::from_secs(30),
+            seed: None,
+        }
+    }
+}
+
+/// Restart intensity and backoff for failed resource actors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `window` before `on_exhausted` applies.
+    pub max_restarts: u32,
+    /// The intensity window.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// What happens past the intensity limit.
+    pub on_exhausted: Exhausted,
+    /// Delay before each restart.
+    pub backoff: BackoffPolicy,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            max_restarts: 5,
+            window: Duration::from_secs(60),
+            on_exhausted: Exhausted::Quarantine,
+            backoff: BackoffPolicy::default(),
+        }
+    }
+}
+
+/// What the supervisor does when a resource's actor fails more often than the restart intensity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exhausted {
+    /// Phase Failed, reason Quarantined; no restarts until the object's generation changes.
+    Quarantine,
+    /// The kind's manager fails; the runtime stops with [`Error::Escalated`](crate::Error::Escalated).
+    Escalate,
+}
+
+/// Exponential backoff with optional jitter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackoffPolicy {
+    /// First delay.
+    #[serde(with = "humantime_serde")]
+    pub min: Duration,
+    /// Largest delay.
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    /// Growth factor (≥ 1).
+    pub factor: f64,
+    /// Add random jitter to each delay (up to +100 % of it, as backon does).
+    pub jitter: bool,
+    /// A quiet period this long resets the backoff to `min`.
+    #[serde(with = "humantime_serde")]
+    pub reset_after: Duration,
+}
+
+impl Default for BackoffPolicy {
+    fn default() -> Self {
+        Self {
+            min: Duration::from_millis(100),
+            max: Duration::from_secs(30),
+            factor: 2.0,
+            jitter: true,
+            reset_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl BackoffPolicy {
+    /// A fresh backoff sequence (endless), seeded when `seed` is given.
+    pub fn sequence(&self, seed: Option<u64>) -> ExponentialBackoff {
+        let mut b = ExponentialBuilder::default()
+            .with_min_delay(self.min)
+            .with_max_delay(self.max)
+            .with_factor(self.factor as f32)
+            .without_max_times();
+        if self.jitter {
+            b = b.with_jitter();
+        }
+        if let Some(seed) = seed {
+            b = b.with_jitter_seed(seed);
+        }
+        b.build()
+    }
+
+    fn validate(&self, field: &str) -> Result<(), PolicyError> {
+        if !(self.factor.is_finite() && self.factor >= 1.0) {
+            return Err(PolicyError::invalid(
+                format!("{field}.factor"),
+                "must be a number ≥ 1",
+            ));
+        }
+        if self.min > self.max {
+            return Err(PolicyError::invalid(
+                format!("{field}.min"),
+                "must not exceed max",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An invalid policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The file could not be read.
+    #[error("cannot read policy file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML does not parse or names an unknown or mistyped field (the message names it).
+    #[error("invalid policy: {0}")]
+    Parse(String),
+    /// A field has an invalid value.
+    #[error("invalid policy: field `{field}` {reason}")]
+    Invalid {
+        /// Dotted path of the field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl PolicyError {
+    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        PolicyError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl SupervisorPolicy {
+    /// Parse and validate a policy from TOML; missing fields take their defaults.
+    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
+        let p: Self = toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Read [`SupervisorPolicy::from_toml`] from a file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, PolicyError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            PolicyError::Parse(m) => PolicyError::Parse(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Check values a type cannot express.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        self.restart.backoff.validate("restart.backoff")?;
+        self.error_backoff.validate("error_backoff")?;
+        if self.max_concurrent_runs == 0 {
+            return Err(PolicyError::invalid(
+                "max_concurrent_runs",
+                "must be at least 1",
+            ));
+        }
+        if self.restart.window.is_zero() {
+            return Err(PolicyError::invalid(
+                "restart.window",
+                "must be longer than zero",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.poll_jitter) {
+            return Err(PolicyError::invalid("poll_jitter", "must be within [0, 1]"));
+        }
+        if self.idle_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(PolicyError::invalid(
+                "idle_timeout",
+                "must be longer than zero (or omitted)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip_through_toml() {
+        let p = SupervisorPolicy::default();
+        let text = toml::to_string(&p).unwrap();
+        assert_eq!(SupervisorPolicy::from_toml(&text).unwrap(), p);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = SupervisorPolicy::from_toml("max_concurrent_runs = 0").unwrap_err();
+        assert!(e.to_string().contains("max_concurrent_runs"), "{e}");
+        let e = SupervisorPolicy::from_toml("[restart.backoff]\nfactor = 0.5").unwrap_err();
+        assert!(e.to_string().contains("restart.backoff.factor"), "{e}");
+        let e = SupervisorPolicy::from_toml("bogus_knob = 1").unwrap_err();
+        assert!(e.to_string().contains("bogus_knob"), "{e}");
+        let e = SupervisorPolicy::from_toml("[restart]\nmax_restarts = \"many\"").unwrap_err();
+        assert!(e.to_string().contains("max_restarts"), "{e}");
+        let e = SupervisorPolicy::from_toml("[restart]\non_exhausted = \"explode\"").unwrap_err();
+        assert!(
+            e.to_string().contains("on_exhausted") || e.to_string().contains("explode"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn backoff_grows_to_max_and_is_reproducible_with_a_seed() {
+        let b = BackoffPolicy {
+            min: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            factor: 2.0,
+            jitter: false,
+            reset_after: Duration::from_secs(10),
+        };
+        // backon computes in f32: compare at millisecond resolution
+        let d: Vec<u128> = b.sequence(None).take(6).map(|d| d.as_millis()).collect();
+        assert_eq!(d, vec![100, 200, 400, 800, 1000, 1000]);
+        let j = BackoffPolicy { jitter: true, ..b };
+        let a: Vec<Duration> = j.sequence(Some(7)).take(5).collect();
+        let c: Vec<Duration> = j.sequence(Some(7)).take(5).collect();
+        assert_eq!(a, c);
+    }
+}

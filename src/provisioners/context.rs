@@ -1,0 +1,189 @@
+//! The explicit, typed context a provisioner runs with.
+
+use std::sync::Arc;
+
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+
+use crate::provisioners::{Outcome, Reason};
+use crate::references::{Readiness, ReferenceApi, Target};
+use crate::status::ResourceStatus;
+
+/// Everything a provisioner may use, passed explicitly (no task-locals, no globals).
+///
+/// A context is cheap to clone. It carries the object being reconciled (the latest observed
+/// version when the pass started), a [`kube::Client`] for the current cluster scope (the
+/// [`remote`](super::remote) combinator swaps it), the reference / readiness API, the
+/// object's current actorcile status, and an event recorder.
+pub struct Context<K> {
+    inner: Arc<Inner<K>>,
+    client: Client,
+}
+
+struct Inner<K> {
+    object: Arc<K>,
+    status: ResourceStatus,
+    recorder: Option<Recorder>,
+    references: Option<Arc<dyn ReferenceApi>>,
+    field_manager: String,
+}
+
+impl<K> Clone for Context<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl<K> Context<K> {
+    /// A context for `object`, talking to the cluster through `client`.
+    ///
+    /// The runtime builds contexts for you; build one yourself to unit-test a provisioner.
+    pub fn new(object: Arc<K>, client: Client) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                object,
+                status: ResourceStatus::default(),
+                recorder: None,
+                references: None,
+                field_manager: crate::FIELD_MANAGER.to_string(),
+            }),
+            client,
+        }
+    }
+
+    /// Attach the object's current status, an event recorder and the reference API.
+    pub(crate) fn with_parts(
+        object: Arc<K>,
+        client: Client,
+        status: ResourceStatus,
+        recorder: Option<Recorder>,
+        references: Option<Arc<dyn ReferenceApi>>,
+        field_manager: String,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                object,
+                status,
+                recorder,
+                references,
+                field_manager,
+            }),
+            client,
+        }
+    }
+
+    /// The object being reconciled.
+    pub fn object(&self) -> &Arc<K> {
+        &self.inner.object
+    }
+
+    /// The client for the current cluster scope.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The same context against another cluster (used by [`remote`](super::remote)).
+    pub fn with_client(&self, client: Client) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            client,
+        }
+    }
+
+    /// The actorcile-managed status of the object when the pass started.
+    pub fn status(&self) -> &ResourceStatus {
+        &self.inner.status
+    }
+
+    /// The field manager used for server-side apply.
+    pub fn field_manager(&self) -> &str {
+        &self.inner.field_manager
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Context<K> {
+    /// A reference to the object, for Events and owner references.
+    pub fn target(&self) -> Target {
+        Target::of(self.object().as_ref())
+    }
+
+    /// Publish a Kubernetes Event about the object (best effort: failures are logged, not returned).
+    pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: Option<String>) {
+        let Some(recorder) = &self.inner.recorder else {
+            return;
+        };
+        let ev = Event {
+            type_,
+            reason: reason.to_string(),
+            note,
+            action: action.to_string(),
+            secondary: None,
+        };
+        let reference = self.object().object_ref(&());
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::debug!(error = %e, "could not publish event");
+        }
+    }
+
+    /// Proceed only if `target` (a resource managed by this runtime) is Ready.
+    ///
+    /// Returns `None` when the target is Ready, so the caller continues; otherwise the outcome
+    /// to return: [`Outcome::Waiting`] while the target exists but is not Ready (this resource's
+    /// actor is woken by a message the moment it becomes Ready), or, when the target does not
+    /// exist, [`Outcome::Waiting`] too (it may be created later) — use
+    /// [`Context::readiness`] to treat a missing target differently, e.g. as Terminal.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # async fn f<K: kube::Resource<DynamicType = ()>>(cx: &Context<K>) -> Outcome {
+    /// let db = Target::new("example.com/v1", "Database", Some("default"), "main");
+    /// if let Some(wait) = cx.require_ready(&db).await {
+    ///     return wait;
+    /// }
+    /// // ... the database is Ready here
+    /// Outcome::Done
+    /// # }
+    /// ```
+    pub async fn require_ready(&self, target: &Target) -> Option<Outcome> {
+        match self.readiness(target).await {
+            Readiness::Ready => None,
+            Readiness::NotReady | Readiness::Missing => Some(Outcome::Waiting {
+                target: target.clone(),
+                reason: Reason::new(
+                    "DependencyNotReady",
+                    format!("waiting for {target} to become Ready"),
+                ),
+            }),
+        }
+    }
+
+    /// Whether `target` is Ready, not Ready, or missing, registering this resource as a waiter
+    /// when it is not Ready.
+    pub async fn readiness(&self, target: &Target) -> Readiness {
+        match &self.inner.references {
+            Some(r) => r.readiness(&self.target(), target).await,
+            None => Readiness::Missing,
+        }
+    }
+
+    /// Record that this resource references `target`: the target's deletion waits until every
+    /// referrer released it. Persisted on the target, so it survives restarts.
+    pub async fn add_reference(&self, target: &Target) -> Result<(), crate::Error> {
+        match &self.inner.references {
+            Some(r) => r.add_reference(&self.target(), target).await,
+            None => Err(crate::Error::NoReferenceApi),
+        }
+    }
+
+    /// Release a reference taken with [`Context::add_reference`]. Releasing one that was not
+    /// taken is a no-op.
+    pub async fn release_reference(&self, target: &Target) -> Result<(), crate::Error> {
+        match &self.inner.references {
+            Some(r) => r.release_reference(&self.target(), target).await,
+            None => Err(crate::Error::NoReferenceApi),
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Provisioners: idempotent Provision/Deprovision steps and the combinators that compose them.
+//!
+//! A provisioner tree describes *what* a resource needs; the runtime's resource actor decides
+//! *when* to run it. Every step is revisited on every pass, so it must be idempotent, and a step
+//! that would wait on something external returns [`Outcome::Yield`] instead of blocking.
+//!
+//! Provisioners know nothing of actors: they get an explicit [`Context`] and return an
+//! [`Outcome`].
+//!
+//! ```
+//! use actorcile::prelude::*;
+//! use std::time::Duration;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "App", namespaced)]
+//! # struct AppSpec { replicas: i32 }
+//!
+//! fn tree() -> impl Provisioner<App> {
+//!     serial![
+//!         step("validate", |cx: Context<App>| async move {
+//!             if cx.object().spec.replicas < 1 {
+//!                 return Outcome::Terminal(Reason::new("InvalidReplicas", "replicas must be >= 1"));
+//!             }
+//!             Outcome::Done
+//!         }),
+//!         concurrent![
+//!             step("network", |_cx: Context<App>| async { Outcome::Done }),
+//!             step("storage", |_cx: Context<App>| async {
+//!                 Outcome::yield_after(Duration::from_secs(1), Reason::new("VolumeAttaching", "volume is attaching"))
+//!             }),
+//!         ],
+//!     ]
+//! }
+//! ```
+
+mod combinators;
+mod context;
+mod outcome;
+mod resource;
+mod step;
+
+use async_trait::async_trait;
+
+pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, serial};
+pub use context::Context;
+pub use outcome::{Outcome, ProvisionError, Reason};
+pub use resource::{ResourceProvisioner, resource};
+pub use step::{Step, step};
+
+/// One idempotent step of a resource's provisioning.
+///
+/// `provision` drives the world towards the object's spec; `deprovision` undoes it when the
+/// object is deleted. Both are called again on every pass until they return [`Outcome::Done`].
+#[async_trait]
+pub trait Provisioner<K>: Send + Sync {
+    /// A short name, used in logs and in the `step` of status messages.
+    fn name(&self) -> &str;
+    /// Bring this step to its desired state, or say why not yet.
+    async fn provision(&self, cx: &Context<K>) -> Outcome;
+    /// Undo this step, or say why not yet.
+    async fn deprovision(&self, cx: &Context<K>) -> Outcome;
+}
+
+/// A shared, type-erased provisioner (what combinators hold).
+pub type BoxProvisioner<K> = std::sync::Arc<dyn Provisioner<K>>;
+
+/// Turn a provisioner into a [`BoxProvisioner`] (used by the combinator macros).
+pub fn boxed<K, P: Provisioner<K> + 'static>(p: P) -> BoxProvisioner<K> {
+    std::sync::Arc::new(p)
+}
+
+#[async_trait]
+impl<K: Send + Sync> Provisioner<K> for BoxProvisioner<K> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    async fn provision(&self, cx: &Context<K>) -> Outcome {
+        (**self).provision(cx).await
+    }
+    async fn deprovision(&self, cx: &Context<K>) -> Outcome {
+        (**self).deprovision(cx).await
+    }
+}
+
+/// `serial![a, b, c]`: provision in order, stopping at the first non-done child; deprovision in
+/// reverse order. See [`serial`].
+#[macro_export]
+macro_rules! serial {
+    ($($p:expr),* $(,)?) => {
+        $crate::provisioners::serial("serial", vec![$($crate::provisioners::boxed($p)),*])
+    };
+}
+
+/// `concurrent![a, b, c]`: run every child in the same pass and merge outcomes. See [`concurrent`].
+#[macro_export]
+macro_rules! concurrent {
+    ($($p:expr),* $(,)?) => {
+        $crate::provisioners::concurrent("concurrent", vec![$($crate::provisioners::boxed($p)),*])
+    };
+}

@@ -1,0 +1,268 @@
+//! The result of one provision or deprovision pass, and how results of siblings merge.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::references::Target;
+
+/// A typed, user-readable explanation attached to a non-done [`Outcome`].
+///
+/// A reason has a machine-readable `code` (CamelCase, like a Kubernetes condition reason) and a
+/// message meant for the resource's owner. It is **never** raw error text: internal errors travel in
+/// [`Outcome::Failed::errors`] and go to logs and Events, not to status.
+///
+/// ```
+/// use actorcile::provisioners::Reason;
+/// let r = Reason::new("ReplicasInvalid", "spec.replicas must be between 1 and 10");
+/// assert_eq!(r.code(), "ReplicasInvalid");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Reason {
+    code: Cow<'static, str>,
+    message: Cow<'static, str>,
+}
+
+impl Reason {
+    /// A reason with a code and a human-readable message.
+    pub fn new(code: impl Into<Cow<'static, str>>, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The machine-readable code, e.g. `WaitingForDatabase`.
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The message shown to the resource's owner.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+/// An internal error carried by [`Outcome::Failed`], for logs and Events only.
+pub type ProvisionError = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What one pass of a provisioner achieved.
+///
+/// Provisioners are revisited on every pass and must be idempotent; a provisioner that would
+/// block on something external returns [`Outcome::Yield`] instead of waiting.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    /// The step is in its desired state.
+    Done,
+    /// Not finished; try again later. `after: None` means the policy's default yield delay.
+    Yield {
+        /// When to look again (`None`: the policy's default yield delay).
+        after: Option<Duration>,
+        /// Why the step is not finished.
+        reason: Reason,
+    },
+    /// Waiting until another managed resource is Ready (see [`Context::require_ready`](super::Context::require_ready)).
+    /// The resource actor is woken by a message when it is.
+    Waiting {
+        /// The resource waited on.
+        target: Target,
+        /// Why it is waited on.
+        reason: Reason,
+    },
+    /// A user error that retrying will not fix; no retry until the object changes.
+    Terminal(Reason),
+    /// The user must act (e.g. provide a secret); no retry until the object changes.
+    UserActionRequired(Reason),
+    /// A transient failure; retried with the per-resource error backoff.
+    Failed {
+        /// The user-facing summary.
+        reason: Reason,
+        /// Every underlying error (for logs and Events; never written to status).
+        errors: Vec<ProvisionError>,
+    },
+}
+
+impl Outcome {
+    /// Yield with the policy's default delay.
+    pub fn yield_now(reason: Reason) -> Self {
+        Outcome::Yield {
+            after: None,
+            reason,
+        }
+    }
+
+    /// Yield and look again after `after`.
+    pub fn yield_after(after: Duration, reason: Reason) -> Self {
+        Outcome::Yield {
+            after: Some(after),
+            reason,
+        }
+    }
+
+    /// A transient failure from an error, with a typed reason for status.
+    pub fn failed(reason: Reason, error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Outcome::Failed {
+            reason,
+            errors: vec![Arc::new(error)],
+        }
+    }
+
+    /// `true` for [`Outcome::Done`].
+    pub fn is_done(&self) -> bool {
+        matches!(self, Outcome::Done)
+    }
+
+    /// The reason of a non-done outcome.
+    pub fn reason(&self) -> Option<&Reason> {
+        match self {
+            Outcome::Done => None,
+            Outcome::Yield { reason, .. }
+            | Outcome::Waiting { reason, .. }
+            | Outcome::Terminal(reason)
+            | Outcome::UserActionRequired(reason)
+            | Outcome::Failed { reason, .. } => Some(reason),
+        }
+    }
+
+    /// Rank used by [`Outcome::merge`]: higher wins.
+    fn rank(&self) -> u8 {
+        match self {
+            Outcome::Done => 0,
+            Outcome::Yield { .. } | Outcome::Waiting { .. } => 1,
+            Outcome::UserActionRequired(_) => 2,
+            Outcome::Failed { .. } => 3,
+            Outcome::Terminal(_) => 4,
+        }
+    }
+
+    /// Deterministically merge the outcomes of siblings that ran in the same pass.
+    ///
+    /// Precedence: `Terminal` > `Failed` > `UserActionRequired` > `Yield`/`Waiting` > `Done`.
+    /// Among yields and waits the earliest wake-up wins (a wait on a dependency counts as "as soon
+    /// as notified", a yield without `after` as the default delay, which sorts after explicit
+    /// delays of zero only). Among failures, every child's errors are kept, in child order; the
+    /// first failing child's reason is reported. Ties otherwise keep the earliest child.
+    ///
+    /// ```
+    /// use actorcile::provisioners::{Outcome, Reason};
+    /// use std::time::Duration;
+    /// let merged = Outcome::merge(vec![
+    ///     Outcome::Done,
+    ///     Outcome::yield_after(Duration::from_secs(5), Reason::new("Slow", "slow")),
+    ///     Outcome::yield_after(Duration::from_secs(1), Reason::new("Fast", "fast")),
+    /// ]);
+    /// assert_eq!(merged.reason().unwrap().code(), "Fast");
+    /// ```
+    pub fn merge(outcomes: impl IntoIterator<Item = Outcome>) -> Outcome {
+        let mut best: Option<Outcome> = None;
+        let mut all_errors: Vec<ProvisionError> = Vec::new();
+        for o in outcomes {
+            if let Outcome::Failed { errors, .. } = &o {
+                all_errors.extend(errors.iter().cloned());
+            }
+            best = Some(match best {
+                None => o,
+                Some(b) => {
+                    if o.rank() > b.rank() {
+                        o
+                    } else if o.rank() == b.rank() && o.rank() == 1 && wake_key(&o) < wake_key(&b) {
+                        o
+                    } else {
+                        b
+                    }
+                }
+            });
+        }
+        match best {
+            None => Outcome::Done,
+            Some(Outcome::Failed { reason, .. }) => Outcome::Failed {
+                reason,
+                errors: all_errors,
+            },
+            Some(o) => o,
+        }
+    }
+}
+
+/// Sort key for "which of these wakes first": waits are woken by message, so they come first.
+fn wake_key(o: &Outcome) -> (u8, Duration) {
+    match o {
+        Outcome::Waiting { .. } => (0, Duration::ZERO),
+        Outcome::Yield { after: Some(d), .. } => (1, *d),
+        Outcome::Yield { after: None, .. } => (2, Duration::ZERO),
+        _ => (3, Duration::ZERO),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(msg: &str) -> Outcome {
+        Outcome::failed(
+            Reason::new("E", msg.to_string()),
+            std::io::Error::other(msg.to_string()),
+        )
+    }
+
+    #[test]
+    fn precedence_terminal_over_failure_over_user_action_over_yield() {
+        let y = Outcome::yield_now(Reason::new("Y", "y"));
+        let u = Outcome::UserActionRequired(Reason::new("U", "u"));
+        let t = Outcome::Terminal(Reason::new("T", "t"));
+        let m = Outcome::merge(vec![y.clone(), u.clone(), Outcome::Done]);
+        assert_eq!(m.reason().unwrap().code(), "U");
+        let m = Outcome::merge(vec![y.clone(), err("a"), u.clone()]);
+        assert_eq!(m.reason().unwrap().code(), "E");
+        let m = Outcome::merge(vec![err("a"), t, y]);
+        assert_eq!(m.reason().unwrap().code(), "T");
+        assert!(Outcome::merge(vec![Outcome::Done, Outcome::Done]).is_done());
+        assert!(Outcome::merge(Vec::new()).is_done());
+    }
+
+    #[test]
+    fn failures_keep_every_error_in_child_order() {
+        let m = Outcome::merge(vec![err("first"), Outcome::Done, err("second")]);
+        match m {
+            Outcome::Failed { reason, errors } => {
+                assert_eq!(reason.message(), "first");
+                let texts: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                assert_eq!(texts, vec!["first", "second"]);
+            }
+            other => panic!("expected Failed, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn earliest_yield_wins_and_waits_beat_yields() {
+        let a = Outcome::yield_after(Duration::from_secs(3), Reason::new("A", ""));
+        let b = Outcome::yield_now(Reason::new("B", ""));
+        let c = Outcome::yield_after(Duration::from_millis(10), Reason::new("C", ""));
+        assert_eq!(
+            Outcome::merge(vec![a.clone(), b.clone(), c])
+                .reason()
+                .unwrap()
+                .code(),
+            "C"
+        );
+        assert_eq!(
+            Outcome::merge(vec![b.clone(), a.clone()])
+                .reason()
+                .unwrap()
+                .code(),
+            "A"
+        );
+        let w = Outcome::Waiting {
+            target: Target::new("example.com/v1", "Db", Some("ns"), "db"),
+            reason: Reason::new("W", ""),
+        };
+        assert_eq!(Outcome::merge(vec![a, w]).reason().unwrap().code(), "W");
+    }
+}

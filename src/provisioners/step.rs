@@ -1,0 +1,82 @@
+//! A provisioner from closures, for steps that need no struct of their own.
+
+use std::future::Future;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use super::{Context, Outcome, Provisioner};
+
+type StepFn<K> = Box<dyn Fn(Context<K>) -> BoxFuture<'static, Outcome> + Send + Sync>;
+
+/// A provisioner made of a provision closure and an optional deprovision closure.
+/// Built with [`step`].
+pub struct Step<K> {
+    name: String,
+    provision: StepFn<K>,
+    deprovision: Option<StepFn<K>>,
+}
+
+fn boxed_fn<K, P, F>(f: P) -> StepFn<K>
+where
+    P: Fn(Context<K>) -> F + Send + Sync + 'static,
+    F: Future<Output = Outcome> + Send + 'static,
+{
+    Box::new(move |cx| Box::pin(f(cx)))
+}
+
+/// A step from an async closure; its deprovision does nothing (returns `Done`) unless one is
+/// added with [`Step::on_delete`].
+///
+/// ```
+/// use actorcile::prelude::*;
+/// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+/// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced)]
+/// # struct AppSpec { replicas: i32 }
+/// let s = step("hello", |cx: Context<App>| async move {
+///     tracing::info!(name = ?cx.object().metadata.name, "hello");
+///     Outcome::Done
+/// })
+/// .on_delete(|_cx: Context<App>| async { Outcome::Done });
+/// # let _ = s;
+/// ```
+pub fn step<K, P, F>(name: impl Into<String>, provision: P) -> Step<K>
+where
+    K: 'static,
+    P: Fn(Context<K>) -> F + Send + Sync + 'static,
+    F: Future<Output = Outcome> + Send + 'static,
+{
+    Step {
+        name: name.into(),
+        provision: boxed_fn(provision),
+        deprovision: None,
+    }
+}
+
+impl<K: 'static> Step<K> {
+    /// Give the step a deprovision closure.
+    pub fn on_delete<D, F>(mut self, deprovision: D) -> Self
+    where
+        D: Fn(Context<K>) -> F + Send + Sync + 'static,
+        F: Future<Output = Outcome> + Send + 'static,
+    {
+        self.deprovision = Some(boxed_fn(deprovision));
+        self
+    }
+}
+
+#[async_trait]
+impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    async fn provision(&self, cx: &Context<K>) -> Outcome {
+        (self.provision)(cx.clone()).await
+    }
+    async fn deprovision(&self, cx: &Context<K>) -> Outcome {
+        match &self.deprovision {
+            Some(d) => d(cx.clone()).await,
+            None => Outcome::Done,
+        }
+    }
+}

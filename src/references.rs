@@ -1,0 +1,382 @@
+//! References, readiness and deletion ordering between managed resources.
+//!
+//! [`Target`] names a resource; [`ReferenceApi`] is what a provisioner's
+//! [`Context`](crate::provisioners::Context) uses to ask whether a target is Ready and to take or
+//! release references. The runtime implements it with an index shared by every controller.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use kube::Resource;
+use serde::{Deserialize, Serialize};
+
+/// A resource another resource depends on or references: `apiVersion`, `kind`, namespace, name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    /// `group/version`, or `version` for the core group.
+    pub api_version: String,
+    /// The kind, e.g. `Database`.
+    pub kind: String,
+    /// The namespace, `None` for cluster-scoped kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The name.
+    pub name: String,
+}
+
+impl Target {
+    /// A target from its parts.
+    pub fn new(
+        api_version: impl Into<String>,
+        kind: impl Into<String>,
+        namespace: Option<&str>,
+        name: impl Into<String>,
+    ) -> Self {
+        Self {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: namespace.map(str::to_string),
+            name: name.into(),
+        }
+    }
+
+    /// The target naming `obj`.
+    pub fn of<K: Resource<DynamicType = ()>>(obj: &K) -> Self {
+        Self {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            namespace: obj.meta().namespace.clone(),
+            name: obj.meta().name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The target of kind `K` with this namespace and name.
+    pub fn for_kind<K: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &str) -> Self {
+        Self::new(K::api_version(&()), K::kind(&()), namespace, name)
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// Whether a target is Ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// The target exists and its Ready condition is True.
+    Ready,
+    /// The target exists but is not Ready.
+    NotReady,
+    /// No such target is known.
+    Missing,
+}
+
+/// What provisioners use to coordinate with other resources (implemented by the runtime).
+#[async_trait]
+pub trait ReferenceApi: Send + Sync {
+    /// Readiness of `target`; when not Ready, `from` is registered to be woken when it becomes Ready.
+    async fn readiness(&self, from: &Target, target: &Target) -> Readiness;
+    /// `from` takes a reference on `target`, blocking the target's deletion until released.
+    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error>;
+    /// `from` releases its reference on `target`.
+    async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runtime's implementation: one index shared by every controller of a runtime.
+// ---------------------------------------------------------------------------------------------
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+
+use crate::status::ReadyReason;
+
+/// Annotation key prefix under which references are persisted on their target. Only
+/// annotations with this prefix count as references: foreign finalizers never do.
+pub const REFERENCE_ANNOTATION_PREFIX: &str = "ref.actorcile.dev/";
+
+/// The finalizer Kubernetes' garbage collector puts on an owner deleted in the foreground.
+const FOREGROUND_DELETION: &str = "foregroundDeletion";
+
+/// What the index needs from each managed kind (implemented by the runtime per controller).
+pub(crate) trait KindHandle: Send + Sync {
+    /// Whether the kind's reflector store finished its first list.
+    fn synced(&self) -> bool;
+    /// Readiness from the store.
+    fn readiness(&self, target: &Target) -> Readiness;
+    /// Whether the target exists (in any state).
+    fn exists(&self, target: &Target) -> bool;
+    /// Whether the target exists and is being deleted.
+    fn deleting(&self, target: &Target) -> bool;
+    /// The persisted referrers of the target (from its annotations in the store).
+    fn referrers(&self, target: &Target) -> Vec<Target>;
+    /// Wake the target's actor (activating it if passive).
+    fn notify(&self, target: &Target);
+    /// A dynamic API for patching the target's annotations.
+    fn dynamic_api(&self, target: &Target) -> Api<DynamicObject>;
+}
+
+/// Why a deletion cannot proceed yet.
+#[derive(Clone, Debug)]
+pub(crate) struct Blocked {
+    pub reason: ReadyReason,
+    pub message: String,
+}
+
+/// The runtime-wide reference and readiness index.
+#[derive(Default)]
+pub struct ReferenceIndex {
+    kinds: DashMap<(String, String), Arc<dyn KindHandle>>,
+    /// target → resources waiting for it to become Ready.
+    waiters: DashMap<Target, BTreeSet<Target>>,
+    /// Readiness last written by the target's own actor (authoritative for managed targets).
+    ready: DashMap<Target, bool>,
+    /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
+    held: DashMap<Target, BTreeSet<Target>>,
+}
+
+impl std::fmt::Debug for ReferenceIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReferenceIndex")
+            .field("kinds", &self.kinds.len())
+            .field("waiters", &self.waiters.len())
+            .finish()
+    }
+}
+
+/// The annotation key persisting `from`'s reference.
+pub fn reference_annotation(from: &Target) -> String {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    // A stable hash (DefaultHasher with default keys is deterministic across runs of one build;
+    // the referrer itself is stored in the value, so the key only needs to be unique).
+    let h = BuildHasherDefault::<DefaultHasher>::default().hash_one(from);
+    format!("{REFERENCE_ANNOTATION_PREFIX}{h:016x}")
+}
+
+/// The referrers persisted in a set of annotations.
+pub fn referrers_in(annotations: &std::collections::BTreeMap<String, String>) -> Vec<Target> {
+    annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with(REFERENCE_ANNOTATION_PREFIX))
+        .filter_map(|(_, v)| serde_json::from_str(v).ok())
+        .collect()
+}
+
+impl ReferenceIndex {
+    pub(crate) fn register_kind(&self, api_version: &str, kind: &str, handle: Arc<dyn KindHandle>) {
+        self.kinds
+            .insert((api_version.to_string(), kind.to_string()), handle);
+    }
+
+    fn kind(&self, t: &Target) -> Option<Arc<dyn KindHandle>> {
+        self.kinds
+            .get(&(t.api_version.clone(), t.kind.clone()))
+            .map(|h| h.clone())
+    }
+
+    /// Record what a referrer holds, from a target's persisted annotations (start-up rebuild).
+    pub(crate) fn learn(&self, target: &Target, referrers: &[Target]) {
+        for r in referrers {
+            self.held
+                .entry(r.clone())
+                .or_default()
+                .insert(target.clone());
+        }
+    }
+
+    /// Set by a resource's own actor after each pass; on Ready, wake every waiter.
+    pub(crate) fn mark_ready(&self, target: &Target, ready: bool) {
+        self.ready.insert(target.clone(), ready);
+        if ready && let Some((_, waiters)) = self.waiters.remove(target) {
+            for w in waiters {
+                if let Some(k) = self.kind(&w) {
+                    k.notify(&w);
+                }
+            }
+        }
+    }
+
+    /// A resource is gone: forget its readiness and wake those waiting on it (they re-check).
+    pub(crate) fn forget(&self, target: &Target) {
+        self.ready.remove(target);
+        self.held.remove(target);
+    }
+
+    /// Whether deleting `target` (whose object is `obj`) must wait: foreground deletion of
+    /// owned children, or live referrers (a cycle among them is reported as such).
+    pub(crate) fn deletion_blocked<K: kube::Resource>(
+        &self,
+        target: &Target,
+        obj: &K,
+    ) -> Option<Blocked> {
+        if obj
+            .meta()
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FOREGROUND_DELETION))
+        {
+            return Some(Blocked {
+                reason: ReadyReason::Deprovisioning,
+                message: "waiting for owned children to be deleted (foreground deletion)".into(),
+            });
+        }
+        let referrers = obj
+            .meta()
+            .annotations
+            .as_ref()
+            .map(referrers_in)
+            .unwrap_or_default();
+        if referrers.is_empty() {
+            return None;
+        }
+        let mut live = Vec::new();
+        for r in referrers {
+            match self.kind(&r) {
+                // A referrer of a kind this runtime does not manage cannot release: count it,
+                // so nothing is deleted under a user's feet.
+                None => live.push(r),
+                Some(k) if !k.synced() || k.exists(&r) => live.push(r),
+                Some(_) => {}
+            }
+        }
+        if live.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = live.iter().map(|t| t.to_string()).collect();
+        let message = match self.find_cycle(target) {
+            Some(cycle) => format!(
+                "reference cycle, deletion cannot proceed: {}",
+                cycle
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            ),
+            None => format!("in use by {}", names.join(", ")),
+        };
+        Some(Blocked {
+            reason: ReadyReason::InUse,
+            message,
+        })
+    }
+
+    /// A cycle of deleting resources each held by the next, starting and ending at `start`.
+    fn find_cycle(&self, start: &Target) -> Option<Vec<Target>> {
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((t, path)) = stack.pop() {
+            let Some(k) = self.kind(&t) else { continue };
+            for r in k.referrers(&t) {
+                if &r == start {
+                    let mut p = path.clone();
+                    p.push(r);
+                    return Some(p);
+                }
+                let deleting = self.kind(&r).is_some_and(|k| k.deleting(&r));
+                if deleting && seen.insert(r.clone()) {
+                    let mut p = path.clone();
+                    p.push(r.clone());
+                    stack.push((r, p));
+                }
+            }
+        }
+        None
+    }
+
+    /// Release every reference `from` holds (after its deprovision finished).
+    pub(crate) async fn release_all(&self, from: &Target) {
+        let targets: Vec<Target> = self
+            .held
+            .get(from)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for t in targets {
+            if let Err(e) = self.release_reference(from, &t).await {
+                tracing::warn!(from = %from, target = %t, error = %e, "could not release reference");
+            }
+        }
+        self.forget(from);
+    }
+
+    async fn patch_reference(
+        &self,
+        from: &Target,
+        target: &Target,
+        value: Option<String>,
+    ) -> Result<(), crate::Error> {
+        let Some(k) = self.kind(target) else {
+            return Err(crate::Error::UnmanagedTarget(target.clone()));
+        };
+        let api = k.dynamic_api(target);
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { reference_annotation(from): value } }
+        });
+        match api
+            .patch(&target.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 && value.is_none() => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                Err(crate::Error::TargetMissing(target.clone()))
+            }
+            Err(e) => Err(crate::Error::Kube(e)),
+        }
+    }
+}
+
+#[async_trait]
+impl ReferenceApi for ReferenceIndex {
+    async fn readiness(&self, from: &Target, target: &Target) -> Readiness {
+        // Register first, then check: whoever comes second sees the other (no lost wake-up).
+        self.waiters
+            .entry(target.clone())
+            .or_default()
+            .insert(from.clone());
+        let r = match (self.ready.get(target).map(|r| *r), self.kind(target)) {
+            (Some(true), _) => Readiness::Ready,
+            (_, Some(k)) => k.readiness(target),
+            (_, None) => Readiness::Missing,
+        };
+        if r == Readiness::Ready
+            && let Some(mut w) = self.waiters.get_mut(target)
+        {
+            w.remove(from);
+        }
+        r
+    }
+
+    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+        if self.held.get(from).is_some_and(|s| s.contains(target)) {
+            return Ok(());
+        }
+        let value =
+            serde_json::to_string(from).map_err(|e| crate::Error::Internal(e.to_string()))?;
+        self.patch_reference(from, target, Some(value)).await?;
+        self.held
+            .entry(from.clone())
+            .or_default()
+            .insert(target.clone());
+        Ok(())
+    }
+
+    async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+        self.patch_reference(from, target, None).await?;
+        if let Some(mut s) = self.held.get_mut(from) {
+            s.remove(target);
+        }
+        if let Some(k) = self.kind(target) {
+            k.notify(target);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,448 @@
+//! The runtime an operator embeds: register controllers, start, shut down gracefully.
+//!
+//! ```no_run
+//! use actorcile::prelude::*;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+//! # struct AppSpec { replicas: i32 }
+//! # async fn run(client: kube::Client) -> Result<(), actorcile::Error> {
+//! let tree = serial![
+//!     step("validate", |_cx: Context<App>| async { Outcome::Done }),
+//!     step("deploy", |_cx: Context<App>| async { Outcome::Done }),
+//! ];
+//! Runtime::builder(client)
+//!     .policy(SupervisorPolicy::default())
+//!     .controller(Controller::<App>::new(tree))
+//!     .run_until(async { tokio::signal::ctrl_c().await.ok(); })
+//!     .await
+//! # }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
+
+use crate::Error;
+use crate::actors::{
+    ManagedResource, Manager, ManagerArgs, Metrics, MetricsSnapshot, Shared, run_feeder,
+};
+use crate::messages::{ManagerMsg, ResourceMsg};
+use crate::policy::SupervisorPolicy;
+use crate::provisioners::{BoxProvisioner, Provisioner};
+use crate::references::{KindHandle, Readiness, ReferenceIndex, Target, referrers_in};
+use crate::status::ResourceStatus;
+
+/// The finalizer the runtime puts on every object it provisions (configurable).
+pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";
+
+/// One managed kind: its provisioner tree and options.
+pub struct Controller<K: ManagedResource> {
+    tree: BoxProvisioner<K>,
+    policy: Option<SupervisorPolicy>,
+    watcher: watcher::Config,
+    namespace: Option<String>,
+}
+
+impl<K: ManagedResource> Controller<K> {
+    /// Manage every object of kind `K` with `tree`.
+    pub fn new(tree: impl Provisioner<K> + 'static) -> Self {
+        Self {
+            tree: Arc::new(tree),
+            policy: None,
+            watcher: watcher::Config::default(),
+            namespace: None,
+        }
+    }
+
+    /// A policy for this kind (default: the runtime's). The concurrency limit is always the
+    /// runtime's, shared by every kind.
+    pub fn policy(mut self, policy: SupervisorPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Watch options, e.g. a label selector.
+    pub fn watcher_config(mut self, config: watcher::Config) -> Self {
+        self.watcher = config;
+        self
+    }
+
+    /// Watch only one namespace (default: all).
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = Some(ns.into());
+        self
+    }
+}
+
+/// Type-erased controller, started by the runtime.
+#[async_trait]
+trait Start: Send {
+    async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error>;
+}
+
+struct StartCx {
+    client: Client,
+    policy: SupervisorPolicy,
+    runs: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    references: Arc<ReferenceIndex>,
+    finalizer: String,
+    field_manager: String,
+    reporter: Option<Reporter>,
+    root: ActorCell,
+}
+
+struct Started {
+    kind: String,
+    manager: ActorCell,
+    feeder: JoinHandle<()>,
+}
+
+/// The per-kind handle the reference index uses.
+struct Handle<K: ManagedResource> {
+    shared: Arc<Shared<K>>,
+    synced: Arc<AtomicBool>,
+    manager: OnceLock<ActorRef<ManagerMsg<K>>>,
+}
+
+fn key_of<K: ManagedResource>(t: &Target) -> ObjectRef<K> {
+    let r = ObjectRef::<K>::new(&t.name);
+    match &t.namespace {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
+impl<K: ManagedResource> KindHandle for Handle<K> {
+    fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+    fn readiness(&self, target: &Target) -> Readiness {
+        match self.shared.store.get(&key_of::<K>(target)) {
+            None => Readiness::Missing,
+            Some(o)
+                if o.meta().deletion_timestamp.is_none()
+                    && ResourceStatus::of(o.as_ref()).is_ready() =>
+            {
+                Readiness::Ready
+            }
+            Some(_) => Readiness::NotReady,
+        }
+    }
+    fn exists(&self, target: &Target) -> bool {
+        self.shared.store.get(&key_of::<K>(target)).is_some()
+    }
+    fn deleting(&self, target: &Target) -> bool {
+        self.shared
+            .store
+            .get(&key_of::<K>(target))
+            .is_some_and(|o| o.meta().deletion_timestamp.is_some())
+    }
+    fn referrers(&self, target: &Target) -> Vec<Target> {
+        self.shared
+            .store
+            .get(&key_of::<K>(target))
+            .and_then(|o| o.meta().annotations.as_ref().map(referrers_in))
+            .unwrap_or_default()
+    }
+    fn notify(&self, target: &Target) {
+        let key = key_of::<K>(target);
+        if let Some(a) = self.shared.routes.get(&key)
+            && a.cast(ResourceMsg::Notify).is_ok()
+        {
+            return;
+        }
+        if let Some(m) = self.manager.get() {
+            let _ = m.cast(ManagerMsg::Notify(key));
+        }
+    }
+    fn dynamic_api(&self, target: &Target) -> Api<DynamicObject> {
+        let ar = ApiResource::erase::<K>(&());
+        match &target.namespace {
+            Some(ns) => Api::namespaced_with(self.shared.client.clone(), ns, &ar),
+            None => Api::all_with(self.shared.client.clone(), &ar),
+        }
+    }
+}
+
+#[async_trait]
+impl<K: ManagedResource> Start for Controller<K> {
+    async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
+        let mut policy = self.policy.unwrap_or_else(|| cx.policy.clone());
+        policy.validate()?;
+        policy.max_concurrent_runs = cx.policy.max_concurrent_runs;
+        let (store, writer) = reflector::store::<K>();
+        let recorder = cx
+            .reporter
+            .clone()
+            .map(|r| Recorder::new(cx.client.clone(), r));
+        let shared = Arc::new(Shared {
+            client: cx.client.clone(),
+            tree: self.tree,
+            policy,
+            runs: cx.runs.clone(),
+            store,
+            routes: DashMap::new(),
+            finalizer: cx.finalizer.clone(),
+            field_manager: cx.field_manager.clone(),
+            recorder,
+            metrics: cx.metrics.clone(),
+            references: cx.references.clone(),
+        });
+        let synced = Arc::new(AtomicBool::new(false));
+        let handle = Arc::new(Handle {
+            shared: shared.clone(),
+            synced: synced.clone(),
+            manager: OnceLock::new(),
+        });
+        let kind = K::kind(&()).into_owned();
+        cx.references
+            .register_kind(&K::api_version(&()), &kind, handle.clone());
+        let (manager, _) = Actor::spawn_linked(
+            None,
+            Manager {
+                shared: shared.clone(),
+            },
+            ManagerArgs,
+            cx.root.clone(),
+        )
+        .await
+        .map_err(|e| Error::Internal(format!("cannot start the {kind} manager: {e}")))?;
+        let _ = handle.manager.set(manager.clone());
+        let api: Api<K> = Api::all(cx.client.clone());
+        let mut watch_config = self.watcher;
+        if let Some(ns) = &self.namespace {
+            // A field selector rather than a namespaced URL: kube 5 builds namespaced `Api`s
+            // only for statically namespaced kinds.
+            let sel = format!("metadata.namespace={ns}");
+            watch_config.field_selector = Some(match watch_config.field_selector.take() {
+                Some(existing) => format!("{existing},{sel}"),
+                None => sel,
+            });
+        }
+        // Mark the kind synced (and rebuild its part of the reference index from the persisted
+        // annotations) once the first list is in the store, before references are trusted.
+        let store = shared.store.clone();
+        let references = cx.references.clone();
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                for obj in store.state() {
+                    if let Some(a) = obj.meta().annotations.as_ref() {
+                        references.learn(&Target::of(obj.as_ref()), &referrers_in(a));
+                    }
+                }
+                synced.store(true, Ordering::Release);
+            }
+        });
+        let feeder = tokio::spawn(run_feeder(
+            shared,
+            api,
+            watch_config,
+            writer,
+            manager.clone(),
+        ));
+        Ok(Started {
+            kind,
+            manager: manager.get_cell(),
+            feeder,
+        })
+    }
+}
+
+/// The root actor: parent of every manager; past-intensity escalations end up here.
+struct Root;
+
+impl Actor for Root {
+    type Msg = ();
+    type State = watch::Sender<Option<String>>;
+    type Arguments = watch::Sender<Option<String>>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<()>,
+        tx: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(tx)
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<()>,
+        event: SupervisionEvent,
+        tx: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorFailed(_, err) = event {
+            tracing::error!(error = %err, "a manager escalated; the runtime stops");
+            let _ = tx.send(Some(err.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`Runtime`].
+pub struct RuntimeBuilder {
+    client: Client,
+    policy: SupervisorPolicy,
+    controllers: Vec<Box<dyn Start>>,
+    finalizer: String,
+    field_manager: String,
+    reporter: Option<Reporter>,
+}
+
+/// The runtime: every registered controller, under one root supervisor.
+pub struct Runtime;
+
+impl Runtime {
+    /// Start building a runtime that talks to the cluster through `client`.
+    pub fn builder(client: Client) -> RuntimeBuilder {
+        RuntimeBuilder {
+            client,
+            policy: SupervisorPolicy::default(),
+            controllers: Vec::new(),
+            finalizer: DEFAULT_FINALIZER.to_string(),
+            field_manager: crate::FIELD_MANAGER.to_string(),
+            reporter: None,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// The default policy of every controller, and the runtime-wide concurrency limit.
+    pub fn policy(mut self, policy: SupervisorPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Register a kind.
+    pub fn controller<K: ManagedResource>(mut self, controller: Controller<K>) -> Self {
+        self.controllers.push(Box::new(controller));
+        self
+    }
+
+    /// The finalizer put on provisioned objects (default [`DEFAULT_FINALIZER`]).
+    pub fn finalizer(mut self, name: impl Into<String>) -> Self {
+        self.finalizer = name.into();
+        self
+    }
+
+    /// The field manager for server-side apply (default `actorcile`).
+    pub fn field_manager(mut self, name: impl Into<String>) -> Self {
+        self.field_manager = name.into();
+        self
+    }
+
+    /// Publish Kubernetes Events on status transitions, as this controller.
+    pub fn events(mut self, controller_name: impl Into<String>) -> Self {
+        self.reporter = Some(Reporter {
+            controller: controller_name.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        });
+        self
+    }
+
+    /// Start every controller; returns a handle to observe and stop the runtime.
+    pub async fn start(self) -> Result<RuntimeHandle, Error> {
+        self.policy.validate()?;
+        let (tx, escalated) = watch::channel(None);
+        let (root, root_task) = Actor::spawn(None, Root, tx)
+            .await
+            .map_err(|e| Error::Internal(format!("cannot start the root supervisor: {e}")))?;
+        let metrics = Arc::new(Metrics::default());
+        let cx = StartCx {
+            client: self.client,
+            runs: Arc::new(Semaphore::new(self.policy.max_concurrent_runs)),
+            policy: self.policy.clone(),
+            metrics: metrics.clone(),
+            references: Arc::new(ReferenceIndex::default()),
+            finalizer: self.finalizer,
+            field_manager: self.field_manager,
+            reporter: self.reporter,
+            root: root.get_cell(),
+        };
+        let mut started = Vec::new();
+        for c in self.controllers {
+            started.push(c.start(&cx).await?);
+        }
+        Ok(RuntimeHandle {
+            started,
+            metrics,
+            escalated,
+            root,
+            root_task,
+            shutdown_timeout: self.policy.shutdown_timeout,
+        })
+    }
+
+    /// Start, run until `shutdown` completes (e.g. SIGTERM) or a manager escalates, then shut
+    /// down gracefully.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+        let mut handle = self.start().await?;
+        let result = tokio::select! {
+            _ = shutdown => Ok(()),
+            e = handle.escalated() => Err(e),
+        };
+        handle.shutdown().await;
+        result
+    }
+}
+
+/// A running runtime.
+pub struct RuntimeHandle {
+    started: Vec<Started>,
+    metrics: Arc<Metrics>,
+    escalated: watch::Receiver<Option<String>>,
+    root: ActorRef<()>,
+    root_task: JoinHandle<()>,
+    shutdown_timeout: std::time::Duration,
+}
+
+impl RuntimeHandle {
+    /// Runtime-wide counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    /// Resolves when a manager escalates (restart intensity exceeded with `escalate`).
+    pub async fn escalated(&mut self) -> Error {
+        loop {
+            if let Some(e) = self.escalated.borrow().clone() {
+                return Error::Escalated(e);
+            }
+            if self.escalated.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stop watching, let in-flight runs finish within the policy's shutdown timeout (then
+    /// abort them), stop every actor.
+    pub async fn shutdown(self) {
+        for s in &self.started {
+            s.feeder.abort();
+        }
+        for s in &self.started {
+            s.manager
+                .stop_children_and_wait(Some("shutdown".into()), Some(self.shutdown_timeout))
+                .await;
+            for child in s.manager.get_children() {
+                tracing::warn!(kind = %s.kind, "run did not finish within the shutdown timeout; aborting it");
+                child.kill();
+            }
+            let _ = s.manager.stop_and_wait(Some("shutdown".into()), None).await;
+        }
+        let _ = self.root.stop_and_wait(None, None).await;
+        let _ = self.root_task.await;
+    }
+}

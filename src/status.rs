@@ -1,0 +1,287 @@
+//! The status actorcile manages: one `Ready` condition with typed reasons, a phase and
+//! `observedGeneration`, patched only when something changed.
+//!
+//! Put [`ResourceStatus`] in your custom resource's status (as the status type, or flattened
+//! into yours) so the CRD schema has the fields; a real API server prunes fields its schema
+//! lacks:
+//!
+//! ```
+//! use actorcile::status::ResourceStatus;
+//! #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "AppStatus")]
+//! struct AppSpec { replicas: i32 }
+//!
+//! #[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! struct AppStatus {
+//!     #[serde(flatten)]
+//!     base: ResourceStatus,
+//!     endpoint: Option<String>,
+//! }
+//! ```
+
+use std::fmt;
+
+use kube::Resource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::provisioners::Outcome;
+
+/// The condition type actorcile owns.
+pub const READY: &str = "Ready";
+
+/// The lifecycle phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    /// Provisioned and Ready.
+    Ready,
+    /// Being provisioned (yielding, waiting on a dependency, or retrying after an error).
+    Progressing,
+    /// Being deleted.
+    Terminating,
+    /// Stopped: a terminal error, a required user action, or quarantined by the supervisor.
+    Failed,
+}
+
+/// Typed reasons of the `Ready` condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ReadyReason {
+    /// Every provisioner is done.
+    Provisioned,
+    /// A provisioner yielded; provisioning goes on.
+    Provisioning,
+    /// Deprovisioning is in progress.
+    Deprovisioning,
+    /// Waiting for another resource to become Ready.
+    DependencyNotReady,
+    /// Deletion waits for referrers to release this resource.
+    InUse,
+    /// A transient error; retried with backoff.
+    Errored,
+    /// A user error that retrying will not fix.
+    Terminal,
+    /// The user must act.
+    UserActionRequired,
+    /// A guarded external mutation is in progress.
+    Locked,
+    /// The supervisor stopped restarting this resource's actor (restart intensity exceeded).
+    Quarantined,
+}
+
+impl fmt::Display for ReadyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A status condition (the Kubernetes `metav1.Condition` shape).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type, e.g. `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// CamelCase reason.
+    #[serde(default)]
+    pub reason: String,
+    /// Human-readable message.
+    #[serde(default)]
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    /// The generation this condition was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The fields actorcile writes under `.status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceStatus {
+    /// Lifecycle phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Conditions; actorcile owns the `Ready` one and keeps the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The generation last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl ResourceStatus {
+    /// Read actorcile's part of `obj`'s status (missing or foreign fields are ignored).
+    pub fn of<K: Serialize>(obj: &K) -> Self {
+        serde_json::to_value(obj)
+            .ok()
+            .and_then(|mut v| v.get_mut("status").map(serde_json::Value::take))
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default()
+    }
+
+    /// The `Ready` condition, if any.
+    pub fn ready(&self) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == READY)
+    }
+
+    /// `true` when the `Ready` condition is `True` for the current `generation`.
+    pub fn is_ready(&self) -> bool {
+        self.ready().is_some_and(|c| c.status == "True")
+    }
+
+    /// This status with the `Ready` condition replaced, keeping `lastTransitionTime` when the
+    /// condition's status did not change, and the phase and observed generation set.
+    pub fn with_ready(
+        &self,
+        phase: Phase,
+        ready: bool,
+        reason: ReadyReason,
+        message: impl Into<String>,
+        generation: Option<i64>,
+    ) -> Self {
+        let status = if ready { "True" } else { "False" };
+        let previous = self.ready();
+        let last_transition_time = match previous {
+            Some(p) if p.status == status => p.last_transition_time.clone(),
+            _ => Some(now_rfc3339()),
+        };
+        let cond = Condition {
+            type_: READY.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message: message.into(),
+            last_transition_time,
+            observed_generation: generation,
+        };
+        let mut conditions: Vec<Condition> = self
+            .conditions
+            .iter()
+            .filter(|c| c.type_ != READY)
+            .cloned()
+            .collect();
+        conditions.insert(0, cond);
+        Self {
+            phase: Some(phase),
+            conditions,
+            observed_generation: generation,
+        }
+    }
+
+    /// The status a provision pass with `outcome` should leave.
+    pub fn after_provision(&self, outcome: &Outcome, generation: Option<i64>) -> Self {
+        let msg = |o: &Outcome| {
+            o.reason()
+                .map(|r| r.message().to_string())
+                .unwrap_or_default()
+        };
+        let (phase, ready, reason) = match outcome {
+            Outcome::Done => (Phase::Ready, true, ReadyReason::Provisioned),
+            Outcome::Yield { .. } => (Phase::Progressing, false, ReadyReason::Provisioning),
+            Outcome::Waiting { .. } => (Phase::Progressing, false, ReadyReason::DependencyNotReady),
+            Outcome::Failed { .. } => (Phase::Progressing, false, ReadyReason::Errored),
+            Outcome::Terminal(_) => (Phase::Failed, false, ReadyReason::Terminal),
+            Outcome::UserActionRequired(_) => {
+                (Phase::Failed, false, ReadyReason::UserActionRequired)
+            }
+        };
+        let message = match outcome {
+            Outcome::Done => "provisioned".to_string(),
+            o => match o.reason() {
+                Some(r) if !r.message().is_empty() => format!("{}: {}", r.code(), r.message()),
+                Some(r) => r.code().to_string(),
+                None => msg(o),
+            },
+        };
+        self.with_ready(phase, ready, reason, message, generation)
+    }
+
+    /// The status a deprovision pass that is not done yet should leave.
+    pub fn while_deprovisioning(
+        &self,
+        reason: ReadyReason,
+        message: impl Into<String>,
+        generation: Option<i64>,
+    ) -> Self {
+        self.with_ready(Phase::Terminating, false, reason, message, generation)
+    }
+
+    /// The merge patch body that writes this status (`{"status": {...}}`).
+    pub fn patch(&self) -> serde_json::Value {
+        serde_json::json!({ "status": self })
+    }
+}
+
+/// Whether `obj`'s Ready condition is True.
+pub fn is_ready<K: Resource + Serialize>(obj: &K) -> bool {
+    ResourceStatus::of(obj).is_ready()
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provisioners::Reason;
+
+    #[test]
+    fn transition_time_kept_while_status_unchanged() {
+        let s = ResourceStatus::default().with_ready(
+            Phase::Progressing,
+            false,
+            ReadyReason::Provisioning,
+            "a",
+            Some(1),
+        );
+        let t = s.ready().unwrap().last_transition_time.clone();
+        let s2 = s.with_ready(
+            Phase::Progressing,
+            false,
+            ReadyReason::Errored,
+            "b",
+            Some(1),
+        );
+        assert_eq!(s2.ready().unwrap().last_transition_time, t);
+        assert_eq!(s2.ready().unwrap().reason, "Errored");
+    }
+
+    #[test]
+    fn same_outcome_gives_equal_status_so_nothing_is_written() {
+        let o = Outcome::yield_now(Reason::new("Waiting", "for a volume"));
+        let s = ResourceStatus::default().after_provision(&o, Some(3));
+        assert_eq!(s.after_provision(&o, Some(3)), s);
+        assert_ne!(s.after_provision(&Outcome::Done, Some(3)), s);
+        assert_eq!(s.phase, Some(Phase::Progressing));
+        assert_eq!(s.ready().unwrap().message, "Waiting: for a volume");
+    }
+
+    #[test]
+    fn foreign_conditions_are_kept() {
+        let mut s = ResourceStatus::default();
+        s.conditions.push(Condition {
+            type_: "Other".into(),
+            status: "True".into(),
+            reason: "X".into(),
+            message: String::new(),
+            last_transition_time: None,
+            observed_generation: None,
+        });
+        let s = s.after_provision(&Outcome::Done, Some(1));
+        assert_eq!(s.conditions.len(), 2);
+        assert!(s.is_ready());
+        let failed = Outcome::failed(
+            Reason::new("DbDown", "database unreachable"),
+            std::io::Error::other("secret internal detail"),
+        );
+        let s = s.after_provision(&failed, Some(1));
+        assert!(
+            !serde_json::to_string(&s)
+                .unwrap()
+                .contains("secret internal detail")
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! Shared fixtures for the runtime's integration tests: a sample CRD, an in-process cluster
+//! with it installed, and bounded waiting helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actorcile::cluster::Cluster;
+use actorcile::prelude::*;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResource, CustomResourceExt, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// The sample kind the runtime tests manage.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "test.actorcile.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "ResourceStatus"
+)]
+pub struct WidgetSpec {
+    /// Must be ≥ 0; negative sizes are rejected as Terminal by the test trees.
+    pub size: i32,
+    #[serde(default)]
+    pub note: String,
+}
+
+/// An in-process cluster with the Widget CRD installed.
+pub fn cluster() -> (Cluster, Client) {
+    let cluster = Cluster::new();
+    cluster.install_crd(&Widget::crd()).expect("install CRD");
+    let client = cluster.client();
+    (cluster, client)
+}
+
+pub fn widgets(client: &Client) -> Api<Widget> {
+    Api::namespaced(client.clone(), "default")
+}
+
+pub fn widget(name: &str, size: i32) -> Widget {
+    let mut w = Widget::new(
+        name,
+        WidgetSpec {
+            size,
+            note: String::new(),
+        },
+    );
+    w.metadata.namespace = Some("default".into());
+    w
+}
+
+pub async fn create(client: &Client, name: &str, size: i32) -> Widget {
+    widgets(client)
+        .create(&PostParams::default(), &widget(name, size))
+        .await
+        .expect("create widget")
+}
+
+pub async fn set_note(client: &Client, name: &str, note: &str) {
+    widgets(client)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"note": note}})),
+        )
+        .await
+        .expect("patch widget");
+}
+
+pub async fn delete(client: &Client, name: &str) {
+    let _ = widgets(client).delete(name, &DeleteParams::default()).await;
+}
+
+/// Poll `check` (every 10 ms of tokio time) until it returns `Some`, or panic after `limit`.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub async fn status_of(client: &Client, name: &str) -> Option<ResourceStatus> {
+    widgets(client)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .map(|w| w.status.unwrap_or_default())
+}
+
+pub async fn wait_ready(client: &Client, name: &str, limit: Duration) {
+    eventually(&format!("{name} Ready"), limit, || async {
+        status_of(client, name)
+            .await
+            .filter(|s| s.is_ready())
+            .map(|_| ())
+    })
+    .await
+}
+
+pub async fn wait_all_ready(client: &Client, n: usize, limit: Duration) {
+    eventually(&format!("{n} widgets Ready"), limit, || async {
+        let list = widgets(client).list(&ListParams::default()).await.ok()?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|w| w.status.as_ref().is_some_and(|s| s.is_ready()))
+            .count();
+        (ready == n).then_some(())
+    })
+    .await
+}
+
+pub async fn wait_gone(client: &Client, name: &str, limit: Duration) {
+    eventually(&format!("{name} gone"), limit, || async {
+        matches!(widgets(client).get_opt(name).await, Ok(None)).then_some(())
+    })
+    .await
+}
+
+pub async fn wait_reason(
+    client: &Client,
+    name: &str,
+    reason: &str,
+    limit: Duration,
+) -> ResourceStatus {
+    eventually(&format!("{name} reason {reason}"), limit, || async {
+        status_of(client, name)
+            .await
+            .filter(|s| s.ready().is_some_and(|c| c.reason == reason))
+    })
+    .await
+}
+
+/// Every provision call: (object name, start, end) in tokio time.
+#[derive(Clone, Default)]
+pub struct RunLog(pub Arc<Mutex<Vec<(String, Instant, Option<Instant>)>>>);
+
+impl RunLog {
+    pub fn start(&self, name: &str) -> usize {
+        let mut l = self.0.lock().unwrap();
+        l.push((name.to_string(), Instant::now(), None));
+        l.len() - 1
+    }
+    pub fn end(&self, i: usize) {
+        self.0.lock().unwrap()[i].2 = Some(Instant::now());
+    }
+    pub fn count(&self, name: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.0 == name)
+            .count()
+    }
+    pub fn starts(&self, name: &str) -> Vec<Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.0 == name)
+            .map(|r| r.1)
+            .collect()
+    }
+    pub fn total(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+/// A policy for fast, deterministic tests.
+pub fn test_policy() -> SupervisorPolicy {
+    let mut p = SupervisorPolicy::default();
+    p.seed = Some(1);
+    p.restart.backoff.jitter = false;
+    p.error_backoff.jitter = false;
+    p.idle_timeout = None;
+    p
+}
+
+pub fn name_of(w: &Widget) -> String {
+    w.name_any()
+}

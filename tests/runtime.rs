@@ -1,0 +1,558 @@
+//! The runtime on the in-process cluster: lifecycle, timers, coalescing, supervision,
+//! one-run-at-a-time, bad input, change-only status writes and passivation.
+//!
+//! Timer tests run on a paused tokio clock (auto-advancing), so delays are exact and fast.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use common::*;
+use kube::ResourceExt;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A tree that logs every provision call of `Widget`s.
+fn logging_step(log: RunLog) -> impl Provisioner<Widget> {
+    step("log", move |cx: Context<Widget>| {
+        let log = log.clone();
+        async move {
+            let i = log.start(&cx.object().name_any());
+            log.end(i);
+            Outcome::Done
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn lifecycle_provision_ready_delete_gone_without_leaks() {
+    let (cluster, client) = cluster();
+    let deprovisioned = Arc::new(AtomicU32::new(0));
+    let d = deprovisioned.clone();
+    let tree = serial![
+        step("a", |_cx: Context<Widget>| async { Outcome::Done }),
+        step("b", |_cx: Context<Widget>| async { Outcome::Done }).on_delete(
+            move |_cx: Context<Widget>| {
+                let d = d.clone();
+                async move {
+                    d.fetch_add(1, Ordering::SeqCst);
+                    Outcome::Done
+                }
+            }
+        ),
+    ];
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    for i in 0..20 {
+        create(&client, &format!("w{i}"), 1).await;
+    }
+    wait_all_ready(&client, 20, LIMIT).await;
+    let w = widgets(&client).get("w0").await.unwrap();
+    assert!(
+        w.finalizers()
+            .contains(&"actorcile.dev/finalizer".to_string())
+    );
+    let s = w.status.unwrap();
+    assert_eq!(s.phase, Some(Phase::Ready));
+    assert_eq!(s.observed_generation, w.metadata.generation);
+    for i in 0..20 {
+        delete(&client, &format!("w{i}")).await;
+    }
+    for i in 0..20 {
+        wait_gone(&client, &format!("w{i}"), LIMIT).await;
+    }
+    assert_eq!(deprovisioned.load(Ordering::SeqCst), 20);
+    let left = widgets(&client).list(&Default::default()).await.unwrap();
+    assert!(
+        left.items.is_empty(),
+        "no widget left behind (no leaked finalizer)"
+    );
+    drop(cluster);
+    // every actor stopped and was forgotten
+    eventually("actors stopped", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn yield_delay_is_honoured_and_default_applies() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let l = log.clone();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let tree = step("yielder", move |cx: Context<Widget>| {
+        let (l, c) = (l.clone(), c.clone());
+        async move {
+            let i = l.start(&cx.object().name_any());
+            l.end(i);
+            match c.fetch_add(1, Ordering::SeqCst) {
+                0 => Outcome::yield_after(
+                    Duration::from_secs(7),
+                    Reason::new("Wait", "seven seconds"),
+                ),
+                1 => Outcome::yield_now(Reason::new("Wait", "default delay")),
+                _ => Outcome::Done,
+            }
+        }
+    });
+    let mut policy = test_policy();
+    policy.yield_delay = Duration::from_secs(3);
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "y", 1).await;
+    wait_ready(&client, "y", LIMIT).await;
+    let s = log.starts("y");
+    assert_eq!(s.len(), 3, "exactly three passes: two yields then done");
+    let gap1 = s[1] - s[0];
+    let gap2 = s[2] - s[1];
+    assert!(
+        gap1 >= Duration::from_secs(7) && gap1 < Duration::from_millis(7100),
+        "{gap1:?}"
+    );
+    assert!(
+        gap2 >= Duration::from_secs(3) && gap2 < Duration::from_millis(3100),
+        "{gap2:?}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_generation_preempts_a_pending_timer() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let l = log.clone();
+    let tree = step("slow", move |cx: Context<Widget>| {
+        let l = l.clone();
+        async move {
+            let i = l.start(&cx.object().name_any());
+            l.end(i);
+            if cx.object().spec.note == "go" {
+                Outcome::Done
+            } else {
+                Outcome::yield_after(Duration::from_secs(3600), Reason::new("Later", "an hour"))
+            }
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "g", 1).await;
+    wait_reason(&client, "g", "Provisioning", LIMIT).await;
+    let before = Instant::now();
+    set_note(&client, "g", "go").await;
+    wait_ready(&client, "g", LIMIT).await;
+    assert!(
+        Instant::now() - before < Duration::from_secs(5),
+        "ran on the new generation at once"
+    );
+    assert_eq!(log.count("g"), 2);
+    // the hour-long timer was cancelled: no third run an hour later
+    tokio::time::sleep(Duration::from_secs(7200)).await;
+    assert_eq!(log.count("g"), 2);
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_during_a_run_coalesce_into_one_follow_up_run() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let gate = Arc::new(Notify::new());
+    let entered = Arc::new(Notify::new());
+    let (l, g, e) = (log.clone(), gate.clone(), entered.clone());
+    let tree = step("blocking", move |cx: Context<Widget>| {
+        let (l, g, e) = (l.clone(), g.clone(), e.clone());
+        async move {
+            let n = l.start(&cx.object().name_any());
+            if n == 0 {
+                e.notify_one();
+                g.notified().await;
+            }
+            l.end(n);
+            Outcome::Done
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "c", 1).await;
+    entered.notified().await;
+    for i in 0..100 {
+        set_note(&client, "c", &format!("n{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        log.count("c"),
+        1,
+        "no second run while the first is in progress"
+    );
+    gate.notify_one();
+    wait_ready(&client, "c", LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        log.count("c"),
+        2,
+        "100 events during one run give exactly one follow-up run"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn error_backoff_grows_and_resets_on_success() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let calls = Arc::new(AtomicU32::new(0));
+    let (l, c) = (log.clone(), calls.clone());
+    // fail ×4, succeed (yield), then fail ×2, then done
+    let tree = step("flaky", move |cx: Context<Widget>| {
+        let (l, c) = (l.clone(), c.clone());
+        async move {
+            let i = l.start(&cx.object().name_any());
+            l.end(i);
+            match c.fetch_add(1, Ordering::SeqCst) {
+                0..=3 | 5 | 6 => Outcome::failed(
+                    Reason::new("Flaky", "transient"),
+                    std::io::Error::other("boom"),
+                ),
+                4 => Outcome::yield_after(Duration::from_millis(50), Reason::new("Ok", "progress")),
+                _ => Outcome::Done,
+            }
+        }
+    });
+    let mut policy = test_policy();
+    policy.error_backoff.min = Duration::from_millis(100);
+    policy.error_backoff.max = Duration::from_secs(10);
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "f", 1).await;
+    wait_ready(&client, "f", LIMIT).await;
+    let s = log.starts("f");
+    assert_eq!(s.len(), 8);
+    let gaps: Vec<Duration> = s.windows(2).map(|w| w[1] - w[0]).collect();
+    let near =
+        |d: Duration, ms: u64| d >= Duration::from_millis(ms) && d < Duration::from_millis(ms + 60);
+    assert!(
+        near(gaps[0], 100) && near(gaps[1], 200) && near(gaps[2], 400) && near(gaps[3], 800),
+        "{gaps:?}"
+    );
+    assert!(near(gaps[4], 50), "yield delay after success: {gaps:?}");
+    assert!(
+        near(gaps[5], 100) && near(gaps[6], 200),
+        "backoff reset after success: {gaps:?}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let calls = Arc::new(AtomicU32::new(0));
+    let (l, c) = (log.clone(), calls.clone());
+    let tree = step("panicky", move |cx: Context<Widget>| {
+        let (l, c) = (l.clone(), c.clone());
+        async move {
+            l.start(&cx.object().name_any());
+            if c.fetch_add(1, Ordering::SeqCst) < 3 {
+                panic!("provisioner bug");
+            }
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.restart.max_restarts = 5;
+    policy.restart.backoff.min = Duration::from_millis(100);
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "p", 1).await;
+    wait_ready(&client, "p", LIMIT).await;
+    assert_eq!(rt.metrics().restarts, 3);
+    let s = log.starts("p");
+    assert_eq!(s.len(), 4);
+    let gaps: Vec<Duration> = s.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps[0] >= Duration::from_millis(100), "{gaps:?}");
+    assert!(
+        gaps[1] >= Duration::from_millis(200) && gaps[1] > gaps[0],
+        "{gaps:?}"
+    );
+    assert!(
+        gaps[2] >= Duration::from_millis(400) && gaps[2] > gaps[1],
+        "{gaps:?}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaffected() {
+    let (_cluster, client) = cluster();
+    let tree = step("sometimes-panics", |cx: Context<Widget>| async move {
+        if cx.object().name_any() == "bad" && cx.object().spec.note != "fixed" {
+            panic!("always fails for bad");
+        }
+        Outcome::Done
+    });
+    let mut policy = test_policy();
+    policy.restart.max_restarts = 2;
+    policy.restart.backoff.min = Duration::from_millis(10);
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "bad", 1).await;
+    for i in 0..5 {
+        create(&client, &format!("good{i}"), 1).await;
+    }
+    let s = wait_reason(&client, "bad", "Quarantined", LIMIT).await;
+    assert_eq!(s.phase, Some(Phase::Failed));
+    for i in 0..5 {
+        wait_ready(&client, &format!("good{i}"), LIMIT).await;
+    }
+    assert_eq!(rt.metrics().restarts, 2);
+    assert_eq!(rt.metrics().quarantined, 1);
+    // no more restarts while quarantined
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(rt.metrics().restarts, 2);
+    // a spec change lifts the quarantine
+    set_note(&client, "bad", "fixed").await;
+    wait_ready(&client, "bad", LIMIT).await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_two_runs_of_one_object_at_once_under_heavy_event_load() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (_cluster, client) = cluster();
+        let log = RunLog::default();
+        let l = log.clone();
+        let tree = step("slowish", move |cx: Context<Widget>| {
+            let l = l.clone();
+            async move {
+                let i = l.start(&cx.object().name_any());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                l.end(i);
+                Outcome::Done
+            }
+        });
+        let rt = Runtime::builder(client.clone())
+            .policy(test_policy())
+            .controller(Controller::<Widget>::new(tree))
+            .start()
+            .await
+            .unwrap();
+        for i in 0..10 {
+            create(&client, &format!("h{i}"), 1).await;
+        }
+        let mut writers = Vec::new();
+        for i in 0..10 {
+            let client = client.clone();
+            writers.push(tokio::spawn(async move {
+                for j in 0..40 {
+                    set_note(&client, &format!("h{i}"), &format!("v{j}")).await;
+                }
+            }));
+        }
+        for w in writers {
+            w.await.unwrap();
+        }
+        wait_all_ready(&client, 10, LIMIT).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let runs = log.0.lock().unwrap().clone();
+        assert!(runs.len() >= 20, "runs happened: {}", runs.len());
+        for i in 0..10 {
+            let name = format!("h{i}");
+            let mut mine: Vec<_> = runs.iter().filter(|r| r.0 == name).collect();
+            mine.sort_by_key(|r| r.1);
+            for w in mine.windows(2) {
+                let end = w[0].2.expect("run finished");
+                assert!(end <= w[1].1, "overlapping runs of {name}");
+            }
+        }
+        rt.shutdown().await;
+    })
+    .await
+    .expect("bounded runtime");
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_spec_is_terminal_with_typed_reason_and_bounded_runs() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let l = log.clone();
+    let tree = step("validate", move |cx: Context<Widget>| {
+        let l = l.clone();
+        async move {
+            l.start(&cx.object().name_any());
+            if cx.object().spec.size < 0 {
+                return Outcome::Terminal(Reason::new(
+                    "InvalidSize",
+                    "spec.size must not be negative",
+                ));
+            }
+            Outcome::Done
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "neg", -5).await;
+    let s = wait_reason(&client, "neg", "Terminal", LIMIT).await;
+    assert_eq!(s.phase, Some(Phase::Failed));
+    let msg = &s.ready().unwrap().message;
+    assert!(
+        msg.contains("InvalidSize") && msg.contains("must not be negative"),
+        "{msg}"
+    );
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(
+        log.count("neg"),
+        1,
+        "terminal: no retries until the object changes"
+    );
+    // deleting a terminal object still cleans up (no leaked finalizer)
+    delete(&client, "neg").await;
+    wait_gone(&client, "neg", LIMIT).await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_rerun_writes_no_status() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(logging_step(log.clone())))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "i", 1).await;
+    wait_ready(&client, "i", LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        log.count("i"),
+        1,
+        "the echoes of our own writes do not re-run"
+    );
+    let writes = rt.metrics().status_writes;
+    // a label change re-runs the tree, but the status it computes is unchanged
+    widgets(&client)
+        .patch(
+            "i",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("re-run", LIMIT, || async {
+        (log.count("i") == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        rt.metrics().status_writes,
+        writes,
+        "idle re-run wrote nothing"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_actors_passivate_and_reactivate_on_their_next_event() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let mut policy = test_policy();
+    policy.idle_timeout = Some(Duration::from_secs(5));
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(logging_step(log.clone())))
+        .start()
+        .await
+        .unwrap();
+    for i in 0..10 {
+        create(&client, &format!("z{i}"), 1).await;
+    }
+    wait_all_ready(&client, 10, LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let m = rt.metrics();
+    assert_eq!(m.live_actors, 0, "{m:?}");
+    assert_eq!(m.passivations, 10);
+    assert_eq!(log.total(), 10, "passivation re-ran nothing");
+    set_note(&client, "z3", "wake").await;
+    eventually("z3 re-run", LIMIT, || async {
+        (log.count("z3") == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(log.total(), 11, "only the changed object ran");
+    assert_eq!(rt.metrics().live_actors, 1);
+    // deletion of a passive object still deprovisions and removes the finalizer
+    delete(&client, "z5").await;
+    wait_gone(&client, "z5", LIMIT).await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_lets_an_in_flight_run_finish() {
+    let (_cluster, client) = cluster();
+    let finished = Arc::new(AtomicU32::new(0));
+    let entered = Arc::new(Notify::new());
+    let (f, e) = (finished.clone(), entered.clone());
+    let tree = step("long", move |_cx: Context<Widget>| {
+        let (f, e) = (f.clone(), e.clone());
+        async move {
+            e.notify_one();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            f.fetch_add(1, Ordering::SeqCst);
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.shutdown_timeout = Duration::from_secs(10);
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "s", 1).await;
+    entered.notified().await;
+    rt.shutdown().await;
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        1,
+        "the in-flight run completed before shutdown returned"
+    );
+}
