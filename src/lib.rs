@@ -15,6 +15,8 @@
 
 pub mod actors;
 pub mod cluster;
+#[cfg(feature = "envtest")]
+pub mod envtest;
 pub mod messages;
 mod object_api;
 pub mod policy;
