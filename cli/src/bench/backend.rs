@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use actorcile::{cluster::Cluster, envtest::Envtest};
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::{
     api::core::v1::Namespace,
@@ -17,11 +18,16 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
+use tower::Layer;
+
 use super::{
     args::{Backend, RuntimeKind},
     counting::{CountingLayer, RequestCounter},
     workload::{BenchObject, bench_crd},
 };
+
+/// Namespace of the objects in a cluster the child owns (in-process or envtest).
+pub const IN_CLUSTER_NAMESPACE: &str = "default";
 
 /// Field manager used for the bench's own writes.
 pub const FIELD_MANAGER: &str = "actorcile-bench";
@@ -40,6 +46,10 @@ pub struct Session {
 }
 
 enum Owned {
+    /// This child's own in-process cluster (dropped on close).
+    InProcess(Cluster),
+    /// This child's own etcd + kube-apiserver (stopped on close).
+    Envtest(Envtest),
     /// A namespace this session created in someone's cluster; removed on close.
     Namespace,
 }
@@ -77,8 +87,44 @@ impl Session {
                     owned: Owned::Namespace,
                 })
             }
-            Backend::InProcess | Backend::Envtest => {
-                bail!("backend {} is not available in this build", backend.name())
+            Backend::InProcess => {
+                let cluster = Cluster::new();
+                cluster
+                    .install_crd(&bench_crd())
+                    .context("installing the bench CRD in the in-process cluster")?;
+                let counter = RequestCounter::new();
+                let runtime_client = Client::new(
+                    CountingLayer::new(counter.clone()).layer(cluster.service()),
+                    IN_CLUSTER_NAMESPACE,
+                );
+                Ok(Session {
+                    setup: cluster.client(),
+                    runtime: runtime_client,
+                    counter,
+                    namespace: IN_CLUSTER_NAMESPACE.to_string(),
+                    owned: Owned::InProcess(cluster),
+                })
+            }
+            Backend::Envtest => {
+                let envtest = Envtest::start()
+                    .await
+                    .context("starting etcd + kube-apiserver (envtest)")?;
+                envtest
+                    .install_crds(&[bench_crd()])
+                    .await
+                    .context("installing the bench CRD")?;
+                let counter = RequestCounter::new();
+                let runtime_client = ClientBuilder::try_from(envtest.config())
+                    .context("building the runtime client")?
+                    .with_layer(&CountingLayer::new(counter.clone()))
+                    .build();
+                Ok(Session {
+                    setup: envtest.client(),
+                    runtime: runtime_client,
+                    counter,
+                    namespace: IN_CLUSTER_NAMESPACE.to_string(),
+                    owned: Owned::Envtest(envtest),
+                })
             }
         }
     }
@@ -86,6 +132,14 @@ impl Session {
     /// Removes what the session created (objects and namespace of a kubeconfig cluster).
     pub async fn close(self) -> Result<()> {
         match self.owned {
+            Owned::InProcess(cluster) => {
+                drop(cluster);
+                Ok(())
+            }
+            Owned::Envtest(envtest) => {
+                envtest.stop().await;
+                Ok(())
+            }
             Owned::Namespace => {
                 remove_objects(&self.setup, &self.namespace).await?;
                 let namespaces: Api<Namespace> = Api::all(self.setup.clone());

@@ -13,6 +13,7 @@ use kube::{
 };
 
 use super::{
+    actorcile_rt,
     args::{BenchArgs, RuntimeKind, Workload},
     backend::Session,
     kube_rt,
@@ -82,7 +83,15 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
             args.concurrency,
             recorder.clone(),
         )),
-        RuntimeKind::Actorcile => bail!("the actorcile runtime is not available in this build"),
+        RuntimeKind::Actorcile => Running::Actorcile(
+            actorcile_rt::start(
+                session.runtime.clone(),
+                &session.namespace,
+                args.concurrency,
+                recorder.clone(),
+            )
+            .await?,
+        ),
     };
     let driver = (args.workload == Workload::Churn).then(|| {
         tokio::spawn(churn_driver(
@@ -160,12 +169,14 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
 
 enum Running {
     Kube(kube_rt::KubeRuntimeRun),
+    Actorcile(actorcile_rt::ActorcileRun),
 }
 
 impl Running {
     async fn stop(self) {
         match self {
             Running::Kube(run) => run.stop(Duration::from_secs(5)).await,
+            Running::Actorcile(run) => run.stop(Duration::from_secs(15)).await,
         }
     }
 }

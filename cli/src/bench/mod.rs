@@ -4,12 +4,14 @@
 //! - [`args`]: command-line options and the arguments handed to a child;
 //! - [`child`]: one runtime in one process (set-up, measurement, one JSON line on stdout);
 //! - [`workload`]: the bench resource and the reconcile logic both runtimes share;
+//! - [`actorcile_rt`]: the actorcile runtime side;
 //! - [`kube_rt`]: the kube-runtime `Controller` side;
 //! - [`backend`]: in-process cluster, envtest or kubeconfig;
 //! - [`counting`]: the tower layer that counts API requests;
 //! - [`stats`]: percentiles and peak RSS;
 //! - [`report`]: result types, table and JSON output.
 
+pub mod actorcile_rt;
 pub mod args;
 pub mod backend;
 pub mod child;

@@ -20,6 +20,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use actorcile::status::{Phase, ReadyReason, ResourceStatus};
 use dashmap::DashMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
@@ -32,7 +33,8 @@ use tokio::sync::Notify;
 
 use super::{args::Workload, counting::RequestCounter};
 
-/// Spec of the bench resource.
+/// Spec of the bench resource (`BenchObject`, group `bench.actorcile.dev/v1`, namespaced). Its
+/// status is actorcile's [`ResourceStatus`] (phase, `Ready` condition, observedGeneration).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "bench.actorcile.dev",
@@ -40,7 +42,7 @@ use super::{args::Workload, counting::RequestCounter};
     kind = "BenchObject",
     plural = "benchobjects",
     namespaced,
-    status = "BenchStatus"
+    status = "ResourceStatus"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BenchObjectSpec {
@@ -50,44 +52,6 @@ pub struct BenchObjectSpec {
     /// `churn`: this is the driver's last update of the object.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub last_update: bool,
-}
-
-/// Status of the bench resource: the fields of actorcile's resource status.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BenchStatus {
-    /// Ready / Progressing / Terminating / Failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    /// The generation the status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// Conditions (one `Ready` condition).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<BenchCondition>,
-}
-
-/// One status condition.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BenchCondition {
-    /// Condition type (`Ready`).
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// Machine-readable reason.
-    #[serde(default)]
-    pub reason: String,
-    /// Human-readable message.
-    #[serde(default)]
-    pub message: String,
-    /// When the status last changed (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_transition_time: Option<String>,
-    /// The generation the condition describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
 }
 
 /// The bench CRD as installed: [`BenchObject::crd`] without `default: ""` in its schema.
@@ -381,42 +345,33 @@ pub fn status_is_current(obj: &BenchObject) -> bool {
     let Some(status) = &obj.status else {
         return false;
     };
-    status.phase.as_deref() == Some("Ready")
+    status.phase == Some(Phase::Ready)
         && status.observed_generation == obj.metadata.generation
-        && status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
+        && status.is_ready()
 }
 
+/// The status actorcile's runtime writes after a provision pass that is done, written by the
+/// reconcile itself (a merge patch on `/status`, as an operator on kube-runtime would).
 async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
     let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
     let api: Api<BenchObject> = match obj.namespace() {
         Some(ns) => Api::namespaced(client.clone(), &ns),
         None => Api::default_namespaced(client.clone()),
     };
-    let generation = obj.metadata.generation;
-    let status = BenchStatus {
-        phase: Some("Ready".into()),
-        observed_generation: generation,
-        conditions: vec![BenchCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: "Provisioned".into(),
-            // Not empty: kube-apiserver 1.20 as built for envtest reads "" in a custom resource as null.
-            message: "all provisioners done".into(),
-            last_transition_time: Some(rfc3339_now()),
-            observed_generation: generation,
-        }],
-    };
-    let patch = serde_json::json!({ "status": status });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    let desired = obj.status.clone().unwrap_or_default().with_ready(
+        Phase::Ready,
+        true,
+        ReadyReason::Provisioned,
+        "provisioned",
+        obj.metadata.generation,
+    );
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(desired.patch()),
+    )
+    .await?;
     Ok(())
-}
-
-fn rfc3339_now() -> String {
-    k8s_openapi::jiff::Timestamp::now().to_string()
 }
 
 #[cfg(test)]
@@ -606,15 +561,13 @@ mod tests {
         // Done only once the observer sees the Ready status.
         rec.observe(&o);
         assert_eq!(rec.done_count(), 0);
-        o.status = Some(BenchStatus {
-            phase: Some("Ready".into()),
-            observed_generation: Some(1),
-            conditions: vec![BenchCondition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                ..Default::default()
-            }],
-        });
+        o.status = Some(ResourceStatus::default().with_ready(
+            Phase::Ready,
+            true,
+            ReadyReason::Provisioned,
+            "provisioned",
+            Some(1),
+        ));
         assert!(status_is_current(&o));
         rec.reconcile(&o, &client, StatusWriter::Reconcile)
             .await
