@@ -49,7 +49,7 @@ enum Owned {
     /// This child's own in-process cluster (dropped on close).
     InProcess(Cluster),
     /// This child's own etcd + kube-apiserver (stopped on close).
-    Envtest(Envtest),
+    Envtest(Box<Envtest>),
     /// A namespace this session created in someone's cluster; removed on close.
     Namespace,
 }
@@ -123,7 +123,7 @@ impl Session {
                     runtime: runtime_client,
                     counter,
                     namespace: IN_CLUSTER_NAMESPACE.to_string(),
-                    owned: Owned::Envtest(envtest),
+                    owned: Owned::Envtest(Box::new(envtest)),
                 })
             }
         }
