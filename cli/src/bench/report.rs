@@ -105,8 +105,9 @@ impl BenchReport {
             "API reqs",
             "peak RSS",
             "RSS/object",
+            "RSS added",
         ];
-        let mut rows: Vec<[String; 9]> = vec![header.map(str::to_string)];
+        let mut rows: Vec<[String; 10]> = vec![header.map(str::to_string)];
         for r in &self.runs {
             rows.push([
                 r.runtime.to_string(),
@@ -118,9 +119,10 @@ impl BenchReport {
                 r.api_requests.to_string(),
                 human_bytes(r.peak_rss_bytes),
                 human_bytes(r.rss_per_object_bytes),
+                human_bytes(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
             ]);
         }
-        let mut widths = [0usize; 9];
+        let mut widths = [0usize; 10];
         for row in &rows {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.chars().count());
@@ -280,6 +282,11 @@ mod tests {
         assert!(lines[1].starts_with("runtime"));
         assert!(lines[2].starts_with("actorcile") && lines[2].contains("200"));
         assert!(lines[3].starts_with("kube-runtime") && lines[3].contains("10.0 MiB"));
+        assert!(
+            lines[3].trim_end().ends_with("5.0 MiB"),
+            "RSS added = peak - baseline: {}",
+            lines[3]
+        );
         assert!(lines[4].contains("2.00"));
     }
 
