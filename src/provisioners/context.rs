@@ -13,7 +13,7 @@ use crate::status::ResourceStatus;
 ///
 /// A context is cheap to clone. It carries the object being reconciled (the latest observed
 /// version when the pass started), a [`kube::Client`] for the current cluster scope (the
-/// [`remote`](super::remote) combinator swaps it), the reference / readiness API, the
+/// a remote-cluster combinator swaps it with [`Context::with_client`]), the reference / readiness API, the
 /// object's current actorcile status, and an event recorder.
 pub struct Context<K> {
     inner: Arc<Inner<K>>,
@@ -85,7 +85,7 @@ impl<K> Context<K> {
         &self.client
     }
 
-    /// The same context against another cluster (used by [`remote`](super::remote)).
+    /// The same context against another cluster.
     pub fn with_client(&self, client: Client) -> Self {
         Self {
             inner: self.inner.clone(),

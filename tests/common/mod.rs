@@ -174,7 +174,10 @@ pub async fn wait_reason(
 
 /// Every provision call: (object name, start, end) in tokio time.
 #[derive(Clone, Default)]
-pub struct RunLog(pub Arc<Mutex<Vec<(String, Instant, Option<Instant>)>>>);
+pub struct RunLog(pub Arc<Mutex<Vec<Run>>>);
+
+/// One provision call: object name, start, end.
+pub type Run = (String, Instant, Option<Instant>);
 
 impl RunLog {
     pub fn start(&self, name: &str) -> usize {
@@ -209,11 +212,13 @@ impl RunLog {
 
 /// A policy for fast, deterministic tests.
 pub fn test_policy() -> SupervisorPolicy {
-    let mut p = SupervisorPolicy::default();
-    p.seed = Some(1);
+    let mut p = SupervisorPolicy {
+        seed: Some(1),
+        idle_timeout: None,
+        ..Default::default()
+    };
     p.restart.backoff.jitter = false;
     p.error_backoff.jitter = false;
-    p.idle_timeout = None;
     p
 }
 
