@@ -1675,3 +1675,65 @@ async fn kube_runtime_event_recorder() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn kube_runtime_controller_reconciles() {
+    bounded(async {
+        use kube::runtime::controller::{Action, Controller};
+        use std::sync::Arc;
+
+        #[derive(Debug, thiserror::Error)]
+        #[error(transparent)]
+        struct ReconcileError(#[from] kube::Error);
+
+        async fn reconcile(
+            w: Arc<Widget>,
+            api: Arc<Api<Widget>>,
+        ) -> Result<Action, ReconcileError> {
+            let ready = w.spec.size > 0;
+            if w.status.as_ref().map(|s| s.ready) != Some(ready) {
+                let p = json!({"status": {"ready": ready}});
+                api.patch_status(&w.name_any(), &PatchParams::default(), &Patch::Merge(&p))
+                    .await?;
+            }
+            Ok(Action::await_change())
+        }
+        fn error_policy(_: Arc<Widget>, _: &ReconcileError, _: Arc<Api<Widget>>) -> Action {
+            Action::requeue(Duration::from_millis(10))
+        }
+
+        let c = cluster_with_widgets();
+        // Conflicts on a third of the writes: the controller retries.
+        c.set_faults(Faults {
+            conflict_rate: 0.3,
+            seed: 3,
+            ..Faults::default()
+        });
+        let ws: Api<Widget> = Api::default_namespaced(c.client());
+        let ctl = Controller::new(ws.clone(), watcher::Config::default())
+            .run(reconcile, error_policy, Arc::new(ws.clone()))
+            .for_each(|_| async {});
+        let driver = tokio::spawn(ctl);
+        for i in 0..25 {
+            ws.create(&PostParams::default(), &widget(&format!("w{i}"), i % 2))
+                .await
+                .unwrap();
+        }
+        loop {
+            let all = ws.list(&ListParams::default()).await.unwrap().items;
+            if all.len() == 25
+                && all.iter().all(|w| {
+                    w.status
+                        .as_ref()
+                        .is_some_and(|s| s.ready == (w.spec.size > 0))
+                })
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(c.stats().injected_conflicts > 0);
+        driver.abort();
+    })
+    .await;
+}
