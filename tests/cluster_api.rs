@@ -1737,3 +1737,60 @@ async fn kube_runtime_controller_reconciles() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn crd_versions_share_storage() {
+    bounded(async {
+        let c = Cluster::new();
+        let mut crd = Widget::crd();
+        let mut v2 = crd.spec.versions[0].clone();
+        v2.name = "v2".into();
+        v2.storage = false;
+        crd.spec.versions.push(v2);
+        c.install_crd(&crd).unwrap();
+        let ar = |v: &str| {
+            ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("test.actorcile.io", v, "Widget"),
+                "widgets",
+            )
+        };
+        let v1: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v1"));
+        let v2: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v2"));
+        let obj: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+            "metadata": {"name": "m"}, "spec": {"size": 1}}),
+        )
+        .unwrap();
+        v1.create(&PostParams::default(), &obj).await.unwrap();
+        let through_v2 = v2.get("m").await.unwrap();
+        assert_eq!(
+            through_v2.types.unwrap().api_version,
+            "test.actorcile.io/v2"
+        );
+        assert_eq!(through_v2.data["spec"]["size"], 1);
+        // A watch through v2 sees v1 writes as v2 objects.
+        let start = c.revision().to_string();
+        v1.patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+        let events = watch_all(&v2, &start, &WatchParams::default().timeout(1)).await;
+        match events.as_slice() {
+            [WatchEvent::Modified(o)] => {
+                assert_eq!(
+                    o.types.as_ref().unwrap().api_version,
+                    "test.actorcile.io/v2"
+                );
+                assert_eq!(o.data["spec"]["size"], 2);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // An unserved version is not routed.
+        let v3: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v3"));
+        assert_eq!(api_err(v3.get("m").await.unwrap_err()).0, 404);
+    })
+    .await;
+}
