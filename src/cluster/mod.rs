@@ -169,7 +169,6 @@ pub(crate) struct Stats {
     pub(crate) delete: AtomicU64,
     pub(crate) total: AtomicU64,
     pub(crate) injected_errors: AtomicU64,
-    pub(crate) injected_conflicts: AtomicU64,
 }
 
 /// Request counters of a [`Cluster`], by verb.
@@ -332,7 +331,12 @@ impl Cluster {
             delete: l(&s.delete),
             total: l(&s.total),
             injected_errors: l(&s.injected_errors),
-            injected_conflicts: l(&s.injected_conflicts),
+            injected_conflicts: self
+                .inner
+                .store
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .injected_conflicts,
         }
     }
 

@@ -497,7 +497,7 @@ async fn handle(
     if route.status && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {
         return error_response(&ApiError::method_not_allowed());
     }
-    // A namespaced kind addressed without a namespace: only list, watch and deletecollection make sense.
+    // A namespaced kind addressed without a namespace: only list and watch make sense.
     if route.kind.namespaced && route.ns.is_none() && !matches!(verb, Verb::List | Verb::Watch) {
         return error_response(&if route.name.is_some() {
             ApiError::no_route()
@@ -522,18 +522,9 @@ async fn handle(
             "injected fault (actorcile in-process cluster)",
         ));
     }
-    let result = execute(inner, &parts, &q, &body, &route, verb, decision.conflict);
-    match result {
+    match execute(inner, &parts, &q, &body, &route, verb, decision.conflict) {
         Ok(r) => r,
-        Err(e) => {
-            if decision.conflict && e.code == 409 && e.reason == "Conflict" {
-                inner
-                    .stats
-                    .injected_conflicts
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            error_response(&e)
-        }
+        Err(e) => error_response(&e),
     }
 }
 

@@ -259,6 +259,8 @@ pub(crate) struct Store {
     gc: VecDeque<Gc>,
     /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
     pub(crate) dry_run: bool,
+    /// Conflicts injected by fault injection so far.
+    pub(crate) injected_conflicts: u64,
 }
 
 fn meta(v: &Value) -> Option<&Map<String, Value>> {
@@ -475,6 +477,7 @@ impl Store {
             },
             gc: VecDeque::new(),
             dry_run: false,
+            injected_conflicts: 0,
         };
         s.register_builtins();
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -1296,6 +1299,7 @@ impl Store {
             ));
         }
         if inject_conflict {
+            self.injected_conflicts += 1;
             return Err(ApiError::conflict(kind.subject(name)));
         }
         if !status_only
