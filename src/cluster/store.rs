@@ -1615,7 +1615,11 @@ impl Store {
             }
             self.gc.push_back(Gc::Namespace(r.name.clone()));
         }
-        let latest = self.lookup(r).cloned().unwrap_or(obj);
+        let latest = if self.dry_run {
+            obj
+        } else {
+            self.lookup(r).cloned().unwrap_or(obj)
+        };
         (latest, false)
     }
 
