@@ -75,8 +75,9 @@
 //!   server. A write that changes nothing stores nothing and sends no watch event.
 //! * `metadata.uid`, `creationTimestamp` are set on create (timestamps follow the tokio clock, so a paused
 //!   clock gives simulated time); `managedFields` are not maintained.
-//! * `metadata.generation` (custom resources and CRDs) starts at 1 and is bumped when anything outside
-//!   metadata changes — outside metadata and status when the kind has a status subresource.
+//! * `metadata.generation` (custom resources, CRDs and the `apps` / `batch` kinds) starts at 1 and is
+//!   bumped when anything outside metadata changes — outside metadata and status when the kind has a
+//!   status subresource.
 //! * Status subresource: writes to `/status` change only `status`; writes to the main resource keep the
 //!   stored `status`; create drops `status`.
 //! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
@@ -109,16 +110,23 @@
 //!   `allowWatchBookmarks=true` (kube's default) a `BOOKMARK` at the current revision comes every 60 s
 //!   and when the stream ends, so a watcher of a quiet kind resumes without a 410 even when other kinds
 //!   fill the history.
-//! * Lists: `metadata.resourceVersion` is the current revision. `resourceVersion=0` lists are whole
-//!   (the `limit` is ignored, as the real server's cache does); `remainingItemCount` is not given. Pages after the first show the objects'
-//!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
-//!   history window answers 410.
+//! * Lists: `metadata.resourceVersion` is the current revision. `resourceVersion=0` lists are whole (the
+//!   `limit` is ignored, as the real server's cache does); `remainingItemCount` is not given. Pages after
+//!   the first show the objects' current state rather than a snapshot at the first page's revision; a
+//!   `continue` token older than the history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
 //!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405. Messages
 //!   follow a v1.20 kube-apiserver's where they were compared. Built-in kinds take a missing `apiVersion`
 //!   / `kind` from the URL; custom resources require them (400).
 //! * `dryRun=All` (query, or `dryRun: ["All"]` in DeleteOptions) checks a write and answers its result
 //!   without storing it or sending events.
+//!
+//! # Determinism
+//!
+//! Given the same requests in the same order, two clusters built with the same
+//! [`ClusterBuilder::seed`] and [`Faults::seed`] answer the same: same uids, `generateName` suffixes,
+//! revisions, injected faults, and the same order of garbage-collection and namespace-deletion events.
+//! Nothing depends on wall-clock time except the text of timestamps.
 //!
 //! # Cost
 //!
