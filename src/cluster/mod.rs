@@ -141,6 +141,7 @@
 //! seeded generator; [`Cluster::set_faults`] changes them at run time. Delays use `tokio::time`, so they
 //! cost nothing under a paused clock.
 
+mod apply;
 mod error;
 mod faults;
 mod selector;

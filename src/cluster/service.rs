@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Inner;
+use super::apply;
 use super::error::ApiError;
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, Store, WatchItem, WriteKind};
@@ -640,7 +641,7 @@ fn execute_locked(
             }
         }
         Verb::Create => {
-            let w = store.create(kind, ns, parse_json(body)?)?;
+            let w = store.create(kind, ns, parse_json(body)?, None)?;
             Ok(json_response(201, w.bytes))
         }
         Verb::Update => {
@@ -652,6 +653,7 @@ fn execute_locked(
                 route.status,
                 WriteKind::Put,
                 inject_conflict,
+                None,
             )?;
             Ok(json_response(200, w.bytes))
         }
@@ -671,6 +673,7 @@ fn execute_locked(
                     .current(kind, ns, name)
                     .ok_or_else(|| ApiError::not_found(kind_subject(kind, name)))
             };
+            let mut managed = None;
             let patched = match ct.as_str() {
                 "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                     if ct.starts_with("application/strategic") && kind.custom {
@@ -707,27 +710,41 @@ fn execute_locked(
                     if !patch.is_object() {
                         return Err(ApiError::bad_request("apply patch must be an object"));
                     }
-                    match store.current(kind, ns, name) {
-                        None if !route.status => {
-                            if patch.pointer("/metadata/name").and_then(Value::as_str) != Some(name)
-                            {
-                                return Err(ApiError::bad_request(format!(
-                                    "the name of the object ({}) does not match the name on the URL ({name})",
-                                    patch
-                                        .pointer("/metadata/name")
-                                        .and_then(Value::as_str)
-                                        .unwrap_or_default()
-                                )));
-                            }
-                            let w = store.create(kind, ns, patch)?;
-                            return Ok(json_response(201, w.bytes));
-                        }
-                        None => return Err(ApiError::not_found(kind_subject(kind, name))),
-                        Some(mut cur) => {
-                            json_patch::merge(&mut cur, &patch);
-                            cur
-                        }
+                    let current = store.current(kind, ns, name);
+                    if current.is_none() && route.status {
+                        return Err(ApiError::not_found(kind_subject(kind, name)));
                     }
+                    if patch.pointer("/metadata/name").and_then(Value::as_str) != Some(name) {
+                        return Err(ApiError::bad_request(format!(
+                            "the name of the object ({}) does not match the name on the URL ({name})",
+                            patch
+                                .pointer("/metadata/name")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                        )));
+                    }
+                    let now = store.now();
+                    let applied = apply::apply(
+                        current.as_ref(),
+                        &apply::ApplyRequest {
+                            body: &patch,
+                            manager: q
+                                .get("fieldManager")
+                                .map(String::as_str)
+                                .unwrap_or_default(),
+                            force: q.get("force").is_some_and(|f| f == "true"),
+                            status_only: route.status,
+                            skip_status: kind.status,
+                            api_version: &kind.api_version,
+                            now: &now,
+                        },
+                    )?;
+                    if current.is_none() {
+                        let w = store.create(kind, ns, applied.object, Some(applied.managed))?;
+                        return Ok(json_response(201, w.bytes));
+                    }
+                    managed = Some(applied.managed);
+                    applied.object
                 }
                 _ => return Err(ApiError::unsupported_media_type()),
             };
@@ -739,6 +756,7 @@ fn execute_locked(
                 route.status,
                 WriteKind::Patch,
                 inject_conflict,
+                managed,
             )?;
             Ok(json_response(200, w.bytes))
         }

@@ -484,7 +484,7 @@ impl Store {
             let kind =
                 s.routes[&(String::new(), "v1".to_string(), "namespaces".to_string())].clone();
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            s.create(&kind, None, body)
+            s.create(&kind, None, body, None)
                 .expect("built-in namespace is valid");
         }
         s
@@ -641,6 +641,11 @@ impl Store {
         let mut v: Vec<_> = self.routes.values().cloned().collect();
         v.sort_by(|a, b| (&a.gr, &a.version).cmp(&(&b.gr, &b.version)));
         v
+    }
+
+    /// The current time, as the cluster writes timestamps.
+    pub(crate) fn now(&self) -> String {
+        self.clock.now()
     }
 
     pub(crate) fn object_count(&self) -> usize {
@@ -1094,11 +1099,13 @@ impl Store {
     }
 
     /// POST.
+    /// POST. `managed`: the `managedFields` to record (server-side apply), otherwise none.
     pub(crate) fn create(
         &mut self,
         kind: &Kind,
         ns: Option<&str>,
         mut body: Value,
+        managed: Option<Value>,
     ) -> Result<Written, ApiError> {
         Self::check_type(kind, &mut body)?;
         if !body.get("metadata").is_none_or(Value::is_object) {
@@ -1218,6 +1225,9 @@ impl Store {
         }
         m.insert("uid".into(), json!(uid));
         m.insert("creationTimestamp".into(), json!(now));
+        if let Some(managed) = managed {
+            m.insert("managedFields".into(), managed);
+        }
         if kind.generation {
             m.insert("generation".into(), json!(1));
         } else {
@@ -1250,6 +1260,7 @@ impl Store {
         status_only: bool,
         how: WriteKind,
         inject_conflict: bool,
+        managed: Option<Value>,
     ) -> Result<Written, ApiError> {
         Self::check_type(kind, &mut new)?;
         if !new.get("metadata").is_none_or(Value::is_object) {
@@ -1350,7 +1361,12 @@ impl Store {
                     None => m.remove(f),
                 };
             }
-            m.remove("managedFields");
+            // managedFields are kept unless the write sets them (as on the real server).
+            if !m.contains_key("managedFields")
+                && let Some(mf) = om.get("managedFields")
+            {
+                m.insert("managedFields".into(), mf.clone());
+            }
             m.remove("selfLink");
             if kind.status {
                 match old_v.get("status") {
@@ -1385,6 +1401,9 @@ impl Store {
             new
         };
         meta_mut(&mut next).insert("resourceVersion".into(), json!(old_rv));
+        if let Some(managed) = managed {
+            meta_mut(&mut next).insert("managedFields".into(), managed);
+        }
         if kind.generation && spec_part(old_v, kind.status) != spec_part(&next, kind.status) {
             let g = meta(old_v)
                 .and_then(|m| m.get("generation"))
@@ -1956,9 +1975,18 @@ impl Store {
         let name = meta_str(&crd, "name").unwrap_or_default().to_string();
         if let Some(mut cur) = self.current(&kind, None, &name) {
             cur["spec"] = crd.get("spec").cloned().unwrap_or(Value::Null);
-            self.update(&kind, None, &name, cur, false, WriteKind::Patch, false)?;
+            self.update(
+                &kind,
+                None,
+                &name,
+                cur,
+                false,
+                WriteKind::Patch,
+                false,
+                None,
+            )?;
         } else {
-            self.create(&kind, None, crd)?;
+            self.create(&kind, None, crd, None)?;
         }
         Ok(())
     }
