@@ -1794,3 +1794,82 @@ async fn crd_versions_share_storage() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn server_side_apply_field_ownership() {
+    bounded(async {
+        let c = cluster_with_widgets();
+        let ws: Api<Widget> = Api::default_namespaced(c.client());
+        let body = |size: i32, label: bool| {
+            let mut b = json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+                "metadata": {"name": "a"}, "spec": {"size": size}});
+            if label {
+                b["metadata"]["labels"] = json!({"l": "1"});
+            }
+            b
+        };
+        let w = ws
+            .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
+            .await
+            .unwrap();
+        let managers: Vec<_> = w
+            .managed_fields()
+            .iter()
+            .map(|m| {
+                (
+                    m.manager.clone().unwrap_or_default(),
+                    m.operation.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(managers, [("m1".to_string(), "Apply".to_string())]);
+        // Re-applying the same is a no-op: same resourceVersion.
+        let again = ws
+            .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
+            .await
+            .unwrap();
+        assert_eq!(again.resource_version(), w.resource_version());
+        // Another manager changing m1's field conflicts, unless forced.
+        let err = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m2"),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err), (409, "Conflict".to_string()));
+        assert_eq!(ws.get("a").await.unwrap().spec.size, 1);
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m2").force(),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(w.spec.size, 2);
+        // m1 no longer owns spec.size; dropping its label removes it.
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m1"),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap();
+        assert!(w.labels().get("l").is_none(), "{:?}", w.labels());
+        assert_eq!(w.spec.size, 2);
+        // Plain writes keep managedFields.
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(w.managed_fields().len(), 2);
+    })
+    .await;
+}
