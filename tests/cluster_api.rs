@@ -989,8 +989,25 @@ async fn malformed_requests_answer_status() {
         check(raw(&c, "OPTIONS", cms, json, "").await, 405);
         let b = check(raw(&c, "GET", "/api/v1/namespaces/default/gizmos", json, "").await, 404);
         assert_eq!(b["reason"], "NotFound");
-        check(raw(&c, "GET", "/apis/nope.io/v1/things", json, "").await, 404);
-        check(raw(&c, "GET", "/nonsense", json, "").await, 404);
+        // Paths no group serves get the real server's plain-text 404; unknown kinds of built-in groups a Status.
+        let plain_404 = |c: &Cluster, uri: &'static str| {
+            let req = http::Request::get(uri).body(Full::new(Bytes::new())).unwrap();
+            let svc = c.service();
+            async move {
+                let resp = svc.oneshot(req).await.unwrap();
+                let code = resp.status().as_u16();
+                let text = resp.into_body().collect().await.unwrap().to_bytes();
+                (code, String::from_utf8(text.to_vec()).unwrap())
+            }
+        };
+        for uri in [
+            "/apis/nope.io/v1/things",
+            "/nonsense",
+            "/apis/test.actorcile.io/v1/namespaces/default/gizmos",
+        ] {
+            assert_eq!(plain_404(&c, uri).await, (404, "404 page not found\n".to_string()), "{uri}");
+        }
+        check(raw(&c, "GET", "/apis/apps/v1/namespaces/default/gizmos", json, "").await, 404);
         check(raw(&c, "GET", &format!("{cms}/x/status"), json, "").await, 404);
         check(raw(&c, "GET", &format!("{cms}?labelSelector=a%20in%20(b"), json, "").await, 400);
         check(raw(&c, "GET", &format!("{cms}?limit=many"), json, "").await, 400);

@@ -210,6 +210,7 @@ pub(crate) fn apply(current: Option<&Value>, req: &ApplyRequest<'_>) -> Result<A
                 .collect();
             let n = conflicts.len();
             return Err(ApiError {
+                plain: false,
                 code: 409,
                 reason: "Conflict",
                 message: format!(

@@ -63,9 +63,13 @@
 //! * Patches: `application/merge-patch+json`; `application/json-patch+json` (a failed `test` op → 422);
 //!   `application/strategic-merge-patch+json` on built-in kinds is applied as a merge patch (no merge
 //!   keys), and on custom resources answers 415 as the real server; `application/apply-patch+yaml`
-//!   (server-side apply) is **a merge patch that creates the object when missing**: there is no field
-//!   ownership, so fields a manager stops sending are not removed and no apply conflicts are reported;
-//!   the body must be JSON (which is YAML; kube always sends JSON); `fieldManager` is required.
+//!   (server-side apply, `fieldManager` required, `force` honoured) creates the object when missing and
+//!   tracks field ownership among apply managers in `metadata.managedFields` (`operation: Apply`): a field
+//!   another apply manager owns with a different value answers 409 `Conflict` unless forced (which takes
+//!   it over), and a field a manager stops sending is removed unless someone else owns it. Simplified:
+//!   lists are atomic (as for CRDs without list-type markers; built-in kinds' keyed lists are not merged
+//!   by key), and plain updates and patches do not become `Update` managers, so they never conflict. The
+//!   apply body must be JSON (which is YAML; kube always sends JSON).
 //!
 //! # Semantics
 //!
@@ -74,7 +78,8 @@
 //!   unconditional for built-in kinds and refused (422) for custom resources and CRDs, as on the real
 //!   server. A write that changes nothing stores nothing and sends no watch event.
 //! * `metadata.uid`, `creationTimestamp` are set on create (timestamps follow the tokio clock, so a paused
-//!   clock gives simulated time); `managedFields` are not maintained.
+//!   clock gives simulated time); `managedFields` are kept as written, and maintained by server-side
+//!   apply only.
 //! * `metadata.generation` (custom resources, CRDs and the `apps` / `batch` kinds) starts at 1 and is
 //!   bumped when anything outside metadata changes — outside metadata and status when the kind has a
 //!   status subresource.
@@ -115,7 +120,9 @@
 //!   the first show the objects' current state rather than a snapshot at the first page's revision; a
 //!   `continue` token older than the history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
-//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405. Messages
+//!   carries them; malformed input answers 400/422, unsupported methods 405. Unknown kinds of built-in
+//!   groups answer a 404 `Status`; paths no group serves (unknown groups, unknown kinds of custom
+//!   resource groups) answer the real server's plain-text `404 page not found`. Messages
 //!   follow a v1.20 kube-apiserver's where they were compared. Built-in kinds take a missing `apiVersion`
 //!   / `kind` from the URL; custom resources require them (400).
 //! * `dryRun=All` (query, or `dryRun: ["All"]` in DeleteOptions) checks a write and answers its result

@@ -171,6 +171,14 @@ fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ClusterBody> {
 }
 
 fn error_response(e: &ApiError) -> Response<ClusterBody> {
+    if e.plain {
+        let mut r = json_response(e.code, format!("{}\n", e.message));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return r;
+    }
     json_response(
         e.code,
         serde_json::to_vec(&e.to_status()).unwrap_or_default(),
@@ -317,13 +325,13 @@ fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
         ["apis", g, v] => {
             let kinds = store.kinds();
             if !kinds.iter().any(|k| k.gr.group == *g && k.version == *v) {
-                return Err(ApiError::no_route());
+                return Err(ApiError::page_not_found());
             }
             return Ok(Target::Document(resource_list(&kinds, g, v)));
         }
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", g, v, rest @ ..] if !rest.is_empty() => (g, v, rest),
-        _ => return Err(ApiError::no_route()),
+        _ => return Err(ApiError::page_not_found()),
     };
     let (ns, plural, name, sub) = match rest {
         ["namespaces", ns, plural, tail @ ..]
@@ -349,9 +357,14 @@ fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
         }
         [] => return Err(ApiError::no_route()),
     };
-    let kind = store
-        .resolve(group, version, plural)
-        .ok_or_else(ApiError::no_route)?;
+    let kind = store.resolve(group, version, plural).ok_or_else(|| {
+        // Built-in groups answer a Status; anything else falls through to the mux's plain 404.
+        if store.serves_builtin_group(group) {
+            ApiError::no_route()
+        } else {
+            ApiError::page_not_found()
+        }
+    })?;
     if ns.is_some() && !kind.namespaced {
         return Err(ApiError::no_route());
     }

@@ -643,6 +643,13 @@ impl Store {
         v
     }
 
+    /// Whether a built-in kind is served in this group (the core group included).
+    pub(crate) fn serves_builtin_group(&self, group: &str) -> bool {
+        self.routes
+            .values()
+            .any(|k| !k.custom && k.gr.group == group)
+    }
+
     /// The current time, as the cluster writes timestamps.
     pub(crate) fn now(&self) -> String {
         self.clock.now()
