@@ -1890,3 +1890,29 @@ async fn server_side_apply_field_ownership() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn unknown_fields_are_pruned() {
+    bounded(async {
+        let c = cluster_with_widgets();
+        let ar = ApiResource::erase::<Widget>(&());
+        let api: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar);
+        let obj = DynamicObject::new("a", &ar)
+            .data(json!({"spec": {"size": 1, "bogus": "x"}, "extra": 1}));
+        let made = api.create(&PostParams::default(), &obj).await.unwrap();
+        assert_eq!(made.data["spec"], json!({"size": 1}), "{:?}", made.data);
+        assert!(made.data.get("extra").is_none(), "{:?}", made.data);
+        let p = json!({"spec": {"other": true}, "status": {"ready": true, "junk": 1}});
+        let w = api
+            .patch("a", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+        assert_eq!(w.data["spec"], json!({"size": 1}));
+        let w = api
+            .patch_status("a", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+        assert_eq!(w.data["status"], json!({"ready": true}));
+    })
+    .await;
+}

@@ -54,8 +54,10 @@
 //!   [`Cluster::install_crd`]) serves its kind at once in every served version, with its scope and its
 //!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
 //!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).
-//!   Deleting a CRD deletes its objects and stops serving the kind. CRD schemas are not validated, nor
-//!   pruned.
+//!   Deleting a CRD deletes its objects and stops serving the kind. Unknown fields are pruned by each
+//!   version's structural schema (`properties`, `additionalProperties`, `items`,
+//!   `x-kubernetes-preserve-unknown-fields`), as the real server does; values are **not validated**
+//!   against the schema (types, formats, enums, required fields, CEL rules) and no defaults are applied.
 //! * Verbs: create (POST, `generateName`), get, list (`labelSelector` with `=`, `==`, `!=`, `in`, `notin`,
 //!   `key`, `!key`, `>`/`<`; `fieldSelector` on `metadata.name` / `metadata.namespace`; `limit` +
 //!   `continue`), watch, replace (PUT), patch, delete (with `propagationPolicy` and preconditions) and

@@ -37,6 +37,8 @@ pub(crate) struct Kind {
     pub(crate) custom: bool,
     /// DELETE answers the object (otherwise a `Status` when the object is gone at once).
     pub(crate) delete_returns_object: bool,
+    /// The structural schema (`openAPIV3Schema`) of a custom resource version: unknown fields are pruned.
+    pub(crate) schema: Option<Arc<Value>>,
 }
 
 impl Kind {
@@ -366,6 +368,46 @@ fn unhex(s: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
+/// Drops the fields a structural schema does not declare, as the real server prunes custom resources:
+/// `properties` are recursed into, `additionalProperties` schemas apply to every value,
+/// `x-kubernetes-preserve-unknown-fields: true` keeps undeclared fields, `items` applies to list
+/// elements. At the root, `apiVersion`, `kind` and `metadata` are kept.
+fn prune(v: &mut Value, schema: &Value, root: bool) {
+    match v {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties");
+            let preserve = schema.get("x-kubernetes-preserve-unknown-fields")
+                == Some(&Value::Bool(true))
+                || additional == Some(&Value::Bool(true));
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for k in keys {
+                if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
+                let sub = props
+                    .and_then(|p| p.get(&k))
+                    .or(additional.filter(|a| a.is_object()));
+                match (sub, map.get_mut(&k)) {
+                    (Some(sub), Some(child)) => prune(child, sub, false),
+                    _ if preserve => {}
+                    _ => {
+                        map.remove(&k);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for it in items {
+                    prune(it, item_schema, false);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
 /// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`.
 fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
@@ -514,6 +556,7 @@ impl Store {
             generation: false,
             custom: false,
             delete_returns_object: false,
+            schema: None,
         };
         let mut ns = b("", "v1", "namespaces", "Namespace", false, true);
         ns.delete_returns_object = true;
@@ -1210,6 +1253,9 @@ impl Store {
             ));
         }
         normalize(kind, &name, &mut body)?;
+        if let Some(schema) = &kind.schema {
+            prune(&mut body, schema, true);
+        }
         let r = Self::objref(kind, ns, &name);
         if self.lookup(&r).is_some() {
             return Err(ApiError::already_exists(kind.subject(&name)));
@@ -1407,6 +1453,9 @@ impl Store {
             }
             new
         };
+        if let Some(schema) = &kind.schema {
+            prune(&mut next, schema, true);
+        }
         meta_mut(&mut next).insert("resourceVersion".into(), json!(old_rv));
         if let Some(managed) = managed {
             meta_mut(&mut next).insert("managedFields".into(), managed);
@@ -1930,6 +1979,7 @@ impl Store {
                 custom: true,
                 // Gone at once → a success Status (real 1.20 servers do not answer the object here).
                 delete_returns_object: false,
+                schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
             });
         }
     }
