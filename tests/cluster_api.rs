@@ -98,12 +98,22 @@ async fn watch_all<K: Clone + serde::de::DeserializeOwned + std::fmt::Debug>(
     rv: &str,
     wp: &WatchParams,
 ) -> Vec<WatchEvent<K>> {
-    api.watch(wp, rv)
+    let events: Vec<WatchEvent<K>> = api
+        .watch(wp, rv)
         .await
         .unwrap()
         .try_collect()
         .await
-        .unwrap()
+        .unwrap();
+    // kube asks for bookmarks; every watch ends with one. Check it, then leave it out.
+    assert!(
+        matches!(events.last(), Some(WatchEvent::Bookmark(_))),
+        "{events:?}"
+    );
+    events
+        .into_iter()
+        .filter(|e| !matches!(e, WatchEvent::Bookmark(_)))
+        .collect()
 }
 
 #[tokio::test]
@@ -298,10 +308,15 @@ async fn finalizers_and_deletion_timestamp_lifecycle() {
         .await
         .unwrap();
         // Removing the last finalizer removes the object.
+        let last = ws.get("w").await.unwrap();
         let p = json!({"metadata": {"finalizers": null}});
-        ws.patch("w", &PatchParams::default(), &Patch::Merge(&p))
+        let answer = ws
+            .patch("w", &PatchParams::default(), &Patch::Merge(&p))
             .await
             .unwrap();
+        // As the real server: the answer is the written state at its old resourceVersion...
+        assert!(answer.finalizers().is_empty());
+        assert_eq!(answer.resource_version(), last.resource_version());
         let (code, reason) = api_err(ws.get("w").await.unwrap_err());
         assert_eq!((code, reason.as_str()), (404, "NotFound"));
 
@@ -324,6 +339,15 @@ async fn finalizers_and_deletion_timestamp_lifecycle() {
             kinds,
             ["ADDED false", "MODIFIED true", "MODIFIED true", "DELETED"]
         );
+        // ...while the DELETED event carries the last stored state, at a new resourceVersion.
+        let Some(WatchEvent::Deleted(gone)) = events.last() else {
+            panic!("no DELETED event")
+        };
+        assert_eq!(gone.finalizers(), ["test/keep"]);
+        let gone_rv: u64 = gone.resource_version().unwrap().parse().unwrap();
+        assert!(gone_rv > last.resource_version().unwrap().parse::<u64>().unwrap());
+        // Marking for deletion bumped the generation (1 → 2), the spec change after it too (→ 3).
+        assert_eq!(gone.metadata.generation, Some(3));
     })
     .await;
 }
@@ -476,6 +500,18 @@ async fn list_paging() {
             all.list(&ListParams::default()).await.unwrap().items.len(),
             n + 1
         );
+        // resourceVersion=0 is served whole, as from the real server's cache.
+        let (code, whole) = raw(
+            &c,
+            "GET",
+            "/api/v1/namespaces/default/configmaps?limit=5&resourceVersion=0",
+            "",
+            "",
+        )
+        .await;
+        assert_eq!(code, 200);
+        assert_eq!(whole["items"].as_array().unwrap().len(), n);
+        assert!(whole["metadata"].get("continue").is_none());
         let l = cms.list(&ListParams::default().limit(5)).await.unwrap();
         assert_eq!(l.metadata.resource_version, Some(c.revision().to_string()));
         let (code, _) = api_err(
@@ -920,18 +956,32 @@ async fn malformed_requests_answer_status() {
         check(raw(&c, "POST", cms, json, "{not json").await, 400);
         check(raw(&c, "POST", cms, json, "[1,2]").await, 400);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x"}}"#).await, 400);
-        check(raw(&c, "POST", cms, json, r#"{"metadata":{"name":"x"}}"#).await, 400);
+        // Custom resources need apiVersion and kind; built-in kinds take them from the URL.
+        let b = check(raw(&c, "POST", "/apis/test.actorcile.io/v1/namespaces/default/widgets", json,
+            r#"{"metadata":{"name":"x"}}"#).await, 400);
+        assert!(b["message"].as_str().unwrap().contains("Object 'Kind' is missing"), "{b}");
+        let (code, obj) = raw(&c, "POST", cms, json, r#"{"metadata":{"name":"defaulted"}}"#).await;
+        assert_eq!((code, obj["kind"].as_str()), (201, Some("ConfigMap")));
+        // A resourceVersion on create is a bare 500, as on the real server.
+        let b = raw(&c, "POST", cms, json, r#"{"metadata":{"name":"rv","resourceVersion":"5"}}"#).await;
+        assert_eq!((b.0, b.1["message"].as_str()), (500, Some("resourceVersion should not be set on objects to be created")));
         let b = check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}"#).await, 422);
         assert_eq!(b["reason"], "Invalid");
-        check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#).await, 422);
+        assert_eq!(b["message"], "ConfigMap \"\" is invalid: metadata.name: Required value: name or generateName is required");
+        assert_eq!(b["details"]["causes"][0]["reason"], "FieldValueRequired");
+        let b = check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#).await, 422);
+        // Word for word what a v1.20 kube-apiserver answers.
+        assert_eq!(b["message"], r#"ConfigMap "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"#);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"other"}}"#).await, 400);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":"oops"}"#).await, 400);
+        check(raw(&c, "POST", cms, json, r#"{"metadata":{"name":"o","ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"p"}]}}"#).await, 422);
+        check(raw(&c, "POST", cms, json, r#"{"metadata":{"name":"o","labels":{"a":1}}}"#).await, 400);
         let ok = raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#).await;
         assert_eq!(ok.0, 201);
         check(raw(&c, "PUT", &format!("{cms}/x"), json, r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"y"}}"#).await, 400);
         check(raw(&c, "PATCH", &format!("{cms}/x"), "application/merge-patch+json", "{{").await, 400);
         check(raw(&c, "PATCH", &format!("{cms}/x"), "text/plain", "{}").await, 415);
-        check(raw(&c, "PATCH", &format!("{cms}/x"), "application/merge-patch+json", r#"{"metadata":{"name":"z"}}"#).await, 422);
+        check(raw(&c, "PATCH", &format!("{cms}/x"), "application/merge-patch+json", r#"{"metadata":{"name":"z"}}"#).await, 400);
         check(raw(&c, "PATCH", &format!("{cms}/x"), "application/apply-patch+yaml", r#"{}"#).await, 422);
         check(raw(&c, "DELETE", &format!("{cms}/x"), json, "{bad").await, 400);
         check(raw(&c, "DELETE", &format!("{cms}/x"), json, r#"{"propagationPolicy":"Sideways"}"#).await, 422);
@@ -939,8 +989,25 @@ async fn malformed_requests_answer_status() {
         check(raw(&c, "OPTIONS", cms, json, "").await, 405);
         let b = check(raw(&c, "GET", "/api/v1/namespaces/default/gizmos", json, "").await, 404);
         assert_eq!(b["reason"], "NotFound");
-        check(raw(&c, "GET", "/apis/nope.io/v1/things", json, "").await, 404);
-        check(raw(&c, "GET", "/nonsense", json, "").await, 404);
+        // Paths no group serves get the real server's plain-text 404; unknown kinds of built-in groups a Status.
+        let plain_404 = |c: &Cluster, uri: &'static str| {
+            let req = http::Request::get(uri).body(Full::new(Bytes::new())).unwrap();
+            let svc = c.service();
+            async move {
+                let resp = svc.oneshot(req).await.unwrap();
+                let code = resp.status().as_u16();
+                let text = resp.into_body().collect().await.unwrap().to_bytes();
+                (code, String::from_utf8(text.to_vec()).unwrap())
+            }
+        };
+        for uri in [
+            "/apis/nope.io/v1/things",
+            "/nonsense",
+            "/apis/test.actorcile.io/v1/namespaces/default/gizmos",
+        ] {
+            assert_eq!(plain_404(&c, uri).await, (404, "404 page not found\n".to_string()), "{uri}");
+        }
+        check(raw(&c, "GET", "/apis/apps/v1/namespaces/default/gizmos", json, "").await, 404);
         check(raw(&c, "GET", &format!("{cms}/x/status"), json, "").await, 404);
         check(raw(&c, "GET", &format!("{cms}?labelSelector=a%20in%20(b"), json, "").await, 400);
         check(raw(&c, "GET", &format!("{cms}?limit=many"), json, "").await, 400);
@@ -1344,4 +1411,508 @@ async fn reflector_converges_under_paused_clock_with_faults() {
     })
     .await
     .expect("bounded (virtual time)");
+}
+
+#[tokio::test]
+async fn immutable_config_maps_and_uid_preconditions() {
+    bounded(async {
+        let c = Cluster::new();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        let mut frozen = cm("frozen", &[]);
+        frozen.immutable = Some(true);
+        cms.create(&PostParams::default(), &frozen).await.unwrap();
+        let err = cms
+            .patch(
+                "frozen",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"k": "2"}})),
+            )
+            .await;
+        assert_eq!(api_err(err.unwrap_err()), (422, "Invalid".to_string()));
+        // Metadata may still change.
+        cms.patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+        // A write naming another uid is refused.
+        let p = json!({"metadata": {"uid": "00000000-0000-0000-0000-000000000000"}});
+        let err = cms
+            .patch("frozen", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err), (409, "Conflict".to_string()));
+        // Delete preconditions.
+        let cur = cms.get("frozen").await.unwrap();
+        let stale = kube::api::Preconditions {
+            resource_version: Some("1".into()),
+            uid: None,
+        };
+        let err = cms
+            .delete("frozen", &DeleteParams::default().preconditions(stale))
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err).0, 409);
+        let ok = kube::api::Preconditions {
+            resource_version: cur.resource_version(),
+            uid: cur.uid(),
+        };
+        let gone = cms
+            .delete("frozen", &DeleteParams::default().preconditions(ok))
+            .await
+            .unwrap();
+        let status = gone.right().expect("a Status for a built-in kind");
+        assert_eq!(status.details.unwrap().uid, cur.uid().unwrap());
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bookmarks_keep_quiet_watches_resumable() {
+    tokio::time::timeout(Duration::from_secs(3600), async {
+        let c = Cluster::builder().history(10).build();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        cms.create(&PostParams::default(), &cm("only", &[]))
+            .await
+            .unwrap();
+        // A watch allowing bookmarks gets one periodically and one when it ends, at the current revision.
+        let wp = WatchParams::default().timeout(130);
+        let mut w = cms
+            .watch(&wp, &c.revision().to_string())
+            .await
+            .unwrap()
+            .boxed();
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::default_namespaced(c.client());
+        let mut lease = k8s_openapi::api::coordination::v1::Lease::default();
+        lease.metadata.name = Some("l".into());
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+        let mut bookmarks = Vec::new();
+        while let Some(ev) = w.try_next().await.unwrap() {
+            match ev {
+                WatchEvent::Bookmark(b) => bookmarks.push(b.metadata.resource_version),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            bookmarks.len(),
+            3,
+            "at 60 s, 120 s and the end: {bookmarks:?}"
+        );
+        assert_eq!(bookmarks.last().unwrap(), &c.revision().to_string());
+
+        // kube-runtime's watcher follows bookmarks, so writes to other kinds do not expire its position.
+        let (reader, writer) = reflector::store();
+        let driver = tokio::spawn(
+            reflector(writer, watcher(cms.clone(), watcher::Config::default()))
+                .for_each(|_| async {}),
+        );
+        reader.wait_until_ready().await.unwrap();
+        let lists = c.stats().list;
+        for i in 0..30 {
+            let mut l = lease.clone();
+            l.metadata.name = Some(format!("l{i}"));
+            leases.create(&PostParams::default(), &l).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        assert!(
+            c.stats().watch >= 3,
+            "the watcher re-watched after timeouts"
+        );
+        assert_eq!(
+            c.stats().list,
+            lists,
+            "no relist: every re-watch resumed from a bookmark"
+        );
+        driver.abort();
+    })
+    .await
+    .expect("bounded (virtual time)");
+}
+
+#[tokio::test]
+async fn dry_run_changes_nothing() {
+    bounded(async {
+        let c = Cluster::new();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        cms.create(&PostParams::default(), &cm("real", &[]))
+            .await
+            .unwrap();
+        let rev = c.revision();
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let would = cms.create(&dry, &cm("ghost", &[])).await.unwrap();
+        assert_eq!(would.name_any(), "ghost");
+        assert!(cms.get_opt("ghost").await.unwrap().is_none());
+        // Dry runs are still checked.
+        assert_eq!(
+            api_err(cms.create(&dry, &cm("real", &[])).await.unwrap_err()).0,
+            409
+        );
+        let pp = PatchParams {
+            dry_run: true,
+            ..PatchParams::default()
+        };
+        let would = cms
+            .patch("real", &pp, &Patch::Merge(json!({"data": {"k": "dry"}})))
+            .await
+            .unwrap();
+        assert_eq!(would.data.unwrap()["k"], "dry");
+        assert_eq!(cms.get("real").await.unwrap().data.unwrap()["k"], "v");
+        cms.delete("real", &DeleteParams::default().dry_run())
+            .await
+            .unwrap();
+        assert!(cms.get_opt("real").await.unwrap().is_some());
+        assert_eq!(c.revision(), rev, "nothing was written");
+        let (code, _) = raw(
+            &c,
+            "DELETE",
+            "/api/v1/namespaces/default/configmaps/real?dryRun=Some",
+            "application/json",
+            "",
+        )
+        .await;
+        assert_eq!(code, 400);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn workload_kinds_are_stored() {
+    bounded(async {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let c = Cluster::new();
+        let deps: Api<Deployment> = Api::default_namespaced(c.client());
+        let d: Deployment = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"}, "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))
+        .unwrap();
+        let d = deps.create(&PostParams::default(), &d).await.unwrap();
+        assert_eq!(d.metadata.generation, Some(1));
+        let pp = PatchParams::default();
+        let d = deps.patch("web", &pp, &Patch::Merge(json!({"spec": {"replicas": 3}}))).await.unwrap();
+        assert_eq!(d.metadata.generation, Some(2));
+        let d = deps.patch_status("web", &pp, &Patch::Merge(json!({"status": {"readyReplicas": 3}}))).await.unwrap();
+        assert_eq!((d.metadata.generation, d.status.unwrap().ready_replicas), (Some(2), Some(3)));
+        // Built-in kinds take strategic merge patches.
+        let d = deps.patch("web", &pp, &Patch::Strategic(json!({"spec": {"replicas": 4}}))).await.unwrap();
+        assert_eq!(d.spec.unwrap().replicas, Some(4));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn runs_are_deterministic_from_the_seed() {
+    bounded(async {
+        let run = || async {
+            let c = Cluster::builder().seed(7).build();
+            let start = c.revision().to_string();
+            let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+            let owner = cms
+                .create(&PostParams::default(), &cm("owner", &[]))
+                .await
+                .unwrap();
+            for i in 0..20 {
+                cms.create(
+                    &PostParams::default(),
+                    &owned_by(&format!("dep-{i}"), &owner, i % 2 == 0),
+                )
+                .await
+                .unwrap();
+                let mut g = cm("", &[]);
+                g.metadata.name = None;
+                g.metadata.generate_name = Some("gen-".into());
+                let mut g = cms.create(&PostParams::default(), &g).await.unwrap();
+                g.metadata.owner_references =
+                    owned_by("x", &owner, false).metadata.owner_references;
+                cms.replace(&g.name_any(), &PostParams::default(), &g)
+                    .await
+                    .unwrap();
+            }
+            cms.delete("owner", &DeleteParams::foreground())
+                .await
+                .unwrap();
+            let events = watch_all(&cms, &start, &WatchParams::default().timeout(1)).await;
+            events
+                .iter()
+                .map(|e| match e {
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                        format!(
+                            "{} {} {}",
+                            o.name_any(),
+                            o.uid().unwrap(),
+                            o.resource_version().unwrap()
+                        )
+                    }
+                    other => format!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = run().await;
+        assert_eq!(a.len(), 1 + 20 * 3 + 2 + 40, "{a:#?}");
+        assert_eq!(a, run().await);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kube_runtime_event_recorder() {
+    bounded(async {
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        let c = Cluster::new();
+        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+        let obj = cms
+            .create(&PostParams::default(), &cm("a", &[]))
+            .await
+            .unwrap();
+        let reporter = Reporter {
+            controller: "test-controller".into(),
+            instance: None,
+        };
+        let recorder = Recorder::new(c.client(), reporter);
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: "Tested".into(),
+            note: Some("hello".into()),
+            action: "Test".into(),
+            secondary: None,
+        };
+        let reference = kube::Resource::object_ref(&obj, &());
+        recorder.publish(&ev, &reference).await.unwrap();
+        recorder.publish(&ev, &reference).await.unwrap();
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::default_namespaced(c.client());
+        let list = events.list(&ListParams::default()).await.unwrap();
+        assert_eq!(list.items.len(), 1, "the second publish updates the series");
+        assert_eq!(list.items[0].reason.as_deref(), Some("Tested"));
+        assert_eq!(list.items[0].series.as_ref().map(|s| s.count), Some(2));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kube_runtime_controller_reconciles() {
+    bounded(async {
+        use kube::runtime::controller::{Action, Controller};
+        use std::sync::Arc;
+
+        #[derive(Debug, thiserror::Error)]
+        #[error(transparent)]
+        struct ReconcileError(#[from] kube::Error);
+
+        async fn reconcile(
+            w: Arc<Widget>,
+            api: Arc<Api<Widget>>,
+        ) -> Result<Action, ReconcileError> {
+            let ready = w.spec.size > 0;
+            if w.status.as_ref().map(|s| s.ready) != Some(ready) {
+                let p = json!({"status": {"ready": ready}});
+                api.patch_status(&w.name_any(), &PatchParams::default(), &Patch::Merge(&p))
+                    .await?;
+            }
+            Ok(Action::await_change())
+        }
+        fn error_policy(_: Arc<Widget>, _: &ReconcileError, _: Arc<Api<Widget>>) -> Action {
+            Action::requeue(Duration::from_millis(10))
+        }
+
+        let c = cluster_with_widgets();
+        // Conflicts on a third of the writes: the controller retries.
+        c.set_faults(Faults {
+            conflict_rate: 0.3,
+            seed: 3,
+            ..Faults::default()
+        });
+        let ws: Api<Widget> = Api::default_namespaced(c.client());
+        let ctl = Controller::new(ws.clone(), watcher::Config::default())
+            .run(reconcile, error_policy, Arc::new(ws.clone()))
+            .for_each(|_| async {});
+        let driver = tokio::spawn(ctl);
+        for i in 0..25 {
+            ws.create(&PostParams::default(), &widget(&format!("w{i}"), i % 2))
+                .await
+                .unwrap();
+        }
+        loop {
+            let all = ws.list(&ListParams::default()).await.unwrap().items;
+            if all.len() == 25
+                && all.iter().all(|w| {
+                    w.status
+                        .as_ref()
+                        .is_some_and(|s| s.ready == (w.spec.size > 0))
+                })
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(c.stats().injected_conflicts > 0);
+        driver.abort();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn crd_versions_share_storage() {
+    bounded(async {
+        let c = Cluster::new();
+        let mut crd = Widget::crd();
+        let mut v2 = crd.spec.versions[0].clone();
+        v2.name = "v2".into();
+        v2.storage = false;
+        crd.spec.versions.push(v2);
+        c.install_crd(&crd).unwrap();
+        let ar = |v: &str| {
+            ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("test.actorcile.io", v, "Widget"),
+                "widgets",
+            )
+        };
+        let v1: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v1"));
+        let v2: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v2"));
+        let obj: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+            "metadata": {"name": "m"}, "spec": {"size": 1}}),
+        )
+        .unwrap();
+        v1.create(&PostParams::default(), &obj).await.unwrap();
+        let through_v2 = v2.get("m").await.unwrap();
+        assert_eq!(
+            through_v2.types.unwrap().api_version,
+            "test.actorcile.io/v2"
+        );
+        assert_eq!(through_v2.data["spec"]["size"], 1);
+        // A watch through v2 sees v1 writes as v2 objects.
+        let start = c.revision().to_string();
+        v1.patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+        let events = watch_all(&v2, &start, &WatchParams::default().timeout(1)).await;
+        match events.as_slice() {
+            [WatchEvent::Modified(o)] => {
+                assert_eq!(
+                    o.types.as_ref().unwrap().api_version,
+                    "test.actorcile.io/v2"
+                );
+                assert_eq!(o.data["spec"]["size"], 2);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // An unserved version is not routed.
+        let v3: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v3"));
+        assert_eq!(api_err(v3.get("m").await.unwrap_err()).0, 404);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn server_side_apply_field_ownership() {
+    bounded(async {
+        let c = cluster_with_widgets();
+        let ws: Api<Widget> = Api::default_namespaced(c.client());
+        let body = |size: i32, label: bool| {
+            let mut b = json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+                "metadata": {"name": "a"}, "spec": {"size": size}});
+            if label {
+                b["metadata"]["labels"] = json!({"l": "1"});
+            }
+            b
+        };
+        let w = ws
+            .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
+            .await
+            .unwrap();
+        let managers: Vec<_> = w
+            .managed_fields()
+            .iter()
+            .map(|m| {
+                (
+                    m.manager.clone().unwrap_or_default(),
+                    m.operation.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(managers, [("m1".to_string(), "Apply".to_string())]);
+        // Re-applying the same is a no-op: same resourceVersion.
+        let again = ws
+            .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
+            .await
+            .unwrap();
+        assert_eq!(again.resource_version(), w.resource_version());
+        // Another manager changing m1's field conflicts, unless forced.
+        let err = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m2"),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err), (409, "Conflict".to_string()));
+        assert_eq!(ws.get("a").await.unwrap().spec.size, 1);
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m2").force(),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(w.spec.size, 2);
+        // m1 no longer owns spec.size; dropping its label removes it.
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m1"),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap();
+        assert!(w.labels().get("l").is_none(), "{:?}", w.labels());
+        assert_eq!(w.spec.size, 2);
+        // Plain writes keep managedFields.
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(w.managed_fields().len(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_fields_are_pruned() {
+    bounded(async {
+        let c = cluster_with_widgets();
+        let ar = ApiResource::erase::<Widget>(&());
+        let api: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar);
+        let obj = DynamicObject::new("a", &ar)
+            .data(json!({"spec": {"size": 1, "bogus": "x"}, "extra": 1}));
+        let made = api.create(&PostParams::default(), &obj).await.unwrap();
+        assert_eq!(made.data["spec"], json!({"size": 1}), "{:?}", made.data);
+        assert!(made.data.get("extra").is_none(), "{:?}", made.data);
+        let p = json!({"spec": {"other": true}, "status": {"ready": true, "junk": 1}});
+        let w = api
+            .patch("a", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+        assert_eq!(w.data["spec"], json!({"size": 1}));
+        let w = api
+            .patch_status("a", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+        assert_eq!(w.data["status"], json!({"ready": true}));
+    })
+    .await;
 }
