@@ -989,8 +989,25 @@ async fn malformed_requests_answer_status() {
         check(raw(&c, "OPTIONS", cms, json, "").await, 405);
         let b = check(raw(&c, "GET", "/api/v1/namespaces/default/gizmos", json, "").await, 404);
         assert_eq!(b["reason"], "NotFound");
-        check(raw(&c, "GET", "/apis/nope.io/v1/things", json, "").await, 404);
-        check(raw(&c, "GET", "/nonsense", json, "").await, 404);
+        // Paths no group serves get the real server's plain-text 404; unknown kinds of built-in groups a Status.
+        let plain_404 = |c: &Cluster, uri: &'static str| {
+            let req = http::Request::get(uri).body(Full::new(Bytes::new())).unwrap();
+            let svc = c.service();
+            async move {
+                let resp = svc.oneshot(req).await.unwrap();
+                let code = resp.status().as_u16();
+                let text = resp.into_body().collect().await.unwrap().to_bytes();
+                (code, String::from_utf8(text.to_vec()).unwrap())
+            }
+        };
+        for uri in [
+            "/apis/nope.io/v1/things",
+            "/nonsense",
+            "/apis/test.actorcile.io/v1/namespaces/default/gizmos",
+        ] {
+            assert_eq!(plain_404(&c, uri).await, (404, "404 page not found\n".to_string()), "{uri}");
+        }
+        check(raw(&c, "GET", "/apis/apps/v1/namespaces/default/gizmos", json, "").await, 404);
         check(raw(&c, "GET", &format!("{cms}/x/status"), json, "").await, 404);
         check(raw(&c, "GET", &format!("{cms}?labelSelector=a%20in%20(b"), json, "").await, 400);
         check(raw(&c, "GET", &format!("{cms}?limit=many"), json, "").await, 400);
@@ -1672,6 +1689,230 @@ async fn kube_runtime_event_recorder() {
         assert_eq!(list.items.len(), 1, "the second publish updates the series");
         assert_eq!(list.items[0].reason.as_deref(), Some("Tested"));
         assert_eq!(list.items[0].series.as_ref().map(|s| s.count), Some(2));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kube_runtime_controller_reconciles() {
+    bounded(async {
+        use kube::runtime::controller::{Action, Controller};
+        use std::sync::Arc;
+
+        #[derive(Debug, thiserror::Error)]
+        #[error(transparent)]
+        struct ReconcileError(#[from] kube::Error);
+
+        async fn reconcile(
+            w: Arc<Widget>,
+            api: Arc<Api<Widget>>,
+        ) -> Result<Action, ReconcileError> {
+            let ready = w.spec.size > 0;
+            if w.status.as_ref().map(|s| s.ready) != Some(ready) {
+                let p = json!({"status": {"ready": ready}});
+                api.patch_status(&w.name_any(), &PatchParams::default(), &Patch::Merge(&p))
+                    .await?;
+            }
+            Ok(Action::await_change())
+        }
+        fn error_policy(_: Arc<Widget>, _: &ReconcileError, _: Arc<Api<Widget>>) -> Action {
+            Action::requeue(Duration::from_millis(10))
+        }
+
+        let c = cluster_with_widgets();
+        // Conflicts on a third of the writes: the controller retries.
+        c.set_faults(Faults {
+            conflict_rate: 0.3,
+            seed: 3,
+            ..Faults::default()
+        });
+        let ws: Api<Widget> = Api::default_namespaced(c.client());
+        let ctl = Controller::new(ws.clone(), watcher::Config::default())
+            .run(reconcile, error_policy, Arc::new(ws.clone()))
+            .for_each(|_| async {});
+        let driver = tokio::spawn(ctl);
+        for i in 0..25 {
+            ws.create(&PostParams::default(), &widget(&format!("w{i}"), i % 2))
+                .await
+                .unwrap();
+        }
+        loop {
+            let all = ws.list(&ListParams::default()).await.unwrap().items;
+            if all.len() == 25
+                && all.iter().all(|w| {
+                    w.status
+                        .as_ref()
+                        .is_some_and(|s| s.ready == (w.spec.size > 0))
+                })
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(c.stats().injected_conflicts > 0);
+        driver.abort();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn crd_versions_share_storage() {
+    bounded(async {
+        let c = Cluster::new();
+        let mut crd = Widget::crd();
+        let mut v2 = crd.spec.versions[0].clone();
+        v2.name = "v2".into();
+        v2.storage = false;
+        crd.spec.versions.push(v2);
+        c.install_crd(&crd).unwrap();
+        let ar = |v: &str| {
+            ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("test.actorcile.io", v, "Widget"),
+                "widgets",
+            )
+        };
+        let v1: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v1"));
+        let v2: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v2"));
+        let obj: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+            "metadata": {"name": "m"}, "spec": {"size": 1}}),
+        )
+        .unwrap();
+        v1.create(&PostParams::default(), &obj).await.unwrap();
+        let through_v2 = v2.get("m").await.unwrap();
+        assert_eq!(
+            through_v2.types.unwrap().api_version,
+            "test.actorcile.io/v2"
+        );
+        assert_eq!(through_v2.data["spec"]["size"], 1);
+        // A watch through v2 sees v1 writes as v2 objects.
+        let start = c.revision().to_string();
+        v1.patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+        let events = watch_all(&v2, &start, &WatchParams::default().timeout(1)).await;
+        match events.as_slice() {
+            [WatchEvent::Modified(o)] => {
+                assert_eq!(
+                    o.types.as_ref().unwrap().api_version,
+                    "test.actorcile.io/v2"
+                );
+                assert_eq!(o.data["spec"]["size"], 2);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // An unserved version is not routed.
+        let v3: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v3"));
+        assert_eq!(api_err(v3.get("m").await.unwrap_err()).0, 404);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn server_side_apply_field_ownership() {
+    bounded(async {
+        let c = cluster_with_widgets();
+        let ws: Api<Widget> = Api::default_namespaced(c.client());
+        let body = |size: i32, label: bool| {
+            let mut b = json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+                "metadata": {"name": "a"}, "spec": {"size": size}});
+            if label {
+                b["metadata"]["labels"] = json!({"l": "1"});
+            }
+            b
+        };
+        let w = ws
+            .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
+            .await
+            .unwrap();
+        let managers: Vec<_> = w
+            .managed_fields()
+            .iter()
+            .map(|m| {
+                (
+                    m.manager.clone().unwrap_or_default(),
+                    m.operation.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(managers, [("m1".to_string(), "Apply".to_string())]);
+        // Re-applying the same is a no-op: same resourceVersion.
+        let again = ws
+            .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
+            .await
+            .unwrap();
+        assert_eq!(again.resource_version(), w.resource_version());
+        // Another manager changing m1's field conflicts, unless forced.
+        let err = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m2"),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(api_err(err), (409, "Conflict".to_string()));
+        assert_eq!(ws.get("a").await.unwrap().spec.size, 1);
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m2").force(),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(w.spec.size, 2);
+        // m1 no longer owns spec.size; dropping its label removes it.
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::apply("m1"),
+                &Patch::Apply(body(2, false)),
+            )
+            .await
+            .unwrap();
+        assert!(w.labels().get("l").is_none(), "{:?}", w.labels());
+        assert_eq!(w.spec.size, 2);
+        // Plain writes keep managedFields.
+        let w = ws
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(w.managed_fields().len(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_fields_are_pruned() {
+    bounded(async {
+        let c = cluster_with_widgets();
+        let ar = ApiResource::erase::<Widget>(&());
+        let api: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar);
+        let obj = DynamicObject::new("a", &ar)
+            .data(json!({"spec": {"size": 1, "bogus": "x"}, "extra": 1}));
+        let made = api.create(&PostParams::default(), &obj).await.unwrap();
+        assert_eq!(made.data["spec"], json!({"size": 1}), "{:?}", made.data);
+        assert!(made.data.get("extra").is_none(), "{:?}", made.data);
+        let p = json!({"spec": {"other": true}, "status": {"ready": true, "junk": 1}});
+        let w = api
+            .patch("a", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+        assert_eq!(w.data["spec"], json!({"size": 1}));
+        let w = api
+            .patch_status("a", &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+        assert_eq!(w.data["status"], json!({"ready": true}));
     })
     .await;
 }

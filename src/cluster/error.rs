@@ -5,6 +5,8 @@ use serde_json::{Value, json};
 /// An error answered to a client as a Kubernetes `Status` object.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ApiError {
+    /// Answered as the plain-text `404 page not found` of the real server's mux, not a `Status`.
+    pub(crate) plain: bool,
     pub(crate) code: u16,
     pub(crate) reason: &'static str,
     pub(crate) message: String,
@@ -39,6 +41,7 @@ impl Subject<'_> {
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
+            plain: false,
             code,
             reason,
             message: message.into(),
@@ -62,6 +65,15 @@ impl ApiError {
     }
 
     /// 404 for a path that names no known resource.
+    /// The plain-text 404 the real server answers for paths no API group serves (unknown groups, and
+    /// unknown kinds of custom resource groups).
+    pub(crate) fn page_not_found() -> ApiError {
+        ApiError {
+            plain: true,
+            ..ApiError::new(404, "NotFound", "404 page not found")
+        }
+    }
+
     pub(crate) fn no_route() -> ApiError {
         ApiError::new(
             404,

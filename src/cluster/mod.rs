@@ -54,8 +54,10 @@
 //!   [`Cluster::install_crd`]) serves its kind at once in every served version, with its scope and its
 //!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
 //!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).
-//!   Deleting a CRD deletes its objects and stops serving the kind. CRD schemas are not validated, nor
-//!   pruned.
+//!   Deleting a CRD deletes its objects and stops serving the kind. Unknown fields are pruned by each
+//!   version's structural schema (`properties`, `additionalProperties`, `items`,
+//!   `x-kubernetes-preserve-unknown-fields`), as the real server does; values are **not validated**
+//!   against the schema (types, formats, enums, required fields, CEL rules) and no defaults are applied.
 //! * Verbs: create (POST, `generateName`), get, list (`labelSelector` with `=`, `==`, `!=`, `in`, `notin`,
 //!   `key`, `!key`, `>`/`<`; `fieldSelector` on `metadata.name` / `metadata.namespace`; `limit` +
 //!   `continue`), watch, replace (PUT), patch, delete (with `propagationPolicy` and preconditions) and
@@ -63,9 +65,13 @@
 //! * Patches: `application/merge-patch+json`; `application/json-patch+json` (a failed `test` op → 422);
 //!   `application/strategic-merge-patch+json` on built-in kinds is applied as a merge patch (no merge
 //!   keys), and on custom resources answers 415 as the real server; `application/apply-patch+yaml`
-//!   (server-side apply) is **a merge patch that creates the object when missing**: there is no field
-//!   ownership, so fields a manager stops sending are not removed and no apply conflicts are reported;
-//!   the body must be JSON (which is YAML; kube always sends JSON); `fieldManager` is required.
+//!   (server-side apply, `fieldManager` required, `force` honoured) creates the object when missing and
+//!   tracks field ownership among apply managers in `metadata.managedFields` (`operation: Apply`): a field
+//!   another apply manager owns with a different value answers 409 `Conflict` unless forced (which takes
+//!   it over), and a field a manager stops sending is removed unless someone else owns it. Simplified:
+//!   lists are atomic (as for CRDs without list-type markers; built-in kinds' keyed lists are not merged
+//!   by key), and plain updates and patches do not become `Update` managers, so they never conflict. The
+//!   apply body must be JSON (which is YAML; kube always sends JSON).
 //!
 //! # Semantics
 //!
@@ -74,9 +80,11 @@
 //!   unconditional for built-in kinds and refused (422) for custom resources and CRDs, as on the real
 //!   server. A write that changes nothing stores nothing and sends no watch event.
 //! * `metadata.uid`, `creationTimestamp` are set on create (timestamps follow the tokio clock, so a paused
-//!   clock gives simulated time); `managedFields` are not maintained.
-//! * `metadata.generation` (custom resources and CRDs) starts at 1 and is bumped when anything outside
-//!   metadata changes — outside metadata and status when the kind has a status subresource.
+//!   clock gives simulated time); `managedFields` are kept as written, and maintained by server-side
+//!   apply only.
+//! * `metadata.generation` (custom resources, CRDs and the `apps` / `batch` kinds) starts at 1 and is
+//!   bumped when anything outside metadata changes — outside metadata and status when the kind has a
+//!   status subresource.
 //! * Status subresource: writes to `/status` change only `status`; writes to the main resource keep the
 //!   stored `status`; create drops `status`.
 //! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
@@ -109,16 +117,25 @@
 //!   `allowWatchBookmarks=true` (kube's default) a `BOOKMARK` at the current revision comes every 60 s
 //!   and when the stream ends, so a watcher of a quiet kind resumes without a 410 even when other kinds
 //!   fill the history.
-//! * Lists: `metadata.resourceVersion` is the current revision. `resourceVersion=0` lists are whole
-//!   (the `limit` is ignored, as the real server's cache does); `remainingItemCount` is not given. Pages after the first show the objects'
-//!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
-//!   history window answers 410.
+//! * Lists: `metadata.resourceVersion` is the current revision. `resourceVersion=0` lists are whole (the
+//!   `limit` is ignored, as the real server's cache does); `remainingItemCount` is not given. Pages after
+//!   the first show the objects' current state rather than a snapshot at the first page's revision; a
+//!   `continue` token older than the history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
-//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405. Messages
+//!   carries them; malformed input answers 400/422, unsupported methods 405. Unknown kinds of built-in
+//!   groups answer a 404 `Status`; paths no group serves (unknown groups, unknown kinds of custom
+//!   resource groups) answer the real server's plain-text `404 page not found`. Messages
 //!   follow a v1.20 kube-apiserver's where they were compared. Built-in kinds take a missing `apiVersion`
 //!   / `kind` from the URL; custom resources require them (400).
 //! * `dryRun=All` (query, or `dryRun: ["All"]` in DeleteOptions) checks a write and answers its result
 //!   without storing it or sending events.
+//!
+//! # Determinism
+//!
+//! Given the same requests in the same order, two clusters built with the same
+//! [`ClusterBuilder::seed`] and [`Faults::seed`] answer the same: same uids, `generateName` suffixes,
+//! revisions, injected faults, and the same order of garbage-collection and namespace-deletion events.
+//! Nothing depends on wall-clock time except the text of timestamps.
 //!
 //! # Cost
 //!
@@ -133,6 +150,7 @@
 //! seeded generator; [`Cluster::set_faults`] changes them at run time. Delays use `tokio::time`, so they
 //! cost nothing under a paused clock.
 
+mod apply;
 mod error;
 mod faults;
 mod selector;
@@ -169,7 +187,6 @@ pub(crate) struct Stats {
     pub(crate) delete: AtomicU64,
     pub(crate) total: AtomicU64,
     pub(crate) injected_errors: AtomicU64,
-    pub(crate) injected_conflicts: AtomicU64,
 }
 
 /// Request counters of a [`Cluster`], by verb.
@@ -332,7 +349,12 @@ impl Cluster {
             delete: l(&s.delete),
             total: l(&s.total),
             injected_errors: l(&s.injected_errors),
-            injected_conflicts: l(&s.injected_conflicts),
+            injected_conflicts: self
+                .inner
+                .store
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .injected_conflicts,
         }
     }
 

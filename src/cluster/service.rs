@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Inner;
+use super::apply;
 use super::error::ApiError;
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, Store, WatchItem, WriteKind};
@@ -170,6 +171,14 @@ fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ClusterBody> {
 }
 
 fn error_response(e: &ApiError) -> Response<ClusterBody> {
+    if e.plain {
+        let mut r = json_response(e.code, format!("{}\n", e.message));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return r;
+    }
     json_response(
         e.code,
         serde_json::to_vec(&e.to_status()).unwrap_or_default(),
@@ -316,13 +325,13 @@ fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
         ["apis", g, v] => {
             let kinds = store.kinds();
             if !kinds.iter().any(|k| k.gr.group == *g && k.version == *v) {
-                return Err(ApiError::no_route());
+                return Err(ApiError::page_not_found());
             }
             return Ok(Target::Document(resource_list(&kinds, g, v)));
         }
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", g, v, rest @ ..] if !rest.is_empty() => (g, v, rest),
-        _ => return Err(ApiError::no_route()),
+        _ => return Err(ApiError::page_not_found()),
     };
     let (ns, plural, name, sub) = match rest {
         ["namespaces", ns, plural, tail @ ..]
@@ -348,9 +357,14 @@ fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
         }
         [] => return Err(ApiError::no_route()),
     };
-    let kind = store
-        .resolve(group, version, plural)
-        .ok_or_else(ApiError::no_route)?;
+    let kind = store.resolve(group, version, plural).ok_or_else(|| {
+        // Built-in groups answer a Status; anything else falls through to the mux's plain 404.
+        if store.serves_builtin_group(group) {
+            ApiError::no_route()
+        } else {
+            ApiError::page_not_found()
+        }
+    })?;
     if ns.is_some() && !kind.namespaced {
         return Err(ApiError::no_route());
     }
@@ -497,7 +511,7 @@ async fn handle(
     if route.status && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {
         return error_response(&ApiError::method_not_allowed());
     }
-    // A namespaced kind addressed without a namespace: only list, watch and deletecollection make sense.
+    // A namespaced kind addressed without a namespace: only list and watch make sense.
     if route.kind.namespaced && route.ns.is_none() && !matches!(verb, Verb::List | Verb::Watch) {
         return error_response(&if route.name.is_some() {
             ApiError::no_route()
@@ -522,18 +536,9 @@ async fn handle(
             "injected fault (actorcile in-process cluster)",
         ));
     }
-    let result = execute(inner, &parts, &q, &body, &route, verb, decision.conflict);
-    match result {
+    match execute(inner, &parts, &q, &body, &route, verb, decision.conflict) {
         Ok(r) => r,
-        Err(e) => {
-            if decision.conflict && e.code == 409 && e.reason == "Conflict" {
-                inner
-                    .stats
-                    .injected_conflicts
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            error_response(&e)
-        }
+        Err(e) => error_response(&e),
     }
 }
 
@@ -649,7 +654,7 @@ fn execute_locked(
             }
         }
         Verb::Create => {
-            let w = store.create(kind, ns, parse_json(body)?)?;
+            let w = store.create(kind, ns, parse_json(body)?, None)?;
             Ok(json_response(201, w.bytes))
         }
         Verb::Update => {
@@ -661,6 +666,7 @@ fn execute_locked(
                 route.status,
                 WriteKind::Put,
                 inject_conflict,
+                None,
             )?;
             Ok(json_response(200, w.bytes))
         }
@@ -680,6 +686,7 @@ fn execute_locked(
                     .current(kind, ns, name)
                     .ok_or_else(|| ApiError::not_found(kind_subject(kind, name)))
             };
+            let mut managed = None;
             let patched = match ct.as_str() {
                 "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                     if ct.starts_with("application/strategic") && kind.custom {
@@ -716,27 +723,41 @@ fn execute_locked(
                     if !patch.is_object() {
                         return Err(ApiError::bad_request("apply patch must be an object"));
                     }
-                    match store.current(kind, ns, name) {
-                        None if !route.status => {
-                            if patch.pointer("/metadata/name").and_then(Value::as_str) != Some(name)
-                            {
-                                return Err(ApiError::bad_request(format!(
-                                    "the name of the object ({}) does not match the name on the URL ({name})",
-                                    patch
-                                        .pointer("/metadata/name")
-                                        .and_then(Value::as_str)
-                                        .unwrap_or_default()
-                                )));
-                            }
-                            let w = store.create(kind, ns, patch)?;
-                            return Ok(json_response(201, w.bytes));
-                        }
-                        None => return Err(ApiError::not_found(kind_subject(kind, name))),
-                        Some(mut cur) => {
-                            json_patch::merge(&mut cur, &patch);
-                            cur
-                        }
+                    let current = store.current(kind, ns, name);
+                    if current.is_none() && route.status {
+                        return Err(ApiError::not_found(kind_subject(kind, name)));
                     }
+                    if patch.pointer("/metadata/name").and_then(Value::as_str) != Some(name) {
+                        return Err(ApiError::bad_request(format!(
+                            "the name of the object ({}) does not match the name on the URL ({name})",
+                            patch
+                                .pointer("/metadata/name")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                        )));
+                    }
+                    let now = store.now();
+                    let applied = apply::apply(
+                        current.as_ref(),
+                        &apply::ApplyRequest {
+                            body: &patch,
+                            manager: q
+                                .get("fieldManager")
+                                .map(String::as_str)
+                                .unwrap_or_default(),
+                            force: q.get("force").is_some_and(|f| f == "true"),
+                            status_only: route.status,
+                            skip_status: kind.status,
+                            api_version: &kind.api_version,
+                            now: &now,
+                        },
+                    )?;
+                    if current.is_none() {
+                        let w = store.create(kind, ns, applied.object, Some(applied.managed))?;
+                        return Ok(json_response(201, w.bytes));
+                    }
+                    managed = Some(applied.managed);
+                    applied.object
                 }
                 _ => return Err(ApiError::unsupported_media_type()),
             };
@@ -748,6 +769,7 @@ fn execute_locked(
                 route.status,
                 WriteKind::Patch,
                 inject_conflict,
+                managed,
             )?;
             Ok(json_response(200, w.bytes))
         }

@@ -37,6 +37,8 @@ pub(crate) struct Kind {
     pub(crate) custom: bool,
     /// DELETE answers the object (otherwise a `Status` when the object is gone at once).
     pub(crate) delete_returns_object: bool,
+    /// The structural schema (`openAPIV3Schema`) of a custom resource version: unknown fields are pruned.
+    pub(crate) schema: Option<Arc<Value>>,
 }
 
 impl Kind {
@@ -259,6 +261,8 @@ pub(crate) struct Store {
     gc: VecDeque<Gc>,
     /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
     pub(crate) dry_run: bool,
+    /// Conflicts injected by fault injection so far.
+    pub(crate) injected_conflicts: u64,
 }
 
 fn meta(v: &Value) -> Option<&Map<String, Value>> {
@@ -362,6 +366,46 @@ fn unhex(s: &str) -> Option<String> {
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect();
     String::from_utf8(bytes?).ok()
+}
+
+/// Drops the fields a structural schema does not declare, as the real server prunes custom resources:
+/// `properties` are recursed into, `additionalProperties` schemas apply to every value,
+/// `x-kubernetes-preserve-unknown-fields: true` keeps undeclared fields, `items` applies to list
+/// elements. At the root, `apiVersion`, `kind` and `metadata` are kept.
+fn prune(v: &mut Value, schema: &Value, root: bool) {
+    match v {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties");
+            let preserve = schema.get("x-kubernetes-preserve-unknown-fields")
+                == Some(&Value::Bool(true))
+                || additional == Some(&Value::Bool(true));
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for k in keys {
+                if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
+                let sub = props
+                    .and_then(|p| p.get(&k))
+                    .or(additional.filter(|a| a.is_object()));
+                match (sub, map.get_mut(&k)) {
+                    (Some(sub), Some(child)) => prune(child, sub, false),
+                    _ if preserve => {}
+                    _ => {
+                        map.remove(&k);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for it in items {
+                    prune(it, item_schema, false);
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
@@ -475,13 +519,14 @@ impl Store {
             },
             gc: VecDeque::new(),
             dry_run: false,
+            injected_conflicts: 0,
         };
         s.register_builtins();
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let kind =
                 s.routes[&(String::new(), "v1".to_string(), "namespaces".to_string())].clone();
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            s.create(&kind, None, body)
+            s.create(&kind, None, body, None)
                 .expect("built-in namespace is valid");
         }
         s
@@ -511,6 +556,7 @@ impl Store {
             generation: false,
             custom: false,
             delete_returns_object: false,
+            schema: None,
         };
         let mut ns = b("", "v1", "namespaces", "Namespace", false, true);
         ns.delete_returns_object = true;
@@ -638,6 +684,18 @@ impl Store {
         let mut v: Vec<_> = self.routes.values().cloned().collect();
         v.sort_by(|a, b| (&a.gr, &a.version).cmp(&(&b.gr, &b.version)));
         v
+    }
+
+    /// Whether a built-in kind is served in this group (the core group included).
+    pub(crate) fn serves_builtin_group(&self, group: &str) -> bool {
+        self.routes
+            .values()
+            .any(|k| !k.custom && k.gr.group == group)
+    }
+
+    /// The current time, as the cluster writes timestamps.
+    pub(crate) fn now(&self) -> String {
+        self.clock.now()
     }
 
     pub(crate) fn object_count(&self) -> usize {
@@ -1091,11 +1149,13 @@ impl Store {
     }
 
     /// POST.
+    /// POST. `managed`: the `managedFields` to record (server-side apply), otherwise none.
     pub(crate) fn create(
         &mut self,
         kind: &Kind,
         ns: Option<&str>,
         mut body: Value,
+        managed: Option<Value>,
     ) -> Result<Written, ApiError> {
         Self::check_type(kind, &mut body)?;
         if !body.get("metadata").is_none_or(Value::is_object) {
@@ -1193,6 +1253,9 @@ impl Store {
             ));
         }
         normalize(kind, &name, &mut body)?;
+        if let Some(schema) = &kind.schema {
+            prune(&mut body, schema, true);
+        }
         let r = Self::objref(kind, ns, &name);
         if self.lookup(&r).is_some() {
             return Err(ApiError::already_exists(kind.subject(&name)));
@@ -1215,6 +1278,9 @@ impl Store {
         }
         m.insert("uid".into(), json!(uid));
         m.insert("creationTimestamp".into(), json!(now));
+        if let Some(managed) = managed {
+            m.insert("managedFields".into(), managed);
+        }
         if kind.generation {
             m.insert("generation".into(), json!(1));
         } else {
@@ -1247,6 +1313,7 @@ impl Store {
         status_only: bool,
         how: WriteKind,
         inject_conflict: bool,
+        managed: Option<Value>,
     ) -> Result<Written, ApiError> {
         Self::check_type(kind, &mut new)?;
         if !new.get("metadata").is_none_or(Value::is_object) {
@@ -1296,6 +1363,7 @@ impl Store {
             ));
         }
         if inject_conflict {
+            self.injected_conflicts += 1;
             return Err(ApiError::conflict(kind.subject(name)));
         }
         if !status_only
@@ -1346,7 +1414,12 @@ impl Store {
                     None => m.remove(f),
                 };
             }
-            m.remove("managedFields");
+            // managedFields are kept unless the write sets them (as on the real server).
+            if !m.contains_key("managedFields")
+                && let Some(mf) = om.get("managedFields")
+            {
+                m.insert("managedFields".into(), mf.clone());
+            }
             m.remove("selfLink");
             if kind.status {
                 match old_v.get("status") {
@@ -1380,7 +1453,13 @@ impl Store {
             }
             new
         };
+        if let Some(schema) = &kind.schema {
+            prune(&mut next, schema, true);
+        }
         meta_mut(&mut next).insert("resourceVersion".into(), json!(old_rv));
+        if let Some(managed) = managed {
+            meta_mut(&mut next).insert("managedFields".into(), managed);
+        }
         if kind.generation && spec_part(old_v, kind.status) != spec_part(&next, kind.status) {
             let g = meta(old_v)
                 .and_then(|m| m.get("generation"))
@@ -1611,7 +1690,11 @@ impl Store {
             }
             self.gc.push_back(Gc::Namespace(r.name.clone()));
         }
-        let latest = self.lookup(r).cloned().unwrap_or(obj);
+        let latest = if self.dry_run {
+            obj
+        } else {
+            self.lookup(r).cloned().unwrap_or(obj)
+        };
         (latest, false)
     }
 
@@ -1896,6 +1979,7 @@ impl Store {
                 custom: true,
                 // Gone at once → a success Status (real 1.20 servers do not answer the object here).
                 delete_returns_object: false,
+                schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
             });
         }
     }
@@ -1948,9 +2032,18 @@ impl Store {
         let name = meta_str(&crd, "name").unwrap_or_default().to_string();
         if let Some(mut cur) = self.current(&kind, None, &name) {
             cur["spec"] = crd.get("spec").cloned().unwrap_or(Value::Null);
-            self.update(&kind, None, &name, cur, false, WriteKind::Patch, false)?;
+            self.update(
+                &kind,
+                None,
+                &name,
+                cur,
+                false,
+                WriteKind::Patch,
+                false,
+                None,
+            )?;
         } else {
-            self.create(&kind, None, crd)?;
+            self.create(&kind, None, crd, None)?;
         }
         Ok(())
     }

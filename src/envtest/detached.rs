@@ -196,7 +196,17 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        assert!(process_is(pid, Path::new("/bin/sleep")));
+        // Give the child time to finish exec under load.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !process_is(pid, Path::new("/bin/sleep")) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            process_is(pid, Path::new("/bin/sleep")),
+            "pid {pid} cmdline {:?}",
+            String::from_utf8_lossy(&cmdline)
+        );
         assert!(
             !process_is(pid, Path::new("etcd")),
             "a reused pid with another program is not ours"
