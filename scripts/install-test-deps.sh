@@ -7,7 +7,7 @@
 #     written to ~/.cache/actorcile/podman/ (the service is not started).
 # Idempotent: steps whose result is already present are skipped; a cached kube-apiserver that runs
 # (`kube-apiserver --version`) is reused, a missing or corrupt one is rebuilt.
-set -euo pipefail
+set -Eeuo pipefail
 
 CACHE_DIR="${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}"
 BIN_DIR="$CACHE_DIR/bin"
@@ -150,11 +150,14 @@ SRC
         top="$(find "$SRC_DIR" -mindepth 1 -maxdepth 1 -type d | head -n 1)"
         if [ -f "$SRC_DIR/Makefile" ]; then top="$SRC_DIR"; fi
         [ -f "$top/Makefile" ] || { echo "no Makefile found in the kubernetes source" >&2; false; }
-        echo "$top" >"$SRC_DIR/.actorcile-unpacked"
+        # Record the tree relative to SRC_DIR, so the cache directory can move.
+        realpath --relative-to="$SRC_DIR" "$top" >"$SRC_DIR/.actorcile-unpacked"
     else
         echo "    already unpacked"
     fi
     KUBE_TREE="$(cat "$SRC_DIR/.actorcile-unpacked")"
+    case "$KUBE_TREE" in /*) ;; *) KUBE_TREE="$SRC_DIR/$KUBE_TREE" ;; esac
+    [ -f "$KUBE_TREE/Makefile" ] || { echo "unpacked tree $KUBE_TREE is incomplete; delete $SRC_DIR and rerun" >&2; false; }
 
     step "replacing vendored github.com/modern-go/reflect2 with Debian's 1.0.2 (Go >= 1.18 fix)"
     [ -d "$REFLECT2_SRC" ]

@@ -35,6 +35,9 @@
 //! # }
 //! ```
 //!
+//! Test binaries with many tests can share one control plane per process with [`Envtest::shared`]
+//! (give each test its own namespace).
+//!
 //! For a control plane that outlives the process (the `actorcile envtest up` command), see
 //! [`EnvtestBuilder::start_detached`] and [`DetachedEnvtest`].
 
@@ -289,7 +292,8 @@ impl EnvtestBuilder {
         self
     }
 
-    /// Bound on how long each component may take to become ready (default 30 s).
+    /// Bound on start-up (etcd healthy, apiserver ready, `default` namespace present), and on each
+    /// restart and each wait for CRDs to be Established (default 30 s).
     pub fn startup_timeout(mut self, timeout: Duration) -> Self {
         self.startup_timeout = timeout;
         self
@@ -378,16 +382,36 @@ impl Envtest {
         EnvtestBuilder::default()
     }
 
+    /// One control plane per process, started on first use with default settings and shared by every
+    /// caller (each test binary's tests, for example; give each test its own namespace).
+    ///
+    /// It is never dropped: when the process exits its processes are killed and its directory removed
+    /// (an exit handler), and if the process is killed instead, the parent-death signal still kills
+    /// them. A failed start is returned to the caller and retried by the next one. Install CRDs with
+    /// [`install_crds`](Self::install_crds) (idempotent). Build clients per test with
+    /// [`client`](Self::client).
+    pub async fn shared() -> Result<&'static Envtest, EnvtestError> {
+        static SHARED: tokio::sync::OnceCell<Envtest> = tokio::sync::OnceCell::const_new();
+        SHARED
+            .get_or_try_init(|| async {
+                let env = Envtest::start().await?;
+                shared_cleanup::register(&env);
+                Ok(env)
+            })
+            .await
+    }
+
     async fn launch_in(
         work: files::WorkDir,
         binaries: &Binaries,
         mode: SpawnMode,
         startup_timeout: Duration,
     ) -> Result<Envtest, EnvtestError> {
+        let [etcd_client, etcd_peer, apiserver] = process::free_ports::<3>()?;
         let ports = Ports {
-            etcd_client: process::free_port()?,
-            etcd_peer: process::free_port()?,
-            apiserver: process::free_port()?,
+            etcd_client,
+            etcd_peer,
+            apiserver,
         };
         files::prepare(&work, ports.apiserver)?;
         let deadline = Instant::now() + startup_timeout;
@@ -566,9 +590,54 @@ impl Envtest {
             server_url: self.server_url(),
             kubeconfig: self.work.kubeconfig_path().to_path_buf(),
             user_kubeconfig: self.work.user_kubeconfig_path().to_path_buf(),
+            etcd_binary: self.binaries.etcd.clone(),
+            apiserver_binary: self.binaries.kube_apiserver.clone(),
         };
         state.save()?;
         Ok(state)
+    }
+}
+
+/// Cleans up the [`Envtest::shared`] control plane when the process exits.
+mod shared_cleanup {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    struct Leftovers {
+        pids: Vec<u32>,
+        dir: PathBuf,
+    }
+
+    static LEFTOVERS: Mutex<Option<Leftovers>> = Mutex::new(None);
+
+    pub(super) fn register(env: &super::Envtest) {
+        let (etcd, api) = env.pids();
+        let pids = [api, etcd].into_iter().flatten().collect();
+        let mut guard = LEFTOVERS.lock().unwrap_or_else(|p| p.into_inner());
+        *guard = Some(Leftovers {
+            pids,
+            dir: env.dir().to_path_buf(),
+        });
+        drop(guard);
+        // SAFETY: registering a plain `extern "C"` function with no arguments is always sound.
+        unsafe {
+            libc::atexit(at_exit);
+        }
+    }
+
+    extern "C" fn at_exit() {
+        let Some(left) = LEFTOVERS.lock().ok().and_then(|mut g| g.take()) else {
+            return;
+        };
+        for pid in left.pids {
+            if super::process::signal(pid, libc::SIGKILL) {
+                // SAFETY: waitpid on our own child's pid with a null status pointer is sound.
+                unsafe {
+                    libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&left.dir);
     }
 }
 

@@ -90,6 +90,7 @@ impl<K: ManagedResource> Controller<K> {
 #[async_trait]
 trait Start: Send {
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error>;
+    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule>;
 }
 
 struct StartCx {
@@ -179,6 +180,10 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
 
 #[async_trait]
 impl<K: ManagedResource> Start for Controller<K> {
+    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+        crate::rbac::rules_for::<K>()
+    }
+
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
         let mut policy = self.policy.unwrap_or_else(|| cx.policy.clone());
         policy.validate()?;
@@ -299,6 +304,7 @@ pub struct RuntimeBuilder {
     finalizer: String,
     field_manager: String,
     reporter: Option<Reporter>,
+    preflight: bool,
 }
 
 /// The runtime: every registered controller, under one root supervisor.
@@ -314,6 +320,7 @@ impl Runtime {
             finalizer: DEFAULT_FINALIZER.to_string(),
             field_manager: crate::FIELD_MANAGER.to_string(),
             reporter: None,
+            preflight: false,
         }
     }
 }
@@ -352,9 +359,37 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Check at start-up (with SelfSubjectAccessReviews) that the running identity has every
+    /// permission of [`RuntimeBuilder::cluster_role`]; `start` fails with [`Error::Forbidden`]
+    /// naming what is missing instead of failing later, object by object.
+    pub fn preflight_rbac(mut self, check: bool) -> Self {
+        self.preflight = check;
+        self
+    }
+
+    /// The ClusterRole this runtime needs for its registered kinds (print it with
+    /// [`rbac::to_yaml`](crate::rbac::to_yaml)). Add what your provisioners touch themselves.
+    pub fn cluster_role(&self, name: &str) -> k8s_openapi::api::rbac::v1::ClusterRole {
+        crate::rbac::cluster_role(
+            name,
+            self.controllers.iter().flat_map(|c| c.rules()).collect(),
+        )
+    }
+
     /// Start every controller; returns a handle to observe and stop the runtime.
     pub async fn start(self) -> Result<RuntimeHandle, Error> {
         self.policy.validate()?;
+        if self.preflight {
+            let role = self.cluster_role("preflight");
+            let missing = crate::rbac::missing_permissions(
+                &self.client,
+                role.rules.as_deref().unwrap_or_default(),
+            )
+            .await?;
+            if !missing.is_empty() {
+                return Err(Error::Forbidden(missing));
+            }
+        }
         let (tx, escalated) = watch::channel(None);
         let (root, root_task) = Actor::spawn(None, Root, tx)
             .await

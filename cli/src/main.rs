@@ -1,7 +1,9 @@
 //! The `actorcile` command line: `bench` (reconcile throughput of actorcile side by side with
-//! kube-runtime's `Controller`). `simulate`, `envtest` and `demo` come later.
+//! kube-runtime's `Controller`), `envtest` (a real etcd + kube-apiserver), `rbac` (the
+//! ClusterRole a runtime needs).
 
 mod bench;
+mod envtest_cmd;
 
 use std::process::ExitCode;
 
@@ -25,11 +27,14 @@ enum Command {
     /// Measure reconcile throughput, latency, API requests and memory of actorcile and of
     /// kube-runtime's `Controller` on the same workload, side by side.
     Bench(bench::BenchArgs),
+    /// A real etcd + kube-apiserver for trying operators by hand.
+    #[command(subcommand)]
+    Envtest(envtest_cmd::EnvtestCmd),
 }
 
 /// Log filter when `RUST_LOG` is unset: warnings, except kube's per-request error log, which a
 /// starting envtest control plane fills with expected connection failures (API errors still reach
-/// the user through the bench's own error messages).
+/// the user through the commands' own error messages).
 const DEFAULT_LOG_FILTER: &str = "warn,kube_client::client::builder=off";
 
 fn main() -> ExitCode {
@@ -43,6 +48,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::main(args),
+        Command::Envtest(cmd) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(envtest_cmd::run(cmd))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

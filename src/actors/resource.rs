@@ -178,6 +178,11 @@ impl<K: ManagedResource> ResourceActor<K> {
                     blocked.message.clone(),
                     generation,
                 );
+                if desired != status {
+                    // What this object holds may now be blocked differently (e.g. a cycle
+                    // closed): let those targets re-check. Only on change, so it settles.
+                    shared.references.notify_held(&target);
+                }
                 (
                     Outcome::Waiting {
                         target: target.clone(),

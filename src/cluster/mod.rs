@@ -44,7 +44,13 @@
 //! * Built-in kinds: core v1 `Namespace` (cluster-scoped; `default`, `kube-system`, `kube-public` and
 //!   `kube-node-lease` exist from the start), `ConfigMap`, `Secret`, `Event`; `events.k8s.io/v1` `Event`
 //!   (stored apart from core events, unlike the real server); `coordination.k8s.io/v1` `Lease`;
-//!   `apiextensions.k8s.io/v1` `CustomResourceDefinition`. Creating a CRD (by POST or
+//!   `apiextensions.k8s.io/v1` `CustomResourceDefinition`. Also stored, without any behaviour of their own
+//!   (no scheduler, kubelet or workload controllers run here; no defaulting or validation of their specs),
+//!   so that operators that create them work unchanged: core v1 `Pod`, `Service`, `ServiceAccount`,
+//!   `Endpoints`, `PersistentVolumeClaim`, `PersistentVolume`, `Node`; `apps/v1` `Deployment`,
+//!   `StatefulSet`, `DaemonSet`, `ReplicaSet`; `batch/v1` `Job`, `CronJob`; `networking.k8s.io/v1`
+//!   `Ingress`; `rbac.authorization.k8s.io/v1` `Role`, `RoleBinding`, `ClusterRole`,
+//!   `ClusterRoleBinding`. Custom kinds: creating a CRD (by POST or
 //!   [`Cluster::install_crd`]) serves its kind at once in every served version, with its scope and its
 //!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
 //!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).
@@ -74,10 +80,17 @@
 //! * Status subresource: writes to `/status` change only `status`; writes to the main resource keep the
 //!   stored `status`; create drops `status`.
 //! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
-//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; the object goes when a write leaves it with
-//!   no finalizers (one `DELETED` event carrying that last state); no finalizer may be added meanwhile
-//!   (422). DELETE answers the object for custom resources and namespaces, and a success `Status` for the
-//!   other built-in kinds when the object is gone at once, as the real server does.
+//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; no finalizer may be added meanwhile (422);
+//!   a write that leaves no finalizers deletes the object instead of storing the write, so — as on the real
+//!   server — the `DELETED` event carries the last stored state (at a new revision) and the answer the
+//!   written state (at the old one). Marking an object for deletion bumps its `generation` (if it has
+//!   one). DELETE answers the object while it remains (finalizers; always for namespaces, CRDs and pods)
+//!   and a success `Status` naming it when it is gone at once, as a 1.20 server does. Preconditions
+//!   (`uid`, `resourceVersion`) answer 409.
+//! * Other checks done by the real server: label syntax (422), string-valued labels and annotations,
+//!   complete `ownerReferences` with at most one controller (422),
+//!   `metadata.uid` in a write must match (409), `immutable` ConfigMaps and Secrets (422), a Secret's
+//!   `stringData` is folded into base64 `data`, names are DNS subdomains (labels for namespaces).
 //! * Garbage collection by `ownerReferences` runs inline, within the request that removed an owner, so it
 //!   is deterministic: dependents whose owners are all gone are deleted (background policy, respecting
 //!   their finalizers). `propagationPolicy: Orphan` removes the owner's references from its dependents
@@ -86,18 +99,26 @@
 //!   Dangling owner references on newly created objects are not collected.
 //! * Namespaces: creating in a missing namespace → 404, in a terminating one → 403. Deleting a namespace
 //!   marks it `Terminating`, deletes its contents and removes it once empty.
-//! * Watches: newline-delimited `WatchEvent`s (`ADDED`, `MODIFIED`, `DELETED`, `ERROR`; `BOOKMARK` only to
-//!   end the initial events when `sendInitialEvents=true`). `resourceVersion` "" or "0" first sends a
-//!   synthetic `ADDED` per current object; a revision sends every later event, in order. A revision older
-//!   than the history window ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired`
-//!   `Status`. Selectors are honoured, including objects entering (`ADDED`) or leaving (`DELETED`) a label
-//!   selector. `timeoutSeconds` ends the stream (default 30 minutes).
-//! * Lists: `metadata.resourceVersion` is the current revision. Pages after the first show the objects'
+//! * Watches: newline-delimited `WatchEvent`s (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`).
+//!   `resourceVersion` "" or "0" first sends a synthetic `ADDED` per current object (then a `BOOKMARK`
+//!   annotated `k8s.io/initial-events-end` when `sendInitialEvents=true`, for kube-runtime's streaming
+//!   lists); a revision sends every later event, in order. A revision older than the history window
+//!   ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired` `Status`, as the real
+//!   server's watch cache. Selectors are honoured, including objects entering (`ADDED`) or leaving
+//!   (`DELETED`) a label selector. `timeoutSeconds` ends the stream (default 30 minutes). With
+//!   `allowWatchBookmarks=true` (kube's default) a `BOOKMARK` at the current revision comes every 60 s
+//!   and when the stream ends, so a watcher of a quiet kind resumes without a 410 even when other kinds
+//!   fill the history.
+//! * Lists: `metadata.resourceVersion` is the current revision. `resourceVersion=0` lists are whole
+//!   (the `limit` is ignored, as the real server's cache does); `remainingItemCount` is not given. Pages after the first show the objects'
 //!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
 //!   history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
-//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405.
-//! * `dryRun` is not supported (the write happens).
+//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405. Messages
+//!   follow a v1.20 kube-apiserver's where they were compared. Built-in kinds take a missing `apiVersion`
+//!   / `kind` from the URL; custom resources require them (400).
+//! * `dryRun=All` (query, or `dryRun: ["All"]` in DeleteOptions) checks a write and answers its result
+//!   without storing it or sending events.
 //!
 //! # Cost
 //!

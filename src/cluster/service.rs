@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use super::Inner;
 use super::error::ApiError;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, WatchItem, WriteKind};
+use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, Store, WatchItem, WriteKind};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
 /// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.
@@ -59,6 +59,39 @@ struct WatchBody {
     frames: VecDeque<Bytes>,
     rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    bookmarks: Option<Bookmarks>,
+}
+
+/// How often a watch that allows bookmarks gets one (besides the one that ends it), as the real server.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+
+/// What a watch needs to send `BOOKMARK` events.
+struct Bookmarks {
+    inner: Arc<Inner>,
+    kind: String,
+    api_version: String,
+    next: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl WatchBody {
+    /// Queues a `BOOKMARK` at the current revision, after every event up to it. Events are sent under the
+    /// store's lock, so draining the channel under that lock delivers all events the bookmark covers.
+    fn bookmark(&mut self) {
+        let (Some(b), Some(rx)) = (&self.bookmarks, self.rx.as_mut()) else {
+            return;
+        };
+        let rev = {
+            let store = b.inner.store.lock().unwrap_or_else(|p| p.into_inner());
+            while let Ok(item) = rx.try_recv() {
+                push_item(&mut self.frames, item);
+            }
+            store.revision()
+        };
+        let obj = json!({"kind": b.kind, "apiVersion": b.api_version,
+            "metadata": {"resourceVersion": rev.to_string()}});
+        let bytes = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
+        push_item(&mut self.frames, (EvType::Bookmark, bytes));
+    }
 }
 
 fn push_item(frames: &mut VecDeque<Bytes>, (ty, obj): WatchItem) {
@@ -92,8 +125,22 @@ impl http_body::Body for ClusterBody {
                     }
                     Poll::Pending => {
                         if w.deadline.as_mut().poll(cx).is_ready() {
+                            w.bookmark();
                             w.rx = None;
-                            return Poll::Ready(None);
+                            continue;
+                        }
+                        let due = w
+                            .bookmarks
+                            .as_mut()
+                            .is_some_and(|b| b.next.as_mut().poll(cx).is_ready());
+                        if due {
+                            if let Some(b) = w.bookmarks.as_mut() {
+                                b.next
+                                    .as_mut()
+                                    .reset(tokio::time::Instant::now() + BOOKMARK_EVERY);
+                            }
+                            w.bookmark();
+                            continue;
                         }
                         return Poll::Pending;
                     }
@@ -110,9 +157,9 @@ impl http_body::Body for ClusterBody {
     }
 }
 
-fn json_response(code: u16, body: Vec<u8>) -> Response<ClusterBody> {
+fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ClusterBody> {
     let mut r = Response::new(ClusterBody {
-        inner: BodyInner::Full(Some(Bytes::from(body))),
+        inner: BodyInner::Full(Some(body.into())),
     });
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut().insert(
@@ -133,6 +180,7 @@ fn watch_response(
     first: Vec<WatchItem>,
     rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
     timeout: Duration,
+    bookmarks: Option<Bookmarks>,
 ) -> Response<ClusterBody> {
     let mut frames = VecDeque::with_capacity(first.len() * 3);
     for item in first {
@@ -142,6 +190,7 @@ fn watch_response(
         frames,
         rx,
         deadline: Box::pin(tokio::time::sleep(timeout)),
+        bookmarks,
     };
     let mut r = Response::new(ClusterBody {
         inner: BodyInner::Watch(body),
@@ -401,7 +450,11 @@ fn list_opts(q: &HashMap<String, String>) -> Result<ListOpts, ApiError> {
     })
 }
 
-async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Response<ClusterBody> {
+async fn handle(
+    inner: &Arc<Inner>,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Response<ClusterBody> {
     inner.stats.total.fetch_add(1, Ordering::Relaxed);
     let q = query_map(&parts.uri);
     let target = match route(inner, parts.uri.path()) {
@@ -440,6 +493,10 @@ async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Resp
         Verb::Other => return error_response(&ApiError::method_not_allowed()),
     };
     counter.fetch_add(1, Ordering::Relaxed);
+    // The status subresource serves get, update and patch only.
+    if route.status && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {
+        return error_response(&ApiError::method_not_allowed());
+    }
     // A namespaced kind addressed without a namespace: only list, watch and deletecollection make sense.
     if route.kind.namespaced && route.ns.is_none() && !matches!(verb, Verb::List | Verb::Watch) {
         return error_response(&if route.name.is_some() {
@@ -481,7 +538,55 @@ async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Resp
 }
 
 fn execute(
-    inner: &Inner,
+    inner: &Arc<Inner>,
+    parts: &http::request::Parts,
+    q: &HashMap<String, String>,
+    body: &Bytes,
+    route: &Route,
+    verb: Verb,
+    inject_conflict: bool,
+) -> Result<Response<ClusterBody>, ApiError> {
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid value: {other:?}: supported values: \"All\""
+            )));
+        }
+    };
+    // DELETE carries it in its DeleteOptions body too.
+    let dry_run = dry_run
+        || (verb == Verb::Delete
+            && serde_json::from_slice::<Value>(body).ok().is_some_and(|v| {
+                v.get("dryRun")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.iter().any(|x| x == "All"))
+            }));
+    let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
+    store.dry_run = dry_run
+        && matches!(
+            verb,
+            Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+        );
+    let result = execute_locked(
+        inner,
+        &mut store,
+        parts,
+        q,
+        body,
+        route,
+        verb,
+        inject_conflict,
+    );
+    store.dry_run = false;
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn execute_locked(
+    inner: &Arc<Inner>,
+    store: &mut Store,
     parts: &http::request::Parts,
     q: &HashMap<String, String>,
     body: &Bytes,
@@ -492,10 +597,16 @@ fn execute(
     let kind = &route.kind;
     let ns = route.ns.as_deref();
     let name = route.name.as_deref().unwrap_or_default();
-    let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
     match verb {
-        Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?.to_vec())),
-        Verb::List => Ok(json_response(200, store.list(kind, ns, &list_opts(q)?)?)),
+        Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?)),
+        Verb::List => {
+            let mut opts = list_opts(q)?;
+            // resourceVersion=0 is served whole, as from the real server's watch cache.
+            if q.get("resourceVersion").is_some_and(|v| v == "0") && opts.cont.is_none() {
+                opts.limit = None;
+            }
+            Ok(json_response(200, store.list(kind, ns, &opts)?))
+        }
         Verb::Watch => {
             let opts = list_opts(q)?;
             let timeout =
@@ -513,17 +624,33 @@ fn execute(
             };
             let bookmark = q.get("sendInitialEvents").is_some_and(|v| v == "true");
             match store.watch(kind, ns, opts.labels, opts.fields, rv, bookmark) {
-                Ok((first, rx)) => Ok(watch_response(first, Some(rx), timeout)),
+                Ok((first, rx)) => {
+                    let bookmarks = q
+                        .get("allowWatchBookmarks")
+                        .is_some_and(|v| v == "true")
+                        .then(|| Bookmarks {
+                            inner: inner.clone(),
+                            kind: kind.kind.clone(),
+                            api_version: kind.api_version.clone(),
+                            next: Box::pin(tokio::time::sleep(BOOKMARK_EVERY)),
+                        });
+                    Ok(watch_response(first, Some(rx), timeout, bookmarks))
+                }
                 Err(e) => {
                     let status =
                         Bytes::from(serde_json::to_vec(&e.to_status()).unwrap_or_default());
-                    Ok(watch_response(vec![(EvType::Error, status)], None, timeout))
+                    Ok(watch_response(
+                        vec![(EvType::Error, status)],
+                        None,
+                        timeout,
+                        None,
+                    ))
                 }
             }
         }
         Verb::Create => {
             let w = store.create(kind, ns, parse_json(body)?)?;
-            Ok(json_response(201, w.bytes.to_vec()))
+            Ok(json_response(201, w.bytes))
         }
         Verb::Update => {
             let w = store.update(
@@ -535,7 +662,7 @@ fn execute(
                 WriteKind::Put,
                 inject_conflict,
             )?;
-            Ok(json_response(200, w.bytes.to_vec()))
+            Ok(json_response(200, w.bytes))
         }
         Verb::Patch => {
             let ct = parts
@@ -556,7 +683,7 @@ fn execute(
             let patched = match ct.as_str() {
                 "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                     if ct.starts_with("application/strategic") && kind.custom {
-                        return Err(ApiError::unsupported_media_type(&ct));
+                        return Err(ApiError::unsupported_media_type());
                     }
                     let patch = parse_json(body)?;
                     let mut cur = current()?;
@@ -602,7 +729,7 @@ fn execute(
                                 )));
                             }
                             let w = store.create(kind, ns, patch)?;
-                            return Ok(json_response(201, w.bytes.to_vec()));
+                            return Ok(json_response(201, w.bytes));
                         }
                         None => return Err(ApiError::not_found(kind_subject(kind, name))),
                         Some(mut cur) => {
@@ -611,7 +738,7 @@ fn execute(
                         }
                     }
                 }
-                other => return Err(ApiError::unsupported_media_type(other)),
+                _ => return Err(ApiError::unsupported_media_type()),
             };
             let w = store.update(
                 kind,
@@ -622,15 +749,12 @@ fn execute(
                 WriteKind::Patch,
                 inject_conflict,
             )?;
-            Ok(json_response(200, w.bytes.to_vec()))
+            Ok(json_response(200, w.bytes))
         }
         Verb::Delete => {
             let opts = delete_opts(q, body)?;
             if route.name.is_some() {
-                Ok(json_response(
-                    200,
-                    store.delete(kind, ns, name, &opts)?.to_vec(),
-                ))
+                Ok(json_response(200, store.delete(kind, ns, name, &opts)?))
             } else {
                 Ok(json_response(
                     200,

@@ -3,7 +3,7 @@
 //! Everything here is synchronous and runs under the cluster's lock; the HTTP layer (`service.rs`) parses
 //! requests and turns results into responses.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -57,7 +57,7 @@ struct Obj {
 }
 
 /// Reference to a stored object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct ObjRef {
     gr: Gr,
     ns: String,
@@ -178,7 +178,10 @@ struct Clock {
 impl Clock {
     fn now(&self) -> String {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.inst0);
-        let t = self.wall0 + chrono::Duration::from_std(elapsed).unwrap_or_default();
+        let t = chrono::Duration::from_std(elapsed)
+            .ok()
+            .and_then(|d| self.wall0.checked_add_signed(d))
+            .unwrap_or(self.wall0);
         t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
     }
 }
@@ -240,19 +243,22 @@ const FOREGROUND: &str = "foregroundDeletion";
 pub(crate) struct Store {
     rev: u64,
     routes: HashMap<(String, String, String), Arc<Kind>>,
-    tables: HashMap<Gr, Table>,
+    /// Ordered, like everything iterated here, so that runs are deterministic.
+    tables: BTreeMap<Gr, Table>,
     history: VecDeque<Arc<Event>>,
     history_limit: usize,
     /// Highest revision dropped from the history.
     compacted: u64,
     uids: HashMap<String, ObjRef>,
     /// owner uid → dependents naming it.
-    dependents: HashMap<String, HashSet<ObjRef>>,
+    dependents: HashMap<String, BTreeSet<ObjRef>>,
     ns_counts: HashMap<String, usize>,
     count: usize,
     rng: fastrand::Rng,
     clock: Clock,
     gc: VecDeque<Gc>,
+    /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
+    pub(crate) dry_run: bool,
 }
 
 fn meta(v: &Value) -> Option<&Map<String, Value>> {
@@ -358,12 +364,103 @@ fn unhex(s: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
+/// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
+/// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`.
+fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    for field in ["labels", "annotations"] {
+        let Some(map) = meta(v).and_then(|m| m.get(field)) else {
+            continue;
+        };
+        if map.is_null() {
+            continue;
+        }
+        let Some(map) = map.as_object() else {
+            return Err(ApiError::bad_request(format!(
+                "metadata.{field} must be a map of strings"
+            )));
+        };
+        for (k, val) in map {
+            let Some(val) = val.as_str() else {
+                return Err(ApiError::bad_request(format!(
+                    "metadata.{field}[{k:?}] must be a string"
+                )));
+            };
+            if field == "labels"
+                && !(super::selector::valid_key(k) && super::selector::valid_value(val))
+            {
+                return Err(ApiError::invalid(
+                    &kind.gr.group,
+                    &kind.kind,
+                    name,
+                    "metadata.labels",
+                    format!("Invalid value: {k:?}: {val:?}: not a valid label"),
+                ));
+            }
+        }
+    }
+    if let Some(refs) = meta(v)
+        .and_then(|m| m.get("ownerReferences"))
+        .filter(|r| !r.is_null())
+    {
+        let Some(refs) = refs.as_array() else {
+            return Err(ApiError::bad_request(
+                "metadata.ownerReferences must be a list",
+            ));
+        };
+        let mut controllers = 0;
+        for (i, r) in refs.iter().enumerate() {
+            for field in ["apiVersion", "kind", "name", "uid"] {
+                if r.get(field)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    return Err(ApiError::invalid(
+                        &kind.gr.group,
+                        &kind.kind,
+                        name,
+                        &format!("metadata.ownerReferences[{i}].{field}"),
+                        format!("Invalid value: \"\": {field} must not be empty"),
+                    ));
+                }
+            }
+            if r.get("controller").and_then(Value::as_bool) == Some(true) {
+                controllers += 1;
+            }
+        }
+        if controllers > 1 {
+            return Err(ApiError::invalid(
+                &kind.gr.group,
+                &kind.kind,
+                name,
+                "metadata.ownerReferences",
+                "Invalid value: only one reference can have Controller set to true".into(),
+            ));
+        }
+    }
+    if kind.gr.group.is_empty()
+        && kind.gr.plural == "secrets"
+        && let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData"))
+    {
+        if !v.get("data").is_some_and(Value::is_object) {
+            v["data"] = json!({});
+        }
+        for (k, val) in sd {
+            let text = val
+                .as_str()
+                .ok_or_else(|| ApiError::bad_request("stringData values must be strings"))?;
+            v["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     pub(crate) fn new(history_limit: usize, seed: u64) -> Store {
         let mut s = Store {
             rev: 0,
             routes: HashMap::new(),
-            tables: HashMap::new(),
+            tables: BTreeMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
             compacted: 0,
@@ -377,6 +474,7 @@ impl Store {
                 inst0: tokio::time::Instant::now(),
             },
             gc: VecDeque::new(),
+            dry_run: false,
         };
         s.register_builtins();
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -425,6 +523,88 @@ impl Store {
             true,
         );
         crd.generation = true;
+        // The real server answers DELETE of a CRD with the CRD (it is finalized, not gone at once).
+        crd.delete_returns_object = true;
+        let mut pods = b("", "v1", "pods", "Pod", true, true);
+        pods.delete_returns_object = true;
+        // Workload kinds keep metadata.generation, as on the real server.
+        let workload = |group: &str, plural: &str, kind: &str| Kind {
+            generation: true,
+            ..b(group, "v1", plural, kind, true, true)
+        };
+        // Kinds stored without behaviour of their own (no controllers run here), so that operators creating
+        // them work unchanged.
+        for k in [
+            pods,
+            b("", "v1", "services", "Service", true, true),
+            b("", "v1", "serviceaccounts", "ServiceAccount", true, false),
+            b("", "v1", "endpoints", "Endpoints", true, false),
+            b(
+                "",
+                "v1",
+                "persistentvolumeclaims",
+                "PersistentVolumeClaim",
+                true,
+                true,
+            ),
+            b(
+                "",
+                "v1",
+                "persistentvolumes",
+                "PersistentVolume",
+                false,
+                true,
+            ),
+            b("", "v1", "nodes", "Node", false, true),
+            workload("apps", "deployments", "Deployment"),
+            workload("apps", "statefulsets", "StatefulSet"),
+            workload("apps", "daemonsets", "DaemonSet"),
+            workload("apps", "replicasets", "ReplicaSet"),
+            workload("batch", "jobs", "Job"),
+            workload("batch", "cronjobs", "CronJob"),
+            b(
+                "networking.k8s.io",
+                "v1",
+                "ingresses",
+                "Ingress",
+                true,
+                true,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "roles",
+                "Role",
+                true,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "rolebindings",
+                "RoleBinding",
+                true,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterroles",
+                "ClusterRole",
+                false,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterrolebindings",
+                "ClusterRoleBinding",
+                false,
+                false,
+            ),
+        ] {
+            self.add_route(k);
+        }
         for k in [
             ns,
             b("", "v1", "configmaps", "ConfigMap", true, false),
@@ -529,6 +709,13 @@ impl Store {
     }
 
     fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
+        if self.dry_run {
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            return Obj {
+                value: Arc::new(value),
+                bytes,
+            };
+        }
         self.rev += 1;
         meta_mut(&mut value).insert("resourceVersion".into(), json!(self.rev.to_string()));
         let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
@@ -564,6 +751,13 @@ impl Store {
     }
 
     fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
+        if self.dry_run {
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            return Obj {
+                value: Arc::new(value),
+                bytes,
+            };
+        }
         let Some(old) = self
             .tables
             .get_mut(&r.gr)
@@ -830,13 +1024,24 @@ impl Store {
     }
 
     /// The body's declared apiVersion and kind must be those of the resource.
-    fn check_type(kind: &Kind, body: &Value) -> Result<(), ApiError> {
-        if !body.is_object() {
+    /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
+    /// ones from the URL, as the real server's typed decoding does; custom resources require them.
+    fn check_type(kind: &Kind, body: &mut Value) -> Result<(), ApiError> {
+        let Some(obj) = body.as_object_mut() else {
             return Err(ApiError::bad_request(
-                "the request body must be a JSON object",
+                "the object provided is unrecognized: the request body must be a JSON object",
             ));
+        };
+        let empty = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
+        if !kind.custom {
+            if empty(obj.get("kind")) {
+                obj.insert("kind".into(), json!(kind.kind));
+            }
+            if empty(obj.get("apiVersion")) {
+                obj.insert("apiVersion".into(), json!(kind.api_version));
+            }
         }
-        match body.get("kind").and_then(Value::as_str) {
+        match obj.get("kind").and_then(Value::as_str) {
             None | Some("") => {
                 return Err(ApiError::bad_request(format!(
                     "Object 'Kind' is missing in '{body}'"
@@ -844,13 +1049,14 @@ impl Store {
             }
             Some(k) if k != kind.kind => {
                 return Err(ApiError::bad_request(format!(
-                    "the kind in the data ({k}) does not match the expected kind ({})",
-                    kind.kind
+                    "{k} in version \"{}\" cannot be handled as a {}: the kind in the data ({k}) does \
+                     not match the expected kind ({})",
+                    kind.version, kind.kind, kind.kind
                 )));
             }
             _ => {}
         }
-        match body.get("apiVersion").and_then(Value::as_str) {
+        match obj.get("apiVersion").and_then(Value::as_str) {
             Some(v) if v == kind.api_version => Ok(()),
             v => Err(ApiError::bad_request(format!(
                 "the API version in the data ({}) does not match the expected API version ({})",
@@ -891,7 +1097,7 @@ impl Store {
         ns: Option<&str>,
         mut body: Value,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &body)?;
+        Self::check_type(kind, &mut body)?;
         if !body.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -915,20 +1121,27 @@ impl Store {
                     }));
                 }
                 Some(o) if is_deleting(&o.value) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being \
-                         terminated",
+                    let obj_name = meta_str(&body, "name").unwrap_or_default();
+                    let mut e = ApiError::forbidden(format!(
+                        "{} \"{obj_name}\" is forbidden: unable to create new content in namespace {ns} \
+                         because it is being terminated",
                         kind.gr.plural,
-                        meta_str(&body, "name")
-                            .or(meta_str(&body, "generateName"))
-                            .unwrap_or_default()
-                    )));
+                    ));
+                    let mut details = json!({"name": obj_name, "kind": kind.gr.plural, "causes": [{
+                        "reason": "NamespaceTerminating",
+                        "message": format!("namespace {ns} is being terminated"),
+                        "field": "metadata.namespace"}]});
+                    if !kind.gr.group.is_empty() {
+                        details["group"] = json!(kind.gr.group);
+                    }
+                    e.details = Some(details);
+                    return Err(e);
                 }
                 Some(_) => {}
             }
         }
         if meta_str(&body, "resourceVersion").is_some_and(|v| !v.is_empty()) {
-            return Err(ApiError::internal(
+            return Err(ApiError::storage(
                 "resourceVersion should not be set on objects to be created",
             ));
         }
@@ -970,15 +1183,16 @@ impl Store {
             if !is_dns_label(&name) {
                 return Err(invalid_name(
                     &name,
-                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
+                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
                 ));
             }
         } else if !is_dns_subdomain(&name) {
             return Err(invalid_name(
                 &name,
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
             ));
         }
+        normalize(kind, &name, &mut body)?;
         let r = Self::objref(kind, ns, &name);
         if self.lookup(&r).is_some() {
             return Err(ApiError::already_exists(kind.subject(&name)));
@@ -1013,7 +1227,7 @@ impl Store {
             body.as_object_mut().map(|o| o.remove("status"));
         }
         let obj = self.put(&r, body, EvType::Added);
-        if kind.gr.plural == "customresourcedefinitions" {
+        if kind.gr.plural == "customresourcedefinitions" && !self.dry_run {
             self.register_crd(&obj.value);
         }
         self.run_gc();
@@ -1034,7 +1248,7 @@ impl Store {
         how: WriteKind,
         inject_conflict: bool,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &new)?;
+        Self::check_type(kind, &mut new)?;
         if !new.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -1045,28 +1259,11 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
         match meta_str(&new, "name") {
             Some(n) if n == name => {}
-            Some(n) if how == WriteKind::Put => {
+            other => {
                 return Err(ApiError::bad_request(format!(
-                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                    "the name of the object ({}) does not match the name on the URL ({name})",
+                    other.unwrap_or_default()
                 )));
-            }
-            _ if how == WriteKind::Put => {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.name",
-                    "Required value: name is required".into(),
-                ));
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.name",
-                    "Invalid value: the name may not be changed by a patch".into(),
-                ));
             }
         }
         Self::check_namespace_field(kind, ns, &mut new)?;
@@ -1081,7 +1278,7 @@ impl Store {
             _ if how == WriteKind::Put && kind.custom => {
                 return Err(ApiError::invalid(
                     &kind.gr.group,
-                    &kind.kind,
+                    &kind.gr.plural,
                     name,
                     "metadata.resourceVersion",
                     "Invalid value: 0x0: must be specified for an update".into(),
@@ -1089,8 +1286,40 @@ impl Store {
             }
             _ => {}
         }
+        let old_uid = meta_str(&old.value, "uid").unwrap_or_default();
+        if let Some(uid) = meta_str(&new, "uid").filter(|u| !u.is_empty() && *u != old_uid) {
+            return Err(ApiError::precondition(
+                kind.subject(name),
+                format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
+                ),
+            ));
+        }
         if inject_conflict {
             return Err(ApiError::conflict(kind.subject(name)));
+        }
+        if !status_only
+            && kind.gr.group.is_empty()
+            && (kind.gr.plural == "configmaps" || kind.gr.plural == "secrets")
+            && old.value.get("immutable").and_then(Value::as_bool) == Some(true)
+        {
+            for field in ["data", "binaryData", "stringData", "immutable"] {
+                let (before, after) = (old.value.get(field), new.get(field));
+                let unchanged = match field {
+                    // stringData is folded into data; it changes data only if it differs.
+                    "stringData" => after.is_none(),
+                    _ => before == after,
+                };
+                if !unchanged {
+                    return Err(ApiError::invalid(
+                        &kind.gr.group,
+                        &kind.kind,
+                        name,
+                        field,
+                        "Forbidden: field is immutable when `immutable` is set".into(),
+                    ));
+                }
+            }
         }
         let old_v: &Value = &old.value;
         let mut next = if status_only {
@@ -1145,6 +1374,7 @@ impl Store {
                     ));
                 }
             }
+            normalize(kind, name, &mut new)?;
             if kind.gr.plural == "customresourcedefinitions" {
                 self.prepare_crd(&mut new, name)?;
             }
@@ -1168,11 +1398,21 @@ impl Store {
             && finalizers(&next).is_empty()
             && !self.namespace_blocks(kind, name)
         {
-            self.remove(&r, next)
+            // As the real server: the write is not stored but the object is deleted; the DELETED event
+            // carries the last stored state, the answer the written one (at its old resourceVersion).
+            self.remove(&r, (*old.value).clone());
+            let bytes = Bytes::from(serde_json::to_vec(&next).unwrap_or_default());
+            Obj {
+                value: Arc::new(next),
+                bytes,
+            }
         } else {
             self.put(&r, next, EvType::Modified)
         };
-        if kind.gr.plural == "customresourcedefinitions" && self.lookup(&r).is_some() {
+        if kind.gr.plural == "customresourcedefinitions"
+            && !self.dry_run
+            && self.lookup(&r).is_some()
+        {
             self.register_crd(&obj.value);
         }
         self.run_gc();
@@ -1328,6 +1568,10 @@ impl Store {
         let m = meta_mut(&mut v);
         m.insert("deletionTimestamp".into(), json!(now));
         m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        // Marking an object for deletion bumps its generation, as on the real server.
+        if let Some(g) = m.get("generation").and_then(Value::as_i64) {
+            m.insert("generation".into(), json!(g + 1));
+        }
         if is_namespace {
             v["status"] = json!({"phase": "Terminating"});
         }
@@ -1417,7 +1661,7 @@ impl Store {
             && is_deleting(&v)
             && !(is_namespace && self.ns_counts.get(&r.name).copied().unwrap_or(0) > 0)
         {
-            self.remove(r, v);
+            self.remove(r, (*o.value).clone());
         } else {
             self.put(r, v, EvType::Modified);
         }
@@ -1591,7 +1835,15 @@ impl Store {
         if names.get("listKind").is_none() {
             names["listKind"] = json!(format!("{kind}List"));
         }
-        let now = self.clock.now();
+        let mut now = self.clock.now();
+        if let Some(t) = crd
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| c.iter().find(|c| c["type"] == "Established"))
+            .and_then(|c| c["lastTransitionTime"].as_str())
+        {
+            now = t.to_string();
+        }
         crd["status"] = json!({
             "conditions": [
                 {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
@@ -1642,7 +1894,8 @@ impl Store {
                 status: v.pointer("/subresources/status").is_some(),
                 generation: true,
                 custom: true,
-                delete_returns_object: true,
+                // Gone at once → a success Status (real 1.20 servers do not answer the object here).
+                delete_returns_object: false,
             });
         }
     }
@@ -1658,7 +1911,7 @@ impl Store {
             .get(&crds)
             .map(|t| t.objects.keys().map(|k| k.1.clone()).collect())
             .unwrap_or_default();
-        let dead: Vec<Gr> = self
+        let dead: BTreeSet<Gr> = self
             .routes
             .values()
             .filter(|k| k.custom && !live.contains(&format!("{}.{}", k.gr.plural, k.gr.group)))

@@ -48,6 +48,10 @@ pub struct DetachedEnvtest {
     pub kubeconfig: PathBuf,
     /// Kubeconfig of the non-admin user [`USER_NAME`](super::USER_NAME).
     pub user_kubeconfig: PathBuf,
+    /// The etcd binary that was started (its file name identifies the process).
+    pub etcd_binary: PathBuf,
+    /// The kube-apiserver binary that was started.
+    pub apiserver_binary: PathBuf,
 }
 
 /// Name of the state file inside the directory.
@@ -86,7 +90,8 @@ impl DetachedEnvtest {
 
     /// Whether both processes still run (and are etcd and kube-apiserver, not a reused pid).
     pub fn is_running(&self) -> bool {
-        process_is(self.etcd_pid, "etcd") && process_is(self.apiserver_pid, "kube-apiserver")
+        process_is(self.etcd_pid, &self.etcd_binary)
+            && process_is(self.apiserver_pid, &self.apiserver_binary)
     }
 
     /// Whether the apiserver answers `/readyz` with `ok` (within a few seconds).
@@ -100,8 +105,8 @@ impl DetachedEnvtest {
     /// Stops both processes (SIGTERM; SIGKILL after `grace`) and removes the directory.
     pub async fn stop(self, grace: Duration) -> Result<(), EnvtestError> {
         for (pid, name) in [
-            (self.apiserver_pid, "kube-apiserver"),
-            (self.etcd_pid, "etcd"),
+            (self.apiserver_pid, self.apiserver_binary.as_path()),
+            (self.etcd_pid, self.etcd_binary.as_path()),
         ] {
             if !process_is(pid, name) {
                 continue;
@@ -130,8 +135,11 @@ impl DetachedEnvtest {
     }
 }
 
-/// Whether `pid` is a live (not zombie) process whose program is named `name`.
-fn process_is(pid: u32, name: &str) -> bool {
+/// Whether `pid` is a live (not zombie) process running `binary` (compared by file name).
+fn process_is(pid: u32, binary: &Path) -> bool {
+    let Some(name) = binary.file_name() else {
+        return false;
+    };
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
@@ -169,6 +177,8 @@ mod tests {
             server_url: "https://127.0.0.1:4".into(),
             kubeconfig: dir.path().join("kubeconfig"),
             user_kubeconfig: dir.path().join("kubeconfig-user"),
+            etcd_binary: "/usr/bin/etcd".into(),
+            apiserver_binary: "/x/kube-apiserver".into(),
         };
         s.save().unwrap();
         assert_eq!(DetachedEnvtest::load(dir.path()).unwrap(), Some(s));
@@ -186,19 +196,19 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        assert!(process_is(pid, "sleep"));
+        assert!(process_is(pid, Path::new("/bin/sleep")));
         assert!(
-            !process_is(pid, "etcd"),
+            !process_is(pid, Path::new("etcd")),
             "a reused pid with another program is not ours"
         );
         child.kill().unwrap();
         // Killed but not reaped: a zombie counts as gone.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while process_is(pid, "sleep") && Instant::now() < deadline {
+        while process_is(pid, Path::new("/bin/sleep")) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(!process_is(pid, "sleep"));
+        assert!(!process_is(pid, Path::new("/bin/sleep")));
         child.wait().unwrap();
-        assert!(!process_is(pid, "sleep"));
+        assert!(!process_is(pid, Path::new("/bin/sleep")));
     }
 }

@@ -41,13 +41,21 @@ pub(crate) enum SpawnMode {
     Detached,
 }
 
-/// A free TCP port on 127.0.0.1 (free when asked; the component binds it shortly after).
-pub(crate) fn free_port() -> Result<u16, EnvtestError> {
-    let l = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| EnvtestError::io("finding a free loopback port", e))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| EnvtestError::io("finding a free loopback port", e))
+/// `N` distinct free TCP ports on 127.0.0.1 (free when asked; the components bind them shortly after).
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], EnvtestError> {
+    // Hold every listener until all ports are known, so that no port is handed out twice.
+    let mut listeners = Vec::with_capacity(N);
+    let mut ports = [0u16; N];
+    for port in &mut ports {
+        let l = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .map_err(|e| EnvtestError::io("finding a free loopback port", e))?;
+        *port = l
+            .local_addr()
+            .map_err(|e| EnvtestError::io("finding a free loopback port", e))?
+            .port();
+        listeners.push(l);
+    }
+    Ok(ports)
 }
 
 pub(crate) fn etcd_args(work: &WorkDir, ports: &Ports) -> Vec<OsString> {
@@ -432,10 +440,14 @@ mod tests {
     }
 
     #[test]
-    fn free_ports_are_bindable() {
-        let p = free_port().unwrap();
-        assert_ne!(p, 0);
-        std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+    fn free_ports_are_distinct_and_bindable() {
+        let ports = free_ports::<3>().unwrap();
+        assert!(ports.iter().all(|p| *p != 0));
+        assert!(ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2]);
+        let _held: Vec<_> = ports
+            .iter()
+            .map(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).unwrap())
+            .collect();
     }
 
     #[test]

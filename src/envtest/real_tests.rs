@@ -298,8 +298,8 @@ async fn detached_control_plane_outlives_its_handle_and_stops() {
         let d = Envtest::builder().dir(&dir).start_detached().await.unwrap();
         let loaded = DetachedEnvtest::load(&dir).unwrap().unwrap();
         assert_eq!(loaded, d);
-        assert!(loaded.is_running());
-        assert!(loaded.is_ready().await);
+        assert!(loaded.is_running(), "{loaded:?}");
+        assert!(loaded.is_ready().await, "{loaded:?} not ready");
         let client =
             kube::Client::try_from(files::client_config(&loaded.kubeconfig).await.unwrap())
                 .unwrap();
@@ -309,7 +309,8 @@ async fn detached_control_plane_outlives_its_handle_and_stops() {
             .unwrap();
         let (etcd, api) = (loaded.etcd_pid, loaded.apiserver_pid);
         loaded.stop(Duration::from_secs(5)).await.unwrap();
-        assert!(!alive(etcd) && !alive(api));
+        assert!(!alive(etcd), "etcd {etcd} still alive");
+        assert!(!alive(api), "kube-apiserver {api} still alive");
         assert!(!d.is_running());
         assert!(!dir.exists());
     })
