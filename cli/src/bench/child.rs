@@ -43,16 +43,17 @@ async fn run_async(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> 
     Ok(result)
 }
 
-fn progress_bar(len: u64, what: &str) -> ProgressBar {
+fn progress_bar(len: u64, runtime: RuntimeKind, what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>12} {msg:<9} [{bar:30}] {pos}/{len} ({elapsed})")
+        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
+    bar.set_prefix(runtime.as_str());
     bar.set_message(what.to_string());
     bar
 }
@@ -60,8 +61,7 @@ fn progress_bar(len: u64, what: &str) -> ProgressBar {
 async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> Result<RunResult> {
     let api: Api<BenchObject> = Api::namespaced(session.setup.clone(), &session.namespace);
 
-    let bar = progress_bar(u64::from(args.objects), "creating");
-    bar.set_prefix(runtime.as_str());
+    let bar = progress_bar(u64::from(args.objects), runtime, "created");
     create_objects(&api, args.objects, &bar).await?;
     bar.finish_and_clear();
 
@@ -72,8 +72,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         yield_interval: args.yield_interval(),
     };
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
-    let bar = progress_bar(u64::from(args.objects), "done");
-    bar.set_prefix(runtime.as_str());
+    let bar = progress_bar(u64::from(args.objects), runtime, "done");
 
     let recorder = Recorder::start(config, session.counter.clone());
     let running = match runtime {
@@ -111,6 +110,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         tokio::spawn(async move {
             loop {
                 bar.set_position(recorder.done_count() as u64);
+                bar.set_message(format!("done, {} runs", recorder.runs()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })

@@ -103,8 +103,15 @@ mod tests {
 
     #[test]
     fn reads_own_peak_rss() {
-        let peak = peak_rss_bytes().expect("procfs on Linux");
-        let now = current_rss_bytes().expect("procfs on Linux");
-        assert!(peak >= now && now > 0);
+        // One snapshot: other tests of this process allocate concurrently.
+        let status = std::fs::read_to_string("/proc/self/status").expect("procfs on Linux");
+        let peak = proc_status_field_bytes(&status, "VmHWM").unwrap();
+        let now = proc_status_field_bytes(&status, "VmRSS").unwrap();
+        assert!(peak >= now && now > 0, "VmHWM {peak} < VmRSS {now}");
+        assert!(
+            peak_rss_bytes().unwrap() >= peak,
+            "the peak never goes down"
+        );
+        assert!(current_rss_bytes().unwrap() > 0);
     }
 }
