@@ -625,7 +625,9 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                 if st.dirty {
                     st.dirty = false;
                     st.wake.cancel();
-                    self.run_pass(&myself, st).await;
+                    // Boxed: the pass's state machine (API requests included) is large, and inline it
+                    // would make every idle actor's task that large.
+                    Box::pin(self.run_pass(&myself, st)).await;
                 }
                 if !st.dirty && !st.run_pending {
                     self.arm_idle(&myself, st);
