@@ -56,7 +56,7 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     /// Set when passivating: what the manager keeps (it takes it from the terminated state).
     pub(crate) passive: Option<PassiveState>,
     /// This object as a reference target (fixed for the actor's life).
-    target: Target,
+    target: Arc<Target>,
     /// The parsed actorcile status of one object version.
     status_cache: Option<(Option<u64>, Arc<ResourceStatus>)>,
     /// The last pass's outcome key: the same outcome on the same version needs no status work.
@@ -156,6 +156,20 @@ impl<K: ManagedResource> ResourceActor<K> {
         )
     }
 
+    /// Run a pass if one is due, then arm the idle timer if nothing else is.
+    async fn run_if_dirty(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        if st.dirty {
+            st.dirty = false;
+            st.wake.cancel();
+            // Boxed: the pass's state machine is large, and inline it would make every idle
+            // actor's task that large.
+            Box::pin(self.run_pass(myself, st)).await;
+        }
+        if !st.dirty && !st.run_pending {
+            self.arm_idle(myself, st);
+        }
+    }
+
     /// The object's actorcile status, parsed once per object version.
     fn status_of(st: &mut ResourceState<K>, obj: &K) -> Arc<ResourceStatus> {
         let v = version_of(obj);
@@ -170,6 +184,10 @@ impl<K: ManagedResource> ResourceActor<K> {
     }
 
     /// One provision or deprovision pass over the newest known object.
+    ///
+    /// The hot path (a provision pass whose status does not change, e.g. every pass of a yield
+    /// loop) makes no API request and allocates little; the cold parts (deletion, finalizer, status
+    /// write) are boxed so they do not bloat the pass's future.
     async fn run_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         let shared = &self.shared;
         let Some(mut obj) = st.object.clone() else {
@@ -187,69 +205,20 @@ impl<K: ManagedResource> ResourceActor<K> {
             return;
         };
         let _in_flight = shared.metrics.run_started(deleting);
-        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
         let status = Self::status_of(st, obj.as_ref());
-        let target = st.target.clone();
         let generation = obj.meta().generation;
 
-        let outcome = if deleting {
-            if let Some(blocked) = shared.references.deletion_blocked(&target, obj.as_ref()) {
-                let desired = status.while_deprovisioning(
-                    blocked.reason,
-                    blocked.message.clone(),
-                    generation,
-                );
-                if desired != *status {
-                    // What this object holds may now be blocked differently (e.g. a cycle
-                    // closed): let those targets re-check. Only on change, so it settles.
-                    shared.references.notify_held(&target);
-                }
-                Pass {
-                    outcome: Outcome::Waiting {
-                        target: target.clone(),
-                        reason: Reason::new("InUse", blocked.message),
-                    },
-                    desired: Some(desired),
-                }
-            } else {
-                let cx = self.context(obj.clone(), status.clone());
-                let outcome = shared.tree.deprovision(&cx).await;
-                if outcome.is_done() {
-                    shared.references.release_all(&target).await;
-                    match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
-                        Ok(()) => {
-                            st.error_backoff = None;
-                            st.error_attempts = 0;
-                            return; // the object disappears; the feeder reports it gone
-                        }
-                        Err(e) => Pass {
-                            outcome: Outcome::failed(
-                                Reason::new(
-                                    "FinalizerRemovalFailed",
-                                    "could not remove the finalizer",
-                                ),
-                                e,
-                            ),
-                            desired: Some(status.while_deprovisioning(
-                                ReadyReason::Errored,
-                                "retrying finalizer removal",
-                                generation,
-                            )),
-                        },
-                    }
-                } else {
-                    let (reason, message) = deprovision_reason(&outcome);
-                    let desired = status.while_deprovisioning(reason, message, generation);
-                    Pass {
-                        outcome,
-                        desired: Some(desired),
-                    }
-                }
+        let Pass { outcome, desired } = if deleting {
+            match Box::pin(self.deletion_pass(st, &obj, &status)).await {
+                Some(pass) => pass,
+                None => return, // deprovisioned; the object disappears and the feeder reports it
             }
         } else {
             let mut pre_failure = None;
             if shared.use_finalizer && !has_finalizer {
-                match add_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+                let api =
+                    ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+                match Box::pin(add_finalizer(&api, obj.as_ref(), &shared.finalizer)).await {
                     Ok(o) => {
                         st.record_write(o);
                         obj = st.object.clone().unwrap_or(obj);
@@ -276,53 +245,34 @@ impl<K: ManagedResource> ResourceActor<K> {
                 desired: None,
             }
         };
-        let Pass { outcome, desired } = outcome;
 
         if let Outcome::Failed { reason, errors } = &outcome {
             for e in errors {
-                tracing::warn!(object = %target, reason = %reason, error = %e, "provisioning failed");
+                tracing::warn!(object = %st.target, reason = %reason, error = %e, "provisioning failed");
             }
         }
 
         // The status this pass leaves. Skipped entirely when the same outcome meets the same
         // object version as last time (a yield loop, an idle re-run): nothing can have changed.
-        let key = OutcomeKey::of(&outcome, generation, deleting, version_of(obj.as_ref()));
-        // (An unreadable version never matches: the status is then always recomputed.)
-        if key.version.is_none() || st.last_outcome.as_ref() != Some(&key) {
+        let version = version_of(obj.as_ref());
+        let unchanged = version.is_some()
+            && st
+                .last_outcome
+                .as_ref()
+                .is_some_and(|k| k.matches(&outcome, generation, deleting, version));
+        if !unchanged {
             let desired = desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
             let ready = desired.is_ready();
             if shared.write_status && desired != *status {
-                let transition =
-                    desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-                match api
-                    .patch_status(
-                        &obj.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(desired.patch()),
-                    )
-                    .await
-                {
-                    Ok(o) => {
-                        Metrics::inc(&shared.metrics.status_writes);
-                        st.record_write(o);
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => tracing::warn!(object = %target, error = %e, "status write failed"),
-                }
-                if transition {
-                    publish_transition(self, &obj, &outcome).await;
-                }
+                Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
             }
             if st.was_ready != Some(ready) {
-                shared.references.mark_ready(&target, ready);
+                shared.references.mark_ready(&st.target, ready);
                 st.was_ready = Some(ready);
             }
             // Key the cache on the version the pass ended with (our own status write, if any).
             let end_version = st.object.as_deref().and_then(version_of);
-            st.last_outcome = Some(OutcomeKey {
-                version: end_version,
-                ..key
-            });
+            st.last_outcome = Some(OutcomeKey::of(&outcome, generation, deleting, end_version));
         }
 
         let delay = match &outcome {
@@ -357,6 +307,109 @@ impl<K: ManagedResource> ResourceActor<K> {
     }
 }
 
+impl<K: ManagedResource> ResourceActor<K> {
+    /// A deprovision pass: `None` once deprovisioned and the finalizer is gone.
+    async fn deletion_pass(
+        &self,
+        st: &mut ResourceState<K>,
+        obj: &Arc<K>,
+        status: &Arc<ResourceStatus>,
+    ) -> Option<Pass> {
+        let shared = &self.shared;
+        let target = st.target.clone();
+        let generation = obj.meta().generation;
+        if let Some(blocked) = shared.references.deletion_blocked(&target, obj.as_ref()) {
+            let desired =
+                status.while_deprovisioning(blocked.reason, blocked.message.clone(), generation);
+            if desired != **status {
+                // What this object holds may now be blocked differently (e.g. a cycle
+                // closed): let those targets re-check. Only on change, so it settles.
+                shared.references.notify_held(&target);
+            }
+            return Some(Pass {
+                outcome: Outcome::Waiting {
+                    target: (*target).clone(),
+                    reason: Reason::new("InUse", blocked.message),
+                },
+                desired: Some(desired),
+            });
+        }
+        let cx = self.context(obj.clone(), status.clone());
+        let outcome = shared.tree.deprovision(&cx).await;
+        if !outcome.is_done() {
+            let (reason, message) = deprovision_reason(&outcome);
+            let desired = status.while_deprovisioning(reason, message, generation);
+            return Some(Pass {
+                outcome,
+                desired: Some(desired),
+            });
+        }
+        shared.references.release_all(&target).await;
+        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+        match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+            Ok(()) => {
+                st.error_backoff = None;
+                st.error_attempts = 0;
+                None
+            }
+            Err(e) => Some(Pass {
+                outcome: Outcome::failed(
+                    Reason::new("FinalizerRemovalFailed", "could not remove the finalizer"),
+                    e,
+                ),
+                desired: Some(status.while_deprovisioning(
+                    ReadyReason::Errored,
+                    "retrying finalizer removal",
+                    generation,
+                )),
+            }),
+        }
+    }
+
+    /// Patch the status subresource to `desired`; on a reason change, publish an Event.
+    async fn write_status(
+        &self,
+        st: &mut ResourceState<K>,
+        obj: &Arc<K>,
+        status: &ResourceStatus,
+        desired: &ResourceStatus,
+        outcome: &Outcome,
+    ) {
+        let shared = &self.shared;
+        let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
+        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+        match api
+            .patch_status(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(desired.patch()),
+            )
+            .await
+        {
+            Ok(o) => {
+                Metrics::inc(&shared.metrics.status_writes);
+                st.record_write(o);
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => tracing::warn!(object = %st.target, error = %e, "status write failed"),
+        }
+        if transition {
+            publish_transition(self, obj, outcome).await;
+        }
+    }
+}
+
+fn variant_of(o: &Outcome) -> u8 {
+    match o {
+        Outcome::Done => 0,
+        Outcome::Yield { .. } => 1,
+        Outcome::Waiting { .. } => 2,
+        Outcome::Terminal(_) => 3,
+        Outcome::UserActionRequired(_) => 4,
+        Outcome::Failed { .. } => 5,
+    }
+}
+
 /// What a pass produced, and the status it computed on the way (deletion computes its own).
 struct Pass {
     outcome: Outcome,
@@ -375,15 +428,28 @@ pub(crate) struct OutcomeKey {
 }
 
 impl OutcomeKey {
+    /// Whether `of(o, generation, deleting, version)` would equal this key (without allocating).
+    fn matches(
+        &self,
+        o: &Outcome,
+        generation: Option<i64>,
+        deleting: bool,
+        version: Option<u64>,
+    ) -> bool {
+        let (code, message) = o
+            .reason()
+            .map(|r| (r.code(), r.message()))
+            .unwrap_or_default();
+        self.variant == variant_of(o)
+            && self.generation == generation
+            && self.deleting == deleting
+            && self.version == version
+            && self.code == code
+            && self.message == message
+    }
+
     fn of(o: &Outcome, generation: Option<i64>, deleting: bool, version: Option<u64>) -> Self {
-        let variant = match o {
-            Outcome::Done => 0,
-            Outcome::Yield { .. } => 1,
-            Outcome::Waiting { .. } => 2,
-            Outcome::Terminal(_) => 3,
-            Outcome::UserActionRequired(_) => 4,
-            Outcome::Failed { .. } => 5,
-        };
+        let variant = variant_of(o);
         let (code, message) = o
             .reason()
             .map(|r| (r.code().to_string(), r.message().to_string()))
@@ -550,12 +616,12 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             error_attempts: 0,
             error_backoff: None,
             passive: None,
-            target: Target::new(
+            target: Arc::new(Target::new(
                 K::api_version(&()),
                 K::kind(&()),
                 args.key.namespace.as_deref(),
                 args.key.name.clone(),
-            ),
+            )),
             status_cache: None,
             last_outcome: None,
             was_ready: None,
@@ -622,20 +688,14 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             }
             ResourceMsg::Run => {
                 st.run_pending = false;
-                if st.dirty {
-                    st.dirty = false;
-                    st.wake.cancel();
-                    // Boxed: the pass's state machine (API requests included) is large, and inline it
-                    // would make every idle actor's task that large.
-                    Box::pin(self.run_pass(&myself, st)).await;
-                }
-                if !st.dirty && !st.run_pending {
-                    self.arm_idle(&myself, st);
-                }
+                self.run_if_dirty(&myself, st).await;
             }
             ResourceMsg::Wake(token) => {
-                if st.wake.fire(token) {
-                    st.trigger_run(&myself);
+                // A due timer runs the pass at once (no extra `Run` hop); anything that arrives
+                // meanwhile still coalesces into one follow-up run.
+                if st.wake.fire(token) && !st.run_pending {
+                    st.dirty = true;
+                    self.run_if_dirty(&myself, st).await;
                 }
             }
             ResourceMsg::Notify => st.trigger_run(&myself),
