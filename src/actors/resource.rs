@@ -263,26 +263,43 @@ impl<K: ManagedResource> ResourceActor<K> {
         if !unchanged {
             let desired = desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
             let ready = desired.is_ready();
+            let mut written = true;
             if shared.write_status && desired != *status {
-                Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
+                written = Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
             }
             if st.was_ready != Some(ready) {
                 shared.references.mark_ready(&st.target, ready);
                 st.was_ready = Some(ready);
             }
             // Key the cache on the version the pass ended with (our own status write, if any).
-            let end_version = st.object.as_deref().and_then(version_of);
-            st.last_outcome = Some(OutcomeKey::of(&outcome, generation, deleting, end_version));
+            // A failed write is not cached: the next pass computes and writes again, and a
+            // retry is scheduled below even if the outcome itself would wait for a change.
+            if written {
+                let end_version = st.object.as_deref().and_then(version_of);
+                st.last_outcome = Some(OutcomeKey::of(&outcome, generation, deleting, end_version));
+            } else {
+                st.last_outcome = None;
+                let retry = shared
+                    .policy
+                    .error_backoff
+                    .min
+                    .max(Duration::from_millis(10));
+                self.schedule_wake(myself, st, retry);
+            }
         }
 
         let delay = match &outcome {
             Outcome::Done => {
                 st.error_backoff = None;
                 st.error_attempts = 0;
+                let seed = shared
+                    .policy
+                    .seed
+                    .map(|s| s ^ key_hash(&st.key) ^ st.last_run_version.unwrap_or(0));
                 shared
                     .policy
                     .poll_interval
-                    .map(|p| jitter(p, shared.policy.poll_jitter))
+                    .map(|p| jitter(p, shared.policy.poll_jitter, seed))
             }
             Outcome::Yield { after, .. } => {
                 st.error_backoff = None;
@@ -374,7 +391,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         status: &ResourceStatus,
         desired: &ResourceStatus,
         outcome: &Outcome,
-    ) {
+    ) -> bool {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
         let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
@@ -390,12 +407,16 @@ impl<K: ManagedResource> ResourceActor<K> {
                 Metrics::inc(&shared.metrics.status_writes);
                 st.record_write(o);
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => tracing::warn!(object = %st.target, error = %e, "status write failed"),
+            Err(kube::Error::Api(s)) if s.code == 404 => return true, // gone: nothing to write
+            Err(e) => {
+                tracing::warn!(object = %st.target, error = %e, "status write failed; retrying");
+                return false;
+            }
         }
         if transition {
             publish_transition(self, obj, outcome).await;
         }
+        true
     }
 }
 
@@ -528,11 +549,16 @@ where
     BuildHasherDefault::<DefaultHasher>::default().hash_one(key)
 }
 
-fn jitter(d: Duration, fraction: f64) -> Duration {
+/// `d` stretched by up to `fraction`; reproducible when seeded (the policy's `seed`).
+fn jitter(d: Duration, fraction: f64, seed: Option<u64>) -> Duration {
     if fraction <= 0.0 {
         return d;
     }
-    d.mul_f64(1.0 + fastrand::f64() * fraction)
+    let r = match seed {
+        Some(s) => fastrand::Rng::with_seed(s).f64(),
+        None => fastrand::f64(),
+    };
+    d.mul_f64(1.0 + r * fraction)
 }
 
 /// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
@@ -627,6 +653,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             was_ready: None,
         };
         if let Some(p) = args.passive {
+            st.dirty = p.pending_run;
             st.last_run_version = p.last_run_version;
             st.own_writes = p.own_writes;
             st.error_attempts = p.error_attempts;
@@ -645,7 +672,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         match &st.object {
             None => myself.stop(Some("gone".into())),
             Some(obj) => {
-                if st.is_news(version_of(obj.as_ref())) {
+                if st.dirty || st.is_news(version_of(obj.as_ref())) {
                     st.trigger_run(&myself);
                 } else {
                     self.arm_idle(&myself, st);
