@@ -317,7 +317,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
                         let changed = obj.meta().generation != *generation
                             || (obj.meta().deletion_timestamp.is_some() && !*deleting);
                         if changed {
-                            slot.restarts = Box::default();
+                            *slot.restarts = Restarts::default();
                             self.spawn(&myself, st, key, None).await;
                         }
                     }
