@@ -1,16 +1,17 @@
 //! One run: a fresh in-process cluster and runtime, one policy, one scenario, on the current
 //! (paused-clock) tokio runtime.
 //!
-//! The scenario's faults are on from the start. The runtime is started (virtual time 0), then
-//! the objects are created, 256 requests at a time, retrying injected errors; those requests are
-//! not counted in the report. (They are created after the start because the runtime, at this
-//! version, does not reconcile objects that its first list returns: the reflector store is only
-//! filled at the list's end, after the feeder has tried to route them.) Readiness is observed honestly, from the API: an observer watches the objects (its
+//! The scenario's faults are on from the start. The runtime is started; once its initial list is
+//! done (its watch request has reached the cluster), virtual time 0 begins and the objects are
+//! created, 256 requests at a time, retrying injected errors; those requests are not counted in
+//! the report. (They are created after the runtime's list because the runtime, at this version,
+//! does not reconcile objects that a list returns: the reflector store is only filled at the
+//! list's end, after the feeder has tried to route them.) Readiness is observed honestly, from the API: an observer watches the objects (its
 //! own requests are not counted in the report) and records the virtual time of every change of
 //! the number of Ready objects; it is sampled every `sample_every` for the plot. The run stops
 //! when every object is Ready, when `duration` has passed, or when a manager escalates.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +20,7 @@ use std::time::Duration;
 use actorcile::cluster::{Cluster, ClusterStats};
 use actorcile::prelude::*;
 use futures::StreamExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{CustomResourceExt, ResourceExt};
 use tokio::sync::watch;
@@ -69,7 +70,10 @@ impl Tracker {
 
     fn observe(&mut self, obj: &SimObject) -> usize {
         let now_ready = obj.status.as_ref().is_some_and(|s| s.is_ready());
-        let was = self.ready.insert(obj.name_any(), now_ready).unwrap_or(false);
+        let was = self
+            .ready
+            .insert(obj.name_any(), now_ready)
+            .unwrap_or(false);
         match (was, now_ready) {
             (false, true) => self.count += 1,
             (true, false) => self.count -= 1,
@@ -137,6 +141,35 @@ async fn create_objects(api: &Api<SimObject>, n: usize) -> Result<u64, RunError>
     Ok(attempts.load(Ordering::Relaxed))
 }
 
+/// Objects not Ready, counted by their Ready condition's reason (`NoStatus` when they have none).
+async fn not_ready_reasons(api: &Api<SimObject>) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    let mut lp = ListParams::default().limit(1000);
+    loop {
+        let Ok(page) = api.list(&lp).await else {
+            out.insert("Unknown (list failed)".to_string(), 0);
+            return out;
+        };
+        for o in &page.items {
+            let status = o.status.as_ref();
+            if status.is_some_and(|s| s.is_ready()) {
+                continue;
+            }
+            let reason = status
+                .and_then(|s| s.ready())
+                .map_or_else(|| "NoStatus".to_string(), |c| c.reason.clone());
+            *out.entry(reason).or_default() += 1;
+        }
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+            _ => return out,
+        }
+    }
+}
+
+/// How long (virtual) to wait for the runtime's initial list before creating objects anyway.
+const SYNC_LIMIT: Duration = Duration::from_secs(300);
+
 /// Attempts per object at creating it (injected 500s are retried).
 const CREATE_ATTEMPTS: u32 = 1000;
 
@@ -157,9 +190,7 @@ fn minus(a: ClusterStats, b: ClusterStats) -> ClusterStats {
 
 /// The seed a policy runs with: its own, else one derived from the scenario's.
 pub fn policy_seed(policy: &SupervisorPolicy, scenario: &Scenario) -> u64 {
-    policy
-        .seed
-        .unwrap_or_else(|| mix(&[scenario.seed, 0x5EED]))
+    policy.seed.unwrap_or_else(|| mix(&[scenario.seed, 0x5EED]))
 }
 
 /// Run `scenario` under `policy` (reported as `name`). Call on a current-thread tokio runtime
@@ -184,7 +215,20 @@ pub async fn run_one(
     cluster.set_faults(scenario.faults.to_faults(scenario.seed));
     let base = cluster.stats();
     let client = cluster.client();
-    // The observer.
+    let behaviour = Behaviour::new(scenario.seed, scenario.provisioner.clone());
+    let mut rt = Runtime::builder(client)
+        .policy(policy)
+        .controller(Controller::<SimObject>::new(tree(behaviour)))
+        .start()
+        .await?;
+    // Create nothing before the runtime's initial list is done (its watch request has come):
+    // this version of the runtime does not reconcile objects its first list returns.
+    let sync_limit = Instant::now() + SYNC_LIMIT;
+    while cluster.stats().watch == base.watch && Instant::now() < sync_limit {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Virtual time 0: the objects start being created. The observer watches them.
     let t0 = Instant::now();
     let tracker = Arc::new(Mutex::new(Tracker::new(n, t0)));
     let (count_tx, count_rx) = watch::channel(0usize);
@@ -210,13 +254,6 @@ pub async fn run_one(
             }
         }
     });
-
-    let behaviour = Behaviour::new(scenario.seed, scenario.provisioner.clone());
-    let mut rt = Runtime::builder(client)
-        .policy(policy)
-        .controller(Controller::<SimObject>::new(tree(behaviour)))
-        .start()
-        .await?;
     let setup: Api<SimObject> =
         Api::namespaced(counted_client(&cluster, uncounted.clone()), NAMESPACE);
     let setup_writes = create_objects(&setup, n).await?;
@@ -248,7 +285,10 @@ pub async fn run_one(
     }
     let end = Instant::now().min(deadline);
     let ready_at_end = *count_rx.borrow();
-    if series.last().is_some_and(|(t, _)| *t < (end - t0).as_secs_f64()) {
+    if series
+        .last()
+        .is_some_and(|(t, _)| *t < (end - t0).as_secs_f64())
+    {
         series.push(((end - t0).as_secs_f64(), fraction(ready_at_end)));
     }
     let metrics = rt.metrics();
@@ -256,6 +296,9 @@ pub async fn run_one(
     let reached = tracker.lock().unwrap_or_else(|p| p.into_inner()).reached;
     observer.abort();
     rt.shutdown().await;
+    // Why the rest is not Ready, from the API (faults off: this is inspection, not the run).
+    cluster.set_faults(Default::default());
+    let not_ready = not_ready_reasons(&setup).await;
 
     let uncounted = uncounted.load(Ordering::Relaxed);
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
@@ -281,6 +324,7 @@ pub async fn run_one(
         injected_errors: stats.injected_errors,
         injected_conflicts: stats.injected_conflicts,
         escalated,
+        not_ready,
         wall_seconds: wall.elapsed().as_secs_f64(),
         series,
     })

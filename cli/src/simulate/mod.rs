@@ -94,7 +94,8 @@ pub fn scenario_of(args: &SimulateArgs) -> anyhow::Result<Scenario> {
     if let Some(seed) = args.seed {
         s.seed = seed;
     }
-    s.validate().context("after applying --objects/--duration/--seed")?;
+    s.validate()
+        .context("after applying --objects/--duration/--seed")?;
     Ok(s)
 }
 
@@ -168,9 +169,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.plot {
         plot::format_of(p)?;
     }
-    let _quiet = (!args.verbose).then(|| {
-        tracing::subscriber::set_default(tracing::subscriber::NoSubscriber::default())
-    });
+    let _quiet = (!args.verbose)
+        .then(|| tracing::subscriber::set_default(tracing::subscriber::NoSubscriber::default()));
     eprintln!(
         "simulating scenario {} ({} objects, up to {} virtual) under {} policies",
         scenario.name,
@@ -193,4 +193,216 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         println!("{}", comparison.to_json());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actorcile::policy::{Exhausted, SupervisorPolicy};
+    use std::sync::mpsc;
+
+    /// Run `f` on its own thread; fail the test if it takes longer than `limit` of wall time.
+    fn bounded<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("did not finish within {limit:?} of wall time"))
+    }
+
+    const LIMIT: Duration = Duration::from_secs(180);
+
+    fn small_flaky() -> Scenario {
+        let mut s = Scenario::built_in("flaky").unwrap();
+        s.objects = 60;
+        s.duration = Duration::from_secs(600);
+        s
+    }
+
+    fn named(name: &str, policy: SupervisorPolicy) -> NamedPolicy {
+        NamedPolicy {
+            name: name.into(),
+            policy,
+        }
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("actorcile-sim-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn same_seed_gives_an_identical_report_and_another_seed_does_not() {
+        let (a, b, c) = bounded(LIMIT, || {
+            let policies = policies::resolve_all(&["default".into(), "aggressive".into()]).unwrap();
+            let s = small_flaky();
+            let a = compare(&s, &policies, |_| {}).unwrap();
+            let b = compare(&s, &policies, |_| {}).unwrap();
+            let mut other = s.clone();
+            other.seed += 1;
+            let c = compare(&other, &policies, |_| {}).unwrap();
+            (a, b, c)
+        });
+        let det = |c: &Comparison| -> Vec<PolicyResult> {
+            c.results.iter().map(PolicyResult::deterministic).collect()
+        };
+        assert_eq!(det(&a), det(&b));
+        assert_ne!(det(&a), det(&c), "a different seed draws differently");
+        for r in &a.results {
+            assert!(r.runs > 0 && r.api_requests > 0, "{r:?}");
+            assert!(
+                r.injected_errors + r.injected_conflicts > 0,
+                "faults were injected: {r:?}"
+            );
+            assert!(r.restarts > 0, "panics were injected and restarted: {r:?}");
+            assert!(r.series.len() > 2, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn restart_intensity_decides_quarantine_on_a_failure_heavy_scenario() {
+        let mut s = Scenario::built_in("panicky").unwrap();
+        s.objects = 40;
+        s.duration = Duration::from_secs(1800);
+        s.faults = Default::default();
+        let strict = policies::built_in("fail-fast").unwrap();
+        let mut lenient = SupervisorPolicy::default();
+        lenient.restart.max_restarts = 1000;
+        lenient.restart.backoff.min = Duration::from_millis(10);
+        lenient.restart.backoff.max = Duration::from_millis(100);
+        let policies = vec![named("strict", strict), named("lenient", lenient)];
+        let c = bounded(LIMIT, move || compare(&s, &policies, |_| {}).unwrap());
+        let (strict, lenient) = (&c.results[0], &c.results[1]);
+        assert!(strict.quarantined > 0, "{strict:?}");
+        assert_eq!(
+            strict.restarts, 0,
+            "max_restarts 0 never restarts: {strict:?}"
+        );
+        assert!(strict.ready_at_end < strict.objects, "{strict:?}");
+        assert_eq!(strict.time_to_ready.p100, None);
+        assert_eq!(
+            strict.not_ready.get("Quarantined").copied(),
+            Some(strict.quarantined as usize),
+            "{strict:?}"
+        );
+        assert_eq!(lenient.quarantined, 0, "{lenient:?}");
+        assert!(lenient.restarts > 0, "{lenient:?}");
+        assert_eq!(lenient.ready_at_end, lenient.objects, "{lenient:?}");
+        assert!(lenient.time_to_ready.p100.is_some());
+        assert!(lenient.not_ready.is_empty());
+        // the run stops once everything is Ready
+        assert!(lenient.virtual_seconds < 1800.0, "{lenient:?}");
+    }
+
+    #[test]
+    fn an_escalating_policy_stops_the_run_and_says_so() {
+        let mut s = Scenario::built_in("panicky").unwrap();
+        s.objects = 20;
+        s.duration = Duration::from_secs(1800);
+        let mut p = SupervisorPolicy::default();
+        p.restart.max_restarts = 0;
+        p.restart.on_exhausted = Exhausted::Escalate;
+        let policies = vec![named("escalate", p)];
+        let c = bounded(LIMIT, move || compare(&s, &policies, |_| {}).unwrap());
+        let r = &c.results[0];
+        assert!(r.escalated.is_some(), "{r:?}");
+        assert!(r.virtual_seconds < 1800.0, "{r:?}");
+        assert!(c.table().contains("escalated"));
+    }
+
+    #[test]
+    fn bad_scenario_file_fails_naming_the_field() {
+        let dir = temp_dir("badscn");
+        let p = dir.join("bad.toml");
+        std::fs::write(&p, "objects = 5\n[provisioner]\nfailure_rate = 1.5\n").unwrap();
+        let args = SimulateArgs {
+            scenario: p.display().to_string(),
+            ..SimulateArgs::default()
+        };
+        let e = run(args).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("provisioner.failure_rate"),
+            "{e:#}"
+        );
+        std::fs::write(&p, "objects = 5\nobjcts = 5\n").unwrap();
+        let args = SimulateArgs {
+            scenario: p.display().to_string(),
+            ..SimulateArgs::default()
+        };
+        let e = run(args).unwrap_err();
+        assert!(format!("{e:#}").contains("objcts"), "{e:#}");
+        let args = SimulateArgs {
+            scenario: "flaky".into(),
+            objects: Some(0),
+            ..SimulateArgs::default()
+        };
+        let e = run(args).unwrap_err();
+        assert!(format!("{e:#}").contains("objects"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_policy_file_fails_naming_the_field() {
+        let dir = temp_dir("badpol");
+        let p = dir.join("bad-policy.toml");
+        std::fs::write(&p, "[restart]\nmax_restarts = -1\n").unwrap();
+        let args = SimulateArgs {
+            scenario: "steady".into(),
+            policies: vec!["default".into(), p.display().to_string()],
+            ..SimulateArgs::default()
+        };
+        let e = run(args).unwrap_err();
+        assert!(format!("{e:#}").contains("max_restarts"), "{e:#}");
+        std::fs::write(&p, "poll_jitter = 2.0\n").unwrap();
+        let args = SimulateArgs {
+            scenario: "steady".into(),
+            policies: vec![p.display().to_string()],
+            ..SimulateArgs::default()
+        };
+        let e = run(args).unwrap_err();
+        assert!(format!("{e:#}").contains("poll_jitter"), "{e:#}");
+        let args = SimulateArgs {
+            scenario: "steady".into(),
+            plot: Some(dir.join("out.gif")),
+            ..SimulateArgs::default()
+        };
+        let e = run(args).unwrap_err();
+        assert!(format!("{e:#}").contains(".svg or .png"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn run_writes_a_plot_naming_every_policy() {
+        let dir = temp_dir("plotrun");
+        let scenario = dir.join("tiny.toml");
+        std::fs::write(
+            &scenario,
+            "objects = 20\nduration = \"5m\"\n[provisioner]\nsteps = 2\nmax_yields = 1\n",
+        )
+        .unwrap();
+        let out = dir.join("ready.svg");
+        let args = SimulateArgs {
+            scenario: scenario.display().to_string(),
+            policies: vec!["aggressive".into(), "conservative".into()],
+            plot: Some(out.clone()),
+            json: true,
+            ..SimulateArgs::default()
+        };
+        bounded(LIMIT, move || run(args)).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert!(svg.len() > 1000);
+        assert!(svg.contains("aggressive") && svg.contains("conservative"));
+        assert!(svg.contains("tiny: 20 objects"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn listing_names_every_built_in() {
+        let l = listing();
+        for (n, _) in scenario::BUILT_INS.iter().chain(policies::BUILT_INS) {
+            assert!(l.contains(n), "{n} missing from {l}");
+        }
+    }
 }

@@ -129,7 +129,9 @@ fn draw<DB: DrawingBackend>(
                 color.stroke_width(2),
             ))?
             .label(r.policy.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+            });
     }
     chart
         .configure_series_labels()
@@ -163,6 +165,7 @@ mod tests {
             injected_errors: 0,
             injected_conflicts: 0,
             escalated: None,
+            not_ready: Default::default(),
             wall_seconds: 0.0,
             series: (0..=60)
                 .map(|t| (t as f64, (t as f64 * speed / 60.0).min(1.0)))
@@ -187,7 +190,12 @@ mod tests {
         plot(&svg, &comparison()).unwrap();
         let text = std::fs::read_to_string(&svg).unwrap();
         assert!(text.starts_with("<svg"), "{}", &text[..text.len().min(80)]);
-        for needle in ["quick-policy", "slow-policy", "virtual time (s)", "Ready (% of objects)"] {
+        for needle in [
+            "quick-policy",
+            "slow-policy",
+            "virtual time (s)",
+            "Ready (% of objects)",
+        ] {
             assert!(text.contains(needle), "svg lacks {needle}");
         }
         let png = dir.join("out.PNG");

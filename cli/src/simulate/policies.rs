@@ -65,9 +65,10 @@ fn built_in_names() -> String {
 
 /// A built-in policy by name.
 pub fn built_in(name: &str) -> Option<SupervisorPolicy> {
-    BUILT_INS.iter().find(|(n, _)| *n == name).map(|(_, text)| {
-        SupervisorPolicy::from_toml(text).expect("built-in policies are valid")
-    })
+    BUILT_INS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, text)| SupervisorPolicy::from_toml(text).expect("built-in policies are valid"))
 }
 
 /// Resolve one `--policy` value: a built-in name, else a TOML file.
@@ -80,10 +81,11 @@ pub fn resolve(spec: &str) -> Result<NamedPolicy, PolicySpecError> {
     }
     let path = Path::new(spec);
     if path.exists() || spec.ends_with(".toml") || spec.contains(std::path::MAIN_SEPARATOR) {
-        let policy = SupervisorPolicy::from_file(path).map_err(|source| PolicySpecError::Invalid {
-            spec: spec.to_string(),
-            source,
-        })?;
+        let policy =
+            SupervisorPolicy::from_file(path).map_err(|source| PolicySpecError::Invalid {
+                spec: spec.to_string(),
+                source,
+            })?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -157,7 +159,10 @@ mod tests {
         assert_eq!(ok.policy.yield_delay, std::time::Duration::from_secs(3));
         std::fs::remove_dir_all(&dir).unwrap();
         let e = resolve("nonexistent").unwrap_err();
-        assert!(e.to_string().contains("aggressive"), "lists the built-ins: {e}");
+        assert!(
+            e.to_string().contains("aggressive"),
+            "lists the built-ins: {e}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! What a simulation reports: per policy, a readable table and one JSON object.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -54,6 +55,9 @@ pub struct PolicyResult {
     /// Set when a manager escalated (restart intensity exceeded with `on_exhausted = "escalate"`);
     /// the run stopped there.
     pub escalated: Option<String>,
+    /// Objects not Ready when the run stopped, by the reason of their Ready condition
+    /// (`NoStatus`: never written), read from the API after the run.
+    pub not_ready: BTreeMap<String, usize>,
     /// Wall-clock seconds the run took (the only field that varies between identical runs).
     pub wall_seconds: f64,
     /// Fraction Ready over virtual time: `(seconds, fraction)`, sampled every `sample_every`
@@ -213,6 +217,19 @@ impl Comparison {
             let _ = writeln!(out, "{}", line(r));
         }
         for r in &self.results {
+            if !r.not_ready.is_empty() {
+                let reasons: Vec<String> = r
+                    .not_ready
+                    .iter()
+                    .map(|(k, v)| format!("{v} {k}"))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "{}: not Ready at the end: {}",
+                    r.policy,
+                    reasons.join(", ")
+                );
+            }
             if let Some(e) = &r.escalated {
                 let _ = writeln!(out, "{}: stopped, a manager escalated: {e}", r.policy);
             }
@@ -251,6 +268,11 @@ mod tests {
             injected_errors: 2,
             injected_conflicts: 1,
             escalated: None,
+            not_ready: if p100.is_some() {
+                BTreeMap::new()
+            } else {
+                [("Quarantined".to_string(), 3)].into()
+            },
             wall_seconds: 0.5,
             series: vec![(0.0, 0.0), (1.0, 0.5)],
         }
@@ -272,9 +294,16 @@ mod tests {
         assert!(t.contains("never"), "{t}");
         assert!(t.contains("11m40.0s"), "{t}");
         assert!(t.contains("7/10 (70.0%)"), "{t}");
+        assert!(
+            t.contains("stuck-one: not Ready at the end: 3 Quarantined"),
+            "{t}"
+        );
         let j: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
         assert!(!c.to_json().contains('\n'));
-        assert_eq!(j["results"][1]["time_to_ready"]["p100"], serde_json::Value::Null);
+        assert_eq!(
+            j["results"][1]["time_to_ready"]["p100"],
+            serde_json::Value::Null
+        );
         assert_eq!(j["results"][0]["time_to_ready"]["p100"], 30.0);
         assert_eq!(j["results"][0]["restarts"], 3);
         assert!(j["results"][0].get("series").is_none());

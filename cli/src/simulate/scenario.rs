@@ -49,7 +49,10 @@ pub const BUILT_INS: &[(&str, &str)] = &[
         "steady",
         include_str!("../../../examples/scenarios/steady.toml"),
     ),
-    ("flaky", include_str!("../../../examples/scenarios/flaky.toml")),
+    (
+        "flaky",
+        include_str!("../../../examples/scenarios/flaky.toml"),
+    ),
     (
         "panicky",
         include_str!("../../../examples/scenarios/panicky.toml"),
@@ -121,7 +124,7 @@ pub struct Workload {
     pub min_yields: u32,
     /// Most yields a step makes before it is done (drawn per object and step).
     pub max_yields: u32,
-    /// Delay of each yield; `None` uses the policy's `yield_delay`.
+    /// Delay of each yield; `None` (the default: omit it) uses the policy's `yield_delay`.
     #[serde(with = "humantime_serde")]
     pub yield_after: Option<Duration>,
     /// Per step visit: probability of a transient failure (`Outcome::Failed`).
@@ -139,7 +142,7 @@ impl Default for Workload {
             latency_jitter: Duration::from_millis(10),
             min_yields: 0,
             max_yields: 2,
-            yield_after: Some(Duration::from_secs(2)),
+            yield_after: None,
             failure_rate: 0.0,
             panic_rate: 0.0,
         }
@@ -172,9 +175,7 @@ impl ApiFaults {
             latency_jitter: self.latency_jitter,
             error_rate: self.error_rate,
             conflict_rate: self.conflict_rate,
-            seed: self
-                .seed
-                .unwrap_or_else(|| mix(&[scenario_seed, 0xFA017])),
+            seed: self.seed.unwrap_or_else(|| mix(&[scenario_seed, 0xFA017])),
         }
     }
 }
@@ -296,11 +297,12 @@ impl Scenario {
     }
 
     fn validate_as(&self, origin: &str) -> Result<(), ScenarioError> {
-        self.check().map_err(|(field, reason)| ScenarioError::Invalid {
-            origin: origin.into(),
-            field,
-            reason,
-        })
+        self.check()
+            .map_err(|(field, reason)| ScenarioError::Invalid {
+                origin: origin.into(),
+                field,
+                reason,
+            })
     }
 
     fn check(&self) -> Result<(), (String, String)> {
@@ -360,7 +362,10 @@ impl Scenario {
             );
         }
         if f.latency + f.latency_jitter > Duration::from_secs(3600) {
-            return bad("faults.latency", "plus latency_jitter must be at most an hour");
+            return bad(
+                "faults.latency",
+                "plus latency_jitter must be at most an hour",
+            );
         }
         Ok(())
     }
@@ -382,7 +387,10 @@ mod tests {
         assert_eq!(f.provisioner.failure_rate, 0.05);
         assert_eq!(f.faults.conflict_rate, 0.02);
         assert_eq!(
-            Scenario::built_in("slow-api").unwrap().provisioner.yield_after,
+            Scenario::built_in("slow-api")
+                .unwrap()
+                .provisioner
+                .yield_after,
             None
         );
     }
@@ -400,7 +408,10 @@ mod tests {
     #[test]
     fn out_of_range_values_are_named() {
         let cases = [
-            ("[provisioner]\nfailure_rate = 1.5", "provisioner.failure_rate"),
+            (
+                "[provisioner]\nfailure_rate = 1.5",
+                "provisioner.failure_rate",
+            ),
             ("[provisioner]\npanic_rate = -0.1", "provisioner.panic_rate"),
             (
                 "[provisioner]\nfailure_rate = 0.6\npanic_rate = 0.6",
@@ -411,7 +422,10 @@ mod tests {
             ("objects = 0", "objects"),
             ("duration = \"0s\"", "duration"),
             ("sample_every = \"0s\"", "sample_every"),
-            ("duration = \"100h\"\nsample_every = \"1ms\"", "sample_every"),
+            (
+                "duration = \"100h\"\nsample_every = \"1ms\"",
+                "sample_every",
+            ),
             ("[provisioner]\nsteps = 0", "provisioner.steps"),
             (
                 "[provisioner]\nmin_yields = 3\nmax_yields = 1",

@@ -107,7 +107,8 @@ impl Behaviour {
             }
             p.pass
         };
-        let mut rng = fastrand::Rng::with_seed(mix(&[self.seed, name_hash(name), pass, step.into()]));
+        let mut rng =
+            fastrand::Rng::with_seed(mix(&[self.seed, name_hash(name), pass, step.into()]));
         let work = w.latency + w.latency_jitter.mul_f64(rng.f64());
         if !work.is_zero() {
             tokio::time::sleep(work).await;
@@ -157,10 +158,13 @@ pub fn tree(behaviour: Arc<Behaviour>) -> impl Provisioner<SimObject> {
     let children: Vec<BoxProvisioner<SimObject>> = (0..behaviour.workload.steps)
         .map(|i| {
             let b = behaviour.clone();
-            boxed(step(format!("step-{}", i + 1), move |cx: Context<SimObject>| {
-                let b = b.clone();
-                async move { b.visit(i, &cx.object().name_any()).await }
-            }))
+            boxed(step(
+                format!("step-{}", i + 1),
+                move |cx: Context<SimObject>| {
+                    let b = b.clone();
+                    async move { b.visit(i, &cx.object().name_any()).await }
+                },
+            ))
         })
         .collect();
     actorcile::provisioners::serial("simulated", children)
@@ -210,7 +214,10 @@ mod tests {
             for step in 0..2 {
                 let o = b.visit(step, name).await;
                 let done = o.is_done();
-                v.push(format!("{step}:{:?}", o.reason().map(|r| r.code().to_string())));
+                v.push(format!(
+                    "{step}:{:?}",
+                    o.reason().map(|r| r.code().to_string())
+                ));
                 if !done {
                     break;
                 }
