@@ -295,13 +295,16 @@ pub async fn run_one(
     let stats = minus(cluster.stats(), base);
     let reached = tracker.lock().unwrap_or_else(|p| p.into_inner()).reached;
     observer.abort();
-    rt.shutdown().await;
-    // Why the rest is not Ready, from the API (faults off: this is inspection, not the run).
+    // Why the rest is not Ready, from the API, before the runtime stops (faults off: this is
+    // inspection, not the run; no virtual time passes).
     cluster.set_faults(Default::default());
     let not_ready = not_ready_reasons(&setup).await;
+    rt.shutdown().await;
 
     let uncounted = uncounted.load(Ordering::Relaxed);
-    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    // Millisecond resolution: enough, and it prints cleanly.
+    let ms = |d: Duration| (d.as_secs_f64() * 1000.0).round() / 1000.0;
+    let secs = |d: Option<Duration>| d.map(ms);
     Ok(PolicyResult {
         policy: name.to_string(),
         objects: n,
@@ -312,7 +315,7 @@ pub async fn run_one(
             p99: secs(reached[2]),
             p100: secs(reached[3]),
         },
-        virtual_seconds: (end - t0).as_secs_f64(),
+        virtual_seconds: ms(end - t0),
         runs: metrics.runs,
         restarts: metrics.restarts,
         quarantined: metrics.quarantined,

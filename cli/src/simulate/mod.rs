@@ -40,8 +40,8 @@ pub struct SimulateArgs {
     /// The scenario: a built-in name (steady, flaky, panicky, slow-api, hour-10k) or a TOML file.
     #[arg(long, default_value = "flaky")]
     pub scenario: String,
-    /// A policy to compare: a built-in name (default, aggressive, conservative, fail-fast) or a
-    /// TOML file. Repeat to compare several. Default: default, aggressive, conservative.
+    /// A policy to compare: a built-in name (default, aggressive, conservative, fail-fast,
+    /// polling) or a TOML file. Repeat to compare several. Default: default, aggressive, conservative.
     #[arg(long = "policy", value_name = "POLICY")]
     pub policies: Vec<String>,
     /// Override the scenario's number of objects.

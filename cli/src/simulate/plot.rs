@@ -118,6 +118,8 @@ fn draw<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc(format!("virtual time ({unit})"))
         .y_desc("Ready (% of objects)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .axis_desc_style(("sans-serif", 16))
         .label_style(("sans-serif", 13))
         .draw()?;

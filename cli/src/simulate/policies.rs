@@ -4,7 +4,7 @@
 //! error naming the field. Built-ins: `default` ([`SupervisorPolicy::default`]), and the files in
 //! `examples/policies/` (compiled in): `aggressive` (short backoffs, high concurrency),
 //! `conservative` (long backoffs, low concurrency, strict restart intensity) and `fail-fast`
-//! (quarantine on the first failure).
+//! (quarantine on the first failure) and `polling` (re-run Ready resources every minute).
 
 use std::path::Path;
 
@@ -25,6 +25,10 @@ pub const BUILT_INS: &[(&str, &str)] = &[
         "fail-fast",
         include_str!("../../../examples/policies/fail-fast.toml"),
     ),
+    (
+        "polling",
+        include_str!("../../../examples/policies/polling.toml"),
+    ),
 ];
 
 /// The policies compared when none is given.
@@ -43,12 +47,12 @@ pub struct NamedPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum PolicySpecError {
     /// The file is unreadable or invalid (the message names the field).
-    #[error("policy `{spec}`: {source}")]
+    #[error("policy `{spec}`: {error}")]
     Invalid {
         /// What was asked for.
         spec: String,
         /// The library's error.
-        source: PolicyError,
+        error: PolicyError,
     },
     /// Neither a built-in name nor an existing file.
     #[error("unknown policy `{0}`: not a built-in ({built_ins}) and no such file", built_ins = built_in_names())]
@@ -82,9 +86,9 @@ pub fn resolve(spec: &str) -> Result<NamedPolicy, PolicySpecError> {
     let path = Path::new(spec);
     if path.exists() || spec.ends_with(".toml") || spec.contains(std::path::MAIN_SEPARATOR) {
         let policy =
-            SupervisorPolicy::from_file(path).map_err(|source| PolicySpecError::Invalid {
+            SupervisorPolicy::from_file(path).map_err(|error| PolicySpecError::Invalid {
                 spec: spec.to_string(),
-                source,
+                error,
             })?;
         let name = path
             .file_stem()
@@ -137,6 +141,9 @@ mod tests {
             built_in("fail-fast").unwrap().restart.on_exhausted,
             Exhausted::Quarantine
         );
+        let p = built_in("polling").unwrap();
+        assert_eq!(p.poll_interval, Some(std::time::Duration::from_secs(60)));
+        assert!(p.idle_timeout > p.poll_interval);
     }
 
     #[test]

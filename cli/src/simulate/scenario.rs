@@ -184,12 +184,12 @@ impl ApiFaults {
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
     /// The file could not be read.
-    #[error("cannot read scenario file {path}: {source}")]
+    #[error("cannot read scenario file {path}: {error}")]
     Io {
         /// The file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The TOML does not parse, or names an unknown or mistyped field (the message names it).
     #[error("invalid scenario {origin}: {message}")]
@@ -249,9 +249,9 @@ impl Scenario {
 
     /// Read a scenario file; its stem is the default name.
     pub fn from_file(path: &Path) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| ScenarioError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         let stem = path
             .file_stem()
