@@ -6,8 +6,8 @@
 //! ```
 //!
 //! Each policy runs in a fresh in-process cluster and runtime, one after another, on the same
-//! [scenario](scenario): N objects whose provisioners take time, yield, fail and panic as the
-//! scenario says, under the API faults it names. Every run is on its own current-thread tokio
+//! scenario (see [`scenario`]): N objects whose provisioners take time, yield, fail and panic as
+//! the scenario says, under the API faults it names. Every run is on its own current-thread tokio
 //! runtime with a paused clock that advances by itself when nothing is runnable, so an hour of
 //! behaviour takes seconds, and every random choice is seeded (provisioner behaviour per object
 //! name and pass, the policy's `seed` — set from the scenario's when the policy has none — and
