@@ -159,7 +159,21 @@ fn listing() -> String {
 /// `actorcile simulate`: resolve the scenario and policies, run them, print the report, draw the
 /// plot. Errors (a bad scenario or policy file names the field) are returned for the caller to
 /// print and exit non-zero.
+///
+/// Builds its own tokio runtimes (one per policy, current-thread, paused clock). Called from
+/// inside a tokio runtime, it does the work on a thread of its own.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return std::thread::scope(|s| {
+            s.spawn(move || run_here(args))
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the simulation thread panicked")))
+        });
+    }
+    run_here(args)
+}
+
+fn run_here(args: SimulateArgs) -> anyhow::Result<()> {
     if args.list {
         print!("{}", listing());
         return Ok(());
@@ -396,6 +410,36 @@ mod tests {
         assert!(svg.contains("aggressive") && svg.contains("conservative"));
         assert!(svg.contains("tiny: 20 objects"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn run_works_from_inside_a_tokio_runtime() {
+        let args = SimulateArgs {
+            scenario: "steady".into(),
+            objects: Some(10),
+            duration: Some(Duration::from_secs(120)),
+            policies: vec!["default".into()],
+            ..SimulateArgs::default()
+        };
+        tokio::time::timeout(LIMIT, tokio::task::spawn_blocking(move || run(args)))
+            .await
+            .expect("bounded")
+            .unwrap()
+            .unwrap();
+        // and directly on the runtime's thread
+        let args = SimulateArgs {
+            list: true,
+            ..SimulateArgs::default()
+        };
+        run(args).unwrap();
+        let args = SimulateArgs {
+            scenario: "steady".into(),
+            objects: Some(5),
+            duration: Some(Duration::from_secs(60)),
+            policies: vec!["default".into()],
+            ..SimulateArgs::default()
+        };
+        run(args).unwrap();
     }
 
     #[test]

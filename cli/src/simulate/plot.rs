@@ -140,7 +140,7 @@ fn draw<DB: DrawingBackend>(
                 .windows(2)
                 .filter(|w| w[1].1 != w[0].1)
                 .map(|w| w[1].0)
-                .last()
+                .next_back()
         })
         .fold(0.0f64, f64::max);
     let t_max = if last_change * 1.25 < run_end * 0.8 {
