@@ -250,7 +250,9 @@ mod tests {
     #[test]
     fn same_seed_gives_an_identical_report_and_another_seed_does_not() {
         let (a, b, c) = bounded(LIMIT, || {
-            let policies = policies::resolve_all(&["default".into(), "aggressive".into()]).unwrap();
+            let policies =
+                policies::resolve_all(&["default".into(), "aggressive".into(), "polling".into()])
+                    .unwrap();
             let s = small_flaky();
             let a = compare(&s, &policies, |_| {}).unwrap();
             let b = compare(&s, &policies, |_| {}).unwrap();
