@@ -6,10 +6,13 @@
 //! created, 256 requests at a time, retrying injected errors; those requests are not counted in
 //! the report. (They are created after the runtime's list because the runtime, at this version,
 //! does not reconcile objects that a list returns: the reflector store is only filled at the
-//! list's end, after the feeder has tried to route them.) Readiness is observed honestly, from the API: an observer watches the objects (its
-//! own requests are not counted in the report) and records the virtual time of every change of
-//! the number of Ready objects; it is sampled every `sample_every` for the plot. The run stops
-//! when every object is Ready, when `duration` has passed, or when a manager escalates.
+//! list's end, after the feeder has tried to route them.)
+//!
+//! Readiness is observed honestly, from the API: an observer watches the objects (its own
+//! requests are not counted in the report) and records the virtual time of every change of the
+//! number of Ready objects; it is sampled every `sample_every` for the plot. The run stops when
+//! every object is Ready (unless the scenario says `stop_when_ready = false`), when `duration`
+//! has passed, or when a manager escalates.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -272,7 +275,7 @@ pub async fn run_one(
                 escalated = Some(e.to_string());
                 break;
             }
-            _ = all_ready_rx.wait_for(|c| *c >= n) => break,
+            _ = all_ready_rx.wait_for(|c| *c >= n), if scenario.stop_when_ready => break,
             _ = tokio::time::sleep_until(until) => {
                 let c = *count_rx.borrow();
                 series.push(((until - t0).as_secs_f64(), fraction(c)));

@@ -53,6 +53,10 @@ pub struct SimulateArgs {
     /// Override the scenario's seed.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Run the whole duration even once every object is Ready (steady-state cost, e.g. of
+    /// polling); sets the scenario's `stop_when_ready = false`.
+    #[arg(long)]
+    pub full_duration: bool,
     /// Also print the report as one JSON object, on the last line.
     #[arg(long)]
     pub json: bool,
@@ -93,6 +97,9 @@ pub fn scenario_of(args: &SimulateArgs) -> anyhow::Result<Scenario> {
     }
     if let Some(seed) = args.seed {
         s.seed = seed;
+    }
+    if args.full_duration {
+        s.stop_when_ready = false;
     }
     s.validate()
         .context("after applying --objects/--duration/--seed")?;
@@ -442,6 +449,34 @@ mod tests {
             ..SimulateArgs::default()
         };
         run(args).unwrap();
+    }
+
+    #[test]
+    fn full_duration_keeps_running_after_everything_is_ready() {
+        let mut s = Scenario::built_in("steady").unwrap();
+        s.objects = 10;
+        s.duration = Duration::from_secs(300);
+        let policies = policies::resolve_all(&["polling".into()]).unwrap();
+        let stop = s.clone();
+        s.stop_when_ready = false;
+        let (early, full) = bounded(LIMIT, move || {
+            (
+                compare(&stop, &policies, |_| {}).unwrap(),
+                compare(&s, &policies, |_| {}).unwrap(),
+            )
+        });
+        let (early, full) = (&early.results[0], &full.results[0]);
+        assert!(early.virtual_seconds < 60.0, "{early:?}");
+        assert_eq!(full.virtual_seconds, 300.0, "{full:?}");
+        assert_eq!(full.time_to_ready, early.time_to_ready);
+        // a policy that polls every minute keeps running Ready objects
+        assert!(
+            full.runs >= early.runs + 3 * 10,
+            "{} vs {}",
+            full.runs,
+            early.runs
+        );
+        assert!(full.series.len() > 290);
     }
 
     #[test]

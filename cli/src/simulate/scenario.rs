@@ -8,6 +8,7 @@
 //! objects = 1000          # resources created before the runtime starts
 //! duration = "1h"         # virtual time limit (stops earlier once everything is Ready)
 //! sample_every = "1s"     # readiness sampling interval (virtual time), for the plot
+//! stop_when_ready = true  # stop once every object is Ready; false: run the whole duration
 //! seed = 42               # seeds provisioner behaviour, policy jitter and API faults
 //!
 //! [provisioner]           # each object's tree: `steps` steps in series
@@ -83,6 +84,9 @@ pub struct Scenario {
     /// Readiness is sampled this often (virtual time) for the plot.
     #[serde(with = "humantime_serde")]
     pub sample_every: Duration,
+    /// Stop a run as soon as every object is Ready (default); `false` runs the whole `duration`,
+    /// e.g. to measure the steady-state cost of polling.
+    pub stop_when_ready: bool,
     /// Seeds every random choice: provisioner behaviour, policy jitter (when the policy sets no
     /// `seed`), API faults (when `faults.seed` is not set).
     pub seed: u64,
@@ -100,6 +104,7 @@ impl Default for Scenario {
             objects: 1000,
             duration: Duration::from_secs(3600),
             sample_every: Duration::from_secs(1),
+            stop_when_ready: true,
             seed: 0,
             provisioner: Workload::default(),
             faults: ApiFaults::default(),
