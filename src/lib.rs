@@ -15,11 +15,14 @@
 
 pub mod actors;
 pub mod cluster;
+#[cfg(feature = "envtest")]
+pub mod envtest;
 pub mod messages;
 mod object_api;
 pub mod policy;
 pub mod providers;
 pub mod provisioners;
+pub mod rbac;
 pub mod references;
 pub mod runtime;
 pub mod status;
@@ -48,10 +51,23 @@ pub enum Error {
     /// A reference to a target that does not exist.
     #[error("{0} does not exist")]
     TargetMissing(references::Target),
+    /// A reference to a target that is being deleted (no new references are accepted).
+    #[error("{0} is being deleted")]
+    TargetDeleting(references::Target),
+    /// The target changed while a reference was written; retry.
+    #[error("{0} changed while the reference was written; retry")]
+    Conflict(references::Target),
+    /// The running identity lacks permissions the runtime needs (see [`rbac`]).
+    #[error("missing RBAC permissions: {}", .0.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; "))]
+    Forbidden(Vec<rbac::MissingPermission>),
     /// An internal failure (a bug, or the runtime could not start).
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 /// What most users need, in one import.
 pub mod prelude {

@@ -292,6 +292,21 @@ impl ReferenceIndex {
         None
     }
 
+    /// Wake every target `from` holds a reference on (their deletion state may depend on
+    /// `from`'s, e.g. a cycle that just closed).
+    pub(crate) fn notify_held(&self, from: &Target) {
+        let targets: Vec<Target> = self
+            .held
+            .get(from)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for t in targets {
+            if let Some(k) = self.kind(&t) {
+                k.notify(&t);
+            }
+        }
+    }
+
     /// Release every reference `from` holds (after its deprovision finished).
     pub(crate) async fn release_all(&self, from: &Target) {
         let targets: Vec<Target> = self
@@ -307,28 +322,21 @@ impl ReferenceIndex {
         self.forget(from);
     }
 
-    async fn patch_reference(
-        &self,
-        from: &Target,
-        target: &Target,
-        value: Option<String>,
-    ) -> Result<(), crate::Error> {
+    /// Remove `from`'s reference annotation from `target` (a merge patch with `null`).
+    async fn remove_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
         let Some(k) = self.kind(target) else {
             return Err(crate::Error::UnmanagedTarget(target.clone()));
         };
         let api = k.dynamic_api(target);
         let patch = serde_json::json!({
-            "metadata": { "annotations": { reference_annotation(from): value } }
+            "metadata": { "annotations": { reference_annotation(from): null } }
         });
         match api
             .patch(&target.name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 && value.is_none() => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                Err(crate::Error::TargetMissing(target.clone()))
-            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(crate::Error::Kube(e)),
         }
     }
@@ -359,9 +367,53 @@ impl ReferenceApi for ReferenceIndex {
         if self.held.get(from).is_some_and(|s| s.contains(target)) {
             return Ok(());
         }
+        let Some(k) = self.kind(target) else {
+            return Err(crate::Error::UnmanagedTarget(target.clone()));
+        };
+        let api = k.dynamic_api(target);
+        // Read the target fresh and write the reference guarded by its resourceVersion: a
+        // target whose deletion began in between fails the `test`, so no reference is ever
+        // added to a target whose deprovision may already have started.
+        let current = match api.get_opt(&target.name).await {
+            Ok(Some(o)) => o,
+            Ok(None) => return Err(crate::Error::TargetMissing(target.clone())),
+            Err(e) => return Err(crate::Error::Kube(e)),
+        };
+        if current.metadata.deletion_timestamp.is_some() {
+            return Err(crate::Error::TargetDeleting(target.clone()));
+        }
+        let key = reference_annotation(from);
         let value =
             serde_json::to_string(from).map_err(|e| crate::Error::Internal(e.to_string()))?;
-        self.patch_reference(from, target, Some(value)).await?;
+        let add = match &current.metadata.annotations {
+            Some(_) => serde_json::json!({
+                "op": "add",
+                "path": format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1")),
+                "value": value,
+            }),
+            None => serde_json::json!({
+                "op": "add", "path": "/metadata/annotations", "value": { key: value },
+            }),
+        };
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
+            add,
+        ]))
+        .map_err(|e| crate::Error::Internal(e.to_string()))?;
+        match api
+            .patch(
+                &target.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+                return Err(crate::Error::Conflict(target.clone()));
+            }
+            Err(e) => return Err(crate::Error::Kube(e)),
+        }
         self.held
             .entry(from.clone())
             .or_default()
@@ -370,7 +422,7 @@ impl ReferenceApi for ReferenceIndex {
     }
 
     async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
-        self.patch_reference(from, target, None).await?;
+        self.remove_reference(from, target).await?;
         if let Some(mut s) = self.held.get_mut(from) {
             s.remove(target);
         }

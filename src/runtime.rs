@@ -53,6 +53,8 @@ pub struct Controller<K: ManagedResource> {
     policy: Option<SupervisorPolicy>,
     watcher: watcher::Config,
     namespace: Option<String>,
+    finalizer: bool,
+    status: bool,
 }
 
 impl<K: ManagedResource> Controller<K> {
@@ -63,7 +65,25 @@ impl<K: ManagedResource> Controller<K> {
             policy: None,
             watcher: watcher::Config::default(),
             namespace: None,
+            finalizer: true,
+            status: true,
         }
+    }
+
+    /// Do not put the runtime finalizer on this kind's objects. Deletion then never waits for
+    /// the tree's deprovision (the object goes at once and deprovision does not run), and
+    /// references cannot hold its objects back. For kinds with nothing to clean up.
+    pub fn without_finalizer(mut self) -> Self {
+        self.finalizer = false;
+        self
+    }
+
+    /// Do not write actorcile's status (Ready condition, phase, observedGeneration) on this
+    /// kind — e.g. a built-in kind whose status belongs to someone else. Readiness of its
+    /// objects is then known to this runtime only in memory, from each pass's outcome.
+    pub fn without_status(mut self) -> Self {
+        self.status = false;
+        self
     }
 
     /// A policy for this kind (default: the runtime's). The concurrency limit is always the
@@ -90,6 +110,7 @@ impl<K: ManagedResource> Controller<K> {
 #[async_trait]
 trait Start: Send {
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error>;
+    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule>;
 }
 
 struct StartCx {
@@ -179,6 +200,10 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
 
 #[async_trait]
 impl<K: ManagedResource> Start for Controller<K> {
+    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+        crate::rbac::rules_for::<K>()
+    }
+
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
         let mut policy = self.policy.unwrap_or_else(|| cx.policy.clone());
         policy.validate()?;
@@ -187,7 +212,7 @@ impl<K: ManagedResource> Start for Controller<K> {
         let recorder = cx
             .reporter
             .clone()
-            .map(|r| Recorder::new(cx.client.clone(), r));
+            .map(|r| Arc::new(Recorder::new(cx.client.clone(), r)));
         let shared = Arc::new(Shared {
             client: cx.client.clone(),
             tree: self.tree,
@@ -196,8 +221,10 @@ impl<K: ManagedResource> Start for Controller<K> {
             store,
             routes: DashMap::new(),
             finalizer: cx.finalizer.clone(),
-            field_manager: cx.field_manager.clone(),
+            field_manager: Arc::from(cx.field_manager.as_str()),
             recorder,
+            use_finalizer: self.finalizer,
+            write_status: self.status,
             metrics: cx.metrics.clone(),
             references: cx.references.clone(),
         });
@@ -299,6 +326,7 @@ pub struct RuntimeBuilder {
     finalizer: String,
     field_manager: String,
     reporter: Option<Reporter>,
+    preflight: bool,
 }
 
 /// The runtime: every registered controller, under one root supervisor.
@@ -314,6 +342,7 @@ impl Runtime {
             finalizer: DEFAULT_FINALIZER.to_string(),
             field_manager: crate::FIELD_MANAGER.to_string(),
             reporter: None,
+            preflight: false,
         }
     }
 }
@@ -352,9 +381,37 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Check at start-up (with SelfSubjectAccessReviews) that the running identity has every
+    /// permission of [`RuntimeBuilder::cluster_role`]; `start` fails with [`Error::Forbidden`]
+    /// naming what is missing instead of failing later, object by object.
+    pub fn preflight_rbac(mut self, check: bool) -> Self {
+        self.preflight = check;
+        self
+    }
+
+    /// The ClusterRole this runtime needs for its registered kinds (print it with
+    /// [`rbac::to_yaml`](crate::rbac::to_yaml)). Add what your provisioners touch themselves.
+    pub fn cluster_role(&self, name: &str) -> k8s_openapi::api::rbac::v1::ClusterRole {
+        crate::rbac::cluster_role(
+            name,
+            self.controllers.iter().flat_map(|c| c.rules()).collect(),
+        )
+    }
+
     /// Start every controller; returns a handle to observe and stop the runtime.
     pub async fn start(self) -> Result<RuntimeHandle, Error> {
         self.policy.validate()?;
+        if self.preflight {
+            let role = self.cluster_role("preflight");
+            let missing = crate::rbac::missing_permissions(
+                &self.client,
+                role.rules.as_deref().unwrap_or_default(),
+            )
+            .await?;
+            if !missing.is_empty() {
+                return Err(Error::Forbidden(missing));
+            }
+        }
         let (tx, escalated) = watch::channel(None);
         let (root, root_task) = Actor::spawn(None, Root, tx)
             .await

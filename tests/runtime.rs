@@ -556,3 +556,23 @@ async fn graceful_shutdown_lets_an_in_flight_run_finish() {
         "the in-flight run completed before shutdown returned"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn objects_that_exist_before_the_runtime_starts_are_provisioned() {
+    let (_cluster, client) = cluster();
+    for i in 0..5 {
+        create(&client, &format!("pre{i}"), 1).await;
+    }
+    let log = RunLog::default();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(logging_step(log.clone())))
+        .start()
+        .await
+        .unwrap();
+    wait_all_ready(&client, 5, LIMIT).await;
+    create(&client, "post", 1).await;
+    wait_ready(&client, "post", LIMIT).await;
+    assert_eq!(log.total(), 6);
+    rt.shutdown().await;
+}

@@ -64,15 +64,18 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
             Ok(Event::Apply(obj)) => route(&shared, &manager, ObjectRef::from_obj(&obj)),
             Ok(Event::Delete(obj)) => route_gone(&shared, &manager, ObjectRef::from_obj(&obj)),
             Ok(Event::Init) => relisting = Some(HashSet::new()),
+            // The reflector buffers a (re-)list and swaps it into the store only at `InitDone`,
+            // so listed objects are routed then, when actors can find them in the store.
             Ok(Event::InitApply(obj)) => {
-                let key = ObjectRef::from_obj(&obj);
                 if let Some(seen) = &mut relisting {
-                    seen.insert(key.clone());
+                    seen.insert(ObjectRef::from_obj(&obj));
                 }
-                route(&shared, &manager, key);
             }
             Ok(Event::InitDone) => {
                 if let Some(seen) = relisting.take() {
+                    for key in &seen {
+                        route(&shared, &manager, key.clone());
+                    }
                     let _ = manager.cast(ManagerMsg::Resync(seen));
                 }
             }

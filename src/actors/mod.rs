@@ -29,6 +29,8 @@ use crate::references::ReferenceIndex;
 
 pub(crate) use feeder::run_feeder;
 pub(crate) use manager::{Manager, ManagerArgs};
+#[doc(hidden)]
+pub use timer::WakeSlot;
 
 /// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
 /// `#[derive(CustomResource)]` type or a k8s-openapi type).
@@ -58,8 +60,12 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub store: Store<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>>,
     pub finalizer: String,
-    pub field_manager: String,
-    pub recorder: Option<Recorder>,
+    pub field_manager: Arc<str>,
+    pub recorder: Option<Arc<Recorder>>,
+    /// Add the runtime finalizer (and so deprovision on deletion).
+    pub use_finalizer: bool,
+    /// Write the actorcile status (Ready condition, phase, observedGeneration).
+    pub write_status: bool,
     pub metrics: Arc<Metrics>,
     pub references: Arc<ReferenceIndex>,
 }

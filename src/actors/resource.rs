@@ -55,6 +55,14 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     error_backoff: Option<ExponentialBackoff>,
     /// Set when passivating: what the manager keeps (it takes it from the terminated state).
     pub(crate) passive: Option<PassiveState>,
+    /// This object as a reference target (fixed for the actor's life).
+    target: Target,
+    /// The parsed actorcile status of one object version.
+    status_cache: Option<(Option<u64>, Arc<ResourceStatus>)>,
+    /// The last pass's outcome key: the same outcome on the same version needs no status work.
+    last_outcome: Option<OutcomeKey>,
+    /// Readiness last reported to the reference index (`None`: not yet by this actor).
+    was_ready: Option<bool>,
 }
 
 impl<K: ManagedResource> ResourceState<K> {
@@ -137,7 +145,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         }));
     }
 
-    fn context(&self, obj: Arc<K>, status: ResourceStatus) -> Context<K> {
+    fn context(&self, obj: Arc<K>, status: Arc<ResourceStatus>) -> Context<K> {
         Context::with_parts(
             obj,
             self.shared.client.clone(),
@@ -146,6 +154,19 @@ impl<K: ManagedResource> ResourceActor<K> {
             Some(self.shared.references.clone() as Arc<dyn ReferenceApi>),
             self.shared.field_manager.clone(),
         )
+    }
+
+    /// The object's actorcile status, parsed once per object version.
+    fn status_of(st: &mut ResourceState<K>, obj: &K) -> Arc<ResourceStatus> {
+        let v = version_of(obj);
+        match &st.status_cache {
+            Some((cv, s)) if v.is_some() && *cv == v => s.clone(),
+            _ => {
+                let s = Arc::new(ResourceStatus::of(obj));
+                st.status_cache = Some((v, s.clone()));
+                s
+            }
+        }
     }
 
     /// One provision or deprovision pass over the newest known object.
@@ -166,25 +187,30 @@ impl<K: ManagedResource> ResourceActor<K> {
             return;
         };
         let _in_flight = shared.metrics.run_started(deleting);
-        let api = shared.api(&obj);
-        let status = ResourceStatus::of(obj.as_ref());
-        let target = Target::of(obj.as_ref());
+        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+        let status = Self::status_of(st, obj.as_ref());
+        let target = st.target.clone();
         let generation = obj.meta().generation;
 
-        let (outcome, desired) = if deleting {
+        let outcome = if deleting {
             if let Some(blocked) = shared.references.deletion_blocked(&target, obj.as_ref()) {
                 let desired = status.while_deprovisioning(
                     blocked.reason,
                     blocked.message.clone(),
                     generation,
                 );
-                (
-                    Outcome::Waiting {
+                if desired != *status {
+                    // What this object holds may now be blocked differently (e.g. a cycle
+                    // closed): let those targets re-check. Only on change, so it settles.
+                    shared.references.notify_held(&target);
+                }
+                Pass {
+                    outcome: Outcome::Waiting {
                         target: target.clone(),
                         reason: Reason::new("InUse", blocked.message),
                     },
-                    desired,
-                )
+                    desired: Some(desired),
+                }
             } else {
                 let cx = self.context(obj.clone(), status.clone());
                 let outcome = shared.tree.deprovision(&cx).await;
@@ -196,31 +222,33 @@ impl<K: ManagedResource> ResourceActor<K> {
                             st.error_attempts = 0;
                             return; // the object disappears; the feeder reports it gone
                         }
-                        Err(e) => {
-                            let o = Outcome::failed(
+                        Err(e) => Pass {
+                            outcome: Outcome::failed(
                                 Reason::new(
                                     "FinalizerRemovalFailed",
                                     "could not remove the finalizer",
                                 ),
                                 e,
-                            );
-                            let d = status.while_deprovisioning(
+                            ),
+                            desired: Some(status.while_deprovisioning(
                                 ReadyReason::Errored,
                                 "retrying finalizer removal",
                                 generation,
-                            );
-                            (o, d)
-                        }
+                            )),
+                        },
                     }
                 } else {
                     let (reason, message) = deprovision_reason(&outcome);
-                    let d = status.while_deprovisioning(reason, message, generation);
-                    (outcome, d)
+                    let desired = status.while_deprovisioning(reason, message, generation);
+                    Pass {
+                        outcome,
+                        desired: Some(desired),
+                    }
                 }
             }
         } else {
             let mut pre_failure = None;
-            if !has_finalizer {
+            if shared.use_finalizer && !has_finalizer {
                 match add_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
                     Ok(o) => {
                         st.record_write(o);
@@ -243,9 +271,12 @@ impl<K: ManagedResource> ResourceActor<K> {
                         .await
                 }
             };
-            let desired = status.after_provision(&outcome, generation);
-            (outcome, desired)
+            Pass {
+                outcome,
+                desired: None,
+            }
         };
+        let Pass { outcome, desired } = outcome;
 
         if let Outcome::Failed { reason, errors } = &outcome {
             for e in errors {
@@ -253,32 +284,45 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
 
-        if desired != status {
-            let transition =
-                desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-            match api
-                .patch_status(
-                    &obj.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(desired.patch()),
-                )
-                .await
-            {
-                Ok(o) => {
-                    Metrics::inc(&shared.metrics.status_writes);
-                    st.record_write(o);
+        // The status this pass leaves. Skipped entirely when the same outcome meets the same
+        // object version as last time (a yield loop, an idle re-run): nothing can have changed.
+        let key = OutcomeKey::of(&outcome, generation, deleting, version_of(obj.as_ref()));
+        // (An unreadable version never matches: the status is then always recomputed.)
+        if key.version.is_none() || st.last_outcome.as_ref() != Some(&key) {
+            let desired = desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
+            let ready = desired.is_ready();
+            if shared.write_status && desired != *status {
+                let transition =
+                    desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
+                match api
+                    .patch_status(
+                        &obj.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(desired.patch()),
+                    )
+                    .await
+                {
+                    Ok(o) => {
+                        Metrics::inc(&shared.metrics.status_writes);
+                        st.record_write(o);
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => tracing::warn!(object = %target, error = %e, "status write failed"),
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => tracing::warn!(object = %target, error = %e, "status write failed"),
+                if transition {
+                    publish_transition(self, &obj, &outcome).await;
+                }
             }
-            if transition {
-                publish_transition(self, &obj, &outcome).await;
+            if st.was_ready != Some(ready) {
+                shared.references.mark_ready(&target, ready);
+                st.was_ready = Some(ready);
             }
-        }
-        if desired.is_ready() {
-            shared.references.mark_ready(&target, true);
-        } else if status.is_ready() {
-            shared.references.mark_ready(&target, false);
+            // Key the cache on the version the pass ended with (our own status write, if any).
+            let end_version = st.object.as_deref().and_then(version_of);
+            st.last_outcome = Some(OutcomeKey {
+                version: end_version,
+                ..key
+            });
         }
 
         let delay = match &outcome {
@@ -309,6 +353,48 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if let Some(d) = delay {
             self.schedule_wake(myself, st, d);
+        }
+    }
+}
+
+/// What a pass produced, and the status it computed on the way (deletion computes its own).
+struct Pass {
+    outcome: Outcome,
+    desired: Option<ResourceStatus>,
+}
+
+/// Everything the status of a pass depends on besides the object's current status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OutcomeKey {
+    variant: u8,
+    code: String,
+    message: String,
+    generation: Option<i64>,
+    deleting: bool,
+    version: Option<u64>,
+}
+
+impl OutcomeKey {
+    fn of(o: &Outcome, generation: Option<i64>, deleting: bool, version: Option<u64>) -> Self {
+        let variant = match o {
+            Outcome::Done => 0,
+            Outcome::Yield { .. } => 1,
+            Outcome::Waiting { .. } => 2,
+            Outcome::Terminal(_) => 3,
+            Outcome::UserActionRequired(_) => 4,
+            Outcome::Failed { .. } => 5,
+        };
+        let (code, message) = o
+            .reason()
+            .map(|r| (r.code().to_string(), r.message().to_string()))
+            .unwrap_or_default();
+        Self {
+            variant,
+            code,
+            message,
+            generation,
+            deleting,
+            version,
         }
     }
 }
@@ -451,7 +537,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         Metrics::inc(&self.shared.metrics.activations);
         let object = self.shared.store.get(&args.key);
         let mut st = ResourceState {
-            key: args.key,
+            key: args.key.clone(),
             manager: args.manager,
             object,
             last_run_version: None,
@@ -464,6 +550,15 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             error_attempts: 0,
             error_backoff: None,
             passive: None,
+            target: Target::new(
+                K::api_version(&()),
+                K::kind(&()),
+                args.key.namespace.as_deref(),
+                args.key.name.clone(),
+            ),
+            status_cache: None,
+            last_outcome: None,
+            was_ready: None,
         };
         if let Some(p) = args.passive {
             st.last_run_version = p.last_run_version;

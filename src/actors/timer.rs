@@ -11,7 +11,7 @@ use tokio::time::Instant;
 /// so a timer message that fires after it was replaced or cancelled is recognised as stale by
 /// [`WakeSlot::fire`].
 #[derive(Debug, Default)]
-pub(crate) struct WakeSlot {
+pub struct WakeSlot {
     at: Option<Instant>,
     token: u64,
     task: Option<JoinHandle<()>>,
@@ -21,7 +21,7 @@ impl WakeSlot {
     /// Arm for `at` unless an earlier wake-up is pending. Returns the token to deliver back
     /// through `send(token, delay)` (which must spawn the delivering task), or `None` if the
     /// existing earlier timer stays.
-    pub(crate) fn schedule(
+    pub fn schedule(
         &mut self,
         at: Instant,
         send: impl FnOnce(u64, Duration) -> JoinHandle<()>,
@@ -38,7 +38,7 @@ impl WakeSlot {
     }
 
     /// Drop the pending timer, if any.
-    pub(crate) fn cancel(&mut self) {
+    pub fn cancel(&mut self) {
         if let Some(t) = self.task.take() {
             t.abort();
         }
@@ -47,7 +47,7 @@ impl WakeSlot {
     }
 
     /// A timer with `token` fired: `true` if it is the pending one (which is then cleared).
-    pub(crate) fn fire(&mut self, token: u64) -> bool {
+    pub fn fire(&mut self, token: u64) -> bool {
         if self.at.is_some() && token == self.token {
             self.at = None;
             self.task = None;
@@ -58,7 +58,7 @@ impl WakeSlot {
     }
 
     /// When the pending timer fires, if one is pending.
-    pub(crate) fn deadline(&self) -> Option<Instant> {
+    pub fn deadline(&self) -> Option<Instant> {
         self.at
     }
 }

@@ -5,6 +5,8 @@ use serde_json::{Value, json};
 /// An error answered to a client as a Kubernetes `Status` object.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ApiError {
+    /// Answered as the plain-text `404 page not found` of the real server's mux, not a `Status`.
+    pub(crate) plain: bool,
     pub(crate) code: u16,
     pub(crate) reason: &'static str,
     pub(crate) message: String,
@@ -39,6 +41,7 @@ impl Subject<'_> {
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
+            plain: false,
             code,
             reason,
             message: message.into(),
@@ -62,6 +65,15 @@ impl ApiError {
     }
 
     /// 404 for a path that names no known resource.
+    /// The plain-text 404 the real server answers for paths no API group serves (unknown groups, and
+    /// unknown kinds of custom resource groups).
+    pub(crate) fn page_not_found() -> ApiError {
+        ApiError {
+            plain: true,
+            ..ApiError::new(404, "NotFound", "404 page not found")
+        }
+    }
+
     pub(crate) fn no_route() -> ApiError {
         ApiError::new(
             404,
@@ -120,8 +132,20 @@ impl ApiError {
         field: &str,
         reason: String,
     ) -> ApiError {
-        let mut details = json!({"name": name, "kind": kind, "causes": [{
-            "reason": "FieldValueInvalid", "message": reason.clone(), "field": field}]});
+        let cause = if reason.starts_with("Required value") {
+            "FieldValueRequired"
+        } else if reason.starts_with("Forbidden") {
+            "FieldValueForbidden"
+        } else if reason.starts_with("Unsupported value") {
+            "FieldValueNotSupported"
+        } else {
+            "FieldValueInvalid"
+        };
+        let mut details = json!({"kind": kind, "causes": [{
+            "reason": cause, "message": reason.clone(), "field": field}]});
+        if !name.is_empty() {
+            details["name"] = json!(name);
+        }
         let qualified = if group.is_empty() {
             kind.to_string()
         } else {
@@ -140,9 +164,22 @@ impl ApiError {
         }
     }
 
-    /// 422 from a failed JSON patch (as the real server's generic 422).
-    pub(crate) fn unprocessable(message: impl Into<String>) -> ApiError {
-        ApiError::new(422, "Invalid", message)
+    /// 422 from a JSON patch that does not apply (a failed `test`, a missing path), as the real server's
+    /// generic 422; the patch error goes in the causes.
+    pub(crate) fn unprocessable(cause: impl Into<String>) -> ApiError {
+        ApiError {
+            details: Some(json!({"causes": [{"message": cause.into()}]})),
+            ..ApiError::new(
+                422,
+                "Invalid",
+                "the server rejected our request due to an error in our request",
+            )
+        }
+    }
+
+    /// A bare 500 without reason, as the real server answers some storage errors.
+    pub(crate) fn storage(message: impl Into<String>) -> ApiError {
+        ApiError::new(500, "", message)
     }
 
     pub(crate) fn forbidden(message: impl Into<String>) -> ApiError {
@@ -157,15 +194,12 @@ impl ApiError {
         )
     }
 
-    pub(crate) fn unsupported_media_type(ct: &str) -> ApiError {
+    pub(crate) fn unsupported_media_type() -> ApiError {
         ApiError::new(
             415,
             "UnsupportedMediaType",
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: \
-                 application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml \
-                 (got {ct:?})"
-            ),
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
         )
     }
 
@@ -193,9 +227,11 @@ impl ApiError {
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         });
+        if !self.reason.is_empty() {
+            s["reason"] = json!(self.reason);
+        }
         if let Some(d) = &self.details {
             s["details"] = d.clone();
         }

@@ -87,7 +87,7 @@ impl FaultState {
         let c = self.rng.f64();
         let f = &self.faults;
         Decision {
-            delay: f.latency + f.latency_jitter.mul_f64(jitter),
+            delay: f.latency.saturating_add(f.latency_jitter.mul_f64(jitter)),
             error: !is_watch && e < f.error_rate,
             conflict: is_write_existing && c < f.conflict_rate,
         }

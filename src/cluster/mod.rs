@@ -44,12 +44,20 @@
 //! * Built-in kinds: core v1 `Namespace` (cluster-scoped; `default`, `kube-system`, `kube-public` and
 //!   `kube-node-lease` exist from the start), `ConfigMap`, `Secret`, `Event`; `events.k8s.io/v1` `Event`
 //!   (stored apart from core events, unlike the real server); `coordination.k8s.io/v1` `Lease`;
-//!   `apiextensions.k8s.io/v1` `CustomResourceDefinition`. Creating a CRD (by POST or
+//!   `apiextensions.k8s.io/v1` `CustomResourceDefinition`. Also stored, without any behaviour of their own
+//!   (no scheduler, kubelet or workload controllers run here; no defaulting or validation of their specs),
+//!   so that operators that create them work unchanged: core v1 `Pod`, `Service`, `ServiceAccount`,
+//!   `Endpoints`, `PersistentVolumeClaim`, `PersistentVolume`, `Node`; `apps/v1` `Deployment`,
+//!   `StatefulSet`, `DaemonSet`, `ReplicaSet`; `batch/v1` `Job`, `CronJob`; `networking.k8s.io/v1`
+//!   `Ingress`; `rbac.authorization.k8s.io/v1` `Role`, `RoleBinding`, `ClusterRole`,
+//!   `ClusterRoleBinding`. Custom kinds: creating a CRD (by POST or
 //!   [`Cluster::install_crd`]) serves its kind at once in every served version, with its scope and its
 //!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
 //!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).
-//!   Deleting a CRD deletes its objects and stops serving the kind. CRD schemas are not validated, nor
-//!   pruned.
+//!   Deleting a CRD deletes its objects and stops serving the kind. Unknown fields are pruned by each
+//!   version's structural schema (`properties`, `additionalProperties`, `items`,
+//!   `x-kubernetes-preserve-unknown-fields`), as the real server does; values are **not validated**
+//!   against the schema (types, formats, enums, required fields, CEL rules) and no defaults are applied.
 //! * Verbs: create (POST, `generateName`), get, list (`labelSelector` with `=`, `==`, `!=`, `in`, `notin`,
 //!   `key`, `!key`, `>`/`<`; `fieldSelector` on `metadata.name` / `metadata.namespace`; `limit` +
 //!   `continue`), watch, replace (PUT), patch, delete (with `propagationPolicy` and preconditions) and
@@ -57,9 +65,13 @@
 //! * Patches: `application/merge-patch+json`; `application/json-patch+json` (a failed `test` op → 422);
 //!   `application/strategic-merge-patch+json` on built-in kinds is applied as a merge patch (no merge
 //!   keys), and on custom resources answers 415 as the real server; `application/apply-patch+yaml`
-//!   (server-side apply) is **a merge patch that creates the object when missing**: there is no field
-//!   ownership, so fields a manager stops sending are not removed and no apply conflicts are reported;
-//!   the body must be JSON (which is YAML; kube always sends JSON); `fieldManager` is required.
+//!   (server-side apply, `fieldManager` required, `force` honoured) creates the object when missing and
+//!   tracks field ownership among apply managers in `metadata.managedFields` (`operation: Apply`): a field
+//!   another apply manager owns with a different value answers 409 `Conflict` unless forced (which takes
+//!   it over), and a field a manager stops sending is removed unless someone else owns it. Simplified:
+//!   lists are atomic (as for CRDs without list-type markers; built-in kinds' keyed lists are not merged
+//!   by key), and plain updates and patches do not become `Update` managers, so they never conflict. The
+//!   apply body must be JSON (which is YAML; kube always sends JSON).
 //!
 //! # Semantics
 //!
@@ -68,16 +80,25 @@
 //!   unconditional for built-in kinds and refused (422) for custom resources and CRDs, as on the real
 //!   server. A write that changes nothing stores nothing and sends no watch event.
 //! * `metadata.uid`, `creationTimestamp` are set on create (timestamps follow the tokio clock, so a paused
-//!   clock gives simulated time); `managedFields` are not maintained.
-//! * `metadata.generation` (custom resources and CRDs) starts at 1 and is bumped when anything outside
-//!   metadata changes — outside metadata and status when the kind has a status subresource.
+//!   clock gives simulated time); `managedFields` are kept as written, and maintained by server-side
+//!   apply only.
+//! * `metadata.generation` (custom resources, CRDs and the `apps` / `batch` kinds) starts at 1 and is
+//!   bumped when anything outside metadata changes — outside metadata and status when the kind has a
+//!   status subresource.
 //! * Status subresource: writes to `/status` change only `status`; writes to the main resource keep the
 //!   stored `status`; create drops `status`.
 //! * Deletion: without finalizers the object goes at once. With finalizers, DELETE only sets
-//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; the object goes when a write leaves it with
-//!   no finalizers (one `DELETED` event carrying that last state); no finalizer may be added meanwhile
-//!   (422). DELETE answers the object for custom resources and namespaces, and a success `Status` for the
-//!   other built-in kinds when the object is gone at once, as the real server does.
+//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0`; no finalizer may be added meanwhile (422);
+//!   a write that leaves no finalizers deletes the object instead of storing the write, so — as on the real
+//!   server — the `DELETED` event carries the last stored state (at a new revision) and the answer the
+//!   written state (at the old one). Marking an object for deletion bumps its `generation` (if it has
+//!   one). DELETE answers the object while it remains (finalizers; always for namespaces, CRDs and pods)
+//!   and a success `Status` naming it when it is gone at once, as a 1.20 server does. Preconditions
+//!   (`uid`, `resourceVersion`) answer 409.
+//! * Other checks done by the real server: label syntax (422), string-valued labels and annotations,
+//!   complete `ownerReferences` with at most one controller (422),
+//!   `metadata.uid` in a write must match (409), `immutable` ConfigMaps and Secrets (422), a Secret's
+//!   `stringData` is folded into base64 `data`, names are DNS subdomains (labels for namespaces).
 //! * Garbage collection by `ownerReferences` runs inline, within the request that removed an owner, so it
 //!   is deterministic: dependents whose owners are all gone are deleted (background policy, respecting
 //!   their finalizers). `propagationPolicy: Orphan` removes the owner's references from its dependents
@@ -86,18 +107,35 @@
 //!   Dangling owner references on newly created objects are not collected.
 //! * Namespaces: creating in a missing namespace → 404, in a terminating one → 403. Deleting a namespace
 //!   marks it `Terminating`, deletes its contents and removes it once empty.
-//! * Watches: newline-delimited `WatchEvent`s (`ADDED`, `MODIFIED`, `DELETED`, `ERROR`; `BOOKMARK` only to
-//!   end the initial events when `sendInitialEvents=true`). `resourceVersion` "" or "0" first sends a
-//!   synthetic `ADDED` per current object; a revision sends every later event, in order. A revision older
-//!   than the history window ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired`
-//!   `Status`. Selectors are honoured, including objects entering (`ADDED`) or leaving (`DELETED`) a label
-//!   selector. `timeoutSeconds` ends the stream (default 30 minutes).
-//! * Lists: `metadata.resourceVersion` is the current revision. Pages after the first show the objects'
-//!   current state rather than a snapshot at the first page's revision; a `continue` token older than the
-//!   history window answers 410.
+//! * Watches: newline-delimited `WatchEvent`s (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`).
+//!   `resourceVersion` "" or "0" first sends a synthetic `ADDED` per current object (then a `BOOKMARK`
+//!   annotated `k8s.io/initial-events-end` when `sendInitialEvents=true`, for kube-runtime's streaming
+//!   lists); a revision sends every later event, in order. A revision older than the history window
+//!   ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired` `Status`, as the real
+//!   server's watch cache. Selectors are honoured, including objects entering (`ADDED`) or leaving
+//!   (`DELETED`) a label selector. `timeoutSeconds` ends the stream (default 30 minutes). With
+//!   `allowWatchBookmarks=true` (kube's default) a `BOOKMARK` at the current revision comes every 60 s
+//!   and when the stream ends, so a watcher of a quiet kind resumes without a 410 even when other kinds
+//!   fill the history.
+//! * Lists: `metadata.resourceVersion` is the current revision. `resourceVersion=0` lists are whole (the
+//!   `limit` is ignored, as the real server's cache does); `remainingItemCount` is not given. Pages after
+//!   the first show the objects' current state rather than a snapshot at the first page's revision; a
+//!   `continue` token older than the history window answers 410.
 //! * Errors are Kubernetes `Status` objects with `reason`, `code`, `details`, so `kube::Error::Api`
-//!   carries them; malformed input answers 400/422, unknown paths 404, unsupported methods 405.
-//! * `dryRun` is not supported (the write happens).
+//!   carries them; malformed input answers 400/422, unsupported methods 405. Unknown kinds of built-in
+//!   groups answer a 404 `Status`; paths no group serves (unknown groups, unknown kinds of custom
+//!   resource groups) answer the real server's plain-text `404 page not found`. Messages
+//!   follow a v1.20 kube-apiserver's where they were compared. Built-in kinds take a missing `apiVersion`
+//!   / `kind` from the URL; custom resources require them (400).
+//! * `dryRun=All` (query, or `dryRun: ["All"]` in DeleteOptions) checks a write and answers its result
+//!   without storing it or sending events.
+//!
+//! # Determinism
+//!
+//! Given the same requests in the same order, two clusters built with the same
+//! [`ClusterBuilder::seed`] and [`Faults::seed`] answer the same: same uids, `generateName` suffixes,
+//! revisions, injected faults, and the same order of garbage-collection and namespace-deletion events.
+//! Nothing depends on wall-clock time except the text of timestamps.
 //!
 //! # Cost
 //!
@@ -112,6 +150,7 @@
 //! seeded generator; [`Cluster::set_faults`] changes them at run time. Delays use `tokio::time`, so they
 //! cost nothing under a paused clock.
 
+mod apply;
 mod error;
 mod faults;
 mod selector;
@@ -148,7 +187,6 @@ pub(crate) struct Stats {
     pub(crate) delete: AtomicU64,
     pub(crate) total: AtomicU64,
     pub(crate) injected_errors: AtomicU64,
-    pub(crate) injected_conflicts: AtomicU64,
 }
 
 /// Request counters of a [`Cluster`], by verb.
@@ -311,7 +349,12 @@ impl Cluster {
             delete: l(&s.delete),
             total: l(&s.total),
             injected_errors: l(&s.injected_errors),
-            injected_conflicts: l(&s.injected_conflicts),
+            injected_conflicts: self
+                .inner
+                .store
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .injected_conflicts,
         }
     }
 

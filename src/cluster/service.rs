@@ -17,9 +17,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Inner;
+use super::apply;
 use super::error::ApiError;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, WatchItem, WriteKind};
+use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, Store, WatchItem, WriteKind};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
 /// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.
@@ -59,6 +60,39 @@ struct WatchBody {
     frames: VecDeque<Bytes>,
     rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    bookmarks: Option<Bookmarks>,
+}
+
+/// How often a watch that allows bookmarks gets one (besides the one that ends it), as the real server.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+
+/// What a watch needs to send `BOOKMARK` events.
+struct Bookmarks {
+    inner: Arc<Inner>,
+    kind: String,
+    api_version: String,
+    next: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl WatchBody {
+    /// Queues a `BOOKMARK` at the current revision, after every event up to it. Events are sent under the
+    /// store's lock, so draining the channel under that lock delivers all events the bookmark covers.
+    fn bookmark(&mut self) {
+        let (Some(b), Some(rx)) = (&self.bookmarks, self.rx.as_mut()) else {
+            return;
+        };
+        let rev = {
+            let store = b.inner.store.lock().unwrap_or_else(|p| p.into_inner());
+            while let Ok(item) = rx.try_recv() {
+                push_item(&mut self.frames, item);
+            }
+            store.revision()
+        };
+        let obj = json!({"kind": b.kind, "apiVersion": b.api_version,
+            "metadata": {"resourceVersion": rev.to_string()}});
+        let bytes = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
+        push_item(&mut self.frames, (EvType::Bookmark, bytes));
+    }
 }
 
 fn push_item(frames: &mut VecDeque<Bytes>, (ty, obj): WatchItem) {
@@ -92,8 +126,22 @@ impl http_body::Body for ClusterBody {
                     }
                     Poll::Pending => {
                         if w.deadline.as_mut().poll(cx).is_ready() {
+                            w.bookmark();
                             w.rx = None;
-                            return Poll::Ready(None);
+                            continue;
+                        }
+                        let due = w
+                            .bookmarks
+                            .as_mut()
+                            .is_some_and(|b| b.next.as_mut().poll(cx).is_ready());
+                        if due {
+                            if let Some(b) = w.bookmarks.as_mut() {
+                                b.next
+                                    .as_mut()
+                                    .reset(tokio::time::Instant::now() + BOOKMARK_EVERY);
+                            }
+                            w.bookmark();
+                            continue;
                         }
                         return Poll::Pending;
                     }
@@ -110,9 +158,9 @@ impl http_body::Body for ClusterBody {
     }
 }
 
-fn json_response(code: u16, body: Vec<u8>) -> Response<ClusterBody> {
+fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ClusterBody> {
     let mut r = Response::new(ClusterBody {
-        inner: BodyInner::Full(Some(Bytes::from(body))),
+        inner: BodyInner::Full(Some(body.into())),
     });
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut().insert(
@@ -123,6 +171,14 @@ fn json_response(code: u16, body: Vec<u8>) -> Response<ClusterBody> {
 }
 
 fn error_response(e: &ApiError) -> Response<ClusterBody> {
+    if e.plain {
+        let mut r = json_response(e.code, format!("{}\n", e.message));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return r;
+    }
     json_response(
         e.code,
         serde_json::to_vec(&e.to_status()).unwrap_or_default(),
@@ -133,6 +189,7 @@ fn watch_response(
     first: Vec<WatchItem>,
     rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
     timeout: Duration,
+    bookmarks: Option<Bookmarks>,
 ) -> Response<ClusterBody> {
     let mut frames = VecDeque::with_capacity(first.len() * 3);
     for item in first {
@@ -142,6 +199,7 @@ fn watch_response(
         frames,
         rx,
         deadline: Box::pin(tokio::time::sleep(timeout)),
+        bookmarks,
     };
     let mut r = Response::new(ClusterBody {
         inner: BodyInner::Watch(body),
@@ -267,13 +325,13 @@ fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
         ["apis", g, v] => {
             let kinds = store.kinds();
             if !kinds.iter().any(|k| k.gr.group == *g && k.version == *v) {
-                return Err(ApiError::no_route());
+                return Err(ApiError::page_not_found());
             }
             return Ok(Target::Document(resource_list(&kinds, g, v)));
         }
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", g, v, rest @ ..] if !rest.is_empty() => (g, v, rest),
-        _ => return Err(ApiError::no_route()),
+        _ => return Err(ApiError::page_not_found()),
     };
     let (ns, plural, name, sub) = match rest {
         ["namespaces", ns, plural, tail @ ..]
@@ -299,9 +357,14 @@ fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
         }
         [] => return Err(ApiError::no_route()),
     };
-    let kind = store
-        .resolve(group, version, plural)
-        .ok_or_else(ApiError::no_route)?;
+    let kind = store.resolve(group, version, plural).ok_or_else(|| {
+        // Built-in groups answer a Status; anything else falls through to the mux's plain 404.
+        if store.serves_builtin_group(group) {
+            ApiError::no_route()
+        } else {
+            ApiError::page_not_found()
+        }
+    })?;
     if ns.is_some() && !kind.namespaced {
         return Err(ApiError::no_route());
     }
@@ -401,7 +464,11 @@ fn list_opts(q: &HashMap<String, String>) -> Result<ListOpts, ApiError> {
     })
 }
 
-async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Response<ClusterBody> {
+async fn handle(
+    inner: &Arc<Inner>,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Response<ClusterBody> {
     inner.stats.total.fetch_add(1, Ordering::Relaxed);
     let q = query_map(&parts.uri);
     let target = match route(inner, parts.uri.path()) {
@@ -440,7 +507,11 @@ async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Resp
         Verb::Other => return error_response(&ApiError::method_not_allowed()),
     };
     counter.fetch_add(1, Ordering::Relaxed);
-    // A namespaced kind addressed without a namespace: only list, watch and deletecollection make sense.
+    // The status subresource serves get, update and patch only.
+    if route.status && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {
+        return error_response(&ApiError::method_not_allowed());
+    }
+    // A namespaced kind addressed without a namespace: only list and watch make sense.
     if route.kind.namespaced && route.ns.is_none() && !matches!(verb, Verb::List | Verb::Watch) {
         return error_response(&if route.name.is_some() {
             ApiError::no_route()
@@ -465,23 +536,62 @@ async fn handle(inner: &Inner, parts: http::request::Parts, body: Bytes) -> Resp
             "injected fault (actorcile in-process cluster)",
         ));
     }
-    let result = execute(inner, &parts, &q, &body, &route, verb, decision.conflict);
-    match result {
+    match execute(inner, &parts, &q, &body, &route, verb, decision.conflict) {
         Ok(r) => r,
-        Err(e) => {
-            if decision.conflict && e.code == 409 && e.reason == "Conflict" {
-                inner
-                    .stats
-                    .injected_conflicts
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            error_response(&e)
-        }
+        Err(e) => error_response(&e),
     }
 }
 
 fn execute(
-    inner: &Inner,
+    inner: &Arc<Inner>,
+    parts: &http::request::Parts,
+    q: &HashMap<String, String>,
+    body: &Bytes,
+    route: &Route,
+    verb: Verb,
+    inject_conflict: bool,
+) -> Result<Response<ClusterBody>, ApiError> {
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid value: {other:?}: supported values: \"All\""
+            )));
+        }
+    };
+    // DELETE carries it in its DeleteOptions body too.
+    let dry_run = dry_run
+        || (verb == Verb::Delete
+            && serde_json::from_slice::<Value>(body).ok().is_some_and(|v| {
+                v.get("dryRun")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.iter().any(|x| x == "All"))
+            }));
+    let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
+    store.dry_run = dry_run
+        && matches!(
+            verb,
+            Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+        );
+    let result = execute_locked(
+        inner,
+        &mut store,
+        parts,
+        q,
+        body,
+        route,
+        verb,
+        inject_conflict,
+    );
+    store.dry_run = false;
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn execute_locked(
+    inner: &Arc<Inner>,
+    store: &mut Store,
     parts: &http::request::Parts,
     q: &HashMap<String, String>,
     body: &Bytes,
@@ -492,10 +602,16 @@ fn execute(
     let kind = &route.kind;
     let ns = route.ns.as_deref();
     let name = route.name.as_deref().unwrap_or_default();
-    let mut store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
     match verb {
-        Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?.to_vec())),
-        Verb::List => Ok(json_response(200, store.list(kind, ns, &list_opts(q)?)?)),
+        Verb::Get => Ok(json_response(200, store.get(kind, ns, name)?)),
+        Verb::List => {
+            let mut opts = list_opts(q)?;
+            // resourceVersion=0 is served whole, as from the real server's watch cache.
+            if q.get("resourceVersion").is_some_and(|v| v == "0") && opts.cont.is_none() {
+                opts.limit = None;
+            }
+            Ok(json_response(200, store.list(kind, ns, &opts)?))
+        }
         Verb::Watch => {
             let opts = list_opts(q)?;
             let timeout =
@@ -513,17 +629,33 @@ fn execute(
             };
             let bookmark = q.get("sendInitialEvents").is_some_and(|v| v == "true");
             match store.watch(kind, ns, opts.labels, opts.fields, rv, bookmark) {
-                Ok((first, rx)) => Ok(watch_response(first, Some(rx), timeout)),
+                Ok((first, rx)) => {
+                    let bookmarks = q
+                        .get("allowWatchBookmarks")
+                        .is_some_and(|v| v == "true")
+                        .then(|| Bookmarks {
+                            inner: inner.clone(),
+                            kind: kind.kind.clone(),
+                            api_version: kind.api_version.clone(),
+                            next: Box::pin(tokio::time::sleep(BOOKMARK_EVERY)),
+                        });
+                    Ok(watch_response(first, Some(rx), timeout, bookmarks))
+                }
                 Err(e) => {
                     let status =
                         Bytes::from(serde_json::to_vec(&e.to_status()).unwrap_or_default());
-                    Ok(watch_response(vec![(EvType::Error, status)], None, timeout))
+                    Ok(watch_response(
+                        vec![(EvType::Error, status)],
+                        None,
+                        timeout,
+                        None,
+                    ))
                 }
             }
         }
         Verb::Create => {
-            let w = store.create(kind, ns, parse_json(body)?)?;
-            Ok(json_response(201, w.bytes.to_vec()))
+            let w = store.create(kind, ns, parse_json(body)?, None)?;
+            Ok(json_response(201, w.bytes))
         }
         Verb::Update => {
             let w = store.update(
@@ -534,8 +666,9 @@ fn execute(
                 route.status,
                 WriteKind::Put,
                 inject_conflict,
+                None,
             )?;
-            Ok(json_response(200, w.bytes.to_vec()))
+            Ok(json_response(200, w.bytes))
         }
         Verb::Patch => {
             let ct = parts
@@ -553,10 +686,11 @@ fn execute(
                     .current(kind, ns, name)
                     .ok_or_else(|| ApiError::not_found(kind_subject(kind, name)))
             };
+            let mut managed = None;
             let patched = match ct.as_str() {
                 "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                     if ct.starts_with("application/strategic") && kind.custom {
-                        return Err(ApiError::unsupported_media_type(&ct));
+                        return Err(ApiError::unsupported_media_type());
                     }
                     let patch = parse_json(body)?;
                     let mut cur = current()?;
@@ -589,29 +723,43 @@ fn execute(
                     if !patch.is_object() {
                         return Err(ApiError::bad_request("apply patch must be an object"));
                     }
-                    match store.current(kind, ns, name) {
-                        None if !route.status => {
-                            if patch.pointer("/metadata/name").and_then(Value::as_str) != Some(name)
-                            {
-                                return Err(ApiError::bad_request(format!(
-                                    "the name of the object ({}) does not match the name on the URL ({name})",
-                                    patch
-                                        .pointer("/metadata/name")
-                                        .and_then(Value::as_str)
-                                        .unwrap_or_default()
-                                )));
-                            }
-                            let w = store.create(kind, ns, patch)?;
-                            return Ok(json_response(201, w.bytes.to_vec()));
-                        }
-                        None => return Err(ApiError::not_found(kind_subject(kind, name))),
-                        Some(mut cur) => {
-                            json_patch::merge(&mut cur, &patch);
-                            cur
-                        }
+                    let current = store.current(kind, ns, name);
+                    if current.is_none() && route.status {
+                        return Err(ApiError::not_found(kind_subject(kind, name)));
                     }
+                    if patch.pointer("/metadata/name").and_then(Value::as_str) != Some(name) {
+                        return Err(ApiError::bad_request(format!(
+                            "the name of the object ({}) does not match the name on the URL ({name})",
+                            patch
+                                .pointer("/metadata/name")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                        )));
+                    }
+                    let now = store.now();
+                    let applied = apply::apply(
+                        current.as_ref(),
+                        &apply::ApplyRequest {
+                            body: &patch,
+                            manager: q
+                                .get("fieldManager")
+                                .map(String::as_str)
+                                .unwrap_or_default(),
+                            force: q.get("force").is_some_and(|f| f == "true"),
+                            status_only: route.status,
+                            skip_status: kind.status,
+                            api_version: &kind.api_version,
+                            now: &now,
+                        },
+                    )?;
+                    if current.is_none() {
+                        let w = store.create(kind, ns, applied.object, Some(applied.managed))?;
+                        return Ok(json_response(201, w.bytes));
+                    }
+                    managed = Some(applied.managed);
+                    applied.object
                 }
-                other => return Err(ApiError::unsupported_media_type(other)),
+                _ => return Err(ApiError::unsupported_media_type()),
             };
             let w = store.update(
                 kind,
@@ -621,16 +769,14 @@ fn execute(
                 route.status,
                 WriteKind::Patch,
                 inject_conflict,
+                managed,
             )?;
-            Ok(json_response(200, w.bytes.to_vec()))
+            Ok(json_response(200, w.bytes))
         }
         Verb::Delete => {
             let opts = delete_opts(q, body)?;
             if route.name.is_some() {
-                Ok(json_response(
-                    200,
-                    store.delete(kind, ns, name, &opts)?.to_vec(),
-                ))
+                Ok(json_response(200, store.delete(kind, ns, name, &opts)?))
             } else {
                 Ok(json_response(
                     200,

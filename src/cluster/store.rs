@@ -3,7 +3,7 @@
 //! Everything here is synchronous and runs under the cluster's lock; the HTTP layer (`service.rs`) parses
 //! requests and turns results into responses.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -37,6 +37,8 @@ pub(crate) struct Kind {
     pub(crate) custom: bool,
     /// DELETE answers the object (otherwise a `Status` when the object is gone at once).
     pub(crate) delete_returns_object: bool,
+    /// The structural schema (`openAPIV3Schema`) of a custom resource version: unknown fields are pruned.
+    pub(crate) schema: Option<Arc<Value>>,
 }
 
 impl Kind {
@@ -57,7 +59,7 @@ struct Obj {
 }
 
 /// Reference to a stored object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct ObjRef {
     gr: Gr,
     ns: String,
@@ -178,7 +180,10 @@ struct Clock {
 impl Clock {
     fn now(&self) -> String {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.inst0);
-        let t = self.wall0 + chrono::Duration::from_std(elapsed).unwrap_or_default();
+        let t = chrono::Duration::from_std(elapsed)
+            .ok()
+            .and_then(|d| self.wall0.checked_add_signed(d))
+            .unwrap_or(self.wall0);
         t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
     }
 }
@@ -240,19 +245,24 @@ const FOREGROUND: &str = "foregroundDeletion";
 pub(crate) struct Store {
     rev: u64,
     routes: HashMap<(String, String, String), Arc<Kind>>,
-    tables: HashMap<Gr, Table>,
+    /// Ordered, like everything iterated here, so that runs are deterministic.
+    tables: BTreeMap<Gr, Table>,
     history: VecDeque<Arc<Event>>,
     history_limit: usize,
     /// Highest revision dropped from the history.
     compacted: u64,
     uids: HashMap<String, ObjRef>,
     /// owner uid → dependents naming it.
-    dependents: HashMap<String, HashSet<ObjRef>>,
+    dependents: HashMap<String, BTreeSet<ObjRef>>,
     ns_counts: HashMap<String, usize>,
     count: usize,
     rng: fastrand::Rng,
     clock: Clock,
     gc: VecDeque<Gc>,
+    /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
+    pub(crate) dry_run: bool,
+    /// Conflicts injected by fault injection so far.
+    pub(crate) injected_conflicts: u64,
 }
 
 fn meta(v: &Value) -> Option<&Map<String, Value>> {
@@ -358,12 +368,143 @@ fn unhex(s: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
+/// Drops the fields a structural schema does not declare, as the real server prunes custom resources:
+/// `properties` are recursed into, `additionalProperties` schemas apply to every value,
+/// `x-kubernetes-preserve-unknown-fields: true` keeps undeclared fields, `items` applies to list
+/// elements. At the root, `apiVersion`, `kind` and `metadata` are kept.
+fn prune(v: &mut Value, schema: &Value, root: bool) {
+    match v {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties");
+            let preserve = schema.get("x-kubernetes-preserve-unknown-fields")
+                == Some(&Value::Bool(true))
+                || additional == Some(&Value::Bool(true));
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for k in keys {
+                if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
+                let sub = props
+                    .and_then(|p| p.get(&k))
+                    .or(additional.filter(|a| a.is_object()));
+                match (sub, map.get_mut(&k)) {
+                    (Some(sub), Some(child)) => prune(child, sub, false),
+                    _ if preserve => {}
+                    _ => {
+                        map.remove(&k);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for it in items {
+                    prune(it, item_schema, false);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
+/// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`.
+fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
+    use base64::Engine as _;
+    for field in ["labels", "annotations"] {
+        let Some(map) = meta(v).and_then(|m| m.get(field)) else {
+            continue;
+        };
+        if map.is_null() {
+            continue;
+        }
+        let Some(map) = map.as_object() else {
+            return Err(ApiError::bad_request(format!(
+                "metadata.{field} must be a map of strings"
+            )));
+        };
+        for (k, val) in map {
+            let Some(val) = val.as_str() else {
+                return Err(ApiError::bad_request(format!(
+                    "metadata.{field}[{k:?}] must be a string"
+                )));
+            };
+            if field == "labels"
+                && !(super::selector::valid_key(k) && super::selector::valid_value(val))
+            {
+                return Err(ApiError::invalid(
+                    &kind.gr.group,
+                    &kind.kind,
+                    name,
+                    "metadata.labels",
+                    format!("Invalid value: {k:?}: {val:?}: not a valid label"),
+                ));
+            }
+        }
+    }
+    if let Some(refs) = meta(v)
+        .and_then(|m| m.get("ownerReferences"))
+        .filter(|r| !r.is_null())
+    {
+        let Some(refs) = refs.as_array() else {
+            return Err(ApiError::bad_request(
+                "metadata.ownerReferences must be a list",
+            ));
+        };
+        let mut controllers = 0;
+        for (i, r) in refs.iter().enumerate() {
+            for field in ["apiVersion", "kind", "name", "uid"] {
+                if r.get(field)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    return Err(ApiError::invalid(
+                        &kind.gr.group,
+                        &kind.kind,
+                        name,
+                        &format!("metadata.ownerReferences[{i}].{field}"),
+                        format!("Invalid value: \"\": {field} must not be empty"),
+                    ));
+                }
+            }
+            if r.get("controller").and_then(Value::as_bool) == Some(true) {
+                controllers += 1;
+            }
+        }
+        if controllers > 1 {
+            return Err(ApiError::invalid(
+                &kind.gr.group,
+                &kind.kind,
+                name,
+                "metadata.ownerReferences",
+                "Invalid value: only one reference can have Controller set to true".into(),
+            ));
+        }
+    }
+    if kind.gr.group.is_empty()
+        && kind.gr.plural == "secrets"
+        && let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData"))
+    {
+        if !v.get("data").is_some_and(Value::is_object) {
+            v["data"] = json!({});
+        }
+        for (k, val) in sd {
+            let text = val
+                .as_str()
+                .ok_or_else(|| ApiError::bad_request("stringData values must be strings"))?;
+            v["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     pub(crate) fn new(history_limit: usize, seed: u64) -> Store {
         let mut s = Store {
             rev: 0,
             routes: HashMap::new(),
-            tables: HashMap::new(),
+            tables: BTreeMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
             compacted: 0,
@@ -377,13 +518,15 @@ impl Store {
                 inst0: tokio::time::Instant::now(),
             },
             gc: VecDeque::new(),
+            dry_run: false,
+            injected_conflicts: 0,
         };
         s.register_builtins();
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let kind =
                 s.routes[&(String::new(), "v1".to_string(), "namespaces".to_string())].clone();
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            s.create(&kind, None, body)
+            s.create(&kind, None, body, None)
                 .expect("built-in namespace is valid");
         }
         s
@@ -413,6 +556,7 @@ impl Store {
             generation: false,
             custom: false,
             delete_returns_object: false,
+            schema: None,
         };
         let mut ns = b("", "v1", "namespaces", "Namespace", false, true);
         ns.delete_returns_object = true;
@@ -425,6 +569,88 @@ impl Store {
             true,
         );
         crd.generation = true;
+        // The real server answers DELETE of a CRD with the CRD (it is finalized, not gone at once).
+        crd.delete_returns_object = true;
+        let mut pods = b("", "v1", "pods", "Pod", true, true);
+        pods.delete_returns_object = true;
+        // Workload kinds keep metadata.generation, as on the real server.
+        let workload = |group: &str, plural: &str, kind: &str| Kind {
+            generation: true,
+            ..b(group, "v1", plural, kind, true, true)
+        };
+        // Kinds stored without behaviour of their own (no controllers run here), so that operators creating
+        // them work unchanged.
+        for k in [
+            pods,
+            b("", "v1", "services", "Service", true, true),
+            b("", "v1", "serviceaccounts", "ServiceAccount", true, false),
+            b("", "v1", "endpoints", "Endpoints", true, false),
+            b(
+                "",
+                "v1",
+                "persistentvolumeclaims",
+                "PersistentVolumeClaim",
+                true,
+                true,
+            ),
+            b(
+                "",
+                "v1",
+                "persistentvolumes",
+                "PersistentVolume",
+                false,
+                true,
+            ),
+            b("", "v1", "nodes", "Node", false, true),
+            workload("apps", "deployments", "Deployment"),
+            workload("apps", "statefulsets", "StatefulSet"),
+            workload("apps", "daemonsets", "DaemonSet"),
+            workload("apps", "replicasets", "ReplicaSet"),
+            workload("batch", "jobs", "Job"),
+            workload("batch", "cronjobs", "CronJob"),
+            b(
+                "networking.k8s.io",
+                "v1",
+                "ingresses",
+                "Ingress",
+                true,
+                true,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "roles",
+                "Role",
+                true,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "rolebindings",
+                "RoleBinding",
+                true,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterroles",
+                "ClusterRole",
+                false,
+                false,
+            ),
+            b(
+                "rbac.authorization.k8s.io",
+                "v1",
+                "clusterrolebindings",
+                "ClusterRoleBinding",
+                false,
+                false,
+            ),
+        ] {
+            self.add_route(k);
+        }
         for k in [
             ns,
             b("", "v1", "configmaps", "ConfigMap", true, false),
@@ -458,6 +684,18 @@ impl Store {
         let mut v: Vec<_> = self.routes.values().cloned().collect();
         v.sort_by(|a, b| (&a.gr, &a.version).cmp(&(&b.gr, &b.version)));
         v
+    }
+
+    /// Whether a built-in kind is served in this group (the core group included).
+    pub(crate) fn serves_builtin_group(&self, group: &str) -> bool {
+        self.routes
+            .values()
+            .any(|k| !k.custom && k.gr.group == group)
+    }
+
+    /// The current time, as the cluster writes timestamps.
+    pub(crate) fn now(&self) -> String {
+        self.clock.now()
     }
 
     pub(crate) fn object_count(&self) -> usize {
@@ -529,6 +767,13 @@ impl Store {
     }
 
     fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
+        if self.dry_run {
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            return Obj {
+                value: Arc::new(value),
+                bytes,
+            };
+        }
         self.rev += 1;
         meta_mut(&mut value).insert("resourceVersion".into(), json!(self.rev.to_string()));
         let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
@@ -564,6 +809,13 @@ impl Store {
     }
 
     fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
+        if self.dry_run {
+            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+            return Obj {
+                value: Arc::new(value),
+                bytes,
+            };
+        }
         let Some(old) = self
             .tables
             .get_mut(&r.gr)
@@ -830,13 +1082,24 @@ impl Store {
     }
 
     /// The body's declared apiVersion and kind must be those of the resource.
-    fn check_type(kind: &Kind, body: &Value) -> Result<(), ApiError> {
-        if !body.is_object() {
+    /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
+    /// ones from the URL, as the real server's typed decoding does; custom resources require them.
+    fn check_type(kind: &Kind, body: &mut Value) -> Result<(), ApiError> {
+        let Some(obj) = body.as_object_mut() else {
             return Err(ApiError::bad_request(
-                "the request body must be a JSON object",
+                "the object provided is unrecognized: the request body must be a JSON object",
             ));
+        };
+        let empty = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
+        if !kind.custom {
+            if empty(obj.get("kind")) {
+                obj.insert("kind".into(), json!(kind.kind));
+            }
+            if empty(obj.get("apiVersion")) {
+                obj.insert("apiVersion".into(), json!(kind.api_version));
+            }
         }
-        match body.get("kind").and_then(Value::as_str) {
+        match obj.get("kind").and_then(Value::as_str) {
             None | Some("") => {
                 return Err(ApiError::bad_request(format!(
                     "Object 'Kind' is missing in '{body}'"
@@ -844,13 +1107,14 @@ impl Store {
             }
             Some(k) if k != kind.kind => {
                 return Err(ApiError::bad_request(format!(
-                    "the kind in the data ({k}) does not match the expected kind ({})",
-                    kind.kind
+                    "{k} in version \"{}\" cannot be handled as a {}: the kind in the data ({k}) does \
+                     not match the expected kind ({})",
+                    kind.version, kind.kind, kind.kind
                 )));
             }
             _ => {}
         }
-        match body.get("apiVersion").and_then(Value::as_str) {
+        match obj.get("apiVersion").and_then(Value::as_str) {
             Some(v) if v == kind.api_version => Ok(()),
             v => Err(ApiError::bad_request(format!(
                 "the API version in the data ({}) does not match the expected API version ({})",
@@ -885,13 +1149,15 @@ impl Store {
     }
 
     /// POST.
+    /// POST. `managed`: the `managedFields` to record (server-side apply), otherwise none.
     pub(crate) fn create(
         &mut self,
         kind: &Kind,
         ns: Option<&str>,
         mut body: Value,
+        managed: Option<Value>,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &body)?;
+        Self::check_type(kind, &mut body)?;
         if !body.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -915,20 +1181,27 @@ impl Store {
                     }));
                 }
                 Some(o) if is_deleting(&o.value) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being \
-                         terminated",
+                    let obj_name = meta_str(&body, "name").unwrap_or_default();
+                    let mut e = ApiError::forbidden(format!(
+                        "{} \"{obj_name}\" is forbidden: unable to create new content in namespace {ns} \
+                         because it is being terminated",
                         kind.gr.plural,
-                        meta_str(&body, "name")
-                            .or(meta_str(&body, "generateName"))
-                            .unwrap_or_default()
-                    )));
+                    ));
+                    let mut details = json!({"name": obj_name, "kind": kind.gr.plural, "causes": [{
+                        "reason": "NamespaceTerminating",
+                        "message": format!("namespace {ns} is being terminated"),
+                        "field": "metadata.namespace"}]});
+                    if !kind.gr.group.is_empty() {
+                        details["group"] = json!(kind.gr.group);
+                    }
+                    e.details = Some(details);
+                    return Err(e);
                 }
                 Some(_) => {}
             }
         }
         if meta_str(&body, "resourceVersion").is_some_and(|v| !v.is_empty()) {
-            return Err(ApiError::internal(
+            return Err(ApiError::storage(
                 "resourceVersion should not be set on objects to be created",
             ));
         }
@@ -970,14 +1243,18 @@ impl Store {
             if !is_dns_label(&name) {
                 return Err(invalid_name(
                     &name,
-                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
+                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
                 ));
             }
         } else if !is_dns_subdomain(&name) {
             return Err(invalid_name(
                 &name,
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
             ));
+        }
+        normalize(kind, &name, &mut body)?;
+        if let Some(schema) = &kind.schema {
+            prune(&mut body, schema, true);
         }
         let r = Self::objref(kind, ns, &name);
         if self.lookup(&r).is_some() {
@@ -1001,6 +1278,9 @@ impl Store {
         }
         m.insert("uid".into(), json!(uid));
         m.insert("creationTimestamp".into(), json!(now));
+        if let Some(managed) = managed {
+            m.insert("managedFields".into(), managed);
+        }
         if kind.generation {
             m.insert("generation".into(), json!(1));
         } else {
@@ -1013,7 +1293,7 @@ impl Store {
             body.as_object_mut().map(|o| o.remove("status"));
         }
         let obj = self.put(&r, body, EvType::Added);
-        if kind.gr.plural == "customresourcedefinitions" {
+        if kind.gr.plural == "customresourcedefinitions" && !self.dry_run {
             self.register_crd(&obj.value);
         }
         self.run_gc();
@@ -1033,8 +1313,9 @@ impl Store {
         status_only: bool,
         how: WriteKind,
         inject_conflict: bool,
+        managed: Option<Value>,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &new)?;
+        Self::check_type(kind, &mut new)?;
         if !new.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -1045,28 +1326,11 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
         match meta_str(&new, "name") {
             Some(n) if n == name => {}
-            Some(n) if how == WriteKind::Put => {
+            other => {
                 return Err(ApiError::bad_request(format!(
-                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                    "the name of the object ({}) does not match the name on the URL ({name})",
+                    other.unwrap_or_default()
                 )));
-            }
-            _ if how == WriteKind::Put => {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.name",
-                    "Required value: name is required".into(),
-                ));
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.name",
-                    "Invalid value: the name may not be changed by a patch".into(),
-                ));
             }
         }
         Self::check_namespace_field(kind, ns, &mut new)?;
@@ -1081,7 +1345,7 @@ impl Store {
             _ if how == WriteKind::Put && kind.custom => {
                 return Err(ApiError::invalid(
                     &kind.gr.group,
-                    &kind.kind,
+                    &kind.gr.plural,
                     name,
                     "metadata.resourceVersion",
                     "Invalid value: 0x0: must be specified for an update".into(),
@@ -1089,8 +1353,41 @@ impl Store {
             }
             _ => {}
         }
+        let old_uid = meta_str(&old.value, "uid").unwrap_or_default();
+        if let Some(uid) = meta_str(&new, "uid").filter(|u| !u.is_empty() && *u != old_uid) {
+            return Err(ApiError::precondition(
+                kind.subject(name),
+                format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
+                ),
+            ));
+        }
         if inject_conflict {
+            self.injected_conflicts += 1;
             return Err(ApiError::conflict(kind.subject(name)));
+        }
+        if !status_only
+            && kind.gr.group.is_empty()
+            && (kind.gr.plural == "configmaps" || kind.gr.plural == "secrets")
+            && old.value.get("immutable").and_then(Value::as_bool) == Some(true)
+        {
+            for field in ["data", "binaryData", "stringData", "immutable"] {
+                let (before, after) = (old.value.get(field), new.get(field));
+                let unchanged = match field {
+                    // stringData is folded into data; it changes data only if it differs.
+                    "stringData" => after.is_none(),
+                    _ => before == after,
+                };
+                if !unchanged {
+                    return Err(ApiError::invalid(
+                        &kind.gr.group,
+                        &kind.kind,
+                        name,
+                        field,
+                        "Forbidden: field is immutable when `immutable` is set".into(),
+                    ));
+                }
+            }
         }
         let old_v: &Value = &old.value;
         let mut next = if status_only {
@@ -1117,7 +1414,12 @@ impl Store {
                     None => m.remove(f),
                 };
             }
-            m.remove("managedFields");
+            // managedFields are kept unless the write sets them (as on the real server).
+            if !m.contains_key("managedFields")
+                && let Some(mf) = om.get("managedFields")
+            {
+                m.insert("managedFields".into(), mf.clone());
+            }
             m.remove("selfLink");
             if kind.status {
                 match old_v.get("status") {
@@ -1145,12 +1447,19 @@ impl Store {
                     ));
                 }
             }
+            normalize(kind, name, &mut new)?;
             if kind.gr.plural == "customresourcedefinitions" {
                 self.prepare_crd(&mut new, name)?;
             }
             new
         };
+        if let Some(schema) = &kind.schema {
+            prune(&mut next, schema, true);
+        }
         meta_mut(&mut next).insert("resourceVersion".into(), json!(old_rv));
+        if let Some(managed) = managed {
+            meta_mut(&mut next).insert("managedFields".into(), managed);
+        }
         if kind.generation && spec_part(old_v, kind.status) != spec_part(&next, kind.status) {
             let g = meta(old_v)
                 .and_then(|m| m.get("generation"))
@@ -1168,11 +1477,21 @@ impl Store {
             && finalizers(&next).is_empty()
             && !self.namespace_blocks(kind, name)
         {
-            self.remove(&r, next)
+            // As the real server: the write is not stored but the object is deleted; the DELETED event
+            // carries the last stored state, the answer the written one (at its old resourceVersion).
+            self.remove(&r, (*old.value).clone());
+            let bytes = Bytes::from(serde_json::to_vec(&next).unwrap_or_default());
+            Obj {
+                value: Arc::new(next),
+                bytes,
+            }
         } else {
             self.put(&r, next, EvType::Modified)
         };
-        if kind.gr.plural == "customresourcedefinitions" && self.lookup(&r).is_some() {
+        if kind.gr.plural == "customresourcedefinitions"
+            && !self.dry_run
+            && self.lookup(&r).is_some()
+        {
             self.register_crd(&obj.value);
         }
         self.run_gc();
@@ -1328,6 +1647,10 @@ impl Store {
         let m = meta_mut(&mut v);
         m.insert("deletionTimestamp".into(), json!(now));
         m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        // Marking an object for deletion bumps its generation, as on the real server.
+        if let Some(g) = m.get("generation").and_then(Value::as_i64) {
+            m.insert("generation".into(), json!(g + 1));
+        }
         if is_namespace {
             v["status"] = json!({"phase": "Terminating"});
         }
@@ -1367,7 +1690,11 @@ impl Store {
             }
             self.gc.push_back(Gc::Namespace(r.name.clone()));
         }
-        let latest = self.lookup(r).cloned().unwrap_or(obj);
+        let latest = if self.dry_run {
+            obj
+        } else {
+            self.lookup(r).cloned().unwrap_or(obj)
+        };
         (latest, false)
     }
 
@@ -1417,7 +1744,7 @@ impl Store {
             && is_deleting(&v)
             && !(is_namespace && self.ns_counts.get(&r.name).copied().unwrap_or(0) > 0)
         {
-            self.remove(r, v);
+            self.remove(r, (*o.value).clone());
         } else {
             self.put(r, v, EvType::Modified);
         }
@@ -1591,7 +1918,15 @@ impl Store {
         if names.get("listKind").is_none() {
             names["listKind"] = json!(format!("{kind}List"));
         }
-        let now = self.clock.now();
+        let mut now = self.clock.now();
+        if let Some(t) = crd
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| c.iter().find(|c| c["type"] == "Established"))
+            .and_then(|c| c["lastTransitionTime"].as_str())
+        {
+            now = t.to_string();
+        }
         crd["status"] = json!({
             "conditions": [
                 {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
@@ -1642,7 +1977,9 @@ impl Store {
                 status: v.pointer("/subresources/status").is_some(),
                 generation: true,
                 custom: true,
-                delete_returns_object: true,
+                // Gone at once → a success Status (real 1.20 servers do not answer the object here).
+                delete_returns_object: false,
+                schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
             });
         }
     }
@@ -1658,7 +1995,7 @@ impl Store {
             .get(&crds)
             .map(|t| t.objects.keys().map(|k| k.1.clone()).collect())
             .unwrap_or_default();
-        let dead: Vec<Gr> = self
+        let dead: BTreeSet<Gr> = self
             .routes
             .values()
             .filter(|k| k.custom && !live.contains(&format!("{}.{}", k.gr.plural, k.gr.group)))
@@ -1695,9 +2032,18 @@ impl Store {
         let name = meta_str(&crd, "name").unwrap_or_default().to_string();
         if let Some(mut cur) = self.current(&kind, None, &name) {
             cur["spec"] = crd.get("spec").cloned().unwrap_or(Value::Null);
-            self.update(&kind, None, &name, cur, false, WriteKind::Patch, false)?;
+            self.update(
+                &kind,
+                None,
+                &name,
+                cur,
+                false,
+                WriteKind::Patch,
+                false,
+                None,
+            )?;
         } else {
-            self.create(&kind, None, crd)?;
+            self.create(&kind, None, crd, None)?;
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use crate::status::ResourceStatus;
 ///
 /// A context is cheap to clone. It carries the object being reconciled (the latest observed
 /// version when the pass started), a [`kube::Client`] for the current cluster scope (the
-/// [`remote`](super::remote) combinator swaps it), the reference / readiness API, the
+/// a remote-cluster combinator swaps it with [`Context::with_client`]), the reference / readiness API, the
 /// object's current actorcile status, and an event recorder.
 pub struct Context<K> {
     inner: Arc<Inner<K>>,
@@ -22,10 +22,10 @@ pub struct Context<K> {
 
 struct Inner<K> {
     object: Arc<K>,
-    status: ResourceStatus,
-    recorder: Option<Recorder>,
+    status: Arc<ResourceStatus>,
+    recorder: Option<Arc<Recorder>>,
     references: Option<Arc<dyn ReferenceApi>>,
-    field_manager: String,
+    field_manager: Arc<str>,
 }
 
 impl<K> Clone for Context<K> {
@@ -45,10 +45,10 @@ impl<K> Context<K> {
         Self {
             inner: Arc::new(Inner {
                 object,
-                status: ResourceStatus::default(),
+                status: Arc::default(),
                 recorder: None,
                 references: None,
-                field_manager: crate::FIELD_MANAGER.to_string(),
+                field_manager: Arc::from(crate::FIELD_MANAGER),
             }),
             client,
         }
@@ -58,10 +58,10 @@ impl<K> Context<K> {
     pub(crate) fn with_parts(
         object: Arc<K>,
         client: Client,
-        status: ResourceStatus,
-        recorder: Option<Recorder>,
+        status: Arc<ResourceStatus>,
+        recorder: Option<Arc<Recorder>>,
         references: Option<Arc<dyn ReferenceApi>>,
-        field_manager: String,
+        field_manager: Arc<str>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -85,7 +85,7 @@ impl<K> Context<K> {
         &self.client
     }
 
-    /// The same context against another cluster (used by [`remote`](super::remote)).
+    /// The same context against another cluster.
     pub fn with_client(&self, client: Client) -> Self {
         Self {
             inner: self.inner.clone(),

@@ -170,13 +170,9 @@ impl Outcome {
             best = Some(match best {
                 None => o,
                 Some(b) => {
-                    if o.rank() > b.rank() {
-                        o
-                    } else if o.rank() == b.rank() && o.rank() == 1 && wake_key(&o) < wake_key(&b) {
-                        o
-                    } else {
-                        b
-                    }
+                    let wins = o.rank() > b.rank()
+                        || (o.rank() == b.rank() && o.rank() == 1 && wake_key(&o) < wake_key(&b));
+                    if wins { o } else { b }
                 }
             });
         }

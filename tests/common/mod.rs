@@ -28,12 +28,37 @@ pub struct WidgetSpec {
     pub size: i32,
     #[serde(default)]
     pub note: String,
+    /// Widgets this one takes references on (names in the same namespace).
+    #[serde(default)]
+    pub refs: Vec<String>,
+    /// Widgets that must be Ready before this one is.
+    #[serde(default)]
+    pub needs: Vec<String>,
+}
+
+/// A second kind, for cross-kind readiness and references.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "test.actorcile.dev",
+    version = "v1",
+    kind = "Gadget",
+    namespaced,
+    status = "ResourceStatus"
+)]
+pub struct GadgetSpec {
+    /// Widgets that must be Ready before this gadget is.
+    #[serde(default)]
+    pub needs: Vec<String>,
+    /// Widgets this gadget references.
+    #[serde(default)]
+    pub refs: Vec<String>,
 }
 
 /// An in-process cluster with the Widget CRD installed.
 pub fn cluster() -> (Cluster, Client) {
     let cluster = Cluster::new();
     cluster.install_crd(&Widget::crd()).expect("install CRD");
+    cluster.install_crd(&Gadget::crd()).expect("install CRD");
     let client = cluster.client();
     (cluster, client)
 }
@@ -47,7 +72,7 @@ pub fn widget(name: &str, size: i32) -> Widget {
         name,
         WidgetSpec {
             size,
-            note: String::new(),
+            ..Default::default()
         },
     );
     w.metadata.namespace = Some("default".into());
@@ -149,7 +174,10 @@ pub async fn wait_reason(
 
 /// Every provision call: (object name, start, end) in tokio time.
 #[derive(Clone, Default)]
-pub struct RunLog(pub Arc<Mutex<Vec<(String, Instant, Option<Instant>)>>>);
+pub struct RunLog(pub Arc<Mutex<Vec<Run>>>);
+
+/// One provision call: object name, start, end.
+pub type Run = (String, Instant, Option<Instant>);
 
 impl RunLog {
     pub fn start(&self, name: &str) -> usize {
@@ -184,11 +212,13 @@ impl RunLog {
 
 /// A policy for fast, deterministic tests.
 pub fn test_policy() -> SupervisorPolicy {
-    let mut p = SupervisorPolicy::default();
-    p.seed = Some(1);
+    let mut p = SupervisorPolicy {
+        seed: Some(1),
+        idle_timeout: None,
+        ..Default::default()
+    };
     p.restart.backoff.jitter = false;
     p.error_backoff.jitter = false;
-    p.idle_timeout = None;
     p
 }
 

@@ -1,0 +1,89 @@
+//! The actorcile side: the workload's reconcile logic as a one-step provisioner tree under
+//! actorcile's [`Runtime`].
+//!
+//! By default the runtime does the same API work as the kube-runtime side: no finalizer, and the
+//! status (phase, `Ready` condition, observedGeneration) written only in the `status` workload
+//! (where the kube-runtime reconcile writes the same status). `--actorcile-defaults` measures it
+//! as an operator runs it by default: finalizer on every object, status in every workload.
+
+use std::{sync::Arc, time::Duration};
+
+use actorcile::prelude::*;
+use anyhow::{Context as _, Result};
+use kube::Client;
+
+use super::workload::{BenchObject, Recorder, StatusWriter, Step};
+
+/// Which of its own writes the runtime makes.
+#[derive(Clone, Copy, Debug)]
+pub struct Writes {
+    /// Add the runtime finalizer.
+    pub finalizer: bool,
+    /// Write the actorcile status.
+    pub status: bool,
+}
+
+/// A running actorcile runtime.
+pub struct ActorcileRun {
+    handle: RuntimeHandle,
+}
+
+/// Starts actorcile over the bench objects of `namespace` with at most `concurrency` provisioner
+/// runs in flight.
+pub async fn start(
+    client: Client,
+    namespace: &str,
+    concurrency: u16,
+    recorder: Arc<Recorder>,
+    writes: Writes,
+) -> Result<ActorcileRun> {
+    let tree = step("bench", move |cx: Context<BenchObject>| {
+        let recorder = recorder.clone();
+        async move {
+            match recorder
+                .reconcile(cx.object(), cx.client(), StatusWriter::Runtime)
+                .await
+            {
+                Ok(Step::Done) => Outcome::Done,
+                Ok(Step::YieldAfter(after)) => {
+                    Outcome::yield_after(after, Reason::new("BenchYield", "the workload yields"))
+                }
+                Err(err) => Outcome::failed(
+                    Reason::new("BenchFailed", "the bench reconcile failed"),
+                    err,
+                ),
+            }
+        }
+    });
+    let policy = SupervisorPolicy {
+        max_concurrent_runs: usize::from(concurrency),
+        ..Default::default()
+    };
+    let mut controller = Controller::<BenchObject>::new(tree).namespace(namespace);
+    if !writes.finalizer {
+        controller = controller.without_finalizer();
+    }
+    if !writes.status {
+        controller = controller.without_status();
+    }
+    let handle = Runtime::builder(client)
+        .policy(policy)
+        .controller(controller)
+        .start()
+        .await
+        .context("starting the actorcile runtime")?;
+    Ok(ActorcileRun { handle })
+}
+
+impl ActorcileRun {
+    /// Shuts the runtime down (in-flight runs finish within the policy's shutdown timeout; gives
+    /// up after `grace`).
+    pub async fn stop(self, grace: Duration) {
+        if tokio::time::timeout(grace, self.handle.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("actorcile runtime did not shut down within {grace:?}");
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Command-line arguments of `actorcile bench`, and how the parent passes them on to its children.
+
+use std::{fmt, path::PathBuf, time::Duration};
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// What every object's reconcile does (identical logic for both runtimes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// The reconcile does no I/O: measures the runtime's own overhead.
+    Noop,
+    /// The reconcile writes status (phase, Ready condition, observedGeneration) when it changed.
+    Status,
+    /// The reconcile yields `--yields` times, `--yield-interval-ms` apart, before it is done.
+    Yield,
+    /// A driver updates `spec.stampMicros` at `--churn-rate` updates/s; measures event→run latency.
+    Churn,
+}
+
+impl Workload {
+    /// The name used on the command line and in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Workload::Noop => "noop",
+            Workload::Status => "status",
+            Workload::Yield => "yield",
+            Workload::Churn => "churn",
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A reconcile runtime under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize, Deserialize)]
+pub enum RuntimeKind {
+    /// actorcile's actor runtime.
+    #[value(name = "actorcile")]
+    #[serde(rename = "actorcile")]
+    Actorcile,
+    /// kube-runtime's `Controller`.
+    #[value(name = "kube-runtime")]
+    #[serde(rename = "kube-runtime")]
+    KubeRuntime,
+}
+
+impl RuntimeKind {
+    /// The name used on the command line and in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::Actorcile => "actorcile",
+            RuntimeKind::KubeRuntime => "kube-runtime",
+        }
+    }
+}
+
+impl fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the objects live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// actorcile's in-process API server: no setup; each child has its own.
+    InProcess,
+    /// A real etcd + kube-apiserver started by `actorcile::envtest::Envtest`; each child starts its own.
+    Envtest,
+    /// Any cluster from a kubeconfig file; each child creates and removes its own namespace.
+    Kubeconfig(PathBuf),
+}
+
+impl Backend {
+    /// The name used in reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::InProcess => "in-process",
+            Backend::Envtest => "envtest",
+            Backend::Kubeconfig(_) => "kubeconfig",
+        }
+    }
+}
+
+/// `actorcile bench`: reconcile throughput of actorcile and of kube-runtime's `Controller`, side by side.
+///
+/// Each runtime runs in its own child process (this binary re-executed with a hidden `--child`
+/// flag) so that its peak RSS is its own. Each child creates the objects first, then starts its
+/// runtime and measures from the start until every object is done.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct BenchArgs {
+    /// What each reconcile does.
+    #[arg(long, value_enum, default_value_t = Workload::Noop)]
+    pub workload: Workload,
+
+    /// Number of objects.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub objects: u32,
+
+    /// Maximum number of reconciles in flight (the same limit for both runtimes).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+
+    /// Print one JSON object as the last line of output instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Run against a real etcd + kube-apiserver started for the run (actorcile::envtest).
+    #[arg(long, conflicts_with = "kubeconfig")]
+    pub envtest: bool,
+
+    /// Run against the cluster of this kubeconfig (a namespace is created and removed per runtime).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// `yield` workload: how many times each object yields before it is Ready.
+    #[arg(long, default_value_t = 10)]
+    pub yields: u32,
+
+    /// `yield` workload: delay each yield asks for, in milliseconds.
+    #[arg(long, default_value_t = 1)]
+    pub yield_interval_ms: u64,
+
+    /// `churn` workload: spec updates per second (all objects together).
+    #[arg(long, default_value_t = 1000.0, value_parser = parse_rate)]
+    pub churn_rate: f64,
+
+    /// `churn` workload: spec updates per object.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub churn_updates: u32,
+
+    /// Which runtimes to run, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [RuntimeKind::Actorcile, RuntimeKind::KubeRuntime])]
+    pub runtimes: Vec<RuntimeKind>,
+
+    /// Give up on a runtime that has not finished after this many seconds.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_secs: u64,
+
+    /// Let actorcile also add its finalizer (and, in every workload, write its status), as it
+    /// does by default in an operator. Without this flag both runtimes do the same API work: no
+    /// finalizer, and status writes only in the `status` workload.
+    #[arg(long)]
+    pub actorcile_defaults: bool,
+
+    /// Internal: run one runtime in this process and print its result as one JSON line.
+    #[arg(long, value_enum, hide = true)]
+    pub child: Option<RuntimeKind>,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let rate: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if rate.is_finite() && rate > 0.0 {
+        Ok(rate)
+    } else {
+        Err("must be a positive number of updates per second".into())
+    }
+}
+
+impl BenchArgs {
+    /// The backend chosen by `--envtest` / `--kubeconfig` (the in-process cluster otherwise).
+    pub fn backend(&self) -> Backend {
+        match (&self.kubeconfig, self.envtest) {
+            (Some(path), _) => Backend::Kubeconfig(path.clone()),
+            (None, true) => Backend::Envtest,
+            (None, false) => Backend::InProcess,
+        }
+    }
+
+    /// Delay each yield asks for in the `yield` workload.
+    pub fn yield_interval(&self) -> Duration {
+        Duration::from_millis(self.yield_interval_ms)
+    }
+
+    /// The overall limit for one runtime.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+
+    /// Arguments (after the binary name) that re-run this benchmark as a child for `runtime`.
+    pub fn child_args(&self, runtime: RuntimeKind) -> Vec<String> {
+        let mut args = vec![
+            "bench".to_string(),
+            "--child".into(),
+            runtime.as_str().into(),
+            "--workload".into(),
+            self.workload.as_str().into(),
+            "--objects".into(),
+            self.objects.to_string(),
+            "--concurrency".into(),
+            self.concurrency.to_string(),
+            "--yields".into(),
+            self.yields.to_string(),
+            "--yield-interval-ms".into(),
+            self.yield_interval_ms.to_string(),
+            "--churn-rate".into(),
+            self.churn_rate.to_string(),
+            "--churn-updates".into(),
+            self.churn_updates.to_string(),
+            "--timeout-secs".into(),
+            self.timeout_secs.to_string(),
+            "--runtimes".into(),
+            runtime.as_str().into(),
+        ];
+        if self.json {
+            args.push("--json".into());
+        }
+        if self.actorcile_defaults {
+            args.push("--actorcile-defaults".into());
+        }
+        match self.backend() {
+            Backend::InProcess => {}
+            Backend::Envtest => args.push("--envtest".into()),
+            Backend::Kubeconfig(path) => {
+                args.push("--kubeconfig".into());
+                args.push(path.to_string_lossy().into_owned());
+            }
+        }
+        args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
+    #[derive(Debug, clap::Subcommand)]
+    enum Cmd {
+        Bench(BenchArgs),
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let mut argv = vec!["actorcile"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).map(|cli| match cli.cmd {
+            Cmd::Bench(args) => args,
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let args = parse(&["bench"]).unwrap();
+        assert_eq!(args.workload, Workload::Noop);
+        assert_eq!(args.objects, 10_000);
+        assert_eq!(args.concurrency, 64);
+        assert!(!args.json);
+        assert_eq!(args.backend(), Backend::InProcess);
+        assert_eq!(args.yields, 10);
+        assert_eq!(args.yield_interval(), Duration::from_millis(1));
+        assert_eq!(
+            args.runtimes,
+            vec![RuntimeKind::Actorcile, RuntimeKind::KubeRuntime]
+        );
+        assert_eq!(args.child, None);
+    }
+
+    #[test]
+    fn options_parse() {
+        let args = parse(&[
+            "bench",
+            "--workload",
+            "yield",
+            "--objects",
+            "50",
+            "--concurrency",
+            "8",
+            "--json",
+            "--envtest",
+            "--yields",
+            "3",
+            "--runtimes",
+            "kube-runtime",
+        ])
+        .unwrap();
+        assert_eq!(args.workload, Workload::Yield);
+        assert_eq!(args.objects, 50);
+        assert_eq!(args.concurrency, 8);
+        assert!(args.json);
+        assert_eq!(args.backend(), Backend::Envtest);
+        assert_eq!(args.yields, 3);
+        assert_eq!(args.runtimes, vec![RuntimeKind::KubeRuntime]);
+
+        let args = parse(&["bench", "--kubeconfig", "/tmp/kc", "--workload", "churn"]).unwrap();
+        assert_eq!(args.backend(), Backend::Kubeconfig("/tmp/kc".into()));
+        assert_eq!(args.workload, Workload::Churn);
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        assert!(parse(&["bench", "--objects", "0"]).is_err());
+        assert!(parse(&["bench", "--objects", "-3"]).is_err());
+        assert!(parse(&["bench", "--concurrency", "0"]).is_err());
+        assert!(parse(&["bench", "--concurrency", "70000"]).is_err());
+        assert!(parse(&["bench", "--workload", "chain2"]).is_err());
+        assert!(parse(&["bench", "--churn-rate", "0"]).is_err());
+        assert!(parse(&["bench", "--churn-rate", "nan"]).is_err());
+        assert!(parse(&["bench", "--envtest", "--kubeconfig", "x"]).is_err());
+        assert!(parse(&["bench", "--runtimes", "go"]).is_err());
+    }
+
+    #[test]
+    fn child_args_round_trip() {
+        let args = parse(&[
+            "bench",
+            "--workload",
+            "churn",
+            "--objects",
+            "77",
+            "--concurrency",
+            "5",
+            "--json",
+            "--kubeconfig",
+            "/x/kc",
+            "--churn-rate",
+            "250.5",
+            "--churn-updates",
+            "3",
+            "--yield-interval-ms",
+            "4",
+            "--timeout-secs",
+            "9",
+        ])
+        .unwrap();
+        let child_argv = args.child_args(RuntimeKind::KubeRuntime);
+        let refs: Vec<&str> = child_argv.iter().map(String::as_str).collect();
+        let child = parse(&refs).unwrap();
+        assert_eq!(child.child, Some(RuntimeKind::KubeRuntime));
+        assert_eq!(
+            BenchArgs {
+                child: None,
+                runtimes: args.runtimes.clone(),
+                ..child
+            },
+            BenchArgs {
+                runtimes: args.runtimes.clone(),
+                ..args
+            }
+        );
+    }
+}

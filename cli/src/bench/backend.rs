@@ -1,0 +1,239 @@
+//! Where a child's objects live: the in-process cluster, an envtest control plane, or a cluster
+//! from a kubeconfig. A [`Session`] gives the child two clients to the same cluster: `setup`
+//! (object creation, the churn driver, clean-up; not counted) and `runtime` (the runtime under
+//! test; every request counted by a [`CountingLayer`]).
+
+use std::time::Duration;
+
+use actorcile::{cluster::Cluster, envtest::Envtest};
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::{
+    api::core::v1::Namespace,
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    client::ClientBuilder,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+use tower::Layer;
+
+use super::{
+    args::{Backend, RuntimeKind},
+    counting::{CountingLayer, RequestCounter},
+    workload::{BenchObject, bench_crd},
+};
+
+/// Namespace of the objects in a cluster the child owns (in-process or envtest).
+pub const IN_CLUSTER_NAMESPACE: &str = "default";
+
+/// Field manager used for the bench's own writes.
+pub const FIELD_MANAGER: &str = "actorcile-bench";
+
+/// A connection to the cluster one child benchmarks against.
+pub struct Session {
+    /// Client for set-up, the churn driver and clean-up (not counted).
+    pub setup: Client,
+    /// Client handed to the runtime under test (counted).
+    pub runtime: Client,
+    /// Requests sent through `runtime`.
+    pub counter: RequestCounter,
+    /// Namespace of the bench objects.
+    pub namespace: String,
+    owned: Owned,
+}
+
+enum Owned {
+    /// This child's own in-process cluster (dropped on close).
+    InProcess(Cluster),
+    /// This child's own etcd + kube-apiserver (stopped on close).
+    Envtest(Box<Envtest>),
+    /// A namespace this session created in someone's cluster; removed on close.
+    Namespace,
+}
+
+impl Session {
+    /// Connects to `backend`, installs the bench CRD and prepares a namespace for `runtime`.
+    pub async fn open(backend: &Backend, runtime: RuntimeKind) -> Result<Session> {
+        match backend {
+            Backend::Kubeconfig(path) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                let config =
+                    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                        .await
+                        .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+                let setup =
+                    Client::try_from(config.clone()).context("building the set-up client")?;
+                let counter = RequestCounter::new();
+                let runtime_client = ClientBuilder::try_from(config)
+                    .context("building the runtime client")?
+                    .with_layer(&CountingLayer::new(counter.clone()))
+                    .build();
+                apply_crd(&setup).await?;
+                let namespace = format!(
+                    "actorcile-bench-{}-{}",
+                    runtime.as_str(),
+                    std::process::id()
+                );
+                create_namespace(&setup, &namespace).await?;
+                Ok(Session {
+                    setup,
+                    runtime: runtime_client,
+                    counter,
+                    namespace,
+                    owned: Owned::Namespace,
+                })
+            }
+            Backend::InProcess => {
+                let cluster = Cluster::new();
+                cluster
+                    .install_crd(&bench_crd())
+                    .context("installing the bench CRD in the in-process cluster")?;
+                let counter = RequestCounter::new();
+                let runtime_client = Client::new(
+                    CountingLayer::new(counter.clone()).layer(cluster.service()),
+                    IN_CLUSTER_NAMESPACE,
+                );
+                Ok(Session {
+                    setup: cluster.client(),
+                    runtime: runtime_client,
+                    counter,
+                    namespace: IN_CLUSTER_NAMESPACE.to_string(),
+                    owned: Owned::InProcess(cluster),
+                })
+            }
+            Backend::Envtest => {
+                let envtest = Envtest::start()
+                    .await
+                    .context("starting etcd + kube-apiserver (envtest)")?;
+                envtest
+                    .install_crds(&[bench_crd()])
+                    .await
+                    .context("installing the bench CRD")?;
+                let counter = RequestCounter::new();
+                let runtime_client = ClientBuilder::try_from(envtest.config())
+                    .context("building the runtime client")?
+                    .with_layer(&CountingLayer::new(counter.clone()))
+                    .build();
+                Ok(Session {
+                    setup: envtest.client(),
+                    runtime: runtime_client,
+                    counter,
+                    namespace: IN_CLUSTER_NAMESPACE.to_string(),
+                    owned: Owned::Envtest(Box::new(envtest)),
+                })
+            }
+        }
+    }
+
+    /// Removes what the session created (objects and namespace of a kubeconfig cluster).
+    pub async fn close(self) -> Result<()> {
+        match self.owned {
+            Owned::InProcess(cluster) => {
+                drop(cluster);
+                Ok(())
+            }
+            Owned::Envtest(envtest) => {
+                envtest.stop().await;
+                Ok(())
+            }
+            Owned::Namespace => {
+                remove_objects(&self.setup, &self.namespace).await?;
+                let namespaces: Api<Namespace> = Api::all(self.setup.clone());
+                namespaces
+                    .delete(&self.namespace, &DeleteParams::default())
+                    .await
+                    .with_context(|| format!("deleting namespace {}", self.namespace))?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Creates (or replaces) the bench CRD and waits until it is established.
+///
+pub async fn apply_crd(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = bench_crd();
+    let name = crd.name_any();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let current = crds.get(&name).await.context("reading the bench CRD")?;
+            let mut desired = crd.clone();
+            desired.metadata.resource_version = current.metadata.resource_version;
+            crds.replace(&name, &PostParams::default(), &desired)
+                .await
+                .context("updating the bench CRD")?;
+        }
+        Err(err) => return Err(err).context("creating the bench CRD"),
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let current = crds.get(&name).await.context("reading the bench CRD")?;
+        let established = current
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("the bench CRD {name} was not established within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    FIELD_MANAGER.to_string(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
+}
+
+/// Deletes every bench object in `namespace`, first dropping finalizers a stopped runtime left.
+async fn remove_objects(client: &Client, namespace: &str) -> Result<()> {
+    let api: Api<BenchObject> = Api::namespaced(client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .context("listing bench objects")?;
+    for obj in list.items.iter().filter(|o| !o.finalizers().is_empty()) {
+        let patch = serde_json::json!({ "metadata": { "finalizers": null } });
+        api.patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .with_context(|| format!("removing finalizers of {}", obj.name_any()))?;
+    }
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("deleting bench objects")?;
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! One runtime in one process: set up the cluster, create the objects, start the runtime, wait
+//! until every object is done, and report (one JSON line on stdout).
+
+use std::{io::IsTerminal, sync::Arc, time::Duration};
+
+use anyhow::{Context as _, Result, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+
+use super::{
+    actorcile_rt,
+    args::{BenchArgs, RuntimeKind, Workload},
+    backend::Session,
+    kube_rt,
+    report::RunResult,
+    stats::{self, millis, percentile},
+    workload::{BenchObject, BenchObjectSpec, Recorder, WorkloadConfig, object_name, wall_micros},
+};
+
+/// How many set-up requests (creates, churn updates) are in flight at once.
+const SETUP_PARALLELISM: usize = 64;
+
+/// Runs `runtime` on the workload of `args` in this process and returns its result.
+pub fn run(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(run_async(args, runtime))
+}
+
+async fn run_async(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
+    let session = Session::open(&args.backend(), runtime).await?;
+    let result = measure(args, runtime, &session).await;
+    let closed = session.close().await;
+    let result = result?;
+    closed.context("cleaning up")?;
+    Ok(result)
+}
+
+fn progress_bar(len: u64, runtime: RuntimeKind, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(runtime.as_str());
+    bar.set_message(what.to_string());
+    bar
+}
+
+async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> Result<RunResult> {
+    let api: Api<BenchObject> = Api::namespaced(session.setup.clone(), &session.namespace);
+
+    let bar = progress_bar(u64::from(args.objects), runtime, "created");
+    create_objects(&api, args.objects, &bar).await?;
+    bar.finish_and_clear();
+
+    let config = WorkloadConfig {
+        workload: args.workload,
+        objects: args.objects,
+        yields: args.yields,
+        yield_interval: args.yield_interval(),
+    };
+    let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
+    let bar = progress_bar(u64::from(args.objects), runtime, "done");
+
+    let recorder = Recorder::start(config, session.counter.clone());
+    let running = match runtime {
+        RuntimeKind::KubeRuntime => Running::Kube(kube_rt::start(
+            session.runtime.clone(),
+            &session.namespace,
+            args.concurrency,
+            recorder.clone(),
+        )),
+        RuntimeKind::Actorcile => Running::Actorcile(
+            actorcile_rt::start(
+                session.runtime.clone(),
+                &session.namespace,
+                args.concurrency,
+                recorder.clone(),
+                actorcile_rt::Writes {
+                    finalizer: args.actorcile_defaults,
+                    status: args.actorcile_defaults || args.workload == Workload::Status,
+                },
+            )
+            .await?,
+        ),
+    };
+    let driver = (args.workload == Workload::Churn).then(|| {
+        tokio::spawn(churn_driver(
+            session.setup.clone(),
+            session.namespace.clone(),
+            args.objects,
+            args.churn_updates,
+            args.churn_rate,
+            recorder.clone(),
+        ))
+    });
+    let observer = (args.workload == Workload::Status)
+        .then(|| tokio::spawn(observe(api.clone(), recorder.clone())));
+    let ticker = {
+        let recorder = recorder.clone();
+        let bar = bar.clone();
+        tokio::spawn(async move {
+            loop {
+                bar.set_position(recorder.done_count() as u64);
+                bar.set_message(format!("done, {} runs", recorder.runs()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let waited = tokio::time::timeout(args.timeout(), recorder.wait_done()).await;
+    ticker.abort();
+    if let Some(observer) = observer {
+        observer.abort();
+    }
+    bar.finish_and_clear();
+    let driver_result = match driver {
+        Some(driver) if waited.is_ok() => Some(driver.await),
+        Some(driver) => {
+            driver.abort();
+            None
+        }
+        None => None,
+    };
+    running.stop().await;
+    let Ok(done) = waited else {
+        bail!(
+            "{runtime}: only {} of {} objects done after {} s ({} runs)",
+            recorder.done_count(),
+            args.objects,
+            args.timeout_secs,
+            recorder.runs()
+        );
+    };
+    if let Some(driver_result) = driver_result {
+        driver_result.context("churn driver panicked")??;
+    }
+
+    let mut latencies = recorder.latencies();
+    let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
+    let seconds = done.elapsed.as_secs_f64();
+    Ok(RunResult {
+        runtime,
+        objects: args.objects,
+        runs: done.runs,
+        seconds,
+        runs_per_sec: if seconds > 0.0 {
+            done.runs as f64 / seconds
+        } else {
+            0.0
+        },
+        p50_ms: percentile(&mut latencies, 50.0).map(millis),
+        p99_ms: percentile(&mut latencies, 99.0).map(millis),
+        latency_samples: latencies.len() as u64,
+        api_requests: done.api_requests,
+        peak_rss_bytes: peak_rss,
+        baseline_rss_bytes: baseline_rss,
+        rss_per_object_bytes: peak_rss / u64::from(args.objects),
+    })
+}
+
+enum Running {
+    Kube(kube_rt::KubeRuntimeRun),
+    Actorcile(actorcile_rt::ActorcileRun),
+}
+
+impl Running {
+    async fn stop(self) {
+        match self {
+            Running::Kube(run) => run.stop(Duration::from_secs(5)).await,
+            Running::Actorcile(run) => run.stop(Duration::from_secs(15)).await,
+        }
+    }
+}
+
+/// `status`: watches the objects (on the uncounted set-up client) and tells the recorder each
+/// version it sees, so an object is done when its Ready status is visible in the API.
+async fn observe(api: Api<BenchObject>, recorder: Arc<Recorder>) {
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(obj) => recorder.observe(&obj),
+            Err(err) => tracing::debug!(error = %err, "status observer watch error"),
+        }
+    }
+}
+
+/// Creates `count` bench objects, `SETUP_PARALLELISM` at a time.
+async fn create_objects(api: &Api<BenchObject>, count: u32, bar: &ProgressBar) -> Result<()> {
+    stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let obj = BenchObject {
+                    metadata: ObjectMeta {
+                        name: Some(object_name(i)),
+                        ..Default::default()
+                    },
+                    spec: BenchObjectSpec::default(),
+                    status: None,
+                };
+                api.create(&PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("creating {}", object_name(i)))
+            }
+        })
+        .buffer_unordered(SETUP_PARALLELISM)
+        .try_for_each(|_| {
+            bar.inc(1);
+            futures::future::ready(Ok(()))
+        })
+        .await
+}
+
+/// `churn`: once every object has had its first run, writes `updates` spec updates per object,
+/// round robin, `rate` updates per second in total; the last one per object sets `lastUpdate`.
+async fn churn_driver(
+    client: Client,
+    namespace: String,
+    objects: u32,
+    updates: u32,
+    rate: f64,
+    recorder: Arc<Recorder>,
+) -> Result<()> {
+    recorder.wait_all_seen().await;
+    let api: Api<BenchObject> = Api::namespaced(client, &namespace);
+    let begin = tokio::time::Instant::now();
+    let total = u64::from(objects) * u64::from(updates);
+    stream::iter(0..total)
+        .then(|n| async move {
+            let due = begin + Duration::from_secs_f64(n as f64 / rate);
+            tokio::time::sleep_until(due).await;
+            n
+        })
+        .map(|n| {
+            let api = api.clone();
+            async move {
+                let i = (n % u64::from(objects)) as u32;
+                let last = n / u64::from(objects) + 1 == u64::from(updates);
+                let mut spec = serde_json::json!({ "stampMicros": wall_micros() });
+                if last {
+                    spec["lastUpdate"] = serde_json::Value::Bool(true);
+                }
+                let patch = serde_json::json!({ "spec": spec });
+                api.patch(
+                    &object_name(i),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .with_context(|| format!("churn update of {}", object_name(i)))
+            }
+        })
+        .buffer_unordered(SETUP_PARALLELISM)
+        .try_for_each(|_| futures::future::ready(Ok(())))
+        .await
+}

@@ -1,0 +1,116 @@
+//! `actorcile bench`: the same workload under actorcile and under kube-runtime's `Controller`,
+//! each in its own child process, compared side by side.
+//!
+//! - [`args`]: command-line options and the arguments handed to a child;
+//! - [`child`]: one runtime in one process (set-up, measurement, one JSON line on stdout);
+//! - [`workload`]: the bench resource and the reconcile logic both runtimes share;
+//! - [`actorcile_rt`]: the actorcile runtime side;
+//! - [`kube_rt`]: the kube-runtime `Controller` side;
+//! - [`backend`]: in-process cluster, envtest or kubeconfig;
+//! - [`counting`]: the tower layer that counts API requests;
+//! - [`stats`]: percentiles and peak RSS;
+//! - [`report`]: result types, table and JSON output.
+
+pub mod actorcile_rt;
+pub mod args;
+pub mod backend;
+pub mod child;
+pub mod counting;
+pub mod kube_rt;
+pub mod report;
+pub mod stats;
+pub mod workload;
+
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+pub use args::BenchArgs;
+use args::RuntimeKind;
+use report::{BenchReport, RunResult};
+
+/// Entry point of `actorcile bench` (parent or, with the hidden `--child`, child).
+pub fn main(args: BenchArgs) -> Result<()> {
+    if let Some(runtime) = args.child {
+        let result = child::run(&args, runtime)?;
+        println!(
+            "{}",
+            serde_json::to_string(&result).context("encoding the result")?
+        );
+        return Ok(());
+    }
+    let report = run_all(&args)?;
+    if args.json {
+        println!("{}", report.to_json_line());
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(())
+}
+
+/// Runs every requested runtime in its own child process, one after the other.
+pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
+    let exe = std::env::current_exe().context("finding this program's path")?;
+    let mut runs = Vec::with_capacity(args.runtimes.len());
+    for &runtime in &args.runtimes {
+        if !args.json {
+            eprintln!(
+                "running {runtime}: workload {}, {} objects, backend {}…",
+                args.workload,
+                args.objects,
+                args.backend().name()
+            );
+        }
+        let output = Command::new(&exe)
+            .args(args.child_args(runtime))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("starting the {runtime} child process"))?;
+        if !output.status.success() {
+            bail!("the {runtime} child process failed ({})", output.status);
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        runs.push(parse_child_output(&stdout, runtime)?);
+    }
+    Ok(BenchReport::new(
+        args.workload,
+        args.objects,
+        args.backend().name(),
+        args.concurrency,
+        runs,
+    ))
+}
+
+/// The result in a child's stdout: its last non-empty line, which must be the runtime's JSON.
+pub fn parse_child_output(stdout: &str, runtime: RuntimeKind) -> Result<RunResult> {
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .with_context(|| format!("the {runtime} child printed no result"))?;
+    let result: RunResult = serde_json::from_str(line)
+        .with_context(|| format!("the {runtime} child printed a bad result: {line}"))?;
+    if result.runtime != runtime {
+        bail!("asked for {runtime}, the child reported {}", result.runtime);
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_output_is_last_line() {
+        let line = r#"{"runtime":"kube-runtime","objects":5,"runs":10,"seconds":0.5,"runs_per_sec":20.0,"p50_ms":1.0,"p99_ms":2.0,"latency_samples":5,"api_requests":3,"peak_rss_bytes":100,"baseline_rss_bytes":50,"rss_per_object_bytes":20}"#;
+        let out = format!("noise\n{line}\n\n");
+        let r = parse_child_output(&out, RuntimeKind::KubeRuntime).unwrap();
+        assert_eq!(r.runs, 10);
+        assert_eq!(r.p99_ms, Some(2.0));
+        assert!(parse_child_output(&out, RuntimeKind::Actorcile).is_err());
+        assert!(parse_child_output("", RuntimeKind::Actorcile).is_err());
+        assert!(parse_child_output("{not json}\n", RuntimeKind::Actorcile).is_err());
+    }
+}

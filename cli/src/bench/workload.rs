@@ -1,0 +1,611 @@
+//! The bench resource and the reconcile logic of each workload, shared verbatim by both runtimes.
+//!
+//! Runs and latencies are measured here, inside the reconcile logic, so both runtimes are measured
+//! by the same code. What "latency" means per workload (event → run):
+//! - `noop`: from the runtime's start (the objects exist before it) to the object's first run;
+//! - `status`: from the runtime's start to the moment an observer (a watch on a separate,
+//!   uncounted client, the same for both runtimes) sees the object's status Ready for its
+//!   generation. This is also when a `status` object counts as done: the Ready status is written by
+//!   the reconcile under kube-runtime and by the runtime itself under actorcile (see
+//!   [`StatusWriter`]), so only the API tells both apart the same way;
+//! - `yield`: how late each run after a yield comes, beyond the delay the yield asked for;
+//! - `churn`: from the driver stamping `spec.stampMicros` (wall clock, same process) to the first
+//!   run that sees that stamp.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use actorcile::status::{Phase, ReadyReason, ResourceStatus};
+use dashmap::DashMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api, Client, CustomResource, CustomResourceExt, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::{args::Workload, counting::RequestCounter};
+
+/// Spec of the bench resource (`BenchObject`, group `bench.actorcile.dev/v1`, namespaced). Its
+/// status is actorcile's [`ResourceStatus`] (phase, `Ready` condition, observedGeneration).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "bench.actorcile.dev",
+    version = "v1",
+    kind = "BenchObject",
+    plural = "benchobjects",
+    namespaced,
+    status = "ResourceStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BenchObjectSpec {
+    /// `churn`: wall-clock time (µs since the Unix epoch) at which the driver wrote this spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stamp_micros: Option<u64>,
+    /// `churn`: this is the driver's last update of the object.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_update: bool,
+}
+
+/// The bench CRD as installed: [`BenchObject::crd`] without `default: ""` in its schema.
+///
+/// kube-apiserver 1.20 (the envtest control plane) reads an empty-string default as `null` and
+/// rejects the CRD; serde's own defaults fill those fields in anyway.
+pub fn bench_crd() -> CustomResourceDefinition {
+    let crd = BenchObject::crd();
+    let mut value = match serde_json::to_value(&crd) {
+        Ok(value) => value,
+        Err(_) => return crd,
+    };
+    strip_empty_string_defaults(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+fn strip_empty_string_defaults(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.get("default").is_some_and(|d| d.as_str() == Some("")) {
+                map.remove("default");
+            }
+            map.values_mut().for_each(strip_empty_string_defaults);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_empty_string_defaults),
+        _ => {}
+    }
+}
+
+/// Name of the `i`-th bench object.
+pub fn object_name(i: u32) -> String {
+    format!("bench-{i:06}")
+}
+
+/// What a reconcile asks its runtime to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing more to do until the object changes.
+    Done,
+    /// Run again after this delay.
+    YieldAfter(Duration),
+}
+
+/// A reconcile failed (the runtime retries it).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// An API call failed.
+    #[error("kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object has no name.
+    #[error("object has no name")]
+    Unnamed,
+}
+
+/// Who writes the Ready status (phase, `Ready` condition, observedGeneration) of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWriter {
+    /// The reconcile writes it (kube-runtime: a `Controller` writes no status of its own).
+    Reconcile,
+    /// The runtime writes it after the reconcile (actorcile writes it on every change).
+    Runtime,
+}
+
+/// Workload parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkloadConfig {
+    /// Which workload.
+    pub workload: Workload,
+    /// Number of objects.
+    pub objects: u32,
+    /// `yield`: yields per object before it is done.
+    pub yields: u32,
+    /// `yield`: delay each yield asks for.
+    pub yield_interval: Duration,
+}
+
+#[derive(Debug, Default)]
+struct ObjectState {
+    seen: bool,
+    done: bool,
+    yields: u32,
+    wake_due: Option<Instant>,
+    last_stamp: Option<u64>,
+}
+
+/// Figures frozen at the moment the last object became done.
+#[derive(Debug, Clone, Copy)]
+pub struct DoneSnapshot {
+    /// Elapsed time since the start.
+    pub elapsed: Duration,
+    /// Runs so far.
+    pub runs: u64,
+    /// API requests by the runtime's client so far.
+    pub api_requests: u64,
+}
+
+/// The shared reconcile logic and its measurements (one per child process).
+#[derive(Debug)]
+pub struct Recorder {
+    config: WorkloadConfig,
+    start: Instant,
+    requests: RequestCounter,
+    runs: AtomicU64,
+    seen: AtomicUsize,
+    done: AtomicUsize,
+    objects: DashMap<String, ObjectState>,
+    latencies: Mutex<Vec<Duration>>,
+    finished: Mutex<Option<DoneSnapshot>>,
+    all_seen: Notify,
+    all_done: Notify,
+}
+
+impl Recorder {
+    /// Starts measuring now; `requests` is the runtime client's request counter.
+    pub fn start(config: WorkloadConfig, requests: RequestCounter) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            start: Instant::now(),
+            requests,
+            runs: AtomicU64::new(0),
+            seen: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            objects: DashMap::with_capacity(config.objects as usize),
+            latencies: Mutex::new(Vec::with_capacity(config.objects as usize)),
+            finished: Mutex::new(None),
+            all_seen: Notify::new(),
+            all_done: Notify::new(),
+        })
+    }
+
+    /// Runs counted so far.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Objects done so far.
+    pub fn done_count(&self) -> usize {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Latency samples so far.
+    pub fn latencies(&self) -> Vec<Duration> {
+        self.latencies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The figures at the moment the last object became done, once it has.
+    pub fn finished(&self) -> Option<DoneSnapshot> {
+        *self.finished.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until every object has had its first run.
+    pub async fn wait_all_seen(&self) {
+        loop {
+            let notified = self.all_seen.notified();
+            if self.seen.load(Ordering::Acquire) >= self.config.objects as usize {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Waits until every object is done and returns the figures of that moment.
+    pub async fn wait_done(&self) -> DoneSnapshot {
+        loop {
+            let notified = self.all_done.notified();
+            if let Some(snapshot) = self.finished() {
+                return snapshot;
+            }
+            notified.await;
+        }
+    }
+
+    fn record_latency(&self, d: Duration) {
+        self.latencies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(d);
+    }
+
+    fn mark_done(&self, state: &mut ObjectState) {
+        if state.done {
+            return;
+        }
+        state.done = true;
+        if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+            let snapshot = DoneSnapshot {
+                elapsed: self.start.elapsed(),
+                runs: self.runs(),
+                api_requests: self.requests.get(),
+            };
+            *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
+            self.all_done.notify_waiters();
+        }
+    }
+
+    /// One reconcile of `obj` (both runtimes call exactly this).
+    ///
+    /// `status_writer` says who writes the Ready status in the `status` workload: kube-runtime's
+    /// `Controller` leaves it to the reconcile, actorcile's runtime writes it itself.
+    pub async fn reconcile(
+        &self,
+        obj: &BenchObject,
+        client: &Client,
+        status_writer: StatusWriter,
+    ) -> Result<Step, WorkloadError> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
+        let write_status = {
+            let mut state = self.objects.entry(name.to_string()).or_default();
+            if !state.seen {
+                state.seen = true;
+                if self.config.workload == Workload::Noop {
+                    self.record_latency(now - self.start);
+                }
+                if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+                    self.all_seen.notify_waiters();
+                }
+            }
+            match self.config.workload {
+                Workload::Noop => {
+                    self.mark_done(&mut state);
+                    return Ok(Step::Done);
+                }
+                Workload::Yield => {
+                    if let Some(due) = state.wake_due.take() {
+                        self.record_latency(now.saturating_duration_since(due));
+                    }
+                    if state.yields < self.config.yields {
+                        state.yields += 1;
+                        state.wake_due = Some(now + self.config.yield_interval);
+                        return Ok(Step::YieldAfter(self.config.yield_interval));
+                    }
+                    self.mark_done(&mut state);
+                    return Ok(Step::Done);
+                }
+                Workload::Churn => {
+                    if let Some(stamp) = obj.spec.stamp_micros
+                        && state.last_stamp != Some(stamp)
+                    {
+                        state.last_stamp = Some(stamp);
+                        let lag = wall_micros().saturating_sub(stamp);
+                        self.record_latency(Duration::from_micros(lag));
+                        if obj.spec.last_update {
+                            self.mark_done(&mut state);
+                        }
+                    }
+                    return Ok(Step::Done);
+                }
+                Workload::Status => {
+                    status_writer == StatusWriter::Reconcile && !status_is_current(obj)
+                }
+            }
+        };
+        if write_status {
+            patch_ready_status(obj, client).await?;
+        }
+        Ok(Step::Done)
+    }
+
+    /// `status`: called by the observer for every version of an object it sees in the API; the
+    /// object is done once its status says Ready for its current generation (whoever wrote it).
+    pub fn observe(&self, obj: &BenchObject) {
+        if self.config.workload != Workload::Status || !status_is_current(obj) {
+            return;
+        }
+        let Some(name) = obj.metadata.name.as_deref() else {
+            return;
+        };
+        let mut state = self.objects.entry(name.to_string()).or_default();
+        if !state.done {
+            self.record_latency(self.start.elapsed());
+            self.mark_done(&mut state);
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch (the churn stamp's clock).
+pub fn wall_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether `obj`'s status already says Ready for its current generation.
+pub fn status_is_current(obj: &BenchObject) -> bool {
+    let Some(status) = &obj.status else {
+        return false;
+    };
+    status.phase == Some(Phase::Ready)
+        && status.observed_generation == obj.metadata.generation
+        && status.is_ready()
+}
+
+/// The status actorcile's runtime writes after a provision pass that is done, written by the
+/// reconcile itself (a merge patch on `/status`, as an operator on kube-runtime would).
+async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
+    let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
+    let api: Api<BenchObject> = match obj.namespace() {
+        Some(ns) => Api::namespaced(client.clone(), &ns),
+        None => Api::default_namespaced(client.clone()),
+    };
+    let desired = obj.status.clone().unwrap_or_default().with_ready(
+        Phase::Ready,
+        true,
+        ReadyReason::Provisioned,
+        "provisioned",
+        obj.metadata.generation,
+    );
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(desired.patch()),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use std::{convert::Infallible, sync::atomic::AtomicU32};
+
+    fn obj(name: &str) -> BenchObject {
+        let mut o = BenchObject::new(name, BenchObjectSpec::default());
+        o.metadata.namespace = Some("ns".into());
+        o.metadata.generation = Some(1);
+        o
+    }
+
+    fn config(workload: Workload, objects: u32) -> WorkloadConfig {
+        WorkloadConfig {
+            workload,
+            objects,
+            yields: 3,
+            yield_interval: Duration::from_millis(1),
+        }
+    }
+
+    /// A client whose every request fails the test (for workloads that must do no I/O).
+    fn no_io_client() -> Client {
+        Client::new(
+            tower::service_fn(|req: Request<Body>| async move {
+                panic!("unexpected request {} {}", req.method(), req.uri());
+                #[allow(unreachable_code)]
+                Ok::<Response<Body>, Infallible>(Response::new(Body::empty()))
+            }),
+            "ns",
+        )
+    }
+
+    #[tokio::test]
+    async fn noop_is_done_on_first_run() {
+        let counter = RequestCounter::new();
+        let rec = Recorder::start(config(Workload::Noop, 2), counter);
+        let client = no_io_client();
+        assert_eq!(
+            rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                .await
+                .unwrap(),
+            Step::Done
+        );
+        assert!(rec.finished().is_none());
+        assert_eq!(
+            rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                .await
+                .unwrap(),
+            Step::Done
+        );
+        assert!(
+            rec.finished().is_none(),
+            "a second run of one object is not a second object"
+        );
+        rec.reconcile(&obj("b"), &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        let snap = tokio::time::timeout(Duration::from_secs(5), rec.wait_done())
+            .await
+            .unwrap();
+        assert_eq!(snap.runs, 3);
+        assert_eq!(rec.done_count(), 2);
+        assert_eq!(
+            rec.latencies().len(),
+            2,
+            "one start→first-run sample per object"
+        );
+        // Runs after done still count in the live total but not in the snapshot.
+        rec.reconcile(&obj("b"), &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        assert_eq!(rec.runs(), 4);
+        assert_eq!(rec.finished().unwrap().runs, 3);
+    }
+
+    #[tokio::test]
+    async fn yield_yields_k_times_then_done() {
+        let rec = Recorder::start(config(Workload::Yield, 1), RequestCounter::new());
+        let client = no_io_client();
+        for _ in 0..3 {
+            assert_eq!(
+                rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                    .await
+                    .unwrap(),
+                Step::YieldAfter(Duration::from_millis(1))
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(rec.finished().is_none());
+        assert_eq!(
+            rec.reconcile(&obj("a"), &client, StatusWriter::Reconcile)
+                .await
+                .unwrap(),
+            Step::Done
+        );
+        let snap = rec.finished().unwrap();
+        assert_eq!(snap.runs, 4);
+        let lat = rec.latencies();
+        assert_eq!(lat.len(), 3, "one lateness sample per run after a yield");
+        assert!(
+            lat.iter().all(|d| *d >= Duration::from_millis(1)),
+            "slept 2 ms per 1 ms yield: {lat:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn churn_measures_stamp_to_run_and_finishes_on_last_update() {
+        let rec = Recorder::start(config(Workload::Churn, 1), RequestCounter::new());
+        let client = no_io_client();
+        let mut o = obj("a");
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), rec.wait_all_seen())
+            .await
+            .unwrap();
+        assert!(rec.latencies().is_empty(), "no stamp, no sample");
+        o.spec.stamp_micros = Some(wall_micros() - 5_000);
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        assert_eq!(rec.latencies().len(), 1, "a stamp is measured once");
+        assert!(rec.latencies()[0] >= Duration::from_millis(5));
+        assert!(rec.finished().is_none());
+        o.spec.stamp_micros = Some(wall_micros());
+        o.spec.last_update = true;
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        assert_eq!(rec.finished().unwrap().runs, 4);
+        assert_eq!(rec.latencies().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn status_is_patched_only_when_changed() {
+        let patches = Arc::new(AtomicU32::new(0));
+        let seen = patches.clone();
+        let client = Client::new(
+            tower::service_fn(move |req: Request<Body>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(req.method(), http::Method::PATCH);
+                    assert_eq!(
+                        req.uri().path(),
+                        "/apis/bench.actorcile.dev/v1/namespaces/ns/benchobjects/a/status"
+                    );
+                    assert_eq!(
+                        req.headers()["content-type"],
+                        "application/merge-patch+json"
+                    );
+                    let body = http_body_util::BodyExt::collect(req.into_body())
+                        .await
+                        .unwrap()
+                        .to_bytes();
+                    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    assert_eq!(patch["status"]["phase"], "Ready");
+                    assert_eq!(patch["status"]["observedGeneration"], 1);
+                    assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let mut o = obj("a");
+                    o.status = serde_json::from_value(patch["status"].clone()).unwrap();
+                    Ok::<_, Infallible>(Response::new(Body::from(serde_json::to_vec(&o).unwrap())))
+                }
+            }),
+            "ns",
+        );
+        let counter = RequestCounter::new();
+        let rec = Recorder::start(config(Workload::Status, 2), counter);
+        let mut o = obj("a");
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        assert_eq!(patches.load(Ordering::SeqCst), 1);
+        // Under a runtime that writes status itself, the reconcile writes nothing.
+        rec.reconcile(&o, &client, StatusWriter::Runtime)
+            .await
+            .unwrap();
+        assert_eq!(patches.load(Ordering::SeqCst), 1);
+        // Done only once the observer sees the Ready status.
+        rec.observe(&o);
+        assert_eq!(rec.done_count(), 0);
+        o.status = Some(ResourceStatus::default().with_ready(
+            Phase::Ready,
+            true,
+            ReadyReason::Provisioned,
+            "provisioned",
+            Some(1),
+        ));
+        assert!(status_is_current(&o));
+        rec.reconcile(&o, &client, StatusWriter::Reconcile)
+            .await
+            .unwrap();
+        assert_eq!(
+            patches.load(Ordering::SeqCst),
+            1,
+            "the echo run writes nothing"
+        );
+        rec.observe(&o);
+        rec.observe(&o);
+        assert_eq!(rec.done_count(), 1);
+        assert_eq!(rec.latencies().len(), 1);
+        assert!(rec.finished().is_none());
+        let mut b = o.clone();
+        b.metadata.name = Some("b".into());
+        rec.observe(&b);
+        assert_eq!(rec.finished().unwrap().runs, 3);
+        o.metadata.generation = Some(2);
+        assert!(!status_is_current(&o));
+    }
+
+    #[test]
+    fn crd_shape() {
+        let crd = bench_crd();
+        let text = serde_json::to_string(&crd).unwrap();
+        assert!(
+            !text.contains(r#""default":"""#),
+            "no empty-string defaults: {text}"
+        );
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let cond =
+            &schema["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]["items"];
+        assert_eq!(cond["properties"]["reason"]["type"], "string");
+        assert_eq!(crd.spec.group, "bench.actorcile.dev");
+        assert_eq!(crd.spec.names.plural, "benchobjects");
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let v = &crd.spec.versions[0];
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+    }
+}

@@ -1,0 +1,175 @@
+//! `actorcile envtest up|down|status`: a real etcd + kube-apiserver that outlives the command, for
+//! trying an operator by hand or from scripts (`eval "$(actorcile envtest up | grep ^export)"`).
+//!
+//! The control plane's state (pids, ports, kubeconfigs, logs, etcd data) lives in
+//! `~/.cache/actorcile/envtest/` (or `$ACTORCILE_CACHE_DIR/envtest/`). Starting, flags, keys and
+//! readiness are [`actorcile::envtest`]'s; this module only adds the state-directory bookkeeping.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use actorcile::envtest::{DetachedEnvtest, Envtest};
+use anyhow::{Context, bail};
+
+/// The `envtest` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum EnvtestCmd {
+    /// Start a detached etcd + kube-apiserver (or report the one already running) and print its
+    /// kubeconfig.
+    Up {
+        /// CustomResourceDefinition YAML files (one or more documents each) to install and wait for.
+        #[arg(long = "crds", value_name = "FILE")]
+        crds: Vec<PathBuf>,
+        /// Seconds each component may take to become ready.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+    /// Stop the detached control plane and remove its state.
+    Down,
+    /// Say whether the detached control plane runs (exit code 1 when it does not).
+    Status,
+}
+
+/// The state directory: `$ACTORCILE_CACHE_DIR/envtest` or `~/.cache/actorcile/envtest`.
+pub fn state_dir() -> anyhow::Result<PathBuf> {
+    actorcile::envtest::cache_dir()
+        .map(|d| d.join("envtest"))
+        .context("cannot find a cache directory: set HOME or ACTORCILE_CACHE_DIR")
+}
+
+/// Runs one `envtest` subcommand.
+pub async fn run(cmd: EnvtestCmd) -> anyhow::Result<()> {
+    let dir = state_dir()?;
+    match cmd {
+        EnvtestCmd::Up { crds, timeout } => up(dir, &crds, Duration::from_secs(timeout)).await,
+        EnvtestCmd::Down => down(dir).await,
+        EnvtestCmd::Status => status(dir).await,
+    }
+}
+
+async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::Result<()> {
+    let mut crds = Vec::new();
+    for f in crd_files {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        crds.extend(
+            actorcile::envtest::crds_from_yaml(&text)
+                .with_context(|| format!("in {}", f.display()))?,
+        );
+    }
+    let existing = DetachedEnvtest::load(&dir)
+        .context("reading the envtest state (`actorcile envtest down` removes it)")?;
+    if let Some(existing) = existing {
+        if existing.is_running() {
+            if !crds.is_empty() {
+                let config = kube_config(&existing).await?;
+                actorcile::envtest::install_crds(kube::Client::try_from(config)?, &crds, timeout)
+                    .await?;
+            }
+            println!(
+                "envtest control plane already running ({})",
+                existing.server_url
+            );
+            print_usage(&existing);
+            return Ok(());
+        }
+        eprintln!(
+            "envtest: removing stale state in {} (its processes are gone)",
+            dir.display()
+        );
+        existing.stop(Duration::from_secs(2)).await?;
+    } else if dir.exists() {
+        // Leftovers without a state file (an interrupted `up`): start from a clean directory.
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let started = Envtest::builder()
+        .dir(&dir)
+        .crds(crds)
+        .startup_timeout(timeout)
+        .start_detached()
+        .await
+        .context("starting the envtest control plane")?;
+    println!(
+        "envtest control plane started: {} (etcd pid {}, kube-apiserver pid {})",
+        started.server_url, started.etcd_pid, started.apiserver_pid
+    );
+    print_usage(&started);
+    Ok(())
+}
+
+fn print_usage(s: &DetachedEnvtest) {
+    println!("kubeconfig (admin): {}", s.kubeconfig.display());
+    println!(
+        "kubeconfig (non-admin user {}): {}",
+        actorcile::envtest::USER_NAME,
+        s.user_kubeconfig.display()
+    );
+    println!("logs: {}", s.dir.display());
+    println!("export KUBECONFIG={}", s.kubeconfig.display());
+}
+
+async fn kube_config(s: &DetachedEnvtest) -> anyhow::Result<kube::Config> {
+    let kc = kube::config::Kubeconfig::read_from(&s.kubeconfig)?;
+    Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
+}
+
+async fn down(dir: PathBuf) -> anyhow::Result<()> {
+    let state = match DetachedEnvtest::load(&dir) {
+        Ok(state) => state,
+        Err(e) => {
+            // Unreadable state: the processes cannot be found by pid; clean the directory anyway.
+            eprintln!(
+                "envtest: {e}; removing {} (stop any leftover etcd/kube-apiserver by hand)",
+                dir.display()
+            );
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+            return Ok(());
+        }
+    };
+    match state {
+        Some(s) => {
+            let was_running = s.is_running();
+            s.stop(Duration::from_secs(5)).await?;
+            if was_running {
+                println!("envtest control plane stopped; removed {}", dir.display());
+            } else {
+                println!(
+                    "envtest control plane was not running; removed stale state {}",
+                    dir.display()
+                );
+            }
+        }
+        None if dir.exists() => {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+            println!(
+                "envtest control plane was not running; removed {}",
+                dir.display()
+            );
+        }
+        None => println!("envtest control plane is not running"),
+    }
+    Ok(())
+}
+
+async fn status(dir: PathBuf) -> anyhow::Result<()> {
+    match DetachedEnvtest::load(&dir)? {
+        Some(s) if s.is_running() => {
+            let ready = if s.is_ready().await {
+                "ready"
+            } else {
+                "not ready"
+            };
+            println!(
+                "envtest control plane running, {ready}: {} (etcd pid {}, kube-apiserver pid {})",
+                s.server_url, s.etcd_pid, s.apiserver_pid
+            );
+            println!("export KUBECONFIG={}", s.kubeconfig.display());
+            Ok(())
+        }
+        Some(_) => bail!(
+            "envtest control plane is not running (stale state in {}; `actorcile envtest down` cleans it)",
+            dir.display()
+        ),
+        None => bail!("envtest control plane is not running"),
+    }
+}

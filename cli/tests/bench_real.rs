@@ -1,0 +1,136 @@
+//! `actorcile bench` against a real etcd + kube-apiserver (installed by
+//! scripts/install-test-deps.sh): the `--envtest` backend, and the `--kubeconfig` backend with its
+//! namespace and clean-up.
+
+mod common;
+
+use std::time::Duration;
+
+use actorcile::envtest::Envtest;
+use common::{last_json_line, run_bounded};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, ResourceExt,
+    api::{DynamicObject, ListParams},
+    discovery::ApiResource,
+};
+use serde_json::Value;
+
+fn check_runs(v: &Value, backend: &str, objects: u64) {
+    assert_eq!(v["backend"], backend);
+    assert_eq!(v["objects"], objects);
+    let runs = v["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        assert!(r["runs"].as_u64().unwrap() >= objects, "{r}");
+        assert!(r["api_requests"].as_u64().unwrap() >= 1, "{r}");
+        assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(v["ratio"].as_f64().is_some());
+}
+
+#[test]
+fn envtest_backend_both_runtimes() {
+    let (ok, out, err) = run_bounded(
+        &[
+            "bench",
+            "--envtest",
+            "--objects",
+            "20",
+            "--workload",
+            "status",
+            "--json",
+            "--timeout-secs",
+            "60",
+        ],
+        Duration::from_secs(200),
+    );
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    let v = last_json_line(&out);
+    check_runs(&v, "envtest", 20);
+    // Each runtime wrote a status per object, so at least one request per object beyond list+watch.
+    for r in v["runs"].as_array().unwrap() {
+        assert!(r["api_requests"].as_u64().unwrap() >= 20, "{r}");
+    }
+}
+
+#[tokio::test]
+async fn kubeconfig_backend_uses_and_removes_its_own_namespaces() {
+    tokio::time::timeout(Duration::from_secs(220), async {
+        let env = Envtest::start().await.expect("start envtest");
+        let kubeconfig = env.kubeconfig_path().to_string_lossy().into_owned();
+        let (ok, out, err) = tokio::task::spawn_blocking(move || {
+            run_bounded(
+                &[
+                    "bench",
+                    "--kubeconfig",
+                    &kubeconfig,
+                    "--objects",
+                    "20",
+                    "--workload",
+                    "yield",
+                    "--yields",
+                    "2",
+                    "--json",
+                    "--timeout-secs",
+                    "60",
+                ],
+                Duration::from_secs(180),
+            )
+        })
+        .await
+        .unwrap();
+        assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+        let v = last_json_line(&out);
+        check_runs(&v, "kubeconfig", 20);
+
+        // Each child made its own namespace and deleted it (there is no namespace controller in
+        // envtest, so it stays Terminating), after deleting its objects, finalizers first.
+        let client = env.client();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ours: Vec<Namespace> = namespaces
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|ns| ns.name_any().starts_with("actorcile-bench-"))
+            .collect();
+        let names: Vec<String> = ours.iter().map(|n| n.name_any()).collect();
+        assert_eq!(ours.len(), 2, "one namespace per runtime: {names:?}");
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("actorcile-bench-actorcile-"))
+        );
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("actorcile-bench-kube-runtime-"))
+        );
+        for ns in &ours {
+            assert!(
+                ns.metadata.deletion_timestamp.is_some(),
+                "{} not deleted",
+                ns.name_any()
+            );
+        }
+        let ar = ApiResource {
+            group: "bench.actorcile.dev".into(),
+            version: "v1".into(),
+            api_version: "bench.actorcile.dev/v1".into(),
+            kind: "BenchObject".into(),
+            plural: "benchobjects".into(),
+        };
+        let objects: Api<DynamicObject> = Api::all_with(client, &ar);
+        let left = objects.list(&ListParams::default()).await.unwrap().items;
+        assert!(
+            left.is_empty(),
+            "objects left behind: {:?}",
+            left.iter().map(|o| o.name_any()).collect::<Vec<_>>()
+        );
+        env.stop().await;
+    })
+    .await
+    .expect("bounded");
+}

@@ -1,0 +1,1113 @@
+//! Conformance: the same API-behaviour cases against the in-process cluster (`in_process::*`) and a
+//! real etcd + kube-apiserver v1.20 (`real_apiserver::*`, needs scripts/install-test-deps.sh).
+//!
+//! Every case asserts what the real server does. A case failing only under `in_process` is a
+//! difference of the in-process cluster (the team's notes/conformance-diffs.md lists them). Under
+//! `cargo test` the real cases share one control plane (`Envtest::shared`, ~15 s for the whole file);
+//! under nextest each test is its own process and starts its own (~10 s each).
+
+#[path = "common/envtest_support.rs"]
+mod envtest_support;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use envtest_support::{Backend, Ctx};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    WatchEvent, WatchParams,
+};
+use kube::core::Status;
+use kube::{CustomResource, CustomResourceExt, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, JsonSchema, PartialEq)]
+#[kube(
+    group = "conformance.actorcile.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "WidgetStatus"
+)]
+struct WidgetSpec {
+    size: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema, PartialEq)]
+struct WidgetStatus {
+    ready: bool,
+}
+
+const FINALIZER: &str = "conformance.actorcile.dev/hold";
+
+/// Generates `in_process::NAME` and `real_apiserver::NAME` tests from `async fn NAME(cx: Ctx)`.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod in_process {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::envtest_support::run(
+                        super::Backend::InProcess,
+                        stringify!($name),
+                        vec![<super::Widget as super::CustomResourceExt>::crd()],
+                        super::$name,
+                    )
+                    .await;
+                }
+            )*
+        }
+        mod real_apiserver {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::envtest_support::run(
+                        super::Backend::Real,
+                        stringify!($name),
+                        vec![<super::Widget as super::CustomResourceExt>::crd()],
+                        super::$name,
+                    )
+                    .await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    create_get_list_watch_ordering,
+    watch_resumes_from_a_resource_version,
+    stale_update_is_a_conflict,
+    generation_bumps_on_spec_changes_only,
+    status_subresource_is_isolated,
+    finalizers_hold_deletion_with_a_timestamp,
+    delete_without_finalizers_and_what_delete_returns,
+    label_selectors_in_lists_and_watches,
+    merge_patch_sets_and_removes_fields,
+    json_patch_with_failing_test_is_rejected,
+    server_side_apply_creates_and_updates,
+    server_side_apply_reports_conflicts_between_managers,
+    server_side_apply_records_managed_fields,
+    not_found_semantics,
+    gone_semantics_for_expired_watches,
+    already_exists_and_invalid_names,
+    unknown_fields_are_pruned,
+    list_pagination,
+    put_without_resource_version,
+    field_selectors,
+    delete_collection_by_label,
+    terminating_namespace_forbids_creates,
+    dry_run_writes_nothing,
+    watch_timeout_ends_the_stream,
+);
+
+// ---------------------------------------------------------------------------------------------------
+// helpers
+
+fn widgets(cx: &Ctx) -> Api<Widget> {
+    Api::namespaced(cx.client.clone(), &cx.ns)
+}
+
+fn widget(name: &str, size: i32) -> Widget {
+    Widget::new(name, WidgetSpec { size, note: None })
+}
+
+fn labelled(name: &str, labels: &[(&str, &str)]) -> Widget {
+    let mut w = widget(name, 1);
+    w.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
+    );
+    w
+}
+
+fn rv<K: ResourceExt>(o: &K) -> u64 {
+    o.resource_version()
+        .expect("resourceVersion")
+        .parse()
+        .expect("numeric resourceVersion")
+}
+
+/// The API error of a failed call (panics on success or a non-API error).
+fn api_error<T: Debug>(r: Result<T, kube::Error>) -> Box<Status> {
+    match r {
+        Err(kube::Error::Api(s)) => s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn pp() -> PostParams {
+    PostParams::default()
+}
+
+fn merge(v: serde_json::Value) -> Patch<serde_json::Value> {
+    Patch::Merge(v)
+}
+
+/// (type, name, resourceVersion) of a watch event.
+type Ev = (&'static str, String, u64);
+
+fn describe(e: WatchEvent<Widget>) -> Option<Ev> {
+    match e {
+        WatchEvent::Added(o) => Some(("ADDED", o.name_any(), rv(&o))),
+        WatchEvent::Modified(o) => Some(("MODIFIED", o.name_any(), rv(&o))),
+        WatchEvent::Deleted(o) => Some(("DELETED", o.name_any(), rv(&o))),
+        WatchEvent::Bookmark(_) => None,
+        WatchEvent::Error(s) => panic!("unexpected watch error {s:?}"),
+    }
+}
+
+/// The next `n` non-bookmark events (each within 10 s).
+async fn take_events<S>(stream: &mut S, n: usize) -> Vec<Ev>
+where
+    S: Stream<Item = Result<WatchEvent<Widget>, kube::Error>> + Unpin,
+{
+    let mut out = Vec::new();
+    while out.len() < n {
+        let next = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("no watch event after {out:?}"))
+            .unwrap_or_else(|| panic!("watch ended after {out:?}"))
+            .expect("watch event");
+        if let Some(ev) = describe(next) {
+            out.push(ev);
+        }
+    }
+    out
+}
+
+fn kinds_and_names(evs: &[Ev]) -> Vec<(&'static str, &str)> {
+    evs.iter().map(|(t, n, _)| (*t, n.as_str())).collect()
+}
+
+async fn names(api: &Api<Widget>, selector: &str) -> Vec<String> {
+    let mut v: Vec<String> = api
+        .list(&ListParams::default().labels(selector))
+        .await
+        .unwrap_or_else(|e| panic!("list {selector}: {e}"))
+        .items
+        .iter()
+        .map(|w| w.name_any())
+        .collect();
+    v.sort();
+    v
+}
+
+// ---------------------------------------------------------------------------------------------------
+// cases
+
+async fn create_get_list_watch_ordering(cx: Ctx) {
+    let api = widgets(&cx);
+    let list = api.list(&ListParams::default()).await.unwrap();
+    assert!(list.items.is_empty());
+    let start = list
+        .metadata
+        .resource_version
+        .clone()
+        .expect("list resourceVersion");
+    let mut stream = api
+        .watch(&WatchParams::default(), &start)
+        .await
+        .unwrap()
+        .boxed();
+
+    let a = api.create(&pp(), &widget("a", 1)).await.unwrap();
+    assert_eq!(a.metadata.generation, Some(1));
+    assert!(a.metadata.uid.is_some() && a.metadata.creation_timestamp.is_some());
+    let b = api.create(&pp(), &widget("b", 2)).await.unwrap();
+    assert!(rv(&b) > rv(&a), "resourceVersions grow with each write");
+    let a2 = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"size": 3}})),
+        )
+        .await
+        .unwrap();
+    api.delete("b", &DeleteParams::default()).await.unwrap();
+
+    let evs = take_events(&mut stream, 4).await;
+    assert_eq!(
+        kinds_and_names(&evs),
+        [
+            ("ADDED", "a"),
+            ("ADDED", "b"),
+            ("MODIFIED", "a"),
+            ("DELETED", "b")
+        ]
+    );
+    assert!(
+        evs.windows(2).all(|w| w[0].2 < w[1].2),
+        "events in revision order: {evs:?}"
+    );
+    assert_eq!(evs[0].2, rv(&a));
+    assert_eq!(evs[2].2, rv(&a2));
+
+    let got = api.get("a").await.unwrap();
+    assert_eq!(got.spec.size, 3);
+    assert_eq!(rv(&got), rv(&a2));
+    let list = api.list(&ListParams::default()).await.unwrap();
+    let listed: Vec<_> = list.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(listed, ["a"]);
+    let list_rv: u64 = list.metadata.resource_version.unwrap().parse().unwrap();
+    assert!(
+        list_rv >= evs[3].2,
+        "list revision {list_rv} is at least the last write's"
+    );
+}
+
+async fn watch_resumes_from_a_resource_version(cx: Ctx) {
+    let api = widgets(&cx);
+    let a1 = api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let a2 = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+    let b = api.create(&pp(), &widget("b", 1)).await.unwrap();
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+
+    let mut from_a1 = api
+        .watch(&WatchParams::default(), &rv(&a1).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    let evs = take_events(&mut from_a1, 3).await;
+    assert_eq!(
+        kinds_and_names(&evs),
+        [("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+    );
+    assert_eq!((evs[0].2, evs[1].2), (rv(&a2), rv(&b)));
+
+    let mut from_a2 = api
+        .watch(&WatchParams::default(), &rv(&a2).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    let evs = take_events(&mut from_a2, 2).await;
+    assert_eq!(kinds_and_names(&evs), [("ADDED", "b"), ("DELETED", "a")]);
+
+    // "0": the current state as synthetic ADDED events.
+    let mut from_zero = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let evs = take_events(&mut from_zero, 1).await;
+    assert_eq!(kinds_and_names(&evs), [("ADDED", "b")]);
+}
+
+async fn stale_update_is_a_conflict(cx: Ctx) {
+    let api = widgets(&cx);
+    let created = api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let mut fresh = created.clone();
+    fresh.spec.size = 2;
+    let updated = api.replace("a", &pp(), &fresh).await.unwrap();
+    assert!(rv(&updated) > rv(&created));
+
+    let mut stale = created.clone();
+    stale.spec.size = 5;
+    let s = api_error(api.replace("a", &pp(), &stale).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"), "{s:?}");
+
+    // A merge patch carrying a stale resourceVersion is a precondition: also 409.
+    let s = api_error(
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"resourceVersion": created.resource_version()}, "spec": {"size": 6}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"), "{s:?}");
+    assert_eq!(api.get("a").await.unwrap().spec.size, 2);
+
+    // Status writes check it too.
+    let mut stale_status = created;
+    stale_status.status = Some(WidgetStatus { ready: true });
+    let s = api_error(api.replace_status("a", &pp(), &stale_status).await);
+    assert_eq!(s.code, 409, "{s:?}");
+}
+
+async fn generation_bumps_on_spec_changes_only(cx: Ctx) {
+    let api = widgets(&cx);
+    let w = api.create(&pp(), &widget("a", 1)).await.unwrap();
+    assert_eq!(w.metadata.generation, Some(1));
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        w.metadata.generation,
+        Some(1),
+        "metadata changes keep the generation"
+    );
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.metadata.generation, Some(2), "spec changes bump it");
+    let before = rv(&w);
+    let w = api
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"status": {"ready": true}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.metadata.generation, Some(2), "status changes keep it");
+    assert!(rv(&w) > before);
+    // A no-op spec write keeps it too.
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.metadata.generation, Some(2));
+}
+
+async fn status_subresource_is_isolated(cx: Ctx) {
+    let api = widgets(&cx);
+    let mut w = widget("a", 1);
+    w.status = Some(WidgetStatus { ready: true });
+    let created = api.create(&pp(), &w).await.unwrap();
+    assert_eq!(created.status, None, "create drops status");
+
+    let w = api
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"size": 99}, "status": {"ready": true}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.spec.size, 1, "status writes ignore spec");
+    assert_eq!(w.status, Some(WidgetStatus { ready: true }));
+
+    let mut main = w.clone();
+    main.spec.size = 7;
+    main.status = Some(WidgetStatus { ready: false });
+    let w = api.replace("a", &pp(), &main).await.unwrap();
+    assert_eq!(w.spec.size, 7);
+    assert_eq!(
+        w.status,
+        Some(WidgetStatus { ready: true }),
+        "main writes keep status"
+    );
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"status": {"ready": false}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.status, Some(WidgetStatus { ready: true }));
+    let got = api.get_status("a").await.unwrap();
+    assert_eq!(got.status, Some(WidgetStatus { ready: true }));
+    assert_eq!(got.spec.size, 7);
+}
+
+async fn finalizers_hold_deletion_with_a_timestamp(cx: Ctx) {
+    let api = widgets(&cx);
+    let mut w = widget("a", 1);
+    w.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let created = api.create(&pp(), &w).await.unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default(), &rv(&created).to_string())
+        .await
+        .unwrap()
+        .boxed();
+
+    let res = api.delete("a", &DeleteParams::default()).await.unwrap();
+    let returned = res
+        .left()
+        .expect("DELETE with finalizers answers the object");
+    assert!(returned.metadata.deletion_timestamp.is_some());
+    let got = api.get("a").await.unwrap();
+    assert!(got.metadata.deletion_timestamp.is_some());
+    assert_eq!(got.metadata.deletion_grace_period_seconds, Some(0));
+    assert_eq!(got.finalizers(), [FINALIZER]);
+
+    // Deleting again answers the object again and changes nothing.
+    let again = api.delete("a", &DeleteParams::default()).await.unwrap();
+    assert!(again.is_left());
+
+    // No new finalizer while terminating.
+    let s = api_error(
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"finalizers": [FINALIZER, "other/x"]}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+
+    // Spec updates still work while terminating.
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &merge(json!({"spec": {"size": 2}})),
+    )
+    .await
+    .unwrap();
+
+    let last = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    assert!(last.finalizers().is_empty());
+    assert!(
+        api.get_opt("a").await.unwrap().is_none(),
+        "gone once finalizers are empty"
+    );
+
+    let evs = take_events(&mut stream, 3).await;
+    assert_eq!(
+        kinds_and_names(&evs),
+        [("MODIFIED", "a"), ("MODIFIED", "a"), ("DELETED", "a")],
+        "{evs:?}"
+    );
+}
+
+async fn delete_without_finalizers_and_what_delete_returns(cx: Ctx) {
+    let api = widgets(&cx);
+    let created = api.create(&pp(), &widget("a", 1)).await.unwrap();
+    // v1.20: a custom resource deleted at once answers a success Status naming it (newer servers
+    // answer the object).
+    let res = api.delete("a", &DeleteParams::default()).await.unwrap();
+    let status = match res.clone().right() {
+        Some(s) => s,
+        None => panic!(
+            "custom resource DELETE answers a Status on v1.20, got {:?}",
+            res.left()
+        ),
+    };
+    assert!(status.is_success(), "{status:?}");
+    let details = status.details.clone().expect("Status details");
+    assert_eq!(details.name, "a");
+    assert_eq!(details.group, "conformance.actorcile.dev");
+    assert_eq!(details.kind, "widgets");
+    assert_eq!(Some(details.uid.as_str()), created.uid().as_deref());
+    assert!(api.get_opt("a").await.unwrap().is_none());
+
+    // Built-in kinds answer a success Status.
+    let cms: Api<ConfigMap> = Api::namespaced(cx.client.clone(), &cx.ns);
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("c".into());
+    cms.create(&pp(), &cm).await.unwrap();
+    let res = cms.delete("c", &DeleteParams::default()).await.unwrap();
+    let status = res.right().expect("ConfigMap: DELETE answers a Status");
+    assert!(status.is_success(), "{status:?}");
+    let details = status.details.expect("Status details");
+    assert_eq!(details.name, "c");
+    assert_eq!(details.kind, "configmaps");
+
+    // Preconditions: a wrong uid is a conflict.
+    api.create(&pp(), &widget("b", 1)).await.unwrap();
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some("00000000-0000-0000-0000-000000000000".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let s = api_error(api.delete("b", &dp).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"), "{s:?}");
+}
+
+async fn label_selectors_in_lists_and_watches(cx: Ctx) {
+    let api = widgets(&cx);
+    for w in [
+        labelled("w1", &[("app", "x"), ("tier", "web")]),
+        labelled("w2", &[("app", "y")]),
+        labelled("w3", &[("tier", "db")]),
+        labelled("w4", &[("app", "x")]),
+    ] {
+        api.create(&pp(), &w).await.unwrap();
+    }
+    assert_eq!(names(&api, "app=x").await, ["w1", "w4"]);
+    assert_eq!(names(&api, "app==x").await, ["w1", "w4"]);
+    assert_eq!(names(&api, "app!=x").await, ["w2", "w3"]);
+    assert_eq!(names(&api, "app in (x,y)").await, ["w1", "w2", "w4"]);
+    assert_eq!(names(&api, "app notin (x)").await, ["w2", "w3"]);
+    assert_eq!(names(&api, "!app").await, ["w3"]);
+    assert_eq!(names(&api, "tier").await, ["w1", "w3"]);
+    assert_eq!(names(&api, "app=x,tier=web").await, ["w1"]);
+    assert_eq!(names(&api, "app=nope").await, Vec::<String>::new());
+
+    let s = api_error(api.list(&ListParams::default().labels("app in x")).await);
+    assert_eq!(s.code, 400, "malformed selector: {s:?}");
+
+    let start = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default().labels("app=x"), &start)
+        .await
+        .unwrap()
+        .boxed();
+    // w2 enters the selector, w1 leaves it, w3 stays out.
+    api.patch(
+        "w2",
+        &PatchParams::default(),
+        &merge(json!({"metadata": {"labels": {"app": "x"}}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "w3",
+        &PatchParams::default(),
+        &merge(json!({"spec": {"size": 5}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "w1",
+        &PatchParams::default(),
+        &merge(json!({"metadata": {"labels": {"app": "z"}}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "w4",
+        &PatchParams::default(),
+        &merge(json!({"spec": {"size": 9}})),
+    )
+    .await
+    .unwrap();
+    let evs = take_events(&mut stream, 3).await;
+    assert_eq!(
+        kinds_and_names(&evs),
+        [("ADDED", "w2"), ("DELETED", "w1"), ("MODIFIED", "w4")]
+    );
+}
+
+async fn merge_patch_sets_and_removes_fields(cx: Ctx) {
+    let api = widgets(&cx);
+    let mut w = widget("a", 1);
+    w.spec.note = Some("hello".into());
+    api.create(&pp(), &w).await.unwrap();
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"note": null}, "metadata": {"labels": {"k": "v"}, "annotations": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.spec.note, None);
+    assert_eq!(w.spec.size, 1, "untouched fields stay");
+    assert_eq!(w.labels().get("k").map(String::as_str), Some("v"));
+    assert_eq!(w.annotations().get("a").map(String::as_str), Some("b"));
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"k": null}}})),
+        )
+        .await
+        .unwrap();
+    assert!(w.labels().get("k").is_none());
+
+    // Custom resources do not take strategic merge patches.
+    let s = api_error(
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"size": 2}})),
+        )
+        .await,
+    );
+    assert_eq!(s.code, 415, "{s:?}");
+}
+
+async fn json_patch_with_failing_test_is_rejected(cx: Ctx) {
+    let api = widgets(&cx);
+    let created = api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let failing: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/spec/size", "value": 99},
+        {"op": "replace", "path": "/spec/size", "value": 5}
+    ]))
+    .unwrap();
+    let s = api_error(
+        api.patch("a", &PatchParams::default(), &Patch::<()>::Json(failing))
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+    let got = api.get("a").await.unwrap();
+    assert_eq!(
+        (got.spec.size, rv(&got)),
+        (1, rv(&created)),
+        "nothing written"
+    );
+
+    let passing: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/spec/size", "value": 1},
+        {"op": "replace", "path": "/spec/size", "value": 5},
+        {"op": "add", "path": "/metadata/labels", "value": {"j": "p"}}
+    ]))
+    .unwrap();
+    let w = api
+        .patch("a", &PatchParams::default(), &Patch::<()>::Json(passing))
+        .await
+        .unwrap();
+    assert_eq!(w.spec.size, 5);
+    assert_eq!(w.labels().get("j").map(String::as_str), Some("p"));
+
+    // A path that does not exist.
+    let bad: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "replace", "path": "/spec/missing/deeper", "value": 1}
+    ]))
+    .unwrap();
+    let s = api_error(
+        api.patch("a", &PatchParams::default(), &Patch::<()>::Json(bad))
+            .await,
+    );
+    assert_eq!(s.code, 422, "{s:?}");
+}
+
+async fn server_side_apply_creates_and_updates(cx: Ctx) {
+    let api = widgets(&cx);
+    let body = json!({
+        "apiVersion": "conformance.actorcile.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": "a"},
+        "spec": {"size": 1}
+    });
+    let w = api
+        .patch("a", &PatchParams::apply("m1"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+    assert_eq!(w.spec.size, 1);
+    assert_eq!(w.metadata.generation, Some(1));
+    let body = json!({
+        "apiVersion": "conformance.actorcile.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": "a", "labels": {"l": "1"}},
+        "spec": {"size": 2}
+    });
+    let w = api
+        .patch("a", &PatchParams::apply("m1"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+    assert_eq!(w.spec.size, 2);
+    assert_eq!(w.metadata.generation, Some(2));
+    assert_eq!(w.labels().get("l").map(String::as_str), Some("1"));
+
+    // A field the manager stops sending is removed (it owned it).
+    let body = json!({
+        "apiVersion": "conformance.actorcile.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": "a"},
+        "spec": {"size": 2}
+    });
+    let w = api
+        .patch("a", &PatchParams::apply("m1"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+    assert!(
+        w.labels().get("l").is_none(),
+        "label dropped by its owner: {:?}",
+        w.labels()
+    );
+
+    // Status through the status subresource with apply.
+    let status = json!({
+        "apiVersion": "conformance.actorcile.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": "a"},
+        "status": {"ready": true}
+    });
+    let w = api
+        .patch_status(
+            "a",
+            &PatchParams::apply("m1-status"),
+            &Patch::Apply(&status),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.status, Some(WidgetStatus { ready: true }));
+    assert_eq!(w.spec.size, 2);
+}
+
+async fn server_side_apply_reports_conflicts_between_managers(cx: Ctx) {
+    let api = widgets(&cx);
+    let body = |size: i32| {
+        json!({
+            "apiVersion": "conformance.actorcile.dev/v1",
+            "kind": "Widget",
+            "metadata": {"name": "a"},
+            "spec": {"size": size}
+        })
+    };
+    api.patch("a", &PatchParams::apply("m1"), &Patch::Apply(&body(1)))
+        .await
+        .unwrap();
+    let s = api_error(
+        api.patch("a", &PatchParams::apply("m2"), &Patch::Apply(&body(2)))
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"), "{s:?}");
+    assert_eq!(api.get("a").await.unwrap().spec.size, 1);
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::apply("m2").force(),
+            &Patch::Apply(&body(2)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.spec.size, 2, "force takes the field over");
+}
+
+async fn server_side_apply_records_managed_fields(cx: Ctx) {
+    let api = widgets(&cx);
+    let body = json!({
+        "apiVersion": "conformance.actorcile.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": "a"},
+        "spec": {"size": 1}
+    });
+    let w = api
+        .patch("a", &PatchParams::apply("m1"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+    let managers: Vec<_> = w
+        .managed_fields()
+        .iter()
+        .map(|m| {
+            (
+                m.manager.clone().unwrap_or_default(),
+                m.operation.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(managers, [("m1".to_string(), "Apply".to_string())]);
+}
+
+async fn not_found_semantics(cx: Ctx) {
+    let api = widgets(&cx);
+    let s = api_error(api.get("missing").await);
+    assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"), "{s:?}");
+    let details = s.details.clone().expect("details");
+    assert_eq!(details.name, "missing");
+    assert_eq!(details.group, "conformance.actorcile.dev");
+    assert_eq!(details.kind, "widgets");
+    assert!(s.is_not_found());
+    assert!(api.get_opt("missing").await.unwrap().is_none());
+
+    let s = api_error(api.delete("missing", &DeleteParams::default()).await);
+    assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"), "{s:?}");
+    let s = api_error(
+        api.patch(
+            "missing",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"size": 1}})),
+        )
+        .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"), "{s:?}");
+    let mut w = widget("missing", 1);
+    w.metadata.resource_version = Some("1".into());
+    let s = api_error(api.replace("missing", &pp(), &w).await);
+    assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"), "{s:?}");
+    let s = api_error(api.get_status("missing").await);
+    assert_eq!(s.code, 404, "{s:?}");
+
+    // Creating in a namespace that does not exist.
+    let elsewhere: Api<Widget> = Api::namespaced(cx.client.clone(), "no-such-namespace");
+    let s = api_error(elsewhere.create(&pp(), &widget("a", 1)).await);
+    assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"), "{s:?}");
+
+    // A kind that is not served.
+    let ar = ApiResource {
+        group: "conformance.actorcile.dev".into(),
+        version: "v1".into(),
+        api_version: "conformance.actorcile.dev/v1".into(),
+        kind: "Gizmo".into(),
+        plural: "gizmos".into(),
+    };
+    let gizmos: Api<DynamicObject> = Api::namespaced_with(cx.client.clone(), &cx.ns, &ar);
+    // The real server answers a plain-text "404 page not found", which kube decodes so:
+    let s = api_error(gizmos.list(&ListParams::default()).await);
+    assert_eq!(
+        (s.code, s.reason.as_str()),
+        (404, "Failed to parse error data"),
+        "{s:?}"
+    );
+}
+
+async fn gone_semantics_for_expired_watches(cx: Ctx) {
+    let api = widgets(&cx);
+    // Enough writes that revision 1 is outside any history window.
+    let n = envtest_support::IN_PROCESS_HISTORY + 8;
+    for i in 0..n {
+        api.create(&pp(), &widget(&format!("w{i}"), 1))
+            .await
+            .unwrap();
+    }
+    let mut stream = api
+        .watch(&WatchParams::default(), "1")
+        .await
+        .unwrap()
+        .boxed();
+    let first = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("an answer to an expired watch")
+        .expect("one event");
+    match first {
+        Ok(WatchEvent::Error(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (410, "Expired"), "{s:?}");
+        }
+        Err(kube::Error::Api(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (410, "Expired"), "{s:?}");
+        }
+        other => panic!("expected 410 Expired, got {other:?}"),
+    }
+}
+
+async fn already_exists_and_invalid_names(cx: Ctx) {
+    let api = widgets(&cx);
+    api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let s = api_error(api.create(&pp(), &widget("a", 1)).await);
+    assert_eq!((s.code, s.reason.as_str()), (409, "AlreadyExists"), "{s:?}");
+    assert!(s.is_already_exists());
+
+    let s = api_error(api.create(&pp(), &widget("Bad_Name", 1)).await);
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+
+    // generateName gives a fresh name.
+    let mut w = widget("", 1);
+    w.metadata.name = None;
+    w.metadata.generate_name = Some("gen-".into());
+    let made = api.create(&pp(), &w).await.unwrap();
+    let name = made.name_any();
+    assert!(name.starts_with("gen-") && name.len() > 4, "{name}");
+}
+
+async fn unknown_fields_are_pruned(cx: Ctx) {
+    let ar = ApiResource::erase::<Widget>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(cx.client.clone(), &cx.ns, &ar);
+    let obj =
+        DynamicObject::new("a", &ar).data(json!({"spec": {"size": 1, "bogus": "x"}, "extra": 1}));
+    let made = api.create(&pp(), &obj).await.unwrap();
+    assert_eq!(made.data["spec"], json!({"size": 1}), "{:?}", made.data);
+    assert!(made.data.get("extra").is_none(), "{:?}", made.data);
+}
+
+async fn list_pagination(cx: Ctx) {
+    let api = widgets(&cx);
+    for name in ["a", "b", "c"] {
+        api.create(&pp(), &widget(name, 1)).await.unwrap();
+    }
+    let page1 = api.list(&ListParams::default().limit(2)).await.unwrap();
+    let names1: Vec<_> = page1.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(names1, ["a", "b"]);
+    let token = page1.metadata.continue_.clone().expect("a continue token");
+    assert!(!token.is_empty());
+    let page2 = api
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    let names2: Vec<_> = page2.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(names2, ["c"]);
+    assert!(page2.metadata.continue_.as_deref().unwrap_or("").is_empty());
+    // A garbage token is a bad request.
+    let s = api_error(
+        api.list(&ListParams::default().limit(2).continue_token("garbage"))
+            .await,
+    );
+    assert_eq!(s.code, 400, "{s:?}");
+}
+
+async fn put_without_resource_version(cx: Ctx) {
+    // Custom resources: an update must carry a resourceVersion.
+    let api = widgets(&cx);
+    api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let s = api_error(api.replace("a", &pp(), &widget("a", 2)).await);
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+    assert_eq!(api.get("a").await.unwrap().spec.size, 1);
+
+    // Built-in kinds: a PUT without one is unconditional.
+    let cms: Api<ConfigMap> = Api::namespaced(cx.client.clone(), &cx.ns);
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("c".into());
+    cms.create(&pp(), &cm).await.unwrap();
+    cm.data = Some([("k".to_string(), "v".to_string())].into());
+    let replaced = cms.replace("c", &pp(), &cm).await.unwrap();
+    assert_eq!(replaced.data, cm.data);
+    // ConfigMaps have no generation.
+    assert_eq!(replaced.metadata.generation, None);
+}
+
+async fn field_selectors(cx: Ctx) {
+    let api = widgets(&cx);
+    for name in ["a", "b"] {
+        api.create(&pp(), &widget(name, 1)).await.unwrap();
+    }
+    let by_name = api
+        .list(&ListParams::default().fields("metadata.name=a"))
+        .await
+        .unwrap();
+    let got: Vec<_> = by_name.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(got, ["a"]);
+    let not_a = api
+        .list(&ListParams::default().fields("metadata.name!=a"))
+        .await
+        .unwrap();
+    let got: Vec<_> = not_a.items.iter().map(|w| w.name_any()).collect();
+    assert_eq!(got, ["b"]);
+    let all: Api<Widget> = Api::all(cx.client.clone());
+    let in_ns = all
+        .list(&ListParams::default().fields(&format!("metadata.namespace={}", cx.ns)))
+        .await
+        .unwrap();
+    assert_eq!(in_ns.items.len(), 2);
+    // Custom resources support only metadata.name and metadata.namespace.
+    let s = api_error(api.list(&ListParams::default().fields("spec.size=1")).await);
+    assert_eq!((s.code, s.reason.as_str()), (400, "BadRequest"), "{s:?}");
+}
+
+async fn delete_collection_by_label(cx: Ctx) {
+    let api = widgets(&cx);
+    api.create(&pp(), &labelled("a", &[("del", "yes")]))
+        .await
+        .unwrap();
+    api.create(&pp(), &labelled("b", &[("del", "yes")]))
+        .await
+        .unwrap();
+    api.create(&pp(), &labelled("c", &[("del", "no")]))
+        .await
+        .unwrap();
+    let res = api
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("del=yes"),
+        )
+        .await
+        .unwrap();
+    let list = match res.clone().left() {
+        Some(l) => l,
+        None => panic!(
+            "deletecollection answers the deleted list, got {:?}",
+            res.right()
+        ),
+    };
+    let mut deleted: Vec<_> = list.items.iter().map(|w| w.name_any()).collect();
+    deleted.sort();
+    assert_eq!(deleted, ["a", "b"]);
+    assert_eq!(names(&api, "").await, ["c"]);
+}
+
+async fn terminating_namespace_forbids_creates(cx: Ctx) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api = widgets(&cx);
+    let mut held = widget("held", 1);
+    held.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    api.create(&pp(), &held).await.unwrap();
+    let nss: Api<Namespace> = Api::all(cx.client.clone());
+    let res = nss.delete(&cx.ns, &DeleteParams::default()).await.unwrap();
+    let ns = res.left().expect("namespace DELETE answers the namespace");
+    assert!(ns.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        ns.status.and_then(|s| s.phase).as_deref(),
+        Some("Terminating")
+    );
+    let s = api_error(api.create(&pp(), &widget("late", 1)).await);
+    assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"), "{s:?}");
+    // The namespace is still there while its contents are (the object holds a finalizer).
+    let got = nss.get(&cx.ns).await.unwrap();
+    assert!(got.metadata.deletion_timestamp.is_some());
+}
+
+async fn dry_run_writes_nothing(cx: Ctx) {
+    let api = widgets(&cx);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let made = api.create(&dry, &widget("a", 1)).await.unwrap();
+    assert_eq!(made.name_any(), "a");
+    assert!(
+        api.get_opt("a").await.unwrap().is_none(),
+        "dry-run create stores nothing"
+    );
+    api.create(&pp(), &widget("a", 1)).await.unwrap();
+    let pp_dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let patched = api
+        .patch("a", &pp_dry, &merge(json!({"spec": {"size": 9}})))
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.size, 9);
+    assert_eq!(
+        api.get("a").await.unwrap().spec.size,
+        1,
+        "dry-run patch stores nothing"
+    );
+}
+
+async fn watch_timeout_ends_the_stream(cx: Ctx) {
+    let api = widgets(&cx);
+    let start = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let began = std::time::Instant::now();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(1), &start)
+        .await
+        .unwrap()
+        .boxed();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(15), stream.next())
+            .await
+            .expect("the watch ends by its timeoutSeconds");
+        match next {
+            None => break,
+            Some(Ok(WatchEvent::Bookmark(_))) => {}
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(began.elapsed() < Duration::from_secs(14));
+}

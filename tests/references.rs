@@ -1,0 +1,327 @@
+//! Readiness waits, references and deletion ordering as messages between resource actors
+//! (in-process cluster, paused clock). Polling is disabled (1 h fallback poll and yield delay),
+//! so anything that converges quickly converged by message.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use common::*;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::time::Instant;
+
+const LIMIT: Duration = Duration::from_secs(600);
+const QUICK: Duration = Duration::from_secs(5);
+
+type Events = Arc<Mutex<Vec<String>>>;
+
+fn no_polling() -> SupervisorPolicy {
+    let mut p = test_policy();
+    p.dependency_poll = Duration::from_secs(3600);
+    p.yield_delay = Duration::from_secs(3600);
+    p
+}
+
+fn wt(name: &str) -> Target {
+    Target::for_kind::<Widget>(Some("default"), name)
+}
+
+/// needs → require_ready; refs → add_reference; deprovision logged as "-name".
+fn widget_tree(events: Events) -> impl Provisioner<Widget> {
+    let ev = events.clone();
+    step("deps", |cx: Context<Widget>| async move {
+        for n in &cx.object().spec.needs {
+            if let Some(wait) = cx.require_ready(&wt(n)).await {
+                return wait;
+            }
+        }
+        for n in &cx.object().spec.refs {
+            if let Err(e) = cx.add_reference(&wt(n)).await {
+                return Outcome::yield_after(
+                    Duration::from_millis(100),
+                    Reason::new("ReferencePending", e.to_string()),
+                );
+            }
+        }
+        Outcome::Done
+    })
+    .on_delete(move |cx: Context<Widget>| {
+        let ev = ev.clone();
+        async move {
+            ev.lock()
+                .unwrap()
+                .push(format!("-{}", cx.object().name_any()));
+            Outcome::Done
+        }
+    })
+}
+
+async fn start(client: &kube::Client, events: Events) -> RuntimeHandle {
+    Runtime::builder(client.clone())
+        .policy(no_polling())
+        .controller(Controller::<Widget>::new(widget_tree(events)))
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn create_with(client: &kube::Client, name: &str, needs: &[&str], refs: &[&str]) {
+    let mut w = widget(name, 1);
+    w.spec.needs = needs.iter().map(|s| s.to_string()).collect();
+    w.spec.refs = refs.iter().map(|s| s.to_string()).collect();
+    widgets(client)
+        .create(&PostParams::default(), &w)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chain_of_readiness_waits_converges_by_messages_not_polls() {
+    let (_c, client) = cluster();
+    let rt = start(&client, Events::default()).await;
+    // create dependents first: w9 needs w8 … w1 needs w0
+    for i in (1..10).rev() {
+        create_with(&client, &format!("w{i}"), &[&format!("w{}", i - 1)], &[]).await;
+    }
+    let s = wait_reason(&client, "w5", "DependencyNotReady", LIMIT).await;
+    assert!(
+        s.ready().unwrap().message.contains("w4"),
+        "status names the target: {s:?}"
+    );
+    let t0 = Instant::now();
+    create_with(&client, "w0", &[], &[]).await;
+    wait_all_ready(&client, 10, LIMIT).await;
+    assert!(
+        Instant::now() - t0 < QUICK,
+        "converged by message, not by the 1 h poll"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_works_across_kinds() {
+    let (_c, client) = cluster();
+    let gadget_tree = step("needs-widgets", |cx: Context<Gadget>| async move {
+        for n in &cx.object().spec.needs {
+            if let Some(wait) = cx.require_ready(&wt(n)).await {
+                return wait;
+            }
+        }
+        Outcome::Done
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(no_polling())
+        .controller(Controller::<Widget>::new(widget_tree(Events::default())))
+        .controller(Controller::<Gadget>::new(gadget_tree))
+        .start()
+        .await
+        .unwrap();
+    let gadgets: Api<Gadget> = Api::namespaced(client.clone(), "default");
+    let mut g = Gadget::new(
+        "g",
+        GadgetSpec {
+            needs: vec!["base".into()],
+            refs: vec![],
+        },
+    );
+    g.metadata.namespace = Some("default".into());
+    gadgets.create(&PostParams::default(), &g).await.unwrap();
+    eventually("gadget waiting", LIMIT, || async {
+        let g = gadgets.get("g").await.ok()?;
+        g.status
+            .filter(|s| s.ready().is_some_and(|c| c.reason == "DependencyNotReady"))
+    })
+    .await;
+    let t0 = Instant::now();
+    create_with(&client, "base", &[], &[]).await;
+    eventually("gadget ready", LIMIT, || async {
+        gadgets.get("g").await.ok()?.status.filter(|s| s.is_ready())
+    })
+    .await;
+    assert!(Instant::now() - t0 < QUICK);
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_target_is_a_typed_readiness_the_tree_can_make_terminal() {
+    let (_c, client) = cluster();
+    let tree = step("strict", |cx: Context<Widget>| async move {
+        match cx.readiness(&wt("nonexistent")).await {
+            Readiness::Missing => Outcome::Terminal(Reason::new(
+                "DependencyMissing",
+                "nonexistent does not exist",
+            )),
+            Readiness::NotReady => Outcome::yield_now(Reason::new("Waiting", "")),
+            Readiness::Ready => Outcome::Done,
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(no_polling())
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "strict", 1).await;
+    let s = wait_reason(&client, "strict", "Terminal", LIMIT).await;
+    assert!(s.ready().unwrap().message.contains("DependencyMissing"));
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_referenced_target_stays_in_use_and_goes_the_moment_the_last_referrer_releases() {
+    let (_c, client) = cluster();
+    let events = Events::default();
+    let rt = start(&client, events.clone()).await;
+    create_with(&client, "db", &[], &[]).await;
+    create_with(&client, "app1", &["db"], &["db"]).await;
+    create_with(&client, "app2", &[], &["db"]).await;
+    wait_all_ready(&client, 3, LIMIT).await;
+    let db = widgets(&client).get("db").await.unwrap();
+    assert_eq!(
+        actorcile::references::referrers_in(db.annotations()).len(),
+        2,
+        "references persisted on the target: {:?}",
+        db.annotations()
+    );
+    delete(&client, "db").await;
+    let s = wait_reason(&client, "db", "InUse", LIMIT).await;
+    assert_eq!(s.phase, Some(Phase::Terminating));
+    let msg = &s.ready().unwrap().message;
+    assert!(
+        msg.contains("app1") && msg.contains("app2"),
+        "referrers named: {msg}"
+    );
+    tokio::time::sleep(Duration::from_secs(3 * 3600)).await;
+    assert!(
+        widgets(&client).get_opt("db").await.unwrap().is_some(),
+        "still held"
+    );
+    assert!(
+        !events.lock().unwrap().contains(&"-db".to_string()),
+        "no deprovision while referenced"
+    );
+    delete(&client, "app1").await;
+    wait_gone(&client, "app1", LIMIT).await;
+    let s = wait_reason(&client, "db", "InUse", LIMIT).await;
+    let msg = &s.ready().unwrap().message;
+    assert!(!msg.contains("app1") && msg.contains("app2"), "{msg}");
+    let t0 = Instant::now();
+    delete(&client, "app2").await;
+    wait_gone(&client, "db", LIMIT).await;
+    assert!(
+        Instant::now() - t0 < QUICK,
+        "released by message, not by poll"
+    );
+    let ev = events.lock().unwrap().clone();
+    let pos = |n: &str| ev.iter().position(|e| e == n).unwrap();
+    assert!(
+        pos("-app1") < pos("-db") && pos("-app2") < pos("-db"),
+        "{ev:?}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_foreign_finalizer_does_not_count_as_a_reference() {
+    let (_c, client) = cluster();
+    let events = Events::default();
+    let rt = start(&client, events.clone()).await;
+    create_with(&client, "t", &[], &[]).await;
+    wait_ready(&client, "t", LIMIT).await;
+    widgets(&client)
+        .patch(
+            "t",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(serde_json::json!([
+                    {"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/foreign"}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    delete(&client, "t").await;
+    eventually(
+        "our deprovision ran and our finalizer went",
+        LIMIT,
+        || async {
+            let t = widgets(&client).get("t").await.ok()?;
+            (events.lock().unwrap().contains(&"-t".to_string())
+                && t.finalizers() == ["example.com/foreign".to_string()])
+            .then_some(())
+        },
+    )
+    .await;
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reference_cycle_is_reported_not_silently_deadlocked() {
+    let (_c, client) = cluster();
+    let rt = start(&client, Events::default()).await;
+    create_with(&client, "x", &[], &["y"]).await;
+    create_with(&client, "y", &[], &["x"]).await;
+    wait_all_ready(&client, 2, LIMIT).await;
+    delete(&client, "x").await;
+    delete(&client, "y").await;
+    let s = eventually("cycle reported", LIMIT, || async {
+        status_of(&client, "x").await.filter(|s| {
+            s.ready()
+                .is_some_and(|c| c.message.contains("reference cycle"))
+        })
+    })
+    .await;
+    let msg = &s.ready().unwrap().message;
+    assert!(
+        msg.contains("Widget default/x") && msg.contains("Widget default/y"),
+        "{msg}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn references_survive_an_operator_restart_mid_deletion() {
+    let (_c, client) = cluster();
+    let events = Events::default();
+    let rt = start(&client, events.clone()).await;
+    create_with(&client, "db", &[], &[]).await;
+    create_with(&client, "app", &[], &["db"]).await;
+    wait_all_ready(&client, 2, LIMIT).await;
+    delete(&client, "db").await;
+    wait_reason(&client, "db", "InUse", LIMIT).await;
+    rt.shutdown().await;
+
+    // a new operator process: nothing in memory, everything from the API
+    let rt = start(&client, events.clone()).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(widgets(&client).get_opt("db").await.unwrap().is_some());
+    assert!(!events.lock().unwrap().contains(&"-db".to_string()));
+    delete(&client, "app").await;
+    wait_gone(&client, "app", LIMIT).await;
+    wait_gone(&client, "db", LIMIT).await;
+    let ev = events.lock().unwrap().clone();
+    assert_eq!(ev, ["-app", "-db"]);
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_new_reference_is_accepted_by_a_deleting_target() {
+    let (_c, client) = cluster();
+    let rt = start(&client, Events::default()).await;
+    create_with(&client, "old", &[], &[]).await;
+    create_with(&client, "holder", &[], &["old"]).await;
+    wait_all_ready(&client, 2, LIMIT).await;
+    delete(&client, "old").await;
+    wait_reason(&client, "old", "InUse", LIMIT).await;
+    create_with(&client, "late", &[], &["old"]).await;
+    let s = wait_reason(&client, "late", "Provisioning", LIMIT).await;
+    assert!(
+        s.ready().unwrap().message.contains("being deleted"),
+        "{s:?}"
+    );
+    rt.shutdown().await;
+}
