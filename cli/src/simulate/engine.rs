@@ -4,9 +4,8 @@
 //! The scenario's faults are on from the start. The runtime is started; once its initial list is
 //! done (its watch request has reached the cluster), virtual time 0 begins and the objects are
 //! created, 256 requests at a time, retrying injected errors; those requests are not counted in
-//! the report. (They are created after the runtime's list because the runtime, at this version,
-//! does not reconcile objects that a list returns: the reflector store is only filled at the
-//! list's end, after the feeder has tried to route them.)
+//! the report. The scenario is thus N resources arriving at a running operator; time 0 is when
+//! the runtime is watching, so its start-up is not counted.
 //!
 //! Readiness is observed honestly, from the API: an observer watches the objects (its own
 //! requests are not counted in the report) and records the virtual time of every change of the
@@ -224,8 +223,8 @@ pub async fn run_one(
         .controller(Controller::<SimObject>::new(tree(behaviour)))
         .start()
         .await?;
-    // Create nothing before the runtime's initial list is done (its watch request has come):
-    // this version of the runtime does not reconcile objects its first list returns.
+    // Create nothing before the runtime's initial list is done (its watch request has come), so
+    // time 0 is a runtime that is watching.
     let sync_limit = Instant::now() + SYNC_LIMIT;
     while cluster.stats().watch == base.watch && Instant::now() < sync_limit {
         tokio::time::sleep(Duration::from_millis(10)).await;
