@@ -77,6 +77,7 @@ impl fmt::Display for ReadyReason {
 /// A status condition (the Kubernetes `metav1.Condition` shape).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = drop_empty_string_defaults)]
 pub struct Condition {
     /// Condition type, e.g. `Ready`.
     #[serde(rename = "type")]
@@ -95,6 +96,20 @@ pub struct Condition {
     /// The generation this condition was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// Drop the `default: ""` schemars derives from `#[serde(default)]` on string properties:
+/// kube-apiserver 1.20 reads an empty-string default as null and rejects the whole CRD.
+fn drop_empty_string_defaults(schema: &mut schemars::Schema) {
+    if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        for prop in props.values_mut() {
+            if let Some(p) = prop.as_object_mut()
+                && p.get("default").is_some_and(|d| d.as_str() == Some(""))
+            {
+                p.remove("default");
+            }
+        }
+    }
 }
 
 /// The fields actorcile writes under `.status`.
@@ -227,6 +242,12 @@ fn now_rfc3339() -> String {
 mod tests {
     use super::*;
     use crate::provisioners::Reason;
+
+    #[test]
+    fn the_status_schema_has_no_empty_string_defaults() {
+        let schema = serde_json::to_string(&schemars::schema_for!(ResourceStatus)).unwrap();
+        assert!(!schema.contains("\"default\":\"\""), "{schema}");
+    }
 
     #[test]
     fn transition_time_kept_while_status_unchanged() {

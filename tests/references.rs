@@ -358,7 +358,10 @@ async fn foreground_deletion_waits_for_owned_children_before_deprovisioning() {
     .await;
     assert_eq!(s.phase, Some(Phase::Terminating));
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert!(events.lock().unwrap().is_empty(), "no deprovision while an owned child remains");
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "no deprovision while an owned child remains"
+    );
 
     // the child goes; the garbage collector lifts foregroundDeletion; deprovision runs
     cms.patch(

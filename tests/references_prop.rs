@@ -200,7 +200,9 @@ where
                     "deprovision of {me} started while {blocking:?} hold references"
                 ));
             }
-            o.released.insert(me.clone());
+            if !o.released.insert(me.clone()) {
+                o.violations.push(format!("{me} deprovisioned twice"));
+            }
             o.running.remove(&me);
             Outcome::Done
         }

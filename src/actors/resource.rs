@@ -364,7 +364,13 @@ impl<K: ManagedResource> ResourceActor<K> {
         shared.references.release_all(&target).await;
         let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
         match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
-            Ok(()) => {
+            Ok(left) => {
+                // Remember the object without our finalizer (and its version as our own write),
+                // so no later event or notification can make a pass deprovision it again.
+                match left {
+                    Some(o) => st.record_write(o),
+                    None => st.object = None,
+                }
                 st.error_backoff = None;
                 st.error_attempts = 0;
                 None
@@ -586,14 +592,15 @@ async fn add_finalizer<K: ManagedResource>(
     .await
 }
 
-/// Remove the runtime finalizer by index, guarded by a `test` of that index.
+/// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
+/// as the server left it (`None` if it is gone).
 async fn remove_finalizer<K: ManagedResource>(
     api: &ObjectApi<K>,
     obj: &K,
     finalizer: &str,
-) -> Result<(), kube::Error> {
+) -> Result<Option<K>, kube::Error> {
     let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
-        return Ok(());
+        return Ok(None);
     };
     let path = format!("/metadata/finalizers/{i}");
     let patch: json_patch::Patch = serde_json::from_value(json!([
@@ -609,8 +616,8 @@ async fn remove_finalizer<K: ManagedResource>(
         )
         .await
     {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Ok(o) => Ok(Some(o)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(e),
     }
 }
