@@ -82,6 +82,74 @@ async fn persisted_referrers(api: &Ns, name: &str) -> Vec<String> {
     r
 }
 
+/// (referrer, target) edges of a chain a ← b ← c ← d and a diamond: top references left and
+/// right, both reference bottom. Every referrer also needs its targets Ready.
+const EDGES: [(&str, &str); 7] = [
+    ("b", "a"),
+    ("c", "b"),
+    ("d", "c"),
+    ("top", "left"),
+    ("top", "right"),
+    ("left", "bottom"),
+    ("right", "bottom"),
+];
+
+/// Create the chain and the diamond (dependents first, so readiness is reached by messages),
+/// wait until all are Ready and check the persisted references; returns every name.
+async fn create_chain_and_diamond(api: &Ns) -> Vec<String> {
+    let order = ["d", "c", "b", "a", "top", "left", "right", "bottom"];
+    for n in order {
+        let targets: Vec<&str> = EDGES
+            .iter()
+            .filter(|(r, _)| *r == n)
+            .map(|(_, t)| *t)
+            .collect();
+        api.create_with(n, &targets, &targets).await;
+    }
+    let all: Vec<String> = order.iter().map(|s| s.to_string()).collect();
+    api.wait_all_ready(&all).await;
+    assert_eq!(persisted_referrers(api, "a").await, ["b"]);
+    assert_eq!(persisted_referrers(api, "c").await, ["d"]);
+    assert_eq!(persisted_referrers(api, "bottom").await, ["left", "right"]);
+    assert_eq!(persisted_referrers(api, "top").await, Vec::<String>::new());
+    all
+}
+
+/// Everything is gone, every deprovision run of a referrer came before any run of its targets,
+/// and each object was deprovisioned once (after its finalizer is gone nothing of ours runs).
+async fn assert_clean_in_reference_order(api: &Ns, log: &Log, all: &[String]) {
+    for n in all {
+        api.wait_gone(n).await;
+    }
+    assert_eq!(
+        api.names().await,
+        Vec::<String>::new(),
+        "nothing left behind"
+    );
+    let entries = log.entries();
+    let runs = |n: &str| -> Vec<usize> {
+        let e = format!("-{n}");
+        entries
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x == e)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    for (referrer, target) in EDGES {
+        let (r, t) = (runs(referrer), runs(target));
+        assert!(
+            !r.is_empty() && !t.is_empty() && r.iter().max() < t.iter().min(),
+            "every deprovision of {referrer} before any of its target {target}: {entries:?}"
+        );
+    }
+    for n in all {
+        assert_eq!(runs(n).len(), 1, "{n} deprovisioned once: {entries:?}");
+    }
+}
+
+/// All deleted at once, targets first: releases and deletions race, as in a real teardown
+/// (`kubectl delete -f` of a whole manifest).
 #[tokio::test]
 async fn a_chain_and_a_diamond_deleted_targets_first_end_clean_in_reference_order() {
     bounded("chain and diamond", async {
@@ -89,71 +157,54 @@ async fn a_chain_and_a_diamond_deleted_targets_first_end_clean_in_reference_orde
         let api = Ns::create(env.client(), "refs-chain-diamond").await;
         let log = Log::default();
         let rt = start(&api, log.clone()).await;
-        // (referrer, target) edges; every referrer also needs its targets Ready.
-        let edges = [
-            ("b", "a"),
-            ("c", "b"),
-            ("d", "c"),
-            ("top", "left"),
-            ("top", "right"),
-            ("left", "bottom"),
-            ("right", "bottom"),
-        ];
-        // Dependents first, so readiness is reached by messages down the chain.
-        let order = ["d", "c", "b", "a", "top", "left", "right", "bottom"];
-        for n in order {
-            let targets: Vec<&str> = edges
-                .iter()
-                .filter(|(r, _)| *r == n)
-                .map(|(_, t)| *t)
-                .collect();
-            api.create_with(n, &targets, &targets).await;
-        }
-        let all: Vec<String> = order.iter().map(|s| s.to_string()).collect();
-        api.wait_all_ready(&all).await;
-        assert_eq!(persisted_referrers(&api, "a").await, ["b"]);
-        assert_eq!(persisted_referrers(&api, "c").await, ["d"]);
-        assert_eq!(persisted_referrers(&api, "bottom").await, ["left", "right"]);
-        assert_eq!(persisted_referrers(&api, "top").await, Vec::<String>::new());
-
-        // The worst order: every target before its referrers.
+        let all = create_chain_and_diamond(&api).await;
         for n in ["a", "b", "c", "d", "bottom", "left", "right", "top"] {
             api.delete(n).await;
         }
-        let s = api.wait_reason("bottom", "InUse").await;
-        assert_eq!(s.phase, Some(Phase::Terminating));
-        let msg = &s.ready().unwrap().message;
-        assert!(msg.contains("left") && msg.contains("right"), "{msg}");
-        for n in &all {
-            api.wait_gone(n).await;
+        assert_clean_in_reference_order(&api, &log, &all).await;
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+/// Targets deleted first and held: until the roots (d, top) go, every deleted target reports
+/// InUse naming its referrers, and nothing is deprovisioned.
+#[tokio::test]
+async fn deleted_targets_stay_in_use_until_their_referrers_go() {
+    bounded("held targets", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "refs-held").await;
+        let log = Log::default();
+        let rt = start(&api, log.clone()).await;
+        let all = create_chain_and_diamond(&api).await;
+        for n in ["a", "b", "c", "bottom", "left", "right"] {
+            api.delete(n).await;
         }
+        for (target, referrers) in [
+            ("a", &["b"][..]),
+            ("b", &["c"]),
+            ("c", &["d"]),
+            ("bottom", &["left", "right"]),
+            ("left", &["top"]),
+            ("right", &["top"]),
+        ] {
+            let s = api.wait_reason(target, "InUse").await;
+            assert_eq!(s.phase, Some(Phase::Terminating), "{target}: {s:?}");
+            let msg = &s.ready().unwrap().message;
+            for r in referrers {
+                assert!(msg.contains(r), "{target} names its referrer {r}: {msg}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
-            api.names().await,
+            log.entries(),
             Vec::<String>::new(),
-            "nothing left behind"
+            "no deprovision while held"
         );
-        // Every deprovision run of a referrer comes before any run of its targets, and each
-        // object is deprovisioned once: after its finalizer is gone nothing of ours runs on it.
-        let entries = log.entries();
-        let runs = |n: &str| -> Vec<usize> {
-            let e = format!("-{n}");
-            entries
-                .iter()
-                .enumerate()
-                .filter(|(_, x)| **x == e)
-                .map(|(i, _)| i)
-                .collect()
-        };
-        for (referrer, target) in edges {
-            let (r, t) = (runs(referrer), runs(target));
-            assert!(
-                !r.is_empty() && !t.is_empty() && r.iter().max() < t.iter().min(),
-                "every deprovision of {referrer} before any of its target {target}: {entries:?}"
-            );
+        for n in ["d", "top"] {
+            api.delete(n).await;
         }
-        for n in &all {
-            assert_eq!(runs(n).len(), 1, "{n} deprovisioned once: {entries:?}");
-        }
+        assert_clean_in_reference_order(&api, &log, &all).await;
         rt.shutdown().await;
     })
     .await;
