@@ -54,8 +54,8 @@ pub struct SupervisorPolicy {
     /// Delay after a `Yield` without an explicit `after`.
     #[serde(with = "humantime_serde")]
     pub yield_delay: Duration,
-    /// Re-run Ready resources this often to detect drift (`None`: never).
-    #[serde(with = "humantime_serde")]
+    /// Re-run Ready resources this often to detect drift (`None`: never; `"none"` in TOML).
+    #[serde(with = "optional_duration")]
     pub poll_interval: Option<Duration>,
     /// Jitter of the poll interval, a fraction in `[0, 1]`.
     pub poll_jitter: f64,
@@ -64,8 +64,8 @@ pub struct SupervisorPolicy {
     pub dependency_poll: Duration,
     /// Provisioner runs in flight across the runtime.
     pub max_concurrent_runs: usize,
-    /// Idle time after which a resource actor passivates (`None`: never).
-    #[serde(with = "humantime_serde")]
+    /// Idle time after which a resource actor passivates (`None`: never; `"none"` in TOML).
+    #[serde(with = "optional_duration")]
     pub idle_timeout: Option<Duration>,
     /// How long graceful shutdown waits for in-flight runs.
     #[serde(with = "humantime_serde")]
@@ -93,6 +93,32 @@ impl Default for SupervisorPolicy {
             idle_timeout: Some(Duration::from_secs(30)),
             shutdown_timeout: Duration::from_secs(30),
             seed: None,
+        }
+    }
+}
+
+/// An optional duration in TOML, which has no null: a humantime string (`"30s"`) or `"none"`.
+mod optional_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => {
+                s.serialize_str(&humantime_serde::re::humantime::format_duration(*d).to_string())
+            }
+            None => s.serialize_str("none"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.trim() {
+            "none" | "never" | "off" => Ok(None),
+            t => humantime_serde::re::humantime::parse_duration(t)
+                .map(Some)
+                .map_err(|e| serde::de::Error::custom(format!("{t:?}: {e} (or \"none\")"))),
         }
     }
 }
@@ -284,6 +310,16 @@ impl SupervisorPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn optional_durations_accept_none() {
+        let p =
+            SupervisorPolicy::from_toml("idle_timeout = \"none\"\npoll_interval = \"5m\"").unwrap();
+        assert_eq!(p.idle_timeout, None);
+        assert_eq!(p.poll_interval, Some(Duration::from_secs(300)));
+        let e = SupervisorPolicy::from_toml("idle_timeout = \"sometimes\"").unwrap_err();
+        assert!(e.to_string().contains("idle_timeout"), "{e}");
+    }
 
     #[test]
     fn defaults_round_trip_through_toml() {

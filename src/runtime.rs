@@ -53,6 +53,8 @@ pub struct Controller<K: ManagedResource> {
     policy: Option<SupervisorPolicy>,
     watcher: watcher::Config,
     namespace: Option<String>,
+    finalizer: bool,
+    status: bool,
 }
 
 impl<K: ManagedResource> Controller<K> {
@@ -63,7 +65,25 @@ impl<K: ManagedResource> Controller<K> {
             policy: None,
             watcher: watcher::Config::default(),
             namespace: None,
+            finalizer: true,
+            status: true,
         }
+    }
+
+    /// Do not put the runtime finalizer on this kind's objects. Deletion then never waits for
+    /// the tree's deprovision (the object goes at once and deprovision does not run), and
+    /// references cannot hold its objects back. For kinds with nothing to clean up.
+    pub fn without_finalizer(mut self) -> Self {
+        self.finalizer = false;
+        self
+    }
+
+    /// Do not write actorcile's status (Ready condition, phase, observedGeneration) on this
+    /// kind — e.g. a built-in kind whose status belongs to someone else. Readiness of its
+    /// objects is then known to this runtime only in memory, from each pass's outcome.
+    pub fn without_status(mut self) -> Self {
+        self.status = false;
+        self
     }
 
     /// A policy for this kind (default: the runtime's). The concurrency limit is always the
@@ -192,7 +212,7 @@ impl<K: ManagedResource> Start for Controller<K> {
         let recorder = cx
             .reporter
             .clone()
-            .map(|r| Recorder::new(cx.client.clone(), r));
+            .map(|r| Arc::new(Recorder::new(cx.client.clone(), r)));
         let shared = Arc::new(Shared {
             client: cx.client.clone(),
             tree: self.tree,
@@ -201,8 +221,10 @@ impl<K: ManagedResource> Start for Controller<K> {
             store,
             routes: DashMap::new(),
             finalizer: cx.finalizer.clone(),
-            field_manager: cx.field_manager.clone(),
+            field_manager: Arc::from(cx.field_manager.as_str()),
             recorder,
+            use_finalizer: self.finalizer,
+            write_status: self.status,
             metrics: cx.metrics.clone(),
             references: cx.references.clone(),
         });

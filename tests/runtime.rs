@@ -576,3 +576,54 @@ async fn objects_that_exist_before_the_runtime_starts_are_provisioned() {
     assert_eq!(log.total(), 6);
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn poll_timers_survive_passivation() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let mut policy = test_policy();
+    policy.idle_timeout = Some(Duration::from_secs(1));
+    policy.poll_interval = Some(Duration::from_secs(10));
+    policy.poll_jitter = 0.0;
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(logging_step(log.clone())))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "poll", 1).await;
+    wait_ready(&client, "poll", LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    assert!(rt.metrics().passivations >= 3, "{:?}", rt.metrics());
+    assert!(
+        log.count("poll") >= 4,
+        "the poll ran while passive: {} runs",
+        log.count("poll")
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_status_writes_are_retried_until_they_land() {
+    let (cluster, client) = cluster();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        // no finalizer: the status write is the only write, and its failure must not be final
+        .controller(Controller::<Widget>::new(logging_step(RunLog::default())).without_finalizer())
+        .start()
+        .await
+        .unwrap();
+    // every write conflicts for a while: status writes fail
+    cluster.set_faults(actorcile::cluster::Faults {
+        conflict_rate: 1.0,
+        seed: 3,
+        ..Default::default()
+    });
+    for i in 0..5 {
+        create(&client, &format!("fw{i}"), 1).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.set_faults(actorcile::cluster::Faults::default());
+    wait_all_ready(&client, 5, LIMIT).await;
+    rt.shutdown().await;
+}

@@ -53,7 +53,8 @@ struct Restarts {
 
 struct Slot {
     life: Life,
-    restarts: Restarts,
+    /// Boxed: most objects never fail, and idle slots should stay small.
+    restarts: Box<Restarts>,
 }
 
 /// Manager state: every known object's slot.
@@ -93,7 +94,7 @@ impl<K: ManagedResource> Manager<K> {
                 self.shared.routes.insert(key.clone(), actor);
                 let slot = st.slots.entry(key).or_insert_with(|| Slot {
                     life: Life::Restarting,
-                    restarts: Restarts::default(),
+                    restarts: Box::default(),
                 });
                 if let Life::Passive(_, Some((_, t))) = &slot.life {
                     t.abort();
@@ -173,7 +174,7 @@ impl<K: ManagedResource> Manager<K> {
         let now = Instant::now();
         let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
             life: Life::Restarting,
-            restarts: Restarts::default(),
+            restarts: Box::default(),
         });
         let r = &mut slot.restarts;
         if r.last
@@ -316,7 +317,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
                         let changed = obj.meta().generation != *generation
                             || (obj.meta().deletion_timestamp.is_some() && !*deleting);
                         if changed {
-                            slot.restarts = Restarts::default();
+                            *slot.restarts = Restarts::default();
                             self.spawn(&myself, st, key, None).await;
                         }
                     }

@@ -60,8 +60,12 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub store: Store<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>>,
     pub finalizer: String,
-    pub field_manager: String,
-    pub recorder: Option<Recorder>,
+    pub field_manager: Arc<str>,
+    pub recorder: Option<Arc<Recorder>>,
+    /// Add the runtime finalizer (and so deprovision on deletion).
+    pub use_finalizer: bool,
+    /// Write the actorcile status (Ready condition, phase, observedGeneration).
+    pub write_status: bool,
     pub metrics: Arc<Metrics>,
     pub references: Arc<ReferenceIndex>,
 }

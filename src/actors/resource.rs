@@ -55,6 +55,14 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     error_backoff: Option<ExponentialBackoff>,
     /// Set when passivating: what the manager keeps (it takes it from the terminated state).
     pub(crate) passive: Option<PassiveState>,
+    /// This object as a reference target (fixed for the actor's life).
+    target: Arc<Target>,
+    /// The parsed actorcile status of one object version.
+    status_cache: Option<(Option<u64>, Arc<ResourceStatus>)>,
+    /// The last pass's outcome key: the same outcome on the same version needs no status work.
+    last_outcome: Option<OutcomeKey>,
+    /// Readiness last reported to the reference index (`None`: not yet by this actor).
+    was_ready: Option<bool>,
 }
 
 impl<K: ManagedResource> ResourceState<K> {
@@ -137,7 +145,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         }));
     }
 
-    fn context(&self, obj: Arc<K>, status: ResourceStatus) -> Context<K> {
+    fn context(&self, obj: Arc<K>, status: Arc<ResourceStatus>) -> Context<K> {
         Context::with_parts(
             obj,
             self.shared.client.clone(),
@@ -148,7 +156,38 @@ impl<K: ManagedResource> ResourceActor<K> {
         )
     }
 
+    /// Run a pass if one is due, then arm the idle timer if nothing else is.
+    async fn run_if_dirty(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        if st.dirty {
+            st.dirty = false;
+            st.wake.cancel();
+            // Boxed: the pass's state machine is large, and inline it would make every idle
+            // actor's task that large.
+            Box::pin(self.run_pass(myself, st)).await;
+        }
+        if !st.dirty && !st.run_pending {
+            self.arm_idle(myself, st);
+        }
+    }
+
+    /// The object's actorcile status, parsed once per object version.
+    fn status_of(st: &mut ResourceState<K>, obj: &K) -> Arc<ResourceStatus> {
+        let v = version_of(obj);
+        match &st.status_cache {
+            Some((cv, s)) if v.is_some() && *cv == v => s.clone(),
+            _ => {
+                let s = Arc::new(ResourceStatus::of(obj));
+                st.status_cache = Some((v, s.clone()));
+                s
+            }
+        }
+    }
+
     /// One provision or deprovision pass over the newest known object.
+    ///
+    /// The hot path (a provision pass whose status does not change, e.g. every pass of a yield
+    /// loop) makes no API request and allocates little; the cold parts (deletion, finalizer, status
+    /// write) are boxed so they do not bloat the pass's future.
     async fn run_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         let shared = &self.shared;
         let Some(mut obj) = st.object.clone() else {
@@ -166,67 +205,20 @@ impl<K: ManagedResource> ResourceActor<K> {
             return;
         };
         let _in_flight = shared.metrics.run_started(deleting);
-        let api = shared.api(&obj);
-        let status = ResourceStatus::of(obj.as_ref());
-        let target = Target::of(obj.as_ref());
+        let status = Self::status_of(st, obj.as_ref());
         let generation = obj.meta().generation;
 
-        let (outcome, desired) = if deleting {
-            if let Some(blocked) = shared.references.deletion_blocked(&target, obj.as_ref()) {
-                let desired = status.while_deprovisioning(
-                    blocked.reason,
-                    blocked.message.clone(),
-                    generation,
-                );
-                if desired != status {
-                    // What this object holds may now be blocked differently (e.g. a cycle
-                    // closed): let those targets re-check. Only on change, so it settles.
-                    shared.references.notify_held(&target);
-                }
-                (
-                    Outcome::Waiting {
-                        target: target.clone(),
-                        reason: Reason::new("InUse", blocked.message),
-                    },
-                    desired,
-                )
-            } else {
-                let cx = self.context(obj.clone(), status.clone());
-                let outcome = shared.tree.deprovision(&cx).await;
-                if outcome.is_done() {
-                    shared.references.release_all(&target).await;
-                    match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
-                        Ok(()) => {
-                            st.error_backoff = None;
-                            st.error_attempts = 0;
-                            return; // the object disappears; the feeder reports it gone
-                        }
-                        Err(e) => {
-                            let o = Outcome::failed(
-                                Reason::new(
-                                    "FinalizerRemovalFailed",
-                                    "could not remove the finalizer",
-                                ),
-                                e,
-                            );
-                            let d = status.while_deprovisioning(
-                                ReadyReason::Errored,
-                                "retrying finalizer removal",
-                                generation,
-                            );
-                            (o, d)
-                        }
-                    }
-                } else {
-                    let (reason, message) = deprovision_reason(&outcome);
-                    let d = status.while_deprovisioning(reason, message, generation);
-                    (outcome, d)
-                }
+        let Pass { outcome, desired } = if deleting {
+            match Box::pin(self.deletion_pass(st, &obj, &status)).await {
+                Some(pass) => pass,
+                None => return, // deprovisioned; the object disappears and the feeder reports it
             }
         } else {
             let mut pre_failure = None;
-            if !has_finalizer {
-                match add_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+            if shared.use_finalizer && !has_finalizer {
+                let api =
+                    ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+                match Box::pin(add_finalizer(&api, obj.as_ref(), &shared.finalizer)).await {
                     Ok(o) => {
                         st.record_write(o);
                         obj = st.object.clone().unwrap_or(obj);
@@ -248,52 +240,66 @@ impl<K: ManagedResource> ResourceActor<K> {
                         .await
                 }
             };
-            let desired = status.after_provision(&outcome, generation);
-            (outcome, desired)
+            Pass {
+                outcome,
+                desired: None,
+            }
         };
 
         if let Outcome::Failed { reason, errors } = &outcome {
             for e in errors {
-                tracing::warn!(object = %target, reason = %reason, error = %e, "provisioning failed");
+                tracing::warn!(object = %st.target, reason = %reason, error = %e, "provisioning failed");
             }
         }
 
-        if desired != status {
-            let transition =
-                desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-            match api
-                .patch_status(
-                    &obj.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(desired.patch()),
-                )
-                .await
-            {
-                Ok(o) => {
-                    Metrics::inc(&shared.metrics.status_writes);
-                    st.record_write(o);
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => tracing::warn!(object = %target, error = %e, "status write failed"),
+        // The status this pass leaves. Skipped entirely when the same outcome meets the same
+        // object version as last time (a yield loop, an idle re-run): nothing can have changed.
+        let version = version_of(obj.as_ref());
+        let unchanged = version.is_some()
+            && st
+                .last_outcome
+                .as_ref()
+                .is_some_and(|k| k.matches(&outcome, generation, deleting, version));
+        if !unchanged {
+            let desired = desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
+            let ready = desired.is_ready();
+            let mut written = true;
+            if shared.write_status && desired != *status {
+                written = Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
             }
-            if transition {
-                publish_transition(self, &obj, &outcome).await;
+            if st.was_ready != Some(ready) {
+                shared.references.mark_ready(&st.target, ready);
+                st.was_ready = Some(ready);
             }
-        }
-        if desired.is_ready() {
-            shared.references.mark_ready(&target, true);
-        } else if status.is_ready() {
-            shared.references.mark_ready(&target, false);
+            // Key the cache on the version the pass ended with (our own status write, if any).
+            // A failed write is not cached: the next pass computes and writes again, and a
+            // retry is scheduled below even if the outcome itself would wait for a change.
+            if written {
+                let end_version = st.object.as_deref().and_then(version_of);
+                st.last_outcome = Some(OutcomeKey::of(&outcome, generation, deleting, end_version));
+            } else {
+                st.last_outcome = None;
+                let retry = shared
+                    .policy
+                    .error_backoff
+                    .min
+                    .max(Duration::from_millis(10));
+                self.schedule_wake(myself, st, retry);
+            }
         }
 
         let delay = match &outcome {
             Outcome::Done => {
                 st.error_backoff = None;
                 st.error_attempts = 0;
+                let seed = shared
+                    .policy
+                    .seed
+                    .map(|s| s ^ key_hash(&st.key) ^ st.last_run_version.unwrap_or(0));
                 shared
                     .policy
                     .poll_interval
-                    .map(|p| jitter(p, shared.policy.poll_jitter))
+                    .map(|p| jitter(p, shared.policy.poll_jitter, seed))
             }
             Outcome::Yield { after, .. } => {
                 st.error_backoff = None;
@@ -314,6 +320,168 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if let Some(d) = delay {
             self.schedule_wake(myself, st, d);
+        }
+    }
+}
+
+impl<K: ManagedResource> ResourceActor<K> {
+    /// A deprovision pass: `None` once deprovisioned and the finalizer is gone.
+    async fn deletion_pass(
+        &self,
+        st: &mut ResourceState<K>,
+        obj: &Arc<K>,
+        status: &Arc<ResourceStatus>,
+    ) -> Option<Pass> {
+        let shared = &self.shared;
+        let target = st.target.clone();
+        let generation = obj.meta().generation;
+        if let Some(blocked) = shared.references.deletion_blocked(&target, obj.as_ref()) {
+            let desired =
+                status.while_deprovisioning(blocked.reason, blocked.message.clone(), generation);
+            if desired != **status {
+                // What this object holds may now be blocked differently (e.g. a cycle
+                // closed): let those targets re-check. Only on change, so it settles.
+                shared.references.notify_held(&target);
+            }
+            return Some(Pass {
+                outcome: Outcome::Waiting {
+                    target: (*target).clone(),
+                    reason: Reason::new("InUse", blocked.message),
+                },
+                desired: Some(desired),
+            });
+        }
+        let cx = self.context(obj.clone(), status.clone());
+        let outcome = shared.tree.deprovision(&cx).await;
+        if !outcome.is_done() {
+            let (reason, message) = deprovision_reason(&outcome);
+            let desired = status.while_deprovisioning(reason, message, generation);
+            return Some(Pass {
+                outcome,
+                desired: Some(desired),
+            });
+        }
+        shared.references.release_all(&target).await;
+        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+        match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+            Ok(()) => {
+                st.error_backoff = None;
+                st.error_attempts = 0;
+                None
+            }
+            Err(e) => Some(Pass {
+                outcome: Outcome::failed(
+                    Reason::new("FinalizerRemovalFailed", "could not remove the finalizer"),
+                    e,
+                ),
+                desired: Some(status.while_deprovisioning(
+                    ReadyReason::Errored,
+                    "retrying finalizer removal",
+                    generation,
+                )),
+            }),
+        }
+    }
+
+    /// Patch the status subresource to `desired`; on a reason change, publish an Event.
+    async fn write_status(
+        &self,
+        st: &mut ResourceState<K>,
+        obj: &Arc<K>,
+        status: &ResourceStatus,
+        desired: &ResourceStatus,
+        outcome: &Outcome,
+    ) -> bool {
+        let shared = &self.shared;
+        let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
+        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+        match api
+            .patch_status(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(desired.patch()),
+            )
+            .await
+        {
+            Ok(o) => {
+                Metrics::inc(&shared.metrics.status_writes);
+                st.record_write(o);
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return true, // gone: nothing to write
+            Err(e) => {
+                tracing::warn!(object = %st.target, error = %e, "status write failed; retrying");
+                return false;
+            }
+        }
+        if transition {
+            publish_transition(self, obj, outcome).await;
+        }
+        true
+    }
+}
+
+fn variant_of(o: &Outcome) -> u8 {
+    match o {
+        Outcome::Done => 0,
+        Outcome::Yield { .. } => 1,
+        Outcome::Waiting { .. } => 2,
+        Outcome::Terminal(_) => 3,
+        Outcome::UserActionRequired(_) => 4,
+        Outcome::Failed { .. } => 5,
+    }
+}
+
+/// What a pass produced, and the status it computed on the way (deletion computes its own).
+struct Pass {
+    outcome: Outcome,
+    desired: Option<ResourceStatus>,
+}
+
+/// Everything the status of a pass depends on besides the object's current status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OutcomeKey {
+    variant: u8,
+    code: String,
+    message: String,
+    generation: Option<i64>,
+    deleting: bool,
+    version: Option<u64>,
+}
+
+impl OutcomeKey {
+    /// Whether `of(o, generation, deleting, version)` would equal this key (without allocating).
+    fn matches(
+        &self,
+        o: &Outcome,
+        generation: Option<i64>,
+        deleting: bool,
+        version: Option<u64>,
+    ) -> bool {
+        let (code, message) = o
+            .reason()
+            .map(|r| (r.code(), r.message()))
+            .unwrap_or_default();
+        self.variant == variant_of(o)
+            && self.generation == generation
+            && self.deleting == deleting
+            && self.version == version
+            && self.code == code
+            && self.message == message
+    }
+
+    fn of(o: &Outcome, generation: Option<i64>, deleting: bool, version: Option<u64>) -> Self {
+        let variant = variant_of(o);
+        let (code, message) = o
+            .reason()
+            .map(|r| (r.code().to_string(), r.message().to_string()))
+            .unwrap_or_default();
+        Self {
+            variant,
+            code,
+            message,
+            generation,
+            deleting,
+            version,
         }
     }
 }
@@ -381,11 +549,16 @@ where
     BuildHasherDefault::<DefaultHasher>::default().hash_one(key)
 }
 
-fn jitter(d: Duration, fraction: f64) -> Duration {
+/// `d` stretched by up to `fraction`; reproducible when seeded (the policy's `seed`).
+fn jitter(d: Duration, fraction: f64, seed: Option<u64>) -> Duration {
     if fraction <= 0.0 {
         return d;
     }
-    d.mul_f64(1.0 + fastrand::f64() * fraction)
+    let r = match seed {
+        Some(s) => fastrand::Rng::with_seed(s).f64(),
+        None => fastrand::f64(),
+    };
+    d.mul_f64(1.0 + r * fraction)
 }
 
 /// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
@@ -456,7 +629,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         Metrics::inc(&self.shared.metrics.activations);
         let object = self.shared.store.get(&args.key);
         let mut st = ResourceState {
-            key: args.key,
+            key: args.key.clone(),
             manager: args.manager,
             object,
             last_run_version: None,
@@ -469,8 +642,18 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             error_attempts: 0,
             error_backoff: None,
             passive: None,
+            target: Arc::new(Target::new(
+                K::api_version(&()),
+                K::kind(&()),
+                args.key.namespace.as_deref(),
+                args.key.name.clone(),
+            )),
+            status_cache: None,
+            last_outcome: None,
+            was_ready: None,
         };
         if let Some(p) = args.passive {
+            st.dirty = p.pending_run;
             st.last_run_version = p.last_run_version;
             st.own_writes = p.own_writes;
             st.error_attempts = p.error_attempts;
@@ -489,7 +672,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         match &st.object {
             None => myself.stop(Some("gone".into())),
             Some(obj) => {
-                if st.is_news(version_of(obj.as_ref())) {
+                if st.dirty || st.is_news(version_of(obj.as_ref())) {
                     st.trigger_run(&myself);
                 } else {
                     self.arm_idle(&myself, st);
@@ -532,18 +715,14 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             }
             ResourceMsg::Run => {
                 st.run_pending = false;
-                if st.dirty {
-                    st.dirty = false;
-                    st.wake.cancel();
-                    self.run_pass(&myself, st).await;
-                }
-                if !st.dirty && !st.run_pending {
-                    self.arm_idle(&myself, st);
-                }
+                self.run_if_dirty(&myself, st).await;
             }
             ResourceMsg::Wake(token) => {
-                if st.wake.fire(token) {
-                    st.trigger_run(&myself);
+                // A due timer runs the pass at once (no extra `Run` hop); anything that arrives
+                // meanwhile still coalesces into one follow-up run.
+                if st.wake.fire(token) && !st.run_pending {
+                    st.dirty = true;
+                    self.run_if_dirty(&myself, st).await;
                 }
             }
             ResourceMsg::Notify => st.trigger_run(&myself),

@@ -22,10 +22,10 @@ pub struct Context<K> {
 
 struct Inner<K> {
     object: Arc<K>,
-    status: ResourceStatus,
-    recorder: Option<Recorder>,
+    status: Arc<ResourceStatus>,
+    recorder: Option<Arc<Recorder>>,
     references: Option<Arc<dyn ReferenceApi>>,
-    field_manager: String,
+    field_manager: Arc<str>,
 }
 
 impl<K> Clone for Context<K> {
@@ -45,10 +45,10 @@ impl<K> Context<K> {
         Self {
             inner: Arc::new(Inner {
                 object,
-                status: ResourceStatus::default(),
+                status: Arc::default(),
                 recorder: None,
                 references: None,
-                field_manager: crate::FIELD_MANAGER.to_string(),
+                field_manager: Arc::from(crate::FIELD_MANAGER),
             }),
             client,
         }
@@ -58,10 +58,10 @@ impl<K> Context<K> {
     pub(crate) fn with_parts(
         object: Arc<K>,
         client: Client,
-        status: ResourceStatus,
-        recorder: Option<Recorder>,
+        status: Arc<ResourceStatus>,
+        recorder: Option<Arc<Recorder>>,
         references: Option<Arc<dyn ReferenceApi>>,
-        field_manager: String,
+        field_manager: Arc<str>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {

@@ -1,9 +1,10 @@
 //! The actorcile side: the workload's reconcile logic as a one-step provisioner tree under
 //! actorcile's [`Runtime`].
 //!
-//! The runtime adds its finalizer to each object before the first provision pass and writes the
-//! status (phase, `Ready` condition, observedGeneration) whenever it changed; both are part of
-//! what is measured (runs, time, API requests).
+//! By default the runtime does the same API work as the kube-runtime side: no finalizer, and the
+//! status (phase, `Ready` condition, observedGeneration) written only in the `status` workload
+//! (where the kube-runtime reconcile writes the same status). `--actorcile-defaults` measures it
+//! as an operator runs it by default: finalizer on every object, status in every workload.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,6 +13,15 @@ use anyhow::{Context as _, Result};
 use kube::Client;
 
 use super::workload::{BenchObject, Recorder, StatusWriter, Step};
+
+/// Which of its own writes the runtime makes.
+#[derive(Clone, Copy, Debug)]
+pub struct Writes {
+    /// Add the runtime finalizer.
+    pub finalizer: bool,
+    /// Write the actorcile status.
+    pub status: bool,
+}
 
 /// A running actorcile runtime.
 pub struct ActorcileRun {
@@ -25,6 +35,7 @@ pub async fn start(
     namespace: &str,
     concurrency: u16,
     recorder: Arc<Recorder>,
+    writes: Writes,
 ) -> Result<ActorcileRun> {
     let tree = step("bench", move |cx: Context<BenchObject>| {
         let recorder = recorder.clone();
@@ -48,9 +59,16 @@ pub async fn start(
         max_concurrent_runs: usize::from(concurrency),
         ..Default::default()
     };
+    let mut controller = Controller::<BenchObject>::new(tree).namespace(namespace);
+    if !writes.finalizer {
+        controller = controller.without_finalizer();
+    }
+    if !writes.status {
+        controller = controller.without_status();
+    }
     let handle = Runtime::builder(client)
         .policy(policy)
-        .controller(Controller::<BenchObject>::new(tree).namespace(namespace))
+        .controller(controller)
         .start()
         .await
         .context("starting the actorcile runtime")?;

@@ -143,6 +143,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_secs: u64,
 
+    /// Let actorcile also add its finalizer (and, in every workload, write its status), as it
+    /// does by default in an operator. Without this flag both runtimes do the same API work: no
+    /// finalizer, and status writes only in the `status` workload.
+    #[arg(long)]
+    pub actorcile_defaults: bool,
+
     /// Internal: run one runtime in this process and print its result as one JSON line.
     #[arg(long, value_enum, hide = true)]
     pub child: Option<RuntimeKind>,
@@ -204,6 +210,9 @@ impl BenchArgs {
         ];
         if self.json {
             args.push("--json".into());
+        }
+        if self.actorcile_defaults {
+            args.push("--actorcile-defaults".into());
         }
         match self.backend() {
             Backend::InProcess => {}

@@ -88,6 +88,10 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
                 &session.namespace,
                 args.concurrency,
                 recorder.clone(),
+                actorcile_rt::Writes {
+                    finalizer: args.actorcile_defaults,
+                    status: args.actorcile_defaults || args.workload == Workload::Status,
+                },
             )
             .await?,
         ),
