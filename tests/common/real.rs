@@ -257,14 +257,26 @@ impl Ns {
         self.get(name).await.map(|w| w.status.unwrap_or_default())
     }
 
-    /// Wait until widget `name` is Ready; returns it.
+    /// Wait until widget `name` is Ready; returns it. On timeout the panic shows the last
+    /// status seen.
     pub async fn wait_ready(&self, name: &str) -> Widget {
-        eventually(&format!("{}/{name} Ready", self.ns), CONVERGE, || async {
-            self.get(name)
-                .await
-                .filter(|w| w.status.as_ref().is_some_and(|s| s.is_ready()))
-        })
-        .await
+        let deadline = tokio::time::Instant::now() + CONVERGE;
+        loop {
+            let w = self.get(name).await;
+            if let Some(w) = &w
+                && w.status.as_ref().is_some_and(|s| s.is_ready())
+            {
+                return w.clone();
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "timed out after {CONVERGE:?} waiting for {}/{name} Ready; last seen: {:?}",
+                    self.ns,
+                    w.map(|w| (w.metadata.resource_version, w.metadata.finalizers, w.status))
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Wait until every named widget is Ready.
