@@ -325,3 +325,50 @@ async fn no_new_reference_is_accepted_by_a_deleting_target() {
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn foreground_deletion_waits_for_owned_children_before_deprovisioning() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Resource;
+    let (_c, client) = cluster();
+    let events = Events::default();
+    let rt = start(&client, events.clone()).await;
+    create_with(&client, "parent", &[], &[]).await;
+    wait_ready(&client, "parent", LIMIT).await;
+    let parent = widgets(&client).get("parent").await.unwrap();
+    let mut owner = parent.controller_owner_ref(&()).unwrap();
+    owner.block_owner_deletion = Some(true);
+    // a child that holds its own deletion back with a finalizer of its own
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("child".into());
+    cm.metadata.owner_references = Some(vec![owner]);
+    cm.metadata.finalizers = Some(vec!["example.com/slow".into()]);
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    widgets(&client)
+        .delete("parent", &kube::api::DeleteParams::foreground())
+        .await
+        .unwrap();
+    let s = eventually("parent waits for its children", LIMIT, || async {
+        status_of(&client, "parent")
+            .await
+            .filter(|s| s.ready().is_some_and(|c| c.message.contains("foreground")))
+    })
+    .await;
+    assert_eq!(s.phase, Some(Phase::Terminating));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(events.lock().unwrap().is_empty(), "no deprovision while an owned child remains");
+
+    // the child goes; the garbage collector lifts foregroundDeletion; deprovision runs
+    cms.patch(
+        "child",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    wait_gone(&client, "parent", LIMIT).await;
+    assert_eq!(*events.lock().unwrap(), ["-parent"]);
+    rt.shutdown().await;
+}

@@ -1,9 +1,10 @@
 //! The `actorcile` command line: `bench` (reconcile throughput of actorcile side by side with
-//! kube-runtime's `Controller`), `envtest` (a real etcd + kube-apiserver), `rbac` (the
-//! ClusterRole a runtime needs).
+//! kube-runtime's `Controller`), `simulate` (supervisor policies compared on a seeded scenario in
+//! virtual time), `envtest` (a real etcd + kube-apiserver).
 
 mod bench;
 mod envtest_cmd;
+mod simulate;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,8 @@ enum Command {
     /// Measure reconcile throughput, latency, API requests and memory of actorcile and of
     /// kube-runtime's `Controller` on the same workload, side by side.
     Bench(bench::BenchArgs),
+    /// Compare supervisor policies on a seeded scenario, in virtual time.
+    Simulate(simulate::SimulateArgs),
     /// A real etcd + kube-apiserver for trying operators by hand.
     #[command(subcommand)]
     Envtest(envtest_cmd::EnvtestCmd),
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::main(args),
+        Command::Simulate(args) => simulate::run(args),
         Command::Envtest(cmd) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
