@@ -1,0 +1,281 @@
+//! Readiness, references and deletion ordering on a real etcd + kube-apiserver (v1.20,
+//! `actorcile::envtest`): a chain and a diamond deleted in the worst order, and a foreign
+//! finalizer that must not count as a reference.
+//!
+//! Run with `cargo test --release --features envtest --test real_references`. The fallback
+//! dependency poll is an hour, so everything that converges here converged by messages.
+#![cfg(feature = "envtest")]
+
+mod common;
+#[path = "common/real.rs"]
+mod real;
+
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::references::referrers_in;
+use actorcile::runtime::DEFAULT_FINALIZER;
+use common::{Widget, eventually};
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use real::*;
+
+/// No polling: the fallback dependency poll is an hour.
+fn no_polling() -> SupervisorPolicy {
+    let mut p = real_policy();
+    p.dependency_poll = Duration::from_secs(3600);
+    p
+}
+
+/// A widget of the same namespace as `cx`'s object.
+fn sibling(cx: &Context<Widget>, name: &str) -> Target {
+    Target::for_kind::<Widget>(cx.object().namespace().as_deref(), name)
+}
+
+/// `needs` → `require_ready`; `refs` → `add_reference`; each deprovision logged as `-name`.
+fn widget_tree(log: Log) -> impl Provisioner<Widget> {
+    step("deps", |cx: Context<Widget>| async move {
+        for n in &cx.object().spec.needs {
+            if let Some(wait) = cx.require_ready(&sibling(&cx, n)).await {
+                return wait;
+            }
+        }
+        for n in &cx.object().spec.refs {
+            if let Err(e) = cx.add_reference(&sibling(&cx, n)).await {
+                return Outcome::yield_after(
+                    Duration::from_millis(100),
+                    Reason::new("ReferencePending", e.to_string()),
+                );
+            }
+        }
+        Outcome::Done
+    })
+    .on_delete(move |cx: Context<Widget>| {
+        let log = log.clone();
+        async move {
+            log.push(format!("-{}", cx.object().name_any()));
+            Outcome::Done
+        }
+    })
+}
+
+async fn start(api: &Ns, log: Log) -> RuntimeHandle {
+    Runtime::builder(api.client.clone())
+        .policy(no_polling())
+        .controller(Controller::<Widget>::new(widget_tree(log)).namespace(&api.ns))
+        .start()
+        .await
+        .expect("start the runtime")
+}
+
+/// The names of the referrers persisted on widget `name`.
+async fn persisted_referrers(api: &Ns, name: &str) -> Vec<String> {
+    let w = api
+        .get(name)
+        .await
+        .unwrap_or_else(|| panic!("{name} exists"));
+    let mut r: Vec<String> = referrers_in(w.annotations())
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    r.sort();
+    r
+}
+
+/// (referrer, target) edges of a chain a ← b ← c ← d and a diamond: top references left and
+/// right, both reference bottom. Every referrer also needs its targets Ready.
+const EDGES: [(&str, &str); 7] = [
+    ("b", "a"),
+    ("c", "b"),
+    ("d", "c"),
+    ("top", "left"),
+    ("top", "right"),
+    ("left", "bottom"),
+    ("right", "bottom"),
+];
+
+/// Create the chain and the diamond (dependents first, so readiness is reached by messages),
+/// wait until all are Ready and check the persisted references; returns every name.
+async fn create_chain_and_diamond(api: &Ns) -> Vec<String> {
+    let order = ["d", "c", "b", "a", "top", "left", "right", "bottom"];
+    for n in order {
+        let targets: Vec<&str> = EDGES
+            .iter()
+            .filter(|(r, _)| *r == n)
+            .map(|(_, t)| *t)
+            .collect();
+        api.create_with(n, &targets, &targets).await;
+    }
+    let all: Vec<String> = order.iter().map(|s| s.to_string()).collect();
+    api.wait_all_ready(&all).await;
+    assert_eq!(persisted_referrers(api, "a").await, ["b"]);
+    assert_eq!(persisted_referrers(api, "c").await, ["d"]);
+    assert_eq!(persisted_referrers(api, "bottom").await, ["left", "right"]);
+    assert_eq!(persisted_referrers(api, "top").await, Vec::<String>::new());
+    all
+}
+
+/// Everything is gone, every deprovision run of a referrer came before any run of its targets,
+/// and each object was deprovisioned once (after its finalizer is gone nothing of ours runs).
+async fn assert_clean_in_reference_order(api: &Ns, log: &Log, all: &[String]) {
+    for n in all {
+        api.wait_gone(n).await;
+    }
+    assert_eq!(
+        api.names().await,
+        Vec::<String>::new(),
+        "nothing left behind"
+    );
+    let entries = log.entries();
+    let runs = |n: &str| -> Vec<usize> {
+        let e = format!("-{n}");
+        entries
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x == e)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    for (referrer, target) in EDGES {
+        let (r, t) = (runs(referrer), runs(target));
+        assert!(
+            !r.is_empty() && !t.is_empty() && r.iter().max() < t.iter().min(),
+            "every deprovision of {referrer} before any of its target {target}: {entries:?}"
+        );
+    }
+    for n in all {
+        assert_eq!(runs(n).len(), 1, "{n} deprovisioned once: {entries:?}");
+    }
+}
+
+/// All deleted at once, targets first: releases and deletions race, as in a real teardown
+/// (`kubectl delete -f` of a whole manifest).
+#[tokio::test]
+async fn a_chain_and_a_diamond_deleted_targets_first_end_clean_in_reference_order() {
+    bounded("chain and diamond", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "refs-chain-diamond").await;
+        let log = Log::default();
+        let rt = start(&api, log.clone()).await;
+        let all = create_chain_and_diamond(&api).await;
+        for n in ["a", "b", "c", "d", "bottom", "left", "right", "top"] {
+            api.delete(n).await;
+        }
+        assert_clean_in_reference_order(&api, &log, &all).await;
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+/// Targets deleted first and held: until the roots (d, top) go, every deleted target reports
+/// InUse naming its referrers, and nothing is deprovisioned.
+#[tokio::test]
+async fn deleted_targets_stay_in_use_until_their_referrers_go() {
+    bounded("held targets", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "refs-held").await;
+        let log = Log::default();
+        let rt = start(&api, log.clone()).await;
+        let all = create_chain_and_diamond(&api).await;
+        for n in ["a", "b", "c", "bottom", "left", "right"] {
+            api.delete(n).await;
+        }
+        for (target, referrers) in [
+            ("a", &["b"][..]),
+            ("b", &["c"]),
+            ("c", &["d"]),
+            ("bottom", &["left", "right"]),
+            ("left", &["top"]),
+            ("right", &["top"]),
+        ] {
+            let s = api.wait_reason(target, "InUse").await;
+            assert_eq!(s.phase, Some(Phase::Terminating), "{target}: {s:?}");
+            let msg = &s.ready().unwrap().message;
+            for r in referrers {
+                assert!(msg.contains(r), "{target} names its referrer {r}: {msg}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            log.entries(),
+            Vec::<String>::new(),
+            "no deprovision while held"
+        );
+        for n in ["d", "top"] {
+            api.delete(n).await;
+        }
+        assert_clean_in_reference_order(&api, &log, &all).await;
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_foreign_finalizer_on_a_target_does_not_count_as_a_reference() {
+    bounded("foreign finalizer", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "refs-foreign-finalizer").await;
+        let log = Log::default();
+        let rt = start(&api, log.clone()).await;
+        api.create_with("t", &[], &[]).await;
+        api.wait_ready("t").await;
+        let foreign = "example.com/foreign";
+        api.api()
+            .patch(
+                "t",
+                &PatchParams::default(),
+                &Patch::Json::<()>(
+                    serde_json::from_value(serde_json::json!([
+                        {"op": "add", "path": "/metadata/finalizers/-", "value": foreign}
+                    ]))
+                    .unwrap(),
+                ),
+            )
+            .await
+            .expect("add a foreign finalizer");
+        assert_eq!(
+            api.get("t").await.unwrap().finalizers(),
+            [DEFAULT_FINALIZER.to_string(), foreign.to_string()]
+        );
+        api.delete("t").await;
+        let t = eventually(
+            "our deprovision ran and our finalizer went",
+            CONVERGE,
+            || async {
+                let t = api.get("t").await?;
+                (log.contains("-t") && t.finalizers() == [foreign.to_string()]).then_some(t)
+            },
+        )
+        .await;
+        assert!(t.metadata.deletion_timestamp.is_some());
+        let reason = t
+            .status
+            .as_ref()
+            .and_then(|s| s.ready())
+            .map(|c| c.reason.clone());
+        assert_ne!(
+            reason.as_deref(),
+            Some("InUse"),
+            "a foreign finalizer is no referrer"
+        );
+        // Nothing more of ours runs on it, and the foreign finalizer stays until its owner goes.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(log.entries(), ["-t"]);
+        assert_eq!(
+            api.get("t").await.unwrap().finalizers(),
+            [foreign.to_string()]
+        );
+        // The foreign controller finishes: the object goes.
+        api.api()
+            .patch(
+                "t",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .expect("remove the foreign finalizer");
+        api.wait_gone("t").await;
+        rt.shutdown().await;
+    })
+    .await;
+}

@@ -1,0 +1,600 @@
+//! The runtime on a real etcd + kube-apiserver (v1.20, `actorcile::envtest`): lifecycle with
+//! status and finalizer, operator restart, apiserver restart, schema and semantic validation,
+//! and the runtime's RBAC with a non-admin identity.
+//!
+//! Run with `cargo test --release --features envtest --test real_runtime` (needs
+//! `scripts/install-test-deps.sh`). Tests share one control plane (`Envtest::shared`) with a
+//! namespace each, and a runtime restricted to that namespace; the apiserver-restart test starts
+//! its own. Real time: short policy delays, every test bounded.
+#![cfg(feature = "envtest")]
+
+mod common;
+#[path = "common/real.rs"]
+mod real;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::rbac::{MissingPermission, missing_permissions};
+use actorcile::runtime::DEFAULT_FINALIZER;
+use common::{Widget, eventually};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use real::*;
+
+fn name_of(cx: &Context<Widget>) -> String {
+    cx.object().name_any()
+}
+
+/// The sample operator: negative sizes are Terminal; provisioning yields until the object has
+/// had `passes_needed` passes; deprovision is logged as `-name`.
+fn sample_tree(
+    passes: Passes,
+    deprovisions: Log,
+    passes_needed: impl Fn(&str) -> u32 + Send + Sync + 'static,
+) -> impl Provisioner<Widget> {
+    let passes_needed = Arc::new(passes_needed);
+    serial![
+        step("validate", |cx: Context<Widget>| async move {
+            if cx.object().spec.size < 0 {
+                Outcome::Terminal(Reason::new("InvalidSize", "spec.size must not be negative"))
+            } else {
+                Outcome::Done
+            }
+        }),
+        step("build", move |cx: Context<Widget>| {
+            let (passes, needed) = (passes.clone(), passes_needed.clone());
+            async move {
+                let name = name_of(&cx);
+                let n = passes.bump(&name);
+                if n < needed(&name) {
+                    Outcome::yield_after(
+                        Duration::from_millis(150),
+                        Reason::new("Building", format!("pass {n}")),
+                    )
+                } else {
+                    Outcome::Done
+                }
+            }
+        })
+        .on_delete(move |cx: Context<Widget>| {
+            let log = deprovisions.clone();
+            async move {
+                log.push(format!("-{}", name_of(&cx)));
+                Outcome::Done
+            }
+        }),
+    ]
+}
+
+async fn start(
+    client: &Client,
+    ns: &str,
+    tree: impl Provisioner<Widget> + 'static,
+) -> RuntimeHandle {
+    Runtime::builder(client.clone())
+        .policy(real_policy())
+        .controller(Controller::<Widget>::new(tree).namespace(ns))
+        .start()
+        .await
+        .expect("start the runtime")
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The full provisioned state of a widget: Ready True / Provisioned, phase Ready,
+/// observedGeneration = generation (status and condition), exactly our finalizer.
+fn assert_provisioned(w: &Widget) {
+    let s = w.status.clone().unwrap_or_default();
+    let c = s
+        .ready()
+        .unwrap_or_else(|| panic!("{}: no Ready condition: {s:?}", w.name_any()));
+    assert_eq!(c.status, "True", "{}: {s:?}", w.name_any());
+    assert_eq!(c.reason, "Provisioned", "{}: {s:?}", w.name_any());
+    assert_eq!(s.phase, Some(Phase::Ready), "{}: {s:?}", w.name_any());
+    assert_eq!(
+        s.observed_generation,
+        w.metadata.generation,
+        "{}",
+        w.name_any()
+    );
+    assert_eq!(
+        c.observed_generation,
+        w.metadata.generation,
+        "{}",
+        w.name_any()
+    );
+    assert_eq!(
+        w.finalizers(),
+        [DEFAULT_FINALIZER.to_string()],
+        "{}: exactly the runtime's finalizer",
+        w.name_any()
+    );
+}
+
+/// Delete every named widget and wait until the namespace is empty.
+async fn delete_all_and_wait(api: &Ns, all: &[String]) {
+    for n in all {
+        api.delete(n).await;
+    }
+    for n in all {
+        api.wait_gone(n).await;
+    }
+    assert_eq!(
+        api.names().await,
+        Vec::<String>::new(),
+        "nothing left behind"
+    );
+}
+
+#[tokio::test]
+async fn lifecycle_on_a_real_apiserver_status_finalizer_and_clean_deletion() {
+    bounded("lifecycle", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rt-lifecycle").await;
+        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let rt = start(
+            &api.client,
+            &api.ns,
+            sample_tree(passes.clone(), deprovisions.clone(), |_| 3),
+        )
+        .await;
+        let all = names("w", 5);
+        for n in &all {
+            api.create_widget(n, 1).await;
+        }
+        // While yielding: Progressing / Provisioning, with the provisioner's typed reason.
+        let s = api.wait_reason("w4", "Provisioning").await;
+        assert_eq!(s.phase, Some(Phase::Progressing), "{s:?}");
+        let c = s.ready().unwrap();
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains("Building"), "{c:?}");
+
+        api.wait_all_ready(&all).await;
+        for n in &all {
+            let w = api.get(n).await.unwrap();
+            assert_provisioned(&w);
+            assert_eq!(w.metadata.generation, Some(1));
+        }
+        // Give any stray run (an echo of our own writes) time to happen, then count.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for n in &all {
+            assert_eq!(
+                passes.of(n),
+                3,
+                "{n}: two yields and one done pass, no echo runs"
+            );
+        }
+
+        // A spec change: a new generation is provisioned and observed.
+        api.patch_spec("w0", serde_json::json!({"note": "changed"}))
+            .await;
+        let w = eventually("w0 observed generation 2", CONVERGE, || async {
+            api.get("w0").await.filter(|w| {
+                w.status
+                    .as_ref()
+                    .is_some_and(|s| s.is_ready() && s.observed_generation == Some(2))
+            })
+        })
+        .await;
+        assert_eq!(w.metadata.generation, Some(2));
+        assert_provisioned(&w);
+        assert_eq!(passes.of("w0"), 4);
+
+        // Deletion goes through the runtime's finalizer: deprovision once each, then gone.
+        delete_all_and_wait(&api, &all).await;
+        let mut log = deprovisions.entries();
+        log.sort();
+        assert_eq!(log, all.iter().map(|n| format!("-{n}")).collect::<Vec<_>>());
+        eventually("every actor stopped", CONVERGE, || async {
+            (rt.metrics().live_actors == 0).then_some(())
+        })
+        .await;
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn operator_restart_mid_provisioning_converges_without_reprovisioning_ready_objects() {
+    bounded("operator restart", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rt-operator-restart").await;
+        let (passes, deprovisions) = (Passes::default(), Log::default());
+        // `slow*` objects cannot finish before the restart: they yield until `allow` is set.
+        let allow = Arc::new(AtomicBool::new(false));
+        let tree = |allow: Arc<AtomicBool>| {
+            sample_tree(passes.clone(), deprovisions.clone(), move |name| {
+                if name.starts_with("early") {
+                    1
+                } else if allow.load(Ordering::SeqCst) {
+                    3
+                } else {
+                    u32::MAX
+                }
+            })
+        };
+        let rt = start(&api.client, &api.ns, tree(allow.clone())).await;
+        let early = names("early", 3);
+        let slow = names("slow", 4);
+        for n in &early {
+            api.create_widget(n, 1).await;
+        }
+        api.wait_all_ready(&early).await;
+        for n in &slow {
+            api.create_widget(n, 1).await;
+        }
+        for n in &slow {
+            eventually(&format!("{n} yielded twice"), CONVERGE, || async {
+                (passes.of(n) >= 2).then_some(())
+            })
+            .await;
+            api.wait_reason(n, "Provisioning").await;
+        }
+        rt.shutdown().await;
+        let before = passes.snapshot();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(passes.snapshot(), before, "no pass after shutdown returned");
+        for n in &slow {
+            let s = api.status_of(n).await.unwrap();
+            assert!(
+                !s.is_ready(),
+                "{n} was still provisioning at the restart: {s:?}"
+            );
+        }
+
+        // A new operator process: nothing in memory, everything from the API server.
+        allow.store(true, Ordering::SeqCst);
+        let rt = start(&api.client, &api.ns, tree(allow.clone())).await;
+        let all: Vec<String> = early.iter().chain(&slow).cloned().collect();
+        api.wait_all_ready(&all).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for n in &all {
+            assert_provisioned(&api.get(n).await.unwrap());
+        }
+        for n in &early {
+            let extra = passes.of(n) - before[n];
+            assert!(
+                extra <= 1,
+                "{n} was Ready before the restart but ran {extra} more passes"
+            );
+        }
+        for n in &slow {
+            assert!(
+                passes.of(n) > before[n],
+                "{n} was provisioned by the new runtime"
+            );
+        }
+        delete_all_and_wait(&api, &all).await;
+        assert_eq!(deprovisions.entries().len(), all.len());
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn apiserver_restart_mid_provisioning_watches_recover_and_everything_converges() {
+    bounded("apiserver restart", async {
+        // Restarting the apiserver would disturb other tests: this one has its own.
+        let mut env = own_env().await;
+        let api = Ns::create(env.client(), "rt-apiserver-restart").await;
+        let (passes, deprovisions) = (Passes::default(), Log::default());
+        // `a*` objects yield (150 ms) until `finish` is set, which happens while the apiserver
+        // is down: their last passes, and the status writes of those, fall into the outage.
+        let finish = Arc::new(AtomicBool::new(false));
+        let f = finish.clone();
+        let rt = start(
+            &api.client,
+            &api.ns,
+            sample_tree(passes.clone(), deprovisions.clone(), move |name| {
+                if name.starts_with('a') && !f.load(Ordering::SeqCst) {
+                    u32::MAX
+                } else {
+                    2
+                }
+            }),
+        )
+        .await;
+        let before = names("a", 6);
+        for n in &before {
+            api.create_widget(n, 1).await;
+        }
+        for n in &before {
+            api.wait_reason(n, "Provisioning").await;
+        }
+        let (_, Some(old_pid)) = env.pids() else {
+            panic!("the apiserver is running");
+        };
+        let restart = tokio::spawn(async move {
+            env.restart_apiserver()
+                .await
+                .expect("restart kube-apiserver");
+            env
+        });
+        eventually("the old apiserver is gone", CONVERGE, || async {
+            (!std::path::Path::new(&format!("/proc/{old_pid}")).exists()).then_some(())
+        })
+        .await;
+        finish.store(true, Ordering::SeqCst);
+        let env = restart.await.expect("the restart task");
+        api.wait_all_ready(&before).await;
+        for n in &before {
+            assert_provisioned(&api.get(n).await.unwrap());
+        }
+        // The watch recovered: objects created after the restart are provisioned too.
+        let after = names("b", 3);
+        for n in &after {
+            api.create_widget(n, 1).await;
+        }
+        api.wait_all_ready(&after).await;
+        let all: Vec<String> = before.iter().chain(&after).cloned().collect();
+        delete_all_and_wait(&api, &all).await;
+        rt.shutdown().await;
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() {
+    bounded("validation", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rt-invalid").await;
+        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let rt = start(
+            &api.client,
+            &api.ns,
+            sample_tree(passes.clone(), deprovisions.clone(), |_| 1),
+        )
+        .await;
+
+        // Schema-invalid: the CRD schema generated from the Rust types makes the apiserver
+        // refuse the write (422 Invalid); nothing is stored and the tree never sees it.
+        let ar = ApiResource::erase::<Widget>(&());
+        let raw: Api<DynamicObject> = Api::namespaced_with(api.client.clone(), &api.ns, &ar);
+        for (name, spec, field) in [
+            (
+                "bad-type",
+                serde_json::json!({"size": "abc", "note": "x"}),
+                "spec.size",
+            ),
+            ("bad-missing", serde_json::json!({"note": "x"}), "spec.size"),
+        ] {
+            let mut obj = DynamicObject::new(name, &ar);
+            obj.data = serde_json::json!({ "spec": spec });
+            match raw.create(&PostParams::default(), &obj).await {
+                Err(kube::Error::Api(s)) => {
+                    assert_eq!(s.code, 422, "{name}: {s:?}");
+                    assert_eq!(s.reason, "Invalid", "{name}: {s:?}");
+                    assert!(s.message.contains(field), "{name}: {}", s.message);
+                }
+                other => panic!("{name}: expected 422 Invalid, got {other:?}"),
+            }
+            assert!(api.get(name).await.is_none(), "{name} was not stored");
+        }
+
+        // Semantically invalid: the tree answers Terminal with its typed reason.
+        api.create_widget("neg", -5).await;
+        let s = api.wait_reason("neg", "Terminal").await;
+        assert_eq!(s.phase, Some(Phase::Failed));
+        let c = s.ready().unwrap();
+        assert_eq!(c.status, "False");
+        assert!(
+            c.message.contains("InvalidSize") && c.message.contains("must not be negative"),
+            "{c:?}"
+        );
+        assert_eq!(s.observed_generation, Some(1));
+        // Terminal: no retries (the policy's yield and backoff delays are ≤ 2 s).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let neg = api.get("neg").await.unwrap();
+        assert_eq!(neg.finalizers(), [DEFAULT_FINALIZER.to_string()]);
+        assert_eq!(
+            rt.metrics().provision_runs,
+            1,
+            "one run for the terminal object, none for the rejected ones"
+        );
+        assert_eq!(passes.of("bad-type") + passes.of("bad-missing"), 0);
+
+        // The object changed: provisioning resumes and succeeds.
+        api.patch_spec("neg", serde_json::json!({"size": 3})).await;
+        let w = api.wait_ready("neg").await;
+        assert_provisioned(&w);
+        assert_eq!(w.status.unwrap().observed_generation, Some(2));
+        delete_all_and_wait(&api, &["neg".to_string()]).await;
+        assert_eq!(deprovisions.entries(), ["-neg"]);
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+/// A kind whose spec has no defaulted strings, so only actorcile's `ResourceStatus` is in play.
+#[derive(
+    kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[kube(
+    group = "schema.actorcile.dev",
+    version = "v1",
+    kind = "Plain",
+    namespaced,
+    status = "ResourceStatus"
+)]
+struct PlainSpec {
+    size: i32,
+}
+
+/// An operator puts `ResourceStatus` in its CRD's status (as `status.rs` recommends) and installs
+/// the CRD generated from its Rust types. FAILS on kube-apiserver v1.20 while
+/// `status::Condition`'s `#[serde(default)]` strings give `default: ""` in the schema (the server
+/// rejects the CRD with 422, see `real::crd_for_v1_20`).
+#[tokio::test]
+async fn resource_status_schema_installs_on_a_real_apiserver_as_generated() {
+    bounded("ResourceStatus schema", async {
+        let env = shared_env().await;
+        env.install_crds(&[<Plain as kube::CustomResourceExt>::crd()])
+            .await
+            .expect("a CRD whose status is actorcile's ResourceStatus installs as generated");
+    })
+    .await;
+}
+
+const ROLE: &str = "actorcile-realapi-operator";
+
+async fn apply_role(admin: &Client, role: &ClusterRole) {
+    let mut body = role.clone();
+    body.metadata.managed_fields = None;
+    let mut v = serde_json::to_value(&body).unwrap();
+    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
+    v["kind"] = "ClusterRole".into();
+    Api::<ClusterRole>::all(admin.clone())
+        .patch(
+            ROLE,
+            &PatchParams::apply("realapi-test").force(),
+            &Patch::Apply(&v),
+        )
+        .await
+        .expect("apply the ClusterRole");
+}
+
+async fn bind_role_to_user(admin: &Client, user: &str) {
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(ROLE.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: ROLE.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.into(),
+            namespace: None,
+        }]),
+    };
+    let mut v = serde_json::to_value(&binding).unwrap();
+    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
+    v["kind"] = "ClusterRoleBinding".into();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .patch(
+            ROLE,
+            &PatchParams::apply("realapi-test").force(),
+            &Patch::Apply(&v),
+        )
+        .await
+        .expect("apply the ClusterRoleBinding");
+}
+
+#[tokio::test]
+async fn the_runtimes_cluster_role_suffices_for_a_non_admin_and_preflight_names_what_is_missing() {
+    bounded("rbac", async {
+        let env = shared_env().await;
+        let admin = env.client();
+        let user = env.user_client();
+        let api = Ns::create(admin.clone(), "rt-rbac").await;
+        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let builder = || {
+            Runtime::builder(user.clone())
+                .policy(real_policy())
+                .controller(
+                    Controller::<Widget>::new(sample_tree(
+                        passes.clone(),
+                        deprovisions.clone(),
+                        |_| 2,
+                    ))
+                    .namespace(&api.ns),
+                )
+                .events("realapi-rbac-test")
+                .preflight_rbac(true)
+        };
+        let full = builder().cluster_role(ROLE);
+        let all_rules = full.rules.clone().unwrap_or_default();
+
+        // The role without `patch` on widgets/status.
+        let mut reduced = full.clone();
+        for r in reduced.rules.iter_mut().flatten() {
+            if r.resources.as_deref() == Some(&["widgets/status".to_string()][..]) {
+                r.verbs.retain(|v| v != "patch");
+            }
+        }
+        assert_ne!(
+            reduced, full,
+            "the runtime's role includes patch on widgets/status"
+        );
+        apply_role(&admin, &reduced).await;
+        bind_role_to_user(&admin, env.user_name()).await;
+        let expected = vec![MissingPermission {
+            verb: "patch".into(),
+            resource: "widgets/status".into(),
+            group: "test.actorcile.dev".into(),
+        }];
+        // RBAC changes reach the authorizer through an informer: wait until they are in force.
+        eventually("the reduced role is in force", CONVERGE, || async {
+            let missing = missing_permissions(&user, &all_rules).await.ok()?;
+            (missing == expected).then_some(())
+        })
+        .await;
+        match builder().start().await {
+            Err(actorcile::Error::Forbidden(missing)) => {
+                assert_eq!(missing, expected);
+                let msg = actorcile::Error::Forbidden(missing).to_string();
+                assert!(
+                    msg.contains("patch") && msg.contains("widgets/status"),
+                    "{msg}"
+                );
+            }
+            Err(e) => panic!("expected Error::Forbidden, got {e}"),
+            Ok(rt) => {
+                rt.shutdown().await;
+                panic!("start() succeeded without patch on widgets/status");
+            }
+        }
+
+        // The full role: preflight passes and the whole lifecycle works as the non-admin.
+        apply_role(&admin, &full).await;
+        eventually("the full role is in force", CONVERGE, || async {
+            let missing = missing_permissions(&user, &all_rules).await.ok()?;
+            missing.is_empty().then_some(())
+        })
+        .await;
+        let rt = builder().start().await.expect("start with the full role");
+        let all = names("r", 3);
+        for n in &all {
+            api.create_widget(n, 1).await;
+        }
+        api.wait_all_ready(&all).await;
+        for n in &all {
+            assert_provisioned(&api.get(n).await.unwrap());
+        }
+        // Events were published with the role's permissions.
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(admin.clone(), &api.ns);
+        eventually("a Provisioned event for r0", CONVERGE, || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("Provisioned")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("r0")
+                })
+                .then_some(())
+        })
+        .await;
+        delete_all_and_wait(&api, &all).await;
+        assert_eq!(deprovisions.entries().len(), all.len());
+        rt.shutdown().await;
+        let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+            .delete(ROLE, &DeleteParams::default())
+            .await;
+        let _ = Api::<ClusterRole>::all(admin.clone())
+            .delete(ROLE, &DeleteParams::default())
+            .await;
+    })
+    .await;
+}
