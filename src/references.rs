@@ -292,15 +292,18 @@ impl ReferenceIndex {
         None
     }
 
+    /// The targets `from` holds references on (a copy: callers await while iterating).
+    fn held_by(&self, from: &Target) -> Vec<Target> {
+        self.held
+            .get(from)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Wake every target `from` holds a reference on (their deletion state may depend on
     /// `from`'s, e.g. a cycle that just closed).
     pub(crate) fn notify_held(&self, from: &Target) {
-        let targets: Vec<Target> = self
-            .held
-            .get(from)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
-        for t in targets {
+        for t in self.held_by(from) {
             if let Some(k) = self.kind(&t) {
                 k.notify(&t);
             }
@@ -309,12 +312,7 @@ impl ReferenceIndex {
 
     /// Release every reference `from` holds (after its deprovision finished).
     pub(crate) async fn release_all(&self, from: &Target) {
-        let targets: Vec<Target> = self
-            .held
-            .get(from)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
-        for t in targets {
+        for t in self.held_by(from) {
             if let Err(e) = self.release_reference(from, &t).await {
                 tracing::warn!(from = %from, target = %t, error = %e, "could not release reference");
             }

@@ -65,10 +65,7 @@ pub(crate) struct ManagerState<K: ManagedResource> {
 }
 
 fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
-    match version {
-        Some(v) => !ps.own_writes.contains(&v) && ps.last_run_version.is_none_or(|l| v > l),
-        None => true,
-    }
+    super::is_news(ps.last_run_version, &ps.own_writes, version)
 }
 
 impl<K: ManagedResource> Manager<K> {

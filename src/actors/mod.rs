@@ -84,6 +84,15 @@ pub(crate) fn version_of<K: Resource>(obj: &K) -> Option<u64> {
     obj.meta().resource_version.as_deref()?.parse().ok()
 }
 
+/// Whether an object at `version` is news to an actor that last ran on `last_run` and whose own
+/// writes produced `own_writes` (their watch echoes are not news). Unreadable versions always are.
+pub(crate) fn is_news(last_run: Option<u64>, own_writes: &[u64], version: Option<u64>) -> bool {
+    match version {
+        Some(v) => !own_writes.contains(&v) && last_run.is_none_or(|l| v > l),
+        None => true,
+    }
+}
+
 /// Runtime-wide counters, shared by every controller. Cheap atomics; read with
 /// [`Metrics::snapshot`].
 #[derive(Debug, Default)]

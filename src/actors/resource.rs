@@ -79,10 +79,7 @@ impl<K: ManagedResource> ResourceState<K> {
 
     /// Whether a version we have not handled yet (and did not write ourselves).
     fn is_news(&self, version: Option<u64>) -> bool {
-        match version {
-            Some(v) => !self.own_writes.contains(&v) && self.last_run_version.is_none_or(|l| v > l),
-            None => true,
-        }
+        super::is_news(self.last_run_version, &self.own_writes, version)
     }
 
     /// Keep the newer of the known and the given object.
