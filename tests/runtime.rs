@@ -46,12 +46,7 @@ async fn lifecycle_provision_ready_delete_gone_without_leaks() {
             }
         ),
     ];
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, test_policy(), tree).await;
     for i in 0..20 {
         create(&client, &format!("w{i}"), 1).await;
     }
@@ -109,12 +104,7 @@ async fn yield_delay_is_honoured_and_default_applies() {
     });
     let mut policy = test_policy();
     policy.yield_delay = Duration::from_secs(3);
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, policy, tree).await;
     create(&client, "y", 1).await;
     wait_ready(&client, "y", LIMIT).await;
     let s = log.starts("y");
@@ -149,12 +139,7 @@ async fn new_generation_preempts_a_pending_timer() {
             }
         }
     });
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, test_policy(), tree).await;
     create(&client, "g", 1).await;
     wait_reason(&client, "g", "Provisioning", LIMIT).await;
     let before = Instant::now();
@@ -190,12 +175,7 @@ async fn events_during_a_run_coalesce_into_one_follow_up_run() {
             Outcome::Done
         }
     });
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, test_policy(), tree).await;
     create(&client, "c", 1).await;
     entered.notified().await;
     for i in 0..100 {
@@ -243,12 +223,7 @@ async fn error_backoff_grows_and_resets_on_success() {
     let mut policy = test_policy();
     policy.error_backoff.min = Duration::from_millis(100);
     policy.error_backoff.max = Duration::from_secs(10);
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, policy, tree).await;
     create(&client, "f", 1).await;
     wait_ready(&client, "f", LIMIT).await;
     let s = log.starts("f");
@@ -287,12 +262,7 @@ async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
     let mut policy = test_policy();
     policy.restart.max_restarts = 5;
     policy.restart.backoff.min = Duration::from_millis(100);
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, policy, tree).await;
     create(&client, "p", 1).await;
     wait_ready(&client, "p", LIMIT).await;
     assert_eq!(rt.metrics().restarts, 3);
@@ -323,12 +293,7 @@ async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaff
     let mut policy = test_policy();
     policy.restart.max_restarts = 2;
     policy.restart.backoff.min = Duration::from_millis(10);
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, policy, tree).await;
     create(&client, "bad", 1).await;
     for i in 0..5 {
         create(&client, &format!("good{i}"), 1).await;
@@ -364,12 +329,7 @@ async fn never_two_runs_of_one_object_at_once_under_heavy_event_load() {
                 Outcome::Done
             }
         });
-        let rt = Runtime::builder(client.clone())
-            .policy(test_policy())
-            .controller(Controller::<Widget>::new(tree))
-            .start()
-            .await
-            .unwrap();
+        let rt = start_widgets(&client, test_policy(), tree).await;
         for i in 0..10 {
             create(&client, &format!("h{i}"), 1).await;
         }
@@ -422,12 +382,7 @@ async fn invalid_spec_is_terminal_with_typed_reason_and_bounded_runs() {
             Outcome::Done
         }
     });
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, test_policy(), tree).await;
     create(&client, "neg", -5).await;
     let s = wait_reason(&client, "neg", "Terminal", LIMIT).await;
     assert_eq!(s.phase, Some(Phase::Failed));
@@ -452,12 +407,7 @@ async fn invalid_spec_is_terminal_with_typed_reason_and_bounded_runs() {
 async fn an_idle_rerun_writes_no_status() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(logging_step(log.clone())))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, test_policy(), logging_step(log.clone())).await;
     create(&client, "i", 1).await;
     wait_ready(&client, "i", LIMIT).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -495,12 +445,7 @@ async fn idle_actors_passivate_and_reactivate_on_their_next_event() {
     let log = RunLog::default();
     let mut policy = test_policy();
     policy.idle_timeout = Some(Duration::from_secs(5));
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Widget>::new(logging_step(log.clone())))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     for i in 0..10 {
         create(&client, &format!("z{i}"), 1).await;
     }
@@ -541,12 +486,7 @@ async fn graceful_shutdown_lets_an_in_flight_run_finish() {
     });
     let mut policy = test_policy();
     policy.shutdown_timeout = Duration::from_secs(10);
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, policy, tree).await;
     create(&client, "s", 1).await;
     entered.notified().await;
     rt.shutdown().await;
@@ -564,12 +504,7 @@ async fn objects_that_exist_before_the_runtime_starts_are_provisioned() {
         create(&client, &format!("pre{i}"), 1).await;
     }
     let log = RunLog::default();
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(logging_step(log.clone())))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, test_policy(), logging_step(log.clone())).await;
     wait_all_ready(&client, 5, LIMIT).await;
     create(&client, "post", 1).await;
     wait_ready(&client, "post", LIMIT).await;
@@ -585,12 +520,7 @@ async fn poll_timers_survive_passivation() {
     policy.idle_timeout = Some(Duration::from_secs(1));
     policy.poll_interval = Some(Duration::from_secs(10));
     policy.poll_jitter = 0.0;
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Widget>::new(logging_step(log.clone())))
-        .start()
-        .await
-        .unwrap();
+    let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     create(&client, "poll", 1).await;
     wait_ready(&client, "poll", LIMIT).await;
     tokio::time::sleep(Duration::from_secs(35)).await;

@@ -222,6 +222,20 @@ pub fn test_policy() -> SupervisorPolicy {
     p
 }
 
+/// A runtime managing `Widget`s with `tree` under `policy`.
+pub async fn start_widgets(
+    client: &Client,
+    policy: SupervisorPolicy,
+    tree: impl Provisioner<Widget> + 'static,
+) -> RuntimeHandle {
+    Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .expect("start the runtime")
+}
+
 pub fn name_of(w: &Widget) -> String {
     w.name_any()
 }
