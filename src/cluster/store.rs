@@ -58,6 +58,17 @@ struct Obj {
     bytes: Bytes,
 }
 
+impl Obj {
+    /// An object and its serialized form (serialized once, shared with every watcher).
+    fn new(value: Value) -> Self {
+        let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+        Obj {
+            value: Arc::new(value),
+            bytes,
+        }
+    }
+}
+
 /// Reference to a stored object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct ObjRef {
@@ -768,11 +779,7 @@ impl Store {
 
     fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
         if self.dry_run {
-            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
-            return Obj {
-                value: Arc::new(value),
-                bytes,
-            };
+            return Obj::new(value);
         }
         self.rev += 1;
         meta_mut(&mut value).insert("resourceVersion".into(), json!(self.rev.to_string()));
@@ -810,22 +817,14 @@ impl Store {
 
     fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
         if self.dry_run {
-            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
-            return Obj {
-                value: Arc::new(value),
-                bytes,
-            };
+            return Obj::new(value);
         }
         let Some(old) = self
             .tables
             .get_mut(&r.gr)
             .and_then(|t| t.objects.remove(&(r.ns.clone(), r.name.clone())))
         else {
-            let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
-            return Obj {
-                value: Arc::new(value),
-                bytes,
-            };
+            return Obj::new(value);
         };
         self.rev += 1;
         meta_mut(&mut value).insert("resourceVersion".into(), json!(self.rev.to_string()));
@@ -1480,11 +1479,7 @@ impl Store {
             // As the real server: the write is not stored but the object is deleted; the DELETED event
             // carries the last stored state, the answer the written one (at its old resourceVersion).
             self.remove(&r, (*old.value).clone());
-            let bytes = Bytes::from(serde_json::to_vec(&next).unwrap_or_default());
-            Obj {
-                value: Arc::new(next),
-                bytes,
-            }
+            Obj::new(next)
         } else {
             self.put(&r, next, EvType::Modified)
         };
