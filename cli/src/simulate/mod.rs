@@ -73,6 +73,15 @@ pub struct SimulateArgs {
 }
 
 /// Mix numbers into one well-spread seed (splitmix64 steps).
+/// The names of built-ins (`(name, TOML)` pairs), comma-separated, for error messages.
+pub(crate) fn built_in_names(built_ins: &[(&str, &str)]) -> String {
+    built_ins
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub(crate) fn mix(parts: &[u64]) -> u64 {
     let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
     for p in parts {

@@ -55,16 +55,8 @@ pub enum PolicySpecError {
         error: PolicyError,
     },
     /// Neither a built-in name nor an existing file.
-    #[error("unknown policy `{0}`: not a built-in ({built_ins}) and no such file", built_ins = built_in_names())]
+    #[error("unknown policy `{0}`: not a built-in ({built_ins}) and no such file", built_ins = super::built_in_names(BUILT_INS))]
     Unknown(String),
-}
-
-fn built_in_names() -> String {
-    BUILT_INS
-        .iter()
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// A built-in policy by name.

@@ -215,16 +215,8 @@ pub enum ScenarioError {
         reason: String,
     },
     /// Neither a built-in name nor an existing file.
-    #[error("unknown scenario `{0}`: not a built-in ({built_ins}) and no such file", built_ins = built_in_names())]
+    #[error("unknown scenario `{0}`: not a built-in ({built_ins}) and no such file", built_ins = super::built_in_names(BUILT_INS))]
     Unknown(String),
-}
-
-fn built_in_names() -> String {
-    BUILT_INS
-        .iter()
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn check_rate(field: &str, v: f64) -> Result<(), (String, String)> {
