@@ -71,8 +71,8 @@ fn hot_paths(c: &mut Criterion) {
         let mut slot = WakeSlot::default();
         b.iter(|| {
             let now = tokio::time::Instant::now();
-            slot.schedule(now + Duration::from_secs(10), |_, _| tokio::spawn(async {}));
-            slot.schedule(now + Duration::from_secs(1), |_, _| tokio::spawn(async {}));
+            slot.schedule(now + Duration::from_secs(10));
+            slot.schedule(now + Duration::from_secs(1));
             slot.cancel();
         })
     });

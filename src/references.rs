@@ -139,7 +139,8 @@ pub struct ReferenceIndex {
     /// target → resources waiting for it to become Ready.
     waiters: DashMap<Target, BTreeSet<Target>>,
     /// Readiness last written by the target's own actor (authoritative for managed targets).
-    ready: DashMap<Target, bool>,
+    /// Keys are the actors' own `Arc<Target>`s: an entry costs no copy of the target.
+    ready: DashMap<Arc<Target>, bool>,
     /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
     held: DashMap<Target, BTreeSet<Target>>,
 }
@@ -194,14 +195,30 @@ impl ReferenceIndex {
     }
 
     /// Set by a resource's own actor after each pass; on Ready, wake every waiter.
-    pub(crate) fn mark_ready(&self, target: &Target, ready: bool) {
-        self.ready.insert(target.clone(), ready);
-        if ready && let Some((_, waiters)) = self.waiters.remove(target) {
+    /// Only Ready is recorded: not Ready reads the same as unknown (the target's kind is asked).
+    pub(crate) fn mark_ready(&self, target: &Arc<Target>, ready: bool) {
+        if !ready {
+            self.ready.remove(&**target);
+            return;
+        }
+        if !self.ready.contains_key(&**target) {
+            self.ready.insert(target.clone(), true);
+        }
+        if let Some((_, waiters)) = self.waiters.remove(&**target) {
             for w in waiters {
                 if let Some(k) = self.kind(&w) {
                     k.notify(&w);
                 }
             }
+        }
+    }
+
+    /// The index's shared copy of `target`, if it has one (a re-activated actor reuses it
+    /// rather than keeping a second copy).
+    pub(crate) fn shared_target(&self, target: Target) -> Arc<Target> {
+        match self.ready.get(&target) {
+            Some(entry) => entry.key().clone(),
+            None => Arc::new(target),
         }
     }
 

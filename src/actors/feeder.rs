@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -56,7 +57,12 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     writer: reflector::store::Writer<K>,
     manager: ActorRef<ManagerMsg<K>>,
 ) {
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a real
+    // API server they are often the largest part of a small object, and nothing here reads them.
+    let events = watcher::watcher(api, config)
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear());
+    let stream = reflector::reflector(writer, events);
     futures::pin_mut!(stream);
     let mut relisting: Option<HashSet<ObjectRef<K>>> = None;
     while let Some(event) = stream.next().await {

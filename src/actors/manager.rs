@@ -53,8 +53,8 @@ struct Restarts {
 
 struct Slot {
     life: Life,
-    /// Boxed: most objects never fail, and idle slots should stay small.
-    restarts: Box<Restarts>,
+    /// Only for objects whose actor failed: most never do, and idle slots should stay small.
+    restarts: Option<Box<Restarts>>,
 }
 
 /// Manager state: every known object's slot.
@@ -91,7 +91,7 @@ impl<K: ManagedResource> Manager<K> {
                 self.shared.routes.insert(key.clone(), actor);
                 let slot = st.slots.entry(key).or_insert_with(|| Slot {
                     life: Life::Restarting,
-                    restarts: Box::default(),
+                    restarts: None,
                 });
                 if let Life::Passive(_, Some((_, t))) = &slot.life {
                     t.abort();
@@ -102,6 +102,16 @@ impl<K: ManagedResource> Manager<K> {
                 tracing::error!(object = %key, error = %e, "could not spawn resource actor");
                 st.slots.remove(&key);
             }
+        }
+    }
+
+    /// After a wave of passivations the actor-indexed maps keep their peak capacity (about
+    /// 100 bytes per slot); give it back once they are mostly empty.
+    fn shrink_if_sparse(&self, st: &mut ManagerState<K>) {
+        const MIN: usize = 1024;
+        if st.ids.capacity() > MIN && st.ids.capacity() > 8 * st.ids.len() {
+            st.ids.shrink_to(2 * st.ids.len());
+            self.shared.routes.shrink_to_fit();
         }
     }
 
@@ -171,9 +181,9 @@ impl<K: ManagedResource> Manager<K> {
         let now = Instant::now();
         let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
             life: Life::Restarting,
-            restarts: Box::default(),
+            restarts: None,
         });
-        let r = &mut slot.restarts;
+        let r = slot.restarts.get_or_insert_default();
         if r.last
             .is_some_and(|l| now.duration_since(l) >= policy.backoff.reset_after)
         {
@@ -314,7 +324,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
                         let changed = obj.meta().generation != *generation
                             || (obj.meta().deletion_timestamp.is_some() && !*deleting);
                         if changed {
-                            *slot.restarts = Restarts::default();
+                            slot.restarts = None;
                             self.spawn(&myself, st, key, None).await;
                         }
                     }
@@ -392,9 +402,11 @@ impl<K: ManagedResource> Actor for Manager<K> {
     ) -> Result<(), ActorProcessingErr> {
         match event {
             SupervisionEvent::ActorTerminated(cell, last_state, _) => {
+                self.shared.timers.forget(cell.get_id());
                 let Some(key) = st.ids.remove(&cell.get_id()) else {
                     return Ok(());
                 };
+                self.shrink_if_sparse(st);
                 self.shared
                     .routes
                     .remove_if(&key, |_, a| a.get_id() == cell.get_id());
@@ -419,9 +431,11 @@ impl<K: ManagedResource> Actor for Manager<K> {
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
+                self.shared.timers.forget(cell.get_id());
                 let Some(key) = st.ids.remove(&cell.get_id()) else {
                     return Ok(());
                 };
+                self.shrink_if_sparse(st);
                 self.shared
                     .routes
                     .remove_if(&key, |_, a| a.get_id() == cell.get_id());

@@ -30,7 +30,7 @@ use crate::references::ReferenceIndex;
 pub(crate) use feeder::run_feeder;
 pub(crate) use manager::{Manager, ManagerArgs};
 #[doc(hidden)]
-pub use timer::WakeSlot;
+pub use timer::{TimerSlot, Timers, WakeSlot};
 
 /// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
 /// `#[derive(CustomResource)]` type or a k8s-openapi type).
@@ -68,6 +68,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub write_status: bool,
     pub metrics: Arc<Metrics>,
     pub references: Arc<ReferenceIndex>,
+    /// Every resource actor's wake-up and idle timers.
+    pub timers: Timers<ResourceMsg<K>>,
 }
 
 impl<K: ManagedResource> Shared<K> {

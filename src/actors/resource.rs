@@ -11,10 +11,9 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::json;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::timer::WakeSlot;
+use super::timer::{TimerSlot, WakeSlot};
 use super::{ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
@@ -50,7 +49,10 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     run_pending: bool,
     wake: WakeSlot,
     idle_token: u64,
-    idle_task: Option<JoinHandle<()>>,
+    /// An idle check is armed (it re-arms itself if there was activity since).
+    idle_armed: bool,
+    /// When the actor last finished work (the idle timeout counts from here).
+    last_active: Instant,
     error_attempts: u32,
     error_backoff: Option<ExponentialBackoff>,
     /// Set when passivating: what the manager keeps (it takes it from the terminated state).
@@ -117,29 +119,45 @@ impl<K: ManagedResource> ResourceActor<K> {
         st: &mut ResourceState<K>,
         delay: Duration,
     ) {
-        let me = myself.clone();
-        st.wake.schedule(Instant::now() + delay, move |token, d| {
-            tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                let _ = me.cast(ResourceMsg::Wake(token));
-            })
-        });
+        let at = Instant::now() + delay;
+        if let Some(token) = st.wake.schedule(at) {
+            self.shared
+                .timers
+                .arm(myself, TimerSlot::Wake, at, ResourceMsg::Wake(token));
+        }
+    }
+
+    fn cancel_wake(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        if st.wake.cancel() {
+            self.shared.timers.cancel(myself.get_id(), TimerSlot::Wake);
+        }
     }
 
     fn arm_idle(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         let Some(idle) = self.shared.policy.idle_timeout else {
             return;
         };
-        st.idle_token += 1;
-        if let Some(t) = st.idle_task.take() {
-            t.abort();
+        st.last_active = Instant::now();
+        if !st.idle_armed {
+            self.arm_idle_check(myself, st, st.last_active + idle);
         }
-        let token = st.idle_token;
-        let me = myself.clone();
-        st.idle_task = Some(tokio::spawn(async move {
-            tokio::time::sleep(idle).await;
-            let _ = me.cast(ResourceMsg::IdleCheck(token));
-        }));
+    }
+
+    /// Arm the idle check for `at` (one per actor: re-arming replaces it).
+    fn arm_idle_check(
+        &self,
+        myself: &ActorRef<ResourceMsg<K>>,
+        st: &mut ResourceState<K>,
+        at: Instant,
+    ) {
+        st.idle_token += 1;
+        st.idle_armed = true;
+        self.shared.timers.arm(
+            myself,
+            TimerSlot::Idle,
+            at,
+            ResourceMsg::IdleCheck(st.idle_token),
+        );
     }
 
     fn context(&self, obj: Arc<K>, status: Arc<ResourceStatus>) -> Context<K> {
@@ -157,7 +175,7 @@ impl<K: ManagedResource> ResourceActor<K> {
     async fn run_if_dirty(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         if st.dirty {
             st.dirty = false;
-            st.wake.cancel();
+            self.cancel_wake(myself, st);
             // Boxed: the pass's state machine is large, and inline it would make every idle
             // actor's task that large.
             Box::pin(self.run_pass(myself, st)).await;
@@ -642,11 +660,12 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             run_pending: false,
             wake: WakeSlot::default(),
             idle_token: 0,
-            idle_task: None,
+            idle_armed: false,
+            last_active: Instant::now(),
             error_attempts: 0,
             error_backoff: None,
             passive: None,
-            target: Arc::new(Target::new(
+            target: self.shared.references.shared_target(Target::new(
                 K::api_version(&()),
                 K::kind(&()),
                 args.key.namespace.as_deref(),
@@ -689,12 +708,9 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
     async fn post_stop(
         &self,
         _myself: ActorRef<Self::Msg>,
-        st: &mut Self::State,
+        _st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        st.wake.cancel();
-        if let Some(t) = st.idle_task.take() {
-            t.abort();
-        }
+        // The manager drops this actor's timers when it sees it stop (also after a panic).
         Metrics::dec(&self.shared.metrics.live_actors);
         Ok(())
     }
@@ -731,13 +747,27 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             }
             ResourceMsg::Notify => st.trigger_run(&myself),
             ResourceMsg::IdleCheck(token) => {
-                let quiet = token == st.idle_token && !st.dirty && !st.run_pending;
-                let timer_far = match (st.wake.deadline(), self.shared.policy.idle_timeout) {
-                    (None, _) => true,
-                    (Some(at), Some(idle)) => at.saturating_duration_since(Instant::now()) >= idle,
-                    (Some(_), None) => false,
+                if token != st.idle_token {
+                    return Ok(()); // replaced
+                }
+                st.idle_armed = false;
+                let Some(idle) = self.shared.policy.idle_timeout else {
+                    return Ok(());
                 };
-                if quiet && timer_far {
+                if st.dirty || st.run_pending {
+                    return Ok(()); // the pass to come re-arms it
+                }
+                let now = Instant::now();
+                if st.last_active + idle > now {
+                    // Active since this check was armed: look again when it has been quiet long enough.
+                    self.arm_idle_check(&myself, st, st.last_active + idle);
+                    return Ok(());
+                }
+                let timer_far = st
+                    .wake
+                    .deadline()
+                    .is_none_or(|at| at.saturating_duration_since(now) >= idle);
+                if timer_far {
                     let _ = st
                         .manager
                         .cast(ManagerMsg::Idle(st.key.clone(), myself.get_id()));

@@ -1,56 +1,54 @@
-//! One pending wake-up per resource, earliest wins.
+//! Timers of the resource actors: one pending wake-up per resource (earliest wins), delivered by
+//! one timer task per controller.
+//!
+//! A resource actor re-arms its wake-up on every yield and its idle check after every pass, so
+//! arming must be cheap: [`Timers`] keeps every actor's timers in one tokio-util
+//! [`DelayQueue`] owned by one task, and arming is a channel send to it. (A spawned `sleep` task
+//! per timer — what `ractor::time::send_after` does — costs a task allocation and an abort on
+//! every re-arm, and a live task per idle actor.)
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::future::poll_fn;
 
-use tokio::task::JoinHandle;
+use ractor::{ActorId, ActorRef, Message};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::time::{DelayQueue, delay_queue};
 
-/// The single pending timer of a resource actor.
+/// The single pending wake-up of a resource actor: deadline and token bookkeeping only.
 ///
 /// [`WakeSlot::schedule`] keeps whichever deadline is earlier; every (re)arm gets a new token,
 /// so a timer message that fires after it was replaced or cancelled is recognised as stale by
-/// [`WakeSlot::fire`].
+/// [`WakeSlot::fire`]. Delivering the timer is the caller's job (the actor arms [`Timers`]).
 #[derive(Debug, Default)]
 pub struct WakeSlot {
     at: Option<Instant>,
     token: u64,
-    task: Option<JoinHandle<()>>,
 }
 
 impl WakeSlot {
-    /// Arm for `at` unless an earlier wake-up is pending. Returns the token to deliver back
-    /// through `send(token, delay)` (which must spawn the delivering task), or `None` if the
-    /// existing earlier timer stays.
-    pub fn schedule(
-        &mut self,
-        at: Instant,
-        send: impl FnOnce(u64, Duration) -> JoinHandle<()>,
-    ) -> Option<u64> {
+    /// Arm for `at` unless an earlier wake-up is pending. Returns the token the timer must
+    /// deliver back, or `None` if the existing earlier timer stays.
+    pub fn schedule(&mut self, at: Instant) -> Option<u64> {
         if self.at.is_some_and(|cur| cur <= at) {
             return None;
         }
-        self.cancel();
         self.token += 1;
         self.at = Some(at);
-        let delay = at.saturating_duration_since(Instant::now());
-        self.task = Some(send(self.token, delay));
         Some(self.token)
     }
 
-    /// Drop the pending timer, if any.
-    pub fn cancel(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-        self.at = None;
+    /// Drop the pending wake-up, if any: `true` if one was pending (its timer should be
+    /// cancelled; if it fires anyway its token is stale).
+    pub fn cancel(&mut self) -> bool {
         self.token += 1;
+        self.at.take().is_some()
     }
 
     /// A timer with `token` fired: `true` if it is the pending one (which is then cleared).
     pub fn fire(&mut self, token: u64) -> bool {
         if self.at.is_some() && token == self.token {
             self.at = None;
-            self.task = None;
             true
         } else {
             false
@@ -63,10 +61,144 @@ impl WakeSlot {
     }
 }
 
-impl Drop for WakeSlot {
-    fn drop(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
+/// Which of an actor's timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimerSlot {
+    /// The wake-up of a yield, a poll, a backoff.
+    Wake = 0,
+    /// The idle check that leads to passivation.
+    Idle = 1,
+}
+
+enum Cmd<M: Message> {
+    Arm {
+        to: ActorRef<M>,
+        slot: TimerSlot,
+        at: Instant,
+        msg: M,
+    },
+    Cancel(ActorId, TimerSlot),
+    Forget(ActorId),
+}
+
+/// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
+/// actor and [`TimerSlot`] (arming a slot again replaces it). The task ends when every handle
+/// is dropped.
+pub struct Timers<M: Message> {
+    tx: mpsc::UnboundedSender<Cmd<M>>,
+}
+
+impl<M: Message> Timers<M> {
+    /// Spawns the timer task on the current tokio runtime.
+    pub fn start() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx));
+        Self { tx }
+    }
+
+    /// Deliver `msg` to `to` at `at`, replacing whatever that actor's `slot` held.
+    pub fn arm(&self, to: &ActorRef<M>, slot: TimerSlot, at: Instant, msg: M) {
+        let _ = self.tx.send(Cmd::Arm {
+            to: to.clone(),
+            slot,
+            at,
+            msg,
+        });
+    }
+
+    /// Drop the actor's timer in `slot`, if any.
+    pub fn cancel(&self, id: ActorId, slot: TimerSlot) {
+        let _ = self.tx.send(Cmd::Cancel(id, slot));
+    }
+
+    /// Drop every timer of the actor (it stopped).
+    pub fn forget(&self, id: ActorId) {
+        let _ = self.tx.send(Cmd::Forget(id));
+    }
+}
+
+/// One actor's pending timers.
+struct Armed<M: Message> {
+    to: ActorRef<M>,
+    slots: [Option<(delay_queue::Key, M)>; 2],
+}
+
+struct Wheel<M: Message> {
+    queue: DelayQueue<(ActorId, TimerSlot)>,
+    actors: HashMap<ActorId, Armed<M>>,
+}
+
+impl<M: Message> Wheel<M> {
+    fn apply(&mut self, cmd: Cmd<M>) {
+        match cmd {
+            Cmd::Arm { to, slot, at, msg } => {
+                let id = to.get_id();
+                let armed = self.actors.entry(id).or_insert_with(|| Armed {
+                    to,
+                    slots: [None, None],
+                });
+                match &mut armed.slots[slot as usize] {
+                    Some((key, pending)) => {
+                        self.queue.reset_at(key, at);
+                        *pending = msg;
+                    }
+                    empty => *empty = Some((self.queue.insert_at((id, slot), at), msg)),
+                }
+            }
+            Cmd::Cancel(id, slot) => {
+                if let Some(armed) = self.actors.get_mut(&id) {
+                    if let Some((key, _)) = armed.slots[slot as usize].take() {
+                        self.queue.remove(&key);
+                    }
+                    if armed.slots.iter().all(Option::is_none) {
+                        self.actors.remove(&id);
+                    }
+                }
+            }
+            Cmd::Forget(id) => {
+                if let Some(armed) = self.actors.remove(&id) {
+                    for (key, _) in armed.slots.into_iter().flatten() {
+                        self.queue.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    fn expired(&mut self, id: ActorId, slot: TimerSlot) {
+        let Some(armed) = self.actors.get_mut(&id) else {
+            return;
+        };
+        if let Some((_, msg)) = armed.slots[slot as usize].take() {
+            let _ = armed.to.cast(msg);
+        }
+        if armed.slots.iter().all(Option::is_none) {
+            self.actors.remove(&id);
+        }
+    }
+}
+
+async fn run<M: Message>(mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
+    let mut wheel = Wheel {
+        queue: DelayQueue::new(),
+        actors: HashMap::new(),
+    };
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => {
+                    wheel.apply(cmd);
+                    // Take what else is queued before looking at the clock again.
+                    while let Ok(cmd) = rx.try_recv() {
+                        wheel.apply(cmd);
+                    }
+                }
+                None => return,
+            },
+            Some(expired) = poll_fn(|cx| wheel.queue.poll_expired(cx)), if !wheel.queue.is_empty() => {
+                let (id, slot) = expired.into_inner();
+                wheel.expired(id, slot);
+            }
         }
     }
 }
@@ -74,56 +206,112 @@ impl Drop for WakeSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ractor::{Actor, ActorProcessingErr};
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
-    fn spawn_recorder(log: Arc<Mutex<Vec<u64>>>) -> impl Fn(u64, Duration) -> JoinHandle<()> {
-        move |token, delay| {
-            let log = log.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                log.lock().unwrap().push(token);
-            })
+    #[test]
+    fn earliest_wins_and_later_requests_are_ignored() {
+        let mut slot = WakeSlot::default();
+        let now = Instant::now();
+        let t1 = slot.schedule(now + Duration::from_secs(10)).unwrap();
+        // a later deadline does not replace the earlier one
+        assert!(slot.schedule(now + Duration::from_secs(20)).is_none());
+        // an earlier one does, and the replaced token is stale
+        let t2 = slot.schedule(now + Duration::from_secs(1)).unwrap();
+        assert_eq!(slot.deadline(), Some(now + Duration::from_secs(1)));
+        assert!(!slot.fire(t1), "a replaced token is stale");
+        assert!(slot.fire(t2));
+        assert!(!slot.fire(t2), "a token fires once");
+        assert_eq!(slot.deadline(), None);
+    }
+
+    #[test]
+    fn cancel_stales_the_token() {
+        let mut slot = WakeSlot::default();
+        let t = slot.schedule(Instant::now()).unwrap();
+        assert!(slot.cancel());
+        assert!(!slot.cancel(), "nothing pending any more");
+        assert!(!slot.fire(t));
+        assert_eq!(slot.deadline(), None);
+    }
+
+    /// Records what it receives, with the (virtual) time it arrived.
+    struct Recorder(Arc<Mutex<Vec<(u32, Instant)>>>);
+
+    impl Actor for Recorder {
+        type Msg = u32;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<u32>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            _: ActorRef<u32>,
+            msg: u32,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            self.0.lock().unwrap().push((msg, Instant::now()));
+            Ok(())
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn earliest_wins_and_later_requests_are_ignored() {
+    async fn recorder() -> (ActorRef<u32>, Arc<Mutex<Vec<(u32, Instant)>>>) {
         let log = Arc::new(Mutex::new(Vec::new()));
-        let mut slot = WakeSlot::default();
-        let now = Instant::now();
-        let t1 = slot.schedule(now + Duration::from_secs(10), spawn_recorder(log.clone()));
-        assert!(t1.is_some());
-        // a later deadline does not replace the earlier one
-        assert!(
-            slot.schedule(now + Duration::from_secs(20), spawn_recorder(log.clone()))
-                .is_none()
-        );
-        // an earlier one does, and the old timer never fires
-        let t2 = slot
-            .schedule(now + Duration::from_secs(1), spawn_recorder(log.clone()))
-            .unwrap();
-        assert_eq!(slot.deadline(), Some(now + Duration::from_secs(1)));
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        assert_eq!(*log.lock().unwrap(), vec![t2]);
-        assert!(slot.fire(t2));
-        assert!(!slot.fire(t2), "a token fires once");
-        assert!(!slot.fire(t1.unwrap()), "a replaced token is stale");
+        let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
+        (a, log)
     }
 
     #[tokio::test(start_paused = true)]
-    async fn cancel_stops_the_timer_and_stales_its_token() {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let mut slot = WakeSlot::default();
-        let t = slot
-            .schedule(
-                Instant::now() + Duration::from_secs(1),
-                spawn_recorder(log.clone()),
-            )
-            .unwrap();
-        slot.cancel();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert!(log.lock().unwrap().is_empty());
-        assert!(!slot.fire(t));
-        assert_eq!(slot.deadline(), None);
+    async fn delivers_at_the_deadline_and_rearming_replaces() {
+        let timers = Timers::start();
+        let (a, log) = recorder().await;
+        let (b, log_b) = recorder().await;
+        let t0 = Instant::now();
+        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(5), 1);
+        timers.arm(&a, TimerSlot::Idle, t0 + Duration::from_secs(3), 2);
+        // re-arming the wake slot replaces the first one (message and deadline)
+        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(7), 3);
+        timers.arm(&b, TimerSlot::Wake, t0 + Duration::from_secs(1), 4);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let got: Vec<(u32, u64)> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(m, at)| (*m, (*at - t0).as_secs()))
+            .collect();
+        assert_eq!(got, vec![(2, 3), (3, 7)]);
+        assert_eq!(log_b.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancel_and_forget_drop_pending_timers() {
+        let timers = Timers::start();
+        let (a, log) = recorder().await;
+        let t0 = Instant::now();
+        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(1), 1);
+        timers.arm(&a, TimerSlot::Idle, t0 + Duration::from_secs(2), 2);
+        timers.cancel(a.get_id(), TimerSlot::Wake);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            log.lock().unwrap().iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![2]
+        );
+        timers.arm(
+            &a,
+            TimerSlot::Wake,
+            Instant::now() + Duration::from_secs(1),
+            5,
+        );
+        timers.arm(
+            &a,
+            TimerSlot::Idle,
+            Instant::now() + Duration::from_secs(1),
+            6,
+        );
+        timers.forget(a.get_id());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(log.lock().unwrap().len(), 1);
     }
 }

@@ -75,7 +75,9 @@ impl<K> Context<K> {
         }
     }
 
-    /// The object being reconciled.
+    /// The object being reconciled, as the runtime's watch last saw it (or as the runtime's own
+    /// last write returned it). The watch copy has `metadata.managedFields` cleared to save
+    /// memory; read the object from the API if a provisioner needs them.
     pub fn object(&self) -> &Arc<K> {
         &self.inner.object
     }
