@@ -2,6 +2,11 @@
 //! kube-runtime's `Controller`), `simulate` (supervisor policies compared on a seeded scenario in
 //! virtual time), `envtest` (a real etcd + kube-apiserver).
 
+/// mimalloc: see BENCHMARKS.md (allocation-heavy actor spawning; memory returned to the OS).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod envtest_cmd;
 mod simulate;
