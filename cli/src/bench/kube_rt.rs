@@ -200,3 +200,82 @@ fn error_policy(_obj: Arc<BenchObject>, err: &WorkloadError, _ctx: Arc<Ctx>) -> 
     tracing::debug!(error = %err, "reconcile failed; retrying");
     Action::requeue(ERROR_REQUEUE)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actorcile::prelude::{Outcome, ResourceStatus};
+
+    use crate::bench::workload::BenchObjectSpec;
+
+    fn link(ns: &str, name: &str, depends_on: Option<&str>, ready: bool) -> BenchObject {
+        let mut o = BenchObject::new(
+            name,
+            BenchObjectSpec {
+                depends_on: depends_on.map(str::to_string),
+                ..Default::default()
+            },
+        );
+        o.metadata.namespace = Some(ns.into());
+        o.metadata.generation = Some(1);
+        if ready {
+            o.status = Some(ResourceStatus::default().after_provision(&Outcome::Done, Some(1)));
+        }
+        o
+    }
+
+    fn names(refs: Vec<ObjectRef<BenchObject>>) -> Vec<String> {
+        let mut names: Vec<String> = refs
+            .into_iter()
+            .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_ready_dependency_maps_to_its_dependents() {
+        let index = DependentsIndex::default();
+        // Dependents first, as listed.
+        assert!(index.map(&link("ns", "c", Some("b"), false)).is_empty());
+        assert!(index.map(&link("ns", "b", Some("a"), false)).is_empty());
+        assert!(index.map(&link("ns", "b2", Some("a"), false)).is_empty());
+        assert!(
+            index.map(&link("other", "x", Some("a"), false)).is_empty(),
+            "another namespace's `a`"
+        );
+        assert!(
+            index.map(&link("ns", "a", None, false)).is_empty(),
+            "not Ready: nothing to re-trigger"
+        );
+        assert_eq!(
+            names(index.map(&link("ns", "a", None, true))),
+            ["ns/b", "ns/b2"]
+        );
+        assert_eq!(
+            names(index.map(&link("ns", "b", Some("a"), true))),
+            ["ns/c"]
+        );
+        // Seen again (e.g. an echo): the same dependents, no duplicates.
+        assert_eq!(
+            names(index.map(&link("ns", "b", Some("a"), true))),
+            ["ns/c"]
+        );
+        assert!(
+            index.map(&link("ns", "c", Some("b"), true)).is_empty(),
+            "a tail"
+        );
+        assert_eq!(
+            names(index.map(&link("other", "a", None, true))),
+            ["other/x"]
+        );
+        let mut deleting = link("ns", "a", None, true);
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        assert!(
+            index.map(&deleting).is_empty(),
+            "a deleting object is not Ready"
+        );
+    }
+}
