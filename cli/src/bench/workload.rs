@@ -739,8 +739,11 @@ mod tests {
         assert!(!status_is_current(&o));
     }
 
+    /// Status patches a test client received: (path, body).
+    type Patches = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
     /// A client that records every status patch it gets (path, body) and answers with the object.
-    fn status_patch_client() -> (Client, Arc<Mutex<Vec<(String, serde_json::Value)>>>) {
+    fn status_patch_client() -> (Client, Patches) {
         let patches = Arc::new(Mutex::new(Vec::new()));
         let seen = patches.clone();
         let client = Client::new(
