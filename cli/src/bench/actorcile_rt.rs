@@ -58,7 +58,7 @@ pub async fn start(
                 let result = recorder
                     .reconcile_chain(obj, cx.client(), StatusWriter::Runtime, wait.is_none())
                     .await;
-                (result, wait.or_else(|| target.map(waiting_outcome)))
+                (result, wait)
             } else {
                 let result = recorder
                     .reconcile(obj, cx.client(), StatusWriter::Runtime)
@@ -67,8 +67,13 @@ pub async fn start(
             };
             match result {
                 Ok(Step::Done) => Outcome::Done,
-                // The outcome `require_ready` returned (it registered the wake-up).
-                Ok(Step::WaitForDependency) => wait.unwrap_or(Outcome::Done),
+                Ok(Step::WaitForDependency) => match (wait, dependency_target(obj)) {
+                    // As `require_ready` returned it (it registered the wake-up).
+                    (Some(wait), _) => wait,
+                    // Not reached: only a chain object whose dependency is not Ready waits.
+                    (None, Some(target)) => waiting_outcome(target),
+                    (None, None) => Outcome::Done,
+                },
                 Ok(Step::YieldAfter(after)) => {
                     Outcome::yield_after(after, Reason::new("BenchYield", "the workload yields"))
                 }
