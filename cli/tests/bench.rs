@@ -96,6 +96,24 @@ fn churn_both_runtimes_in_process() {
 }
 
 #[test]
+fn chain_both_runtimes_in_process() {
+    // 50 objects in chains of 7: seven chains of 7 and one of 1.
+    let v = bench_json("chain", &["--chain-length", "7"]);
+    // The run ends only once the observer saw every object Ready (else the child fails).
+    check_shape(&v, "chain", 1);
+    for r in v["runs"].as_array().unwrap() {
+        assert_eq!(
+            r["latency_samples"], 42,
+            "{}: one hop sample per object with a dependency",
+            r["runtime"]
+        );
+        // List + watch, and at least the Ready status of each of the 50 objects.
+        let requests = r["api_requests"].as_u64().unwrap();
+        assert!(requests >= 52, "{}: {requests} API requests", r["runtime"]);
+    }
+}
+
+#[test]
 fn table_is_the_default_output() {
     let (ok, out, err) = run_bounded(
         &[

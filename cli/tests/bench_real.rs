@@ -54,6 +54,35 @@ fn envtest_backend_both_runtimes() {
     }
 }
 
+#[test]
+fn envtest_backend_chain() {
+    let (ok, out, err) = run_bounded(
+        &[
+            "bench",
+            "--envtest",
+            "--objects",
+            "20",
+            "--workload",
+            "chain",
+            "--chain-length",
+            "5",
+            "--json",
+            "--timeout-secs",
+            "60",
+        ],
+        Duration::from_secs(200),
+    );
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    let v = last_json_line(&out);
+    check_runs(&v, "envtest", 20);
+    for r in v["runs"].as_array().unwrap() {
+        // Four chains of five: one hop sample per link after a chain's head.
+        assert_eq!(r["latency_samples"], 16, "{r}");
+        // A Ready status per object, beyond list + watch.
+        assert!(r["api_requests"].as_u64().unwrap() >= 22, "{r}");
+    }
+}
+
 #[tokio::test]
 async fn kubeconfig_backend_uses_and_removes_its_own_namespaces() {
     tokio::time::timeout(Duration::from_secs(220), async {

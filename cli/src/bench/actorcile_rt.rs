@@ -5,6 +5,11 @@
 //! status (phase, `Ready` condition, observedGeneration) written only in the `status` workload
 //! (where the kube-runtime reconcile writes the same status). `--actorcile-defaults` measures it
 //! as an operator runs it by default: finalizer on every object, status in every workload.
+//!
+//! `chain` writes status too (the kube-runtime reconcile writes the same), and each object's pass
+//! first asks `cx.require_ready(dependency)`: while the dependency is not Ready the pass ends
+//! `Waiting` and the object's actor is woken by a message when the dependency's actor records
+//! it Ready (no polling).
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,7 +17,10 @@ use actorcile::prelude::*;
 use anyhow::{Context as _, Result};
 use kube::Client;
 
-use super::workload::{BenchObject, Recorder, StatusWriter, Step};
+use super::{
+    args::Workload,
+    workload::{BenchObject, Recorder, StatusWriter, Step, dependency_target, waiting_outcome},
+};
 
 /// Which of its own writes the runtime makes.
 #[derive(Clone, Copy, Debug)]
@@ -40,11 +48,32 @@ pub async fn start(
     let tree = step("bench", move |cx: Context<BenchObject>| {
         let recorder = recorder.clone();
         async move {
-            match recorder
-                .reconcile(cx.object(), cx.client(), StatusWriter::Runtime)
-                .await
-            {
+            let obj = cx.object();
+            let (result, wait) = if recorder.workload() == Workload::Chain {
+                let target = dependency_target(obj);
+                let wait = match &target {
+                    Some(target) => cx.require_ready(target).await,
+                    None => None,
+                };
+                let result = recorder
+                    .reconcile_chain(obj, cx.client(), StatusWriter::Runtime, wait.is_none())
+                    .await;
+                (result, wait)
+            } else {
+                let result = recorder
+                    .reconcile(obj, cx.client(), StatusWriter::Runtime)
+                    .await;
+                (result, None)
+            };
+            match result {
                 Ok(Step::Done) => Outcome::Done,
+                Ok(Step::WaitForDependency) => match (wait, dependency_target(obj)) {
+                    // As `require_ready` returned it (it registered the wake-up).
+                    (Some(wait), _) => wait,
+                    // Not reached: only a chain object whose dependency is not Ready waits.
+                    (None, Some(target)) => waiting_outcome(target),
+                    (None, None) => Outcome::Done,
+                },
                 Ok(Step::YieldAfter(after)) => {
                     Outcome::yield_after(after, Reason::new("BenchYield", "the workload yields"))
                 }

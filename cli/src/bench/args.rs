@@ -17,6 +17,9 @@ pub enum Workload {
     Yield,
     /// A driver updates `spec.stampMicros` at `--churn-rate` updates/s; measures event→run latency.
     Churn,
+    /// Chains of `--chain-length` objects, each Ready (status written) once the one it depends on
+    /// (`spec.dependsOn`) is Ready; measures the dependency Ready → dependent Ready hop.
+    Chain,
 }
 
 impl Workload {
@@ -27,6 +30,7 @@ impl Workload {
             Workload::Status => "status",
             Workload::Yield => "yield",
             Workload::Churn => "churn",
+            Workload::Chain => "chain",
         }
     }
 }
@@ -135,6 +139,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub churn_updates: u32,
 
+    /// `chain` workload: links per dependency chain (objects / length chains; the last one may be
+    /// shorter).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub chain_length: u32,
+
     /// Which runtimes to run, in this order.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [RuntimeKind::Actorcile, RuntimeKind::KubeRuntime])]
     pub runtimes: Vec<RuntimeKind>,
@@ -203,6 +212,8 @@ impl BenchArgs {
             self.churn_rate.to_string(),
             "--churn-updates".into(),
             self.churn_updates.to_string(),
+            "--chain-length".into(),
+            self.chain_length.to_string(),
             "--timeout-secs".into(),
             self.timeout_secs.to_string(),
             "--runtimes".into(),
@@ -259,6 +270,7 @@ mod tests {
         assert_eq!(args.backend(), Backend::InProcess);
         assert_eq!(args.yields, 10);
         assert_eq!(args.yield_interval(), Duration::from_millis(1));
+        assert_eq!(args.chain_length, 10);
         assert_eq!(
             args.runtimes,
             vec![RuntimeKind::Actorcile, RuntimeKind::KubeRuntime]
@@ -295,6 +307,11 @@ mod tests {
         let args = parse(&["bench", "--kubeconfig", "/tmp/kc", "--workload", "churn"]).unwrap();
         assert_eq!(args.backend(), Backend::Kubeconfig("/tmp/kc".into()));
         assert_eq!(args.workload, Workload::Churn);
+
+        let args = parse(&["bench", "--workload", "chain", "--chain-length", "4"]).unwrap();
+        assert_eq!(args.workload, Workload::Chain);
+        assert_eq!(args.workload.to_string(), "chain");
+        assert_eq!(args.chain_length, 4);
     }
 
     #[test]
@@ -308,6 +325,8 @@ mod tests {
         assert!(parse(&["bench", "--churn-rate", "nan"]).is_err());
         assert!(parse(&["bench", "--envtest", "--kubeconfig", "x"]).is_err());
         assert!(parse(&["bench", "--runtimes", "go"]).is_err());
+        assert!(parse(&["bench", "--chain-length", "0"]).is_err());
+        assert!(parse(&["bench", "--chain-length", "x"]).is_err());
     }
 
     #[test]
@@ -331,6 +350,8 @@ mod tests {
             "4",
             "--timeout-secs",
             "9",
+            "--chain-length",
+            "6",
         ])
         .unwrap();
         let child_argv = args.child_args(RuntimeKind::KubeRuntime);

@@ -4,7 +4,7 @@
 use std::{io::IsTerminal, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, TryStreamExt, stream, stream::BoxStream};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kube::{
     Api, Client,
@@ -19,7 +19,10 @@ use super::{
     kube_rt,
     report::RunResult,
     stats::{self, millis, percentile},
-    workload::{BenchObject, BenchObjectSpec, Recorder, WorkloadConfig, object_name, wall_micros},
+    workload::{
+        BenchObject, BenchObjectSpec, Recorder, WorkloadConfig, chain_spec, object_name,
+        wall_micros,
+    },
 };
 
 /// How many set-up requests (creates, churn updates) are in flight at once.
@@ -62,8 +65,17 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
     let api: Api<BenchObject> = Api::namespaced(session.setup.clone(), &session.namespace);
 
     let bar = progress_bar(u64::from(args.objects), runtime, "created");
-    create_objects(&api, args.objects, &bar).await?;
+    let chain_length = (args.workload == Workload::Chain).then_some(args.chain_length);
+    create_objects(&api, args.objects, chain_length, &bar).await?;
     bar.finish_and_clear();
+
+    // `chain`: the observer lists before the runtime starts, so it sees every Ready status in
+    // the order written (a dependency's before its dependent's).
+    let primed_observer = if args.workload == Workload::Chain {
+        Some(primed_watch(api.clone()).await?)
+    } else {
+        None
+    };
 
     let config = WorkloadConfig {
         workload: args.workload,
@@ -81,7 +93,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
             &session.namespace,
             args.concurrency,
             recorder.clone(),
-        )),
+        )?),
         RuntimeKind::Actorcile => Running::Actorcile(
             actorcile_rt::start(
                 session.runtime.clone(),
@@ -90,7 +102,8 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
                 recorder.clone(),
                 actorcile_rt::Writes {
                     finalizer: args.actorcile_defaults,
-                    status: args.actorcile_defaults || args.workload == Workload::Status,
+                    status: args.actorcile_defaults
+                        || matches!(args.workload, Workload::Status | Workload::Chain),
                 },
             )
             .await?,
@@ -106,8 +119,11 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
             recorder.clone(),
         ))
     });
-    let observer = (args.workload == Workload::Status)
-        .then(|| tokio::spawn(observe(api.clone(), recorder.clone())));
+    let observer = match primed_observer {
+        Some(stream) => Some(tokio::spawn(observe_events(stream, recorder.clone()))),
+        None => (args.workload == Workload::Status)
+            .then(|| tokio::spawn(observe(api.clone(), recorder.clone()))),
+    };
     let ticker = {
         let recorder = recorder.clone();
         let bar = bar.clone();
@@ -185,23 +201,63 @@ impl Running {
     }
 }
 
+/// The observer's watch events.
+type WatchEvents = BoxStream<'static, watcher::Result<watcher::Event<BenchObject>>>;
+
 /// `status`: watches the objects (on the uncounted set-up client) and tells the recorder each
 /// version it sees, so an object is done when its Ready status is visible in the API.
 async fn observe(api: Api<BenchObject>, recorder: Arc<Recorder>) {
-    let stream = watcher(api, watcher::Config::default())
+    observe_events(observer_watch(api), recorder).await;
+}
+
+fn observer_watch(api: Api<BenchObject>) -> WatchEvents {
+    watcher(api, watcher::Config::default())
         .default_backoff()
-        .applied_objects();
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(obj) => recorder.observe(&obj),
-            Err(err) => tracing::debug!(error = %err, "status observer watch error"),
+        .boxed()
+}
+
+/// `chain`: the observer's watch, consumed up to the end of its initial list (every object,
+/// none Ready yet).
+async fn primed_watch(api: Api<BenchObject>) -> Result<WatchEvents> {
+    let mut stream = observer_watch(api);
+    let listed = async {
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::InitDone) => return true,
+                Ok(_) => {}
+                Err(err) => tracing::debug!(error = %err, "observer watch error"),
+            }
+        }
+        false
+    };
+    match tokio::time::timeout(Duration::from_secs(60), listed).await {
+        Ok(true) => Ok(stream),
+        Ok(false) => bail!("the observer's watch ended before its first list"),
+        Err(_) => bail!("the observer's first list took longer than 60 s"),
+    }
+}
+
+/// Tells the recorder every object version the watch `events` delivers.
+async fn observe_events(mut events: WatchEvents, recorder: Arc<Recorder>) {
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                recorder.observe(&obj);
+            }
+            Ok(_) => {}
+            Err(err) => tracing::debug!(error = %err, "observer watch error"),
         }
     }
 }
 
-/// Creates `count` bench objects, `SETUP_PARALLELISM` at a time.
-async fn create_objects(api: &Api<BenchObject>, count: u32, bar: &ProgressBar) -> Result<()> {
+/// Creates `count` bench objects, `SETUP_PARALLELISM` at a time; with `chain_length`, as
+/// dependency chains (see [`chain_spec`]), in index order: dependents first.
+async fn create_objects(
+    api: &Api<BenchObject>,
+    count: u32,
+    chain_length: Option<u32>,
+    bar: &ProgressBar,
+) -> Result<()> {
     stream::iter(0..count)
         .map(|i| {
             let api = api.clone();
@@ -211,7 +267,10 @@ async fn create_objects(api: &Api<BenchObject>, count: u32, bar: &ProgressBar) -
                         name: Some(object_name(i)),
                         ..Default::default()
                     },
-                    spec: BenchObjectSpec::default(),
+                    spec: match chain_length {
+                        Some(length) => chain_spec(i, count, length),
+                        None => BenchObjectSpec::default(),
+                    },
                     status: None,
                 };
                 api.create(&PostParams::default(), &obj)
@@ -269,4 +328,78 @@ async fn churn_driver(
         .buffer_unordered(SETUP_PARALLELISM)
         .try_for_each(|_| futures::future::ready(Ok(())))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{counting::RequestCounter, workload::bench_crd};
+    use actorcile::{
+        cluster::Cluster,
+        prelude::{Outcome, ResourceStatus},
+    };
+
+    /// `chain` on the in-process cluster without a runtime: objects laid out as chains, the
+    /// observer primed before any status is written, then Ready written head first, as a
+    /// runtime would. Every object is done and each link gives one hop sample.
+    #[tokio::test]
+    async fn chain_objects_and_primed_observer() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let cluster = Cluster::new();
+            cluster.install_crd(&bench_crd()).unwrap();
+            let api: Api<BenchObject> = Api::namespaced(cluster.client(), "default");
+            create_objects(&api, 7, Some(3), &ProgressBar::hidden())
+                .await
+                .unwrap();
+            let listed = api.list(&Default::default()).await.unwrap().items;
+            let deps: Vec<(String, Option<String>)> = listed
+                .iter()
+                .map(|o| (o.metadata.name.clone().unwrap(), o.spec.depends_on.clone()))
+                .collect();
+            let name = |i: u32| object_name(i);
+            assert_eq!(
+                deps,
+                vec![
+                    (name(0), Some(name(1))),
+                    (name(1), Some(name(2))),
+                    (name(2), None),
+                    (name(3), Some(name(4))),
+                    (name(4), Some(name(5))),
+                    (name(5), None),
+                    (name(6), None),
+                ],
+                "listed dependents first"
+            );
+
+            let events = primed_watch(api.clone()).await.unwrap();
+            let config = WorkloadConfig {
+                workload: Workload::Chain,
+                objects: 7,
+                yields: 0,
+                yield_interval: Duration::ZERO,
+            };
+            let recorder = Recorder::start(config, RequestCounter::new());
+            let observer = tokio::spawn(observe_events(events, recorder.clone()));
+            for i in [2, 5, 6, 1, 4, 0, 3] {
+                let status = ResourceStatus::default().after_provision(&Outcome::Done, Some(1));
+                api.patch_status(
+                    &object_name(i),
+                    &PatchParams::default(),
+                    &Patch::Merge(status.patch()),
+                )
+                .await
+                .unwrap();
+            }
+            recorder.wait_done().await;
+            observer.abort();
+            assert_eq!(recorder.done_count(), 7);
+            assert_eq!(
+                recorder.latencies().len(),
+                4,
+                "one hop per link after a head"
+            );
+        })
+        .await
+        .expect("bounded");
+    }
 }

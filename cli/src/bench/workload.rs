@@ -10,7 +10,12 @@
 //!   [`StatusWriter`]), so only the API tells both apart the same way;
 //! - `yield`: how late each run after a yield comes, beyond the delay the yield asked for;
 //! - `churn`: from the driver stamping `spec.stampMicros` (wall clock, same process) to the first
-//!   run that sees that stamp.
+//!   run that sees that stamp;
+//! - `chain`: one "hop" of a dependency chain: from the moment the observer saw an object's
+//!   dependency (`spec.dependsOn`) Ready to the moment it saw the object itself Ready. An object
+//!   is done, as in `status`, when the observer sees it Ready for its generation. Each runtime
+//!   finds out whether the dependency is Ready its own way (actorcile: `Context::require_ready`;
+//!   kube-runtime: its reflector store) and hands the answer to [`Recorder::reconcile_chain`].
 
 use std::{
     sync::{
@@ -20,7 +25,10 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use actorcile::status::{Phase, ReadyReason, ResourceStatus};
+use actorcile::{
+    prelude::{Outcome, Reason, Target},
+    status::{Phase, ReadyReason, ResourceStatus},
+};
 use dashmap::DashMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
@@ -52,6 +60,9 @@ pub struct BenchObjectSpec {
     /// `churn`: this is the driver's last update of the object.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub last_update: bool,
+    /// `chain`: name of the object (same namespace) that must be Ready before this one can be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depends_on: Option<String>,
 }
 
 /// The bench CRD as installed: [`BenchObject::crd`] without `default: ""` in its schema.
@@ -86,6 +97,52 @@ pub fn object_name(i: u32) -> String {
     format!("bench-{i:06}")
 }
 
+/// `chain`: index of the object that object `i` depends on, among `objects` objects in chains of
+/// `chain_length` links (`None` for the head of a chain).
+///
+/// Chain `c` holds objects `c·L … c·L+L−1` (the last chain may be shorter); object `i` depends on
+/// object `i+1` of the same chain, so the last object of a chain is its head, and in name order
+/// (the order of a list) every dependent comes before its dependency: the worst order.
+pub fn chain_dependency(i: u32, objects: u32, chain_length: u32) -> Option<u32> {
+    let next = i.checked_add(1)?;
+    (chain_length > 0 && next < objects && next % chain_length != 0).then_some(next)
+}
+
+/// `chain`: the spec of object `i` (see [`chain_dependency`]).
+pub fn chain_spec(i: u32, objects: u32, chain_length: u32) -> BenchObjectSpec {
+    BenchObjectSpec {
+        depends_on: chain_dependency(i, objects, chain_length).map(object_name),
+        ..Default::default()
+    }
+}
+
+/// `chain`: the object `obj` depends on, as an actorcile [`Target`] (`None` for a chain's head).
+pub fn dependency_target(obj: &BenchObject) -> Option<Target> {
+    let name = obj.spec.depends_on.as_deref()?;
+    Some(Target::for_kind::<BenchObject>(
+        obj.metadata.namespace.as_deref(),
+        name,
+    ))
+}
+
+/// `chain`: the outcome of a pass that waits for `target`, with the reason
+/// `Context::require_ready` gives, so the status written while waiting is the same whichever
+/// runtime writes it.
+pub fn waiting_outcome(target: Target) -> Outcome {
+    let reason = Reason::new(
+        "DependencyNotReady",
+        format!("waiting for {target} to become Ready"),
+    );
+    Outcome::Waiting { target, reason }
+}
+
+/// `chain`: whether `obj`, as a dependency, counts as Ready: its `Ready` condition is True and it
+/// is not being deleted (what actorcile's reference index checks too).
+pub fn is_ready_dependency(obj: &BenchObject) -> bool {
+    obj.metadata.deletion_timestamp.is_none()
+        && obj.status.as_ref().is_some_and(ResourceStatus::is_ready)
+}
+
 /// What a reconcile asks its runtime to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -93,6 +150,10 @@ pub enum Step {
     Done,
     /// Run again after this delay.
     YieldAfter(Duration),
+    /// `chain`: the dependency is not Ready; run again once it is (actorcile: the `Waiting`
+    /// outcome of `require_ready`; kube-runtime: `Action::await_change()`, re-triggered by the
+    /// controller's dependency relation).
+    WaitForDependency,
 }
 
 /// A reconcile failed (the runtime retries it).
@@ -135,6 +196,8 @@ struct ObjectState {
     yields: u32,
     wake_due: Option<Instant>,
     last_stamp: Option<u64>,
+    /// `chain`: when the observer first saw the object Ready.
+    ready_at: Option<Instant>,
 }
 
 /// Figures frozen at the moment the last object became done.
@@ -180,6 +243,11 @@ impl Recorder {
             all_seen: Notify::new(),
             all_done: Notify::new(),
         })
+    }
+
+    /// The workload measured.
+    pub fn workload(&self) -> Workload {
+        self.config.workload
     }
 
     /// Runs counted so far.
@@ -260,6 +328,13 @@ impl Recorder {
         client: &Client,
         status_writer: StatusWriter,
     ) -> Result<Step, WorkloadError> {
+        if self.config.workload == Workload::Chain {
+            // No dependency check here: only a chain's head can proceed.
+            let ready = obj.spec.depends_on.is_none();
+            return self
+                .reconcile_chain(obj, client, status_writer, ready)
+                .await;
+        }
         self.runs.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
@@ -307,6 +382,8 @@ impl Recorder {
                 Workload::Status => {
                     status_writer == StatusWriter::Reconcile && !status_is_current(obj)
                 }
+                // Handled by `reconcile_chain` above.
+                Workload::Chain => false,
             }
         };
         if write_status {
@@ -315,20 +392,83 @@ impl Recorder {
         Ok(Step::Done)
     }
 
-    /// `status`: called by the observer for every version of an object it sees in the API; the
-    /// object is done once its status says Ready for its current generation (whoever wrote it).
+    /// `chain`: one reconcile of `obj`, whose dependency (`spec.dependsOn`) the runtime found
+    /// Ready (`dependency_ready`; `true` for a chain's head) or not.
+    ///
+    /// The object's status becomes Ready (phase, `Ready` condition, observedGeneration) once its
+    /// dependency is Ready, and says `DependencyNotReady` until then. With
+    /// [`StatusWriter::Reconcile`] this writes that status (merge patch on `/status`, only when it
+    /// changed), the same status actorcile's runtime writes for the outcomes `Done` and
+    /// `Waiting` ([`ResourceStatus::after_provision`]).
+    pub async fn reconcile_chain(
+        &self,
+        obj: &BenchObject,
+        client: &Client,
+        status_writer: StatusWriter,
+        dependency_ready: bool,
+    ) -> Result<Step, WorkloadError> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
+        {
+            let mut state = self.objects.entry(name.to_string()).or_default();
+            if !state.seen {
+                state.seen = true;
+                if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+                    self.all_seen.notify_waiters();
+                }
+            }
+        }
+        let (outcome, step) = match dependency_target(obj) {
+            Some(target) if !dependency_ready => (waiting_outcome(target), Step::WaitForDependency),
+            _ => (Outcome::Done, Step::Done),
+        };
+        if status_writer == StatusWriter::Reconcile {
+            let current = obj.status.clone().unwrap_or_default();
+            let desired = current.after_provision(&outcome, obj.metadata.generation);
+            if desired != current {
+                patch_status(obj, client, &desired).await?;
+            }
+        }
+        Ok(step)
+    }
+
+    /// `status` and `chain`: called by the observer for every version of an object it sees in
+    /// the API; the object is done once its status says Ready for its current generation
+    /// (whoever wrote it).
+    ///
+    /// `chain` also takes the hop sample: from the moment the observer saw the object's
+    /// dependency Ready to now. The observer sees a dependency's Ready status before its
+    /// dependent's (a dependent is written Ready only after its runtime saw the dependency
+    /// Ready), provided it watched from before the runtime started; an object whose dependency
+    /// it has not seen Ready counts as done without a sample.
     pub fn observe(&self, obj: &BenchObject) {
-        if self.config.workload != Workload::Status || !status_is_current(obj) {
+        let workload = self.config.workload;
+        if !matches!(workload, Workload::Status | Workload::Chain) || !status_is_current(obj) {
             return;
         }
         let Some(name) = obj.metadata.name.as_deref() else {
             return;
         };
+        let now = Instant::now();
+        // Read the dependency before locking this object's entry: both may share a shard.
+        let dependency_ready_at = match (workload, obj.spec.depends_on.as_deref()) {
+            (Workload::Chain, Some(dep)) => self.objects.get(dep).and_then(|s| s.ready_at),
+            _ => None,
+        };
         let mut state = self.objects.entry(name.to_string()).or_default();
-        if !state.done {
-            self.record_latency(self.start.elapsed());
-            self.mark_done(&mut state);
+        if state.done {
+            return;
         }
+        match workload {
+            Workload::Chain => {
+                state.ready_at = Some(now);
+                if let Some(at) = dependency_ready_at {
+                    self.record_latency(now.saturating_duration_since(at));
+                }
+            }
+            _ => self.record_latency(now - self.start),
+        }
+        self.mark_done(&mut state);
     }
 }
 
@@ -353,11 +493,6 @@ pub fn status_is_current(obj: &BenchObject) -> bool {
 /// The status actorcile's runtime writes after a provision pass that is done, written by the
 /// reconcile itself (a merge patch on `/status`, as an operator on kube-runtime would).
 async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
-    let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
-    let api: Api<BenchObject> = match obj.namespace() {
-        Some(ns) => Api::namespaced(client.clone(), &ns),
-        None => Api::default_namespaced(client.clone()),
-    };
     let desired = obj.status.clone().unwrap_or_default().with_ready(
         Phase::Ready,
         true,
@@ -365,6 +500,20 @@ async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), Wo
         "provisioned",
         obj.metadata.generation,
     );
+    patch_status(obj, client, &desired).await
+}
+
+/// Writes `desired` as `obj`'s status (a merge patch on `/status`).
+async fn patch_status(
+    obj: &BenchObject,
+    client: &Client,
+    desired: &ResourceStatus,
+) -> Result<(), WorkloadError> {
+    let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
+    let api: Api<BenchObject> = match obj.namespace() {
+        Some(ns) => Api::namespaced(client.clone(), &ns),
+        None => Api::default_namespaced(client.clone()),
+    };
     api.patch_status(
         name,
         &PatchParams::default(),
@@ -590,6 +739,253 @@ mod tests {
         assert!(!status_is_current(&o));
     }
 
+    /// Status patches a test client received: (path, body).
+    type Patches = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
+    /// A client that records every status patch it gets (path, body) and answers with the object.
+    fn status_patch_client() -> (Client, Patches) {
+        let patches = Arc::new(Mutex::new(Vec::new()));
+        let seen = patches.clone();
+        let client = Client::new(
+            tower::service_fn(move |req: Request<Body>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(req.method(), http::Method::PATCH);
+                    let path = req.uri().path().to_string();
+                    let body = http_body_util::BodyExt::collect(req.into_body())
+                        .await
+                        .unwrap()
+                        .to_bytes();
+                    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    let name = path.rsplit('/').nth(1).unwrap().to_string();
+                    let mut o = obj(&name);
+                    o.status = serde_json::from_value(patch["status"].clone()).unwrap();
+                    seen.lock().unwrap().push((path, patch));
+                    Ok::<_, Infallible>(Response::new(Body::from(serde_json::to_vec(&o).unwrap())))
+                }
+            }),
+            "ns",
+        );
+        (client, patches)
+    }
+
+    fn link(name: &str, depends_on: Option<&str>) -> BenchObject {
+        let mut o = obj(name);
+        o.spec.depends_on = depends_on.map(str::to_string);
+        o
+    }
+
+    fn ready(mut o: BenchObject) -> BenchObject {
+        o.status = Some(ResourceStatus::default().after_provision(&Outcome::Done, Some(1)));
+        o
+    }
+
+    #[test]
+    fn chain_layout_is_dependents_first() {
+        // 25 objects in chains of 10: 0..=9, 10..=19, 20..=24; i depends on i+1 in its chain.
+        let deps: Vec<Option<u32>> = (0..25).map(|i| chain_dependency(i, 25, 10)).collect();
+        for i in [0, 1, 8, 10, 18, 20, 23] {
+            assert_eq!(deps[i as usize], Some(i + 1), "object {i}");
+        }
+        for head in [9, 19, 24] {
+            assert_eq!(deps[head as usize], None, "object {head} heads its chain");
+        }
+        assert_eq!(
+            deps.iter().filter(|d| d.is_none()).count(),
+            3,
+            "three chains"
+        );
+        // Length 1: no dependencies at all; one chain longer than the objects: one chain.
+        assert!((0..5).all(|i| chain_dependency(i, 5, 1).is_none()));
+        assert_eq!(
+            (0..5)
+                .filter(|&i| chain_dependency(i, 5, 100).is_none())
+                .count(),
+            1
+        );
+        assert_eq!(chain_dependency(u32::MAX, u32::MAX, 10), None);
+        assert_eq!(chain_dependency(3, 10, 0), None, "no panic on length 0");
+
+        let spec = chain_spec(8, 25, 10);
+        assert_eq!(spec.depends_on.as_deref(), Some("bench-000009"));
+        assert_eq!(chain_spec(9, 25, 10).depends_on, None);
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json, serde_json::json!({"dependsOn": "bench-000009"}));
+        assert_eq!(
+            serde_json::to_value(BenchObjectSpec::default()).unwrap(),
+            serde_json::json!({}),
+            "other workloads' objects are unchanged"
+        );
+    }
+
+    #[tokio::test]
+    async fn chain_writes_waiting_then_ready() {
+        let (client, patches) = status_patch_client();
+        let rec = Recorder::start(config(Workload::Chain, 2), RequestCounter::new());
+        let mut b = link("b", Some("a"));
+
+        // Dependency not Ready: the status says so, once.
+        let step = rec
+            .reconcile_chain(&b, &client, StatusWriter::Reconcile, false)
+            .await
+            .unwrap();
+        assert_eq!(step, Step::WaitForDependency);
+        {
+            let p = patches.lock().unwrap();
+            assert_eq!(p.len(), 1);
+            assert_eq!(
+                p[0].0,
+                "/apis/bench.actorcile.dev/v1/namespaces/ns/benchobjects/b/status"
+            );
+            let st = &p[0].1["status"];
+            assert_eq!(st["phase"], "Progressing");
+            assert_eq!(st["observedGeneration"], 1);
+            assert_eq!(st["conditions"][0]["status"], "False");
+            assert_eq!(st["conditions"][0]["reason"], "DependencyNotReady");
+            assert!(
+                st["conditions"][0]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("BenchObject ns/a"),
+                "{st}"
+            );
+            b.status = serde_json::from_value(st.clone()).unwrap();
+        }
+        let step = rec
+            .reconcile_chain(&b, &client, StatusWriter::Reconcile, false)
+            .await
+            .unwrap();
+        assert_eq!(step, Step::WaitForDependency);
+        assert_eq!(
+            patches.lock().unwrap().len(),
+            1,
+            "unchanged status: no write"
+        );
+
+        // Under actorcile the runtime writes; the reconcile only answers.
+        let step = rec
+            .reconcile_chain(&link("c", Some("b")), &client, StatusWriter::Runtime, false)
+            .await
+            .unwrap();
+        assert_eq!(step, Step::WaitForDependency);
+        assert_eq!(patches.lock().unwrap().len(), 1);
+
+        // Dependency Ready: Ready for the generation.
+        let step = rec
+            .reconcile_chain(&b, &client, StatusWriter::Reconcile, true)
+            .await
+            .unwrap();
+        assert_eq!(step, Step::Done);
+        {
+            let p = patches.lock().unwrap();
+            assert_eq!(p.len(), 2);
+            let st = &p[1].1["status"];
+            assert_eq!(st["phase"], "Ready");
+            assert_eq!(st["conditions"][0]["status"], "True");
+            b.status = serde_json::from_value(st.clone()).unwrap();
+        }
+        assert!(status_is_current(&b));
+        rec.reconcile_chain(&b, &client, StatusWriter::Reconcile, true)
+            .await
+            .unwrap();
+        assert_eq!(
+            patches.lock().unwrap().len(),
+            2,
+            "the echo run writes nothing"
+        );
+
+        // A head needs no dependency; `reconcile` without a check lets only heads proceed.
+        let head = link("a", None);
+        assert_eq!(
+            rec.reconcile(&head, &client, StatusWriter::Runtime)
+                .await
+                .unwrap(),
+            Step::Done
+        );
+        assert_eq!(
+            rec.reconcile(&b, &client, StatusWriter::Runtime)
+                .await
+                .unwrap(),
+            Step::WaitForDependency
+        );
+        assert_eq!(rec.runs(), 7);
+        assert_eq!(
+            rec.done_count(),
+            0,
+            "only the observer makes an object done"
+        );
+    }
+
+    #[tokio::test]
+    async fn chain_observer_measures_hops() {
+        let rec = Recorder::start(config(Workload::Chain, 3), RequestCounter::new());
+        let (a, b, c) = (link("a", None), link("b", Some("a")), link("c", Some("b")));
+        // Not Ready yet: nothing.
+        rec.observe(&a);
+        rec.observe(&b);
+        assert_eq!(rec.done_count(), 0);
+
+        rec.observe(&ready(a.clone()));
+        assert_eq!(rec.done_count(), 1);
+        assert!(rec.latencies().is_empty(), "a head is no hop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rec.observe(&ready(b.clone()));
+        rec.observe(&ready(b.clone()));
+        assert_eq!(rec.done_count(), 2, "seen twice, done once");
+        let lat = rec.latencies();
+        assert_eq!(lat.len(), 1);
+        assert!(lat[0] >= Duration::from_millis(20), "{lat:?}");
+        assert!(rec.finished().is_none());
+
+        // Ready for an older generation does not count.
+        let mut stale = ready(c.clone());
+        stale.metadata.generation = Some(2);
+        rec.observe(&stale);
+        assert_eq!(rec.done_count(), 2);
+        rec.observe(&ready(c.clone()));
+        let snap = rec.finished().expect("all three done");
+        assert_eq!(snap.runs, 0);
+        assert_eq!(rec.latencies().len(), 2);
+        assert!(
+            rec.latencies()[1] < lat[0],
+            "c's hop starts at b's Ready, not a's"
+        );
+    }
+
+    #[test]
+    fn chain_observer_without_the_dependency_seen_takes_no_sample() {
+        let rec = Recorder::start(config(Workload::Chain, 2), RequestCounter::new());
+        rec.observe(&ready(link("b", Some("a"))));
+        assert_eq!(rec.done_count(), 1);
+        assert!(rec.latencies().is_empty());
+        rec.observe(&ready(link("a", None)));
+        assert!(rec.finished().is_some());
+        assert!(rec.latencies().is_empty());
+    }
+
+    #[test]
+    fn dependency_readiness() {
+        let a = link("a", None);
+        assert!(!is_ready_dependency(&a));
+        assert!(is_ready_dependency(&ready(a.clone())));
+        let mut deleting = ready(a.clone());
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        assert!(!is_ready_dependency(&deleting));
+        let t = dependency_target(&link("b", Some("a"))).unwrap();
+        assert_eq!(t, Target::for_kind::<BenchObject>(Some("ns"), "a"));
+        assert_eq!(t.kind, "BenchObject");
+        assert_eq!(dependency_target(&a), None);
+        match waiting_outcome(t.clone()) {
+            Outcome::Waiting { target, reason } => {
+                assert_eq!(target, t);
+                assert_eq!(reason.code(), "DependencyNotReady");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn crd_shape() {
         let crd = bench_crd();
@@ -607,5 +1003,8 @@ mod tests {
         assert_eq!(crd.spec.scope, "Namespaced");
         let v = &crd.spec.versions[0];
         assert!(v.subresources.as_ref().unwrap().status.is_some());
+        let depends_on =
+            &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["dependsOn"];
+        assert_eq!(depends_on["type"], "string", "{depends_on}");
     }
 }
