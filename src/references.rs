@@ -135,20 +135,21 @@ pub(crate) struct Blocked {
 /// The runtime-wide reference and readiness index.
 #[derive(Default)]
 pub struct ReferenceIndex {
-    kinds: DashMap<(String, String), Arc<dyn KindHandle>>,
+    /// (apiVersion, kind) → handle. A handful of kinds: a scan, and no key to allocate per lookup.
+    kinds: std::sync::RwLock<Vec<(String, String, Arc<dyn KindHandle>)>>,
     /// target → resources waiting for it to become Ready.
-    waiters: DashMap<Target, BTreeSet<Target>>,
+    waiters: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
     /// Readiness last written by the target's own actor (authoritative for managed targets).
     /// Keys are the actors' own `Arc<Target>`s: an entry costs no copy of the target.
-    ready: DashMap<Arc<Target>, bool>,
+    ready: DashMap<Arc<Target>, bool, ahash::RandomState>,
     /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
-    held: DashMap<Target, BTreeSet<Target>>,
+    held: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
 }
 
 impl std::fmt::Debug for ReferenceIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReferenceIndex")
-            .field("kinds", &self.kinds.len())
+            .field("kinds", &self.kinds.read().map(|k| k.len()).unwrap_or(0))
             .field("waiters", &self.waiters.len())
             .finish()
     }
@@ -174,14 +175,17 @@ pub fn referrers_in(annotations: &std::collections::BTreeMap<String, String>) ->
 
 impl ReferenceIndex {
     pub(crate) fn register_kind(&self, api_version: &str, kind: &str, handle: Arc<dyn KindHandle>) {
-        self.kinds
-            .insert((api_version.to_string(), kind.to_string()), handle);
+        let mut kinds = self.kinds.write().unwrap_or_else(|e| e.into_inner());
+        kinds.retain(|(a, k, _)| !(a == api_version && k == kind));
+        kinds.push((api_version.to_string(), kind.to_string(), handle));
     }
 
     fn kind(&self, t: &Target) -> Option<Arc<dyn KindHandle>> {
-        self.kinds
-            .get(&(t.api_version.clone(), t.kind.clone()))
-            .map(|h| h.clone())
+        let kinds = self.kinds.read().unwrap_or_else(|e| e.into_inner());
+        kinds
+            .iter()
+            .find(|(a, k, _)| *a == t.api_version && *k == t.kind)
+            .map(|(_, _, h)| h.clone())
     }
 
     /// Record what a referrer holds, from a target's persisted annotations (start-up rebuild).

@@ -219,7 +219,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             policy,
             runs: cx.runs.clone(),
             store,
-            routes: DashMap::new(),
+            routes: DashMap::default(),
             finalizer: cx.finalizer.clone(),
             field_manager: Arc::from(cx.field_manager.as_str()),
             recorder,

@@ -19,6 +19,9 @@ fn bench_json(workload: &str, extra: &[&str]) -> Value {
         "--timeout-secs",
         "60",
     ];
+    if !extra.contains(&"--repeat") {
+        args.extend_from_slice(&["--repeat", "1"]);
+    }
     args.extend_from_slice(extra);
     let (ok, out, err) = run_bounded(&args, Duration::from_secs(180));
     assert!(
@@ -146,4 +149,25 @@ fn bad_arguments_fail_cleanly() {
     let (ok, _out, err) = run_bounded(&["bench", "--objects", "0"], Duration::from_secs(30));
     assert!(!ok);
     assert!(err.contains("--objects"), "{err}");
+}
+
+#[test]
+fn repeat_reports_each_runtimes_median_run_and_every_runs_seconds() {
+    let v = bench_json("noop", &["--repeat", "3"]);
+    check_shape(&v, "noop", 1);
+    for r in v["runs"].as_array().unwrap() {
+        let mut all: Vec<f64> = r["seconds_per_repeat"]
+            .as_array()
+            .expect("seconds_per_repeat")
+            .iter()
+            .map(|s| s.as_f64().unwrap())
+            .collect();
+        assert_eq!(all.len(), 3, "{r}");
+        all.sort_by(f64::total_cmp);
+        assert_eq!(
+            r["seconds"].as_f64().unwrap(),
+            all[1],
+            "the median run: {r}"
+        );
+    }
 }

@@ -42,6 +42,8 @@ fn envtest_backend_both_runtimes() {
             "--json",
             "--timeout-secs",
             "60",
+            "--repeat",
+            "1",
         ],
         Duration::from_secs(200),
     );
@@ -69,6 +71,8 @@ fn envtest_backend_chain() {
             "--json",
             "--timeout-secs",
             "60",
+            "--repeat",
+            "1",
         ],
         Duration::from_secs(200),
     );
@@ -103,6 +107,8 @@ async fn kubeconfig_backend_uses_and_removes_its_own_namespaces() {
                     "--json",
                     "--timeout-secs",
                     "60",
+                    "--repeat",
+                    "1",
                 ],
                 Duration::from_secs(180),
             )

@@ -64,12 +64,12 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         .modify(|o| o.managed_fields_mut().clear());
     let stream = reflector::reflector(writer, events);
     futures::pin_mut!(stream);
-    let mut relisting: Option<HashSet<ObjectRef<K>>> = None;
+    let mut relisting: Option<HashSet<ObjectRef<K>, ahash::RandomState>> = None;
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Apply(obj)) => route(&shared, &manager, ObjectRef::from_obj(&obj)),
             Ok(Event::Delete(obj)) => route_gone(&shared, &manager, ObjectRef::from_obj(&obj)),
-            Ok(Event::Init) => relisting = Some(HashSet::new()),
+            Ok(Event::Init) => relisting = Some(HashSet::default()),
             // The reflector buffers a (re-)list and swaps it into the store only at `InitDone`,
             // so listed objects are routed then, when actors can find them in the store.
             Ok(Event::InitApply(obj)) => {

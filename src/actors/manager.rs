@@ -2,7 +2,7 @@
 //! restarts failed ones per the [`SupervisorPolicy`](crate::policy::SupervisorPolicy), keeps the
 //! state of passivated actors, and forgets deleted objects.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use backon::ExponentialBackoff;
@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::resource::{ResourceActor, ResourceArgs, ResourceState, key_hash};
-use super::{ManagedResource, Metrics, Shared, version_of};
+use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
 use crate::policy::Exhausted;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
@@ -59,8 +59,8 @@ struct Slot {
 
 /// Manager state: every known object's slot.
 pub(crate) struct ManagerState<K: ManagedResource> {
-    slots: HashMap<ObjectRef<K>, Slot>,
-    ids: HashMap<ActorId, ObjectRef<K>>,
+    slots: FastMap<ObjectRef<K>, Slot>,
+    ids: FastMap<ActorId, ObjectRef<K>>,
     wake_token: u64,
 }
 
@@ -282,8 +282,8 @@ impl<K: ManagedResource> Actor for Manager<K> {
         _args: ManagerArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(ManagerState {
-            slots: HashMap::new(),
-            ids: HashMap::new(),
+            slots: FastMap::default(),
+            ids: FastMap::default(),
             wake_token: 0,
         })
     }
@@ -419,6 +419,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
                         let ps = last_state
                             .and_then(|mut b| b.take::<ResourceState<K>>().ok())
                             .and_then(|mut s| s.passive.take())
+                            .map(|p| *p)
                             .unwrap_or_default();
                         let pending = *pending;
                         self.settle_passive(&myself, st, key, ps, pending).await;

@@ -51,6 +51,9 @@ impl<T> ManagedResource for T where
 {
 }
 
+/// Hash map of per-object data (ahash: object names are hashed on every event and message).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+
 /// Everything the manager, its resource actors and its feeder share for one kind.
 pub(crate) struct Shared<K: ManagedResource> {
     pub client: Client,
@@ -58,7 +61,7 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub policy: SupervisorPolicy,
     pub runs: Arc<Semaphore>,
     pub store: Store<K>,
-    pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>>,
+    pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     pub finalizer: String,
     pub field_manager: Arc<str>,
     pub recorder: Option<Arc<Recorder>>,

@@ -54,9 +54,10 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     /// When the actor last finished work (the idle timeout counts from here).
     last_active: Instant,
     error_attempts: u32,
-    error_backoff: Option<ExponentialBackoff>,
+    /// Boxed, like `passive`: rarely set, and every live actor carries this state.
+    error_backoff: Option<Box<ExponentialBackoff>>,
     /// Set when passivating: what the manager keeps (it takes it from the terminated state).
-    pub(crate) passive: Option<PassiveState>,
+    pub(crate) passive: Option<Box<PassiveState>>,
     /// This object as a reference target (fixed for the actor's life).
     target: Arc<Target>,
     /// The parsed actorcile status of one object version.
@@ -282,7 +283,9 @@ impl<K: ManagedResource> ResourceActor<K> {
             if shared.write_status && desired != *status {
                 written = Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
             }
-            if st.was_ready != Some(ready) {
+            // Ready is announced once the Ready status is in the API (or status is not ours to
+            // write); not Ready at once.
+            if st.was_ready != Some(ready) && (written || !ready) {
                 shared.references.mark_ready(&st.target, ready);
                 st.was_ready = Some(ready);
             }
@@ -328,7 +331,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 let seed = shared.policy.seed.map(|s| s ^ key_hash(&st.key));
                 let policy = &shared.policy.error_backoff;
                 st.error_backoff
-                    .get_or_insert_with(|| policy.sequence(seed))
+                    .get_or_insert_with(|| Box::new(policy.sequence(seed)))
                     .next()
                     .or(Some(policy.max))
             }
@@ -784,7 +787,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                         .map(|at| at.saturating_duration_since(Instant::now())),
                     pending_run: st.dirty || st.run_pending,
                 };
-                st.passive = Some(state);
+                st.passive = Some(Box::new(state));
                 Metrics::inc(&self.shared.metrics.passivations);
                 myself.stop(Some("passivated".into()));
             }

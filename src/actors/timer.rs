@@ -125,7 +125,7 @@ struct Armed<M: Message> {
 
 struct Wheel<M: Message> {
     queue: DelayQueue<(ActorId, TimerSlot)>,
-    actors: HashMap<ActorId, Armed<M>>,
+    actors: HashMap<ActorId, Armed<M>, ahash::RandomState>,
 }
 
 impl<M: Message> Wheel<M> {
@@ -181,7 +181,7 @@ impl<M: Message> Wheel<M> {
 async fn run<M: Message>(mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
     let mut wheel = Wheel {
         queue: DelayQueue::new(),
-        actors: HashMap::new(),
+        actors: HashMap::default(),
     };
     loop {
         tokio::select! {

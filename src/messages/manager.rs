@@ -32,7 +32,7 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// An object without a live actor was deleted from the API.
     Gone(ObjectRef<K>),
     /// After a (re-)list, the keys that exist; every other known key is gone.
-    Resync(HashSet<ObjectRef<K>>),
+    Resync(HashSet<ObjectRef<K>, ahash::RandomState>),
     /// The restart backoff of this key elapsed.
     Restart(ObjectRef<K>),
     /// A live actor has been idle for the idle timeout and asks to passivate.

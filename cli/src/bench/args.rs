@@ -148,6 +148,12 @@ pub struct BenchArgs {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [RuntimeKind::Actorcile, RuntimeKind::KubeRuntime])]
     pub runtimes: Vec<RuntimeKind>,
 
+    /// Run the runtimes this many times, alternating (actorcile, kube-runtime, actorcile, …), and
+    /// report each runtime's median run (by seconds). These machines are noisy: one run of a
+    /// runtime can take several times as long as the next.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub repeat: u32,
+
     /// Give up on a runtime that has not finished after this many seconds.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_secs: u64,
@@ -271,6 +277,7 @@ mod tests {
         assert_eq!(args.yields, 10);
         assert_eq!(args.yield_interval(), Duration::from_millis(1));
         assert_eq!(args.chain_length, 10);
+        assert_eq!(args.repeat, 3);
         assert_eq!(
             args.runtimes,
             vec![RuntimeKind::Actorcile, RuntimeKind::KubeRuntime]

@@ -184,6 +184,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         peak_rss_bytes: peak_rss,
         baseline_rss_bytes: baseline_rss,
         rss_per_object_bytes: peak_rss / u64::from(args.objects),
+        seconds_per_repeat: Vec::new(),
     })
 }
 

@@ -51,11 +51,17 @@ pub fn main(args: BenchArgs) -> Result<()> {
 /// Runs every requested runtime in its own child process, one after the other.
 pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
     let exe = std::env::current_exe().context("finding this program's path")?;
-    let mut runs = Vec::with_capacity(args.runtimes.len());
-    for &runtime in &args.runtimes {
+    let mut per_runtime: Vec<Vec<RunResult>> = vec![Vec::new(); args.runtimes.len()];
+    for (round, i, runtime) in (1..=args.repeat).flat_map(|round| {
+        args.runtimes
+            .iter()
+            .enumerate()
+            .map(move |(i, &rt)| (round, i, rt))
+    }) {
         if !args.json {
             eprintln!(
-                "running {runtime}: workload {}, {} objects, backend {}…",
+                "running {runtime} ({round}/{}): workload {}, {} objects, backend {}…",
+                args.repeat,
                 args.workload,
                 args.objects,
                 args.backend().name()
@@ -72,8 +78,12 @@ pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
             bail!("the {runtime} child process failed ({})", output.status);
         }
         let stdout = String::from_utf8_lossy(&output.stdout);
-        runs.push(parse_child_output(&stdout, runtime)?);
+        per_runtime[i].push(parse_child_output(&stdout, runtime)?);
     }
+    let runs = per_runtime
+        .into_iter()
+        .filter_map(report::median_run)
+        .collect();
     Ok(BenchReport::new(
         args.workload,
         args.objects,

@@ -34,6 +34,23 @@ pub struct RunResult {
     pub baseline_rss_bytes: u64,
     /// `peak_rss_bytes / objects`.
     pub rss_per_object_bytes: u64,
+    /// With `--repeat`: the seconds of every run of this runtime, in the order run (this result
+    /// is the median one). Empty in a child's own line.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seconds_per_repeat: Vec<f64>,
+}
+
+/// The median of one runtime's repeated runs (by seconds; the lower middle one for an even
+/// count), with every run's seconds recorded in it.
+pub fn median_run(mut runs: Vec<RunResult>) -> Option<RunResult> {
+    let all: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
+    runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    let mid = runs.len().checked_sub(1)? / 2;
+    let mut m = runs.swap_remove(mid);
+    if all.len() > 1 {
+        m.seconds_per_repeat = all;
+    }
+    Some(m)
 }
 
 /// The whole comparison.
@@ -139,6 +156,23 @@ impl BenchReport {
             }
             let _ = writeln!(out, "{}", line.trim_end());
         }
+        for r in self
+            .runs
+            .iter()
+            .filter(|r| !r.seconds_per_repeat.is_empty())
+        {
+            let secs: Vec<String> = r
+                .seconds_per_repeat
+                .iter()
+                .map(|s| format!("{s:.3}"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "{} seconds per repeat: {} (the median run is shown)",
+                r.runtime,
+                secs.join(", ")
+            );
+        }
         match self.ratio {
             Some(ratio) => {
                 let _ = writeln!(out, "ratio actorcile / kube-runtime (runs/s): {ratio:.2}");
@@ -192,7 +226,37 @@ mod tests {
             peak_rss_bytes: 10 * 1024 * 1024,
             baseline_rss_bytes: 5 * 1024 * 1024,
             rss_per_object_bytes: 1024 * 1024,
+            seconds_per_repeat: Vec::new(),
         }
+    }
+
+    #[test]
+    fn median_run_picks_the_middle_by_seconds_and_keeps_every_run() {
+        let runs = vec![
+            run(RuntimeKind::Actorcile, 10.0),
+            run(RuntimeKind::Actorcile, 40.0),
+            run(RuntimeKind::Actorcile, 20.0),
+        ];
+        let m = median_run(runs).unwrap();
+        assert_eq!(m.runs_per_sec, 20.0);
+        assert_eq!(m.seconds_per_repeat, vec![2.0, 0.5, 1.0]);
+        let one = median_run(vec![run(RuntimeKind::KubeRuntime, 5.0)]).unwrap();
+        assert!(
+            one.seconds_per_repeat.is_empty(),
+            "a single run lists no repeats"
+        );
+        assert!(median_run(Vec::new()).is_none());
+        let report = BenchReport::new(Workload::Noop, 10, "in-process", 64, vec![m, one]);
+        assert!(
+            report
+                .to_table()
+                .contains("actorcile seconds per repeat: 2.000, 0.500, 1.000")
+        );
+        assert!(
+            report
+                .to_json_line()
+                .contains("\"seconds_per_repeat\":[2.0,0.5,1.0]")
+        );
     }
 
     #[test]
