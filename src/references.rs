@@ -132,11 +132,14 @@ pub(crate) struct Blocked {
     pub message: String,
 }
 
+/// A registered kind: apiVersion, kind, and its handle.
+type KindEntry = (String, String, Arc<dyn KindHandle>);
+
 /// The runtime-wide reference and readiness index.
 #[derive(Default)]
 pub struct ReferenceIndex {
     /// (apiVersion, kind) → handle. A handful of kinds: a scan, and no key to allocate per lookup.
-    kinds: std::sync::RwLock<Vec<(String, String, Arc<dyn KindHandle>)>>,
+    kinds: std::sync::RwLock<Vec<KindEntry>>,
     /// target → resources waiting for it to become Ready.
     waiters: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
     /// Readiness last written by the target's own actor (authoritative for managed targets).
