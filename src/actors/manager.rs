@@ -84,8 +84,13 @@ impl<K: ManagedResource> Manager<K> {
         let handler = ResourceActor {
             shared: self.shared.clone(),
         };
-        match Actor::spawn_linked(None, handler, args, myself.get_cell()).await {
-            Ok((actor, _)) => {
+        // `spawn_linked_instant`: the actor's cell exists at once (messages queue), and its
+        // `pre_start` and linking run in its own task, not in this mailbox — the manager is the
+        // one serial point every first activation passes through. `ResourceActor::pre_start`
+        // cannot fail, so the start handle is not watched; an actor that cannot link (the
+        // manager is stopping) simply never runs.
+        match ractor::ActorRuntime::spawn_linked_instant(None, handler, args, myself.get_cell()) {
+            Ok((actor, _starting)) => {
                 let id = actor.get_id();
                 st.ids.insert(id, key.clone());
                 self.shared.routes.insert(key.clone(), actor);
