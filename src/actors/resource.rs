@@ -66,6 +66,8 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     last_outcome: Option<OutcomeKey>,
     /// Readiness last reported to the reference index (`None`: not yet by this actor).
     was_ready: Option<bool>,
+    /// The last provision pass's context, kept while a wake-up is pending.
+    cx: Option<Context<K>>,
 }
 
 impl<K: ManagedResource> ResourceState<K> {
@@ -250,10 +252,16 @@ impl<K: ManagedResource> ResourceActor<K> {
             let outcome = match pre_failure {
                 Some(o) => o,
                 None => {
-                    shared
-                        .tree
-                        .provision(&self.context(obj.clone(), status.clone()))
-                        .await
+                    // A yield loop runs on the same object and status pass after pass: reuse
+                    // the context (building one clones the client, a string and four Arcs).
+                    let cx = st
+                        .cx
+                        .take()
+                        .filter(|cx| cx.has_parts(&obj, &status))
+                        .unwrap_or_else(|| self.context(obj.clone(), status.clone()));
+                    let outcome = shared.tree.provision(&cx).await;
+                    st.cx = Some(cx);
+                    outcome
                 }
             };
             Pass {
@@ -338,6 +346,9 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if let Some(d) = delay {
             self.schedule_wake(myself, st, d);
+        }
+        if st.wake.deadline().is_none() {
+            st.cx = None; // nothing due soon: an idle actor keeps no context
         }
     }
 }
@@ -677,6 +688,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             status_cache: None,
             last_outcome: None,
             was_ready: None,
+            cx: None,
         };
         if let Some(p) = args.passive {
             st.dirty = p.pending_run;

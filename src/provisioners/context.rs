@@ -54,6 +54,11 @@ impl<K> Context<K> {
         }
     }
 
+    /// Whether this context was built on exactly this object and status (the same `Arc`s).
+    pub(crate) fn has_parts(&self, object: &Arc<K>, status: &Arc<ResourceStatus>) -> bool {
+        Arc::ptr_eq(&self.inner.object, object) && Arc::ptr_eq(&self.inner.status, status)
+    }
+
     /// Attach the object's current status, an event recorder and the reference API.
     pub(crate) fn with_parts(
         object: Arc<K>,
