@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actorcile::actors::WakeSlot;
+use actorcile::actors::{TimerSlot, Timers, WakeSlot};
 use actorcile::cluster::Cluster;
 use actorcile::prelude::*;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -76,6 +76,49 @@ fn hot_paths(c: &mut Criterion) {
             slot.cancel();
         })
     });
+
+    // Timer delivery: arm a due wake-up on the controller's timer task and wait until the
+    // actor has it (arm → DelayQueue → cast → actor).
+    let (timers, actor, mut delivered) = rt.block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (actor, _) = ractor::Actor::spawn(None, Forward, tx).await.unwrap();
+        (Timers::<u64>::start(), actor, rx)
+    });
+    c.bench_function("timer/arm_and_deliver", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                timers.arm(&actor, TimerSlot::Wake, tokio::time::Instant::now(), 1);
+                delivered.recv().await
+            })
+        })
+    });
+}
+
+/// An actor that forwards every message to a channel (the timer benchmark's receiver).
+struct Forward;
+
+impl ractor::Actor for Forward {
+    type Msg = u64;
+    type State = tokio::sync::mpsc::UnboundedSender<u64>;
+    type Arguments = tokio::sync::mpsc::UnboundedSender<u64>;
+
+    async fn pre_start(
+        &self,
+        _: ractor::ActorRef<u64>,
+        tx: Self::Arguments,
+    ) -> Result<Self::State, ractor::ActorProcessingErr> {
+        Ok(tx)
+    }
+
+    async fn handle(
+        &self,
+        _: ractor::ActorRef<u64>,
+        msg: u64,
+        tx: &mut Self::State,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        let _ = tx.send(msg);
+        Ok(())
+    }
 }
 
 /// Event routing end to end: a spec change on the in-process cluster until the object's

@@ -133,6 +133,12 @@ impl<M: Message> Wheel<M> {
         match cmd {
             Cmd::Arm { to, slot, at, msg } => {
                 let id = to.get_id();
+                if at <= Instant::now() {
+                    // Already due: deliver now, not at the timer wheel's next millisecond tick.
+                    self.apply(Cmd::Cancel(id, slot));
+                    let _ = to.cast(msg);
+                    return;
+                }
                 let armed = self.actors.entry(id).or_insert_with(|| Armed {
                     to,
                     slots: [None, None],
@@ -283,6 +289,29 @@ mod tests {
             .collect();
         assert_eq!(got, vec![(2, 3), (3, 7)]);
         assert_eq!(log_b.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_due_timer_is_delivered_at_once_and_replaces_the_pending_one() {
+        let timers = Timers::start();
+        let (a, log) = recorder().await;
+        let t0 = Instant::now();
+        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(5), 1);
+        timers.arm(&a, TimerSlot::Wake, t0, 2);
+        // no time passes: the due one arrives without the clock moving
+        for _ in 0..100 {
+            if !log.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*log.lock().unwrap(), vec![(2, t0)]);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            log.lock().unwrap().len(),
+            1,
+            "the replaced timer never fires"
+        );
     }
 
     #[tokio::test(start_paused = true)]
