@@ -64,25 +64,29 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         .modify(|o| o.managed_fields_mut().clear());
     let stream = reflector::reflector(writer, events);
     futures::pin_mut!(stream);
-    let mut relisting: Option<HashSet<ObjectRef<K>, ahash::RandomState>> = None;
+    // The keys of a (re-)list, in the order the API server listed them.
+    let mut relisting: Option<Vec<ObjectRef<K>>> = None;
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Apply(obj)) => route(&shared, &manager, ObjectRef::from_obj(&obj)),
             Ok(Event::Delete(obj)) => route_gone(&shared, &manager, ObjectRef::from_obj(&obj)),
-            Ok(Event::Init) => relisting = Some(HashSet::default()),
+            Ok(Event::Init) => relisting = Some(Vec::new()),
             // The reflector buffers a (re-)list and swaps it into the store only at `InitDone`,
             // so listed objects are routed then, when actors can find them in the store.
             Ok(Event::InitApply(obj)) => {
                 if let Some(seen) = &mut relisting {
-                    seen.insert(ObjectRef::from_obj(&obj));
+                    seen.push(ObjectRef::from_obj(&obj));
                 }
             }
             Ok(Event::InitDone) => {
-                if let Some(seen) = relisting.take() {
-                    for key in &seen {
+                if let Some(listed) = relisting.take() {
+                    // In list order, like the watch delivered them (first passes start in it).
+                    for key in &listed {
                         route(&shared, &manager, key.clone());
                     }
-                    let _ = manager.cast(ManagerMsg::Resync(seen));
+                    let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
+                        listed.into_iter().collect();
+                    let _ = manager.cast(ManagerMsg::Resync(existing));
                 }
             }
             Err(e) => {
