@@ -110,6 +110,16 @@ impl<K: ManagedResource> Manager<K> {
         }
     }
 
+    /// An actor stopped or failed: drop its timers and its route, and return its object's key
+    /// (`None` if the actor was not one of ours).
+    fn retire(&self, st: &mut ManagerState<K>, id: ActorId) -> Option<ObjectRef<K>> {
+        self.shared.timers.forget(id);
+        let key = st.ids.remove(&id)?;
+        self.shrink_if_sparse(st);
+        self.shared.routes.remove_if(&key, |_, a| a.get_id() == id);
+        Some(key)
+    }
+
     /// After a wave of passivations the actor-indexed maps keep their peak capacity (about
     /// 100 bytes per slot); give it back once they are mostly empty.
     fn shrink_if_sparse(&self, st: &mut ManagerState<K>) {
@@ -407,14 +417,9 @@ impl<K: ManagedResource> Actor for Manager<K> {
     ) -> Result<(), ActorProcessingErr> {
         match event {
             SupervisionEvent::ActorTerminated(cell, last_state, _) => {
-                self.shared.timers.forget(cell.get_id());
-                let Some(key) = st.ids.remove(&cell.get_id()) else {
+                let Some(key) = self.retire(st, cell.get_id()) else {
                     return Ok(());
                 };
-                self.shrink_if_sparse(st);
-                self.shared
-                    .routes
-                    .remove_if(&key, |_, a| a.get_id() == cell.get_id());
                 let Some(slot) = st.slots.get_mut(&key) else {
                     return Ok(());
                 };
@@ -437,14 +442,9 @@ impl<K: ManagedResource> Actor for Manager<K> {
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
-                self.shared.timers.forget(cell.get_id());
-                let Some(key) = st.ids.remove(&cell.get_id()) else {
+                let Some(key) = self.retire(st, cell.get_id()) else {
                     return Ok(());
                 };
-                self.shrink_if_sparse(st);
-                self.shared
-                    .routes
-                    .remove_if(&key, |_, a| a.get_id() == cell.get_id());
                 Metrics::dec(&self.shared.metrics.live_actors);
                 self.on_failure(&myself, st, key, err.to_string()).await?;
             }
