@@ -7,13 +7,14 @@
 //! per timer — what `ractor::time::send_after` does — costs a task allocation and an abort on
 //! every re-arm, and a live task per idle actor.)
 
-use std::collections::HashMap;
 use std::future::poll_fn;
 
 use ractor::{ActorId, ActorRef, Message};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
+
+use super::FastMap;
 
 /// The single pending wake-up of a resource actor: deadline and token bookkeeping only.
 ///
@@ -125,7 +126,7 @@ struct Armed<M: Message> {
 
 struct Wheel<M: Message> {
     queue: DelayQueue<(ActorId, TimerSlot)>,
-    actors: HashMap<ActorId, Armed<M>, ahash::RandomState>,
+    actors: FastMap<ActorId, Armed<M>>,
 }
 
 impl<M: Message> Wheel<M> {
@@ -187,7 +188,7 @@ impl<M: Message> Wheel<M> {
 async fn run<M: Message>(mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
     let mut wheel = Wheel {
         queue: DelayQueue::new(),
-        actors: HashMap::default(),
+        actors: FastMap::default(),
     };
     loop {
         tokio::select! {
