@@ -95,7 +95,7 @@ pub trait ReferenceApi: Send + Sync {
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use dashmap::DashMap;
+use dashmap::{DashMap, DashSet};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 
 use crate::status::ReadyReason;
@@ -142,9 +142,9 @@ pub struct ReferenceIndex {
     kinds: std::sync::RwLock<Vec<KindEntry>>,
     /// target → resources waiting for it to become Ready.
     waiters: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
-    /// Readiness last written by the target's own actor (authoritative for managed targets).
-    /// Keys are the actors' own `Arc<Target>`s: an entry costs no copy of the target.
-    ready: DashMap<Arc<Target>, bool, ahash::RandomState>,
+    /// Targets whose own actor last reported them Ready (authoritative for managed targets).
+    /// The actors' own `Arc<Target>`s: an entry costs no copy of the target.
+    ready: DashSet<Arc<Target>, ahash::RandomState>,
     /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
     held: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
 }
@@ -208,8 +208,8 @@ impl ReferenceIndex {
             self.ready.remove(&**target);
             return;
         }
-        if !self.ready.contains_key(&**target) {
-            self.ready.insert(target.clone(), true);
+        if !self.ready.contains(&**target) {
+            self.ready.insert(target.clone());
         }
         if let Some((_, waiters)) = self.waiters.remove(&**target) {
             for w in waiters {
@@ -372,10 +372,13 @@ impl ReferenceApi for ReferenceIndex {
             .entry(target.clone())
             .or_default()
             .insert(from.clone());
-        let r = match (self.ready.get(target).map(|r| *r), self.kind(target)) {
-            (Some(true), _) => Readiness::Ready,
-            (_, Some(k)) => k.readiness(target),
-            (_, None) => Readiness::Missing,
+        let r = if self.ready.contains(target) {
+            Readiness::Ready
+        } else {
+            match self.kind(target) {
+                Some(k) => k.readiness(target),
+                None => Readiness::Missing,
+            }
         };
         if r == Readiness::Ready
             && let Some(mut w) = self.waiters.get_mut(target)
