@@ -52,33 +52,19 @@ pub fn main(args: BenchArgs) -> Result<()> {
 pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
     let exe = std::env::current_exe().context("finding this program's path")?;
     let mut per_runtime: Vec<Vec<RunResult>> = vec![Vec::new(); args.runtimes.len()];
-    for (round, i, runtime) in (1..=args.repeat).flat_map(|round| {
-        args.runtimes
-            .iter()
-            .enumerate()
-            .map(move |(i, &rt)| (round, i, rt))
-    }) {
-        if !args.json {
-            eprintln!(
-                "running {runtime} ({round}/{}): workload {}, {} objects, backend {}…",
-                args.repeat,
-                args.workload,
-                args.objects,
-                args.backend().name()
-            );
+    for round in 1..=args.repeat {
+        for (runs, &runtime) in per_runtime.iter_mut().zip(&args.runtimes) {
+            if !args.json {
+                eprintln!(
+                    "running {runtime} ({round}/{}): workload {}, {} objects, backend {}…",
+                    args.repeat,
+                    args.workload,
+                    args.objects,
+                    args.backend().name()
+                );
+            }
+            runs.push(run_child(&exe, args, runtime)?);
         }
-        let output = Command::new(&exe)
-            .args(args.child_args(runtime))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .output()
-            .with_context(|| format!("starting the {runtime} child process"))?;
-        if !output.status.success() {
-            bail!("the {runtime} child process failed ({})", output.status);
-        }
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        per_runtime[i].push(parse_child_output(&stdout, runtime)?);
     }
     let runs = per_runtime
         .into_iter()
@@ -91,6 +77,21 @@ pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
         args.concurrency,
         runs,
     ))
+}
+
+/// Runs one child process for `runtime` and reads its result.
+fn run_child(exe: &std::path::Path, args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
+    let output = Command::new(exe)
+        .args(args.child_args(runtime))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting the {runtime} child process"))?;
+    if !output.status.success() {
+        bail!("the {runtime} child process failed ({})", output.status);
+    }
+    parse_child_output(&String::from_utf8_lossy(&output.stdout), runtime)
 }
 
 /// The result in a child's stdout: its last non-empty line, which must be the runtime's JSON.
