@@ -340,14 +340,8 @@ impl Recorder {
         let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
         let write_status = {
             let mut state = self.objects.entry(name.to_string()).or_default();
-            if !state.seen {
-                state.seen = true;
-                if self.config.workload == Workload::Noop {
-                    self.record_latency(now - self.start);
-                }
-                if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
-                    self.all_seen.notify_waiters();
-                }
+            if self.note_seen(&mut state) && self.config.workload == Workload::Noop {
+                self.record_latency(now - self.start);
             }
             match self.config.workload {
                 Workload::Noop => {
@@ -392,6 +386,18 @@ impl Recorder {
         Ok(Step::Done)
     }
 
+    /// Marks the object seen by the runtime (its first run); `true` the first time.
+    fn note_seen(&self, state: &mut ObjectState) -> bool {
+        if state.seen {
+            return false;
+        }
+        state.seen = true;
+        if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+            self.all_seen.notify_waiters();
+        }
+        true
+    }
+
     /// `chain`: one reconcile of `obj`, whose dependency (`spec.dependsOn`) the runtime found
     /// Ready (`dependency_ready`; `true` for a chain's head) or not.
     ///
@@ -409,15 +415,7 @@ impl Recorder {
     ) -> Result<Step, WorkloadError> {
         self.runs.fetch_add(1, Ordering::Relaxed);
         let name = obj.metadata.name.as_deref().ok_or(WorkloadError::Unnamed)?;
-        {
-            let mut state = self.objects.entry(name.to_string()).or_default();
-            if !state.seen {
-                state.seen = true;
-                if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
-                    self.all_seen.notify_waiters();
-                }
-            }
-        }
+        self.note_seen(&mut self.objects.entry(name.to_string()).or_default());
         let (outcome, step) = match dependency_target(obj) {
             Some(target) if !dependency_ready => (waiting_outcome(target), Step::WaitForDependency),
             _ => (Outcome::Done, Step::Done),
