@@ -29,27 +29,33 @@ fn check_runs(v: &Value, backend: &str, objects: u64) {
     assert!(v["ratio"].as_f64().is_some());
 }
 
-#[test]
-fn envtest_backend_both_runtimes() {
-    let (ok, out, err) = run_bounded(
-        &[
-            "bench",
-            "--envtest",
-            "--objects",
-            "20",
-            "--workload",
-            "status",
-            "--json",
-            "--timeout-secs",
-            "60",
-            "--repeat",
-            "1",
-        ],
-        Duration::from_secs(200),
-    );
+/// `actorcile bench --envtest` with 20 objects and one run per runtime, plus `extra`: its JSON
+/// line, with the shape of both runs checked.
+fn envtest_bench(workload: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "bench",
+        "--envtest",
+        "--objects",
+        "20",
+        "--workload",
+        workload,
+        "--json",
+        "--timeout-secs",
+        "60",
+        "--repeat",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = run_bounded(&args, Duration::from_secs(200));
     assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
     let v = last_json_line(&out);
     check_runs(&v, "envtest", 20);
+    v
+}
+
+#[test]
+fn envtest_backend_both_runtimes() {
+    let v = envtest_bench("status", &[]);
     // Each runtime wrote a status per object, so at least one request per object beyond list+watch.
     for r in v["runs"].as_array().unwrap() {
         assert!(r["api_requests"].as_u64().unwrap() >= 20, "{r}");
@@ -58,27 +64,7 @@ fn envtest_backend_both_runtimes() {
 
 #[test]
 fn envtest_backend_chain() {
-    let (ok, out, err) = run_bounded(
-        &[
-            "bench",
-            "--envtest",
-            "--objects",
-            "20",
-            "--workload",
-            "chain",
-            "--chain-length",
-            "5",
-            "--json",
-            "--timeout-secs",
-            "60",
-            "--repeat",
-            "1",
-        ],
-        Duration::from_secs(200),
-    );
-    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
-    let v = last_json_line(&out);
-    check_runs(&v, "envtest", 20);
+    let v = envtest_bench("chain", &["--chain-length", "5"]);
     for r in v["runs"].as_array().unwrap() {
         // Four chains of five: one hop sample per link after a chain's head.
         assert_eq!(r["latency_samples"], 16, "{r}");
