@@ -526,7 +526,7 @@ mod tests {
     use super::*;
     use http::{Request, Response};
     use kube::client::Body;
-    use std::{convert::Infallible, sync::atomic::AtomicU32};
+    use std::convert::Infallible;
 
     fn obj(name: &str) -> BenchObject {
         let mut o = BenchObject::new(name, BenchObjectSpec::default());
@@ -662,49 +662,30 @@ mod tests {
 
     #[tokio::test]
     async fn status_is_patched_only_when_changed() {
-        let patches = Arc::new(AtomicU32::new(0));
-        let seen = patches.clone();
-        let client = Client::new(
-            tower::service_fn(move |req: Request<Body>| {
-                let seen = seen.clone();
-                async move {
-                    assert_eq!(req.method(), http::Method::PATCH);
-                    assert_eq!(
-                        req.uri().path(),
-                        "/apis/bench.actorcile.dev/v1/namespaces/ns/benchobjects/a/status"
-                    );
-                    assert_eq!(
-                        req.headers()["content-type"],
-                        "application/merge-patch+json"
-                    );
-                    let body = http_body_util::BodyExt::collect(req.into_body())
-                        .await
-                        .unwrap()
-                        .to_bytes();
-                    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                    assert_eq!(patch["status"]["phase"], "Ready");
-                    assert_eq!(patch["status"]["observedGeneration"], 1);
-                    assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
-                    seen.fetch_add(1, Ordering::SeqCst);
-                    let mut o = obj("a");
-                    o.status = serde_json::from_value(patch["status"].clone()).unwrap();
-                    Ok::<_, Infallible>(Response::new(Body::from(serde_json::to_vec(&o).unwrap())))
-                }
-            }),
-            "ns",
-        );
+        let (client, patches) = status_patch_client();
         let counter = RequestCounter::new();
         let rec = Recorder::start(config(Workload::Status, 2), counter);
         let mut o = obj("a");
         rec.reconcile(&o, &client, StatusWriter::Reconcile)
             .await
             .unwrap();
-        assert_eq!(patches.load(Ordering::SeqCst), 1);
+        {
+            let p = patches.lock().unwrap();
+            assert_eq!(p.len(), 1);
+            assert_eq!(
+                p[0].0,
+                "/apis/bench.actorcile.dev/v1/namespaces/ns/benchobjects/a/status"
+            );
+            let patch = &p[0].1;
+            assert_eq!(patch["status"]["phase"], "Ready");
+            assert_eq!(patch["status"]["observedGeneration"], 1);
+            assert_eq!(patch["status"]["conditions"][0]["type"], "Ready");
+        }
         // Under a runtime that writes status itself, the reconcile writes nothing.
         rec.reconcile(&o, &client, StatusWriter::Runtime)
             .await
             .unwrap();
-        assert_eq!(patches.load(Ordering::SeqCst), 1);
+        assert_eq!(patches.lock().unwrap().len(), 1);
         // Done only once the observer sees the Ready status.
         rec.observe(&o);
         assert_eq!(rec.done_count(), 0);
@@ -720,7 +701,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            patches.load(Ordering::SeqCst),
+            patches.lock().unwrap().len(),
             1,
             "the echo run writes nothing"
         );
@@ -740,7 +721,8 @@ mod tests {
     /// Status patches a test client received: (path, body).
     type Patches = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
 
-    /// A client that records every status patch it gets (path, body) and answers with the object.
+    /// A client that records every status patch it gets (path, body) and answers with the object;
+    /// every request must be a merge patch.
     fn status_patch_client() -> (Client, Patches) {
         let patches = Arc::new(Mutex::new(Vec::new()));
         let seen = patches.clone();
@@ -749,6 +731,10 @@ mod tests {
                 let seen = seen.clone();
                 async move {
                     assert_eq!(req.method(), http::Method::PATCH);
+                    assert_eq!(
+                        req.headers()["content-type"],
+                        "application/merge-patch+json"
+                    );
                     let path = req.uri().path().to_string();
                     let body = http_body_util::BodyExt::collect(req.into_body())
                         .await
