@@ -54,6 +54,15 @@ pub struct KubeRuntimeRun {
     root: Option<JoinHandle<()>>,
 }
 
+/// `chain`: the object `obj` depends on, in its namespace (`None` for a chain's head).
+fn dependency_ref(obj: &BenchObject) -> Option<ObjectRef<BenchObject>> {
+    let dep = ObjectRef::new(obj.spec.depends_on.as_deref()?);
+    Some(match obj.metadata.namespace.as_deref() {
+        Some(ns) => dep.within(ns),
+        None => dep,
+    })
+}
+
 /// `chain`: the relation "depends on", indexed from dependency to dependents, as a
 /// [`Controller::watches_shared_stream`] mapper.
 ///
@@ -73,11 +82,7 @@ impl DependentsIndex {
     /// `obj`: its dependents if it is Ready, none otherwise.
     pub fn map(&self, obj: &BenchObject) -> Vec<ObjectRef<BenchObject>> {
         let me = ObjectRef::from_obj(obj);
-        if let Some(dep) = obj.spec.depends_on.as_deref() {
-            let dep = match obj.metadata.namespace.as_deref() {
-                Some(ns) => ObjectRef::new(dep).within(ns),
-                None => ObjectRef::new(dep),
-            };
+        if let Some(dep) = dependency_ref(obj) {
             self.dependents.entry(dep).or_default().insert(me.clone());
         }
         if !is_ready_dependency(obj) {
@@ -170,15 +175,9 @@ impl KubeRuntimeRun {
 async fn reconcile(obj: Arc<BenchObject>, ctx: Arc<Ctx>) -> Result<Action, WorkloadError> {
     let step = match &ctx.store {
         Some(store) => {
-            let dependency_ready = match obj.spec.depends_on.as_deref() {
+            let dependency_ready = match dependency_ref(&obj) {
                 None => true,
-                Some(dep) => {
-                    let key = match obj.metadata.namespace.as_deref() {
-                        Some(ns) => ObjectRef::new(dep).within(ns),
-                        None => ObjectRef::new(dep),
-                    };
-                    store.get(&key).is_some_and(|d| is_ready_dependency(&d))
-                }
+                Some(key) => store.get(&key).is_some_and(|d| is_ready_dependency(&d)),
             };
             ctx.recorder
                 .reconcile_chain(&obj, &ctx.client, StatusWriter::Reconcile, dependency_ready)
