@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actorcile::actors::{TimerSlot, Timers, WakeSlot};
+use actorcile::actors::{Timers, WakeSlot};
 use actorcile::cluster::Cluster;
 use actorcile::prelude::*;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -87,7 +87,7 @@ fn hot_paths(c: &mut Criterion) {
     c.bench_function("timer/arm_and_deliver", |b| {
         b.iter(|| {
             rt.block_on(async {
-                timers.arm(&actor, TimerSlot::Wake, tokio::time::Instant::now(), 1);
+                timers.arm(&actor, tokio::time::Instant::now(), 1);
                 delivered.recv().await
             })
         })

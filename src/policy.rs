@@ -34,7 +34,7 @@
 //! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
 //! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
 //! | `max_concurrent_runs` | 64 | provisioner runs in flight across the runtime |
-//! | `idle_timeout` | 30 s | an actor idle this long passivates (stops; re-activated by its next event, timer or message); `none` never |
+//! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (stops; re-activated by its next event, timer or message; its timer is kept by the manager); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
 
 use std::path::Path;
@@ -64,7 +64,9 @@ pub struct SupervisorPolicy {
     pub dependency_poll: Duration,
     /// Provisioner runs in flight across the runtime.
     pub max_concurrent_runs: usize,
-    /// Idle time after which a resource actor passivates (`None`: never; `"none"` in TOML).
+    /// Passivation horizon: a resource actor with no pass pending and no wake-up due within
+    /// this long stops as soon as its pass ends, instead of idling (`None`: never; `"none"` in
+    /// TOML). An actor in a yield loop shorter than this stays live between passes.
     #[serde(with = "optional_duration")]
     pub idle_timeout: Option<Duration>,
     /// How long graceful shutdown waits for in-flight runs.

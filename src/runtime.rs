@@ -435,6 +435,7 @@ impl RuntimeBuilder {
         }
         Ok(RuntimeHandle {
             started,
+            runs: cx.runs.clone(),
             metrics,
             escalated,
             root,
@@ -459,6 +460,8 @@ impl RuntimeBuilder {
 /// A running runtime.
 pub struct RuntimeHandle {
     started: Vec<Started>,
+    /// The run slots; closed at shutdown, so no new pass or activation starts.
+    runs: Arc<Semaphore>,
     metrics: Arc<Metrics>,
     escalated: watch::Receiver<Option<String>>,
     root: ActorRef<()>,
@@ -484,12 +487,13 @@ impl RuntimeHandle {
         }
     }
 
-    /// Stop watching, let in-flight runs finish within the policy's shutdown timeout (then
-    /// abort them), stop every actor.
+    /// Stop watching, start no new runs, let in-flight runs finish within the policy's shutdown
+    /// timeout (then abort them), stop every actor.
     pub async fn shutdown(self) {
         for s in &self.started {
             s.feeder.abort();
         }
+        self.runs.close();
         for s in &self.started {
             s.manager
                 .stop_children_and_wait(Some("shutdown".into()), Some(self.shutdown_timeout))

@@ -462,10 +462,139 @@ async fn idle_actors_passivate_and_reactivate_on_their_next_event() {
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(log.total(), 11, "only the changed object ran");
-    assert_eq!(rt.metrics().live_actors, 1);
+    let m = rt.metrics();
+    assert_eq!(
+        m.live_actors, 0,
+        "nothing due: passive again at once; {m:?}"
+    );
+    assert_eq!(m.activations, 11, "{m:?}");
     // deletion of a passive object still deprovisions and removes the finalizer
     delete(&client, "z5").await;
     wait_gone(&client, "z5", LIMIT).await;
+    rt.shutdown().await;
+}
+
+/// The idle timeout is a horizon: an actor whose next wake-up is due sooner stays live between
+/// passes; one whose next wake-up is further away passivates and its timer is kept by the
+/// manager.
+#[tokio::test(start_paused = true)]
+async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let mut policy = test_policy();
+    policy.idle_timeout = Some(Duration::from_secs(5));
+    let l = log.clone();
+    let tree = step("yield", move |cx: Context<Widget>| {
+        let log = l.clone();
+        async move {
+            let name = cx.object().name_any();
+            let i = log.start(&name);
+            log.end(i);
+            // "near" yields 1 s apart, "far" 10 s apart; both three times.
+            let after = if name == "near" { 1 } else { 10 };
+            if log.count(&name) <= 3 {
+                Outcome::yield_after(Duration::from_secs(after), Reason::new("More", "again"))
+            } else {
+                Outcome::Done
+            }
+        }
+    });
+    let rt = start_widgets(&client, policy, tree).await;
+    create(&client, "near", 1).await;
+    eventually("near's first run", LIMIT, || async {
+        (log.count("near") == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m = rt.metrics();
+    assert_eq!(
+        m.live_actors, 1,
+        "a wake-up due in 1 s keeps it live; {m:?}"
+    );
+    wait_ready(&client, "near", LIMIT).await;
+    assert_eq!(log.count("near"), 4);
+    eventually("near passive after its last pass", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    let m = rt.metrics();
+    assert_eq!(
+        (m.activations, m.passivations),
+        (1, 1),
+        "one activation for four passes; {m:?}"
+    );
+
+    create(&client, "far", 1).await;
+    eventually("far's first run", LIMIT, || async {
+        (log.count("far") == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let m = rt.metrics();
+    assert_eq!(
+        m.live_actors, 0,
+        "its wake-up is 10 s away: passive at once; {m:?}"
+    );
+    wait_ready(&client, "far", Duration::from_secs(60)).await;
+    assert_eq!(log.count("far"), 4);
+    eventually("far passive after its last pass", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    let m = rt.metrics();
+    assert_eq!(
+        (m.activations, m.passivations),
+        (5, 5),
+        "far passivated between its passes and its timers woke it; {m:?}"
+    );
+    rt.shutdown().await;
+}
+
+/// An object gets a live actor only when it gets a run slot: with passes blocked, new objects
+/// wait in the manager's queue, not as live actors.
+#[tokio::test(start_paused = true)]
+async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let gate = Arc::new(Notify::new());
+    let mut policy = test_policy();
+    policy.max_concurrent_runs = 2;
+    policy.idle_timeout = Some(Duration::from_secs(5));
+    let (l, g) = (log.clone(), gate.clone());
+    let tree = step("blocked", move |cx: Context<Widget>| {
+        let (log, gate) = (l.clone(), g.clone());
+        async move {
+            let i = log.start(&cx.object().name_any());
+            gate.notified().await;
+            log.end(i);
+            Outcome::Done
+        }
+    });
+    let rt = start_widgets(&client, policy, tree).await;
+    for i in 0..20 {
+        create(&client, &format!("q{i}"), 1).await;
+    }
+    eventually("two passes blocked", LIMIT, || async {
+        (log.total() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let m = rt.metrics();
+    assert_eq!(log.total(), 2, "{m:?}");
+    assert_eq!(m.live_actors, 2, "18 objects wait without an actor; {m:?}");
+    // Let every pass through: all converge, one actor at a time per run slot.
+    let opener = tokio::spawn(async move {
+        loop {
+            gate.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    wait_all_ready(&client, 20, LIMIT).await;
+    opener.abort();
+    let m = rt.metrics();
+    assert_eq!(log.total(), 20, "one pass each");
+    assert!(m.peak_in_flight <= 2, "{m:?}");
+    assert_eq!(m.activations, 20, "{m:?}");
     rt.shutdown().await;
 }
 

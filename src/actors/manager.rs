@@ -1,6 +1,12 @@
 //! The manager supervisor: one per managed kind. Spawns one linked resource actor per object,
 //! restarts failed ones per the [`SupervisorPolicy`](crate::policy::SupervisorPolicy), keeps the
 //! state of passivated actors, and forgets deleted objects.
+//!
+//! An object gets a live actor only when it can run: activations wait in a queue for a run slot
+//! (a permit of the runtime's `max_concurrent_runs` semaphore), which the new actor's first pass
+//! then uses. Ten thousand new objects so make at most `max_concurrent_runs` actors that are
+//! waiting to run, not ten thousand; with passivation (an actor with nothing due stops, see
+//! [`ResourceActor`]) the live actors are about those that have work.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,6 +16,7 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -29,10 +36,11 @@ pub(crate) struct ManagerArgs;
 
 /// Where one object's actor is in its life.
 enum Life {
-    /// A live actor.
-    Live(ActorId),
-    /// Asked to passivate; waiting for it to stop. `pending`: something arrived meanwhile.
-    Stopping { pending: bool },
+    /// In the activation queue, waiting for a run slot; with the state a passivated actor left.
+    Queued(Option<PassiveState>),
+    /// A live actor. `notified`: a notification found no route because the actor is
+    /// passivating; it re-activates at once when it has stopped.
+    Live { id: ActorId, notified: bool },
     /// No actor; its state kept here; optional timer (token, task).
     Passive(PassiveState, Option<(u64, JoinHandle<()>)>),
     /// Failed; a restart is scheduled.
@@ -62,6 +70,11 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     slots: FastMap<ObjectRef<K>, Slot>,
     ids: FastMap<ActorId, ObjectRef<K>>,
     wake_token: u64,
+    /// Keys waiting for a run slot, oldest first (a key whose slot is no longer `Queued` is
+    /// skipped).
+    queue: VecDeque<ObjectRef<K>>,
+    /// A task is waiting for a permit for the queue's head.
+    awaiting_permit: bool,
 }
 
 fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
@@ -69,39 +82,123 @@ fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
 }
 
 impl<K: ManagedResource> Manager<K> {
-    async fn spawn(
+    /// Queue `key` for a live actor (`passive`: the state its last actor handed over).
+    fn activate(
         &self,
         myself: &ActorRef<ManagerMsg<K>>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         passive: Option<PassiveState>,
     ) {
+        let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
+            life: Life::Restarting,
+            restarts: None,
+        });
+        if let Life::Passive(_, Some((_, t))) = &slot.life {
+            t.abort();
+        }
+        slot.life = Life::Queued(passive);
+        st.queue.push_back(key);
+        self.drain(myself, st);
+    }
+
+    /// Start queued activations while run slots are free; when none is, have one task wait for
+    /// the next ([`ManagerMsg::Permits`]). That task queues on the semaphore like any actor
+    /// waiting to run, so activations take their turn with wake-ups instead of overtaking them.
+    fn drain(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) {
+        while self.skip_stale(st) {
+            match self.shared.runs.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let key = st.queue.pop_front().expect("skip_stale left a head");
+                    self.start(myself, st, key, permit);
+                }
+                Err(TryAcquireError::NoPermits) => {
+                    if !st.awaiting_permit {
+                        st.awaiting_permit = true;
+                        let runs = self.shared.runs.clone();
+                        let me = myself.clone();
+                        let want = st.queue.len();
+                        tokio::spawn(async move {
+                            // Closed at shutdown: no activation then.
+                            let Ok(first) = runs.clone().acquire_owned().await else {
+                                return;
+                            };
+                            // Whatever else was freed meanwhile comes along in the same message.
+                            let mut permits = vec![first];
+                            while permits.len() < want {
+                                match runs.clone().try_acquire_owned() {
+                                    Ok(p) => permits.push(p),
+                                    Err(_) => break,
+                                }
+                            }
+                            let _ = me.cast(ManagerMsg::Permits(permits));
+                        });
+                    }
+                    return;
+                }
+                Err(TryAcquireError::Closed) => return,
+            }
+        }
+    }
+
+    /// Drop queue entries whose object no longer waits (deleted, or already activated through
+    /// a newer entry); `true` if a waiting one is at the head.
+    fn skip_stale(&self, st: &mut ManagerState<K>) -> bool {
+        while let Some(key) = st.queue.front() {
+            if matches!(
+                st.slots.get(key),
+                Some(Slot {
+                    life: Life::Queued(_),
+                    ..
+                })
+            ) {
+                return true;
+            }
+            st.queue.pop_front();
+        }
+        false
+    }
+
+    /// Spawn the actor of a queued key; its first pass runs on `permit`.
+    fn start(
+        &self,
+        myself: &ActorRef<ManagerMsg<K>>,
+        st: &mut ManagerState<K>,
+        key: ObjectRef<K>,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let passive = match st.slots.get_mut(&key).map(|s| &mut s.life) {
+            Some(Life::Queued(passive)) => passive.take(),
+            _ => return,
+        };
+        if self.shared.store.get(&key).is_none() {
+            st.slots.remove(&key); // deleted while it waited
+            return;
+        }
         let args = ResourceArgs {
             key: key.clone(),
-            manager: myself.clone(),
             passive,
+            permit: Some(permit),
         };
         let handler = ResourceActor {
             shared: self.shared.clone(),
         };
         // `spawn_linked_instant`: the actor's cell exists at once (messages queue), and its
         // `pre_start` and linking run in its own task, not in this mailbox — the manager is the
-        // one serial point every first activation passes through. `ResourceActor::pre_start`
+        // one serial point every activation passes through. `ResourceActor::pre_start`
         // cannot fail, so the start handle is not watched; an actor that cannot link (the
         // manager is stopping) simply never runs.
         match ractor::ActorRuntime::spawn_linked_instant(None, handler, args, myself.get_cell()) {
             Ok((actor, _starting)) => {
                 let id = actor.get_id();
                 st.ids.insert(id, key.clone());
-                self.shared.routes.insert(key.clone(), actor);
-                let slot = st.slots.entry(key).or_insert_with(|| Slot {
-                    life: Life::Restarting,
-                    restarts: None,
-                });
-                if let Life::Passive(_, Some((_, t))) = &slot.life {
-                    t.abort();
+                if let Some(slot) = st.slots.get_mut(&key) {
+                    slot.life = Life::Live {
+                        id,
+                        notified: false,
+                    };
                 }
-                slot.life = Life::Live(id);
+                self.shared.routes.insert(key, actor);
             }
             Err(e) => {
                 tracing::error!(object = %key, error = %e, "could not spawn resource actor");
@@ -110,10 +207,9 @@ impl<K: ManagedResource> Manager<K> {
         }
     }
 
-    /// An actor stopped or failed: drop its timers and its route, and return its object's key
-    /// (`None` if the actor was not one of ours).
+    /// An actor stopped or failed: drop its route, and return its object's key (`None` if the
+    /// actor was not one of ours). A stopped actor dropped its own timer in `post_stop`.
     fn retire(&self, st: &mut ManagerState<K>, id: ActorId) -> Option<ObjectRef<K>> {
-        self.shared.timers.forget(id);
         let key = st.ids.remove(&id)?;
         self.shrink_if_sparse(st);
         self.shared.routes.remove_if(&key, |_, a| a.get_id() == id);
@@ -131,7 +227,7 @@ impl<K: ManagedResource> Manager<K> {
     }
 
     /// Passive or stopped actor: decide from the store whether to re-activate now.
-    async fn settle_passive(
+    fn settle_passive(
         &self,
         myself: &ActorRef<ManagerMsg<K>>,
         st: &mut ManagerState<K>,
@@ -144,7 +240,7 @@ impl<K: ManagedResource> Manager<K> {
             return;
         };
         if pending || ps.pending_run || is_news(&ps, version_of(obj.as_ref())) {
-            self.spawn(myself, st, key, Some(ps)).await;
+            self.activate(myself, st, key, Some(ps));
             return;
         }
         let timer = ps.wake_in.map(|d| {
@@ -167,10 +263,11 @@ impl<K: ManagedResource> Manager<K> {
     fn gone(&self, st: &mut ManagerState<K>, key: ObjectRef<K>) {
         if let Some(slot) = st.slots.get_mut(&key) {
             match &mut slot.life {
-                Life::Live(_) => {
+                Life::Live { .. } => {
+                    // Not routed if it is passivating: then it finds the object gone from the
+                    // store when it has stopped.
                     self.forward(&key, ResourceMsg::Gone);
                 }
-                Life::Stopping { .. } => {}
                 _ => {
                     st.slots.remove(&key);
                 }
@@ -185,7 +282,7 @@ impl<K: ManagedResource> Manager<K> {
         }
     }
 
-    async fn on_failure(
+    fn on_failure(
         &self,
         myself: &ActorRef<ManagerMsg<K>>,
         st: &mut ManagerState<K>,
@@ -300,6 +397,8 @@ impl<K: ManagedResource> Actor for Manager<K> {
             slots: FastMap::default(),
             ids: FastMap::default(),
             wake_token: 0,
+            queue: VecDeque::new(),
+            awaiting_permit: false,
         })
     }
 
@@ -313,22 +412,23 @@ impl<K: ManagedResource> Actor for Manager<K> {
             ManagerMsg::Event(key) => {
                 let Some(slot) = st.slots.get_mut(&key) else {
                     if self.shared.store.get(&key).is_some() {
-                        self.spawn(&myself, st, key, None).await;
+                        self.activate(&myself, st, key, None);
                     }
                     return Ok(());
                 };
                 match &mut slot.life {
-                    Life::Live(_) => {
+                    Life::Live { .. } => {
+                        // No route: it is passivating, and looks at the store once stopped.
                         if let Some(obj) = self.shared.store.get(&key) {
                             self.forward(&key, ResourceMsg::Observed(obj));
                         }
                     }
-                    Life::Stopping { pending, .. } => *pending = true,
                     Life::Passive(ps, _) => {
                         let ps = std::mem::take(ps);
-                        self.settle_passive(&myself, st, key, ps, false).await;
+                        self.settle_passive(&myself, st, key, ps, false);
                     }
-                    Life::Restarting => {}
+                    // The actor to come reads the store.
+                    Life::Queued(_) | Life::Restarting => {}
                     Life::Quarantined {
                         generation,
                         deleting,
@@ -340,7 +440,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
                             || (obj.meta().deletion_timestamp.is_some() && !*deleting);
                         if changed {
                             slot.restarts = None;
-                            self.spawn(&myself, st, key, None).await;
+                            self.activate(&myself, st, key, None);
                         }
                     }
                 }
@@ -361,32 +461,30 @@ impl<K: ManagedResource> Actor for Manager<K> {
                 if matches!(st.slots.get(&key).map(|s| &s.life), Some(Life::Restarting)) {
                     if self.shared.store.get(&key).is_some() {
                         Metrics::inc(&self.shared.metrics.restarts);
-                        self.spawn(&myself, st, key, None).await;
+                        self.activate(&myself, st, key, None);
                     } else {
                         st.slots.remove(&key);
                     }
                 }
             }
-            ManagerMsg::Idle(key, id) => {
-                if let Some(slot) = st.slots.get_mut(&key)
-                    && matches!(slot.life, Life::Live(live) if live == id)
-                    && let Some((_, actor)) = self.shared.routes.remove(&key)
-                {
-                    slot.life = Life::Stopping { pending: false };
-                    let _ = actor.cast(ResourceMsg::Passivate);
-                }
-            }
             ManagerMsg::Notify(key) => {
                 if let Some(slot) = st.slots.get_mut(&key) {
                     match &mut slot.life {
-                        Life::Live(_) => {
-                            self.forward(&key, ResourceMsg::Notify);
+                        Life::Live { notified, .. } => {
+                            if !self.forward(&key, ResourceMsg::Notify) {
+                                *notified = true; // passivating: run again once stopped
+                            }
                         }
-                        Life::Stopping { pending, .. } => *pending = true,
                         Life::Passive(ps, _) => {
                             let mut ps = std::mem::take(ps);
                             ps.pending_run = true;
-                            self.spawn(&myself, st, key, Some(ps)).await;
+                            self.activate(&myself, st, key, Some(ps));
+                        }
+                        // A first activation runs anyway; a re-activation is told to.
+                        Life::Queued(ps) => {
+                            if let Some(ps) = ps {
+                                ps.pending_run = true;
+                            }
                         }
                         Life::Restarting | Life::Quarantined { .. } => {}
                     }
@@ -402,8 +500,19 @@ impl<K: ManagedResource> Actor for Manager<K> {
                     let mut ps = std::mem::take(ps);
                     ps.pending_run = true;
                     ps.wake_in = None;
-                    self.spawn(&myself, st, key, Some(ps)).await;
+                    self.activate(&myself, st, key, Some(ps));
                 }
+            }
+            ManagerMsg::Permits(permits) => {
+                st.awaiting_permit = false;
+                for permit in permits {
+                    if !self.skip_stale(st) {
+                        break;
+                    }
+                    let key = st.queue.pop_front().expect("skip_stale left a head");
+                    self.start(&myself, st, key, permit);
+                }
+                self.drain(&myself, st);
             }
         }
         Ok(())
@@ -423,30 +532,32 @@ impl<K: ManagedResource> Actor for Manager<K> {
                 let Some(slot) = st.slots.get_mut(&key) else {
                     return Ok(());
                 };
-                match &mut slot.life {
-                    Life::Stopping { pending } => {
-                        // The passivated actor's last state carries what it handed over.
-                        let ps = last_state
-                            .and_then(|mut b| b.take::<ResourceState<K>>().ok())
-                            .and_then(|mut s| s.passive.take())
-                            .map(|p| *p)
-                            .unwrap_or_default();
-                        let pending = *pending;
-                        self.settle_passive(&myself, st, key, ps, pending).await;
-                    }
-                    Life::Live(id) if *id == cell.get_id() => {
-                        // Stopped because its object is gone (or at shutdown): forget it.
+                let Life::Live { id, notified } = slot.life else {
+                    return Ok(());
+                };
+                if id != cell.get_id() {
+                    return Ok(());
+                }
+                // A passivated actor's last state carries what it handed over; any other stop
+                // (its object is gone, or shutdown) forgets the object.
+                let passive = last_state
+                    .and_then(|mut b| b.take::<ResourceState<K>>().ok())
+                    .and_then(|mut s| s.passive.take());
+                match passive {
+                    Some(ps) => self.settle_passive(&myself, st, key, *ps, notified),
+                    None => {
                         st.slots.remove(&key);
                     }
-                    _ => {}
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
+                // A failed actor ran no `post_stop`: drop its timer here.
+                self.shared.timers.cancel(cell.get_id());
                 let Some(key) = self.retire(st, cell.get_id()) else {
                     return Ok(());
                 };
                 Metrics::dec(&self.shared.metrics.live_actors);
-                self.on_failure(&myself, st, key, err.to_string()).await?;
+                self.on_failure(&myself, st, key, err.to_string())?;
             }
             _ => {}
         }

@@ -1,8 +1,7 @@
 //! Timers of the resource actors: one pending wake-up per resource (earliest wins), delivered by
 //! one timer task per controller.
 //!
-//! A resource actor re-arms its wake-up on every yield and its idle check after every pass, so
-//! arming must be cheap: [`Timers`] keeps every actor's timers in one tokio-util
+//! A resource actor re-arms its wake-up on every yield, so arming must be cheap: [`Timers`] keeps every actor's timers in one tokio-util
 //! [`DelayQueue`] owned by one task, and arming is a channel send to it. (A spawned `sleep` task
 //! per timer — what `ractor::time::send_after` does — costs a task allocation and an abort on
 //! every re-arm, and a live task per idle actor.)
@@ -62,29 +61,17 @@ impl WakeSlot {
     }
 }
 
-/// Which of an actor's timers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TimerSlot {
-    /// The wake-up of a yield, a poll, a backoff.
-    Wake = 0,
-    /// The idle check that leads to passivation.
-    Idle = 1,
-}
-
 enum Cmd<M: Message> {
     Arm {
         to: ActorRef<M>,
-        slot: TimerSlot,
         at: Instant,
         msg: M,
     },
-    Cancel(ActorId, TimerSlot),
-    Forget(ActorId),
+    Cancel(ActorId),
 }
 
 /// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
-/// actor and [`TimerSlot`] (arming a slot again replaces it). The task ends when every handle
-/// is dropped.
+/// actor (arming again replaces it). The task ends when every handle is dropped.
 pub struct Timers<M: Message> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
 }
@@ -97,90 +84,66 @@ impl<M: Message> Timers<M> {
         Self { tx }
     }
 
-    /// Deliver `msg` to `to` at `at`, replacing whatever that actor's `slot` held.
-    pub fn arm(&self, to: &ActorRef<M>, slot: TimerSlot, at: Instant, msg: M) {
+    /// Deliver `msg` to `to` at `at`, replacing the actor's pending timer, if any.
+    pub fn arm(&self, to: &ActorRef<M>, at: Instant, msg: M) {
         let _ = self.tx.send(Cmd::Arm {
             to: to.clone(),
-            slot,
             at,
             msg,
         });
     }
 
-    /// Drop the actor's timer in `slot`, if any.
-    pub fn cancel(&self, id: ActorId, slot: TimerSlot) {
-        let _ = self.tx.send(Cmd::Cancel(id, slot));
-    }
-
-    /// Drop every timer of the actor (it stopped).
-    pub fn forget(&self, id: ActorId) {
-        let _ = self.tx.send(Cmd::Forget(id));
+    /// Drop the actor's pending timer, if any (also when it stopped or failed).
+    pub fn cancel(&self, id: ActorId) {
+        let _ = self.tx.send(Cmd::Cancel(id));
     }
 }
 
-/// One actor's pending timers.
+/// One actor's pending timer.
 struct Armed<M: Message> {
     to: ActorRef<M>,
-    slots: [Option<(delay_queue::Key, M)>; 2],
+    key: delay_queue::Key,
+    msg: M,
 }
 
 struct Wheel<M: Message> {
-    queue: DelayQueue<(ActorId, TimerSlot)>,
+    queue: DelayQueue<ActorId>,
     actors: FastMap<ActorId, Armed<M>>,
 }
 
 impl<M: Message> Wheel<M> {
     fn apply(&mut self, cmd: Cmd<M>) {
         match cmd {
-            Cmd::Arm { to, slot, at, msg } => {
+            Cmd::Arm { to, at, msg } => {
                 let id = to.get_id();
                 if at <= Instant::now() {
                     // Already due: deliver now, not at the timer wheel's next millisecond tick.
-                    self.apply(Cmd::Cancel(id, slot));
+                    self.apply(Cmd::Cancel(id));
                     let _ = to.cast(msg);
                     return;
                 }
-                let armed = self.actors.entry(id).or_insert_with(|| Armed {
-                    to,
-                    slots: [None, None],
-                });
-                match &mut armed.slots[slot as usize] {
-                    Some((key, pending)) => {
-                        self.queue.reset_at(key, at);
-                        *pending = msg;
+                match self.actors.get_mut(&id) {
+                    Some(armed) => {
+                        self.queue.reset_at(&armed.key, at);
+                        armed.msg = msg;
                     }
-                    empty => *empty = Some((self.queue.insert_at((id, slot), at), msg)),
-                }
-            }
-            Cmd::Cancel(id, slot) => {
-                if let Some(armed) = self.actors.get_mut(&id) {
-                    if let Some((key, _)) = armed.slots[slot as usize].take() {
-                        self.queue.remove(&key);
-                    }
-                    if armed.slots.iter().all(Option::is_none) {
-                        self.actors.remove(&id);
+                    None => {
+                        let key = self.queue.insert_at(id, at);
+                        self.actors.insert(id, Armed { to, key, msg });
                     }
                 }
             }
-            Cmd::Forget(id) => {
+            Cmd::Cancel(id) => {
                 if let Some(armed) = self.actors.remove(&id) {
-                    for (key, _) in armed.slots.into_iter().flatten() {
-                        self.queue.remove(&key);
-                    }
+                    self.queue.remove(&armed.key);
                 }
             }
         }
     }
 
-    fn expired(&mut self, id: ActorId, slot: TimerSlot) {
-        let Some(armed) = self.actors.get_mut(&id) else {
-            return;
-        };
-        if let Some((_, msg)) = armed.slots[slot as usize].take() {
-            let _ = armed.to.cast(msg);
-        }
-        if armed.slots.iter().all(Option::is_none) {
-            self.actors.remove(&id);
+    fn expired(&mut self, id: ActorId) {
+        if let Some(armed) = self.actors.remove(&id) {
+            let _ = armed.to.cast(armed.msg);
         }
     }
 }
@@ -203,8 +166,7 @@ async fn run<M: Message>(mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
                 None => return,
             },
             Some(expired) = poll_fn(|cx| wheel.queue.poll_expired(cx)), if !wheel.queue.is_empty() => {
-                let (id, slot) = expired.into_inner();
-                wheel.expired(id, slot);
+                wheel.expired(expired.into_inner());
             }
         }
     }
@@ -276,11 +238,11 @@ mod tests {
         let (a, log) = recorder().await;
         let (b, log_b) = recorder().await;
         let t0 = Instant::now();
-        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(5), 1);
-        timers.arm(&a, TimerSlot::Idle, t0 + Duration::from_secs(3), 2);
-        // re-arming the wake slot replaces the first one (message and deadline)
-        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(7), 3);
-        timers.arm(&b, TimerSlot::Wake, t0 + Duration::from_secs(1), 4);
+        timers.arm(&a, t0 + Duration::from_secs(5), 1);
+        // re-arming replaces the first one (message and deadline), earlier or later
+        timers.arm(&a, t0 + Duration::from_secs(3), 2);
+        timers.arm(&a, t0 + Duration::from_secs(7), 3);
+        timers.arm(&b, t0 + Duration::from_secs(1), 4);
         tokio::time::sleep(Duration::from_secs(10)).await;
         let got: Vec<(u32, u64)> = log
             .lock()
@@ -288,8 +250,11 @@ mod tests {
             .iter()
             .map(|(m, at)| (*m, (*at - t0).as_secs()))
             .collect();
-        assert_eq!(got, vec![(2, 3), (3, 7)]);
-        assert_eq!(log_b.lock().unwrap().len(), 1);
+        assert_eq!(got, vec![(3, 7)]);
+        assert_eq!(
+            *log_b.lock().unwrap(),
+            vec![(4, t0 + Duration::from_secs(1))]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -297,8 +262,8 @@ mod tests {
         let timers = Timers::start();
         let (a, log) = recorder().await;
         let t0 = Instant::now();
-        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(5), 1);
-        timers.arm(&a, TimerSlot::Wake, t0, 2);
+        timers.arm(&a, t0 + Duration::from_secs(5), 1);
+        timers.arm(&a, t0, 2);
         // no time passes: the due one arrives without the clock moving
         for _ in 0..100 {
             if !log.lock().unwrap().is_empty() {
@@ -316,32 +281,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn cancel_and_forget_drop_pending_timers() {
+    async fn cancel_drops_the_pending_timer_and_only_that_actors() {
         let timers = Timers::start();
         let (a, log) = recorder().await;
+        let (b, log_b) = recorder().await;
         let t0 = Instant::now();
-        timers.arm(&a, TimerSlot::Wake, t0 + Duration::from_secs(1), 1);
-        timers.arm(&a, TimerSlot::Idle, t0 + Duration::from_secs(2), 2);
-        timers.cancel(a.get_id(), TimerSlot::Wake);
+        timers.arm(&a, t0 + Duration::from_secs(1), 1);
+        timers.arm(&b, t0 + Duration::from_secs(2), 2);
+        timers.cancel(a.get_id());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(log.lock().unwrap().is_empty());
+        assert_eq!(log_b.lock().unwrap().len(), 1);
+        // armed again after a cancel: delivered
+        timers.arm(&a, Instant::now() + Duration::from_secs(1), 5);
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(
             log.lock().unwrap().iter().map(|e| e.0).collect::<Vec<_>>(),
-            vec![2]
+            vec![5]
         );
-        timers.arm(
-            &a,
-            TimerSlot::Wake,
-            Instant::now() + Duration::from_secs(1),
-            5,
-        );
-        timers.arm(
-            &a,
-            TimerSlot::Idle,
-            Instant::now() + Duration::from_secs(1),
-            6,
-        );
-        timers.forget(a.get_id());
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert_eq!(log.lock().unwrap().len(), 1);
     }
 }

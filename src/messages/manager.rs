@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
-use ractor::ActorId;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// What a resource actor remembers across passivation (everything else is in the reflector
 /// store): the versions it has already handled, so a re-activation does not redo finished work.
@@ -35,10 +35,11 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     Resync(HashSet<ObjectRef<K>, ahash::RandomState>),
     /// The restart backoff of this key elapsed.
     Restart(ObjectRef<K>),
-    /// A live actor has been idle for the idle timeout and asks to passivate.
-    Idle(ObjectRef<K>, ActorId),
     /// Wake this key (dependency ready, reference released, or a passive timer fired).
     Notify(ObjectRef<K>),
     /// A passive key's timer fired (token guards against stale timers).
     PassiveWake(ObjectRef<K>, u64),
+    /// Run slots for the next queued activations (an object gets a live actor only once it can
+    /// run: see the manager's activation queue).
+    Permits(Vec<OwnedSemaphorePermit>),
 }

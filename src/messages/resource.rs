@@ -15,9 +15,8 @@ pub enum ResourceMsg<K> {
     Wake(u64),
     /// A dependency became Ready, or a referrer released this object: run now.
     Notify,
-    /// Self-message: the idle timer with this token fired.
-    IdleCheck(u64),
-    /// From the manager: stop now, leaving a [`PassiveState`](super::PassiveState) in the final
-    /// state the manager receives (sent only after the manager stopped routing events here).
+    /// Self-message, sent once the actor has removed its route (so nothing new is routed here):
+    /// stop now, leaving a [`PassiveState`](super::PassiveState) in the final state the manager
+    /// receives. Everything routed here before it is handled first.
     Passivate,
 }
