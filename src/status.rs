@@ -130,10 +130,18 @@ pub struct ResourceStatus {
 impl ResourceStatus {
     /// Read actorcile's part of `obj`'s status (missing or foreign fields are ignored).
     pub fn of<K: Serialize>(obj: &K) -> Self {
-        serde_json::to_value(obj)
+        /// The object with everything but `status` skipped while parsing.
+        #[derive(Deserialize)]
+        struct StatusOnly {
+            #[serde(default)]
+            status: Option<ResourceStatus>,
+        }
+        // Through bytes, not a `serde_json::Value`: no map of the whole object is built just to
+        // take one field out of it.
+        serde_json::to_vec(obj)
             .ok()
-            .and_then(|mut v| v.get_mut("status").map(serde_json::Value::take))
-            .and_then(|s| serde_json::from_value(s).ok())
+            .and_then(|bytes| serde_json::from_slice::<StatusOnly>(&bytes).ok())
+            .and_then(|o| o.status)
             .unwrap_or_default()
     }
 
@@ -242,6 +250,32 @@ fn now_rfc3339() -> String {
 mod tests {
     use super::*;
     use crate::provisioners::Reason;
+
+    #[test]
+    fn of_reads_only_our_part_of_the_status() {
+        let obj = serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"status": "not this one"},
+            "status": {
+                "phase": "Ready",
+                "observedGeneration": 3,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Provisioned",
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "userField": {"nested": [1, 2]},
+            },
+        });
+        let s = ResourceStatus::of(&obj);
+        assert_eq!(s.phase, Some(Phase::Ready));
+        assert_eq!(s.observed_generation, Some(3));
+        assert!(s.is_ready());
+        // no status, or one that is not ours in shape: the empty status, no panic
+        assert_eq!(
+            ResourceStatus::of(&serde_json::json!({"metadata": {}})),
+            ResourceStatus::default()
+        );
+        let foreign = serde_json::json!({"status": {"conditions": "not a list"}});
+        assert_eq!(ResourceStatus::of(&foreign), ResourceStatus::default());
+    }
 
     #[test]
     fn the_status_schema_has_no_empty_string_defaults() {
