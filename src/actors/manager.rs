@@ -191,6 +191,7 @@ impl<K: ManagedResource> Manager<K> {
         match ractor::ActorRuntime::spawn_linked_instant(None, handler, args, myself.get_cell()) {
             Ok((actor, _starting)) => {
                 let id = actor.get_id();
+                // The actor inserts its route itself, in `pre_start`.
                 st.ids.insert(id, key.clone());
                 if let Some(slot) = st.slots.get_mut(&key) {
                     slot.life = Life::Live {
@@ -198,7 +199,6 @@ impl<K: ManagedResource> Manager<K> {
                         notified: false,
                     };
                 }
-                self.shared.routes.insert(key, actor);
             }
             Err(e) => {
                 tracing::error!(object = %key, error = %e, "could not spawn resource actor");

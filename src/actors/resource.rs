@@ -671,6 +671,10 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
     ) -> Result<Self::State, ActorProcessingErr> {
         Metrics::inc(&self.shared.metrics.live_actors);
         Metrics::inc(&self.shared.metrics.activations);
+        // The route first, then the object: whatever the feeder stores after this read is routed
+        // here. (The actor's own route, not the manager's: it must exist before the first pass
+        // can end in a passivation that removes it.)
+        self.shared.routes.insert(args.key.clone(), myself.clone());
         let object = self.shared.store.get(&args.key);
         let mut st = ResourceState {
             key: args.key.clone(),
@@ -717,10 +721,12 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             None => myself.stop(Some("gone".into())),
             Some(obj) => {
                 if st.dirty || st.is_news(version_of(obj.as_ref())) {
-                    st.trigger_run(&myself);
-                } else {
-                    self.maybe_passivate(&myself, st);
+                    // The first pass runs right here, on the manager's run slot (no `Run` hop);
+                    // what arrives meanwhile coalesces into one follow-up run.
+                    st.dirty = true;
+                    self.run_if_dirty(&myself, st).await;
                 }
+                self.maybe_passivate(&myself, st);
             }
         }
         Ok(())
