@@ -52,7 +52,7 @@ apt_update_once() {
 step "checking Debian packages"
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != *"install ok installed"* ]]; then
         missing+=("$p")
     fi
 done
@@ -66,7 +66,7 @@ fi
 
 step "checking etcd"
 command -v etcd >/dev/null 2>&1
-etcd --version | head -n 1
+etcd --version | awk 'NR == 1'
 
 # ---------------------------------------------------------------------------------------------------------
 step "writing podman configuration to $PODMAN_DIR"
@@ -144,10 +144,10 @@ SRC
     if [ ! -f "$SRC_DIR/.actorcile-unpacked" ]; then
         rm -rf "$SRC_DIR"
         mkdir -p "$SRC_DIR"
-        tarball="$(ls "$BUILD_DIR"/kubernetes_*.orig.tar.gz | head -n 1)"
+        tarball="$(ls "$BUILD_DIR"/kubernetes_*.orig.tar.gz | awk 'NR == 1')"
         tar -xzf "$tarball" -C "$SRC_DIR"
         # The tarball has one top-level directory; build inside it.
-        top="$(find "$SRC_DIR" -mindepth 1 -maxdepth 1 -type d | head -n 1)"
+        top="$(find "$SRC_DIR" -mindepth 1 -maxdepth 1 -type d | awk 'NR == 1')"
         if [ -f "$SRC_DIR/Makefile" ]; then top="$SRC_DIR"; fi
         [ -f "$top/Makefile" ] || { echo "no Makefile found in the kubernetes source" >&2; false; }
         # Record the tree relative to SRC_DIR, so the cache directory can move.
@@ -173,7 +173,7 @@ SRC
 
     step "installing kube-apiserver to $APISERVER"
     built="$KUBE_TREE/_output/bin/kube-apiserver"
-    [ -x "$built" ] || built="$(find "$KUBE_TREE/_output" -type f -name kube-apiserver -perm -u+x | head -n 1)"
+    [ -x "$built" ] || built="$(find "$KUBE_TREE/_output" -type f -name kube-apiserver -perm -u+x | awk 'NR == 1')"
     [ -n "$built" ] && [ -x "$built" ]
     cp "$built" "$APISERVER.tmp"
     chmod 0755 "$APISERVER.tmp"
