@@ -18,6 +18,15 @@ use ractor::ActorRef;
 use super::{ManagedResource, Shared};
 use crate::messages::{ManagerMsg, ResourceMsg};
 
+/// The object's key, without `extra` (resource version, uid): the manager keeps a key per object
+/// for as long as the object exists and clones it into every message about it, and nothing reads
+/// those fields from a key (equality and hashing ignore them).
+fn key_of<K: ManagedResource>(obj: &K) -> ObjectRef<K> {
+    let mut key = ObjectRef::from_obj(obj);
+    key.extra = Default::default();
+    key
+}
+
 /// Route one applied object to its actor, or to the manager when it has none.
 fn route<K: ManagedResource>(
     shared: &Shared<K>,
@@ -68,14 +77,14 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     let mut relisting: Option<Vec<ObjectRef<K>>> = None;
     while let Some(event) = stream.next().await {
         match event {
-            Ok(Event::Apply(obj)) => route(&shared, &manager, ObjectRef::from_obj(&obj)),
-            Ok(Event::Delete(obj)) => route_gone(&shared, &manager, ObjectRef::from_obj(&obj)),
+            Ok(Event::Apply(obj)) => route(&shared, &manager, key_of(&obj)),
+            Ok(Event::Delete(obj)) => route_gone(&shared, &manager, key_of(&obj)),
             Ok(Event::Init) => relisting = Some(Vec::new()),
             // The reflector buffers a (re-)list and swaps it into the store only at `InitDone`,
             // so listed objects are routed then, when actors can find them in the store.
             Ok(Event::InitApply(obj)) => {
                 if let Some(seen) = &mut relisting {
-                    seen.push(ObjectRef::from_obj(&obj));
+                    seen.push(key_of(&obj));
                 }
             }
             Ok(Event::InitDone) => {

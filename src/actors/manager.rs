@@ -90,6 +90,13 @@ impl<K: ManagedResource> Manager<K> {
         key: ObjectRef<K>,
         passive: Option<PassiveState>,
     ) {
+        if st.slots.len() == st.slots.capacity() {
+            // A full map would double, rehash and touch fresh memory (and again at the next
+            // power of two: at 10k new objects that was a third of the manager's time); grow
+            // once to what the store holds, which bounds the objects there are slots for.
+            let additional = self.shared.store.len().saturating_sub(st.slots.len());
+            st.slots.reserve(additional.max(1));
+        }
         let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
             life: Life::Restarting,
             restarts: None,
