@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::provisioners::Outcome;
 
+mod field;
+
 /// The condition type actorcile owns.
 pub const READY: &str = "Ready";
 
@@ -130,18 +132,9 @@ pub struct ResourceStatus {
 impl ResourceStatus {
     /// Read actorcile's part of `obj`'s status (missing or foreign fields are ignored).
     pub fn of<K: Serialize>(obj: &K) -> Self {
-        /// The object with everything but `status` skipped while parsing.
-        #[derive(Deserialize)]
-        struct StatusOnly {
-            #[serde(default)]
-            status: Option<ResourceStatus>,
-        }
-        // Through bytes, not a `serde_json::Value`: no map of the whole object is built just to
-        // take one field out of it.
-        serde_json::to_vec(obj)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<StatusOnly>(&bytes).ok())
-            .and_then(|o| o.status)
+        // Only the `status` field is serialized (the spec and metadata are skipped unwritten).
+        field::top_level_field(obj, "status")
+            .and_then(|status| serde_json::from_value(status).ok())
             .unwrap_or_default()
     }
 
@@ -275,6 +268,46 @@ mod tests {
         );
         let foreign = serde_json::json!({"status": {"conditions": "not a list"}});
         assert_eq!(ResourceStatus::of(&foreign), ResourceStatus::default());
+    }
+
+    #[test]
+    fn of_reads_the_status_of_a_typed_resource_with_a_flattened_status() {
+        #[derive(kube::CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+        #[kube(
+            group = "example.com",
+            version = "v1",
+            kind = "App",
+            namespaced,
+            status = "AppStatus"
+        )]
+        struct AppSpec {
+            status: String, // a spec field of the same name is not the status
+        }
+        #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+        struct AppStatus {
+            #[serde(flatten)]
+            base: ResourceStatus,
+            endpoint: Option<String>,
+        }
+        let mut app = App::new(
+            "a",
+            AppSpec {
+                status: "spec".into(),
+            },
+        );
+        assert_eq!(ResourceStatus::of(&app), ResourceStatus::default());
+        let base = ResourceStatus::default().with_ready(
+            Phase::Ready,
+            true,
+            ReadyReason::Provisioned,
+            "",
+            Some(2),
+        );
+        app.status = Some(AppStatus {
+            base: base.clone(),
+            endpoint: Some("http://a".into()),
+        });
+        assert_eq!(ResourceStatus::of(&app), base);
     }
 
     #[test]
