@@ -329,4 +329,34 @@ mod tests {
             vec![5]
         );
     }
+
+    /// More wake-ups due at the same moment than one turn of the task handles: all arrive, at
+    /// their deadline, and the task still takes commands (it yields between turns).
+    #[tokio::test(start_paused = true)]
+    async fn more_due_wake_ups_than_one_turn_all_arrive_on_time() {
+        let timers = Timers::start();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut actors = Vec::new();
+        for _ in 0..(2 * TURN + 100) {
+            let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
+            actors.push(a);
+        }
+        let t0 = Instant::now();
+        for (i, a) in actors.iter().enumerate() {
+            timers.arm(a, t0 + Duration::from_secs(1), i as u32);
+        }
+        let (late, late_log) = recorder().await;
+        timers.arm(&late, t0 + Duration::from_secs(2), 7);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let got = log.lock().unwrap();
+        assert_eq!(got.len(), actors.len());
+        assert!(got.iter().all(|(_, at)| *at == t0 + Duration::from_secs(1)));
+        let mut ids: Vec<u32> = got.iter().map(|e| e.0).collect();
+        ids.sort();
+        assert_eq!(ids, (0..actors.len() as u32).collect::<Vec<_>>());
+        assert_eq!(
+            *late_log.lock().unwrap(),
+            vec![(7, t0 + Duration::from_secs(2))]
+        );
+    }
 }
