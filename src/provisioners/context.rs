@@ -17,7 +17,9 @@ use crate::status::ResourceStatus;
 /// object's current actorcile status, and an event recorder.
 pub struct Context<K> {
     inner: Arc<Inner<K>>,
-    client: Client,
+    /// Behind an `Arc`: a context is cloned into every step of every pass, and cloning a
+    /// `Client` allocates (its default namespace is a `String`).
+    client: Arc<Client>,
 }
 
 struct Inner<K> {
@@ -50,7 +52,7 @@ impl<K> Context<K> {
                 references: None,
                 field_manager: Arc::from(crate::FIELD_MANAGER),
             }),
-            client,
+            client: Arc::new(client),
         }
     }
 
@@ -76,7 +78,7 @@ impl<K> Context<K> {
                 references,
                 field_manager,
             }),
-            client,
+            client: Arc::new(client),
         }
     }
 
@@ -96,7 +98,7 @@ impl<K> Context<K> {
     pub fn with_client(&self, client: Client) -> Self {
         Self {
             inner: self.inner.clone(),
-            client,
+            client: Arc::new(client),
         }
     }
 
