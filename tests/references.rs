@@ -375,3 +375,85 @@ async fn foreground_deletion_waits_for_owned_children_before_deprovisioning() {
     assert_eq!(*events.lock().unwrap(), ["-parent"]);
     rt.shutdown().await;
 }
+
+/// Dependents passivate while they wait (the default idle timeout), and their dependency turns
+/// Ready while they are passivating: the notification reaches the manager, not the actor, and
+/// must still re-run the dependent once it has stopped. Many short chains start at once on a
+/// multi-threaded runtime (as the bench's `chain` does), so that window is hit; a lost
+/// notification leaves a dependent waiting for the 1 h fallback poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readiness_reaches_dependents_that_are_passivating() {
+    const CHAINS: usize = 40;
+    const LENGTH: usize = 6;
+    const ROUNDS: usize = 60;
+    // Spinning threads beside the runtime's four workers on a two-core machine: the OS then
+    // preempts workers at arbitrary points, as on a loaded CI machine, which is what opens the
+    // window (on an idle machine it is microseconds wide). Without the fix this failed in about
+    // half of the runs here.
+    let _load = Spinners::start(4);
+    for round in 0..ROUNDS {
+        let (_c, client) = cluster();
+        // Dependents first, as the bench creates them: every actor's first pass waits.
+        for c in 0..CHAINS {
+            for i in (0..LENGTH).rev() {
+                let needs = if i == 0 {
+                    vec![]
+                } else {
+                    vec![format!("c{c}-{}", i - 1)]
+                };
+                let needs: Vec<&str> = needs.iter().map(String::as_str).collect();
+                create_with(&client, &format!("c{c}-{i}"), &needs, &[]).await;
+            }
+        }
+        let mut policy = no_polling();
+        policy.idle_timeout = SupervisorPolicy::default().idle_timeout;
+        let rt = Runtime::builder(client.clone())
+            .policy(policy)
+            .controller(Controller::<Widget>::new(widget_tree(Events::default())))
+            .start()
+            .await
+            .unwrap();
+        let all = CHAINS * LENGTH;
+        let converged = tokio::time::timeout(
+            Duration::from_secs(30),
+            wait_all_ready(&client, all, Duration::from_secs(60)),
+        )
+        .await;
+        assert!(converged.is_ok(), "round {round}: not all {all} Ready");
+        let m = rt.metrics();
+        assert!(m.passivations > 0, "the waits passivated: {m:?}");
+        rt.shutdown().await;
+    }
+}
+
+/// Busy threads that stop when dropped (also when the test fails).
+struct Spinners {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Spinners {
+    fn start(n: usize) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

@@ -234,19 +234,22 @@ impl<K: ManagedResource> Manager<K> {
     }
 
     /// Passive or stopped actor: decide from the store whether to re-activate now.
+    /// `notified`: a notification came while the actor was passivating; the next actor must run
+    /// a pass for it (the store shows nothing new for a dependency turning Ready).
     fn settle_passive(
         &self,
         myself: &ActorRef<ManagerMsg<K>>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
-        ps: PassiveState,
-        pending: bool,
+        mut ps: PassiveState,
+        notified: bool,
     ) {
         let Some(obj) = self.shared.store.get(&key) else {
             st.slots.remove(&key);
             return;
         };
-        if pending || ps.pending_run || is_news(&ps, version_of(obj.as_ref())) {
+        ps.pending_run |= notified;
+        if ps.pending_run || is_news(&ps, version_of(obj.as_ref())) {
             self.activate(myself, st, key, Some(ps));
             return;
         }
