@@ -269,6 +269,53 @@ impl<K: ManagedResource> Manager<K> {
         }
     }
 
+    /// A linked resource actor stopped or failed.
+    fn supervise(
+        &self,
+        myself: &ActorRef<ManagerMsg<K>>,
+        event: SupervisionEvent,
+        st: &mut ManagerState<K>,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, last_state, _) => {
+                let Some(key) = self.retire(st, cell.get_id()) else {
+                    return Ok(());
+                };
+                let Some(slot) = st.slots.get_mut(&key) else {
+                    return Ok(());
+                };
+                let Life::Live { id, notified } = slot.life else {
+                    return Ok(());
+                };
+                if id != cell.get_id() {
+                    return Ok(());
+                }
+                // A passivated actor's last state carries what it handed over; any other stop
+                // (its object is gone, or shutdown) forgets the object.
+                let passive = last_state
+                    .and_then(|mut b| b.take::<ResourceState<K>>().ok())
+                    .and_then(|mut s| s.passive.take());
+                match passive {
+                    Some(ps) => self.settle_passive(myself, st, key, *ps, notified),
+                    None => {
+                        st.slots.remove(&key);
+                    }
+                }
+            }
+            SupervisionEvent::ActorFailed(cell, err) => {
+                // A failed actor ran no `post_stop`: drop its timer here.
+                self.shared.timers.cancel(cell.get_id());
+                let Some(key) = self.retire(st, cell.get_id()) else {
+                    return Ok(());
+                };
+                Metrics::dec(&self.shared.metrics.live_actors);
+                self.on_failure(myself, st, key, err.to_string())?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// The object was deleted from the API.
     fn gone(&self, st: &mut ManagerState<K>, key: ObjectRef<K>) {
         if let Some(slot) = st.slots.get_mut(&key) {
@@ -534,43 +581,10 @@ impl<K: ManagedResource> Actor for Manager<K> {
         event: SupervisionEvent,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, last_state, _) => {
-                let Some(key) = self.retire(st, cell.get_id()) else {
-                    return Ok(());
-                };
-                let Some(slot) = st.slots.get_mut(&key) else {
-                    return Ok(());
-                };
-                let Life::Live { id, notified } = slot.life else {
-                    return Ok(());
-                };
-                if id != cell.get_id() {
-                    return Ok(());
-                }
-                // A passivated actor's last state carries what it handed over; any other stop
-                // (its object is gone, or shutdown) forgets the object.
-                let passive = last_state
-                    .and_then(|mut b| b.take::<ResourceState<K>>().ok())
-                    .and_then(|mut s| s.passive.take());
-                match passive {
-                    Some(ps) => self.settle_passive(&myself, st, key, *ps, notified),
-                    None => {
-                        st.slots.remove(&key);
-                    }
-                }
-            }
-            SupervisionEvent::ActorFailed(cell, err) => {
-                // A failed actor ran no `post_stop`: drop its timer here.
-                self.shared.timers.cancel(cell.get_id());
-                let Some(key) = self.retire(st, cell.get_id()) else {
-                    return Ok(());
-                };
-                Metrics::dec(&self.shared.metrics.live_actors);
-                self.on_failure(&myself, st, key, err.to_string())?;
-            }
-            _ => {}
-        }
-        Ok(())
+        let result = self.supervise(&myself, event, st);
+        // A stopped actor's run slot is free now: start the next queued activation on it here,
+        // one hop sooner than through the permit waiter.
+        self.drain(&myself, st);
+        result
     }
 }
