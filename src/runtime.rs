@@ -192,8 +192,8 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
     fn dynamic_api(&self, target: &Target) -> Api<DynamicObject> {
         let ar = ApiResource::erase::<K>(&());
         match &target.namespace {
-            Some(ns) => Api::namespaced_with(self.shared.client.clone(), ns, &ar),
-            None => Api::all_with(self.shared.client.clone(), &ar),
+            Some(ns) => Api::namespaced_with(Client::clone(&self.shared.client), ns, &ar),
+            None => Api::all_with(Client::clone(&self.shared.client), &ar),
         }
     }
 }
@@ -214,7 +214,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             .clone()
             .map(|r| Arc::new(Recorder::new(cx.client.clone(), r)));
         let shared = Arc::new(Shared {
-            client: cx.client.clone(),
+            client: Arc::new(cx.client.clone()),
             tree: self.tree,
             policy,
             runs: cx.runs.clone(),

@@ -56,7 +56,8 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomSta
 
 /// Everything the manager, its resource actors and its feeder share for one kind.
 pub(crate) struct Shared<K: ManagedResource> {
-    pub client: Client,
+    /// Shared with every provisioner `Context` the actors build (no `Client` clone per context).
+    pub client: Arc<Client>,
     pub tree: BoxProvisioner<K>,
     pub policy: SupervisorPolicy,
     pub runs: Arc<Semaphore>,
@@ -78,7 +79,7 @@ pub(crate) struct Shared<K: ManagedResource> {
 impl<K: ManagedResource> Shared<K> {
     /// The API for the object's namespace (or cluster scope).
     pub(crate) fn api(&self, obj: &K) -> ObjectApi<K> {
-        ObjectApi::new(self.client.clone(), obj.meta().namespace.as_deref())
+        ObjectApi::new(Client::clone(&self.client), obj.meta().namespace.as_deref())
     }
 }
 

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use crate::object_api::ObjectApi;
 use backon::ExponentialBackoff;
-use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
@@ -242,8 +242,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         } else {
             let mut pre_failure = None;
             if shared.use_finalizer && !has_finalizer {
-                let api =
-                    ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+                let api = ObjectApi::<K>::new(
+                    Client::clone(&shared.client),
+                    obj.meta().namespace.as_deref(),
+                );
                 match Box::pin(add_finalizer(&api, obj.as_ref(), &shared.finalizer)).await {
                     Ok(o) => {
                         st.record_write(o);
@@ -399,7 +401,10 @@ impl<K: ManagedResource> ResourceActor<K> {
             });
         }
         shared.references.release_all(&target).await;
-        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+        let api = ObjectApi::<K>::new(
+            Client::clone(&shared.client),
+            obj.meta().namespace.as_deref(),
+        );
         match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
             Ok(left) => {
                 // Remember the object without our finalizer (and its version as our own write),
@@ -437,7 +442,10 @@ impl<K: ManagedResource> ResourceActor<K> {
     ) -> bool {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-        let api = ObjectApi::<K>::new(shared.client.clone(), obj.meta().namespace.as_deref());
+        let api = ObjectApi::<K>::new(
+            Client::clone(&shared.client),
+            obj.meta().namespace.as_deref(),
+        );
         match api
             .patch_status(
                 &obj.name_any(),

@@ -64,7 +64,7 @@ impl<K> Context<K> {
     /// Attach the object's current status, an event recorder and the reference API.
     pub(crate) fn with_parts(
         object: Arc<K>,
-        client: Client,
+        client: Arc<Client>,
         status: Arc<ResourceStatus>,
         recorder: Option<Arc<Recorder>>,
         references: Option<Arc<dyn ReferenceApi>>,
@@ -78,7 +78,7 @@ impl<K> Context<K> {
                 references,
                 field_manager,
             }),
-            client: Arc::new(client),
+            client,
         }
     }
 
