@@ -396,23 +396,14 @@ async fn readiness_reaches_dependents_that_are_passivating() {
         // Dependents first, as the bench creates them: every actor's first pass waits.
         for c in 0..CHAINS {
             for i in (0..LENGTH).rev() {
-                let needs = if i == 0 {
-                    vec![]
-                } else {
-                    vec![format!("c{c}-{}", i - 1)]
-                };
-                let needs: Vec<&str> = needs.iter().map(String::as_str).collect();
-                create_with(&client, &format!("c{c}-{i}"), &needs, &[]).await;
+                let dependency = format!("c{c}-{}", i.wrapping_sub(1));
+                let needs: &[&str] = if i == 0 { &[] } else { &[&dependency] };
+                create_with(&client, &format!("c{c}-{i}"), needs, &[]).await;
             }
         }
         let mut policy = no_polling();
         policy.idle_timeout = SupervisorPolicy::default().idle_timeout;
-        let rt = Runtime::builder(client.clone())
-            .policy(policy)
-            .controller(Controller::<Widget>::new(widget_tree(Events::default())))
-            .start()
-            .await
-            .unwrap();
+        let rt = start_widgets(&client, policy, widget_tree(Events::default())).await;
         let all = CHAINS * LENGTH;
         let converged = tokio::time::timeout(
             Duration::from_secs(30),
