@@ -227,7 +227,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             write_status: self.status,
             metrics: cx.metrics.clone(),
             references: cx.references.clone(),
-            timers: crate::actors::Timers::start(),
+            timers: crate::actors::Timers::with_run_slots(cx.runs.clone()),
         });
         let synced = Arc::new(AtomicBool::new(false));
         let handle = Arc::new(Handle {

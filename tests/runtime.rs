@@ -5,8 +5,8 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
@@ -595,6 +595,62 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     assert_eq!(log.total(), 20, "one pass each");
     assert!(m.peak_in_flight <= 2, "{m:?}");
     assert_eq!(m.activations, 20, "{m:?}");
+    rt.shutdown().await;
+}
+
+/// A pass that finds every run slot taken waits without blocking its actor: events that arrive
+/// meanwhile are taken in, and the pass that runs once a slot is free runs once, on the newest
+/// version (not one pass per event, not on the version that first asked for a slot).
+#[tokio::test(start_paused = true)]
+async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
+    let (_cluster, client) = cluster();
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let gate = Arc::new(Notify::new());
+    let entered = Arc::new(Notify::new());
+    let mut policy = test_policy();
+    policy.max_concurrent_runs = 1;
+    let (s, g, e) = (seen.clone(), gate.clone(), entered.clone());
+    let tree = step("record", move |cx: Context<Widget>| {
+        let (s, g, e) = (s.clone(), g.clone(), e.clone());
+        async move {
+            let name = cx.object().name_any();
+            let note = cx.object().spec.note.clone();
+            s.lock().unwrap().push((name.clone(), note));
+            if name == "holder" {
+                e.notify_one();
+                g.notified().await;
+            }
+            Outcome::Done
+        }
+    });
+    let rt = start_widgets(&client, policy, tree).await;
+    create(&client, "waiter", 1).await;
+    wait_ready(&client, "waiter", LIMIT).await;
+    create(&client, "holder", 1).await;
+    entered.notified().await;
+    // The one slot is held: each update makes the waiter's pass due, with no slot to run on.
+    for note in ["v2", "v3", "v4"] {
+        set_note(&client, "waiter", note).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let runs_of = |name: &str| -> Vec<String> {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, note)| note.clone())
+            .collect()
+    };
+    assert_eq!(runs_of("waiter"), vec![""], "no pass without a slot");
+    gate.notify_one();
+    wait_ready(&client, "holder", LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        runs_of("waiter"),
+        vec!["", "v4"],
+        "one pass once the slot is free, on the newest version"
+    );
+    assert!(rt.metrics().peak_in_flight <= 1);
     rt.shutdown().await;
 }
 

@@ -110,8 +110,9 @@ impl<K: ManagedResource> Manager<K> {
     }
 
     /// Start queued activations while run slots are free; when none is, have one task wait for
-    /// the next ([`ManagerMsg::Permits`]). That task queues on the semaphore like any actor
-    /// waiting to run, so activations take their turn with wake-ups instead of overtaking them.
+    /// the next ([`ManagerMsg::Permits`]). That task queues on the semaphore beside the timer
+    /// tasks, where passes of live actors wait for slots, so activations take their turn with
+    /// wake-ups instead of overtaking them.
     fn drain(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) {
         while self.skip_stale(st) {
             match self.shared.runs.clone().try_acquire_owned() {

@@ -20,10 +20,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::json;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
-use super::timer::WakeSlot;
+use super::timer::{TimerMsg, WakeSlot};
 use super::{ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{PassiveState, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
@@ -57,6 +57,8 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     dirty: bool,
     /// A `Run` self-message is queued.
     run_pending: bool,
+    /// A pass found no free run slot and asked the timer task for one ([`ResourceMsg::Slot`]).
+    queued: bool,
     wake: WakeSlot,
     /// The run slot the manager handed over for the first pass (dropped if no pass follows).
     permit: Option<OwnedSemaphorePermit>,
@@ -133,7 +135,9 @@ impl<K: ManagedResource> ResourceActor<K> {
     ) {
         let at = Instant::now() + delay;
         if let Some(token) = st.wake.schedule(at) {
-            self.shared.timers.arm(myself, at, ResourceMsg::Wake(token));
+            self.shared
+                .timers
+                .arm(myself, at, ResourceMsg::Wake(token, None));
         }
     }
 
@@ -179,15 +183,38 @@ impl<K: ManagedResource> ResourceActor<K> {
         )
     }
 
-    /// Run a pass if one is due.
-    async fn run_if_dirty(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
-        if st.dirty {
-            st.dirty = false;
-            self.cancel_wake(myself, st);
-            // Boxed: the pass's state machine is large, and inline it would make every idle
-            // actor's task that large.
-            Box::pin(self.run_pass(myself, st)).await;
+    /// Run a pass if one is due, on `slot` (delivered with the message), the slot the manager
+    /// handed over for the first pass, or a free one. With none free, the pass stays due and the
+    /// timer task is asked for a slot: the actor does not wait in its handler, where it could
+    /// take no other message.
+    async fn run_if_dirty(
+        &self,
+        myself: &ActorRef<ResourceMsg<K>>,
+        st: &mut ResourceState<K>,
+        slot: Option<OwnedSemaphorePermit>,
+    ) {
+        if !st.dirty {
+            return;
         }
+        let slot = match slot.or_else(|| st.permit.take()) {
+            Some(slot) => slot,
+            None => match self.shared.runs.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(TryAcquireError::NoPermits) => {
+                    if !st.queued {
+                        st.queued = true;
+                        self.shared.timers.queue(myself, ResourceMsg::Slot(None));
+                    }
+                    return;
+                }
+                Err(TryAcquireError::Closed) => return, // the runtime is shutting down
+            },
+        };
+        st.dirty = false;
+        self.cancel_wake(myself, st);
+        // Boxed: the pass's state machine is large, and inline it would make every idle
+        // actor's task that large.
+        Box::pin(self.run_pass(myself, st, slot)).await;
     }
 
     /// The object's actorcile status, parsed once per object version.
@@ -208,10 +235,13 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// The hot path (a provision pass whose status does not change, e.g. every pass of a yield
     /// loop) makes no API request and allocates little; the cold parts (deletion, finalizer, status
     /// write) are boxed so they do not bloat the pass's future.
-    async fn run_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+    async fn run_pass(
+        &self,
+        myself: &ActorRef<ResourceMsg<K>>,
+        st: &mut ResourceState<K>,
+        _slot: OwnedSemaphorePermit,
+    ) {
         let shared = &self.shared;
-        // The slot the manager acquired for a first pass (released on every early return).
-        let handed = st.permit.take();
         let Some(mut obj) = st.object.clone() else {
             return;
         };
@@ -223,13 +253,6 @@ impl<K: ManagedResource> ResourceActor<K> {
             // Never provisioned by us (or already cleaned up): nothing of ours to undo.
             return;
         }
-        let _permit = match handed {
-            Some(permit) => permit,
-            None => match shared.runs.clone().acquire_owned().await {
-                Ok(permit) => permit,
-                Err(_) => return, // closed: the runtime is shutting down
-            },
-        };
         let _in_flight = shared.metrics.run_started(deleting);
         let status = Self::status_of(st, obj.as_ref());
         let generation = obj.meta().generation;
@@ -471,6 +494,14 @@ impl<K: ManagedResource> ResourceActor<K> {
     }
 }
 
+impl<K: ManagedResource> TimerMsg for ResourceMsg<K> {
+    fn give_slot(&mut self, slot: OwnedSemaphorePermit) {
+        if let ResourceMsg::Wake(_, s) | ResourceMsg::Slot(s) = self {
+            *s = Some(slot);
+        }
+    }
+}
+
 fn variant_of(o: &Outcome) -> u8 {
     match o {
         Outcome::Done => 0,
@@ -691,6 +722,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             own_writes: Vec::new(),
             dirty: false,
             run_pending: false,
+            queued: false,
             wake: WakeSlot::default(),
             permit: args.permit,
             passivating: false,
@@ -732,7 +764,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                     // The first pass runs right here, on the manager's run slot (no `Run` hop);
                     // what arrives meanwhile coalesces into one follow-up run.
                     st.dirty = true;
-                    self.run_if_dirty(&myself, st).await;
+                    self.run_if_dirty(&myself, st, None).await;
                 }
                 self.maybe_passivate(&myself, st);
             }
@@ -774,15 +806,20 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             }
             ResourceMsg::Run => {
                 st.run_pending = false;
-                self.run_if_dirty(&myself, st).await;
+                self.run_if_dirty(&myself, st, None).await;
             }
-            ResourceMsg::Wake(token) => {
-                // A due timer runs the pass at once (no extra `Run` hop); anything that arrives
-                // meanwhile still coalesces into one follow-up run.
-                if st.wake.fire(token) && !st.run_pending {
+            ResourceMsg::Wake(token, slot) => {
+                // A due timer runs the pass at once, on the slot it brought (no extra `Run`
+                // hop); anything that arrives meanwhile still coalesces into one follow-up run.
+                // A stale timer's slot still serves a pass that is due.
+                if st.wake.fire(token) {
                     st.dirty = true;
-                    self.run_if_dirty(&myself, st).await;
                 }
+                self.run_if_dirty(&myself, st, slot).await;
+            }
+            ResourceMsg::Slot(slot) => {
+                st.queued = false;
+                self.run_if_dirty(&myself, st, slot).await;
             }
             ResourceMsg::Notify => st.trigger_run(&myself),
             ResourceMsg::Passivate => {

@@ -1,18 +1,25 @@
 //! Timers of the resource actors: one pending wake-up per resource (earliest wins), delivered by
-//! one timer task per controller.
+//! one timer task per controller, which also hands out the run slots passes wait for.
 //!
-//! A resource actor re-arms its wake-up on every yield, so arming must be cheap: [`Timers`] keeps every actor's timers in one tokio-util
-//! [`DelayQueue`] owned by one task, and arming is a channel send to it. (A spawned `sleep` task
-//! per timer — what `ractor::time::send_after` does — costs a task allocation and an abort on
-//! every re-arm, and a live task per idle actor.)
+//! A resource actor re-arms its wake-up on every yield, so arming must be cheap: [`Timers`]
+//! keeps every actor's timers in one tokio-util [`DelayQueue`] owned by one task, and arming is a
+//! channel send to it. (A spawned `sleep` task per timer — what `ractor::time::send_after` does —
+//! costs a task allocation and an abort on every re-arm, and a live task per idle actor.)
+//!
+//! A due wake-up needs a run slot (a permit of the runtime's `max_concurrent_runs` semaphore)
+//! before its pass can start, so the task acquires one and delivers it with the wake-up; an
+//! actor whose pass was triggered otherwise and found no free slot queues here too
+//! ([`Timers::queue`]). No actor waits for a slot in its handler.
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
-
-use futures::FutureExt;
+use std::sync::Arc;
+use std::task::Poll;
 
 use ractor::{ActorId, ActorRef, Message};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
+use tokio_util::sync::PollSemaphore;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use super::FastMap;
@@ -63,6 +70,24 @@ impl WakeSlot {
     }
 }
 
+/// A message the timer task delivers. With run slots ([`Timers::with_run_slots`]) every delivery
+/// carries the run slot the task acquired for it, so the receiving actor runs its pass at once
+/// instead of waiting for a slot inside its handler.
+pub trait TimerMsg: Message {
+    /// Attach the run slot acquired for this delivery.
+    fn give_slot(&mut self, slot: OwnedSemaphorePermit);
+}
+
+/// Tests deliver plain numbers; the slot is released at once.
+impl TimerMsg for u32 {
+    fn give_slot(&mut self, _: OwnedSemaphorePermit) {}
+}
+
+/// Benchmarks deliver plain numbers; the slot is released at once.
+impl TimerMsg for u64 {
+    fn give_slot(&mut self, _: OwnedSemaphorePermit) {}
+}
+
 enum Cmd<M: Message> {
     Arm {
         to: ActorRef<M>,
@@ -70,20 +95,47 @@ enum Cmd<M: Message> {
         msg: M,
     },
     Cancel(ActorId),
+    /// Deliver as soon as a run slot is free (no deadline).
+    Queue {
+        to: ActorRef<M>,
+        msg: M,
+    },
 }
 
 /// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
 /// actor (arming again replaces it). The task ends when every handle is dropped.
+///
+/// With run slots, the task is also where passes wait for a slot: due deliveries and
+/// [`Timers::queue`]d ones wait in one first-in-first-out queue, and each is delivered with a
+/// slot. An actor so never waits for a slot inside its handler (where it could not take other
+/// messages, and where every wait cost it a second poll and a place in the semaphore's waiter
+/// list: most passes of a busy runtime wait for a slot).
 pub struct Timers<M: Message> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
 }
 
-impl<M: Message> Timers<M> {
-    /// Spawns the timer task on the current tokio runtime.
+impl<M: TimerMsg> Timers<M> {
+    /// Spawns the timer task on the current tokio runtime; it delivers without run slots.
     pub fn start() -> Self {
+        Self::spawn(None)
+    }
+
+    /// Spawns the timer task on the current tokio runtime; every delivery waits for, and
+    /// carries, a permit of `slots`.
+    pub fn with_run_slots(slots: Arc<Semaphore>) -> Self {
+        Self::spawn(Some(PollSemaphore::new(slots)))
+    }
+
+    fn spawn(slots: Option<PollSemaphore>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        // Unconstrained: see `run`.
-        tokio::spawn(tokio::task::unconstrained(run(rx)));
+        let wheel = Wheel {
+            queue: DelayQueue::new(),
+            actors: FastMap::default(),
+            ready: VecDeque::new(),
+            slots,
+        };
+        // Unconstrained: see `Wheel::poll_turn`.
+        tokio::spawn(tokio::task::unconstrained(run(wheel, rx)));
         Self { tx }
     }
 
@@ -96,9 +148,18 @@ impl<M: Message> Timers<M> {
         });
     }
 
-    /// Drop the actor's pending timer, if any (also when it stopped or failed).
+    /// Drop the actor's pending timer, if any (also when it stopped or failed). A delivery that
+    /// is already due and waiting for a run slot still arrives.
     pub fn cancel(&self, id: ActorId) {
         let _ = self.tx.send(Cmd::Cancel(id));
+    }
+
+    /// Deliver `msg` to `to` with a run slot, as soon as one is free (in turn with due timers).
+    pub fn queue(&self, to: &ActorRef<M>, msg: M) {
+        let _ = self.tx.send(Cmd::Queue {
+            to: to.clone(),
+            msg,
+        });
     }
 }
 
@@ -112,17 +173,20 @@ struct Armed<M: Message> {
 struct Wheel<M: Message> {
     queue: DelayQueue<ActorId>,
     actors: FastMap<ActorId, Armed<M>>,
+    /// Due deliveries waiting for a run slot, oldest first (only with `slots`).
+    ready: VecDeque<(ActorRef<M>, M)>,
+    slots: Option<PollSemaphore>,
 }
 
-impl<M: Message> Wheel<M> {
-    fn apply(&mut self, cmd: Cmd<M>) {
+impl<M: TimerMsg> Wheel<M> {
+    fn apply(&mut self, cmd: Cmd<M>, now: Instant) {
         match cmd {
             Cmd::Arm { to, at, msg } => {
                 let id = to.get_id();
-                if at <= Instant::now() {
+                if at <= now {
                     // Already due: deliver now, not at the timer wheel's next millisecond tick.
-                    self.apply(Cmd::Cancel(id));
-                    let _ = to.cast(msg);
+                    self.apply(Cmd::Cancel(id), now);
+                    self.due(to, msg);
                     return;
                 }
                 match self.actors.get_mut(&id) {
@@ -141,63 +205,90 @@ impl<M: Message> Wheel<M> {
                     self.queue.remove(&armed.key);
                 }
             }
+            Cmd::Queue { to, msg } => self.due(to, msg),
         }
     }
 
     fn expired(&mut self, id: ActorId) {
         if let Some(armed) = self.actors.remove(&id) {
-            let _ = armed.to.cast(armed.msg);
+            self.due(armed.to, armed.msg);
+        }
+    }
+
+    /// Deliver now, or queue for a run slot.
+    fn due(&mut self, to: ActorRef<M>, msg: M) {
+        if self.slots.is_some() {
+            self.ready.push_back((to, msg));
+        } else {
+            let _ = to.cast(msg);
+        }
+    }
+
+    /// One turn of the task: takes commands, collects expiries and hands out run slots until
+    /// none of them can progress (`Pending`, wakers registered) or [`TURN`] items were handled
+    /// (`Ready(false)`: the caller yields). `Ready(true)` once every handle is dropped.
+    ///
+    /// The task runs outside tokio's cooperative budget (`unconstrained`, see
+    /// [`Timers::spawn`]): every resource actor's wake-up passes through this one task, and
+    /// with the budget it was preempted every 128 operations and queued behind the very actors
+    /// waiting for their wake-ups (yield: wake-ups 3–5 ms late at 1 ms delays, and 20–30 %
+    /// longer runs). It yields on its own instead, after [`TURN`] items.
+    fn poll_turn(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        rx: &mut mpsc::UnboundedReceiver<Cmd<M>>,
+    ) -> Poll<bool> {
+        let mut left = TURN;
+        loop {
+            let before = left;
+            let now = Instant::now();
+            while left > 0 {
+                match rx.poll_recv(cx) {
+                    Poll::Ready(Some(cmd)) => self.apply(cmd, now),
+                    Poll::Ready(None) => return Poll::Ready(true),
+                    Poll::Pending => break,
+                }
+                left -= 1;
+            }
+            while left > 0 && !self.queue.is_empty() {
+                match self.queue.poll_expired(cx) {
+                    Poll::Ready(Some(expired)) => self.expired(expired.into_inner()),
+                    _ => break,
+                }
+                left -= 1;
+            }
+            while left > 0 && !self.ready.is_empty() {
+                let Some(slots) = &mut self.slots else { break };
+                match slots.poll_acquire(cx) {
+                    Poll::Ready(Some(slot)) => {
+                        let (to, mut msg) = self.ready.pop_front().expect("not empty");
+                        msg.give_slot(slot);
+                        let _ = to.cast(msg);
+                    }
+                    // Closed: the runtime is shutting down and no pass may start.
+                    Poll::Ready(None) => self.ready.clear(),
+                    Poll::Pending => break,
+                }
+                left -= 1;
+            }
+            if left == 0 {
+                return Poll::Ready(false);
+            }
+            if left == before {
+                return Poll::Pending;
+            }
         }
     }
 }
 
-/// Most commands or expiries handled in one turn before the task yields to the scheduler.
+/// Most commands, expiries or deliveries handled in one turn before the task yields to the
+/// scheduler.
 const TURN: usize = 1024;
 
-/// The timer task. It runs outside tokio's cooperative budget (`unconstrained`, see
-/// [`Timers::start`]): every resource actor's wake-up passes through this one task, and with the
-/// budget it was preempted every 128 operations and queued behind the very actors waiting for
-/// their wake-ups (yield: wake-ups 3–5 ms late at 1 ms delays, and 20–30 % longer runs). It
-/// yields on its own instead, after [`TURN`] items.
-async fn run<M: Message>(mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
-    let mut wheel = Wheel {
-        queue: DelayQueue::new(),
-        actors: FastMap::default(),
-    };
-    loop {
-        let full_turn = tokio::select! {
-            cmd = rx.recv() => match cmd {
-                Some(cmd) => {
-                    wheel.apply(cmd);
-                    // Take what else is queued before looking at the clock again.
-                    let mut n = 1;
-                    while n < TURN && let Ok(cmd) = rx.try_recv() {
-                        wheel.apply(cmd);
-                        n += 1;
-                    }
-                    n == TURN
-                }
-                None => return,
-            },
-            Some(expired) = poll_fn(|cx| wheel.queue.poll_expired(cx)), if !wheel.queue.is_empty() => {
-                wheel.expired(expired.into_inner());
-                // Deliver everything else that is due in this turn, not one per turn of the
-                // select. (`now_or_never` polls with a no-op waker; the select polls the queue
-                // with the task's own waker again before the task sleeps.)
-                let mut n = 1;
-                while n < TURN
-                    && let Some(Some(expired)) =
-                        poll_fn(|cx| wheel.queue.poll_expired(cx)).now_or_never()
-                {
-                    wheel.expired(expired.into_inner());
-                    n += 1;
-                }
-                n == TURN
-            }
-        };
-        if full_turn {
-            tokio::task::yield_now().await;
-        }
+/// The timer task.
+async fn run<M: TimerMsg>(mut wheel: Wheel<M>, mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
+    while !poll_fn(|cx| wheel.poll_turn(cx, &mut rx)).await {
+        tokio::task::yield_now().await;
     }
 }
 
@@ -328,6 +419,105 @@ mod tests {
             log.lock().unwrap().iter().map(|e| e.0).collect::<Vec<_>>(),
             vec![5]
         );
+    }
+
+    /// A delivery that carries the run slot it was given (held until the actor drops it).
+    #[derive(Debug)]
+    struct Slotted(u32, Option<OwnedSemaphorePermit>);
+
+    impl TimerMsg for Slotted {
+        fn give_slot(&mut self, slot: OwnedSemaphorePermit) {
+            self.1 = Some(slot);
+        }
+    }
+
+    type SlotLog = Arc<Mutex<Vec<(u32, Instant, Option<OwnedSemaphorePermit>)>>>;
+
+    /// Keeps every delivery, slot included, so a test decides when slots are released.
+    struct Keeper(SlotLog);
+
+    impl Actor for Keeper {
+        type Msg = Slotted;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<Slotted>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            _: ActorRef<Slotted>,
+            Slotted(n, slot): Slotted,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            self.0.lock().unwrap().push((n, Instant::now(), slot));
+            Ok(())
+        }
+    }
+
+    /// Due deliveries and queued ones wait for a run slot in one first-in-first-out queue, and
+    /// each arrives with its slot; a cancelled timer takes none.
+    #[tokio::test(start_paused = true)]
+    async fn deliveries_wait_for_a_run_slot_in_order_and_carry_it() {
+        let slots = Arc::new(Semaphore::new(1));
+        let timers = Timers::with_run_slots(slots.clone());
+        let log = SlotLog::default();
+        let (a, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
+        let (b, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
+        let (c, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
+        let t0 = Instant::now();
+        let held = slots.clone().acquire_owned().await.unwrap();
+        timers.queue(&b, Slotted(1, None));
+        timers.arm(&a, t0 + Duration::from_secs(1), Slotted(2, None));
+        timers.arm(&c, t0 + Duration::from_secs(1), Slotted(3, None));
+        timers.cancel(c.get_id());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(log.lock().unwrap().is_empty(), "no slot, no delivery");
+
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let first = {
+            let mut got = log.lock().unwrap();
+            assert_eq!(got.len(), 1, "one slot, one delivery");
+            assert_eq!(got[0].0, 1, "queued first, delivered first");
+            assert!(got[0].2.is_some(), "the delivery carries its slot");
+            assert_eq!(slots.available_permits(), 0);
+            got[0].2.take()
+        };
+        drop(first);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        {
+            let mut got = log.lock().unwrap();
+            let seen: Vec<u32> = got.iter().map(|e| e.0).collect();
+            assert_eq!(seen, vec![1, 2], "the cancelled timer is not delivered");
+            assert!(got[1].1 >= t0 + Duration::from_secs(2));
+            got[1].2.take();
+        }
+        assert_eq!(slots.available_permits(), 1, "no slot is left behind");
+        // Idle again: a slot released while nothing waits stays free for others.
+        let again = slots.clone().try_acquire_owned();
+        assert!(again.is_ok());
+    }
+
+    /// Once the run slots are closed (shutdown), nothing waiting is delivered and the task still
+    /// takes commands and ends with its handles.
+    #[tokio::test(start_paused = true)]
+    async fn closed_run_slots_deliver_nothing() {
+        let slots = Arc::new(Semaphore::new(0));
+        let timers = Timers::with_run_slots(slots.clone());
+        let log = SlotLog::default();
+        let (a, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
+        timers.queue(&a, Slotted(1, None));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        slots.close();
+        timers.arm(
+            &a,
+            Instant::now() + Duration::from_secs(1),
+            Slotted(2, None),
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(log.lock().unwrap().is_empty());
+        assert!(!timers.tx.is_closed(), "the task is still running");
+        drop(timers);
     }
 
     /// More wake-ups due at the same moment than one turn of the task handles: all arrive, at

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use tokio::sync::OwnedSemaphorePermit;
+
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
 pub enum ResourceMsg<K> {
@@ -11,8 +13,11 @@ pub enum ResourceMsg<K> {
     Gone,
     /// Self-message: run a pass now if one is due (coalesces any number of triggers).
     Run,
-    /// The pending timer with this token fired (stale tokens are ignored).
-    Wake(u64),
+    /// The pending timer with this token fired (stale tokens are ignored), with the run slot the
+    /// timer task acquired for the pass.
+    Wake(u64, Option<OwnedSemaphorePermit>),
+    /// The run slot a pass that found none free asked the timer task for.
+    Slot(Option<OwnedSemaphorePermit>),
     /// A dependency became Ready, or a referrer released this object: run now.
     Notify,
     /// Self-message, sent once the actor has removed its route (so nothing new is routed here):
