@@ -73,7 +73,7 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     /// Keys waiting for a run slot, oldest first (a key whose slot is no longer `Queued` is
     /// skipped).
     queue: VecDeque<ObjectRef<K>>,
-    /// A task is waiting for a permit for the queue's head.
+    /// The timer task was asked for a run slot for the queue's head.
     awaiting_permit: bool,
 }
 
@@ -109,10 +109,10 @@ impl<K: ManagedResource> Manager<K> {
         self.drain(myself, st);
     }
 
-    /// Start queued activations while run slots are free; when none is, have one task wait for
-    /// the next ([`ManagerMsg::Permits`]). That task queues on the semaphore beside the timer
-    /// tasks, where passes of live actors wait for slots, so activations take their turn with
-    /// wake-ups instead of overtaking them.
+    /// Start queued activations while run slots are free; when none is, ask the timer task for
+    /// the next ([`ManagerMsg::Permit`]). Passes of live actors wait for slots there too, and
+    /// come first, but activations get a bounded share of the slots
+    /// ([`ACTIVATION_EVERY`](super::timer::ACTIVATION_EVERY)).
     fn drain(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) {
         while self.skip_stale(st) {
             match self.shared.runs.clone().try_acquire_owned() {
@@ -123,24 +123,10 @@ impl<K: ManagedResource> Manager<K> {
                 Err(TryAcquireError::NoPermits) => {
                     if !st.awaiting_permit {
                         st.awaiting_permit = true;
-                        let runs = self.shared.runs.clone();
                         let me = myself.clone();
-                        let want = st.queue.len();
-                        tokio::spawn(async move {
-                            // Closed at shutdown: no activation then.
-                            let Ok(first) = runs.clone().acquire_owned().await else {
-                                return;
-                            };
-                            // Whatever else was freed meanwhile comes along in the same message.
-                            let mut permits = vec![first];
-                            while permits.len() < want {
-                                match runs.clone().try_acquire_owned() {
-                                    Ok(p) => permits.push(p),
-                                    Err(_) => break,
-                                }
-                            }
-                            let _ = me.cast(ManagerMsg::Permits(permits));
-                        });
+                        self.shared.timers.activation(Box::new(move |permit| {
+                            let _ = me.cast(ManagerMsg::Permit(permit));
+                        }));
                     }
                     return;
                 }
@@ -561,12 +547,9 @@ impl<K: ManagedResource> Actor for Manager<K> {
                     self.activate(&myself, st, key, Some(ps));
                 }
             }
-            ManagerMsg::Permits(permits) => {
+            ManagerMsg::Permit(permit) => {
                 st.awaiting_permit = false;
-                for permit in permits {
-                    if !self.skip_stale(st) {
-                        break;
-                    }
+                if self.skip_stale(st) {
                     let key = st.queue.pop_front().expect("skip_stale left a head");
                     self.start(&myself, st, key, permit);
                 }

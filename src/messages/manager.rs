@@ -39,7 +39,7 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     Notify(ObjectRef<K>),
     /// A passive key's timer fired (token guards against stale timers).
     PassiveWake(ObjectRef<K>, u64),
-    /// Run slots for the next queued activations (an object gets a live actor only once it can
+    /// A run slot for the next queued activation (an object gets a live actor only once it can
     /// run: see the manager's activation queue).
-    Permits(Vec<OwnedSemaphorePermit>),
+    Permit(OwnedSemaphorePermit),
 }
