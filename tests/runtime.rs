@@ -598,6 +598,65 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     rt.shutdown().await;
 }
 
+/// A step that yields `times` times, `every` apart, then is done.
+fn yielding(times: u32, every: Duration) -> impl Provisioner<Widget> {
+    let counts: Arc<Mutex<std::collections::HashMap<String, u32>>> = Arc::default();
+    step("yielding", move |cx: Context<Widget>| {
+        let counts = counts.clone();
+        async move {
+            let mut counts = counts.lock().unwrap();
+            let n = counts.entry(cx.object().name_any()).or_default();
+            if *n < times {
+                *n += 1;
+                Outcome::yield_after(every, Reason::new("Working", "not yet"))
+            } else {
+                Outcome::Done
+            }
+        }
+    })
+}
+
+/// A burst of new objects is worked through a part at a time: live actors stay at the cap
+/// (plus the one activation per 10 ms past it), and every object still finishes.
+#[tokio::test(start_paused = true)]
+async fn live_actors_stay_at_the_cap_and_every_object_finishes() {
+    let (_cluster, client) = cluster();
+    let mut policy = test_policy();
+    policy.idle_timeout = Some(Duration::from_secs(30));
+    policy.max_live_actors = 4;
+    let rt = start_widgets(&client, policy, yielding(3, Duration::from_millis(1))).await;
+    for i in 0..40 {
+        create(&client, &format!("b{i}"), 1).await;
+    }
+    wait_all_ready(&client, 40, LIMIT).await;
+    let m = rt.metrics();
+    assert_eq!(m.activations, 40, "{m:?}");
+    assert!(
+        m.peak_live_actors <= 6,
+        "at most the cap and an activation or two past it: {m:?}"
+    );
+    rt.shutdown().await;
+}
+
+/// Actors that never passivate fill the cap for good; new objects still get actors, one per
+/// 10 ms, instead of waiting forever.
+#[tokio::test(start_paused = true)]
+async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
+    let (_cluster, client) = cluster();
+    let mut policy = test_policy();
+    assert_eq!(policy.idle_timeout, None, "actors never passivate here");
+    policy.max_live_actors = 2;
+    let log = RunLog::default();
+    let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
+    for i in 0..8 {
+        create(&client, &format!("s{i}"), 1).await;
+    }
+    wait_all_ready(&client, 8, LIMIT).await;
+    let m = rt.metrics();
+    assert_eq!((m.live_actors, m.activations), (8, 8), "{m:?}");
+    rt.shutdown().await;
+}
+
 /// A pass that finds every run slot taken waits without blocking its actor: events that arrive
 /// meanwhile are taken in, and the pass that runs once a slot is free runs once, on the newest
 /// version (not one pass per event, not on the version that first asked for a slot).

@@ -6,7 +6,10 @@
 //! (a permit of the runtime's `max_concurrent_runs` semaphore), which the new actor's first pass
 //! then uses. Ten thousand new objects so make at most `max_concurrent_runs` actors that are
 //! waiting to run, not ten thousand; with passivation (an actor with nothing due stops, see
-//! [`ResourceActor`]) the live actors are about those that have work.
+//! [`ResourceActor`]) the live actors are about those that have work. Those are capped too
+//! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
+//! past the cap, activations wait for a live actor to stop, and one still starts every
+//! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,6 +28,10 @@ use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
 use crate::policy::Exhausted;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
+
+/// Past the live-actor cap, one activation still starts this often (see
+/// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
+const OVER_CAP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The manager behaviour.
 pub(crate) struct Manager<K: ManagedResource> {
@@ -75,6 +82,10 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     queue: VecDeque<ObjectRef<K>>,
     /// The timer task was asked for a run slot for the queue's head.
     awaiting_permit: bool,
+    /// When the last activation past the live-actor cap started.
+    over_cap_at: Option<Instant>,
+    /// A [`ManagerMsg::Drain`] is scheduled for the next activation past the cap.
+    drain_scheduled: bool,
 }
 
 fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
@@ -114,7 +125,7 @@ impl<K: ManagedResource> Manager<K> {
     /// come first, but activations get a bounded share of the slots
     /// ([`ACTIVATION_EVERY`](super::timer::ACTIVATION_EVERY)).
     fn drain(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) {
-        while self.skip_stale(st) {
+        while self.skip_stale(st) && self.admit(myself, st) {
             match self.shared.runs.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let key = st.queue.pop_front().expect("skip_stale left a head");
@@ -133,6 +144,30 @@ impl<K: ManagedResource> Manager<K> {
                 Err(TryAcquireError::Closed) => return,
             }
         }
+    }
+
+    /// Whether the queue's head may get a live actor now: below the live-actor cap, or once
+    /// per [`OVER_CAP_EVERY`] past it (a [`ManagerMsg::Drain`] is scheduled for then).
+    fn admit(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) -> bool {
+        if st.ids.len() < self.shared.policy.max_live_actors {
+            return true;
+        }
+        let now = Instant::now();
+        let next = st.over_cap_at.map(|at| at + OVER_CAP_EVERY);
+        if next.is_none_or(|next| next <= now) {
+            st.over_cap_at = Some(now);
+            return true;
+        }
+        if !st.drain_scheduled {
+            st.drain_scheduled = true;
+            let me = myself.clone();
+            let at = next.unwrap_or(now);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let _ = me.cast(ManagerMsg::Drain);
+            });
+        }
+        false
     }
 
     /// Drop queue entries whose object no longer waits (deleted, or already activated through
@@ -443,6 +478,8 @@ impl<K: ManagedResource> Actor for Manager<K> {
             wake_token: 0,
             queue: VecDeque::new(),
             awaiting_permit: false,
+            over_cap_at: None,
+            drain_scheduled: false,
         })
     }
 
@@ -546,6 +583,10 @@ impl<K: ManagedResource> Actor for Manager<K> {
                     ps.wake_in = None;
                     self.activate(&myself, st, key, Some(ps));
                 }
+            }
+            ManagerMsg::Drain => {
+                st.drain_scheduled = false;
+                self.drain(&myself, st);
             }
             ManagerMsg::Permit(permit) => {
                 st.awaiting_permit = false;

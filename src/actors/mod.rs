@@ -112,6 +112,7 @@ pub struct Metrics {
     in_flight: AtomicU64,
     peak_in_flight: AtomicU64,
     live_actors: AtomicU64,
+    peak_live_actors: AtomicU64,
     passivations: AtomicU64,
     activations: AtomicU64,
 }
@@ -137,6 +138,8 @@ pub struct MetricsSnapshot {
     pub peak_in_flight: u64,
     /// Resource actors alive right now.
     pub live_actors: u64,
+    /// Most resource actors ever alive at once.
+    pub peak_live_actors: u64,
     /// Actors stopped for being idle.
     pub passivations: u64,
     /// Actors spawned (first activation, re-activation after passivation, or restart).
@@ -157,6 +160,7 @@ impl Metrics {
             in_flight: l(&self.in_flight),
             peak_in_flight: l(&self.peak_in_flight),
             live_actors: l(&self.live_actors),
+            peak_live_actors: l(&self.peak_live_actors),
             passivations: l(&self.passivations),
             activations: l(&self.activations),
         }
@@ -172,6 +176,11 @@ impl Metrics {
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak_in_flight.fetch_max(now, Ordering::Relaxed);
         InFlight(self)
+    }
+
+    fn actor_started(&self) {
+        let live = self.live_actors.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_live_actors.fetch_max(live, Ordering::Relaxed);
     }
 
     fn inc(counter: &AtomicU64) {

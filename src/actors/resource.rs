@@ -708,7 +708,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Metrics::inc(&self.shared.metrics.live_actors);
+        self.shared.metrics.actor_started();
         Metrics::inc(&self.shared.metrics.activations);
         // The route first, then the object: whatever the feeder stores after this read is routed
         // here. (The actor's own route, not the manager's: it must exist before the first pass

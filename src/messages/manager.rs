@@ -42,4 +42,7 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// A run slot for the next queued activation (an object gets a live actor only once it can
     /// run: see the manager's activation queue).
     Permit(OwnedSemaphorePermit),
+    /// Self-message: the live-actor cap lets the next queued activation start now (see
+    /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
+    Drain,
 }
