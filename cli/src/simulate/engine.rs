@@ -323,6 +323,7 @@ pub async fn run_one(
         quarantined: metrics.quarantined,
         status_writes: metrics.status_writes,
         peak_in_flight: metrics.peak_in_flight,
+        peak_live_actors: metrics.peak_live_actors,
         api_requests: stats.total.saturating_sub(uncounted),
         api_writes: (stats.create + stats.update + stats.patch + stats.delete)
             .saturating_sub(setup_writes),

@@ -282,8 +282,13 @@ mod tests {
         };
         assert_eq!(det(&a), det(&b));
         assert_ne!(det(&a), det(&c), "a different seed draws differently");
+        let s_objects = small_flaky().objects as u64;
         for r in &a.results {
             assert!(r.runs > 0 && r.api_requests > 0, "{r:?}");
+            assert!(
+                (1..=s_objects).contains(&r.peak_live_actors),
+                "every object had an actor, never more than one: {r:?}"
+            );
             assert!(
                 r.injected_errors + r.injected_conflicts > 0,
                 "faults were injected: {r:?}"

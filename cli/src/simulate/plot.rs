@@ -227,6 +227,7 @@ mod tests {
             quarantined: 0,
             status_writes: 0,
             peak_in_flight: 0,
+            peak_live_actors: 0,
             api_requests: 0,
             api_writes: 0,
             injected_errors: 0,

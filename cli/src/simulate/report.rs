@@ -44,6 +44,8 @@ pub struct PolicyResult {
     pub status_writes: u64,
     /// Most provisioner passes in flight at once.
     pub peak_in_flight: u64,
+    /// Most resource actors alive at once (bounded by the policy's `max_live_actors`).
+    pub peak_live_actors: u64,
     /// API requests the runtime made (set-up and the readiness observer excluded).
     pub api_requests: u64,
     /// Of which writes (create, update, patch, delete).
@@ -151,6 +153,7 @@ impl Comparison {
             "quarantined",
             "API requests",
             "peak in flight",
+            "peak live actors",
             "wall",
         ];
         let rows: Vec<Vec<String>> = self
@@ -175,6 +178,7 @@ impl Comparison {
                     r.quarantined.to_string(),
                     r.api_requests.to_string(),
                     r.peak_in_flight.to_string(),
+                    r.peak_live_actors.to_string(),
                     format!("{:.1}s", r.wall_seconds),
                 ]
             })
@@ -263,6 +267,7 @@ mod tests {
             quarantined: 1,
             status_writes: 20,
             peak_in_flight: 8,
+            peak_live_actors: 30,
             api_requests: 99,
             api_writes: 50,
             injected_errors: 2,
