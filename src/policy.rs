@@ -34,7 +34,7 @@
 //! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
 //! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
 //! | `max_concurrent_runs` | 64 | provisioner runs in flight across the runtime |
-//! | `max_live_actors` | 1024 | live resource actors per kind beyond which new activations wait for one to stop (one still starts every 10 ms, so actors that stay live cannot starve new objects): a burst of new objects is worked through a part at a time instead of all at once |
+//! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to stop (one still starts every 10 ms, so actors that stay live cannot starve new objects): a burst of new objects is worked through a part at a time instead of all at once. Helps CPU-bound bursts (memory, wake-up lateness), slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (stops; re-activated by its next event, timer or message; its timer is kept by the manager); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
 
@@ -66,12 +66,17 @@ pub struct SupervisorPolicy {
     /// Provisioner runs in flight across the runtime.
     pub max_concurrent_runs: usize,
     /// Live resource actors per kind beyond which activations (new objects, re-activations)
-    /// wait in the manager's queue for a live actor to stop. One still starts every 10 ms
-    /// while the cap is reached, so actors that stay live (wake-ups due within the idle
-    /// timeout) slow new objects down but cannot starve them. Bounds the memory a burst of
-    /// new objects takes (a live actor costs ≈ 8 KiB) and how many objects are in progress,
-    /// and so how long each waits for its turn.
-    pub max_live_actors: usize,
+    /// wait in the manager's queue for a live actor to stop (`None`: no cap). One still starts
+    /// every 10 ms while the cap is reached, so actors that stay live (wake-ups due within the
+    /// idle timeout) slow new objects down but cannot starve them.
+    ///
+    /// A cap bounds the memory a burst of new objects takes (a live actor costs ≈ 8 KiB) and
+    /// how many objects are in progress at once. When passes are CPU-bound, that is also how
+    /// long each waits for its turn (the `yield` bench: wake-up lateness p50 25 ms uncapped,
+    /// 2.7 ms at 1 024). When passes wait on I/O, fewer objects in progress means a burst
+    /// takes longer (the `hour-10k` simulation: all Ready after 91 s uncapped, 139 s at 1 024):
+    /// compare in `actorcile simulate` before setting it.
+    pub max_live_actors: Option<usize>,
     /// Passivation horizon: a resource actor with no pass pending and no wake-up due within
     /// this long stops as soon as its pass ends, instead of idling (`None`: never; `"none"` in
     /// TOML). An actor in a yield loop shorter than this stays live between passes.
@@ -100,7 +105,7 @@ impl Default for SupervisorPolicy {
             poll_jitter: 0.1,
             dependency_poll: Duration::from_secs(60),
             max_concurrent_runs: 64,
-            max_live_actors: 1024,
+            max_live_actors: None,
             idle_timeout: Some(Duration::from_secs(30)),
             shutdown_timeout: Duration::from_secs(30),
             seed: None,
@@ -299,7 +304,7 @@ impl SupervisorPolicy {
                 "must be at least 1",
             ));
         }
-        if self.max_live_actors == 0 {
+        if self.max_live_actors == Some(0) {
             return Err(PolicyError::invalid(
                 "max_live_actors",
                 "must be at least 1",
@@ -349,6 +354,10 @@ mod tests {
     fn errors_name_the_field() {
         let e = SupervisorPolicy::from_toml("max_concurrent_runs = 0").unwrap_err();
         assert!(e.to_string().contains("max_concurrent_runs"), "{e}");
+        let e = SupervisorPolicy::from_toml("max_live_actors = 0").unwrap_err();
+        assert!(e.to_string().contains("max_live_actors"), "{e}");
+        let capped = SupervisorPolicy::from_toml("max_live_actors = 2048").unwrap();
+        assert_eq!(capped.max_live_actors, Some(2048));
         let e = SupervisorPolicy::from_toml("[restart.backoff]\nfactor = 0.5").unwrap_err();
         assert!(e.to_string().contains("restart.backoff.factor"), "{e}");
         let e = SupervisorPolicy::from_toml("bogus_knob = 1").unwrap_err();

@@ -623,7 +623,7 @@ async fn live_actors_stay_at_the_cap_and_every_object_finishes() {
     let (_cluster, client) = cluster();
     let mut policy = test_policy();
     policy.idle_timeout = Some(Duration::from_secs(30));
-    policy.max_live_actors = 4;
+    policy.max_live_actors = Some(4);
     let rt = start_widgets(&client, policy, yielding(3, Duration::from_millis(1))).await;
     for i in 0..40 {
         create(&client, &format!("b{i}"), 1).await;
@@ -645,7 +645,7 @@ async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
     let (_cluster, client) = cluster();
     let mut policy = test_policy();
     assert_eq!(policy.idle_timeout, None, "actors never passivate here");
-    policy.max_live_actors = 2;
+    policy.max_live_actors = Some(2);
     let log = RunLog::default();
     let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     for i in 0..8 {

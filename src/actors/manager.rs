@@ -149,7 +149,12 @@ impl<K: ManagedResource> Manager<K> {
     /// Whether the queue's head may get a live actor now: below the live-actor cap, or once
     /// per [`OVER_CAP_EVERY`] past it (a [`ManagerMsg::Drain`] is scheduled for then).
     fn admit(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) -> bool {
-        if st.ids.len() < self.shared.policy.max_live_actors {
+        if self
+            .shared
+            .policy
+            .max_live_actors
+            .is_none_or(|cap| st.ids.len() < cap)
+        {
             return true;
         }
         let now = Instant::now();
