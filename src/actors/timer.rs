@@ -368,20 +368,24 @@ mod tests {
         assert_eq!(slot.deadline(), None);
     }
 
-    /// Records what it receives, with the (virtual) time it arrived.
-    struct Recorder(Arc<Mutex<Vec<(u32, Instant)>>>);
+    /// What a [`Recorder`] received, each with the (virtual) time it arrived.
+    type Log<M> = Arc<Mutex<Vec<(M, Instant)>>>;
 
-    impl Actor for Recorder {
-        type Msg = u32;
+    /// Records what it receives (a delivery's run slot included, so a test decides when slots
+    /// are released).
+    struct Recorder<M>(Log<M>);
+
+    impl<M: TimerMsg> Actor for Recorder<M> {
+        type Msg = M;
         type State = ();
         type Arguments = ();
-        async fn pre_start(&self, _: ActorRef<u32>, _: ()) -> Result<(), ActorProcessingErr> {
+        async fn pre_start(&self, _: ActorRef<M>, _: ()) -> Result<(), ActorProcessingErr> {
             Ok(())
         }
         async fn handle(
             &self,
-            _: ActorRef<u32>,
-            msg: u32,
+            _: ActorRef<M>,
+            msg: M,
             _: &mut (),
         ) -> Result<(), ActorProcessingErr> {
             self.0.lock().unwrap().push((msg, Instant::now()));
@@ -389,7 +393,7 @@ mod tests {
         }
     }
 
-    async fn recorder() -> (ActorRef<u32>, Arc<Mutex<Vec<(u32, Instant)>>>) {
+    async fn recorder() -> (ActorRef<u32>, Log<u32>) {
         let log = Arc::new(Mutex::new(Vec::new()));
         let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
         (a, log)
@@ -474,28 +478,7 @@ mod tests {
         }
     }
 
-    type SlotLog = Arc<Mutex<Vec<(u32, Instant, Option<OwnedSemaphorePermit>)>>>;
-
-    /// Keeps every delivery, slot included, so a test decides when slots are released.
-    struct Keeper(SlotLog);
-
-    impl Actor for Keeper {
-        type Msg = Slotted;
-        type State = ();
-        type Arguments = ();
-        async fn pre_start(&self, _: ActorRef<Slotted>, _: ()) -> Result<(), ActorProcessingErr> {
-            Ok(())
-        }
-        async fn handle(
-            &self,
-            _: ActorRef<Slotted>,
-            Slotted(n, slot): Slotted,
-            _: &mut (),
-        ) -> Result<(), ActorProcessingErr> {
-            self.0.lock().unwrap().push((n, Instant::now(), slot));
-            Ok(())
-        }
-    }
+    type SlotLog = Log<Slotted>;
 
     /// Due deliveries and queued ones wait for a run slot in one first-in-first-out queue, and
     /// each arrives with its slot; a cancelled timer takes none.
@@ -504,9 +487,9 @@ mod tests {
         let slots = Arc::new(Semaphore::new(1));
         let timers = Timers::with_run_slots(slots.clone());
         let log = SlotLog::default();
-        let (a, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
-        let (b, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
-        let (c, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
+        let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
+        let (b, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
+        let (c, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
         let t0 = Instant::now();
         let held = slots.clone().acquire_owned().await.unwrap();
         timers.queue(&b, Slotted(1, None));
@@ -521,19 +504,19 @@ mod tests {
         let first = {
             let mut got = log.lock().unwrap();
             assert_eq!(got.len(), 1, "one slot, one delivery");
-            assert_eq!(got[0].0, 1, "queued first, delivered first");
-            assert!(got[0].2.is_some(), "the delivery carries its slot");
+            assert_eq!(got[0].0.0, 1, "queued first, delivered first");
+            assert!(got[0].0.1.is_some(), "the delivery carries its slot");
             assert_eq!(slots.available_permits(), 0);
-            got[0].2.take()
+            got[0].0.1.take()
         };
         drop(first);
         tokio::time::sleep(Duration::from_millis(10)).await;
         {
             let mut got = log.lock().unwrap();
-            let seen: Vec<u32> = got.iter().map(|e| e.0).collect();
+            let seen: Vec<u32> = order(&got);
             assert_eq!(seen, vec![1, 2], "the cancelled timer is not delivered");
             assert!(got[1].1 >= t0 + Duration::from_secs(2));
-            got[1].2.take();
+            got[1].0.1.take();
         }
         assert_eq!(slots.available_permits(), 1, "no slot is left behind");
         // Idle again: a slot released while nothing waits stays free for others.
@@ -552,14 +535,16 @@ mod tests {
         let held = slots.clone().acquire_owned().await.unwrap();
         let mut actors = Vec::new();
         for n in 1..=6 {
-            let (a, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
+            let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
             timers.queue(&a, Slotted(n, None));
             actors.push(a);
         }
         for n in [101, 102, 103] {
             let log = log.clone();
             timers.activation(Box::new(move |slot| {
-                log.lock().unwrap().push((n, Instant::now(), Some(slot)));
+                log.lock()
+                    .unwrap()
+                    .push((Slotted(n, Some(slot)), Instant::now()));
             }));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -574,7 +559,7 @@ mod tests {
                 "one slot, one at a time: {:?}",
                 order(&got)
             );
-            let slot = got[given - 1].2.take();
+            let slot = got[given - 1].0.1.take();
             assert!(slot.is_some(), "every delivery carries its slot");
         }
         let got: Vec<u32> = order(&log.lock().unwrap());
@@ -582,8 +567,8 @@ mod tests {
         assert_eq!(slots.available_permits(), 1);
     }
 
-    fn order(log: &[(u32, Instant, Option<OwnedSemaphorePermit>)]) -> Vec<u32> {
-        log.iter().map(|e| e.0).collect()
+    fn order(log: &[(Slotted, Instant)]) -> Vec<u32> {
+        log.iter().map(|(Slotted(n, _), _)| *n).collect()
     }
 
     /// Once the run slots are closed (shutdown), nothing waiting is delivered and the task still
@@ -593,7 +578,7 @@ mod tests {
         let slots = Arc::new(Semaphore::new(0));
         let timers = Timers::with_run_slots(slots.clone());
         let log = SlotLog::default();
-        let (a, _) = Actor::spawn(None, Keeper(log.clone()), ()).await.unwrap();
+        let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
         timers.queue(&a, Slotted(1, None));
         tokio::time::sleep(Duration::from_millis(10)).await;
         slots.close();
