@@ -178,7 +178,9 @@ impl Metrics {
         InFlight(self)
     }
 
+    /// Every actor start is an activation: counts both, and the peak of live actors.
     fn actor_started(&self) {
+        Self::inc(&self.activations);
         let live = self.live_actors.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak_live_actors.fetch_max(live, Ordering::Relaxed);
     }

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use crate::object_api::ObjectApi;
 use backon::ExponentialBackoff;
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, ResourceExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
@@ -265,10 +265,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         } else {
             let mut pre_failure = None;
             if shared.use_finalizer && !has_finalizer {
-                let api = ObjectApi::<K>::new(
-                    Client::clone(&shared.client),
-                    obj.meta().namespace.as_deref(),
-                );
+                let api = shared.api(&obj);
                 match Box::pin(add_finalizer(&api, obj.as_ref(), &shared.finalizer)).await {
                     Ok(o) => {
                         st.record_write(o);
@@ -424,10 +421,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             });
         }
         shared.references.release_all(&target).await;
-        let api = ObjectApi::<K>::new(
-            Client::clone(&shared.client),
-            obj.meta().namespace.as_deref(),
-        );
+        let api = shared.api(obj);
         match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
             Ok(left) => {
                 // Remember the object without our finalizer (and its version as our own write),
@@ -465,10 +459,7 @@ impl<K: ManagedResource> ResourceActor<K> {
     ) -> bool {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-        let api = ObjectApi::<K>::new(
-            Client::clone(&shared.client),
-            obj.meta().namespace.as_deref(),
-        );
+        let api = shared.api(obj);
         match api
             .patch_status(
                 &obj.name_any(),
@@ -709,7 +700,6 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         self.shared.metrics.actor_started();
-        Metrics::inc(&self.shared.metrics.activations);
         // The route first, then the object: whatever the feeder stores after this read is routed
         // here. (The actor's own route, not the manager's: it must exist before the first pass
         // can end in a passivation that removes it.)
