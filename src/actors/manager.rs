@@ -126,7 +126,14 @@ impl<K: ManagedResource> Manager<K> {
     /// ([`ACTIVATION_EVERY`](super::timer::ACTIVATION_EVERY)).
     fn drain(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) {
         while self.skip_stale(st) && self.admit(myself, st) {
-            match self.shared.runs.clone().try_acquire_owned() {
+            // A free slot is not enough while passes wait for slots in the timer task (the slot
+            // is theirs) or activations are held back there because wake-ups run late.
+            let free = if self.shared.timers.activation_may_skip_queue() {
+                self.shared.runs.clone().try_acquire_owned()
+            } else {
+                Err(TryAcquireError::NoPermits)
+            };
+            match free {
                 Ok(permit) => {
                     let key = st.queue.pop_front().expect("skip_stale left a head");
                     self.start(myself, st, key, permit);

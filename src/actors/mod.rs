@@ -30,7 +30,7 @@ use crate::references::ReferenceIndex;
 pub(crate) use feeder::run_feeder;
 pub(crate) use manager::{Manager, ManagerArgs};
 #[doc(hidden)]
-pub use timer::{TimerMsg, Timers, WakeSlot};
+pub use timer::{RunSlot, TimerMsg, Timers, WakeSlot};
 
 /// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
 /// `#[derive(CustomResource)]` type or a k8s-openapi type).

@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
-use super::timer::{TimerMsg, WakeSlot};
+use super::timer::{RunSlot, TimerMsg, WakeSlot};
 use super::{ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{PassiveState, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
@@ -486,7 +486,7 @@ impl<K: ManagedResource> ResourceActor<K> {
 }
 
 impl<K: ManagedResource> TimerMsg for ResourceMsg<K> {
-    fn give_slot(&mut self, slot: OwnedSemaphorePermit) {
+    fn give_slot(&mut self, slot: RunSlot) {
         if let ResourceMsg::Wake(_, s) | ResourceMsg::Slot(s) = self {
             *s = Some(slot);
         }
@@ -802,14 +802,19 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                 // A due timer runs the pass at once, on the slot it brought (no extra `Run`
                 // hop); anything that arrives meanwhile still coalesces into one follow-up run.
                 // A stale timer's slot still serves a pass that is due.
+                let due = st.wake.deadline();
                 if st.wake.fire(token) {
+                    if let Some(due) = due {
+                        let sent = slot.as_ref().map_or(due, |s| s.given_at);
+                        self.shared.timers.woke(sent);
+                    }
                     st.dirty = true;
                 }
-                self.run_if_dirty(&myself, st, slot).await;
+                self.run_if_dirty(&myself, st, slot.map(|s| s.permit)).await;
             }
             ResourceMsg::Slot(slot) => {
                 st.queued = false;
-                self.run_if_dirty(&myself, st, slot).await;
+                self.run_if_dirty(&myself, st, slot.map(|s| s.permit)).await;
             }
             ResourceMsg::Notify => st.trigger_run(&myself),
             ResourceMsg::Passivate => {

@@ -10,15 +10,24 @@
 //! before its pass can start, so the task acquires one and delivers it with the wake-up; an
 //! actor whose pass was triggered otherwise and found no free slot queues here too
 //! ([`Timers::queue`]). No actor waits for a slot in its handler.
+//!
+//! Activations (a new actor's first pass) get their slots here too, after passes of live actors
+//! and with a bounded share ([`ACTIVATION_EVERY`]). When the runtime is CPU-bound — passes start
+//! well after the task sent them their slot ([`SATURATED_LATENESS`], reported by the actors
+//! through [`Timers::woke`]) — the share shrinks to [`HELD_ACTIVATION_EVERY`]: starting more
+//! objects would add memory and lateness, not throughput.
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Poll;
+use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, Message};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::PollSemaphore;
 use tokio_util::time::{DelayQueue, delay_queue};
 
@@ -75,17 +84,28 @@ impl WakeSlot {
 /// instead of waiting for a slot inside its handler.
 pub trait TimerMsg: Message {
     /// Attach the run slot acquired for this delivery.
-    fn give_slot(&mut self, slot: OwnedSemaphorePermit);
+    fn give_slot(&mut self, slot: RunSlot);
+}
+
+/// A run slot the timer task handed out with a delivery, and when it did: the receiver tells
+/// how long the delivery waited for the workers from how long it waited for the slot (see
+/// [`Timers::woke`]).
+#[derive(Debug)]
+pub struct RunSlot {
+    /// The permit of the runtime's run-slot semaphore.
+    pub permit: OwnedSemaphorePermit,
+    /// When the timer task sent it.
+    pub given_at: Instant,
 }
 
 /// Tests deliver plain numbers; the slot is released at once.
 impl TimerMsg for u32 {
-    fn give_slot(&mut self, _: OwnedSemaphorePermit) {}
+    fn give_slot(&mut self, _: RunSlot) {}
 }
 
 /// Benchmarks deliver plain numbers; the slot is released at once.
 impl TimerMsg for u64 {
-    fn give_slot(&mut self, _: OwnedSemaphorePermit) {}
+    fn give_slot(&mut self, _: RunSlot) {}
 }
 
 enum Cmd<M: Message> {
@@ -114,6 +134,24 @@ pub type Activation = Box<dyn FnOnce(OwnedSemaphorePermit) + Send>;
 /// behind objects that yield forever.
 pub const ACTIVATION_EVERY: u32 = 4;
 
+/// A wake-up whose pass starts later than this after its deadline, on a moving average, says
+/// the runtime is saturated (CPU-bound): the live actors already have more work than the
+/// workers get through. Starting more objects then adds memory and lateness and no throughput,
+/// so activations are held back to one slot in [`HELD_ACTIVATION_EVERY`] until passes start on
+/// time again. Passes that wait on I/O leave the workers idle and their wake-ups on time, so they
+/// are never held back (nor under the simulator's virtual clock, where no wake-up is late).
+pub const SATURATED_LATENESS: Duration = Duration::from_millis(5);
+
+/// While wake-ups run late ([`SATURATED_LATENESS`]), one slot in this many still goes to an
+/// activation, so new objects are never starved by live ones that stay busy. A share of the
+/// passes, not a rate: a fixed rate could start objects faster than a slow runtime finishes
+/// them.
+pub const HELD_ACTIVATION_EVERY: u32 = 32;
+
+/// The hold ends this long after the last wake-up was reported, so it cannot outlive the work
+/// that caused it.
+const HELD_FOR: Duration = Duration::from_millis(10);
+
 /// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
 /// actor (arming again replaces it). The task ends when every handle is dropped.
 ///
@@ -124,6 +162,7 @@ pub const ACTIVATION_EVERY: u32 = 4;
 /// list: most passes of a busy runtime wait for a slot).
 pub struct Timers<M: Message> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
+    saturation: Arc<Saturation>,
 }
 
 impl<M: TimerMsg> Timers<M> {
@@ -140,17 +179,43 @@ impl<M: TimerMsg> Timers<M> {
 
     fn spawn(slots: Option<PollSemaphore>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let saturation = Arc::new(Saturation {
+            epoch: Instant::now(),
+            state: AtomicU64::new(0),
+            passes_wait: AtomicBool::new(false),
+        });
         let wheel = Wheel {
             queue: DelayQueue::new(),
             actors: FastMap::default(),
             ready: VecDeque::new(),
             activations: VecDeque::new(),
             since_activation: 0,
+            hold: Hold {
+                saturation: saturation.clone(),
+                timer: None,
+            },
             slots,
         };
         // Unconstrained: see `Wheel::poll_turn`.
         tokio::spawn(tokio::task::unconstrained(run(wheel, rx)));
-        Self { tx }
+        Self { tx, saturation }
+    }
+
+    /// A wake-up sent at `sent` (its [`RunSlot::given_at`], or its deadline if it came
+    /// without a slot) is running its pass now: tells the task whether the runtime is saturated
+    /// (see [`SATURATED_LATENESS`]). Time spent waiting for a run slot does not count: that is
+    /// the concurrency limit at work, not the workers falling behind.
+    pub fn woke(&self, sent: Instant) {
+        self.saturation.woke(sent, Instant::now());
+    }
+
+    /// Whether an activation may take a free run slot without asking the task: no pass waits
+    /// for a slot there, and activations are not held back because wake-ups run late (see
+    /// [`SATURATED_LATENESS`]). Otherwise a free slot is the next waiting pass's, or held back,
+    /// and the activation waits for its turn ([`Timers::activation`]).
+    pub fn activation_may_skip_queue(&self) -> bool {
+        !self.saturation.passes_wait.load(Ordering::Relaxed)
+            && !self.saturation.holding(Instant::now())
     }
 
     /// Deliver `msg` to `to` at `at`, replacing the actor's pending timer, if any.
@@ -200,7 +265,87 @@ struct Wheel<M: Message> {
     activations: VecDeque<Activation>,
     /// Slots given to `ready` since the last activation got one.
     since_activation: u32,
+    hold: Hold,
     slots: Option<PollSemaphore>,
+}
+
+/// How late wake-ups run, as resource actors report them: a moving average, and when it was last
+/// updated, in one word (written with plain loads and stores: a lost update only drops one
+/// sample of a heuristic, and a read-modify-write would make every actor wait for the line).
+struct Saturation {
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the last sample, plus one (0: no sample yet), in the high
+    /// half; the moving average of lateness in microseconds in the low half.
+    state: AtomicU64,
+    /// Whether due deliveries wait for run slots in the task (written by the task when that
+    /// changes).
+    passes_wait: AtomicBool,
+}
+
+/// Weight of a new lateness sample in the moving average: 1 / this.
+const LATENESS_SMOOTHING: u64 = 8;
+
+impl Saturation {
+    fn woke(&self, sent: Instant, now: Instant) {
+        let late_us = u64::try_from(now.saturating_duration_since(sent).as_micros())
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX));
+        let at_ms = u64::try_from(now.saturating_duration_since(self.epoch).as_millis())
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX) - 1)
+            + 1;
+        let avg = self.state.load(Ordering::Relaxed) & u64::from(u32::MAX);
+        let avg = avg - avg / LATENESS_SMOOTHING + late_us / LATENESS_SMOOTHING;
+        self.state.store(at_ms << 32 | avg, Ordering::Relaxed);
+    }
+
+    /// Until when activations are held back, if they are at `now`: while the average lateness
+    /// is above [`SATURATED_LATENESS`], and for [`HELD_FOR`] after the last sample.
+    fn held_until(&self, now: Instant) -> Option<Instant> {
+        let state = self.state.load(Ordering::Relaxed);
+        let at_ms = (state >> 32).checked_sub(1)?;
+        let avg = Duration::from_micros(state & u64::from(u32::MAX));
+        if avg <= SATURATED_LATENESS {
+            return None;
+        }
+        let until = self.epoch + Duration::from_millis(at_ms) + HELD_FOR;
+        (now < until).then_some(until)
+    }
+
+    fn holding(&self, now: Instant) -> bool {
+        self.held_until(now).is_some()
+    }
+}
+
+/// Holds activations back while wake-ups run late (see [`SATURATED_LATENESS`]).
+struct Hold {
+    saturation: Arc<Saturation>,
+    /// Wakes the task when the hold ends, while held activations wait and nothing else would.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Hold {
+    fn holds(&self, now: Instant) -> bool {
+        self.saturation.holding(now)
+    }
+
+    /// Make sure the task is woken when the hold ends (the timer is re-armed and registered
+    /// only when that time changed).
+    fn wake_when_over(&mut self, now: Instant, cx: &mut std::task::Context<'_>) {
+        let Some(until) = self.saturation.held_until(now) else {
+            return;
+        };
+        match &mut self.timer {
+            Some(timer) if timer.deadline() == until => {}
+            timer => {
+                let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                timer.as_mut().reset(until);
+                // Registers the waker: `until` is still ahead, so this is pending (and if the
+                // clock passed it meanwhile, the task is woken and sees so on its next turn).
+                let _ = timer.as_mut().poll(cx);
+            }
+        }
+    }
 }
 
 impl<M: TimerMsg> Wheel<M> {
@@ -254,16 +399,33 @@ impl<M: TimerMsg> Wheel<M> {
         }
     }
 
-    /// Give `slot` to the next waiting pass or activation (see [`ACTIVATION_EVERY`]).
-    fn give(&mut self, slot: OwnedSemaphorePermit) {
-        let activation_turn =
-            self.ready.is_empty() || self.since_activation + 1 >= ACTIVATION_EVERY;
-        if activation_turn && let Some(give) = self.activations.pop_front() {
+    /// Whether a slot acquired now would go to an activation (see [`ACTIVATION_EVERY`],
+    /// [`SATURATED_LATENESS`]).
+    fn activation_turn(&self, now: Instant) -> bool {
+        if self.activations.is_empty() {
+            return false;
+        }
+        let held = self.hold.holds(now);
+        let every = if held {
+            HELD_ACTIVATION_EVERY
+        } else {
+            ACTIVATION_EVERY
+        };
+        (self.ready.is_empty() && !held) || self.since_activation + 1 >= every
+    }
+
+    /// Give `slot` to the next waiting activation if `activation` (its turn), else to the next
+    /// waiting pass.
+    fn give(&mut self, slot: OwnedSemaphorePermit, activation: bool) {
+        if activation && let Some(give) = self.activations.pop_front() {
             self.since_activation = 0;
             give(slot);
         } else if let Some((to, mut msg)) = self.ready.pop_front() {
             self.since_activation += 1;
-            msg.give_slot(slot);
+            msg.give_slot(RunSlot {
+                permit: slot,
+                given_at: Instant::now(),
+            });
             let _ = to.cast(msg);
         }
     }
@@ -301,10 +463,17 @@ impl<M: TimerMsg> Wheel<M> {
                 }
                 left -= 1;
             }
-            while left > 0 && !(self.ready.is_empty() && self.activations.is_empty()) {
+            while left > 0 && self.slots.is_some() {
+                let activation = self.activation_turn(now);
+                if !activation && self.ready.is_empty() {
+                    if !self.activations.is_empty() {
+                        self.hold.wake_when_over(now, cx);
+                    }
+                    break;
+                }
                 let Some(slots) = &mut self.slots else { break };
                 match slots.poll_acquire(cx) {
-                    Poll::Ready(Some(slot)) => self.give(slot),
+                    Poll::Ready(Some(slot)) => self.give(slot, activation),
                     // Closed: the runtime is shutting down and no pass may start.
                     Poll::Ready(None) => {
                         self.ready.clear();
@@ -313,6 +482,13 @@ impl<M: TimerMsg> Wheel<M> {
                     Poll::Pending => break,
                 }
                 left -= 1;
+            }
+            let waiting = !self.ready.is_empty();
+            if waiting != self.hold.saturation.passes_wait.load(Ordering::Relaxed) {
+                self.hold
+                    .saturation
+                    .passes_wait
+                    .store(waiting, Ordering::Relaxed);
             }
             if left == 0 {
                 return Poll::Ready(false);
@@ -470,10 +646,10 @@ mod tests {
 
     /// A delivery that carries the run slot it was given (held until the actor drops it).
     #[derive(Debug)]
-    struct Slotted(u32, Option<OwnedSemaphorePermit>);
+    struct Slotted(u32, Option<RunSlot>);
 
     impl TimerMsg for Slotted {
-        fn give_slot(&mut self, slot: OwnedSemaphorePermit) {
+        fn give_slot(&mut self, slot: RunSlot) {
             self.1 = Some(slot);
         }
     }
@@ -542,9 +718,16 @@ mod tests {
         for n in [101, 102, 103] {
             let log = log.clone();
             timers.activation(Box::new(move |slot| {
-                log.lock()
-                    .unwrap()
-                    .push((Slotted(n, Some(slot)), Instant::now()));
+                log.lock().unwrap().push((
+                    Slotted(
+                        n,
+                        Some(RunSlot {
+                            permit: slot,
+                            given_at: Instant::now(),
+                        }),
+                    ),
+                    Instant::now(),
+                ));
             }));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -565,6 +748,64 @@ mod tests {
         let got: Vec<u32> = order(&log.lock().unwrap());
         assert_eq!(got, vec![1, 2, 3, 101, 4, 5, 6, 102, 103]);
         assert_eq!(slots.available_permits(), 1);
+    }
+
+    /// While passes report that they run late ([`SATURATED_LATENESS`]), activations may not take
+    /// free slots directly and get one slot in [`HELD_ACTIVATION_EVERY`]; once no late pass has
+    /// been reported for [`HELD_FOR`], they get free slots again.
+    #[tokio::test(start_paused = true)]
+    async fn activations_are_held_back_while_passes_run_late() {
+        assert_eq!(
+            HELD_ACTIVATION_EVERY, 32,
+            "the expected order below assumes 32"
+        );
+        let slots = Arc::new(Semaphore::new(1));
+        let timers = Timers::with_run_slots(slots.clone());
+        assert!(timers.activation_may_skip_queue());
+        let run_late = || {
+            for _ in 0..8 {
+                timers.woke(Instant::now() - Duration::from_millis(50));
+            }
+        };
+        run_late();
+        assert!(!timers.activation_may_skip_queue(), "held back");
+        let log = SlotLog::default();
+        let held = slots.clone().acquire_owned().await.unwrap();
+        for n in 1..=40 {
+            let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
+            timers.queue(&a, Slotted(n, None));
+        }
+        for n in [101, 102] {
+            let log = log.clone();
+            timers.activation(Box::new(move |permit| {
+                let slot = RunSlot {
+                    permit,
+                    given_at: Instant::now(),
+                };
+                log.lock()
+                    .unwrap()
+                    .push((Slotted(n, Some(slot)), Instant::now()));
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(held);
+        // The slot goes round one at a time while passes keep running late.
+        for given in 1..=41 {
+            run_late();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let mut got = log.lock().unwrap();
+            assert_eq!(got.len(), given, "{:?}", order(&got));
+            got[given - 1].0.1.take();
+        }
+        let expected: Vec<u32> = (1..=31).chain([101]).chain(32..=40).collect();
+        assert_eq!(order(&log.lock().unwrap()), expected);
+        // No pass waits, but activations are still held back until no late pass was reported
+        // for a while.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(log.lock().unwrap().len(), 41, "still held back");
+        tokio::time::sleep(HELD_FOR).await;
+        assert_eq!(order(&log.lock().unwrap()).last(), Some(&102));
+        assert!(timers.activation_may_skip_queue());
     }
 
     fn order(log: &[(Slotted, Instant)]) -> Vec<u32> {

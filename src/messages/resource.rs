@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::OwnedSemaphorePermit;
+use crate::actors::RunSlot;
 
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
@@ -15,9 +15,9 @@ pub enum ResourceMsg<K> {
     Run,
     /// The pending timer with this token fired (stale tokens are ignored), with the run slot the
     /// timer task acquired for the pass.
-    Wake(u64, Option<OwnedSemaphorePermit>),
+    Wake(u64, Option<RunSlot>),
     /// The run slot a pass that found none free asked the timer task for.
-    Slot(Option<OwnedSemaphorePermit>),
+    Slot(Option<RunSlot>),
     /// A dependency became Ready, or a referrer released this object: run now.
     Notify,
     /// Self-message, sent once the actor has removed its route (so nothing new is routed here):
