@@ -34,7 +34,7 @@
 //! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
 //! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
 //! | `max_concurrent_runs` | 64 | provisioner runs in flight across the runtime |
-//! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to stop (one still starts every 10 ms, so actors that stay live cannot starve new objects): a burst of new objects is worked through a part at a time instead of all at once. Helps CPU-bound bursts (memory, wake-up lateness), slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
+//! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to stop (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while passes run late). Slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (stops; re-activated by its next event, timer or message; its timer is kept by the manager); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
 
@@ -76,6 +76,11 @@ pub struct SupervisorPolicy {
     /// 2.7 ms at 1 024). When passes wait on I/O, fewer objects in progress means a burst
     /// takes longer (the `hour-10k` simulation: all Ready after 91 s uncapped, 139 s at 1 024):
     /// compare in `actorcile simulate` before setting it.
+    ///
+    /// Without a cap, a CPU-bound burst is still worked through a part at a time: while passes
+    /// start late because the workers fall behind, the runtime holds activations back by
+    /// itself (the `yield` bench: lateness p50 ≈ 2–6 ms, peak RSS 110 MiB instead of 160). Set
+    /// a cap when memory needs a hard bound.
     pub max_live_actors: Option<usize>,
     /// Passivation horizon: a resource actor with no pass pending and no wake-up due within
     /// this long stops as soon as its pass ends, instead of idling (`None`: never; `"none"` in
