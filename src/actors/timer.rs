@@ -325,10 +325,6 @@ struct Hold {
 }
 
 impl Hold {
-    fn holds(&self, now: Instant) -> bool {
-        self.saturation.holding(now)
-    }
-
     /// Make sure the task is woken when the hold ends (the timer is re-armed and registered
     /// only when that time changed).
     fn wake_when_over(&mut self, now: Instant, cx: &mut std::task::Context<'_>) {
@@ -405,7 +401,7 @@ impl<M: TimerMsg> Wheel<M> {
         if self.activations.is_empty() {
             return false;
         }
-        let held = self.hold.holds(now);
+        let held = self.hold.saturation.holding(now);
         let every = if held {
             HELD_ACTIVATION_EVERY
         } else {
