@@ -184,10 +184,14 @@ impl ReferenceIndex {
     }
 
     fn kind(&self, t: &Target) -> Option<Arc<dyn KindHandle>> {
+        self.kind_named(&t.api_version, &t.kind)
+    }
+
+    fn kind_named(&self, api_version: &str, kind: &str) -> Option<Arc<dyn KindHandle>> {
         let kinds = self.kinds.read().unwrap_or_else(|e| e.into_inner());
         kinds
             .iter()
-            .find(|(a, k, _)| *a == t.api_version && *k == t.kind)
+            .find(|(a, k, _)| a == api_version && k == kind)
             .map(|(_, _, h)| h.clone())
     }
 
@@ -198,6 +202,25 @@ impl ReferenceIndex {
                 .entry(r.clone())
                 .or_default()
                 .insert(target.clone());
+        }
+    }
+
+    /// A kind finished its first list. Until then `deletion_blocked` counted every referrer of
+    /// that kind as live, since the store could not yet say whether it exists. Wake what each
+    /// referrer of the kind that does not exist held, so those deletions re-check now instead of
+    /// at the next fallback poll. (Passes start while the first list is still arriving.)
+    pub(crate) fn kind_synced(&self, api_version: &str, kind: &str) {
+        let Some(handle) = self.kind_named(api_version, kind) else {
+            return;
+        };
+        let gone: Vec<Target> = self
+            .held
+            .iter()
+            .map(|e| e.key().clone())
+            .filter(|r| r.api_version == api_version && r.kind == kind && !handle.exists(r))
+            .collect();
+        for r in gone {
+            self.notify_held(&r);
         }
     }
 

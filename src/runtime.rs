@@ -264,14 +264,17 @@ impl<K: ManagedResource> Start for Controller<K> {
         // annotations) once the first list is in the store, before references are trusted.
         let store = shared.store.clone();
         let references = cx.references.clone();
+        let (listed_tx, listed) = tokio::sync::oneshot::channel();
+        let (api_version, kind_name) = (K::api_version(&()).into_owned(), kind.clone());
         tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
+            if listed.await.is_ok() {
                 for obj in store.state() {
                     if let Some(a) = obj.meta().annotations.as_ref() {
                         references.learn(&Target::of(obj.as_ref()), &referrers_in(a));
                     }
                 }
                 synced.store(true, Ordering::Release);
+                references.kind_synced(&api_version, &kind_name);
             }
         });
         let feeder = tokio::spawn(run_feeder(
@@ -280,6 +283,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             watch_config,
             writer,
             manager.clone(),
+            listed_tx,
         ));
         Ok(Started {
             kind,

@@ -448,3 +448,61 @@ impl Drop for Spinners {
         }
     }
 }
+
+/// Passes start while the first list is still arriving, before the store can say whether a
+/// referrer exists; a deletion checked then counts every referrer as live. Once the list is in,
+/// a deletion whose referrer went away while no operator ran goes on at once, not at the next
+/// fallback poll (an hour here).
+#[tokio::test(start_paused = true)]
+async fn a_deletion_held_only_by_a_vanished_referrer_goes_on_once_the_first_list_is_in() {
+    let (cluster, client) = cluster();
+    let events = Events::default();
+    let rt = start(&client, events.clone()).await;
+    create_with(&client, "db", &[], &[]).await;
+    create_with(&client, "app", &[], &["db"]).await;
+    for i in 0..4 {
+        create_with(&client, &format!("z{i}"), &[], &[]).await;
+    }
+    wait_all_ready(&client, 6, LIMIT).await;
+    delete(&client, "db").await;
+    wait_reason(&client, "db", "InUse", LIMIT).await;
+    rt.shutdown().await;
+
+    // While no operator runs, `app` goes (its finalizer stripped by hand) without releasing
+    // its reference: `db`'s annotations still name it.
+    delete(&client, "app").await;
+    widgets(&client)
+        .patch(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    wait_gone(&client, "app", LIMIT).await;
+
+    // One object per page, each page answered after a second: `db` is listed (and its
+    // deletion checked) seconds before the list is complete.
+    cluster.set_faults(actorcile::cluster::Faults {
+        latency: Duration::from_secs(1),
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    let rt = Runtime::builder(client.clone())
+        .policy(no_polling())
+        .controller(
+            Controller::<Widget>::new(widget_tree(events.clone()))
+                .watcher_config(kube::runtime::watcher::Config::default().page_size(1)),
+        )
+        .start()
+        .await
+        .unwrap();
+    wait_gone(&client, "db", LIMIT).await;
+    assert!(
+        Instant::now() - t0 < Duration::from_secs(60),
+        "db went {:?} after the restart: it waited for the fallback poll",
+        Instant::now() - t0
+    );
+    assert!(events.lock().unwrap().contains(&"-db".to_string()));
+    rt.shutdown().await;
+}

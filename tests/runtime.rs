@@ -827,3 +827,94 @@ async fn failed_status_writes_are_retried_until_they_land() {
     wait_all_ready(&client, 5, LIMIT).await;
     rt.shutdown().await;
 }
+
+/// The first list goes into the store as it arrives: an object's first pass runs while later
+/// pages are still being listed. (kube-runtime's reflector makes a list visible only once every
+/// page is in, which is when its `Controller` starts.)
+#[tokio::test(start_paused = true)]
+async fn first_passes_start_while_the_first_list_is_still_arriving() {
+    let (cluster, client) = cluster();
+    for i in 0..10 {
+        create(&client, &format!("p{i}"), 1).await;
+    }
+    // Five pages of two objects, each answered after one second: the list is complete at 5 s.
+    cluster.set_faults(actorcile::cluster::Faults {
+        latency: Duration::from_secs(1),
+        ..Default::default()
+    });
+    let log = RunLog::default();
+    let t0 = Instant::now();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(
+            Controller::<Widget>::new(logging_step(log.clone()))
+                .without_finalizer()
+                .without_status()
+                .watcher_config(kube::runtime::watcher::Config::default().page_size(2)),
+        )
+        .start()
+        .await
+        .unwrap();
+    eventually("every object ran", LIMIT, || async {
+        (log.total() >= 10).then_some(())
+    })
+    .await;
+    let first = log.0.lock().unwrap().iter().map(|r| r.1).min().unwrap() - t0;
+    assert!(
+        first < Duration::from_secs(3),
+        "the first pass came {first:?} after start: it waited for the whole list"
+    );
+    assert_eq!(rt.metrics().activations, 10);
+    rt.shutdown().await;
+}
+
+/// A first list that fails part-way leaves the objects it had listed in the store, with
+/// actors. The retry is buffered like any re-list: when it is in, it replaces the store, and an
+/// object deleted in between (so never seen deleted by a watch) is forgotten, its actor stopped.
+#[tokio::test(start_paused = true)]
+async fn an_interrupted_first_list_is_retried_and_forgets_what_went_meanwhile() {
+    let (cluster, client) = cluster();
+    for i in 0..4 {
+        create(&client, &format!("p{i}"), 1).await;
+    }
+    let slow = actorcile::cluster::Faults {
+        latency: Duration::from_secs(1),
+        ..Default::default()
+    };
+    cluster.set_faults(slow.clone());
+    let log = RunLog::default();
+    let t0 = Instant::now();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(
+            Controller::<Widget>::new(logging_step(log.clone()))
+                .without_finalizer()
+                .without_status()
+                .watcher_config(kube::runtime::watcher::Config::default().page_size(1)),
+        )
+        .start()
+        .await
+        .unwrap();
+    // Pages are asked for at 0, 1, 2 and 3 s (each answered a second later). From 2.5 s every
+    // request fails: the fourth page does, at 4 s, after three objects were listed.
+    tokio::time::sleep_until(t0 + Duration::from_millis(2500)).await;
+    cluster.set_faults(actorcile::cluster::Faults {
+        error_rate: 1.0,
+        ..slow
+    });
+    tokio::time::sleep_until(t0 + Duration::from_millis(4100)).await;
+    assert_eq!(log.total(), 3, "the three listed objects ran: {:?}", log.0);
+    // Before the watcher's retry (its backoff starts at 800 ms): `p1` goes.
+    cluster.set_faults(Default::default());
+    delete(&client, "p1").await;
+    eventually("the retried list started p3", LIMIT, || async {
+        (log.count("p3") == 1).then_some(())
+    })
+    .await;
+    eventually("p1's actor stopped", LIMIT, || async {
+        (rt.metrics().live_actors == 3).then_some(())
+    })
+    .await;
+    assert_eq!(log.total(), 4, "{:?}", log.0);
+    rt.shutdown().await;
+}

@@ -57,46 +57,90 @@ fn route_gone<K: ManagedResource>(
     let _ = manager.cast(ManagerMsg::Gone(key));
 }
 
-/// Run the watch for one kind until the task is aborted. Updates the reflector store behind
-/// `shared.store` (through `writer`) before routing, so actors always find the object there.
+/// Run the watch for one kind until the task is aborted. Applies each event to the reflector
+/// store behind `shared.store` (through `writer`) before routing it, so actors always find the
+/// object there. Sends on `listed` once the first list is complete.
+///
+/// The first list goes straight into the store, one object at a time, and each object is routed
+/// as soon as it is listed: its actor can run while later pages are still being fetched and
+/// decoded. kube-runtime's `reflector` (and so its `Controller`) buffers every list and swaps it
+/// into the store only at `InitDone`, which on a large first list means all pages before the
+/// first pass. Buffering is what a re-list needs (objects missing from it are gone, and the store
+/// must not show a half-listed mix meanwhile), but the first list has nothing to replace: the
+/// store is empty. So only a first list is applied as `Apply` events; if it is interrupted, every
+/// later list (including its retry) is buffered as usual and replaces the store at its end, and
+/// the manager's `Resync` forgets any key the retry no longer lists.
 pub(crate) async fn run_feeder<K: ManagedResource>(
     shared: Arc<Shared<K>>,
     api: Api<K>,
     config: watcher::Config,
-    writer: reflector::store::Writer<K>,
+    mut writer: reflector::store::Writer<K>,
     manager: ActorRef<ManagerMsg<K>>,
+    listed: tokio::sync::oneshot::Sender<()>,
 ) {
     // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a real
     // API server they are often the largest part of a small object, and nothing here reads them.
     let events = watcher::watcher(api, config)
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear());
-    let stream = reflector::reflector(writer, events);
-    futures::pin_mut!(stream);
-    // The keys of a (re-)list, in the order the API server listed them.
-    let mut relisting: Option<Vec<ObjectRef<K>>> = None;
-    while let Some(event) = stream.next().await {
+    futures::pin_mut!(events);
+    let mut listed = Some(listed);
+    // The list in progress: its keys in list order, and whether it goes straight to the store.
+    let mut list: Option<(Vec<ObjectRef<K>>, bool)> = None;
+    let mut first_list = true;
+    while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Apply(obj)) => route(&shared, &manager, key_of(&obj)),
-            Ok(Event::Delete(obj)) => route_gone(&shared, &manager, key_of(&obj)),
-            Ok(Event::Init) => relisting = Some(Vec::new()),
-            // The reflector buffers a (re-)list and swaps it into the store only at `InitDone`,
-            // so listed objects are routed then, when actors can find them in the store.
+            Ok(Event::Apply(obj)) => {
+                let key = key_of(&obj);
+                writer.apply_watcher_event(&Event::Apply(obj));
+                route(&shared, &manager, key);
+            }
+            Ok(Event::Delete(obj)) => {
+                let key = key_of(&obj);
+                writer.apply_watcher_event(&Event::Delete(obj));
+                route_gone(&shared, &manager, key);
+            }
+            Ok(Event::Init) => {
+                let direct = std::mem::take(&mut first_list);
+                if !direct {
+                    writer.apply_watcher_event(&Event::Init);
+                }
+                list = Some((Vec::new(), direct));
+            }
             Ok(Event::InitApply(obj)) => {
-                if let Some(seen) = &mut relisting {
-                    seen.push(key_of(&obj));
+                let key = key_of(&obj);
+                match &mut list {
+                    Some((keys, true)) => {
+                        keys.push(key.clone());
+                        writer.apply_watcher_event(&Event::Apply(obj));
+                        route(&shared, &manager, key);
+                    }
+                    Some((keys, false)) => {
+                        keys.push(key);
+                        writer.apply_watcher_event(&Event::InitApply(obj));
+                    }
+                    // The watcher always starts a list with `Init`; buffer to be safe.
+                    None => writer.apply_watcher_event(&Event::InitApply(obj)),
                 }
             }
             Ok(Event::InitDone) => {
-                if let Some(listed) = relisting.take() {
-                    // In list order, like the watch delivered them (first passes start in it).
-                    for key in &listed {
+                let Some((keys, direct)) = list.take() else {
+                    writer.apply_watcher_event(&Event::InitDone);
+                    continue;
+                };
+                if !direct {
+                    writer.apply_watcher_event(&Event::InitDone);
+                    // A buffered list is in the store only now: route it, in list order.
+                    for key in &keys {
                         route(&shared, &manager, key.clone());
                     }
-                    let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
-                        listed.into_iter().collect();
-                    let _ = manager.cast(ManagerMsg::Resync(existing));
                 }
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(());
+                }
+                let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
+                    keys.into_iter().collect();
+                let _ = manager.cast(ManagerMsg::Resync(existing));
             }
             Err(e) => {
                 tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
