@@ -918,3 +918,69 @@ async fn an_interrupted_first_list_is_retried_and_forgets_what_went_meanwhile() 
     assert_eq!(log.total(), 4, "{:?}", log.0);
     rt.shutdown().await;
 }
+
+/// An object that ran before and is woken again (here: its dependency turned Ready) is
+/// activated before new objects that were queued earlier, so a burst of new objects does not
+/// delay each step of the ones already going; new objects still get every fourth start.
+#[tokio::test(start_paused = true)]
+async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
+    let (_cluster, client) = cluster();
+    let gate = Arc::new(Notify::new());
+    let entered = Arc::new(Notify::new());
+    let log = RunLog::default();
+    let mut policy = test_policy();
+    policy.max_concurrent_runs = 1;
+    policy.idle_timeout = Some(Duration::from_secs(30));
+    policy.dependency_poll = Duration::from_secs(3600);
+    let (g, e, l) = (gate.clone(), entered.clone(), log.clone());
+    let tree = step("gated", move |cx: Context<Widget>| {
+        let (g, e, l) = (g.clone(), e.clone(), l.clone());
+        async move {
+            let name = cx.object().name_any();
+            l.start(&name);
+            if name == "holder" {
+                e.notify_one();
+                g.notified().await;
+            }
+            for dep in &cx.object().spec.needs {
+                let target = Target::for_kind::<Widget>(Some("default"), dep);
+                if let Some(wait) = cx.require_ready(&target).await {
+                    return wait;
+                }
+            }
+            Outcome::Done
+        }
+    });
+    let rt = start_widgets(&client, policy, tree).await;
+    let mut app = widget("app", 1);
+    app.spec.needs = vec!["db".into()];
+    widgets(&client)
+        .create(&Default::default(), &app)
+        .await
+        .unwrap();
+    // `app` waits for `db` (which does not exist yet) and passivates.
+    eventually("app passivated", LIMIT, || async {
+        (rt.metrics().passivations == 1).then_some(())
+    })
+    .await;
+    // The one run slot is held while `db` and a burst of new objects queue behind it.
+    create(&client, "holder", 1).await;
+    entered.notified().await;
+    create(&client, "db", 1).await;
+    for i in 0..12 {
+        create(&client, &format!("n{i:02}"), 1).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gate.notify_one();
+    wait_all_ready(&client, 15, LIMIT).await;
+    let order: Vec<String> = log.0.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    let after_db = &order[order.iter().position(|n| n == "db").unwrap()..];
+    let app_at = after_db.iter().position(|n| n == "app").unwrap();
+    assert!(
+        app_at <= 2,
+        "app ran again only after {app_at} later passes: {order:?}"
+    );
+    let news = after_db.iter().filter(|n| n.starts_with('n')).count();
+    assert_eq!(news, 12, "every new object ran: {order:?}");
+    rt.shutdown().await;
+}

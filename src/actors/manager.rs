@@ -4,7 +4,9 @@
 //!
 //! An object gets a live actor only when it can run: activations wait in a queue for a run slot
 //! (a permit of the runtime's `max_concurrent_runs` semaphore), which the new actor's first pass
-//! then uses. Ten thousand new objects so make at most `max_concurrent_runs` actors that are
+//! then uses. Objects that ran before (re-activated by a notification, a due timer or a change)
+//! wait in a queue of their own that comes before new objects', with every
+//! [`NEW_OBJECT_EVERY`]-th start kept for a new object. Ten thousand new objects so make at most `max_concurrent_runs` actors that are
 //! waiting to run, not ten thousand; with passivation (an actor with nothing due stops, see
 //! [`ResourceActor`]) the live actors are about those that have work. Those are capped too
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
@@ -32,6 +34,10 @@ use crate::status::{Phase, ReadyReason, ResourceStatus};
 /// Past the live-actor cap, one activation still starts this often (see
 /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
 const OVER_CAP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// While objects that ran before and new objects both wait for activation, every this-many-th
+/// start goes to a new object (see [`Manager::pop_next`]).
+const NEW_OBJECT_EVERY: u32 = 4;
 
 /// The manager behaviour.
 pub(crate) struct Manager<K: ManagedResource> {
@@ -77,9 +83,14 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     slots: FastMap<ObjectRef<K>, Slot>,
     ids: FastMap<ActorId, ObjectRef<K>>,
     wake_token: u64,
-    /// Keys waiting for a run slot, oldest first (a key whose slot is no longer `Queued` is
-    /// skipped).
+    /// New objects waiting for a run slot (their first activation), oldest first. In both
+    /// queues a key whose slot is no longer `Queued` is skipped.
     queue: VecDeque<ObjectRef<K>>,
+    /// Objects that ran before and passivated, waiting for a run slot to run again (notified,
+    /// timer due, changed), oldest first. They come before new objects: see [`Manager::pop_next`].
+    wakes: VecDeque<ObjectRef<K>>,
+    /// Starts taken while both queues waited (every [`NEW_OBJECT_EVERY`]-th goes to `queue`).
+    turn: u32,
     /// The timer task was asked for a run slot for the queue's head.
     awaiting_permit: bool,
     /// When the last activation past the live-actor cap started.
@@ -115,8 +126,12 @@ impl<K: ManagedResource> Manager<K> {
         if let Life::Passive(_, Some((_, t))) = &slot.life {
             t.abort();
         }
+        if passive.is_some() {
+            st.wakes.push_back(key);
+        } else {
+            st.queue.push_back(key);
+        }
         slot.life = Life::Queued(passive);
-        st.queue.push_back(key);
         self.drain(myself, st);
     }
 
@@ -135,7 +150,7 @@ impl<K: ManagedResource> Manager<K> {
             };
             match free {
                 Ok(permit) => {
-                    let key = st.queue.pop_front().expect("skip_stale left a head");
+                    let key = Self::pop_next(st).expect("skip_stale left a head");
                     self.start(myself, st, key, permit);
                 }
                 Err(TryAcquireError::NoPermits) => {
@@ -182,22 +197,48 @@ impl<K: ManagedResource> Manager<K> {
         false
     }
 
-    /// Drop queue entries whose object no longer waits (deleted, or already activated through
-    /// a newer entry); `true` if a waiting one is at the head.
+    /// Drop entries at the queues' heads whose object no longer waits (deleted, or already
+    /// activated through a newer entry); `true` if a waiting one is at either head.
     fn skip_stale(&self, st: &mut ManagerState<K>) -> bool {
-        while let Some(key) = st.queue.front() {
-            if matches!(
-                st.slots.get(key),
+        let waits = |slots: &FastMap<ObjectRef<K>, Slot>, key: &ObjectRef<K>| {
+            matches!(
+                slots.get(key),
                 Some(Slot {
                     life: Life::Queued(_),
                     ..
                 })
-            ) {
-                return true;
+            )
+        };
+        for queue in [&mut st.wakes, &mut st.queue] {
+            while queue.front().is_some_and(|key| !waits(&st.slots, key)) {
+                queue.pop_front();
             }
-            st.queue.pop_front();
         }
-        false
+        !(st.wakes.is_empty() && st.queue.is_empty())
+    }
+
+    /// The next key to activate (after [`Manager::skip_stale`]). Objects that ran before come
+    /// first: they are making progress (a dependency turned Ready, a timer is due, the object
+    /// changed), like the passes of live actors, which also come before activations. A burst
+    /// of new objects — every object of a kind at start-up — would otherwise delay each step
+    /// of the ones already going by the whole burst (a readiness hop down a dependency chain
+    /// waited for every first pass queued before it). While both wait, every
+    /// [`NEW_OBJECT_EVERY`]-th start is a new object, so neither side starves.
+    fn pop_next(st: &mut ManagerState<K>) -> Option<ObjectRef<K>> {
+        let new_object = match (st.wakes.is_empty(), st.queue.is_empty()) {
+            (true, true) => return None,
+            (false, true) => false,
+            (true, false) => true,
+            (false, false) => {
+                st.turn = st.turn.wrapping_add(1);
+                st.turn.is_multiple_of(NEW_OBJECT_EVERY)
+            }
+        };
+        if new_object {
+            st.queue.pop_front()
+        } else {
+            st.wakes.pop_front()
+        }
     }
 
     /// Spawn the actor of a queued key; its first pass runs on `permit`.
@@ -489,6 +530,8 @@ impl<K: ManagedResource> Actor for Manager<K> {
             ids: FastMap::default(),
             wake_token: 0,
             queue: VecDeque::new(),
+            wakes: VecDeque::new(),
+            turn: 0,
             awaiting_permit: false,
             over_cap_at: None,
             drain_scheduled: false,
@@ -603,7 +646,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
             ManagerMsg::Permit(permit) => {
                 st.awaiting_permit = false;
                 if self.skip_stale(st) {
-                    let key = st.queue.pop_front().expect("skip_stale left a head");
+                    let key = Self::pop_next(st).expect("skip_stale left a head");
                     self.start(&myself, st, key, permit);
                 }
                 self.drain(&myself, st);
