@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compare builds of the `actorcile` binary (or one build's two runtimes) side by side: runs each
 # variant's bench child alternately N times, so machine noise falls on all of them alike, and
-# prints per variant the median and fastest seconds, median user/system CPU and peak RSS.
+# prints per variant the median and fastest seconds, the median CPU time of the measured window
+# (`cpu_seconds`), median user/system CPU of the whole child, and peak RSS.
 #
 #   scripts/bench-variants.sh N WORKLOAD "LABEL=BINARY:RUNTIME ..." [extra bench args]
 #
@@ -22,26 +23,26 @@ for _ in $(seq "$N"); do
       python3 -c '
 import json, sys
 label = sys.argv[1]
-secs = user = sys_t = rss = None
+secs = cpu = user = sys_t = rss = None
 for line in sys.stdin:
     line = line.strip()
     if line.startswith("{"):
         d = json.loads(line)
-        secs, rss = d["seconds"], d["peak_rss_bytes"] >> 20
+        secs, cpu, rss = d["seconds"], d.get("cpu_seconds", 0.0), d["peak_rss_bytes"] >> 20
     elif line.startswith("TIME"):
         _, user, sys_t = line.split()
-print(label, secs, user, sys_t, rss)
+print(label, secs, cpu, user, sys_t, rss)
 ' "$label"
   done
 done | python3 -c '
 import statistics as st, sys
 runs = {}
 for line in sys.stdin:
-    label, s, u, k, r = line.split()
-    runs.setdefault(label, []).append((float(s), float(u), float(k), int(r)))
+    label, s, c, u, k, r = line.split()
+    runs.setdefault(label, []).append((float(s), float(c), float(u), float(k), int(r)))
 for label, v in runs.items():
-    print("%-8s secs med %.3f min %.3f  user %.2f sys %.2f  rss %d MiB  all: %s" % (
-        label, st.median(x[0] for x in v), min(x[0] for x in v),
-        st.median(x[1] for x in v), st.median(x[2] for x in v), st.median(x[3] for x in v),
+    print("%-8s secs med %.3f min %.3f  window CPU %.3f  user %.2f sys %.2f  rss %d MiB  all: %s" % (
+        label, st.median(x[0] for x in v), min(x[0] for x in v), st.median(x[1] for x in v),
+        st.median(x[2] for x in v), st.median(x[3] for x in v), st.median(x[4] for x in v),
         " ".join("%.3f" % x[0] for x in v)))
 '

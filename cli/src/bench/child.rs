@@ -86,6 +86,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
     let bar = progress_bar(u64::from(args.objects), runtime, "done");
 
+    let cpu_at_start = stats::process_cpu_seconds();
     let recorder = Recorder::start(config, session.counter.clone());
     let running = match runtime {
         RuntimeKind::KubeRuntime => Running::Kube(kube_rt::start(
@@ -137,6 +138,10 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
     };
 
     let waited = tokio::time::timeout(args.timeout(), recorder.wait_done()).await;
+    let cpu_seconds = match (cpu_at_start, stats::process_cpu_seconds()) {
+        (Some(start), Some(end)) => (end - start).max(0.0),
+        _ => 0.0,
+    };
     ticker.abort();
     if let Some(observer) = observer {
         observer.abort();
@@ -177,6 +182,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         } else {
             0.0
         },
+        cpu_seconds,
         p50_ms: percentile(&mut latencies, 50.0).map(millis),
         p99_ms: percentile(&mut latencies, 99.0).map(millis),
         latency_samples: latencies.len() as u64,

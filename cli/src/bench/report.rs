@@ -20,6 +20,12 @@ pub struct RunResult {
     pub seconds: f64,
     /// `runs / seconds`.
     pub runs_per_sec: f64,
+    /// CPU time (user + system, every thread) the child used over the same window. The
+    /// in-process cluster serves the runtime's requests in the same process, so its share is
+    /// in here too, alike for both runtimes. Less disturbed than `seconds` by other processes
+    /// on a shared machine (0 in results from before this field existed).
+    #[serde(default)]
+    pub cpu_seconds: f64,
     /// Median event→run latency in milliseconds (`null` without samples).
     pub p50_ms: Option<f64>,
     /// 99th percentile event→run latency in milliseconds (`null` without samples).
@@ -116,6 +122,7 @@ impl BenchReport {
             "runtime",
             "runs",
             "seconds",
+            "CPU s",
             "runs/s",
             "p50 ms",
             "p99 ms",
@@ -124,12 +131,13 @@ impl BenchReport {
             "RSS/object",
             "RSS added",
         ];
-        let mut rows: Vec<[String; 10]> = vec![header.map(str::to_string)];
+        let mut rows: Vec<[String; 11]> = vec![header.map(str::to_string)];
         for r in &self.runs {
             rows.push([
                 r.runtime.to_string(),
                 r.runs.to_string(),
                 format!("{:.3}", r.seconds),
+                format!("{:.3}", r.cpu_seconds),
                 format!("{:.0}", r.runs_per_sec),
                 opt_ms(r.p50_ms),
                 opt_ms(r.p99_ms),
@@ -139,7 +147,7 @@ impl BenchReport {
                 human_bytes(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
             ]);
         }
-        let mut widths = [0usize; 10];
+        let mut widths = [0usize; 11];
         for row in &rows {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.chars().count());
@@ -219,6 +227,7 @@ mod tests {
             runs: 20,
             seconds: 20.0 / rps,
             runs_per_sec: rps,
+            cpu_seconds: 0.25,
             p50_ms: Some(1.5),
             p99_ms: None,
             latency_samples: 10,
@@ -286,6 +295,7 @@ mod tests {
             "runs",
             "seconds",
             "runs_per_sec",
+            "cpu_seconds",
             "p50_ms",
             "p99_ms",
             "api_requests",

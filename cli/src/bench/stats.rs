@@ -43,6 +43,22 @@ pub fn peak_rss_bytes() -> Option<u64> {
     self_status_bytes("VmHWM")
 }
 
+/// CPU time this process has used so far, user plus system, over all its threads (living and
+/// exited), in seconds (`getrusage(RUSAGE_SELF)`; `None` if the call fails).
+pub fn process_cpu_seconds() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` writes a `rusage` to the pointer it is given, which points to one
+    // (zero-initialised); the value is read only when the call reports success.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Some(secs(usage.ru_utime) + secs(usage.ru_stime))
+}
+
 /// Current resident set size of this process (`VmRSS`), in bytes.
 pub fn current_rss_bytes() -> Option<u64> {
     self_status_bytes("VmRSS")
@@ -99,6 +115,18 @@ mod tests {
         assert_eq!(proc_status_field_bytes(text, "Threads"), Some(3));
         assert_eq!(proc_status_field_bytes(text, "VmSwap"), None);
         assert_eq!(proc_status_field_bytes("VmHWM:\tlots kB\n", "VmHWM"), None);
+    }
+
+    #[test]
+    fn counts_own_cpu_time() {
+        let before = process_cpu_seconds().unwrap();
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let used = process_cpu_seconds().unwrap() - before;
+        assert!(used >= 0.03, "50 ms of spinning counted as {used} s");
     }
 
     #[test]
