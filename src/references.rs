@@ -205,22 +205,36 @@ impl ReferenceIndex {
         }
     }
 
-    /// A kind finished its first list. Until then `deletion_blocked` counted every referrer of
-    /// that kind as live, since the store could not yet say whether it exists. Wake what each
-    /// referrer of the kind that does not exist held, so those deletions re-check now instead of
-    /// at the next fallback poll. (Passes start while the first list is still arriving.)
+    /// A kind finished its first list. (Passes start while it is still arriving.) Until then
+    /// the store could not say whether an object of the kind exists, so a target not listed yet
+    /// read as not Ready rather than missing, and `deletion_blocked` counted every referrer of
+    /// the kind as live. For those that do not exist, wake whoever waits for them (to see them
+    /// missing) and whatever they held (to delete it), now instead of at the next fallback poll.
     pub(crate) fn kind_synced(&self, api_version: &str, kind: &str) {
         let Some(handle) = self.kind_named(api_version, kind) else {
             return;
         };
+        let absent =
+            |t: &Target| t.api_version == api_version && t.kind == kind && !handle.exists(t);
         let gone: Vec<Target> = self
             .held
             .iter()
             .map(|e| e.key().clone())
-            .filter(|r| r.api_version == api_version && r.kind == kind && !handle.exists(r))
+            .filter(|r| absent(r))
             .collect();
         for r in gone {
             self.notify_held(&r);
+        }
+        let waited_for: Vec<Target> = self
+            .waiters
+            .iter()
+            .filter(|e| absent(e.key()))
+            .flat_map(|e| e.value().iter().cloned().collect::<Vec<_>>())
+            .collect();
+        for w in waited_for {
+            if let Some(k) = self.kind(&w) {
+                k.notify(&w);
+            }
         }
     }
 

@@ -152,6 +152,10 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
     }
     fn readiness(&self, target: &Target) -> Readiness {
         match self.shared.store.get(&key_of::<K>(target)) {
+            // Not in the store before the kind's first list is complete: it may not be listed
+            // yet. Missing is only said once the list is in (`ReferenceIndex::kind_synced`
+            // wakes the waiters then, so they see it).
+            None if !self.synced() => Readiness::NotReady,
             None => Readiness::Missing,
             Some(o)
                 if o.meta().deletion_timestamp.is_none()

@@ -506,3 +506,71 @@ async fn a_deletion_held_only_by_a_vanished_referrer_goes_on_once_the_first_list
     assert!(events.lock().unwrap().contains(&"-db".to_string()));
     rt.shutdown().await;
 }
+
+/// While the first list is still arriving (one object per page, a second per page), a target
+/// that is not listed yet is not reported missing (it may just come on a later page); once the
+/// list is in, a target that really does not exist is, at once, to whoever waits on it — not
+/// at the next fallback poll.
+#[tokio::test(start_paused = true)]
+async fn a_target_not_listed_yet_is_not_ready_and_a_missing_one_is_told_once_listed() {
+    let (cluster, client) = cluster();
+    create_with(&client, "a", &["b"], &[]).await; // `a` is listed before `b`
+    create_with(&client, "b", &[], &[]).await;
+    create_with(&client, "c", &["zz"], &[]).await; // `zz` never exists
+    for i in 0..4 {
+        create_with(&client, &format!("d{i}"), &[], &[]).await; // listed after `c`
+    }
+    cluster.set_faults(actorcile::cluster::Faults {
+        latency: Duration::from_secs(1),
+        ..Default::default()
+    });
+    let seen: Arc<Mutex<Vec<(String, Readiness)>>> = Arc::default();
+    let s = seen.clone();
+    let tree = step("look", move |cx: Context<Widget>| {
+        let s = s.clone();
+        async move {
+            for n in &cx.object().spec.needs {
+                let r = cx.readiness(&wt(n)).await;
+                s.lock().unwrap().push((n.clone(), r));
+                if r != Readiness::Ready {
+                    return Outcome::Waiting {
+                        target: wt(n),
+                        reason: Reason::new("DependencyNotReady", format!("{n}: {r:?}")),
+                    };
+                }
+            }
+            Outcome::Done
+        }
+    });
+    let t0 = Instant::now();
+    let rt = Runtime::builder(client.clone())
+        .policy(no_polling())
+        .controller(
+            // No finalizer to add first: each pass runs as soon as its object is listed.
+            Controller::<Widget>::new(tree)
+                .without_finalizer()
+                .watcher_config(kube::runtime::watcher::Config::default().page_size(1)),
+        )
+        .start()
+        .await
+        .unwrap();
+    eventually("c was told zz is missing", LIMIT, || async {
+        seen.lock()
+            .unwrap()
+            .contains(&("zz".to_string(), Readiness::Missing))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        Instant::now() - t0 < Duration::from_secs(60),
+        "told {:?} after start: it waited for the fallback poll",
+        Instant::now() - t0
+    );
+    wait_ready(&client, "a", LIMIT).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.contains(&("b".to_string(), Readiness::Missing)),
+        "b exists and was reported missing: {seen:?}"
+    );
+    rt.shutdown().await;
+}

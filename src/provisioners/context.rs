@@ -171,6 +171,11 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
 
     /// Whether `target` is Ready, not Ready, or missing, registering this resource as a waiter
     /// when it is not Ready.
+    ///
+    /// Passes start while the runtime is still listing a kind's objects at start-up. Until
+    /// that list is complete, a target of the kind that is not listed yet reads as not Ready,
+    /// never as missing; once it is complete, a resource waiting on a target that does not
+    /// exist is woken, and reads it as missing.
     pub async fn readiness(&self, target: &Target) -> Readiness {
         match &self.inner.references {
             Some(r) => r.readiness(&self.target(), target).await,
