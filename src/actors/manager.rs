@@ -4,11 +4,11 @@
 //!
 //! An object gets a live actor only when it can run: activations wait in a queue for a run slot
 //! (a permit of the runtime's `max_concurrent_runs` semaphore), which the new actor's first pass
-//! then uses. Objects that ran before (re-activated by a notification, a due timer or a change)
-//! wait in a queue of their own that comes before new objects', with every
-//! [`NEW_OBJECT_EVERY`]-th start kept for a new object. Ten thousand new objects so make at most `max_concurrent_runs` actors that are
+//! then uses. Ten thousand new objects so make at most `max_concurrent_runs` actors that are
 //! waiting to run, not ten thousand; with passivation (an actor with nothing due stops, see
-//! [`ResourceActor`]) the live actors are about those that have work. Those are capped too
+//! [`ResourceActor`]) the live actors are about those that have work. Objects that ran before
+//! (re-activated by a notification, a due timer or a change) wait in a queue of their own that
+//! comes before new objects', with every [`NEW_OBJECT_EVERY`]-th start kept for a new object. Those are capped too
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
 //! past the cap, activations wait for a live actor to stop, and one still starts every
 //! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
