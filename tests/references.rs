@@ -283,16 +283,30 @@ async fn a_reference_cycle_is_reported_not_silently_deadlocked() {
     rt.shutdown().await;
 }
 
+/// A running runtime in which `db` is being deleted and held `InUse` by `app`'s reference,
+/// with `others` more Ready objects (`z0`, `z1`, …, created after both).
+async fn db_deleted_while_app_refers_to_it(
+    client: &kube::Client,
+    events: &Events,
+    others: usize,
+) -> RuntimeHandle {
+    let rt = start(client, events.clone()).await;
+    create_with(client, "db", &[], &[]).await;
+    create_with(client, "app", &[], &["db"]).await;
+    for i in 0..others {
+        create_with(client, &format!("z{i}"), &[], &[]).await;
+    }
+    wait_all_ready(client, 2 + others, LIMIT).await;
+    delete(client, "db").await;
+    wait_reason(client, "db", "InUse", LIMIT).await;
+    rt
+}
+
 #[tokio::test(start_paused = true)]
 async fn references_survive_an_operator_restart_mid_deletion() {
     let (_c, client) = cluster();
     let events = Events::default();
-    let rt = start(&client, events.clone()).await;
-    create_with(&client, "db", &[], &[]).await;
-    create_with(&client, "app", &[], &["db"]).await;
-    wait_all_ready(&client, 2, LIMIT).await;
-    delete(&client, "db").await;
-    wait_reason(&client, "db", "InUse", LIMIT).await;
+    let rt = db_deleted_while_app_refers_to_it(&client, &events, 0).await;
     rt.shutdown().await;
 
     // a new operator process: nothing in memory, everything from the API
@@ -457,15 +471,7 @@ impl Drop for Spinners {
 async fn a_deletion_held_only_by_a_vanished_referrer_goes_on_once_the_first_list_is_in() {
     let (cluster, client) = cluster();
     let events = Events::default();
-    let rt = start(&client, events.clone()).await;
-    create_with(&client, "db", &[], &[]).await;
-    create_with(&client, "app", &[], &["db"]).await;
-    for i in 0..4 {
-        create_with(&client, &format!("z{i}"), &[], &[]).await;
-    }
-    wait_all_ready(&client, 6, LIMIT).await;
-    delete(&client, "db").await;
-    wait_reason(&client, "db", "InUse", LIMIT).await;
+    let rt = db_deleted_while_app_refers_to_it(&client, &events, 4).await;
     rt.shutdown().await;
 
     // While no operator runs, `app` goes (its finalizer stripped by hand) without releasing
@@ -483,16 +489,12 @@ async fn a_deletion_held_only_by_a_vanished_referrer_goes_on_once_the_first_list
 
     // One object per page, each page answered after a second: `db` is listed (and its
     // deletion checked) seconds before the list is complete.
-    cluster.set_faults(actorcile::cluster::Faults {
-        latency: Duration::from_secs(1),
-        ..Default::default()
-    });
+    cluster.set_faults(one_second_requests());
     let t0 = Instant::now();
     let rt = Runtime::builder(client.clone())
         .policy(no_polling())
         .controller(
-            Controller::<Widget>::new(widget_tree(events.clone()))
-                .watcher_config(kube::runtime::watcher::Config::default().page_size(1)),
+            Controller::<Widget>::new(widget_tree(events.clone())).watcher_config(pages_of(1)),
         )
         .start()
         .await
@@ -520,10 +522,7 @@ async fn a_target_not_listed_yet_is_not_ready_and_a_missing_one_is_told_once_lis
     for i in 0..4 {
         create_with(&client, &format!("d{i}"), &[], &[]).await; // listed after `c`
     }
-    cluster.set_faults(actorcile::cluster::Faults {
-        latency: Duration::from_secs(1),
-        ..Default::default()
-    });
+    cluster.set_faults(one_second_requests());
     let seen: Arc<Mutex<Vec<(String, Readiness)>>> = Arc::default();
     let s = seen.clone();
     let tree = step("look", move |cx: Context<Widget>| {
@@ -549,7 +548,7 @@ async fn a_target_not_listed_yet_is_not_ready_and_a_missing_one_is_told_once_lis
             // No finalizer to add first: each pass runs as soon as its object is listed.
             Controller::<Widget>::new(tree)
                 .without_finalizer()
-                .watcher_config(kube::runtime::watcher::Config::default().page_size(1)),
+                .watcher_config(pages_of(1)),
         )
         .start()
         .await

@@ -828,6 +828,26 @@ async fn failed_status_writes_are_retried_until_they_land() {
     rt.shutdown().await;
 }
 
+/// A runtime logging every pass (no finalizer, no status: passes make no writes) whose watcher
+/// lists `page` objects per request.
+async fn start_logging_listed_in_pages(
+    client: &kube::Client,
+    log: &RunLog,
+    page: u32,
+) -> RuntimeHandle {
+    Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(
+            Controller::<Widget>::new(logging_step(log.clone()))
+                .without_finalizer()
+                .without_status()
+                .watcher_config(pages_of(page)),
+        )
+        .start()
+        .await
+        .unwrap()
+}
+
 /// The first list goes into the store as it arrives: an object's first pass runs while later
 /// pages are still being listed. (kube-runtime's reflector makes a list visible only once every
 /// page is in, which is when its `Controller` starts.)
@@ -838,23 +858,10 @@ async fn first_passes_start_while_the_first_list_is_still_arriving() {
         create(&client, &format!("p{i}"), 1).await;
     }
     // Five pages of two objects, each answered after one second: the list is complete at 5 s.
-    cluster.set_faults(actorcile::cluster::Faults {
-        latency: Duration::from_secs(1),
-        ..Default::default()
-    });
+    cluster.set_faults(one_second_requests());
     let log = RunLog::default();
     let t0 = Instant::now();
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(
-            Controller::<Widget>::new(logging_step(log.clone()))
-                .without_finalizer()
-                .without_status()
-                .watcher_config(kube::runtime::watcher::Config::default().page_size(2)),
-        )
-        .start()
-        .await
-        .unwrap();
+    let rt = start_logging_listed_in_pages(&client, &log, 2).await;
     eventually("every object ran", LIMIT, || async {
         (log.total() >= 10).then_some(())
     })
@@ -877,30 +884,16 @@ async fn an_interrupted_first_list_is_retried_and_forgets_what_went_meanwhile() 
     for i in 0..4 {
         create(&client, &format!("p{i}"), 1).await;
     }
-    let slow = actorcile::cluster::Faults {
-        latency: Duration::from_secs(1),
-        ..Default::default()
-    };
-    cluster.set_faults(slow.clone());
+    cluster.set_faults(one_second_requests());
     let log = RunLog::default();
     let t0 = Instant::now();
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(
-            Controller::<Widget>::new(logging_step(log.clone()))
-                .without_finalizer()
-                .without_status()
-                .watcher_config(kube::runtime::watcher::Config::default().page_size(1)),
-        )
-        .start()
-        .await
-        .unwrap();
+    let rt = start_logging_listed_in_pages(&client, &log, 1).await;
     // Pages are asked for at 0, 1, 2 and 3 s (each answered a second later). From 2.5 s every
     // request fails: the fourth page does, at 4 s, after three objects were listed.
     tokio::time::sleep_until(t0 + Duration::from_millis(2500)).await;
     cluster.set_faults(actorcile::cluster::Faults {
         error_rate: 1.0,
-        ..slow
+        ..one_second_requests()
     });
     tokio::time::sleep_until(t0 + Duration::from_millis(4100)).await;
     assert_eq!(log.total(), 3, "the three listed objects ran: {:?}", log.0);

@@ -652,6 +652,20 @@ mod tests {
 
     type SlotLog = Log<Slotted>;
 
+    /// Ask the task for an activation slot; when given, log it as delivery `n`.
+    fn log_activation(timers: &Timers<Slotted>, log: &SlotLog, n: u32) {
+        let log = log.clone();
+        timers.activation(Box::new(move |permit| {
+            let slot = RunSlot {
+                permit,
+                given_at: Instant::now(),
+            };
+            log.lock()
+                .unwrap()
+                .push((Slotted(n, Some(slot)), Instant::now()));
+        }));
+    }
+
     /// Due deliveries and queued ones wait for a run slot in one first-in-first-out queue, and
     /// each arrives with its slot; a cancelled timer takes none.
     #[tokio::test(start_paused = true)]
@@ -712,19 +726,7 @@ mod tests {
             actors.push(a);
         }
         for n in [101, 102, 103] {
-            let log = log.clone();
-            timers.activation(Box::new(move |slot| {
-                log.lock().unwrap().push((
-                    Slotted(
-                        n,
-                        Some(RunSlot {
-                            permit: slot,
-                            given_at: Instant::now(),
-                        }),
-                    ),
-                    Instant::now(),
-                ));
-            }));
+            log_activation(&timers, &log, n);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(held);
@@ -772,16 +774,7 @@ mod tests {
             timers.queue(&a, Slotted(n, None));
         }
         for n in [101, 102] {
-            let log = log.clone();
-            timers.activation(Box::new(move |permit| {
-                let slot = RunSlot {
-                    permit,
-                    given_at: Instant::now(),
-                };
-                log.lock()
-                    .unwrap()
-                    .push((Slotted(n, Some(slot)), Instant::now()));
-            }));
+            log_activation(&timers, &log, n);
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
         drop(held);

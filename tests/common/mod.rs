@@ -63,6 +63,20 @@ pub fn cluster() -> (Cluster, Client) {
     (cluster, client)
 }
 
+/// Faults that make every request take one second (virtual under a paused clock). With a small
+/// [`pages_of`] a runtime's first list then arrives a page a second.
+pub fn one_second_requests() -> actorcile::cluster::Faults {
+    actorcile::cluster::Faults {
+        latency: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+/// A watcher that lists `n` objects per request.
+pub fn pages_of(n: u32) -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().page_size(n)
+}
+
 pub fn widgets(client: &Client) -> Api<Widget> {
     Api::namespaced(client.clone(), "default")
 }
