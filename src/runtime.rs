@@ -35,6 +35,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::Error;
+use crate::actors::inbox::Inbox;
 use crate::actors::{
     ManagedResource, Manager, ManagerArgs, Metrics, MetricsSnapshot, Shared, run_feeder,
 };
@@ -135,7 +136,7 @@ struct Started {
 struct Handle<K: ManagedResource> {
     shared: Arc<Shared<K>>,
     synced: Arc<AtomicBool>,
-    manager: OnceLock<ActorRef<ManagerMsg<K>>>,
+    manager: OnceLock<Inbox<ManagerMsg<K>>>,
 }
 
 fn key_of<K: ManagedResource>(t: &Target) -> ObjectRef<K> {
@@ -190,7 +191,7 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
             return;
         }
         if let Some(m) = self.manager.get() {
-            let _ = m.cast(ManagerMsg::Notify(key));
+            m.send(ManagerMsg::Notify(key));
         }
     }
     fn dynamic_api(&self, target: &Target) -> Api<DynamicObject> {
@@ -242,17 +243,22 @@ impl<K: ManagedResource> Start for Controller<K> {
         let kind = K::kind(&()).into_owned();
         cx.references
             .register_kind(&K::api_version(&()), &kind, handle.clone());
+        let (inbox, rx) = crate::actors::inbox::channel();
         let (manager, _) = Actor::spawn_linked(
             None,
             Manager {
                 shared: shared.clone(),
             },
-            ManagerArgs,
+            ManagerArgs {
+                inbox: inbox.clone(),
+                rx,
+            },
             cx.root.clone(),
         )
         .await
         .map_err(|e| Error::Internal(format!("cannot start the {kind} manager: {e}")))?;
-        let _ = handle.manager.set(manager.clone());
+        let inbox = inbox.bind(manager.clone());
+        let _ = handle.manager.set(inbox.clone());
         let api: Api<K> = Api::all(cx.client.clone());
         let mut watch_config = self.watcher;
         if let Some(ns) = &self.namespace {
@@ -286,7 +292,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             api,
             watch_config,
             writer,
-            manager.clone(),
+            inbox,
             listed_tx,
         ));
         Ok(Started {

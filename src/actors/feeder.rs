@@ -7,13 +7,13 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use super::inbox::Inbox;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher::{self, Event};
-use ractor::ActorRef;
 
 use super::{ManagedResource, Shared};
 use crate::messages::{ManagerMsg, ResourceMsg};
@@ -30,7 +30,7 @@ fn key_of<K: ManagedResource>(obj: &K) -> ObjectRef<K> {
 /// Route one applied object to its actor, or to the manager when it has none.
 fn route<K: ManagedResource>(
     shared: &Shared<K>,
-    manager: &ActorRef<ManagerMsg<K>>,
+    manager: &Inbox<ManagerMsg<K>>,
     key: ObjectRef<K>,
 ) {
     let Some(obj) = shared.store.get(&key) else {
@@ -41,12 +41,12 @@ fn route<K: ManagedResource>(
     {
         return;
     }
-    let _ = manager.cast(ManagerMsg::Event(key));
+    manager.send(ManagerMsg::Event(key));
 }
 
 fn route_gone<K: ManagedResource>(
     shared: &Shared<K>,
-    manager: &ActorRef<ManagerMsg<K>>,
+    manager: &Inbox<ManagerMsg<K>>,
     key: ObjectRef<K>,
 ) {
     if let Some(actor) = shared.routes.get(&key)
@@ -54,7 +54,7 @@ fn route_gone<K: ManagedResource>(
     {
         return;
     }
-    let _ = manager.cast(ManagerMsg::Gone(key));
+    manager.send(ManagerMsg::Gone(key));
 }
 
 /// Run the watch for one kind until the task is aborted. Applies each event to the reflector
@@ -75,7 +75,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     api: Api<K>,
     config: watcher::Config,
     mut writer: reflector::store::Writer<K>,
-    manager: ActorRef<ManagerMsg<K>>,
+    manager: Inbox<ManagerMsg<K>>,
     listed: tokio::sync::oneshot::Sender<()>,
 ) {
     // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a real
@@ -140,7 +140,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                 }
                 let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
                     keys.into_iter().collect();
-                let _ = manager.cast(ManagerMsg::Resync(existing));
+                manager.send(ManagerMsg::Resync(existing));
             }
             Err(e) => {
                 tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")

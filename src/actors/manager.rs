@@ -12,6 +12,11 @@
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
 //! past the cap, activations wait for a live actor to stop, and one still starts every
 //! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
+//!
+//! Every [`ManagerMsg`] reaches the manager through its batching [`inbox`], not ractor's message
+//! port: one ractor receive hands over a batch, so a backlog does not wait a scheduler turn per
+//! 128 messages (the module explains the measurement). Supervision events of the resource actors
+//! still arrive through ractor, between batches.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,6 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::inbox::{self, Doorbell, Inbox};
 use super::resource::{ResourceActor, ResourceArgs, ResourceState, key_hash};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
@@ -44,8 +50,12 @@ pub(crate) struct Manager<K: ManagedResource> {
     pub shared: Arc<Shared<K>>,
 }
 
-/// Start-up arguments (none beyond the shared state).
-pub(crate) struct ManagerArgs;
+/// Start-up arguments: the manager's inbox (see [`inbox`]).
+pub(crate) struct ManagerArgs<K: ManagedResource> {
+    /// Binds, in `pre_start`, the sender the manager uses to message itself.
+    pub inbox: inbox::Unbound<ManagerMsg<K>>,
+    pub rx: inbox::Receiver<ManagerMsg<K>>,
+}
 
 /// Where one object's actor is in its life.
 enum Life {
@@ -80,6 +90,10 @@ struct Slot {
 
 /// Manager state: every known object's slot.
 pub(crate) struct ManagerState<K: ManagedResource> {
+    /// Where every [`ManagerMsg`] arrives (a [`Doorbell`] says it has some).
+    rx: inbox::Receiver<ManagerMsg<K>>,
+    /// Sends to this manager (timers, restarts, run slots for activations).
+    me: Inbox<ManagerMsg<K>>,
     slots: FastMap<ObjectRef<K>, Slot>,
     ids: FastMap<ActorId, ObjectRef<K>>,
     wake_token: u64,
@@ -107,7 +121,7 @@ impl<K: ManagedResource> Manager<K> {
     /// Queue `key` for a live actor (`passive`: the state its last actor handed over).
     fn activate(
         &self,
-        myself: &ActorRef<ManagerMsg<K>>,
+        myself: &ActorRef<Doorbell>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         passive: Option<PassiveState>,
@@ -139,8 +153,8 @@ impl<K: ManagedResource> Manager<K> {
     /// the next ([`ManagerMsg::Permit`]). Passes of live actors wait for slots there too, and
     /// come first, but activations get a bounded share of the slots
     /// ([`ACTIVATION_EVERY`](super::timer::ACTIVATION_EVERY)).
-    fn drain(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) {
-        while self.skip_stale(st) && self.admit(myself, st) {
+    fn drain(&self, myself: &ActorRef<Doorbell>, st: &mut ManagerState<K>) {
+        while self.skip_stale(st) && self.admit(st) {
             // A free slot is not enough while passes wait for slots in the timer task (the slot
             // is theirs) or activations are held back there because wake-ups run late.
             let free = if self.shared.timers.activation_may_skip_queue() {
@@ -156,9 +170,9 @@ impl<K: ManagedResource> Manager<K> {
                 Err(TryAcquireError::NoPermits) => {
                     if !st.awaiting_permit {
                         st.awaiting_permit = true;
-                        let me = myself.clone();
+                        let me = st.me.clone();
                         self.shared.timers.activation(Box::new(move |permit| {
-                            let _ = me.cast(ManagerMsg::Permit(permit));
+                            me.send(ManagerMsg::Permit(permit));
                         }));
                     }
                     return;
@@ -170,7 +184,7 @@ impl<K: ManagedResource> Manager<K> {
 
     /// Whether the queue's head may get a live actor now: below the live-actor cap, or once
     /// per [`OVER_CAP_EVERY`] past it (a [`ManagerMsg::Drain`] is scheduled for then).
-    fn admit(&self, myself: &ActorRef<ManagerMsg<K>>, st: &mut ManagerState<K>) -> bool {
+    fn admit(&self, st: &mut ManagerState<K>) -> bool {
         if self
             .shared
             .policy
@@ -187,11 +201,11 @@ impl<K: ManagedResource> Manager<K> {
         }
         if !st.drain_scheduled {
             st.drain_scheduled = true;
-            let me = myself.clone();
+            let me = st.me.clone();
             let at = next.unwrap_or(now);
             tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;
-                let _ = me.cast(ManagerMsg::Drain);
+                me.send(ManagerMsg::Drain);
             });
         }
         false
@@ -244,7 +258,7 @@ impl<K: ManagedResource> Manager<K> {
     /// Spawn the actor of a queued key; its first pass runs on `permit`.
     fn start(
         &self,
-        myself: &ActorRef<ManagerMsg<K>>,
+        myself: &ActorRef<Doorbell>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         permit: OwnedSemaphorePermit,
@@ -313,7 +327,7 @@ impl<K: ManagedResource> Manager<K> {
     /// a pass for it (the store shows nothing new for a dependency turning Ready).
     fn settle_passive(
         &self,
-        myself: &ActorRef<ManagerMsg<K>>,
+        myself: &ActorRef<Doorbell>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         mut ps: PassiveState,
@@ -331,11 +345,11 @@ impl<K: ManagedResource> Manager<K> {
         let timer = ps.wake_in.map(|d| {
             st.wake_token += 1;
             let token = st.wake_token;
-            let me = myself.clone();
+            let me = st.me.clone();
             let k = key.clone();
             let task = tokio::spawn(async move {
                 tokio::time::sleep(d).await;
-                let _ = me.cast(ManagerMsg::PassiveWake(k, token));
+                me.send(ManagerMsg::PassiveWake(k, token));
             });
             (token, task)
         });
@@ -347,7 +361,7 @@ impl<K: ManagedResource> Manager<K> {
     /// A linked resource actor stopped or failed.
     fn supervise(
         &self,
-        myself: &ActorRef<ManagerMsg<K>>,
+        myself: &ActorRef<Doorbell>,
         event: SupervisionEvent,
         st: &mut ManagerState<K>,
     ) -> Result<(), ActorProcessingErr> {
@@ -384,7 +398,7 @@ impl<K: ManagedResource> Manager<K> {
                     return Ok(());
                 };
                 Metrics::dec(&self.shared.metrics.live_actors);
-                self.on_failure(myself, st, key, err.to_string())?;
+                self.on_failure(st, key, err.to_string())?;
             }
             _ => {}
         }
@@ -416,7 +430,6 @@ impl<K: ManagedResource> Manager<K> {
 
     fn on_failure(
         &self,
-        myself: &ActorRef<ManagerMsg<K>>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         error: String,
@@ -481,11 +494,129 @@ impl<K: ManagedResource> Manager<K> {
             .next()
             .unwrap_or(policy.backoff.max);
         slot.life = Life::Restarting;
-        let me = myself.clone();
+        let me = st.me.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let _ = me.cast(ManagerMsg::Restart(key));
+            me.send(ManagerMsg::Restart(key));
         });
+        Ok(())
+    }
+
+    /// Handle one message from the inbox.
+    fn handle_msg(
+        &self,
+        myself: &ActorRef<Doorbell>,
+        msg: ManagerMsg<K>,
+        st: &mut ManagerState<K>,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ManagerMsg::Event(key) => {
+                let Some(slot) = st.slots.get_mut(&key) else {
+                    if self.shared.store.get(&key).is_some() {
+                        self.activate(myself, st, key, None);
+                    }
+                    return Ok(());
+                };
+                match &mut slot.life {
+                    Life::Live { .. } => {
+                        // No route: it is passivating, and looks at the store once stopped.
+                        if let Some(obj) = self.shared.store.get(&key) {
+                            self.forward(&key, ResourceMsg::Observed(obj));
+                        }
+                    }
+                    Life::Passive(ps, _) => {
+                        let ps = std::mem::take(ps);
+                        self.settle_passive(myself, st, key, ps, false);
+                    }
+                    // The actor to come reads the store.
+                    Life::Queued(_) | Life::Restarting => {}
+                    Life::Quarantined {
+                        generation,
+                        deleting,
+                    } => {
+                        let Some(obj) = self.shared.store.get(&key) else {
+                            return Ok(());
+                        };
+                        let changed = obj.meta().generation != *generation
+                            || (obj.meta().deletion_timestamp.is_some() && !*deleting);
+                        if changed {
+                            slot.restarts = None;
+                            self.activate(myself, st, key, None);
+                        }
+                    }
+                }
+            }
+            ManagerMsg::Gone(key) => self.gone(st, key),
+            ManagerMsg::Resync(existing) => {
+                let gone: Vec<ObjectRef<K>> = st
+                    .slots
+                    .keys()
+                    .filter(|k| !existing.contains(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.gone(st, key);
+                }
+            }
+            ManagerMsg::Restart(key) => {
+                if matches!(st.slots.get(&key).map(|s| &s.life), Some(Life::Restarting)) {
+                    if self.shared.store.get(&key).is_some() {
+                        Metrics::inc(&self.shared.metrics.restarts);
+                        self.activate(myself, st, key, None);
+                    } else {
+                        st.slots.remove(&key);
+                    }
+                }
+            }
+            ManagerMsg::Notify(key) => {
+                if let Some(slot) = st.slots.get_mut(&key) {
+                    match &mut slot.life {
+                        Life::Live { notified, .. } => {
+                            if !self.forward(&key, ResourceMsg::Notify) {
+                                *notified = true; // passivating: run again once stopped
+                            }
+                        }
+                        Life::Passive(ps, _) => {
+                            let mut ps = std::mem::take(ps);
+                            ps.pending_run = true;
+                            self.activate(myself, st, key, Some(ps));
+                        }
+                        // A first activation runs anyway; a re-activation is told to.
+                        Life::Queued(ps) => {
+                            if let Some(ps) = ps {
+                                ps.pending_run = true;
+                            }
+                        }
+                        Life::Restarting | Life::Quarantined { .. } => {}
+                    }
+                }
+            }
+            ManagerMsg::PassiveWake(key, token) => {
+                if let Some(Slot {
+                    life: Life::Passive(ps, Some((t, _))),
+                    ..
+                }) = st.slots.get_mut(&key)
+                    && *t == token
+                {
+                    let mut ps = std::mem::take(ps);
+                    ps.pending_run = true;
+                    ps.wake_in = None;
+                    self.activate(myself, st, key, Some(ps));
+                }
+            }
+            ManagerMsg::Drain => {
+                st.drain_scheduled = false;
+                self.drain(myself, st);
+            }
+            ManagerMsg::Permit(permit) => {
+                st.awaiting_permit = false;
+                if self.skip_stale(st) {
+                    let key = Self::pop_next(st).expect("skip_stale left a head");
+                    self.start(myself, st, key, permit);
+                }
+                self.drain(myself, st);
+            }
+        }
         Ok(())
     }
 }
@@ -516,16 +647,18 @@ fn quarantine_status<K: ManagedResource>(shared: Arc<Shared<K>>, obj: Arc<K>, me
 }
 
 impl<K: ManagedResource> Actor for Manager<K> {
-    type Msg = ManagerMsg<K>;
+    type Msg = Doorbell;
     type State = ManagerState<K>;
-    type Arguments = ManagerArgs;
+    type Arguments = ManagerArgs<K>;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
-        _args: ManagerArgs,
+        myself: ActorRef<Doorbell>,
+        args: ManagerArgs<K>,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(ManagerState {
+            rx: args.rx,
+            me: args.inbox.bind(myself),
             slots: FastMap::default(),
             ids: FastMap::default(),
             wake_token: 0,
@@ -540,118 +673,19 @@ impl<K: ManagedResource> Actor for Manager<K> {
 
     async fn handle(
         &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
+        myself: ActorRef<Doorbell>,
+        _: Doorbell,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            ManagerMsg::Event(key) => {
-                let Some(slot) = st.slots.get_mut(&key) else {
-                    if self.shared.store.get(&key).is_some() {
-                        self.activate(&myself, st, key, None);
-                    }
-                    return Ok(());
-                };
-                match &mut slot.life {
-                    Life::Live { .. } => {
-                        // No route: it is passivating, and looks at the store once stopped.
-                        if let Some(obj) = self.shared.store.get(&key) {
-                            self.forward(&key, ResourceMsg::Observed(obj));
-                        }
-                    }
-                    Life::Passive(ps, _) => {
-                        let ps = std::mem::take(ps);
-                        self.settle_passive(&myself, st, key, ps, false);
-                    }
-                    // The actor to come reads the store.
-                    Life::Queued(_) | Life::Restarting => {}
-                    Life::Quarantined {
-                        generation,
-                        deleting,
-                    } => {
-                        let Some(obj) = self.shared.store.get(&key) else {
-                            return Ok(());
-                        };
-                        let changed = obj.meta().generation != *generation
-                            || (obj.meta().deletion_timestamp.is_some() && !*deleting);
-                        if changed {
-                            slot.restarts = None;
-                            self.activate(&myself, st, key, None);
-                        }
-                    }
-                }
-            }
-            ManagerMsg::Gone(key) => self.gone(st, key),
-            ManagerMsg::Resync(existing) => {
-                let gone: Vec<ObjectRef<K>> = st
-                    .slots
-                    .keys()
-                    .filter(|k| !existing.contains(*k))
-                    .cloned()
-                    .collect();
-                for key in gone {
-                    self.gone(st, key);
-                }
-            }
-            ManagerMsg::Restart(key) => {
-                if matches!(st.slots.get(&key).map(|s| &s.life), Some(Life::Restarting)) {
-                    if self.shared.store.get(&key).is_some() {
-                        Metrics::inc(&self.shared.metrics.restarts);
-                        self.activate(&myself, st, key, None);
-                    } else {
-                        st.slots.remove(&key);
-                    }
-                }
-            }
-            ManagerMsg::Notify(key) => {
-                if let Some(slot) = st.slots.get_mut(&key) {
-                    match &mut slot.life {
-                        Life::Live { notified, .. } => {
-                            if !self.forward(&key, ResourceMsg::Notify) {
-                                *notified = true; // passivating: run again once stopped
-                            }
-                        }
-                        Life::Passive(ps, _) => {
-                            let mut ps = std::mem::take(ps);
-                            ps.pending_run = true;
-                            self.activate(&myself, st, key, Some(ps));
-                        }
-                        // A first activation runs anyway; a re-activation is told to.
-                        Life::Queued(ps) => {
-                            if let Some(ps) = ps {
-                                ps.pending_run = true;
-                            }
-                        }
-                        Life::Restarting | Life::Quarantined { .. } => {}
-                    }
-                }
-            }
-            ManagerMsg::PassiveWake(key, token) => {
-                if let Some(Slot {
-                    life: Life::Passive(ps, Some((t, _))),
-                    ..
-                }) = st.slots.get_mut(&key)
-                    && *t == token
-                {
-                    let mut ps = std::mem::take(ps);
-                    ps.pending_run = true;
-                    ps.wake_in = None;
-                    self.activate(&myself, st, key, Some(ps));
-                }
-            }
-            ManagerMsg::Drain => {
-                st.drain_scheduled = false;
-                self.drain(&myself, st);
-            }
-            ManagerMsg::Permit(permit) => {
-                st.awaiting_permit = false;
-                if self.skip_stale(st) {
-                    let key = Self::pop_next(st).expect("skip_stale left a head");
-                    self.start(&myself, st, key, permit);
-                }
-                self.drain(&myself, st);
-            }
+        st.rx.open();
+        for _ in 0..inbox::BATCH {
+            let Some(msg) = st.rx.next() else {
+                return Ok(());
+            };
+            self.handle_msg(&myself, msg, st)?;
         }
+        // More may be queued: ring again, so supervision events queued meanwhile go first.
+        st.me.ring();
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! Message types live in [`crate::messages`]; the tunables in [`crate::policy`].
 
 mod feeder;
+pub(crate) mod inbox;
 mod manager;
 mod resource;
 mod timer;
