@@ -803,6 +803,57 @@ async fn poll_timers_survive_passivation() {
     rt.shutdown().await;
 }
 
+/// A re-list tells the manager about every object again, unchanged: a passive object's poll
+/// stays when it was due, rather than being re-armed from the re-list.
+#[tokio::test(start_paused = true)]
+async fn a_relist_does_not_postpone_a_passive_objects_poll() {
+    // A short watch history: a watch resumed after other kinds' writes filled it answers 410,
+    // and the watcher lists again.
+    let (cluster, client) = with_crds(actorcile::cluster::Cluster::builder().history(10).build());
+    let log = RunLog::default();
+    let mut policy = test_policy();
+    policy.idle_timeout = Some(Duration::from_secs(1));
+    policy.poll_interval = Some(Duration::from_secs(600));
+    policy.poll_jitter = 0.0;
+    let mut watcher = kube::runtime::watcher::Config::default().timeout(30);
+    watcher.bookmarks = false; // a bookmark would move the watch past the other kinds' writes
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(
+            Controller::<Widget>::new(logging_step(log.clone()))
+                .without_finalizer()
+                .without_status()
+                .watcher_config(watcher),
+        )
+        .start()
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    create(&client, "w", 1).await;
+    eventually("w ran and passivated", LIMIT, || async {
+        (log.count("w") == 1 && rt.metrics().passivations == 1).then_some(())
+    })
+    .await;
+    // Twenty writes of another kind, after the watch's first 30 s restart and before its second.
+    tokio::time::sleep_until(t0 + Duration::from_secs(45)).await;
+    let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), "default");
+    for i in 0..20 {
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.name = Some(format!("fill{i}"));
+        maps.create(&Default::default(), &cm).await.unwrap();
+    }
+    eventually("the watcher listed again", LIMIT, || async {
+        (cluster.stats().list >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(log.count("w"), 1, "the re-list found nothing new");
+    // The poll is due 600 s after w passivated (at ≈ 0 s), not 600 s after the re-list (≈ 60 s).
+    tokio::time::sleep_until(t0 + Duration::from_secs(605)).await;
+    assert_eq!(log.count("w"), 2, "the poll ran when it was due");
+    rt.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn failed_status_writes_are_retried_until_they_land() {
     let (cluster, client) = cluster();

@@ -525,8 +525,18 @@ impl<K: ManagedResource> Manager<K> {
                         }
                     }
                     Life::Passive(ps, _) => {
-                        let ps = std::mem::take(ps);
-                        self.settle_passive(myself, st, key, ps, false);
+                        // Most such events are the watch echoes of the actor's own last writes:
+                        // nothing to run, and its timer stays armed as it was (settling again
+                        // would re-arm it later, and leave the old timer task sleeping).
+                        let news = self
+                            .shared
+                            .store
+                            .get(&key)
+                            .is_none_or(|obj| is_news(ps, version_of(obj.as_ref())));
+                        if news {
+                            let ps = std::mem::take(ps);
+                            self.settle_passive(myself, st, key, ps, false);
+                        }
                     }
                     // The actor to come reads the store.
                     Life::Queued(_) | Life::Restarting => {}

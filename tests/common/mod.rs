@@ -56,7 +56,11 @@ pub struct GadgetSpec {
 
 /// An in-process cluster with the Widget CRD installed.
 pub fn cluster() -> (Cluster, Client) {
-    let cluster = Cluster::new();
+    with_crds(Cluster::new())
+}
+
+/// `cluster` with the Widget and Gadget CRDs installed.
+pub fn with_crds(cluster: Cluster) -> (Cluster, Client) {
     cluster.install_crd(&Widget::crd()).expect("install CRD");
     cluster.install_crd(&Gadget::crd()).expect("install CRD");
     let client = cluster.client();
