@@ -6,7 +6,9 @@
 //! other runnable task. So a manager with a backlog handled 128 messages per turn and then waited
 //! for all the passes, API requests and watch streams of the runtime to have their turn
 //! (≈ 2.7 ms on two cores in the `chain` benchmark): a readiness notification waited ≈ 150 ms
-//! behind the backlog, while the manager itself was busy only ≈ 12 % of the time.
+//! behind the backlog, while the manager itself was busy only ≈ 12 % of the time. (The timer
+//! task met the same limit and runs `tokio::task::unconstrained`; the manager cannot, because
+//! ractor spawns its task.)
 //!
 //! Here messages go to a plain unbounded channel, drained with `try_recv` (which takes no
 //! budget), and the actor is sent one ractor message, a [`Doorbell`], only when the inbox goes
