@@ -4,11 +4,16 @@
 //! starts the runtime (noop tree, idle timeout 1 s), waits until every object has run once and
 //! every actor has passivated, then reads RSS again. Prints the added RSS per object — the
 //! runtime's own cost for an idle managed object: reflector store copy, manager slot, passive
-//! state, reference index entry. glibc keeps freed heap resident after the actors stop, so the
-//! figure is read after `malloc_trim(0)` (the untrimmed one is printed too).
+//! state, reference index entry. The allocator (mimalloc) keeps freed pages resident after the
+//! actors stop, so the figure is read after every worker thread ran `mi_collect` (the figure
+//! before the collect is printed too).
+//!
+//! With `--poll-secs S` every object also re-runs every S seconds, so each idle object keeps a
+//! pending wake-up while passive (held by the manager's passive timers).
 //!
 //! ```text
 //! cargo run --release --example idle_memory -- --objects 100000
+//! cargo run --release --example idle_memory -- --objects 100000 --poll-secs 3600
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +46,10 @@ struct IdleSpec {
 struct Args {
     #[arg(long, default_value_t = 100_000)]
     objects: u32,
+    /// Re-run every object this often (`poll_interval`, seconds): each idle object then keeps a
+    /// pending wake-up while passive.
+    #[arg(long)]
+    poll_secs: Option<u64>,
 }
 
 fn rss_bytes() -> u64 {
@@ -116,6 +125,7 @@ async fn run() {
     let started = Instant::now();
     let policy = SupervisorPolicy {
         idle_timeout: Some(Duration::from_secs(1)),
+        poll_interval: args.poll_secs.map(Duration::from_secs),
         ..Default::default()
     };
     let handle = Runtime::builder(client)

@@ -127,33 +127,48 @@ impl<M> Receiver<M> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ractor::{Actor, ActorProcessingErr};
     use std::sync::Mutex;
 
-    /// Records what it receives, in batches of at most [`BATCH`].
-    struct Sink {
-        seen: Arc<Mutex<Vec<u32>>>,
-        rings: Arc<Mutex<u32>>,
-        inbox: Unbound<u32>,
+    /// A test actor with an inbox: records what it receives, in batches of at most [`BATCH`].
+    pub(crate) struct Sink<M> {
+        pub seen: Arc<Mutex<Vec<M>>>,
+        pub rings: Arc<Mutex<u32>>,
+        pub inbox: Unbound<M>,
     }
 
-    struct SinkState {
-        rx: Receiver<u32>,
-        me: Inbox<u32>,
+    pub(crate) struct SinkState<M> {
+        rx: Receiver<M>,
+        me: Inbox<M>,
     }
 
-    impl Actor for Sink {
+    impl<M: Send + Sync + 'static> Sink<M> {
+        /// Spawn a sink; its inbox, and what it has received.
+        pub(crate) async fn spawn() -> (Inbox<M>, Arc<Mutex<Vec<M>>>, ActorRef<Doorbell>) {
+            let (unbound, rx) = channel();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let sink = Sink {
+                seen: seen.clone(),
+                rings: Arc::default(),
+                inbox: unbound.clone(),
+            };
+            let (actor, _) = Actor::spawn(None, sink, rx).await.unwrap();
+            (unbound.bind(actor.clone()), seen, actor)
+        }
+    }
+
+    impl<M: Send + Sync + 'static> Actor for Sink<M> {
         type Msg = Doorbell;
-        type State = SinkState;
-        type Arguments = Receiver<u32>;
+        type State = SinkState<M>;
+        type Arguments = Receiver<M>;
 
         async fn pre_start(
             &self,
             myself: ActorRef<Doorbell>,
-            rx: Receiver<u32>,
-        ) -> Result<SinkState, ActorProcessingErr> {
+            rx: Receiver<M>,
+        ) -> Result<SinkState<M>, ActorProcessingErr> {
             Ok(SinkState {
                 rx,
                 me: self.inbox.bind(myself),
@@ -164,7 +179,7 @@ mod tests {
             &self,
             _: ActorRef<Doorbell>,
             _: Doorbell,
-            st: &mut SinkState,
+            st: &mut SinkState<M>,
         ) -> Result<(), ActorProcessingErr> {
             *self.rings.lock().unwrap() += 1;
             st.rx.open();

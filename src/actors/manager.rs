@@ -27,10 +27,10 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::inbox::{self, Doorbell, Inbox};
+use super::passive_timers::PassiveTimers;
 use super::resource::{ResourceActor, ResourceArgs, ResourceState, key_hash};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
@@ -64,8 +64,9 @@ enum Life {
     /// A live actor. `notified`: a notification found no route because the actor is
     /// passivating; it re-activates at once when it has stopped.
     Live { id: ActorId, notified: bool },
-    /// No actor; its state kept here; optional timer (token, task).
-    Passive(PassiveState, Option<(u64, JoinHandle<()>)>),
+    /// No actor; its state kept here, and the token of its pending wake-up, if any (held by
+    /// [`PassiveTimers`]).
+    Passive(PassiveState, Option<u64>),
     /// Failed; a restart is scheduled.
     Restarting,
     /// Past the restart intensity; no restarts until the generation changes or it is deleted.
@@ -94,6 +95,8 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     rx: inbox::Receiver<ManagerMsg<K>>,
     /// Sends to this manager (timers, restarts, run slots for activations).
     me: Inbox<ManagerMsg<K>>,
+    /// The pending wake-ups of passive objects.
+    sleepers: PassiveTimers<K>,
     slots: FastMap<ObjectRef<K>, Slot>,
     ids: FastMap<ActorId, ObjectRef<K>>,
     wake_token: u64,
@@ -137,8 +140,8 @@ impl<K: ManagedResource> Manager<K> {
             life: Life::Restarting,
             restarts: None,
         });
-        if let Life::Passive(_, Some((_, t))) = &slot.life {
-            t.abort();
+        if let Life::Passive(_, Some(_)) = &slot.life {
+            st.sleepers.cancel(key.clone());
         }
         if passive.is_some() {
             st.wakes.push_back(key);
@@ -344,14 +347,8 @@ impl<K: ManagedResource> Manager<K> {
         }
         let timer = ps.wake_in.map(|d| {
             st.wake_token += 1;
-            let token = st.wake_token;
-            let me = st.me.clone();
-            let k = key.clone();
-            let task = tokio::spawn(async move {
-                tokio::time::sleep(d).await;
-                me.send(ManagerMsg::PassiveWake(k, token));
-            });
-            (token, task)
+            st.sleepers.arm(key.clone(), st.wake_token, d);
+            st.wake_token
         });
         if let Some(slot) = st.slots.get_mut(&key) {
             slot.life = Life::Passive(ps, timer);
@@ -413,6 +410,10 @@ impl<K: ManagedResource> Manager<K> {
                     // Not routed if it is passivating: then it finds the object gone from the
                     // store when it has stopped.
                     self.forward(&key, ResourceMsg::Gone);
+                }
+                Life::Passive(_, Some(_)) => {
+                    st.slots.remove(&key);
+                    st.sleepers.cancel(key);
                 }
                 _ => {
                     st.slots.remove(&key);
@@ -603,11 +604,12 @@ impl<K: ManagedResource> Manager<K> {
             }
             ManagerMsg::PassiveWake(key, token) => {
                 if let Some(Slot {
-                    life: Life::Passive(ps, Some((t, _))),
+                    life: Life::Passive(ps, timer @ Some(_)),
                     ..
                 }) = st.slots.get_mut(&key)
-                    && *t == token
+                    && *timer == Some(token)
                 {
+                    *timer = None; // fired: nothing to cancel
                     let mut ps = std::mem::take(ps);
                     ps.pending_run = true;
                     ps.wake_in = None;
@@ -668,6 +670,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(ManagerState {
             rx: args.rx,
+            sleepers: PassiveTimers::start(args.inbox.bind(myself.clone())),
             me: args.inbox.bind(myself),
             slots: FastMap::default(),
             ids: FastMap::default(),

@@ -6,6 +6,7 @@
 mod feeder;
 pub(crate) mod inbox;
 mod manager;
+mod passive_timers;
 mod resource;
 mod timer;
 
