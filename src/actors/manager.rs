@@ -693,10 +693,16 @@ impl<K: ManagedResource> Actor for Manager<K> {
         st.rx.open();
         for _ in 0..inbox::BATCH {
             let Some(msg) = st.rx.next() else {
+                st.sleepers.flush();
                 return Ok(());
             };
-            self.handle_msg(&myself, msg, st)?;
+            let handled = self.handle_msg(&myself, msg, st);
+            if handled.is_err() {
+                st.sleepers.flush();
+                return handled;
+            }
         }
+        st.sleepers.flush();
         // More may be queued: ring again, so supervision events queued meanwhile go first.
         st.me.ring();
         Ok(())
@@ -712,6 +718,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
         // A stopped actor's run slot is free now: start the next queued activation on it here,
         // one hop sooner than through the permit waiter.
         self.drain(&myself, st);
+        st.sleepers.flush();
         result
     }
 }

@@ -29,8 +29,12 @@ enum Cmd<K: ManagedResource> {
 }
 
 /// Arms and cancels the pending wake-ups of a manager's passive objects (at most one each).
+///
+/// Commands are buffered until [`PassiveTimers::flush`], which the manager calls once per
+/// batch of messages it handled: one wake-up of the task per batch rather than per command.
 pub(crate) struct PassiveTimers<K: ManagedResource> {
-    tx: mpsc::UnboundedSender<Cmd<K>>,
+    tx: mpsc::UnboundedSender<Vec<Cmd<K>>>,
+    buffered: Vec<Cmd<K>>,
 }
 
 impl<K: ManagedResource> PassiveTimers<K> {
@@ -40,46 +44,63 @@ impl<K: ManagedResource> PassiveTimers<K> {
         // Outside the cooperative budget, like the resource actors' timer task: under load a
         // budgeted task waits a whole scheduler turn per 128 operations.
         tokio::spawn(tokio::task::unconstrained(run(rx, manager)));
-        PassiveTimers { tx }
+        PassiveTimers {
+            tx,
+            buffered: Vec::new(),
+        }
     }
 
     /// Send [`ManagerMsg::PassiveWake`]`(key, token)` in `after`, unless re-armed or cancelled
     /// first.
-    pub(crate) fn arm(&self, key: ObjectRef<K>, token: u64, after: Duration) {
-        let _ = self.tx.send(Cmd::Arm(key, token, Instant::now() + after));
+    pub(crate) fn arm(&mut self, key: ObjectRef<K>, token: u64, after: Duration) {
+        self.buffered
+            .push(Cmd::Arm(key, token, Instant::now() + after));
     }
 
     /// Drop `key`'s pending wake-up, if any. (One already sent still arrives: the manager
     /// checks its token.)
-    pub(crate) fn cancel(&self, key: ObjectRef<K>) {
-        let _ = self.tx.send(Cmd::Cancel(key));
+    pub(crate) fn cancel(&mut self, key: ObjectRef<K>) {
+        self.buffered.push(Cmd::Cancel(key));
+    }
+
+    /// Hand the buffered commands to the task.
+    pub(crate) fn flush(&mut self) {
+        if !self.buffered.is_empty() {
+            let _ = self.tx.send(std::mem::take(&mut self.buffered));
+        }
     }
 }
 
 async fn run<K: ManagedResource>(
-    mut rx: mpsc::UnboundedReceiver<Cmd<K>>,
+    mut rx: mpsc::UnboundedReceiver<Vec<Cmd<K>>>,
     manager: Inbox<ManagerMsg<K>>,
 ) {
     let mut queue: DelayQueue<(Arc<ObjectRef<K>>, u64)> = DelayQueue::new();
     let mut pending: FastMap<Arc<ObjectRef<K>>, delay_queue::Key> = FastMap::default();
     loop {
         tokio::select! {
-            cmd = rx.recv() => match cmd {
-                None => return,
-                Some(Cmd::Arm(key, token, at)) => {
-                    if let Some(old) = pending.remove(&key) {
-                        queue.remove(&old);
+            cmds = rx.recv() => {
+                let Some(cmds) = cmds else {
+                    return;
+                };
+                for cmd in cmds {
+                    match cmd {
+                        Cmd::Arm(key, token, at) => {
+                            if let Some(old) = pending.remove(&key) {
+                                queue.remove(&old);
+                            }
+                            let key = Arc::new(key);
+                            let entry = queue.insert_at((key.clone(), token), at);
+                            pending.insert(key, entry);
+                        }
+                        Cmd::Cancel(key) => {
+                            if let Some(old) = pending.remove(&key) {
+                                queue.remove(&old);
+                            }
+                        }
                     }
-                    let key = Arc::new(key);
-                    let entry = queue.insert_at((key.clone(), token), at);
-                    pending.insert(key, entry);
                 }
-                Some(Cmd::Cancel(key)) => {
-                    if let Some(old) = pending.remove(&key) {
-                        queue.remove(&old);
-                    }
-                }
-            },
+            }
             Some(due) = poll_fn(|cx| queue.poll_expired(cx)) => {
                 let (key, token) = due.into_inner();
                 pending.remove(&key);
@@ -108,13 +129,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn due_wake_ups_arrive_once_with_their_token_and_rearming_or_cancelling_replaces_them() {
         let (inbox, seen, _sink) = Sink::<ManagerMsg<ConfigMap>>::spawn().await;
-        let timers = PassiveTimers::start(inbox);
+        let mut timers = PassiveTimers::start(inbox);
         timers.arm(key("a"), 1, Duration::from_secs(10));
         timers.arm(key("b"), 2, Duration::from_secs(20));
         timers.arm(key("a"), 3, Duration::from_secs(30)); // replaces a's first
         timers.cancel(key("b"));
         timers.arm(key("c"), 4, Duration::from_secs(5));
         timers.cancel(key("never-armed"));
+        timers.flush();
         let woken = || -> Vec<(String, u64)> {
             seen.lock()
                 .unwrap()
@@ -137,6 +159,7 @@ mod tests {
         assert_eq!(woken(), [("c".to_string(), 4), ("a".to_string(), 3)]);
         // Arming again after a wake-up works, and the task forgot what fired.
         timers.arm(key("c"), 5, Duration::from_secs(1));
+        timers.flush();
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(woken().last(), Some(&("c".to_string(), 5)));
     }
