@@ -96,7 +96,7 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     /// Sends to this manager (timers, restarts, run slots for activations).
     me: Inbox<ManagerMsg<K>>,
     /// The pending wake-ups of passive objects.
-    sleepers: PassiveTimers<K>,
+    passive_timers: PassiveTimers<K>,
     slots: FastMap<ObjectRef<K>, Slot>,
     ids: FastMap<ActorId, ObjectRef<K>>,
     wake_token: u64,
@@ -141,7 +141,7 @@ impl<K: ManagedResource> Manager<K> {
             restarts: None,
         });
         if let Life::Passive(_, Some(_)) = &slot.life {
-            st.sleepers.cancel(key.clone());
+            st.passive_timers.cancel(key.clone());
         }
         if passive.is_some() {
             st.wakes.push_back(key);
@@ -347,7 +347,7 @@ impl<K: ManagedResource> Manager<K> {
         }
         let timer = ps.wake_in.map(|d| {
             st.wake_token += 1;
-            st.sleepers.arm(key.clone(), st.wake_token, d);
+            st.passive_timers.arm(key.clone(), st.wake_token, d);
             st.wake_token
         });
         if let Some(slot) = st.slots.get_mut(&key) {
@@ -413,7 +413,7 @@ impl<K: ManagedResource> Manager<K> {
                 }
                 Life::Passive(_, Some(_)) => {
                     st.slots.remove(&key);
-                    st.sleepers.cancel(key);
+                    st.passive_timers.cancel(key);
                 }
                 _ => {
                     st.slots.remove(&key);
@@ -670,7 +670,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(ManagerState {
             rx: args.rx,
-            sleepers: PassiveTimers::start(args.inbox.bind(myself.clone())),
+            passive_timers: PassiveTimers::start(args.inbox.bind(myself.clone())),
             me: args.inbox.bind(myself),
             slots: FastMap::default(),
             ids: FastMap::default(),
@@ -691,20 +691,21 @@ impl<K: ManagedResource> Actor for Manager<K> {
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         st.rx.open();
-        for _ in 0..inbox::BATCH {
-            let Some(msg) = st.rx.next() else {
-                st.sleepers.flush();
-                return Ok(());
-            };
-            let handled = self.handle_msg(&myself, msg, st);
-            if handled.is_err() {
-                st.sleepers.flush();
-                return handled;
+        let mut handled = 0;
+        while handled < inbox::BATCH
+            && let Some(msg) = st.rx.next()
+        {
+            handled += 1;
+            if let Err(e) = self.handle_msg(&myself, msg, st) {
+                st.passive_timers.flush();
+                return Err(e);
             }
         }
-        st.sleepers.flush();
-        // More may be queued: ring again, so supervision events queued meanwhile go first.
-        st.me.ring();
+        st.passive_timers.flush();
+        if handled == inbox::BATCH {
+            // More may be queued: ring again, so supervision events queued meanwhile go first.
+            st.me.ring();
+        }
         Ok(())
     }
 
@@ -718,7 +719,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
         // A stopped actor's run slot is free now: start the next queued activation on it here,
         // one hop sooner than through the permit waiter.
         self.drain(&myself, st);
-        st.sleepers.flush();
+        st.passive_timers.flush();
         result
     }
 }
