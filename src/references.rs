@@ -232,9 +232,7 @@ impl ReferenceIndex {
             .flat_map(|e| e.value().iter().cloned().collect::<Vec<_>>())
             .collect();
         for w in waited_for {
-            if let Some(k) = self.kind(&w) {
-                k.notify(&w);
-            }
+            self.wake(&w);
         }
     }
 
@@ -250,9 +248,7 @@ impl ReferenceIndex {
         }
         if let Some((_, waiters)) = self.waiters.remove(&**target) {
             for w in waiters {
-                if let Some(k) = self.kind(&w) {
-                    k.notify(&w);
-                }
+                self.wake(&w);
             }
         }
     }
@@ -365,9 +361,14 @@ impl ReferenceIndex {
     /// `from`'s, e.g. a cycle that just closed).
     pub(crate) fn notify_held(&self, from: &Target) {
         for t in self.held_by(from) {
-            if let Some(k) = self.kind(&t) {
-                k.notify(&t);
-            }
+            self.wake(&t);
+        }
+    }
+
+    /// Wake `t`'s actor (through its kind's runtime), if its kind is managed here.
+    fn wake(&self, t: &Target) {
+        if let Some(k) = self.kind(t) {
+            k.notify(t);
         }
     }
 
@@ -488,9 +489,7 @@ impl ReferenceApi for ReferenceIndex {
         if let Some(mut s) = self.held.get_mut(from) {
             s.remove(target);
         }
-        if let Some(k) = self.kind(target) {
-            k.notify(target);
-        }
+        self.wake(target);
         Ok(())
     }
 }
