@@ -144,18 +144,32 @@ pub(crate) mod tests {
         me: Inbox<M>,
     }
 
+    /// A spawned [`Sink`]: its inbox, what it received, how many doorbells it answered.
+    pub(crate) struct Spawned<M> {
+        pub inbox: Inbox<M>,
+        pub seen: Arc<Mutex<Vec<M>>>,
+        pub rings: Arc<Mutex<u32>>,
+        pub actor: ActorRef<Doorbell>,
+        pub handle: tokio::task::JoinHandle<()>,
+    }
+
     impl<M: Send + Sync + 'static> Sink<M> {
-        /// Spawn a sink; its inbox, and what it has received.
-        pub(crate) async fn spawn() -> (Inbox<M>, Arc<Mutex<Vec<M>>>, ActorRef<Doorbell>) {
+        pub(crate) async fn spawn() -> Spawned<M> {
             let (unbound, rx) = channel();
-            let seen = Arc::new(Mutex::new(Vec::new()));
             let sink = Sink {
-                seen: seen.clone(),
+                seen: Arc::default(),
                 rings: Arc::default(),
                 inbox: unbound.clone(),
             };
-            let (actor, _) = Actor::spawn(None, sink, rx).await.unwrap();
-            (unbound.bind(actor.clone()), seen, actor)
+            let (seen, rings) = (sink.seen.clone(), sink.rings.clone());
+            let (actor, handle) = Actor::spawn(None, sink, rx).await.unwrap();
+            Spawned {
+                inbox: unbound.bind(actor.clone()),
+                seen,
+                rings,
+                actor,
+                handle,
+            }
         }
     }
 
@@ -196,16 +210,13 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn every_message_arrives_in_order_in_batches() {
-        let (unbound, rx) = channel();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let rings = Arc::new(Mutex::new(0));
-        let sink = Sink {
-            seen: seen.clone(),
-            rings: rings.clone(),
-            inbox: unbound.clone(),
-        };
-        let (actor, handle) = Actor::spawn(None, sink, rx).await.unwrap();
-        let inbox = unbound.bind(actor.clone());
+        let Spawned {
+            inbox,
+            seen,
+            rings,
+            actor,
+            handle,
+        } = Sink::<u32>::spawn().await;
         let n = 10 * BATCH as u32 + 7;
         // Two senders, each in order; on this single-threaded runtime both finish before the
         // actor runs, so it finds everything queued.
@@ -235,15 +246,13 @@ pub(crate) mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_sent_while_a_batch_is_handled_is_not_lost() {
-        let (unbound, rx) = channel();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let sink = Sink {
-            seen: seen.clone(),
-            rings: Arc::default(),
-            inbox: unbound.clone(),
-        };
-        let (actor, handle) = Actor::spawn(None, sink, rx).await.unwrap();
-        let inbox = unbound.bind(actor.clone());
+        let Spawned {
+            inbox,
+            seen,
+            actor,
+            handle,
+            ..
+        } = Sink::<u32>::spawn().await;
         // Trickle messages one at a time, waiting for each: every one must be handled on its own
         // ring or the pending one, never stranded in the queue.
         for i in 0..2000u32 {

@@ -8,7 +8,8 @@
 //! waiting to run, not ten thousand; with passivation (an actor with nothing due stops, see
 //! [`ResourceActor`]) the live actors are about those that have work. Objects that ran before
 //! (re-activated by a notification, a due timer or a change) wait in a queue of their own that
-//! comes before new objects', with every [`NEW_OBJECT_EVERY`]-th start kept for a new object. Those are capped too
+//! comes before new objects', with every [`NEW_OBJECT_EVERY`]-th start kept for a new object.
+//! Live actors are capped too
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
 //! past the cap, activations wait for a live actor to stop, and one still starts every
 //! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
@@ -668,10 +669,11 @@ impl<K: ManagedResource> Actor for Manager<K> {
         myself: ActorRef<Doorbell>,
         args: ManagerArgs<K>,
     ) -> Result<Self::State, ActorProcessingErr> {
+        let me = args.inbox.bind(myself);
         Ok(ManagerState {
             rx: args.rx,
-            passive_timers: PassiveTimers::start(args.inbox.bind(myself.clone())),
-            me: args.inbox.bind(myself),
+            passive_timers: PassiveTimers::start(me.clone()),
+            me,
             slots: FastMap::default(),
             ids: FastMap::default(),
             wake_token: 0,

@@ -128,8 +128,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn due_wake_ups_arrive_once_with_their_token_and_rearming_or_cancelling_replaces_them() {
-        let (inbox, seen, _sink) = Sink::<ManagerMsg<ConfigMap>>::spawn().await;
-        let mut timers = PassiveTimers::start(inbox);
+        let sink = Sink::<ManagerMsg<ConfigMap>>::spawn().await;
+        let seen = sink.seen.clone();
+        let mut timers = PassiveTimers::start(sink.inbox.clone());
         timers.arm(key("a"), 1, Duration::from_secs(10));
         timers.arm(key("b"), 2, Duration::from_secs(20));
         timers.arm(key("a"), 3, Duration::from_secs(30)); // replaces a's first
