@@ -1028,3 +1028,102 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     assert_eq!(news, 12, "every new object ran: {order:?}");
     rt.shutdown().await;
 }
+
+/// Passivated actors adopt the next activations instead of new actors being spawned: sixty
+/// objects through two run slots spawn a handful of actors, every object still runs once per
+/// change, and no two runs of one object overlap.
+#[tokio::test(start_paused = true)]
+async fn passivated_actors_adopt_the_next_objects() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let mut policy = test_policy();
+    policy.max_concurrent_runs = 2;
+    policy.idle_timeout = Some(Duration::from_secs(5));
+    let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
+    for i in 0..60 {
+        create(&client, &format!("r{i}"), 1).await;
+    }
+    wait_all_ready(&client, 60, LIMIT).await;
+    eventually("all passive", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    let m = rt.metrics();
+    assert_eq!((m.activations, m.passivations), (60, 60), "{m:?}");
+    assert!(
+        m.spawns <= 6,
+        "activations were adopted, not spawned: {m:?}"
+    );
+    assert_eq!(log.total(), 60);
+    // Re-activations are adopted too.
+    for i in 0..60 {
+        set_note(&client, &format!("r{i}"), "again").await;
+    }
+    eventually("every object ran again", LIMIT, || async {
+        (log.total() == 120).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let m2 = rt.metrics();
+    assert_eq!(log.total(), 120, "one run per change");
+    assert!(
+        m2.spawns <= m.spawns + 6,
+        "re-activations adopted idle actors: {m2:?}"
+    );
+    for i in 0..60 {
+        let starts = log.starts(&format!("r{i}"));
+        assert_eq!(starts.len(), 2, "r{i}");
+    }
+    rt.shutdown().await;
+}
+
+/// An actor that passivated with a wake-up pending hands the wake-up to the manager; when the
+/// actor then adopts another object, the earlier object's timer reaches the earlier object (by
+/// way of the manager), never the one the actor serves now.
+#[tokio::test(start_paused = true)]
+async fn an_adopting_actor_gets_no_timer_of_the_object_it_served_before() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let mut policy = test_policy();
+    policy.max_concurrent_runs = 1;
+    policy.idle_timeout = Some(Duration::from_secs(5));
+    let l = log.clone();
+    let tree = step("log", move |cx: Context<Widget>| {
+        let log = l.clone();
+        async move {
+            let name = cx.object().name_any();
+            let i = log.start(&name);
+            log.end(i);
+            if name == "a" && log.count("a") == 1 {
+                return Outcome::yield_after(
+                    Duration::from_secs(60),
+                    Reason::new("Later", "come back in a minute"),
+                );
+            }
+            Outcome::Done
+        }
+    });
+    let rt = start_widgets(&client, policy, tree).await;
+    let t0 = Instant::now();
+    create(&client, "a", 1).await;
+    eventually("a passive", LIMIT, || async {
+        let m = rt.metrics();
+        (log.count("a") == 1 && m.passivations == 1).then_some(())
+    })
+    .await;
+    create(&client, "b", 1).await;
+    wait_ready(&client, "b", LIMIT).await;
+    assert_eq!(rt.metrics().spawns, 1, "b adopted a's actor");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!((log.count("a"), log.count("b")), (1, 1), "no stray wake-up");
+    wait_ready(&client, "a", LIMIT).await;
+    let a = log.starts("a");
+    assert_eq!(a.len(), 2);
+    assert!(
+        a[1] >= t0 + Duration::from_secs(60),
+        "a's wake-up came when due"
+    );
+    assert_eq!(log.count("b"), 1, "b never ran for a's timer");
+    assert_eq!(rt.metrics().spawns, 1, "{:?}", rt.metrics());
+    rt.shutdown().await;
+}

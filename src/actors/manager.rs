@@ -1,18 +1,26 @@
-//! The manager supervisor: one per managed kind. Spawns one linked resource actor per object,
-//! restarts failed ones per the [`SupervisorPolicy`](crate::policy::SupervisorPolicy), keeps the
-//! state of passivated actors, and forgets deleted objects.
+//! The manager supervisor: one per managed kind. Gives each object that has work a linked
+//! resource actor, restarts failed ones per the
+//! [`SupervisorPolicy`](crate::policy::SupervisorPolicy), keeps the state of passivated objects,
+//! and forgets deleted objects.
 //!
 //! An object gets a live actor only when it can run: activations wait in a queue for a run slot
-//! (a permit of the runtime's `max_concurrent_runs` semaphore), which the new actor's first pass
-//! then uses. Ten thousand new objects so make at most `max_concurrent_runs` actors that are
-//! waiting to run, not ten thousand; with passivation (an actor with nothing due stops, see
-//! [`ResourceActor`]) the live actors are about those that have work. Objects that ran before
+//! (a permit of the runtime's `max_concurrent_runs` semaphore), which the actor's first pass then
+//! uses. Ten thousand new objects so make at most `max_concurrent_runs` actors that are waiting
+//! to run, not ten thousand; with passivation (an actor with nothing due hands its object back,
+//! see [`ResourceActor`]) the live actors are about those that have work. Objects that ran before
 //! (re-activated by a notification, a due timer or a change) wait in a queue of their own that
 //! comes before new objects', with every [`NEW_OBJECT_EVERY`]-th start kept for a new object.
 //! Live actors are capped too
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
-//! past the cap, activations wait for a live actor to stop, and one still starts every
+//! past the cap, activations wait for a live actor to passivate, and one still starts every
 //! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
+//!
+//! An activation goes to an idle actor — one that passivated and handed its object back
+//! ([`ManagerMsg::Passivated`]) — when there is one, and spawns an actor only when there is none.
+//! At 10k new objects, spawning and stopping an actor per object (allocations, a task, the link,
+//! and two supervision events through this one serial mailbox) made the manager the bottleneck
+//! of the first passes: ≈ 5 µs per object, where adopting costs two inbox messages. At most
+//! [`Manager::idle_bound`] idle actors are kept; one past it is stopped.
 //!
 //! Every [`ManagerMsg`] reaches the manager through its batching [`inbox`], not ractor's message
 //! port: one ractor receive hands over a batch, so a backlog does not wait a scheduler turn per
@@ -32,9 +40,9 @@ use tokio::time::Instant;
 
 use super::inbox::{self, Doorbell, Inbox};
 use super::passive_timers::PassiveTimers;
-use super::resource::{ResourceActor, ResourceArgs, ResourceState, key_hash};
+use super::resource::{ResourceActor, ResourceArgs, key_hash};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
-use crate::messages::{ManagerMsg, PassiveState, ResourceMsg};
+use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
 use crate::policy::Exhausted;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
@@ -99,7 +107,11 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     /// The pending wake-ups of passive objects.
     passive_timers: PassiveTimers<K>,
     slots: FastMap<ObjectRef<K>, Slot>,
+    /// The actors serving an object, by actor.
     ids: FastMap<ActorId, ObjectRef<K>>,
+    /// Actors that passivated and serve no object, ready to adopt the next activation (at most
+    /// [`Manager::idle_bound`]); the last one in is the first out.
+    idle: Vec<ActorRef<ResourceMsg<K>>>,
     wake_token: u64,
     /// New objects waiting for a run slot (their first activation), oldest first. In both
     /// queues a key whose slot is no longer `Queued` is skipped.
@@ -275,10 +287,33 @@ impl<K: ManagedResource> Manager<K> {
             st.slots.remove(&key); // deleted while it waited
             return;
         }
-        let args = ResourceArgs {
+        let mut activation = Activation {
             key: key.clone(),
             passive,
             permit: Some(permit),
+        };
+        // An idle actor adopts it if there is one: a message instead of a spawn, a stop and two
+        // supervision events (see the module docs).
+        while let Some(actor) = st.idle.pop() {
+            match actor.cast(ResourceMsg::Adopt(Box::new(activation))) {
+                Ok(()) => {
+                    self.serve(st, key, actor.get_id());
+                    return;
+                }
+                // Stopping (the runtime shuts down): try the next, or spawn.
+                Err(ractor::MessagingErr::SendErr(ResourceMsg::Adopt(back))) => activation = *back,
+                // Not returned by a typed `ActorRef` (it hands back what it could not send);
+                // forget the object like a failed spawn does: its next event activates it.
+                Err(e) => {
+                    tracing::error!(object = %key, error = %e, "could not hand an activation to an idle actor");
+                    st.slots.remove(&key);
+                    return;
+                }
+            }
+        }
+        let args = ResourceArgs {
+            manager: st.me.clone(),
+            activation,
         };
         let handler = ResourceActor {
             shared: self.shared.clone(),
@@ -289,22 +324,57 @@ impl<K: ManagedResource> Manager<K> {
         // cannot fail, so the start handle is not watched; an actor that cannot link (the
         // manager is stopping) simply never runs.
         match ractor::ActorRuntime::spawn_linked_instant(None, handler, args, myself.get_cell()) {
-            Ok((actor, _starting)) => {
-                let id = actor.get_id();
-                // The actor inserts its route itself, in `pre_start`.
-                st.ids.insert(id, key.clone());
-                if let Some(slot) = st.slots.get_mut(&key) {
-                    slot.life = Life::Live {
-                        id,
-                        notified: false,
-                    };
-                }
-            }
+            Ok((actor, _starting)) => self.serve(st, key, actor.get_id()),
             Err(e) => {
                 tracing::error!(object = %key, error = %e, "could not spawn resource actor");
                 st.slots.remove(&key);
             }
         }
+    }
+
+    /// Record that actor `id` serves `key` now (it inserts its route itself, as it starts).
+    fn serve(&self, st: &mut ManagerState<K>, key: ObjectRef<K>, id: ActorId) {
+        if let Some(slot) = st.slots.get_mut(&key) {
+            slot.life = Life::Live {
+                id,
+                notified: false,
+            };
+        }
+        st.ids.insert(id, key);
+    }
+
+    /// How many idle actors are kept for the next activations: one per run slot (more could not
+    /// run at once), and never past the live-actor cap.
+    fn idle_bound(&self) -> usize {
+        let policy = &self.shared.policy;
+        policy
+            .max_concurrent_runs
+            .min(policy.max_live_actors.unwrap_or(usize::MAX))
+    }
+
+    /// A resource actor handed its object back ([`ManagerMsg::Passivated`]): keep the actor for
+    /// the next activation (or stop it past [`Manager::idle_bound`]), and settle the object as
+    /// a stopped actor's would be.
+    fn passivated(
+        &self,
+        myself: &ActorRef<Doorbell>,
+        st: &mut ManagerState<K>,
+        actor: ActorRef<ResourceMsg<K>>,
+        ps: PassiveState,
+    ) {
+        let id = actor.get_id();
+        let key = self.retire(st, id);
+        if st.idle.len() < self.idle_bound() {
+            st.idle.push(actor);
+        } else {
+            actor.stop(Some("idle".into()));
+        }
+        let Some(key) = key else { return };
+        let notified = match st.slots.get(&key).map(|s| &s.life) {
+            Some(Life::Live { id: live, notified }) if *live == id => *notified,
+            _ => return,
+        };
+        self.settle_passive(myself, st, key, ps, notified);
     }
 
     /// An actor stopped or failed: drop its route, and return its object's key (`None` if the
@@ -359,34 +429,24 @@ impl<K: ManagedResource> Manager<K> {
     /// A linked resource actor stopped or failed.
     fn supervise(
         &self,
-        myself: &ActorRef<Doorbell>,
         event: SupervisionEvent,
         st: &mut ManagerState<K>,
     ) -> Result<(), ActorProcessingErr> {
         match event {
-            SupervisionEvent::ActorTerminated(cell, last_state, _) => {
-                let Some(key) = self.retire(st, cell.get_id()) else {
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                let id = cell.get_id();
+                let Some(key) = self.retire(st, id) else {
+                    // An idle actor (stopped at shutdown): it serves nothing.
+                    st.idle.retain(|a| a.get_id() != id);
                     return Ok(());
                 };
-                let Some(slot) = st.slots.get_mut(&key) else {
-                    return Ok(());
-                };
-                let Life::Live { id, notified } = slot.life else {
-                    return Ok(());
-                };
-                if id != cell.get_id() {
-                    return Ok(());
-                }
-                // A passivated actor's last state carries what it handed over; any other stop
-                // (its object is gone, or shutdown) forgets the object.
-                let passive = last_state
-                    .and_then(|mut b| b.take::<ResourceState<K>>().ok())
-                    .and_then(|mut s| s.passive.take());
-                match passive {
-                    Some(ps) => self.settle_passive(myself, st, key, *ps, notified),
-                    None => {
-                        st.slots.remove(&key);
-                    }
+                // A serving actor stops only when its object is gone (or at shutdown): forget
+                // the object. (Passivation hands the object back without stopping.)
+                if matches!(
+                    st.slots.get(&key).map(|s| &s.life),
+                    Some(Life::Live { id: live, .. }) if *live == id
+                ) {
+                    st.slots.remove(&key);
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
@@ -617,6 +677,7 @@ impl<K: ManagedResource> Manager<K> {
                     self.activate(myself, st, key, Some(ps));
                 }
             }
+            ManagerMsg::Passivated(actor, ps) => self.passivated(myself, st, actor, ps),
             ManagerMsg::Drain => {
                 st.drain_scheduled = false;
                 self.drain(myself, st);
@@ -676,6 +737,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
             me,
             slots: FastMap::default(),
             ids: FastMap::default(),
+            idle: Vec::new(),
             wake_token: 0,
             queue: VecDeque::new(),
             wakes: VecDeque::new(),
@@ -717,7 +779,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
         event: SupervisionEvent,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let result = self.supervise(&myself, event, st);
+        let result = self.supervise(event, st);
         // A stopped actor's run slot is free now: start the next queued activation on it here,
         // one hop sooner than through the permit waiter.
         self.drain(&myself, st);

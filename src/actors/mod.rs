@@ -1,6 +1,16 @@
 //! The actors: a manager supervisor per kind, a resource actor per object, the watch feeder that
 //! turns kube-runtime watch events into messages.
 //!
+//! A resource actor serves one object at a time, and one object is served by at most one actor
+//! at a time, so one object never has two runs at once. An actor with nothing due soon
+//! *passivates*: it hands its object back to the manager (the object stays in the reflector
+//! store, its pending wake-up and dependency waits are kept by the manager) and the next event,
+//! timer or message for the object activates it again. The actor itself is not stopped: it
+//! stays linked to the manager, idle, and adopts the next activation of any object of its kind
+//! (a message, instead of a stop, a spawn and two supervision events; the manager keeps at most
+//! one idle actor per run slot). To users it is still one actor per resource; the
+//! [`MetricsSnapshot`] tells activations from spawns.
+//!
 //! Message types live in [`crate::messages`]; the tunables in [`crate::policy`].
 
 mod feeder;
@@ -117,6 +127,7 @@ pub struct Metrics {
     peak_live_actors: AtomicU64,
     passivations: AtomicU64,
     activations: AtomicU64,
+    spawns: AtomicU64,
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -144,8 +155,12 @@ pub struct MetricsSnapshot {
     pub peak_live_actors: u64,
     /// Actors stopped for being idle.
     pub passivations: u64,
-    /// Actors spawned (first activation, re-activation after passivation, or restart).
+    /// Activations: an actor began serving an object (its first activation, a re-activation
+    /// after passivation, or a restart).
     pub activations: u64,
+    /// Resource actors spawned. Most activations spawn none: an actor that passivated adopts
+    /// the next activation (see the [module docs](crate::actors)).
+    pub spawns: u64,
 }
 
 impl Metrics {
@@ -165,6 +180,7 @@ impl Metrics {
             peak_live_actors: l(&self.peak_live_actors),
             passivations: l(&self.passivations),
             activations: l(&self.activations),
+            spawns: l(&self.spawns),
         }
     }
 

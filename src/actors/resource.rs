@@ -1,13 +1,17 @@
-//! The resource actor: one per managed object, running its provisioner tree one pass at a time.
+//! The resource actor: serves one managed object at a time, running its provisioner tree one
+//! pass at a time.
 //!
 //! Passivation: an actor that has nothing to do for at least the policy's `idle_timeout` — no
-//! pass due and no wake-up due sooner — stops at once rather than idling (a live ractor actor
-//! costs ~8 KiB; re-activating one costs a spawn, a few µs). It first removes its route, so the
-//! feeder and the reference index send anything new to the manager, then sends itself
-//! [`ResourceMsg::Passivate`]: what was routed here before is handled first, and the manager,
-//! which receives the [`PassiveState`] in the actor's final state, re-activates the object if
-//! anything came in meanwhile (one run at a time holds: the next actor starts after this one
-//! stopped).
+//! pass due and no wake-up due sooner — hands its object back at once rather than idling (a live
+//! ractor actor costs ~8 KiB). It first removes its route, so the feeder and the reference index
+//! send anything new to the manager, then sends itself [`ResourceMsg::Passivate`]: what was
+//! routed here before is handled first. Then it sends the object's [`PassiveState`] to the
+//! manager ([`ManagerMsg::Passivated`]), which re-activates the object if anything came in
+//! meanwhile (one run at a time holds: the object's next activation starts only after the
+//! manager has its state back). The actor keeps nothing of the object and waits, idle, until
+//! the manager gives it another activation ([`ResourceMsg::Adopt`]) or stops it. Its wake-up
+//! tokens carry on across activations, so a timer armed for an earlier object that is delivered
+//! late is stale to the next one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,9 +27,10 @@ use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
+use super::inbox::Inbox;
 use super::timer::{RunSlot, TimerMsg, WakeSlot};
 use super::{ManagedResource, Metrics, Shared, version_of};
-use crate::messages::{PassiveState, ResourceMsg};
+use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::{ReferenceApi, Target};
 use crate::status::{ReadyReason, ResourceStatus};
@@ -37,11 +42,10 @@ pub(crate) struct ResourceActor<K: ManagedResource> {
 
 /// How the manager starts a resource actor.
 pub(crate) struct ResourceArgs<K: ManagedResource> {
-    pub key: ObjectRef<K>,
-    /// State handed back at passivation (`None` for a first activation or a restart).
-    pub passive: Option<PassiveState>,
-    /// The run slot the manager acquired for the first pass.
-    pub permit: Option<OwnedSemaphorePermit>,
+    /// The manager's inbox, where the actor hands its object back when it passivates.
+    pub manager: Inbox<ManagerMsg<K>>,
+    /// The object it serves first.
+    pub activation: Activation<K>,
 }
 
 /// One object's actor state.
@@ -67,8 +71,10 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     error_attempts: u32,
     /// Boxed, like `passive`: rarely set, and every live actor carries this state.
     error_backoff: Option<Box<ExponentialBackoff>>,
-    /// Set when passivating: what the manager keeps (it takes it from the terminated state).
-    pub(crate) passive: Option<Box<PassiveState>>,
+    /// The manager's inbox ([`ManagerMsg::Passivated`] goes there).
+    manager: Inbox<ManagerMsg<K>>,
+    /// The actor serves `key` (an activation); `false` once it passivated and handed it back.
+    serving: bool,
     /// This object as a reference target (fixed for the actor's life).
     target: Arc<Target>,
     /// The parsed actorcile status of one object version.
@@ -170,6 +176,117 @@ impl<K: ManagedResource> ResourceActor<K> {
             .routes
             .remove_if(&st.key, |_, a| a.get_id() == id);
         let _ = myself.cast(ResourceMsg::Passivate);
+    }
+
+    /// The state of a new activation of `activation.key`: inserts the actor's route, then reads
+    /// the object (whatever the feeder stores after this read is routed here). `wake` is the
+    /// actor's wake-up slot, kept across activations so that a timer armed for an earlier object
+    /// never matches a token of this one.
+    fn begin(
+        &self,
+        myself: &ActorRef<ResourceMsg<K>>,
+        manager: Inbox<ManagerMsg<K>>,
+        activation: Activation<K>,
+        wake: WakeSlot,
+    ) -> ResourceState<K> {
+        self.shared.metrics.actor_started();
+        let Activation {
+            key,
+            passive,
+            permit,
+        } = activation;
+        // The actor's own route, not the manager's: it must exist before the first pass can end
+        // in a passivation that removes it.
+        self.shared.routes.insert(key.clone(), myself.clone());
+        let object = self.shared.store.get(&key);
+        let target = self.shared.references.shared_target(Target::new(
+            K::api_version(&()),
+            K::kind(&()),
+            key.namespace.as_deref(),
+            key.name.clone(),
+        ));
+        let mut st = ResourceState {
+            key,
+            object,
+            last_run_version: None,
+            own_writes: Vec::new(),
+            dirty: false,
+            run_pending: false,
+            queued: false,
+            wake,
+            permit,
+            passivating: false,
+            error_attempts: 0,
+            error_backoff: None,
+            manager,
+            serving: true,
+            target,
+            status_cache: None,
+            last_outcome: None,
+            was_ready: None,
+            cx: None,
+        };
+        if let Some(p) = passive {
+            st.dirty = p.pending_run;
+            st.last_run_version = p.last_run_version;
+            st.own_writes = p.own_writes;
+            st.error_attempts = p.error_attempts;
+            if let Some(d) = p.wake_in {
+                self.schedule_wake(myself, &mut st, d);
+            }
+        }
+        st
+    }
+
+    /// An activation's first pass, if its object has news (or a pass was pending), then
+    /// passivation if nothing is due soon. An object gone meanwhile stops the actor.
+    async fn first_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        match &st.object {
+            None => myself.stop(Some("gone".into())),
+            Some(obj) => {
+                if st.dirty || st.is_news(version_of(obj.as_ref())) {
+                    // The first pass runs right here, on the manager's run slot (no `Run` hop);
+                    // what arrives meanwhile coalesces into one follow-up run.
+                    st.dirty = true;
+                    self.run_if_dirty(myself, st, None).await;
+                }
+                self.maybe_passivate(myself, st);
+            }
+        }
+    }
+
+    /// Hand the object back to the manager ([`ResourceMsg::Passivate`]): its [`PassiveState`]
+    /// goes in [`ManagerMsg::Passivated`], and the actor keeps nothing of it but its wake-up
+    /// tokens, ready to adopt the next activation the manager gives it.
+    fn hand_back(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        let state = PassiveState {
+            last_run_version: st.last_run_version,
+            own_writes: std::mem::take(&mut st.own_writes),
+            error_attempts: st.error_attempts,
+            wake_in: st
+                .wake
+                .deadline()
+                .map(|at| at.saturating_duration_since(Instant::now())),
+            pending_run: st.dirty || st.run_pending,
+        };
+        // The manager keeps the wake-up now (the actor's timer would reach the next object).
+        self.cancel_wake(myself, st);
+        st.serving = false;
+        st.dirty = false;
+        st.object = None;
+        st.cx = None;
+        st.status_cache = None;
+        st.last_outcome = None;
+        st.error_backoff = None;
+        st.permit = None;
+        Metrics::inc(&self.shared.metrics.passivations);
+        Metrics::dec(&self.shared.metrics.live_actors);
+        if !st
+            .manager
+            .send(ManagerMsg::Passivated(myself.clone(), state))
+        {
+            myself.stop(Some("the manager stopped".into()));
+        }
     }
 
     fn context(&self, obj: Arc<K>, status: Arc<ResourceStatus>) -> Context<K> {
@@ -699,47 +816,8 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        self.shared.metrics.actor_started();
-        // The route first, then the object: whatever the feeder stores after this read is routed
-        // here. (The actor's own route, not the manager's: it must exist before the first pass
-        // can end in a passivation that removes it.)
-        self.shared.routes.insert(args.key.clone(), myself.clone());
-        let object = self.shared.store.get(&args.key);
-        let mut st = ResourceState {
-            key: args.key.clone(),
-            object,
-            last_run_version: None,
-            own_writes: Vec::new(),
-            dirty: false,
-            run_pending: false,
-            queued: false,
-            wake: WakeSlot::default(),
-            permit: args.permit,
-            passivating: false,
-            error_attempts: 0,
-            error_backoff: None,
-            passive: None,
-            target: self.shared.references.shared_target(Target::new(
-                K::api_version(&()),
-                K::kind(&()),
-                args.key.namespace.as_deref(),
-                args.key.name.clone(),
-            )),
-            status_cache: None,
-            last_outcome: None,
-            was_ready: None,
-            cx: None,
-        };
-        if let Some(p) = args.passive {
-            st.dirty = p.pending_run;
-            st.last_run_version = p.last_run_version;
-            st.own_writes = p.own_writes;
-            st.error_attempts = p.error_attempts;
-            if let Some(d) = p.wake_in {
-                self.schedule_wake(&myself, &mut st, d);
-            }
-        }
-        Ok(st)
+        Metrics::inc(&self.shared.metrics.spawns);
+        Ok(self.begin(&myself, args.manager, args.activation, WakeSlot::default()))
     }
 
     async fn post_start(
@@ -747,18 +825,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         myself: ActorRef<Self::Msg>,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        match &st.object {
-            None => myself.stop(Some("gone".into())),
-            Some(obj) => {
-                if st.dirty || st.is_news(version_of(obj.as_ref())) {
-                    // The first pass runs right here, on the manager's run slot (no `Run` hop);
-                    // what arrives meanwhile coalesces into one follow-up run.
-                    st.dirty = true;
-                    self.run_if_dirty(&myself, st, None).await;
-                }
-                self.maybe_passivate(&myself, st);
-            }
-        }
+        self.first_pass(&myself, st).await;
         Ok(())
     }
 
@@ -771,7 +838,9 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         if st.wake.deadline().is_some() {
             self.shared.timers.cancel(myself.get_id());
         }
-        Metrics::dec(&self.shared.metrics.live_actors);
+        if st.serving {
+            Metrics::dec(&self.shared.metrics.live_actors);
+        }
         Ok(())
     }
 
@@ -818,19 +887,14 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             }
             ResourceMsg::Notify => st.trigger_run(&myself),
             ResourceMsg::Passivate => {
-                let state = PassiveState {
-                    last_run_version: st.last_run_version,
-                    own_writes: std::mem::take(&mut st.own_writes),
-                    error_attempts: st.error_attempts,
-                    wake_in: st
-                        .wake
-                        .deadline()
-                        .map(|at| at.saturating_duration_since(Instant::now())),
-                    pending_run: st.dirty || st.run_pending,
-                };
-                st.passive = Some(Box::new(state));
-                Metrics::inc(&self.shared.metrics.passivations);
-                myself.stop(Some("passivated".into()));
+                self.hand_back(&myself, st);
+                return Ok(());
+            }
+            ResourceMsg::Adopt(activation) => {
+                let wake = std::mem::take(&mut st.wake);
+                let manager = st.manager.clone();
+                *st = self.begin(&myself, manager, *activation, wake);
+                self.first_pass(&myself, st).await;
                 return Ok(());
             }
         }

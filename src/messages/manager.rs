@@ -4,7 +4,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
+use ractor::ActorRef;
 use tokio::sync::OwnedSemaphorePermit;
+
+use super::ResourceMsg;
 
 /// What a resource actor remembers across passivation (everything else is in the reflector
 /// store): the versions it has already handled, so a re-activation does not redo finished work.
@@ -42,6 +45,10 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// A run slot for the next queued activation (an object gets a live actor only once it can
     /// run: see the manager's activation queue).
     Permit(OwnedSemaphorePermit),
+    /// A resource actor passivated: it serves no object now, and hands back what its object's
+    /// next activation needs. The manager re-activates the object if anything came in
+    /// meanwhile, and gives the actor the next activation (or keeps it idle, or stops it).
+    Passivated(ActorRef<ResourceMsg<K>>, PassiveState),
     /// Self-message: the live-actor cap lets the next queued activation start now (see
     /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
     Drain,

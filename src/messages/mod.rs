@@ -4,4 +4,4 @@ mod manager;
 mod resource;
 
 pub use manager::{ManagerMsg, PassiveState};
-pub use resource::ResourceMsg;
+pub use resource::{Activation, ResourceMsg};

@@ -2,11 +2,15 @@
 
 use std::sync::Arc;
 
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::PassiveState;
 use crate::actors::RunSlot;
 
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
-pub enum ResourceMsg<K> {
+pub enum ResourceMsg<K: kube::Resource<DynamicType = ()>> {
     /// The watch feeder observed a new version of the object.
     Observed(Arc<K>),
     /// The object is gone from the API: stop and be forgotten.
@@ -21,7 +25,23 @@ pub enum ResourceMsg<K> {
     /// A dependency became Ready, or a referrer released this object: run now.
     Notify,
     /// Self-message, sent once the actor has removed its route (so nothing new is routed here):
-    /// stop now, leaving a [`PassiveState`](super::PassiveState) in the final state the manager
-    /// receives. Everything routed here before it is handled first.
+    /// hand the object back to the manager now, as a [`PassiveState`](super::PassiveState) in
+    /// [`ManagerMsg::Passivated`](super::ManagerMsg::Passivated). Everything routed here before
+    /// it is handled first.
     Passivate,
+    /// From the manager, to an actor that passivated and now serves no object: serve this one
+    /// (an activation, as if the actor had just been spawned for it).
+    Adopt(Box<Activation<K>>),
+}
+
+/// One activation of an object: what an actor is given to serve it, when spawned for it or when
+/// it adopts it ([`ResourceMsg::Adopt`]).
+#[derive(Debug)]
+pub struct Activation<K: kube::Resource<DynamicType = ()>> {
+    /// The object.
+    pub key: ObjectRef<K>,
+    /// State handed back at passivation (`None` for a first activation or a restart).
+    pub passive: Option<PassiveState>,
+    /// The run slot the manager acquired for the first pass.
+    pub permit: Option<OwnedSemaphorePermit>,
 }
