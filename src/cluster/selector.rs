@@ -184,6 +184,9 @@ impl LabelSelector {
 
     /// Whether an object (its JSON) matches.
     pub(crate) fn matches(&self, obj: &Value) -> bool {
+        if self.reqs.is_empty() {
+            return true; // most lists and watches: no lookup per object
+        }
         let labels = obj.pointer("/metadata/labels");
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
         self.reqs.iter().all(|r| match r {

@@ -984,8 +984,13 @@ impl Store {
         }
         let head =
             json!({"kind": kind.list_kind, "apiVersion": kind.api_version, "metadata": metadata});
-        let mut out = serde_json::to_vec(&head).unwrap_or_default();
-        out.pop(); // the closing brace
+        let head = serde_json::to_vec(&head).unwrap_or_default();
+        // One allocation of the page's exact size: growing it by doubling touched about twice
+        // its size in fresh memory per page, a tenth of a 10k-object benchmark's CPU in page
+        // faults.
+        let len = head.len() + 12 + items.len() + items.iter().map(Bytes::len).sum::<usize>();
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&head[..head.len().saturating_sub(1)]); // without the closing brace
         out.extend_from_slice(b",\"items\":[");
         for (i, it) in items.iter().enumerate() {
             if i > 0 {
