@@ -214,6 +214,12 @@ impl ResourceStatus {
         self.with_ready(phase, ready, reason, message, generation)
     }
 
+    /// Whether [`ResourceStatus::after_provision`] with `outcome` is Ready (only a done pass
+    /// is), without building the status.
+    pub fn ready_after(outcome: &Outcome) -> bool {
+        outcome.is_done()
+    }
+
     /// The status a deprovision pass that is not done yet should leave.
     pub fn while_deprovisioning(
         &self,
@@ -243,6 +249,34 @@ fn now_rfc3339() -> String {
 mod tests {
     use super::*;
     use crate::provisioners::Reason;
+
+    #[test]
+    fn ready_after_agrees_with_the_status_after_provision() {
+        let r = || Reason::new("Code", "message");
+        let outcomes = [
+            Outcome::Done,
+            Outcome::yield_after(std::time::Duration::from_secs(1), r()),
+            Outcome::Waiting {
+                target: crate::references::Target::new("v1", "ConfigMap", Some("ns"), "cm"),
+                reason: r(),
+            },
+            Outcome::failed(r(), std::io::Error::other("boom")),
+            Outcome::Terminal(r()),
+            Outcome::UserActionRequired(r()),
+        ];
+        for before in [
+            ResourceStatus::default(),
+            ResourceStatus::default().after_provision(&Outcome::Done, Some(1)),
+        ] {
+            for o in &outcomes {
+                assert_eq!(
+                    ResourceStatus::ready_after(o),
+                    before.after_provision(o, Some(2)).is_ready(),
+                    "{o:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn of_reads_only_our_part_of_the_status() {

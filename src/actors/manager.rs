@@ -574,9 +574,9 @@ impl<K: ManagedResource> Manager<K> {
         match msg {
             ManagerMsg::Event(key) => {
                 let Some(slot) = st.slots.get_mut(&key) else {
-                    if self.shared.store.get(&key).is_some() {
-                        self.activate(myself, st, key, None);
-                    }
+                    // New: the feeder stored it before routing it here. (Deleted since, it is
+                    // dropped from the queue when its turn comes: `start` reads the store.)
+                    self.activate(myself, st, key, None);
                     return Ok(());
                 };
                 match &mut slot.life {

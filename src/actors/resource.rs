@@ -432,12 +432,19 @@ impl<K: ManagedResource> ResourceActor<K> {
                 .as_ref()
                 .is_some_and(|k| k.matches(&outcome, generation, deleting, version));
         if !unchanged {
-            let desired = desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
-            let ready = desired.is_ready();
             let mut written = true;
-            if shared.write_status && desired != *status {
-                written = Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
-            }
+            let ready = if shared.write_status {
+                let desired =
+                    desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
+                if desired != *status {
+                    written =
+                        Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
+                }
+                desired.is_ready()
+            } else {
+                // Status is not ours to write: only its readiness is needed, not the status.
+                desired.map_or_else(|| ResourceStatus::ready_after(&outcome), |d| d.is_ready())
+            };
             // Ready is announced once the Ready status is in the API (or status is not ours to
             // write); not Ready at once.
             if st.was_ready != Some(ready) && (written || !ready) {
