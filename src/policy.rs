@@ -34,8 +34,8 @@
 //! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
 //! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
 //! | `max_concurrent_runs` | 64 | provisioner runs in flight across the runtime |
-//! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to stop (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while passes run late). Slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
-//! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (stops; re-activated by its next event, timer or message; its timer is kept by the manager); `none` never |
+//! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to passivate (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while passes run late). Slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
+//! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
 
 use std::path::Path;
@@ -66,9 +66,11 @@ pub struct SupervisorPolicy {
     /// Provisioner runs in flight across the runtime.
     pub max_concurrent_runs: usize,
     /// Live resource actors per kind beyond which activations (new objects, re-activations)
-    /// wait in the manager's queue for a live actor to stop (`None`: no cap). One still starts
-    /// every 10 ms while the cap is reached, so actors that stay live (wake-ups due within the
-    /// idle timeout) slow new objects down but cannot starve them.
+    /// wait in the manager's queue for a live actor to passivate (`None`: no cap). One still
+    /// starts every 10 ms while the cap is reached, so actors that stay live (wake-ups due
+    /// within the idle timeout) slow new objects down but cannot starve them. Idle actors kept
+    /// for adoption (at most one per run slot, never more than the cap) are not live: they
+    /// serve no object.
     ///
     /// A cap bounds the memory a burst of new objects takes (a live actor costs ≈ 8 KiB) and
     /// how many objects are in progress at once. When passes are CPU-bound, that is also how
@@ -83,8 +85,9 @@ pub struct SupervisorPolicy {
     /// a cap when memory needs a hard bound.
     pub max_live_actors: Option<usize>,
     /// Passivation horizon: a resource actor with no pass pending and no wake-up due within
-    /// this long stops as soon as its pass ends, instead of idling (`None`: never; `"none"` in
-    /// TOML). An actor in a yield loop shorter than this stays live between passes.
+    /// this long hands its object back as soon as its pass ends, instead of idling with it
+    /// (`None`: never; `"none"` in TOML); the actor then adopts the next activation of its kind.
+    /// An actor in a yield loop shorter than this stays live between passes.
     #[serde(with = "optional_duration")]
     pub idle_timeout: Option<Duration>,
     /// How long graceful shutdown waits for in-flight runs.
