@@ -1127,3 +1127,67 @@ async fn an_adopting_actor_gets_no_timer_of_the_object_it_served_before() {
     assert_eq!(rt.metrics().spawns, 1, "{:?}", rt.metrics());
     rt.shutdown().await;
 }
+
+/// A provisioner that panics in an actor that had adopted its object: the failed actor is
+/// replaced (never handed out again), the object is restarted per policy and gets Ready, and the
+/// idle actors keep serving the other objects.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_an_adopted_actor_restarts_its_object_and_spares_the_others() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let boom_runs = Arc::new(AtomicU32::new(0));
+    let (l, p) = (log.clone(), boom_runs.clone());
+    let tree = step("panics-once-on-a-change", move |cx: Context<Widget>| {
+        let (l, p) = (l.clone(), p.clone());
+        async move {
+            let name = cx.object().name_any();
+            l.start(&name);
+            if cx.object().spec.note == "boom" && p.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("provisioner bug on the second activation");
+            }
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.max_concurrent_runs = 1;
+    policy.idle_timeout = Some(Duration::from_secs(5));
+    policy.restart.backoff.min = Duration::from_millis(100);
+    let rt = start_widgets(&client, policy, tree).await;
+    for name in ["a", "b"] {
+        create(&client, name, 1).await;
+        wait_ready(&client, name, LIMIT).await;
+    }
+    eventually("both passive", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    let before = rt.metrics();
+    set_note(&client, "a", "boom").await;
+    eventually("a ran after its restart", LIMIT, || async {
+        (log.count("a") == 3).then_some(())
+    })
+    .await;
+    wait_ready(&client, "a", LIMIT).await;
+    set_note(&client, "b", "after").await;
+    eventually("b ran again", LIMIT, || async {
+        (log.count("b") == 2).then_some(())
+    })
+    .await;
+    eventually("all passive again", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    let m = rt.metrics();
+    assert_eq!(m.restarts, before.restarts + 1, "{m:?}");
+    assert_eq!(
+        boom_runs.load(Ordering::SeqCst),
+        2,
+        "a's \"boom\" version ran twice: the panic, then the restart"
+    );
+    assert_eq!(
+        m.spawns,
+        before.spawns + 1,
+        "only the failed actor was replaced: {m:?}"
+    );
+    rt.shutdown().await;
+}
