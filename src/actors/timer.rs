@@ -411,8 +411,10 @@ impl<M: TimerMsg> Wheel<M> {
     }
 
     /// Give `slot` to the next waiting activation if `activation` (its turn), else to the next
-    /// waiting pass.
-    fn give(&mut self, slot: OwnedSemaphorePermit, activation: bool) {
+    /// waiting pass, stamped with `now`: the time the task read at the start of this round (no
+    /// clock read per delivery; a round's deliveries take microseconds, and a delivery the task
+    /// itself was slow to make counts as late, which it is).
+    fn give(&mut self, slot: OwnedSemaphorePermit, activation: bool, now: Instant) {
         if activation && let Some(give) = self.activations.pop_front() {
             self.since_activation = 0;
             give(slot);
@@ -420,7 +422,7 @@ impl<M: TimerMsg> Wheel<M> {
             self.since_activation += 1;
             msg.give_slot(RunSlot {
                 permit: slot,
-                given_at: Instant::now(),
+                given_at: now,
             });
             let _ = to.cast(msg);
         }
@@ -469,7 +471,7 @@ impl<M: TimerMsg> Wheel<M> {
                 }
                 let Some(slots) = &mut self.slots else { break };
                 match slots.poll_acquire(cx) {
-                    Poll::Ready(Some(slot)) => self.give(slot, activation),
+                    Poll::Ready(Some(slot)) => self.give(slot, activation, now),
                     // Closed: the runtime is shutting down and no pass may start.
                     Poll::Ready(None) => {
                         self.ready.clear();
