@@ -17,6 +17,14 @@ use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
+/// [`test_policy`] with passivation after `idle` (tests' default is never).
+fn passivating(idle: Duration) -> SupervisorPolicy {
+    SupervisorPolicy {
+        idle_timeout: Some(idle),
+        ..test_policy()
+    }
+}
+
 /// A tree that logs every provision call of `Widget`s.
 fn logging_step(log: RunLog) -> impl Provisioner<Widget> {
     step("log", move |cx: Context<Widget>| {
@@ -443,8 +451,7 @@ async fn an_idle_rerun_writes_no_status() {
 async fn idle_actors_passivate_and_reactivate_on_their_next_event() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let mut policy = test_policy();
-    policy.idle_timeout = Some(Duration::from_secs(5));
+    let policy = passivating(Duration::from_secs(5));
     let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     for i in 0..10 {
         create(&client, &format!("z{i}"), 1).await;
@@ -481,8 +488,7 @@ async fn idle_actors_passivate_and_reactivate_on_their_next_event() {
 async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let mut policy = test_policy();
-    policy.idle_timeout = Some(Duration::from_secs(5));
+    let policy = passivating(Duration::from_secs(5));
     let l = log.clone();
     let tree = step("yield", move |cx: Context<Widget>| {
         let log = l.clone();
@@ -557,9 +563,8 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
     let gate = Arc::new(Notify::new());
-    let mut policy = test_policy();
+    let mut policy = passivating(Duration::from_secs(5));
     policy.max_concurrent_runs = 2;
-    policy.idle_timeout = Some(Duration::from_secs(5));
     let (l, g) = (log.clone(), gate.clone());
     let tree = step("blocked", move |cx: Context<Widget>| {
         let (log, gate) = (l.clone(), g.clone());
@@ -621,8 +626,7 @@ fn yielding(times: u32, every: Duration) -> impl Provisioner<Widget> {
 #[tokio::test(start_paused = true)]
 async fn live_actors_stay_at_the_cap_and_every_object_finishes() {
     let (_cluster, client) = cluster();
-    let mut policy = test_policy();
-    policy.idle_timeout = Some(Duration::from_secs(30));
+    let mut policy = passivating(Duration::from_secs(30));
     policy.max_live_actors = Some(4);
     let rt = start_widgets(&client, policy, yielding(3, Duration::from_millis(1))).await;
     for i in 0..40 {
@@ -654,8 +658,7 @@ async fn a_saturated_runtime_still_starts_and_finishes_every_object() {
         std::thread::sleep(Duration::from_micros(250));
         Outcome::Done
     });
-    let mut policy = test_policy();
-    policy.idle_timeout = Some(Duration::from_secs(30));
+    let policy = passivating(Duration::from_secs(30));
     let rt = start_widgets(&client, policy, serial![busy, yields]).await;
     wait_all_ready(&client, objects, LIMIT).await;
     let m = rt.metrics();
@@ -786,8 +789,7 @@ async fn objects_that_exist_before_the_runtime_starts_are_provisioned() {
 async fn poll_timers_survive_passivation() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let mut policy = test_policy();
-    policy.idle_timeout = Some(Duration::from_secs(1));
+    let mut policy = passivating(Duration::from_secs(1));
     policy.poll_interval = Some(Duration::from_secs(10));
     policy.poll_jitter = 0.0;
     let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
@@ -811,8 +813,7 @@ async fn a_relist_does_not_postpone_a_passive_objects_poll() {
     // and the watcher lists again.
     let (cluster, client) = with_crds(actorcile::cluster::Cluster::builder().history(10).build());
     let log = RunLog::default();
-    let mut policy = test_policy();
-    policy.idle_timeout = Some(Duration::from_secs(1));
+    let mut policy = passivating(Duration::from_secs(1));
     policy.poll_interval = Some(Duration::from_secs(600));
     policy.poll_jitter = 0.0;
     let mut watcher = kube::runtime::watcher::Config::default().timeout(30);
@@ -972,9 +973,8 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     let gate = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
     let log = RunLog::default();
-    let mut policy = test_policy();
+    let mut policy = passivating(Duration::from_secs(30));
     policy.max_concurrent_runs = 1;
-    policy.idle_timeout = Some(Duration::from_secs(30));
     policy.dependency_poll = Duration::from_secs(3600);
     let (g, e, l) = (gate.clone(), entered.clone(), log.clone());
     let tree = step("gated", move |cx: Context<Widget>| {
@@ -1036,9 +1036,8 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
 async fn passivated_actors_adopt_the_next_objects() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let mut policy = test_policy();
+    let mut policy = passivating(Duration::from_secs(5));
     policy.max_concurrent_runs = 2;
-    policy.idle_timeout = Some(Duration::from_secs(5));
     let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     for i in 0..60 {
         create(&client, &format!("r{i}"), 1).await;
@@ -1084,9 +1083,8 @@ async fn passivated_actors_adopt_the_next_objects() {
 async fn an_adopting_actor_gets_no_timer_of_the_object_it_served_before() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let mut policy = test_policy();
+    let mut policy = passivating(Duration::from_secs(5));
     policy.max_concurrent_runs = 1;
-    policy.idle_timeout = Some(Duration::from_secs(5));
     let l = log.clone();
     let tree = step("log", move |cx: Context<Widget>| {
         let log = l.clone();
@@ -1148,9 +1146,8 @@ async fn a_panic_in_an_adopted_actor_restarts_its_object_and_spares_the_others()
             Outcome::Done
         }
     });
-    let mut policy = test_policy();
+    let mut policy = passivating(Duration::from_secs(5));
     policy.max_concurrent_runs = 1;
-    policy.idle_timeout = Some(Duration::from_secs(5));
     policy.restart.backoff.min = Duration::from_millis(100);
     let rt = start_widgets(&client, policy, tree).await;
     for name in ["a", "b"] {
