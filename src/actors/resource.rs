@@ -69,13 +69,13 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     /// The route is removed and [`ResourceMsg::Passivate`] is on its way.
     passivating: bool,
     error_attempts: u32,
-    /// Boxed, like `passive`: rarely set, and every live actor carries this state.
+    /// Boxed: rarely set, and every live actor carries this state.
     error_backoff: Option<Box<ExponentialBackoff>>,
     /// The manager's inbox ([`ManagerMsg::Passivated`] goes there).
     manager: Inbox<ManagerMsg<K>>,
     /// The actor serves `key` (an activation); `false` once it passivated and handed it back.
     serving: bool,
-    /// This object as a reference target (fixed for the actor's life).
+    /// This object as a reference target (fixed for the activation).
     target: Arc<Target>,
     /// The parsed actorcile status of one object version.
     status_cache: Option<(Option<u64>, Arc<ResourceStatus>)>,

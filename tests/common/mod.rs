@@ -226,6 +226,22 @@ impl RunLog {
     pub fn total(&self) -> usize {
         self.0.lock().unwrap().len()
     }
+    /// Panics if a run of `name` started before its previous run ended.
+    pub fn assert_no_overlap(&self, name: &str) {
+        let mut mine: Vec<Run> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.0 == name)
+            .cloned()
+            .collect();
+        mine.sort_by_key(|r| r.1);
+        for w in mine.windows(2) {
+            let end = w[0].2.expect("run finished");
+            assert!(end <= w[1].1, "overlapping runs of {name}");
+        }
+    }
 }
 
 /// A policy for fast, deterministic tests.
