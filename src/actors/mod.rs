@@ -115,7 +115,9 @@ pub(crate) fn is_news(last_run: Option<u64>, own_writes: &[u64], version: Option
 /// [`Metrics::snapshot`].
 #[derive(Debug, Default)]
 pub struct Metrics {
-    runs: AtomicU64,
+    // Every pass touches these from whichever worker runs it: no `runs` counter of its own (it
+    // is the sum of the two below), and peaks are read before they are raised, so a pass makes
+    // as few read-modify-writes of these shared cache lines as it can.
     provision_runs: AtomicU64,
     deprovision_runs: AtomicU64,
     restarts: AtomicU64,
@@ -168,7 +170,7 @@ impl Metrics {
     pub fn snapshot(&self) -> MetricsSnapshot {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MetricsSnapshot {
-            runs: l(&self.runs),
+            runs: l(&self.provision_runs) + l(&self.deprovision_runs),
             provision_runs: l(&self.provision_runs),
             deprovision_runs: l(&self.deprovision_runs),
             restarts: l(&self.restarts),
@@ -185,14 +187,13 @@ impl Metrics {
     }
 
     fn run_started(&self, deleting: bool) -> InFlight<'_> {
-        self.runs.fetch_add(1, Ordering::Relaxed);
         if deleting {
             self.deprovision_runs.fetch_add(1, Ordering::Relaxed);
         } else {
             self.provision_runs.fetch_add(1, Ordering::Relaxed);
         }
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.peak_in_flight.fetch_max(now, Ordering::Relaxed);
+        raise_peak(&self.peak_in_flight, now);
         InFlight(self)
     }
 
@@ -200,7 +201,7 @@ impl Metrics {
     fn actor_started(&self) {
         Self::inc(&self.activations);
         let live = self.live_actors.fetch_add(1, Ordering::Relaxed) + 1;
-        self.peak_live_actors.fetch_max(live, Ordering::Relaxed);
+        raise_peak(&self.peak_live_actors, live);
     }
 
     fn inc(counter: &AtomicU64) {
@@ -209,6 +210,13 @@ impl Metrics {
 
     fn dec(counter: &AtomicU64) {
         counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Raise `peak` to `value` if it is higher (a plain load first: most calls raise nothing).
+fn raise_peak(peak: &AtomicU64, value: u64) {
+    if value > peak.load(Ordering::Relaxed) {
+        peak.fetch_max(value, Ordering::Relaxed);
     }
 }
 

@@ -335,8 +335,7 @@ impl<K: ManagedResource> ResourceActor<K> {
     }
 
     /// The object's actorcile status, parsed once per object version.
-    fn status_of(st: &mut ResourceState<K>, obj: &K) -> Arc<ResourceStatus> {
-        let v = version_of(obj);
+    fn status_of(st: &mut ResourceState<K>, obj: &K, v: Option<u64>) -> Arc<ResourceStatus> {
         match &st.status_cache {
             Some((cv, s)) if v.is_some() && *cv == v => s.clone(),
             _ => {
@@ -364,14 +363,16 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         let deleting = obj.meta().deletion_timestamp.is_some();
         let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.finalizer);
-        st.last_run_version = version_of(obj.as_ref());
+        // Parsed once per pass: on a yield loop's pass the string is cold memory.
+        let mut version = version_of(obj.as_ref());
+        st.last_run_version = version;
         st.own_writes.clear();
         if deleting && !has_finalizer {
             // Never provisioned by us (or already cleaned up): nothing of ours to undo.
             return;
         }
         let _in_flight = shared.metrics.run_started(deleting);
-        let status = Self::status_of(st, obj.as_ref());
+        let status = Self::status_of(st, obj.as_ref(), version);
         let generation = obj.meta().generation;
 
         let Pass { outcome, desired } = if deleting {
@@ -387,6 +388,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     Ok(o) => {
                         st.record_write(o);
                         obj = st.object.clone().unwrap_or(obj);
+                        version = version_of(obj.as_ref());
                     }
                     Err(e) => {
                         pre_failure = Some(Outcome::failed(
@@ -425,7 +427,6 @@ impl<K: ManagedResource> ResourceActor<K> {
 
         // The status this pass leaves. Skipped entirely when the same outcome meets the same
         // object version as last time (a yield loop, an idle re-run): nothing can have changed.
-        let version = version_of(obj.as_ref());
         let unchanged = version.is_some()
             && st
                 .last_outcome
@@ -635,11 +636,15 @@ struct Pass {
 }
 
 /// Everything the status of a pass depends on besides the object's current status.
+///
+/// It keeps the outcome's [`Reason`] itself, not copies of its strings: a reason built from
+/// string literals (the usual case, e.g. every pass of a yield loop) is then compared by address
+/// in [`OutcomeKey::matches`], without reading the strings. Copies were two heap strings per live
+/// actor, cold by the next pass, and comparing them was a visible share of a yield pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct OutcomeKey {
     variant: u8,
-    code: String,
-    message: String,
+    reason: Option<Reason>,
     generation: Option<i64>,
     deleting: bool,
     version: Option<u64>,
@@ -654,33 +659,34 @@ impl OutcomeKey {
         deleting: bool,
         version: Option<u64>,
     ) -> bool {
-        let (code, message) = o
-            .reason()
-            .map(|r| (r.code(), r.message()))
-            .unwrap_or_default();
         self.variant == variant_of(o)
             && self.generation == generation
             && self.deleting == deleting
             && self.version == version
-            && self.code == code
-            && self.message == message
+            && match (&self.reason, o.reason()) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    same_str(a.code(), b.code()) && same_str(a.message(), b.message())
+                }
+                _ => false,
+            }
     }
 
     fn of(o: &Outcome, generation: Option<i64>, deleting: bool, version: Option<u64>) -> Self {
-        let variant = variant_of(o);
-        let (code, message) = o
-            .reason()
-            .map(|r| (r.code().to_string(), r.message().to_string()))
-            .unwrap_or_default();
         Self {
-            variant,
-            code,
-            message,
+            variant: variant_of(o),
+            reason: o.reason().cloned(),
             generation,
             deleting,
             version,
         }
     }
+}
+
+/// String equality that answers from the addresses when both are the same string (a literal's
+/// reuse), and reads the bytes only otherwise.
+fn same_str(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (std::ptr::eq(a.as_ptr(), b.as_ptr()) || a == b)
 }
 
 async fn publish_transition<K: ManagedResource>(
@@ -907,5 +913,35 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         }
         self.maybe_passivate(&myself, st);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_key_matches_by_value_and_by_address() {
+        let literal =
+            || Outcome::yield_after(Duration::from_millis(1), Reason::new("Wait", "later"));
+        let key = OutcomeKey::of(&literal(), Some(1), false, Some(7));
+        // the same literals (compared by address), and equal strings built at run time
+        assert!(key.matches(&literal(), Some(1), false, Some(7)));
+        let owned = Outcome::yield_after(
+            Duration::from_secs(9),
+            Reason::new(String::from("Wait"), format!("lat{}", "er")),
+        );
+        assert!(key.matches(&owned, Some(1), false, Some(7)));
+        // anything else that shapes the status differs
+        let other = Outcome::yield_after(Duration::from_millis(1), Reason::new("Wait", "sooner"));
+        assert!(!key.matches(&other, Some(1), false, Some(7)));
+        assert!(!key.matches(&literal(), Some(2), false, Some(7)));
+        assert!(!key.matches(&literal(), Some(1), true, Some(7)));
+        assert!(!key.matches(&literal(), Some(1), false, Some(8)));
+        assert!(!key.matches(&Outcome::Done, Some(1), false, Some(7)));
+        let done = OutcomeKey::of(&Outcome::Done, None, false, None);
+        assert!(done.matches(&Outcome::Done, None, false, None));
+        assert!(!done.matches(&literal(), None, false, None));
+        assert!(!same_str("ab", "abc") && same_str("ab", &String::from("ab")));
     }
 }
