@@ -68,16 +68,32 @@ pub fn boxed<K, P: Provisioner<K> + 'static>(p: P) -> BoxProvisioner<K> {
     std::sync::Arc::new(p)
 }
 
-#[async_trait]
+// Forwards the inner provisioner's boxed future as it is (`#[async_trait]` would box it again).
 impl<K: Send + Sync> Provisioner<K> for BoxProvisioner<K> {
     fn name(&self) -> &str {
         (**self).name()
     }
-    async fn provision(&self, cx: &Context<K>) -> Outcome {
-        (**self).provision(cx).await
+    fn provision<'a, 'b, 'r>(
+        &'a self,
+        cx: &'b Context<K>,
+    ) -> futures::future::BoxFuture<'r, Outcome>
+    where
+        'a: 'r,
+        'b: 'r,
+        Self: 'r,
+    {
+        (**self).provision(cx)
     }
-    async fn deprovision(&self, cx: &Context<K>) -> Outcome {
-        (**self).deprovision(cx).await
+    fn deprovision<'a, 'b, 'r>(
+        &'a self,
+        cx: &'b Context<K>,
+    ) -> futures::future::BoxFuture<'r, Outcome>
+    where
+        'a: 'r,
+        'b: 'r,
+        Self: 'r,
+    {
+        (**self).deprovision(cx)
     }
 }
 

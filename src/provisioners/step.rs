@@ -2,7 +2,6 @@
 
 use std::future::Future;
 
-use async_trait::async_trait;
 use futures::future::BoxFuture;
 
 use super::{Context, Outcome, Provisioner};
@@ -65,18 +64,29 @@ impl<K: 'static> Step<K> {
     }
 }
 
-#[async_trait]
+// Written out rather than with `#[async_trait]`: the closure's future is already boxed, and the
+// macro would box it again (and move it into the second box) on every pass.
 impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
     fn name(&self) -> &str {
         &self.name
     }
-    async fn provision(&self, cx: &Context<K>) -> Outcome {
-        (self.provision)(cx.clone()).await
+    fn provision<'a, 'b, 'r>(&'a self, cx: &'b Context<K>) -> BoxFuture<'r, Outcome>
+    where
+        'a: 'r,
+        'b: 'r,
+        Self: 'r,
+    {
+        (self.provision)(cx.clone())
     }
-    async fn deprovision(&self, cx: &Context<K>) -> Outcome {
+    fn deprovision<'a, 'b, 'r>(&'a self, cx: &'b Context<K>) -> BoxFuture<'r, Outcome>
+    where
+        'a: 'r,
+        'b: 'r,
+        Self: 'r,
+    {
         match &self.deprovision {
-            Some(d) => d(cx.clone()).await,
-            None => Outcome::Done,
+            Some(d) => d(cx.clone()),
+            None => Box::pin(std::future::ready(Outcome::Done)),
         }
     }
 }
