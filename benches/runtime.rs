@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actorcile::actors::{Timers, WakeSlot};
+use actorcile::bench_internals::{PendingWakeUp, Timers};
 use actorcile::cluster::Cluster;
 use actorcile::prelude::*;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -68,7 +68,7 @@ fn hot_paths(c: &mut Criterion) {
 
     // Timer scheduling: re-arming a resource's wake-up (earliest wins) and cancelling it.
     c.bench_function("timer/schedule_earlier_then_cancel", |b| {
-        let mut slot = WakeSlot::default();
+        let mut slot = PendingWakeUp::default();
         b.iter(|| {
             let now = tokio::time::Instant::now();
             slot.schedule(now + Duration::from_secs(10));

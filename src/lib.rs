@@ -6,18 +6,40 @@
 //! Readiness, references and deletion ordering between resources are messages between
 //! resource actors under a manager supervisor.
 //!
-//! - [`provisioners`]: the [`Provisioner`](provisioners::Provisioner) trait, outcomes and combinators.
-//! - [`runtime`]: the [`Runtime`](runtime::Runtime) an operator embeds.
-//! - [`policy`]: the [`SupervisorPolicy`](policy::SupervisorPolicy) tunables.
+//! # What an operator uses
+//!
+//! - [`prelude`]: the usual imports, in one.
+//! - [`provisioners`]: the [`Provisioner`](provisioners::Provisioner) trait, its
+//!   [`Outcome`](provisioners::Outcome), the [`Context`](provisioners::Context) a pass gets, and
+//!   the combinators.
+//! - [`runtime`]: the [`Runtime`](runtime::Runtime) an operator embeds, its controllers and
+//!   metrics.
+//! - [`policy`]: the [`SupervisorPolicy`](policy::SupervisorPolicy) tunables, loadable from TOML.
 //! - [`status`]: the `Ready` condition, phases and observed generation.
 //! - [`references`]: readiness and references between resources.
 //! - [`cluster`]: an in-process Kubernetes API server for tests, benchmarks and simulation.
+//! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests.
+//! - [`rbac`]: the ClusterRole a runtime needs, and its preflight check.
+//! - [`providers`]: infrastructure providers (nodes of a cluster).
+//!
+//! # Inside (private; read the source)
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | `actors/` | the manager supervisor, the resource actor, the watch feeder, the timer task (its `mod.rs` has a file map and a glossary) |
+//! | `messages/` | every message the actors exchange, one file per receiver; plain data |
+//! | `object_api.rs` | the typed API calls of one object's namespace |
+//!
+//! Dependencies run one way: `cluster` stands alone (it knows nothing of the rest); `status`
+//! depends on nothing else of the crate; `references` on `status`; `provisioners` on `status`
+//! and `references`; `messages` and `policy` are plain data; `actors` use all of those; and
+//! `runtime` starts the actors. The library never imports its command line.
 
-pub mod actors;
+mod actors;
 pub mod cluster;
 #[cfg(feature = "envtest")]
 pub mod envtest;
-pub mod messages;
+mod messages;
 mod object_api;
 pub mod policy;
 pub mod providers;
@@ -26,6 +48,34 @@ pub mod rbac;
 pub mod references;
 pub mod runtime;
 pub mod status;
+
+pub use actors::restarts::Escalation;
+
+/// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
+/// `#[derive(CustomResource)]` type or a k8s-openapi type).
+pub trait ManagedResource:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> ManagedResource for T where
+    T: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// Default field manager for server-side apply and status writes.
 pub const FIELD_MANAGER: &str = "actorcile";
@@ -39,9 +89,13 @@ pub enum Error {
     /// A Kubernetes API error.
     #[error("kubernetes API error: {0}")]
     Kube(#[from] kube::Error),
-    /// A manager escalated past its restart intensity.
-    #[error("a manager escalated: {0}")]
-    Escalated(String),
+    /// A manager escalated: one object's actor failed past the restart intensity and the
+    /// policy says [`Exhausted::Escalate`](policy::Exhausted::Escalate).
+    #[error("the {} manager escalated", .0.kind)]
+    Escalated(#[source] Escalation),
+    /// A manager failed on its own (a bug in the runtime: a manager only fails by escalating).
+    #[error("a manager failed")]
+    ManagerFailed(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
     /// The context has no reference API (a context built outside the runtime).
     #[error("this context has no reference API (it was not built by the runtime)")]
     NoReferenceApi,
@@ -60,9 +114,18 @@ pub enum Error {
     /// The running identity lacks permissions the runtime needs (see [`rbac`]).
     #[error("missing RBAC permissions: {}", .0.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; "))]
     Forbidden(Vec<rbac::MissingPermission>),
-    /// An internal failure (a bug, or the runtime could not start).
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// The runtime could not start one of its actors.
+    #[error("cannot start the {actor}")]
+    Spawn {
+        /// Which actor (for example `Database manager`).
+        actor: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A value the runtime writes (a reference annotation) could not be serialized.
+    #[error("cannot serialize a value the runtime writes")]
+    Serialize(#[from] serde_json::Error),
 }
 
 #[doc = include_str!("../README.md")]
@@ -71,7 +134,7 @@ pub struct ReadmeDoctests;
 
 /// What most users need, in one import.
 pub mod prelude {
-    pub use crate::actors::ManagedResource;
+    pub use crate::ManagedResource;
     pub use crate::policy::{BackoffPolicy, Exhausted, RestartPolicy, SupervisorPolicy};
     pub use crate::provisioners::{
         BoxProvisioner, Context, Outcome, Provisioner, Reason, ResourceProvisioner, boxed,
@@ -81,4 +144,11 @@ pub mod prelude {
     pub use crate::runtime::{Controller, Runtime, RuntimeHandle};
     pub use crate::status::{Phase, ReadyReason, ResourceStatus};
     pub use crate::{concurrent, serial};
+}
+
+/// Internals for the crate's own benchmarks (feature `bench-internals`); not part of the API.
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench_internals {
+    pub use crate::actors::{PendingWakeUp, Timers};
 }

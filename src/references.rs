@@ -446,8 +446,7 @@ impl ReferenceApi for ReferenceIndex {
             return Err(crate::Error::TargetDeleting(target.clone()));
         }
         let key = reference_annotation(from);
-        let value =
-            serde_json::to_string(from).map_err(|e| crate::Error::Internal(e.to_string()))?;
+        let value = serde_json::to_string(from)?;
         let add = match &current.metadata.annotations {
             Some(_) => serde_json::json!({
                 "op": "add",
@@ -461,8 +460,7 @@ impl ReferenceApi for ReferenceIndex {
         let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
             add,
-        ]))
-        .map_err(|e| crate::Error::Internal(e.to_string()))?;
+        ]))?;
         match api
             .patch(
                 &target.name,

@@ -34,16 +34,16 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use crate::Error;
-use crate::actors::inbox::Inbox;
-use crate::actors::{
-    ManagedResource, Manager, ManagerArgs, Metrics, MetricsSnapshot, Shared, run_feeder,
-};
+use crate::actors::mailbox::Mailbox;
+use crate::actors::{Manager, ManagerArgs, Metrics, Shared, Timers, run_feeder};
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::{BoxProvisioner, Provisioner};
 use crate::references::{KindHandle, Readiness, ReferenceIndex, Target, referrers_in};
 use crate::status::ResourceStatus;
+use crate::{Error, Escalation, ManagedResource};
+
+pub use crate::actors::MetricsSnapshot;
 
 /// The finalizer the runtime puts on every object it provisions (configurable).
 pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";
@@ -136,7 +136,7 @@ struct Started {
 struct Handle<K: ManagedResource> {
     shared: Arc<Shared<K>>,
     synced: Arc<AtomicBool>,
-    manager: OnceLock<Inbox<ManagerMsg<K>>>,
+    manager: OnceLock<Mailbox<ManagerMsg<K>>>,
 }
 
 fn key_of<K: ManagedResource>(t: &Target) -> ObjectRef<K> {
@@ -232,7 +232,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             write_status: self.status,
             metrics: cx.metrics.clone(),
             references: cx.references.clone(),
-            timers: crate::actors::Timers::with_run_slots(cx.runs.clone()),
+            timers: Timers::with_run_slots(cx.runs.clone()),
         });
         let synced = Arc::new(AtomicBool::new(false));
         let handle = Arc::new(Handle {
@@ -243,22 +243,25 @@ impl<K: ManagedResource> Start for Controller<K> {
         let kind = K::kind(&()).into_owned();
         cx.references
             .register_kind(&K::api_version(&()), &kind, handle.clone());
-        let (inbox, rx) = crate::actors::inbox::channel();
+        let (mailbox, rx) = crate::actors::mailbox::channel();
         let (manager, _) = Actor::spawn_linked(
             None,
             Manager {
                 shared: shared.clone(),
             },
             ManagerArgs {
-                inbox: inbox.clone(),
+                mailbox: mailbox.clone(),
                 rx,
             },
             cx.root.clone(),
         )
         .await
-        .map_err(|e| Error::Internal(format!("cannot start the {kind} manager: {e}")))?;
-        let inbox = inbox.bind(manager.clone());
-        let _ = handle.manager.set(inbox.clone());
+        .map_err(|e| Error::Spawn {
+            actor: format!("{kind} manager"),
+            source: Box::new(e),
+        })?;
+        let mailbox = mailbox.bind(manager.clone());
+        let _ = handle.manager.set(mailbox.clone());
         let api: Api<K> = Api::all(cx.client.clone());
         let mut watch_config = self.watcher;
         if let Some(ns) = &self.namespace {
@@ -292,7 +295,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             api,
             watch_config,
             writer,
-            inbox,
+            mailbox,
             listed_tx,
         ));
         Ok(Started {
@@ -303,13 +306,20 @@ impl<K: ManagedResource> Start for Controller<K> {
     }
 }
 
+/// Why a manager stopped the runtime.
+#[derive(Clone, Debug)]
+enum ManagerFailure {
+    Escalated(Escalation),
+    Other(Arc<dyn std::error::Error + Send + Sync>),
+}
+
 /// The root actor: parent of every manager; past-intensity escalations end up here.
 struct Root;
 
 impl Actor for Root {
     type Msg = ();
-    type State = watch::Sender<Option<String>>;
-    type Arguments = watch::Sender<Option<String>>;
+    type State = watch::Sender<Option<ManagerFailure>>;
+    type Arguments = watch::Sender<Option<ManagerFailure>>;
 
     async fn pre_start(
         &self,
@@ -327,7 +337,11 @@ impl Actor for Root {
     ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(_, err) = event {
             tracing::error!(error = %err, "a manager escalated; the runtime stops");
-            let _ = tx.send(Some(err.to_string()));
+            let failure = match err.downcast::<Escalation>() {
+                Ok(escalation) => ManagerFailure::Escalated(*escalation),
+                Err(other) => ManagerFailure::Other(Arc::from(other)),
+            };
+            let _ = tx.send(Some(failure));
         }
         Ok(())
     }
@@ -430,7 +444,10 @@ impl RuntimeBuilder {
         let (tx, escalated) = watch::channel(None);
         let (root, root_task) = Actor::spawn(None, Root, tx)
             .await
-            .map_err(|e| Error::Internal(format!("cannot start the root supervisor: {e}")))?;
+            .map_err(|e| Error::Spawn {
+                actor: "root supervisor".into(),
+                source: Box::new(e),
+            })?;
         let metrics = Arc::new(Metrics::default());
         let cx = StartCx {
             client: self.client,
@@ -477,7 +494,7 @@ pub struct RuntimeHandle {
     /// The run slots; closed at shutdown, so no new pass or activation starts.
     runs: Arc<Semaphore>,
     metrics: Arc<Metrics>,
-    escalated: watch::Receiver<Option<String>>,
+    escalated: watch::Receiver<Option<ManagerFailure>>,
     root: ActorRef<()>,
     root_task: JoinHandle<()>,
     shutdown_timeout: std::time::Duration,
@@ -492,8 +509,10 @@ impl RuntimeHandle {
     /// Resolves when a manager escalates (restart intensity exceeded with `escalate`).
     pub async fn escalated(&mut self) -> Error {
         loop {
-            if let Some(e) = self.escalated.borrow().clone() {
-                return Error::Escalated(e);
+            match self.escalated.borrow().clone() {
+                Some(ManagerFailure::Escalated(e)) => return Error::Escalated(e),
+                Some(ManagerFailure::Other(e)) => return Error::ManagerFailed(e),
+                None => {}
             }
             if self.escalated.changed().await.is_err() {
                 std::future::pending::<()>().await;

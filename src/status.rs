@@ -18,14 +18,16 @@
 //!     endpoint: Option<String>,
 //! }
 //! ```
+//!
+//! The status a provision pass leaves (`ResourceStatus::after_provision`) is defined beside
+//! [`Outcome`](crate::provisioners::Outcome), in `provisioners/outcome.rs`, so that this module
+//! depends on nothing else of the crate.
 
 use std::fmt;
 
 use kube::Resource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use crate::provisioners::Outcome;
 
 mod field;
 
@@ -143,7 +145,8 @@ impl ResourceStatus {
         self.conditions.iter().find(|c| c.type_ == READY)
     }
 
-    /// `true` when the `Ready` condition is `True` for the current `generation`.
+    /// `true` when the `Ready` condition is `True` (at whatever generation it was observed:
+    /// compare [`Condition::observed_generation`] with the object's to know it is current).
     pub fn is_ready(&self) -> bool {
         self.ready().is_some_and(|c| c.status == "True")
     }
@@ -186,40 +189,6 @@ impl ResourceStatus {
         }
     }
 
-    /// The status a provision pass with `outcome` should leave.
-    pub fn after_provision(&self, outcome: &Outcome, generation: Option<i64>) -> Self {
-        let msg = |o: &Outcome| {
-            o.reason()
-                .map(|r| r.message().to_string())
-                .unwrap_or_default()
-        };
-        let (phase, ready, reason) = match outcome {
-            Outcome::Done => (Phase::Ready, true, ReadyReason::Provisioned),
-            Outcome::Yield { .. } => (Phase::Progressing, false, ReadyReason::Provisioning),
-            Outcome::Waiting { .. } => (Phase::Progressing, false, ReadyReason::DependencyNotReady),
-            Outcome::Failed { .. } => (Phase::Progressing, false, ReadyReason::Errored),
-            Outcome::Terminal(_) => (Phase::Failed, false, ReadyReason::Terminal),
-            Outcome::UserActionRequired(_) => {
-                (Phase::Failed, false, ReadyReason::UserActionRequired)
-            }
-        };
-        let message = match outcome {
-            Outcome::Done => "provisioned".to_string(),
-            o => match o.reason() {
-                Some(r) if !r.message().is_empty() => format!("{}: {}", r.code(), r.message()),
-                Some(r) => r.code().to_string(),
-                None => msg(o),
-            },
-        };
-        self.with_ready(phase, ready, reason, message, generation)
-    }
-
-    /// Whether [`ResourceStatus::after_provision`] with `outcome` is Ready (only a done pass
-    /// is), without building the status.
-    pub fn ready_after(outcome: &Outcome) -> bool {
-        outcome.is_done()
-    }
-
     /// The status a deprovision pass that is not done yet should leave.
     pub fn while_deprovisioning(
         &self,
@@ -248,35 +217,6 @@ fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provisioners::Reason;
-
-    #[test]
-    fn ready_after_agrees_with_the_status_after_provision() {
-        let r = || Reason::new("Code", "message");
-        let outcomes = [
-            Outcome::Done,
-            Outcome::yield_after(std::time::Duration::from_secs(1), r()),
-            Outcome::Waiting {
-                target: crate::references::Target::new("v1", "ConfigMap", Some("ns"), "cm"),
-                reason: r(),
-            },
-            Outcome::failed(r(), std::io::Error::other("boom")),
-            Outcome::Terminal(r()),
-            Outcome::UserActionRequired(r()),
-        ];
-        for before in [
-            ResourceStatus::default(),
-            ResourceStatus::default().after_provision(&Outcome::Done, Some(1)),
-        ] {
-            for o in &outcomes {
-                assert_eq!(
-                    ResourceStatus::ready_after(o),
-                    before.after_provision(o, Some(2)).is_ready(),
-                    "{o:?}"
-                );
-            }
-        }
-    }
 
     #[test]
     fn of_reads_only_our_part_of_the_status() {
@@ -369,41 +309,5 @@ mod tests {
         );
         assert_eq!(s2.ready().unwrap().last_transition_time, t);
         assert_eq!(s2.ready().unwrap().reason, "Errored");
-    }
-
-    #[test]
-    fn same_outcome_gives_equal_status_so_nothing_is_written() {
-        let o = Outcome::yield_now(Reason::new("Waiting", "for a volume"));
-        let s = ResourceStatus::default().after_provision(&o, Some(3));
-        assert_eq!(s.after_provision(&o, Some(3)), s);
-        assert_ne!(s.after_provision(&Outcome::Done, Some(3)), s);
-        assert_eq!(s.phase, Some(Phase::Progressing));
-        assert_eq!(s.ready().unwrap().message, "Waiting: for a volume");
-    }
-
-    #[test]
-    fn foreign_conditions_are_kept() {
-        let mut s = ResourceStatus::default();
-        s.conditions.push(Condition {
-            type_: "Other".into(),
-            status: "True".into(),
-            reason: "X".into(),
-            message: String::new(),
-            last_transition_time: None,
-            observed_generation: None,
-        });
-        let s = s.after_provision(&Outcome::Done, Some(1));
-        assert_eq!(s.conditions.len(), 2);
-        assert!(s.is_ready());
-        let failed = Outcome::failed(
-            Reason::new("DbDown", "database unreachable"),
-            std::io::Error::other("secret internal detail"),
-        );
-        let s = s.after_provision(&failed, Some(1));
-        assert!(
-            !serde_json::to_string(&s)
-                .unwrap()
-                .contains("secret internal detail")
-        );
     }
 }

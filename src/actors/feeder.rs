@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::inbox::Inbox;
+use super::mailbox::Mailbox;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -30,7 +30,7 @@ fn key_of<K: ManagedResource>(obj: &K) -> ObjectRef<K> {
 /// Route one applied object to its actor, or to the manager when it has none.
 fn route<K: ManagedResource>(
     shared: &Shared<K>,
-    manager: &Inbox<ManagerMsg<K>>,
+    manager: &Mailbox<ManagerMsg<K>>,
     key: ObjectRef<K>,
 ) {
     let Some(obj) = shared.store.get(&key) else {
@@ -46,7 +46,7 @@ fn route<K: ManagedResource>(
 
 fn route_gone<K: ManagedResource>(
     shared: &Shared<K>,
-    manager: &Inbox<ManagerMsg<K>>,
+    manager: &Mailbox<ManagerMsg<K>>,
     key: ObjectRef<K>,
 ) {
     if let Some(actor) = shared.routes.get(&key)
@@ -75,7 +75,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     api: Api<K>,
     config: watcher::Config,
     mut writer: reflector::store::Writer<K>,
-    manager: Inbox<ManagerMsg<K>>,
+    manager: Mailbox<ManagerMsg<K>>,
     listed: tokio::sync::oneshot::Sender<()>,
 ) {
     // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a real

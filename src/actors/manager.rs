@@ -1,69 +1,60 @@
 //! The manager supervisor: one per managed kind. Gives each object that has work a linked
 //! resource actor, restarts failed ones per the
 //! [`SupervisorPolicy`](crate::policy::SupervisorPolicy), keeps the state of passivated objects,
-//! and forgets deleted objects.
+//! and forgets deleted objects. This file is the message handling; the decisions it applies are
+//! plain data beside it: [`ActivationQueue`] (who gets a live actor next), [`RestartTracker`]
+//! (restart intensity and backoff), [`PassiveTimers`] (passive objects' wake-ups), and the API
+//! writes are in [`writes`].
 //!
-//! An object gets a live actor only when it can run: activations wait in a queue for a run slot
-//! (a permit of the runtime's `max_concurrent_runs` semaphore), which the actor's first pass then
-//! uses. Ten thousand new objects so make at most `max_concurrent_runs` actors that are waiting
-//! to run, not ten thousand; with passivation (an actor with nothing due hands its object back,
-//! see [`ResourceActor`]) the live actors are about those that have work. Objects that ran before
-//! (re-activated by a notification, a due timer or a change) wait in a queue of their own that
-//! comes before new objects', with every [`NEW_OBJECT_EVERY`]-th start kept for a new object.
-//! Live actors are capped too
+//! An object gets a live actor only when it can run: activations wait in the
+//! [`ActivationQueue`] for a run slot, which the actor's first pass then uses. Many new objects
+//! so make at most `max_concurrent_runs` actors that are waiting to run, not one each; with
+//! passivation the live actors are about those that have work. Live actors are capped too
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
 //! past the cap, activations wait for a live actor to passivate, and one still starts every
 //! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
 //!
-//! An activation goes to an idle actor — one that passivated and handed its object back
-//! ([`ManagerMsg::Passivated`]) — when there is one, and spawns an actor only when there is none.
-//! At 10k new objects, spawning and stopping an actor per object (allocations, a task, the link,
-//! and two supervision events through this one serial mailbox) made the manager the bottleneck
-//! of the first passes: ≈ 5 µs per object, where adopting costs two inbox messages. At most
+//! An activation goes to an idle actor (one that passivated and handed its object back,
+//! [`ManagerMsg::Passivated`]) when there is one: it *adopts* the activation. An actor is
+//! spawned only when none is idle. Spawning and stopping an actor per activation (allocations,
+//! a task, the link, and two supervision events through this one serial mailbox) made the
+//! manager the bottleneck of the first passes; adopting costs two mailbox messages. At most
 //! [`Manager::idle_bound`] idle actors are kept; one past it is stopped.
 //!
-//! Every [`ManagerMsg`] reaches the manager through its batching [`inbox`], not ractor's message
-//! port: one ractor receive hands over a batch, so a backlog does not wait a scheduler turn per
-//! 128 messages (the module explains the measurement). Supervision events of the resource actors
-//! still arrive through ractor, between batches.
+//! Every [`ManagerMsg`] reaches the manager through its batching [`mailbox`], not ractor's
+//! message port: one ractor receive hands over a batch. Supervision events of the resource
+//! actors still arrive through ractor, between batches.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
-use backon::ExponentialBackoff;
-use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
-use super::inbox::{self, Doorbell, Inbox};
+use super::activation_queue::ActivationQueue;
+use super::mailbox::{self, MailWaiting, Mailbox};
 use super::passive_timers::PassiveTimers;
 use super::resource::{ResourceActor, ResourceArgs, key_hash};
-use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
+use super::restarts::{AfterFailure, Escalation, RestartTracker};
+use super::{FastMap, ManagedResource, Metrics, Shared, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
 use crate::policy::Exhausted;
-use crate::status::{Phase, ReadyReason, ResourceStatus};
 
 /// Past the live-actor cap, one activation still starts this often (see
 /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
 const OVER_CAP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// While objects that ran before and new objects both wait for activation, every this-many-th
-/// start goes to a new object (see [`Manager::pop_next`]).
-const NEW_OBJECT_EVERY: u32 = 4;
 
 /// The manager behaviour.
 pub(crate) struct Manager<K: ManagedResource> {
     pub shared: Arc<Shared<K>>,
 }
 
-/// Start-up arguments: the manager's inbox (see [`inbox`]).
+/// Start-up arguments: the manager's mailbox (see [`mailbox`]).
 pub(crate) struct ManagerArgs<K: ManagedResource> {
     /// Binds, in `pre_start`, the sender the manager uses to message itself.
-    pub inbox: inbox::Unbound<ManagerMsg<K>>,
-    pub rx: inbox::Receiver<ManagerMsg<K>>,
+    pub mailbox: mailbox::UnboundMailbox<ManagerMsg<K>>,
+    pub rx: mailbox::Receiver<ManagerMsg<K>>,
 }
 
 /// Where one object's actor is in its life.
@@ -85,42 +76,31 @@ enum Life {
     },
 }
 
-#[derive(Default)]
-struct Restarts {
-    failures: VecDeque<Instant>,
-    backoff: Option<ExponentialBackoff>,
-    last: Option<Instant>,
-}
-
-struct Slot {
+/// One known object: where its actor is, and its failures.
+struct Entry {
     life: Life,
-    /// Only for objects whose actor failed: most never do, and idle slots should stay small.
-    restarts: Option<Box<Restarts>>,
+    /// Only for objects whose actor failed: most never do, and idle entries should stay small.
+    restarts: Option<Box<RestartTracker>>,
 }
 
-/// Manager state: every known object's slot.
+/// Manager state: every known object's entry.
 pub(crate) struct ManagerState<K: ManagedResource> {
-    /// Where every [`ManagerMsg`] arrives (a [`Doorbell`] says it has some).
-    rx: inbox::Receiver<ManagerMsg<K>>,
+    /// Where every [`ManagerMsg`] arrives (a [`MailWaiting`] says it has some).
+    rx: mailbox::Receiver<ManagerMsg<K>>,
     /// Sends to this manager (timers, restarts, run slots for activations).
-    me: Inbox<ManagerMsg<K>>,
+    me: Mailbox<ManagerMsg<K>>,
     /// The pending wake-ups of passive objects.
     passive_timers: PassiveTimers<K>,
-    slots: FastMap<ObjectRef<K>, Slot>,
+    objects: FastMap<ObjectRef<K>, Entry>,
     /// The actors serving an object, by actor.
     ids: FastMap<ActorId, ObjectRef<K>>,
     /// Actors that passivated and serve no object, ready to adopt the next activation (at most
     /// [`Manager::idle_bound`]); the last one in is the first out.
     idle: Vec<ActorRef<ResourceMsg<K>>>,
     wake_token: u64,
-    /// New objects waiting for a run slot (their first activation), oldest first. In both
-    /// queues a key whose slot is no longer `Queued` is skipped.
-    queue: VecDeque<ObjectRef<K>>,
-    /// Objects that ran before and passivated, waiting for a run slot to run again (notified,
-    /// timer due, changed), oldest first. They come before new objects: see [`Manager::pop_next`].
-    wakes: VecDeque<ObjectRef<K>>,
-    /// Starts taken while both queues waited (every [`NEW_OBJECT_EVERY`]-th goes to `queue`).
-    turn: u32,
+    /// Objects waiting for a run slot to get a live actor; an entry whose object is no longer
+    /// `Queued` is skipped.
+    activations: ActivationQueue<ObjectRef<K>>,
     /// The timer task was asked for a run slot for the queue's head.
     awaiting_permit: bool,
     /// When the last activation past the live-actor cap started.
@@ -137,40 +117,40 @@ impl<K: ManagedResource> Manager<K> {
     /// Queue `key` for a live actor (`passive`: the state its last actor handed over).
     fn activate(
         &self,
-        myself: &ActorRef<Doorbell>,
+        myself: &ActorRef<MailWaiting>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         passive: Option<PassiveState>,
     ) {
-        if st.slots.len() == st.slots.capacity() {
+        if st.objects.len() == st.objects.capacity() {
             // A full map would double, rehash and touch fresh memory (and again at the next
             // power of two: at 10k new objects that was a third of the manager's time); grow
             // once to what the store holds, which bounds the objects there are slots for.
-            let additional = self.shared.store.len().saturating_sub(st.slots.len());
-            st.slots.reserve(additional.max(1));
+            let additional = self.shared.store.len().saturating_sub(st.objects.len());
+            st.objects.reserve(additional.max(1));
         }
-        let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
+        let entry = st.objects.entry(key.clone()).or_insert_with(|| Entry {
             life: Life::Restarting,
             restarts: None,
         });
-        if let Life::Passive(_, Some(_)) = &slot.life {
+        if let Life::Passive(_, Some(_)) = &entry.life {
             st.passive_timers.cancel(key.clone());
         }
         if passive.is_some() {
-            st.wakes.push_back(key);
+            st.activations.push_again(key);
         } else {
-            st.queue.push_back(key);
+            st.activations.push_new(key);
         }
-        slot.life = Life::Queued(passive);
+        entry.life = Life::Queued(passive);
         self.drain(myself, st);
     }
 
     /// Start queued activations while run slots are free; when none is, ask the timer task for
     /// the next ([`ManagerMsg::Permit`]). Passes of live actors wait for slots there too, and
     /// come first, but activations get a bounded share of the slots
-    /// ([`ACTIVATION_EVERY`](super::timer::ACTIVATION_EVERY)).
-    fn drain(&self, myself: &ActorRef<Doorbell>, st: &mut ManagerState<K>) {
-        while self.skip_stale(st) && self.admit(st) {
+    /// ([`RunSlotQueue`](super::run_slots::RunSlotQueue)).
+    fn drain(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>) {
+        while Self::skip_stale(st) && self.admit(st) {
             // A free slot is not enough while passes wait for slots in the timer task (the slot
             // is theirs) or activations are held back there because wake-ups run late.
             let free = if self.shared.timers.activation_may_skip_queue() {
@@ -180,7 +160,7 @@ impl<K: ManagedResource> Manager<K> {
             };
             match free {
                 Ok(permit) => {
-                    let key = Self::pop_next(st).expect("skip_stale left a head");
+                    let key = st.activations.pop_next().expect("skip_stale left a head");
                     self.start(myself, st, key, permit);
                 }
                 Err(TryAcquireError::NoPermits) => {
@@ -227,64 +207,35 @@ impl<K: ManagedResource> Manager<K> {
         false
     }
 
-    /// Drop entries at the queues' heads whose object no longer waits (deleted, or already
-    /// activated through a newer entry); `true` if a waiting one is at either head.
-    fn skip_stale(&self, st: &mut ManagerState<K>) -> bool {
-        let waits = |slots: &FastMap<ObjectRef<K>, Slot>, key: &ObjectRef<K>| {
+    /// Drop activation-queue entries whose object no longer waits (deleted, or already
+    /// activated through a newer entry); `true` if a waiting one is at a head.
+    fn skip_stale(st: &mut ManagerState<K>) -> bool {
+        let objects = &st.objects;
+        st.activations.skip_stale(|key| {
             matches!(
-                slots.get(key),
-                Some(Slot {
+                objects.get(key),
+                Some(Entry {
                     life: Life::Queued(_),
                     ..
                 })
             )
-        };
-        for queue in [&mut st.wakes, &mut st.queue] {
-            while queue.front().is_some_and(|key| !waits(&st.slots, key)) {
-                queue.pop_front();
-            }
-        }
-        !(st.wakes.is_empty() && st.queue.is_empty())
-    }
-
-    /// The next key to activate (after [`Manager::skip_stale`]). Objects that ran before come
-    /// first: they are making progress (a dependency turned Ready, a timer is due, the object
-    /// changed), like the passes of live actors, which also come before activations. A burst
-    /// of new objects — every object of a kind at start-up — would otherwise delay each step
-    /// of the ones already going by the whole burst (a readiness hop down a dependency chain
-    /// waited for every first pass queued before it). While both wait, every
-    /// [`NEW_OBJECT_EVERY`]-th start is a new object, so neither side starves.
-    fn pop_next(st: &mut ManagerState<K>) -> Option<ObjectRef<K>> {
-        let new_object = match (st.wakes.is_empty(), st.queue.is_empty()) {
-            (true, true) => return None,
-            (false, true) => false,
-            (true, false) => true,
-            (false, false) => {
-                st.turn = st.turn.wrapping_add(1);
-                st.turn.is_multiple_of(NEW_OBJECT_EVERY)
-            }
-        };
-        if new_object {
-            st.queue.pop_front()
-        } else {
-            st.wakes.pop_front()
-        }
+        })
     }
 
     /// Spawn the actor of a queued key; its first pass runs on `permit`.
     fn start(
         &self,
-        myself: &ActorRef<Doorbell>,
+        myself: &ActorRef<MailWaiting>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         permit: OwnedSemaphorePermit,
     ) {
-        let passive = match st.slots.get_mut(&key).map(|s| &mut s.life) {
+        let passive = match st.objects.get_mut(&key).map(|s| &mut s.life) {
             Some(Life::Queued(passive)) => passive.take(),
             _ => return,
         };
         if self.shared.store.get(&key).is_none() {
-            st.slots.remove(&key); // deleted while it waited
+            st.objects.remove(&key); // deleted while it waited
             return;
         }
         let mut activation = Activation {
@@ -306,7 +257,7 @@ impl<K: ManagedResource> Manager<K> {
                 // forget the object like a failed spawn does: its next event activates it.
                 Err(e) => {
                     tracing::error!(object = %key, error = %e, "could not hand an activation to an idle actor");
-                    st.slots.remove(&key);
+                    st.objects.remove(&key);
                     return;
                 }
             }
@@ -327,15 +278,15 @@ impl<K: ManagedResource> Manager<K> {
             Ok((actor, _starting)) => self.serve(st, key, actor.get_id()),
             Err(e) => {
                 tracing::error!(object = %key, error = %e, "could not spawn resource actor");
-                st.slots.remove(&key);
+                st.objects.remove(&key);
             }
         }
     }
 
     /// Record that actor `id` serves `key` now (it inserts its route itself, as it starts).
     fn serve(&self, st: &mut ManagerState<K>, key: ObjectRef<K>, id: ActorId) {
-        if let Some(slot) = st.slots.get_mut(&key) {
-            slot.life = Life::Live {
+        if let Some(entry) = st.objects.get_mut(&key) {
+            entry.life = Life::Live {
                 id,
                 notified: false,
             };
@@ -357,7 +308,7 @@ impl<K: ManagedResource> Manager<K> {
     /// a stopped actor's would be.
     fn passivated(
         &self,
-        myself: &ActorRef<Doorbell>,
+        myself: &ActorRef<MailWaiting>,
         st: &mut ManagerState<K>,
         actor: ActorRef<ResourceMsg<K>>,
         ps: PassiveState,
@@ -370,11 +321,11 @@ impl<K: ManagedResource> Manager<K> {
             actor.stop(Some("idle".into()));
         }
         let Some(key) = key else { return };
-        let notified = match st.slots.get(&key).map(|s| &s.life) {
+        let notified = match st.objects.get(&key).map(|s| &s.life) {
             Some(Life::Live { id: live, notified }) if *live == id => *notified,
             _ => return,
         };
-        self.settle_passive(myself, st, key, ps, notified);
+        self.passivate_or_reactivate(myself, st, key, ps, notified);
     }
 
     /// An actor stopped or failed: drop its route, and return its object's key (`None` if the
@@ -399,16 +350,16 @@ impl<K: ManagedResource> Manager<K> {
     /// Passive or stopped actor: decide from the store whether to re-activate now.
     /// `notified`: a notification came while the actor was passivating; the next actor must run
     /// a pass for it (the store shows nothing new for a dependency turning Ready).
-    fn settle_passive(
+    fn passivate_or_reactivate(
         &self,
-        myself: &ActorRef<Doorbell>,
+        myself: &ActorRef<MailWaiting>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         mut ps: PassiveState,
         notified: bool,
     ) {
         let Some(obj) = self.shared.store.get(&key) else {
-            st.slots.remove(&key);
+            st.objects.remove(&key);
             return;
         };
         ps.pending_run |= notified;
@@ -421,8 +372,8 @@ impl<K: ManagedResource> Manager<K> {
             st.passive_timers.arm(key.clone(), st.wake_token, d);
             st.wake_token
         });
-        if let Some(slot) = st.slots.get_mut(&key) {
-            slot.life = Life::Passive(ps, timer);
+        if let Some(entry) = st.objects.get_mut(&key) {
+            entry.life = Life::Passive(ps, timer);
         }
     }
 
@@ -443,10 +394,10 @@ impl<K: ManagedResource> Manager<K> {
                 // A serving actor stops only when its object is gone (or at shutdown): forget
                 // the object. (Passivation hands the object back without stopping.)
                 if matches!(
-                    st.slots.get(&key).map(|s| &s.life),
+                    st.objects.get(&key).map(|s| &s.life),
                     Some(Life::Live { id: live, .. }) if *live == id
                 ) {
-                    st.slots.remove(&key);
+                    st.objects.remove(&key);
                 }
             }
             SupervisionEvent::ActorFailed(cell, err) => {
@@ -456,7 +407,7 @@ impl<K: ManagedResource> Manager<K> {
                     return Ok(());
                 };
                 Metrics::dec(&self.shared.metrics.live_actors);
-                self.on_failure(st, key, err.to_string())?;
+                self.on_failure(st, key, err)?;
             }
             _ => {}
         }
@@ -465,19 +416,19 @@ impl<K: ManagedResource> Manager<K> {
 
     /// The object was deleted from the API.
     fn gone(&self, st: &mut ManagerState<K>, key: ObjectRef<K>) {
-        if let Some(slot) = st.slots.get_mut(&key) {
-            match &mut slot.life {
+        if let Some(entry) = st.objects.get_mut(&key) {
+            match &mut entry.life {
                 Life::Live { .. } => {
                     // Not routed if it is passivating: then it finds the object gone from the
                     // store when it has stopped.
                     self.forward(&key, ResourceMsg::Gone);
                 }
                 Life::Passive(_, Some(_)) => {
-                    st.slots.remove(&key);
+                    st.objects.remove(&key);
                     st.passive_timers.cancel(key);
                 }
                 _ => {
-                    st.slots.remove(&key);
+                    st.objects.remove(&key);
                 }
             }
         }
@@ -490,72 +441,64 @@ impl<K: ManagedResource> Manager<K> {
         }
     }
 
+    /// A live actor failed with `error`: restart it after the backoff, or past the restart
+    /// intensity quarantine the object or escalate (the manager fails with an [`Escalation`]).
     fn on_failure(
         &self,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
-        error: String,
+        error: ActorProcessingErr,
     ) -> Result<(), ActorProcessingErr> {
         let policy = &self.shared.policy.restart;
         let now = Instant::now();
-        let slot = st.slots.entry(key.clone()).or_insert_with(|| Slot {
+        let entry = st.objects.entry(key.clone()).or_insert_with(|| Entry {
             life: Life::Restarting,
             restarts: None,
         });
-        let r = slot.restarts.get_or_insert_default();
-        if r.last
-            .is_some_and(|l| now.duration_since(l) >= policy.backoff.reset_after)
-        {
-            r.backoff = None;
-        }
-        r.last = Some(now);
-        r.failures.push_back(now);
-        while r
-            .failures
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > policy.window)
-        {
-            r.failures.pop_front();
-        }
-        tracing::warn!(object = %key, error = %error, failures = r.failures.len(), "resource actor failed");
-        if r.failures.len() as u32 > policy.max_restarts {
-            match policy.on_exhausted {
-                Exhausted::Escalate => {
-                    return Err(format!(
-                        "restart intensity exceeded for {key} ({} failures within {:?}): {error}",
-                        r.failures.len(),
-                        policy.window
-                    )
-                    .into());
-                }
-                Exhausted::Quarantine => {
-                    let obj = self.shared.store.get(&key);
-                    slot.life = Life::Quarantined {
-                        generation: obj.as_ref().and_then(|o| o.meta().generation),
-                        deleting: obj
-                            .as_ref()
-                            .is_some_and(|o| o.meta().deletion_timestamp.is_some()),
-                    };
-                    Metrics::inc(&self.shared.metrics.quarantined);
-                    if let Some(obj) = obj {
-                        let message = format!(
-                            "the resource's actor failed {} times within {}s; not restarted until the resource changes",
-                            r.failures.len(),
-                            policy.window.as_secs()
-                        );
-                        quarantine_status(self.shared.clone(), obj, message);
+        let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&key));
+        let after = entry
+            .restarts
+            .get_or_insert_default()
+            .failed(policy, now, seed);
+        let delay = match after {
+            AfterFailure::Restart { failures, delay } => {
+                tracing::warn!(object = %key, error = %error, failures, "resource actor failed");
+                delay
+            }
+            AfterFailure::Exhausted { failures } => {
+                tracing::warn!(object = %key, error = %error, failures, "resource actor failed past the restart intensity");
+                match policy.on_exhausted {
+                    Exhausted::Escalate => {
+                        return Err(Box::new(Escalation {
+                            kind: K::kind(&()).into_owned(),
+                            object: key.to_string(),
+                            failures,
+                            window: policy.window,
+                            cause: Arc::from(error),
+                        }));
                     }
-                    return Ok(());
+                    Exhausted::Quarantine => {
+                        let obj = self.shared.store.get(&key);
+                        entry.life = Life::Quarantined {
+                            generation: obj.as_ref().and_then(|o| o.meta().generation),
+                            deleting: obj
+                                .as_ref()
+                                .is_some_and(|o| o.meta().deletion_timestamp.is_some()),
+                        };
+                        Metrics::inc(&self.shared.metrics.quarantined);
+                        if let Some(obj) = obj {
+                            let message = format!(
+                                "the resource's actor failed {failures} times within {}s; not restarted until the resource changes",
+                                policy.window.as_secs()
+                            );
+                            writes::quarantine_status(self.shared.clone(), obj, message);
+                        }
+                        return Ok(());
+                    }
                 }
             }
-        }
-        let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&key));
-        let delay = r
-            .backoff
-            .get_or_insert_with(|| policy.backoff.sequence(seed))
-            .next()
-            .unwrap_or(policy.backoff.max);
-        slot.life = Life::Restarting;
+        };
+        entry.life = Life::Restarting;
         let me = st.me.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
@@ -564,22 +507,22 @@ impl<K: ManagedResource> Manager<K> {
         Ok(())
     }
 
-    /// Handle one message from the inbox.
+    /// Handle one message from the mailbox.
     fn handle_msg(
         &self,
-        myself: &ActorRef<Doorbell>,
+        myself: &ActorRef<MailWaiting>,
         msg: ManagerMsg<K>,
         st: &mut ManagerState<K>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ManagerMsg::Event(key) => {
-                let Some(slot) = st.slots.get_mut(&key) else {
+                let Some(entry) = st.objects.get_mut(&key) else {
                     // New: the feeder stored it before routing it here. (Deleted since, it is
                     // dropped from the queue when its turn comes: `start` reads the store.)
                     self.activate(myself, st, key, None);
                     return Ok(());
                 };
-                match &mut slot.life {
+                match &mut entry.life {
                     Life::Live { .. } => {
                         // No route: it is passivating, and looks at the store once stopped.
                         if let Some(obj) = self.shared.store.get(&key) {
@@ -597,7 +540,7 @@ impl<K: ManagedResource> Manager<K> {
                             .is_none_or(|obj| is_news(ps, version_of(obj.as_ref())));
                         if news {
                             let ps = std::mem::take(ps);
-                            self.settle_passive(myself, st, key, ps, false);
+                            self.passivate_or_reactivate(myself, st, key, ps, false);
                         }
                     }
                     // The actor to come reads the store.
@@ -612,7 +555,7 @@ impl<K: ManagedResource> Manager<K> {
                         let changed = obj.meta().generation != *generation
                             || (obj.meta().deletion_timestamp.is_some() && !*deleting);
                         if changed {
-                            slot.restarts = None;
+                            entry.restarts = None;
                             self.activate(myself, st, key, None);
                         }
                     }
@@ -621,7 +564,7 @@ impl<K: ManagedResource> Manager<K> {
             ManagerMsg::Gone(key) => self.gone(st, key),
             ManagerMsg::Resync(existing) => {
                 let gone: Vec<ObjectRef<K>> = st
-                    .slots
+                    .objects
                     .keys()
                     .filter(|k| !existing.contains(*k))
                     .cloned()
@@ -631,18 +574,21 @@ impl<K: ManagedResource> Manager<K> {
                 }
             }
             ManagerMsg::Restart(key) => {
-                if matches!(st.slots.get(&key).map(|s| &s.life), Some(Life::Restarting)) {
+                if matches!(
+                    st.objects.get(&key).map(|s| &s.life),
+                    Some(Life::Restarting)
+                ) {
                     if self.shared.store.get(&key).is_some() {
                         Metrics::inc(&self.shared.metrics.restarts);
                         self.activate(myself, st, key, None);
                     } else {
-                        st.slots.remove(&key);
+                        st.objects.remove(&key);
                     }
                 }
             }
             ManagerMsg::Notify(key) => {
-                if let Some(slot) = st.slots.get_mut(&key) {
-                    match &mut slot.life {
+                if let Some(entry) = st.objects.get_mut(&key) {
+                    match &mut entry.life {
                         Life::Live { notified, .. } => {
                             if !self.forward(&key, ResourceMsg::Notify) {
                                 *notified = true; // passivating: run again once stopped
@@ -664,10 +610,10 @@ impl<K: ManagedResource> Manager<K> {
                 }
             }
             ManagerMsg::PassiveWake(key, token) => {
-                if let Some(Slot {
+                if let Some(Entry {
                     life: Life::Passive(ps, timer @ Some(_)),
                     ..
-                }) = st.slots.get_mut(&key)
+                }) = st.objects.get_mut(&key)
                     && *timer == Some(token)
                 {
                     *timer = None; // fired: nothing to cancel
@@ -684,8 +630,8 @@ impl<K: ManagedResource> Manager<K> {
             }
             ManagerMsg::Permit(permit) => {
                 st.awaiting_permit = false;
-                if self.skip_stale(st) {
-                    let key = Self::pop_next(st).expect("skip_stale left a head");
+                if Self::skip_stale(st) {
+                    let key = st.activations.pop_next().expect("skip_stale left a head");
                     self.start(myself, st, key, permit);
                 }
                 self.drain(myself, st);
@@ -695,53 +641,26 @@ impl<K: ManagedResource> Manager<K> {
     }
 }
 
-/// Write phase Failed / reason Quarantined (best effort, off the manager's mailbox).
-fn quarantine_status<K: ManagedResource>(shared: Arc<Shared<K>>, obj: Arc<K>, message: String) {
-    tokio::spawn(async move {
-        let status = ResourceStatus::of(obj.as_ref()).with_ready(
-            Phase::Failed,
-            false,
-            ReadyReason::Quarantined,
-            message,
-            obj.meta().generation,
-        );
-        let api = shared.api(&obj);
-        match api
-            .patch_status(
-                &obj.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(status.patch()),
-            )
-            .await
-        {
-            Ok(_) => Metrics::inc(&shared.metrics.status_writes),
-            Err(e) => tracing::warn!(error = %e, "could not write quarantine status"),
-        }
-    });
-}
-
 impl<K: ManagedResource> Actor for Manager<K> {
-    type Msg = Doorbell;
+    type Msg = MailWaiting;
     type State = ManagerState<K>;
     type Arguments = ManagerArgs<K>;
 
     async fn pre_start(
         &self,
-        myself: ActorRef<Doorbell>,
+        myself: ActorRef<MailWaiting>,
         args: ManagerArgs<K>,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let me = args.inbox.bind(myself);
+        let me = args.mailbox.bind(myself);
         Ok(ManagerState {
             rx: args.rx,
             passive_timers: PassiveTimers::start(me.clone()),
             me,
-            slots: FastMap::default(),
+            objects: FastMap::default(),
             ids: FastMap::default(),
             idle: Vec::new(),
             wake_token: 0,
-            queue: VecDeque::new(),
-            wakes: VecDeque::new(),
-            turn: 0,
+            activations: ActivationQueue::default(),
             awaiting_permit: false,
             over_cap_at: None,
             drain_scheduled: false,
@@ -750,13 +669,13 @@ impl<K: ManagedResource> Actor for Manager<K> {
 
     async fn handle(
         &self,
-        myself: ActorRef<Doorbell>,
-        _: Doorbell,
+        myself: ActorRef<MailWaiting>,
+        _: MailWaiting,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         st.rx.open();
         let mut handled = 0;
-        while handled < inbox::BATCH
+        while handled < mailbox::BATCH
             && let Some(msg) = st.rx.next()
         {
             handled += 1;
@@ -766,9 +685,9 @@ impl<K: ManagedResource> Actor for Manager<K> {
             }
         }
         st.passive_timers.flush();
-        if handled == inbox::BATCH {
-            // More may be queued: ring again, so supervision events queued meanwhile go first.
-            st.me.ring();
+        if handled == mailbox::BATCH {
+            // More may be queued: signal again, so supervision events queued meanwhile go first.
+            st.me.signal();
         }
         Ok(())
     }

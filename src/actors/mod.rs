@@ -1,38 +1,82 @@
-//! The actors: a manager supervisor per kind, a resource actor per object, the watch feeder that
-//! turns kube-runtime watch events into messages.
+//! The actors: a manager supervisor per kind, a resource actor per object, the watch feeder
+//! that turns kube-runtime watch events into messages, and the timer task.
 //!
-//! A resource actor serves one object at a time, and one object is served by at most one actor
-//! at a time, so one object never has two runs at once. An actor with nothing due soon
-//! *passivates*: it hands its object back to the manager (the object stays in the reflector
-//! store, its pending wake-up and dependency waits are kept by the manager) and the next event,
-//! timer or message for the object activates it again. The actor itself is not stopped: it
-//! stays linked to the manager, idle, and adopts the next activation of any object of its kind
-//! (a message, instead of a stop, a spawn and two supervision events; the manager keeps at most
-//! one idle actor per run slot). To users it is still one actor per resource; the
-//! [`MetricsSnapshot`] tells activations from spawns.
+//! # Where things are
 //!
-//! Message types live in [`crate::messages`]; the tunables in [`crate::policy`].
+//! | file | what it holds |
+//! |---|---|
+//! | `manager.rs` | the manager supervisor: message handling, supervision, activation |
+//! | `activation_queue.rs` | who gets a live actor next (plain data) |
+//! | `restarts.rs` | restart intensity and backoff per object (plain data), [`Escalation`] |
+//! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
+//! | `mailbox.rs` | the manager's batching mailbox |
+//! | `resource.rs` | the resource actor: one pass at a time, coalescing, passivation |
+//! | `outcome_key.rs` | what the last pass left, to skip status work that cannot change |
+//! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
+//! | `timer.rs` | the timer task: delivers wake-ups, hands out run slots |
+//! | `run_slots.rs` | who gets the next run slot, and the lateness heuristic (plain data) |
+//! | `writes.rs` | every API write of the actors: finalizer, status, Events |
+//! | `feeder.rs` | watch events into messages, routed by a concurrent map |
+//! | `metrics.rs` | the runtime's counters |
+//!
+//! Dependencies run one way: the actors use [`crate::messages`] (plain data),
+//! [`crate::policy`], [`crate::provisioners`], [`crate::references`] and [`crate::status`];
+//! none of those imports the actors. [`crate::runtime`] starts them.
+//!
+//! # Glossary
+//!
+//! - **Pass**: one run of the provisioner tree (provision, or deprovision when deleting) for one
+//!   object. One object never has two passes at once.
+//! - **Run slot**: a permit of the runtime's `max_concurrent_runs` semaphore; every pass runs on
+//!   one. Due wake-ups and activations wait for slots in the timer task (`run_slots.rs`).
+//! - **Wake-up**: a resource actor's scheduled self-message (a yield, an error backoff, a poll,
+//!   a dependency's fallback re-check). At most one is pending; the earliest wins.
+//! - **Activation**: an object gets a live actor to serve it (its first, after passivation, or
+//!   after a restart). It waits in the manager's activation queue for a run slot, and its first
+//!   pass runs on that slot.
+//! - **Passivation**: an actor with nothing due within the policy's `idle_timeout` hands its
+//!   object back to the manager (the object stays in the reflector store; its pending wake-up
+//!   and what it has already handled are kept by the manager as a `PassiveState`). The next
+//!   event, wake-up or notification activates it again (the virtual-actor idea of Orleans and
+//!   Akka cluster sharding).
+//! - **Idle actor, adopt**: an actor that passivated is not stopped: it stays linked to the
+//!   manager, serving no object, and *adopts* the next activation of any object of its kind (a
+//!   message instead of a spawn, a stop and two supervision events). The manager keeps at most
+//!   one idle actor per run slot. To users it is still one actor per resource; the metrics tell
+//!   activations from spawns.
+//! - **Held back**: while passes start well after they were due (the runtime is CPU-bound),
+//!   activations get a smaller share of the run slots (`run_slots.rs`).
+//! - **Mailbox, mail waiting**: the manager's messages go through a batching channel; the one
+//!   ractor message it receives, `MailWaiting`, says that the mailbox has mail (`mailbox.rs`).
+//! - **Route**: the feeder's map from object key to the actor serving it. A passive object has no
+//!   route; its events go to the manager.
+//! - **Own writes, echo**: the resource versions produced by the actor's own writes. Their watch
+//!   events (echoes) are not news and run no pass.
 
+mod activation_queue;
 mod feeder;
-pub(crate) mod inbox;
+pub(crate) mod mailbox;
 mod manager;
+mod metrics;
+mod outcome_key;
 mod passive_timers;
 mod resource;
+pub(crate) mod restarts;
+mod run_slots;
 mod timer;
+mod wake_up;
+mod writes;
 
-use std::fmt::Debug;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 use ractor::ActorRef;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 
+use crate::ManagedResource;
 use crate::messages::ResourceMsg;
 use crate::object_api::ObjectApi;
 use crate::policy::SupervisorPolicy;
@@ -41,27 +85,14 @@ use crate::references::ReferenceIndex;
 
 pub(crate) use feeder::run_feeder;
 pub(crate) use manager::{Manager, ManagerArgs};
-#[doc(hidden)]
-pub use timer::{RunSlot, TimerMsg, Timers, WakeSlot};
-
-/// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
-/// `#[derive(CustomResource)]` type or a k8s-openapi type).
-pub trait ManagedResource:
-    Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
-{
-}
-
-impl<T> ManagedResource for T where
-    T: Resource<DynamicType = ()>
-        + Clone
-        + Debug
-        + Serialize
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static
-{
-}
+pub(crate) use metrics::Metrics;
+pub use metrics::MetricsSnapshot;
+#[cfg(feature = "bench-internals")]
+pub use timer::Timers;
+#[cfg(not(feature = "bench-internals"))]
+pub(crate) use timer::Timers;
+#[cfg(feature = "bench-internals")]
+pub use wake_up::PendingWakeUp;
 
 /// Hash map of per-object data (ahash: object names are hashed on every event and message).
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
@@ -108,123 +139,5 @@ pub(crate) fn is_news(last_run: Option<u64>, own_writes: &[u64], version: Option
     match version {
         Some(v) => !own_writes.contains(&v) && last_run.is_none_or(|l| v > l),
         None => true,
-    }
-}
-
-/// Runtime-wide counters, shared by every controller. Cheap atomics; read with
-/// [`Metrics::snapshot`].
-#[derive(Debug, Default)]
-pub struct Metrics {
-    // Every pass touches these from whichever worker runs it: no `runs` counter of its own (it
-    // is the sum of the two below), and peaks are read before they are raised, so a pass makes
-    // as few read-modify-writes of these shared cache lines as it can.
-    provision_runs: AtomicU64,
-    deprovision_runs: AtomicU64,
-    restarts: AtomicU64,
-    quarantined: AtomicU64,
-    status_writes: AtomicU64,
-    in_flight: AtomicU64,
-    peak_in_flight: AtomicU64,
-    live_actors: AtomicU64,
-    peak_live_actors: AtomicU64,
-    passivations: AtomicU64,
-    activations: AtomicU64,
-    spawns: AtomicU64,
-}
-
-/// A point-in-time copy of [`Metrics`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct MetricsSnapshot {
-    /// Provisioner passes started (provision + deprovision).
-    pub runs: u64,
-    /// Provision passes.
-    pub provision_runs: u64,
-    /// Deprovision passes.
-    pub deprovision_runs: u64,
-    /// Resource actors restarted after a failure or panic.
-    pub restarts: u64,
-    /// Resources quarantined past the restart intensity.
-    pub quarantined: u64,
-    /// Status patches sent (only when status changed).
-    pub status_writes: u64,
-    /// Passes running right now.
-    pub in_flight: u64,
-    /// Most passes ever running at once.
-    pub peak_in_flight: u64,
-    /// Resource actors alive right now.
-    pub live_actors: u64,
-    /// Most resource actors ever alive at once.
-    pub peak_live_actors: u64,
-    /// Actors stopped for being idle.
-    pub passivations: u64,
-    /// Activations: an actor began serving an object (its first activation, a re-activation
-    /// after passivation, or a restart).
-    pub activations: u64,
-    /// Resource actors spawned. Most activations spawn none: an actor that passivated adopts
-    /// the next activation (see the [module docs](crate::actors)).
-    pub spawns: u64,
-}
-
-impl Metrics {
-    /// Copy the counters.
-    pub fn snapshot(&self) -> MetricsSnapshot {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        MetricsSnapshot {
-            runs: l(&self.provision_runs) + l(&self.deprovision_runs),
-            provision_runs: l(&self.provision_runs),
-            deprovision_runs: l(&self.deprovision_runs),
-            restarts: l(&self.restarts),
-            quarantined: l(&self.quarantined),
-            status_writes: l(&self.status_writes),
-            in_flight: l(&self.in_flight),
-            peak_in_flight: l(&self.peak_in_flight),
-            live_actors: l(&self.live_actors),
-            peak_live_actors: l(&self.peak_live_actors),
-            passivations: l(&self.passivations),
-            activations: l(&self.activations),
-            spawns: l(&self.spawns),
-        }
-    }
-
-    fn run_started(&self, deleting: bool) -> InFlight<'_> {
-        if deleting {
-            self.deprovision_runs.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.provision_runs.fetch_add(1, Ordering::Relaxed);
-        }
-        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        raise_peak(&self.peak_in_flight, now);
-        InFlight(self)
-    }
-
-    /// Every actor start is an activation: counts both, and the peak of live actors.
-    fn actor_started(&self) {
-        Self::inc(&self.activations);
-        let live = self.live_actors.fetch_add(1, Ordering::Relaxed) + 1;
-        raise_peak(&self.peak_live_actors, live);
-    }
-
-    fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn dec(counter: &AtomicU64) {
-        counter.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Raise `peak` to `value` if it is higher (a plain load first: most calls raise nothing).
-fn raise_peak(peak: &AtomicU64, value: u64) {
-    if value > peak.load(Ordering::Relaxed) {
-        peak.fetch_max(value, Ordering::Relaxed);
-    }
-}
-
-/// Decrements the in-flight gauge when a pass ends, even by panic.
-struct InFlight<'a>(&'a Metrics);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        Metrics::dec(&self.0.in_flight);
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use super::inbox::Inbox;
+use super::mailbox::Mailbox;
 use super::{FastMap, ManagedResource};
 use crate::messages::ManagerMsg;
 
@@ -39,7 +39,7 @@ pub(crate) struct PassiveTimers<K: ManagedResource> {
 
 impl<K: ManagedResource> PassiveTimers<K> {
     /// Start the task; due wake-ups go to `manager`. It ends when this handle is dropped.
-    pub(crate) fn start(manager: Inbox<ManagerMsg<K>>) -> Self {
+    pub(crate) fn start(manager: Mailbox<ManagerMsg<K>>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         // Outside the cooperative budget, like the resource actors' timer task: under load a
         // budgeted task waits a whole scheduler turn per 128 operations.
@@ -73,7 +73,7 @@ impl<K: ManagedResource> PassiveTimers<K> {
 
 async fn run<K: ManagedResource>(
     mut rx: mpsc::UnboundedReceiver<Vec<Cmd<K>>>,
-    manager: Inbox<ManagerMsg<K>>,
+    manager: Mailbox<ManagerMsg<K>>,
 ) {
     let mut queue: DelayQueue<(Arc<ObjectRef<K>>, u64)> = DelayQueue::new();
     let mut pending: FastMap<Arc<ObjectRef<K>>, delay_queue::Key> = FastMap::default();
@@ -119,7 +119,7 @@ async fn run<K: ManagedResource>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actors::inbox::tests::Sink;
+    use crate::actors::mailbox::tests::Sink;
     use k8s_openapi::api::core::v1::ConfigMap;
 
     fn key(name: &str) -> ObjectRef<ConfigMap> {
@@ -130,7 +130,7 @@ mod tests {
     async fn due_wake_ups_arrive_once_with_their_token_and_rearming_or_cancelling_replaces_them() {
         let sink = Sink::<ManagerMsg<ConfigMap>>::spawn().await;
         let seen = sink.seen.clone();
-        let mut timers = PassiveTimers::start(sink.inbox.clone());
+        let mut timers = PassiveTimers::start(sink.mailbox.clone());
         timers.arm(key("a"), 1, Duration::from_secs(10));
         timers.arm(key("b"), 2, Duration::from_secs(20));
         timers.arm(key("a"), 3, Duration::from_secs(30)); // replaces a's first

@@ -16,20 +16,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::object_api::ObjectApi;
 use backon::ExponentialBackoff;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
 
-use super::inbox::Inbox;
-use super::timer::{RunSlot, TimerMsg, WakeSlot};
-use super::{ManagedResource, Metrics, Shared, version_of};
+use super::mailbox::Mailbox;
+use super::outcome_key::OutcomeKey;
+use super::wake_up::PendingWakeUp;
+use super::{ManagedResource, Metrics, Shared, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::{ReferenceApi, Target};
@@ -42,8 +39,8 @@ pub(crate) struct ResourceActor<K: ManagedResource> {
 
 /// How the manager starts a resource actor.
 pub(crate) struct ResourceArgs<K: ManagedResource> {
-    /// The manager's inbox, where the actor hands its object back when it passivates.
-    pub manager: Inbox<ManagerMsg<K>>,
+    /// The manager's mailbox, where the actor hands its object back when it passivates.
+    pub manager: Mailbox<ManagerMsg<K>>,
     /// The object it serves first.
     pub activation: Activation<K>,
 }
@@ -63,7 +60,7 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     run_pending: bool,
     /// A pass found no free run slot and asked the timer task for one ([`ResourceMsg::Slot`]).
     queued: bool,
-    wake: WakeSlot,
+    wake: PendingWakeUp,
     /// The run slot the manager handed over for the first pass (dropped if no pass follows).
     permit: Option<OwnedSemaphorePermit>,
     /// The route is removed and [`ResourceMsg::Passivate`] is on its way.
@@ -71,8 +68,8 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     error_attempts: u32,
     /// Boxed: rarely set, and every live actor carries this state.
     error_backoff: Option<Box<ExponentialBackoff>>,
-    /// The manager's inbox ([`ManagerMsg::Passivated`] goes there).
-    manager: Inbox<ManagerMsg<K>>,
+    /// The manager's mailbox ([`ManagerMsg::Passivated`] goes there).
+    manager: Mailbox<ManagerMsg<K>>,
     /// The actor serves `key` (an activation); `false` once it passivated and handed it back.
     serving: bool,
     /// This object as a reference target (fixed for the activation).
@@ -185,9 +182,9 @@ impl<K: ManagedResource> ResourceActor<K> {
     fn begin(
         &self,
         myself: &ActorRef<ResourceMsg<K>>,
-        manager: Inbox<ManagerMsg<K>>,
+        manager: Mailbox<ManagerMsg<K>>,
         activation: Activation<K>,
-        wake: WakeSlot,
+        wake: PendingWakeUp,
     ) -> ResourceState<K> {
         self.shared.metrics.actor_started();
         let Activation {
@@ -384,7 +381,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             let mut pre_failure = None;
             if shared.use_finalizer && !has_finalizer {
                 let api = shared.api(&obj);
-                match Box::pin(add_finalizer(&api, obj.as_ref(), &shared.finalizer)).await {
+                match Box::pin(writes::add_finalizer(&api, obj.as_ref(), &shared.finalizer)).await {
                     Ok(o) => {
                         st.record_write(o);
                         obj = st.object.clone().unwrap_or(obj);
@@ -547,7 +544,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
         shared.references.release_all(&target).await;
         let api = shared.api(obj);
-        match remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+        match writes::remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
             Ok(left) => {
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.
@@ -584,19 +581,8 @@ impl<K: ManagedResource> ResourceActor<K> {
     ) -> bool {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-        let api = shared.api(obj);
-        match api
-            .patch_status(
-                &obj.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(desired.patch()),
-            )
-            .await
-        {
-            Ok(o) => {
-                Metrics::inc(&shared.metrics.status_writes);
-                st.record_write(o);
-            }
+        match writes::patch_status(shared, obj, desired).await {
+            Ok(o) => st.record_write(o),
             Err(kube::Error::Api(s)) if s.code == 404 => return true, // gone: nothing to write
             Err(e) => {
                 tracing::warn!(object = %st.target, error = %e, "status write failed; retrying");
@@ -604,28 +590,9 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
         if transition {
-            publish_transition(self, obj, outcome).await;
+            writes::publish_transition(shared, obj, outcome).await;
         }
         true
-    }
-}
-
-impl<K: ManagedResource> TimerMsg for ResourceMsg<K> {
-    fn give_slot(&mut self, slot: RunSlot) {
-        if let ResourceMsg::Wake(_, s) | ResourceMsg::Slot(s) = self {
-            *s = Some(slot);
-        }
-    }
-}
-
-fn variant_of(o: &Outcome) -> u8 {
-    match o {
-        Outcome::Done => 0,
-        Outcome::Yield { .. } => 1,
-        Outcome::Waiting { .. } => 2,
-        Outcome::Terminal(_) => 3,
-        Outcome::UserActionRequired(_) => 4,
-        Outcome::Failed { .. } => 5,
     }
 }
 
@@ -633,102 +600,6 @@ fn variant_of(o: &Outcome) -> u8 {
 struct Pass {
     outcome: Outcome,
     desired: Option<ResourceStatus>,
-}
-
-/// Everything the status of a pass depends on besides the object's current status.
-///
-/// It keeps the outcome's [`Reason`] itself, not copies of its strings: a reason built from
-/// string literals (the usual case, e.g. every pass of a yield loop) is then compared by address
-/// in [`OutcomeKey::matches`], without reading the strings. Copies were two heap strings per live
-/// actor, cold by the next pass, and comparing them was a visible share of a yield pass.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct OutcomeKey {
-    variant: u8,
-    reason: Option<Reason>,
-    generation: Option<i64>,
-    deleting: bool,
-    version: Option<u64>,
-}
-
-impl OutcomeKey {
-    /// Whether `of(o, generation, deleting, version)` would equal this key (without allocating).
-    fn matches(
-        &self,
-        o: &Outcome,
-        generation: Option<i64>,
-        deleting: bool,
-        version: Option<u64>,
-    ) -> bool {
-        self.variant == variant_of(o)
-            && self.generation == generation
-            && self.deleting == deleting
-            && self.version == version
-            && match (&self.reason, o.reason()) {
-                (None, None) => true,
-                (Some(a), Some(b)) => {
-                    same_str(a.code(), b.code()) && same_str(a.message(), b.message())
-                }
-                _ => false,
-            }
-    }
-
-    fn of(o: &Outcome, generation: Option<i64>, deleting: bool, version: Option<u64>) -> Self {
-        Self {
-            variant: variant_of(o),
-            reason: o.reason().cloned(),
-            generation,
-            deleting,
-            version,
-        }
-    }
-}
-
-/// String equality that answers from the addresses when both are the same string (a literal's
-/// reuse), and reads the bytes only otherwise.
-fn same_str(a: &str, b: &str) -> bool {
-    a.len() == b.len() && (std::ptr::eq(a.as_ptr(), b.as_ptr()) || a == b)
-}
-
-async fn publish_transition<K: ManagedResource>(
-    a: &ResourceActor<K>,
-    obj: &Arc<K>,
-    outcome: &Outcome,
-) {
-    let Some(recorder) = &a.shared.recorder else {
-        return;
-    };
-    let (type_, reason, note) = match outcome {
-        Outcome::Done => (EventType::Normal, "Provisioned", None),
-        Outcome::Failed { reason, errors } => (
-            EventType::Warning,
-            "ProvisioningFailed",
-            Some(format!(
-                "{reason}; {}",
-                errors
-                    .iter()
-                    .map(|e| e.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )),
-        ),
-        Outcome::Terminal(r) => (EventType::Warning, "Terminal", Some(r.to_string())),
-        Outcome::UserActionRequired(r) => (
-            EventType::Warning,
-            "UserActionRequired",
-            Some(r.to_string()),
-        ),
-        _ => return,
-    };
-    let ev = kube::runtime::events::Event {
-        type_,
-        reason: reason.into(),
-        note: note.map(|n| n.chars().take(1024).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
-        tracing::debug!(error = %e, "could not publish event");
-    }
 }
 
 fn deprovision_reason(outcome: &Outcome) -> (ReadyReason, String) {
@@ -764,61 +635,6 @@ fn jitter(d: Duration, fraction: f64, seed: Option<u64>) -> Duration {
     d.mul_f64(1.0 + r * fraction)
 }
 
-/// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
-async fn add_finalizer<K: ManagedResource>(
-    api: &ObjectApi<K>,
-    obj: &K,
-    finalizer: &str,
-) -> Result<K, kube::Error> {
-    let rv = obj.meta().resource_version.clone().unwrap_or_default();
-    let add = if obj.meta().finalizers.is_none() {
-        json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})
-    } else {
-        json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})
-    };
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-        add,
-    ]))
-    .expect("static JSON patch shape");
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(patch),
-    )
-    .await
-}
-
-/// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
-/// as the server left it (`None` if it is gone).
-async fn remove_finalizer<K: ManagedResource>(
-    api: &ObjectApi<K>,
-    obj: &K,
-    finalizer: &str,
-) -> Result<Option<K>, kube::Error> {
-    let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
-        return Ok(None);
-    };
-    let path = format!("/metadata/finalizers/{i}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": finalizer},
-        {"op": "remove", "path": path},
-    ]))
-    .expect("static JSON patch shape");
-    match api
-        .patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        )
-        .await
-    {
-        Ok(o) => Ok(Some(o)),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 impl<K: ManagedResource> Actor for ResourceActor<K> {
     type Msg = ResourceMsg<K>;
     type State = ResourceState<K>;
@@ -830,7 +646,12 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         Metrics::inc(&self.shared.metrics.spawns);
-        Ok(self.begin(&myself, args.manager, args.activation, WakeSlot::default()))
+        Ok(self.begin(
+            &myself,
+            args.manager,
+            args.activation,
+            PendingWakeUp::default(),
+        ))
     }
 
     async fn post_start(
@@ -913,35 +734,5 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         }
         self.maybe_passivate(&myself, st);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn outcome_key_matches_by_value_and_by_address() {
-        let literal =
-            || Outcome::yield_after(Duration::from_millis(1), Reason::new("Wait", "later"));
-        let key = OutcomeKey::of(&literal(), Some(1), false, Some(7));
-        // the same literals (compared by address), and equal strings built at run time
-        assert!(key.matches(&literal(), Some(1), false, Some(7)));
-        let owned = Outcome::yield_after(
-            Duration::from_secs(9),
-            Reason::new(String::from("Wait"), format!("lat{}", "er")),
-        );
-        assert!(key.matches(&owned, Some(1), false, Some(7)));
-        // anything else that shapes the status differs
-        let other = Outcome::yield_after(Duration::from_millis(1), Reason::new("Wait", "sooner"));
-        assert!(!key.matches(&other, Some(1), false, Some(7)));
-        assert!(!key.matches(&literal(), Some(2), false, Some(7)));
-        assert!(!key.matches(&literal(), Some(1), true, Some(7)));
-        assert!(!key.matches(&literal(), Some(1), false, Some(8)));
-        assert!(!key.matches(&Outcome::Done, Some(1), false, Some(7)));
-        let done = OutcomeKey::of(&Outcome::Done, None, false, None);
-        assert!(done.matches(&Outcome::Done, None, false, None));
-        assert!(!done.matches(&literal(), None, false, None));
-        assert!(!same_str("ab", "abc") && same_str("ab", &String::from("ab")));
     }
 }

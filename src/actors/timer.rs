@@ -1,29 +1,22 @@
-//! Timers of the resource actors: one pending wake-up per resource (earliest wins), delivered by
-//! one timer task per controller, which also hands out the run slots passes wait for.
+//! The timer task: delivers every resource actor's wake-up at its deadline (one pending per
+//! actor, arming again replaces it) and hands out run slots with the deliveries.
 //!
 //! A resource actor re-arms its wake-up on every yield, so arming must be cheap: [`Timers`]
 //! keeps every actor's timers in one tokio-util [`DelayQueue`] owned by one task, and arming is a
-//! channel send to it. (A spawned `sleep` task per timer — what `ractor::time::send_after` does —
+//! channel send to it. (A spawned `sleep` task per timer, what `ractor::time::send_after` does,
 //! costs a task allocation and an abort on every re-arm, and a live task per idle actor.)
 //!
-//! A due wake-up needs a run slot (a permit of the runtime's `max_concurrent_runs` semaphore)
-//! before its pass can start, so the task acquires one and delivers it with the wake-up; an
-//! actor whose pass was triggered otherwise and found no free slot queues here too
-//! ([`Timers::queue`]). No actor waits for a slot in its handler.
-//!
-//! Activations (a new actor's first pass) get their slots here too, after passes of live actors
-//! and with a bounded share ([`ACTIVATION_EVERY`]). When the runtime is CPU-bound — passes start
-//! well after the task sent them their slot ([`SATURATED_LATENESS`], reported by the actors
-//! through [`Timers::woke`]) — the share shrinks to [`HELD_ACTIVATION_EVERY`]: starting more
-//! objects would add memory and lateness, not throughput.
+//! A due wake-up needs a run slot before its pass can start, so the task acquires one and
+//! delivers it with the wake-up; an actor whose pass was triggered otherwise and found no free
+//! slot queues here too ([`Timers::queue`]), and so do activations ([`Timers::activation`]). Who
+//! gets the next slot is decided by [`RunSlotQueue`] and [`Lateness`] (`run_slots.rs`). No actor
+//! waits for a slot in its handler.
 
-use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::Poll;
-use std::time::Duration;
 
 use ractor::{ActorId, ActorRef, Message};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -32,81 +25,8 @@ use tokio_util::sync::PollSemaphore;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use super::FastMap;
-
-/// The single pending wake-up of a resource actor: deadline and token bookkeeping only.
-///
-/// [`WakeSlot::schedule`] keeps whichever deadline is earlier; every (re)arm gets a new token,
-/// so a timer message that fires after it was replaced or cancelled is recognised as stale by
-/// [`WakeSlot::fire`]. Delivering the timer is the caller's job (the actor arms [`Timers`]).
-#[derive(Debug, Default)]
-pub struct WakeSlot {
-    at: Option<Instant>,
-    token: u64,
-}
-
-impl WakeSlot {
-    /// Arm for `at` unless an earlier wake-up is pending. Returns the token the timer must
-    /// deliver back, or `None` if the existing earlier timer stays.
-    pub fn schedule(&mut self, at: Instant) -> Option<u64> {
-        if self.at.is_some_and(|cur| cur <= at) {
-            return None;
-        }
-        self.token += 1;
-        self.at = Some(at);
-        Some(self.token)
-    }
-
-    /// Drop the pending wake-up, if any: `true` if one was pending (its timer should be
-    /// cancelled; if it fires anyway its token is stale).
-    pub fn cancel(&mut self) -> bool {
-        self.token += 1;
-        self.at.take().is_some()
-    }
-
-    /// A timer with `token` fired: `true` if it is the pending one (which is then cleared).
-    pub fn fire(&mut self, token: u64) -> bool {
-        if self.at.is_some() && token == self.token {
-            self.at = None;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// When the pending timer fires, if one is pending.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.at
-    }
-}
-
-/// A message the timer task delivers. With run slots ([`Timers::with_run_slots`]) every delivery
-/// carries the run slot the task acquired for it, so the receiving actor runs its pass at once
-/// instead of waiting for a slot inside its handler.
-pub trait TimerMsg: Message {
-    /// Attach the run slot acquired for this delivery.
-    fn give_slot(&mut self, slot: RunSlot);
-}
-
-/// A run slot the timer task handed out with a delivery, and when it did: the receiver tells
-/// how long the delivery waited for the workers from how long it waited for the slot (see
-/// [`Timers::woke`]).
-#[derive(Debug)]
-pub struct RunSlot {
-    /// The permit of the runtime's run-slot semaphore.
-    pub permit: OwnedSemaphorePermit,
-    /// When the timer task sent it.
-    pub given_at: Instant,
-}
-
-/// Tests deliver plain numbers; the slot is released at once.
-impl TimerMsg for u32 {
-    fn give_slot(&mut self, _: RunSlot) {}
-}
-
-/// Benchmarks deliver plain numbers; the slot is released at once.
-impl TimerMsg for u64 {
-    fn give_slot(&mut self, _: RunSlot) {}
-}
+use super::run_slots::{Lateness, Next, RunSlotQueue};
+use crate::messages::{RunSlot, TimerMsg};
 
 enum Cmd<M: Message> {
     Arm {
@@ -121,36 +41,11 @@ enum Cmd<M: Message> {
         msg: M,
     },
     /// Hand a run slot to a new actor's first pass (the manager's activation queue).
-    Activation(Activation),
+    Activation(GrantSlot),
 }
 
-/// What receives a run slot for an activation.
-pub type Activation = Box<dyn FnOnce(OwnedSemaphorePermit) + Send>;
-
-/// When passes of live actors and activations both wait for run slots, one slot in this many
-/// goes to an activation. Live actors come first so that objects already in progress finish
-/// before many more start (each live actor costs ≈ 8 KiB, and at 10k new objects that memory
-/// was most of the time); activations still get a bounded share, so new objects never starve
-/// behind objects that yield forever.
-pub const ACTIVATION_EVERY: u32 = 4;
-
-/// A wake-up whose pass starts later than this after its deadline, on a moving average, says
-/// the runtime is saturated (CPU-bound): the live actors already have more work than the
-/// workers get through. Starting more objects then adds memory and lateness and no throughput,
-/// so activations are held back to one slot in [`HELD_ACTIVATION_EVERY`] until passes start on
-/// time again. Passes that wait on I/O leave the workers idle and their wake-ups on time, so they
-/// are never held back (nor under the simulator's virtual clock, where no wake-up is late).
-pub const SATURATED_LATENESS: Duration = Duration::from_millis(5);
-
-/// While wake-ups run late ([`SATURATED_LATENESS`]), one slot in this many still goes to an
-/// activation, so new objects are never starved by live ones that stay busy. A share of the
-/// passes, not a rate: a fixed rate could start objects faster than a slow runtime finishes
-/// them.
-pub const HELD_ACTIVATION_EVERY: u32 = 32;
-
-/// The hold ends this long after the last wake-up was reported, so it cannot outlive the work
-/// that caused it.
-const HELD_FOR: Duration = Duration::from_millis(10);
+/// What receives a run slot for an activation (the manager's callback).
+pub type GrantSlot = Box<dyn FnOnce(OwnedSemaphorePermit) + Send>;
 
 /// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
 /// actor (arming again replaces it). The task ends when every handle is dropped.
@@ -162,11 +57,12 @@ const HELD_FOR: Duration = Duration::from_millis(10);
 /// list: most passes of a busy runtime wait for a slot).
 pub struct Timers<M: Message> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
-    saturation: Arc<Saturation>,
+    lateness: Arc<Lateness>,
 }
 
 impl<M: TimerMsg> Timers<M> {
     /// Spawns the timer task on the current tokio runtime; it delivers without run slots.
+    #[cfg(any(test, feature = "bench-internals"))]
     pub fn start() -> Self {
         Self::spawn(None)
     }
@@ -179,43 +75,36 @@ impl<M: TimerMsg> Timers<M> {
 
     fn spawn(slots: Option<PollSemaphore>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let saturation = Arc::new(Saturation {
-            epoch: Instant::now(),
-            state: AtomicU64::new(0),
-            passes_wait: AtomicBool::new(false),
-        });
-        let wheel = Wheel {
+        let lateness = Arc::new(Lateness::new(Instant::now()));
+        let task = TimerTask {
             queue: DelayQueue::new(),
             actors: FastMap::default(),
-            ready: VecDeque::new(),
-            activations: VecDeque::new(),
-            since_activation: 0,
-            hold: Hold {
-                saturation: saturation.clone(),
+            waiting: RunSlotQueue::default(),
+            hold_back: HoldBack {
+                lateness: lateness.clone(),
                 timer: None,
             },
             slots,
         };
-        // Unconstrained: see `Wheel::poll_turn`.
-        tokio::spawn(tokio::task::unconstrained(run(wheel, rx)));
-        Self { tx, saturation }
+        // Unconstrained: see `TimerTask::poll_turn`.
+        tokio::spawn(tokio::task::unconstrained(run(task, rx)));
+        Self { tx, lateness }
     }
 
     /// A wake-up sent at `sent` (its [`RunSlot::given_at`], or its deadline if it came
     /// without a slot) is running its pass now: tells the task whether the runtime is saturated
-    /// (see [`SATURATED_LATENESS`]). Time spent waiting for a run slot does not count: that is
-    /// the concurrency limit at work, not the workers falling behind.
+    /// (see [`Lateness`]). Time spent waiting for a run slot does not count: that is the
+    /// concurrency limit at work, not the workers falling behind.
     pub fn woke(&self, sent: Instant) {
-        self.saturation.woke(sent, Instant::now());
+        self.lateness.woke(sent, Instant::now());
     }
 
     /// Whether an activation may take a free run slot without asking the task: no pass waits
     /// for a slot there, and activations are not held back because wake-ups run late (see
-    /// [`SATURATED_LATENESS`]). Otherwise a free slot is the next waiting pass's, or held back,
-    /// and the activation waits for its turn ([`Timers::activation`]).
+    /// [`Lateness`]). Otherwise a free slot is the next waiting pass's, or held back, and the
+    /// activation waits for its turn ([`Timers::activation`]).
     pub fn activation_may_skip_queue(&self) -> bool {
-        !self.saturation.passes_wait.load(Ordering::Relaxed)
-            && !self.saturation.holding(Instant::now())
+        !self.lateness.passes_wait.load(Ordering::Relaxed) && !self.lateness.holding(Instant::now())
     }
 
     /// Deliver `msg` to `to` at `at`, replacing the actor's pending timer, if any.
@@ -242,9 +131,9 @@ impl<M: TimerMsg> Timers<M> {
     }
 
     /// Call `give` with a run slot for an activation, as soon as one is free and it is the
-    /// activations' turn (see [`ACTIVATION_EVERY`]). Only with run slots: without, or once they
+    /// activations' turn (see [`RunSlotQueue`]). Only with run slots: without, or once they
     /// are closed, `give` is never called.
-    pub fn activation(&self, give: Activation) {
+    pub fn activation(&self, give: GrantSlot) {
         let _ = self.tx.send(Cmd::Activation(give));
     }
 }
@@ -256,79 +145,28 @@ struct Armed<M: Message> {
     msg: M,
 }
 
-struct Wheel<M: Message> {
+/// The task's state: armed wake-ups by actor, and who waits for a run slot.
+struct TimerTask<M: Message> {
     queue: DelayQueue<ActorId>,
     actors: FastMap<ActorId, Armed<M>>,
-    /// Due deliveries waiting for a run slot, oldest first (only with `slots`).
-    ready: VecDeque<(ActorRef<M>, M)>,
-    /// Activations waiting for a run slot, oldest first (only with `slots`).
-    activations: VecDeque<Activation>,
-    /// Slots given to `ready` since the last activation got one.
-    since_activation: u32,
-    hold: Hold,
+    /// Due deliveries and activations waiting for a run slot (only with `slots`).
+    waiting: RunSlotQueue<(ActorRef<M>, M), GrantSlot>,
+    hold_back: HoldBack,
     slots: Option<PollSemaphore>,
 }
 
-/// How late wake-ups run, as resource actors report them: a moving average, and when it was last
-/// updated, in one word (written with plain loads and stores: a lost update only drops one
-/// sample of a heuristic, and a read-modify-write would make every actor wait for the line).
-struct Saturation {
-    epoch: Instant,
-    /// Milliseconds from `epoch` to the last sample, plus one (0: no sample yet), in the high
-    /// half; the moving average of lateness in microseconds in the low half.
-    state: AtomicU64,
-    /// Whether due deliveries wait for run slots in the task (written by the task when that
-    /// changes).
-    passes_wait: AtomicBool,
-}
-
-/// Weight of a new lateness sample in the moving average: 1 / this.
-const LATENESS_SMOOTHING: u64 = 8;
-
-impl Saturation {
-    fn woke(&self, sent: Instant, now: Instant) {
-        let late_us = u64::try_from(now.saturating_duration_since(sent).as_micros())
-            .unwrap_or(u64::MAX)
-            .min(u64::from(u32::MAX));
-        let at_ms = u64::try_from(now.saturating_duration_since(self.epoch).as_millis())
-            .unwrap_or(u64::MAX)
-            .min(u64::from(u32::MAX) - 1)
-            + 1;
-        let avg = self.state.load(Ordering::Relaxed) & u64::from(u32::MAX);
-        let avg = avg - avg / LATENESS_SMOOTHING + late_us / LATENESS_SMOOTHING;
-        self.state.store(at_ms << 32 | avg, Ordering::Relaxed);
-    }
-
-    /// Until when activations are held back, if they are at `now`: while the average lateness
-    /// is above [`SATURATED_LATENESS`], and for [`HELD_FOR`] after the last sample.
-    fn held_until(&self, now: Instant) -> Option<Instant> {
-        let state = self.state.load(Ordering::Relaxed);
-        let at_ms = (state >> 32).checked_sub(1)?;
-        let avg = Duration::from_micros(state & u64::from(u32::MAX));
-        if avg <= SATURATED_LATENESS {
-            return None;
-        }
-        let until = self.epoch + Duration::from_millis(at_ms) + HELD_FOR;
-        (now < until).then_some(until)
-    }
-
-    fn holding(&self, now: Instant) -> bool {
-        self.held_until(now).is_some()
-    }
-}
-
-/// Holds activations back while wake-ups run late (see [`SATURATED_LATENESS`]).
-struct Hold {
-    saturation: Arc<Saturation>,
+/// Wakes the task when activations stop being held back (see [`Lateness`]).
+struct HoldBack {
+    lateness: Arc<Lateness>,
     /// Wakes the task when the hold ends, while held activations wait and nothing else would.
     timer: Option<Pin<Box<Sleep>>>,
 }
 
-impl Hold {
+impl HoldBack {
     /// Make sure the task is woken when the hold ends (the timer is re-armed and registered
     /// only when that time changed).
     fn wake_when_over(&mut self, now: Instant, cx: &mut std::task::Context<'_>) {
-        let Some(until) = self.saturation.held_until(now) else {
+        let Some(until) = self.lateness.held_until(now) else {
             return;
         };
         match &mut self.timer {
@@ -344,7 +182,7 @@ impl Hold {
     }
 }
 
-impl<M: TimerMsg> Wheel<M> {
+impl<M: TimerMsg> TimerTask<M> {
     fn apply(&mut self, cmd: Cmd<M>, now: Instant) {
         match cmd {
             Cmd::Arm { to, at, msg } => {
@@ -374,7 +212,7 @@ impl<M: TimerMsg> Wheel<M> {
             Cmd::Queue { to, msg } => self.due(to, msg),
             Cmd::Activation(give) => {
                 if self.slots.is_some() {
-                    self.activations.push_back(give);
+                    self.waiting.push_activation(give);
                 }
             }
         }
@@ -389,25 +227,10 @@ impl<M: TimerMsg> Wheel<M> {
     /// Deliver now, or queue for a run slot.
     fn due(&mut self, to: ActorRef<M>, msg: M) {
         if self.slots.is_some() {
-            self.ready.push_back((to, msg));
+            self.waiting.push_pass((to, msg));
         } else {
             let _ = to.cast(msg);
         }
-    }
-
-    /// Whether a slot acquired now would go to an activation (see [`ACTIVATION_EVERY`],
-    /// [`SATURATED_LATENESS`]).
-    fn activation_turn(&self, now: Instant) -> bool {
-        if self.activations.is_empty() {
-            return false;
-        }
-        let held = self.hold.saturation.holding(now);
-        let every = if held {
-            HELD_ACTIVATION_EVERY
-        } else {
-            ACTIVATION_EVERY
-        };
-        (self.ready.is_empty() && !held) || self.since_activation + 1 >= every
     }
 
     /// Give `slot` to the next waiting activation if `activation` (its turn), else to the next
@@ -415,16 +238,16 @@ impl<M: TimerMsg> Wheel<M> {
     /// clock read per delivery; a round's deliveries take microseconds, and a delivery the task
     /// itself was slow to make counts as late, which it is).
     fn give(&mut self, slot: OwnedSemaphorePermit, activation: bool, now: Instant) {
-        if activation && let Some(give) = self.activations.pop_front() {
-            self.since_activation = 0;
-            give(slot);
-        } else if let Some((to, mut msg)) = self.ready.pop_front() {
-            self.since_activation += 1;
-            msg.give_slot(RunSlot {
-                permit: slot,
-                given_at: now,
-            });
-            let _ = to.cast(msg);
+        match self.waiting.next(activation) {
+            Some(Next::Activation(give)) => give(slot),
+            Some(Next::Pass((to, mut msg))) => {
+                msg.give_slot(RunSlot {
+                    permit: slot,
+                    given_at: now,
+                });
+                let _ = to.cast(msg);
+            }
+            None => {}
         }
     }
 
@@ -462,10 +285,11 @@ impl<M: TimerMsg> Wheel<M> {
                 left -= 1;
             }
             while left > 0 && self.slots.is_some() {
-                let activation = self.activation_turn(now);
-                if !activation && self.ready.is_empty() {
-                    if !self.activations.is_empty() {
-                        self.hold.wake_when_over(now, cx);
+                let held = self.hold_back.lateness.holding(now);
+                let activation = self.waiting.activation_turn(held);
+                if !activation && !self.waiting.passes_wait() {
+                    if self.waiting.activations_wait() {
+                        self.hold_back.wake_when_over(now, cx);
                     }
                     break;
                 }
@@ -474,17 +298,16 @@ impl<M: TimerMsg> Wheel<M> {
                     Poll::Ready(Some(slot)) => self.give(slot, activation, now),
                     // Closed: the runtime is shutting down and no pass may start.
                     Poll::Ready(None) => {
-                        self.ready.clear();
-                        self.activations.clear();
+                        self.waiting.clear();
                     }
                     Poll::Pending => break,
                 }
                 left -= 1;
             }
-            let waiting = !self.ready.is_empty();
-            if waiting != self.hold.saturation.passes_wait.load(Ordering::Relaxed) {
-                self.hold
-                    .saturation
+            let waiting = self.waiting.passes_wait();
+            if waiting != self.hold_back.lateness.passes_wait.load(Ordering::Relaxed) {
+                self.hold_back
+                    .lateness
                     .passes_wait
                     .store(waiting, Ordering::Relaxed);
             }
@@ -503,8 +326,8 @@ impl<M: TimerMsg> Wheel<M> {
 const TURN: usize = 1024;
 
 /// The timer task.
-async fn run<M: TimerMsg>(mut wheel: Wheel<M>, mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
-    while !poll_fn(|cx| wheel.poll_turn(cx, &mut rx)).await {
+async fn run<M: TimerMsg>(mut task: TimerTask<M>, mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
+    while !poll_fn(|cx| task.poll_turn(cx, &mut rx)).await {
         tokio::task::yield_now().await;
     }
 }
@@ -512,35 +335,10 @@ async fn run<M: TimerMsg>(mut wheel: Wheel<M>, mut rx: mpsc::UnboundedReceiver<C
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actors::run_slots::{ACTIVATION_EVERY, HELD_ACTIVATION_EVERY, HELD_FOR};
     use ractor::{Actor, ActorProcessingErr};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
-
-    #[test]
-    fn earliest_wins_and_later_requests_are_ignored() {
-        let mut slot = WakeSlot::default();
-        let now = Instant::now();
-        let t1 = slot.schedule(now + Duration::from_secs(10)).unwrap();
-        // a later deadline does not replace the earlier one
-        assert!(slot.schedule(now + Duration::from_secs(20)).is_none());
-        // an earlier one does, and the replaced token is stale
-        let t2 = slot.schedule(now + Duration::from_secs(1)).unwrap();
-        assert_eq!(slot.deadline(), Some(now + Duration::from_secs(1)));
-        assert!(!slot.fire(t1), "a replaced token is stale");
-        assert!(slot.fire(t2));
-        assert!(!slot.fire(t2), "a token fires once");
-        assert_eq!(slot.deadline(), None);
-    }
-
-    #[test]
-    fn cancel_stales_the_token() {
-        let mut slot = WakeSlot::default();
-        let t = slot.schedule(Instant::now()).unwrap();
-        assert!(slot.cancel());
-        assert!(!slot.cancel(), "nothing pending any more");
-        assert!(!slot.fire(t));
-        assert_eq!(slot.deadline(), None);
-    }
 
     /// What a [`Recorder`] received, each with the (virtual) time it arrived.
     type Log<M> = Arc<Mutex<Vec<(M, Instant)>>>;
@@ -750,7 +548,7 @@ mod tests {
         assert_eq!(slots.available_permits(), 1);
     }
 
-    /// While passes report that they run late ([`SATURATED_LATENESS`]), activations may not take
+    /// While passes report that they run late ([`SATURATED_LATENESS`](super::run_slots::SATURATED_LATENESS)), activations may not take
     /// free slots directly and get one slot in [`HELD_ACTIVATION_EVERY`]; once no late pass has
     /// been reported for [`HELD_FOR`], they get free slots again.
     #[tokio::test(start_paused = true)]

@@ -25,6 +25,10 @@ pub struct PassiveState {
     pub pending_run: bool,
 }
 
+/// The only ractor message of a manager: its mailbox has mail (see `src/actors/mailbox.rs`).
+#[derive(Debug)]
+pub struct MailWaiting;
+
 /// What a manager supervisor handles. Resource actors are its linked children; their failures
 /// reach it as supervision events, not messages.
 #[derive(Debug)]

@@ -1,7 +1,15 @@
-//! Every message the actors exchange, one file per receiving actor. Messages are plain data.
+//! Every message the actors exchange, one file per receiver. Messages are plain data: this
+//! module imports nothing of the actors.
+//!
+//! - [`manager`]: [`ManagerMsg`], what a manager supervisor handles (through its mailbox), and
+//!   [`MailWaiting`], the one ractor message that says its mailbox has mail.
+//! - [`resource`]: [`ResourceMsg`], what a resource actor handles, and [`Activation`].
+//! - [`timer`]: [`TimerMsg`], what the timer task delivers, with its [`RunSlot`].
 
 mod manager;
 mod resource;
+mod timer;
 
-pub use manager::{ManagerMsg, PassiveState};
-pub use resource::{Activation, ResourceMsg};
+pub(crate) use manager::{MailWaiting, ManagerMsg, PassiveState};
+pub(crate) use resource::{Activation, ResourceMsg};
+pub(crate) use timer::{RunSlot, TimerMsg};

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::PassiveState;
-use crate::actors::RunSlot;
+use super::{PassiveState, RunSlot, TimerMsg};
 
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
@@ -44,4 +43,17 @@ pub struct Activation<K: kube::Resource<DynamicType = ()>> {
     pub passive: Option<PassiveState>,
     /// The run slot the manager acquired for the first pass.
     pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Timer deliveries ([`ResourceMsg::Wake`]) and run slots asked for ([`ResourceMsg::Slot`])
+/// carry the run slot the timer task acquired.
+impl<K> TimerMsg for ResourceMsg<K>
+where
+    K: kube::Resource<DynamicType = ()> + std::fmt::Debug + Send + Sync + 'static,
+{
+    fn give_slot(&mut self, slot: RunSlot) {
+        if let ResourceMsg::Wake(_, s) | ResourceMsg::Slot(s) = self {
+            *s = Some(slot);
+        }
+    }
 }

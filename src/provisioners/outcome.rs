@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::references::Target;
+use crate::status::{Phase, ReadyReason, ResourceStatus};
 
 /// A typed, user-readable explanation attached to a non-done [`Outcome`].
 ///
@@ -197,9 +198,48 @@ fn wake_key(o: &Outcome) -> (u8, Duration) {
     }
 }
 
+/// The status a provision outcome leaves: defined here, beside [`Outcome`], so that
+/// [`crate::status`] depends on nothing else of the crate.
+impl ResourceStatus {
+    /// The status a provision pass with `outcome` should leave.
+    pub fn after_provision(&self, outcome: &Outcome, generation: Option<i64>) -> Self {
+        let msg = |o: &Outcome| {
+            o.reason()
+                .map(|r| r.message().to_string())
+                .unwrap_or_default()
+        };
+        let (phase, ready, reason) = match outcome {
+            Outcome::Done => (Phase::Ready, true, ReadyReason::Provisioned),
+            Outcome::Yield { .. } => (Phase::Progressing, false, ReadyReason::Provisioning),
+            Outcome::Waiting { .. } => (Phase::Progressing, false, ReadyReason::DependencyNotReady),
+            Outcome::Failed { .. } => (Phase::Progressing, false, ReadyReason::Errored),
+            Outcome::Terminal(_) => (Phase::Failed, false, ReadyReason::Terminal),
+            Outcome::UserActionRequired(_) => {
+                (Phase::Failed, false, ReadyReason::UserActionRequired)
+            }
+        };
+        let message = match outcome {
+            Outcome::Done => "provisioned".to_string(),
+            o => match o.reason() {
+                Some(r) if !r.message().is_empty() => format!("{}: {}", r.code(), r.message()),
+                Some(r) => r.code().to_string(),
+                None => msg(o),
+            },
+        };
+        self.with_ready(phase, ready, reason, message, generation)
+    }
+
+    /// Whether [`ResourceStatus::after_provision`] with `outcome` is Ready (only a done pass
+    /// is), without building the status.
+    pub fn ready_after(outcome: &Outcome) -> bool {
+        outcome.is_done()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::Condition;
 
     fn err(msg: &str) -> Outcome {
         Outcome::failed(
@@ -260,5 +300,69 @@ mod tests {
             reason: Reason::new("W", ""),
         };
         assert_eq!(Outcome::merge(vec![a, w]).reason().unwrap().code(), "W");
+    }
+
+    #[test]
+    fn ready_after_agrees_with_the_status_after_provision() {
+        let r = || Reason::new("Code", "message");
+        let outcomes = [
+            Outcome::Done,
+            Outcome::yield_after(std::time::Duration::from_secs(1), r()),
+            Outcome::Waiting {
+                target: crate::references::Target::new("v1", "ConfigMap", Some("ns"), "cm"),
+                reason: r(),
+            },
+            Outcome::failed(r(), std::io::Error::other("boom")),
+            Outcome::Terminal(r()),
+            Outcome::UserActionRequired(r()),
+        ];
+        for before in [
+            ResourceStatus::default(),
+            ResourceStatus::default().after_provision(&Outcome::Done, Some(1)),
+        ] {
+            for o in &outcomes {
+                assert_eq!(
+                    ResourceStatus::ready_after(o),
+                    before.after_provision(o, Some(2)).is_ready(),
+                    "{o:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn same_outcome_gives_equal_status_so_nothing_is_written() {
+        let o = Outcome::yield_now(Reason::new("Waiting", "for a volume"));
+        let s = ResourceStatus::default().after_provision(&o, Some(3));
+        assert_eq!(s.after_provision(&o, Some(3)), s);
+        assert_ne!(s.after_provision(&Outcome::Done, Some(3)), s);
+        assert_eq!(s.phase, Some(Phase::Progressing));
+        assert_eq!(s.ready().unwrap().message, "Waiting: for a volume");
+    }
+
+    #[test]
+    fn foreign_conditions_are_kept() {
+        let mut s = ResourceStatus::default();
+        s.conditions.push(Condition {
+            type_: "Other".into(),
+            status: "True".into(),
+            reason: "X".into(),
+            message: String::new(),
+            last_transition_time: None,
+            observed_generation: None,
+        });
+        let s = s.after_provision(&Outcome::Done, Some(1));
+        assert_eq!(s.conditions.len(), 2);
+        assert!(s.is_ready());
+        let failed = Outcome::failed(
+            Reason::new("DbDown", "database unreachable"),
+            std::io::Error::other("secret internal detail"),
+        );
+        let s = s.after_provision(&failed, Some(1));
+        assert!(
+            !serde_json::to_string(&s)
+                .unwrap()
+                .contains("secret internal detail")
+        );
     }
 }

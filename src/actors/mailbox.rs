@@ -1,22 +1,21 @@
-//! A batching mailbox for an actor that many tasks message at a high rate: the manager.
+//! The manager's batching mailbox: many tasks message one manager at a high rate.
 //!
 //! Every object's events, notifications and activations pass through its kind's manager, one
 //! serial actor. Through ractor's message port each message is one receive, and tokio's
-//! cooperative budget lets a task make only 128 receives per turn before it must yield to every
-//! other runnable task. So a manager with a backlog handled 128 messages per turn and then waited
-//! for all the passes, API requests and watch streams of the runtime to have their turn
-//! (≈ 2.7 ms on two cores in the `chain` benchmark): a readiness notification waited ≈ 150 ms
-//! behind the backlog, while the manager itself was busy only ≈ 12 % of the time. (The timer
-//! task met the same limit and runs `tokio::task::unconstrained`; the manager cannot, because
-//! ractor spawns its task.)
+//! cooperative budget lets a task make only 128 receives per scheduler turn before it must yield
+//! to every other runnable task. A manager with a backlog then handled 128 messages and waited for
+//! every pass, API request and watch stream of the runtime to have its turn, so a readiness
+//! notification waited behind the whole backlog while the manager itself was mostly idle
+//! (BENCHMARKS.md has the `chain` figures). The timer task met the same limit and runs
+//! `tokio::task::unconstrained`; the manager cannot, because ractor spawns its task.
 //!
 //! Here messages go to a plain unbounded channel, drained with `try_recv` (which takes no
-//! budget), and the actor is sent one ractor message, a [`Doorbell`], only when the inbox goes
+//! budget), and the actor is sent one ractor message, [`MailWaiting`], only when the mailbox goes
 //! from empty to not empty. One receive then hands over a batch of up to [`BATCH`] messages. The
-//! actor stays an ordinary ractor actor — linked children, supervision events (which ractor
-//! delivers before messages, and which still interleave between batches), stop and kill — only
-//! its high-volume traffic takes this path. No maintained crate offers a budget-free mailbox
-//! for a ractor actor; this is the usual "doorbell + queue" pattern in about forty lines.
+//! actor stays an ordinary ractor actor (linked children, supervision events, which ractor
+//! delivers before messages and which still interleave between batches, stop and kill); only its
+//! high-volume traffic takes this path. No maintained crate offers a budget-free mailbox for a
+//! ractor actor; this is the usual "signal + queue" pattern in about forty lines.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,42 +23,40 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
 
-/// Most messages one [`Doorbell`] hands over before the actor rings again for the rest (so the
+pub(crate) use crate::messages::MailWaiting;
+
+/// Most messages one [`MailWaiting`] hands over before the actor signals again for the rest (so the
 /// supervision events queued meanwhile are handled in between).
 pub(crate) const BATCH: usize = 256;
 
-/// The only ractor message of an actor with an [`Inbox`]: "messages are waiting".
-#[derive(Debug)]
-pub(crate) struct Doorbell;
-
-/// The sending side before the actor exists (its [`ActorRef`] is what rings the bell).
-pub(crate) struct Unbound<M> {
+/// The sending side before the actor exists (its [`ActorRef`] is what signals the owner).
+pub(crate) struct UnboundMailbox<M> {
     tx: mpsc::UnboundedSender<M>,
-    rung: Arc<AtomicBool>,
+    signalled: Arc<AtomicBool>,
 }
 
-impl<M> Clone for Unbound<M> {
+impl<M> Clone for UnboundMailbox<M> {
     fn clone(&self) -> Self {
-        Unbound {
+        UnboundMailbox {
             tx: self.tx.clone(),
-            rung: self.rung.clone(),
+            signalled: self.signalled.clone(),
         }
     }
 }
 
-/// Sends to an actor with a batching inbox. Cheap to clone.
-pub(crate) struct Inbox<M> {
+/// Sends to an actor with a batching mailbox. Cheap to clone.
+pub(crate) struct Mailbox<M> {
     tx: mpsc::UnboundedSender<M>,
-    rung: Arc<AtomicBool>,
-    bell: ActorRef<Doorbell>,
+    signalled: Arc<AtomicBool>,
+    owner: ActorRef<MailWaiting>,
 }
 
-impl<M> Clone for Inbox<M> {
+impl<M> Clone for Mailbox<M> {
     fn clone(&self) -> Self {
-        Inbox {
+        Mailbox {
             tx: self.tx.clone(),
-            rung: self.rung.clone(),
-            bell: self.bell.clone(),
+            signalled: self.signalled.clone(),
+            owner: self.owner.clone(),
         }
     }
 }
@@ -67,57 +64,57 @@ impl<M> Clone for Inbox<M> {
 /// The receiving side, kept in the actor's state.
 pub(crate) struct Receiver<M> {
     rx: mpsc::UnboundedReceiver<M>,
-    rung: Arc<AtomicBool>,
+    signalled: Arc<AtomicBool>,
 }
 
-/// A new inbox: bind the sender to the actor once it is spawned; give it the receiver.
-pub(crate) fn channel<M>() -> (Unbound<M>, Receiver<M>) {
+/// A new mailbox: bind the sender to the actor once it is spawned; give it the receiver.
+pub(crate) fn channel<M>() -> (UnboundMailbox<M>, Receiver<M>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let rung = Arc::new(AtomicBool::new(false));
+    let signalled = Arc::new(AtomicBool::new(false));
     (
-        Unbound {
+        UnboundMailbox {
             tx,
-            rung: rung.clone(),
+            signalled: signalled.clone(),
         },
-        Receiver { rx, rung },
+        Receiver { rx, signalled },
     )
 }
 
-impl<M> Unbound<M> {
-    /// The sender that rings `bell`, the actor owning the receiver.
-    pub(crate) fn bind(&self, bell: ActorRef<Doorbell>) -> Inbox<M> {
-        Inbox {
+impl<M> UnboundMailbox<M> {
+    /// The sender that signals `owner`, the actor owning the receiver.
+    pub(crate) fn bind(&self, owner: ActorRef<MailWaiting>) -> Mailbox<M> {
+        Mailbox {
             tx: self.tx.clone(),
-            rung: self.rung.clone(),
-            bell,
+            signalled: self.signalled.clone(),
+            owner,
         }
     }
 }
 
-impl<M> Inbox<M> {
+impl<M> Mailbox<M> {
     /// Queue `msg`; `false` if the actor is gone.
     pub(crate) fn send(&self, msg: M) -> bool {
         if self.tx.send(msg).is_err() {
             return false;
         }
-        self.ring()
+        self.signal()
     }
 
-    /// Ring the bell unless a ring is already pending: the pending one will find every message
+    /// Ring the owner unless a signal is already pending: the pending one will find every message
     /// queued before it is answered (see [`Receiver::open`]).
-    pub(crate) fn ring(&self) -> bool {
-        if self.rung.swap(true, Ordering::SeqCst) {
+    pub(crate) fn signal(&self) -> bool {
+        if self.signalled.swap(true, Ordering::SeqCst) {
             return true;
         }
-        self.bell.cast(Doorbell).is_ok()
+        self.owner.cast(MailWaiting).is_ok()
     }
 }
 
 impl<M> Receiver<M> {
-    /// Answer a [`Doorbell`]: from now on a new message rings again. Call before draining, so a
-    /// message sent while the batch is handled is not left without a ring.
+    /// Answer a [`MailWaiting`]: from now on a new message signals again. Call before draining, so a
+    /// message sent while the batch is handled is not left without a signal.
     pub(crate) fn open(&self) {
-        self.rung.store(false, Ordering::SeqCst);
+        self.signalled.store(false, Ordering::SeqCst);
     }
 
     /// The next queued message, if any (takes no cooperative budget).
@@ -132,24 +129,24 @@ pub(crate) mod tests {
     use ractor::{Actor, ActorProcessingErr};
     use std::sync::Mutex;
 
-    /// A test actor with an inbox: records what it receives, in batches of at most [`BATCH`].
+    /// A test actor with an mailbox: records what it receives, in batches of at most [`BATCH`].
     pub(crate) struct Sink<M> {
         pub seen: Arc<Mutex<Vec<M>>>,
-        pub rings: Arc<Mutex<u32>>,
-        pub inbox: Unbound<M>,
+        pub signals: Arc<Mutex<u32>>,
+        pub mailbox: UnboundMailbox<M>,
     }
 
     pub(crate) struct SinkState<M> {
         rx: Receiver<M>,
-        me: Inbox<M>,
+        me: Mailbox<M>,
     }
 
-    /// A spawned [`Sink`]: its inbox, what it received, how many doorbells it answered.
+    /// A spawned [`Sink`]: its mailbox, what it received, how many mail-waiting signals it answered.
     pub(crate) struct Spawned<M> {
-        pub inbox: Inbox<M>,
+        pub mailbox: Mailbox<M>,
         pub seen: Arc<Mutex<Vec<M>>>,
-        pub rings: Arc<Mutex<u32>>,
-        pub actor: ActorRef<Doorbell>,
+        pub signals: Arc<Mutex<u32>>,
+        pub actor: ActorRef<MailWaiting>,
         pub handle: tokio::task::JoinHandle<()>,
     }
 
@@ -158,15 +155,15 @@ pub(crate) mod tests {
             let (unbound, rx) = channel();
             let sink = Sink {
                 seen: Arc::default(),
-                rings: Arc::default(),
-                inbox: unbound.clone(),
+                signals: Arc::default(),
+                mailbox: unbound.clone(),
             };
-            let (seen, rings) = (sink.seen.clone(), sink.rings.clone());
+            let (seen, signals) = (sink.seen.clone(), sink.signals.clone());
             let (actor, handle) = Actor::spawn(None, sink, rx).await.unwrap();
             Spawned {
-                inbox: unbound.bind(actor.clone()),
+                mailbox: unbound.bind(actor.clone()),
                 seen,
-                rings,
+                signals,
                 actor,
                 handle,
             }
@@ -174,28 +171,28 @@ pub(crate) mod tests {
     }
 
     impl<M: Send + Sync + 'static> Actor for Sink<M> {
-        type Msg = Doorbell;
+        type Msg = MailWaiting;
         type State = SinkState<M>;
         type Arguments = Receiver<M>;
 
         async fn pre_start(
             &self,
-            myself: ActorRef<Doorbell>,
+            myself: ActorRef<MailWaiting>,
             rx: Receiver<M>,
         ) -> Result<SinkState<M>, ActorProcessingErr> {
             Ok(SinkState {
                 rx,
-                me: self.inbox.bind(myself),
+                me: self.mailbox.bind(myself),
             })
         }
 
         async fn handle(
             &self,
-            _: ActorRef<Doorbell>,
-            _: Doorbell,
+            _: ActorRef<MailWaiting>,
+            _: MailWaiting,
             st: &mut SinkState<M>,
         ) -> Result<(), ActorProcessingErr> {
-            *self.rings.lock().unwrap() += 1;
+            *self.signals.lock().unwrap() += 1;
             st.rx.open();
             for _ in 0..BATCH {
                 let Some(m) = st.rx.next() else {
@@ -203,7 +200,7 @@ pub(crate) mod tests {
                 };
                 self.seen.lock().unwrap().push(m);
             }
-            st.me.ring();
+            st.me.signal();
             Ok(())
         }
     }
@@ -211,16 +208,16 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn every_message_arrives_in_order_in_batches() {
         let Spawned {
-            inbox,
+            mailbox,
             seen,
-            rings,
+            signals,
             actor,
             handle,
         } = Sink::<u32>::spawn().await;
         let n = 10 * BATCH as u32 + 7;
         // Two senders, each in order; on this single-threaded runtime both finish before the
         // actor runs, so it finds everything queued.
-        let (a, b) = (inbox.clone(), inbox.clone());
+        let (a, b) = (mailbox.clone(), mailbox.clone());
         let ta = tokio::spawn(async move { (0..n).all(|i| a.send(2 * i)) });
         let tb = tokio::spawn(async move { (0..n).all(|i| b.send(2 * i + 1)) });
         assert!(ta.await.unwrap() && tb.await.unwrap());
@@ -236,27 +233,27 @@ pub(crate) mod tests {
         let odds: Vec<u32> = seen.iter().copied().filter(|m| m % 2 == 1).collect();
         assert_eq!(evens, (0..n).map(|i| 2 * i).collect::<Vec<_>>());
         assert_eq!(odds, (0..n).map(|i| 2 * i + 1).collect::<Vec<_>>());
-        // One doorbell per batch, not one per message.
-        let rings = *rings.lock().unwrap();
-        assert_eq!(rings, (2 * n as usize).div_ceil(BATCH) as u32);
+        // One mail-waiting signal per batch, not one per message.
+        let signals = *signals.lock().unwrap();
+        assert_eq!(signals, (2 * n as usize).div_ceil(BATCH) as u32);
         actor.stop(None);
         handle.await.unwrap();
-        assert!(!inbox.send(1), "sending to a stopped actor fails");
+        assert!(!mailbox.send(1), "sending to a stopped actor fails");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_sent_while_a_batch_is_handled_is_not_lost() {
         let Spawned {
-            inbox,
+            mailbox,
             seen,
             actor,
             handle,
             ..
         } = Sink::<u32>::spawn().await;
         // Trickle messages one at a time, waiting for each: every one must be handled on its own
-        // ring or the pending one, never stranded in the queue.
+        // signal or the pending one, never stranded in the queue.
         for i in 0..2000u32 {
-            assert!(inbox.send(i));
+            assert!(mailbox.send(i));
             if i % 3 == 0 {
                 tokio::time::timeout(std::time::Duration::from_secs(10), async {
                     while seen.lock().unwrap().len() <= i as usize {

@@ -1,0 +1,269 @@
+//! Run-slot admission: who gets the next free run slot, as plain data.
+//!
+//! A *run slot* is a permit of the runtime's `max_concurrent_runs` semaphore; every pass runs
+//! on one. The timer task hands them out in the order this module decides:
+//!
+//! - Passes of live actors (due wake-ups, passes that found no free slot) wait in one
+//!   first-in-first-out queue, and come first: objects already in progress finish before many
+//!   more start (each live actor costs memory, and at many new objects that was most of the
+//!   time).
+//! - Activations (an object getting a live actor, see the glossary in `mod.rs`) get a bounded
+//!   share: one slot in [`ACTIVATION_EVERY`], or every slot while no pass waits, so new objects
+//!   never starve behind objects that yield forever.
+//! - While the runtime is CPU-bound ([`Lateness`]: passes start well after they were due), the
+//!   activations' share shrinks to one in [`HELD_ACTIVATION_EVERY`] (they are *held back*):
+//!   starting more objects would add memory and lateness, not throughput.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// When passes of live actors and activations both wait for run slots, one slot in this many
+/// goes to an activation.
+pub const ACTIVATION_EVERY: u32 = 4;
+
+/// A wake-up whose pass starts later than this after its deadline, on a moving average, says
+/// the runtime is saturated (CPU-bound): the live actors already have more work than the
+/// workers get through. Activations are then held back to one slot in [`HELD_ACTIVATION_EVERY`]
+/// until passes start on time again. Passes that wait on I/O leave the workers idle and their
+/// wake-ups on time, so they are never held back (nor under the simulator's virtual clock,
+/// where no wake-up is late).
+pub const SATURATED_LATENESS: Duration = Duration::from_millis(5);
+
+/// While wake-ups run late ([`SATURATED_LATENESS`]), one slot in this many still goes to an
+/// activation, so new objects are never starved by live ones that stay busy. A share of the
+/// passes, not a rate: a fixed rate could start objects faster than a slow runtime finishes
+/// them.
+pub const HELD_ACTIVATION_EVERY: u32 = 32;
+
+/// The hold-back ends this long after the last late wake-up was reported, so it cannot outlive
+/// the work that caused it.
+pub const HELD_FOR: Duration = Duration::from_millis(10);
+
+/// Weight of a new lateness sample in the moving average: 1 / this.
+const LATENESS_SMOOTHING: u64 = 8;
+
+/// The two queues that wait for run slots: passes (`P`) and activations (`A`), each oldest
+/// first.
+#[derive(Debug)]
+pub struct RunSlotQueue<P, A> {
+    passes: VecDeque<P>,
+    activations: VecDeque<A>,
+    /// Slots given to passes since an activation last got one.
+    since_activation: u32,
+}
+
+/// Who a run slot goes to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next<P, A> {
+    /// The oldest waiting pass.
+    Pass(P),
+    /// The oldest waiting activation.
+    Activation(A),
+}
+
+impl<P, A> Default for RunSlotQueue<P, A> {
+    fn default() -> Self {
+        Self {
+            passes: VecDeque::new(),
+            activations: VecDeque::new(),
+            since_activation: 0,
+        }
+    }
+}
+
+impl<P, A> RunSlotQueue<P, A> {
+    /// A pass waits for a slot.
+    pub fn push_pass(&mut self, pass: P) {
+        self.passes.push_back(pass);
+    }
+
+    /// An activation waits for a slot.
+    pub fn push_activation(&mut self, activation: A) {
+        self.activations.push_back(activation);
+    }
+
+    /// Whether a pass waits.
+    pub fn passes_wait(&self) -> bool {
+        !self.passes.is_empty()
+    }
+
+    /// Whether an activation waits.
+    pub fn activations_wait(&self) -> bool {
+        !self.activations.is_empty()
+    }
+
+    /// Whether a slot acquired now goes to an activation; `held`: activations are held back
+    /// ([`Lateness::holding`]).
+    pub fn activation_turn(&self, held: bool) -> bool {
+        if self.activations.is_empty() {
+            return false;
+        }
+        let every = if held {
+            HELD_ACTIVATION_EVERY
+        } else {
+            ACTIVATION_EVERY
+        };
+        (self.passes.is_empty() && !held) || self.since_activation + 1 >= every
+    }
+
+    /// Take who gets the slot acquired now: the next activation if `activation` (its turn, see
+    /// [`RunSlotQueue::activation_turn`]), else the next pass.
+    pub fn next(&mut self, activation: bool) -> Option<Next<P, A>> {
+        if activation && let Some(a) = self.activations.pop_front() {
+            self.since_activation = 0;
+            return Some(Next::Activation(a));
+        }
+        let pass = self.passes.pop_front()?;
+        self.since_activation += 1;
+        Some(Next::Pass(pass))
+    }
+
+    /// Drop everything waiting (the run slots are closed: the runtime shuts down).
+    pub fn clear(&mut self) {
+        self.passes.clear();
+        self.activations.clear();
+    }
+}
+
+/// How late wake-ups run, as resource actors report them: a moving average, and when it was last
+/// updated, in one word (written with plain loads and stores: a lost update only drops one
+/// sample of a heuristic, and a read-modify-write would make every actor wait for the line).
+#[derive(Debug)]
+pub struct Lateness {
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the last sample, plus one (0: no sample yet), in the high
+    /// half; the moving average of lateness in microseconds in the low half.
+    state: AtomicU64,
+    /// Whether passes wait for run slots in the timer task (written by the task when that
+    /// changes).
+    pub passes_wait: AtomicBool,
+}
+
+impl Lateness {
+    /// No sample yet; times are kept relative to `epoch`.
+    pub fn new(epoch: Instant) -> Self {
+        Self {
+            epoch,
+            state: AtomicU64::new(0),
+            passes_wait: AtomicBool::new(false),
+        }
+    }
+
+    /// A wake-up sent at `sent` started its pass at `now`.
+    pub fn woke(&self, sent: Instant, now: Instant) {
+        let late_us = u64::try_from(now.saturating_duration_since(sent).as_micros())
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX));
+        let at_ms = u64::try_from(now.saturating_duration_since(self.epoch).as_millis())
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX) - 1)
+            + 1;
+        let avg = self.state.load(Ordering::Relaxed) & u64::from(u32::MAX);
+        let avg = avg - avg / LATENESS_SMOOTHING + late_us / LATENESS_SMOOTHING;
+        self.state.store(at_ms << 32 | avg, Ordering::Relaxed);
+    }
+
+    /// Until when activations are held back, if they are at `now`: while the average lateness
+    /// is above [`SATURATED_LATENESS`], and for [`HELD_FOR`] after the last sample.
+    pub fn held_until(&self, now: Instant) -> Option<Instant> {
+        let state = self.state.load(Ordering::Relaxed);
+        let at_ms = (state >> 32).checked_sub(1)?;
+        let avg = Duration::from_micros(state & u64::from(u32::MAX));
+        if avg <= SATURATED_LATENESS {
+            return None;
+        }
+        let until = self.epoch + Duration::from_millis(at_ms) + HELD_FOR;
+        (now < until).then_some(until)
+    }
+
+    /// Whether activations are held back at `now`.
+    pub fn holding(&self, now: Instant) -> bool {
+        self.held_until(now).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Take slots one at a time until both queues are empty; `held` for every slot.
+    fn drain(q: &mut RunSlotQueue<u32, u32>, held: bool) -> Vec<u32> {
+        let mut order = Vec::new();
+        while q.passes_wait() || q.activations_wait() {
+            let activation = q.activation_turn(held);
+            if !activation && !q.passes_wait() {
+                break; // held back with no pass waiting: the slot stays free
+            }
+            match q.next(activation) {
+                Some(Next::Pass(p)) | Some(Next::Activation(p)) => order.push(p),
+                None => break,
+            }
+        }
+        order
+    }
+
+    #[test]
+    fn passes_come_first_and_activations_get_every_fourth_slot() {
+        assert_eq!(ACTIVATION_EVERY, 4, "the expected order below assumes 4");
+        let mut q = RunSlotQueue::default();
+        (1..=6).for_each(|p| q.push_pass(p));
+        [101, 102, 103]
+            .into_iter()
+            .for_each(|a| q.push_activation(a));
+        // once no pass waits, activations take every slot
+        assert_eq!(drain(&mut q, false), vec![1, 2, 3, 101, 4, 5, 6, 102, 103]);
+    }
+
+    #[test]
+    fn held_back_activations_get_one_slot_in_thirty_two_and_none_unasked() {
+        assert_eq!(
+            HELD_ACTIVATION_EVERY, 32,
+            "the expected order below assumes 32"
+        );
+        let mut q = RunSlotQueue::default();
+        (1..=40).for_each(|p| q.push_pass(p));
+        [101, 102].into_iter().for_each(|a| q.push_activation(a));
+        let expected: Vec<u32> = (1..=31).chain([101]).chain(32..=40).collect();
+        assert_eq!(drain(&mut q, true), expected);
+        // no pass waits, but a held-back activation still does not take a free slot
+        assert!(q.activations_wait() && !q.activation_turn(true));
+        assert!(q.activation_turn(false), "once the hold ends, it does");
+    }
+
+    #[test]
+    fn a_slot_with_nobody_waiting_goes_to_nobody() {
+        let mut q: RunSlotQueue<u32, u32> = RunSlotQueue::default();
+        assert_eq!(q.next(true), None);
+        q.push_activation(7);
+        q.clear();
+        assert!(!q.activations_wait() && !q.passes_wait());
+    }
+
+    #[test]
+    fn late_wake_ups_hold_activations_back_until_they_stop() {
+        let t0 = Instant::now();
+        let late = Lateness::new(t0);
+        assert!(!late.holding(t0), "no sample, no hold");
+        // on-time wake-ups never hold
+        for _ in 0..50 {
+            late.woke(t0, t0 + Duration::from_millis(1));
+        }
+        assert!(!late.holding(t0 + Duration::from_millis(1)));
+        // a run of late ones lifts the moving average past the threshold
+        let now = t0 + Duration::from_millis(100);
+        for _ in 0..8 {
+            late.woke(now - Duration::from_millis(50), now);
+        }
+        assert!(late.holding(now));
+        let until = late.held_until(now).expect("held");
+        assert_eq!(until, t0 + Duration::from_millis(100) + HELD_FOR);
+        assert!(late.holding(until - Duration::from_millis(1)));
+        assert!(
+            !late.holding(until),
+            "the hold ends HELD_FOR after the last report"
+        );
+    }
+}

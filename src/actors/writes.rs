@@ -1,0 +1,154 @@
+//! Every API write the actors make: the finalizer, the status subresource, and Events.
+//!
+//! Writes that depend on what the pass saw are guarded (a JSON-patch `test` of the
+//! resourceVersion or of the finalizer's index), so a stale pass fails here instead of
+//! overwriting a newer object; the next event runs it again.
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::{ManagedResource, Metrics, Shared};
+use crate::object_api::ObjectApi;
+use crate::provisioners::Outcome;
+use crate::status::{Phase, ReadyReason, ResourceStatus};
+
+/// Patch the status subresource of `obj` to `status`; counts the write. Returns the object as
+/// the server left it.
+pub(crate) async fn patch_status<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &K,
+    status: &ResourceStatus,
+) -> Result<K, kube::Error> {
+    let written = shared
+        .api(obj)
+        .patch_status(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(status.patch()),
+        )
+        .await?;
+    Metrics::inc(&shared.metrics.status_writes);
+    Ok(written)
+}
+
+/// Write phase Failed / reason Quarantined (best effort, off the manager's mailbox).
+pub(crate) fn quarantine_status<K: ManagedResource>(
+    shared: Arc<Shared<K>>,
+    obj: Arc<K>,
+    message: String,
+) {
+    tokio::spawn(async move {
+        let status = ResourceStatus::of(obj.as_ref()).with_ready(
+            Phase::Failed,
+            false,
+            ReadyReason::Quarantined,
+            message,
+            obj.meta().generation,
+        );
+        if let Err(e) = patch_status(&shared, obj.as_ref(), &status).await {
+            tracing::warn!(error = %e, "could not write quarantine status");
+        }
+    });
+}
+
+/// Publish the Event of a status transition to `outcome` (when the runtime has a recorder).
+pub(crate) async fn publish_transition<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &Arc<K>,
+    outcome: &Outcome,
+) {
+    let Some(recorder) = &shared.recorder else {
+        return;
+    };
+    let (type_, reason, note) = match outcome {
+        Outcome::Done => (EventType::Normal, "Provisioned", None),
+        Outcome::Failed { reason, errors } => (
+            EventType::Warning,
+            "ProvisioningFailed",
+            Some(format!(
+                "{reason}; {}",
+                errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )),
+        ),
+        Outcome::Terminal(r) => (EventType::Warning, "Terminal", Some(r.to_string())),
+        Outcome::UserActionRequired(r) => (
+            EventType::Warning,
+            "UserActionRequired",
+            Some(r.to_string()),
+        ),
+        _ => return,
+    };
+    let ev = kube::runtime::events::Event {
+        type_,
+        reason: reason.into(),
+        note: note.map(|n| n.chars().take(1024).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
+        tracing::debug!(error = %e, "could not publish event");
+    }
+}
+
+/// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
+pub(crate) async fn add_finalizer<K: ManagedResource>(
+    api: &ObjectApi<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<K, kube::Error> {
+    let rv = obj.meta().resource_version.clone().unwrap_or_default();
+    let add = if obj.meta().finalizers.is_none() {
+        json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})
+    } else {
+        json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        add,
+    ]))
+    .expect("static JSON patch shape");
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await
+}
+
+/// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
+/// as the server left it (`None` if it is gone).
+pub(crate) async fn remove_finalizer<K: ManagedResource>(
+    api: &ObjectApi<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<Option<K>, kube::Error> {
+    let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
+        return Ok(None);
+    };
+    let path = format!("/metadata/finalizers/{i}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": finalizer},
+        {"op": "remove", "path": path},
+    ]))
+    .expect("static JSON patch shape");
+    match api
+        .patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(o) => Ok(Some(o)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,34 @@
+//! What the timer task delivers: a message of the receiving actor's own type, carrying the run
+//! slot the task acquired for the pass it triggers (see the glossary in `src/actors/mod.rs`).
+
+use ractor::Message;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+/// A message the timer task can deliver. With run slots, every delivery carries the run slot
+/// the task acquired for it, so the receiving actor runs its pass at once instead of waiting for
+/// a slot inside its handler.
+pub trait TimerMsg: Message {
+    /// Attach the run slot acquired for this delivery.
+    fn give_slot(&mut self, slot: RunSlot);
+}
+
+/// A run slot the timer task handed out with a delivery, and when it did: the receiver tells
+/// how long the delivery waited for the workers from how long it waited for the slot.
+#[derive(Debug)]
+pub struct RunSlot {
+    /// The permit of the runtime's run-slot semaphore (`max_concurrent_runs`).
+    pub permit: OwnedSemaphorePermit,
+    /// When the timer task sent it.
+    pub given_at: Instant,
+}
+
+/// Tests deliver plain numbers; the slot is released at once.
+impl TimerMsg for u32 {
+    fn give_slot(&mut self, _: RunSlot) {}
+}
+
+/// Benchmarks deliver plain numbers; the slot is released at once.
+impl TimerMsg for u64 {
+    fn give_slot(&mut self, _: RunSlot) {}
+}
