@@ -2,8 +2,8 @@
 //! number of objects.
 //!
 //! ```text
-//! cargo bench --bench runtime                 # everything
-//! cargo bench --bench runtime -- scale        # 1k → 100k objects only
+//! cargo bench --features bench-internals --bench runtime                 # everything
+//! cargo bench --features bench-internals --bench runtime -- scale        # 1k → 100k objects only
 //! ```
 
 use std::sync::Arc;

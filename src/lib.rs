@@ -20,7 +20,6 @@
 //! - [`cluster`]: an in-process Kubernetes API server for tests, benchmarks and simulation.
 //! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests.
 //! - [`rbac`]: the ClusterRole a runtime needs, and its preflight check.
-//! - [`providers`]: infrastructure providers (nodes of a cluster).
 //!
 //! # Inside (private; read the source)
 //!
@@ -42,7 +41,6 @@ pub mod envtest;
 mod messages;
 mod object_api;
 pub mod policy;
-pub mod providers;
 pub mod provisioners;
 pub mod rbac;
 pub mod references;

@@ -72,17 +72,15 @@ pub struct SupervisorPolicy {
     /// for adoption (at most one per run slot, never more than the cap) are not live: they
     /// serve no object.
     ///
-    /// A cap bounds the memory a burst of new objects takes (a live actor costs ≈ 8 KiB) and
-    /// how many objects are in progress at once. When passes are CPU-bound, that is also how
-    /// long each waits for its turn (the `yield` bench: wake-up lateness p50 25 ms uncapped,
-    /// 2.7 ms at 1 024). When passes wait on I/O, fewer objects in progress means a burst
-    /// takes longer (the `hour-10k` simulation: all Ready after 91 s uncapped, 139 s at 1 024):
-    /// compare in `actorcile simulate` before setting it.
+    /// A cap bounds the memory a burst of new objects takes (every live actor holds its
+    /// object and a task) and how many objects are in progress at once. When passes are
+    /// CPU-bound, that is also how long each waits for its turn. When passes wait on I/O, fewer
+    /// objects in progress means a burst takes longer: compare in `actorcile simulate` before
+    /// setting it (BENCHMARKS.md has figures for both).
     ///
     /// Without a cap, a CPU-bound burst is still worked through a part at a time: while passes
     /// start late because the workers fall behind, the runtime holds activations back by
-    /// itself (the `yield` bench: lateness p50 ≈ 2–6 ms, peak RSS 110 MiB instead of 160). Set
-    /// a cap when memory needs a hard bound.
+    /// itself. Set a cap when memory needs a hard bound.
     pub max_live_actors: Option<usize>,
     /// Passivation horizon: a resource actor with no pass pending and no wake-up due within
     /// this long hands its object back as soon as its pass ends, instead of idling with it

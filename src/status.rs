@@ -66,8 +66,6 @@ pub enum ReadyReason {
     Terminal,
     /// The user must act.
     UserActionRequired,
-    /// A guarded external mutation is in progress.
-    Locked,
     /// The supervisor stopped restarting this resource's actor (restart intensity exceeded).
     Quarantined,
 }

@@ -3,9 +3,9 @@
 //! ([`ManagerMsg::PassiveWake`]) when one is due.
 //!
 //! A passive object has no actor, so the resource actors' [`Timers`](super::Timers) (keyed by
-//! actor) cannot hold its wake-up. A sleeping task per passive object could, but costs ≈ 650 bytes
-//! per object (measured with `examples/idle_memory --poll-secs 3600`: 2 028 against 1 373 bytes
-//! per idle object) and a spawn and an abort per passivation. Here an entry costs one shared key
+//! actor) cannot hold its wake-up. A sleeping task per passive object could, but costs a task's
+//! memory per idle object (`examples/idle_memory --poll-secs 3600` measures it; BENCHMARKS.md
+//! has the figures) and a spawn and an abort per passivation. Here an entry costs one shared key
 //! in a map and in the queue.
 
 use std::future::poll_fn;

@@ -3,7 +3,7 @@
 //!
 //! Passivation: an actor that has nothing to do for at least the policy's `idle_timeout` — no
 //! pass due and no wake-up due sooner — hands its object back at once rather than idling (a live
-//! ractor actor costs ~8 KiB). It first removes its route, so the feeder and the reference index
+//! ractor actor holds a task and its state). It first removes its route, so the feeder and the reference index
 //! send anything new to the manager, then sends itself [`ResourceMsg::Passivate`]: what was
 //! routed here before is handled first. Then it sends the object's [`PassiveState`] to the
 //! manager ([`ManagerMsg::Passivated`]), which re-activates the object if anything came in

@@ -258,8 +258,8 @@ impl<M: TimerMsg> TimerTask<M> {
     /// The task runs outside tokio's cooperative budget (`unconstrained`, see
     /// [`Timers::spawn`]): every resource actor's wake-up passes through this one task, and
     /// with the budget it was preempted every 128 operations and queued behind the very actors
-    /// waiting for their wake-ups (yield: wake-ups 3–5 ms late at 1 ms delays, and 20–30 %
-    /// longer runs). It yields on its own instead, after [`TURN`] items.
+    /// waiting for their wake-ups, which then ran late. It yields on its own instead, after
+    /// [`TURN`] items.
     fn poll_turn(
         &mut self,
         cx: &mut std::task::Context<'_>,

@@ -12,9 +12,9 @@ use crate::status::ResourceStatus;
 /// Everything a provisioner may use, passed explicitly (no task-locals, no globals).
 ///
 /// A context is cheap to clone. It carries the object being reconciled (the latest observed
-/// version when the pass started), a [`kube::Client`] for the current cluster scope (the
-/// a remote-cluster combinator swaps it with [`Context::with_client`]), the reference / readiness API, the
-/// object's current actorcile status, and an event recorder.
+/// version when the pass started), a [`kube::Client`] (the runtime's; [`Context::with_client`]
+/// gives a copy that talks to another cluster), the reference / readiness API, the object's
+/// current actorcile status, and an event recorder.
 pub struct Context<K> {
     inner: Arc<Inner<K>>,
     /// Behind an `Arc`: a context is cloned into every step of every pass, and cloning a
