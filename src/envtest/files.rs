@@ -3,8 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rand::distr::{Alphanumeric, SampleString};
-
 use super::process::Component;
 use super::{ADMIN_NAME, EnvtestError, USER_NAME};
 
@@ -135,8 +133,16 @@ pub(crate) fn prepare(work: &WorkDir, apiserver_port: u16) -> Result<(), Envtest
     Ok(())
 }
 
+/// 40 random ASCII letters and digits.
+///
+/// The generator is seeded from the standard library's randomly keyed hasher, not from fastrand's
+/// thread-local generator, so that a process that seeds fastrand (the simulator does, for
+/// reproducible runs) still gets unpredictable tokens.
 fn random_token() -> String {
-    Alphanumeric.sample_string(&mut rand::rng(), 40)
+    use std::hash::BuildHasher;
+    let seed = std::hash::RandomState::new().hash_one(std::process::id());
+    let mut rng = fastrand::Rng::with_seed(seed);
+    std::iter::repeat_with(|| rng.alphanumeric()).take(40).collect()
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), EnvtestError> {
