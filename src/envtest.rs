@@ -735,14 +735,14 @@ pub async fn install_crds(
 pub fn crds_from_yaml(text: &str) -> Result<Vec<CustomResourceDefinition>, EnvtestError> {
     use serde::Deserialize;
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
+    for doc in serde_norway::Deserializer::from_str(text) {
         let value =
-            serde_yaml::Value::deserialize(doc).map_err(|e| EnvtestError::Yaml(e.to_string()))?;
+            serde_norway::Value::deserialize(doc).map_err(|e| EnvtestError::Yaml(e.to_string()))?;
         if value.is_null() {
             continue;
         }
         let crd: CustomResourceDefinition =
-            serde_yaml::from_value(value).map_err(|e| EnvtestError::Yaml(e.to_string()))?;
+            serde_norway::from_value(value).map_err(|e| EnvtestError::Yaml(e.to_string()))?;
         out.push(crd);
     }
     Ok(out)

@@ -180,7 +180,7 @@ pub(crate) fn kubeconfig_yaml(
         }],
         "current-context": "actorcile-envtest",
     });
-    serde_yaml::to_string(&doc)
+    serde_norway::to_string(&doc)
         .map_err(|e| EnvtestError::Config(format!("serializing a kubeconfig: {e}")))
 }
 
