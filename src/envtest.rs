@@ -88,13 +88,12 @@ pub enum EnvtestError {
         #[source]
         source: std::io::Error,
     },
-    /// A helper command (such as `openssl`) failed.
-    #[error("{command} failed: {detail}")]
-    Command {
-        /// The command line that failed.
-        command: String,
-        /// Its exit status and standard error.
-        detail: String,
+    /// Generating the service-account key pair failed.
+    #[error("generating the service-account key pair: {source}")]
+    ServiceAccountKey {
+        /// The key library's error (boxed, so that this enum does not name the library).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A component exited or did not become ready in time.
     #[error(

@@ -1,7 +1,6 @@
 //! The working directory of a control plane: keys, tokens, kubeconfigs, logs.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use super::process::Component;
 use super::{ADMIN_NAME, EnvtestError, USER_NAME};
@@ -194,39 +193,17 @@ pub(crate) async fn client_config(kubeconfig: &Path) -> Result<kube::Config, Env
         .map_err(|e| EnvtestError::Config(format!("loading {}: {e}", kubeconfig.display())))
 }
 
-/// Generates an RSA key pair for service-account tokens with the `openssl` command.
+/// Generates the key pair that signs and verifies service-account tokens: ECDSA P-256 (ES256),
+/// the private key as PKCS#8 PEM and the public key as SubjectPublicKeyInfo PEM, both of which
+/// kube-apiserver reads.
 fn generate_service_account_keys(key: &Path, public: &Path) -> Result<(), EnvtestError> {
-    run_openssl(&["genrsa", "-out", &key.to_string_lossy(), "2048"])?;
-    run_openssl(&[
-        "rsa",
-        "-in",
-        &key.to_string_lossy(),
-        "-pubout",
-        "-out",
-        &public.to_string_lossy(),
-    ])
-}
-
-fn run_openssl(args: &[&str]) -> Result<(), EnvtestError> {
-    let command = format!("openssl {}", args.join(" "));
-    let out = Command::new("openssl").args(args).output().map_err(|e| {
-        EnvtestError::io(
-            format!("running `{command}` (is openssl installed? scripts/install-test-deps.sh installs it)"),
-            e,
-        )
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| {
+        EnvtestError::ServiceAccountKey {
+            source: Box::new(e),
+        }
     })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(EnvtestError::Command {
-            command,
-            detail: format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        })
-    }
+    write_private(key, pair.serialize_pem().as_bytes())?;
+    write_private(public, pair.public_key_pem().as_bytes())
 }
 
 #[cfg(test)]
