@@ -107,9 +107,29 @@ pub enum EnvtestError {
         /// The tail of the component's log.
         log_tail: String,
     },
-    /// Building a client configuration failed.
-    #[error("client configuration: {0}")]
-    Config(String),
+    /// [`EnvtestBuilder::start_detached`] was called without [`EnvtestBuilder::dir`].
+    #[error("start_detached needs an explicit dir (EnvtestBuilder::dir)")]
+    DetachedWithoutDir,
+    /// The control plane's processes are not running (when handing them over to a
+    /// [`DetachedEnvtest`]).
+    #[error("the control plane is not running")]
+    NotRunning,
+    /// A kubeconfig could not be serialized.
+    #[error("serializing a kubeconfig: {source}")]
+    KubeconfigYaml {
+        /// The YAML error.
+        #[source]
+        source: crate::rbac::YamlError,
+    },
+    /// A client configuration could not be read or loaded from a kubeconfig file.
+    #[error("client configuration from {path}: {source}")]
+    Kubeconfig {
+        /// The kubeconfig file.
+        path: PathBuf,
+        /// kube's error.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     /// A Kubernetes API call failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -121,19 +141,35 @@ pub enum EnvtestError {
         /// How long was waited.
         timeout: Duration,
     },
+    /// Waiting for a CustomResourceDefinition to become Established failed (before the timeout).
+    #[error("waiting for CustomResourceDefinition {name}: {source}")]
+    CrdWait {
+        /// The CRD's name.
+        name: String,
+        /// kube's error.
+        #[source]
+        source: kube::runtime::wait::Error,
+    },
     /// A CustomResourceDefinition has no `metadata.name`.
     #[error("a CustomResourceDefinition has no metadata.name")]
     CrdWithoutName,
     /// A YAML document could not be read as a CustomResourceDefinition.
-    #[error("invalid CustomResourceDefinition YAML: {0}")]
-    Yaml(String),
-    /// The state file of a detached control plane is unreadable or invalid.
-    #[error("detached control plane state {path}: {detail}")]
+    #[error("invalid CustomResourceDefinition YAML in document {document}: {source}")]
+    Yaml {
+        /// Which `---`-separated document, counting from 1 (empty documents count).
+        document: usize,
+        /// The YAML error.
+        #[source]
+        source: crate::rbac::YamlError,
+    },
+    /// The state file of a detached control plane could not be read or written as JSON.
+    #[error("detached control plane state {path}: {source}")]
     State {
         /// Path of the state file.
         path: PathBuf,
-        /// What is wrong with it.
-        detail: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
     },
 }
 
@@ -305,14 +341,12 @@ impl EnvtestBuilder {
     }
 
     /// Starts a control plane whose processes outlive this process (own process group, no
-    /// parent-death signal) in [`dir`](Self::dir) (required: without it [`EnvtestError::Config`] is
-    /// returned), and records its state there (see [`DetachedEnvtest::load`]). Stop it with
+    /// parent-death signal) in [`dir`](Self::dir) (required: without it
+    /// [`EnvtestError::DetachedWithoutDir`] is returned), and records its state there (see [`DetachedEnvtest::load`]). Stop it with
     /// [`DetachedEnvtest::stop`].
     pub async fn start_detached(self) -> Result<DetachedEnvtest, EnvtestError> {
         if self.dir.is_none() {
-            return Err(EnvtestError::Config(
-                "start_detached needs an explicit dir".into(),
-            ));
+            return Err(EnvtestError::DetachedWithoutDir);
         }
         let env = self.launch(SpawnMode::Detached).await?;
         env.into_detached()
@@ -577,7 +611,7 @@ impl Envtest {
 
     fn into_detached(mut self) -> Result<DetachedEnvtest, EnvtestError> {
         let (Some(etcd), Some(api)) = (self.etcd.take(), self.apiserver.take()) else {
-            return Err(EnvtestError::Config("control plane is not running".into()));
+            return Err(EnvtestError::NotRunning);
         };
         self.work.set_remove_on_drop(false);
         let state = DetachedEnvtest {
@@ -720,9 +754,7 @@ pub async fn install_crds(
         let wait = await_condition(api.clone(), &name, conditions::is_crd_established());
         match tokio::time::timeout(timeout, wait).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                return Err(EnvtestError::Config(format!("waiting for CRD {name}: {e}")));
-            }
+            Ok(Err(source)) => return Err(EnvtestError::CrdWait { name, source }),
             Err(_) => return Err(EnvtestError::CrdNotEstablished { name, timeout }),
         }
     }
@@ -734,14 +766,16 @@ pub async fn install_crds(
 pub fn crds_from_yaml(text: &str) -> Result<Vec<CustomResourceDefinition>, EnvtestError> {
     use serde::Deserialize;
     let mut out = Vec::new();
-    for doc in serde_norway::Deserializer::from_str(text) {
-        let value =
-            serde_norway::Value::deserialize(doc).map_err(|e| EnvtestError::Yaml(e.to_string()))?;
+    for (index, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let invalid = |e| EnvtestError::Yaml {
+            document: index + 1,
+            source: crate::rbac::YamlError::new(e),
+        };
+        let value = serde_norway::Value::deserialize(doc).map_err(invalid)?;
         if value.is_null() {
             continue;
         }
-        let crd: CustomResourceDefinition =
-            serde_norway::from_value(value).map_err(|e| EnvtestError::Yaml(e.to_string()))?;
+        let crd: CustomResourceDefinition = serde_norway::from_value(value).map_err(invalid)?;
         out.push(crd);
     }
     Ok(out)
@@ -793,9 +827,23 @@ spec:
     #[test]
     fn crds_from_yaml_rejects_garbage() {
         let err = crds_from_yaml("apiVersion: v1\nkind: [unclosed").unwrap_err();
-        assert!(matches!(err, EnvtestError::Yaml(_)), "{err:?}");
+        assert!(
+            matches!(err, EnvtestError::Yaml { document: 1, .. }),
+            "{err:?}"
+        );
         let err = crds_from_yaml("metadata: 7").unwrap_err();
-        assert!(matches!(err, EnvtestError::Yaml(_)), "{err:?}");
+        assert!(
+            matches!(err, EnvtestError::Yaml { document: 1, .. }),
+            "{err:?}"
+        );
+        // Empty documents count (the first `---` opens document 1), and the cause is the source.
+        let err = crds_from_yaml("---\n---\nmetadata: 7\n").unwrap_err();
+        assert!(
+            matches!(err, EnvtestError::Yaml { document: 2, .. }),
+            "{err:?}"
+        );
+        let source = std::error::Error::source(&err).expect("a YAML error");
+        assert!(err.to_string().ends_with(&source.to_string()), "{err}");
     }
 
     fn fake_executable(dir: &Path, name: &str) -> PathBuf {

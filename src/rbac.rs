@@ -78,10 +78,9 @@ pub fn to_yaml(role: &ClusterRole) -> Result<String, YamlError> {
 ///
 /// This crate's own type rather than the YAML library's: the library (today `serde_norway`, a fork
 /// of the deprecated `serde_yaml`) can then be replaced without changing this crate's public API.
-/// The library's error is the [`source`](std::error::Error::source), and its message is part of
-/// this one.
+/// The library's error is the [`source`](std::error::Error::source), and its message is this one's.
 #[derive(Debug, thiserror::Error)]
-#[error("YAML: {source}")]
+#[error("{source}")]
 pub struct YamlError {
     #[source]
     source: serde_norway::Error,

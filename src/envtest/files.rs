@@ -141,7 +141,9 @@ fn random_token() -> String {
     use std::hash::BuildHasher;
     let seed = std::hash::RandomState::new().hash_one(std::process::id());
     let mut rng = fastrand::Rng::with_seed(seed);
-    std::iter::repeat_with(|| rng.alphanumeric()).take(40).collect()
+    std::iter::repeat_with(|| rng.alphanumeric())
+        .take(40)
+        .collect()
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), EnvtestError> {
@@ -179,18 +181,22 @@ pub(crate) fn kubeconfig_yaml(
         }],
         "current-context": "actorcile-envtest",
     });
-    serde_norway::to_string(&doc)
-        .map_err(|e| EnvtestError::Config(format!("serializing a kubeconfig: {e}")))
+    serde_norway::to_string(&doc).map_err(|e| EnvtestError::KubeconfigYaml {
+        source: crate::rbac::YamlError::new(e),
+    })
 }
 
 /// Loads a client configuration from a kubeconfig file (reads the CA file it names).
 pub(crate) async fn client_config(kubeconfig: &Path) -> Result<kube::Config, EnvtestError> {
     use kube::config::{KubeConfigOptions, Kubeconfig};
-    let kc = Kubeconfig::read_from(kubeconfig)
-        .map_err(|e| EnvtestError::Config(format!("reading {}: {e}", kubeconfig.display())))?;
+    let invalid = |source| EnvtestError::Kubeconfig {
+        path: kubeconfig.to_path_buf(),
+        source,
+    };
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(invalid)?;
     kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
-        .map_err(|e| EnvtestError::Config(format!("loading {}: {e}", kubeconfig.display())))
+        .map_err(invalid)
 }
 
 /// Generates the key pair that signs and verifies service-account tokens: ECDSA P-256 (ES256),

@@ -293,7 +293,7 @@ async fn detached_control_plane_outlives_its_handle_and_stops() {
         let dir = base.path().join("state");
         assert!(matches!(
             Envtest::builder().start_detached().await,
-            Err(EnvtestError::Config(_))
+            Err(EnvtestError::DetachedWithoutDir)
         ));
         let d = Envtest::builder().dir(&dir).start_detached().await.unwrap();
         let loaded = DetachedEnvtest::load(&dir).unwrap().unwrap();
