@@ -17,7 +17,7 @@ APISERVER="$BIN_DIR/kube-apiserver"
 REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
 DEB_SRC_LIST=/etc/apt/sources.list.d/actorcile-deb-src.sources
 
-APT_PACKAGES=(etcd-server golang-go rsync jq openssl golang-github-modern-go-reflect2-dev podman runc busybox-static)
+APT_PACKAGES=(etcd-server golang-go rsync jq golang-github-modern-go-reflect2-dev podman runc busybox-static)
 
 CURRENT_STEP="start"
 step() {

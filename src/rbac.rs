@@ -67,11 +67,29 @@ pub fn cluster_role(name: &str, rules: Vec<PolicyRule>) -> ClusterRole {
 }
 
 /// Render a ClusterRole as YAML for `kubectl apply -f -`.
-pub fn to_yaml(role: &ClusterRole) -> Result<String, serde_yaml::Error> {
+pub fn to_yaml(role: &ClusterRole) -> Result<String, YamlError> {
     let mut v = serde_json::to_value(role).unwrap_or_default();
     v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
     v["kind"] = "ClusterRole".into();
-    serde_yaml::to_string(&v)
+    serde_norway::to_string(&v).map_err(YamlError::new)
+}
+
+/// YAML could not be written or read.
+///
+/// This crate's own type rather than the YAML library's: the library (today `serde_norway`, a fork
+/// of the deprecated `serde_yaml`) can then be replaced without changing this crate's public API.
+/// The library's error is the [`source`](std::error::Error::source), and its message is this one's.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct YamlError {
+    #[source]
+    source: serde_norway::Error,
+}
+
+impl YamlError {
+    pub(crate) fn new(source: serde_norway::Error) -> Self {
+        YamlError { source }
+    }
 }
 
 /// A permission the running identity lacks.

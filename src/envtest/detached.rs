@@ -68,18 +68,15 @@ impl DetachedEnvtest {
         };
         serde_json::from_str(&text)
             .map(Some)
-            .map_err(|e| EnvtestError::State {
-                path,
-                detail: e.to_string(),
-            })
+            .map_err(|source| EnvtestError::State { path, source })
     }
 
     /// Writes `<dir>/state.json`.
     pub fn save(&self) -> Result<(), EnvtestError> {
         let path = self.dir.join(STATE_FILE);
-        let text = serde_json::to_string_pretty(self).map_err(|e| EnvtestError::State {
+        let text = serde_json::to_string_pretty(self).map_err(|source| EnvtestError::State {
             path: path.clone(),
-            detail: e.to_string(),
+            source,
         })?;
         let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
         std::fs::write(&tmp, text)

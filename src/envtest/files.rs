@@ -1,9 +1,6 @@
 //! The working directory of a control plane: keys, tokens, kubeconfigs, logs.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use rand::distr::{Alphanumeric, SampleString};
 
 use super::process::Component;
 use super::{ADMIN_NAME, EnvtestError, USER_NAME};
@@ -135,8 +132,18 @@ pub(crate) fn prepare(work: &WorkDir, apiserver_port: u16) -> Result<(), Envtest
     Ok(())
 }
 
+/// 40 random ASCII letters and digits.
+///
+/// The generator is seeded from the standard library's randomly keyed hasher, not from fastrand's
+/// thread-local generator, so that a process that seeds fastrand (the simulator does, for
+/// reproducible runs) still gets unpredictable tokens.
 fn random_token() -> String {
-    Alphanumeric.sample_string(&mut rand::rng(), 40)
+    use std::hash::BuildHasher;
+    let seed = std::hash::RandomState::new().hash_one(std::process::id());
+    let mut rng = fastrand::Rng::with_seed(seed);
+    std::iter::repeat_with(|| rng.alphanumeric())
+        .take(40)
+        .collect()
 }
 
 fn write_private(path: &Path, data: &[u8]) -> Result<(), EnvtestError> {
@@ -174,53 +181,35 @@ pub(crate) fn kubeconfig_yaml(
         }],
         "current-context": "actorcile-envtest",
     });
-    serde_yaml::to_string(&doc)
-        .map_err(|e| EnvtestError::Config(format!("serializing a kubeconfig: {e}")))
+    serde_norway::to_string(&doc).map_err(|e| EnvtestError::KubeconfigYaml {
+        source: crate::rbac::YamlError::new(e),
+    })
 }
 
 /// Loads a client configuration from a kubeconfig file (reads the CA file it names).
 pub(crate) async fn client_config(kubeconfig: &Path) -> Result<kube::Config, EnvtestError> {
     use kube::config::{KubeConfigOptions, Kubeconfig};
-    let kc = Kubeconfig::read_from(kubeconfig)
-        .map_err(|e| EnvtestError::Config(format!("reading {}: {e}", kubeconfig.display())))?;
+    let invalid = |source| EnvtestError::Kubeconfig {
+        path: kubeconfig.to_path_buf(),
+        source,
+    };
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(invalid)?;
     kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
-        .map_err(|e| EnvtestError::Config(format!("loading {}: {e}", kubeconfig.display())))
+        .map_err(invalid)
 }
 
-/// Generates an RSA key pair for service-account tokens with the `openssl` command.
+/// Generates the key pair that signs and verifies service-account tokens: ECDSA P-256 (ES256),
+/// the private key as PKCS#8 PEM and the public key as SubjectPublicKeyInfo PEM, both of which
+/// kube-apiserver reads.
 fn generate_service_account_keys(key: &Path, public: &Path) -> Result<(), EnvtestError> {
-    run_openssl(&["genrsa", "-out", &key.to_string_lossy(), "2048"])?;
-    run_openssl(&[
-        "rsa",
-        "-in",
-        &key.to_string_lossy(),
-        "-pubout",
-        "-out",
-        &public.to_string_lossy(),
-    ])
-}
-
-fn run_openssl(args: &[&str]) -> Result<(), EnvtestError> {
-    let command = format!("openssl {}", args.join(" "));
-    let out = Command::new("openssl").args(args).output().map_err(|e| {
-        EnvtestError::io(
-            format!("running `{command}` (is openssl installed? scripts/install-test-deps.sh installs it)"),
-            e,
-        )
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| {
+        EnvtestError::ServiceAccountKey {
+            source: Box::new(e),
+        }
     })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(EnvtestError::Command {
-            command,
-            detail: format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        })
-    }
+    write_private(key, pair.serialize_pem().as_bytes())?;
+    write_private(public, pair.public_key_pem().as_bytes())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
 
 use super::*;
@@ -293,7 +294,7 @@ async fn detached_control_plane_outlives_its_handle_and_stops() {
         let dir = base.path().join("state");
         assert!(matches!(
             Envtest::builder().start_detached().await,
-            Err(EnvtestError::Config(_))
+            Err(EnvtestError::DetachedWithoutDir)
         ));
         let d = Envtest::builder().dir(&dir).start_detached().await.unwrap();
         let loaded = DetachedEnvtest::load(&dir).unwrap().unwrap();
@@ -313,6 +314,55 @@ async fn detached_control_plane_outlives_its_handle_and_stops() {
         assert!(!alive(api), "kube-apiserver {api} still alive");
         assert!(!d.is_running());
         assert!(!dir.exists());
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn service_account_tokens_are_signed_and_verified_with_the_generated_key() {
+    use k8s_openapi::api::authentication::v1::{
+        TokenRequest, TokenRequestSpec, TokenReview, TokenReviewSpec,
+    };
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    tokio::time::timeout(LIMIT, async {
+        let env = Envtest::start().await.unwrap();
+        let sas: Api<ServiceAccount> = Api::namespaced(env.client(), "default");
+        let mut sa = ServiceAccount::default();
+        sa.metadata.name = Some("robot".into());
+        sas.create(&PostParams::default(), &sa).await.unwrap();
+        // Issuing signs with --service-account-signing-key-file (the private key) ...
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec!["https://kubernetes.default.svc.cluster.local".into()],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let issued = sas
+            .create_token_request("robot", &PostParams::default(), &request)
+            .await
+            .unwrap();
+        let token = issued.status.unwrap().token;
+        // ... and a review verifies with --service-account-key-file (the public key).
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let reviewed = Api::<TokenReview>::all(env.client())
+            .create(&PostParams::default(), &review)
+            .await
+            .unwrap();
+        let status = reviewed.status.unwrap();
+        assert_eq!(status.authenticated, Some(true), "{status:?}");
+        assert_eq!(
+            status.user.and_then(|u| u.username).as_deref(),
+            Some("system:serviceaccount:default:robot")
+        );
+        env.stop().await;
     })
     .await
     .unwrap();

@@ -1,0 +1,112 @@
+//! [`EnvtestBuilder`]: the settings of a control plane, and starting it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+use super::process::SpawnMode;
+use super::{
+    Binaries, DEFAULT_STARTUP_TIMEOUT, DetachedEnvtest, Envtest, EnvtestError, binaries, files,
+};
+
+/// Builds an [`Envtest`]; see [`Envtest::builder`].
+#[derive(Debug, Clone)]
+pub struct EnvtestBuilder {
+    crds: Vec<CustomResourceDefinition>,
+    keep_dir: bool,
+    dir: Option<PathBuf>,
+    binaries: Option<Binaries>,
+    startup_timeout: Duration,
+}
+
+impl Default for EnvtestBuilder {
+    fn default() -> Self {
+        EnvtestBuilder {
+            crds: Vec::new(),
+            keep_dir: false,
+            dir: None,
+            binaries: None,
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+        }
+    }
+}
+
+impl EnvtestBuilder {
+    /// CustomResourceDefinitions to install (and wait Established) once the apiserver is ready.
+    pub fn crds(mut self, crds: Vec<CustomResourceDefinition>) -> Self {
+        self.crds = crds;
+        self
+    }
+
+    /// Keep the working directory (etcd data, certificates, logs, kubeconfig) after stopping, for
+    /// debugging. Default `false`.
+    pub fn keep_dir(mut self, keep: bool) -> Self {
+        self.keep_dir = keep;
+        self
+    }
+
+    /// Use this directory (created if missing; it should be empty) instead of a fresh temporary one.
+    /// It is removed on stop unless [`keep_dir`](Self::keep_dir) is set.
+    pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    /// Use these binaries instead of looking them up with [`binaries`].
+    pub fn binaries(mut self, binaries: Binaries) -> Self {
+        self.binaries = Some(binaries);
+        self
+    }
+
+    /// Bound on start-up (etcd healthy, apiserver ready, `default` namespace present), and on each
+    /// restart and each wait for CRDs to be Established (default 30 s).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+
+    /// Starts etcd and kube-apiserver, waits until `/readyz` answers `ok` and the `default` namespace
+    /// exists, then installs the CRDs given with [`crds`](Self::crds).
+    pub async fn start(self) -> Result<Envtest, EnvtestError> {
+        self.launch(SpawnMode::Attached).await
+    }
+
+    /// Starts a control plane whose processes outlive this process (own process group, no
+    /// parent-death signal) in [`dir`](Self::dir) (required: without it
+    /// [`EnvtestError::DetachedWithoutDir`] is returned), and records its state there (see [`DetachedEnvtest::load`]). Stop it with
+    /// [`DetachedEnvtest::stop`].
+    pub async fn start_detached(self) -> Result<DetachedEnvtest, EnvtestError> {
+        if self.dir.is_none() {
+            return Err(EnvtestError::DetachedWithoutDir);
+        }
+        let env = self.launch(SpawnMode::Detached).await?;
+        env.into_detached()
+    }
+
+    async fn launch(self, mode: SpawnMode) -> Result<Envtest, EnvtestError> {
+        let binaries = match self.binaries.clone() {
+            Some(b) => b,
+            None => binaries()?,
+        };
+        // A port picked as free can be taken before the component binds it; retry on that.
+        let mut attempt = 0;
+        let env = loop {
+            attempt += 1;
+            let work = files::WorkDir::create(self.dir.clone(), self.keep_dir)?;
+            match Envtest::launch_in(work, &binaries, mode, self.startup_timeout).await {
+                Ok(env) => break env,
+                Err(e) if attempt < 3 && is_port_clash(&e) => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        if !self.crds.is_empty() {
+            env.install_crds(&self.crds).await?;
+        }
+        Ok(env)
+    }
+}
+
+fn is_port_clash(e: &EnvtestError) -> bool {
+    matches!(e, EnvtestError::Startup { log_tail, .. } if log_tail.contains("address already in use"))
+}

@@ -1,0 +1,129 @@
+//! Installing CustomResourceDefinitions and reading them from YAML.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+
+use super::EnvtestError;
+
+/// Creates or updates (server-side apply, field manager `actorcile-envtest`) each CRD with `client`,
+/// then waits up to `timeout` for each to be Established. Works against any cluster.
+pub async fn install_crds(
+    client: kube::Client,
+    crds: &[CustomResourceDefinition],
+    timeout: Duration,
+) -> Result<(), EnvtestError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let pp = PatchParams::apply("actorcile-envtest").force();
+    let mut names = Vec::with_capacity(crds.len());
+    for crd in crds {
+        let name = crd
+            .metadata
+            .name
+            .clone()
+            .ok_or(EnvtestError::CrdWithoutName)?;
+        let mut body = crd.clone();
+        body.metadata.resource_version = None;
+        body.metadata.managed_fields = None;
+        body.status = None;
+        api.patch(&name, &pp, &Patch::Apply(&body)).await?;
+        names.push(name);
+    }
+    for name in names {
+        let wait = await_condition(api.clone(), &name, conditions::is_crd_established());
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(source)) => return Err(EnvtestError::CrdWait { name, source }),
+            Err(_) => return Err(EnvtestError::CrdNotEstablished { name, timeout }),
+        }
+    }
+    Ok(())
+}
+
+/// Reads CustomResourceDefinitions from YAML text holding one or more documents (separated by
+/// `---`); empty documents are skipped.
+pub fn crds_from_yaml(text: &str) -> Result<Vec<CustomResourceDefinition>, EnvtestError> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for (index, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let invalid = |e| EnvtestError::Yaml {
+            document: index + 1,
+            source: crate::rbac::YamlError::new(e),
+        };
+        let value = serde_norway::Value::deserialize(doc).map_err(invalid)?;
+        if value.is_null() {
+            continue;
+        }
+        let crd: CustomResourceDefinition = serde_norway::from_value(value).map_err(invalid)?;
+        out.push(crd);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CRD_YAML: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: gadgets.example.com
+spec:
+  group: example.com
+  names: {kind: Gadget, plural: gadgets}
+  scope: Cluster
+  versions: []
+"#;
+
+    #[test]
+    fn crds_from_yaml_reads_every_document() {
+        let crds = crds_from_yaml(CRD_YAML).unwrap();
+        let names: Vec<_> = crds
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["widgets.example.com", "gadgets.example.com"]);
+        assert_eq!(crds[1].spec.scope, "Cluster");
+    }
+
+    #[test]
+    fn crds_from_yaml_rejects_garbage() {
+        let err = crds_from_yaml("apiVersion: v1\nkind: [unclosed").unwrap_err();
+        assert!(
+            matches!(err, EnvtestError::Yaml { document: 1, .. }),
+            "{err:?}"
+        );
+        let err = crds_from_yaml("metadata: 7").unwrap_err();
+        assert!(
+            matches!(err, EnvtestError::Yaml { document: 1, .. }),
+            "{err:?}"
+        );
+        // Empty documents count (the first `---` opens document 1), and the cause is the source.
+        let err = crds_from_yaml("---\n---\nmetadata: 7\n").unwrap_err();
+        assert!(
+            matches!(err, EnvtestError::Yaml { document: 2, .. }),
+            "{err:?}"
+        );
+        let source = std::error::Error::source(&err).expect("a YAML error");
+        assert!(err.to_string().ends_with(&source.to_string()), "{err}");
+    }
+}

@@ -1,0 +1,123 @@
+//! [`EnvtestError`]: what can go wrong while starting, driving or stopping a control plane.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything that can go wrong while starting, driving or stopping an [`Envtest`](super::Envtest).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvtestError {
+    /// A required binary was not found.
+    #[error(
+        "{name} not found ({looked}); run scripts/install-test-deps.sh from the actorcile repository \
+         (Debian 12, as root) to install etcd and build kube-apiserver"
+    )]
+    BinaryNotFound {
+        /// The binary's name (`etcd` or `kube-apiserver`).
+        name: &'static str,
+        /// Where it was looked for.
+        looked: String,
+    },
+    /// A file-system or process operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Generating the service-account key pair failed.
+    #[error("generating the service-account key pair: {source}")]
+    ServiceAccountKey {
+        /// The key library's error (boxed, so that this enum does not name the library).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A component exited or did not become ready in time.
+    #[error(
+        "{component} failed to start: {reason}\n--- last lines of {component}'s log ---\n{log_tail}"
+    )]
+    Startup {
+        /// `etcd` or `kube-apiserver`.
+        component: &'static str,
+        /// Why starting failed.
+        reason: String,
+        /// The tail of the component's log.
+        log_tail: String,
+    },
+    /// [`EnvtestBuilder::start_detached`](super::EnvtestBuilder::start_detached) was called without
+    /// [`EnvtestBuilder::dir`](super::EnvtestBuilder::dir).
+    #[error("start_detached needs an explicit dir (EnvtestBuilder::dir)")]
+    DetachedWithoutDir,
+    /// The control plane's processes are not running (when handing them over to a
+    /// [`DetachedEnvtest`](super::DetachedEnvtest)).
+    #[error("the control plane is not running")]
+    NotRunning,
+    /// A kubeconfig could not be serialized.
+    #[error("serializing a kubeconfig: {source}")]
+    KubeconfigYaml {
+        /// The YAML error.
+        #[source]
+        source: crate::rbac::YamlError,
+    },
+    /// A client configuration could not be read or loaded from a kubeconfig file.
+    #[error("client configuration from {path}: {source}")]
+    Kubeconfig {
+        /// The kubeconfig file.
+        path: PathBuf,
+        /// kube's error.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// A CustomResourceDefinition did not become Established in time.
+    #[error("CustomResourceDefinition {name} did not become Established within {timeout:?}")]
+    CrdNotEstablished {
+        /// The CRD's name.
+        name: String,
+        /// How long was waited.
+        timeout: Duration,
+    },
+    /// Waiting for a CustomResourceDefinition to become Established failed (before the timeout).
+    #[error("waiting for CustomResourceDefinition {name}: {source}")]
+    CrdWait {
+        /// The CRD's name.
+        name: String,
+        /// kube's error.
+        #[source]
+        source: kube::runtime::wait::Error,
+    },
+    /// A CustomResourceDefinition has no `metadata.name`.
+    #[error("a CustomResourceDefinition has no metadata.name")]
+    CrdWithoutName,
+    /// A YAML document could not be read as a CustomResourceDefinition.
+    #[error("invalid CustomResourceDefinition YAML in document {document}: {source}")]
+    Yaml {
+        /// Which `---`-separated document, counting from 1 (empty documents count).
+        document: usize,
+        /// The YAML error.
+        #[source]
+        source: crate::rbac::YamlError,
+    },
+    /// The state file of a detached control plane could not be read or written as JSON.
+    #[error("detached control plane state {path}: {source}")]
+    State {
+        /// Path of the state file.
+        path: PathBuf,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl EnvtestError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        EnvtestError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

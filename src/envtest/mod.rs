@@ -1,0 +1,79 @@
+//! A real control plane for tests: etcd + kube-apiserver as child processes.
+//!
+//! [`Envtest`] starts an `etcd` and a `kube-apiserver` on free loopback ports, in a fresh temporary
+//! directory that holds the etcd data, the apiserver's self-signed serving certificate, a generated
+//! service-account key pair, a static token file (one admin token in group `system:masters` and one
+//! non-admin token for the user [`Envtest::user_name`]) and an admin kubeconfig. Clients built by
+//! [`Envtest::client`] and [`Envtest::user_client`] trust the apiserver's own certificate (read from
+//! its `--cert-dir`); TLS verification is not disabled.
+//!
+//! There is no controller-manager: nothing garbage-collects by ownerReferences and namespaces never
+//! finish deleting. RBAC is enforced, so a test can check that an operator's ClusterRole suffices by
+//! binding it to [`Envtest::user_name`] and using [`Envtest::user_client`].
+//!
+//! The binaries come from [`binaries`]: `etcd` from `PATH`, `kube-apiserver` from
+//! `$ACTORCILE_KUBE_APISERVER` or `~/.cache/actorcile/bin/kube-apiserver`. On Debian 12 the
+//! repository's `scripts/install-test-deps.sh` installs etcd and builds kube-apiserver there.
+//!
+//! The child processes die with the test: [`Envtest::stop`] and `Drop` kill them and remove the
+//! directory, and on Linux they also receive `SIGKILL` when the process that started them exits for any
+//! reason (even when a static `Envtest` is never dropped, or the test binary is killed).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use actorcile::envtest::Envtest;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Api, PostParams};
+//!
+//! let env = Envtest::start().await?;
+//! let cms: Api<ConfigMap> = Api::namespaced(env.client(), "default");
+//! let mut cm = ConfigMap::default();
+//! cm.metadata.name = Some("hello".into());
+//! cms.create(&PostParams::default(), &cm).await?;
+//! env.stop().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Test binaries with many tests can share one control plane per process with [`Envtest::shared`]
+//! (give each test its own namespace).
+//!
+//! For a control plane that outlives the process (the `actorcile envtest up` command), see
+//! [`EnvtestBuilder::start_detached`] and [`DetachedEnvtest`].
+
+mod builder;
+mod control_plane;
+mod crds;
+mod detached;
+mod error;
+mod files;
+mod lookup;
+mod process;
+
+use std::time::Duration;
+
+pub use builder::EnvtestBuilder;
+pub use control_plane::Envtest;
+pub use crds::{crds_from_yaml, install_crds};
+pub use detached::{DetachedEnvtest, STATE_FILE};
+pub use error::EnvtestError;
+pub use lookup::{Binaries, binaries, cache_dir};
+
+/// Name of the non-admin user whose token [`Envtest::user_client`] uses.
+pub const USER_NAME: &str = "actorcile-user";
+/// Name of the admin user (group `system:masters`) whose token [`Envtest::client`] uses.
+pub const ADMIN_NAME: &str = "actorcile-admin";
+
+/// Default bound on how long the control plane may take to become ready.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The loopback ports a control plane listens on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ports {
+    pub(crate) etcd_client: u16,
+    pub(crate) etcd_peer: u16,
+    pub(crate) apiserver: u16,
+}
+
+#[cfg(test)]
+mod real_tests;
