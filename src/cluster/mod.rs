@@ -151,8 +151,10 @@
 //! cost nothing under a paused clock.
 
 mod apply;
+mod crd;
 mod error;
 mod faults;
+mod kinds;
 mod selector;
 mod service;
 mod store;

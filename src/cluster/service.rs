@@ -20,7 +20,8 @@ use super::Inner;
 use super::apply;
 use super::error::ApiError;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, Store, WatchItem, WriteKind};
+use super::kinds::Kind;
+use super::store::{DeleteOpts, EvType, ListOpts, Propagation, Store, WatchItem, WriteKind};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
 /// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.

@@ -11,56 +11,19 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use super::error::{ApiError, Subject};
+use super::kinds::{Gr, Kind};
 use super::selector::{FieldSelector, LabelSelector};
-
-/// Group + plural: the identity of a stored resource (all versions of a kind share one table).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Gr {
-    pub(crate) group: String,
-    pub(crate) plural: String,
-}
-
-/// One served version of a resource.
-#[derive(Debug, Clone)]
-pub(crate) struct Kind {
-    pub(crate) gr: Gr,
-    pub(crate) version: String,
-    pub(crate) api_version: String,
-    pub(crate) kind: String,
-    pub(crate) list_kind: String,
-    pub(crate) namespaced: bool,
-    /// Has a `/status` subresource.
-    pub(crate) status: bool,
-    /// metadata.generation is maintained.
-    pub(crate) generation: bool,
-    /// A custom resource: no strategic merge patch, no unconditional PUT.
-    pub(crate) custom: bool,
-    /// DELETE answers the object (otherwise a `Status` when the object is gone at once).
-    pub(crate) delete_returns_object: bool,
-    /// The structural schema (`openAPIV3Schema`) of a custom resource version: unknown fields are pruned.
-    pub(crate) schema: Option<Arc<Value>>,
-}
-
-impl Kind {
-    fn subject<'a>(&'a self, name: &'a str) -> Subject<'a> {
-        Subject {
-            group: &self.gr.group,
-            plural: &self.gr.plural,
-            name,
-        }
-    }
-}
 
 /// A stored object: its JSON value and its serialized bytes (serialized once per write).
 #[derive(Debug, Clone)]
-struct Obj {
-    value: Arc<Value>,
-    bytes: Bytes,
+pub(super) struct Obj {
+    pub(super) value: Arc<Value>,
+    pub(super) bytes: Bytes,
 }
 
 impl Obj {
     /// An object and its serialized form (serialized once, shared with every watcher).
-    fn new(value: Value) -> Self {
+    pub(super) fn new(value: Value) -> Self {
         let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
         Obj {
             value: Arc::new(value),
@@ -71,10 +34,10 @@ impl Obj {
 
 /// Reference to a stored object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct ObjRef {
-    gr: Gr,
-    ns: String,
-    name: String,
+pub(super) struct ObjRef {
+    pub(super) gr: Gr,
+    pub(super) ns: String,
+    pub(super) name: String,
 }
 
 /// Watch event type.
@@ -103,7 +66,7 @@ impl EvType {
 pub(crate) type WatchItem = (EvType, Bytes);
 
 #[derive(Debug)]
-struct Event {
+pub(super) struct Event {
     rev: u64,
     gr: Gr,
     ty: EvType,
@@ -114,7 +77,7 @@ struct Event {
 }
 
 #[derive(Debug)]
-struct Watcher {
+pub(super) struct Watcher {
     ns: Option<String>,
     labels: LabelSelector,
     fields: FieldSelector,
@@ -163,7 +126,7 @@ impl Watcher {
 /// Serialized bytes of an object as seen through `api_version` (custom resources served in several
 /// versions are stored once; their apiVersion is rewritten, as the real server does without a conversion
 /// webhook).
-fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
+pub(super) fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
     if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
         bytes.clone()
     } else {
@@ -174,22 +137,22 @@ fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
 }
 
 #[derive(Debug, Default)]
-struct Table {
-    namespaced: bool,
-    objects: BTreeMap<(String, String), Obj>,
-    watchers: Vec<Watcher>,
+pub(super) struct Table {
+    pub(super) namespaced: bool,
+    pub(super) objects: BTreeMap<(String, String), Obj>,
+    pub(super) watchers: Vec<Watcher>,
 }
 
 /// Time as seen by the cluster: wall time at creation plus tokio's elapsed time, so that timestamps follow
 /// a paused tokio clock.
 #[derive(Debug)]
-struct Clock {
+pub(super) struct Clock {
     wall0: chrono::DateTime<chrono::Utc>,
     inst0: tokio::time::Instant,
 }
 
 impl Clock {
-    fn now(&self) -> String {
+    pub(super) fn now(&self) -> String {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.inst0);
         let t = chrono::Duration::from_std(elapsed)
             .ok()
@@ -240,7 +203,7 @@ pub(crate) struct Written {
 
 /// Pending garbage-collection work.
 #[derive(Debug)]
-enum Gc {
+pub(super) enum Gc {
     /// An object was removed: its dependents may be orphaned, its owners may be waiting in foreground.
     Removed { uid: String, owners: Vec<String> },
     /// A namespace may have become empty.
@@ -254,37 +217,37 @@ const FOREGROUND: &str = "foregroundDeletion";
 /// The store.
 #[derive(Debug)]
 pub(crate) struct Store {
-    rev: u64,
-    routes: HashMap<(String, String, String), Arc<Kind>>,
+    pub(super) rev: u64,
+    pub(super) routes: HashMap<(String, String, String), Arc<Kind>>,
     /// Ordered, like everything iterated here, so that runs are deterministic.
-    tables: BTreeMap<Gr, Table>,
-    history: VecDeque<Arc<Event>>,
-    history_limit: usize,
+    pub(super) tables: BTreeMap<Gr, Table>,
+    pub(super) history: VecDeque<Arc<Event>>,
+    pub(super) history_limit: usize,
     /// Highest revision dropped from the history.
-    compacted: u64,
-    uids: HashMap<String, ObjRef>,
+    pub(super) compacted: u64,
+    pub(super) uids: HashMap<String, ObjRef>,
     /// owner uid → dependents naming it.
-    dependents: HashMap<String, BTreeSet<ObjRef>>,
-    ns_counts: HashMap<String, usize>,
-    count: usize,
-    rng: fastrand::Rng,
-    clock: Clock,
-    gc: VecDeque<Gc>,
+    pub(super) dependents: HashMap<String, BTreeSet<ObjRef>>,
+    pub(super) ns_counts: HashMap<String, usize>,
+    pub(super) count: usize,
+    pub(super) rng: fastrand::Rng,
+    pub(super) clock: Clock,
+    pub(super) gc: VecDeque<Gc>,
     /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
     pub(crate) dry_run: bool,
     /// Conflicts injected by fault injection so far.
     pub(crate) injected_conflicts: u64,
 }
 
-fn meta(v: &Value) -> Option<&Map<String, Value>> {
+pub(super) fn meta(v: &Value) -> Option<&Map<String, Value>> {
     v.get("metadata").and_then(Value::as_object)
 }
 
-fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
+pub(super) fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
     meta(v).and_then(|m| m.get(field)).and_then(Value::as_str)
 }
 
-fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
+pub(super) fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
     if !v.get("metadata").is_some_and(Value::is_object) {
         v["metadata"] = json!({});
     }
@@ -293,7 +256,7 @@ fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
         .expect("metadata is an object")
 }
 
-fn finalizers(v: &Value) -> Vec<String> {
+pub(super) fn finalizers(v: &Value) -> Vec<String> {
     meta(v)
         .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
@@ -305,7 +268,7 @@ fn finalizers(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn set_finalizers(v: &mut Value, f: Vec<String>) {
+pub(super) fn set_finalizers(v: &mut Value, f: Vec<String>) {
     let m = meta_mut(v);
     if f.is_empty() {
         m.remove("finalizers");
@@ -314,13 +277,13 @@ fn set_finalizers(v: &mut Value, f: Vec<String>) {
     }
 }
 
-fn is_deleting(v: &Value) -> bool {
+pub(super) fn is_deleting(v: &Value) -> bool {
     meta(v)
         .and_then(|m| m.get("deletionTimestamp"))
         .is_some_and(|t| !t.is_null())
 }
 
-fn owner_refs(v: &Value) -> Vec<(String, bool)> {
+pub(super) fn owner_refs(v: &Value) -> Vec<(String, bool)> {
     meta(v)
         .and_then(|m| m.get("ownerReferences"))
         .and_then(Value::as_array)
@@ -543,168 +506,6 @@ impl Store {
         s
     }
 
-    fn register_builtins(&mut self) {
-        let b = |group: &str,
-                 version: &str,
-                 plural: &str,
-                 kind: &str,
-                 namespaced: bool,
-                 status: bool| Kind {
-            gr: Gr {
-                group: group.into(),
-                plural: plural.into(),
-            },
-            version: version.into(),
-            api_version: if group.is_empty() {
-                version.into()
-            } else {
-                format!("{group}/{version}")
-            },
-            kind: kind.into(),
-            list_kind: format!("{kind}List"),
-            namespaced,
-            status,
-            generation: false,
-            custom: false,
-            delete_returns_object: false,
-            schema: None,
-        };
-        let mut ns = b("", "v1", "namespaces", "Namespace", false, true);
-        ns.delete_returns_object = true;
-        let mut crd = b(
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            "CustomResourceDefinition",
-            false,
-            true,
-        );
-        crd.generation = true;
-        // The real server answers DELETE of a CRD with the CRD (it is finalized, not gone at once).
-        crd.delete_returns_object = true;
-        let mut pods = b("", "v1", "pods", "Pod", true, true);
-        pods.delete_returns_object = true;
-        // Workload kinds keep metadata.generation, as on the real server.
-        let workload = |group: &str, plural: &str, kind: &str| Kind {
-            generation: true,
-            ..b(group, "v1", plural, kind, true, true)
-        };
-        // Kinds stored without behaviour of their own (no controllers run here), so that operators creating
-        // them work unchanged.
-        for k in [
-            pods,
-            b("", "v1", "services", "Service", true, true),
-            b("", "v1", "serviceaccounts", "ServiceAccount", true, false),
-            b("", "v1", "endpoints", "Endpoints", true, false),
-            b(
-                "",
-                "v1",
-                "persistentvolumeclaims",
-                "PersistentVolumeClaim",
-                true,
-                true,
-            ),
-            b(
-                "",
-                "v1",
-                "persistentvolumes",
-                "PersistentVolume",
-                false,
-                true,
-            ),
-            b("", "v1", "nodes", "Node", false, true),
-            workload("apps", "deployments", "Deployment"),
-            workload("apps", "statefulsets", "StatefulSet"),
-            workload("apps", "daemonsets", "DaemonSet"),
-            workload("apps", "replicasets", "ReplicaSet"),
-            workload("batch", "jobs", "Job"),
-            workload("batch", "cronjobs", "CronJob"),
-            b(
-                "networking.k8s.io",
-                "v1",
-                "ingresses",
-                "Ingress",
-                true,
-                true,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "roles",
-                "Role",
-                true,
-                false,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "rolebindings",
-                "RoleBinding",
-                true,
-                false,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterroles",
-                "ClusterRole",
-                false,
-                false,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterrolebindings",
-                "ClusterRoleBinding",
-                false,
-                false,
-            ),
-        ] {
-            self.add_route(k);
-        }
-        for k in [
-            ns,
-            b("", "v1", "configmaps", "ConfigMap", true, false),
-            b("", "v1", "secrets", "Secret", true, false),
-            b("", "v1", "events", "Event", true, false),
-            b("events.k8s.io", "v1", "events", "Event", true, false),
-            b("coordination.k8s.io", "v1", "leases", "Lease", true, false),
-            crd,
-        ] {
-            self.add_route(k);
-        }
-    }
-
-    fn add_route(&mut self, k: Kind) {
-        self.tables.entry(k.gr.clone()).or_default().namespaced = k.namespaced;
-        self.routes.insert(
-            (k.gr.group.clone(), k.version.clone(), k.gr.plural.clone()),
-            Arc::new(k),
-        );
-    }
-
-    /// The resource served at GROUP/VERSION/PLURAL.
-    pub(crate) fn resolve(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Kind>> {
-        self.routes
-            .get(&(group.to_string(), version.to_string(), plural.to_string()))
-            .cloned()
-    }
-
-    /// Every served resource (for discovery).
-    pub(crate) fn kinds(&self) -> Vec<Arc<Kind>> {
-        let mut v: Vec<_> = self.routes.values().cloned().collect();
-        v.sort_by(|a, b| (&a.gr, &a.version).cmp(&(&b.gr, &b.version)));
-        v
-    }
-
-    /// Whether a built-in kind is served in this group (the core group included).
-    pub(crate) fn serves_builtin_group(&self, group: &str) -> bool {
-        self.routes
-            .values()
-            .any(|k| !k.custom && k.gr.group == group)
-    }
-
-    /// The current time, as the cluster writes timestamps.
     pub(crate) fn now(&self) -> String {
         self.clock.now()
     }
@@ -717,7 +518,7 @@ impl Store {
         self.rev
     }
 
-    fn new_uid(&mut self) -> String {
+    pub(super) fn new_uid(&mut self) -> String {
         let a = self.rng.u64(..);
         let b = self.rng.u64(..);
         format!(
@@ -732,7 +533,7 @@ impl Store {
 
     // ---- low-level writes: every change goes through these three ------------------------------------
 
-    fn emit(&mut self, ev: Event) {
+    pub(super) fn emit(&mut self, ev: Event) {
         let ev = Arc::new(ev);
         if let Some(t) = self.tables.get_mut(&ev.gr) {
             t.watchers.retain(|w| match w.translate(&ev) {
@@ -748,7 +549,7 @@ impl Store {
         }
     }
 
-    fn index(&mut self, r: &ObjRef, old: Option<&Value>, new: Option<&Value>) {
+    pub(super) fn index(&mut self, r: &ObjRef, old: Option<&Value>, new: Option<&Value>) {
         let old_owners: HashSet<String> = old
             .map(owner_refs)
             .unwrap_or_default()
@@ -777,7 +578,7 @@ impl Store {
         }
     }
 
-    fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
+    pub(super) fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
         if self.dry_run {
             return Obj::new(value);
         }
@@ -815,7 +616,7 @@ impl Store {
         obj
     }
 
-    fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
+    pub(super) fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
         if self.dry_run {
             return Obj::new(value);
         }
@@ -860,7 +661,7 @@ impl Store {
         Obj { value, bytes }
     }
 
-    fn lookup(&self, r: &ObjRef) -> Option<&Obj> {
+    pub(super) fn lookup(&self, r: &ObjRef) -> Option<&Obj> {
         self.tables
             .get(&r.gr)?
             .objects
@@ -869,7 +670,7 @@ impl Store {
 
     // ---- requests ------------------------------------------------------------------------------------
 
-    fn objref(kind: &Kind, ns: Option<&str>, name: &str) -> ObjRef {
+    pub(super) fn objref(kind: &Kind, ns: Option<&str>, name: &str) -> ObjRef {
         ObjRef {
             gr: kind.gr.clone(),
             ns: if kind.namespaced {
@@ -1809,242 +1610,5 @@ impl Store {
                 }
             }
         }
-    }
-
-    // ---- custom resource definitions ----------------------------------------------------------------
-
-    /// Validates a CRD's spec enough to serve it, and sets its status (Established at once).
-    fn prepare_crd(&mut self, crd: &mut Value, name: &str) -> Result<(), ApiError> {
-        let inv = |field: &str, why: &str| {
-            ApiError::invalid(
-                "apiextensions.k8s.io",
-                "CustomResourceDefinition",
-                name,
-                field,
-                why.to_string(),
-            )
-        };
-        let spec = crd
-            .get("spec")
-            .ok_or_else(|| inv("spec", "Required value"))?;
-        let group = spec
-            .get("group")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let plural = spec
-            .pointer("/names/plural")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let kind = spec
-            .pointer("/names/kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if group.is_empty() || !group.contains('.') {
-            return Err(inv(
-                "spec.group",
-                "Invalid value: should be a domain with at least one dot",
-            ));
-        }
-        if plural.is_empty() || kind.is_empty() {
-            return Err(inv(
-                "spec.names",
-                "Required value: plural and kind are required",
-            ));
-        }
-        if name != format!("{plural}.{group}") {
-            return Err(inv(
-                "metadata.name",
-                "Invalid value: must be spec.names.plural+\".\"+spec.group",
-            ));
-        }
-        match spec.get("scope").and_then(Value::as_str) {
-            Some("Namespaced") | Some("Cluster") => {}
-            _ => {
-                return Err(inv(
-                    "spec.scope",
-                    "Unsupported value: supported values: \"Cluster\", \"Namespaced\"",
-                ));
-            }
-        }
-        let versions = spec
-            .get("versions")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if versions.is_empty()
-            || versions.iter().any(|v| {
-                v.get("name")
-                    .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-            })
-        {
-            return Err(inv(
-                "spec.versions",
-                "Invalid value: must have at least one named version",
-            ));
-        }
-        if versions
-            .iter()
-            .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
-            .count()
-            != 1
-        {
-            return Err(inv(
-                "spec.versions",
-                "Invalid value: must have exactly one version marked as storage version",
-            ));
-        }
-        // Another CRD must not serve the same group/plural.
-        if let Some(existing) = self
-            .routes
-            .values()
-            .find(|k| k.gr.group == group && k.gr.plural == plural)
-            && !existing.custom
-        {
-            return Err(inv(
-                "spec.names.plural",
-                "Invalid value: already served by a built-in resource",
-            ));
-        }
-        let storage = versions
-            .iter()
-            .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
-            .and_then(|v| v.get("name").cloned())
-            .unwrap_or(Value::Null);
-        let mut names = spec.get("names").cloned().unwrap_or(json!({}));
-        if names.get("singular").is_none() {
-            names["singular"] = json!(kind.to_lowercase());
-        }
-        if names.get("listKind").is_none() {
-            names["listKind"] = json!(format!("{kind}List"));
-        }
-        let mut now = self.clock.now();
-        if let Some(t) = crd
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .and_then(|c| c.iter().find(|c| c["type"] == "Established"))
-            .and_then(|c| c["lastTransitionTime"].as_str())
-        {
-            now = t.to_string();
-        }
-        crd["status"] = json!({
-            "conditions": [
-                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
-                 "message": "no conflicts found", "lastTransitionTime": now},
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                 "message": "the initial names have been accepted", "lastTransitionTime": now},
-            ],
-            "acceptedNames": names,
-            "storedVersions": [storage],
-        });
-        Ok(())
-    }
-
-    /// Serves a (validated) CRD's versions.
-    fn register_crd(&mut self, crd: &Value) {
-        let spec = &crd["spec"];
-        let group = spec["group"].as_str().unwrap_or_default().to_string();
-        let plural = spec["names"]["plural"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let kind = spec["names"]["kind"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let list_kind = spec["names"]["listKind"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{kind}List"));
-        let namespaced = spec["scope"].as_str() == Some("Namespaced");
-        self.routes
-            .retain(|(g, _, p), _| !(g == &group && p == &plural));
-        for v in spec["versions"].as_array().into_iter().flatten() {
-            if v.get("served").and_then(Value::as_bool) == Some(false) {
-                continue;
-            }
-            let version = v["name"].as_str().unwrap_or_default().to_string();
-            self.add_route(Kind {
-                gr: Gr {
-                    group: group.clone(),
-                    plural: plural.clone(),
-                },
-                api_version: format!("{group}/{version}"),
-                version,
-                kind: kind.clone(),
-                list_kind: list_kind.clone(),
-                namespaced,
-                status: v.pointer("/subresources/status").is_some(),
-                generation: true,
-                custom: true,
-                // Gone at once → a success Status (real 1.20 servers do not answer the object here).
-                delete_returns_object: false,
-                schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
-            });
-        }
-    }
-
-    /// Stops serving a CRD's kind once the CRD is gone, deleting its objects (their watches end).
-    fn unregister_removed_crds(&mut self) {
-        let crds = Gr {
-            group: "apiextensions.k8s.io".into(),
-            plural: "customresourcedefinitions".into(),
-        };
-        let live: HashSet<String> = self
-            .tables
-            .get(&crds)
-            .map(|t| t.objects.keys().map(|k| k.1.clone()).collect())
-            .unwrap_or_default();
-        let dead: BTreeSet<Gr> = self
-            .routes
-            .values()
-            .filter(|k| k.custom && !live.contains(&format!("{}.{}", k.gr.plural, k.gr.group)))
-            .map(|k| k.gr.clone())
-            .collect();
-        for gr in dead {
-            self.routes
-                .retain(|(g, _, p), _| !(g == &gr.group && p == &gr.plural));
-            if let Some(t) = self.tables.get(&gr) {
-                let keys: Vec<(String, String)> = t.objects.keys().cloned().collect();
-                for (ns, name) in keys {
-                    let r = ObjRef {
-                        gr: gr.clone(),
-                        ns,
-                        name,
-                    };
-                    if let Some(o) = self.lookup(&r) {
-                        let v = (*o.value).clone();
-                        self.remove(&r, v);
-                    }
-                }
-            }
-            self.tables.remove(&gr);
-        }
-    }
-
-    /// Installs a CRD given as JSON: create, or replace the spec of an existing one.
-    pub(crate) fn install_crd(&mut self, mut crd: Value) -> Result<(), ApiError> {
-        let kind = self
-            .resolve("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-            .ok_or_else(ApiError::no_route)?;
-        crd["apiVersion"] = json!("apiextensions.k8s.io/v1");
-        crd["kind"] = json!("CustomResourceDefinition");
-        let name = meta_str(&crd, "name").unwrap_or_default().to_string();
-        if let Some(mut cur) = self.current(&kind, None, &name) {
-            cur["spec"] = crd.get("spec").cloned().unwrap_or(Value::Null);
-            self.update(
-                &kind,
-                None,
-                &name,
-                cur,
-                false,
-                WriteKind::Patch,
-                false,
-                None,
-            )?;
-        } else {
-            self.create(&kind, None, crd, None)?;
-        }
-        Ok(())
     }
 }
