@@ -211,5 +211,4 @@ impl Store {
             .values()
             .any(|k| !k.custom && k.gr.group == group)
     }
-
 }

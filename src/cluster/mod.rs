@@ -155,9 +155,11 @@ mod crd;
 mod error;
 mod faults;
 mod kinds;
+mod schema;
 mod selector;
 mod service;
 mod store;
+mod validation;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

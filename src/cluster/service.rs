@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 use super::Inner;
 use super::apply;
 use super::error::ApiError;
-use super::selector::{FieldSelector, LabelSelector};
 use super::kinds::Kind;
+use super::selector::{FieldSelector, LabelSelector};
 use super::store::{DeleteOpts, EvType, ListOpts, Propagation, Store, WatchItem, WriteKind};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use

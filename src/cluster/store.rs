@@ -10,9 +10,13 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use super::error::{ApiError, Subject};
+use super::error::ApiError;
 use super::kinds::{Gr, Kind};
+use super::schema::prune;
 use super::selector::{FieldSelector, LabelSelector};
+use super::validation::{
+    check_immutable, check_name, check_namespace_field, check_type, normalize,
+};
 
 /// A stored object: its JSON value and its serialized bytes (serialized once per write).
 #[derive(Debug, Clone)]
@@ -303,19 +307,6 @@ pub(super) fn owner_refs(v: &Value) -> Vec<(String, bool)> {
         .unwrap_or_default()
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
 /// The object with everything except metadata (and status when it is a subresource): generation bumps
 /// when this changes.
 fn spec_part(v: &Value, skip_status: bool) -> Map<String, Value> {
@@ -340,137 +331,6 @@ fn unhex(s: &str) -> Option<String> {
         .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
         .collect();
     String::from_utf8(bytes?).ok()
-}
-
-/// Drops the fields a structural schema does not declare, as the real server prunes custom resources:
-/// `properties` are recursed into, `additionalProperties` schemas apply to every value,
-/// `x-kubernetes-preserve-unknown-fields: true` keeps undeclared fields, `items` applies to list
-/// elements. At the root, `apiVersion`, `kind` and `metadata` are kept.
-fn prune(v: &mut Value, schema: &Value, root: bool) {
-    match v {
-        Value::Object(map) => {
-            let props = schema.get("properties").and_then(Value::as_object);
-            let additional = schema.get("additionalProperties");
-            let preserve = schema.get("x-kubernetes-preserve-unknown-fields")
-                == Some(&Value::Bool(true))
-                || additional == Some(&Value::Bool(true));
-            let keys: Vec<String> = map.keys().cloned().collect();
-            for k in keys {
-                if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
-                    continue;
-                }
-                let sub = props
-                    .and_then(|p| p.get(&k))
-                    .or(additional.filter(|a| a.is_object()));
-                match (sub, map.get_mut(&k)) {
-                    (Some(sub), Some(child)) => prune(child, sub, false),
-                    _ if preserve => {}
-                    _ => {
-                        map.remove(&k);
-                    }
-                }
-            }
-        }
-        Value::Array(items) => {
-            if let Some(item_schema) = schema.get("items") {
-                for it in items {
-                    prune(it, item_schema, false);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
-/// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`.
-fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
-    use base64::Engine as _;
-    for field in ["labels", "annotations"] {
-        let Some(map) = meta(v).and_then(|m| m.get(field)) else {
-            continue;
-        };
-        if map.is_null() {
-            continue;
-        }
-        let Some(map) = map.as_object() else {
-            return Err(ApiError::bad_request(format!(
-                "metadata.{field} must be a map of strings"
-            )));
-        };
-        for (k, val) in map {
-            let Some(val) = val.as_str() else {
-                return Err(ApiError::bad_request(format!(
-                    "metadata.{field}[{k:?}] must be a string"
-                )));
-            };
-            if field == "labels"
-                && !(super::selector::valid_key(k) && super::selector::valid_value(val))
-            {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.labels",
-                    format!("Invalid value: {k:?}: {val:?}: not a valid label"),
-                ));
-            }
-        }
-    }
-    if let Some(refs) = meta(v)
-        .and_then(|m| m.get("ownerReferences"))
-        .filter(|r| !r.is_null())
-    {
-        let Some(refs) = refs.as_array() else {
-            return Err(ApiError::bad_request(
-                "metadata.ownerReferences must be a list",
-            ));
-        };
-        let mut controllers = 0;
-        for (i, r) in refs.iter().enumerate() {
-            for field in ["apiVersion", "kind", "name", "uid"] {
-                if r.get(field)
-                    .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-                {
-                    return Err(ApiError::invalid(
-                        &kind.gr.group,
-                        &kind.kind,
-                        name,
-                        &format!("metadata.ownerReferences[{i}].{field}"),
-                        format!("Invalid value: \"\": {field} must not be empty"),
-                    ));
-                }
-            }
-            if r.get("controller").and_then(Value::as_bool) == Some(true) {
-                controllers += 1;
-            }
-        }
-        if controllers > 1 {
-            return Err(ApiError::invalid(
-                &kind.gr.group,
-                &kind.kind,
-                name,
-                "metadata.ownerReferences",
-                "Invalid value: only one reference can have Controller set to true".into(),
-            ));
-        }
-    }
-    if kind.gr.group.is_empty()
-        && kind.gr.plural == "secrets"
-        && let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData"))
-    {
-        if !v.get("data").is_some_and(Value::is_object) {
-            v["data"] = json!({});
-        }
-        for (k, val) in sd {
-            let text = val
-                .as_str()
-                .ok_or_else(|| ApiError::bad_request("stringData values must be strings"))?;
-            v["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
-        }
-    }
-    Ok(())
 }
 
 impl Store {
@@ -886,74 +746,6 @@ impl Store {
         Ok((first, rx))
     }
 
-    /// The body's declared apiVersion and kind must be those of the resource.
-    /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
-    /// ones from the URL, as the real server's typed decoding does; custom resources require them.
-    fn check_type(kind: &Kind, body: &mut Value) -> Result<(), ApiError> {
-        let Some(obj) = body.as_object_mut() else {
-            return Err(ApiError::bad_request(
-                "the object provided is unrecognized: the request body must be a JSON object",
-            ));
-        };
-        let empty = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
-        if !kind.custom {
-            if empty(obj.get("kind")) {
-                obj.insert("kind".into(), json!(kind.kind));
-            }
-            if empty(obj.get("apiVersion")) {
-                obj.insert("apiVersion".into(), json!(kind.api_version));
-            }
-        }
-        match obj.get("kind").and_then(Value::as_str) {
-            None | Some("") => {
-                return Err(ApiError::bad_request(format!(
-                    "Object 'Kind' is missing in '{body}'"
-                )));
-            }
-            Some(k) if k != kind.kind => {
-                return Err(ApiError::bad_request(format!(
-                    "{k} in version \"{}\" cannot be handled as a {}: the kind in the data ({k}) does \
-                     not match the expected kind ({})",
-                    kind.version, kind.kind, kind.kind
-                )));
-            }
-            _ => {}
-        }
-        match obj.get("apiVersion").and_then(Value::as_str) {
-            Some(v) if v == kind.api_version => Ok(()),
-            v => Err(ApiError::bad_request(format!(
-                "the API version in the data ({}) does not match the expected API version ({})",
-                v.unwrap_or_default(),
-                kind.api_version
-            ))),
-        }
-    }
-
-    fn check_namespace_field(
-        kind: &Kind,
-        ns: Option<&str>,
-        body: &mut Value,
-    ) -> Result<(), ApiError> {
-        let m = meta_mut(body);
-        if kind.namespaced {
-            let ns = ns.unwrap_or_default();
-            match m.get("namespace").and_then(Value::as_str) {
-                Some(bns) if !bns.is_empty() && bns != ns => {
-                    return Err(ApiError::bad_request(
-                        "the namespace of the provided object does not match the namespace sent on the request",
-                    ));
-                }
-                _ => {
-                    m.insert("namespace".into(), json!(ns));
-                }
-            }
-        } else {
-            m.remove("namespace");
-        }
-        Ok(())
-    }
-
-    /// POST.
     /// POST. `managed`: the `managedFields` to record (server-side apply), otherwise none.
     pub(crate) fn create(
         &mut self,
@@ -962,49 +754,12 @@ impl Store {
         mut body: Value,
         managed: Option<Value>,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &mut body)?;
+        check_type(kind, &mut body)?;
         if !body.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
-        Self::check_namespace_field(kind, ns, &mut body)?;
-        if kind.namespaced {
-            let ns = ns.unwrap_or_default();
-            let nsr = ObjRef {
-                gr: Gr {
-                    group: String::new(),
-                    plural: "namespaces".into(),
-                },
-                ns: String::new(),
-                name: ns.into(),
-            };
-            match self.lookup(&nsr) {
-                None => {
-                    return Err(ApiError::not_found(Subject {
-                        group: "",
-                        plural: "namespaces",
-                        name: ns,
-                    }));
-                }
-                Some(o) if is_deleting(&o.value) => {
-                    let obj_name = meta_str(&body, "name").unwrap_or_default();
-                    let mut e = ApiError::forbidden(format!(
-                        "{} \"{obj_name}\" is forbidden: unable to create new content in namespace {ns} \
-                         because it is being terminated",
-                        kind.gr.plural,
-                    ));
-                    let mut details = json!({"name": obj_name, "kind": kind.gr.plural, "causes": [{
-                        "reason": "NamespaceTerminating",
-                        "message": format!("namespace {ns} is being terminated"),
-                        "field": "metadata.namespace"}]});
-                    if !kind.gr.group.is_empty() {
-                        details["group"] = json!(kind.gr.group);
-                    }
-                    e.details = Some(details);
-                    return Err(e);
-                }
-                Some(_) => {}
-            }
-        }
+        check_namespace_field(kind, ns, &mut body)?;
+        self.check_namespace_accepts(kind, ns, &body)?;
         if meta_str(&body, "resourceVersion").is_some_and(|v| !v.is_empty()) {
             return Err(ApiError::storage(
                 "resourceVersion should not be set on objects to be created",
@@ -1014,15 +769,6 @@ impl Store {
             .unwrap_or_default()
             .to_string();
         let mut name = meta_str(&body, "name").unwrap_or_default().to_string();
-        let invalid_name = |n: &str, why: &str| {
-            ApiError::invalid(
-                &kind.gr.group,
-                &kind.kind,
-                n,
-                "metadata.name",
-                format!("Invalid value: {n:?}: {why}"),
-            )
-        };
         if name.is_empty() {
             if generate.is_empty() {
                 return Err(ApiError::invalid(
@@ -1044,19 +790,7 @@ impl Store {
                 }
             }
         }
-        if kind.gr.plural == "namespaces" {
-            if !is_dns_label(&name) {
-                return Err(invalid_name(
-                    &name,
-                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
-                ));
-            }
-        } else if !is_dns_subdomain(&name) {
-            return Err(invalid_name(
-                &name,
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-            ));
-        }
+        check_name(kind, &name)?;
         normalize(kind, &name, &mut body)?;
         if let Some(schema) = &kind.schema {
             prune(&mut body, schema, true);
@@ -1120,7 +854,7 @@ impl Store {
         inject_conflict: bool,
         managed: Option<Value>,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &mut new)?;
+        check_type(kind, &mut new)?;
         if !new.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -1138,7 +872,7 @@ impl Store {
                 )));
             }
         }
-        Self::check_namespace_field(kind, ns, &mut new)?;
+        check_namespace_field(kind, ns, &mut new)?;
         let old_rv = meta_str(&old.value, "resourceVersion")
             .unwrap_or_default()
             .to_string();
@@ -1171,28 +905,8 @@ impl Store {
             self.injected_conflicts += 1;
             return Err(ApiError::conflict(kind.subject(name)));
         }
-        if !status_only
-            && kind.gr.group.is_empty()
-            && (kind.gr.plural == "configmaps" || kind.gr.plural == "secrets")
-            && old.value.get("immutable").and_then(Value::as_bool) == Some(true)
-        {
-            for field in ["data", "binaryData", "stringData", "immutable"] {
-                let (before, after) = (old.value.get(field), new.get(field));
-                let unchanged = match field {
-                    // stringData is folded into data; it changes data only if it differs.
-                    "stringData" => after.is_none(),
-                    _ => before == after,
-                };
-                if !unchanged {
-                    return Err(ApiError::invalid(
-                        &kind.gr.group,
-                        &kind.kind,
-                        name,
-                        field,
-                        "Forbidden: field is immutable when `immutable` is set".into(),
-                    ));
-                }
-            }
+        if !status_only {
+            check_immutable(kind, name, &old.value, &new)?;
         }
         let old_v: &Value = &old.value;
         let mut next = if status_only {
