@@ -160,6 +160,7 @@ mod selector;
 mod service;
 mod store;
 mod validation;
+mod watch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -21,7 +21,8 @@ use super::apply;
 use super::error::ApiError;
 use super::kinds::Kind;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, EvType, ListOpts, Propagation, Store, WatchItem, WriteKind};
+use super::store::{DeleteOpts, ListOpts, Propagation, Store, WriteKind};
+use super::watch::{EvType, WatchItem};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
 /// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.
