@@ -152,8 +152,10 @@
 
 mod apply;
 mod crd;
+mod deletion;
 mod error;
 mod faults;
+mod gc;
 mod kinds;
 mod schema;
 mod selector;

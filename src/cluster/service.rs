@@ -18,10 +18,11 @@ use tokio::sync::mpsc;
 
 use super::Inner;
 use super::apply;
+use super::deletion::{DeleteOpts, Propagation};
 use super::error::ApiError;
 use super::kinds::Kind;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, ListOpts, Propagation, Store, WriteKind};
+use super::store::{ListOpts, Store, WriteKind};
 use super::watch::{EvType, WatchItem};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use

@@ -6,9 +6,10 @@
 
 use serde_json::{Value, json};
 
+use super::deletion::is_deleting;
 use super::error::{ApiError, Subject};
 use super::kinds::{Gr, Kind};
-use super::store::{ObjRef, Store, is_deleting, meta, meta_mut, meta_str};
+use super::store::{ObjRef, Store, meta, meta_mut, meta_str};
 
 /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
 /// ones from the URL, as the real server's typed decoding does; custom resources require them.

@@ -1,0 +1,178 @@
+//! Garbage collection by `ownerReferences`: the index of dependents by owner uid, and the in-process
+//! collector (and namespace controller) that runs inline at the end of each write, so that it is
+//! deterministic. Dependents whose owners are all gone are deleted in the background; `Orphan` removes
+//! an owner's references from its dependents first; `Foreground` keeps the owner (with the
+//! `foregroundDeletion` finalizer) until its blocking dependents are gone. Dangling references on new
+//! objects are not collected.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use super::deletion::{Propagation, finalizers, is_deleting};
+use super::kinds::Gr;
+use super::store::{ObjRef, Store, meta, meta_mut};
+use super::watch::EvType;
+
+/// Pending garbage-collection work.
+#[derive(Debug)]
+pub(super) enum Gc {
+    /// An object was removed: its dependents may be orphaned, its owners may be waiting in foreground.
+    Removed { uid: String, owners: Vec<String> },
+    /// A namespace may have become empty.
+    Namespace(String),
+    /// A CRD was removed: stop serving its kind.
+    CrdRemoved,
+}
+
+/// The finalizer that holds an owner in foreground deletion until its blocking dependents are gone.
+pub(super) const FOREGROUND: &str = "foregroundDeletion";
+
+/// The uids an object's `ownerReferences` name, each with its `blockOwnerDeletion`.
+pub(super) fn owner_refs(v: &Value) -> Vec<(String, bool)> {
+    meta(v)
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| {
+                    let uid = o.get("uid")?.as_str()?.to_string();
+                    Some((
+                        uid,
+                        o.get("blockOwnerDeletion")
+                            .and_then(Value::as_bool)
+                            .unwrap_or(false),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Store {
+    /// Keeps the index of dependents by owner uid up to date with a write (`old` → `new`).
+    pub(super) fn index(&mut self, r: &ObjRef, old: Option<&Value>, new: Option<&Value>) {
+        let old_owners: HashSet<String> = old
+            .map(owner_refs)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| o.0)
+            .collect();
+        let new_owners: HashSet<String> = new
+            .map(owner_refs)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| o.0)
+            .collect();
+        for o in old_owners.difference(&new_owners) {
+            if let Some(set) = self.dependents.get_mut(o) {
+                set.remove(r);
+                if set.is_empty() {
+                    self.dependents.remove(o);
+                }
+            }
+        }
+        for o in new_owners.difference(&old_owners) {
+            self.dependents
+                .entry(o.clone())
+                .or_default()
+                .insert(r.clone());
+        }
+    }
+
+    /// Whether a live dependent of `uid` blocks its deletion (`blockOwnerDeletion: true`).
+    pub(super) fn blocking_dependents(&self, uid: &str) -> bool {
+        self.dependents.get(uid).is_some_and(|deps| {
+            deps.iter().any(|d| {
+                self.lookup(d).is_some_and(|o| {
+                    owner_refs(&o.value)
+                        .iter()
+                        .any(|(u, block)| u == uid && *block)
+                })
+            })
+        })
+    }
+
+    /// Removes the references to `uid` from its dependents (`propagationPolicy: Orphan`).
+    pub(super) fn orphan_dependents(&mut self, uid: &str) {
+        let deps: Vec<ObjRef> = self
+            .dependents
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for d in deps {
+            if let Some(o) = self.lookup(&d).cloned() {
+                let mut v = (*o.value).clone();
+                let m = meta_mut(&mut v);
+                if let Some(Value::Array(refs)) = m.get_mut("ownerReferences") {
+                    refs.retain(|o| o.get("uid").and_then(Value::as_str) != Some(uid));
+                    if refs.is_empty() {
+                        m.remove("ownerReferences");
+                    }
+                }
+                self.put(&d, v, EvType::Modified);
+            }
+        }
+    }
+
+    /// The in-process garbage collector and namespace controller: runs until nothing is left to do.
+    pub(super) fn run_gc(&mut self) {
+        while let Some(work) = self.gc.pop_front() {
+            match work {
+                Gc::Removed { uid, owners } => {
+                    // Dependents whose owners are all gone are deleted (background).
+                    if !uid.is_empty() {
+                        let deps: Vec<ObjRef> = self
+                            .dependents
+                            .get(&uid)
+                            .map(|s| s.iter().cloned().collect())
+                            .unwrap_or_default();
+                        for d in deps {
+                            let Some(o) = self.lookup(&d) else { continue };
+                            let all_gone = owner_refs(&o.value)
+                                .iter()
+                                .all(|(u, _)| !self.uids.contains_key(u));
+                            if all_gone {
+                                self.delete_ref(&d, Propagation::Background);
+                            }
+                        }
+                    }
+                    // Owners waiting in foreground deletion may now be free.
+                    for owner in owners {
+                        let Some(r) = self.uids.get(&owner).cloned() else {
+                            continue;
+                        };
+                        let Some(o) = self.lookup(&r) else { continue };
+                        if is_deleting(&o.value)
+                            && finalizers(&o.value).iter().any(|f| f == FOREGROUND)
+                            && !self.blocking_dependents(&owner)
+                        {
+                            self.drop_finalizer(&r, FOREGROUND);
+                        }
+                    }
+                }
+                Gc::CrdRemoved => self.unregister_removed_crds(),
+                Gc::Namespace(ns) => {
+                    if self.ns_counts.get(&ns).copied().unwrap_or(0) > 0 {
+                        continue;
+                    }
+                    let r = ObjRef {
+                        gr: Gr {
+                            group: String::new(),
+                            plural: "namespaces".into(),
+                        },
+                        ns: String::new(),
+                        name: ns,
+                    };
+                    if let Some(o) = self.lookup(&r)
+                        && is_deleting(&o.value)
+                        && finalizers(&o.value).is_empty()
+                    {
+                        let v = (*o.value).clone();
+                        self.remove(&r, v);
+                    }
+                }
+            }
+        }
+    }
+}
