@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::gc::{FOREGROUND, Gc};
 use super::kinds::Kind;
-use super::store::{ListOpts, Obj, ObjRef, Store, meta, meta_mut, meta_str, render};
+use super::list::{ListOpts, list_json};
+use super::store::{Obj, ObjRef, Store, meta, meta_mut, meta_str, render};
 use super::watch::EvType;
 
 /// Deletion propagation policy.
@@ -168,21 +169,9 @@ impl Store {
             items.push(render(&o.value, &o.bytes, &kind.api_version));
         }
         self.run_gc();
-        let mut out = serde_json::to_vec(
-            &json!({"kind": kind.list_kind, "apiVersion": kind.api_version,
-            "metadata": {"resourceVersion": self.rev.to_string()}}),
-        )
-        .unwrap_or_default();
-        out.pop();
-        out.extend_from_slice(b",\"items\":[");
-        for (i, it) in items.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(it);
-        }
-        out.extend_from_slice(b"]}");
-        Ok(out)
+        let head = json!({"kind": kind.list_kind, "apiVersion": kind.api_version,
+            "metadata": {"resourceVersion": self.rev.to_string()}});
+        Ok(list_json(&head, &items))
     }
 
     /// Deletes one existing object per policy. Answers its last state and whether it is gone.

@@ -157,6 +157,7 @@ mod error;
 mod faults;
 mod gc;
 mod kinds;
+mod list;
 mod schema;
 mod selector;
 mod service;

@@ -21,8 +21,9 @@ use super::apply;
 use super::deletion::{DeleteOpts, Propagation};
 use super::error::ApiError;
 use super::kinds::Kind;
+use super::list::ListOpts;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{ListOpts, Store, WriteKind};
+use super::store::{Store, WriteKind};
 use super::watch::{EvType, WatchItem};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
