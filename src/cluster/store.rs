@@ -1,7 +1,11 @@
-//! The object store: one revision counter, one table per resource, the event history and the watchers.
+//! The object store: the revision counter, one table of objects per resource, and create, get and update
+//! (PUT, and the result of a PATCH) over them. Every change goes through `put` or `remove`, which take
+//! the next revision, keep the counts and indexes, and emit the watch event.
 //!
 //! Everything here is synchronous and runs under the cluster's lock; the HTTP layer (`service.rs`) parses
-//! requests and turns results into responses.
+//! requests and turns results into responses. The store's other concerns are `impl Store` blocks in files
+//! of their own (`kinds.rs`, `crd.rs`, `validation.rs`, `schema.rs`, `list.rs`, `watch.rs`,
+//! `deletion.rs`, `gc.rs`): see the map in `mod.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -58,6 +62,7 @@ pub(super) fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
     }
 }
 
+/// The objects of one resource, by (namespace, name), and its open watches.
 #[derive(Debug, Default)]
 pub(super) struct Table {
     pub(super) namespaced: bool,
@@ -97,24 +102,30 @@ pub(crate) struct Written {
     pub(crate) bytes: Bytes,
 }
 
-/// The store.
+/// The store: everything the cluster keeps.
 #[derive(Debug)]
 pub(crate) struct Store {
     pub(super) rev: u64,
+    /// (group, version, plural) → the kind served there.
     pub(super) routes: HashMap<(String, String, String), Arc<Kind>>,
     /// Ordered, like everything iterated here, so that runs are deterministic.
     pub(super) tables: BTreeMap<Gr, Table>,
+    /// The last events, oldest first, for watch resumption.
     pub(super) history: VecDeque<Arc<Event>>,
     pub(super) history_limit: usize,
     /// Highest revision dropped from the history.
     pub(super) compacted: u64,
+    /// uid → object, for garbage collection.
     pub(super) uids: HashMap<String, ObjRef>,
     /// owner uid → dependents naming it.
     pub(super) dependents: HashMap<String, BTreeSet<ObjRef>>,
+    /// namespace → how many objects it holds.
     pub(super) ns_counts: HashMap<String, usize>,
+    /// How many objects are stored.
     pub(super) count: usize,
     pub(super) rng: fastrand::Rng,
     pub(super) clock: Clock,
+    /// Garbage-collection work queued by writes, done before the request answers.
     pub(super) gc: VecDeque<Gc>,
     /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
     pub(crate) dry_run: bool,
