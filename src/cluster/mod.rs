@@ -184,6 +184,8 @@ mod schema;
 mod selector;
 mod service;
 mod store;
+#[cfg(test)]
+mod testing;
 mod validation;
 mod watch;
 

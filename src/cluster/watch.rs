@@ -203,3 +203,262 @@ impl Store {
         Ok((first, rx))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::deletion::DeleteOpts;
+    use super::super::error::ApiError;
+    use super::super::kinds::Kind;
+    use super::super::testing::*;
+    use super::*;
+
+    type Started = (Vec<WatchItem>, mpsc::UnboundedReceiver<WatchItem>);
+
+    fn watch(
+        s: &mut Store,
+        kind: &Kind,
+        ns: Option<&str>,
+        labels: &str,
+        rv: Option<u64>,
+    ) -> Result<Started, ApiError> {
+        let labels = LabelSelector::parse(labels).unwrap();
+        s.watch(kind, ns, labels, FieldSelector::default(), rv, false)
+    }
+
+    /// The type and object name of each item.
+    fn summary(items: &[WatchItem]) -> Vec<(EvType, String)> {
+        items
+            .iter()
+            .map(|(ty, obj)| {
+                (
+                    *ty,
+                    parse(obj)["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn received(rx: &mut mpsc::UnboundedReceiver<WatchItem>) -> Vec<(EvType, String)> {
+        let mut items = Vec::new();
+        while let Ok(item) = rx.try_recv() {
+            items.push(item);
+        }
+        summary(&items)
+    }
+
+    fn ev(ty: EvType, name: &str) -> (EvType, String) {
+        (ty, name.to_string())
+    }
+
+    #[test]
+    fn a_watch_resumed_from_a_revision_gets_exactly_the_later_events() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let a = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let rv: u64 = a["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        create(&mut s, &cm, Some("default"), configmap("b", json!({})));
+        put(
+            &mut s,
+            &cm,
+            Some("default"),
+            configmap("a", json!({"labels": {"x": "1"}})),
+            false,
+        )
+        .unwrap();
+        s.delete(&cm, Some("default"), "b", &DeleteOpts::default())
+            .unwrap();
+        // Events of other kinds are not sent.
+        let secrets = kind(&s, "", "v1", "secrets");
+        create(
+            &mut s,
+            &secrets,
+            Some("default"),
+            json!({"metadata": {"name": "s"}}),
+        );
+
+        let (first, mut rx) = watch(&mut s, &cm, None, "", Some(rv)).unwrap();
+        use EvType::*;
+        assert_eq!(
+            summary(&first),
+            [ev(Added, "b"), ev(Modified, "a"), ev(Deleted, "b")]
+        );
+        let revisions: Vec<u64> = first
+            .iter()
+            .map(|(_, o)| {
+                parse(o)["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(revisions, [rv + 1, rv + 2, rv + 3]);
+        assert!(received(&mut rx).is_empty());
+        create(&mut s, &cm, Some("default"), configmap("c", json!({})));
+        assert_eq!(received(&mut rx), [ev(Added, "c")]);
+
+        // From the latest revision there is nothing to catch up on.
+        let now = s.revision();
+        assert!(
+            watch(&mut s, &cm, None, "", Some(now))
+                .unwrap()
+                .0
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_revision_older_than_the_history_answers_410_expired() {
+        // The four built-in namespaces take revisions 1 to 4; the history keeps the last three events.
+        let mut s = store_with_history(3);
+        let cm = configmaps(&s);
+        for name in ["a", "b", "c", "d", "e"] {
+            create(&mut s, &cm, Some("default"), configmap(name, json!({})));
+        }
+        // Revisions 5 to 9 were written; 7, 8 and 9 are kept.
+        assert_eq!(s.revision(), 9);
+        let err = watch(&mut s, &cm, None, "", Some(5)).unwrap_err();
+        assert_eq!((err.code, err.reason), (410, "Expired"));
+        assert_eq!(err.message, "too old resource version: 5 (7)");
+        let (first, _) = watch(&mut s, &cm, None, "", Some(6)).unwrap();
+        use EvType::Added;
+        assert_eq!(
+            summary(&first),
+            [ev(Added, "c"), ev(Added, "d"), ev(Added, "e")]
+        );
+    }
+
+    #[test]
+    fn a_watch_from_now_starts_with_the_current_objects() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        create(&mut s, &cm, Some("kube-system"), configmap("b", json!({})));
+        create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let (first, _) = s
+            .watch(
+                &cm,
+                Some("default"),
+                LabelSelector::default(),
+                FieldSelector::default(),
+                None,
+                true,
+            )
+            .unwrap();
+        assert_eq!(summary(&first[..1]), [ev(EvType::Added, "a")]);
+        assert_eq!(first.len(), 2);
+        let (ty, bookmark) = &first[1];
+        let bookmark = parse(bookmark);
+        assert_eq!(*ty, EvType::Bookmark);
+        assert_eq!(bookmark["kind"], "ConfigMap");
+        assert_eq!(
+            bookmark["metadata"]["resourceVersion"],
+            s.revision().to_string()
+        );
+        assert_eq!(
+            bookmark["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
+
+        // Without sendInitialEvents there is no bookmark; all namespaces, in order.
+        let (first, _) = watch(&mut s, &cm, None, "", None).unwrap();
+        assert_eq!(
+            summary(&first),
+            [ev(EvType::Added, "a"), ev(EvType::Added, "b")]
+        );
+    }
+
+    #[test]
+    fn a_label_selector_sees_objects_enter_and_leave_it() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let (first, mut rx) = watch(&mut s, &cm, None, "app=web", None).unwrap();
+        assert!(first.is_empty());
+        let write = |s: &mut Store, name: &str, labels: serde_json::Value| {
+            put(
+                s,
+                &cm,
+                Some("default"),
+                configmap(name, json!({"labels": labels})),
+                false,
+            )
+            .unwrap();
+        };
+        create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        write(&mut s, "a", json!({"app": "web"}));
+        write(&mut s, "a", json!({"app": "web", "tier": "1"}));
+        write(&mut s, "a", json!({"app": "db"}));
+        create(
+            &mut s,
+            &cm,
+            Some("default"),
+            configmap("b", json!({"labels": {"app": "web"}})),
+        );
+        s.delete(&cm, Some("default"), "b", &DeleteOpts::default())
+            .unwrap();
+        s.delete(&cm, Some("default"), "a", &DeleteOpts::default())
+            .unwrap();
+        use EvType::*;
+        assert_eq!(
+            received(&mut rx),
+            [
+                ev(Added, "a"),
+                ev(Modified, "a"),
+                ev(Deleted, "a"),
+                ev(Added, "b"),
+                ev(Deleted, "b")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_namespaced_watch_sees_only_its_namespace() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let (_, mut rx) = watch(&mut s, &cm, Some("kube-system"), "", None).unwrap();
+        create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        create(&mut s, &cm, Some("kube-system"), configmap("b", json!({})));
+        assert_eq!(received(&mut rx), [ev(EvType::Added, "b")]);
+    }
+
+    #[test]
+    fn a_watch_through_another_version_sees_that_apiversion() {
+        let mut s = store();
+        s.install_crd(widget_crd(&[
+            ("v1", true, true, false),
+            ("v2", true, false, false),
+        ]))
+        .unwrap();
+        let (v1, v2) = (
+            kind(&s, "example.com", "v1", "widgets"),
+            kind(&s, "example.com", "v2", "widgets"),
+        );
+        let (_, mut rx) = watch(&mut s, &v2, None, "", None).unwrap();
+        create(&mut s, &v1, Some("default"), widget("w", json!({})));
+        let (ty, obj) = rx.try_recv().unwrap();
+        assert_eq!(
+            (ty, parse(&obj)["apiVersion"].clone()),
+            (EvType::Added, json!("example.com/v2"))
+        );
+    }
+
+    #[test]
+    fn a_closed_watch_is_dropped_at_the_next_event_of_its_kind() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let (_, rx) = watch(&mut s, &cm, None, "app=web", None).unwrap();
+        drop(rx);
+        assert_eq!(s.tables[&cm.gr].watchers.len(), 1);
+        // Not even an event the watch would not see keeps it.
+        create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        assert!(s.tables[&cm.gr].watchers.is_empty());
+    }
+}
