@@ -152,3 +152,186 @@ impl Store {
         Ok(list_json(&head, &items))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::super::kinds::Kind;
+    use super::super::selector::{FieldSelector, LabelSelector};
+    use super::super::testing::*;
+    use super::*;
+
+    fn names(list: &Value) -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn list(s: &Store, kind: &Kind, ns: Option<&str>, opts: &ListOpts) -> Result<Value, ApiError> {
+        s.list(kind, ns, opts).map(|b| parse(&b))
+    }
+
+    #[test]
+    fn pages_follow_each_other_up_to_the_last() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        for name in ["c0", "c1", "c2", "c3", "c4"] {
+            create(&mut s, &cm, Some("default"), configmap(name, json!({})));
+        }
+        create(&mut s, &cm, Some("kube-system"), configmap("x", json!({})));
+        let mut opts = ListOpts {
+            limit: Some(2),
+            ..Default::default()
+        };
+        let mut pages = Vec::new();
+        loop {
+            let page = list(&s, &cm, Some("default"), &opts).unwrap();
+            assert_eq!(page["kind"], "ConfigMapList");
+            assert_eq!(
+                page["metadata"]["resourceVersion"],
+                s.revision().to_string()
+            );
+            pages.push(names(&page));
+            match page["metadata"]["continue"].as_str() {
+                Some(token) => opts.cont = Some(token.to_string()),
+                None => break,
+            }
+        }
+        assert_eq!(pages, [vec!["c0", "c1"], vec!["c2", "c3"], vec!["c4"]]);
+
+        // All namespaces, ordered by namespace then name; no limit (or 0) lists everything.
+        let all = list(
+            &s,
+            &cm,
+            None,
+            &ListOpts {
+                limit: Some(0),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(names(&all), ["c0", "c1", "c2", "c3", "c4", "x"]);
+        assert!(all["metadata"].get("continue").is_none());
+    }
+
+    #[test]
+    fn a_continue_token_older_than_the_history_answers_410() {
+        let mut s = store_with_history(3);
+        let cm = configmaps(&s);
+        for name in ["a", "b", "c"] {
+            create(&mut s, &cm, Some("default"), configmap(name, json!({})));
+        }
+        let first = list(
+            &s,
+            &cm,
+            None,
+            &ListOpts {
+                limit: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let opts = ListOpts {
+            limit: Some(1),
+            cont: Some(first["metadata"]["continue"].as_str().unwrap().to_string()),
+            ..Default::default()
+        };
+        for name in ["d", "e", "f"] {
+            create(&mut s, &cm, Some("default"), configmap(name, json!({})));
+        }
+        // The token's revision is still the oldest the history reaches back to.
+        assert_eq!(names(&list(&s, &cm, None, &opts).unwrap()), ["b"]);
+        create(&mut s, &cm, Some("default"), configmap("g", json!({})));
+        let err = list(&s, &cm, None, &opts).unwrap_err();
+        assert_eq!((err.code, err.reason), (410, "Expired"));
+
+        for bad in ["x", "5.zz.00", "5.64"] {
+            let opts = ListOpts {
+                cont: Some(bad.into()),
+                ..Default::default()
+            };
+            assert_eq!(list(&s, &cm, None, &opts).unwrap_err().code, 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn selectors_filter_the_list() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        for (ns, name, app) in [
+            ("default", "a", "web"),
+            ("default", "b", "db"),
+            ("kube-system", "b", "web"),
+        ] {
+            create(
+                &mut s,
+                &cm,
+                Some(ns),
+                configmap(name, json!({"labels": {"app": app}})),
+            );
+        }
+        let by_label = ListOpts {
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(
+            names(&list(&s, &cm, Some("default"), &by_label).unwrap()),
+            ["a"]
+        );
+        assert_eq!(names(&list(&s, &cm, None, &by_label).unwrap()), ["a", "b"]);
+        let by_name = ListOpts {
+            fields: FieldSelector::parse("metadata.name=b").unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(
+            names(&list(&s, &cm, Some("default"), &by_name).unwrap()),
+            ["b"]
+        );
+        let all_b = list(&s, &cm, None, &by_name).unwrap();
+        let namespaces: Vec<_> = all_b["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["namespace"].clone())
+            .collect();
+        assert_eq!(namespaces, [json!("default"), json!("kube-system")]);
+        let both = ListOpts {
+            fields: FieldSelector::parse("metadata.name=b").unwrap(),
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(names(&list(&s, &cm, None, &both).unwrap()), ["b"]);
+    }
+
+    #[test]
+    fn a_list_through_another_version_names_that_version() {
+        let mut s = store();
+        s.install_crd(widget_crd(&[
+            ("v1", true, true, false),
+            ("v2", true, false, false),
+        ]))
+        .unwrap();
+        let (v1, v2) = (
+            kind(&s, "example.com", "v1", "widgets"),
+            kind(&s, "example.com", "v2", "widgets"),
+        );
+        create(&mut s, &v1, Some("default"), widget("w", json!({})));
+        let listed = list(&s, &v2, None, &ListOpts::default()).unwrap();
+        assert_eq!(listed["apiVersion"], "example.com/v2");
+        assert_eq!(listed["kind"], "WidgetList");
+        assert_eq!(listed["items"][0]["apiVersion"], "example.com/v2");
+    }
+
+    #[test]
+    fn continue_tokens_round_trip_any_text() {
+        for s in ["", "default", "a.b-c", "ünï"] {
+            assert_eq!(unhex(&hex(s)).as_deref(), Some(s));
+        }
+        assert_eq!(unhex("6"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+}
