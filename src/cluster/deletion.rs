@@ -286,3 +286,278 @@ impl Store {
             && self.ns_counts.get(name).copied().unwrap_or(0) > 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::super::selector::LabelSelector;
+    use super::super::testing::*;
+    use super::*;
+
+    fn uid(v: &Value) -> String {
+        v["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn without_finalizers_an_object_goes_at_once_and_delete_answers_a_status() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let a = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let (_, mut rx) = s
+            .watch(
+                &cm,
+                None,
+                Default::default(),
+                Default::default(),
+                None,
+                false,
+            )
+            .unwrap();
+        let answer = parse(
+            &s.delete(&cm, Some("default"), "a", &DeleteOpts::default())
+                .unwrap(),
+        );
+        assert_eq!(answer["kind"], "Status");
+        assert_eq!(answer["status"], "Success");
+        assert_eq!(
+            answer["details"],
+            json!({"name": "a", "kind": "configmaps", "uid": uid(&a)})
+        );
+        assert!(get(&s, &cm, Some("default"), "a").is_none());
+        let (ty, last) = rx.try_recv().unwrap();
+        assert_eq!(ty, EvType::Deleted);
+        assert_eq!(
+            parse(&last)["metadata"]["resourceVersion"],
+            s.revision().to_string()
+        );
+        let err = s
+            .delete(&cm, Some("default"), "a", &DeleteOpts::default())
+            .unwrap_err();
+        assert_eq!(err.code, 404);
+    }
+
+    #[test]
+    fn finalizers_keep_a_deleted_object_until_they_are_removed() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let body = configmap("a", json!({"finalizers": ["x.io/a", "x.io/b"]}));
+        create(&mut s, &cm, Some("default"), body);
+        let marked = parse(
+            &s.delete(&cm, Some("default"), "a", &DeleteOpts::default())
+                .unwrap(),
+        );
+        assert!(marked["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 0);
+        assert_eq!(get(&s, &cm, Some("default"), "a").unwrap(), marked);
+
+        // Deleting again changes nothing.
+        let rev = s.revision();
+        s.delete(&cm, Some("default"), "a", &DeleteOpts::default())
+            .unwrap();
+        assert_eq!(s.revision(), rev);
+
+        // No finalizer may be added meanwhile.
+        let mut added = marked.clone();
+        added["metadata"]["finalizers"] = json!(["x.io/a", "x.io/b", "x.io/c"]);
+        let err = put(&mut s, &cm, Some("default"), added, false).unwrap_err();
+        assert_eq!(err.code, 422);
+        assert_eq!(
+            err.details.unwrap()["causes"][0]["field"],
+            "metadata.finalizers"
+        );
+
+        // Removing one keeps the object.
+        let mut fewer = marked.clone();
+        fewer["metadata"]["finalizers"] = json!(["x.io/b"]);
+        let last = put(&mut s, &cm, Some("default"), fewer, false).unwrap();
+        assert_eq!(
+            get(&s, &cm, Some("default"), "a").unwrap()["metadata"]["finalizers"],
+            json!(["x.io/b"])
+        );
+
+        // Removing the last deletes it: the answer is the written state at its old resourceVersion, the
+        // DELETED event the last stored state at a new one.
+        let (_, mut rx) = s
+            .watch(
+                &cm,
+                None,
+                Default::default(),
+                Default::default(),
+                None,
+                false,
+            )
+            .unwrap();
+        let mut cleared = last.clone();
+        cleared["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("finalizers");
+        let answer = put(&mut s, &cm, Some("default"), cleared, false).unwrap();
+        assert!(answer["metadata"].get("finalizers").is_none());
+        assert_eq!(
+            answer["metadata"]["resourceVersion"],
+            last["metadata"]["resourceVersion"]
+        );
+        assert!(get(&s, &cm, Some("default"), "a").is_none());
+        let (ty, event) = rx.try_recv().unwrap();
+        let event = parse(&event);
+        assert_eq!(ty, EvType::Deleted);
+        assert_eq!(event["metadata"]["finalizers"], json!(["x.io/b"]));
+        assert_eq!(
+            event["metadata"]["resourceVersion"],
+            s.revision().to_string()
+        );
+    }
+
+    #[test]
+    fn marking_for_deletion_bumps_the_generation() {
+        let mut s = store();
+        let deployments = kind(&s, "apps", "v1", "deployments");
+        let body =
+            json!({"metadata": {"name": "d", "finalizers": ["x.io/a"]}, "spec": {"replicas": 1}});
+        let created = create(&mut s, &deployments, Some("default"), body);
+        assert_eq!(created["metadata"]["generation"], 1);
+        let marked = parse(
+            &s.delete(&deployments, Some("default"), "d", &DeleteOpts::default())
+                .unwrap(),
+        );
+        assert_eq!(marked["metadata"]["generation"], 2);
+    }
+
+    #[test]
+    fn preconditions_must_match() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let a = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let rv = a["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let wrong_uid = DeleteOpts {
+            uid: Some("other".into()),
+            ..Default::default()
+        };
+        let wrong_rv = DeleteOpts {
+            resource_version: Some("1".into()),
+            ..Default::default()
+        };
+        for opts in [wrong_uid, wrong_rv] {
+            let err = s.delete(&cm, Some("default"), "a", &opts).unwrap_err();
+            assert_eq!((err.code, err.reason), (409, "Conflict"));
+            assert!(
+                err.message.contains("Precondition failed"),
+                "{}",
+                err.message
+            );
+        }
+        assert!(get(&s, &cm, Some("default"), "a").is_some());
+        let right = DeleteOpts {
+            uid: Some(uid(&a)),
+            resource_version: Some(rv),
+            ..Default::default()
+        };
+        s.delete(&cm, Some("default"), "a", &right).unwrap();
+        assert!(get(&s, &cm, Some("default"), "a").is_none());
+    }
+
+    #[test]
+    fn a_deleted_namespace_terminates_its_contents_then_goes() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let namespaces = kind(&s, "", "v1", "namespaces");
+        create(
+            &mut s,
+            &namespaces,
+            None,
+            json!({"metadata": {"name": "team"}}),
+        );
+        create(&mut s, &cm, Some("team"), configmap("plain", json!({})));
+        let held = configmap("held", json!({"finalizers": ["x.io/hold"]}));
+        create(&mut s, &cm, Some("team"), held);
+        create(&mut s, &cm, Some("default"), configmap("other", json!({})));
+
+        let answer = parse(
+            &s.delete(&namespaces, None, "team", &DeleteOpts::default())
+                .unwrap(),
+        );
+        assert_eq!(answer["kind"], "Namespace");
+        assert_eq!(answer["status"]["phase"], "Terminating");
+        assert!(answer["metadata"]["deletionTimestamp"].is_string());
+        assert!(get(&s, &cm, Some("team"), "plain").is_none());
+        assert!(
+            get(&s, &cm, Some("team"), "held").unwrap()["metadata"]["deletionTimestamp"]
+                .is_string()
+        );
+        assert!(get(&s, &namespaces, None, "team").is_some());
+        assert!(get(&s, &cm, Some("default"), "other").is_some());
+
+        let mut released = get(&s, &cm, Some("team"), "held").unwrap();
+        released["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("finalizers");
+        put(&mut s, &cm, Some("team"), released, false).unwrap();
+        assert!(get(&s, &cm, Some("team"), "held").is_none());
+        assert!(get(&s, &namespaces, None, "team").is_none());
+    }
+
+    #[test]
+    fn delete_collection_deletes_only_the_matches() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        for (ns, name, app) in [
+            ("default", "a", "web"),
+            ("default", "b", "web"),
+            ("default", "c", "db"),
+            ("kube-system", "d", "web"),
+        ] {
+            create(
+                &mut s,
+                &cm,
+                Some(ns),
+                configmap(name, json!({"labels": {"app": app}})),
+            );
+        }
+        let opts = ListOpts {
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Default::default()
+        };
+        let answer = s
+            .delete_collection(&cm, Some("default"), &opts, &DeleteOpts::default())
+            .unwrap();
+        let answer = parse(&answer);
+        assert_eq!(answer["kind"], "ConfigMapList");
+        assert_eq!(
+            answer["metadata"]["resourceVersion"],
+            s.revision().to_string()
+        );
+        let names: Vec<_> = answer["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].clone())
+            .collect();
+        assert_eq!(names, [json!("a"), json!("b")]);
+        assert!(get(&s, &cm, Some("default"), "a").is_none());
+        assert!(get(&s, &cm, Some("default"), "c").is_some());
+        assert!(get(&s, &cm, Some("kube-system"), "d").is_some());
+    }
+
+    #[test]
+    fn a_dry_run_delete_answers_but_changes_nothing() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let rev = s.revision();
+        s.dry_run = true;
+        let answer = parse(
+            &s.delete(&cm, Some("default"), "a", &DeleteOpts::default())
+                .unwrap(),
+        );
+        s.dry_run = false;
+        assert_eq!(answer["status"], "Success");
+        assert!(get(&s, &cm, Some("default"), "a").is_some());
+        assert_eq!(s.revision(), rev);
+    }
+}

@@ -176,3 +176,188 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::super::deletion::{DeleteOpts, Propagation};
+    use super::super::store::Store;
+    use super::super::testing::*;
+
+    /// An owner reference to a stored object.
+    fn owned_by(owner: &Value, block: bool) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"], "blockOwnerDeletion": block})
+    }
+
+    fn cm(s: &mut Store, name: &str, metadata: Value) -> Value {
+        let kind = configmaps(s);
+        create(s, &kind, Some("default"), configmap(name, metadata))
+    }
+
+    fn exists(s: &Store, name: &str) -> bool {
+        get(s, &configmaps(s), Some("default"), name).is_some()
+    }
+
+    fn delete(s: &mut Store, name: &str, propagation: Propagation) -> Value {
+        let opts = DeleteOpts {
+            propagation,
+            ..Default::default()
+        };
+        let kind = configmaps(s);
+        parse(&s.delete(&kind, Some("default"), name, &opts).unwrap())
+    }
+
+    #[test]
+    fn dependents_go_once_all_their_owners_are_gone() {
+        let mut s = store();
+        let o1 = cm(&mut s, "o1", json!({}));
+        let o2 = cm(&mut s, "o2", json!({}));
+        cm(
+            &mut s,
+            "d1",
+            json!({"ownerReferences": [owned_by(&o1, false)]}),
+        );
+        cm(
+            &mut s,
+            "d2",
+            json!({"ownerReferences": [owned_by(&o1, false), owned_by(&o2, false)]}),
+        );
+        delete(&mut s, "o1", Propagation::Background);
+        assert!(!exists(&s, "d1"));
+        assert!(exists(&s, "d2"));
+        delete(&mut s, "o2", Propagation::Background);
+        assert!(!exists(&s, "d2"));
+    }
+
+    #[test]
+    fn collection_is_transitive_and_respects_finalizers() {
+        let mut s = store();
+        let o = cm(&mut s, "o", json!({}));
+        let child = cm(
+            &mut s,
+            "child",
+            json!({"ownerReferences": [owned_by(&o, false)]}),
+        );
+        cm(
+            &mut s,
+            "grandchild",
+            json!({"ownerReferences": [owned_by(&child, false)]}),
+        );
+        cm(
+            &mut s,
+            "held",
+            json!({"ownerReferences": [owned_by(&o, false)], "finalizers": ["x.io/hold"]}),
+        );
+        delete(&mut s, "o", Propagation::Background);
+        assert!(!exists(&s, "child"));
+        assert!(!exists(&s, "grandchild"));
+        let held = get(&s, &configmaps(&s), Some("default"), "held").unwrap();
+        assert!(held["metadata"]["deletionTimestamp"].is_string());
+    }
+
+    #[test]
+    fn orphaning_removes_the_owners_references_and_keeps_the_dependents() {
+        let mut s = store();
+        let o1 = cm(&mut s, "o1", json!({}));
+        let o2 = cm(&mut s, "o2", json!({}));
+        cm(
+            &mut s,
+            "d",
+            json!({"ownerReferences": [owned_by(&o1, false), owned_by(&o2, false)]}),
+        );
+        cm(
+            &mut s,
+            "e",
+            json!({"ownerReferences": [owned_by(&o1, false)]}),
+        );
+        delete(&mut s, "o1", Propagation::Orphan);
+        assert!(!exists(&s, "o1"));
+        let kind = configmaps(&s);
+        let d = get(&s, &kind, Some("default"), "d").unwrap();
+        assert_eq!(
+            d["metadata"]["ownerReferences"],
+            json!([owned_by(&o2, false)])
+        );
+        let e = get(&s, &kind, Some("default"), "e").unwrap();
+        assert!(e["metadata"].get("ownerReferences").is_none());
+        // The remaining owner still collects its dependent.
+        delete(&mut s, "o2", Propagation::Background);
+        assert!(!exists(&s, "d"));
+        assert!(exists(&s, "e"));
+    }
+
+    #[test]
+    fn foreground_deletion_waits_for_blocking_dependents() {
+        let mut s = store();
+        let o = cm(&mut s, "o", json!({}));
+        cm(
+            &mut s,
+            "d",
+            json!({"ownerReferences": [owned_by(&o, true)], "finalizers": ["x.io/hold"]}),
+        );
+        let answer = delete(&mut s, "o", Propagation::Foreground);
+        assert_eq!(
+            answer["metadata"]["finalizers"],
+            json!(["foregroundDeletion"])
+        );
+        assert!(answer["metadata"]["deletionTimestamp"].is_string());
+        assert!(exists(&s, "o"));
+        let kind = configmaps(&s);
+        let mut d = get(&s, &kind, Some("default"), "d").unwrap();
+        assert!(d["metadata"]["deletionTimestamp"].is_string());
+
+        d["metadata"].as_object_mut().unwrap().remove("finalizers");
+        put(&mut s, &kind, Some("default"), d, false).unwrap();
+        assert!(!exists(&s, "d"));
+        assert!(!exists(&s, "o"));
+    }
+
+    #[test]
+    fn foreground_deletion_without_blocking_dependents_is_immediate() {
+        let mut s = store();
+        let o = cm(&mut s, "o", json!({}));
+        cm(
+            &mut s,
+            "d",
+            json!({"ownerReferences": [owned_by(&o, false)]}),
+        );
+        let answer = delete(&mut s, "o", Propagation::Foreground);
+        assert_eq!(answer["kind"], "Status");
+        assert!(!exists(&s, "o"));
+        assert!(!exists(&s, "d"));
+    }
+
+    #[test]
+    fn dangling_and_dropped_owner_references_collect_nothing() {
+        let mut s = store();
+        let gone =
+            json!({"metadata": {"name": "gone", "uid": "00000000-0000-4000-8000-000000000000"}});
+        cm(
+            &mut s,
+            "dangling",
+            json!({"ownerReferences": [owned_by(&gone, false)]}),
+        );
+        assert!(exists(&s, "dangling"));
+
+        let o = cm(&mut s, "o", json!({}));
+        let mut d = cm(
+            &mut s,
+            "d",
+            json!({"ownerReferences": [owned_by(&o, false)]}),
+        );
+        let owner_uid = o["metadata"]["uid"].as_str().unwrap();
+        assert_eq!(s.dependents[owner_uid].len(), 1);
+        d["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ownerReferences");
+        let kind = configmaps(&s);
+        put(&mut s, &kind, Some("default"), d, false).unwrap();
+        assert!(!s.dependents.contains_key(owner_uid));
+        delete(&mut s, "o", Propagation::Background);
+        assert!(exists(&s, "d"));
+        assert!(exists(&s, "dangling"));
+    }
+}
