@@ -247,3 +247,179 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::deletion::DeleteOpts;
+    use super::super::testing::*;
+    use super::super::watch::EvType;
+
+    #[test]
+    fn a_crd_serves_its_kind_at_once_in_every_served_version() {
+        let mut s = store();
+        s.install_crd(widget_crd(&[
+            ("v1", true, true, true),
+            ("v2", true, false, false),
+            ("v3", false, false, false),
+        ]))
+        .unwrap();
+        let v1 = kind(&s, "example.com", "v1", "widgets");
+        assert_eq!(
+            (
+                v1.api_version.as_str(),
+                v1.kind.as_str(),
+                v1.list_kind.as_str()
+            ),
+            ("example.com/v1", "Widget", "WidgetList")
+        );
+        assert!(v1.custom && v1.generation && v1.namespaced && v1.status);
+        assert!(!v1.delete_returns_object);
+        assert!(v1.schema.is_some());
+        assert!(!kind(&s, "example.com", "v2", "widgets").status);
+        assert!(s.resolve("example.com", "v3", "widgets").is_none());
+        // A custom group is not a built-in one.
+        assert!(!s.serves_builtin_group("example.com"));
+
+        let crds = kind(
+            &s,
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+        );
+        let crd = get(&s, &crds, None, "widgets.example.com").unwrap();
+        let conditions: Vec<_> = crd["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["type"].clone(), c["status"].clone()))
+            .collect();
+        assert_eq!(
+            conditions,
+            [
+                (json!("NamesAccepted"), json!("True")),
+                (json!("Established"), json!("True"))
+            ]
+        );
+        assert_eq!(crd["status"]["acceptedNames"]["singular"], "widget");
+        assert_eq!(crd["status"]["acceptedNames"]["listKind"], "WidgetList");
+        assert_eq!(crd["status"]["storedVersions"], json!(["v1"]));
+    }
+
+    #[test]
+    fn versions_share_one_storage_and_only_apiversion_is_rewritten() {
+        let mut s = store();
+        s.install_crd(widget_crd(&[
+            ("v1", true, true, false),
+            ("v2", true, false, false),
+        ]))
+        .unwrap();
+        let (v1, v2) = (
+            kind(&s, "example.com", "v1", "widgets"),
+            kind(&s, "example.com", "v2", "widgets"),
+        );
+        let created = create(
+            &mut s,
+            &v1,
+            Some("default"),
+            widget("w", json!({"size": 3})),
+        );
+        let through_v2 = get(&s, &v2, Some("default"), "w").unwrap();
+        assert_eq!(through_v2["apiVersion"], "example.com/v2");
+        assert_eq!(through_v2["metadata"], created["metadata"]);
+        assert_eq!(through_v2["spec"], json!({"size": 3}));
+    }
+
+    #[test]
+    fn invalid_crds_are_refused_and_serve_nothing() {
+        let mut s = store();
+        let count = s.object_count();
+        let mut wrong_name = widget_crd(&[("v1", true, true, false)]);
+        wrong_name["metadata"]["name"] = json!("gadgets.example.com");
+        let mut no_dot = widget_crd(&[("v1", true, true, false)]);
+        no_dot["spec"]["group"] = json!("example");
+        no_dot["metadata"]["name"] = json!("widgets.example");
+        let mut no_scope = widget_crd(&[("v1", true, true, false)]);
+        no_scope["spec"]["scope"] = json!("Everywhere");
+        let two_storage = widget_crd(&[("v1", true, true, false), ("v2", true, true, false)]);
+        let no_storage = widget_crd(&[("v1", true, false, false)]);
+        let mut builtin = widget_crd(&[("v1", true, true, false)]);
+        builtin["spec"]["group"] = json!("coordination.k8s.io");
+        builtin["spec"]["names"] = json!({"plural": "leases", "kind": "Lease"});
+        builtin["metadata"]["name"] = json!("leases.coordination.k8s.io");
+        for (crd, field) in [
+            (wrong_name, "metadata.name"),
+            (no_dot, "spec.group"),
+            (no_scope, "spec.scope"),
+            (two_storage, "spec.versions"),
+            (no_storage, "spec.versions"),
+            (builtin, "spec.names.plural"),
+        ] {
+            let err = s.install_crd(crd).unwrap_err();
+            assert_eq!((err.code, err.reason), (422, "Invalid"), "{}", err.message);
+            assert_eq!(err.details.unwrap()["causes"][0]["field"], field);
+        }
+        assert!(s.resolve("example.com", "v1", "widgets").is_none());
+        assert!(!kind(&s, "coordination.k8s.io", "v1", "leases").custom);
+        assert_eq!(s.object_count(), count);
+    }
+
+    #[test]
+    fn deleting_a_crd_stops_serving_its_kind_and_deletes_its_objects() {
+        let (mut s, widgets) = store_with_widgets();
+        let count = s.object_count();
+        create(&mut s, &widgets, Some("default"), widget("w", json!({})));
+        let (_, mut rx) = s
+            .watch(
+                &widgets,
+                None,
+                Default::default(),
+                Default::default(),
+                None,
+                false,
+            )
+            .unwrap();
+        let crds = kind(
+            &s,
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+        );
+        s.delete(&crds, None, "widgets.example.com", &DeleteOpts::default())
+            .unwrap();
+        assert!(s.resolve("example.com", "v1", "widgets").is_none());
+        assert_eq!(s.object_count(), count - 1);
+        let (ty, obj) = rx.try_recv().unwrap();
+        assert_eq!(ty, EvType::Deleted);
+        assert_eq!(parse(&obj)["metadata"]["name"], "w");
+    }
+
+    #[test]
+    fn installing_again_replaces_the_spec_and_keeps_the_established_time() {
+        let mut s = store();
+        s.install_crd(widget_crd(&[("v1", true, true, false)]))
+            .unwrap();
+        let crds = kind(
+            &s,
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+        );
+        let before = get(&s, &crds, None, "widgets.example.com").unwrap();
+        s.install_crd(widget_crd(&[
+            ("v1", true, true, false),
+            ("v2", true, false, false),
+        ]))
+        .unwrap();
+        assert!(s.resolve("example.com", "v2", "widgets").is_some());
+        let after = get(&s, &crds, None, "widgets.example.com").unwrap();
+        assert_eq!(before["metadata"]["generation"], 1);
+        assert_eq!(after["metadata"]["generation"], 2);
+        assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+        assert_eq!(
+            after["status"]["conditions"][1]["lastTransitionTime"],
+            before["status"]["conditions"][1]["lastTransitionTime"]
+        );
+    }
+}

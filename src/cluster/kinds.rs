@@ -212,3 +212,76 @@ impl Store {
             .any(|k| !k.custom && k.gr.group == group)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{kind, store};
+
+    #[test]
+    fn builtin_kinds_are_served_with_their_behaviour() {
+        let s = store();
+        let cm = kind(&s, "", "v1", "configmaps");
+        assert_eq!(
+            (
+                cm.api_version.as_str(),
+                cm.kind.as_str(),
+                cm.list_kind.as_str()
+            ),
+            ("v1", "ConfigMap", "ConfigMapList")
+        );
+        assert!(cm.namespaced && !cm.status && !cm.generation && !cm.custom);
+        assert!(!cm.delete_returns_object && cm.schema.is_none());
+
+        let deploy = kind(&s, "apps", "v1", "deployments");
+        assert_eq!(deploy.api_version, "apps/v1");
+        assert!(deploy.namespaced && deploy.status && deploy.generation);
+
+        let ns = kind(&s, "", "v1", "namespaces");
+        assert!(!ns.namespaced && ns.status && ns.delete_returns_object);
+
+        let crd = kind(
+            &s,
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+        );
+        assert!(!crd.namespaced && crd.generation && crd.delete_returns_object);
+
+        // events.k8s.io Events are stored apart from core Events.
+        let core_events = kind(&s, "", "v1", "events");
+        let events = kind(&s, "events.k8s.io", "v1", "events");
+        assert_ne!(core_events.gr, events.gr);
+        assert_eq!(events.api_version, "events.k8s.io/v1");
+    }
+
+    #[test]
+    fn unknown_resources_and_groups_are_not_served() {
+        let s = store();
+        assert!(s.resolve("", "v2", "configmaps").is_none());
+        assert!(s.resolve("apps", "v1", "configmaps").is_none());
+        assert!(s.resolve("example.com", "v1", "widgets").is_none());
+        assert!(s.serves_builtin_group(""));
+        assert!(s.serves_builtin_group("apps"));
+        assert!(!s.serves_builtin_group("example.com"));
+    }
+
+    #[test]
+    fn discovery_lists_every_kind_once_in_order() {
+        let s = store();
+        let kinds = s.kinds();
+        let keys: Vec<_> = kinds
+            .iter()
+            .map(|k| (k.gr.clone(), k.version.clone()))
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(keys, sorted);
+        assert!(
+            kinds
+                .iter()
+                .any(|k| k.kind == "Lease" && k.api_version == "coordination.k8s.io/v1")
+        );
+        assert!(kinds.iter().all(|k| !k.custom));
+    }
+}
