@@ -292,3 +292,224 @@ fn is_dns_label(s: &str) -> bool {
 fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::super::deletion::DeleteOpts;
+    use super::super::testing::*;
+    use super::*;
+
+    fn field_of(err: &ApiError) -> Value {
+        err.details.as_ref().unwrap()["causes"][0]["field"].clone()
+    }
+
+    #[test]
+    fn builtin_kinds_take_a_missing_type_from_the_url_and_refuse_another() {
+        let s = store();
+        let cm = configmaps(&s);
+        let mut body = json!({"metadata": {"name": "a"}});
+        check_type(&cm, &mut body).unwrap();
+        assert_eq!(
+            (&body["apiVersion"], &body["kind"]),
+            (&json!("v1"), &json!("ConfigMap"))
+        );
+        for mut wrong in [
+            json!({"apiVersion": "v1", "kind": "Secret"}),
+            json!({"apiVersion": "v2", "kind": "ConfigMap"}),
+            json!(["not", "an", "object"]),
+        ] {
+            let err = check_type(&cm, &mut wrong).unwrap_err();
+            assert_eq!((err.code, err.reason), (400, "BadRequest"), "{wrong}");
+        }
+    }
+
+    #[test]
+    fn custom_resources_must_declare_their_type() {
+        let (_s, widgets) = store_with_widgets();
+        let mut no_kind = json!({"apiVersion": "example.com/v1", "metadata": {"name": "w"}});
+        let err = check_type(&widgets, &mut no_kind).unwrap_err();
+        assert!(
+            err.message.starts_with("Object 'Kind' is missing"),
+            "{}",
+            err.message
+        );
+        let mut no_version = json!({"kind": "Widget"});
+        let err = check_type(&widgets, &mut no_version).unwrap_err();
+        assert_eq!(
+            err.message,
+            "the API version in the data () does not match the expected API version (example.com/v1)"
+        );
+        let mut ok = widget("w", json!({}));
+        check_type(&widgets, &mut ok).unwrap();
+    }
+
+    #[test]
+    fn the_namespace_comes_from_the_url_and_must_agree_with_the_body() {
+        let s = store();
+        let cm = configmaps(&s);
+        let mut body = json!({"metadata": {"name": "a"}});
+        check_namespace_field(&cm, Some("team"), &mut body).unwrap();
+        assert_eq!(body["metadata"]["namespace"], "team");
+        let mut other = json!({"metadata": {"name": "a", "namespace": "other"}});
+        let err = check_namespace_field(&cm, Some("team"), &mut other).unwrap_err();
+        assert_eq!(err.code, 400);
+        // Cluster-scoped kinds drop it.
+        let nodes = kind(&s, "", "v1", "nodes");
+        let mut node = json!({"metadata": {"name": "n", "namespace": "team"}});
+        check_namespace_field(&nodes, Some("team"), &mut node).unwrap();
+        assert!(node["metadata"].get("namespace").is_none());
+    }
+
+    #[test]
+    fn names_are_dns_subdomains_and_namespace_names_dns_labels() {
+        let s = store();
+        let cm = configmaps(&s);
+        let namespaces = kind(&s, "", "v1", "namespaces");
+        for ok in ["a", "a.b-c", "0x1", &"a".repeat(63)] {
+            check_name(&cm, ok).unwrap();
+        }
+        for bad in [
+            "",
+            "A",
+            "-a",
+            "a-",
+            "a_b",
+            "a..b",
+            &"a".repeat(64),
+            &"a.".repeat(127),
+        ] {
+            let err = check_name(&cm, bad).unwrap_err();
+            assert_eq!(
+                (err.code, field_of(&err)),
+                (422, json!("metadata.name")),
+                "{bad:?}"
+            );
+        }
+        check_name(&namespaces, "team-1").unwrap();
+        assert_eq!(check_name(&namespaces, "a.b").unwrap_err().code, 422);
+    }
+
+    #[test]
+    fn labels_annotations_and_owner_references_are_checked() {
+        let s = store();
+        let cm = configmaps(&s);
+        let check = |metadata: Value| normalize(&cm, "a", &mut configmap("a", metadata));
+        check(
+            json!({"labels": {"app.kubernetes.io/name": "x"}, "annotations": {"note": "any text"}}),
+        )
+        .unwrap();
+        check(json!({"labels": null, "ownerReferences": null})).unwrap();
+        let err = check(json!({"labels": {"bad key!": "x"}})).unwrap_err();
+        assert_eq!((err.code, field_of(&err)), (422, json!("metadata.labels")));
+        assert_eq!(check(json!({"labels": {"a": 1}})).unwrap_err().code, 400);
+        assert_eq!(
+            check(json!({"annotations": {"a": true}})).unwrap_err().code,
+            400
+        );
+        assert_eq!(check(json!({"annotations": ["a"]})).unwrap_err().code, 400);
+        assert_eq!(check(json!({"ownerReferences": {}})).unwrap_err().code, 400);
+
+        let owner = |uid: &str, controller: bool| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": uid, "controller": controller});
+        check(json!({"ownerReferences": [owner("u1", true), owner("u2", false)]})).unwrap();
+        let err =
+            check(json!({"ownerReferences": [owner("u1", false), owner("", false)]})).unwrap_err();
+        assert_eq!(
+            (err.code, field_of(&err)),
+            (422, json!("metadata.ownerReferences[1].uid"))
+        );
+        let err =
+            check(json!({"ownerReferences": [owner("u1", true), owner("u2", true)]})).unwrap_err();
+        assert_eq!(
+            (err.code, field_of(&err)),
+            (422, json!("metadata.ownerReferences"))
+        );
+    }
+
+    #[test]
+    fn a_secrets_string_data_is_folded_into_base64_data() {
+        let s = store();
+        let secrets = kind(&s, "", "v1", "secrets");
+        let mut secret = json!({"metadata": {"name": "s"}, "data": {"a": "eA=="},
+            "stringData": {"b": "hello"}});
+        normalize(&secrets, "s", &mut secret).unwrap();
+        assert_eq!(
+            secret,
+            json!({"metadata": {"name": "s"}, "data": {"a": "eA==", "b": "aGVsbG8="}})
+        );
+        let mut not_text = json!({"metadata": {"name": "s"}, "stringData": {"b": 1}});
+        assert_eq!(
+            normalize(&secrets, "s", &mut not_text).unwrap_err().code,
+            400
+        );
+        // Other kinds keep a field of that name as it is.
+        let mut cm = configmap("c", json!({}));
+        cm["stringData"] = json!({"b": "hello"});
+        normalize(&configmaps(&s), "c", &mut cm).unwrap();
+        assert_eq!(cm["stringData"], json!({"b": "hello"}));
+    }
+
+    #[test]
+    fn immutable_configmaps_refuse_changes_to_their_data() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let mut body = configmap("c", json!({}));
+        body["data"] = json!({"a": "1"});
+        body["immutable"] = json!(true);
+        let stored = create(&mut s, &cm, Some("default"), body);
+
+        let mut changed = stored.clone();
+        changed["data"]["a"] = json!("2");
+        let err = put(&mut s, &cm, Some("default"), changed, false).unwrap_err();
+        assert_eq!((err.code, field_of(&err)), (422, json!("data")));
+        let mut mutable = stored.clone();
+        mutable["immutable"] = json!(false);
+        let err = put(&mut s, &cm, Some("default"), mutable, false).unwrap_err();
+        assert_eq!((err.code, field_of(&err)), (422, json!("immutable")));
+
+        let mut labelled = stored.clone();
+        labelled["metadata"]["labels"] = json!({"a": "b"});
+        let updated = put(&mut s, &cm, Some("default"), labelled, false).unwrap();
+        assert_eq!(updated["metadata"]["labels"], json!({"a": "b"}));
+        assert_eq!(
+            get(&s, &cm, Some("default"), "c").unwrap()["data"],
+            json!({"a": "1"})
+        );
+    }
+
+    #[test]
+    fn objects_are_created_only_in_existing_active_namespaces() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let err = s
+            .create(&cm, Some("nowhere"), configmap("a", json!({})), None)
+            .unwrap_err();
+        assert_eq!((err.code, err.reason), (404, "NotFound"));
+        assert_eq!(err.details.unwrap()["kind"], "namespaces");
+
+        let namespaces = kind(&s, "", "v1", "namespaces");
+        create(
+            &mut s,
+            &namespaces,
+            None,
+            json!({"metadata": {"name": "team"}}),
+        );
+        create(
+            &mut s,
+            &cm,
+            Some("team"),
+            configmap("held", json!({"finalizers": ["x.io/hold"]})),
+        );
+        s.delete(&namespaces, None, "team", &DeleteOpts::default())
+            .unwrap();
+        let err = s
+            .create(&cm, Some("team"), configmap("late", json!({})), None)
+            .unwrap_err();
+        assert_eq!((err.code, err.reason), (403, "Forbidden"));
+        assert_eq!(
+            err.details.unwrap()["causes"][0]["reason"],
+            "NamespaceTerminating"
+        );
+    }
+}
