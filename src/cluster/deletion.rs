@@ -218,11 +218,7 @@ impl Store {
         }
         let obj = self.put(r, v, EvType::Modified);
         if policy == Propagation::Foreground {
-            let deps: Vec<ObjRef> = self
-                .dependents
-                .get(&uid)
-                .map(|s| s.iter().cloned().collect())
-                .unwrap_or_default();
+            let deps = self.dependents_of(&uid);
             for d in deps {
                 self.delete_ref(&d, Propagation::Background);
             }

@@ -80,6 +80,14 @@ impl Store {
         }
     }
 
+    /// The objects whose `ownerReferences` name `uid`.
+    pub(super) fn dependents_of(&self, uid: &str) -> Vec<ObjRef> {
+        self.dependents
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Whether a live dependent of `uid` blocks its deletion (`blockOwnerDeletion: true`).
     pub(super) fn blocking_dependents(&self, uid: &str) -> bool {
         self.dependents.get(uid).is_some_and(|deps| {
@@ -95,11 +103,7 @@ impl Store {
 
     /// Removes the references to `uid` from its dependents (`propagationPolicy: Orphan`).
     pub(super) fn orphan_dependents(&mut self, uid: &str) {
-        let deps: Vec<ObjRef> = self
-            .dependents
-            .get(uid)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
+        let deps = self.dependents_of(uid);
         for d in deps {
             if let Some(o) = self.lookup(&d).cloned() {
                 let mut v = (*o.value).clone();
@@ -122,11 +126,7 @@ impl Store {
                 Gc::Removed { uid, owners } => {
                     // Dependents whose owners are all gone are deleted (background).
                     if !uid.is_empty() {
-                        let deps: Vec<ObjRef> = self
-                            .dependents
-                            .get(&uid)
-                            .map(|s| s.iter().cloned().collect())
-                            .unwrap_or_default();
+                        let deps = self.dependents_of(&uid);
                         for d in deps {
                             let Some(o) = self.lookup(&d) else { continue };
                             let all_gone = owner_refs(&o.value)
