@@ -282,12 +282,7 @@ mod tests {
         // A custom group is not a built-in one.
         assert!(!s.serves_builtin_group("example.com"));
 
-        let crds = kind(
-            &s,
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-        );
+        let crds = crds(&s);
         let crd = get(&s, &crds, None, "widgets.example.com").unwrap();
         let conditions: Vec<_> = crd["status"]["conditions"]
             .as_array()
@@ -309,16 +304,7 @@ mod tests {
 
     #[test]
     fn versions_share_one_storage_and_only_apiversion_is_rewritten() {
-        let mut s = store();
-        s.install_crd(widget_crd(&[
-            ("v1", true, true, false),
-            ("v2", true, false, false),
-        ]))
-        .unwrap();
-        let (v1, v2) = (
-            kind(&s, "example.com", "v1", "widgets"),
-            kind(&s, "example.com", "v2", "widgets"),
-        );
+        let (mut s, v1, v2) = store_with_two_widget_versions();
         let created = create(
             &mut s,
             &v1,
@@ -370,22 +356,8 @@ mod tests {
         let (mut s, widgets) = store_with_widgets();
         let count = s.object_count();
         create(&mut s, &widgets, Some("default"), widget("w", json!({})));
-        let (_, mut rx) = s
-            .watch(
-                &widgets,
-                None,
-                Default::default(),
-                Default::default(),
-                None,
-                false,
-            )
-            .unwrap();
-        let crds = kind(
-            &s,
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-        );
+        let mut rx = watch_all(&mut s, &widgets);
+        let crds = crds(&s);
         s.delete(&crds, None, "widgets.example.com", &DeleteOpts::default())
             .unwrap();
         assert!(s.resolve("example.com", "v1", "widgets").is_none());
@@ -400,12 +372,7 @@ mod tests {
         let mut s = store();
         s.install_crd(widget_crd(&[("v1", true, true, false)]))
             .unwrap();
-        let crds = kind(
-            &s,
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-        );
+        let crds = crds(&s);
         let before = get(&s, &crds, None, "widgets.example.com").unwrap();
         s.install_crd(widget_crd(&[
             ("v1", true, true, false),

@@ -300,16 +300,7 @@ mod tests {
         let mut s = store();
         let cm = configmaps(&s);
         let a = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
-        let (_, mut rx) = s
-            .watch(
-                &cm,
-                None,
-                Default::default(),
-                Default::default(),
-                None,
-                false,
-            )
-            .unwrap();
+        let mut rx = watch_all(&mut s, &cm);
         let answer = parse(
             &s.delete(&cm, Some("default"), "a", &DeleteOpts::default())
                 .unwrap(),
@@ -374,16 +365,7 @@ mod tests {
 
         // Removing the last deletes it: the answer is the written state at its old resourceVersion, the
         // DELETED event the last stored state at a new one.
-        let (_, mut rx) = s
-            .watch(
-                &cm,
-                None,
-                Default::default(),
-                Default::default(),
-                None,
-                false,
-            )
-            .unwrap();
+        let mut rx = watch_all(&mut s, &cm);
         let mut cleared = last.clone();
         cleared["metadata"]
             .as_object_mut()
@@ -462,12 +444,7 @@ mod tests {
         let mut s = store();
         let cm = configmaps(&s);
         let namespaces = kind(&s, "", "v1", "namespaces");
-        create(
-            &mut s,
-            &namespaces,
-            None,
-            json!({"metadata": {"name": "team"}}),
-        );
+        namespace(&mut s, "team");
         create(&mut s, &cm, Some("team"), configmap("plain", json!({})));
         let held = configmap("held", json!({"finalizers": ["x.io/hold"]}));
         create(&mut s, &cm, Some("team"), held);
@@ -502,19 +479,15 @@ mod tests {
     fn delete_collection_deletes_only_the_matches() {
         let mut s = store();
         let cm = configmaps(&s);
-        for (ns, name, app) in [
-            ("default", "a", "web"),
-            ("default", "b", "web"),
-            ("default", "c", "db"),
-            ("kube-system", "d", "web"),
-        ] {
-            create(
-                &mut s,
-                &cm,
-                Some(ns),
-                configmap(name, json!({"labels": {"app": app}})),
-            );
-        }
+        labelled_configmaps(
+            &mut s,
+            &[
+                ("default", "a", "web"),
+                ("default", "b", "web"),
+                ("default", "c", "db"),
+                ("kube-system", "d", "web"),
+            ],
+        );
         let opts = ListOpts {
             labels: LabelSelector::parse("app=web").unwrap(),
             ..Default::default()
@@ -528,13 +501,7 @@ mod tests {
             answer["metadata"]["resourceVersion"],
             s.revision().to_string()
         );
-        let names: Vec<_> = answer["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["metadata"]["name"].clone())
-            .collect();
-        assert_eq!(names, [json!("a"), json!("b")]);
+        assert_eq!(item_names(&answer), ["a", "b"]);
         assert!(get(&s, &cm, Some("default"), "a").is_none());
         assert!(get(&s, &cm, Some("default"), "c").is_some());
         assert!(get(&s, &cm, Some("kube-system"), "d").is_some());

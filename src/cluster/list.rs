@@ -162,15 +162,6 @@ mod tests {
     use super::super::testing::*;
     use super::*;
 
-    fn names(list: &Value) -> Vec<String> {
-        list["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
-            .collect()
-    }
-
     fn list(s: &Store, kind: &Kind, ns: Option<&str>, opts: &ListOpts) -> Result<Value, ApiError> {
         s.list(kind, ns, opts).map(|b| parse(&b))
     }
@@ -195,7 +186,7 @@ mod tests {
                 page["metadata"]["resourceVersion"],
                 s.revision().to_string()
             );
-            pages.push(names(&page));
+            pages.push(item_names(&page));
             match page["metadata"]["continue"].as_str() {
                 Some(token) => opts.cont = Some(token.to_string()),
                 None => break,
@@ -214,7 +205,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(names(&all), ["c0", "c1", "c2", "c3", "c4", "x"]);
+        assert_eq!(item_names(&all), ["c0", "c1", "c2", "c3", "c4", "x"]);
         assert!(all["metadata"].get("continue").is_none());
     }
 
@@ -244,7 +235,7 @@ mod tests {
             create(&mut s, &cm, Some("default"), configmap(name, json!({})));
         }
         // The token's revision is still the oldest the history reaches back to.
-        assert_eq!(names(&list(&s, &cm, None, &opts).unwrap()), ["b"]);
+        assert_eq!(item_names(&list(&s, &cm, None, &opts).unwrap()), ["b"]);
         create(&mut s, &cm, Some("default"), configmap("g", json!({})));
         let err = list(&s, &cm, None, &opts).unwrap_err();
         assert_eq!((err.code, err.reason), (410, "Expired"));
@@ -262,33 +253,32 @@ mod tests {
     fn selectors_filter_the_list() {
         let mut s = store();
         let cm = configmaps(&s);
-        for (ns, name, app) in [
-            ("default", "a", "web"),
-            ("default", "b", "db"),
-            ("kube-system", "b", "web"),
-        ] {
-            create(
-                &mut s,
-                &cm,
-                Some(ns),
-                configmap(name, json!({"labels": {"app": app}})),
-            );
-        }
+        labelled_configmaps(
+            &mut s,
+            &[
+                ("default", "a", "web"),
+                ("default", "b", "db"),
+                ("kube-system", "b", "web"),
+            ],
+        );
         let by_label = ListOpts {
             labels: LabelSelector::parse("app=web").unwrap(),
             ..Default::default()
         };
         assert_eq!(
-            names(&list(&s, &cm, Some("default"), &by_label).unwrap()),
+            item_names(&list(&s, &cm, Some("default"), &by_label).unwrap()),
             ["a"]
         );
-        assert_eq!(names(&list(&s, &cm, None, &by_label).unwrap()), ["a", "b"]);
+        assert_eq!(
+            item_names(&list(&s, &cm, None, &by_label).unwrap()),
+            ["a", "b"]
+        );
         let by_name = ListOpts {
             fields: FieldSelector::parse("metadata.name=b").unwrap(),
             ..Default::default()
         };
         assert_eq!(
-            names(&list(&s, &cm, Some("default"), &by_name).unwrap()),
+            item_names(&list(&s, &cm, Some("default"), &by_name).unwrap()),
             ["b"]
         );
         let all_b = list(&s, &cm, None, &by_name).unwrap();
@@ -304,21 +294,12 @@ mod tests {
             labels: LabelSelector::parse("app=web").unwrap(),
             ..Default::default()
         };
-        assert_eq!(names(&list(&s, &cm, None, &both).unwrap()), ["b"]);
+        assert_eq!(item_names(&list(&s, &cm, None, &both).unwrap()), ["b"]);
     }
 
     #[test]
     fn a_list_through_another_version_names_that_version() {
-        let mut s = store();
-        s.install_crd(widget_crd(&[
-            ("v1", true, true, false),
-            ("v2", true, false, false),
-        ]))
-        .unwrap();
-        let (v1, v2) = (
-            kind(&s, "example.com", "v1", "widgets"),
-            kind(&s, "example.com", "v2", "widgets"),
-        );
+        let (mut s, v1, v2) = store_with_two_widget_versions();
         create(&mut s, &v1, Some("default"), widget("w", json!({})));
         let listed = list(&s, &v2, None, &ListOpts::default()).unwrap();
         assert_eq!(listed["apiVersion"], "example.com/v2");

@@ -821,16 +821,7 @@ mod tests {
         let mut s = store();
         let cm = configmaps(&s);
         let created = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
-        let (_, mut rx) = s
-            .watch(
-                &cm,
-                None,
-                Default::default(),
-                Default::default(),
-                None,
-                false,
-            )
-            .unwrap();
+        let mut rx = watch_all(&mut s, &cm);
         let rev = s.revision();
         let same = put(&mut s, &cm, Some("default"), created.clone(), false).unwrap();
         assert_eq!(same, created);

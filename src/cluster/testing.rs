@@ -3,10 +3,12 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::kinds::Kind;
 use super::store::{Store, WriteKind};
+use super::watch::WatchItem;
 
 /// A store with the built-in namespaces and kinds, keeping `history` events for watch resumption.
 pub(super) fn store_with_history(history: usize) -> Store {
@@ -29,6 +31,11 @@ pub(super) fn configmaps(s: &Store) -> Arc<Kind> {
     kind(s, "", "v1", "configmaps")
 }
 
+/// apiextensions.k8s.io v1 CustomResourceDefinitions.
+pub(super) fn crds(s: &Store) -> Arc<Kind> {
+    kind(s, "apiextensions.k8s.io", "v1", "customresourcedefinitions")
+}
+
 /// A ConfigMap body with extra `metadata` fields merged in (e.g. labels, finalizers, ownerReferences).
 pub(super) fn configmap(name: &str, metadata: Value) -> Value {
     let mut body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
@@ -38,6 +45,56 @@ pub(super) fn configmap(name: &str, metadata: Value) -> Value {
         }
     }
     body
+}
+
+/// Creates ConfigMaps labelled `app`: (namespace, name, app).
+pub(super) fn labelled_configmaps(s: &mut Store, rows: &[(&str, &str, &str)]) {
+    let kind = configmaps(s);
+    for (ns, name, app) in rows {
+        create(
+            s,
+            &kind,
+            Some(ns),
+            configmap(name, json!({"labels": {"app": app}})),
+        );
+    }
+}
+
+/// The names of a list's items, in order.
+pub(super) fn item_names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .expect("a list has items")
+        .iter()
+        .map(|i| {
+            i["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+/// Creates a namespace.
+pub(super) fn namespace(s: &mut Store, name: &str) {
+    let kind = kind(s, "", "v1", "namespaces");
+    create(s, &kind, None, json!({"metadata": {"name": name}}));
+}
+
+/// Watches every object of a kind for what happens from now on (the synthetic `ADDED` events of the
+/// current objects are dropped).
+pub(super) fn watch_all(s: &mut Store, kind: &Kind) -> mpsc::UnboundedReceiver<WatchItem> {
+    let (_current, rx) = s
+        .watch(
+            kind,
+            None,
+            Default::default(),
+            Default::default(),
+            None,
+            false,
+        )
+        .expect("a watch from now starts");
+    rx
 }
 
 /// Parses what the store answers.
@@ -111,6 +168,19 @@ pub(super) fn store_with_widgets() -> (Store, Arc<Kind>) {
         .expect("the widget CRD is valid");
     let widgets = kind(&s, "example.com", "v1", "widgets");
     (s, widgets)
+}
+
+/// A store serving `widgets.example.com` in versions v1 (the storage version) and v2, and both kinds.
+pub(super) fn store_with_two_widget_versions() -> (Store, Arc<Kind>, Arc<Kind>) {
+    let mut s = store();
+    s.install_crd(widget_crd(&[
+        ("v1", true, true, false),
+        ("v2", true, false, false),
+    ]))
+    .expect("the widget CRD is valid");
+    let v1 = kind(&s, "example.com", "v1", "widgets");
+    let v2 = kind(&s, "example.com", "v2", "widgets");
+    (s, v1, v2)
 }
 
 /// A Widget body of version v1.

@@ -489,12 +489,7 @@ mod tests {
         assert_eq!(err.details.unwrap()["kind"], "namespaces");
 
         let namespaces = kind(&s, "", "v1", "namespaces");
-        create(
-            &mut s,
-            &namespaces,
-            None,
-            json!({"metadata": {"name": "team"}}),
-        );
+        namespace(&mut s, "team");
         create(
             &mut s,
             &cm,

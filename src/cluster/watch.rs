@@ -431,16 +431,7 @@ mod tests {
 
     #[test]
     fn a_watch_through_another_version_sees_that_apiversion() {
-        let mut s = store();
-        s.install_crd(widget_crd(&[
-            ("v1", true, true, false),
-            ("v2", true, false, false),
-        ]))
-        .unwrap();
-        let (v1, v2) = (
-            kind(&s, "example.com", "v1", "widgets"),
-            kind(&s, "example.com", "v2", "widgets"),
-        );
+        let (mut s, v1, v2) = store_with_two_widget_versions();
         let (_, mut rx) = watch(&mut s, &v2, None, "", None).unwrap();
         create(&mut s, &v1, Some("default"), widget("w", json!({})));
         let (ty, obj) = rx.try_recv().unwrap();
