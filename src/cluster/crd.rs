@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::kinds::{Gr, Kind};
-use super::store::{ObjRef, Store, WriteKind, meta_str};
+use super::object::{ObjRef, meta_str};
+use super::store::{Store, WriteKind};
 
 impl Store {
     /// Validates a CRD's spec enough to serve it, and sets its status (Established at once).

@@ -13,7 +13,8 @@ use super::error::ApiError;
 use super::gc::{FOREGROUND, Gc};
 use super::kinds::Kind;
 use super::list::{ListOpts, list_json};
-use super::store::{Obj, ObjRef, Store, meta, meta_mut, meta_str, render};
+use super::object::{Obj, ObjRef, meta, meta_mut, meta_str, render};
+use super::store::Store;
 use super::watch::EvType;
 
 /// Deletion propagation policy.

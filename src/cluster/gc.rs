@@ -11,7 +11,8 @@ use serde_json::Value;
 
 use super::deletion::{Propagation, finalizers, is_deleting};
 use super::kinds::Gr;
-use super::store::{ObjRef, Store, meta, meta_mut};
+use super::object::{ObjRef, meta, meta_mut};
+use super::store::Store;
 use super::watch::EvType;
 
 /// Pending garbage-collection work.

@@ -7,8 +7,9 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::kinds::Kind;
+use super::object::{Obj, render};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{Obj, Store, render};
+use super::store::Store;
 
 /// What a list request asks for.
 #[derive(Debug, Clone, Default)]

@@ -160,6 +160,7 @@
 //! | `service.rs` | the `tower::Service`: routing, discovery, query parameters, patch types, watch streams and their periodic bookmarks |
 //! | `apply.rs` | server-side apply: field sets and ownership in `managedFields` |
 //! | `store.rs` | the object table and revision counter; create, get, update |
+//! | `object.rs` | a stored object (its value and shared bytes), references to objects, `metadata` accessors |
 //! | `kinds.rs` | the kind registry: built-in kinds and how each behaves |
 //! | `crd.rs` | CustomResourceDefinitions: checking, status, serving and unserving their kinds |
 //! | `validation.rs` | checks and normalization before a write (type, namespace, names, labels, `ownerReferences`, `immutable`, `stringData`) |
@@ -180,6 +181,7 @@ mod faults;
 mod gc;
 mod kinds;
 mod list;
+mod object;
 mod schema;
 mod selector;
 mod service;

@@ -5,7 +5,8 @@
 //! Everything here is synchronous and runs under the cluster's lock; the HTTP layer (`service.rs`) parses
 //! requests and turns results into responses. The store's other concerns are `impl Store` blocks in files
 //! of their own (`kinds.rs`, `crd.rs`, `validation.rs`, `schema.rs`, `list.rs`, `watch.rs`,
-//! `deletion.rs`, `gc.rs`): see the map in `mod.rs`.
+//! `deletion.rs`, `gc.rs`; stored objects and metadata accessors are in `object.rs`): see the map in
+//! `mod.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -17,50 +18,12 @@ use super::deletion::{check_no_new_finalizers, finalizers, is_deleting};
 use super::error::ApiError;
 use super::gc::{Gc, owner_refs};
 use super::kinds::{Gr, Kind};
+use super::object::{Obj, ObjRef, meta, meta_mut, meta_str, render};
 use super::schema::prune;
 use super::validation::{
     check_immutable, check_name, check_namespace_field, check_type, normalize,
 };
 use super::watch::{EvType, Event, Watcher};
-
-/// A stored object: its JSON value and its serialized bytes (serialized once per write).
-#[derive(Debug, Clone)]
-pub(super) struct Obj {
-    pub(super) value: Arc<Value>,
-    pub(super) bytes: Bytes,
-}
-
-impl Obj {
-    /// An object and its serialized form (serialized once, shared with every watcher).
-    pub(super) fn new(value: Value) -> Self {
-        let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
-        Obj {
-            value: Arc::new(value),
-            bytes,
-        }
-    }
-}
-
-/// Reference to a stored object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) struct ObjRef {
-    pub(super) gr: Gr,
-    pub(super) ns: String,
-    pub(super) name: String,
-}
-
-/// Serialized bytes of an object as seen through `api_version` (custom resources served in several
-/// versions are stored once; their apiVersion is rewritten, as the real server does without a conversion
-/// webhook).
-pub(super) fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
-    if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
-        bytes.clone()
-    } else {
-        let mut v = value.clone();
-        v["apiVersion"] = json!(api_version);
-        Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-    }
-}
 
 /// The objects of one resource, by (namespace, name), and its open watches.
 #[derive(Debug, Default)]
@@ -131,23 +94,6 @@ pub(crate) struct Store {
     pub(crate) dry_run: bool,
     /// Conflicts injected by fault injection so far.
     pub(crate) injected_conflicts: u64,
-}
-
-pub(super) fn meta(v: &Value) -> Option<&Map<String, Value>> {
-    v.get("metadata").and_then(Value::as_object)
-}
-
-pub(super) fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
-    meta(v).and_then(|m| m.get(field)).and_then(Value::as_str)
-}
-
-pub(super) fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
-    if !v.get("metadata").is_some_and(Value::is_object) {
-        v["metadata"] = json!({});
-    }
-    v["metadata"]
-        .as_object_mut()
-        .expect("metadata is an object")
 }
 
 /// The object with everything except metadata (and status when it is a subresource): generation bumps

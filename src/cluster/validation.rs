@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use super::deletion::is_deleting;
 use super::error::{ApiError, Subject};
 use super::kinds::{Gr, Kind};
-use super::store::{ObjRef, Store, meta, meta_mut, meta_str};
+use super::object::{ObjRef, meta, meta_mut, meta_str};
+use super::store::Store;
 
 /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
 /// ones from the URL, as the real server's typed decoding does; custom resources require them.

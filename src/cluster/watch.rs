@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::kinds::{Gr, Kind};
+use super::object::{Obj, render};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{Obj, Store, render};
+use super::store::Store;
 
 /// Watch event type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
