@@ -149,13 +149,47 @@
 //! [`Faults`] (from code, or TOML via serde) adds latency, 500 errors and 409 conflicts, drawn from a
 //! seeded generator; [`Cluster::set_faults`] changes them at run time. Delays use `tokio::time`, so they
 //! cost nothing under a paused clock.
+//!
+//! # Where things are
+//!
+//! For a reader of the source: the HTTP layer parses requests and the store, behind one lock, does the
+//! rest. Each concept has its own file under `src/cluster/`:
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `service.rs` | the `tower::Service`: routing, discovery, query parameters, patch types, watch streams and their periodic bookmarks |
+//! | `apply.rs` | server-side apply: field sets and ownership in `managedFields` |
+//! | `store.rs` | the object table and revision counter; create, get, update |
+//! | `object.rs` | a stored object (its value and shared bytes), references to objects, `metadata` accessors |
+//! | `kinds.rs` | the kind registry: built-in kinds and how each behaves |
+//! | `crd.rs` | CustomResourceDefinitions: checking, status, serving and unserving their kinds |
+//! | `validation.rs` | checks and normalization before a write (type, namespace, names, labels, `ownerReferences`, `immutable`, `stringData`) |
+//! | `schema.rs` | pruning of unknown fields by structural schema |
+//! | `list.rs` | lists: selectors, `limit` and `continue` |
+//! | `watch.rs` | watch events, the event history, watch resumption and 410 `Expired` |
+//! | `deletion.rs` | DELETE and deletecollection, preconditions, finalizers, namespace termination |
+//! | `gc.rs` | garbage collection by `ownerReferences` and propagation policies |
+//! | `selector.rs` | label and field selectors |
+//! | `error.rs` | `Status` errors and [`ClusterError`] |
+//! | `faults.rs` | fault injection ([`Faults`]) |
 
 mod apply;
+mod crd;
+mod deletion;
 mod error;
 mod faults;
+mod gc;
+mod kinds;
+mod list;
+mod object;
+mod schema;
 mod selector;
 mod service;
 mod store;
+#[cfg(test)]
+mod testing;
+mod validation;
+mod watch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -18,9 +18,13 @@ use tokio::sync::mpsc;
 
 use super::Inner;
 use super::apply;
+use super::deletion::{DeleteOpts, Propagation};
 use super::error::ApiError;
+use super::kinds::Kind;
+use super::list::ListOpts;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, EvType, Kind, ListOpts, Propagation, Store, WatchItem, WriteKind};
+use super::store::{Store, WriteKind};
+use super::watch::{EvType, WatchItem};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
 /// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.

@@ -1,195 +1,48 @@
-//! The object store: one revision counter, one table per resource, the event history and the watchers.
+//! The object store: the revision counter, one table of objects per resource, and create, get and update
+//! (PUT, and the result of a PATCH) over them. Every change goes through `put` or `remove`, which take
+//! the next revision, keep the counts and indexes, and emit the watch event.
 //!
 //! Everything here is synchronous and runs under the cluster's lock; the HTTP layer (`service.rs`) parses
-//! requests and turns results into responses.
+//! requests and turns results into responses. The store's other concerns are `impl Store` blocks in files
+//! of their own (`kinds.rs`, `crd.rs`, `validation.rs`, `schema.rs`, `list.rs`, `watch.rs`,
+//! `deletion.rs`, `gc.rs`; stored objects and metadata accessors are in `object.rs`): see the map in
+//! `mod.rs`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
 
-use super::error::{ApiError, Subject};
-use super::selector::{FieldSelector, LabelSelector};
+use super::deletion::{check_no_new_finalizers, finalizers, is_deleting};
+use super::error::ApiError;
+use super::gc::{Gc, owner_refs};
+use super::kinds::{Gr, Kind};
+use super::object::{Obj, ObjRef, meta, meta_mut, meta_str, render};
+use super::schema::prune;
+use super::validation::{
+    check_immutable, check_name, check_namespace_field, check_type, normalize,
+};
+use super::watch::{EvType, Event, Watcher};
 
-/// Group + plural: the identity of a stored resource (all versions of a kind share one table).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Gr {
-    pub(crate) group: String,
-    pub(crate) plural: String,
-}
-
-/// One served version of a resource.
-#[derive(Debug, Clone)]
-pub(crate) struct Kind {
-    pub(crate) gr: Gr,
-    pub(crate) version: String,
-    pub(crate) api_version: String,
-    pub(crate) kind: String,
-    pub(crate) list_kind: String,
-    pub(crate) namespaced: bool,
-    /// Has a `/status` subresource.
-    pub(crate) status: bool,
-    /// metadata.generation is maintained.
-    pub(crate) generation: bool,
-    /// A custom resource: no strategic merge patch, no unconditional PUT.
-    pub(crate) custom: bool,
-    /// DELETE answers the object (otherwise a `Status` when the object is gone at once).
-    pub(crate) delete_returns_object: bool,
-    /// The structural schema (`openAPIV3Schema`) of a custom resource version: unknown fields are pruned.
-    pub(crate) schema: Option<Arc<Value>>,
-}
-
-impl Kind {
-    fn subject<'a>(&'a self, name: &'a str) -> Subject<'a> {
-        Subject {
-            group: &self.gr.group,
-            plural: &self.gr.plural,
-            name,
-        }
-    }
-}
-
-/// A stored object: its JSON value and its serialized bytes (serialized once per write).
-#[derive(Debug, Clone)]
-struct Obj {
-    value: Arc<Value>,
-    bytes: Bytes,
-}
-
-impl Obj {
-    /// An object and its serialized form (serialized once, shared with every watcher).
-    fn new(value: Value) -> Self {
-        let bytes = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
-        Obj {
-            value: Arc::new(value),
-            bytes,
-        }
-    }
-}
-
-/// Reference to a stored object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct ObjRef {
-    gr: Gr,
-    ns: String,
-    name: String,
-}
-
-/// Watch event type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EvType {
-    Added,
-    Modified,
-    Deleted,
-    Bookmark,
-    Error,
-}
-
-impl EvType {
-    pub(crate) fn prefix(self) -> &'static [u8] {
-        match self {
-            EvType::Added => b"{\"type\":\"ADDED\",\"object\":",
-            EvType::Modified => b"{\"type\":\"MODIFIED\",\"object\":",
-            EvType::Deleted => b"{\"type\":\"DELETED\",\"object\":",
-            EvType::Bookmark => b"{\"type\":\"BOOKMARK\",\"object\":",
-            EvType::Error => b"{\"type\":\"ERROR\",\"object\":",
-        }
-    }
-}
-
-/// One item sent to a watch stream: the event type and the object's bytes (shared, not copied).
-pub(crate) type WatchItem = (EvType, Bytes);
-
-#[derive(Debug)]
-struct Event {
-    rev: u64,
-    gr: Gr,
-    ty: EvType,
-    value: Arc<Value>,
-    bytes: Bytes,
-    /// The previous state, for watchers with selectors (an object leaving a selector is DELETED for them).
-    old: Option<Arc<Value>>,
-}
-
-#[derive(Debug)]
-struct Watcher {
-    ns: Option<String>,
-    labels: LabelSelector,
-    fields: FieldSelector,
-    api_version: String,
-    tx: mpsc::UnboundedSender<WatchItem>,
-}
-
-impl Watcher {
-    fn filtered(&self) -> bool {
-        !self.labels.is_empty() || !self.fields.is_empty()
-    }
-
-    fn matches(&self, v: &Value) -> bool {
-        self.labels.matches(v) && self.fields.matches(v)
-    }
-
-    /// What this watcher sees of an event, if anything.
-    fn translate(&self, ev: &Event) -> Option<WatchItem> {
-        if let Some(ns) = &self.ns
-            && ev
-                .value
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                != Some(ns.as_str())
-        {
-            return None;
-        }
-        let ty = if self.filtered() {
-            let now = self.matches(&ev.value);
-            let before = ev.old.as_deref().is_some_and(|o| self.matches(o));
-            match (ev.ty, before, now) {
-                (EvType::Deleted, _, true) | (EvType::Deleted, true, _) => EvType::Deleted,
-                (EvType::Added, _, true) => EvType::Added,
-                (EvType::Modified, true, true) => EvType::Modified,
-                (EvType::Modified, false, true) => EvType::Added,
-                (EvType::Modified, true, false) => EvType::Deleted,
-                _ => return None,
-            }
-        } else {
-            ev.ty
-        };
-        Some((ty, render(&ev.value, &ev.bytes, &self.api_version)))
-    }
-}
-
-/// Serialized bytes of an object as seen through `api_version` (custom resources served in several
-/// versions are stored once; their apiVersion is rewritten, as the real server does without a conversion
-/// webhook).
-fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
-    if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
-        bytes.clone()
-    } else {
-        let mut v = value.clone();
-        v["apiVersion"] = json!(api_version);
-        Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-    }
-}
-
+/// The objects of one resource, by (namespace, name), and its open watches.
 #[derive(Debug, Default)]
-struct Table {
-    namespaced: bool,
-    objects: BTreeMap<(String, String), Obj>,
-    watchers: Vec<Watcher>,
+pub(super) struct Table {
+    pub(super) namespaced: bool,
+    pub(super) objects: BTreeMap<(String, String), Obj>,
+    pub(super) watchers: Vec<Watcher>,
 }
 
 /// Time as seen by the cluster: wall time at creation plus tokio's elapsed time, so that timestamps follow
 /// a paused tokio clock.
 #[derive(Debug)]
-struct Clock {
+pub(super) struct Clock {
     wall0: chrono::DateTime<chrono::Utc>,
     inst0: tokio::time::Instant,
 }
 
 impl Clock {
-    fn now(&self) -> String {
+    pub(super) fn now(&self) -> String {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.inst0);
         let t = chrono::Duration::from_std(elapsed)
             .ok()
@@ -197,32 +50,6 @@ impl Clock {
             .unwrap_or(self.wall0);
         t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
     }
-}
-
-/// Deletion propagation policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum Propagation {
-    #[default]
-    Background,
-    Foreground,
-    Orphan,
-}
-
-/// Options of a DELETE.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct DeleteOpts {
-    pub(crate) propagation: Propagation,
-    pub(crate) uid: Option<String>,
-    pub(crate) resource_version: Option<String>,
-}
-
-/// What a list request asks for.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ListOpts {
-    pub(crate) labels: LabelSelector,
-    pub(crate) fields: FieldSelector,
-    pub(crate) limit: Option<usize>,
-    pub(crate) cont: Option<String>,
 }
 
 /// How a write must treat metadata.resourceVersion.
@@ -238,119 +65,35 @@ pub(crate) struct Written {
     pub(crate) bytes: Bytes,
 }
 
-/// Pending garbage-collection work.
-#[derive(Debug)]
-enum Gc {
-    /// An object was removed: its dependents may be orphaned, its owners may be waiting in foreground.
-    Removed { uid: String, owners: Vec<String> },
-    /// A namespace may have become empty.
-    Namespace(String),
-    /// A CRD was removed: stop serving its kind.
-    CrdRemoved,
-}
-
-const FOREGROUND: &str = "foregroundDeletion";
-
-/// The store.
+/// The store: everything the cluster keeps.
 #[derive(Debug)]
 pub(crate) struct Store {
-    rev: u64,
-    routes: HashMap<(String, String, String), Arc<Kind>>,
+    pub(super) rev: u64,
+    /// (group, version, plural) → the kind served there.
+    pub(super) routes: HashMap<(String, String, String), Arc<Kind>>,
     /// Ordered, like everything iterated here, so that runs are deterministic.
-    tables: BTreeMap<Gr, Table>,
-    history: VecDeque<Arc<Event>>,
-    history_limit: usize,
+    pub(super) tables: BTreeMap<Gr, Table>,
+    /// The last events, oldest first, for watch resumption.
+    pub(super) history: VecDeque<Arc<Event>>,
+    pub(super) history_limit: usize,
     /// Highest revision dropped from the history.
-    compacted: u64,
-    uids: HashMap<String, ObjRef>,
+    pub(super) compacted: u64,
+    /// uid → object, for garbage collection.
+    pub(super) uids: HashMap<String, ObjRef>,
     /// owner uid → dependents naming it.
-    dependents: HashMap<String, BTreeSet<ObjRef>>,
-    ns_counts: HashMap<String, usize>,
-    count: usize,
-    rng: fastrand::Rng,
-    clock: Clock,
-    gc: VecDeque<Gc>,
+    pub(super) dependents: HashMap<String, BTreeSet<ObjRef>>,
+    /// namespace → how many objects it holds.
+    pub(super) ns_counts: HashMap<String, usize>,
+    /// How many objects are stored.
+    pub(super) count: usize,
+    pub(super) rng: fastrand::Rng,
+    pub(super) clock: Clock,
+    /// Garbage-collection work queued by writes, done before the request answers.
+    pub(super) gc: VecDeque<Gc>,
     /// While set (a `dryRun=All` request), writes are computed and checked but neither stored nor sent.
     pub(crate) dry_run: bool,
     /// Conflicts injected by fault injection so far.
     pub(crate) injected_conflicts: u64,
-}
-
-fn meta(v: &Value) -> Option<&Map<String, Value>> {
-    v.get("metadata").and_then(Value::as_object)
-}
-
-fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
-    meta(v).and_then(|m| m.get(field)).and_then(Value::as_str)
-}
-
-fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
-    if !v.get("metadata").is_some_and(Value::is_object) {
-        v["metadata"] = json!({});
-    }
-    v["metadata"]
-        .as_object_mut()
-        .expect("metadata is an object")
-}
-
-fn finalizers(v: &Value) -> Vec<String> {
-    meta(v)
-        .and_then(|m| m.get("finalizers"))
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn set_finalizers(v: &mut Value, f: Vec<String>) {
-    let m = meta_mut(v);
-    if f.is_empty() {
-        m.remove("finalizers");
-    } else {
-        m.insert("finalizers".into(), json!(f));
-    }
-}
-
-fn is_deleting(v: &Value) -> bool {
-    meta(v)
-        .and_then(|m| m.get("deletionTimestamp"))
-        .is_some_and(|t| !t.is_null())
-}
-
-fn owner_refs(v: &Value) -> Vec<(String, bool)> {
-    meta(v)
-        .and_then(|m| m.get("ownerReferences"))
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|o| {
-                    let uid = o.get("uid")?.as_str()?.to_string();
-                    Some((
-                        uid,
-                        o.get("blockOwnerDeletion")
-                            .and_then(Value::as_bool)
-                            .unwrap_or(false),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 /// The object with everything except metadata (and status when it is a subresource): generation bumps
@@ -362,152 +105,6 @@ fn spec_part(v: &Value, skip_status: bool) -> Map<String, Value> {
         m.remove("status");
     }
     m
-}
-
-fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<String> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> = (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect();
-    String::from_utf8(bytes?).ok()
-}
-
-/// Drops the fields a structural schema does not declare, as the real server prunes custom resources:
-/// `properties` are recursed into, `additionalProperties` schemas apply to every value,
-/// `x-kubernetes-preserve-unknown-fields: true` keeps undeclared fields, `items` applies to list
-/// elements. At the root, `apiVersion`, `kind` and `metadata` are kept.
-fn prune(v: &mut Value, schema: &Value, root: bool) {
-    match v {
-        Value::Object(map) => {
-            let props = schema.get("properties").and_then(Value::as_object);
-            let additional = schema.get("additionalProperties");
-            let preserve = schema.get("x-kubernetes-preserve-unknown-fields")
-                == Some(&Value::Bool(true))
-                || additional == Some(&Value::Bool(true));
-            let keys: Vec<String> = map.keys().cloned().collect();
-            for k in keys {
-                if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
-                    continue;
-                }
-                let sub = props
-                    .and_then(|p| p.get(&k))
-                    .or(additional.filter(|a| a.is_object()));
-                match (sub, map.get_mut(&k)) {
-                    (Some(sub), Some(child)) => prune(child, sub, false),
-                    _ if preserve => {}
-                    _ => {
-                        map.remove(&k);
-                    }
-                }
-            }
-        }
-        Value::Array(items) => {
-            if let Some(item_schema) = schema.get("items") {
-                for it in items {
-                    prune(it, item_schema, false);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
-/// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`.
-fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
-    use base64::Engine as _;
-    for field in ["labels", "annotations"] {
-        let Some(map) = meta(v).and_then(|m| m.get(field)) else {
-            continue;
-        };
-        if map.is_null() {
-            continue;
-        }
-        let Some(map) = map.as_object() else {
-            return Err(ApiError::bad_request(format!(
-                "metadata.{field} must be a map of strings"
-            )));
-        };
-        for (k, val) in map {
-            let Some(val) = val.as_str() else {
-                return Err(ApiError::bad_request(format!(
-                    "metadata.{field}[{k:?}] must be a string"
-                )));
-            };
-            if field == "labels"
-                && !(super::selector::valid_key(k) && super::selector::valid_value(val))
-            {
-                return Err(ApiError::invalid(
-                    &kind.gr.group,
-                    &kind.kind,
-                    name,
-                    "metadata.labels",
-                    format!("Invalid value: {k:?}: {val:?}: not a valid label"),
-                ));
-            }
-        }
-    }
-    if let Some(refs) = meta(v)
-        .and_then(|m| m.get("ownerReferences"))
-        .filter(|r| !r.is_null())
-    {
-        let Some(refs) = refs.as_array() else {
-            return Err(ApiError::bad_request(
-                "metadata.ownerReferences must be a list",
-            ));
-        };
-        let mut controllers = 0;
-        for (i, r) in refs.iter().enumerate() {
-            for field in ["apiVersion", "kind", "name", "uid"] {
-                if r.get(field)
-                    .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-                {
-                    return Err(ApiError::invalid(
-                        &kind.gr.group,
-                        &kind.kind,
-                        name,
-                        &format!("metadata.ownerReferences[{i}].{field}"),
-                        format!("Invalid value: \"\": {field} must not be empty"),
-                    ));
-                }
-            }
-            if r.get("controller").and_then(Value::as_bool) == Some(true) {
-                controllers += 1;
-            }
-        }
-        if controllers > 1 {
-            return Err(ApiError::invalid(
-                &kind.gr.group,
-                &kind.kind,
-                name,
-                "metadata.ownerReferences",
-                "Invalid value: only one reference can have Controller set to true".into(),
-            ));
-        }
-    }
-    if kind.gr.group.is_empty()
-        && kind.gr.plural == "secrets"
-        && let Some(Value::Object(sd)) = v.as_object_mut().and_then(|o| o.remove("stringData"))
-    {
-        if !v.get("data").is_some_and(Value::is_object) {
-            v["data"] = json!({});
-        }
-        for (k, val) in sd {
-            let text = val
-                .as_str()
-                .ok_or_else(|| ApiError::bad_request("stringData values must be strings"))?;
-            v["data"][k] = json!(base64::engine::general_purpose::STANDARD.encode(text));
-        }
-    }
-    Ok(())
 }
 
 impl Store {
@@ -543,168 +140,6 @@ impl Store {
         s
     }
 
-    fn register_builtins(&mut self) {
-        let b = |group: &str,
-                 version: &str,
-                 plural: &str,
-                 kind: &str,
-                 namespaced: bool,
-                 status: bool| Kind {
-            gr: Gr {
-                group: group.into(),
-                plural: plural.into(),
-            },
-            version: version.into(),
-            api_version: if group.is_empty() {
-                version.into()
-            } else {
-                format!("{group}/{version}")
-            },
-            kind: kind.into(),
-            list_kind: format!("{kind}List"),
-            namespaced,
-            status,
-            generation: false,
-            custom: false,
-            delete_returns_object: false,
-            schema: None,
-        };
-        let mut ns = b("", "v1", "namespaces", "Namespace", false, true);
-        ns.delete_returns_object = true;
-        let mut crd = b(
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            "CustomResourceDefinition",
-            false,
-            true,
-        );
-        crd.generation = true;
-        // The real server answers DELETE of a CRD with the CRD (it is finalized, not gone at once).
-        crd.delete_returns_object = true;
-        let mut pods = b("", "v1", "pods", "Pod", true, true);
-        pods.delete_returns_object = true;
-        // Workload kinds keep metadata.generation, as on the real server.
-        let workload = |group: &str, plural: &str, kind: &str| Kind {
-            generation: true,
-            ..b(group, "v1", plural, kind, true, true)
-        };
-        // Kinds stored without behaviour of their own (no controllers run here), so that operators creating
-        // them work unchanged.
-        for k in [
-            pods,
-            b("", "v1", "services", "Service", true, true),
-            b("", "v1", "serviceaccounts", "ServiceAccount", true, false),
-            b("", "v1", "endpoints", "Endpoints", true, false),
-            b(
-                "",
-                "v1",
-                "persistentvolumeclaims",
-                "PersistentVolumeClaim",
-                true,
-                true,
-            ),
-            b(
-                "",
-                "v1",
-                "persistentvolumes",
-                "PersistentVolume",
-                false,
-                true,
-            ),
-            b("", "v1", "nodes", "Node", false, true),
-            workload("apps", "deployments", "Deployment"),
-            workload("apps", "statefulsets", "StatefulSet"),
-            workload("apps", "daemonsets", "DaemonSet"),
-            workload("apps", "replicasets", "ReplicaSet"),
-            workload("batch", "jobs", "Job"),
-            workload("batch", "cronjobs", "CronJob"),
-            b(
-                "networking.k8s.io",
-                "v1",
-                "ingresses",
-                "Ingress",
-                true,
-                true,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "roles",
-                "Role",
-                true,
-                false,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "rolebindings",
-                "RoleBinding",
-                true,
-                false,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterroles",
-                "ClusterRole",
-                false,
-                false,
-            ),
-            b(
-                "rbac.authorization.k8s.io",
-                "v1",
-                "clusterrolebindings",
-                "ClusterRoleBinding",
-                false,
-                false,
-            ),
-        ] {
-            self.add_route(k);
-        }
-        for k in [
-            ns,
-            b("", "v1", "configmaps", "ConfigMap", true, false),
-            b("", "v1", "secrets", "Secret", true, false),
-            b("", "v1", "events", "Event", true, false),
-            b("events.k8s.io", "v1", "events", "Event", true, false),
-            b("coordination.k8s.io", "v1", "leases", "Lease", true, false),
-            crd,
-        ] {
-            self.add_route(k);
-        }
-    }
-
-    fn add_route(&mut self, k: Kind) {
-        self.tables.entry(k.gr.clone()).or_default().namespaced = k.namespaced;
-        self.routes.insert(
-            (k.gr.group.clone(), k.version.clone(), k.gr.plural.clone()),
-            Arc::new(k),
-        );
-    }
-
-    /// The resource served at GROUP/VERSION/PLURAL.
-    pub(crate) fn resolve(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Kind>> {
-        self.routes
-            .get(&(group.to_string(), version.to_string(), plural.to_string()))
-            .cloned()
-    }
-
-    /// Every served resource (for discovery).
-    pub(crate) fn kinds(&self) -> Vec<Arc<Kind>> {
-        let mut v: Vec<_> = self.routes.values().cloned().collect();
-        v.sort_by(|a, b| (&a.gr, &a.version).cmp(&(&b.gr, &b.version)));
-        v
-    }
-
-    /// Whether a built-in kind is served in this group (the core group included).
-    pub(crate) fn serves_builtin_group(&self, group: &str) -> bool {
-        self.routes
-            .values()
-            .any(|k| !k.custom && k.gr.group == group)
-    }
-
-    /// The current time, as the cluster writes timestamps.
     pub(crate) fn now(&self) -> String {
         self.clock.now()
     }
@@ -717,7 +152,7 @@ impl Store {
         self.rev
     }
 
-    fn new_uid(&mut self) -> String {
+    pub(super) fn new_uid(&mut self) -> String {
         let a = self.rng.u64(..);
         let b = self.rng.u64(..);
         format!(
@@ -730,54 +165,9 @@ impl Store {
         )
     }
 
-    // ---- low-level writes: every change goes through these three ------------------------------------
+    // ---- low-level writes: every change goes through `put` or `remove` -------------------------------
 
-    fn emit(&mut self, ev: Event) {
-        let ev = Arc::new(ev);
-        if let Some(t) = self.tables.get_mut(&ev.gr) {
-            t.watchers.retain(|w| match w.translate(&ev) {
-                Some(item) => w.tx.send(item).is_ok(),
-                None => !w.tx.is_closed(),
-            });
-        }
-        self.history.push_back(ev);
-        while self.history.len() > self.history_limit {
-            if let Some(old) = self.history.pop_front() {
-                self.compacted = old.rev;
-            }
-        }
-    }
-
-    fn index(&mut self, r: &ObjRef, old: Option<&Value>, new: Option<&Value>) {
-        let old_owners: HashSet<String> = old
-            .map(owner_refs)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|o| o.0)
-            .collect();
-        let new_owners: HashSet<String> = new
-            .map(owner_refs)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|o| o.0)
-            .collect();
-        for o in old_owners.difference(&new_owners) {
-            if let Some(set) = self.dependents.get_mut(o) {
-                set.remove(r);
-                if set.is_empty() {
-                    self.dependents.remove(o);
-                }
-            }
-        }
-        for o in new_owners.difference(&old_owners) {
-            self.dependents
-                .entry(o.clone())
-                .or_default()
-                .insert(r.clone());
-        }
-    }
-
-    fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
+    pub(super) fn put(&mut self, r: &ObjRef, mut value: Value, ty: EvType) -> Obj {
         if self.dry_run {
             return Obj::new(value);
         }
@@ -815,7 +205,7 @@ impl Store {
         obj
     }
 
-    fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
+    pub(super) fn remove(&mut self, r: &ObjRef, mut value: Value) -> Obj {
         if self.dry_run {
             return Obj::new(value);
         }
@@ -860,7 +250,7 @@ impl Store {
         Obj { value, bytes }
     }
 
-    fn lookup(&self, r: &ObjRef) -> Option<&Obj> {
+    pub(super) fn lookup(&self, r: &ObjRef) -> Option<&Obj> {
         self.tables
             .get(&r.gr)?
             .objects
@@ -869,7 +259,7 @@ impl Store {
 
     // ---- requests ------------------------------------------------------------------------------------
 
-    fn objref(kind: &Kind, ns: Option<&str>, name: &str) -> ObjRef {
+    pub(super) fn objref(kind: &Kind, ns: Option<&str>, name: &str) -> ObjRef {
         ObjRef {
             gr: kind.gr.clone(),
             ns: if kind.namespaced {
@@ -890,269 +280,6 @@ impl Store {
         Ok(render(&o.value, &o.bytes, &kind.api_version))
     }
 
-    /// LIST, with selectors and paging. Answers the list's JSON.
-    pub(crate) fn list(
-        &self,
-        kind: &Kind,
-        ns: Option<&str>,
-        opts: &ListOpts,
-    ) -> Result<Vec<u8>, ApiError> {
-        let table = self.tables.get(&kind.gr);
-        let (mut list_rev, start) = match &opts.cont {
-            Some(c) => {
-                let bad = || ApiError::bad_request(format!("continue key is not valid: {c}"));
-                let mut parts = c.splitn(3, '.');
-                let rev: u64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-                let cns = parts.next().and_then(unhex).ok_or_else(bad)?;
-                let cname = parts.next().and_then(unhex).ok_or_else(bad)?;
-                if rev < self.compacted {
-                    return Err(ApiError::expired(
-                        "The provided continue parameter is too old to display a consistent list result. You \
-                         can start a new list without the continue parameter, or use the continue token in \
-                         this response to retrieve the remainder of the results. Continuing with the provided \
-                         token results in an inconsistent list - objects that were created, modified, or \
-                         deleted between the time the first chunk was returned and now may show up in the list.",
-                    ));
-                }
-                (rev, Some((cns, cname)))
-            }
-            None => (self.rev, None),
-        };
-        if list_rev > self.rev {
-            list_rev = self.rev;
-        }
-        let limit = opts.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
-        let ns = if kind.namespaced { ns } else { None };
-        let mut items: Vec<Bytes> = Vec::new();
-        let mut next: Option<(String, String)> = None;
-        if let Some(t) = table {
-            let matches = |o: &Obj| opts.labels.matches(&o.value) && opts.fields.matches(&o.value);
-            if let (Some(name), None) = (opts.fields.exact_name(), &start) {
-                // Fast path: a list pinned to one name.
-                let candidates: Vec<&Obj> = match ns {
-                    Some(ns) => t
-                        .objects
-                        .get(&(ns.to_string(), name.to_string()))
-                        .into_iter()
-                        .collect(),
-                    None if !kind.namespaced => t
-                        .objects
-                        .get(&(String::new(), name.to_string()))
-                        .into_iter()
-                        .collect(),
-                    None => t
-                        .objects
-                        .iter()
-                        .filter(|(k, _)| k.1 == name)
-                        .map(|(_, o)| o)
-                        .collect(),
-                };
-                items.extend(
-                    candidates
-                        .into_iter()
-                        .filter(|o| matches(o))
-                        .map(|o| render(&o.value, &o.bytes, &kind.api_version)),
-                );
-            } else {
-                use std::ops::Bound;
-                let lower = match (&start, ns) {
-                    (Some(s), _) => Bound::Excluded(s.clone()),
-                    (None, Some(ns)) => Bound::Included((ns.to_string(), String::new())),
-                    (None, None) => Bound::Unbounded,
-                };
-                let mut last: Option<&(String, String)> = None;
-                for (key, o) in t.objects.range((lower, Bound::Unbounded)) {
-                    if let Some(ns) = ns
-                        && key.0 != ns
-                    {
-                        break;
-                    }
-                    if items.len() >= limit {
-                        next = last.cloned();
-                        break;
-                    }
-                    last = Some(key);
-                    if matches(o) {
-                        items.push(render(&o.value, &o.bytes, &kind.api_version));
-                    }
-                }
-            }
-        }
-        let mut metadata = json!({"resourceVersion": list_rev.to_string()});
-        if let Some((cns, cname)) = next {
-            metadata["continue"] = json!(format!("{list_rev}.{}.{}", hex(&cns), hex(&cname)));
-        }
-        let head =
-            json!({"kind": kind.list_kind, "apiVersion": kind.api_version, "metadata": metadata});
-        let head = serde_json::to_vec(&head).unwrap_or_default();
-        // One allocation of the page's exact size: growing it by doubling touched about twice
-        // its size in fresh memory per page, a tenth of a 10k-object benchmark's CPU in page
-        // faults.
-        let len = head.len() + 12 + items.len() + items.iter().map(Bytes::len).sum::<usize>();
-        let mut out = Vec::with_capacity(len);
-        out.extend_from_slice(&head[..head.len().saturating_sub(1)]); // without the closing brace
-        out.extend_from_slice(b",\"items\":[");
-        for (i, it) in items.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(it);
-        }
-        out.extend_from_slice(b"]}");
-        Ok(out)
-    }
-
-    /// Starts a watch. Answers the events to send first and the receiver of later ones.
-    /// `rv`: `None` for "" or "0" (synthetic ADDED events for every current object), or a revision.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn watch(
-        &mut self,
-        kind: &Kind,
-        ns: Option<&str>,
-        labels: LabelSelector,
-        fields: FieldSelector,
-        rv: Option<u64>,
-        initial_events_bookmark: bool,
-    ) -> Result<(Vec<WatchItem>, mpsc::UnboundedReceiver<WatchItem>), ApiError> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let w = Watcher {
-            ns: if kind.namespaced {
-                ns.map(str::to_string)
-            } else {
-                None
-            },
-            labels,
-            fields,
-            api_version: kind.api_version.clone(),
-            tx,
-        };
-        let mut first = Vec::new();
-        match rv {
-            None => {
-                if let Some(t) = self.tables.get(&kind.gr) {
-                    let iter: Box<dyn Iterator<Item = (&(String, String), &Obj)>> = match &w.ns {
-                        Some(ns) => {
-                            let ns = ns.clone();
-                            Box::new(
-                                t.objects
-                                    .range((ns.clone(), String::new())..)
-                                    .take_while(move |(k, _)| k.0 == ns),
-                            )
-                        }
-                        None => Box::new(t.objects.iter()),
-                    };
-                    for (_, o) in iter {
-                        if w.matches(&o.value) {
-                            first.push((
-                                EvType::Added,
-                                render(&o.value, &o.bytes, &kind.api_version),
-                            ));
-                        }
-                    }
-                }
-                if initial_events_bookmark {
-                    let bm = json!({"kind": kind.kind, "apiVersion": kind.api_version, "metadata": {
-                        "resourceVersion": self.rev.to_string(),
-                        "annotations": {"k8s.io/initial-events-end": "true"}}});
-                    first.push((
-                        EvType::Bookmark,
-                        Bytes::from(serde_json::to_vec(&bm).unwrap_or_default()),
-                    ));
-                }
-            }
-            Some(rv) => {
-                if rv < self.compacted {
-                    return Err(ApiError::expired(format!(
-                        "too old resource version: {rv} ({})",
-                        self.compacted + 1
-                    )));
-                }
-                let start = self.history.partition_point(|e| e.rev <= rv);
-                for ev in self.history.range(start..) {
-                    if ev.gr == kind.gr
-                        && let Some(item) = w.translate(ev)
-                    {
-                        first.push(item);
-                    }
-                }
-            }
-        }
-        self.tables
-            .entry(kind.gr.clone())
-            .or_default()
-            .watchers
-            .push(w);
-        Ok((first, rx))
-    }
-
-    /// The body's declared apiVersion and kind must be those of the resource.
-    /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
-    /// ones from the URL, as the real server's typed decoding does; custom resources require them.
-    fn check_type(kind: &Kind, body: &mut Value) -> Result<(), ApiError> {
-        let Some(obj) = body.as_object_mut() else {
-            return Err(ApiError::bad_request(
-                "the object provided is unrecognized: the request body must be a JSON object",
-            ));
-        };
-        let empty = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
-        if !kind.custom {
-            if empty(obj.get("kind")) {
-                obj.insert("kind".into(), json!(kind.kind));
-            }
-            if empty(obj.get("apiVersion")) {
-                obj.insert("apiVersion".into(), json!(kind.api_version));
-            }
-        }
-        match obj.get("kind").and_then(Value::as_str) {
-            None | Some("") => {
-                return Err(ApiError::bad_request(format!(
-                    "Object 'Kind' is missing in '{body}'"
-                )));
-            }
-            Some(k) if k != kind.kind => {
-                return Err(ApiError::bad_request(format!(
-                    "{k} in version \"{}\" cannot be handled as a {}: the kind in the data ({k}) does \
-                     not match the expected kind ({})",
-                    kind.version, kind.kind, kind.kind
-                )));
-            }
-            _ => {}
-        }
-        match obj.get("apiVersion").and_then(Value::as_str) {
-            Some(v) if v == kind.api_version => Ok(()),
-            v => Err(ApiError::bad_request(format!(
-                "the API version in the data ({}) does not match the expected API version ({})",
-                v.unwrap_or_default(),
-                kind.api_version
-            ))),
-        }
-    }
-
-    fn check_namespace_field(
-        kind: &Kind,
-        ns: Option<&str>,
-        body: &mut Value,
-    ) -> Result<(), ApiError> {
-        let m = meta_mut(body);
-        if kind.namespaced {
-            let ns = ns.unwrap_or_default();
-            match m.get("namespace").and_then(Value::as_str) {
-                Some(bns) if !bns.is_empty() && bns != ns => {
-                    return Err(ApiError::bad_request(
-                        "the namespace of the provided object does not match the namespace sent on the request",
-                    ));
-                }
-                _ => {
-                    m.insert("namespace".into(), json!(ns));
-                }
-            }
-        } else {
-            m.remove("namespace");
-        }
-        Ok(())
-    }
-
-    /// POST.
     /// POST. `managed`: the `managedFields` to record (server-side apply), otherwise none.
     pub(crate) fn create(
         &mut self,
@@ -1161,49 +288,12 @@ impl Store {
         mut body: Value,
         managed: Option<Value>,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &mut body)?;
+        check_type(kind, &mut body)?;
         if !body.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
-        Self::check_namespace_field(kind, ns, &mut body)?;
-        if kind.namespaced {
-            let ns = ns.unwrap_or_default();
-            let nsr = ObjRef {
-                gr: Gr {
-                    group: String::new(),
-                    plural: "namespaces".into(),
-                },
-                ns: String::new(),
-                name: ns.into(),
-            };
-            match self.lookup(&nsr) {
-                None => {
-                    return Err(ApiError::not_found(Subject {
-                        group: "",
-                        plural: "namespaces",
-                        name: ns,
-                    }));
-                }
-                Some(o) if is_deleting(&o.value) => {
-                    let obj_name = meta_str(&body, "name").unwrap_or_default();
-                    let mut e = ApiError::forbidden(format!(
-                        "{} \"{obj_name}\" is forbidden: unable to create new content in namespace {ns} \
-                         because it is being terminated",
-                        kind.gr.plural,
-                    ));
-                    let mut details = json!({"name": obj_name, "kind": kind.gr.plural, "causes": [{
-                        "reason": "NamespaceTerminating",
-                        "message": format!("namespace {ns} is being terminated"),
-                        "field": "metadata.namespace"}]});
-                    if !kind.gr.group.is_empty() {
-                        details["group"] = json!(kind.gr.group);
-                    }
-                    e.details = Some(details);
-                    return Err(e);
-                }
-                Some(_) => {}
-            }
-        }
+        check_namespace_field(kind, ns, &mut body)?;
+        self.check_namespace_accepts(kind, ns, &body)?;
         if meta_str(&body, "resourceVersion").is_some_and(|v| !v.is_empty()) {
             return Err(ApiError::storage(
                 "resourceVersion should not be set on objects to be created",
@@ -1213,15 +303,6 @@ impl Store {
             .unwrap_or_default()
             .to_string();
         let mut name = meta_str(&body, "name").unwrap_or_default().to_string();
-        let invalid_name = |n: &str, why: &str| {
-            ApiError::invalid(
-                &kind.gr.group,
-                &kind.kind,
-                n,
-                "metadata.name",
-                format!("Invalid value: {n:?}: {why}"),
-            )
-        };
         if name.is_empty() {
             if generate.is_empty() {
                 return Err(ApiError::invalid(
@@ -1243,19 +324,7 @@ impl Store {
                 }
             }
         }
-        if kind.gr.plural == "namespaces" {
-            if !is_dns_label(&name) {
-                return Err(invalid_name(
-                    &name,
-                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
-                ));
-            }
-        } else if !is_dns_subdomain(&name) {
-            return Err(invalid_name(
-                &name,
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-            ));
-        }
+        check_name(kind, &name)?;
         normalize(kind, &name, &mut body)?;
         if let Some(schema) = &kind.schema {
             prune(&mut body, schema, true);
@@ -1319,7 +388,7 @@ impl Store {
         inject_conflict: bool,
         managed: Option<Value>,
     ) -> Result<Written, ApiError> {
-        Self::check_type(kind, &mut new)?;
+        check_type(kind, &mut new)?;
         if !new.get("metadata").is_none_or(Value::is_object) {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
@@ -1337,7 +406,7 @@ impl Store {
                 )));
             }
         }
-        Self::check_namespace_field(kind, ns, &mut new)?;
+        check_namespace_field(kind, ns, &mut new)?;
         let old_rv = meta_str(&old.value, "resourceVersion")
             .unwrap_or_default()
             .to_string();
@@ -1370,28 +439,8 @@ impl Store {
             self.injected_conflicts += 1;
             return Err(ApiError::conflict(kind.subject(name)));
         }
-        if !status_only
-            && kind.gr.group.is_empty()
-            && (kind.gr.plural == "configmaps" || kind.gr.plural == "secrets")
-            && old.value.get("immutable").and_then(Value::as_bool) == Some(true)
-        {
-            for field in ["data", "binaryData", "stringData", "immutable"] {
-                let (before, after) = (old.value.get(field), new.get(field));
-                let unchanged = match field {
-                    // stringData is folded into data; it changes data only if it differs.
-                    "stringData" => after.is_none(),
-                    _ => before == after,
-                };
-                if !unchanged {
-                    return Err(ApiError::invalid(
-                        &kind.gr.group,
-                        &kind.kind,
-                        name,
-                        field,
-                        "Forbidden: field is immutable when `immutable` is set".into(),
-                    ));
-                }
-            }
+        if !status_only {
+            check_immutable(kind, name, &old.value, &new)?;
         }
         let old_v: &Value = &old.value;
         let mut next = if status_only {
@@ -1433,24 +482,7 @@ impl Store {
                     }
                 }
             }
-            if is_deleting(old_v) {
-                let had: HashSet<String> = finalizers(old_v).into_iter().collect();
-                let added: Vec<String> = finalizers(&new)
-                    .into_iter()
-                    .filter(|f| !had.contains(f))
-                    .collect();
-                if !added.is_empty() {
-                    return Err(ApiError::invalid(
-                        &kind.gr.group,
-                        &kind.kind,
-                        name,
-                        "metadata.finalizers",
-                        format!(
-                            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
-                        ),
-                    ));
-                }
-            }
+            check_no_new_finalizers(kind, name, old_v, &new)?;
             normalize(kind, name, &mut new)?;
             if kind.gr.plural == "customresourcedefinitions" {
                 self.prepare_crd(&mut new, name)?;
@@ -1500,13 +532,6 @@ impl Store {
         })
     }
 
-    /// A namespace is removed only once empty.
-    fn namespace_blocks(&self, kind: &Kind, name: &str) -> bool {
-        kind.gr.plural == "namespaces"
-            && kind.gr.group.is_empty()
-            && self.ns_counts.get(name).copied().unwrap_or(0) > 0
-    }
-
     /// The current object (for patches).
     pub(crate) fn current(&self, kind: &Kind, ns: Option<&str>, name: &str) -> Option<Value> {
         let o = self.lookup(&Self::objref(kind, ns, name))?;
@@ -1514,537 +539,272 @@ impl Store {
         v["apiVersion"] = json!(kind.api_version);
         Some(v)
     }
+}
 
-    /// DELETE. Answers the object (or a success `Status` for kinds that answer one) and whether it is gone.
-    pub(crate) fn delete(
-        &mut self,
-        kind: &Kind,
-        ns: Option<&str>,
-        name: &str,
-        opts: &DeleteOpts,
-    ) -> Result<Bytes, ApiError> {
-        let r = Self::objref(kind, ns, name);
-        let cur = self
-            .lookup(&r)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
-        if let Some(uid) = &opts.uid
-            && meta_str(&cur.value, "uid") != Some(uid.as_str())
-        {
-            return Err(ApiError::precondition(
-                kind.subject(name),
-                format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    meta_str(&cur.value, "uid").unwrap_or_default()
-                ),
-            ));
-        }
-        if let Some(rv) = &opts.resource_version
-            && meta_str(&cur.value, "resourceVersion") != Some(rv.as_str())
-        {
-            return Err(ApiError::precondition(
-                kind.subject(name),
-                format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    meta_str(&cur.value, "resourceVersion").unwrap_or_default()
-                ),
-            ));
-        }
-        let (obj, gone) = self.delete_ref(&r, opts.propagation);
-        self.run_gc();
-        if gone && !kind.delete_returns_object {
-            let mut details = json!({"name": name, "kind": kind.gr.plural,
-                "uid": meta_str(&obj.value, "uid").unwrap_or_default()});
-            if !kind.gr.group.is_empty() {
-                details["group"] = json!(kind.gr.group);
-            }
-            let s = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details});
-            return Ok(Bytes::from(serde_json::to_vec(&s).unwrap_or_default()));
-        }
-        Ok(render(&obj.value, &obj.bytes, &kind.api_version))
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::super::testing::*;
+    use super::*;
+
+    fn rv(v: &Value) -> u64 {
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 
-    /// DELETE of a collection: deletes every match, answers the list of what was deleted.
-    pub(crate) fn delete_collection(
-        &mut self,
-        kind: &Kind,
-        ns: Option<&str>,
-        opts: &ListOpts,
-        del: &DeleteOpts,
-    ) -> Result<Vec<u8>, ApiError> {
-        let refs: Vec<ObjRef> = match self.tables.get(&kind.gr) {
-            Some(t) => t
-                .objects
-                .iter()
-                .filter(|(k, o)| {
-                    (!kind.namespaced || ns.is_none_or(|ns| ns == k.0))
-                        && opts.labels.matches(&o.value)
-                        && opts.fields.matches(&o.value)
-                })
-                .map(|(k, _)| ObjRef {
-                    gr: kind.gr.clone(),
-                    ns: k.0.clone(),
-                    name: k.1.clone(),
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        let mut items = Vec::new();
-        for r in refs {
-            let (o, _) = self.delete_ref(&r, del.propagation);
-            items.push(render(&o.value, &o.bytes, &kind.api_version));
-        }
-        self.run_gc();
-        let mut out = serde_json::to_vec(
-            &json!({"kind": kind.list_kind, "apiVersion": kind.api_version,
-            "metadata": {"resourceVersion": self.rev.to_string()}}),
-        )
-        .unwrap_or_default();
-        out.pop();
-        out.extend_from_slice(b",\"items\":[");
-        for (i, it) in items.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(it);
-        }
-        out.extend_from_slice(b"]}");
-        Ok(out)
+    #[test]
+    fn create_sets_the_server_owned_metadata() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let mut body = configmap(
+            "a",
+            json!({"uid": "mine", "generation": 7, "selfLink": "/x"}),
+        );
+        body["data"] = json!({"k": "v"});
+        let created = create(&mut s, &cm, Some("default"), body);
+        let m = &created["metadata"];
+        assert_eq!(m["namespace"], "default");
+        assert_ne!(m["uid"], "mine");
+        assert_eq!(m["uid"].as_str().unwrap().len(), 36);
+        assert!(m["creationTimestamp"].is_string());
+        assert_eq!(rv(&created), s.revision());
+        // ConfigMaps keep no generation; the client's selfLink is dropped.
+        assert!(m.get("generation").is_none() && m.get("selfLink").is_none());
+        assert_eq!(created["data"], json!({"k": "v"}));
+        assert_eq!(get(&s, &cm, Some("default"), "a").unwrap(), created);
+        assert_eq!(s.object_count(), 5);
+
+        let err = s
+            .create(&cm, Some("default"), configmap("a", json!({})), None)
+            .unwrap_err();
+        assert_eq!((err.code, err.reason), (409, "AlreadyExists"));
+        let err = s
+            .create(
+                &cm,
+                Some("default"),
+                configmap("b", json!({"resourceVersion": "3"})),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, 500);
+        assert_eq!(s.object_count(), 5);
     }
 
-    /// Deletes one existing object per policy. Answers its last state and whether it is gone.
-    fn delete_ref(&mut self, r: &ObjRef, policy: Propagation) -> (Obj, bool) {
-        let Some(cur) = self.lookup(r).cloned() else {
-            return (
-                Obj {
-                    value: Arc::new(Value::Null),
-                    bytes: Bytes::from_static(b"null"),
-                },
-                true,
-            );
-        };
-        if is_deleting(&cur.value) {
-            return (cur, false);
-        }
-        let uid = meta_str(&cur.value, "uid").unwrap_or_default().to_string();
-        let is_namespace = r.gr.group.is_empty() && r.gr.plural == "namespaces";
-        if policy == Propagation::Orphan {
-            self.orphan_dependents(&uid);
-        }
-        let mut v = (*cur.value).clone();
-        let mut fins = finalizers(&v);
-        let blocking = self.blocking_dependents(&uid);
-        if policy == Propagation::Foreground && blocking && !fins.iter().any(|f| f == FOREGROUND) {
-            fins.push(FOREGROUND.to_string());
-            set_finalizers(&mut v, fins.clone());
-        }
-        let ns_busy = is_namespace && self.ns_counts.get(&r.name).copied().unwrap_or(0) > 0;
-        if fins.is_empty() && !ns_busy {
-            let obj = self.remove(r, v);
-            return (obj, true);
-        }
-        let now = self.clock.now();
-        let m = meta_mut(&mut v);
-        m.insert("deletionTimestamp".into(), json!(now));
-        m.insert("deletionGracePeriodSeconds".into(), json!(0));
-        // Marking an object for deletion bumps its generation, as on the real server.
-        if let Some(g) = m.get("generation").and_then(Value::as_i64) {
-            m.insert("generation".into(), json!(g + 1));
-        }
-        if is_namespace {
-            v["status"] = json!({"phase": "Terminating"});
-        }
-        let obj = self.put(r, v, EvType::Modified);
-        if policy == Propagation::Foreground {
-            let deps: Vec<ObjRef> = self
-                .dependents
-                .get(&uid)
-                .map(|s| s.iter().cloned().collect())
-                .unwrap_or_default();
-            for d in deps {
-                self.delete_ref(&d, Propagation::Background);
-            }
-            self.gc.push_back(Gc::Removed {
-                uid: String::new(),
-                owners: vec![uid],
-            });
-        }
-        if is_namespace {
-            let contents: Vec<ObjRef> = self
-                .tables
-                .iter()
-                .filter(|(_, t)| t.namespaced)
-                .flat_map(|(gr, t)| {
-                    t.objects
-                        .range((r.name.clone(), String::new())..)
-                        .take_while(|(k, _)| k.0 == r.name)
-                        .map(|(k, _)| ObjRef {
-                            gr: gr.clone(),
-                            ns: k.0.clone(),
-                            name: k.1.clone(),
-                        })
-                })
-                .collect();
-            for c in contents {
-                self.delete_ref(&c, Propagation::Background);
-            }
-            self.gc.push_back(Gc::Namespace(r.name.clone()));
-        }
-        let latest = if self.dry_run {
-            obj
-        } else {
-            self.lookup(r).cloned().unwrap_or(obj)
-        };
-        (latest, false)
-    }
-
-    fn blocking_dependents(&self, uid: &str) -> bool {
-        self.dependents.get(uid).is_some_and(|deps| {
-            deps.iter().any(|d| {
-                self.lookup(d).is_some_and(|o| {
-                    owner_refs(&o.value)
-                        .iter()
-                        .any(|(u, block)| u == uid && *block)
-                })
-            })
-        })
-    }
-
-    fn orphan_dependents(&mut self, uid: &str) {
-        let deps: Vec<ObjRef> = self
-            .dependents
-            .get(uid)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default();
-        for d in deps {
-            if let Some(o) = self.lookup(&d).cloned() {
-                let mut v = (*o.value).clone();
-                let m = meta_mut(&mut v);
-                if let Some(Value::Array(refs)) = m.get_mut("ownerReferences") {
-                    refs.retain(|o| o.get("uid").and_then(Value::as_str) != Some(uid));
-                    if refs.is_empty() {
-                        m.remove("ownerReferences");
-                    }
-                }
-                self.put(&d, v, EvType::Modified);
-            }
-        }
-    }
-
-    /// Removes a finalizer from an existing object (an internal controller's write).
-    fn drop_finalizer(&mut self, r: &ObjRef, fin: &str) {
-        let Some(o) = self.lookup(r).cloned() else {
-            return;
-        };
-        let mut v = (*o.value).clone();
-        let fins: Vec<String> = finalizers(&v).into_iter().filter(|f| f != fin).collect();
-        set_finalizers(&mut v, fins.clone());
-        let is_namespace = r.gr.group.is_empty() && r.gr.plural == "namespaces";
-        if fins.is_empty()
-            && is_deleting(&v)
-            && !(is_namespace && self.ns_counts.get(&r.name).copied().unwrap_or(0) > 0)
-        {
-            self.remove(r, (*o.value).clone());
-        } else {
-            self.put(r, v, EvType::Modified);
-        }
-    }
-
-    /// The in-process garbage collector and namespace controller: runs until nothing is left to do.
-    fn run_gc(&mut self) {
-        while let Some(work) = self.gc.pop_front() {
-            match work {
-                Gc::Removed { uid, owners } => {
-                    // Dependents whose owners are all gone are deleted (background).
-                    if !uid.is_empty() {
-                        let deps: Vec<ObjRef> = self
-                            .dependents
-                            .get(&uid)
-                            .map(|s| s.iter().cloned().collect())
-                            .unwrap_or_default();
-                        for d in deps {
-                            let Some(o) = self.lookup(&d) else { continue };
-                            let all_gone = owner_refs(&o.value)
-                                .iter()
-                                .all(|(u, _)| !self.uids.contains_key(u));
-                            if all_gone {
-                                self.delete_ref(&d, Propagation::Background);
-                            }
-                        }
-                    }
-                    // Owners waiting in foreground deletion may now be free.
-                    for owner in owners {
-                        let Some(r) = self.uids.get(&owner).cloned() else {
-                            continue;
-                        };
-                        let Some(o) = self.lookup(&r) else { continue };
-                        if is_deleting(&o.value)
-                            && finalizers(&o.value).iter().any(|f| f == FOREGROUND)
-                            && !self.blocking_dependents(&owner)
-                        {
-                            self.drop_finalizer(&r, FOREGROUND);
-                        }
-                    }
-                }
-                Gc::CrdRemoved => self.unregister_removed_crds(),
-                Gc::Namespace(ns) => {
-                    if self.ns_counts.get(&ns).copied().unwrap_or(0) > 0 {
-                        continue;
-                    }
-                    let r = ObjRef {
-                        gr: Gr {
-                            group: String::new(),
-                            plural: "namespaces".into(),
-                        },
-                        ns: String::new(),
-                        name: ns,
-                    };
-                    if let Some(o) = self.lookup(&r)
-                        && is_deleting(&o.value)
-                        && finalizers(&o.value).is_empty()
-                    {
-                        let v = (*o.value).clone();
-                        self.remove(&r, v);
-                    }
-                }
-            }
-        }
-    }
-
-    // ---- custom resource definitions ----------------------------------------------------------------
-
-    /// Validates a CRD's spec enough to serve it, and sets its status (Established at once).
-    fn prepare_crd(&mut self, crd: &mut Value, name: &str) -> Result<(), ApiError> {
-        let inv = |field: &str, why: &str| {
-            ApiError::invalid(
-                "apiextensions.k8s.io",
-                "CustomResourceDefinition",
-                name,
-                field,
-                why.to_string(),
+    #[test]
+    fn generate_name_and_uids_follow_the_seed() {
+        let run = || {
+            let mut s = store();
+            let cm = configmaps(&s);
+            let body = json!({"metadata": {"generateName": "cm-"}});
+            let created = create(&mut s, &cm, Some("default"), body);
+            (
+                created["metadata"]["name"].clone(),
+                created["metadata"]["uid"].clone(),
             )
         };
-        let spec = crd
-            .get("spec")
-            .ok_or_else(|| inv("spec", "Required value"))?;
-        let group = spec
-            .get("group")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let plural = spec
-            .pointer("/names/plural")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let kind = spec
-            .pointer("/names/kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if group.is_empty() || !group.contains('.') {
-            return Err(inv(
-                "spec.group",
-                "Invalid value: should be a domain with at least one dot",
-            ));
-        }
-        if plural.is_empty() || kind.is_empty() {
-            return Err(inv(
-                "spec.names",
-                "Required value: plural and kind are required",
-            ));
-        }
-        if name != format!("{plural}.{group}") {
-            return Err(inv(
-                "metadata.name",
-                "Invalid value: must be spec.names.plural+\".\"+spec.group",
-            ));
-        }
-        match spec.get("scope").and_then(Value::as_str) {
-            Some("Namespaced") | Some("Cluster") => {}
-            _ => {
-                return Err(inv(
-                    "spec.scope",
-                    "Unsupported value: supported values: \"Cluster\", \"Namespaced\"",
-                ));
-            }
-        }
-        let versions = spec
-            .get("versions")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if versions.is_empty()
-            || versions.iter().any(|v| {
-                v.get("name")
-                    .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-            })
-        {
-            return Err(inv(
-                "spec.versions",
-                "Invalid value: must have at least one named version",
-            ));
-        }
-        if versions
-            .iter()
-            .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
-            .count()
-            != 1
-        {
-            return Err(inv(
-                "spec.versions",
-                "Invalid value: must have exactly one version marked as storage version",
-            ));
-        }
-        // Another CRD must not serve the same group/plural.
-        if let Some(existing) = self
-            .routes
-            .values()
-            .find(|k| k.gr.group == group && k.gr.plural == plural)
-            && !existing.custom
-        {
-            return Err(inv(
-                "spec.names.plural",
-                "Invalid value: already served by a built-in resource",
-            ));
-        }
-        let storage = versions
-            .iter()
-            .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
-            .and_then(|v| v.get("name").cloned())
-            .unwrap_or(Value::Null);
-        let mut names = spec.get("names").cloned().unwrap_or(json!({}));
-        if names.get("singular").is_none() {
-            names["singular"] = json!(kind.to_lowercase());
-        }
-        if names.get("listKind").is_none() {
-            names["listKind"] = json!(format!("{kind}List"));
-        }
-        let mut now = self.clock.now();
-        if let Some(t) = crd
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .and_then(|c| c.iter().find(|c| c["type"] == "Established"))
-            .and_then(|c| c["lastTransitionTime"].as_str())
-        {
-            now = t.to_string();
-        }
-        crd["status"] = json!({
-            "conditions": [
-                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
-                 "message": "no conflicts found", "lastTransitionTime": now},
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                 "message": "the initial names have been accepted", "lastTransitionTime": now},
-            ],
-            "acceptedNames": names,
-            "storedVersions": [storage],
-        });
-        Ok(())
-    }
+        let (name, uid) = run();
+        let name = name.as_str().unwrap().to_string();
+        assert!(name.starts_with("cm-") && name.len() == 8, "{name}");
+        assert_eq!(run(), (json!(name), uid));
 
-    /// Serves a (validated) CRD's versions.
-    fn register_crd(&mut self, crd: &Value) {
-        let spec = &crd["spec"];
-        let group = spec["group"].as_str().unwrap_or_default().to_string();
-        let plural = spec["names"]["plural"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let kind = spec["names"]["kind"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let list_kind = spec["names"]["listKind"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{kind}List"));
-        let namespaced = spec["scope"].as_str() == Some("Namespaced");
-        self.routes
-            .retain(|(g, _, p), _| !(g == &group && p == &plural));
-        for v in spec["versions"].as_array().into_iter().flatten() {
-            if v.get("served").and_then(Value::as_bool) == Some(false) {
-                continue;
-            }
-            let version = v["name"].as_str().unwrap_or_default().to_string();
-            self.add_route(Kind {
-                gr: Gr {
-                    group: group.clone(),
-                    plural: plural.clone(),
-                },
-                api_version: format!("{group}/{version}"),
-                version,
-                kind: kind.clone(),
-                list_kind: list_kind.clone(),
-                namespaced,
-                status: v.pointer("/subresources/status").is_some(),
-                generation: true,
-                custom: true,
-                // Gone at once → a success Status (real 1.20 servers do not answer the object here).
-                delete_returns_object: false,
-                schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
-            });
-        }
-    }
-
-    /// Stops serving a CRD's kind once the CRD is gone, deleting its objects (their watches end).
-    fn unregister_removed_crds(&mut self) {
-        let crds = Gr {
-            group: "apiextensions.k8s.io".into(),
-            plural: "customresourcedefinitions".into(),
-        };
-        let live: HashSet<String> = self
-            .tables
-            .get(&crds)
-            .map(|t| t.objects.keys().map(|k| k.1.clone()).collect())
-            .unwrap_or_default();
-        let dead: BTreeSet<Gr> = self
-            .routes
-            .values()
-            .filter(|k| k.custom && !live.contains(&format!("{}.{}", k.gr.plural, k.gr.group)))
-            .map(|k| k.gr.clone())
-            .collect();
-        for gr in dead {
-            self.routes
-                .retain(|(g, _, p), _| !(g == &gr.group && p == &gr.plural));
-            if let Some(t) = self.tables.get(&gr) {
-                let keys: Vec<(String, String)> = t.objects.keys().cloned().collect();
-                for (ns, name) in keys {
-                    let r = ObjRef {
-                        gr: gr.clone(),
-                        ns,
-                        name,
-                    };
-                    if let Some(o) = self.lookup(&r) {
-                        let v = (*o.value).clone();
-                        self.remove(&r, v);
-                    }
-                }
-            }
-            self.tables.remove(&gr);
-        }
-    }
-
-    /// Installs a CRD given as JSON: create, or replace the spec of an existing one.
-    pub(crate) fn install_crd(&mut self, mut crd: Value) -> Result<(), ApiError> {
-        let kind = self
-            .resolve("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-            .ok_or_else(ApiError::no_route)?;
-        crd["apiVersion"] = json!("apiextensions.k8s.io/v1");
-        crd["kind"] = json!("CustomResourceDefinition");
-        let name = meta_str(&crd, "name").unwrap_or_default().to_string();
-        if let Some(mut cur) = self.current(&kind, None, &name) {
-            cur["spec"] = crd.get("spec").cloned().unwrap_or(Value::Null);
-            self.update(
-                &kind,
+        let mut s = store();
+        let err = s
+            .create(
+                &configmaps(&s),
+                Some("default"),
+                json!({"metadata": {}}),
                 None,
-                &name,
-                cur,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, 422);
+    }
+
+    #[test]
+    fn a_write_with_a_stale_resource_version_conflicts() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let first = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let mut second = first.clone();
+        second["data"] = json!({"k": "1"});
+        let second = put(&mut s, &cm, Some("default"), second, false).unwrap();
+        assert_eq!(rv(&second), rv(&first) + 1);
+
+        let mut stale = first.clone();
+        stale["data"] = json!({"k": "2"});
+        let err = put(&mut s, &cm, Some("default"), stale, false).unwrap_err();
+        assert_eq!((err.code, err.reason), (409, "Conflict"));
+        assert_eq!(
+            get(&s, &cm, Some("default"), "a").unwrap()["data"],
+            json!({"k": "1"})
+        );
+
+        // Without a resourceVersion a PUT of a built-in kind is unconditional...
+        let mut blind = configmap("a", json!({}));
+        blind["data"] = json!({"k": "3"});
+        assert_eq!(
+            put(&mut s, &cm, Some("default"), blind, false).unwrap()["data"]["k"],
+            "3"
+        );
+        // ...and one of a custom resource refused.
+        let (mut s, widgets) = store_with_widgets();
+        create(
+            &mut s,
+            &widgets,
+            Some("default"),
+            widget("w", json!({"size": 1})),
+        );
+        let err = put(
+            &mut s,
+            &widgets,
+            Some("default"),
+            widget("w", json!({"size": 2})),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!((err.code, err.reason), (422, "Invalid"));
+    }
+
+    #[test]
+    fn a_write_naming_another_uid_or_object_is_refused() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let err = put(
+            &mut s,
+            &cm,
+            Some("default"),
+            configmap("a", json!({"uid": "other"})),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(err.code, 409);
+        let err = s
+            .update(
+                &cm,
+                Some("default"),
+                "a",
+                configmap("b", json!({})),
                 false,
-                WriteKind::Patch,
+                WriteKind::Put,
                 false,
                 None,
-            )?;
-        } else {
-            self.create(&kind, None, crd, None)?;
-        }
-        Ok(())
+            )
+            .unwrap_err();
+        assert_eq!(err.code, 400);
+        let err = put(
+            &mut s,
+            &cm,
+            Some("default"),
+            configmap("missing", json!({})),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(err.code, 404);
+    }
+
+    #[test]
+    fn generation_bumps_only_when_the_spec_changes() {
+        let mut s = store();
+        let deployments = kind(&s, "apps", "v1", "deployments");
+        let body = json!({"metadata": {"name": "d"}, "spec": {"replicas": 1}, "status": {"x": 1}});
+        let created = create(&mut s, &deployments, Some("default"), body);
+        assert_eq!(created["metadata"]["generation"], 1);
+        // Create drops the status of a kind with a status subresource.
+        assert!(created.get("status").is_none());
+
+        let mut labelled = created.clone();
+        labelled["metadata"]["labels"] = json!({"a": "b"});
+        labelled["metadata"]["generation"] = json!(40);
+        let labelled = put(&mut s, &deployments, Some("default"), labelled, false).unwrap();
+        assert_eq!(labelled["metadata"]["generation"], 1);
+
+        let mut status = labelled.clone();
+        status["status"] = json!({"ready": 1});
+        let status = put(&mut s, &deployments, Some("default"), status, true).unwrap();
+        assert_eq!(status["metadata"]["generation"], 1);
+        assert_eq!(status["status"], json!({"ready": 1}));
+
+        let mut scaled = status.clone();
+        scaled["spec"]["replicas"] = json!(3);
+        let scaled = put(&mut s, &deployments, Some("default"), scaled, false).unwrap();
+        assert_eq!(scaled["metadata"]["generation"], 2);
+    }
+
+    #[test]
+    fn the_status_subresource_and_the_main_resource_change_only_their_part() {
+        let (mut s, widgets) = store_with_widgets();
+        let created = create(
+            &mut s,
+            &widgets,
+            Some("default"),
+            widget("w", json!({"size": 1})),
+        );
+        // A status write changes only status.
+        let mut status = created.clone();
+        status["spec"] = json!({"size": 9});
+        status["metadata"]["labels"] = json!({"a": "b"});
+        status["status"] = json!({"ready": true});
+        let status = put(&mut s, &widgets, Some("default"), status, true).unwrap();
+        assert_eq!(status["spec"], json!({"size": 1}));
+        assert!(status["metadata"].get("labels").is_none());
+        assert_eq!(status["status"], json!({"ready": true}));
+        // A main write keeps the stored status.
+        let mut main = status.clone();
+        main["spec"] = json!({"size": 2});
+        main["status"] = json!({"ready": false});
+        let main = put(&mut s, &widgets, Some("default"), main, false).unwrap();
+        assert_eq!(main["spec"], json!({"size": 2}));
+        assert_eq!(main["status"], json!({"ready": true}));
+        assert_eq!(main["metadata"]["generation"], 2);
+    }
+
+    #[test]
+    fn a_write_that_changes_nothing_stores_nothing() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let created = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let mut rx = watch_all(&mut s, &cm);
+        let rev = s.revision();
+        let same = put(&mut s, &cm, Some("default"), created.clone(), false).unwrap();
+        assert_eq!(same, created);
+        assert_eq!(s.revision(), rev);
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn injected_conflicts_and_dry_runs_store_nothing() {
+        let mut s = store();
+        let cm = configmaps(&s);
+        let created = create(&mut s, &cm, Some("default"), configmap("a", json!({})));
+        let rev = s.revision();
+        let mut changed = created.clone();
+        changed["data"] = json!({"k": "v"});
+        let err = s
+            .update(
+                &cm,
+                Some("default"),
+                "a",
+                changed.clone(),
+                false,
+                WriteKind::Put,
+                true,
+                None,
+            )
+            .unwrap_err();
+        assert_eq!((err.code, s.injected_conflicts), (409, 1));
+
+        s.dry_run = true;
+        let answer = put(&mut s, &cm, Some("default"), changed, false).unwrap();
+        let made = create(&mut s, &cm, Some("default"), configmap("b", json!({})));
+        s.dry_run = false;
+        assert_eq!(answer["data"], json!({"k": "v"}));
+        assert_eq!(made["metadata"]["name"], "b");
+        assert_eq!(s.revision(), rev);
+        assert_eq!(get(&s, &cm, Some("default"), "a").unwrap(), created);
+        assert!(get(&s, &cm, Some("default"), "b").is_none());
     }
 }
