@@ -94,7 +94,7 @@ impl Store {
                 "Invalid value: must have exactly one version marked as storage version",
             ));
         }
-        // Another CRD must not serve the same group/plural.
+        // A built-in kind's group/plural cannot be served by a CRD.
         if let Some(existing) = self
             .routes
             .values()

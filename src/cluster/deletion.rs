@@ -90,7 +90,8 @@ pub(super) fn check_no_new_finalizers(
 }
 
 impl Store {
-    /// DELETE. Answers the object (or a success `Status` for kinds that answer one) and whether it is gone.
+    /// DELETE. Answers the object as deleted (or marked for deletion), or a success `Status`
+    /// for kinds that answer one.
     pub(crate) fn delete(
         &mut self,
         kind: &Kind,

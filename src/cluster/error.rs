@@ -64,7 +64,6 @@ impl ApiError {
         }
     }
 
-    /// 404 for a path that names no known resource.
     /// The plain-text 404 the real server answers for paths no API group serves (unknown groups, and
     /// unknown kinds of custom resource groups).
     pub(crate) fn page_not_found() -> ApiError {
