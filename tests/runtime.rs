@@ -705,9 +705,7 @@ async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
     assert_eq!((m.live_actors, m.activations), (8, 8), "{m:?}");
     // Each object's first pass runs as its actor starts: past the cap of two, one start per
     // 10 ms (paused clock: exactly).
-    let mut firsts: Vec<Instant> = (0..8)
-        .map(|i| log.starts(&format!("s{i}"))[0])
-        .collect();
+    let mut firsts: Vec<Instant> = (0..8).map(|i| log.starts(&format!("s{i}"))[0]).collect();
     firsts.sort();
     let gaps: Vec<Duration> = firsts.windows(2).map(|w| w[1] - w[0]).collect();
     assert!(
@@ -915,7 +913,10 @@ async fn failed_status_writes_are_retried_until_they_land() {
         let s = status_of(&client, &name).await.expect("it exists");
         assert!(s.ready().is_none(), "{name}: no status write landed: {s:?}");
     }
-    assert!(cluster.stats().injected_conflicts >= 5, "the status writes failed");
+    assert!(
+        cluster.stats().injected_conflicts >= 5,
+        "the status writes failed"
+    );
     cluster.set_faults(actorcile::cluster::Faults::default());
     wait_all_ready(&client, 5, LIMIT).await;
     rt.shutdown().await;
