@@ -1,6 +1,7 @@
 //! Readiness waits, references and deletion ordering as messages between resource actors
-//! (in-process cluster, paused clock). Polling is disabled (1 h fallback poll and yield delay),
-//! so anything that converges quickly converged by message.
+//! (in-process cluster; paused clock but for the passivation-window test, which bounds its waits
+//! in real time). Polling is disabled (1 h fallback poll and yield delay), so anything that
+//! converges quickly converged by message.
 
 mod common;
 
