@@ -2,9 +2,9 @@
 //! real etcd + kube-apiserver v1.20 (`real_apiserver::*`, needs scripts/install-test-deps.sh).
 //!
 //! Every case asserts what the real server does. A case failing only under `in_process` is a
-//! difference of the in-process cluster (the team's notes/conformance-diffs.md lists them). Under
-//! `cargo test` the real cases share one control plane (`Envtest::shared`, ~15 s for the whole file);
-//! under nextest each test is its own process and starts its own (~10 s each).
+//! difference of the in-process cluster. Under `cargo test` the real cases share one control plane
+//! (`Envtest::shared`, ~15 s for the whole file); under nextest each test is its own process and
+//! starts its own (~10 s each).
 
 #[path = "common/envtest_support.rs"]
 mod envtest_support;

@@ -195,12 +195,26 @@ async fn deleted_targets_stay_in_use_until_their_referrers_go() {
                 assert!(msg.contains(r), "{target} names its referrer {r}: {msg}");
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Barrier: a change to each held target makes its actor run a deletion pass (counted
+        // as a deprovision run) that finds it still held; none may deprovision.
+        let held = ["a", "b", "c", "bottom", "left", "right"];
+        let before = rt.metrics().deprovision_runs;
+        for n in held {
+            api.patch_spec(n, serde_json::json!({"note": "poke"})).await;
+        }
+        eventually("a deletion pass per held target", CONVERGE, || async {
+            (rt.metrics().deprovision_runs >= before + held.len() as u64).then_some(())
+        })
+        .await;
         assert_eq!(
             log.entries(),
             Vec::<String>::new(),
             "no deprovision while held"
         );
+        for n in held {
+            let s = api.status_of(n).await.unwrap();
+            assert_eq!(s.ready().unwrap().reason, "InUse", "{n}: {s:?}");
+        }
         for n in ["d", "top"] {
             api.delete(n).await;
         }
@@ -259,7 +273,14 @@ async fn a_foreign_finalizer_on_a_target_does_not_count_as_a_reference() {
             "a foreign finalizer is no referrer"
         );
         // Nothing more of ours runs on it, and the foreign finalizer stays until its owner goes.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Barrier: a change to `t`, then a new widget provisioned. The watch delivers the change
+        // first, so the runtime took it in before it provisioned `sentinel` (a pass on `t` would
+        // be one message to its actor; `sentinel` takes a finalizer write, a pass and a status
+        // write).
+        api.patch_spec("t", serde_json::json!({"note": "poke"}))
+            .await;
+        api.create_with("sentinel", &[], &[]).await;
+        api.wait_ready("sentinel").await;
         assert_eq!(log.entries(), ["-t"]);
         assert_eq!(
             api.get("t").await.unwrap().finalizers(),
@@ -275,6 +296,8 @@ async fn a_foreign_finalizer_on_a_target_does_not_count_as_a_reference() {
             .await
             .expect("remove the foreign finalizer");
         api.wait_gone("t").await;
+        api.delete("sentinel").await;
+        api.wait_gone("sentinel").await;
         rt.shutdown().await;
     })
     .await;

@@ -161,30 +161,28 @@ async fn lifecycle_on_a_real_apiserver_status_finalizer_and_clean_deletion() {
             assert_provisioned(&w);
             assert_eq!(w.metadata.generation, Some(1));
         }
-        // Give any stray run (an echo of our own writes) time to happen, then count.
-        tokio::time::sleep(Duration::from_millis(500)).await;
         for n in &all {
-            assert_eq!(
-                passes.of(n),
-                3,
-                "{n}: two yields and one done pass, no echo runs"
-            );
+            assert_eq!(passes.of(n), 3, "{n}: two yields and one done pass");
         }
 
-        // A spec change: a new generation is provisioned and observed.
-        api.patch_spec("w0", serde_json::json!({"note": "changed"}))
-            .await;
-        let w = eventually("w0 observed generation 2", CONVERGE, || async {
-            api.get("w0").await.filter(|w| {
-                w.status
-                    .as_ref()
-                    .is_some_and(|s| s.is_ready() && s.observed_generation == Some(2))
-            })
-        })
-        .await;
-        assert_eq!(w.metadata.generation, Some(2));
-        assert_provisioned(&w);
-        assert_eq!(passes.of("w0"), 4);
+        // A spec change: a new generation is provisioned and observed. It is also the barrier
+        // for counting echo runs: the watch delivers the echo of a widget's Ready status write
+        // before the change (written after that status was read back), and its actor takes
+        // both in that order, so a run for the echo would have started before the change's.
+        for n in &all {
+            api.patch_spec(n, serde_json::json!({"note": "changed"}))
+                .await;
+        }
+        for n in &all {
+            let w = api.wait_ready_at(n, 2).await;
+            assert_eq!(w.metadata.generation, Some(2));
+            assert_provisioned(&w);
+            assert_eq!(
+                passes.of(n),
+                4,
+                "{n}: one pass for the change, none for the echoes of its own writes"
+            );
+        }
 
         // Deletion goes through the runtime's finalizer: deprovision once each, then gone.
         delete_all_and_wait(&api, &all).await;
@@ -208,8 +206,14 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
         let (passes, deprovisions) = (Passes::default(), Log::default());
         // `slow*` objects cannot finish before the restart: they yield until `allow` is set.
         let allow = Arc::new(AtomicBool::new(false));
-        let tree = |allow: Arc<AtomicBool>| {
+        // Passes a runtime's tree runs once its `stopped` flag is set go to `late`.
+        let late = Log::default();
+        let tree = |allow: Arc<AtomicBool>, stopped: Arc<AtomicBool>| {
+            let late = late.clone();
             sample_tree(passes.clone(), deprovisions.clone(), move |name| {
+                if stopped.load(Ordering::SeqCst) {
+                    late.push(name);
+                }
                 if name.starts_with("early") {
                     1
                 } else if allow.load(Ordering::SeqCst) {
@@ -219,7 +223,8 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
                 }
             })
         };
-        let rt = start(&api.client, &api.ns, tree(allow.clone())).await;
+        let stopped = Arc::new(AtomicBool::new(false));
+        let rt = start(&api.client, &api.ns, tree(allow.clone(), stopped.clone())).await;
         let early = names("early", 3);
         let slow = names("slow", 4);
         for n in &early {
@@ -237,9 +242,8 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
             api.wait_reason(n, "Provisioning").await;
         }
         rt.shutdown().await;
+        stopped.store(true, Ordering::SeqCst);
         let before = passes.snapshot();
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert_eq!(passes.snapshot(), before, "no pass after shutdown returned");
         for n in &slow {
             let s = api.status_of(n).await.unwrap();
             assert!(
@@ -250,18 +254,41 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
 
         // A new operator process: nothing in memory, everything from the API server.
         allow.store(true, Ordering::SeqCst);
-        let rt = start(&api.client, &api.ns, tree(allow.clone())).await;
-        let all: Vec<String> = early.iter().chain(&slow).cloned().collect();
+        let rt = start(&api.client, &api.ns, tree(allow.clone(), Arc::default())).await;
+        // Barrier for the old runtime: every wake-up it had armed was due at most 150 ms after
+        // its shutdown returned. A widget new to the new runtime yields twice, 150 ms apart,
+        // before it is Ready: by then the old runtime would have run its passes.
+        api.create_widget(CLOCK, 1).await;
+        api.wait_ready(CLOCK).await;
+        assert_eq!(passes.of(CLOCK), 3);
+        assert_eq!(
+            late.entries(),
+            Vec::<String>::new(),
+            "no pass of the old runtime after its shutdown returned"
+        );
+        let all: Vec<String> = [CLOCK.to_string()]
+            .into_iter()
+            .chain(early.iter().cloned())
+            .chain(slow.iter().cloned())
+            .collect();
         api.wait_all_ready(&all).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
         for n in &all {
             assert_provisioned(&api.get(n).await.unwrap());
         }
+        // Barrier before counting: a spec change to each early object, provisioned and
+        // observed. Whatever the new runtime took in before the change (the first list, echoes
+        // of its own writes) its actor took in first, so any run for it has started by now.
         for n in &early {
+            api.patch_spec(n, serde_json::json!({"note": "changed"}))
+                .await;
+        }
+        for n in &early {
+            api.wait_ready_at(n, 2).await;
             let extra = passes.of(n) - before[n];
             assert!(
-                extra <= 1,
-                "{n} was Ready before the restart but ran {extra} more passes"
+                extra <= 2,
+                "{n} was Ready before the restart but ran {extra} more passes (at most one at \
+                 start-up and one for the change)"
             );
         }
         for n in &slow {
@@ -340,6 +367,9 @@ async fn apiserver_restart_mid_provisioning_watches_recover_and_everything_conve
     .await;
 }
 
+/// A widget created as a barrier: its passes, 150 ms apart, mark time on the runtime's own timers.
+const CLOCK: &str = "clock";
+
 #[tokio::test]
 async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() {
     bounded("validation", async {
@@ -349,7 +379,9 @@ async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() 
         let rt = start(
             &api.client,
             &api.ns,
-            sample_tree(passes.clone(), deprovisions.clone(), |_| 1),
+            sample_tree(passes.clone(), deprovisions.clone(), |name| {
+                if name == CLOCK { 16 } else { 1 }
+            }),
         )
         .await;
 
@@ -389,14 +421,18 @@ async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() 
             "{c:?}"
         );
         assert_eq!(s.observed_generation, Some(1));
-        // Terminal: no retries (the policy's yield and backoff delays are ≤ 2 s).
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Terminal: no retries (the policy's yield and backoff delays are ≤ 2 s). The barrier:
+        // a widget created now yields 15 times, 150 ms apart, on the runtime's own timers, so
+        // its last pass comes more than 2 s later; a retry of `neg` would have been due before.
+        api.create_widget(CLOCK, 1).await;
+        api.wait_ready(CLOCK).await;
         let neg = api.get("neg").await.unwrap();
         assert_eq!(neg.finalizers(), [DEFAULT_FINALIZER.to_string()]);
+        assert_eq!(passes.of(CLOCK), 16);
         assert_eq!(
             rt.metrics().provision_runs,
-            1,
-            "one run for the terminal object, none for the rejected ones"
+            1 + 16,
+            "one run for the terminal object, none for the rejected ones (and the clock's 16)"
         );
         assert_eq!(passes.of("bad-type") + passes.of("bad-missing"), 0);
 
@@ -405,8 +441,10 @@ async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() 
         let w = api.wait_ready("neg").await;
         assert_provisioned(&w);
         assert_eq!(w.status.unwrap().observed_generation, Some(2));
-        delete_all_and_wait(&api, &["neg".to_string()]).await;
-        assert_eq!(deprovisions.entries(), ["-neg"]);
+        delete_all_and_wait(&api, &[CLOCK.to_string(), "neg".to_string()]).await;
+        let mut log = deprovisions.entries();
+        log.sort();
+        assert_eq!(log, ["-clock", "-neg"]);
         rt.shutdown().await;
     })
     .await;
@@ -427,14 +465,34 @@ struct PlainSpec {
     size: i32,
 }
 
+/// A kind with a `#[serde(default)]` string in its spec: schemars gives it `default: ""`.
+#[derive(
+    kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[kube(
+    group = "schema.actorcile.dev",
+    version = "v1",
+    kind = "Defaulted",
+    namespaced
+)]
+struct DefaultedSpec {
+    #[serde(default)]
+    note: String,
+}
+
 /// An operator puts `ResourceStatus` in its CRD's status (as `status.rs` recommends) and installs
-/// the CRD generated from its Rust types. FAILS on kube-apiserver v1.20 while
-/// `status::Condition`'s `#[serde(default)]` strings give `default: ""` in the schema (the server
-/// rejects the CRD with 422, see `real::crd_for_v1_20`).
+/// the CRD generated from its Rust types: the server accepts it. The control: the server does
+/// reject a generated CRD with a `default: ""` (422, see `real::crd_for_v1_20`), which is what
+/// `status::Condition`'s `#[serde(default)]` strings would give if its schema kept them.
 #[tokio::test]
 async fn resource_status_schema_installs_on_a_real_apiserver_as_generated() {
     bounded("ResourceStatus schema", async {
         let env = shared_env().await;
+        let rejected = env
+            .install_crds(&[<Defaulted as kube::CustomResourceExt>::crd()])
+            .await
+            .expect_err("the server rejects a CRD with a default of \"\"");
+        assert!(rejected.to_string().contains("default"), "{rejected}");
         env.install_crds(&[<Plain as kube::CustomResourceExt>::crd()])
             .await
             .expect("a CRD whose status is actorcile's ResourceStatus installs as generated");

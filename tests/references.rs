@@ -1,6 +1,7 @@
 //! Readiness waits, references and deletion ordering as messages between resource actors
-//! (in-process cluster, paused clock). Polling is disabled (1 h fallback poll and yield delay),
-//! so anything that converges quickly converged by message.
+//! (in-process cluster; paused clock but for the passivation-window test, which bounds its waits
+//! in real time). Polling is disabled (1 h fallback poll and yield delay), so anything that
+//! converges quickly converged by message.
 
 mod common;
 
@@ -11,6 +12,8 @@ use actorcile::prelude::*;
 use common::*;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(600);
@@ -390,77 +393,153 @@ async fn foreground_deletion_waits_for_owned_children_before_deprovisioning() {
     rt.shutdown().await;
 }
 
-/// Dependents passivate while they wait (the default idle timeout), and their dependency turns
-/// Ready while they are passivating: the notification reaches the manager, not the actor, and
-/// must still re-run the dependent once it has stopped. Many short chains start at once on a
-/// multi-threaded runtime (as the bench's `chain` does), so that window is hit; a lost
-/// notification leaves a dependent waiting for the 1 h fallback poll.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn readiness_reaches_dependents_that_are_passivating() {
-    const CHAINS: usize = 40;
-    const LENGTH: usize = 6;
-    const ROUNDS: usize = 60;
-    // Spinning threads beside the runtime's four workers on a two-core machine: the OS then
-    // preempts workers at arbitrary points, as on a loaded CI machine, which is what opens the
-    // window (on an idle machine it is microseconds wide). Without the fix this failed in about
-    // half of the runs here.
-    let _load = Spinners::start(4);
-    for round in 0..ROUNDS {
-        let (_c, client) = cluster();
-        // Dependents first, as the bench creates them: every actor's first pass waits.
-        for c in 0..CHAINS {
-            for i in (0..LENGTH).rev() {
-                let dependency = format!("c{c}-{}", i.wrapping_sub(1));
-                let needs: &[&str] = if i == 0 { &[] } else { &[&dependency] };
-                create_with(&client, &format!("c{c}-{i}"), needs, &[]).await;
-            }
-        }
-        let mut policy = no_polling();
-        policy.idle_timeout = SupervisorPolicy::default().idle_timeout;
-        let rt = start_widgets(&client, policy, widget_tree(Events::default())).await;
-        let all = CHAINS * LENGTH;
-        let converged = tokio::time::timeout(
-            Duration::from_secs(30),
-            wait_all_ready(&client, all, Duration::from_secs(60)),
-        )
-        .await;
-        assert!(converged.is_ok(), "round {round}: not all {all} Ready");
-        let m = rt.metrics();
-        assert!(m.passivations > 0, "the waits passivated: {m:?}");
-        rt.shutdown().await;
-    }
+/// A kind whose every value carries a [`DropProbe`]: dropping one can run the test's code.
+#[derive(kube::CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "test.actorcile.dev",
+    version = "v1",
+    kind = "Waiter",
+    namespaced,
+    status = "ResourceStatus"
+)]
+struct WaiterSpec {
+    /// The widget this waiter must see Ready.
+    needs: String,
+    /// Never read: it is here to be dropped with the object.
+    #[serde(skip)]
+    #[allow(dead_code)]
+    probe: DropProbe,
 }
 
-/// Busy threads that stop when dropped (also when the test fails).
-struct Spinners {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
+/// Calls [`WINDOW`]'s hook when dropped.
+#[derive(Clone, Debug, Default)]
+struct DropProbe;
 
-impl Spinners {
-    fn start(n: usize) -> Self {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let threads = (0..n)
-            .map(|_| {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        std::hint::spin_loop();
-                    }
-                })
-            })
-            .collect();
-        Self { stop, threads }
-    }
-}
-
-impl Drop for Spinners {
+impl Drop for DropProbe {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        if let Some(w) = WINDOW.get() {
+            w.on_drop();
         }
     }
+}
+
+/// The passivation window of the waiter's actor, held open by the test.
+static WINDOW: std::sync::OnceLock<Window> = std::sync::OnceLock::new();
+
+#[derive(Default)]
+struct Window {
+    /// The task of the waiter's actor, set by its tree when its pass ends waiting.
+    waiter_task: Mutex<Option<tokio::task::Id>>,
+    /// Lets the dependency's pass finish.
+    release: tokio::sync::Notify,
+    /// The dependency's pass ended and its actor passivated (after it announced Ready).
+    dependency_done: std::sync::atomic::AtomicBool,
+    /// The hook ran (once).
+    opened: std::sync::atomic::AtomicBool,
+}
+
+impl Window {
+    /// The first `Waiter` dropped on the waiter actor's task after its waiting pass ended: the
+    /// copy of the object its own status write returned, dropped when the actor hands the object
+    /// back (or takes the watch echo of that write in), which it does only after it removed its
+    /// route. The actor is passivating now: hold it here until the dependency turned Ready, so
+    /// that the dependency's notification finds no route and goes to the manager before the
+    /// actor's state does.
+    fn on_drop(&self) {
+        let Some(task) = tokio::task::try_id() else {
+            return;
+        };
+        if *self.waiter_task.lock().unwrap() != Some(task)
+            || self.opened.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        // Off the runtime's worker (its other tasks move on), bounded: the test fails by its own
+        // waits if the dependency never finishes.
+        tokio::task::block_in_place(|| {
+            self.release.notify_one();
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while !self
+                .dependency_done
+                .load(std::sync::atomic::Ordering::SeqCst)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+    }
+}
+
+/// A dependent passivates while it waits (the default idle timeout), and its dependency turns
+/// Ready while it is passivating: after its actor removed its route, before the manager has its
+/// state. The notification then reaches the manager, not the actor, and must still re-run the
+/// dependent. The test holds the dependent's actor in that window (from a drop of its object, see
+/// [`Window::on_drop`]) until the dependency announced Ready, so the interleaving is the same on
+/// every run. A lost notification leaves the dependent waiting for the 1 h fallback poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_reaches_dependents_that_are_passivating() {
+    use kube::CustomResourceExt;
+    let window = WINDOW.get_or_init(Window::default);
+    let (c, client) = cluster();
+    c.install_crd(&Waiter::crd()).expect("install CRD");
+    let dependency_tree = step("held", move |_cx: Context<Widget>| async move {
+        window.release.notified().await;
+        Outcome::Done
+    });
+    let waiter_tree = step("needs", move |cx: Context<Waiter>| async move {
+        let target = wt(&cx.object().spec.needs);
+        match cx.require_ready(&target).await {
+            Some(wait) => {
+                *window.waiter_task.lock().unwrap() = Some(tokio::task::id());
+                wait
+            }
+            None => Outcome::Done,
+        }
+    });
+    let mut policy = no_polling();
+    policy.idle_timeout = SupervisorPolicy::default().idle_timeout;
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(dependency_tree))
+        .controller(Controller::<Waiter>::new(waiter_tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "base", 1).await;
+    let waiters: Api<Waiter> = Api::namespaced(client.clone(), "default");
+    let mut w = Waiter::new(
+        "dependent",
+        WaiterSpec {
+            needs: "base".into(),
+            ..Default::default()
+        },
+    );
+    w.metadata.namespace = Some("default".into());
+    waiters.create(&PostParams::default(), &w).await.unwrap();
+    // Real time here, every wait bounded. The dependency's pass is held until the waiter's actor
+    // is in its window; the first passivation is then the dependency's, which comes after it
+    // announced Ready.
+    eventually("the dependency passivated", QUICK, || async {
+        (rt.metrics().passivations >= 1).then_some(())
+    })
+    .await;
+    window
+        .dependency_done
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    eventually(
+        "the dependent Ready, by the notification (the fallback poll is an hour away)",
+        QUICK,
+        || async {
+            let w = waiters.get("dependent").await.ok()?;
+            w.status.filter(|s| s.is_ready())
+        },
+    )
+    .await;
+    assert!(
+        window.opened.load(std::sync::atomic::Ordering::SeqCst),
+        "the waiter was held in its window"
+    );
+    rt.shutdown().await;
 }
 
 /// Passes start while the first list is still arriving, before the store can say whether a

@@ -40,10 +40,10 @@ pub async fn bounded<F: Future<Output = ()>>(what: &str, test: F) {
 
 /// `K::crd()` without the `default: ""` entries schemars writes for `#[serde(default)]` string
 /// fields. kube-apiserver v1.20 decodes such a default as null and rejects the whole CRD
-/// (422: `...default: Invalid value: "null": in body must be of type string`). Both the test
-/// fixture (`WidgetSpec::note`) and actorcile's own `status::Condition` (`reason`, `message`)
-/// have such fields; `real_runtime::resource_status_schema_installs_on_a_real_apiserver_as_generated`
-/// shows the unpatched failure.
+/// (422: `...default: Invalid value: "null": in body must be of type string`). The test fixture
+/// has such a field (`WidgetSpec::note`); actorcile's own `status::Condition` drops them from its
+/// schema, which `real_runtime::resource_status_schema_installs_on_a_real_apiserver_as_generated`
+/// checks.
 pub fn crd_for_v1_20<K: CustomResourceExt>() -> CustomResourceDefinition {
     fn strip(v: &mut serde_json::Value) {
         match v {
@@ -277,6 +277,22 @@ impl Ns {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Wait until widget `name` is Ready with status observedGeneration `generation`; returns it.
+    pub async fn wait_ready_at(&self, name: &str, generation: i64) -> Widget {
+        eventually(
+            &format!("{}/{name} Ready at generation {generation}", self.ns),
+            CONVERGE,
+            || async {
+                self.get(name).await.filter(|w| {
+                    w.status
+                        .as_ref()
+                        .is_some_and(|s| s.is_ready() && s.observed_generation == Some(generation))
+                })
+            },
+        )
+        .await
     }
 
     /// Wait until every named widget is Ready.
