@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actorcile::bench_internals::{PendingWakeUp, Timers};
-use actorcile::cluster::Cluster;
+use actorcile::cluster::ApiServer;
 use actorcile::prelude::*;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -131,7 +131,7 @@ fn routing(c: &mut Criterion) {
     let (tx, rx) = std::sync::mpsc::channel::<u32>();
     let tx = Arc::new(std::sync::Mutex::new(tx));
     let (cluster, handle, api) = rt.block_on(async {
-        let cluster = Cluster::new();
+        let cluster = ApiServer::new();
         cluster.install_crd(&Thing::crd()).unwrap();
         let client = cluster.client();
         let api: Api<Thing> = Api::namespaced(client.clone(), "default");
@@ -186,7 +186,7 @@ fn scale(c: &mut Criterion) {
                         .build()
                         .unwrap();
                     total += rt.block_on(async {
-                        let cluster = Cluster::new();
+                        let cluster = ApiServer::new();
                         cluster.install_crd(&Thing::crd()).unwrap();
                         let client = cluster.client();
                         let api: Api<Thing> = Api::namespaced(client.clone(), "default");

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use actorcile::cluster::Cluster;
+use actorcile::cluster::ApiServer;
 use actorcile::prelude::*;
 use clap::Parser;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -176,7 +176,7 @@ async fn main() {
             std::process::exit(2);
         }
     } else {
-        let cluster = Cluster::new();
+        let cluster = ApiServer::new();
         cluster.install_crd(&Link::crd()).expect("install CRD");
         ("in-process", cluster.client())
     };

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use actorcile::cluster::Cluster;
+use actorcile::cluster::ApiServer;
 use actorcile::prelude::*;
 use clap::Parser;
 use kube::api::{Api, PostParams};
@@ -98,7 +98,7 @@ fn main() {
 
 async fn run() {
     let args = Args::parse();
-    let cluster = Cluster::builder().history(1_000).build();
+    let cluster = ApiServer::builder().history(1_000).build();
     cluster.install_crd(&Idle::crd()).expect("install CRD");
     let client = cluster.client();
     let api: Api<Idle> = Api::namespaced(client.clone(), "default");

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actorcile::cluster::Cluster;
+use actorcile::cluster::ApiServer;
 use actorcile::prelude::*;
 use clap::Parser;
 use dashmap::DashMap;
@@ -96,7 +96,7 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let cluster = Cluster::new();
+    let cluster = ApiServer::new();
     cluster.install_crd(&Database::crd()).expect("install CRD");
     let client = cluster.client();
     let api: Api<Database> = Api::namespaced(client.clone(), "default");

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use actorcile::cluster::Cluster;
+use actorcile::cluster::ApiServer;
 use actorcile::prelude::*;
 use clap::Parser;
 use futures::StreamExt;
@@ -64,7 +64,7 @@ async fn main() {
             std::process::exit(2);
         }
     } else {
-        let cluster = Cluster::new();
+        let cluster = ApiServer::new();
         cluster.install_crd(&Slot::crd()).expect("install CRD");
         cluster.client()
     };

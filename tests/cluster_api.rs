@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
-use actorcile::cluster::{Cluster, Faults};
+use actorcile::cluster::{ApiServer, Faults};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::{BodyExt, Full};
@@ -65,8 +65,8 @@ fn widget(name: &str, size: i32) -> Widget {
     Widget::new(name, WidgetSpec { size })
 }
 
-fn cluster_with_widgets() -> Cluster {
-    let c = Cluster::new();
+fn cluster_with_widgets() -> ApiServer {
+    let c = ApiServer::new();
     c.install_crd(&Widget::crd()).unwrap();
     c
 }
@@ -79,7 +79,13 @@ fn api_err(e: kube::Error) -> (u16, String) {
 }
 
 /// Sends a raw request through the tower service; answers (status code, body JSON).
-async fn raw(c: &Cluster, method: &str, uri: &str, content_type: &str, body: &str) -> (u16, Value) {
+async fn raw(
+    c: &ApiServer,
+    method: &str,
+    uri: &str,
+    content_type: &str,
+    body: &str,
+) -> (u16, Value) {
     let req = http::Request::builder()
         .method(method)
         .uri(uri)
@@ -119,7 +125,7 @@ async fn watch_all<K: Clone + serde::de::DeserializeOwned + std::fmt::Debug>(
 #[tokio::test]
 async fn stale_resource_version_conflicts() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let v1 = cms
             .create(&PostParams::default(), &cm("a", &[]))
@@ -355,7 +361,7 @@ async fn finalizers_and_deletion_timestamp_lifecycle() {
 #[tokio::test]
 async fn label_and_field_selectors() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let pp = PostParams::default();
         cms.create(&pp, &cm("web", &[("app", "web"), ("tier", "front")]))
@@ -458,7 +464,7 @@ async fn label_and_field_selectors() {
 #[tokio::test]
 async fn list_paging() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let n = 1234;
         futures::stream::iter(0..n)
@@ -527,7 +533,7 @@ async fn list_paging() {
 #[tokio::test]
 async fn watch_resumes_from_resource_version() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let pp = PostParams::default();
         cms.create(&pp, &cm("a", &[])).await.unwrap();
@@ -596,7 +602,7 @@ async fn watch_resumes_from_resource_version() {
 #[tokio::test]
 async fn too_old_resource_version_is_expired() {
     bounded(async {
-        let c = Cluster::builder().history(5).build();
+        let c = ApiServer::builder().history(5).build();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let first = cms
             .create(&PostParams::default(), &cm("first", &[]))
@@ -767,7 +773,7 @@ fn owned_by(name: &str, owner: &ConfigMap, block: bool) -> ConfigMap {
 #[tokio::test]
 async fn owner_references_garbage_collection() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let pp = PostParams::default();
         let exists = |name: &'static str| {
@@ -853,7 +859,7 @@ async fn fault_injection_is_deterministic() {
             ..Faults::default()
         };
         let pattern = || async {
-            let c = Cluster::builder().faults(faults.clone()).build();
+            let c = ApiServer::builder().faults(faults.clone()).build();
             let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
             let mut out = Vec::new();
             for i in 0..400 {
@@ -881,7 +887,7 @@ async fn fault_injection_is_deterministic() {
         );
 
         // Conflicts hit writes to existing objects only.
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         cms.create(&PostParams::default(), &cm("a", &[]))
             .await
@@ -917,7 +923,7 @@ async fn fault_injection_is_deterministic() {
 
 #[tokio::test(start_paused = true)]
 async fn latency_uses_the_tokio_clock() {
-    let c = Cluster::builder()
+    let c = ApiServer::builder()
         .faults(Faults {
             latency: Duration::from_secs(2),
             latency_jitter: Duration::from_secs(1),
@@ -990,7 +996,7 @@ async fn malformed_requests_answer_status() {
         let b = check(raw(&c, "GET", "/api/v1/namespaces/default/gizmos", json, "").await, 404);
         assert_eq!(b["reason"], "NotFound");
         // Paths no group serves get the real server's plain-text 404; unknown kinds of built-in groups a Status.
-        let plain_404 = |c: &Cluster, uri: &'static str| {
+        let plain_404 = |c: &ApiServer, uri: &'static str| {
             let req = http::Request::get(uri).body(Full::new(Bytes::new())).unwrap();
             let svc = c.service();
             async move {
@@ -1037,7 +1043,7 @@ async fn malformed_requests_answer_status() {
 #[tokio::test]
 async fn namespaces_lifecycle() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let nss: Api<Namespace> = Api::all(c.client());
         let names: BTreeSet<String> = nss
             .list(&ListParams::default())
@@ -1097,7 +1103,7 @@ async fn namespaces_lifecycle() {
 #[tokio::test]
 async fn crds_by_api_and_dynamic_objects() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let crds: Api<CustomResourceDefinition> = Api::all(c.client());
         let created = crds
             .create(&PostParams::default(), &Widget::crd())
@@ -1149,7 +1155,7 @@ async fn crds_by_api_and_dynamic_objects() {
 #[tokio::test]
 async fn kube_runtime_reflector_stays_in_sync() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let pp = PostParams::default();
         for i in 0..50 {
@@ -1210,7 +1216,7 @@ async fn kube_runtime_reflector_stays_in_sync() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_thousand_objects() {
     tokio::time::timeout(Duration::from_secs(300), async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let n = 20_000;
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         // A watch open from the start sees every creation.
@@ -1283,7 +1289,7 @@ async fn twenty_thousand_objects() {
 #[tokio::test]
 async fn secrets_labels_and_discovery() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let client = c.client();
         // stringData is folded into base64 data, as the real server does.
         let secrets: Api<k8s_openapi::api::core::v1::Secret> =
@@ -1334,7 +1340,7 @@ async fn secrets_labels_and_discovery() {
 #[tokio::test]
 async fn kube_runtime_streaming_list_watcher() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         for i in 0..10 {
             cms.create(&PostParams::default(), &cm(&format!("s-{i}"), &[]))
@@ -1368,7 +1374,7 @@ async fn reflector_converges_under_paused_clock_with_faults() {
             conflict_rate: 0.2,
             seed: 1,
         };
-        let c = Cluster::builder().faults(faults).build();
+        let c = ApiServer::builder().faults(faults).build();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let (reader, writer) = reflector::store();
         let stream = reflector(
@@ -1416,7 +1422,7 @@ async fn reflector_converges_under_paused_clock_with_faults() {
 #[tokio::test]
 async fn immutable_config_maps_and_uid_preconditions() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let mut frozen = cm("frozen", &[]);
         frozen.immutable = Some(true);
@@ -1472,7 +1478,7 @@ async fn immutable_config_maps_and_uid_preconditions() {
 #[tokio::test(start_paused = true)]
 async fn bookmarks_keep_quiet_watches_resumable() {
     tokio::time::timeout(Duration::from_secs(3600), async {
-        let c = Cluster::builder().history(10).build();
+        let c = ApiServer::builder().history(10).build();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         cms.create(&PostParams::default(), &cm("only", &[]))
             .await
@@ -1535,7 +1541,7 @@ async fn bookmarks_keep_quiet_watches_resumable() {
 #[tokio::test]
 async fn dry_run_changes_nothing() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         cms.create(&PostParams::default(), &cm("real", &[]))
             .await
@@ -1585,7 +1591,7 @@ async fn dry_run_changes_nothing() {
 async fn workload_kinds_are_stored() {
     bounded(async {
         use k8s_openapi::api::apps::v1::Deployment;
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let deps: Api<Deployment> = Api::default_namespaced(c.client());
         let d: Deployment = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web"}, "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
@@ -1609,7 +1615,7 @@ async fn workload_kinds_are_stored() {
 async fn runs_are_deterministic_from_the_seed() {
     bounded(async {
         let run = || async {
-            let c = Cluster::builder().seed(7).build();
+            let c = ApiServer::builder().seed(7).build();
             let start = c.revision().to_string();
             let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
             let owner = cms
@@ -1663,7 +1669,7 @@ async fn runs_are_deterministic_from_the_seed() {
 async fn kube_runtime_event_recorder() {
     bounded(async {
         use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
         let obj = cms
             .create(&PostParams::default(), &cm("a", &[]))
@@ -1758,7 +1764,7 @@ async fn kube_runtime_controller_reconciles() {
 #[tokio::test]
 async fn crd_versions_share_storage() {
     bounded(async {
-        let c = Cluster::new();
+        let c = ApiServer::new();
         let mut crd = Widget::crd();
         let mut v2 = crd.spec.versions[0].clone();
         v2.name = "v2".into();

@@ -840,7 +840,7 @@ async fn poll_timers_survive_passivation() {
 async fn a_relist_does_not_postpone_a_passive_objects_poll() {
     // A short watch history: a watch resumed after other kinds' writes filled it answers 410,
     // and the watcher lists again.
-    let (cluster, client) = with_crds(actorcile::cluster::Cluster::builder().history(10).build());
+    let (cluster, client) = with_crds(actorcile::cluster::ApiServer::builder().history(10).build());
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(1));
     policy.poll_interval = Some(Duration::from_secs(600));

@@ -238,7 +238,7 @@ impl ApiError {
     }
 }
 
-/// Errors of the [`Cluster`](super::Cluster) Rust API (HTTP clients get `Status` objects instead).
+/// Errors of the [`ApiServer`](super::ApiServer) Rust API (HTTP clients get `Status` objects instead).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClusterError {

@@ -1,19 +1,19 @@
 //! An in-process Kubernetes API server.
 //!
-//! [`Cluster`] keeps Kubernetes objects in memory and serves the Kubernetes REST API as a
-//! [`tower::Service`] ([`ClusterService`]), so an unmodified [`kube::Client`] — and everything built on it:
+//! [`ApiServer`] keeps Kubernetes objects in memory and serves the Kubernetes REST API as a
+//! [`tower::Service`] ([`ApiService`]), so an unmodified [`kube::Client`] — and everything built on it:
 //! `kube::Api`, `Api<DynamicObject>`, kube-runtime's `watcher`, reflectors and controllers — talks to it as
 //! to a real kube-apiserver. It is the default backend for fast tests, for benchmarks and for simulations
 //! under a paused tokio clock. It stands alone: it knows nothing of the rest of actorcile.
 //!
 //! ```
-//! use actorcile::cluster::Cluster;
+//! use actorcile::cluster::ApiServer;
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), kube::Error> {
-//! let cluster = Cluster::new();
+//! let cluster = ApiServer::new();
 //! let cms: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
 //!
 //! let mut cm = ConfigMap::default();
@@ -51,7 +51,7 @@
 //!   `StatefulSet`, `DaemonSet`, `ReplicaSet`; `batch/v1` `Job`, `CronJob`; `networking.k8s.io/v1`
 //!   `Ingress`; `rbac.authorization.k8s.io/v1` `Role`, `RoleBinding`, `ClusterRole`,
 //!   `ClusterRoleBinding`. Custom kinds: creating a CRD (by POST or
-//!   [`Cluster::install_crd`]) serves its kind at once in every served version, with its scope and its
+//!   [`ApiServer::install_crd`]) serves its kind at once in every served version, with its scope and its
 //!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
 //!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).
 //!   Deleting a CRD deletes its objects and stops serving the kind. Unknown fields are pruned by each
@@ -111,7 +111,7 @@
 //!   `resourceVersion` "" or "0" first sends a synthetic `ADDED` per current object (then a `BOOKMARK`
 //!   annotated `k8s.io/initial-events-end` when `sendInitialEvents=true`, for kube-runtime's streaming
 //!   lists); a revision sends every later event, in order. A revision older than the history window
-//!   ([`ClusterBuilder::history`]) answers an `ERROR` event with a 410 `Expired` `Status`, as the real
+//!   ([`ApiServerBuilder::history`]) answers an `ERROR` event with a 410 `Expired` `Status`, as the real
 //!   server's watch cache. Selectors are honoured, including objects entering (`ADDED`) or leaving
 //!   (`DELETED`) a label selector. `timeoutSeconds` ends the stream (default 30 minutes). With
 //!   `allowWatchBookmarks=true` (kube's default) a `BOOKMARK` at the current revision comes every 60 s
@@ -133,7 +133,7 @@
 //! # Determinism
 //!
 //! Given the same requests in the same order, two clusters built with the same
-//! [`ClusterBuilder::seed`] and [`Faults::seed`] answer the same: same uids, `generateName` suffixes,
+//! [`ApiServerBuilder::seed`] and [`Faults::seed`] answer the same: same uids, `generateName` suffixes,
 //! revisions, injected faults, and the same order of garbage-collection and namespace-deletion events.
 //! Nothing depends on wall-clock time except the text of timestamps.
 //!
@@ -147,7 +147,7 @@
 //! # Fault injection
 //!
 //! [`Faults`] (from code, or TOML via serde) adds latency, 500 errors and 409 conflicts, drawn from a
-//! seeded generator; [`Cluster::set_faults`] changes them at run time. Delays use `tokio::time`, so they
+//! seeded generator; [`ApiServer::set_faults`] changes them at run time. Delays use `tokio::time`, so they
 //! cost nothing under a paused clock.
 //!
 //! # Where things are
@@ -198,7 +198,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 
 pub use error::ClusterError;
 pub use faults::Faults;
-pub use service::{ClusterBody, ClusterService};
+pub use service::{ApiBody, ApiService};
 
 use faults::FaultState;
 use store::Store;
@@ -223,9 +223,9 @@ pub(crate) struct Stats {
     pub(crate) injected_errors: AtomicU64,
 }
 
-/// Request counters of a [`Cluster`], by verb.
+/// Request counters of an [`ApiServer`], by verb.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ClusterStats {
+pub struct ApiServerStats {
     /// GET of one object (main resource or status).
     pub get: u64,
     /// LIST requests.
@@ -252,11 +252,11 @@ pub struct ClusterStats {
 ///
 /// See the [module documentation](self) for what it serves and how.
 #[derive(Clone)]
-pub struct Cluster {
+pub struct ApiServer {
     inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for Cluster {
+impl std::fmt::Debug for ApiServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster")
             .field("objects", &self.object_count())
@@ -264,23 +264,23 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
-impl Default for Cluster {
+impl Default for ApiServer {
     fn default() -> Self {
-        Cluster::new()
+        ApiServer::new()
     }
 }
 
-/// Builds a [`Cluster`] with non-default settings.
+/// Builds an [`ApiServer`] with non-default settings.
 #[derive(Debug, Clone)]
-pub struct ClusterBuilder {
+pub struct ApiServerBuilder {
     history: usize,
     faults: Faults,
     seed: u64,
 }
 
-impl Default for ClusterBuilder {
+impl Default for ApiServerBuilder {
     fn default() -> Self {
-        ClusterBuilder {
+        ApiServerBuilder {
             history: 100_000,
             faults: Faults::default(),
             seed: 0,
@@ -288,7 +288,7 @@ impl Default for ClusterBuilder {
     }
 }
 
-impl ClusterBuilder {
+impl ApiServerBuilder {
     /// How many events the cluster keeps for watch resumption (default 100 000, at least 1). A watch from
     /// an older revision answers 410 Expired.
     pub fn history(mut self, events: usize) -> Self {
@@ -309,8 +309,8 @@ impl ClusterBuilder {
     }
 
     /// Builds the cluster.
-    pub fn build(self) -> Cluster {
-        Cluster {
+    pub fn build(self) -> ApiServer {
+        ApiServer {
             inner: Arc::new(Inner {
                 store: Mutex::new(Store::new(self.history, self.seed)),
                 faults: Mutex::new(FaultState::new(self.faults)),
@@ -320,16 +320,16 @@ impl ClusterBuilder {
     }
 }
 
-impl Cluster {
+impl ApiServer {
     /// A cluster with default settings: namespaces `default`, `kube-system`, `kube-public` and
     /// `kube-node-lease`, no faults, a 100 000-event watch history.
-    pub fn new() -> Cluster {
-        ClusterBuilder::default().build()
+    pub fn new() -> ApiServer {
+        ApiServerBuilder::default().build()
     }
 
     /// A builder for non-default settings.
-    pub fn builder() -> ClusterBuilder {
-        ClusterBuilder::default()
+    pub fn builder() -> ApiServerBuilder {
+        ApiServerBuilder::default()
     }
 
     /// A `kube::Client` talking to this cluster, with default namespace `default`.
@@ -340,8 +340,8 @@ impl Cluster {
     }
 
     /// The cluster as a `tower::Service`, e.g. to wrap it in other layers before `kube::Client::new`.
-    pub fn service(&self) -> ClusterService {
-        ClusterService {
+    pub fn service(&self) -> ApiService {
+        ApiService {
             inner: self.inner.clone(),
         }
     }
@@ -370,10 +370,10 @@ impl Cluster {
     }
 
     /// Request counters so far.
-    pub fn stats(&self) -> ClusterStats {
+    pub fn stats(&self) -> ApiServerStats {
         let s = &self.inner.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        ClusterStats {
+        ApiServerStats {
             get: l(&s.get),
             list: l(&s.list),
             watch: l(&s.watch),

@@ -27,31 +27,31 @@ use super::store::{Store, WriteKind};
 use super::watch::{EvType, WatchItem};
 
 /// The cluster as a `tower::Service`: hand it to [`kube::Client::new`] (or use
-/// [`Cluster::client`](super::Cluster::client)). Cheap to clone; every clone serves the same cluster.
+/// [`ApiServer::client`](super::ApiServer::client)). Cheap to clone; every clone serves the same cluster.
 ///
 /// It accepts any request body type (`kube::client::Body`, `http_body_util::Full<Bytes>`, …) and never fails
 /// at the service level: every error is an HTTP response carrying a Kubernetes `Status`.
 #[derive(Clone)]
-pub struct ClusterService {
+pub struct ApiService {
     pub(crate) inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for ClusterService {
+impl std::fmt::Debug for ApiService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterService").finish_non_exhaustive()
+        f.debug_struct("ApiService").finish_non_exhaustive()
     }
 }
 
-/// The response body of [`ClusterService`]: a complete JSON document, or a watch stream of
+/// The response body of [`ApiService`]: a complete JSON document, or a watch stream of
 /// newline-delimited `WatchEvent`s that ends when the watch times out (`timeoutSeconds`), when the client
 /// drops it, or when its resource stops being served.
-pub struct ClusterBody {
+pub struct ApiBody {
     inner: BodyInner,
 }
 
-impl std::fmt::Debug for ClusterBody {
+impl std::fmt::Debug for ApiBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterBody").finish_non_exhaustive()
+        f.debug_struct("ApiBody").finish_non_exhaustive()
     }
 }
 
@@ -105,7 +105,7 @@ fn push_item(frames: &mut VecDeque<Bytes>, (ty, obj): WatchItem) {
     frames.push_back(Bytes::from_static(b"}\n"));
 }
 
-impl http_body::Body for ClusterBody {
+impl http_body::Body for ApiBody {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -162,8 +162,8 @@ impl http_body::Body for ClusterBody {
     }
 }
 
-fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ClusterBody> {
-    let mut r = Response::new(ClusterBody {
+fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ApiBody> {
+    let mut r = Response::new(ApiBody {
         inner: BodyInner::Full(Some(body.into())),
     });
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -174,7 +174,7 @@ fn json_response(code: u16, body: impl Into<Bytes>) -> Response<ClusterBody> {
     r
 }
 
-fn error_response(e: &ApiError) -> Response<ClusterBody> {
+fn error_response(e: &ApiError) -> Response<ApiBody> {
     if e.plain {
         let mut r = json_response(e.code, format!("{}\n", e.message));
         r.headers_mut().insert(
@@ -194,7 +194,7 @@ fn watch_response(
     rx: Option<mpsc::UnboundedReceiver<WatchItem>>,
     timeout: Duration,
     bookmarks: Option<Bookmarks>,
-) -> Response<ClusterBody> {
+) -> Response<ApiBody> {
     let mut frames = VecDeque::with_capacity(first.len() * 3);
     for item in first {
         push_item(&mut frames, item);
@@ -205,7 +205,7 @@ fn watch_response(
         deadline: Box::pin(tokio::time::sleep(timeout)),
         bookmarks,
     };
-    let mut r = Response::new(ClusterBody {
+    let mut r = Response::new(ApiBody {
         inner: BodyInner::Watch(body),
     });
     r.headers_mut().insert(
@@ -215,7 +215,7 @@ fn watch_response(
     r
 }
 
-/// Request verbs as counted by [`ClusterStats`](super::ClusterStats).
+/// Request verbs as counted by [`ApiServerStats`](super::ApiServerStats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verb {
     Get,
@@ -241,15 +241,15 @@ enum Target {
     Document(Value),
 }
 
-impl<B> tower::Service<Request<B>> for ClusterService
+impl<B> tower::Service<Request<B>> for ApiService
 where
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Response = Response<ClusterBody>;
+    type Response = Response<ApiBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ClusterBody>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ApiBody>, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -468,11 +468,7 @@ fn list_opts(q: &HashMap<String, String>) -> Result<ListOpts, ApiError> {
     })
 }
 
-async fn handle(
-    inner: &Arc<Inner>,
-    parts: http::request::Parts,
-    body: Bytes,
-) -> Response<ClusterBody> {
+async fn handle(inner: &Arc<Inner>, parts: http::request::Parts, body: Bytes) -> Response<ApiBody> {
     inner.stats.total.fetch_add(1, Ordering::Relaxed);
     let q = query_map(&parts.uri);
     let target = match route(inner, parts.uri.path()) {
@@ -554,7 +550,7 @@ fn execute(
     route: &Route,
     verb: Verb,
     inject_conflict: bool,
-) -> Result<Response<ClusterBody>, ApiError> {
+) -> Result<Response<ApiBody>, ApiError> {
     let dry_run = match q.get("dryRun").map(String::as_str) {
         None | Some("") => false,
         Some("All") => true,
@@ -602,7 +598,7 @@ fn execute_locked(
     route: &Route,
     verb: Verb,
     inject_conflict: bool,
-) -> Result<Response<ClusterBody>, ApiError> {
+) -> Result<Response<ApiBody>, ApiError> {
     let kind = &route.kind;
     let ns = route.ns.as_deref();
     let name = route.name.as_deref().unwrap_or_default();

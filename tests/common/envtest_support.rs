@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use actorcile::cluster::Cluster;
+use actorcile::cluster::ApiServer;
 use actorcile::envtest::Envtest;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -13,7 +13,7 @@ use kube::api::{Api, PostParams};
 /// Which server a case runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// `actorcile::cluster::Cluster`.
+    /// `actorcile::cluster::ApiServer`.
     InProcess,
     /// etcd + kube-apiserver (`Envtest::shared`, one per test process).
     Real,
@@ -26,7 +26,7 @@ pub struct Ctx {
     #[allow(dead_code)]
     pub backend: Backend,
     /// Keeps the in-process cluster alive for the case.
-    pub _cluster: Option<Cluster>,
+    pub _cluster: Option<ApiServer>,
 }
 
 /// Bound on one case (including the first real control plane's start-up).
@@ -45,7 +45,7 @@ where
         let ns = test.replace('_', "-");
         let (client, cluster) = match backend {
             Backend::InProcess => {
-                let cluster = Cluster::builder().history(IN_PROCESS_HISTORY).build();
+                let cluster = ApiServer::builder().history(IN_PROCESS_HISTORY).build();
                 for crd in &crds {
                     cluster.install_crd(crd).expect("install CRD in-process");
                 }

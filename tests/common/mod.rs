@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actorcile::cluster::Cluster;
+use actorcile::cluster::ApiServer;
 use actorcile::prelude::*;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResource, CustomResourceExt, ResourceExt};
@@ -55,12 +55,12 @@ pub struct GadgetSpec {
 }
 
 /// An in-process cluster with the Widget CRD installed.
-pub fn cluster() -> (Cluster, Client) {
-    with_crds(Cluster::new())
+pub fn cluster() -> (ApiServer, Client) {
+    with_crds(ApiServer::new())
 }
 
 /// `cluster` with the Widget and Gadget CRDs installed.
-pub fn with_crds(cluster: Cluster) -> (Cluster, Client) {
+pub fn with_crds(cluster: ApiServer) -> (ApiServer, Client) {
     cluster.install_crd(&Widget::crd()).expect("install CRD");
     cluster.install_crd(&Gadget::crd()).expect("install CRD");
     let client = cluster.client();

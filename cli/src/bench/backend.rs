@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use actorcile::{cluster::Cluster, envtest::Envtest};
+use actorcile::{cluster::ApiServer, envtest::Envtest};
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::{
     api::core::v1::Namespace,
@@ -47,7 +47,7 @@ pub struct Session {
 
 enum Owned {
     /// This child's own in-process cluster (dropped on close).
-    InProcess(Cluster),
+    InProcess(ApiServer),
     /// This child's own etcd + kube-apiserver (stopped on close).
     Envtest(Box<Envtest>),
     /// A namespace this session created in someone's cluster; removed on close.
@@ -88,7 +88,7 @@ impl Session {
                 })
             }
             Backend::InProcess => {
-                let cluster = Cluster::new();
+                let cluster = ApiServer::new();
                 cluster
                     .install_crd(&bench_crd())
                     .context("installing the bench CRD in the in-process cluster")?;

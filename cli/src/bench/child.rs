@@ -342,7 +342,7 @@ mod tests {
     use super::*;
     use crate::bench::{counting::RequestCounter, workload::bench_crd};
     use actorcile::{
-        cluster::Cluster,
+        cluster::ApiServer,
         prelude::{Outcome, ResourceStatus},
     };
 
@@ -352,7 +352,7 @@ mod tests {
     #[tokio::test]
     async fn chain_objects_and_primed_observer() {
         tokio::time::timeout(Duration::from_secs(30), async {
-            let cluster = Cluster::new();
+            let cluster = ApiServer::new();
             cluster.install_crd(&bench_crd()).unwrap();
             let api: Api<BenchObject> = Api::namespaced(cluster.client(), "default");
             create_objects(&api, 7, Some(3), &ProgressBar::hidden())

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use actorcile::cluster::{Cluster, ClusterStats};
+use actorcile::cluster::{ApiServer, ApiServerStats};
 use actorcile::prelude::*;
 use futures::StreamExt;
 use kube::api::{Api, ListParams, PostParams};
@@ -92,7 +92,7 @@ impl Tracker {
 }
 
 /// A client whose requests are counted in `counter`, so they can be left out of the report.
-fn counted_client(cluster: &Cluster, counter: Arc<AtomicU64>) -> kube::Client {
+fn counted_client(cluster: &ApiServer, counter: Arc<AtomicU64>) -> kube::Client {
     let svc = cluster
         .service()
         .map_request(move |r: http::Request<kube::client::Body>| {
@@ -175,8 +175,8 @@ const SYNC_LIMIT: Duration = Duration::from_secs(300);
 /// Attempts per object at creating it (injected 500s are retried).
 const CREATE_ATTEMPTS: u32 = 1000;
 
-fn minus(a: ClusterStats, b: ClusterStats) -> ClusterStats {
-    ClusterStats {
+fn minus(a: ApiServerStats, b: ApiServerStats) -> ApiServerStats {
+    ApiServerStats {
         get: a.get - b.get,
         list: a.list - b.list,
         watch: a.watch - b.watch,
@@ -210,7 +210,7 @@ pub async fn run_one(
     // thread-local generator: seed it, so those draws repeat too.
     fastrand::seed(mix(&[scenario.seed, 0x7EAD]));
 
-    let cluster = Cluster::builder().seed(scenario.seed).build();
+    let cluster = ApiServer::builder().seed(scenario.seed).build();
     cluster
         .install_crd(&SimObject::crd())
         .map_err(|e| RunError::Setup(e.to_string()))?;
