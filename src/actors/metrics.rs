@@ -26,7 +26,7 @@ pub(crate) struct Metrics {
     pub(super) spawns: AtomicU64,
 }
 
-/// A point-in-time copy of [`Metrics`].
+/// A point-in-time copy of the runtime's counters ([`RuntimeHandle::metrics`](crate::runtime::RuntimeHandle::metrics)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MetricsSnapshot {
     /// Provisioner passes started (provision + deprovision).
