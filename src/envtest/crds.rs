@@ -90,7 +90,7 @@ metadata:
 spec:
   group: example.com
   names: {kind: Gadget, plural: gadgets}
-  scope: ApiServer
+  scope: Cluster
   versions: []
 "#;
 
