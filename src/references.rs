@@ -73,6 +73,8 @@ pub enum Readiness {
     Ready,
     /// The target exists but is not Ready.
     NotReady,
+    /// The target exists and is being deleted (it is not Ready, whatever its status says).
+    Deleting,
     /// No such target is known.
     Missing,
 }
@@ -136,7 +138,6 @@ pub(crate) struct Blocked {
 type KindEntry = (String, String, Arc<dyn KindHandle>);
 
 /// The runtime-wide reference and readiness index.
-#[derive(Default)]
 pub struct ReferenceIndex {
     /// (apiVersion, kind) → handle. A handful of kinds: a scan, and no key to allocate per lookup.
     kinds: std::sync::RwLock<Vec<KindEntry>>,
@@ -147,6 +148,14 @@ pub struct ReferenceIndex {
     ready: DashSet<Arc<Target>, ahash::RandomState>,
     /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
     held: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
+    /// The field manager of the reference writes (the runtime's).
+    field_manager: String,
+}
+
+impl Default for ReferenceIndex {
+    fn default() -> Self {
+        Self::with_field_manager(crate::FIELD_MANAGER)
+    }
 }
 
 impl std::fmt::Debug for ReferenceIndex {
@@ -177,6 +186,24 @@ pub fn referrers_in(annotations: &std::collections::BTreeMap<String, String>) ->
 }
 
 impl ReferenceIndex {
+    /// An empty index whose reference writes carry `field_manager`.
+    pub fn with_field_manager(field_manager: impl Into<String>) -> Self {
+        Self {
+            kinds: Default::default(),
+            waiters: Default::default(),
+            ready: Default::default(),
+            held: Default::default(),
+            field_manager: field_manager.into(),
+        }
+    }
+
+    fn patch_params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.field_manager.clone()),
+            ..PatchParams::default()
+        }
+    }
+
     pub(crate) fn register_kind(&self, api_version: &str, kind: &str, handle: Arc<dyn KindHandle>) {
         let mut kinds = self.kinds.write().unwrap_or_else(|e| e.into_inner());
         kinds.retain(|(a, k, _)| !(a == api_version && k == kind));
@@ -392,7 +419,7 @@ impl ReferenceIndex {
             "metadata": { "annotations": { reference_annotation(from): null } }
         });
         match api
-            .patch(&target.name, &PatchParams::default(), &Patch::Merge(patch))
+            .patch(&target.name, &self.patch_params(), &Patch::Merge(patch))
             .await
         {
             Ok(_) => Ok(()),
@@ -426,10 +453,42 @@ impl ReferenceApi for ReferenceIndex {
         r
     }
 
+    /// Retries the guarded write on a conflict (another referrer wrote the target in between:
+    /// normal when many objects reference one target), with jittered backoff, up to
+    /// [`REFERENCE_WRITE_ATTEMPTS`] times; [`Error::Conflict`](crate::Error::Conflict) only
+    /// after that.
     async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+        use backon::Retryable;
         if self.held.get(from).is_some_and(|s| s.contains(target)) {
             return Ok(());
         }
+        let backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(5))
+            .with_max_delay(std::time::Duration::from_millis(500))
+            .with_jitter()
+            .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
+        (|| self.try_add_reference(from, target))
+            .retry(backoff)
+            .when(|e| matches!(e, crate::Error::Conflict(_)))
+            .await
+    }
+
+    async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+        self.remove_reference(from, target).await?;
+        if let Some(mut s) = self.held.get_mut(from) {
+            s.remove(target);
+        }
+        self.wake(target);
+        Ok(())
+    }
+}
+
+/// How often a reference write is tried when the target keeps changing under it.
+pub const REFERENCE_WRITE_ATTEMPTS: usize = 10;
+
+impl ReferenceIndex {
+    /// One guarded attempt of [`ReferenceApi::add_reference`].
+    async fn try_add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
         let Some(k) = self.kind(target) else {
             return Err(crate::Error::UnmanagedTarget(target.clone()));
         };
@@ -464,7 +523,7 @@ impl ReferenceApi for ReferenceIndex {
         match api
             .patch(
                 &target.name,
-                &PatchParams::default(),
+                &self.patch_params(),
                 &Patch::Json::<()>(patch),
             )
             .await
@@ -479,15 +538,6 @@ impl ReferenceApi for ReferenceIndex {
             .entry(from.clone())
             .or_default()
             .insert(target.clone());
-        Ok(())
-    }
-
-    async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
-        self.remove_reference(from, target).await?;
-        if let Some(mut s) = self.held.get_mut(from) {
-            s.remove(target);
-        }
-        self.wake(target);
         Ok(())
     }
 }

@@ -158,12 +158,8 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
             // wakes the waiters then, so they see it).
             None if !self.synced() => Readiness::NotReady,
             None => Readiness::Missing,
-            Some(o)
-                if o.meta().deletion_timestamp.is_none()
-                    && ResourceStatus::of(o.as_ref()).is_ready() =>
-            {
-                Readiness::Ready
-            }
+            Some(o) if o.meta().deletion_timestamp.is_some() => Readiness::Deleting,
+            Some(o) if ResourceStatus::of(o.as_ref()).is_ready() => Readiness::Ready,
             Some(_) => Readiness::NotReady,
         }
     }
@@ -454,7 +450,7 @@ impl RuntimeBuilder {
             runs: Arc::new(Semaphore::new(self.policy.max_concurrent_runs)),
             policy: self.policy.clone(),
             metrics: metrics.clone(),
-            references: Arc::new(ReferenceIndex::default()),
+            references: Arc::new(ReferenceIndex::with_field_manager(&self.field_manager)),
             finalizer: self.finalizer,
             field_manager: self.field_manager,
             reporter: self.reporter,

@@ -58,6 +58,8 @@ pub enum ReadyReason {
     Deprovisioning,
     /// Waiting for another resource to become Ready.
     DependencyNotReady,
+    /// Waiting on another resource that is being deleted.
+    DependencyDeleting,
     /// Deletion waits for referrers to release this resource.
     InUse,
     /// A transient error; retried with backoff.
@@ -70,10 +72,59 @@ pub enum ReadyReason {
     Quarantined,
 }
 
+impl ReadyReason {
+    /// The reason as the condition carries it (the variant's name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadyReason::Provisioned => "Provisioned",
+            ReadyReason::Provisioning => "Provisioning",
+            ReadyReason::Deprovisioning => "Deprovisioning",
+            ReadyReason::DependencyNotReady => "DependencyNotReady",
+            ReadyReason::DependencyDeleting => "DependencyDeleting",
+            ReadyReason::InUse => "InUse",
+            ReadyReason::Errored => "Errored",
+            ReadyReason::Terminal => "Terminal",
+            ReadyReason::UserActionRequired => "UserActionRequired",
+            ReadyReason::Quarantined => "Quarantined",
+        }
+    }
+}
+
 impl fmt::Display for ReadyReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
+        f.write_str(self.as_str())
     }
+}
+
+/// Longest condition reason Kubernetes accepts.
+pub const MAX_REASON_LEN: usize = 1024;
+
+/// Longest condition message the runtime writes (Kubernetes accepts 32 KiB); longer messages
+/// are cut at a character boundary.
+pub const MAX_MESSAGE_LEN: usize = 32 * 1024;
+
+/// Whether `reason` is a valid condition reason by the Kubernetes rule
+/// (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`, at most [`MAX_REASON_LEN`] characters). An API
+/// server rejects a whole status patch with an invalid one.
+///
+/// ```
+/// use actorcile::status::is_valid_reason;
+/// assert!(is_valid_reason("SecretMissing"));
+/// assert!(is_valid_reason("a:b,c_1"));
+/// assert!(!is_valid_reason("Secret missing"));
+/// assert!(!is_valid_reason("Trailing:"));
+/// assert!(!is_valid_reason(""));
+/// ```
+pub fn is_valid_reason(reason: &str) -> bool {
+    let b = reason.as_bytes();
+    let (Some(first), Some(last)) = (b.first(), b.last()) else {
+        return false;
+    };
+    b.len() <= MAX_REASON_LEN
+        && first.is_ascii_alphabetic()
+        && (last.is_ascii_alphanumeric() || *last == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b',' | b':'))
 }
 
 /// A status condition (the Kubernetes `metav1.Condition` shape).
@@ -151,11 +202,14 @@ impl ResourceStatus {
 
     /// This status with the `Ready` condition replaced, keeping `lastTransitionTime` when the
     /// condition's status did not change, and the phase and observed generation set.
+    ///
+    /// `reason` is a [`ReadyReason`] of the runtime, or a provisioner's own code (a string):
+    /// it must be a valid condition reason ([`is_valid_reason`]); callers check that first.
     pub fn with_ready(
         &self,
         phase: Phase,
         ready: bool,
-        reason: ReadyReason,
+        reason: impl fmt::Display,
         message: impl Into<String>,
         generation: Option<i64>,
     ) -> Self {
@@ -190,7 +244,7 @@ impl ResourceStatus {
     /// The status a deprovision pass that is not done yet should leave.
     pub fn while_deprovisioning(
         &self,
-        reason: ReadyReason,
+        reason: impl fmt::Display,
         message: impl Into<String>,
         generation: Option<i64>,
     ) -> Self {

@@ -124,6 +124,14 @@ impl<K: ManagedResource> Shared<K> {
     pub(crate) fn api(&self, obj: &K) -> ObjectApi<K> {
         ObjectApi::new(Client::clone(&self.client), obj.meta().namespace.as_deref())
     }
+
+    /// Patch parameters of every write the actors make: the runtime's field manager.
+    pub(crate) fn patch_params(&self) -> kube::api::PatchParams {
+        kube::api::PatchParams {
+            field_manager: Some(self.field_manager.to_string()),
+            ..Default::default()
+        }
+    }
 }
 
 /// `metadata.resourceVersion` as a number. Kubernetes calls resource versions opaque, but every

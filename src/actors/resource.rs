@@ -381,7 +381,14 @@ impl<K: ManagedResource> ResourceActor<K> {
             let mut pre_failure = None;
             if shared.use_finalizer && !has_finalizer {
                 let api = shared.api(&obj);
-                match Box::pin(writes::add_finalizer(&api, obj.as_ref(), &shared.finalizer)).await {
+                match Box::pin(writes::add_finalizer(
+                    &api,
+                    &shared.patch_params(),
+                    obj.as_ref(),
+                    &shared.finalizer,
+                ))
+                .await
+                {
                     Ok(o) => {
                         st.record_write(o);
                         obj = st.object.clone().unwrap_or(obj);
@@ -535,8 +542,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let cx = self.context(obj.clone(), status.clone());
         let outcome = shared.tree.deprovision(&cx).await;
         if !outcome.is_done() {
-            let (reason, message) = deprovision_reason(&outcome);
-            let desired = status.while_deprovisioning(reason, message, generation);
+            let desired = status.after_deprovision(&outcome, generation);
             return Some(Pass {
                 outcome,
                 desired: Some(desired),
@@ -544,7 +550,14 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
         shared.references.release_all(&target).await;
         let api = shared.api(obj);
-        match writes::remove_finalizer(&api, obj.as_ref(), &shared.finalizer).await {
+        match writes::remove_finalizer(
+            &api,
+            &shared.patch_params(),
+            obj.as_ref(),
+            &shared.finalizer,
+        )
+        .await
+        {
             Ok(left) => {
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.
@@ -570,7 +583,8 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
-    /// Patch the status subresource to `desired`; on a reason change, publish an Event.
+    /// Patch the status subresource to `desired`; on a reason change, publish an Event (and
+    /// a Warning Event when the outcome's reason code was invalid and the runtime's stood in).
     async fn write_status(
         &self,
         st: &mut ResourceState<K>,
@@ -590,7 +604,11 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
         if transition {
-            writes::publish_transition(shared, obj, outcome).await;
+            let reason = desired.ready().map_or("", |c| c.reason.as_str());
+            if let Some(r) = outcome.reason().filter(|r| !r.has_valid_code()) {
+                writes::publish_invalid_reason(shared, obj.as_ref(), r.code(), reason).await;
+            }
+            writes::publish_transition(shared, obj.as_ref(), outcome, reason).await;
         }
         true
     }
@@ -600,18 +618,6 @@ impl<K: ManagedResource> ResourceActor<K> {
 struct Pass {
     outcome: Outcome,
     desired: Option<ResourceStatus>,
-}
-
-fn deprovision_reason(outcome: &Outcome) -> (ReadyReason, String) {
-    let message = outcome.reason().map(|r| r.to_string()).unwrap_or_default();
-    let reason = match outcome {
-        Outcome::Failed { .. } => ReadyReason::Errored,
-        Outcome::Terminal(_) => ReadyReason::Terminal,
-        Outcome::UserActionRequired(_) => ReadyReason::UserActionRequired,
-        Outcome::Waiting { .. } => ReadyReason::DependencyNotReady,
-        _ => ReadyReason::Deprovisioning,
-    };
-    (reason, message)
 }
 
 pub(crate) fn key_hash<K>(key: &ObjectRef<K>) -> u64

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::{ManagedResource, Metrics, Shared};
 use crate::object_api::ObjectApi;
-use crate::provisioners::Outcome;
+use crate::provisioners::{InvalidReason, Outcome};
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
 /// Patch the status subresource of `obj` to `status`; counts the write. Returns the object as
@@ -27,7 +27,7 @@ pub(crate) async fn patch_status<K: ManagedResource>(
         .api(obj)
         .patch_status(
             &obj.name_any(),
-            &PatchParams::default(),
+            &shared.patch_params(),
             &Patch::Merge(status.patch()),
         )
         .await?;
@@ -55,20 +55,19 @@ pub(crate) fn quarantine_status<K: ManagedResource>(
     });
 }
 
-/// Publish the Event of a status transition to `outcome` (when the runtime has a recorder).
+/// Publish the Event of a status transition to `outcome` (when the runtime has a recorder),
+/// with `reason`, the reason the `Ready` condition now carries. A transient failure's note
+/// names its errors (Events are for operators; status never carries them).
 pub(crate) async fn publish_transition<K: ManagedResource>(
     shared: &Shared<K>,
-    obj: &Arc<K>,
+    obj: &K,
     outcome: &Outcome,
+    reason: &str,
 ) {
-    let Some(recorder) = &shared.recorder else {
-        return;
-    };
-    let (type_, reason, note) = match outcome {
-        Outcome::Done => (EventType::Normal, "Provisioned", None),
+    let (type_, note) = match outcome {
+        Outcome::Done => (EventType::Normal, None),
         Outcome::Failed { reason, errors } => (
             EventType::Warning,
-            "ProvisioningFailed",
             Some(format!(
                 "{reason}; {}",
                 errors
@@ -78,13 +77,39 @@ pub(crate) async fn publish_transition<K: ManagedResource>(
                     .join("; ")
             )),
         ),
-        Outcome::Terminal(r) => (EventType::Warning, "Terminal", Some(r.to_string())),
-        Outcome::UserActionRequired(r) => (
-            EventType::Warning,
-            "UserActionRequired",
-            Some(r.to_string()),
-        ),
+        Outcome::Terminal(r) | Outcome::UserActionRequired(r) => {
+            (EventType::Warning, Some(r.to_string()))
+        }
         _ => return,
+    };
+    publish(shared, obj, type_, reason, note).await;
+}
+
+/// A provisioner gave a reason code that is not a valid condition reason: the runtime wrote its
+/// own reason instead. Logged, and published as a Warning Event for the object's owner.
+pub(crate) async fn publish_invalid_reason<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &K,
+    code: &str,
+    written: &str,
+) {
+    let error = InvalidReason {
+        code: code.to_string(),
+    };
+    tracing::warn!(object = %obj.name_any(), %error, written, "a provisioner gave an invalid condition reason");
+    let note = format!("{error}; the Ready condition says {written} instead");
+    publish(shared, obj, EventType::Warning, "InvalidReason", Some(note)).await;
+}
+
+async fn publish<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    note: Option<String>,
+) {
+    let Some(recorder) = &shared.recorder else {
+        return;
     };
     let ev = kube::runtime::events::Event {
         type_,
@@ -101,6 +126,7 @@ pub(crate) async fn publish_transition<K: ManagedResource>(
 /// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
 pub(crate) async fn add_finalizer<K: ManagedResource>(
     api: &ObjectApi<K>,
+    params: &PatchParams,
     obj: &K,
     finalizer: &str,
 ) -> Result<K, kube::Error> {
@@ -115,18 +141,15 @@ pub(crate) async fn add_finalizer<K: ManagedResource>(
         add,
     ]))
     .expect("static JSON patch shape");
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(patch),
-    )
-    .await
+    api.patch(&obj.name_any(), params, &Patch::Json::<()>(patch))
+        .await
 }
 
 /// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
 /// as the server left it (`None` if it is gone).
 pub(crate) async fn remove_finalizer<K: ManagedResource>(
     api: &ObjectApi<K>,
+    params: &PatchParams,
     obj: &K,
     finalizer: &str,
 ) -> Result<Option<K>, kube::Error> {
@@ -140,11 +163,7 @@ pub(crate) async fn remove_finalizer<K: ManagedResource>(
     ]))
     .expect("static JSON patch shape");
     match api
-        .patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        )
+        .patch(&obj.name_any(), params, &Patch::Json::<()>(patch))
         .await
     {
         Ok(o) => Ok(Some(o)),

@@ -140,10 +140,17 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Proceed only if `target` (a resource managed by this runtime) is Ready.
     ///
     /// Returns `None` when the target is Ready, so the caller continues; otherwise the outcome
-    /// to return: [`Outcome::Waiting`] while the target exists but is not Ready (this resource's
-    /// actor is woken by a message the moment it becomes Ready), or, when the target does not
-    /// exist, [`Outcome::Waiting`] too (it may be created later) — use
-    /// [`Context::readiness`] to treat a missing target differently, e.g. as Terminal.
+    /// to return, an [`Outcome::Waiting`] on the target (this resource's actor is woken by a
+    /// message the moment the target becomes Ready) whose reason says why, naming the target:
+    ///
+    /// | target | reason |
+    /// |---|---|
+    /// | exists, not Ready | `DependencyNotReady` |
+    /// | being deleted | `DependencyDeleting` |
+    /// | does not exist (it may be created later) | `DependencyNotFound` |
+    ///
+    /// Use [`Context::readiness`] to treat a case differently, e.g. a missing target as
+    /// Terminal.
     ///
     /// ```no_run
     /// # use actorcile::prelude::*;
@@ -159,11 +166,22 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     pub async fn require_ready(&self, target: &Target) -> Option<Outcome> {
         match self.readiness(target).await {
             Readiness::Ready => None,
-            Readiness::NotReady | Readiness::Missing => Some(Outcome::Waiting {
+            Readiness::NotReady => Some(Outcome::Waiting {
                 target: target.clone(),
                 reason: Reason::new(
                     "DependencyNotReady",
                     format!("waiting for {target} to become Ready"),
+                ),
+            }),
+            Readiness::Deleting => Some(Outcome::Waiting {
+                target: target.clone(),
+                reason: Reason::new("DependencyDeleting", format!("{target} is being deleted")),
+            }),
+            Readiness::Missing => Some(Outcome::Waiting {
+                target: target.clone(),
+                reason: Reason::new(
+                    "DependencyNotFound",
+                    format!("waiting for {target}, which does not exist"),
                 ),
             }),
         }

@@ -42,7 +42,7 @@ use async_trait::async_trait;
 
 pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, serial};
 pub use context::Context;
-pub use outcome::{Outcome, ProvisionError, Reason};
+pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use resource::{ResourceProvisioner, resource};
 pub use step::{Step, step};
 

@@ -10,14 +10,24 @@ use crate::status::{Phase, ReadyReason, ResourceStatus};
 
 /// A typed, user-readable explanation attached to a non-done [`Outcome`].
 ///
-/// A reason has a machine-readable `code` (CamelCase, like a Kubernetes condition reason) and a
-/// message meant for the resource's owner. It is **never** raw error text: internal errors travel in
-/// [`Outcome::Failed::errors`] and go to logs and Events, not to status.
+/// A reason has a machine-readable `code` and a message meant for the resource's owner. The
+/// code becomes the `reason` of the object's `Ready` condition and the message its `message`,
+/// verbatim, so `kubectl wait`, alerts and CD health checks can key on the code; the phase says
+/// the category (see [`ResourceStatus::after_provision`]). It is **never** raw error text:
+/// internal errors travel in [`Outcome::Failed::errors`] and go to logs and Events, not to status.
+///
+/// The code must be a valid Kubernetes condition reason (CamelCase: see
+/// [`is_valid_reason`](crate::status::is_valid_reason)); [`Reason::try_new`] checks it when the
+/// reason is made. A reason made with [`Reason::new`] and an invalid code is never written: the
+/// runtime writes its own reason for the outcome instead, logs the invalid code and publishes a
+/// Warning Event. Messages longer than
+/// [`MAX_MESSAGE_LEN`](crate::status::MAX_MESSAGE_LEN) are cut.
 ///
 /// ```
 /// use actorcile::provisioners::Reason;
 /// let r = Reason::new("ReplicasInvalid", "spec.replicas must be between 1 and 10");
 /// assert_eq!(r.code(), "ReplicasInvalid");
+/// assert!(Reason::try_new("Replicas invalid", "a space is not allowed").is_err());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reason {
@@ -25,12 +35,39 @@ pub struct Reason {
     message: Cow<'static, str>,
 }
 
+/// A reason code that is not a valid Kubernetes condition reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{code:?} is not a valid condition reason (CamelCase letters, digits, '_', ',' and ':'; at most 1024)"
+)]
+pub struct InvalidReason {
+    /// The code given.
+    pub code: String,
+}
+
 impl Reason {
-    /// A reason with a code and a human-readable message.
+    /// A reason with a code and a human-readable message (cut at
+    /// [`MAX_MESSAGE_LEN`](crate::status::MAX_MESSAGE_LEN)). The code is not checked here: see
+    /// [`Reason::try_new`].
     pub fn new(code: impl Into<Cow<'static, str>>, message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             code: code.into(),
-            message: message.into(),
+            message: bounded(message.into()),
+        }
+    }
+
+    /// A reason whose code is checked against the Kubernetes condition-reason rule.
+    pub fn try_new(
+        code: impl Into<Cow<'static, str>>,
+        message: impl Into<Cow<'static, str>>,
+    ) -> Result<Self, InvalidReason> {
+        let r = Self::new(code, message);
+        if r.has_valid_code() {
+            Ok(r)
+        } else {
+            Err(InvalidReason {
+                code: r.code.into_owned(),
+            })
         }
     }
 
@@ -42,6 +79,31 @@ impl Reason {
     /// The message shown to the resource's owner.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// Whether the code is a valid condition reason (and so is written to status as it is).
+    pub fn has_valid_code(&self) -> bool {
+        crate::status::is_valid_reason(&self.code)
+    }
+}
+
+/// `message` cut to at most [`MAX_MESSAGE_LEN`](crate::status::MAX_MESSAGE_LEN) bytes, at a
+/// character boundary.
+fn bounded(message: Cow<'static, str>) -> Cow<'static, str> {
+    let max = crate::status::MAX_MESSAGE_LEN;
+    if message.len() <= max {
+        return message;
+    }
+    let mut end = max;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    match message {
+        Cow::Borrowed(s) => Cow::Borrowed(&s[..end]),
+        Cow::Owned(mut s) => {
+            s.truncate(end);
+            Cow::Owned(s)
+        }
     }
 }
 
@@ -198,17 +260,38 @@ fn wake_key(o: &Outcome) -> (u8, Duration) {
     }
 }
 
-/// The status a provision outcome leaves: defined here, beside [`Outcome`], so that
-/// [`crate::status`] depends on nothing else of the crate.
+/// The status an outcome leaves: defined here, beside [`Outcome`], so that [`crate::status`]
+/// depends on nothing else of the crate.
+///
+/// The condition's reason is the outcome's [`Reason::code`] and its message the reason's message,
+/// verbatim; the runtime's own [`ReadyReason`] stands in when the outcome has no reason
+/// ([`Outcome::Done`]) or an invalid code. The phase carries the category.
 impl ResourceStatus {
-    /// The status a provision pass with `outcome` should leave.
+    /// The status a provision pass with `outcome` should leave:
+    ///
+    /// | outcome | phase | Ready | reason (runtime's, if none or invalid) |
+    /// |---|---|---|---|
+    /// | `Done` | Ready | True | `Provisioned` |
+    /// | `Yield` | Progressing | False | the code (`Provisioning`) |
+    /// | `Waiting` | Progressing | False | the code (`DependencyNotReady`) |
+    /// | `Failed` | Progressing | False | the code (`Errored`) |
+    /// | `Terminal` | Failed | False | the code (`Terminal`) |
+    /// | `UserActionRequired` | Failed | False | the code (`UserActionRequired`) |
+    ///
+    /// ```
+    /// use actorcile::provisioners::{Outcome, Reason};
+    /// use actorcile::status::{Phase, ResourceStatus};
+    /// let s = ResourceStatus::default().after_provision(
+    ///     &Outcome::Terminal(Reason::new("SecretMissing", "create the secret db-password")),
+    ///     Some(1),
+    /// );
+    /// let ready = s.ready().unwrap();
+    /// assert_eq!((ready.reason.as_str(), ready.message.as_str()),
+    ///            ("SecretMissing", "create the secret db-password"));
+    /// assert_eq!(s.phase, Some(Phase::Failed));
+    /// ```
     pub fn after_provision(&self, outcome: &Outcome, generation: Option<i64>) -> Self {
-        let msg = |o: &Outcome| {
-            o.reason()
-                .map(|r| r.message().to_string())
-                .unwrap_or_default()
-        };
-        let (phase, ready, reason) = match outcome {
+        let (phase, ready, fallback) = match outcome {
             Outcome::Done => (Phase::Ready, true, ReadyReason::Provisioned),
             Outcome::Yield { .. } => (Phase::Progressing, false, ReadyReason::Provisioning),
             Outcome::Waiting { .. } => (Phase::Progressing, false, ReadyReason::DependencyNotReady),
@@ -218,14 +301,7 @@ impl ResourceStatus {
                 (Phase::Failed, false, ReadyReason::UserActionRequired)
             }
         };
-        let message = match outcome {
-            Outcome::Done => "provisioned".to_string(),
-            o => match o.reason() {
-                Some(r) if !r.message().is_empty() => format!("{}: {}", r.code(), r.message()),
-                Some(r) => r.code().to_string(),
-                None => msg(o),
-            },
-        };
+        let (reason, message) = condition_of(outcome, fallback, "provisioned");
         self.with_ready(phase, ready, reason, message, generation)
     }
 
@@ -233,6 +309,35 @@ impl ResourceStatus {
     /// is), without building the status.
     pub fn ready_after(outcome: &Outcome) -> bool {
         outcome.is_done()
+    }
+
+    /// The status a deprovision pass that is not done yet leaves: phase Terminating, the
+    /// outcome's reason (the runtime's: `Errored`, `Terminal`, `UserActionRequired`,
+    /// `DependencyNotReady` or `Deprovisioning`, when it has none or an invalid one).
+    pub fn after_deprovision(&self, outcome: &Outcome, generation: Option<i64>) -> Self {
+        let fallback = match outcome {
+            Outcome::Failed { .. } => ReadyReason::Errored,
+            Outcome::Terminal(_) => ReadyReason::Terminal,
+            Outcome::UserActionRequired(_) => ReadyReason::UserActionRequired,
+            Outcome::Waiting { .. } => ReadyReason::DependencyNotReady,
+            Outcome::Done | Outcome::Yield { .. } => ReadyReason::Deprovisioning,
+        };
+        let (reason, message) = condition_of(outcome, fallback, "deprovisioning");
+        self.while_deprovisioning(reason, message, generation)
+    }
+}
+
+/// The condition reason and message of `outcome`: its reason's code and message when the code
+/// is valid, else `fallback` with the message (`done_message` for an outcome without a reason).
+fn condition_of<'a>(
+    outcome: &'a Outcome,
+    fallback: ReadyReason,
+    done_message: &'static str,
+) -> (&'a str, &'a str) {
+    match outcome.reason() {
+        Some(r) if r.has_valid_code() => (r.code(), r.message()),
+        Some(r) => (fallback.as_str(), r.message()),
+        None => (fallback.as_str(), done_message),
     }
 }
 
@@ -337,7 +442,130 @@ mod tests {
         assert_eq!(s.after_provision(&o, Some(3)), s);
         assert_ne!(s.after_provision(&Outcome::Done, Some(3)), s);
         assert_eq!(s.phase, Some(Phase::Progressing));
-        assert_eq!(s.ready().unwrap().message, "Waiting: for a volume");
+        assert_eq!(s.ready().unwrap().message, "for a volume");
+    }
+
+    /// (reason, message, phase) of the `Ready` condition a status carries.
+    fn condition(s: &ResourceStatus) -> (String, String, Option<Phase>) {
+        let c = s.ready().expect("a Ready condition");
+        (c.reason.clone(), c.message.clone(), s.phase)
+    }
+
+    #[test]
+    fn the_provisioners_reason_is_the_conditions_reason_and_the_phase_its_category() {
+        let r = || Reason::new("SecretMissing", "create the secret db");
+        let t = crate::references::Target::new("v1", "Secret", Some("ns"), "db");
+        let cases = [
+            (Outcome::yield_now(r()), Phase::Progressing),
+            (
+                Outcome::Waiting {
+                    target: t,
+                    reason: r(),
+                },
+                Phase::Progressing,
+            ),
+            (
+                Outcome::failed(r(), std::io::Error::other("x")),
+                Phase::Progressing,
+            ),
+            (Outcome::Terminal(r()), Phase::Failed),
+            (Outcome::UserActionRequired(r()), Phase::Failed),
+        ];
+        for (o, phase) in cases {
+            let s = ResourceStatus::default().after_provision(&o, Some(1));
+            assert_eq!(
+                condition(&s),
+                (
+                    "SecretMissing".into(),
+                    "create the secret db".into(),
+                    Some(phase)
+                ),
+                "{o:?}"
+            );
+            assert!(!s.is_ready());
+            let d = ResourceStatus::default().after_deprovision(&o, Some(1));
+            assert_eq!(
+                condition(&d),
+                (
+                    "SecretMissing".into(),
+                    "create the secret db".into(),
+                    Some(Phase::Terminating)
+                ),
+                "{o:?}"
+            );
+        }
+        let done = ResourceStatus::default().after_provision(&Outcome::Done, Some(1));
+        assert_eq!(
+            condition(&done),
+            (
+                "Provisioned".into(),
+                "provisioned".into(),
+                Some(Phase::Ready)
+            )
+        );
+    }
+
+    #[test]
+    fn an_invalid_code_is_never_written_the_runtimes_reason_stands_in() {
+        let bad = || Reason::new("secret missing!", "create the secret db");
+        assert!(!bad().has_valid_code());
+        assert_eq!(
+            Reason::try_new("secret missing!", "m"),
+            Err(InvalidReason {
+                code: "secret missing!".into()
+            })
+        );
+        let cases = [
+            (Outcome::yield_now(bad()), "Provisioning", "Deprovisioning"),
+            (
+                Outcome::failed(bad(), std::io::Error::other("x")),
+                "Errored",
+                "Errored",
+            ),
+            (Outcome::Terminal(bad()), "Terminal", "Terminal"),
+            (
+                Outcome::UserActionRequired(bad()),
+                "UserActionRequired",
+                "UserActionRequired",
+            ),
+        ];
+        for (o, provision, deprovision) in cases {
+            let s = ResourceStatus::default().after_provision(&o, Some(1));
+            assert_eq!(condition(&s).0, provision, "{o:?}");
+            assert_eq!(condition(&s).1, "create the secret db", "the message stays");
+            let d = ResourceStatus::default().after_deprovision(&o, Some(1));
+            assert_eq!(condition(&d).0, deprovision, "{o:?}");
+        }
+        for code in ["", "1Leading", "Trailing,", "has space", "dash-ed"] {
+            assert!(!crate::status::is_valid_reason(code), "{code:?}");
+        }
+        assert!(!crate::status::is_valid_reason(&"A".repeat(1025)));
+        assert!(crate::status::is_valid_reason(&"A".repeat(1024)));
+    }
+
+    #[test]
+    fn messages_are_cut_at_32_kib_on_a_character_boundary() {
+        let long = "é".repeat(20_000); // 40 000 bytes
+        let r = Reason::new("Long", long.clone());
+        assert!(r.message().len() <= crate::status::MAX_MESSAGE_LEN);
+        assert!(long.starts_with(r.message()));
+        assert_eq!(r.message().len(), crate::status::MAX_MESSAGE_LEN);
+        let r: &'static str = Box::leak(long.into_boxed_str());
+        assert_eq!(Reason::new("Long", r).message().len(), 32 * 1024);
+    }
+
+    #[test]
+    fn the_status_of_a_concurrent_group_shows_the_merge_winners_reason() {
+        let merged = Outcome::merge(vec![
+            Outcome::yield_now(Reason::new("Slow", "a")),
+            Outcome::Terminal(Reason::new("BadSpec", "b")),
+            Outcome::failed(Reason::new("Flaky", "c"), std::io::Error::other("x")),
+        ]);
+        let s = ResourceStatus::default().after_provision(&merged, Some(1));
+        assert_eq!(
+            condition(&s),
+            ("BadSpec".into(), "b".into(), Some(Phase::Failed))
+        );
     }
 
     #[test]
