@@ -79,6 +79,43 @@ pub enum Readiness {
     Missing,
 }
 
+/// A set of objects of one managed kind, chosen by a label selector: what
+/// [`Context::set_references`](crate::provisioners::Context::set_references) makes carry a
+/// reference.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Selection {
+    /// `group/version` of the kind.
+    pub api_version: String,
+    /// The kind, e.g. `SecurityGroup`.
+    pub kind: String,
+    /// The namespace (`None`: every namespace, or a cluster-scoped kind).
+    pub namespace: Option<String>,
+    /// A label selector, e.g. `app=web,tier!=db` (empty: every object of the kind).
+    pub labels: String,
+}
+
+impl Selection {
+    /// The objects of `kind` in `namespace` whose labels match `labels`.
+    pub fn new(
+        api_version: impl Into<String>,
+        kind: impl Into<String>,
+        namespace: Option<&str>,
+        labels: impl Into<String>,
+    ) -> Self {
+        Self {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: namespace.map(str::to_string),
+            labels: labels.into(),
+        }
+    }
+
+    /// The target of the object `name` of this selection's kind, in `namespace`.
+    fn target(&self, namespace: Option<&str>, name: &str) -> Target {
+        Target::new(&self.api_version, &self.kind, namespace, name)
+    }
+}
+
 /// What provisioners use to coordinate with other resources (implemented by the runtime).
 #[async_trait]
 pub trait ReferenceApi: Send + Sync {
@@ -88,6 +125,13 @@ pub trait ReferenceApi: Send + Sync {
     async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error>;
     /// `from` releases its reference on `target`.
     async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error>;
+    /// Exactly the objects of `selection` named in `names` carry `from`'s reference after this.
+    async fn set_references(
+        &self,
+        from: &Target,
+        selection: &Selection,
+        names: &BTreeSet<String>,
+    ) -> Result<(), crate::Error>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -479,6 +523,58 @@ impl ReferenceApi for ReferenceIndex {
             s.remove(target);
         }
         self.wake(target);
+        Ok(())
+    }
+
+    async fn set_references(
+        &self,
+        from: &Target,
+        selection: &Selection,
+        names: &BTreeSet<String>,
+    ) -> Result<(), crate::Error> {
+        let probe = selection.target(selection.namespace.as_deref(), "");
+        let Some(k) = self.kind(&probe) else {
+            return Err(crate::Error::UnmanagedTarget(probe));
+        };
+        let params = kube::api::ListParams::default().labels(&selection.labels);
+        let selected = k.dynamic_api(&probe).list(&params).await?;
+        // Every name must be in the selection before anything is written.
+        let found: BTreeSet<&str> = selected
+            .items
+            .iter()
+            .filter_map(|o| o.metadata.name.as_deref())
+            .collect();
+        if let Some(missing) = names.iter().find(|n| !found.contains(n.as_str())) {
+            let ns = selection.namespace.as_deref().or(from.namespace.as_deref());
+            return Err(crate::Error::TargetMissing(selection.target(ns, missing)));
+        }
+        let key = reference_annotation(from);
+        // Adds first, then releases: every write is idempotent, so a pass that fails half-way
+        // is completed by the next one.
+        let mut release = Vec::new();
+        for o in &selected.items {
+            let Some(name) = o.metadata.name.as_deref() else {
+                continue;
+            };
+            let target = selection.target(o.metadata.namespace.as_deref(), name);
+            let carries = o
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(&key));
+            if names.contains(name) {
+                if carries {
+                    self.held.entry(from.clone()).or_default().insert(target);
+                } else {
+                    self.add_reference(from, &target).await?;
+                }
+            } else if carries || self.held.get(from).is_some_and(|h| h.contains(&target)) {
+                release.push(target);
+            }
+        }
+        for target in release {
+            self.release_reference(from, &target).await?;
+        }
         Ok(())
     }
 }

@@ -6,7 +6,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource};
 
 use crate::provisioners::{Outcome, Reason};
-use crate::references::{Readiness, ReferenceApi, Target};
+use crate::references::{Readiness, ReferenceApi, Selection, Target};
 use crate::status::ResourceStatus;
 
 /// Everything a provisioner may use, passed explicitly (no task-locals, no globals).
@@ -208,6 +208,44 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
             Some(r) => r.add_reference(&self.target(), target).await,
             None => Err(crate::Error::NoReferenceApi),
         }
+    }
+
+    /// Make exactly the objects of `selection` named in `names` carry this resource's
+    /// reference: the named ones get it ([`Context::add_reference`]), every other selected one
+    /// that carries it is released. A name not in the selection is an error naming it
+    /// ([`Error::TargetMissing`](crate::Error::TargetMissing)), and then nothing is written;
+    /// a target being deleted refuses a new reference
+    /// ([`Error::TargetDeleting`](crate::Error::TargetDeleting)). Every write is idempotent:
+    /// return the error as a failed outcome and the next pass completes what this one did not.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # use actorcile::references::Selection;
+    /// # async fn f<K: kube::Resource<DynamicType = ()>>(cx: &Context<K>) -> Outcome {
+    /// let groups = Selection::new("example.com/v1", "SecurityGroup", Some("default"), "app=web");
+    /// if let Err(e) = cx.set_references(&groups, ["ssh", "https"]).await {
+    ///     return Outcome::failed(Reason::new("SecurityGroupReferences", "cannot reference the security groups"), e);
+    /// }
+    /// Outcome::Done
+    /// # }
+    /// ```
+    pub async fn set_references(
+        &self,
+        selection: &Selection,
+        names: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Result<(), crate::Error> {
+        let names = names.into_iter().map(Into::into).collect();
+        match &self.inner.references {
+            Some(r) => r.set_references(&self.target(), selection, &names).await,
+            None => Err(crate::Error::NoReferenceApi),
+        }
+    }
+
+    /// Release this resource's reference from every object of `selection` (the same as
+    /// [`Context::set_references`] with no names).
+    pub async fn clear_references(&self, selection: &Selection) -> Result<(), crate::Error> {
+        self.set_references(selection, std::iter::empty::<String>())
+            .await
     }
 
     /// Release a reference taken with [`Context::add_reference`]. Releasing one that was not
