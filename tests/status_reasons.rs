@@ -1,0 +1,215 @@
+//! The status users read, on the in-process cluster: a provisioner's reason code becomes the
+//! `Ready` condition's reason, an invalid code never reaches the API, a dependency being deleted
+//! says so, and bulk references make exactly the named objects carry a reference.
+
+mod common;
+
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::references::{REFERENCE_ANNOTATION_PREFIX, Selection};
+use common::*;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn wt(name: &str) -> Target {
+    Target::new("test.actorcile.dev/v1", "Widget", Some("default"), name)
+}
+
+/// Reasons by size: -1 a typed Terminal, -2 an invalid code, anything else Done.
+fn reasons_tree() -> impl Provisioner<Widget> {
+    step("validate", |cx: Context<Widget>| async move {
+        match cx.object().spec.size {
+            -1 => Outcome::Terminal(Reason::new("SizeNegative", "spec.size must be at least 0")),
+            -2 => Outcome::UserActionRequired(Reason::new("not a reason!", "fix the size")),
+            _ => Outcome::Done,
+        }
+    })
+}
+
+#[tokio::test]
+async fn the_provisioners_reason_is_the_conditions_reason_and_an_invalid_one_is_replaced() {
+    let (_cluster, client) = cluster();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(reasons_tree()))
+        .events("widget-operator")
+        .start()
+        .await
+        .expect("start");
+    create(&client, "typed", -1).await;
+    create(&client, "invalid", -2).await;
+    let s = wait_reason(&client, "typed", "SizeNegative", LIMIT).await;
+    let c = s.ready().unwrap();
+    assert_eq!(c.message, "spec.size must be at least 0", "verbatim");
+    assert_eq!(s.phase, Some(Phase::Failed));
+    // the invalid code is never written: the runtime's reason for the outcome stands in
+    let s = wait_reason(&client, "invalid", "UserActionRequired", LIMIT).await;
+    assert_eq!(s.ready().unwrap().message, "fix the size");
+    assert_eq!(s.phase, Some(Phase::Failed));
+    // Events carry the condition's reason; the invalid code is reported in a Warning Event
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let reasons = eventually("the transition Events", LIMIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let of = |name: &str| -> Vec<String> {
+            list.items
+                .iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .filter_map(|e| e.reason.clone())
+                .collect()
+        };
+        let (typed, invalid) = (of("typed"), of("invalid"));
+        (!typed.is_empty() && invalid.len() >= 2).then_some((typed, invalid))
+    })
+    .await;
+    assert_eq!(reasons.0, vec!["SizeNegative".to_string()]);
+    assert!(reasons.1.contains(&"InvalidReason".to_string()), "{reasons:?}");
+    assert!(
+        reasons.1.contains(&"UserActionRequired".to_string()),
+        "{reasons:?}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn waiting_on_a_dependency_that_is_being_deleted_says_so() {
+    let (_cluster, client) = cluster();
+    let tree = step("needs", |cx: Context<Widget>| async move {
+        for n in &cx.object().spec.needs {
+            if let Some(wait) = cx.require_ready(&wt(n)).await {
+                return wait;
+            }
+        }
+        Outcome::Done
+    });
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    // a foreign finalizer keeps the dependency in its deletion
+    let mut db = widget("db", 1);
+    db.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    widgets(&client)
+        .create(&PostParams::default(), &db)
+        .await
+        .unwrap();
+    wait_ready(&client, "db", LIMIT).await;
+    delete(&client, "db").await;
+    let mut app = widget("app", 1);
+    app.spec.needs = vec!["db".into(), "nothing".into()];
+    widgets(&client)
+        .create(&PostParams::default(), &app)
+        .await
+        .unwrap();
+    let s = wait_reason(&client, "app", "DependencyDeleting", LIMIT).await;
+    let message = &s.ready().unwrap().message;
+    assert!(message.contains("Widget default/db"), "{message}");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_missing_dependency_is_named_as_not_found() {
+    let (_cluster, client) = cluster();
+    let tree = step("needs", |cx: Context<Widget>| async move {
+        match cx.require_ready(&wt("absent")).await {
+            Some(wait) => wait,
+            None => Outcome::Done,
+        }
+    });
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    create(&client, "app", 1).await;
+    let s = wait_reason(&client, "app", "DependencyNotFound", LIMIT).await;
+    assert!(s.ready().unwrap().message.contains("absent"));
+    // it is woken when the dependency appears (and then waits for it to be Ready)
+    create(&client, "absent", 1).await;
+    wait_ready(&client, "app", LIMIT).await;
+    rt.shutdown().await;
+}
+
+/// The names of the widgets that carry `from`'s reference annotation.
+async fn carriers(client: &kube::Client, from: &str) -> Vec<String> {
+    let key = actorcile::references::reference_annotation(&wt(from));
+    assert!(key.starts_with(REFERENCE_ANNOTATION_PREFIX));
+    let mut names: Vec<String> = widgets(client)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|w| w.annotations().contains_key(&key))
+        .map(|w| w.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn set_references_makes_exactly_the_named_objects_carry_the_reference() {
+    let (_cluster, client) = cluster();
+    // the widget "server" references the groups its note names (comma-separated; "-": clear)
+    let tree = step("groups", |cx: Context<Widget>| async move {
+        if cx.object().name_any() != "server" {
+            return Outcome::Done;
+        }
+        let groups = Selection::new(
+            "test.actorcile.dev/v1",
+            "Widget",
+            Some("default"),
+            "role=group",
+        );
+        let note = cx.object().spec.note.clone();
+        let result = match note.as_str() {
+            "-" => cx.clear_references(&groups).await,
+            names => cx.set_references(&groups, names.split(',')).await,
+        };
+        match result {
+            Ok(()) => Outcome::Done,
+            Err(e @ actorcile::Error::TargetMissing(_)) => {
+                Outcome::Terminal(Reason::new("GroupMissing", e.to_string()))
+            }
+            Err(e) => Outcome::failed(Reason::new("References", "cannot reference"), e),
+        }
+    });
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    for i in 0..8 {
+        let mut g = widget(&format!("g{i}"), 1);
+        g.metadata.labels = Some([("role".to_string(), "group".to_string())].into());
+        widgets(&client)
+            .create(&PostParams::default(), &g)
+            .await
+            .unwrap();
+    }
+    create(&client, "other", 1).await; // not selected
+    let mut server = widget("server", 1);
+    server.spec.note = "g0,g1,g2,g3,g4".into();
+    widgets(&client)
+        .create(&PostParams::default(), &server)
+        .await
+        .unwrap();
+    wait_ready(&client, "server", LIMIT).await;
+    assert_eq!(carriers(&client, "server").await, ["g0", "g1", "g2", "g3", "g4"]);
+
+    set_note(&client, "server", "g3,g5,g7").await;
+    eventually("three carriers", LIMIT, || async {
+        (carriers(&client, "server").await == ["g3", "g5", "g7"]).then_some(())
+    })
+    .await;
+    // a referenced group's deletion waits for the reference
+    delete(&client, "g5").await;
+    wait_reason(&client, "g5", "InUse", LIMIT).await;
+
+    // a name outside the selection: an error naming it, and nothing written
+    set_note(&client, "server", "g3,other").await;
+    let s = wait_reason(&client, "server", "GroupMissing", LIMIT).await;
+    assert!(s.ready().unwrap().message.contains("other"), "{s:?}");
+    assert_eq!(carriers(&client, "server").await, ["g3", "g5", "g7"]);
+
+    set_note(&client, "server", "-").await;
+    eventually("no carriers", LIMIT, || async {
+        carriers(&client, "server").await.is_empty().then_some(())
+    })
+    .await;
+    // released by message: the deletion that waited proceeds
+    wait_gone(&client, "g5", LIMIT).await;
+    rt.shutdown().await;
+}
