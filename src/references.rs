@@ -324,6 +324,16 @@ impl ReferenceIndex {
         }
     }
 
+    /// `target`'s actor starts serving it for the first time (it may be new): those waiting on
+    /// it re-check, so a status that said it does not exist says what it is now.
+    pub(crate) fn appeared(&self, target: &Target) {
+        if let Some((_, waiters)) = self.waiters.remove(target) {
+            for w in waiters {
+                self.wake(&w);
+            }
+        }
+    }
+
     /// The index's shared copy of `target`, if it has one (a re-activated actor reuses it
     /// rather than keeping a second copy).
     pub(crate) fn shared_target(&self, target: Target) -> Arc<Target> {

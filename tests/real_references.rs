@@ -10,6 +10,8 @@ mod common;
 #[path = "common/real.rs"]
 mod real;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use actorcile::prelude::*;
@@ -298,6 +300,70 @@ async fn a_foreign_finalizer_on_a_target_does_not_count_as_a_reference() {
         api.wait_gone("t").await;
         api.delete("sentinel").await;
         api.wait_gone("sentinel").await;
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+/// Many referrers take a reference on one target at once. Their guarded writes conflict (each
+/// changes the target's resourceVersion under the others): the runtime retries them, so every
+/// referrer's first `add_reference` succeeds and no `Errored` status is ever written. Every write
+/// of the runtime carries its field manager, so `managedFields` names it for the reference
+/// annotations, the finalizers and the status.
+#[tokio::test]
+async fn two_hundred_referrers_of_one_target_all_succeed_and_writes_name_the_field_manager() {
+    bounded("200 referrers", async {
+        const N: usize = 200;
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "refs-many-referrers").await;
+        let failures = Arc::new(AtomicUsize::new(0));
+        let f = failures.clone();
+        let tree = step("refs", move |cx: Context<Widget>| {
+            let f = f.clone();
+            async move {
+                for n in &cx.object().spec.refs {
+                    if let Err(e) = cx.add_reference(&sibling(&cx, n)).await {
+                        f.fetch_add(1, Ordering::SeqCst);
+                        return Outcome::failed(Reason::new("Reference", "cannot reference"), e);
+                    }
+                }
+                Outcome::Done
+            }
+        });
+        let rt = Runtime::builder(api.client.clone())
+            .policy(no_polling())
+            .controller(Controller::<Widget>::new(tree).namespace(&api.ns))
+            .start()
+            .await
+            .expect("start the runtime");
+        api.create_with("t", &[], &[]).await;
+        api.wait_ready("t").await;
+        let names: Vec<String> = (0..N).map(|i| format!("r{i}")).collect();
+        for n in &names {
+            api.create_with(n, &[], &["t"]).await;
+        }
+        api.wait_all_ready(&names).await;
+        assert_eq!(
+            failures.load(Ordering::SeqCst),
+            0,
+            "no referrer saw a conflict"
+        );
+        assert_eq!(persisted_referrers(&api, "t").await.len(), N);
+        // managedFields: the runtime's manager owns what it wrote
+        let fields_of = |w: &Widget| -> String {
+            w.metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .filter(|m| m.manager.as_deref() == Some(actorcile::FIELD_MANAGER))
+                .map(|m| serde_json::to_string(&m.fields_v1).unwrap())
+                .collect()
+        };
+        let t = fields_of(&api.get("t").await.unwrap());
+        assert!(t.contains("f:annotations"), "reference annotations: {t}");
+        let r = fields_of(&api.get("r0").await.unwrap());
+        assert!(r.contains("f:finalizers"), "finalizer: {r}");
+        assert!(r.contains("f:status"), "status: {r}");
         rt.shutdown().await;
     })
     .await;

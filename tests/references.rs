@@ -157,7 +157,9 @@ async fn a_missing_target_is_a_typed_readiness_the_tree_can_make_terminal() {
                 "DependencyMissing",
                 "nonexistent does not exist",
             )),
-            Readiness::NotReady => Outcome::yield_now(Reason::new("Waiting", "")),
+            Readiness::NotReady | Readiness::Deleting => {
+                Outcome::yield_now(Reason::new("Waiting", ""))
+            }
             Readiness::Ready => Outcome::Done,
         }
     });
@@ -168,8 +170,9 @@ async fn a_missing_target_is_a_typed_readiness_the_tree_can_make_terminal() {
         .await
         .unwrap();
     create(&client, "strict", 1).await;
-    let s = wait_reason(&client, "strict", "Terminal", LIMIT).await;
-    assert!(s.ready().unwrap().message.contains("DependencyMissing"));
+    let s = wait_reason(&client, "strict", "DependencyMissing", LIMIT).await;
+    assert_eq!(s.phase, Some(Phase::Failed));
+    assert_eq!(s.ready().unwrap().message, "nonexistent does not exist");
     rt.shutdown().await;
 }
 
@@ -335,7 +338,7 @@ async fn no_new_reference_is_accepted_by_a_deleting_target() {
     delete(&client, "old").await;
     wait_reason(&client, "old", "InUse", LIMIT).await;
     create_with(&client, "late", &[], &["old"]).await;
-    let s = wait_reason(&client, "late", "Provisioning", LIMIT).await;
+    let s = wait_reason(&client, "late", "ReferencePending", LIMIT).await;
     assert!(
         s.ready().unwrap().message.contains("being deleted"),
         "{s:?}"

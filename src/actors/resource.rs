@@ -223,6 +223,9 @@ impl<K: ManagedResource> ResourceActor<K> {
             was_ready: None,
             cx: None,
         };
+        if passive.is_none() {
+            self.shared.references.appeared(&st.target);
+        }
         if let Some(p) = passive {
             st.dirty = p.pending_run;
             st.last_run_version = p.last_run_version;

@@ -202,7 +202,17 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     }
 
     /// Record that this resource references `target`: the target's deletion waits until every
-    /// referrer released it. Persisted on the target, so it survives restarts.
+    /// referrer released it. Persisted on the target (an annotation), so it survives restarts.
+    ///
+    /// Conflicting writes (other referrers changing the target at the same moment) are retried
+    /// by the runtime; [`Error::Conflict`](crate::Error::Conflict) means they kept conflicting.
+    /// A target being deleted refuses new references
+    /// ([`Error::TargetDeleting`](crate::Error::TargetDeleting)).
+    ///
+    /// Every reference this resource holds is released automatically once its deprovision is
+    /// done (when it is deleted): nothing to do by hand then. A resource that stops needing a
+    /// target while it lives releases it with [`Context::release_reference`] (or
+    /// [`Context::set_references`] without it); the runtime does not guess that from the spec.
     pub async fn add_reference(&self, target: &Target) -> Result<(), crate::Error> {
         match &self.inner.references {
             Some(r) => r.add_reference(&self.target(), target).await,

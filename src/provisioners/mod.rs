@@ -52,7 +52,9 @@ pub use step::{Step, step};
 /// object is deleted. Both are called again on every pass until they return [`Outcome::Done`].
 #[async_trait]
 pub trait Provisioner<K>: Send + Sync {
-    /// A short name, used in logs and in the `step` of status messages.
+    /// A short name for the step, for the tree's own diagnostics and logs. Status messages do
+    /// not carry it: the `Ready` condition shows the outcome's [`Reason`] verbatim, so name the
+    /// step in the reason's message where the owner should see it.
     fn name(&self) -> &str;
     /// Bring this step to its desired state, or say why not yet.
     async fn provision(&self, cx: &Context<K>) -> Outcome;
