@@ -599,9 +599,12 @@ impl ReferenceIndex {
             return Err(crate::Error::UnmanagedTarget(target.clone()));
         };
         let api = k.dynamic_api(target);
-        // Read the target fresh and write the reference guarded by its resourceVersion: a
-        // target whose deletion began in between fails the `test`, so no reference is ever
-        // added to a target whose deprovision may already have started.
+        // A merge patch of one annotation: it cannot conflict with other referrers' writes (a
+        // resourceVersion-guarded write did, under many referrers of one target). The object
+        // it returns tells whether the target's deletion had begun before the write; if so, the
+        // reference is taken back and refused, so no reference is ever added to a target
+        // whose deprovision may already have started. A deletion that begins after the write
+        // sees the reference (its event comes after the write).
         let current = match api.get_opt(&target.name).await {
             Ok(Some(o)) => o,
             Ok(None) => return Err(crate::Error::TargetMissing(target.clone())),
@@ -610,35 +613,27 @@ impl ReferenceIndex {
         if current.metadata.deletion_timestamp.is_some() {
             return Err(crate::Error::TargetDeleting(target.clone()));
         }
-        let key = reference_annotation(from);
-        let value = serde_json::to_string(from)?;
-        let add = match &current.metadata.annotations {
-            Some(_) => serde_json::json!({
-                "op": "add",
-                "path": format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1")),
-                "value": value,
-            }),
-            None => serde_json::json!({
-                "op": "add", "path": "/metadata/annotations", "value": { key: value },
-            }),
-        };
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
-            add,
-        ]))?;
-        match api
-            .patch(
-                &target.name,
-                &self.patch_params(),
-                &Patch::Json::<()>(patch),
-            )
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { reference_annotation(from): serde_json::to_string(from)? } }
+        });
+        let written = match api
+            .patch(&target.name, &self.patch_params(), &Patch::Merge(patch))
             .await
         {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+            Ok(o) => o,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(crate::Error::TargetMissing(target.clone()));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
                 return Err(crate::Error::Conflict(target.clone()));
             }
             Err(e) => return Err(crate::Error::Kube(e)),
+        };
+        if written.metadata.deletion_timestamp.is_some() {
+            if let Err(e) = self.remove_reference(from, target).await {
+                tracing::warn!(from = %from, target = %target, error = %e, "could not take back a reference to a target being deleted");
+            }
+            return Err(crate::Error::TargetDeleting(target.clone()));
         }
         self.held
             .entry(from.clone())

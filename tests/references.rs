@@ -135,7 +135,7 @@ async fn readiness_works_across_kinds() {
     eventually("gadget waiting", LIMIT, || async {
         let g = gadgets.get("g").await.ok()?;
         g.status
-            .filter(|s| s.ready().is_some_and(|c| c.reason == "DependencyNotReady"))
+            .filter(|s| s.ready().is_some_and(|c| c.reason == "DependencyNotFound"))
     })
     .await;
     let t0 = Instant::now();
