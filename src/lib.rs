@@ -106,8 +106,9 @@ pub enum Error {
     /// A reference to a target that is being deleted (no new references are accepted).
     #[error("{0} is being deleted")]
     TargetDeleting(references::Target),
-    /// The target changed while a reference was written; retry.
-    #[error("{0} changed while the reference was written; retry")]
+    /// A reference write kept conflicting with other writes to the target (the runtime retries
+    /// conflicts; this is what is left after its attempts).
+    #[error("{0} kept changing while the reference was written")]
     Conflict(references::Target),
     /// The running identity lacks permissions the runtime needs (see [`rbac`]).
     #[error("missing RBAC permissions: {}", .0.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; "))]
