@@ -254,6 +254,15 @@ impl ReferenceIndex {
         kinds.push((api_version.to_string(), kind.to_string(), handle));
     }
 
+    /// Forget every kind (at shutdown): a kind's handle holds its controller's state, which
+    /// holds this index, and the cycle would keep both alive after the runtime stopped.
+    pub(crate) fn unregister_kinds(&self) {
+        self.kinds
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     fn kind(&self, t: &Target) -> Option<Arc<dyn KindHandle>> {
         self.kind_named(&t.api_version, &t.kind)
     }

@@ -465,6 +465,7 @@ impl RuntimeBuilder {
             runs: cx.runs.clone(),
             metrics,
             escalated,
+            references: cx.references.clone(),
             root,
             root_task,
             shutdown_timeout: self.policy.shutdown_timeout,
@@ -491,6 +492,7 @@ pub struct RuntimeHandle {
     runs: Arc<Semaphore>,
     metrics: Arc<Metrics>,
     escalated: watch::Receiver<Option<ManagerFailure>>,
+    references: Arc<ReferenceIndex>,
     root: ActorRef<()>,
     root_task: JoinHandle<()>,
     shutdown_timeout: std::time::Duration,
@@ -517,7 +519,8 @@ impl RuntimeHandle {
     }
 
     /// Stop watching, start no new runs, let in-flight runs finish within the policy's shutdown
-    /// timeout (then abort them), stop every actor.
+    /// timeout (then abort them), stop every actor, and release the controllers (their
+    /// provisioner trees are dropped once nothing of the runtime runs any more).
     pub async fn shutdown(self) {
         for s in &self.started {
             s.feeder.abort();
@@ -535,5 +538,6 @@ impl RuntimeHandle {
         }
         let _ = self.root.stop_and_wait(None, None).await;
         let _ = self.root_task.await;
+        self.references.unregister_kinds();
     }
 }

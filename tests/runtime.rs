@@ -1228,3 +1228,65 @@ async fn a_panic_in_an_adopted_actor_restarts_its_object_and_spares_the_others()
     );
     rt.shutdown().await;
 }
+
+/// Sets its flag when dropped.
+struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_the_provisioner_tree() {
+    let (_cluster, client) = cluster();
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = DropFlag(dropped.clone());
+    let tree = step("holds-a-flag", move |_cx: Context<Widget>| {
+        let _held = &flag;
+        async { Outcome::Done }
+    });
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    create(&client, "w", 1).await;
+    wait_ready(&client, "w", LIMIT).await;
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "the running runtime holds its tree"
+    );
+    rt.shutdown().await;
+    // Nothing of the runtime keeps the tree (and so the controller's state) alive once stopped.
+    eventually("the tree dropped after shutdown", LIMIT, || async {
+        dropped.load(Ordering::SeqCst).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn escalation_stops_the_runtime_with_the_object_and_its_last_failure() {
+    let (_cluster, client) = cluster();
+    let tree = step("always-panics", |_cx: Context<Widget>| async move {
+        panic!("the disk is on fire")
+    });
+    let mut policy = test_policy();
+    policy.restart.max_restarts = 1;
+    policy.restart.on_exhausted = Exhausted::Escalate;
+    policy.restart.backoff.min = Duration::from_millis(10);
+    let mut rt = start_widgets(&client, policy, tree).await;
+    create(&client, "doomed", 1).await;
+    let err = tokio::time::timeout(LIMIT, rt.escalated())
+        .await
+        .expect("the runtime escalates");
+    let actorcile::Error::Escalated(e) = &err else {
+        panic!("expected an escalation, got {err:?}");
+    };
+    assert_eq!(e.kind, "Widget");
+    assert_eq!(e.object, "Widget.v1.test.actorcile.dev/doomed.default");
+    assert_eq!(e.failures, 2);
+    let cause = std::error::Error::source(&err).expect("the escalation is the source");
+    let last = cause
+        .source()
+        .expect("the actor's last failure is its source");
+    assert!(last.to_string().contains("the disk is on fire"), "{last}");
+    rt.shutdown().await;
+}
