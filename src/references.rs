@@ -192,6 +192,9 @@ pub struct ReferenceIndex {
     ready: DashSet<Arc<Target>, ahash::RandomState>,
     /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
     held: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
+    /// target → resources that found it missing: re-checked when it appears (waiters of a
+    /// target that exists are woken only when it becomes Ready).
+    missing: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
     /// The field manager of the reference writes (the runtime's).
     field_manager: String,
 }
@@ -237,6 +240,7 @@ impl ReferenceIndex {
             waiters: Default::default(),
             ready: Default::default(),
             held: Default::default(),
+            missing: Default::default(),
             field_manager: field_manager.into(),
         }
     }
@@ -333,10 +337,11 @@ impl ReferenceIndex {
         }
     }
 
-    /// `target`'s actor starts serving it for the first time (it may be new): those waiting on
-    /// it re-check, so a status that said it does not exist says what it is now.
+    /// `target`'s actor starts serving it for the first time (it may be new): those that found
+    /// it missing re-check, so a status that said it does not exist says what it is now. (One
+    /// that found it missing just as it appeared keeps that status until it is Ready.)
     pub(crate) fn appeared(&self, target: &Target) {
-        if let Some((_, waiters)) = self.waiters.remove(target) {
+        if let Some((_, waiters)) = self.missing.remove(target) {
             for w in waiters {
                 self.wake(&w);
             }
@@ -512,6 +517,12 @@ impl ReferenceApi for ReferenceIndex {
             && let Some(mut w) = self.waiters.get_mut(target)
         {
             w.remove(from);
+        }
+        if r == Readiness::Missing {
+            self.missing
+                .entry(target.clone())
+                .or_default()
+                .insert(from.clone());
         }
         r
     }
