@@ -62,11 +62,9 @@ pub fn crds_from_yaml(text: &str) -> Result<Vec<CustomResourceDefinition>, Envte
     Ok(out)
 }
 
+/// The widgets CRD of the envtest module's tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CRD_YAML: &str = r#"
+pub(super) const WIDGET_CRD: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -81,8 +79,17 @@ spec:
     storage: true
     schema:
       openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
----
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The widgets CRD and, after an empty document, a cluster-scoped one.
+    fn crd_yaml() -> String {
+        format!(
+            "{WIDGET_CRD}---\n---\n{}",
+            r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -92,11 +99,13 @@ spec:
   names: {kind: Gadget, plural: gadgets}
   scope: Cluster
   versions: []
-"#;
+"#
+        )
+    }
 
     #[test]
     fn crds_from_yaml_reads_every_document() {
-        let crds = crds_from_yaml(CRD_YAML).unwrap();
+        let crds = crds_from_yaml(&crd_yaml()).unwrap();
         let names: Vec<_> = crds
             .iter()
             .map(|c| c.metadata.name.clone().unwrap())

@@ -170,23 +170,8 @@ async fn restarts_keep_data_and_clients_work_again() {
 
 #[tokio::test]
 async fn builder_installs_crds_and_waits_established() {
-    const CRD: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: widgets.example.com}
-spec:
-  group: example.com
-  names: {kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"#;
     tokio::time::timeout(LIMIT, async {
-        let crds = crds_from_yaml(CRD).unwrap();
+        let crds = crds_from_yaml(super::crds::WIDGET_CRD).unwrap();
         let env = Envtest::builder().crds(crds.clone()).start().await.unwrap();
         let got = Api::<CustomResourceDefinition>::all(env.client())
             .get("widgets.example.com")
