@@ -76,7 +76,7 @@ pub struct SupervisorPolicy {
     /// object and a task) and how many objects are in progress at once. When passes are
     /// CPU-bound, that is also how long each waits for its turn. When passes wait on I/O, fewer
     /// objects in progress means a burst takes longer: compare in `actorcile simulate` before
-    /// setting it (BENCHMARKS.md has figures for both).
+    /// setting it (BENCHMARKS.md has such a comparison).
     ///
     /// Without a cap, a CPU-bound burst is still worked through a part at a time: while passes
     /// start late because the workers fall behind, the runtime holds activations back by
