@@ -14,6 +14,14 @@ use serde::de::DeserializeOwned;
 /// Whether `K` is cluster-scoped. k8s-openapi's scopes are marker types without methods, and a
 /// `TypeId` comparison would need `K::Scope: 'static` bounds everywhere; the type's name is
 /// enough to tell the two concrete scopes apart.
+/// Patch parameters that name `field_manager`: every write of the runtime carries its own.
+pub(crate) fn patch_params(field_manager: &str) -> PatchParams {
+    PatchParams {
+        field_manager: Some(field_manager.to_string()),
+        ..PatchParams::default()
+    }
+}
+
 pub(crate) fn is_cluster_scoped<K: Resource>() -> bool {
     std::any::type_name::<K::Scope>().ends_with("ClusterResourceScope")
 }

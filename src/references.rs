@@ -246,10 +246,7 @@ impl ReferenceIndex {
     }
 
     fn patch_params(&self) -> PatchParams {
-        PatchParams {
-            field_manager: Some(self.field_manager.clone()),
-            ..PatchParams::default()
-        }
+        crate::object_api::patch_params(&self.field_manager)
     }
 
     pub(crate) fn register_kind(&self, api_version: &str, kind: &str, handle: Arc<dyn KindHandle>) {

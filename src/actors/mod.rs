@@ -127,10 +127,7 @@ impl<K: ManagedResource> Shared<K> {
 
     /// Patch parameters of every write the actors make: the runtime's field manager.
     pub(crate) fn patch_params(&self) -> kube::api::PatchParams {
-        kube::api::PatchParams {
-            field_manager: Some(self.field_manager.to_string()),
-            ..Default::default()
-        }
+        crate::object_api::patch_params(&self.field_manager)
     }
 }
 

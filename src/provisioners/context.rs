@@ -164,27 +164,22 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// # }
     /// ```
     pub async fn require_ready(&self, target: &Target) -> Option<Outcome> {
-        match self.readiness(target).await {
-            Readiness::Ready => None,
-            Readiness::NotReady => Some(Outcome::Waiting {
-                target: target.clone(),
-                reason: Reason::new(
-                    "DependencyNotReady",
-                    format!("waiting for {target} to become Ready"),
-                ),
-            }),
-            Readiness::Deleting => Some(Outcome::Waiting {
-                target: target.clone(),
-                reason: Reason::new("DependencyDeleting", format!("{target} is being deleted")),
-            }),
-            Readiness::Missing => Some(Outcome::Waiting {
-                target: target.clone(),
-                reason: Reason::new(
-                    "DependencyNotFound",
-                    format!("waiting for {target}, which does not exist"),
-                ),
-            }),
-        }
+        let (code, message) = match self.readiness(target).await {
+            Readiness::Ready => return None,
+            Readiness::NotReady => (
+                "DependencyNotReady",
+                format!("waiting for {target} to become Ready"),
+            ),
+            Readiness::Deleting => ("DependencyDeleting", format!("{target} is being deleted")),
+            Readiness::Missing => (
+                "DependencyNotFound",
+                format!("waiting for {target}, which does not exist"),
+            ),
+        };
+        Some(Outcome::Waiting {
+            target: target.clone(),
+            reason: Reason::new(code, message),
+        })
     }
 
     /// Whether `target` is Ready, not Ready, or missing, registering this resource as a waiter
