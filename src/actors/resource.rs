@@ -383,15 +383,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         } else {
             let mut pre_failure = None;
             if shared.use_finalizer && !has_finalizer {
-                let api = shared.api(&obj);
-                match Box::pin(writes::add_finalizer(
-                    &api,
-                    &shared.patch_params(),
-                    obj.as_ref(),
-                    &shared.finalizer,
-                ))
-                .await
-                {
+                match Box::pin(writes::add_finalizer(shared, obj.as_ref())).await {
                     Ok(o) => {
                         st.record_write(o);
                         obj = st.object.clone().unwrap_or(obj);
@@ -552,15 +544,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             });
         }
         shared.references.release_all(&target).await;
-        let api = shared.api(obj);
-        match writes::remove_finalizer(
-            &api,
-            &shared.patch_params(),
-            obj.as_ref(),
-            &shared.finalizer,
-        )
-        .await
-        {
+        match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.

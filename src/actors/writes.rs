@@ -7,12 +7,11 @@
 use std::sync::Arc;
 
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::{ManagedResource, Metrics, Shared};
-use crate::object_api::ObjectApi;
 use crate::provisioners::{InvalidReason, Outcome};
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
@@ -125,11 +124,10 @@ async fn publish<K: ManagedResource>(
 
 /// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
 pub(crate) async fn add_finalizer<K: ManagedResource>(
-    api: &ObjectApi<K>,
-    params: &PatchParams,
+    shared: &Shared<K>,
     obj: &K,
-    finalizer: &str,
 ) -> Result<K, kube::Error> {
+    let (api, params, finalizer) = (shared.api(obj), shared.patch_params(), &shared.finalizer);
     let rv = obj.meta().resource_version.clone().unwrap_or_default();
     let add = if obj.meta().finalizers.is_none() {
         json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})
@@ -141,18 +139,17 @@ pub(crate) async fn add_finalizer<K: ManagedResource>(
         add,
     ]))
     .expect("static JSON patch shape");
-    api.patch(&obj.name_any(), params, &Patch::Json::<()>(patch))
+    api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch))
         .await
 }
 
 /// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
 /// as the server left it (`None` if it is gone).
 pub(crate) async fn remove_finalizer<K: ManagedResource>(
-    api: &ObjectApi<K>,
-    params: &PatchParams,
+    shared: &Shared<K>,
     obj: &K,
-    finalizer: &str,
 ) -> Result<Option<K>, kube::Error> {
+    let (api, params, finalizer) = (shared.api(obj), shared.patch_params(), &shared.finalizer);
     let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
         return Ok(None);
     };
@@ -163,7 +160,7 @@ pub(crate) async fn remove_finalizer<K: ManagedResource>(
     ]))
     .expect("static JSON patch shape");
     match api
-        .patch(&obj.name_any(), params, &Patch::Json::<()>(patch))
+        .patch(&obj.name_any(), &params, &Patch::Json::<()>(patch))
         .await
     {
         Ok(o) => Ok(Some(o)),
