@@ -33,6 +33,7 @@
 //! | `yield_delay` | 5 s | delay after a `Yield` without `after` |
 //! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
 //! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
+//! | `dependency_watch_idle` | 5 m | a watch of a kind the runtime does not manage (started by `require_ready` on one of its objects) stops once nobody has waited on its objects for this long |
 //! | `max_concurrent_runs` | 64 | provisioner runs in flight across the runtime |
 //! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to passivate (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while passes run late). Slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
@@ -63,6 +64,11 @@ pub struct SupervisorPolicy {
     /// Slow fallback re-check while waiting on a dependency.
     #[serde(with = "humantime_serde")]
     pub dependency_poll: Duration,
+    /// A watch of a kind the runtime does not manage, started when a provisioner first waits
+    /// on one of its objects, stops once nobody has waited on any of its objects for this long.
+    /// (The runtime's policy applies; a controller's own policy does not.)
+    #[serde(with = "humantime_serde")]
+    pub dependency_watch_idle: Duration,
     /// Provisioner runs in flight across the runtime.
     pub max_concurrent_runs: usize,
     /// Live resource actors per kind beyond which activations (new objects, re-activations)
@@ -110,6 +116,7 @@ impl Default for SupervisorPolicy {
             poll_interval: None,
             poll_jitter: 0.1,
             dependency_poll: Duration::from_secs(60),
+            dependency_watch_idle: Duration::from_secs(300),
             max_concurrent_runs: 64,
             max_live_actors: None,
             idle_timeout: Some(Duration::from_secs(30)),
@@ -308,6 +315,12 @@ impl SupervisorPolicy {
             return Err(PolicyError::invalid(
                 "max_concurrent_runs",
                 "must be at least 1",
+            ));
+        }
+        if self.dependency_watch_idle.is_zero() {
+            return Err(PolicyError::invalid(
+                "dependency_watch_idle",
+                "must be longer than zero",
             ));
         }
         if self.max_live_actors == Some(0) {

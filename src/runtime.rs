@@ -159,8 +159,16 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
             None if !self.synced() => Readiness::NotReady,
             None => Readiness::Missing,
             Some(o) if o.meta().deletion_timestamp.is_some() => Readiness::Deleting,
-            Some(o) if ResourceStatus::of(o.as_ref()).is_ready() => Readiness::Ready,
-            Some(_) => Readiness::NotReady,
+            Some(o) => {
+                let status = ResourceStatus::of(o.as_ref());
+                if status.is_ready() {
+                    Readiness::Ready
+                } else if status.phase == Some(crate::status::Phase::Failed) {
+                    Readiness::Failed
+                } else {
+                    Readiness::NotReady
+                }
+            }
         }
     }
     fn exists(&self, target: &Target) -> bool {
@@ -445,12 +453,17 @@ impl RuntimeBuilder {
                 source: Box::new(e),
             })?;
         let metrics = Arc::new(Metrics::default());
+        let references = ReferenceIndex::for_runtime(
+            &self.field_manager,
+            self.client.clone(),
+            self.policy.dependency_watch_idle,
+        );
         let cx = StartCx {
             client: self.client,
             runs: Arc::new(Semaphore::new(self.policy.max_concurrent_runs)),
             policy: self.policy.clone(),
             metrics: metrics.clone(),
-            references: Arc::new(ReferenceIndex::with_field_manager(&self.field_manager)),
+            references,
             finalizer: self.finalizer,
             field_manager: self.field_manager,
             reporter: self.reporter,
@@ -502,6 +515,14 @@ impl RuntimeHandle {
     /// Runtime-wide counters.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()
+    }
+
+    /// The kinds this runtime does not manage whose objects it watches now, as
+    /// (apiVersion, kind): each started by a provisioner waiting on one of its objects
+    /// ([`Context::require_ready`](crate::provisioners::Context::require_ready)) and stopped
+    /// once nobody waited on it for the policy's `dependency_watch_idle`.
+    pub fn dependency_watches(&self) -> Vec<(String, String)> {
+        self.references.watched_external_kinds()
     }
 
     /// Resolves when a manager escalates (restart intensity exceeded with `escalate`).

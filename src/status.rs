@@ -60,6 +60,11 @@ pub enum ReadyReason {
     DependencyNotReady,
     /// Waiting on another resource that is being deleted.
     DependencyDeleting,
+    /// Waiting on another resource (or external dependency) that does not exist.
+    DependencyNotFound,
+    /// Another resource (or external dependency) this one needs has failed; the phase is
+    /// Failed while it is.
+    DependencyFailed,
     /// Deletion waits for referrers to release this resource.
     InUse,
     /// A transient error; retried with backoff.
@@ -81,6 +86,8 @@ impl ReadyReason {
             ReadyReason::Deprovisioning => "Deprovisioning",
             ReadyReason::DependencyNotReady => "DependencyNotReady",
             ReadyReason::DependencyDeleting => "DependencyDeleting",
+            ReadyReason::DependencyNotFound => "DependencyNotFound",
+            ReadyReason::DependencyFailed => "DependencyFailed",
             ReadyReason::InUse => "InUse",
             ReadyReason::Errored => "Errored",
             ReadyReason::Terminal => "Terminal",

@@ -368,3 +368,73 @@ async fn two_hundred_referrers_of_one_target_all_succeed_and_writes_name_the_fie
     })
     .await;
 }
+
+/// A widget waits on a `Gadget`, a kind this runtime does not manage (another operator's). It is
+/// woken by the runtime's one watch of gadgets the moment the gadget's status turns Ready —
+/// within seconds, with the fallback poll an hour — and the runtime never GETs the gadget: its
+/// only reads of gadgets are the watch's list and watch requests.
+#[tokio::test]
+async fn a_dependency_of_another_operator_wakes_its_waiter_by_watch_without_polling() {
+    bounded("external dependency", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "refs-external").await;
+        let gadgets: kube::Api<common::Gadget> = kube::Api::namespaced(env.client(), &api.ns);
+        let requests = common::Requests::default();
+        let runtime_client = requests.client(
+            kube::client::ClientBuilder::try_from(env.config()).expect("a client for envtest"),
+        );
+        let tree = step("gadgets", |cx: Context<Widget>| async move {
+            for n in &cx.object().spec.needs {
+                let gadget =
+                    Target::for_kind::<common::Gadget>(cx.object().namespace().as_deref(), n);
+                if let Some(wait) = cx.require_ready(&gadget).await {
+                    return wait;
+                }
+            }
+            Outcome::Done
+        });
+        let rt = Runtime::builder(runtime_client)
+            .policy(no_polling())
+            .controller(Controller::<Widget>::new(tree).namespace(&api.ns))
+            .start()
+            .await
+            .expect("start the runtime");
+        api.create_with("app", &["db"], &[]).await;
+        api.wait_reason("app", "DependencyNotFound").await;
+        let mut g = common::Gadget::new("db", common::GadgetSpec::default());
+        g.metadata.namespace = Some(api.ns.clone());
+        gadgets
+            .create(&Default::default(), &g)
+            .await
+            .expect("create the gadget");
+        api.wait_reason("app", "DependencyNotReady").await;
+
+        let woken = std::time::Instant::now();
+        gadgets
+            .patch_status(
+                "db",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "status": { "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "Up", "message": "serving",
+                    "observedGeneration": 1
+                }] } })),
+            )
+            .await
+            .expect("the gadget's controller writes Ready");
+        api.wait_ready("app").await;
+        let took = woken.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "woken by the watch, not the hourly poll: {took:?}"
+        );
+        assert_eq!(
+            requests.count("GET", "/gadgets/"),
+            0,
+            "the runtime never GETs the gadget"
+        );
+        let lists = requests.count("GET", "/gadgets?") - requests.watches("/gadgets?");
+        assert_eq!(lists, 1, "one list of gadgets: the watch's first");
+        rt.shutdown().await;
+    })
+    .await;
+}

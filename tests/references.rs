@@ -157,7 +157,7 @@ async fn a_missing_target_is_a_typed_readiness_the_tree_can_make_terminal() {
                 "DependencyMissing",
                 "nonexistent does not exist",
             )),
-            Readiness::NotReady | Readiness::Deleting => {
+            Readiness::NotReady | Readiness::Deleting | Readiness::Failed => {
                 Outcome::yield_now(Reason::new("Waiting", ""))
             }
             Readiness::Ready => Outcome::Done,

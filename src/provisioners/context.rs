@@ -7,7 +7,7 @@ use kube::{Client, Resource};
 
 use crate::provisioners::{Outcome, Reason};
 use crate::references::{Readiness, ReferenceApi, Selection, Target};
-use crate::status::ResourceStatus;
+use crate::status::{ReadyReason, ResourceStatus};
 
 /// Everything a provisioner may use, passed explicitly (no task-locals, no globals).
 ///
@@ -137,17 +137,25 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         }
     }
 
-    /// Proceed only if `target` (a resource managed by this runtime) is Ready.
+    /// Proceed only if `target` is Ready.
     ///
     /// Returns `None` when the target is Ready, so the caller continues; otherwise the outcome
     /// to return, an [`Outcome::Waiting`] on the target (this resource's actor is woken by a
-    /// message the moment the target becomes Ready) whose reason says why, naming the target:
+    /// message the moment the target changes) whose reason says why, naming the target:
     ///
-    /// | target | reason |
-    /// |---|---|
-    /// | exists, not Ready | `DependencyNotReady` |
-    /// | being deleted | `DependencyDeleting` |
-    /// | does not exist (it may be created later) | `DependencyNotFound` |
+    /// | target | reason | phase |
+    /// |---|---|---|
+    /// | exists, not Ready | `DependencyNotReady` | Progressing |
+    /// | being deleted | `DependencyDeleting` | Progressing |
+    /// | does not exist (it may be created later) | `DependencyNotFound` | Progressing |
+    /// | has failed ([`Readiness::Failed`]) | `DependencyFailed` | Failed |
+    ///
+    /// The target may be of a kind this runtime manages (Ready when its own actor says so) or
+    /// of any other kind (Ready by its status: see [`readiness_of`](crate::references::readiness_of);
+    /// [`Context::require_ready_when`] takes a predicate instead). For a kind the runtime does not
+    /// manage, one watch of that kind, shared by every waiter, wakes the waiters when the
+    /// object changes; it lists and watches the kind in every namespace, so the operator needs
+    /// `list` and `watch` on it cluster-wide.
     ///
     /// Use [`Context::readiness`] to treat a case differently, e.g. a missing target as
     /// Terminal.
@@ -164,31 +172,49 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// # }
     /// ```
     pub async fn require_ready(&self, target: &Target) -> Option<Outcome> {
-        let (code, message) = match self.readiness(target).await {
-            Readiness::Ready => return None,
-            Readiness::NotReady => (
-                "DependencyNotReady",
-                format!("waiting for {target} to become Ready"),
-            ),
-            Readiness::Deleting => ("DependencyDeleting", format!("{target} is being deleted")),
-            Readiness::Missing => (
-                "DependencyNotFound",
-                format!("waiting for {target}, which does not exist"),
-            ),
-        };
-        Some(Outcome::Waiting {
-            target: target.clone(),
-            reason: Reason::new(code, message),
-        })
+        let readiness = self.readiness(target).await;
+        waiting_on(target, readiness)
     }
 
-    /// Whether `target` is Ready, not Ready, or missing, registering this resource as a waiter
-    /// when it is not Ready.
+    /// [`Context::require_ready`] where `ready` decides whether an object of a kind this
+    /// runtime does not manage is Ready. The predicate sees the object's metadata (without
+    /// `managedFields` and annotations) and its `status`; deletion, absence and failure
+    /// ([`readiness_of`](crate::references::readiness_of)) are decided as for `require_ready`.
+    /// For a kind the runtime manages, the predicate is not used.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # async fn f<K: kube::Resource<DynamicType = ()>>(cx: &Context<K>) -> Outcome {
+    /// let deploy = Target::new("apps/v1", "Deployment", Some("default"), "web");
+    /// let available = |d: &kube::api::DynamicObject| {
+    ///     d.data["status"]["availableReplicas"].as_i64().unwrap_or(0) >= 2
+    /// };
+    /// if let Some(wait) = cx.require_ready_when(&deploy, available).await {
+    ///     return wait;
+    /// }
+    /// Outcome::Done
+    /// # }
+    /// ```
+    pub async fn require_ready_when(
+        &self,
+        target: &Target,
+        ready: impl Fn(&kube::api::DynamicObject) -> bool + Send + Sync,
+    ) -> Option<Outcome> {
+        let readiness = match &self.inner.references {
+            Some(r) => r.readiness_when(&self.target(), target, &ready).await,
+            None => Readiness::Missing,
+        };
+        waiting_on(target, readiness)
+    }
+
+    /// Whether `target` is Ready, not Ready, being deleted, failed or missing, registering this
+    /// resource as a waiter when it is not Ready.
     ///
     /// Passes start while the runtime is still listing a kind's objects at start-up. Until
     /// that list is complete, a target of the kind that is not listed yet reads as not Ready,
     /// never as missing; once it is complete, a resource waiting on a target that does not
-    /// exist is woken, and reads it as missing.
+    /// exist is woken, and reads it as missing. (The first question about a kind the runtime
+    /// does not manage starts its watch and waits for its first list, up to 10 seconds.)
     pub async fn readiness(&self, target: &Target) -> Readiness {
         match &self.inner.references {
             Some(r) => r.readiness(&self.target(), target).await,
@@ -261,4 +287,31 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
             None => Err(crate::Error::NoReferenceApi),
         }
     }
+}
+
+/// The outcome of waiting on `target` with `readiness` (`None`: Ready, go on).
+fn waiting_on(target: &Target, readiness: Readiness) -> Option<Outcome> {
+    let (reason, message) = match readiness {
+        Readiness::Ready => return None,
+        Readiness::NotReady => (
+            ReadyReason::DependencyNotReady,
+            format!("waiting for {target} to become Ready"),
+        ),
+        Readiness::Deleting => (
+            ReadyReason::DependencyDeleting,
+            format!("{target} is being deleted"),
+        ),
+        Readiness::Missing => (
+            ReadyReason::DependencyNotFound,
+            format!("waiting for {target}, which does not exist"),
+        ),
+        Readiness::Failed => (
+            ReadyReason::DependencyFailed,
+            format!("{target} has failed; waiting for it to become Ready"),
+        ),
+    };
+    Some(Outcome::Waiting {
+        target: target.clone(),
+        reason: Reason::new(reason.as_str(), message),
+    })
 }

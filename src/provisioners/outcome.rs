@@ -177,6 +177,77 @@ impl Outcome {
         }
     }
 
+    /// A dependency outside Kubernetes that the provisioner names (a cloud volume, a DNS
+    /// zone, an endpoint) is not ready yet: phase Progressing, reason `DependencyNotReady`, the
+    /// message naming it; looked at again after `retry` (nothing watches it).
+    ///
+    /// ```
+    /// use actorcile::provisioners::Outcome;
+    /// use actorcile::status::{Phase, ResourceStatus};
+    /// use std::time::Duration;
+    /// let o = Outcome::dependency_not_ready("volume vol-0a1b", "attaching", Duration::from_secs(10));
+    /// let s = ResourceStatus::default().after_provision(&o, Some(1));
+    /// assert_eq!(s.ready().unwrap().reason, "DependencyNotReady");
+    /// assert_eq!(s.ready().unwrap().message, "volume vol-0a1b: attaching");
+    /// assert_eq!(s.phase, Some(Phase::Progressing));
+    /// ```
+    pub fn dependency_not_ready(
+        dependency: impl fmt::Display,
+        message: impl fmt::Display,
+        retry: Duration,
+    ) -> Self {
+        Self::dependency(ReadyReason::DependencyNotReady, dependency, message, retry)
+    }
+
+    /// A dependency the provisioner names does not exist: phase Progressing, reason
+    /// `DependencyNotFound`; looked at again after `retry`.
+    pub fn dependency_not_found(
+        dependency: impl fmt::Display,
+        message: impl fmt::Display,
+        retry: Duration,
+    ) -> Self {
+        Self::dependency(ReadyReason::DependencyNotFound, dependency, message, retry)
+    }
+
+    /// A dependency the provisioner names has failed: phase **Failed**, reason
+    /// `DependencyFailed`; still looked at again after `retry`, since it may recover.
+    ///
+    /// ```
+    /// use actorcile::provisioners::Outcome;
+    /// use actorcile::status::{Phase, ResourceStatus};
+    /// use std::time::Duration;
+    /// let o = Outcome::dependency_failed("zone example.org", "delegation revoked", Duration::from_secs(60));
+    /// let s = ResourceStatus::default().after_provision(&o, Some(1));
+    /// assert_eq!(s.ready().unwrap().reason, "DependencyFailed");
+    /// assert_eq!(s.phase, Some(Phase::Failed));
+    /// ```
+    pub fn dependency_failed(
+        dependency: impl fmt::Display,
+        message: impl fmt::Display,
+        retry: Duration,
+    ) -> Self {
+        Self::dependency(ReadyReason::DependencyFailed, dependency, message, retry)
+    }
+
+    fn dependency(
+        reason: ReadyReason,
+        dependency: impl fmt::Display,
+        message: impl fmt::Display,
+        retry: Duration,
+    ) -> Self {
+        Outcome::Yield {
+            after: Some(retry),
+            reason: Reason::new(reason.as_str(), format!("{dependency}: {message}")),
+        }
+    }
+
+    /// Whether this outcome says a dependency has failed (reason `DependencyFailed`): its
+    /// status phase is Failed although the runtime looks again.
+    fn dependency_failed_reason(&self) -> bool {
+        matches!(self, Outcome::Yield { reason, .. } | Outcome::Waiting { reason, .. }
+            if reason.code() == ReadyReason::DependencyFailed.as_str())
+    }
+
     /// `true` for [`Outcome::Done`].
     pub fn is_done(&self) -> bool {
         matches!(self, Outcome::Done)
@@ -274,6 +345,7 @@ impl ResourceStatus {
     /// | `Done` | Ready | True | `Provisioned` |
     /// | `Yield` | Progressing | False | the code (`Provisioning`) |
     /// | `Waiting` | Progressing | False | the code (`DependencyNotReady`) |
+    /// | `Yield` or `Waiting` with reason `DependencyFailed` | Failed | False | `DependencyFailed` |
     /// | `Failed` | Progressing | False | the code (`Errored`) |
     /// | `Terminal` | Failed | False | the code (`Terminal`) |
     /// | `UserActionRequired` | Failed | False | the code (`UserActionRequired`) |
@@ -293,6 +365,9 @@ impl ResourceStatus {
     pub fn after_provision(&self, outcome: &Outcome, generation: Option<i64>) -> Self {
         let (phase, ready, fallback) = match outcome {
             Outcome::Done => (Phase::Ready, true, ReadyReason::Provisioned),
+            o if o.dependency_failed_reason() => {
+                (Phase::Failed, false, ReadyReason::DependencyFailed)
+            }
             Outcome::Yield { .. } => (Phase::Progressing, false, ReadyReason::Provisioning),
             Outcome::Waiting { .. } => (Phase::Progressing, false, ReadyReason::DependencyNotReady),
             Outcome::Failed { .. } => (Phase::Progressing, false, ReadyReason::Errored),

@@ -273,3 +273,56 @@ pub async fn start_widgets(
 pub fn name_of(w: &Widget) -> String {
     w.name_any()
 }
+
+/// The requests a client sent, as `METHOD path?query`, recorded by a layer put in front of it
+/// with [`Requests::client`].
+#[derive(Clone, Default)]
+pub struct Requests(Arc<Mutex<Vec<String>>>);
+
+impl Requests {
+    /// A client talking through `builder` (e.g. a real apiserver's, or
+    /// `ClientBuilder::new(cluster.service(), "default")`) that records every request here.
+    pub fn client<S, B>(&self, builder: kube::client::ClientBuilder<S>) -> Client
+    where
+        S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let log = self.0.clone();
+        builder
+            .with_layer(&tower::util::MapRequestLayer::new(
+                move |r: http::Request<kube::client::Body>| {
+                    log.lock()
+                        .unwrap()
+                        .push(format!("{} {}", r.method(), r.uri()));
+                    r
+                },
+            ))
+            .build()
+    }
+
+    /// How many requests of `method` had a path containing `path`.
+    pub fn count(&self, method: &str, path: &str) -> usize {
+        let prefix = format!("{method} ");
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.starts_with(&prefix) && r.contains(path))
+            .count()
+    }
+
+    /// Requests whose path contains `path` and whose query has `watch=true`.
+    pub fn watches(&self, path: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.contains(path) && r.contains("watch=true"))
+            .count()
+    }
+}

@@ -3,6 +3,15 @@
 //! [`Target`] names a resource; [`ReferenceApi`] is what a provisioner's
 //! [`Context`](crate::provisioners::Context) uses to ask whether a target is Ready and to take or
 //! release references. The runtime implements it with an index shared by every controller.
+//!
+//! A target of a kind the runtime manages is Ready when its own actor last said so. A target of
+//! any other kind (another operator's custom resource, a `Deployment`) is Ready by its status
+//! ([`readiness_of`], or a predicate of the provisioner's); one shared watch per such kind,
+//! started when first needed and stopped when nobody waits, wakes whoever waits on its objects.
+
+mod external;
+
+pub use external::{ReadyWhen, readiness_of};
 
 use std::fmt;
 
@@ -75,6 +84,11 @@ pub enum Readiness {
     NotReady,
     /// The target exists and is being deleted (it is not Ready, whatever its status says).
     Deleting,
+    /// The target exists and has failed: phase `Failed` (a managed target that is terminal,
+    /// needs a user's action or is quarantined), or, for a kind this runtime does not manage,
+    /// condition `Stalled=True` or `status.phase: Failed` (see [`readiness_of`]). It may still
+    /// recover; waiters are woken when it becomes Ready.
+    Failed,
     /// No such target is known.
     Missing,
 }
@@ -121,6 +135,17 @@ impl Selection {
 pub trait ReferenceApi: Send + Sync {
     /// Readiness of `target`; when not Ready, `from` is registered to be woken when it becomes Ready.
     async fn readiness(&self, from: &Target, target: &Target) -> Readiness;
+    /// As [`ReferenceApi::readiness`], with Ready decided by `when` for a target of a kind the
+    /// runtime does not manage. (The default ignores `when`.)
+    async fn readiness_when(
+        &self,
+        from: &Target,
+        target: &Target,
+        when: &ReadyWhen<'_>,
+    ) -> Readiness {
+        let _ = when;
+        self.readiness(from, target).await
+    }
     /// `from` takes a reference on `target`, blocking the target's deletion until released.
     async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error>;
     /// `from` releases its reference on `target`.
@@ -139,7 +164,7 @@ pub trait ReferenceApi: Send + Sync {
 // ---------------------------------------------------------------------------------------------
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use dashmap::{DashMap, DashSet};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -197,6 +222,11 @@ pub struct ReferenceIndex {
     missing: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
     /// The field manager of the reference writes (the runtime's).
     field_manager: String,
+    /// Watches of kinds the runtime does not manage (`None`: an index without a client, whose
+    /// targets of such kinds read as missing).
+    external: Option<external::ExternalKinds>,
+    /// This index, for the watch tasks it starts.
+    me: Weak<ReferenceIndex>,
 }
 
 impl Default for ReferenceIndex {
@@ -242,7 +272,33 @@ impl ReferenceIndex {
             held: Default::default(),
             missing: Default::default(),
             field_manager: field_manager.into(),
+            external: None,
+            me: Weak::new(),
         }
+    }
+
+    /// The runtime's index: reference writes carry `field_manager`; readiness of targets of
+    /// kinds the runtime does not manage is watched through `client`, each kind's watch stopped
+    /// after nobody waited on it for `watch_idle`.
+    pub(crate) fn for_runtime(
+        field_manager: &str,
+        client: kube::Client,
+        watch_idle: std::time::Duration,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            external: Some(external::ExternalKinds::new(client, watch_idle)),
+            me: me.clone(),
+            ..Self::with_field_manager(field_manager)
+        })
+    }
+
+    /// The kinds the runtime does not manage whose objects are watched now, as
+    /// (apiVersion, kind).
+    pub(crate) fn watched_external_kinds(&self) -> Vec<(String, String)> {
+        self.external
+            .as_ref()
+            .map(|e| e.watched())
+            .unwrap_or_default()
     }
 
     fn patch_params(&self) -> PatchParams {
@@ -257,11 +313,92 @@ impl ReferenceIndex {
 
     /// Forget every kind (at shutdown): a kind's handle holds its controller's state, which
     /// holds this index, and the cycle would keep both alive after the runtime stopped.
+    /// Also stops the watches of kinds the runtime does not manage.
     pub(crate) fn unregister_kinds(&self) {
         self.kinds
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        if let Some(e) = &self.external {
+            e.stop_all();
+        }
+    }
+
+    /// Wake (and forget) everyone waiting on `target` or who found it missing: it changed, and
+    /// they ask again (re-registering if they still wait).
+    fn wake_waiters_of(&self, target: &Target) {
+        let waiting = self.waiters.remove(target).map(|(_, w)| w);
+        let missed = self.missing.remove(target).map(|(_, w)| w);
+        for w in waiting.into_iter().chain(missed).flatten() {
+            self.wake(&w);
+        }
+    }
+
+    /// Wake everyone waiting on any object of a kind.
+    fn wake_waiters_of_kind(&self, api_version: &str, kind: &str) {
+        let of_kind = |t: &Target| t.api_version == api_version && t.kind == kind;
+        let targets: Vec<Target> = self
+            .waiters
+            .iter()
+            .map(|e| e.key().clone())
+            .chain(self.missing.iter().map(|e| e.key().clone()))
+            .filter(|t| of_kind(t))
+            .collect();
+        for t in targets {
+            self.wake_waiters_of(&t);
+        }
+    }
+
+    /// Whether anyone waits on, or found missing, an object of a kind.
+    fn waits_on_kind(&self, api_version: &str, kind: &str) -> bool {
+        let of_kind = |t: &Target| t.api_version == api_version && t.kind == kind;
+        self.waiters
+            .iter()
+            .any(|e| of_kind(e.key()) && !e.value().is_empty())
+            || self
+                .missing
+                .iter()
+                .any(|e| of_kind(e.key()) && !e.value().is_empty())
+    }
+
+    /// Readiness of `target` (`when` decides Ready for a kind the runtime does not manage),
+    /// registering `from` as its waiter.
+    async fn readiness_of_target(
+        &self,
+        from: &Target,
+        target: &Target,
+        when: Option<&ReadyWhen<'_>>,
+    ) -> Readiness {
+        // Register first, then check: whoever comes second sees the other (no lost wake-up).
+        self.waiters
+            .entry(target.clone())
+            .or_default()
+            .insert(from.clone());
+        let r = if self.ready.contains(target) {
+            Readiness::Ready
+        } else {
+            match (self.kind(target), &self.external) {
+                (Some(k), _) => k.readiness(target),
+                (None, Some(ext)) => {
+                    let kind = ext.kind_of(&self.me, target);
+                    kind.first_list().await;
+                    kind.readiness(target, when)
+                }
+                (None, None) => Readiness::Missing,
+            }
+        };
+        if r == Readiness::Ready
+            && let Some(mut w) = self.waiters.get_mut(target)
+        {
+            w.remove(from);
+        }
+        if r == Readiness::Missing {
+            self.missing
+                .entry(target.clone())
+                .or_default()
+                .insert(from.clone());
+        }
+        r
     }
 
     fn kind(&self, t: &Target) -> Option<Arc<dyn KindHandle>> {
@@ -497,31 +634,16 @@ impl ReferenceIndex {
 #[async_trait]
 impl ReferenceApi for ReferenceIndex {
     async fn readiness(&self, from: &Target, target: &Target) -> Readiness {
-        // Register first, then check: whoever comes second sees the other (no lost wake-up).
-        self.waiters
-            .entry(target.clone())
-            .or_default()
-            .insert(from.clone());
-        let r = if self.ready.contains(target) {
-            Readiness::Ready
-        } else {
-            match self.kind(target) {
-                Some(k) => k.readiness(target),
-                None => Readiness::Missing,
-            }
-        };
-        if r == Readiness::Ready
-            && let Some(mut w) = self.waiters.get_mut(target)
-        {
-            w.remove(from);
-        }
-        if r == Readiness::Missing {
-            self.missing
-                .entry(target.clone())
-                .or_default()
-                .insert(from.clone());
-        }
-        r
+        self.readiness_of_target(from, target, None).await
+    }
+
+    async fn readiness_when(
+        &self,
+        from: &Target,
+        target: &Target,
+        when: &ReadyWhen<'_>,
+    ) -> Readiness {
+        self.readiness_of_target(from, target, Some(when)).await
     }
 
     /// Retries the guarded write on a conflict (another referrer wrote the target in between:
