@@ -32,6 +32,7 @@
 //! }
 //! ```
 
+pub mod cd;
 mod combinators;
 mod context;
 mod outcome;

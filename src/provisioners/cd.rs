@@ -1,0 +1,258 @@
+//! The contract between the `application` and `remote` provisioners and a continuous-delivery
+//! system (Argo CD in practice).
+//!
+//! A driver deploys Helm applications and knows the clusters it deploys to. It is found by
+//! nothing but what it is given: an application is named by its [`AppIdentity`] (labels derived
+//! from the owning object's scope, never a fixed object name), a cluster by its
+//! [`ClusterRegistration`].
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+/// Label keys of an [`AppIdentity`].
+pub mod labels {
+    /// The owning object's kind.
+    pub const OWNER_KIND: &str = "app.actorcile.dev/owner-kind";
+    /// The owning object's namespace (absent for a cluster-scoped owner).
+    pub const OWNER_NAMESPACE: &str = "app.actorcile.dev/owner-namespace";
+    /// The owning object's name.
+    pub const OWNER_NAME: &str = "app.actorcile.dev/owner-name";
+    /// The application's name within its owner's tree.
+    pub const APPLICATION: &str = "app.actorcile.dev/application";
+    /// The remote cluster the application deploys to (absent: the driver's own cluster).
+    pub const CLUSTER: &str = "app.actorcile.dev/cluster";
+}
+
+/// Which CD application belongs to which object: a set of labels derived from the owning
+/// object's scope (kind, namespace, name), the application's name, and the remote cluster it
+/// deploys to, if any. Drivers find applications by these labels; two applications with one
+/// identity are an error ([`CdError::Ambiguous`]), never a random pick.
+///
+/// Label values are at most 63 characters: a longer value is cut and ends in a hash of the
+/// whole, so two long names stay apart.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AppIdentity {
+    labels: BTreeMap<String, String>,
+}
+
+impl AppIdentity {
+    /// The identity of application `application` of the object `kind` `namespace`/`name`,
+    /// deployed to remote cluster `cluster` (`None`: the driver's own cluster).
+    pub fn new(
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        application: &str,
+        cluster: Option<&str>,
+    ) -> Self {
+        let mut labels = BTreeMap::new();
+        labels.insert(labels::OWNER_KIND.to_string(), label_value(kind));
+        if let Some(ns) = namespace {
+            labels.insert(labels::OWNER_NAMESPACE.to_string(), label_value(ns));
+        }
+        labels.insert(labels::OWNER_NAME.to_string(), label_value(name));
+        labels.insert(labels::APPLICATION.to_string(), label_value(application));
+        if let Some(c) = cluster {
+            labels.insert(labels::CLUSTER.to_string(), label_value(c));
+        }
+        Self { labels }
+    }
+
+    /// The labels.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.labels
+    }
+
+    /// The labels as a label selector (`k=v,k=v`).
+    pub fn selector(&self) -> String {
+        self.labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl std::fmt::Display for AppIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.selector())
+    }
+}
+
+/// `v` as a label value: characters outside `[A-Za-z0-9._-]` become `-`, and a value longer
+/// than 63 characters is cut and ends in a hash of the whole.
+pub(crate) fn label_value(v: &str) -> String {
+    let clean: String = v
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let clean = clean.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if clean.len() <= 63 {
+        return clean.to_string();
+    }
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let h = BuildHasherDefault::<DefaultHasher>::default().hash_one(v);
+    format!("{}-{:012x}", &clean[..50], h & 0xffff_ffff_ffff)
+}
+
+/// Where an application deploys to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// The cluster the CD system runs in.
+    InCluster,
+    /// A cluster registered with the driver under this id (see [`ClusterRegistration`]).
+    Registered(String),
+}
+
+/// Everything a driver needs to create or update one Helm application.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppSpec {
+    /// Which application this is.
+    pub identity: AppIdentity,
+    /// The Helm chart repository URL.
+    pub repo: String,
+    /// The chart's name.
+    pub chart: String,
+    /// The chart's version.
+    pub version: String,
+    /// The Helm release name.
+    pub release: String,
+    /// The namespace the release is installed into (created if missing).
+    pub namespace: String,
+    /// Labels for the namespace, when the driver creates it.
+    pub namespace_labels: BTreeMap<String, String>,
+    /// Helm parameters (`--set name=value`).
+    pub parameters: BTreeMap<String, String>,
+    /// Helm values (a YAML/JSON object), if any.
+    pub values: Option<serde_json::Value>,
+    /// Where it deploys to.
+    pub destination: Destination,
+    /// Whether a Degraded application counts as provisioned.
+    pub allow_degraded: bool,
+}
+
+/// An application's state as the CD system reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppHealth {
+    /// No application has this identity.
+    Missing,
+    /// Not yet synced and healthy; the message says what the CD system reports.
+    Progressing(String),
+    /// Synced, but the CD system reports it Degraded.
+    Degraded(String),
+    /// Synced and healthy.
+    Healthy,
+    /// Being deleted.
+    Deleting,
+}
+
+/// What a delete request achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    /// No application has this identity any more.
+    Gone,
+    /// The application is being deleted (the CD system is removing what it deployed).
+    InProgress,
+}
+
+/// A remote cluster as the CD system needs to know it, and the user that needs it registered.
+///
+/// Registrations are shared: several applications, of one object or of many, may deploy to one
+/// cluster. Each registers with its own `user` key, and a registration is removed only when its
+/// last user unregisters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterRegistration {
+    /// The remote cluster's stable id.
+    pub id: String,
+    /// The API server URL.
+    pub server: String,
+    /// The CD system's connection config (for Argo CD: `bearerToken`, `tlsClientConfig`).
+    pub config: serde_json::Value,
+}
+
+/// Why a driver call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CdError {
+    /// More than one application carries one identity.
+    #[error("{count} applications carry the identity {identity}; expected at most one")]
+    Ambiguous {
+        /// The identity.
+        identity: AppIdentity,
+        /// How many carry it.
+        count: usize,
+    },
+    /// The remote cannot be registered (e.g. it is reached through an in-process client, with no
+    /// server URL the CD system could use).
+    #[error("cluster {id} cannot be registered with the CD system: {why}")]
+    NotRegistrable {
+        /// The remote's id.
+        id: String,
+        /// Why.
+        why: String,
+    },
+    /// The CD system's API failed.
+    #[error("CD API request failed: {0}")]
+    Api(#[from] kube::Error),
+    /// The CD system's object could not be built or read.
+    #[error("invalid CD object: {0}")]
+    Invalid(String),
+}
+
+/// A continuous-delivery system that deploys Helm applications into clusters.
+///
+/// Implementations must be idempotent: every call may be repeated on every pass.
+#[async_trait]
+pub trait CdDriver: Send + Sync {
+    /// The driver's kind, e.g. `argocd`.
+    fn kind(&self) -> &str;
+    /// The state of the application with this identity.
+    async fn health(&self, identity: &AppIdentity) -> Result<AppHealth, CdError>;
+    /// Create the application, or update it to `app`.
+    async fn apply(&self, app: &AppSpec) -> Result<(), CdError>;
+    /// Delete the application; with `background`, do not wait for the CD system to remove what
+    /// it deployed.
+    async fn delete(&self, identity: &AppIdentity, background: bool)
+    -> Result<Deletion, CdError>;
+    /// Create or update `registration` and record `user` as one of its users.
+    async fn register_cluster(
+        &self,
+        registration: &ClusterRegistration,
+        user: &str,
+    ) -> Result<(), CdError>;
+    /// Remove `user` from the registration of cluster `id`, and the registration itself once
+    /// it has no user left. Unregistering what is not registered succeeds.
+    async fn unregister_cluster(&self, id: &str, user: &str) -> Result<(), CdError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_labels_are_valid_label_values_and_long_names_stay_apart() {
+        let long_a = format!("{}a", "x".repeat(80));
+        let long_b = format!("{}b", "x".repeat(80));
+        let a = AppIdentity::new("Cluster", Some("ns"), &long_a, "cilium", None);
+        let b = AppIdentity::new("Cluster", Some("ns"), &long_b, "cilium", None);
+        assert_ne!(a, b);
+        for v in a.labels().values() {
+            assert!(v.len() <= 63, "{v}");
+        }
+        let odd = AppIdentity::new("Cluster", None, "a/b c", "app", Some("remote:1"));
+        assert_eq!(odd.labels()[labels::OWNER_NAME], "a-b-c");
+        assert_eq!(odd.labels()[labels::CLUSTER], "remote-1");
+        assert!(!odd.labels().contains_key(labels::OWNER_NAMESPACE));
+        assert_eq!(
+            odd.selector(),
+            "app.actorcile.dev/application=app,app.actorcile.dev/cluster=remote-1,\
+             app.actorcile.dev/owner-kind=Cluster,app.actorcile.dev/owner-name=a-b-c"
+        );
+    }
+}
