@@ -167,7 +167,7 @@ pub enum Deletion {
 /// Registrations are shared: several applications, of one object or of many, may deploy to one
 /// cluster. Each registers with its own `user` key, and a registration is removed only when its
 /// last user unregisters.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct ClusterRegistration {
     /// The remote cluster's stable id.
     pub id: String,
@@ -175,6 +175,83 @@ pub struct ClusterRegistration {
     pub server: String,
     /// The CD system's connection config (for Argo CD: `bearerToken`, `tlsClientConfig`).
     pub config: serde_json::Value,
+}
+
+impl ClusterRegistration {
+    /// The registration of remote cluster `id` reached with `config`, in the connection format
+    /// Argo CD's cluster Secrets use: `bearerToken`, and `tlsClientConfig` with `caData`,
+    /// `certData`, `keyData` (base64 PEM) and `insecure`.
+    pub fn from_config(id: &str, config: &kube::Config) -> Result<Self, CdError> {
+        use base64::Engine;
+        use secrecy::ExposeSecret;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        let mut tls = serde_json::Map::new();
+        tls.insert("insecure".into(), config.accept_invalid_certs.into());
+        if let Some(certs) = &config.root_cert {
+            // DER certificates, as PEM.
+            let pem: String = certs
+                .iter()
+                .map(|der| {
+                    let body = b64(der);
+                    let lines: Vec<&str> = body
+                        .as_bytes()
+                        .chunks(64)
+                        .map(|c| std::str::from_utf8(c).unwrap_or_default())
+                        .collect();
+                    format!(
+                        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+                        lines.join("\n")
+                    )
+                })
+                .collect();
+            tls.insert("caData".into(), b64(pem.as_bytes()).into());
+        }
+        let auth = &config.auth_info;
+        let not_registrable = |why: &str| CdError::NotRegistrable {
+            id: id.to_string(),
+            why: why.to_string(),
+        };
+        if auth.exec.is_some() || auth.auth_provider.is_some() {
+            return Err(not_registrable(
+                "its credentials come from a command or an auth provider, which the CD system cannot run",
+            ));
+        }
+        // Embedded data, or else the file a kubeconfig names (read now: the CD system cannot).
+        let data_or_file = |data: Option<String>, file: &Option<String>| match (data, file) {
+            (Some(d), _) => Ok(Some(d)),
+            (None, Some(path)) => std::fs::read(path)
+                .map(|bytes| Some(b64(&bytes)))
+                .map_err(|_| not_registrable("a credential file it names cannot be read")),
+            (None, None) => Ok(None),
+        };
+        if let Some(cert) = data_or_file(auth.client_certificate_data.clone(), &auth.client_certificate)? {
+            tls.insert("certData".into(), cert.into());
+        }
+        let key_data = auth.client_key_data.as_ref().map(|k| k.expose_secret().to_string());
+        if let Some(key) = data_or_file(key_data, &auth.client_key)? {
+            tls.insert("keyData".into(), key.into());
+        }
+        let mut cfg = serde_json::Map::new();
+        cfg.insert("tlsClientConfig".into(), tls.into());
+        if let Some(token) = &auth.token {
+            cfg.insert("bearerToken".into(), token.expose_secret().to_string().into());
+        }
+        Ok(Self {
+            id: id.to_string(),
+            server: config.cluster_url.to_string().trim_end_matches('/').to_string(),
+            config: cfg.into(),
+        })
+    }
+}
+
+impl std::fmt::Debug for ClusterRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the credentials in `config`.
+        f.debug_struct("ClusterRegistration")
+            .field("id", &self.id)
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a driver call failed.

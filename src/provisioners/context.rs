@@ -20,6 +20,17 @@ pub struct Context<K> {
     /// Behind an `Arc`: a context is cloned into every step of every pass, and cloning a
     /// `Client` allocates (its default namespace is a `String`).
     client: Arc<Client>,
+    /// The remote cluster `client` talks to (`None`: the runtime's own cluster).
+    remote: Option<Arc<RemoteScope>>,
+}
+
+/// The remote cluster a [`remote`](super::remote()) provisioner runs its children in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteScope {
+    /// The remote's stable id ([`RemoteCluster::id`](super::RemoteCluster::id)).
+    pub id: String,
+    /// Whether the remote is registered with a CD driver (so applications can deploy to it).
+    pub registered: bool,
 }
 
 struct Inner<K> {
@@ -35,6 +46,7 @@ impl<K> Clone for Context<K> {
         Self {
             inner: self.inner.clone(),
             client: self.client.clone(),
+            remote: self.remote.clone(),
         }
     }
 }
@@ -53,6 +65,7 @@ impl<K> Context<K> {
                 field_manager: Arc::from(crate::FIELD_MANAGER),
             }),
             client: Arc::new(client),
+            remote: None,
         }
     }
 
@@ -79,6 +92,7 @@ impl<K> Context<K> {
                 field_manager,
             }),
             client,
+            remote: None,
         }
     }
 
@@ -99,7 +113,22 @@ impl<K> Context<K> {
         Self {
             inner: self.inner.clone(),
             client: Arc::new(client),
+            remote: self.remote.clone(),
         }
+    }
+
+    /// The same context inside remote cluster `scope`, reached through `client`.
+    pub(crate) fn in_remote(&self, client: Client, scope: RemoteScope) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            client: Arc::new(client),
+            remote: Some(Arc::new(scope)),
+        }
+    }
+
+    /// The remote cluster this context's client talks to (`None`: the runtime's own cluster).
+    pub fn remote(&self) -> Option<&RemoteScope> {
+        self.remote.as_deref()
     }
 
     /// The actorcile-managed status of the object when the pass started.

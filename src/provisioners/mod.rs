@@ -32,17 +32,25 @@
 //! }
 //! ```
 
+mod application;
 pub mod cd;
 mod combinators;
 mod context;
 mod outcome;
+mod remote;
 mod resource;
 mod step;
 
 use async_trait::async_trait;
 
 pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, serial};
-pub use context::Context;
+pub use application::{
+    AppRef, Application, ApplicationResolver, Catalog, Chart, HookError, ResolveError, application,
+};
+pub use context::{Context, RemoteScope};
+pub use remote::{
+    FixedCluster, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster, RemoteClusterError, remote,
+};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use resource::{ResourceProvisioner, resource};
 pub use step::{Step, step};

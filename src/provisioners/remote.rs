@@ -1,0 +1,471 @@
+//! Provisioning into another cluster: [`RemoteCluster`], its two implementations, and the
+//! [`remote`] provisioner that runs its children there.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use actorcile::prelude::*;
+//! use actorcile::provisioners::{KubeconfigSecret, remote, resource};
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "Tenant", namespaced)]
+//! # struct TenantSpec { cluster: String }
+//!
+//! // Each tenant names a Cluster API cluster; its kubeconfig is the Secret `<cluster>-kubeconfig`.
+//! fn tree() -> impl Provisioner<Tenant> {
+//!     remote(
+//!         "workload-cluster",
+//!         |t: &Tenant| KubeconfigSecret::cluster_api("clusters", &t.spec.cluster),
+//!         vec![boxed(resource("welcome", |_t: &Tenant| ConfigMap {
+//!             metadata: kube::api::ObjectMeta {
+//!                 name: Some("welcome".into()),
+//!                 namespace: Some("default".into()),
+//!                 ..Default::default()
+//!             },
+//!             ..Default::default()
+//!         }))],
+//!     )
+//! }
+//! ```
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Secret;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use super::cd::{CdDriver, ClusterRegistration};
+use super::context::RemoteScope;
+use super::{BoxProvisioner, Context, Outcome, Provisioner, Reason, Serial, serial};
+
+/// How to reach a remote cluster now: a client configuration, or a ready client (an in-process
+/// cluster has no URL), and a version that changes when the credentials do.
+#[derive(Clone)]
+pub struct RemoteAccess {
+    connection: Connection,
+    version: u64,
+}
+
+#[derive(Clone)]
+enum Connection {
+    Config(Box<kube::Config>),
+    Client(Client),
+}
+
+impl RemoteAccess {
+    /// Access through a client configuration. `version` must change when the configuration
+    /// does: the cached client is rebuilt then.
+    pub fn config(config: kube::Config, version: u64) -> Self {
+        Self {
+            connection: Connection::Config(Box::new(config)),
+            version,
+        }
+    }
+
+    /// Access through a ready client (e.g. an in-process cluster's). It cannot be registered
+    /// with a CD driver: there is no server URL to give it.
+    pub fn client(client: Client) -> Self {
+        Self {
+            connection: Connection::Client(client),
+            version: 0,
+        }
+    }
+
+    /// The client configuration, if access is through one.
+    pub fn kube_config(&self) -> Option<&kube::Config> {
+        match &self.connection {
+            Connection::Config(c) => Some(c),
+            Connection::Client(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for RemoteAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the credentials.
+        let how = match &self.connection {
+            Connection::Config(c) => format!("config for {}", c.cluster_url),
+            Connection::Client(_) => "client".to_string(),
+        };
+        f.debug_struct("RemoteAccess")
+            .field("connection", &how)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+/// Why a remote cluster cannot be reached. The messages name where the credentials live,
+/// never their content.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteClusterError {
+    /// Not reachable now (its Secret is missing, the API failed): retried.
+    #[error("{what}")]
+    Unavailable {
+        /// What is unavailable, for status (e.g. "kubeconfig Secret ns/name does not exist").
+        what: String,
+        /// The underlying error, for logs.
+        #[source]
+        source: Option<kube::Error>,
+    },
+    /// The credentials are unusable (a kubeconfig that does not parse): not retried until the
+    /// object changes.
+    #[error("{what}")]
+    Invalid {
+        /// What is wrong and where, for status (never the credentials themselves).
+        what: String,
+    },
+}
+
+/// A cluster that provisioners can run in (see [`remote`]).
+#[async_trait]
+pub trait RemoteCluster: Send + Sync {
+    /// A stable id: the same cluster always has the same id. It names the cluster's
+    /// registration with a CD driver and keys the cached client.
+    fn id(&self) -> String;
+    /// How to reach the cluster now. `scope` is the client of the scope the remote is declared
+    /// in (the runtime's cluster, or the enclosing remote's), where its credentials live.
+    async fn access(&self, scope: &Client) -> Result<RemoteAccess, RemoteClusterError>;
+}
+
+/// A kubeconfig held in a Secret: key `value` of `<cluster>-kubeconfig` by the Cluster API
+/// convention ([`KubeconfigSecret::cluster_api`]), or any Secret and key.
+///
+/// A Secret that does not exist (yet) or cannot be read is
+/// [`RemoteClusterError::Unavailable`]; a missing key or a kubeconfig that does not parse is
+/// [`RemoteClusterError::Invalid`]. A rotated Secret takes effect at the next pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeconfigSecret {
+    namespace: String,
+    name: String,
+    key: String,
+    context: Option<String>,
+}
+
+impl KubeconfigSecret {
+    /// Key `value` of Secret `namespace`/`name`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            key: "value".into(),
+            context: None,
+        }
+    }
+
+    /// The Cluster API convention: key `value` of Secret `<cluster>-kubeconfig` in `namespace`.
+    pub fn cluster_api(namespace: impl Into<String>, cluster: &str) -> Self {
+        Self::new(namespace, format!("{cluster}-kubeconfig"))
+    }
+
+    /// Read the kubeconfig from `key` instead of `value`.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+
+    /// Use this context of the kubeconfig instead of its current one.
+    pub fn context(mut self, context: impl Into<String>) -> Self {
+        self.context = Some(context.into());
+        self
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "kubeconfig Secret {}/{} (key {})",
+            self.namespace, self.name, self.key
+        )
+    }
+}
+
+#[async_trait]
+impl RemoteCluster for KubeconfigSecret {
+    fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    async fn access(&self, scope: &Client) -> Result<RemoteAccess, RemoteClusterError> {
+        let secrets: Api<Secret> = Api::namespaced(scope.clone(), &self.namespace);
+        let secret = match secrets.get_opt(&self.name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return Err(RemoteClusterError::Unavailable {
+                    what: format!("{} does not exist", self.describe()),
+                    source: None,
+                });
+            }
+            Err(e) => {
+                return Err(RemoteClusterError::Unavailable {
+                    what: format!("{} cannot be read", self.describe()),
+                    source: Some(e),
+                });
+            }
+        };
+        let invalid = |why: &str| RemoteClusterError::Invalid {
+            what: format!("{} {why}", self.describe()),
+        };
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&self.key))
+            .map(|b| b.0.clone())
+            .or_else(|| {
+                secret
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(&self.key))
+                    .map(|s| s.clone().into_bytes())
+            })
+            .ok_or_else(|| invalid("has no such key"))?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| invalid("is not UTF-8 text"))?;
+        let kubeconfig =
+            Kubeconfig::from_yaml(text).map_err(|_| invalid("does not hold a valid kubeconfig"))?;
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .map_err(|_| invalid("does not hold a usable kubeconfig"))?;
+        let version = BuildHasherDefault::<DefaultHasher>::default().hash_one(&bytes);
+        Ok(RemoteAccess::config(config, version))
+    }
+}
+
+/// A cluster reached through a fixed configuration or client (tests, in-process clusters,
+/// clusters whose credentials the operator holds itself).
+#[derive(Clone, Debug)]
+pub struct FixedCluster {
+    id: String,
+    access: RemoteAccess,
+}
+
+impl FixedCluster {
+    /// The cluster `id`, reached with `config`.
+    pub fn config(id: impl Into<String>, config: kube::Config) -> Self {
+        Self {
+            id: id.into(),
+            access: RemoteAccess::config(config, 0),
+        }
+    }
+
+    /// The cluster `id`, reached with `client`.
+    pub fn client(id: impl Into<String>, client: Client) -> Self {
+        Self {
+            id: id.into(),
+            access: RemoteAccess::client(client),
+        }
+    }
+}
+
+#[async_trait]
+impl RemoteCluster for FixedCluster {
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+
+    async fn access(&self, _scope: &Client) -> Result<RemoteAccess, RemoteClusterError> {
+        Ok(self.access.clone())
+    }
+}
+
+type ClusterOf<K> = Box<dyn Fn(&K) -> Box<dyn RemoteCluster> + Send + Sync>;
+
+/// Children run in another cluster; see [`remote`].
+pub struct Remote<K> {
+    name: String,
+    cluster: ClusterOf<K>,
+    children: Serial<K>,
+    driver: Option<Arc<dyn CdDriver>>,
+    /// Remote id → (access version, client): one client per remote, rebuilt when its
+    /// credentials change.
+    clients: Mutex<HashMap<String, (u64, Client)>>,
+}
+
+/// Run `children` (in order, as [`serial`]) with [`Context::client`] talking to the cluster
+/// `cluster(object)` names; [`Context::remote`] says which. Remotes nest: a remote inside a
+/// remote reads its credentials from the outer remote.
+///
+/// - Clients are cached per remote id and rebuilt when the credentials change (a rotated
+///   kubeconfig Secret takes effect at the next pass, without a restart).
+/// - With [`Remote::registered_with`], provision registers the remote with the CD driver
+///   **before** any child provisions, in every pass, so no child ever provisions against an
+///   unregistered remote, whatever its siblings do. Each remote provisioner of each object
+///   registers as its own user of the registration; deprovision deprovisions the children in
+///   reverse order first, then removes this user, and the driver removes the registration once
+///   no user is left (another object, or another remote provisioner of this object, still
+///   using the cluster keeps it).
+/// - A remote that cannot be reached now yields with reason `RemoteClusterUnavailable`, in
+///   provision and in deprovision alike: an unreachable remote is never taken for one whose
+///   children are gone, so deletion waits until it is reachable (remove the finalizer by hand
+///   to abandon what is in a cluster that will never come back).
+/// - Credentials that are unusable are `Terminal` with reason `KubeconfigInvalid`, naming where
+///   they are, never what they hold.
+pub fn remote<K, R>(
+    name: impl Into<String>,
+    cluster: impl Fn(&K) -> R + Send + Sync + 'static,
+    children: Vec<BoxProvisioner<K>>,
+) -> Remote<K>
+where
+    R: RemoteCluster + 'static,
+{
+    let name = name.into();
+    Remote {
+        children: serial(name.clone(), children),
+        name,
+        cluster: Box::new(move |k| Box::new(cluster(k))),
+        driver: None,
+        clients: Mutex::default(),
+    }
+}
+
+impl<K> Remote<K> {
+    /// Register the remote with `driver` before its children provision, and unregister it
+    /// after they deprovisioned (see [`remote`]); applications in this remote deploy to it.
+    pub fn registered_with(mut self, driver: Arc<dyn CdDriver>) -> Self {
+        self.driver = Some(driver);
+        self
+    }
+
+    /// The client for `id`: cached, or built from `access` (rebuilt when its version changed).
+    fn client_for(&self, id: &str, access: &RemoteAccess) -> Result<Client, String> {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((version, client)) = clients.get(id)
+            && *version == access.version
+        {
+            return Ok(client.clone());
+        }
+        let client = match &access.connection {
+            Connection::Client(c) => c.clone(),
+            Connection::Config(config) => Client::try_from((**config).clone())
+                .map_err(|_| format!("no client can be built for remote cluster {id}"))?,
+        };
+        clients.insert(id.to_string(), (access.version, client.clone()));
+        Ok(client)
+    }
+
+    fn forget_client(&self, id: &str) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Remote<K> {
+    /// This provisioner's user key on a registration: the object and the provisioner.
+    fn user(&self, cx: &Context<K>) -> String {
+        let o = cx.object();
+        format!(
+            "{} {}/{} {}",
+            K::kind(&()),
+            o.namespace().unwrap_or_default(),
+            o.name_any(),
+            self.name
+        )
+    }
+
+    /// Reach the remote: its id and the context to run the children in, or the outcome that
+    /// says why not.
+    async fn enter(&self, cx: &Context<K>) -> Result<(String, RemoteAccess, Context<K>), Outcome> {
+        let cluster = (self.cluster)(cx.object());
+        let id = cluster.id();
+        let access = match cluster.access(cx.client()).await {
+            Ok(a) => a,
+            Err(RemoteClusterError::Unavailable { what, source }) => {
+                if let Some(e) = &source {
+                    tracing::debug!(remote = %id, error = %e, "remote cluster unavailable");
+                }
+                return Err(Outcome::yield_now(Reason::new(
+                    "RemoteClusterUnavailable",
+                    format!("remote cluster {id}: {what}"),
+                )));
+            }
+            Err(RemoteClusterError::Invalid { what }) => {
+                return Err(Outcome::Terminal(Reason::new(
+                    "KubeconfigInvalid",
+                    format!("remote cluster {id}: {what}"),
+                )));
+            }
+        };
+        let client = self
+            .client_for(&id, &access)
+            .map_err(|m| Outcome::Terminal(Reason::new("KubeconfigInvalid", m)))?;
+        let scope = RemoteScope {
+            id: id.clone(),
+            registered: self.driver.is_some(),
+        };
+        let inner = cx.in_remote(client, scope);
+        Ok((id, access, inner))
+    }
+}
+
+#[async_trait]
+impl<K> Provisioner<K> for Remote<K>
+where
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn provision(&self, cx: &Context<K>) -> Outcome {
+        let (id, access, inner) = match self.enter(cx).await {
+            Ok(entered) => entered,
+            Err(outcome) => return outcome,
+        };
+        if let Some(driver) = &self.driver {
+            let registration = match access.kube_config() {
+                Some(config) => ClusterRegistration::from_config(&id, config),
+                None => Err(super::cd::CdError::NotRegistrable {
+                    id: id.clone(),
+                    why: "it is reached through a client, not a configuration".into(),
+                }),
+            };
+            let registration = match registration {
+                Ok(r) => r,
+                Err(e) => {
+                    return Outcome::Terminal(Reason::new(
+                        "RemoteNotRegistrable",
+                        format!("remote cluster {id} cannot be registered with {}: {e}", driver.kind()),
+                    ));
+                }
+            };
+            if let Err(e) = driver.register_cluster(&registration, &self.user(cx)).await {
+                return Outcome::failed(
+                    Reason::new(
+                        "RemoteRegistrationFailed",
+                        format!("could not register remote cluster {id} with {}", driver.kind()),
+                    ),
+                    e,
+                );
+            }
+        }
+        self.children.provision(&inner).await
+    }
+
+    async fn deprovision(&self, cx: &Context<K>) -> Outcome {
+        let (id, _access, inner) = match self.enter(cx).await {
+            Ok(entered) => entered,
+            Err(outcome) => return outcome,
+        };
+        let outcome = self.children.deprovision(&inner).await;
+        if !outcome.is_done() {
+            return outcome;
+        }
+        if let Some(driver) = &self.driver
+            && let Err(e) = driver.unregister_cluster(&id, &self.user(cx)).await
+        {
+            return Outcome::failed(
+                Reason::new(
+                    "RemoteRegistrationFailed",
+                    format!("could not unregister remote cluster {id} from {}", driver.kind()),
+                ),
+                e,
+            );
+        }
+        self.forget_client(&id);
+        Outcome::Done
+    }
+}
