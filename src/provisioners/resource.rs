@@ -23,7 +23,8 @@ pub struct ResourceProvisioner<K, C> {
 }
 
 /// Server-side apply the object `build(parent)` returns, with an owner reference (controller)
-/// to the parent, so Kubernetes garbage-collects it if the parent vanishes. Namespaced children
+/// to the parent, so Kubernetes garbage-collects it if the parent vanishes (not inside a
+/// [`remote`](super::remote()): the parent is in another cluster there). Namespaced children
 /// without a namespace go to the parent's namespace.
 ///
 /// Deprovision deletes the child and yields until it is gone. Add
@@ -103,7 +104,11 @@ where
                 format!("step {}: the child object has no name", self.name),
             ));
         };
-        if let Some(owner) = cx.object().controller_owner_ref(&()) {
+        // An owner reference across clusters would name an object the remote's garbage
+        // collector cannot find, and it would delete the child: inside a remote, none.
+        if cx.remote().is_none()
+            && let Some(owner) = cx.object().controller_owner_ref(&())
+        {
             let refs = child
                 .meta_mut()
                 .owner_references
