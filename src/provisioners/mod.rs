@@ -33,6 +33,7 @@
 //! ```
 
 mod application;
+pub mod argocd;
 pub mod cd;
 mod combinators;
 mod context;

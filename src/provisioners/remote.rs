@@ -51,7 +51,8 @@ pub struct RemoteAccess {
 #[derive(Clone)]
 enum Connection {
     Config(Box<kube::Config>),
-    Client(Client),
+    /// A ready client, and the configuration a CD system is given for the same cluster.
+    Client(Client, Option<Box<kube::Config>>),
 }
 
 impl RemoteAccess {
@@ -64,20 +65,32 @@ impl RemoteAccess {
         }
     }
 
-    /// Access through a ready client (e.g. an in-process cluster's). It cannot be registered
-    /// with a CD driver: there is no server URL to give it.
+    /// Access through a ready client (e.g. an in-process cluster's, or one with the operator's
+    /// own middleware). It cannot be registered with a CD driver unless
+    /// [`registered_as`](Self::registered_as) says how the CD system reaches the cluster.
     pub fn client(client: Client) -> Self {
         Self {
-            connection: Connection::Client(client),
+            connection: Connection::Client(client, None),
             version: 0,
         }
     }
 
-    /// The client configuration, if access is through one.
+    /// With access through a [`client`](Self::client): register the cluster with a CD driver
+    /// as `config` (its server URL and credentials), while the children keep using the client.
+    /// Without effect on access through a configuration, which registers as itself.
+    pub fn registered_as(mut self, config: kube::Config) -> Self {
+        if let Connection::Client(_, registration) = &mut self.connection {
+            *registration = Some(Box::new(config));
+        }
+        self
+    }
+
+    /// The client configuration: the one access goes through, or the one given to
+    /// [`registered_as`](Self::registered_as).
     pub fn kube_config(&self) -> Option<&kube::Config> {
         match &self.connection {
-            Connection::Config(c) => Some(c),
-            Connection::Client(_) => None,
+            Connection::Config(c) | Connection::Client(_, Some(c)) => Some(c),
+            Connection::Client(_, None) => None,
         }
     }
 }
@@ -87,7 +100,7 @@ impl std::fmt::Debug for RemoteAccess {
         // Never the credentials.
         let how = match &self.connection {
             Connection::Config(c) => format!("config for {}", c.cluster_url),
-            Connection::Client(_) => "client".to_string(),
+            Connection::Client(..) => "client".to_string(),
         };
         f.debug_struct("RemoteAccess")
             .field("connection", &how)
@@ -257,6 +270,12 @@ impl FixedCluster {
             access: RemoteAccess::client(client),
         }
     }
+
+    /// Registered with a CD driver as `config` (see [`RemoteAccess::registered_as`]).
+    pub fn registered_as(mut self, config: kube::Config) -> Self {
+        self.access = self.access.registered_as(config);
+        self
+    }
 }
 
 #[async_trait]
@@ -337,7 +356,7 @@ impl<K> Remote<K> {
             return Ok(client.clone());
         }
         let client = match &access.connection {
-            Connection::Client(c) => c.clone(),
+            Connection::Client(c, _) => c.clone(),
             Connection::Config(config) => Client::try_from((**config).clone())
                 .map_err(|_| format!("no client can be built for remote cluster {id}"))?,
         };

@@ -1,0 +1,543 @@
+//! The Argo CD driver: applications are `argoproj.io/v1alpha1` `Application` objects, cluster
+//! registrations are Argo CD's declarative cluster Secrets.
+//!
+//! Everything goes through the Kubernetes API of the cluster Argo CD runs in (the `client` the
+//! driver is given) and its namespace; the driver needs no Argo CD API server or token.
+//!
+//! - **Applications** are created with `generateName` and the [`AppIdentity`] labels, and found
+//!   again by those labels only: two Applications with one identity are
+//!   [`CdError::Ambiguous`]. Their sync policy is automated (prune, self-heal, create the
+//!   namespace), so Argo CD converges them without being asked.
+//! - **Health**: an Application is [`AppHealth::Healthy`] when Argo CD has compared the current
+//!   source and destination (`status.sync.comparedTo`) and reports `status.sync.status` `Synced`
+//!   and `status.health.status` `Healthy`; `Degraded` health is [`AppHealth::Degraded`]; anything
+//!   else is [`AppHealth::Progressing`] with what Argo CD reports.
+//! - **Deletion** first adds Argo CD's `resources-finalizer.argocd.argoproj.io` (so Argo CD
+//!   removes what it deployed before the Application goes), then deletes, and reports
+//!   [`Deletion::InProgress`] until the Application is gone; in the background it reports
+//!   [`Deletion::Gone`] as soon as the delete is accepted.
+//! - **Cluster registrations** are Secrets labelled `argocd.argoproj.io/secret-type: cluster`
+//!   with `name` (the remote's id, which Applications name as their destination), `server` and
+//!   `config`. Their users are kept on the Secret (annotation [`USERS_ANNOTATION`]), so a
+//!   registration survives restarts and is removed with its last user. Concurrent users are
+//!   serialised by resourceVersion preconditions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams, Preconditions,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::cd::{
+    AppHealth, AppIdentity, AppSpec, CdDriver, CdError, ClusterRegistration, Deletion, Destination,
+    label_value,
+};
+
+/// The `Application` CRD (reduced: open `spec` and `status`), for clusters where Argo CD itself
+/// is not installed, such as tests that play Argo CD's controller: `kubectl apply -f` it, or
+/// install [`application_crd`].
+pub const APPLICATION_CRD: &str = include_str!("argocd-application-crd.yaml");
+
+/// [`APPLICATION_CRD`] as an object, e.g. for
+/// [`ApiServer::install_crd`](crate::cluster::ApiServer::install_crd) or an envtest's
+/// `install_crds`.
+pub fn application_crd() -> CustomResourceDefinition {
+    serde_norway::from_str(APPLICATION_CRD).expect("the bundled Application CRD is valid YAML")
+}
+
+/// The finalizer with which Argo CD deletes what an Application deployed before the Application.
+pub const RESOURCES_FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
+
+/// The label that makes a Secret an Argo CD cluster registration.
+pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
+
+/// The annotation on a cluster Secret that lists its users (a JSON array of strings).
+pub const USERS_ANNOTATION: &str = "app.actorcile.dev/users";
+
+/// Argo CD's name for the cluster it runs in.
+pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
+
+/// How often a registration update is retried when another user changed the Secret meanwhile.
+const CONFLICT_RETRIES: usize = 5;
+
+/// The Argo CD [`CdDriver`].
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use actorcile::provisioners::argocd::ArgoCd;
+///
+/// # async fn f(client: kube::Client) {
+/// let argo = Arc::new(ArgoCd::new(client, "argocd").project("platform"));
+/// # let _ = argo;
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ArgoCd {
+    client: Client,
+    namespace: String,
+    project: String,
+    field_manager: String,
+}
+
+impl ArgoCd {
+    /// A driver that keeps Applications and cluster Secrets in `namespace` (where Argo CD
+    /// watches them, usually `argocd`) through `client`, in the project `default`.
+    pub fn new(client: Client, namespace: impl Into<String>) -> Self {
+        Self {
+            client,
+            namespace: namespace.into(),
+            project: "default".into(),
+            field_manager: "actorcile".into(),
+        }
+    }
+
+    /// The Argo CD project the Applications belong to.
+    pub fn project(mut self, project: impl Into<String>) -> Self {
+        self.project = project.into();
+        self
+    }
+
+    /// The field manager of the driver's writes (default `actorcile`).
+    pub fn field_manager(mut self, manager: impl Into<String>) -> Self {
+        self.field_manager = manager.into();
+        self
+    }
+
+    /// The `Application` API resource.
+    pub fn application_resource() -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+            "applications",
+        )
+    }
+
+    fn applications(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            &self.namespace,
+            &Self::application_resource(),
+        )
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The one Application with `identity`, if any.
+    async fn find(&self, identity: &AppIdentity) -> Result<Option<DynamicObject>, CdError> {
+        let mut list = self
+            .applications()
+            .list(&ListParams::default().labels(&identity.selector()))
+            .await?
+            .items;
+        match list.len() {
+            0 => Ok(None),
+            1 => Ok(list.pop()),
+            count => Err(CdError::Ambiguous {
+                identity: identity.clone(),
+                count,
+            }),
+        }
+    }
+
+    fn spec_of(&self, app: &AppSpec) -> Value {
+        let destination = match &app.destination {
+            Destination::InCluster => json!({
+                "server": IN_CLUSTER_SERVER,
+                "namespace": app.namespace,
+            }),
+            Destination::Registered(id) => json!({
+                "name": id,
+                "namespace": app.namespace,
+            }),
+        };
+        let mut helm = json!({ "releaseName": app.release });
+        if !app.parameters.is_empty() {
+            helm["parameters"] = app
+                .parameters
+                .iter()
+                .map(|(name, value)| json!({ "name": name, "value": value }))
+                .collect();
+        }
+        if let Some(values) = &app.values {
+            helm["valuesObject"] = values.clone();
+        }
+        let mut sync = json!({
+            "automated": { "prune": true, "selfHeal": true },
+            "syncOptions": ["CreateNamespace=true"],
+        });
+        if !app.namespace_labels.is_empty() {
+            sync["managedNamespaceMetadata"] = json!({ "labels": app.namespace_labels });
+        }
+        json!({
+            "project": self.project,
+            "source": {
+                "repoURL": app.repo,
+                "chart": app.chart,
+                "targetRevision": app.version,
+                "helm": helm,
+            },
+            "destination": destination,
+            "syncPolicy": sync,
+        })
+    }
+
+    /// The name of the Secret that registers cluster `id`.
+    pub fn cluster_secret_name(id: &str) -> String {
+        let v = label_value(&id.to_ascii_lowercase()).replace(['_', '.'], "-");
+        format!("cluster-{v}")
+    }
+
+    /// Read-modify-write of the registration Secret of `id`, retried on conflicts: `change`
+    /// edits the current users (empty when the Secret does not exist); with `registration`,
+    /// the Secret is created or updated to it, and without, it is deleted once no user is left.
+    async fn update_registration(
+        &self,
+        id: &str,
+        registration: Option<&ClusterRegistration>,
+        change: impl Fn(&mut BTreeSet<String>),
+    ) -> Result<(), CdError> {
+        let name = Self::cluster_secret_name(id);
+        let api = self.secrets();
+        let mut last = None;
+        for _ in 0..CONFLICT_RETRIES {
+            let current = api.get_opt(&name).await?;
+            let mut users = current.as_ref().map(users_of).unwrap_or_default();
+            let before = users.clone();
+            change(&mut users);
+            let result = match (current, registration) {
+                // Unregistering what is not registered.
+                (None, None) => return Ok(()),
+                (Some(s), _) if users.is_empty() => {
+                    let dp = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            resource_version: s.resource_version(),
+                            uid: s.uid(),
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    api.delete(&name, &dp).await.map(|_| ())
+                }
+                (None, Some(r)) => {
+                    let secret = registration_secret(&name, id, r, &users)?;
+                    api.create(&PostParams::default(), &secret)
+                        .await
+                        .map(|_| ())
+                }
+                (Some(mut s), r) => {
+                    // Only a registration rewrites the data; an unregistration keeps it.
+                    let wanted = r
+                        .map(|r| registration_secret(&name, id, r, &users))
+                        .transpose()?;
+                    let same_data = wanted.as_ref().is_none_or(|w| same_data(&s, w));
+                    if users == before && same_data {
+                        return Ok(());
+                    }
+                    if let Some(wanted) = wanted {
+                        s.string_data = wanted.string_data;
+                        s.data = None;
+                        s.labels_mut()
+                            .extend(wanted.metadata.labels.unwrap_or_default());
+                    }
+                    s.annotations_mut()
+                        .insert(USERS_ANNOTATION.into(), users_value(&users));
+                    api.replace(&name, &PostParams::default(), &s)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    last = Some(kube::Error::Api(s));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last
+            .map(CdError::Api)
+            .unwrap_or_else(|| CdError::Invalid(format!("registration {name} kept changing"))))
+    }
+}
+
+fn users_of(secret: &Secret) -> BTreeSet<String> {
+    secret
+        .annotations()
+        .get(USERS_ANNOTATION)
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
+
+fn users_value(users: &BTreeSet<String>) -> String {
+    serde_json::to_string(users).expect("a set of strings serialises")
+}
+
+fn registration_secret(
+    name: &str,
+    id: &str,
+    r: &ClusterRegistration,
+    users: &BTreeSet<String>,
+) -> Result<Secret, CdError> {
+    let config = serde_json::to_string(&r.config)
+        .map_err(|e| CdError::Invalid(format!("cluster config of {id}: {e}")))?;
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([
+                (SECRET_TYPE_LABEL.to_string(), "cluster".to_string()),
+                (super::cd::labels::CLUSTER.to_string(), label_value(id)),
+            ])),
+            annotations: Some(BTreeMap::from([(
+                USERS_ANNOTATION.to_string(),
+                users_value(users),
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        string_data: Some(BTreeMap::from([
+            ("name".to_string(), id.to_string()),
+            ("server".to_string(), r.server.clone()),
+            ("config".to_string(), config),
+        ])),
+        ..Secret::default()
+    })
+}
+
+/// Whether `current` (as stored: `data`) holds the `string_data` of `wanted`.
+fn same_data(current: &Secret, wanted: &Secret) -> bool {
+    let data = current.data.clone().unwrap_or_default();
+    let wanted = wanted.string_data.clone().unwrap_or_default();
+    data.len() == wanted.len()
+        && wanted
+            .iter()
+            .all(|(k, v)| data.get(k).is_some_and(|d| d.0 == v.as_bytes()))
+}
+
+/// What Argo CD reports of `app`.
+fn health_of(app: &DynamicObject) -> AppHealth {
+    if app.metadata.deletion_timestamp.is_some() {
+        return AppHealth::Deleting;
+    }
+    let status = app.data.get("status");
+    let field = |path: &[&str]| -> Option<&str> {
+        let mut v = status?;
+        for p in path {
+            v = v.get(p)?;
+        }
+        v.as_str()
+    };
+    let compared = status.and_then(|s| s.pointer("/sync/comparedTo"));
+    let spec = app.data.get("spec");
+    let current = compared.is_some_and(|c| {
+        c.get("source") == spec.and_then(|s| s.get("source"))
+            && c.get("destination") == spec.and_then(|s| s.get("destination"))
+    });
+    if !current {
+        return AppHealth::Progressing("Argo CD has not compared the current spec yet".into());
+    }
+    let sync = field(&["sync", "status"]).unwrap_or("Unknown");
+    let health = field(&["health", "status"]).unwrap_or("Unknown");
+    let message = field(&["health", "message"]);
+    let said = |what: String| match message {
+        Some(m) if !m.is_empty() => format!("{what}: {m}"),
+        _ => what,
+    };
+    match (sync, health) {
+        ("Synced", "Healthy") => AppHealth::Healthy,
+        ("Synced", "Degraded") => AppHealth::Degraded(said("sync Synced, health Degraded".into())),
+        (sync, health) => AppHealth::Progressing(said(format!("sync {sync}, health {health}"))),
+    }
+}
+
+#[async_trait]
+impl CdDriver for ArgoCd {
+    fn kind(&self) -> &str {
+        "argocd"
+    }
+
+    async fn health(&self, identity: &AppIdentity) -> Result<AppHealth, CdError> {
+        Ok(match self.find(identity).await? {
+            None => AppHealth::Missing,
+            Some(app) => health_of(&app),
+        })
+    }
+
+    async fn apply(&self, app: &AppSpec) -> Result<(), CdError> {
+        let spec = self.spec_of(app);
+        match self.find(&app.identity).await? {
+            None => {
+                let mut obj = DynamicObject::new("", &Self::application_resource())
+                    .within(&self.namespace)
+                    .data(json!({ "spec": spec }));
+                obj.metadata.name = None;
+                obj.metadata.generate_name = Some(format!("{}-", label_value(&app.release)));
+                obj.metadata.labels = Some(app.identity.labels().clone());
+                self.applications()
+                    .create(&PostParams::default(), &obj)
+                    .await?;
+            }
+            Some(current) if current.data.get("spec") == Some(&spec) => {}
+            Some(mut current) => {
+                // Replace the whole spec (a merge patch would keep parameters and values that
+                // were removed), guarded by the resourceVersion read.
+                let name = current.name_any();
+                current.data["spec"] = spec;
+                self.applications()
+                    .replace(&name, &PostParams::default(), &current)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, identity: &AppIdentity, background: bool) -> Result<Deletion, CdError> {
+        let Some(app) = self.find(identity).await? else {
+            return Ok(Deletion::Gone);
+        };
+        let name = app.name_any();
+        let api = self.applications();
+        if app.metadata.deletion_timestamp.is_none() {
+            if !app.finalizers().iter().any(|f| f == RESOURCES_FINALIZER) {
+                let mut finalizers = app.finalizers().to_vec();
+                finalizers.push(RESOURCES_FINALIZER.to_string());
+                let patch = json!({ "metadata": {
+                    "resourceVersion": app.resource_version(),
+                    "finalizers": finalizers,
+                }});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+            }
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Deletion::Gone),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if background {
+            return Ok(Deletion::Gone);
+        }
+        Ok(match self.find(identity).await? {
+            None => Deletion::Gone,
+            Some(_) => Deletion::InProgress,
+        })
+    }
+
+    async fn register_cluster(
+        &self,
+        registration: &ClusterRegistration,
+        user: &str,
+    ) -> Result<(), CdError> {
+        self.update_registration(&registration.id, Some(registration), |users| {
+            users.insert(user.to_string());
+        })
+        .await
+    }
+
+    async fn unregister_cluster(&self, id: &str, user: &str) -> Result<(), CdError> {
+        self.update_registration(id, None, |users| {
+            users.remove(user);
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(spec: Value, status: Value) -> DynamicObject {
+        DynamicObject::new("a", &ArgoCd::application_resource())
+            .data(json!({ "spec": spec, "status": status }))
+    }
+
+    #[test]
+    fn health_needs_the_current_spec_compared_synced_and_healthy() {
+        let spec = json!({ "source": { "chart": "c" }, "destination": { "name": "edge" } });
+        let compared = json!({ "source": { "chart": "c" }, "destination": { "name": "edge" } });
+        let old = json!({ "source": { "chart": "old" }, "destination": { "name": "edge" } });
+        let status = |cmp: &Value, sync: &str, health: &str| {
+            json!({ "sync": { "status": sync, "comparedTo": cmp },
+                    "health": { "status": health, "message": "m" } })
+        };
+        assert_eq!(
+            health_of(&app(spec.clone(), status(&compared, "Synced", "Healthy"))),
+            AppHealth::Healthy
+        );
+        assert!(matches!(
+            health_of(&app(spec.clone(), status(&old, "Synced", "Healthy"))),
+            AppHealth::Progressing(_)
+        ));
+        assert!(matches!(
+            health_of(&app(spec.clone(), status(&compared, "OutOfSync", "Healthy"))),
+            AppHealth::Progressing(m) if m.contains("OutOfSync")
+        ));
+        assert!(matches!(
+            health_of(&app(spec.clone(), status(&compared, "Synced", "Degraded"))),
+            AppHealth::Degraded(m) if m.ends_with(": m")
+        ));
+        assert!(matches!(
+            health_of(&app(spec, json!({}))),
+            AppHealth::Progressing(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_registration_keeps_its_data_until_its_last_user_goes() {
+        let cluster = crate::cluster::ApiServer::new();
+        let argo = ArgoCd::new(cluster.client(), "default");
+        let reg = ClusterRegistration {
+            id: "edge".into(),
+            server: "https://edge:6443".into(),
+            config: json!({ "bearerToken": "t" }),
+        };
+        argo.register_cluster(&reg, "a").await.unwrap();
+        argo.register_cluster(&reg, "b").await.unwrap();
+        argo.register_cluster(&reg, "b").await.unwrap();
+        argo.unregister_cluster("edge", "a").await.unwrap();
+        let secret = argo.secrets().get("cluster-edge").await.unwrap();
+        assert_eq!(users_of(&secret), BTreeSet::from(["b".to_string()]));
+        let data = secret.data.unwrap_or_default();
+        assert_eq!(data["name"].0, b"edge");
+        assert_eq!(data["server"].0, b"https://edge:6443");
+        assert_eq!(
+            secret.metadata.labels.unwrap_or_default()[SECRET_TYPE_LABEL],
+            "cluster"
+        );
+        argo.unregister_cluster("edge", "b").await.unwrap();
+        assert!(
+            argo.secrets()
+                .get_opt("cluster-edge")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // Unregistering what is not registered succeeds.
+        argo.unregister_cluster("edge", "b").await.unwrap();
+    }
+
+    #[test]
+    fn the_bundled_crd_is_the_application_kind() {
+        let crd = application_crd();
+        assert_eq!(crd.spec.group, "argoproj.io");
+        assert_eq!(crd.spec.names.kind, "Application");
+        assert_eq!(crd.spec.versions[0].name, "v1alpha1");
+    }
+
+    #[test]
+    fn cluster_secret_names_are_valid_names() {
+        assert_eq!(ArgoCd::cluster_secret_name("edge"), "cluster-edge");
+        let n = ArgoCd::cluster_secret_name("Team_A.Edge/west");
+        assert!(
+            n.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+            "{n}"
+        );
+    }
+}
