@@ -31,6 +31,37 @@
 //!     ]
 //! }
 //! ```
+//!
+//! # Other clusters and CD-managed applications
+//!
+//! [`remote`](remote()) runs its children against another cluster ([`RemoteCluster`]: a
+//! kubeconfig held in a Secret, [`KubeconfigSecret`], or a [`FixedCluster`]), and registers it
+//! with a CD driver first when asked; [`application`](application()) deploys a Helm
+//! application through a [`cd::CdDriver`] ([`argocd::ArgoCd`] for Argo CD) into the cluster in
+//! scope. `examples/remote_app.rs` runs this tree end to end.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use actorcile::prelude::*;
+//! use actorcile::provisioners::argocd::ArgoCd;
+//! use actorcile::provisioners::{AppRef, Catalog, KubeconfigSecret, application, remote};
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "Tenant", namespaced)]
+//! # struct TenantSpec { cluster: String, version: String }
+//!
+//! fn tree(client: kube::Client) -> impl Provisioner<Tenant> {
+//!     let argo = Arc::new(ArgoCd::new(client, "argocd"));
+//!     let charts = Arc::new(Catalog::new().chart("web", "1.2.0", "https://charts.example.com", "web"));
+//!     remote(
+//!         "workload-cluster",
+//!         |t: &Tenant| KubeconfigSecret::cluster_api("clusters", &t.spec.cluster),
+//!         vec![boxed(application("web", argo.clone(), charts, |t: &Tenant| {
+//!             AppRef::new("web", &t.spec.version)
+//!         }))],
+//!     )
+//!     .registered_with(argo)
+//! }
+//! ```
 
 mod application;
 pub mod argocd;
