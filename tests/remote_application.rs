@@ -85,15 +85,12 @@ impl CdDriver for MemoryCd {
                 count: 2,
             });
         }
-        if let Some(id) = match &app.destination {
-            actorcile::provisioners::cd::Destination::Registered(id) => Some(id),
-            _ => None,
-        } {
-            if self.users(id).is_empty() {
-                self.log.lock().unwrap().push(format!(
-                    "VIOLATION: applied to the unregistered remote {id}"
-                ));
-            }
+        if let actorcile::provisioners::cd::Destination::Registered(id) = &app.destination
+            && self.users(id).is_empty()
+        {
+            self.log.lock().unwrap().push(format!(
+                "VIOLATION: applied to the unregistered remote {id}"
+            ));
         }
         self.log
             .lock()
