@@ -715,7 +715,11 @@ async fn json_patch_test_of_a_missing_member_against_null(cx: Ctx) {
     ]))
     .unwrap();
     let w = api
-        .patch("a", &PatchParams::default(), &Patch::<()>::Json(add_first.clone()))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::<()>::Json(add_first.clone()),
+        )
         .await
         .unwrap();
     assert_eq!(w.finalizers(), [FINALIZER]);

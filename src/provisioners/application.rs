@@ -305,7 +305,12 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
         )
     }
 
-    fn failed(&self, code: &'static str, what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Outcome {
+    fn failed(
+        &self,
+        code: &'static str,
+        what: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Outcome {
         Outcome::failed(
             Reason::new(code, format!("application {}: {what}", self.name)),
             e,
@@ -336,7 +341,10 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
         let chart = match self.resolver.resolve(&wanted).await {
             Ok(c) => c,
             Err(e @ ResolveError::NotFound(_)) => {
-                return Err(Outcome::Terminal(Reason::new("ApplicationNotFound", e.to_string())));
+                return Err(Outcome::Terminal(Reason::new(
+                    "ApplicationNotFound",
+                    e.to_string(),
+                )));
             }
             Err(e @ ResolveError::VersionNotFound { .. }) => {
                 return Err(Outcome::Terminal(Reason::new(
@@ -361,7 +369,9 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
                 )));
             }
         };
-        let hook = |name: &str, e: HookError| self.failed("ApplicationHookFailed", &format!("hook {name} failed"), e);
+        let hook = |name: &str, e: HookError| {
+            self.failed("ApplicationHookFailed", &format!("hook {name} failed"), e)
+        };
         let parameters = match &self.parameters {
             Some(f) => f(object).map_err(|e| hook("parameters", e))?,
             None => BTreeMap::new(),
@@ -424,7 +434,10 @@ where
             return self.driver_failed("cannot be created or updated", e);
         }
         let yielding = |code: &'static str, message: String| {
-            Outcome::yield_now(Reason::new(code, format!("application {}: {message}", self.name)))
+            Outcome::yield_now(Reason::new(
+                code,
+                format!("application {}: {message}", self.name),
+            ))
         };
         match self.driver.health(&spec.identity).await {
             Err(e) => self.driver_failed("its health cannot be read", e),

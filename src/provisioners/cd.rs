@@ -224,21 +224,34 @@ impl ClusterRegistration {
                 .map_err(|_| not_registrable("a credential file it names cannot be read")),
             (None, None) => Ok(None),
         };
-        if let Some(cert) = data_or_file(auth.client_certificate_data.clone(), &auth.client_certificate)? {
+        if let Some(cert) = data_or_file(
+            auth.client_certificate_data.clone(),
+            &auth.client_certificate,
+        )? {
             tls.insert("certData".into(), cert.into());
         }
-        let key_data = auth.client_key_data.as_ref().map(|k| k.expose_secret().to_string());
+        let key_data = auth
+            .client_key_data
+            .as_ref()
+            .map(|k| k.expose_secret().to_string());
         if let Some(key) = data_or_file(key_data, &auth.client_key)? {
             tls.insert("keyData".into(), key.into());
         }
         let mut cfg = serde_json::Map::new();
         cfg.insert("tlsClientConfig".into(), tls.into());
         if let Some(token) = &auth.token {
-            cfg.insert("bearerToken".into(), token.expose_secret().to_string().into());
+            cfg.insert(
+                "bearerToken".into(),
+                token.expose_secret().to_string().into(),
+            );
         }
         Ok(Self {
             id: id.to_string(),
-            server: config.cluster_url.to_string().trim_end_matches('/').to_string(),
+            server: config
+                .cluster_url
+                .to_string()
+                .trim_end_matches('/')
+                .to_string(),
             config: cfg.into(),
         })
     }
@@ -295,8 +308,7 @@ pub trait CdDriver: Send + Sync {
     async fn apply(&self, app: &AppSpec) -> Result<(), CdError>;
     /// Delete the application; with `background`, do not wait for the CD system to remove what
     /// it deployed.
-    async fn delete(&self, identity: &AppIdentity, background: bool)
-    -> Result<Deletion, CdError>;
+    async fn delete(&self, identity: &AppIdentity, background: bool) -> Result<Deletion, CdError>;
     /// Create or update `registration` and record `user` as one of its users.
     async fn register_cluster(
         &self,

@@ -43,15 +43,15 @@ mod step;
 
 use async_trait::async_trait;
 
-pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, serial};
 pub use application::{
     AppRef, Application, ApplicationResolver, Catalog, Chart, HookError, ResolveError, application,
 };
+pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, serial};
 pub use context::{Context, RemoteScope};
+pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use remote::{
     FixedCluster, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster, RemoteClusterError, remote,
 };
-pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use resource::{ResourceProvisioner, resource};
 pub use step::{Step, step};
 

@@ -428,7 +428,10 @@ where
                 Err(e) => {
                     return Outcome::Terminal(Reason::new(
                         "RemoteNotRegistrable",
-                        format!("remote cluster {id} cannot be registered with {}: {e}", driver.kind()),
+                        format!(
+                            "remote cluster {id} cannot be registered with {}: {e}",
+                            driver.kind()
+                        ),
                     ));
                 }
             };
@@ -436,7 +439,10 @@ where
                 return Outcome::failed(
                     Reason::new(
                         "RemoteRegistrationFailed",
-                        format!("could not register remote cluster {id} with {}", driver.kind()),
+                        format!(
+                            "could not register remote cluster {id} with {}",
+                            driver.kind()
+                        ),
                     ),
                     e,
                 );
@@ -460,7 +466,10 @@ where
             return Outcome::failed(
                 Reason::new(
                     "RemoteRegistrationFailed",
-                    format!("could not unregister remote cluster {id} from {}", driver.kind()),
+                    format!(
+                        "could not unregister remote cluster {id} from {}",
+                        driver.kind()
+                    ),
                 ),
                 e,
             );
