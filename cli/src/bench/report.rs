@@ -189,7 +189,7 @@ impl BenchReport {
         let operator = self.runs.iter().any(|r| r.operator.is_some());
         let writes = self.runs.iter().any(|r| r.status_writes > 0);
         let spread = self.runs.iter().any(|r| r.spread().is_some());
-        let mut columns: Vec<(&str, Box<dyn Fn(&RunResult) -> String>)> = vec![
+        let mut columns: Vec<Column> = vec![
             ("runtime", Box::new(|r| r.runtime.to_string())),
             ("seconds", Box::new(|r| format!("{:.3}", r.seconds))),
         ];
@@ -212,7 +212,7 @@ impl BenchReport {
                 Box::new(|r| opt_secs(r.operator.map(|p| p.deleted_seconds))),
             ));
         }
-        columns.extend::<[(&str, Box<dyn Fn(&RunResult) -> String>); 6]>([
+        columns.extend::<[Column; 6]>([
             ("CPU s", Box::new(|r| format!("{:.3}", r.cpu_seconds))),
             ("API reqs", Box::new(|r| r.api_requests.to_string())),
             ("runs", Box::new(|r| r.runs.to_string())),
@@ -223,7 +223,7 @@ impl BenchReport {
         if writes {
             columns.push(("writes s", Box::new(|r| opt_secs(r.status_write_seconds))));
         }
-        columns.extend::<[(&str, Box<dyn Fn(&RunResult) -> String>); 2]>([
+        columns.extend::<[Column; 2]>([
             ("peak RSS", Box::new(|r| human_bytes(r.peak_rss_bytes))),
             (
                 "RSS added",
@@ -318,6 +318,9 @@ impl BenchReport {
         line
     }
 }
+
+/// A column of the table: its header and how a run's cell reads.
+type Column = (&'static str, Box<dyn Fn(&RunResult) -> String>);
 
 /// What each column of the table means (printed after the table and in `bench --help`).
 pub const LEGEND: &str = "\
