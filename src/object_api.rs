@@ -89,8 +89,12 @@ where
         }
     }
 
-    /// Delete; `Ok(())` whether it went at once or was marked for deletion.
-    pub(crate) async fn delete(&self, name: &str, dp: &DeleteParams) -> Result<(), kube::Error> {
+    /// Delete. `Ok(true)` when the server answered with a success `Status`: the object is gone
+    /// (kube-apiserver answers so for most kinds once it deleted the object at once).
+    /// `Ok(false)` when it answered with the object: marked for deletion (finalizers, grace
+    /// period), or gone but of a kind that answers with the deleted object (pods, namespaces,
+    /// CRDs); look again to tell.
+    pub(crate) async fn delete(&self, name: &str, dp: &DeleteParams) -> Result<bool, kube::Error> {
         let req = self
             .request
             .delete(name, dp)
@@ -98,6 +102,6 @@ where
         self.client
             .request_status::<serde_json::Value>(req)
             .await
-            .map(|_| ())
+            .map(|answer| answer.is_right())
     }
 }

@@ -93,6 +93,7 @@ conformance!(
     label_selectors_in_lists_and_watches,
     merge_patch_sets_and_removes_fields,
     json_patch_with_failing_test_is_rejected,
+    json_patch_test_of_a_missing_member_against_null,
     server_side_apply_creates_and_updates,
     server_side_apply_reports_conflicts_between_managers,
     server_side_apply_records_managed_fields,
@@ -699,6 +700,53 @@ async fn json_patch_with_failing_test_is_rejected(cx: Ctx) {
             .await,
     );
     assert_eq!(s.code, 422, "{s:?}");
+}
+
+/// kube-runtime's finalizer helper adds the first finalizer with `test /metadata/finalizers`
+/// against `null`: kube-apiserver reads a missing member as `null`. A missing parent, or a
+/// missing member tested against anything else, still fails.
+async fn json_patch_test_of_a_missing_member_against_null(cx: Ctx) {
+    let api = widgets(&cx);
+    let created = api.create(&pp(), &widget("a", 1)).await.unwrap();
+    assert!(created.metadata.finalizers.is_none());
+    let add_first: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+    ]))
+    .unwrap();
+    let w = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::<()>::Json(add_first.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.finalizers(), [FINALIZER]);
+    // Present now: the same test fails.
+    let s = api_error(
+        api.patch("a", &PatchParams::default(), &Patch::<()>::Json(add_first))
+            .await,
+    );
+    assert_eq!(s.code, 422, "{s:?}");
+    for failing in [
+        json!([{"op": "test", "path": "/spec/missing", "value": 1}]),
+        json!([{"op": "test", "path": "/spec/missing/deeper", "value": null}]),
+    ] {
+        let patch: json_patch::Patch = serde_json::from_value(failing.clone()).unwrap();
+        let s = api_error(
+            api.patch("a", &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await,
+        );
+        assert_eq!(s.code, 422, "{failing}: {s:?}");
+    }
+    let remove: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "remove", "path": "/metadata/finalizers"}
+    ]))
+    .unwrap();
+    api.patch("a", &PatchParams::default(), &Patch::<()>::Json(remove))
+        .await
+        .unwrap();
 }
 
 async fn server_side_apply_creates_and_updates(cx: Ctx) {

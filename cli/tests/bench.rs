@@ -66,10 +66,35 @@ fn check_shape(v: &Value, workload: &str, min_runs_per_object: u64) {
         assert!(peak > 1024 * 1024, "peak RSS {peak} looks wrong");
         assert_eq!(r["rss_per_object_bytes"].as_u64().unwrap(), peak / 50);
     }
-    let ratio = v["ratio"].as_f64().expect("ratio");
+    assert!(v.get("ratio").is_none(), "no runs/s ratio: {v}");
+    let speedup = v["speedup_converge"].as_f64().expect("speedup_converge");
+    let expected = runs[1]["seconds"].as_f64().unwrap() / runs[0]["seconds"].as_f64().unwrap();
+    assert!(
+        (speedup - expected).abs() < 1e-9 * expected.max(1.0),
+        "speedup = kube-runtime seconds / actorcile seconds: {v}"
+    );
+    let cpu_ratio = v["cpu_ratio"].as_f64().expect("cpu_ratio");
     let expected =
-        runs[0]["runs_per_sec"].as_f64().unwrap() / runs[1]["runs_per_sec"].as_f64().unwrap();
-    assert!((ratio - expected).abs() < 1e-9 * expected.max(1.0));
+        runs[1]["cpu_seconds"].as_f64().unwrap() / runs[0]["cpu_seconds"].as_f64().unwrap();
+    assert!((cpu_ratio - expected).abs() < 1e-9 * expected.max(1.0));
+}
+
+/// Status writes were made and timed: a window no longer than the whole run.
+fn check_status_writes(r: &Value, at_least: u64) {
+    let writes = r["status_writes"].as_u64().expect("status_writes");
+    assert!(
+        writes >= at_least,
+        "{}: {writes} status writes",
+        r["runtime"]
+    );
+    let window = r["status_write_seconds"]
+        .as_f64()
+        .expect("status_write_seconds");
+    assert!(
+        window > 0.0 && window <= r["seconds"].as_f64().unwrap(),
+        "{}: status writes over {window} s",
+        r["runtime"]
+    );
 }
 
 #[test]
@@ -89,6 +114,87 @@ fn yield_both_runtimes_in_process() {
 fn status_both_runtimes_in_process() {
     let v = bench_json("status", &[]);
     check_shape(&v, "status", 1);
+    for r in v["runs"].as_array().unwrap() {
+        check_status_writes(r, 50);
+    }
+}
+
+#[test]
+fn noop_makes_no_status_writes() {
+    let v = bench_json("noop", &[]);
+    for r in v["runs"].as_array().unwrap() {
+        assert_eq!(r["status_writes"], 0, "{r}");
+        assert!(r["status_write_seconds"].is_null(), "{r}");
+        assert!(r["operator"].is_null(), "{r}");
+    }
+    assert!(v["speedup_ready"].is_null() && v["speedup_deleted"].is_null());
+}
+
+#[test]
+fn operator_both_runtimes_in_process() {
+    let v = bench_json("operator", &["--repeat", "2"]);
+    // Every object runs at least once to become Ready and once to be cleaned up.
+    check_shape(&v, "operator", 2);
+    let runs = v["runs"].as_array().unwrap();
+    for r in runs {
+        let phases = &r["operator"];
+        assert_eq!(phases["objects_left"], 0, "{r}");
+        assert_eq!(phases["children_left"], 0, "{r}");
+        let ready = phases["ready_seconds"].as_f64().expect("ready_seconds");
+        let deleted = phases["deleted_seconds"].as_f64().expect("deleted_seconds");
+        let seconds = r["seconds"].as_f64().unwrap();
+        assert!(ready > 0.0 && deleted > 0.0, "{r}");
+        assert!(
+            ready + deleted <= seconds + 1e-9,
+            "both phases lie within the measured window: {r}"
+        );
+        // The Ready status of every object (one latency sample each).
+        check_status_writes(r, 50);
+        assert_eq!(r["latency_samples"], 50, "{r}");
+        // Per object at least: the finalizer, the child, the status, the child's deletion and
+        // the finalizer's removal; plus list and watch.
+        let requests = r["api_requests"].as_u64().unwrap();
+        assert!(
+            requests >= 5 * 50 + 2,
+            "{}: {requests} API requests",
+            r["runtime"]
+        );
+        assert_eq!(r["seconds_per_repeat"].as_array().unwrap().len(), 2, "{r}");
+    }
+    let ratio = |key: &str, f: &dyn Fn(&Value) -> f64| {
+        let expected = f(&runs[1]) / f(&runs[0]);
+        let got = v[key].as_f64().unwrap_or_else(|| panic!("{key}: {v}"));
+        assert!(
+            (got - expected).abs() < 1e-9 * expected.max(1.0),
+            "{key} = kube-runtime / actorcile: {got} vs {expected}"
+        );
+    };
+    ratio("speedup_ready", &|r| {
+        r["operator"]["ready_seconds"].as_f64().unwrap()
+    });
+    ratio("speedup_deleted", &|r| {
+        r["operator"]["deleted_seconds"].as_f64().unwrap()
+    });
+    // One speedup per round, each kube-runtime's run over actorcile's run of that round.
+    let per_round: Vec<f64> = v["speedup_converge_per_repeat"]
+        .as_array()
+        .expect("speedup_converge_per_repeat")
+        .iter()
+        .map(|s| s.as_f64().unwrap())
+        .collect();
+    let secs = |r: &Value| -> Vec<f64> {
+        r["seconds_per_repeat"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_f64().unwrap())
+            .collect()
+    };
+    let (ac, kr) = (secs(&runs[0]), secs(&runs[1]));
+    assert_eq!(per_round.len(), 2);
+    for i in 0..2 {
+        assert!((per_round[i] - kr[i] / ac[i]).abs() < 1e-9 * per_round[i].max(1.0));
+    }
 }
 
 #[test]
@@ -127,21 +233,41 @@ fn table_is_the_default_output() {
             "kube-runtime",
             "--timeout-secs",
             "60",
+            "--repeat",
+            "1",
         ],
         Duration::from_secs(120),
     );
     assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert!(
-        lines[0].starts_with("workload noop  objects 20  backend in-process"),
-        "{out}"
+        lines[0].starts_with("workload operator  objects 20  backend in-process"),
+        "the default workload: {out}"
     );
     assert!(
-        lines[1].starts_with("runtime") && lines[1].contains("runs/s"),
+        lines[1].starts_with("runtime")
+            && lines[1].contains("runs/s")
+            && lines[1].contains("deleted s"),
         "{out}"
     );
     assert!(lines[2].starts_with("kube-runtime"), "{out}");
-    assert!(out.contains("n/a"), "no ratio with one runtime: {out}");
+    assert!(
+        lines[3].starts_with("speedup") && lines[3].contains("n/a"),
+        "no speedup with one runtime: {out}"
+    );
+    assert!(
+        out.contains("API reqs   HTTP requests"),
+        "the legend follows the table: {out}"
+    );
+}
+
+#[test]
+fn help_explains_the_columns() {
+    let (ok, out, err) = run_bounded(&["bench", "--help"], Duration::from_secs(30));
+    assert!(ok, "{err}");
+    for column in ["RSS added", "API reqs", "writes s", "deleted s", "speedup"] {
+        assert!(out.contains(column), "--help lacks {column}: {out}");
+    }
 }
 
 #[test]

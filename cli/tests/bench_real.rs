@@ -26,7 +26,9 @@ fn check_runs(v: &Value, backend: &str, objects: u64) {
         assert!(r["api_requests"].as_u64().unwrap() >= 1, "{r}");
         assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
     }
-    assert!(v["ratio"].as_f64().is_some());
+    let speedup = v["speedup_converge"].as_f64().expect("speedup_converge");
+    let expected = runs[1]["seconds"].as_f64().unwrap() / runs[0]["seconds"].as_f64().unwrap();
+    assert!((speedup - expected).abs() < 1e-9 * expected.max(1.0), "{v}");
 }
 
 /// `actorcile bench --envtest` with 20 objects and one run per runtime, plus `extra`: its JSON
@@ -59,7 +61,37 @@ fn envtest_backend_both_runtimes() {
     // Each runtime wrote a status per object, so at least one request per object beyond list+watch.
     for r in v["runs"].as_array().unwrap() {
         assert!(r["api_requests"].as_u64().unwrap() >= 20, "{r}");
+        assert!(r["status_writes"].as_u64().unwrap() >= 20, "{r}");
+        let window = r["status_write_seconds"].as_f64().unwrap();
+        assert!(
+            window > 0.0 && window < r["seconds"].as_f64().unwrap(),
+            "{r}"
+        );
     }
+}
+
+#[test]
+fn envtest_backend_operator() {
+    let v = envtest_bench("operator", &[]);
+    for r in v["runs"].as_array().unwrap() {
+        // No garbage collector runs in envtest: the children are gone because the runtime
+        // deleted them.
+        assert_eq!(r["operator"]["objects_left"], 0, "{r}");
+        assert_eq!(r["operator"]["children_left"], 0, "{r}");
+        assert!(
+            r["operator"]["ready_seconds"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert!(
+            r["operator"]["deleted_seconds"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert!(r["runs"].as_u64().unwrap() >= 40, "{r}");
+        assert!(r["status_writes"].as_u64().unwrap() >= 20, "{r}");
+        assert!(r["api_requests"].as_u64().unwrap() >= 5 * 20, "{r}");
+    }
+    assert!(v["speedup_ready"].as_f64().is_some(), "{v}");
+    assert!(v["speedup_deleted"].as_f64().is_some(), "{v}");
 }
 
 #[test]

@@ -701,7 +701,7 @@ fn execute_locked(
                     let patch: json_patch::Patch = serde_json::from_slice(body)
                         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
                     let mut cur = current()?;
-                    json_patch::patch(&mut cur, &patch)
+                    json_patch_as_apiserver(&mut cur, &patch)
                         .map_err(|e| ApiError::unprocessable(e.to_string()))?;
                     cur
                 }
@@ -794,4 +794,36 @@ fn kind_subject<'a>(kind: &'a Kind, name: &'a str) -> super::error::Subject<'a> 
         plural: &kind.gr.plural,
         name,
     }
+}
+
+/// Applies a JSON patch as kube-apiserver does (its evanphx/json-patch): a `test` of a member
+/// missing from an object that exists passes when the value tested is `null`. kube-runtime's
+/// finalizer helper relies on it: it adds the first finalizer after `test /metadata/finalizers`
+/// against `null`. Everything else follows RFC 6902 (json-patch). The caller discards `doc` on
+/// error.
+fn json_patch_as_apiserver(
+    doc: &mut Value,
+    patch: &[json_patch::PatchOperation],
+) -> Result<(), json_patch::PatchError> {
+    for op in patch {
+        if let json_patch::PatchOperation::Test(test) = op
+            && test.value.is_null()
+            && is_missing_member(doc, test.path.as_str())
+        {
+            continue;
+        }
+        json_patch::patch(doc, std::slice::from_ref(op))?;
+    }
+    Ok(())
+}
+
+/// Whether the JSON pointer `path` names a member missing from an object that exists.
+fn is_missing_member(doc: &Value, path: &str) -> bool {
+    let Some((parent, key)) = path.rsplit_once('/') else {
+        return false;
+    };
+    let key = key.replace("~1", "/").replace("~0", "~");
+    doc.pointer(parent)
+        .and_then(Value::as_object)
+        .is_some_and(|o| !o.contains_key(&key))
 }

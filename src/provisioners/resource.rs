@@ -27,7 +27,9 @@ pub struct ResourceProvisioner<K, C> {
 /// [`remote`](super::remote()): the parent is in another cluster there). Namespaced children
 /// without a namespace go to the parent's namespace.
 ///
-/// Deprovision deletes the child and yields until it is gone. Add
+/// Deprovision deletes the child and yields until it is gone (when the delete's answer says the
+/// child is gone, as kube-apiserver's does for most kinds deleted at once, it makes no further
+/// request). Add
 /// [`ResourceProvisioner::ready_when`] to yield until the applied child reports ready.
 ///
 /// ```
@@ -167,8 +169,10 @@ where
                 ),
                 e,
             ),
-            // Deleted at once (no finalizers) or marked for deletion: look again until gone.
-            Ok(_) => match api.get_opt(&name).await {
+            // The server says it is gone: no need to look.
+            Ok(true) => Outcome::Done,
+            // Marked for deletion, or gone but answered with the object: look until gone.
+            Ok(false) => match api.get_opt(&name).await {
                 Ok(None) => Outcome::Done,
                 Ok(Some(_)) => Outcome::yield_after(
                     Duration::from_millis(500),

@@ -10,6 +10,10 @@
 //! first asks `cx.require_ready(dependency)`: while the dependency is not Ready the pass ends
 //! `Waiting` and the object's actor is woken by a message when the dependency's actor records
 //! it Ready (no polling).
+//!
+//! `operator` runs actorcile as an operator runs it: the runtime's finalizer and status on, and
+//! the child ConfigMap as a [`resource`] step (server-side apply with an owner reference;
+//! deprovision deletes it and waits until it is gone), wrapped in a step that counts the runs.
 
 use std::{sync::Arc, time::Duration};
 
@@ -19,7 +23,10 @@ use kube::Client;
 
 use super::{
     args::Workload,
-    workload::{BenchObject, Recorder, StatusWriter, Step, dependency_target, waiting_outcome},
+    workload::{
+        BenchObject, Recorder, StatusWriter, Step, dependency_target, operator_child,
+        waiting_outcome,
+    },
 };
 
 /// Which of its own writes the runtime makes.
@@ -29,6 +36,27 @@ pub struct Writes {
     pub finalizer: bool,
     /// Write the actorcile status.
     pub status: bool,
+}
+
+/// `operator`: the child ConfigMap as a [`resource`] step, each provision and deprovision pass
+/// counted as one run.
+fn operator_tree(recorder: Arc<Recorder>) -> impl Provisioner<BenchObject> {
+    let child = Arc::new(resource("config", operator_child));
+    let (provision_child, provision_recorder) = (child.clone(), recorder.clone());
+    step("operator", move |cx: Context<BenchObject>| {
+        let (child, recorder) = (provision_child.clone(), provision_recorder.clone());
+        async move {
+            recorder.count_run(cx.object());
+            child.provision(&cx).await
+        }
+    })
+    .on_delete(move |cx: Context<BenchObject>| {
+        let (child, recorder) = (child.clone(), recorder.clone());
+        async move {
+            recorder.count_run(cx.object());
+            child.deprovision(&cx).await
+        }
+    })
 }
 
 /// A running actorcile runtime.
@@ -45,7 +73,34 @@ pub async fn start(
     recorder: Arc<Recorder>,
     writes: Writes,
 ) -> Result<ActorcileRun> {
-    let tree = step("bench", move |cx: Context<BenchObject>| {
+    let controller = if recorder.workload() == Workload::Operator {
+        Controller::<BenchObject>::new(operator_tree(recorder))
+    } else {
+        Controller::<BenchObject>::new(bench_tree(recorder))
+    };
+    let policy = SupervisorPolicy {
+        max_concurrent_runs: usize::from(concurrency),
+        ..Default::default()
+    };
+    let mut controller = controller.namespace(namespace);
+    if !writes.finalizer {
+        controller = controller.without_finalizer();
+    }
+    if !writes.status {
+        controller = controller.without_status();
+    }
+    let handle = Runtime::builder(client)
+        .policy(policy)
+        .controller(controller)
+        .start()
+        .await
+        .context("starting the actorcile runtime")?;
+    Ok(ActorcileRun { handle })
+}
+
+/// Every workload but `operator`: one step that calls the shared reconcile logic.
+fn bench_tree(recorder: Arc<Recorder>) -> impl Provisioner<BenchObject> {
+    step("bench", move |cx: Context<BenchObject>| {
         let recorder = recorder.clone();
         async move {
             let obj = cx.object();
@@ -83,25 +138,7 @@ pub async fn start(
                 ),
             }
         }
-    });
-    let policy = SupervisorPolicy {
-        max_concurrent_runs: usize::from(concurrency),
-        ..Default::default()
-    };
-    let mut controller = Controller::<BenchObject>::new(tree).namespace(namespace);
-    if !writes.finalizer {
-        controller = controller.without_finalizer();
-    }
-    if !writes.status {
-        controller = controller.without_status();
-    }
-    let handle = Runtime::builder(client)
-        .policy(policy)
-        .controller(controller)
-        .start()
-        .await
-        .context("starting the actorcile runtime")?;
-    Ok(ActorcileRun { handle })
+    })
 }
 
 impl ActorcileRun {

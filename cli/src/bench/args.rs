@@ -20,6 +20,10 @@ pub enum Workload {
     /// Chains of `--chain-length` objects, each Ready (status written) once the one it depends on
     /// (`spec.dependsOn`) is Ready; measures the dependency Ready → dependent Ready hop.
     Chain,
+    /// What an operator does: a finalizer, one owned child ConfigMap (server-side apply), the
+    /// Ready status when it changed; then every object is deleted (child deleted, finalizer
+    /// removed). Measures the time until every object is Ready and then until every one is gone.
+    Operator,
 }
 
 impl Workload {
@@ -31,6 +35,7 @@ impl Workload {
             Workload::Yield => "yield",
             Workload::Churn => "churn",
             Workload::Chain => "chain",
+            Workload::Operator => "operator",
         }
     }
 }
@@ -98,9 +103,10 @@ impl Backend {
 /// flag) so that its peak RSS is its own. Each child creates the objects first, then starts its
 /// runtime and measures from the start until every object is done.
 #[derive(Debug, Clone, PartialEq, Args)]
+#[command(after_help = super::report::LEGEND)]
 pub struct BenchArgs {
     /// What each reconcile does.
-    #[arg(long, value_enum, default_value_t = Workload::Noop)]
+    #[arg(long, value_enum, default_value_t = Workload::Operator)]
     pub workload: Workload,
 
     /// Number of objects.
@@ -269,7 +275,7 @@ mod tests {
     #[test]
     fn defaults() {
         let args = parse(&["bench"]).unwrap();
-        assert_eq!(args.workload, Workload::Noop);
+        assert_eq!(args.workload, Workload::Operator);
         assert_eq!(args.objects, 10_000);
         assert_eq!(args.concurrency, 64);
         assert!(!args.json);

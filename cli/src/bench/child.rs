@@ -1,14 +1,20 @@
 //! One runtime in one process: set up the cluster, create the objects, start the runtime, wait
 //! until every object is done, and report (one JSON line on stdout).
+//!
+//! `operator` has two phases: once the observer has seen every object Ready, the bench deletes
+//! them all (one delete-collection request on the uncounted set-up client) and waits until the
+//! observer has seen every one gone; it then lists what is left (bench objects and their child
+//! ConfigMaps) with the set-up client.
 
 use std::{io::IsTerminal, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream, stream::BoxStream};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 
@@ -17,11 +23,11 @@ use super::{
     args::{BenchArgs, RuntimeKind, Workload},
     backend::Session,
     kube_rt,
-    report::RunResult,
+    report::{OperatorPhases, RunResult},
     stats::{self, millis, percentile},
     workload::{
-        BenchObject, BenchObjectSpec, Recorder, WorkloadConfig, chain_spec, object_name,
-        wall_micros,
+        BenchObject, BenchObjectSpec, OPERATOR_CHILD_SUFFIX, Recorder, WorkloadConfig, chain_spec,
+        object_name, wall_micros,
     },
 };
 
@@ -83,8 +89,11 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         yields: args.yields,
         yield_interval: args.yield_interval(),
     };
+    let operator = args.workload == Workload::Operator;
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
-    let bar = progress_bar(u64::from(args.objects), runtime, "done");
+    // `operator`: each object counts once Ready and once deleted.
+    let phases = if operator { 2 } else { 1 };
+    let bar = progress_bar(u64::from(args.objects) * phases, runtime, "done");
 
     let cpu_at_start = stats::process_cpu_seconds();
     let recorder = Recorder::start(config, session.counter.clone());
@@ -102,9 +111,12 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
                 args.concurrency,
                 recorder.clone(),
                 actorcile_rt::Writes {
-                    finalizer: args.actorcile_defaults,
+                    finalizer: args.actorcile_defaults || operator,
                     status: args.actorcile_defaults
-                        || matches!(args.workload, Workload::Status | Workload::Chain),
+                        || matches!(
+                            args.workload,
+                            Workload::Status | Workload::Chain | Workload::Operator
+                        ),
                 },
             )
             .await?,
@@ -122,7 +134,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
     });
     let observer = match primed_observer {
         Some(stream) => Some(tokio::spawn(observe_events(stream, recorder.clone()))),
-        None => (args.workload == Workload::Status)
+        None => matches!(args.workload, Workload::Status | Workload::Operator)
             .then(|| tokio::spawn(observe(api.clone(), recorder.clone()))),
     };
     let ticker = {
@@ -130,14 +142,23 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         let bar = bar.clone();
         tokio::spawn(async move {
             loop {
-                bar.set_position(recorder.done_count() as u64);
+                bar.set_position((recorder.ready_count() + recorder.done_count()) as u64);
                 bar.set_message(format!("done, {} runs", recorder.runs()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     };
 
-    let waited = tokio::time::timeout(args.timeout(), recorder.wait_done()).await;
+    let deadline = tokio::time::Instant::now() + args.timeout();
+    let mut deletion = None;
+    if operator && let Ok(ready) = tokio::time::timeout_at(deadline, recorder.wait_ready()).await {
+        let started = recorder.elapsed();
+        deletion = Some((ready, started));
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .context("deleting the bench objects")?;
+    }
+    let waited = tokio::time::timeout_at(deadline, recorder.wait_done()).await;
     let cpu_seconds = match (cpu_at_start, stats::process_cpu_seconds()) {
         (Some(start), Some(end)) => (end - start).max(0.0),
         _ => 0.0,
@@ -157,6 +178,16 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
     };
     running.stop().await;
     let Ok(done) = waited else {
+        if operator {
+            bail!(
+                "{runtime}: {} of {} objects Ready, {} deleted after {} s ({} runs)",
+                recorder.ready_count(),
+                args.objects,
+                recorder.done_count(),
+                args.timeout_secs,
+                recorder.runs()
+            );
+        }
         bail!(
             "{runtime}: only {} of {} objects done after {} s ({} runs)",
             recorder.done_count(),
@@ -169,6 +200,32 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         driver_result.context("churn driver panicked")??;
     }
 
+    let phases = match deletion {
+        Some((ready, deletion_started)) => Some(OperatorPhases {
+            ready_seconds: ready.elapsed.as_secs_f64(),
+            deleted_seconds: done.elapsed.saturating_sub(deletion_started).as_secs_f64(),
+            objects_left: api
+                .list_metadata(&ListParams::default())
+                .await
+                .context("listing the bench objects left")?
+                .items
+                .len() as u64,
+            children_left: Api::<ConfigMap>::namespaced(session.setup.clone(), &session.namespace)
+                .list_metadata(&ListParams::default())
+                .await
+                .context("listing the child ConfigMaps left")?
+                .items
+                .iter()
+                .filter(|cm| {
+                    cm.metadata.name.as_deref().is_some_and(|n| {
+                        n.starts_with("bench-") && n.ends_with(OPERATOR_CHILD_SUFFIX)
+                    })
+                })
+                .count() as u64,
+        }),
+        None => None,
+    };
+    let status_writes = session.counter.status_writes();
     let mut latencies = recorder.latencies();
     let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
     let seconds = done.elapsed.as_secs_f64();
@@ -190,6 +247,9 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         peak_rss_bytes: peak_rss,
         baseline_rss_bytes: baseline_rss,
         rss_per_object_bytes: peak_rss / u64::from(args.objects),
+        status_writes: status_writes.count,
+        status_write_seconds: status_writes.window_seconds(),
+        operator: phases,
         seconds_per_repeat: Vec::new(),
     })
 }
@@ -251,6 +311,7 @@ async fn observe_events(mut events: WatchEvents, recorder: Arc<Recorder>) {
             Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
                 recorder.observe(&obj);
             }
+            Ok(watcher::Event::Delete(obj)) => recorder.observe_deleted(&obj),
             Ok(_) => {}
             Err(err) => tracing::debug!(error = %err, "observer watch error"),
         }

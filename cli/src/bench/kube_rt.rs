@@ -10,17 +10,27 @@
 //! before either trigger fires, so a re-triggered reconcile always sees the dependency as Ready
 //! (a second, separate watch could trigger before the controller's own store caught up, and the
 //! dependent would then wait forever).
+//!
+//! `operator` is written as kube-runtime's users write an operator: the reconcile goes through
+//! [`kube::runtime::finalizer::finalizer`] (which adds the finalizer and returns; the echo of that
+//! write runs the reconcile again), `Apply` server-side applies the child ConfigMap (every run)
+//! and patches the Ready status when it is not current, and `Cleanup` deletes the child, after
+//! which the helper removes the finalizer. The child is not watched (`.owns()`), as actorcile
+//! does not watch it either.
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
 use dashmap::DashMap;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
     runtime::{
         Controller, WatchStreamExt,
         controller::{self, Action},
+        finalizer::{self, finalizer},
         reflector::{self, ObjectRef, Store},
         watcher,
     },
@@ -29,8 +39,28 @@ use tokio::{sync::oneshot, task::JoinHandle};
 
 use super::{
     args::Workload,
-    workload::{BenchObject, Recorder, StatusWriter, Step, WorkloadError, is_ready_dependency},
+    workload::{
+        BenchObject, Recorder, StatusWriter, Step, WorkloadError, is_ready_dependency,
+        operator_child, patch_ready_status, status_is_current,
+    },
 };
+
+/// `operator`: the finalizer the kube-runtime side puts on every object.
+pub const OPERATOR_FINALIZER: &str = "bench.actorcile.dev/cleanup";
+
+/// `operator`: the field manager of the kube-runtime side's server-side apply.
+pub const OPERATOR_FIELD_MANAGER: &str = "bench-kube-runtime";
+
+/// A failed reconcile of the kube-runtime side.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The workload's reconcile failed.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    /// `operator`: the finalizer helper or the step it ran failed.
+    #[error(transparent)]
+    Finalizer(#[from] Box<finalizer::Error<WorkloadError>>),
+}
 
 /// Delay before retrying a reconcile that failed.
 pub const ERROR_REQUEUE: Duration = Duration::from_millis(100);
@@ -172,7 +202,10 @@ impl KubeRuntimeRun {
     }
 }
 
-async fn reconcile(obj: Arc<BenchObject>, ctx: Arc<Ctx>) -> Result<Action, WorkloadError> {
+async fn reconcile(obj: Arc<BenchObject>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    if ctx.recorder.workload() == Workload::Operator {
+        return reconcile_operator(obj, &ctx).await;
+    }
     let step = match &ctx.store {
         Some(store) => {
             let dependency_ready = match dependency_ref(&obj) {
@@ -195,7 +228,62 @@ async fn reconcile(obj: Arc<BenchObject>, ctx: Arc<Ctx>) -> Result<Action, Workl
     })
 }
 
-fn error_policy(_obj: Arc<BenchObject>, err: &WorkloadError, _ctx: Arc<Ctx>) -> Action {
+/// `operator`: the reconcile through kube-runtime's finalizer helper.
+async fn reconcile_operator(obj: Arc<BenchObject>, ctx: &Ctx) -> Result<Action, ReconcileError> {
+    ctx.recorder.count_run(&obj);
+    let api: Api<BenchObject> = match obj.namespace() {
+        Some(ns) => Api::namespaced(ctx.client.clone(), &ns),
+        None => Api::default_namespaced(ctx.client.clone()),
+    };
+    finalizer(&api, OPERATOR_FINALIZER, obj, |event| async move {
+        match event {
+            finalizer::Event::Apply(obj) => operator_apply(&obj, &ctx.client).await,
+            finalizer::Event::Cleanup(obj) => operator_cleanup(&obj, &ctx.client).await,
+        }
+    })
+    .await
+    .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+}
+
+fn configmaps(client: &Client, obj: &BenchObject) -> Api<ConfigMap> {
+    match obj.namespace() {
+        Some(ns) => Api::namespaced(client.clone(), &ns),
+        None => Api::default_namespaced(client.clone()),
+    }
+}
+
+/// `operator`, `Apply`: server-side apply the child, then write the Ready status if it is not
+/// current.
+async fn operator_apply(obj: &BenchObject, client: &Client) -> Result<Action, WorkloadError> {
+    let child = operator_child(obj);
+    let name = child.name_any();
+    configmaps(client, obj)
+        .patch(
+            &name,
+            &PatchParams::apply(OPERATOR_FIELD_MANAGER).force(),
+            &Patch::Apply(&child),
+        )
+        .await?;
+    if !status_is_current(obj) {
+        patch_ready_status(obj, client).await?;
+    }
+    Ok(Action::await_change())
+}
+
+/// `operator`, `Cleanup`: delete the child (gone already is fine).
+async fn operator_cleanup(obj: &BenchObject, client: &Client) -> Result<Action, WorkloadError> {
+    let name = operator_child(obj).name_any();
+    match configmaps(client, obj)
+        .delete(&name, &DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(Action::await_change()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn error_policy(_obj: Arc<BenchObject>, err: &ReconcileError, _ctx: Arc<Ctx>) -> Action {
     tracing::debug!(error = %err, "reconcile failed; retrying");
     Action::requeue(ERROR_REQUEUE)
 }

@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn child_output_is_last_line() {
-        let line = r#"{"runtime":"kube-runtime","objects":5,"runs":10,"seconds":0.5,"runs_per_sec":20.0,"p50_ms":1.0,"p99_ms":2.0,"latency_samples":5,"api_requests":3,"peak_rss_bytes":100,"baseline_rss_bytes":50,"rss_per_object_bytes":20}"#;
+        let line = r#"{"runtime":"kube-runtime","objects":5,"runs":10,"seconds":0.5,"runs_per_sec":20.0,"cpu_seconds":0.1,"p50_ms":1.0,"p99_ms":2.0,"latency_samples":5,"api_requests":3,"peak_rss_bytes":100,"baseline_rss_bytes":50,"rss_per_object_bytes":20,"status_writes":0,"status_write_seconds":null,"operator":null}"#;
         let out = format!("noise\n{line}\n\n");
         let r = parse_child_output(&out, RuntimeKind::KubeRuntime).unwrap();
         assert_eq!(r.runs, 10);

@@ -7,6 +7,20 @@ use serde::{Deserialize, Serialize};
 
 use super::args::{RuntimeKind, Workload};
 
+/// `operator`: the two phases of the workload, and what was left at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OperatorPhases {
+    /// Seconds from the runtime's start until the observer saw every object Ready.
+    pub ready_seconds: f64,
+    /// Seconds from the deletion of every object until the observer saw every one gone (its
+    /// child deleted and its finalizer removed by the runtime).
+    pub deleted_seconds: f64,
+    /// Bench objects still in the API at the end (0 when every one was deleted).
+    pub objects_left: u64,
+    /// Child ConfigMaps still in the API at the end (0 when every one was deleted).
+    pub children_left: u64,
+}
+
 /// What one runtime achieved on the workload (printed by its child process as one JSON line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
@@ -16,15 +30,15 @@ pub struct RunResult {
     pub objects: u32,
     /// Reconcile runs from the start until every object was done.
     pub runs: u64,
-    /// Seconds from the runtime's start until every object was done.
+    /// Seconds from the runtime's start until every object converged (was done; `operator`:
+    /// until every object was Ready, then deleted and gone).
     pub seconds: f64,
     /// `runs / seconds`.
     pub runs_per_sec: f64,
     /// CPU time (user + system, every thread) the child used over the same window. The
     /// in-process cluster serves the runtime's requests in the same process, so its share is
     /// in here too, alike for both runtimes. Less disturbed than `seconds` by other processes
-    /// on a shared machine (0 in results from before this field existed).
-    #[serde(default)]
+    /// on a shared machine.
     pub cpu_seconds: f64,
     /// Median event→run latency in milliseconds (`null` without samples).
     pub p50_ms: Option<f64>,
@@ -40,10 +54,28 @@ pub struct RunResult {
     pub baseline_rss_bytes: u64,
     /// `peak_rss_bytes / objects`.
     pub rss_per_object_bytes: u64,
+    /// Status writes (PATCH or PUT of `…/status`) the runtime's client made and the server
+    /// accepted, until the end of the run.
+    pub status_writes: u64,
+    /// Seconds from the runtime's first status write sent to its last one answered (`null`
+    /// without status writes): the part of `seconds` comparable with a raw write loop
+    /// (`examples/write_ceiling.rs`), without start-up, list and observer.
+    pub status_write_seconds: Option<f64>,
+    /// `operator`: its two phases (`null` for other workloads).
+    pub operator: Option<OperatorPhases>,
     /// With `--repeat`: the seconds of every run of this runtime, in the order run (this result
     /// is the median one). Empty in a child's own line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seconds_per_repeat: Vec<f64>,
+}
+
+impl RunResult {
+    /// The fastest and slowest of `seconds_per_repeat` (`None` with a single run).
+    pub fn spread(&self) -> Option<(f64, f64)> {
+        let min = self.seconds_per_repeat.iter().copied().reduce(f64::min)?;
+        let max = self.seconds_per_repeat.iter().copied().reduce(f64::max)?;
+        (self.seconds_per_repeat.len() > 1).then_some((min, max))
+    }
 }
 
 /// The median of one runtime's repeated runs (by seconds; the lower middle one for an even
@@ -59,6 +91,14 @@ pub fn median_run(mut runs: Vec<RunResult>) -> Option<RunResult> {
     Some(m)
 }
 
+/// `a ÷ b` when both are there and `b > 0`.
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
 /// The whole comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
@@ -70,14 +110,29 @@ pub struct BenchReport {
     pub backend: String,
     /// Reconcile concurrency limit (both runtimes).
     pub concurrency: u16,
-    /// One entry per runtime, in the order run.
+    /// One entry per runtime, in the order run (each runtime's median run).
     pub runs: Vec<RunResult>,
-    /// actorcile's runs/s divided by kube-runtime's (`null` unless both ran).
-    pub ratio: Option<f64>,
+    /// The headline: kube-runtime's `seconds` ÷ actorcile's `seconds` (median runs), the time
+    /// until every object converged. Above 1, actorcile converged faster. `null` unless both
+    /// ran.
+    pub speedup_converge: Option<f64>,
+    /// With `--repeat`: `speedup_converge` of each round (kube-runtime's run ÷ actorcile's run
+    /// of the same round), in the order run; its minimum and maximum are the headline's spread.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub speedup_converge_per_repeat: Vec<f64>,
+    /// `operator`: kube-runtime's `ready_seconds` ÷ actorcile's (time until every object was
+    /// Ready; above 1, actorcile was faster).
+    pub speedup_ready: Option<f64>,
+    /// `operator`: kube-runtime's `deleted_seconds` ÷ actorcile's (time from the deletion until
+    /// every object was gone; above 1, actorcile was faster).
+    pub speedup_deleted: Option<f64>,
+    /// kube-runtime's `cpu_seconds` ÷ actorcile's (above 1, actorcile used less CPU).
+    pub cpu_ratio: Option<f64>,
 }
 
 impl BenchReport {
-    /// Builds the report and computes the ratio.
+    /// Builds the report from each runtime's median run (whose `seconds_per_repeat` are in the
+    /// order run, so the n-th of each runtime are the same round) and computes the ratios.
     pub fn new(
         workload: Workload,
         objects: u32,
@@ -85,14 +140,23 @@ impl BenchReport {
         concurrency: u16,
         runs: Vec<RunResult>,
     ) -> Self {
-        let rate = |rt: RuntimeKind| {
-            runs.iter()
-                .find(|r| r.runtime == rt)
-                .map(|r| r.runs_per_sec)
-        };
-        let ratio = match (rate(RuntimeKind::Actorcile), rate(RuntimeKind::KubeRuntime)) {
-            (Some(a), Some(k)) if k > 0.0 => Some(a / k),
-            _ => None,
+        let of = |rt: RuntimeKind| runs.iter().find(|r| r.runtime == rt);
+        let (ac, kr) = (of(RuntimeKind::Actorcile), of(RuntimeKind::KubeRuntime));
+        let field = |r: Option<&RunResult>, f: fn(&RunResult) -> Option<f64>| r.and_then(f);
+        let speedup = |f: fn(&RunResult) -> Option<f64>| ratio(field(kr, f), field(ac, f));
+        let speedup_converge = speedup(|r| Some(r.seconds));
+        let speedup_ready = speedup(|r| r.operator.map(|p| p.ready_seconds));
+        let speedup_deleted = speedup(|r| r.operator.map(|p| p.deleted_seconds));
+        let cpu_ratio = speedup(|r| Some(r.cpu_seconds));
+        let speedup_converge_per_repeat = match (ac, kr) {
+            (Some(ac), Some(kr)) if ac.seconds_per_repeat.len() == kr.seconds_per_repeat.len() => {
+                ac.seconds_per_repeat
+                    .iter()
+                    .zip(&kr.seconds_per_repeat)
+                    .filter_map(|(&a, &k)| ratio(Some(k), Some(a)))
+                    .collect()
+            }
+            _ => Vec::new(),
         };
         Self {
             workload,
@@ -100,7 +164,11 @@ impl BenchReport {
             backend: backend.to_string(),
             concurrency,
             runs,
-            ratio,
+            speedup_converge,
+            speedup_converge_per_repeat,
+            speedup_ready,
+            speedup_deleted,
+            cpu_ratio,
         }
     }
 
@@ -110,7 +178,7 @@ impl BenchReport {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
 
-    /// The report as a readable table.
+    /// The report as a readable table, the headline and the legend.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
@@ -118,36 +186,55 @@ impl BenchReport {
             "workload {}  objects {}  backend {}  concurrency {}",
             self.workload, self.objects, self.backend, self.concurrency
         );
-        let header = [
-            "runtime",
-            "runs",
-            "seconds",
-            "CPU s",
-            "runs/s",
-            "p50 ms",
-            "p99 ms",
-            "API reqs",
-            "peak RSS",
-            "RSS/object",
-            "RSS added",
+        let operator = self.runs.iter().any(|r| r.operator.is_some());
+        let writes = self.runs.iter().any(|r| r.status_writes > 0);
+        let spread = self.runs.iter().any(|r| r.spread().is_some());
+        let mut columns: Vec<Column> = vec![
+            ("runtime", Box::new(|r| r.runtime.to_string())),
+            ("seconds", Box::new(|r| format!("{:.3}", r.seconds))),
         ];
-        let mut rows: Vec<[String; 11]> = vec![header.map(str::to_string)];
-        for r in &self.runs {
-            rows.push([
-                r.runtime.to_string(),
-                r.runs.to_string(),
-                format!("{:.3}", r.seconds),
-                format!("{:.3}", r.cpu_seconds),
-                format!("{:.0}", r.runs_per_sec),
-                opt_ms(r.p50_ms),
-                opt_ms(r.p99_ms),
-                r.api_requests.to_string(),
-                human_bytes(r.peak_rss_bytes),
-                human_bytes(r.rss_per_object_bytes),
-                human_bytes(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes)),
-            ]);
+        if spread {
+            columns.push((
+                "min–max s",
+                Box::new(|r| {
+                    r.spread()
+                        .map_or_else(|| "-".into(), |(a, b)| format!("{a:.3}–{b:.3}"))
+                }),
+            ));
         }
-        let mut widths = [0usize; 11];
+        if operator {
+            columns.push((
+                "ready s",
+                Box::new(|r| opt_secs(r.operator.map(|p| p.ready_seconds))),
+            ));
+            columns.push((
+                "deleted s",
+                Box::new(|r| opt_secs(r.operator.map(|p| p.deleted_seconds))),
+            ));
+        }
+        columns.extend::<[Column; 6]>([
+            ("CPU s", Box::new(|r| format!("{:.3}", r.cpu_seconds))),
+            ("API reqs", Box::new(|r| r.api_requests.to_string())),
+            ("runs", Box::new(|r| r.runs.to_string())),
+            ("runs/s", Box::new(|r| format!("{:.0}", r.runs_per_sec))),
+            ("p50 ms", Box::new(|r| opt_ms(r.p50_ms))),
+            ("p99 ms", Box::new(|r| opt_ms(r.p99_ms))),
+        ]);
+        if writes {
+            columns.push(("writes s", Box::new(|r| opt_secs(r.status_write_seconds))));
+        }
+        columns.extend::<[Column; 2]>([
+            ("peak RSS", Box::new(|r| human_bytes(r.peak_rss_bytes))),
+            (
+                "RSS added",
+                Box::new(|r| human_bytes(r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes))),
+            ),
+        ]);
+        let mut rows: Vec<Vec<String>> = vec![columns.iter().map(|c| c.0.to_string()).collect()];
+        for r in &self.runs {
+            rows.push(columns.iter().map(|c| (c.1)(r)).collect());
+        }
+        let mut widths = vec![0usize; columns.len()];
         for row in &rows {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.chars().count());
@@ -155,11 +242,12 @@ impl BenchReport {
         }
         for row in &rows {
             let mut line = String::new();
-            for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+                let pad = w - cell.chars().count();
                 if i == 0 {
-                    let _ = write!(line, "{cell:<w$}");
+                    let _ = write!(line, "{cell}{:pad$}", "");
                 } else {
-                    let _ = write!(line, "  {cell:>w$}");
+                    let _ = write!(line, "  {:pad$}{cell}", "");
                 }
             }
             let _ = writeln!(out, "{}", line.trim_end());
@@ -181,19 +269,87 @@ impl BenchReport {
                 secs.join(", ")
             );
         }
-        match self.ratio {
-            Some(ratio) => {
-                let _ = writeln!(out, "ratio actorcile / kube-runtime (runs/s): {ratio:.2}");
-            }
-            None => {
-                let _ = writeln!(
-                    out,
-                    "ratio actorcile / kube-runtime (runs/s): n/a (both runtimes must run)"
-                );
-            }
-        }
+        let _ = writeln!(out, "{}", self.headline());
+        out.push('\n');
+        out.push_str(LEGEND);
         out
     }
+
+    /// The headline: how much sooner actorcile converged than kube-runtime, with the cost beside.
+    pub fn headline(&self) -> String {
+        let of = |rt: RuntimeKind| self.runs.iter().find(|r| r.runtime == rt);
+        let (Some(speedup), Some(ac), Some(kr)) = (
+            self.speedup_converge,
+            of(RuntimeKind::Actorcile),
+            of(RuntimeKind::KubeRuntime),
+        ) else {
+            return "speedup (kube-runtime seconds ÷ actorcile seconds): n/a (both runtimes must run)"
+                .into();
+        };
+        let mut line = format!(
+            "speedup to converge (kube-runtime seconds ÷ actorcile seconds; > 1: actorcile faster): {speedup:.2}"
+        );
+        let per_round = &self.speedup_converge_per_repeat;
+        if let (Some(min), Some(max)) = (
+            per_round.iter().copied().reduce(f64::min),
+            per_round.iter().copied().reduce(f64::max),
+        ) && per_round.len() > 1
+        {
+            let _ = write!(line, " (rounds {min:.2}–{max:.2})");
+        }
+        if let (Some(ready), Some(deleted)) = (self.speedup_ready, self.speedup_deleted) {
+            let _ = write!(
+                line,
+                "; to all Ready {ready:.2}, to all deleted {deleted:.2}"
+            );
+        }
+        let _ = write!(
+            line,
+            "\n  actorcile {:.3} s, {:.3} CPU s, {} API reqs, {} peak RSS; kube-runtime {:.3} s, {:.3} CPU s, {} API reqs, {} peak RSS",
+            ac.seconds,
+            ac.cpu_seconds,
+            ac.api_requests,
+            human_bytes(ac.peak_rss_bytes),
+            kr.seconds,
+            kr.cpu_seconds,
+            kr.api_requests,
+            human_bytes(kr.peak_rss_bytes),
+        );
+        line
+    }
+}
+
+/// A column of the table: its header and how a run's cell reads.
+type Column = (&'static str, Box<dyn Fn(&RunResult) -> String>);
+
+/// What each column of the table means (printed after the table and in `bench --help`).
+pub const LEGEND: &str = "\
+Columns (each runtime's median run of --repeat, by seconds):
+  seconds    wall time from the runtime's start until every object converged (operator: Ready,
+             then deleted and gone)
+  min–max s  the fastest and slowest of the repeated runs' seconds
+  ready s    operator: start until every object was seen Ready
+  deleted s  operator: deletion of every object until every one was gone (child deleted,
+             finalizer removed)
+  CPU s      CPU time (user + system) of the runtime's process over `seconds`; includes the
+             in-process API server when it serves the objects (alike for both)
+  API reqs   HTTP requests the runtime's own client sent (each watch counts once); set-up, the
+             deletion and the observer use another client and are not counted
+  runs       reconcile runs (kube-runtime also runs on the echo of its own writes: compare
+             seconds, not runs/s)
+  runs/s     runs ÷ seconds
+  p50/p99 ms event-to-run latency percentiles, as defined per workload in BENCHMARKS.md
+  writes s   first status write sent until the last one answered: the part of `seconds`
+             comparable with a raw write loop (examples/write_ceiling.rs)
+  peak RSS   peak resident memory of the runtime's process (with the in-process cluster and its
+             objects, alike for both)
+  RSS added  peak RSS minus the resident memory just before the runtime started
+speedup = kube-runtime seconds ÷ actorcile seconds (> 1: actorcile converged faster); rounds:
+  the same ratio for each round of --repeat.
+";
+
+fn opt_secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
 }
 
 fn opt_ms(v: Option<f64>) -> String {
@@ -235,7 +391,18 @@ mod tests {
             peak_rss_bytes: 10 * 1024 * 1024,
             baseline_rss_bytes: 5 * 1024 * 1024,
             rss_per_object_bytes: 1024 * 1024,
+            status_writes: 0,
+            status_write_seconds: None,
+            operator: None,
             seconds_per_repeat: Vec::new(),
+        }
+    }
+
+    fn timed(runtime: RuntimeKind, seconds: f64) -> RunResult {
+        RunResult {
+            seconds,
+            runs_per_sec: 20.0 / seconds,
+            ..run(runtime, 1.0)
         }
     }
 
@@ -249,23 +416,92 @@ mod tests {
         let m = median_run(runs).unwrap();
         assert_eq!(m.runs_per_sec, 20.0);
         assert_eq!(m.seconds_per_repeat, vec![2.0, 0.5, 1.0]);
+        assert_eq!(m.spread(), Some((0.5, 2.0)));
         let one = median_run(vec![run(RuntimeKind::KubeRuntime, 5.0)]).unwrap();
         assert!(
             one.seconds_per_repeat.is_empty(),
             "a single run lists no repeats"
         );
+        assert_eq!(one.spread(), None);
         assert!(median_run(Vec::new()).is_none());
         let report = BenchReport::new(Workload::Noop, 10, "in-process", 64, vec![m, one]);
-        assert!(
-            report
-                .to_table()
-                .contains("actorcile seconds per repeat: 2.000, 0.500, 1.000")
-        );
+        let table = report.to_table();
+        assert!(table.contains("actorcile seconds per repeat: 2.000, 0.500, 1.000"));
+        assert!(table.contains("0.500–2.000"), "{table}");
         assert!(
             report
                 .to_json_line()
                 .contains("\"seconds_per_repeat\":[2.0,0.5,1.0]")
         );
+        assert!(
+            report.speedup_converge_per_repeat.is_empty(),
+            "kube-runtime ran once: no rounds to pair"
+        );
+    }
+
+    #[test]
+    fn speedup_is_kube_runtime_seconds_over_actorcile_seconds() {
+        let ac = RunResult {
+            cpu_seconds: 0.5,
+            seconds_per_repeat: vec![1.0, 2.0, 1.5],
+            ..timed(RuntimeKind::Actorcile, 1.5)
+        };
+        let kr = RunResult {
+            cpu_seconds: 1.0,
+            seconds_per_repeat: vec![3.0, 3.0, 6.0],
+            ..timed(RuntimeKind::KubeRuntime, 3.0)
+        };
+        let report = BenchReport::new(Workload::Status, 10, "in-process", 64, vec![ac, kr]);
+        assert_eq!(report.speedup_converge, Some(2.0));
+        assert_eq!(report.speedup_converge_per_repeat, vec![3.0, 1.5, 4.0]);
+        assert_eq!(report.cpu_ratio, Some(2.0));
+        assert_eq!(report.speedup_ready, None, "not an operator run");
+        let headline = report.headline();
+        assert!(headline.contains(": 2.00 (rounds 1.50–4.00)"), "{headline}");
+        assert!(
+            headline.contains("actorcile 1.500 s, 0.500 CPU s"),
+            "{headline}"
+        );
+        // Runs/s says the opposite when kube-runtime runs more per object: not the headline.
+        assert!(report.runs[0].runs_per_sec > report.runs[1].runs_per_sec);
+    }
+
+    #[test]
+    fn operator_phases_have_their_own_speedups() {
+        let phases = |ready_seconds, deleted_seconds| {
+            Some(OperatorPhases {
+                ready_seconds,
+                deleted_seconds,
+                objects_left: 0,
+                children_left: 0,
+            })
+        };
+        let ac = RunResult {
+            operator: phases(1.0, 0.5),
+            status_writes: 10,
+            status_write_seconds: Some(0.8),
+            ..timed(RuntimeKind::Actorcile, 1.5)
+        };
+        let kr = RunResult {
+            operator: phases(3.0, 2.0),
+            ..timed(RuntimeKind::KubeRuntime, 5.0)
+        };
+        let report = BenchReport::new(Workload::Operator, 10, "in-process", 64, vec![ac, kr]);
+        assert_eq!(report.speedup_ready, Some(3.0));
+        assert_eq!(report.speedup_deleted, Some(4.0));
+        let table = report.to_table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].contains("ready s") && lines[1].contains("deleted s"));
+        assert!(lines[1].contains("writes s"), "{table}");
+        assert!(lines[2].contains("0.800"), "{table}");
+        assert!(
+            table.contains("to all Ready 3.00, to all deleted 4.00"),
+            "{table}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&report.to_json_line()).unwrap();
+        assert_eq!(v["runs"][0]["operator"]["ready_seconds"], 1.0);
+        assert_eq!(v["runs"][1]["operator"]["children_left"], 0);
+        assert_eq!(v["speedup_deleted"], 4.0);
     }
 
     #[test]
@@ -286,7 +522,11 @@ mod tests {
         assert_eq!(v["workload"], "yield");
         assert_eq!(v["objects"], 10);
         assert_eq!(v["backend"], "in-process");
-        assert_eq!(v["ratio"], 3.0);
+        assert!(v.get("ratio").is_none(), "the runs/s ratio is gone");
+        let speedup = v["speedup_converge"].as_f64().unwrap();
+        assert!((speedup - 3.0).abs() < 1e-12, "{speedup}");
+        assert!(v["speedup_ready"].is_null());
+        assert_eq!(v["cpu_ratio"], 1.0);
         let runs = v["runs"].as_array().unwrap();
         assert_eq!(runs[0]["runtime"], "actorcile");
         assert_eq!(runs[1]["runtime"], "kube-runtime");
@@ -301,6 +541,9 @@ mod tests {
             "api_requests",
             "peak_rss_bytes",
             "rss_per_object_bytes",
+            "status_writes",
+            "status_write_seconds",
+            "operator",
         ] {
             assert!(runs[0].get(key).is_some(), "missing {key}");
         }
@@ -312,7 +555,7 @@ mod tests {
     }
 
     #[test]
-    fn ratio_needs_both_runtimes() {
+    fn speedup_needs_both_runtimes() {
         let one = BenchReport::new(
             Workload::Noop,
             10,
@@ -320,26 +563,28 @@ mod tests {
             4,
             vec![run(RuntimeKind::KubeRuntime, 5.0)],
         );
-        assert_eq!(one.ratio, None);
+        assert_eq!(one.speedup_converge, None);
         assert!(
-            serde_json::from_str::<serde_json::Value>(&one.to_json_line()).unwrap()["ratio"]
+            serde_json::from_str::<serde_json::Value>(&one.to_json_line()).unwrap()
+                ["speedup_converge"]
                 .is_null()
         );
+        assert!(one.to_table().contains("n/a"));
         let zero = BenchReport::new(
             Workload::Noop,
             10,
             "envtest",
             4,
             vec![
-                run(RuntimeKind::KubeRuntime, 0.0),
-                run(RuntimeKind::Actorcile, 5.0),
+                timed(RuntimeKind::KubeRuntime, 1.0),
+                timed(RuntimeKind::Actorcile, 0.0),
             ],
         );
-        assert_eq!(zero.ratio, None);
+        assert_eq!(zero.speedup_converge, None);
     }
 
     #[test]
-    fn table_lists_each_runtime() {
+    fn table_lists_each_runtime_then_the_headline_and_the_legend() {
         let report = BenchReport::new(
             Workload::Noop,
             10,
@@ -354,6 +599,11 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].contains("workload noop"));
         assert!(lines[1].starts_with("runtime"));
+        assert!(!lines[1].contains("ready s"), "operator columns only there");
+        assert!(
+            !lines[1].contains("writes s"),
+            "no status writes: no column"
+        );
         assert!(lines[2].starts_with("actorcile") && lines[2].contains("200"));
         assert!(lines[3].starts_with("kube-runtime") && lines[3].contains("10.0 MiB"));
         assert!(
@@ -361,7 +611,23 @@ mod tests {
             "RSS added = peak - baseline: {}",
             lines[3]
         );
-        assert!(lines[4].contains("2.00"));
+        assert!(
+            lines[4].starts_with("speedup to converge") && lines[4].ends_with("2.00"),
+            "{}",
+            lines[4]
+        );
+        assert!(table.ends_with(LEGEND));
+        for column in lines[1]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+        {
+            let word = column.split(' ').next().unwrap();
+            assert!(
+                column == "runtime" || LEGEND.contains(word),
+                "column {column} is not in the legend"
+            );
+        }
     }
 
     #[test]

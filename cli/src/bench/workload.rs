@@ -15,7 +15,13 @@
 //!   dependency (`spec.dependsOn`) Ready to the moment it saw the object itself Ready. An object
 //!   is done, as in `status`, when the observer sees it Ready for its generation. Each runtime
 //!   finds out whether the dependency is Ready its own way (actorcile: `Context::require_ready`;
-//!   kube-runtime: its reflector store) and hands the answer to [`Recorder::reconcile_chain`].
+//!   kube-runtime: its reflector store) and hands the answer to [`Recorder::reconcile_chain`];
+//! - `operator`: from the runtime's start to the moment the observer sees the object's status
+//!   Ready for its generation (as in `status`). An object is Ready then, and done once the
+//!   observer sees it deleted (after the bench deleted every object). Each runtime drives this
+//!   workload with its own finalizer handling and child step (see `kube_rt` and `actorcile_rt`),
+//!   on the same child object ([`operator_child`]), and counts its runs with
+//!   [`Recorder::count_run`].
 
 use std::{
     sync::{
@@ -30,10 +36,11 @@ use actorcile::{
     status::{Phase, ReadyReason, ResourceStatus},
 };
 use dashmap::DashMap;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
-    Api, Client, CustomResource, CustomResourceExt, ResourceExt,
-    api::{Patch, PatchParams},
+    Api, Client, CustomResource, CustomResourceExt, Resource, ResourceExt,
+    api::{ObjectMeta, Patch, PatchParams},
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -143,6 +150,30 @@ pub fn is_ready_dependency(obj: &BenchObject) -> bool {
         && obj.status.as_ref().is_some_and(ResourceStatus::is_ready)
 }
 
+/// `operator`: the end of a child ConfigMap's name (the parent's name comes first).
+pub const OPERATOR_CHILD_SUFFIX: &str = "-config";
+
+/// `operator`: the name of `parent`'s child ConfigMap.
+pub fn operator_child_name(parent: &str) -> String {
+    format!("{parent}{OPERATOR_CHILD_SUFFIX}")
+}
+
+/// `operator`: the child ConfigMap of `obj`, owned by it (a controller owner reference), in its
+/// namespace. Both runtimes server-side apply exactly this object.
+pub fn operator_child(obj: &BenchObject) -> ConfigMap {
+    let name = obj.name_any();
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(operator_child_name(&name)),
+            namespace: obj.namespace(),
+            owner_references: obj.controller_owner_ref(&()).map(|r| vec![r]),
+            ..Default::default()
+        },
+        data: Some([("parent".to_string(), name)].into()),
+        ..Default::default()
+    }
+}
+
 /// What a reconcile asks its runtime to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -198,6 +229,8 @@ struct ObjectState {
     last_stamp: Option<u64>,
     /// `chain`: when the observer first saw the object Ready.
     ready_at: Option<Instant>,
+    /// `operator`: the observer has seen the object Ready.
+    ready: bool,
     /// Latency samples taken on this object (kept per object, under the map's shard lock, so
     /// the runtime with more threads does not also contend on one global lock).
     latencies: Vec<Duration>,
@@ -223,9 +256,12 @@ pub struct Recorder {
     runs: AtomicU64,
     seen: AtomicUsize,
     done: AtomicUsize,
+    ready: AtomicUsize,
     objects: DashMap<String, ObjectState, ahash::RandomState>,
     finished: Mutex<Option<DoneSnapshot>>,
+    all_ready_at: Mutex<Option<DoneSnapshot>>,
     all_seen: Notify,
+    all_ready: Notify,
     all_done: Notify,
 }
 
@@ -239,12 +275,15 @@ impl Recorder {
             runs: AtomicU64::new(0),
             seen: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
+            ready: AtomicUsize::new(0),
             objects: DashMap::with_capacity_and_hasher(
                 config.objects as usize,
                 ahash::RandomState::default(),
             ),
             finished: Mutex::new(None),
+            all_ready_at: Mutex::new(None),
             all_seen: Notify::new(),
+            all_ready: Notify::new(),
             all_done: Notify::new(),
         })
     }
@@ -262,6 +301,16 @@ impl Recorder {
     /// Objects done so far.
     pub fn done_count(&self) -> usize {
         self.done.load(Ordering::Relaxed)
+    }
+
+    /// `operator`: objects seen Ready so far.
+    pub fn ready_count(&self) -> usize {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Time since the measurement started.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
     }
 
     /// Latency samples so far (grouped by object, in no particular order).
@@ -297,6 +346,42 @@ impl Recorder {
         }
     }
 
+    /// `operator`: the figures at the moment the last object was seen Ready, once it has been.
+    pub fn all_ready(&self) -> Option<DoneSnapshot> {
+        *self.all_ready_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `operator`: waits until every object has been seen Ready and returns the figures of that
+    /// moment.
+    pub async fn wait_ready(&self) -> DoneSnapshot {
+        loop {
+            let notified = self.all_ready.notified();
+            if let Some(snapshot) = self.all_ready() {
+                return snapshot;
+            }
+            notified.await;
+        }
+    }
+
+    fn snapshot(&self) -> DoneSnapshot {
+        DoneSnapshot {
+            elapsed: self.start.elapsed(),
+            runs: self.runs(),
+            api_requests: self.requests.get(),
+        }
+    }
+
+    fn mark_ready(&self, state: &mut ObjectState) {
+        if state.ready {
+            return;
+        }
+        state.ready = true;
+        if self.ready.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+            *self.all_ready_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.snapshot());
+            self.all_ready.notify_waiters();
+        }
+    }
+
     /// Waits until every object is done and returns the figures of that moment.
     pub async fn wait_done(&self) -> DoneSnapshot {
         loop {
@@ -314,11 +399,7 @@ impl Recorder {
         }
         state.done = true;
         if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
-            let snapshot = DoneSnapshot {
-                elapsed: self.start.elapsed(),
-                runs: self.runs(),
-                api_requests: self.requests.get(),
-            };
+            let snapshot = self.snapshot();
             *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = Some(snapshot);
             self.all_done.notify_waiters();
         }
@@ -384,6 +465,8 @@ impl Recorder {
                 }
                 // Handled by `reconcile_chain` above.
                 Workload::Chain => Ok(false),
+                // Each runtime drives `operator` itself and calls only `count_run`.
+                Workload::Operator => Err(Step::Done),
             }
         });
         let write_status = match next {
@@ -394,6 +477,14 @@ impl Recorder {
             patch_ready_status(obj, client).await?;
         }
         Ok(Step::Done)
+    }
+
+    /// `operator`: counts one run of `obj` (each runtime calls this once per reconcile or pass).
+    pub fn count_run(&self, obj: &BenchObject) {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        if let Some(name) = obj.metadata.name.as_deref() {
+            self.with_state(name, |state| self.note_seen(state));
+        }
     }
 
     /// Marks the object seen by the runtime (its first run); `true` the first time.
@@ -449,9 +540,15 @@ impl Recorder {
     /// dependent's (a dependent is written Ready only after its runtime saw the dependency
     /// Ready), provided it watched from before the runtime started; an object whose dependency
     /// it has not seen Ready counts as done without a sample.
+    ///
+    /// `operator`: the object is Ready then (not done: done is [`Recorder::observe_deleted`]).
     pub fn observe(&self, obj: &BenchObject) {
         let workload = self.config.workload;
-        if !matches!(workload, Workload::Status | Workload::Chain) || !status_is_current(obj) {
+        if !matches!(
+            workload,
+            Workload::Status | Workload::Chain | Workload::Operator
+        ) || !status_is_current(obj)
+        {
             return;
         }
         let Some(name) = obj.metadata.name.as_deref() else {
@@ -464,6 +561,13 @@ impl Recorder {
             _ => None,
         };
         self.with_state(name, |state| {
+            if workload == Workload::Operator {
+                if !state.ready {
+                    state.latencies.push(now - self.start);
+                    self.mark_ready(state);
+                }
+                return;
+            }
             if state.done {
                 return;
             }
@@ -478,6 +582,19 @@ impl Recorder {
             }
             self.mark_done(state);
         });
+    }
+}
+
+impl Recorder {
+    /// `operator`: called by the observer when it sees `obj` deleted (gone from the API, so its
+    /// finalizers were removed); the object is done.
+    pub fn observe_deleted(&self, obj: &BenchObject) {
+        if self.config.workload != Workload::Operator {
+            return;
+        }
+        if let Some(name) = obj.metadata.name.as_deref() {
+            self.with_state(name, |state| self.mark_done(state));
+        }
     }
 }
 
@@ -501,7 +618,7 @@ pub fn status_is_current(obj: &BenchObject) -> bool {
 
 /// The status actorcile's runtime writes after a provision pass that is done, written by the
 /// reconcile itself (a merge patch on `/status`, as an operator on kube-runtime would).
-async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
+pub async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
     let desired = obj.status.clone().unwrap_or_default().with_ready(
         Phase::Ready,
         true,
