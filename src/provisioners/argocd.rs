@@ -191,8 +191,16 @@ impl ArgoCd {
 
     /// The name of the Secret that registers cluster `id`.
     pub fn cluster_secret_name(id: &str) -> String {
-        let v = label_value(&id.to_ascii_lowercase()).replace(['_', '.'], "-");
-        format!("cluster-{v}")
+        format!("cluster-{}", dns_label(id))
+    }
+
+    /// The `generateName` of the Application of Helm release `release`: Argo CD tracks what
+    /// an Application deployed by a label holding its name, so the name (prefix and the five
+    /// characters the API server adds) stays a valid label value.
+    pub fn application_name_prefix(release: &str) -> String {
+        let v = dns_label(release);
+        let cut = v[..v.len().min(57)].trim_end_matches('-');
+        format!("{cut}-")
     }
 
     /// Read-modify-write of the registration Secret of `id`, retried on conflicts: `change`
@@ -265,6 +273,13 @@ impl ArgoCd {
             .map(CdError::Api)
             .unwrap_or_else(|| CdError::Invalid(format!("registration {name} kept changing"))))
     }
+}
+
+/// `v` as a DNS label: lowercase alphanumerics and `-`, at most 63 characters (a longer value is
+/// cut and ends in a hash of the whole, as [`label_value`] does).
+fn dns_label(v: &str) -> String {
+    let v = label_value(&v.to_ascii_lowercase()).replace(['_', '.'], "-");
+    if v.is_empty() { "unnamed".into() } else { v }
 }
 
 fn users_of(secret: &Secret) -> BTreeSet<String> {
@@ -377,7 +392,7 @@ impl CdDriver for ArgoCd {
                     .within(&self.namespace)
                     .data(json!({ "spec": spec }));
                 obj.metadata.name = None;
-                obj.metadata.generate_name = Some(format!("{}-", label_value(&app.release)));
+                obj.metadata.generate_name = Some(Self::application_name_prefix(&app.release));
                 obj.metadata.labels = Some(app.identity.labels().clone());
                 self.applications()
                     .create(&PostParams::default(), &obj)
@@ -528,6 +543,19 @@ mod tests {
         assert_eq!(crd.spec.group, "argoproj.io");
         assert_eq!(crd.spec.names.kind, "Application");
         assert_eq!(crd.spec.versions[0].name, "v1alpha1");
+    }
+
+    #[test]
+    fn application_names_are_valid_label_values() {
+        assert_eq!(ArgoCd::application_name_prefix("web"), "web-");
+        let long = ArgoCd::application_name_prefix(&"Web_Release.".repeat(10));
+        assert!(long.len() + 5 <= 63, "{long}");
+        assert!(
+            long.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+            "{long}"
+        );
+        assert!(!long.ends_with("--"), "{long}");
     }
 
     #[test]
