@@ -1,5 +1,5 @@
 //! Where a child's objects live: the in-process cluster, an envtest control plane, or a cluster
-//! from a kubeconfig. A [`Session`] gives the child two clients to the same cluster: `setup`
+//! from a kubeconfig. A [`BenchCluster`] gives the child two clients to the same cluster: `setup`
 //! (object creation, the churn driver, clean-up; not counted) and `runtime` (the runtime under
 //! test; every request counted by a [`CountingLayer`]).
 
@@ -33,7 +33,7 @@ pub const IN_CLUSTER_NAMESPACE: &str = "default";
 pub const FIELD_MANAGER: &str = "actorcile-bench";
 
 /// A connection to the cluster one child benchmarks against.
-pub struct Session {
+pub struct BenchCluster {
     /// Client for set-up, the churn driver and clean-up (not counted).
     pub setup: Client,
     /// Client handed to the runtime under test (counted).
@@ -50,13 +50,13 @@ enum Owned {
     InProcess(ApiServer),
     /// This child's own etcd + kube-apiserver (stopped on close).
     Envtest(Box<Envtest>),
-    /// A namespace this session created in someone's cluster; removed on close.
+    /// A namespace this child created in someone's cluster; removed on close.
     Namespace,
 }
 
-impl Session {
+impl BenchCluster {
     /// Connects to `backend`, installs the bench CRD and prepares a namespace for `runtime`.
-    pub async fn open(backend: &Backend, runtime: RuntimeKind) -> Result<Session> {
+    pub async fn open(backend: &Backend, runtime: RuntimeKind) -> Result<BenchCluster> {
         match backend {
             Backend::Kubeconfig(path) => {
                 let kubeconfig = Kubeconfig::read_from(path)
@@ -79,7 +79,7 @@ impl Session {
                     std::process::id()
                 );
                 create_namespace(&setup, &namespace).await?;
-                Ok(Session {
+                Ok(BenchCluster {
                     setup,
                     runtime: runtime_client,
                     counter,
@@ -97,7 +97,7 @@ impl Session {
                     CountingLayer::new(counter.clone()).layer(cluster.service()),
                     IN_CLUSTER_NAMESPACE,
                 );
-                Ok(Session {
+                Ok(BenchCluster {
                     setup: cluster.client(),
                     runtime: runtime_client,
                     counter,
@@ -118,7 +118,7 @@ impl Session {
                     .context("building the runtime client")?
                     .with_layer(&CountingLayer::new(counter.clone()))
                     .build();
-                Ok(Session {
+                Ok(BenchCluster {
                     setup: envtest.client(),
                     runtime: runtime_client,
                     counter,
@@ -129,7 +129,7 @@ impl Session {
         }
     }
 
-    /// Removes what the session created (objects and namespace of a kubeconfig cluster).
+    /// Removes what this child created (objects and namespace of a kubeconfig cluster).
     pub async fn close(self) -> Result<()> {
         match self.owned {
             Owned::InProcess(cluster) => {

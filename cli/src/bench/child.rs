@@ -21,7 +21,7 @@ use kube::{
 use super::{
     actorcile_rt,
     args::{BenchArgs, RuntimeKind, Workload},
-    backend::Session,
+    backend::BenchCluster,
     kube_rt,
     report::{OperatorPhases, RunResult},
     stats::{self, millis, percentile},
@@ -44,9 +44,9 @@ pub fn run(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
 }
 
 async fn run_async(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
-    let session = Session::open(&args.backend(), runtime).await?;
-    let result = measure(args, runtime, &session).await;
-    let closed = session.close().await;
+    let target = BenchCluster::open(&args.backend(), runtime).await?;
+    let result = measure(args, runtime, &target).await;
+    let closed = target.close().await;
     let result = result?;
     closed.context("cleaning up")?;
     Ok(result)
@@ -67,8 +67,12 @@ fn progress_bar(len: u64, runtime: RuntimeKind, what: &str) -> ProgressBar {
     bar
 }
 
-async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> Result<RunResult> {
-    let api: Api<BenchObject> = Api::namespaced(session.setup.clone(), &session.namespace);
+async fn measure(
+    args: &BenchArgs,
+    runtime: RuntimeKind,
+    target: &BenchCluster,
+) -> Result<RunResult> {
+    let api: Api<BenchObject> = Api::namespaced(target.setup.clone(), &target.namespace);
 
     let bar = progress_bar(u64::from(args.objects), runtime, "created");
     let chain_length = (args.workload == Workload::Chain).then_some(args.chain_length);
@@ -96,18 +100,18 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
     let bar = progress_bar(u64::from(args.objects) * phases, runtime, "done");
 
     let cpu_at_start = stats::process_cpu_seconds();
-    let recorder = Recorder::start(config, session.counter.clone());
+    let recorder = Recorder::start(config, target.counter.clone());
     let running = match runtime {
         RuntimeKind::KubeRuntime => Running::Kube(kube_rt::start(
-            session.runtime.clone(),
-            &session.namespace,
+            target.runtime.clone(),
+            &target.namespace,
             args.concurrency,
             recorder.clone(),
         )?),
         RuntimeKind::Actorcile => Running::Actorcile(
             actorcile_rt::start(
-                session.runtime.clone(),
-                &session.namespace,
+                target.runtime.clone(),
+                &target.namespace,
                 args.concurrency,
                 recorder.clone(),
                 actorcile_rt::Writes {
@@ -124,8 +128,8 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
     };
     let driver = (args.workload == Workload::Churn).then(|| {
         tokio::spawn(churn_driver(
-            session.setup.clone(),
-            session.namespace.clone(),
+            target.setup.clone(),
+            target.namespace.clone(),
             args.objects,
             args.churn_updates,
             args.churn_rate,
@@ -210,7 +214,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
                 .context("listing the bench objects left")?
                 .items
                 .len() as u64,
-            children_left: Api::<ConfigMap>::namespaced(session.setup.clone(), &session.namespace)
+            children_left: Api::<ConfigMap>::namespaced(target.setup.clone(), &target.namespace)
                 .list_metadata(&ListParams::default())
                 .await
                 .context("listing the child ConfigMaps left")?
@@ -225,7 +229,7 @@ async fn measure(args: &BenchArgs, runtime: RuntimeKind, session: &Session) -> R
         }),
         None => None,
     };
-    let status_writes = session.counter.status_writes();
+    let status_writes = target.counter.status_writes();
     let mut latencies = recorder.latencies();
     let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
     let seconds = done.elapsed.as_secs_f64();
