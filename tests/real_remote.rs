@@ -105,7 +105,7 @@ async fn a_remote_from_a_kubeconfig_secret_waits_for_it_follows_rotation_and_cle
 
         // No Secret yet: a typed yield, not a failure.
         mgmt.create_widget("w", 1).await;
-        wait_reason_in(&mgmt, "w", "RemoteClusterUnavailable").await;
+        mgmt.wait_reason("w", "RemoteClusterUnavailable").await;
 
         // A kubeconfig of a user without any permission on the remote: the child's apply is
         // refused there, and nothing of the credentials shows in the status.
@@ -116,16 +116,8 @@ async fn a_remote_from_a_kubeconfig_secret_waits_for_it_follows_rotation_and_cle
             edge.user_kubeconfig_path(),
         )
         .await;
-        let status = eventually(
-            "the remote refuses the unprivileged user",
-            CONVERGE,
-            || async {
-                let s = mgmt.status_of("w").await?;
-                let ready = s.ready()?;
-                (ready.status == "False" && ready.reason == "ApplyFailed").then_some(s)
-            },
-        )
-        .await;
+        let status = mgmt.wait_reason("w", "ApplyFailed").await;
+        assert_eq!(status.ready().unwrap().status, "False");
         let text = serde_json::to_string(&status).unwrap();
         let token = std::fs::read_to_string(edge.user_kubeconfig_path()).unwrap();
         let token = token
@@ -146,7 +138,7 @@ async fn a_remote_from_a_kubeconfig_secret_waits_for_it_follows_rotation_and_cle
             edge.kubeconfig_path(),
         )
         .await;
-        wait_ready_in(&mgmt, "w").await;
+        mgmt.wait_ready("w").await;
         let cm = configmap(&edge.client(), "default", "w")
             .await
             .expect("the child is in the remote");
@@ -158,29 +150,10 @@ async fn a_remote_from_a_kubeconfig_secret_waits_for_it_follows_rotation_and_cle
 
         // Deletion removes the child from the remote before the finalizer goes.
         mgmt.delete("w").await;
-        eventually("w is gone", CONVERGE, || async {
-            mgmt.get("w").await.is_none().then_some(())
-        })
-        .await;
+        mgmt.wait_gone("w").await;
         assert!(configmap(&edge.client(), "default", "w").await.is_none());
         rt.shutdown().await;
         edge.stop().await;
-    })
-    .await;
-}
-
-async fn wait_reason_in(api: &Ns, name: &str, reason: &str) {
-    eventually(&format!("{name} has reason {reason}"), CONVERGE, || async {
-        let s = api.status_of(name).await?;
-        (s.ready()?.reason == reason).then_some(())
-    })
-    .await;
-}
-
-async fn wait_ready_in(api: &Ns, name: &str) {
-    eventually(&format!("{name} is Ready"), CONVERGE, || async {
-        let s = api.status_of(name).await?;
-        (s.ready()?.status == "True").then_some(())
     })
     .await;
 }
@@ -272,11 +245,11 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
         // Created → Progressing while Argo CD has not synced → Ready once Synced + Healthy.
         fake.script("healthy", Script::Hold);
         mgmt.create_widget("healthy", 1).await;
-        wait_reason_in(&mgmt, "healthy", "ApplicationProgressing").await;
+        mgmt.wait_reason("healthy", "ApplicationProgressing").await;
         let secrets = cluster_secrets(&env.client()).await;
         assert_eq!(secrets.len(), 1, "one registration for the edge");
         fake.script("healthy", Script::Health("Healthy"));
-        wait_ready_in(&mgmt, "healthy").await;
+        mgmt.wait_ready("healthy").await;
         assert!(
             configmap(&edge.client(), &mgmt.ns, "web-healthy")
                 .await
@@ -300,8 +273,8 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
             .create(&PostParams::default(), &tolerated)
             .await
             .expect("create tolerated");
-        wait_reason_in(&mgmt, "degraded", "ApplicationDegraded").await;
-        wait_ready_in(&mgmt, "tolerated").await;
+        mgmt.wait_reason("degraded", "ApplicationDegraded").await;
+        mgmt.wait_ready("tolerated").await;
 
         // A second Application with one identity: a typed failure, never a pick.
         let mut twin = applications_of(&apps, "degraded").await.remove(0);
@@ -317,17 +290,17 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
             .expect("create the twin");
         mgmt.patch_spec("degraded", serde_json::json!({ "size": 2 }))
             .await;
-        wait_reason_in(&mgmt, "degraded", "ApplicationAmbiguous").await;
+        mgmt.wait_reason("degraded", "ApplicationAmbiguous").await;
         apps.delete(&twin.name_any(), &DeleteParams::default())
             .await
             .expect("delete the twin");
         fake.script("degraded", Script::Health("Healthy"));
-        wait_ready_in(&mgmt, "degraded").await;
+        mgmt.wait_ready("degraded").await;
 
         // Foreground delete waits for Argo CD to remove what it deployed.
         fake.hold_deletion.store(true, Ordering::SeqCst);
         mgmt.delete("healthy").await;
-        wait_reason_in(&mgmt, "healthy", "ApplicationDeleting").await;
+        mgmt.wait_reason("healthy", "ApplicationDeleting").await;
         let app = applications_of(&apps, "healthy").await;
         assert_eq!(app.len(), 1, "still there while Argo CD holds it");
         assert!(
@@ -370,10 +343,7 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
 
         // Released: everything goes; the registration goes with its last user.
         fake.hold_deletion.store(false, Ordering::SeqCst);
-        eventually("healthy is gone", CONVERGE, || async {
-            mgmt.get("healthy").await.is_none().then_some(())
-        })
-        .await;
+        mgmt.wait_gone("healthy").await;
         assert!(
             configmap(&edge.client(), &mgmt.ns, "web-healthy")
                 .await
