@@ -52,12 +52,7 @@ async fn start(client: &Client) -> RuntimeHandle {
         }
         Outcome::Done
     });
-    Runtime::builder(client.clone())
-        .policy(policy())
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .expect("start the runtime")
+    start_widgets(client, policy(), tree).await
 }
 
 fn gadgets(client: &Client) -> Api<Gadget> {

@@ -206,12 +206,7 @@ async fn configmap_in(client: &Client, name: &str) -> Option<ConfigMap> {
 }
 
 async fn start(client: &Client, tree: impl Provisioner<Widget> + 'static) -> RuntimeHandle {
-    Runtime::builder(client.clone())
-        .policy(policy())
-        .controller(Controller::<Widget>::new(tree))
-        .start()
-        .await
-        .expect("start the runtime")
+    start_widgets(client, policy(), tree).await
 }
 
 #[tokio::test(start_paused = true)]
