@@ -318,20 +318,18 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
     }
 
     fn driver_failed(&self, what: &str, e: CdError) -> Outcome {
-        match e {
-            CdError::Ambiguous { identity, count } => Outcome::failed(
-                Reason::new(
-                    "ApplicationAmbiguous",
-                    format!(
-                        "application {}: {count} {} applications carry its identity ({identity}); delete all but one",
-                        self.name,
-                        self.driver.kind()
-                    ),
-                ),
-                CdError::Ambiguous { identity, count },
+        let CdError::Ambiguous { identity, count } = &e else {
+            return self.failed("ApplicationFailed", what, e);
+        };
+        let reason = Reason::new(
+            "ApplicationAmbiguous",
+            format!(
+                "application {}: {count} {} applications carry its identity ({identity}); delete all but one",
+                self.name,
+                self.driver.kind()
             ),
-            e => self.failed("ApplicationFailed", what, e),
-        }
+        );
+        Outcome::failed(reason, e)
     }
 
     /// The spec of the application, or the outcome that says why there is none.
