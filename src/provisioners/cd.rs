@@ -5,6 +5,44 @@
 //! nothing but what it is given: an application is named by its [`AppIdentity`] (labels derived
 //! from the owning object's scope, never a fixed object name), a cluster by its
 //! [`ClusterRegistration`].
+//!
+//! [`argocd::ArgoCd`](super::argocd::ArgoCd) is the Argo CD driver. Another CD system plugs in
+//! by implementing [`CdDriver`]:
+//!
+//! ```
+//! use actorcile::provisioners::cd::{
+//!     AppHealth, AppIdentity, AppSpec, CdDriver, CdError, ClusterRegistration, Deletion,
+//! };
+//!
+//! /// A CD system that deploys nothing and reports everything healthy.
+//! struct Noop;
+//!
+//! #[async_trait::async_trait]
+//! impl CdDriver for Noop {
+//!     fn kind(&self) -> &str {
+//!         "noop"
+//!     }
+//!     async fn health(&self, _id: &AppIdentity) -> Result<AppHealth, CdError> {
+//!         Ok(AppHealth::Healthy)
+//!     }
+//!     async fn apply(&self, _app: &AppSpec) -> Result<(), CdError> {
+//!         Ok(())
+//!     }
+//!     async fn delete(&self, _id: &AppIdentity, _background: bool) -> Result<Deletion, CdError> {
+//!         Ok(Deletion::Gone)
+//!     }
+//!     async fn register_cluster(&self, _r: &ClusterRegistration, _user: &str) -> Result<(), CdError> {
+//!         Ok(())
+//!     }
+//!     async fn unregister_cluster(&self, _id: &str, _user: &str) -> Result<(), CdError> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! // Applications are found by labels derived from their owner, never by a fixed name.
+//! let id = AppIdentity::new("Tenant", Some("team-a"), "acme", "web", Some("edge"));
+//! assert!(id.selector().contains("app.actorcile.dev/owner-name=acme"));
+//! ```
 
 use std::collections::BTreeMap;
 
