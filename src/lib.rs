@@ -39,6 +39,7 @@ pub mod cluster;
 #[cfg(feature = "envtest")]
 pub mod envtest;
 mod messages;
+pub mod names;
 mod object_api;
 pub mod policy;
 pub mod provisioners;
@@ -46,6 +47,7 @@ pub mod rbac;
 pub mod references;
 pub mod runtime;
 pub mod status;
+pub mod triggers;
 
 pub use actors::restarts::Escalation;
 
@@ -121,6 +123,15 @@ pub enum Error {
         /// Why.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Something given to the runtime (a builder's setting, a name a step passed to its
+    /// context) is missing, malformed or contradicts another: `field` names it.
+    #[error("invalid {field}: {problem}")]
+    Invalid {
+        /// What is invalid, e.g. `finalizer` or `controller App`.
+        field: String,
+        /// Why.
+        problem: String,
     },
     /// A value the runtime writes (a reference annotation) could not be serialized.
     #[error("cannot serialize a value the runtime writes")]

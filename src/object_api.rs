@@ -14,6 +14,13 @@ use serde::de::DeserializeOwned;
 /// Whether `K` is cluster-scoped. k8s-openapi's scopes are marker types without methods, and a
 /// `TypeId` comparison would need `K::Scope: 'static` bounds everywhere; the type's name is
 /// enough to tell the two concrete scopes apart.
+/// `metadata.resourceVersion` as a number. Kubernetes calls resource versions opaque, but every
+/// real server (etcd revisions) and the in-process cluster use integers; the runtime only uses
+/// this to tell its own writes' echoes from newer changes and never fails when it is not one.
+pub(crate) fn version_of<K: Resource>(obj: &K) -> Option<u64> {
+    obj.meta().resource_version.as_deref()?.parse().ok()
+}
+
 /// Patch parameters that name `field_manager`: every write of the runtime carries its own.
 pub(crate) fn patch_params(field_manager: &str) -> PatchParams {
     PatchParams {
@@ -73,6 +80,15 @@ where
         let req = self
             .request
             .patch_subresource("status", name, pp, patch)
+            .map_err(kube::Error::BuildRequest)?;
+        self.client.request(req).await
+    }
+
+    pub(crate) async fn create<P: Serialize>(&self, obj: &P) -> Result<K, kube::Error> {
+        let body = serde_json::to_vec(obj).map_err(kube::Error::SerdeError)?;
+        let req = self
+            .request
+            .create(&kube::api::PostParams::default(), body)
             .map_err(kube::Error::BuildRequest)?;
         self.client.request(req).await
     }

@@ -38,6 +38,7 @@
 //! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to passivate (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while passes run late). Slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
+//! | `lock_expiry` | 5 m | how long a guarded step's lock holds: a runtime that dies mid-task holds its object back this long at most; a task running past it is dropped |
 
 use std::path::Path;
 use std::time::Duration;
@@ -97,6 +98,12 @@ pub struct SupervisorPolicy {
     /// How long graceful shutdown waits for in-flight runs.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// How long a lock taken by a guarded step
+    /// ([`Context::guard`](crate::provisioners::Context::guard)) holds: a runtime that dies in
+    /// the middle of the task holds the object back this long at most, and a task is dropped
+    /// when it runs past it. Longer than the longest guarded task.
+    #[serde(with = "humantime_serde")]
+    pub lock_expiry: Duration,
     /// Seed for jitter (`None`: random). Set it for reproducible simulations.
     pub seed: Option<u64>,
 }
@@ -121,6 +128,7 @@ impl Default for SupervisorPolicy {
             max_live_actors: None,
             idle_timeout: Some(Duration::from_secs(30)),
             shutdown_timeout: Duration::from_secs(30),
+            lock_expiry: Duration::from_secs(300),
             seed: None,
         }
     }
@@ -315,6 +323,15 @@ impl SupervisorPolicy {
             return Err(PolicyError::invalid(
                 "max_concurrent_runs",
                 "must be at least 1",
+            ));
+        }
+        if self.lock_expiry.is_zero() {
+            return Err(PolicyError::invalid("lock_expiry", "must be longer than zero"));
+        }
+        if self.poll_interval.is_some_and(|p| p.is_zero()) {
+            return Err(PolicyError::invalid(
+                "poll_interval",
+                "must be longer than zero (or none)",
             ));
         }
         if self.dependency_watch_idle.is_zero() {

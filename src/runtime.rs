@@ -25,8 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use dashmap::DashMap;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
@@ -38,8 +39,11 @@ use crate::actors::mailbox::Mailbox;
 use crate::actors::{Manager, ManagerArgs, Metrics, Shared, Timers, run_feeder};
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::policy::SupervisorPolicy;
-use crate::provisioners::{BoxProvisioner, Provisioner};
-use crate::references::{KindHandle, Readiness, ReferenceIndex, Target, referrers_in};
+use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
+use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner, new_holder_id};
+use crate::references::{
+    KindHandle, Readiness, ReferenceApi, ReferenceIndex, Target, referrers_in,
+};
 use crate::status::ResourceStatus;
 use crate::{Error, Escalation, ManagedResource};
 
@@ -56,6 +60,23 @@ pub struct Controller<K: ManagedResource> {
     namespace: Option<String>,
     finalizer: bool,
     status: bool,
+    config: Option<ConfigSpec>,
+    secrets: Option<SecretRefs<K>>,
+}
+
+/// Which Secrets an object references ([`Controller::secrets`]).
+type SecretRefs<K> = Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>;
+
+/// A controller's provider config, its type erased ([`Controller::config`]).
+struct ConfigSpec {
+    /// `kind namespace/name`, for errors.
+    described: String,
+    /// What is wrong with it, found when it was given.
+    invalid: Option<String>,
+    rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
+    /// Lists the config's kind once: an API server that does not serve it is a start-up error.
+    probe: Box<dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), kube::Error>> + Send>,
+    start: Box<dyn FnOnce(&Client) -> (Arc<dyn ConfigView>, StartConfigWatch) + Send>,
 }
 
 impl<K: ManagedResource> Controller<K> {
@@ -68,7 +89,79 @@ impl<K: ManagedResource> Controller<K> {
             namespace: None,
             finalizer: true,
             status: true,
+            config: None,
+            secrets: None,
         }
+    }
+
+    /// Read the provider config from the object `config` names: steps get it with
+    /// [`Context::config`](crate::provisioners::Context::config), and its change (a new
+    /// generation, or resourceVersion for kinds without one; its creation or deletion)
+    /// re-runs every object of this controller, passive ones included, through the run slots
+    /// (see [`crate::triggers`]). While it does not exist, provision passes do not run the tree:
+    /// the objects say so (phase Failed, reason `ConfigMissing`) and resume when it comes back.
+    /// Deprovision passes run without it. The runtime lists the config before it starts the
+    /// controller; a config kind the API server does not serve fails [`RuntimeBuilder::start`].
+    ///
+    /// The config is watched by name (a field selector), so the operator needs `list` and
+    /// `watch` on its kind ([`RuntimeBuilder::cluster_role`] includes them).
+    pub fn config<C>(mut self, config: crate::triggers::ConfigRef<C>) -> Self
+    where
+        C: kube::Resource<DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        let cluster_scoped = crate::object_api::is_cluster_scoped::<C>();
+        let invalid = if config.name.is_empty() {
+            Some("the config object has no name".to_string())
+        } else if cluster_scoped && config.namespace.is_some() {
+            Some(format!(
+                "{} is cluster-scoped: name it with ConfigRef::cluster",
+                C::kind(&())
+            ))
+        } else if !cluster_scoped && config.namespace.is_none() {
+            Some(format!(
+                "{} is namespaced: name its namespace with ConfigRef::namespaced",
+                C::kind(&())
+            ))
+        } else {
+            None
+        };
+        let (name, namespace) = (config.name.clone(), config.namespace.clone());
+        self.config = Some(ConfigSpec {
+            described: format!("{} {}", C::kind(&()), config.describe()),
+            invalid,
+            rules: crate::rbac::read_rules_for::<C>(),
+            probe: Box::new(move |client| {
+                Box::pin(async move {
+                    let api: Api<C> = Api::all(client);
+                    let lp = kube::api::ListParams::default()
+                        .fields(&format!("metadata.name={name}"))
+                        .limit(1);
+                    let _ = namespace;
+                    api.list_metadata(&lp).await.map(|_| ())
+                })
+            }),
+            start: Box::new(move |client| crate::actors::triggers::config_trigger(client, config)),
+        });
+        self
+    }
+
+    /// Re-run an object when a Secret it references changes, appears or goes: `refs` says
+    /// which Secrets an object references (it is called on every version of every object the
+    /// runtime sees; keep it cheap). Only those objects re-run, not the whole kind. The Secrets
+    /// are watched as metadata only (their data is never held), in the controller's namespace
+    /// or in all, so the operator needs `list` and `watch` on Secrets there.
+    pub fn secrets(
+        mut self,
+        refs: impl Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync + 'static,
+    ) -> Self {
+        self.secrets = Some(Box::new(refs));
+        self
     }
 
     /// Do not put the runtime finalizer on this kind's objects. Deletion then never waits for
@@ -112,6 +205,10 @@ impl<K: ManagedResource> Controller<K> {
 trait Start: Send {
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error>;
     fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule>;
+    /// The kind, as (apiVersion, kind).
+    fn kind(&self) -> (String, String);
+    /// Whether its settings are valid (the first problem, naming the field).
+    fn validate(&self) -> Result<(), Error>;
 }
 
 struct StartCx {
@@ -124,12 +221,14 @@ struct StartCx {
     field_manager: String,
     reporter: Option<Reporter>,
     root: ActorCell,
+    holder: Arc<str>,
 }
 
 struct Started {
     kind: String,
     manager: ActorCell,
-    feeder: JoinHandle<()>,
+    /// The watch tasks: the kind's feeder, and its triggers' watches.
+    tasks: Vec<JoinHandle<()>>,
 }
 
 /// The per-kind handle the reference index uses.
@@ -210,7 +309,33 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
 #[async_trait]
 impl<K: ManagedResource> Start for Controller<K> {
     fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
-        crate::rbac::rules_for::<K>()
+        let mut rules = crate::rbac::rules_for::<K>();
+        if let Some(c) = &self.config {
+            rules.extend(c.rules.iter().cloned());
+        }
+        if self.secrets.is_some() {
+            rules.extend(crate::rbac::read_rules_for::<Secret>());
+        }
+        rules
+    }
+
+    fn kind(&self) -> (String, String) {
+        (K::api_version(&()).into_owned(), K::kind(&()).into_owned())
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        if let Some(p) = &self.policy {
+            p.validate()?;
+        }
+        if let Some(c) = &self.config
+            && let Some(problem) = &c.invalid
+        {
+            return Err(Error::Invalid {
+                field: format!("config of the {} controller", K::kind(&())),
+                problem: format!("{}: {problem}", c.described),
+            });
+        }
+        Ok(())
     }
 
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
@@ -222,6 +347,29 @@ impl<K: ManagedResource> Start for Controller<K> {
             .reporter
             .clone()
             .map(|r| Arc::new(Recorder::new(cx.client.clone(), r)));
+        let parts = Arc::new(ControllerParts {
+            recorder: recorder.clone(),
+            references: Some(cx.references.clone() as Arc<dyn ReferenceApi>),
+            field_manager: Arc::from(cx.field_manager.as_str()),
+            holder: cx.holder.clone(),
+            lock_expiry: policy.lock_expiry,
+        });
+        let kind = K::kind(&()).into_owned();
+        let (config, start_config) = match self.config {
+            Some(spec) => {
+                if let Err(e) = (spec.probe)(cx.client.clone()).await
+                    && matches!(&e, kube::Error::Api(s) if s.code == 404)
+                {
+                    return Err(Error::Invalid {
+                        field: format!("config of the {kind} controller"),
+                        problem: format!("the API server does not serve {}: {e}", spec.described),
+                    });
+                }
+                let (view, start) = (spec.start)(&cx.client);
+                (Some(view), Some(start))
+            }
+            None => (None, None),
+        };
         let shared = Arc::new(Shared {
             client: Arc::new(cx.client.clone()),
             tree: self.tree,
@@ -237,6 +385,9 @@ impl<K: ManagedResource> Start for Controller<K> {
             metrics: cx.metrics.clone(),
             references: cx.references.clone(),
             timers: Timers::with_run_slots(cx.runs.clone()),
+            parts,
+            config,
+            secrets: self.secrets.map(SecretTrigger::new),
         });
         let synced = Arc::new(AtomicBool::new(false));
         let handle = Arc::new(Handle {
@@ -244,7 +395,6 @@ impl<K: ManagedResource> Start for Controller<K> {
             synced: synced.clone(),
             manager: OnceLock::new(),
         });
-        let kind = K::kind(&()).into_owned();
         cx.references
             .register_kind(&K::api_version(&()), &kind, handle.clone());
         let (mailbox, rx) = crate::actors::mailbox::channel();
@@ -266,6 +416,30 @@ impl<K: ManagedResource> Start for Controller<K> {
         })?;
         let mailbox = mailbox.bind(manager.clone());
         let _ = handle.manager.set(mailbox.clone());
+        let mut tasks = Vec::new();
+        if let Some(start) = start_config {
+            let (listed_tx, listed) = tokio::sync::oneshot::channel();
+            let m = mailbox.clone();
+            tasks.push(start(
+                Arc::new(move || {
+                    m.send(ManagerMsg::Broadcast);
+                }),
+                listed_tx,
+            ));
+            // Passes must see the config as it is, not as missing because it is not listed yet.
+            let _ = listed.await;
+        }
+        if shared.secrets.is_some() {
+            let api: Api<PartialObjectMeta<Secret>> = match &self.namespace {
+                Some(ns) => Api::namespaced(cx.client.clone(), ns),
+                None => Api::all(cx.client.clone()),
+            };
+            tasks.push(tokio::spawn(crate::actors::triggers::watch_secrets(
+                shared.clone(),
+                api,
+                mailbox.clone(),
+            )));
+        }
         let api: Api<K> = Api::all(cx.client.clone());
         let mut watch_config = self.watcher;
         if let Some(ns) = &self.namespace {
@@ -294,18 +468,18 @@ impl<K: ManagedResource> Start for Controller<K> {
                 references.kind_synced(&api_version, &kind_name);
             }
         });
-        let feeder = tokio::spawn(run_feeder(
+        tasks.push(tokio::spawn(run_feeder(
             shared,
             api,
             watch_config,
             writer,
             mailbox,
             listed_tx,
-        ));
+        )));
         Ok(Started {
             kind,
             manager: manager.get_cell(),
-            feeder,
+            tasks,
         })
     }
 }
@@ -431,9 +605,52 @@ impl RuntimeBuilder {
         )
     }
 
-    /// Start every controller; returns a handle to observe and stop the runtime.
-    pub async fn start(self) -> Result<RuntimeHandle, Error> {
+    /// Check everything given to the builder, without starting anything: the policies, that
+    /// there is a controller and no kind has two, the finalizer name, the field manager, and
+    /// each controller's config. The first problem is an [`Error::Invalid`] naming its field
+    /// (or an [`Error::Policy`] naming the policy's).
+    pub fn validate(&self) -> Result<(), Error> {
         self.policy.validate()?;
+        if self.controllers.is_empty() {
+            return Err(Error::Invalid {
+                field: "controllers".into(),
+                problem: "no controller is registered (add one with RuntimeBuilder::controller)"
+                    .into(),
+            });
+        }
+        if !crate::names::is_prefixed_qualified_name(&self.finalizer) {
+            return Err(Error::Invalid {
+                field: "finalizer".into(),
+                problem: format!(
+                    "{:?} is not a qualified name with a prefix, like example.com/finalizer",
+                    self.finalizer
+                ),
+            });
+        }
+        if self.field_manager.is_empty() || self.field_manager.len() > 128 {
+            return Err(Error::Invalid {
+                field: "field_manager".into(),
+                problem: "must be 1 to 128 characters".into(),
+            });
+        }
+        let mut kinds = std::collections::HashSet::new();
+        for c in &self.controllers {
+            let (api_version, kind) = c.kind();
+            if !kinds.insert((api_version.clone(), kind.clone())) {
+                return Err(Error::Invalid {
+                    field: format!("controller {kind}"),
+                    problem: format!("{api_version} {kind} is registered twice; one controller per kind"),
+                });
+            }
+            c.validate()?;
+        }
+        Ok(())
+    }
+
+    /// Start every controller; returns a handle to observe and stop the runtime. Fails
+    /// without starting anything when [`RuntimeBuilder::validate`] does.
+    pub async fn start(self) -> Result<RuntimeHandle, Error> {
+        self.validate()?;
         if self.preflight {
             let role = self.cluster_role("preflight");
             let missing = crate::rbac::missing_permissions(
@@ -468,12 +685,14 @@ impl RuntimeBuilder {
             field_manager: self.field_manager,
             reporter: self.reporter,
             root: root.get_cell(),
+            holder: Arc::from(new_holder_id().as_str()),
         };
         let mut started = Vec::new();
         for c in self.controllers {
             started.push(c.start(&cx).await?);
         }
         Ok(RuntimeHandle {
+            holder: cx.holder.clone(),
             started,
             runs: cx.runs.clone(),
             metrics,
@@ -500,6 +719,7 @@ impl RuntimeBuilder {
 
 /// A running runtime.
 pub struct RuntimeHandle {
+    holder: Arc<str>,
     started: Vec<Started>,
     /// The run slots; closed at shutdown, so no new pass or activation starts.
     runs: Arc<Semaphore>,
@@ -512,6 +732,12 @@ pub struct RuntimeHandle {
 }
 
 impl RuntimeHandle {
+    /// This runtime's holder id: the holder its guarded steps' locks name
+    /// ([`Context::guard`](crate::provisioners::Context::guard)). Unique per runtime.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
     /// Runtime-wide counters.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()
@@ -544,7 +770,9 @@ impl RuntimeHandle {
     /// provisioner trees are dropped once nothing of the runtime runs any more).
     pub async fn shutdown(self) {
         for s in &self.started {
-            s.feeder.abort();
+            for task in &s.tasks {
+                task.abort();
+            }
         }
         self.runs.close();
         for s in &self.started {

@@ -21,7 +21,7 @@
 //!
 //! The status a provision pass leaves (`ResourceStatus::after_provision`) is defined beside
 //! [`Outcome`](crate::provisioners::Outcome), in `provisioners/outcome.rs`, so that this module
-//! depends on nothing else of the crate.
+//! depends on nothing else of the crate but the name rules of [`crate::names`].
 
 use std::fmt;
 
@@ -45,6 +45,38 @@ pub enum Phase {
     Terminating,
     /// Stopped: a terminal error, a required user action, or quarantined by the supervisor.
     Failed,
+}
+
+/// The status of a condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionStatus {
+    /// `True`.
+    True,
+    /// `False`.
+    False,
+    /// `Unknown`.
+    Unknown,
+}
+
+impl ConditionStatus {
+    /// `True`, `False` or `Unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(b: bool) -> Self {
+        if b {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        }
+    }
 }
 
 /// Typed reasons of the `Ready` condition.
@@ -75,6 +107,13 @@ pub enum ReadyReason {
     UserActionRequired,
     /// The supervisor stopped restarting this resource's actor (restart intensity exceeded).
     Quarantined,
+    /// A guarded step waits for a lock another holder has (see
+    /// [`Context::guard`](crate::provisioners::Context::guard)).
+    Locked,
+    /// The object changed while a pass ran; it runs again on the newest version.
+    Conflict,
+    /// The controller's provider config does not exist; provisioning waits for it.
+    ConfigMissing,
 }
 
 impl ReadyReason {
@@ -93,6 +132,9 @@ impl ReadyReason {
             ReadyReason::Terminal => "Terminal",
             ReadyReason::UserActionRequired => "UserActionRequired",
             ReadyReason::Quarantined => "Quarantined",
+            ReadyReason::Locked => "Locked",
+            ReadyReason::Conflict => "Conflict",
+            ReadyReason::ConfigMissing => "ConfigMissing",
         }
     }
 }
@@ -132,6 +174,30 @@ pub fn is_valid_reason(reason: &str) -> bool {
         && (last.is_ascii_alphanumeric() || *last == b'_')
         && b.iter()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b',' | b':'))
+}
+
+/// Whether `type_` is a valid condition type by the Kubernetes rule for `metav1.Condition`: an
+/// optional DNS-subdomain prefix and `/`, then a name of alphanumerics, `-`, `_` and `.` that
+/// starts and ends alphanumeric (at most 316 characters in all).
+///
+/// ```
+/// use actorcile::status::is_valid_condition_type;
+/// assert!(is_valid_condition_type("DnsRecord"));
+/// assert!(is_valid_condition_type("example.com/Volume.Attached"));
+/// assert!(!is_valid_condition_type("Dns Record"));
+/// assert!(!is_valid_condition_type("-Leading"));
+/// ```
+pub fn is_valid_condition_type(type_: &str) -> bool {
+    let (prefix, name) = match type_.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, type_),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 316
+        && name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    name_ok && type_.len() <= 316 && prefix.is_none_or(crate::names::is_dns_subdomain)
 }
 
 /// A status condition (the Kubernetes `metav1.Condition` shape).
@@ -246,6 +312,52 @@ impl ResourceStatus {
             conditions,
             observed_generation: generation,
         }
+    }
+
+    /// The condition of type `type_`, if any.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// This status with the condition of type `type_` set (added, or replaced in place so the
+    /// order of the others stays), keeping `lastTransitionTime` when its status did not change.
+    /// `None` when the condition already says exactly this (a change-only write has nothing to
+    /// do). `reason` must be a valid condition reason ([`is_valid_reason`]).
+    pub fn with_condition(
+        &self,
+        type_: &str,
+        status: ConditionStatus,
+        reason: &str,
+        message: &str,
+        generation: Option<i64>,
+    ) -> Option<Self> {
+        let previous = self.condition(type_);
+        if previous.is_some_and(|c| {
+            c.status == status.as_str()
+                && c.reason == reason
+                && c.message == message
+                && c.observed_generation == generation
+        }) {
+            return None;
+        }
+        let last_transition_time = match previous {
+            Some(p) if p.status == status.as_str() => p.last_transition_time.clone(),
+            _ => Some(now_rfc3339()),
+        };
+        let cond = Condition {
+            type_: type_.to_string(),
+            status: status.as_str().to_string(),
+            reason: reason.to_string(),
+            message: message.to_string(),
+            last_transition_time,
+            observed_generation: generation,
+        };
+        let mut next = self.clone();
+        match next.conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(c) => *c = cond,
+            None => next.conditions.push(cond),
+        }
+        Some(next)
     }
 
     /// The status a deprovision pass that is not done yet should leave.

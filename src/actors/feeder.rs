@@ -36,6 +36,9 @@ fn route<K: ManagedResource>(
     let Some(obj) = shared.store.get(&key) else {
         return;
     };
+    if let Some(secrets) = &shared.secrets {
+        secrets.observed(&key, obj.as_ref());
+    }
     if let Some(actor) = shared.routes.get(&key)
         && actor.cast(ResourceMsg::Observed(obj)).is_ok()
     {
@@ -49,6 +52,9 @@ fn route_gone<K: ManagedResource>(
     manager: &Mailbox<ManagerMsg<K>>,
     key: ObjectRef<K>,
 ) {
+    if let Some(secrets) = &shared.secrets {
+        secrets.forget(&key);
+    }
     if let Some(actor) = shared.routes.get(&key)
         && actor.cast(ResourceMsg::Gone).is_ok()
     {
@@ -140,6 +146,9 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                 }
                 let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
                     keys.into_iter().collect();
+                if let Some(secrets) = &shared.secrets {
+                    secrets.retain(&existing);
+                }
                 manager.send(ManagerMsg::Resync(existing));
             }
             Err(e) => {

@@ -507,6 +507,32 @@ impl<K: ManagedResource> Manager<K> {
         Ok(())
     }
 
+    /// Wake `key`: its live actor runs a pass, a passive one is re-activated (through the
+    /// activation queue, so it waits for a run slot).
+    fn notify(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>, key: ObjectRef<K>) {
+        if let Some(entry) = st.objects.get_mut(&key) {
+            match &mut entry.life {
+                Life::Live { notified, .. } => {
+                    if !self.forward(&key, ResourceMsg::Notify) {
+                        *notified = true; // passivating: run again once stopped
+                    }
+                }
+                Life::Passive(ps, _) => {
+                    let mut ps = std::mem::take(ps);
+                    ps.pending_run = true;
+                    self.activate(myself, st, key, Some(ps));
+                }
+                // A first activation runs anyway; a re-activation is told to.
+                Life::Queued(ps) => {
+                    if let Some(ps) = ps {
+                        ps.pending_run = true;
+                    }
+                }
+                Life::Restarting | Life::Quarantined { .. } => {}
+            }
+        }
+    }
+
     /// Handle one message from the mailbox.
     fn handle_msg(
         &self,
@@ -586,27 +612,11 @@ impl<K: ManagedResource> Manager<K> {
                     }
                 }
             }
-            ManagerMsg::Notify(key) => {
-                if let Some(entry) = st.objects.get_mut(&key) {
-                    match &mut entry.life {
-                        Life::Live { notified, .. } => {
-                            if !self.forward(&key, ResourceMsg::Notify) {
-                                *notified = true; // passivating: run again once stopped
-                            }
-                        }
-                        Life::Passive(ps, _) => {
-                            let mut ps = std::mem::take(ps);
-                            ps.pending_run = true;
-                            self.activate(myself, st, key, Some(ps));
-                        }
-                        // A first activation runs anyway; a re-activation is told to.
-                        Life::Queued(ps) => {
-                            if let Some(ps) = ps {
-                                ps.pending_run = true;
-                            }
-                        }
-                        Life::Restarting | Life::Quarantined { .. } => {}
-                    }
+            ManagerMsg::Notify(key) => self.notify(myself, st, key),
+            ManagerMsg::Broadcast => {
+                let keys: Vec<ObjectRef<K>> = st.objects.keys().cloned().collect();
+                for key in keys {
+                    self.notify(myself, st, key);
                 }
             }
             ManagerMsg::PassiveWake(key, token) => {

@@ -24,6 +24,8 @@ pub(crate) struct Metrics {
     pub(super) passivations: AtomicU64,
     pub(super) activations: AtomicU64,
     pub(super) spawns: AtomicU64,
+    pub(super) status_conflicts: AtomicU64,
+    pub(super) ignored: AtomicU64,
 }
 
 /// A point-in-time copy of the runtime's counters ([`RuntimeHandle::metrics`](crate::runtime::RuntimeHandle::metrics)).
@@ -58,6 +60,12 @@ pub struct MetricsSnapshot {
     /// Resource actors spawned. Most activations spawn none: an actor that passivated adopts
     /// the next activation.
     pub spawns: u64,
+    /// Status patches refused because the object changed since the pass read it (the object
+    /// runs again on the newer version).
+    pub status_conflicts: u64,
+    /// Passes skipped because the object carries the ignore annotation
+    /// ([`IGNORE_ANNOTATION`](crate::triggers::IGNORE_ANNOTATION)).
+    pub ignored: u64,
 }
 
 impl Metrics {
@@ -78,6 +86,8 @@ impl Metrics {
             passivations: l(&self.passivations),
             activations: l(&self.activations),
             spawns: l(&self.spawns),
+            status_conflicts: l(&self.status_conflicts),
+            ignored: l(&self.ignored),
         }
     }
 

@@ -17,6 +17,7 @@
 //! | `run_slots.rs` | who gets the next run slot, and the lateness heuristic (plain data) |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
+//! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
 //! | `metrics.rs` | the runtime's counters |
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
@@ -64,6 +65,7 @@ mod resource;
 pub(crate) mod restarts;
 mod run_slots;
 mod timer;
+pub(crate) mod triggers;
 mod wake_up;
 mod writes;
 
@@ -72,7 +74,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource};
+use kube::Client;
 use ractor::ActorRef;
 use tokio::sync::Semaphore;
 
@@ -80,9 +82,10 @@ use crate::ManagedResource;
 use crate::messages::ResourceMsg;
 use crate::object_api::ObjectApi;
 use crate::policy::SupervisorPolicy;
-use crate::provisioners::BoxProvisioner;
+use crate::provisioners::{BoxProvisioner, ControllerParts};
 use crate::references::ReferenceIndex;
 
+pub(crate) use crate::object_api::version_of;
 pub(crate) use feeder::run_feeder;
 pub(crate) use manager::{Manager, ManagerArgs};
 pub(crate) use metrics::Metrics;
@@ -117,6 +120,12 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub references: Arc<ReferenceIndex>,
     /// Every resource actor's wake-up and idle timers.
     pub timers: Timers<ResourceMsg<K>>,
+    /// What every provisioner context of this kind shares.
+    pub parts: Arc<ControllerParts>,
+    /// The controller's provider config, if it has one.
+    pub config: Option<Arc<dyn triggers::ConfigView>>,
+    /// The controller's Secrets trigger, if it has one.
+    pub secrets: Option<triggers::SecretTrigger<K>>,
 }
 
 impl<K: ManagedResource> Shared<K> {
@@ -129,13 +138,6 @@ impl<K: ManagedResource> Shared<K> {
     pub(crate) fn patch_params(&self) -> kube::api::PatchParams {
         crate::object_api::patch_params(&self.field_manager)
     }
-}
-
-/// `metadata.resourceVersion` as a number. Kubernetes calls resource versions opaque, but every
-/// real server (etcd revisions) and the in-process cluster use integers; the runtime only uses
-/// this to tell its own writes' echoes from newer changes and never fails when it is not one.
-pub(crate) fn version_of<K: Resource>(obj: &K) -> Option<u64> {
-    obj.meta().resource_version.as_deref()?.parse().ok()
 }
 
 /// Whether an object at `version` is news to an actor that last ran on `last_run` and whose own

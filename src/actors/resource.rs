@@ -29,7 +29,7 @@ use super::wake_up::PendingWakeUp;
 use super::{ManagedResource, Metrics, Shared, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
-use crate::references::{ReferenceApi, Target};
+use crate::references::Target;
 use crate::status::{ReadyReason, ResourceStatus};
 
 /// The actor behaviour; all per-object data is in [`ResourceState`].
@@ -289,15 +289,31 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
-    fn context(&self, obj: Arc<K>, status: Arc<ResourceStatus>) -> Context<K> {
+    fn context(
+        &self,
+        obj: Arc<K>,
+        status: Arc<ResourceStatus>,
+        config: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Context<K> {
         Context::with_parts(
             obj,
             self.shared.client.clone(),
             status,
-            self.shared.recorder.clone(),
-            Some(self.shared.references.clone() as Arc<dyn ReferenceApi>),
-            self.shared.field_manager.clone(),
+            self.shared.parts.clone(),
+            config,
         )
+    }
+
+    /// What the pass's steps wrote to the object: their versions are the pass's own writes,
+    /// and the newest is where the runtime's status write builds on. `true` if a step met a
+    /// write by someone else (the object runs again).
+    fn take_written(st: &mut ResourceState<K>, cx: &Context<K>) -> bool {
+        let written = cx.take_written();
+        st.own_writes.extend(written.versions);
+        if let Some(latest) = written.latest {
+            st.remember(latest);
+        }
+        written.saw_others
     }
 
     /// Run a pass if one is due, on `slot` (delivered with the message), the slot the manager
@@ -361,6 +377,13 @@ impl<K: ManagedResource> ResourceActor<K> {
         let Some(mut obj) = st.object.clone() else {
             return;
         };
+        if crate::triggers::is_ignored(obj.meta()) {
+            // The operator's brake: no pass, no write, until the annotation goes.
+            st.last_run_version = version_of(obj.as_ref());
+            st.own_writes.clear();
+            Metrics::inc(&shared.metrics.ignored);
+            return;
+        }
         let deleting = obj.meta().deletion_timestamp.is_some();
         let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.finalizer);
         // Parsed once per pass: on a yield loop's pass the string is cold memory.
@@ -372,11 +395,15 @@ impl<K: ManagedResource> ResourceActor<K> {
             return;
         }
         let _in_flight = shared.metrics.run_started(deleting);
-        let status = Self::status_of(st, obj.as_ref(), version);
+        let mut status = Self::status_of(st, obj.as_ref(), version);
         let generation = obj.meta().generation;
+        // The provider config as the pass starts (`None` inside: the controller has one, and
+        // it does not exist).
+        let config = shared.config.as_ref().map(|c| c.current());
+        let mut saw_others = false;
 
         let Pass { outcome, desired } = if deleting {
-            match Box::pin(self.deletion_pass(st, &obj, &status)).await {
+            match Box::pin(self.deletion_pass(st, &obj, &status, config.flatten())).await {
                 Some(pass) => pass,
                 None => return, // deprovisioned; the object disappears and the feeder reports it
             }
@@ -397,17 +424,27 @@ impl<K: ManagedResource> ResourceActor<K> {
                     }
                 }
             }
-            let outcome = match pre_failure {
-                Some(o) => o,
-                None => {
+            let outcome = match (pre_failure, config) {
+                (Some(o), _) => o,
+                (None, Some(None)) => Outcome::UserActionRequired(Reason::new(
+                    ReadyReason::ConfigMissing.as_str(),
+                    format!(
+                        "the provider config {} does not exist; provisioning resumes when it does",
+                        shared.config.as_ref().map_or("", |c| c.describe())
+                    ),
+                )),
+                (None, config) => {
                     // A yield loop runs on the same object and status pass after pass: reuse
-                    // the context (building one clones the client, a string and four Arcs).
+                    // the context (building one clones the client and three Arcs). A config
+                    // change re-runs every object with a new context.
+                    let config = config.flatten();
                     let cx = st
                         .cx
                         .take()
-                        .filter(|cx| cx.has_parts(&obj, &status))
-                        .unwrap_or_else(|| self.context(obj.clone(), status.clone()));
+                        .filter(|cx| cx.has_parts(&obj, &status) && cx.has_config(&config))
+                        .unwrap_or_else(|| self.context(obj.clone(), status.clone(), config));
                     let outcome = shared.tree.provision(&cx).await;
+                    saw_others = Self::take_written(st, &cx);
                     st.cx = Some(cx);
                     outcome
                 }
@@ -417,6 +454,16 @@ impl<K: ManagedResource> ResourceActor<K> {
                 desired: None,
             }
         };
+
+        // The steps' own writes (conditions, locks, finalizers) are the object now: the status
+        // write builds on them.
+        if let Some(latest) = st.object.clone()
+            && !Arc::ptr_eq(&latest, &obj)
+        {
+            obj = latest;
+            version = version_of(obj.as_ref());
+            status = Self::status_of(st, obj.as_ref(), version);
+        }
 
         if let Outcome::Failed { reason, errors } = &outcome {
             for e in errors {
@@ -477,8 +524,10 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .seed
                     .map(|s| s ^ key_hash(&st.key) ^ st.last_run_version.unwrap_or(0));
                 shared
-                    .policy
-                    .poll_interval
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.poll_interval())
+                    .or(shared.policy.poll_interval)
                     .map(|p| jitter(p, shared.policy.poll_jitter, seed))
             }
             Outcome::Yield { after, .. } => {
@@ -501,6 +550,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         if let Some(d) = delay {
             self.schedule_wake(myself, st, d);
         }
+        if saw_others {
+            // A step's write met someone else's: run again on what they wrote.
+            st.trigger_run(myself);
+        }
         if st.wake.deadline().is_none() {
             st.cx = None; // nothing due soon: an idle actor keeps no context
         }
@@ -514,6 +567,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st: &mut ResourceState<K>,
         obj: &Arc<K>,
         status: &Arc<ResourceStatus>,
+        config: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Option<Pass> {
         let shared = &self.shared;
         let target = st.target.clone();
@@ -534,8 +588,14 @@ impl<K: ManagedResource> ResourceActor<K> {
                 desired: Some(desired),
             });
         }
-        let cx = self.context(obj.clone(), status.clone());
+        let cx = self.context(obj.clone(), status.clone(), config);
         let outcome = shared.tree.deprovision(&cx).await;
+        if Self::take_written(st, &cx) {
+            st.dirty = true; // a step's write met someone else's: run again on theirs
+        }
+        // The steps' own writes (conditions, their finalizers) are the object now.
+        let obj = &st.object.clone().unwrap_or_else(|| obj.clone());
+        let status = &ResourceStatus::of(obj.as_ref());
         if !outcome.is_done() {
             let desired = status.after_deprovision(&outcome, generation);
             return Some(Pass {
@@ -585,6 +645,13 @@ impl<K: ManagedResource> ResourceActor<K> {
         match writes::patch_status(shared, obj, desired).await {
             Ok(o) => st.record_write(o),
             Err(kube::Error::Api(s)) if s.code == 404 => return true, // gone: nothing to write
+            // Someone else wrote the object since this pass read it: its watch event runs the
+            // object again, and that pass writes on what they wrote instead of over it.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!(object = %st.target, "status write conflicted; running again");
+                Metrics::inc(&shared.metrics.status_conflicts);
+                return false;
+            }
             Err(e) => {
                 tracing::warn!(object = %st.target, error = %e, "status write failed; retrying");
                 return false;

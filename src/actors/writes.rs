@@ -15,20 +15,21 @@ use super::{ManagedResource, Metrics, Shared};
 use crate::provisioners::{InvalidReason, Outcome};
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
-/// Patch the status subresource of `obj` to `status`; counts the write. Returns the object as
-/// the server left it.
+/// Patch the status subresource of `obj` to `status`, with `obj`'s resourceVersion as a
+/// precondition: the status is computed from `obj`, and writing it over a newer version would
+/// drop what someone else wrote meanwhile (another step's condition, a guard's lock) — a
+/// conflict instead, and the newer version's event runs the object again. Counts the write.
+/// Returns the object as the server left it.
 pub(crate) async fn patch_status<K: ManagedResource>(
     shared: &Shared<K>,
     obj: &K,
     status: &ResourceStatus,
 ) -> Result<K, kube::Error> {
+    let mut patch = status.patch();
+    patch["metadata"] = json!({"resourceVersion": obj.meta().resource_version});
     let written = shared
         .api(obj)
-        .patch_status(
-            &obj.name_any(),
-            &shared.patch_params(),
-            &Patch::Merge(status.patch()),
-        )
+        .patch_status(&obj.name_any(), &shared.patch_params(), &Patch::Merge(patch))
         .await?;
     Metrics::inc(&shared.metrics.status_writes);
     Ok(written)

@@ -44,6 +44,9 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     Restart(ObjectRef<K>),
     /// Wake this key (dependency ready, reference released, or a passive timer fired).
     Notify(ObjectRef<K>),
+    /// Re-run every known object (the controller's provider config changed). Each is woken as
+    /// by [`ManagerMsg::Notify`], so their passes wait for run slots like any other.
+    Broadcast,
     /// A passive key's timer fired (token guards against stale timers).
     PassiveWake(ObjectRef<K>, u64),
     /// A run slot for the next queued activation (an object gets a live actor only once it can

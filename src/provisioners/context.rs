@@ -1,6 +1,8 @@
 //! The explicit, typed context a provisioner runs with.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource};
@@ -14,7 +16,10 @@ use crate::status::{ReadyReason, ResourceStatus};
 /// A context is cheap to clone. It carries the object being reconciled (the latest observed
 /// version when the pass started), a [`kube::Client`] (the runtime's; [`Context::with_client`]
 /// gives a copy that talks to another cluster), the reference / readiness API, the object's
-/// current actorcile status, and an event recorder.
+/// current actorcile status, an event recorder, the controller's provider config
+/// ([`Context::config`]), and the provider handle: conditions of a step's own, guarded side
+/// effects, owned children and extra finalizers (see `provisioners/handle.rs` and
+/// `provisioners/guard.rs`).
 pub struct Context<K> {
     inner: Arc<Inner<K>>,
     /// Behind an `Arc`: a context is cloned into every step of every pass, and cloning a
@@ -33,12 +38,69 @@ pub struct RemoteScope {
     pub registered: bool,
 }
 
+/// What every context of one controller shares: built once per controller by the runtime.
+pub(crate) struct ControllerParts {
+    pub recorder: Option<Arc<Recorder>>,
+    pub references: Option<Arc<dyn ReferenceApi>>,
+    pub field_manager: Arc<str>,
+    /// Who holds the locks this runtime takes ([`Context::guard`]): unique per runtime.
+    pub holder: Arc<str>,
+    /// How long a lock taken by [`Context::guard`] holds.
+    pub lock_expiry: Duration,
+}
+
+impl ControllerParts {
+    /// The parts of a context built outside the runtime (a unit test of a provisioner).
+    fn standalone() -> Self {
+        Self {
+            recorder: None,
+            references: None,
+            field_manager: Arc::from(crate::FIELD_MANAGER),
+            holder: Arc::from(new_holder_id().as_str()),
+            lock_expiry: crate::policy::SupervisorPolicy::default().lock_expiry,
+        }
+    }
+}
+
+/// A holder id for a runtime's locks: the pod's name (or the host's) and a random suffix, so two
+/// runtimes in one process (or two replicas on one host) never share one.
+pub(crate) fn new_holder_id() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "actorcile".into());
+    format!("{host}-{:08x}", fastrand::u32(..))
+}
+
+/// What the steps of one pass wrote to the object itself (conditions, locks, finalizers): the
+/// newest version they left, and every version they produced (their watch echoes are the
+/// pass's own writes, not news). The resource actor takes it when the pass ends.
+pub(crate) struct Written<K> {
+    pub latest: Option<Arc<K>>,
+    pub versions: Vec<u64>,
+    /// A write conflicted and the object was read again: someone else changed it during the
+    /// pass, and the runtime runs it again.
+    pub saw_others: bool,
+}
+
+impl<K> Default for Written<K> {
+    fn default() -> Self {
+        Self {
+            latest: None,
+            versions: Vec::new(),
+            saw_others: false,
+        }
+    }
+}
+
 struct Inner<K> {
     object: Arc<K>,
+    /// The client of the cluster the object lives in (`Context::client` may be a remote's).
+    home: Arc<Client>,
     status: Arc<ResourceStatus>,
-    recorder: Option<Arc<Recorder>>,
-    references: Option<Arc<dyn ReferenceApi>>,
-    field_manager: Arc<str>,
+    parts: Arc<ControllerParts>,
+    /// The controller's provider config when the pass started (`Controller::config`).
+    config: Option<Arc<dyn Any + Send + Sync>>,
+    written: Mutex<Written<K>>,
 }
 
 impl<K> Clone for Context<K> {
@@ -56,17 +118,13 @@ impl<K> Context<K> {
     ///
     /// The runtime builds contexts for you; build one yourself to unit-test a provisioner.
     pub fn new(object: Arc<K>, client: Client) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                object,
-                status: Arc::default(),
-                recorder: None,
-                references: None,
-                field_manager: Arc::from(crate::FIELD_MANAGER),
-            }),
-            client: Arc::new(client),
-            remote: None,
-        }
+        Self::with_parts(
+            object,
+            Arc::new(client),
+            Arc::default(),
+            Arc::new(ControllerParts::standalone()),
+            None,
+        )
     }
 
     /// Whether this context was built on exactly this object and status (the same `Arc`s).
@@ -74,26 +132,58 @@ impl<K> Context<K> {
         Arc::ptr_eq(&self.inner.object, object) && Arc::ptr_eq(&self.inner.status, status)
     }
 
-    /// Attach the object's current status, an event recorder and the reference API.
+    /// Whether this context was built with exactly this provider config (the same `Arc`).
+    pub(crate) fn has_config(&self, config: &Option<Arc<dyn Any + Send + Sync>>) -> bool {
+        match (&self.inner.config, config) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// A context of the runtime: the object's current status, what the controller's contexts
+    /// share, and the provider config.
     pub(crate) fn with_parts(
         object: Arc<K>,
         client: Arc<Client>,
         status: Arc<ResourceStatus>,
-        recorder: Option<Arc<Recorder>>,
-        references: Option<Arc<dyn ReferenceApi>>,
-        field_manager: Arc<str>,
+        parts: Arc<ControllerParts>,
+        config: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 object,
+                home: client.clone(),
                 status,
-                recorder,
-                references,
-                field_manager,
+                parts,
+                config,
+                written: Mutex::default(),
             }),
             client,
             remote: None,
         }
+    }
+
+    /// What the pass's steps wrote to the object (taken: the next call returns nothing).
+    pub(crate) fn take_written(&self) -> Written<K> {
+        std::mem::take(&mut *self.written())
+    }
+
+    pub(crate) fn written(&self) -> std::sync::MutexGuard<'_, Written<K>> {
+        // A step that panicked while holding the lock left nothing half-written in it.
+        self.inner
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn parts(&self) -> &ControllerParts {
+        &self.inner.parts
+    }
+
+    /// The client of the cluster the object lives in, whatever cluster the context is scoped to.
+    pub(crate) fn home_client(&self) -> &Client {
+        &self.inner.home
     }
 
     /// The object being reconciled, as the runtime's watch last saw it (or as the runtime's own
@@ -101,6 +191,14 @@ impl<K> Context<K> {
     /// memory; read the object from the API if a provisioner needs them.
     pub fn object(&self) -> &Arc<K> {
         &self.inner.object
+    }
+
+    /// The controller's provider config as it was when the pass started (see
+    /// [`Controller::config`](crate::runtime::Controller::config)), or `None` when the
+    /// controller has none or `C` is not its type. Provision passes run only while the config
+    /// exists; a deprovision pass runs without it too, so deprovision steps handle `None`.
+    pub fn config<C: Send + Sync + 'static>(&self) -> Option<Arc<C>> {
+        self.inner.config.clone()?.downcast::<C>().ok()
     }
 
     /// The client for the current cluster scope.
@@ -138,7 +236,7 @@ impl<K> Context<K> {
 
     /// The field manager used for server-side apply.
     pub fn field_manager(&self) -> &str {
-        &self.inner.field_manager
+        &self.inner.parts.field_manager
     }
 }
 
@@ -150,7 +248,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
 
     /// Publish a Kubernetes Event about the object (best effort: failures are logged, not returned).
     pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: Option<String>) {
-        let Some(recorder) = &self.inner.recorder else {
+        let Some(recorder) = &self.inner.parts.recorder else {
             return;
         };
         let ev = Event {
@@ -229,7 +327,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         target: &Target,
         ready: impl Fn(&kube::api::DynamicObject) -> bool + Send + Sync,
     ) -> Option<Outcome> {
-        let readiness = match &self.inner.references {
+        let readiness = match &self.inner.parts.references {
             Some(r) => r.readiness_when(&self.target(), target, &ready).await,
             None => Readiness::Missing,
         };
@@ -245,7 +343,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// exist is woken, and reads it as missing. (The first question about a kind the runtime
     /// does not manage starts its watch and waits for its first list, up to 10 seconds.)
     pub async fn readiness(&self, target: &Target) -> Readiness {
-        match &self.inner.references {
+        match &self.inner.parts.references {
             Some(r) => r.readiness(&self.target(), target).await,
             None => Readiness::Missing,
         }
@@ -264,7 +362,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// target while it lives releases it with [`Context::release_reference`] (or
     /// [`Context::set_references`] without it); the runtime does not guess that from the spec.
     pub async fn add_reference(&self, target: &Target) -> Result<(), crate::Error> {
-        match &self.inner.references {
+        match &self.inner.parts.references {
             Some(r) => r.add_reference(&self.target(), target).await,
             None => Err(crate::Error::NoReferenceApi),
         }
@@ -295,7 +393,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         names: impl IntoIterator<Item = impl Into<String>>,
     ) -> Result<(), crate::Error> {
         let names = names.into_iter().map(Into::into).collect();
-        match &self.inner.references {
+        match &self.inner.parts.references {
             Some(r) => r.set_references(&self.target(), selection, &names).await,
             None => Err(crate::Error::NoReferenceApi),
         }
@@ -311,7 +409,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Release a reference taken with [`Context::add_reference`]. Releasing one that was not
     /// taken is a no-op.
     pub async fn release_reference(&self, target: &Target) -> Result<(), crate::Error> {
-        match &self.inner.references {
+        match &self.inner.parts.references {
             Some(r) => r.release_reference(&self.target(), target).await,
             None => Err(crate::Error::NoReferenceApi),
         }

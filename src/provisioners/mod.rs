@@ -68,6 +68,8 @@ pub mod argocd;
 pub mod cd;
 mod combinators;
 mod context;
+mod guard;
+mod handle;
 mod outcome;
 mod remote;
 mod resource;
@@ -80,6 +82,8 @@ pub use application::{
 };
 pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, serial};
 pub use context::{Context, RemoteScope};
+pub(crate) use context::{ControllerParts, new_holder_id};
+pub use guard::{DEPROVISIONED, DONE, DeprovisionTask, Guard, LOCKED, Lock, NoTask, guard};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use remote::{
     FixedCluster, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster, RemoteClusterError, remote,

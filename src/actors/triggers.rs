@@ -1,0 +1,286 @@
+//! The watches behind a controller's triggers (see [`crate::triggers`]): its provider config,
+//! whose change re-runs every object, and the Secrets its objects reference, whose change
+//! re-runs the objects that reference them.
+
+use std::any::Any;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::mailbox::Mailbox;
+use super::{FastMap, ManagedResource, Shared};
+use crate::messages::{ManagerMsg, ResourceMsg};
+use crate::triggers::{ConfigRef, SecretIndex};
+
+/// A controller's provider config as its passes see it (the config's type erased).
+pub(crate) trait ConfigView: Send + Sync {
+    /// The config object now (`None`: it does not exist).
+    fn current(&self) -> Option<Arc<dyn Any + Send + Sync>>;
+    /// The poll interval the config gives, if it gives one.
+    fn poll_interval(&self) -> Option<Duration>;
+    /// `namespace/name` of the config, for status messages.
+    fn describe(&self) -> &str;
+}
+
+struct ConfigState<C: Resource<DynamicType = ()> + 'static> {
+    store: Store<C>,
+    key: ObjectRef<C>,
+    poll_from: Option<Arc<dyn Fn(&C) -> Option<Duration> + Send + Sync>>,
+    described: String,
+}
+
+impl<C> ConfigView for ConfigState<C>
+where
+    C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    fn current(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.store
+            .get(&self.key)
+            .map(|c| c as Arc<dyn Any + Send + Sync>)
+    }
+    fn poll_interval(&self) -> Option<Duration> {
+        let f = self.poll_from.as_ref()?;
+        f(self.store.get(&self.key)?.as_ref())
+    }
+    fn describe(&self) -> &str {
+        &self.described
+    }
+}
+
+/// Starts the config watch once the manager exists: `broadcast` re-runs every object, `listed`
+/// is sent once the first list is in.
+pub(crate) type StartConfigWatch =
+    Box<dyn FnOnce(Arc<dyn Fn() + Send + Sync>, oneshot::Sender<()>) -> JoinHandle<()> + Send>;
+
+/// The view of the config `cref` names, and what starts its watch.
+pub(crate) fn config_trigger<C>(
+    client: &Client,
+    cref: ConfigRef<C>,
+) -> (Arc<dyn ConfigView>, StartConfigWatch)
+where
+    C: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<C>();
+    let key = match &cref.namespace {
+        Some(ns) => ObjectRef::new(&cref.name).within(ns),
+        None => ObjectRef::new(&cref.name),
+    };
+    let view = Arc::new(ConfigState {
+        store: store.clone(),
+        key: key.clone(),
+        poll_from: cref.poll_from.clone(),
+        described: cref.describe(),
+    });
+    let mut fields = format!("metadata.name={}", cref.name);
+    if let Some(ns) = &cref.namespace {
+        fields.push_str(&format!(",metadata.namespace={ns}"));
+    }
+    let api: Api<C> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&fields);
+    let start: StartConfigWatch = Box::new(move |broadcast, listed| {
+        tokio::spawn(watch_config(api, config, writer, store, key, broadcast, listed))
+    });
+    (view, start)
+}
+
+/// What identifies a version of the config that its users would act on: its uid and its
+/// generation (its resourceVersion for kinds without one, such as ConfigMaps), so that a
+/// config's own status updates do not re-run every object.
+fn config_version<C: Resource>(c: &C) -> (Option<String>, Option<String>) {
+    let m = c.meta();
+    let version = m
+        .generation
+        .map(|g| g.to_string())
+        .or_else(|| m.resource_version.clone());
+    (m.uid.clone(), version)
+}
+
+async fn watch_config<C>(
+    api: Api<C>,
+    config: watcher::Config,
+    mut writer: reflector::store::Writer<C>,
+    store: Store<C>,
+    key: ObjectRef<C>,
+    broadcast: Arc<dyn Fn() + Send + Sync>,
+    listed: oneshot::Sender<()>,
+) where
+    C: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let events = watcher::watcher(api, config).default_backoff();
+    futures::pin_mut!(events);
+    let mut listed = Some(listed);
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                writer.apply_watcher_event(&event);
+                // Mid-list the store still shows the previous list: decide at its end.
+                if matches!(event, Event::Init | Event::InitApply(_)) {
+                    continue;
+                }
+                let now = store.get(&key).map(|c| config_version(c.as_ref()));
+                if let Some(listed) = listed.take() {
+                    last = now;
+                    let _ = listed.send(());
+                    continue;
+                }
+                if now != last {
+                    last = now;
+                    tracing::info!(config = %key, "provider config changed; re-running every object");
+                    broadcast();
+                }
+            }
+            // The store keeps the config it had: a transient error drops nothing.
+            Err(e) => tracing::warn!(error = %e, config = %key, "config watch error; retrying with backoff"),
+        }
+    }
+}
+
+/// Re-run `key`: at its live actor, or through the manager.
+pub(crate) fn notify<K: ManagedResource>(
+    shared: &Shared<K>,
+    manager: &Mailbox<ManagerMsg<K>>,
+    key: ObjectRef<K>,
+) {
+    if let Some(a) = shared.routes.get(&key)
+        && a.cast(ResourceMsg::Notify).is_ok()
+    {
+        return;
+    }
+    manager.send(ManagerMsg::Notify(key));
+}
+
+/// Watch the Secrets (metadata only: their data is never held) and re-run the objects that
+/// reference one when it changes, appears or goes. Nothing re-runs for the first list (every
+/// object runs at start-up anyway); a re-list compares each Secret's resourceVersion with the
+/// last one seen, so changes made while the watch was down are not missed.
+pub(crate) async fn watch_secrets<K: ManagedResource>(
+    shared: Arc<Shared<K>>,
+    api: Api<PartialObjectMeta<Secret>>,
+    manager: Mailbox<ManagerMsg<K>>,
+) {
+    let Some(trigger) = shared.secrets.as_ref() else {
+        return;
+    };
+    let changed = |secret: &ObjectRef<Secret>| {
+        let referrers = trigger.index().referrers(secret);
+        for key in referrers {
+            notify(&shared, &manager, key);
+        }
+    };
+    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(events);
+    let mut known: FastMap<ObjectRef<Secret>, String> = FastMap::default();
+    let mut first = true;
+    let mut seen: Option<HashSet<ObjectRef<Secret>, ahash::RandomState>> = None;
+    while let Some(event) = events.next().await {
+        let (meta, listing) = match event {
+            Ok(Event::Init) => {
+                seen = Some(HashSet::default());
+                continue;
+            }
+            Ok(Event::InitApply(m)) => (m, true),
+            Ok(Event::Apply(m)) => (m, false),
+            Ok(Event::Delete(m)) => {
+                let key = secret_key(&m.metadata);
+                known.remove(&key);
+                changed(&key);
+                continue;
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = seen.take()
+                    && !first
+                {
+                    let gone: Vec<_> = known.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                    for key in gone {
+                        known.remove(&key);
+                        changed(&key);
+                    }
+                }
+                first = false;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "secret watch error; retrying with backoff");
+                continue;
+            }
+        };
+        let key = secret_key(&meta.metadata);
+        if listing && let Some(seen) = &mut seen {
+            seen.insert(key.clone());
+        }
+        let rv = meta.metadata.resource_version.unwrap_or_default();
+        let before = known.insert(key.clone(), rv.clone());
+        if !(listing && first) && before.as_deref() != Some(rv.as_str()) {
+            changed(&key);
+        }
+    }
+}
+
+fn secret_key(meta: &kube::api::ObjectMeta) -> ObjectRef<Secret> {
+    let r = ObjectRef::<Secret>::new(meta.name.as_deref().unwrap_or_default());
+    match &meta.namespace {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
+/// The Secrets trigger of a controller: which Secrets an object references (the user's
+/// function), and the index of it the feeder keeps current.
+pub(crate) struct SecretTrigger<K: ManagedResource> {
+    refs: Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>,
+    index: std::sync::Mutex<SecretIndex<K>>,
+}
+
+impl<K: ManagedResource> SecretTrigger<K> {
+    pub(crate) fn new(refs: Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>) -> Self {
+        Self {
+            refs,
+            index: std::sync::Mutex::default(),
+        }
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, SecretIndex<K>> {
+        self.index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A version of the object came in: index what it references now.
+    pub(crate) fn observed(&self, key: &ObjectRef<K>, obj: &K) {
+        let secrets = (self.refs)(obj);
+        self.index().set(key, secrets);
+    }
+
+    /// The object is gone.
+    pub(crate) fn forget(&self, key: &ObjectRef<K>) {
+        self.index().remove(key);
+    }
+
+    /// After a re-list: forget every object it did not list.
+    pub(crate) fn retain(&self, existing: &HashSet<ObjectRef<K>, ahash::RandomState>) {
+        self.index().retain(|k| existing.contains(k));
+    }
+}

@@ -1,0 +1,410 @@
+//! Guarded side effects: a step that mutates something outside Kubernetes (a DNS record, a
+//! cloud volume, a container) runs it at most once per intent, never on a stale object, and
+//! never while another run holds the lock (sequencer's `Guard`, with an expiry added).
+//!
+//! The lock and the result live in one condition of the object's status, of the type the guard
+//! is given (one per guarded task):
+//!
+//! | condition | status | reason | message |
+//! |---|---|---|---|
+//! | locked | `Unknown` | `Locked` | `held by <holder> until <RFC 3339 time>` |
+//! | provisioned | `True` | `Done` | the task's message |
+//! | deprovisioned | `False` | `Deprovisioned` | the task's message |
+//! | not done (yield, failure, …) | `False` | the outcome's reason | its message |
+//!
+//! Its `observedGeneration` is the generation the task ran for: the *intent* is that
+//! generation (and provision or deprovision). A guard whose condition says the task is done for
+//! the object's generation returns [`Outcome::Done`] without running it again.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use super::handle::WriteError;
+use super::{Context, Outcome, Provisioner, Reason};
+use crate::ManagedResource;
+use crate::status::{Condition, ConditionStatus, ReadyReason, ResourceStatus};
+
+/// The reason of a guard's condition while its task runs.
+pub const LOCKED: &str = "Locked";
+/// The reason of a guard's condition once its provision task is done for the generation.
+pub const DONE: &str = "Done";
+/// The reason of a guard's condition once its deprovision task is done for the generation.
+pub const DEPROVISIONED: &str = "Deprovisioned";
+
+/// A lock as its condition states it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lock {
+    /// The runtime holding it ([`RuntimeHandle::holder`](crate::runtime::RuntimeHandle::holder)).
+    pub holder: String,
+    /// When it expires: after that, another run may take it.
+    pub until: DateTime<Utc>,
+}
+
+impl Lock {
+    /// The lock a condition states (`None`: the condition is not a lock, or not one this
+    /// runtime wrote — then it does not hold anyone back).
+    pub fn of(c: &Condition) -> Option<Lock> {
+        if c.reason != LOCKED {
+            return None;
+        }
+        let (holder, until) = c.message.strip_prefix("held by ")?.rsplit_once(" until ")?;
+        let until = DateTime::parse_from_rfc3339(until).ok()?.with_timezone(&Utc);
+        Some(Lock {
+            holder: holder.to_string(),
+            until,
+        })
+    }
+
+    fn message(&self) -> String {
+        format!(
+            "held by {} until {}",
+            self.holder,
+            self.until.to_rfc3339_opts(SecondsFormat::Millis, true)
+        )
+    }
+}
+
+/// Provision or deprovision: the two intents of one generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Intent {
+    Provision,
+    Deprovision,
+}
+
+impl Intent {
+    fn done(self) -> (ConditionStatus, &'static str) {
+        match self {
+            Intent::Provision => (ConditionStatus::True, DONE),
+            Intent::Deprovision => (ConditionStatus::False, DEPROVISIONED),
+        }
+    }
+}
+
+impl<K: ManagedResource> Context<K> {
+    /// Run `task`, a side effect outside Kubernetes, under the lock of condition `type_`:
+    ///
+    /// 1. If the condition says the task is done for the object's generation, return
+    ///    [`Outcome::Done`] without running it (at most once per intent).
+    /// 2. If another runtime holds the lock and it has not expired, yield (reason `Locked`)
+    ///    until it expires; the holder's result write wakes this object sooner.
+    /// 3. Take the lock: write the condition (`Locked`, this runtime as the holder, expiry now
+    ///    plus the policy's `lock_expiry`) with the resourceVersion this pass knows as a
+    ///    precondition. If the object changed since, the write fails, the task does not run,
+    ///    and the pass yields (reason `Conflict`): the runtime runs it again on the newest
+    ///    version.
+    /// 4. Run the task, for at most what is left of the lock (past the expiry it is dropped
+    ///    and the pass fails with `LockExpired`: another run may hold the lock by then).
+    /// 5. Record its outcome on the condition (`Done`, or the outcome's reason), retrying
+    ///    conflicts on fresh reads as long as the lock is still this runtime's; return it.
+    ///
+    /// A runtime that dies in the middle of a task leaves the lock behind; after its expiry the
+    /// next run takes it and runs the task again. So the task must be idempotent, or look
+    /// first whether its effect is already there (the DNS record exists), and `lock_expiry`
+    /// must be longer than the task ever runs. Expiry is wall-clock time: replicas' clocks
+    /// must agree to well within it.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # async fn create_record(name: &str) -> Result<(), std::io::Error> { Ok(()) }
+    /// # async fn f<K: ManagedResource>(cx: &Context<K>) -> Outcome {
+    /// cx.guard("DnsRecord", || async {
+    ///     match create_record("www.example.com").await {
+    ///         Ok(()) => Outcome::Done,
+    ///         Err(e) => Outcome::failed(Reason::new("DnsUnavailable", "cannot create the record"), e),
+    ///     }
+    /// })
+    /// .await
+    /// # }
+    /// ```
+    pub async fn guard<F, Fut>(&self, type_: &str, task: F) -> Outcome
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        self.guarded(type_, Intent::Provision, task).await
+    }
+
+    /// [`Context::guard`] for a deprovision task: the condition records `Deprovisioned` when
+    /// it is done.
+    pub async fn guard_deprovision<F, Fut>(&self, type_: &str, task: F) -> Outcome
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        self.guarded(type_, Intent::Deprovision, task).await
+    }
+
+    async fn guarded<F, Fut>(&self, type_: &str, intent: Intent, task: F) -> Outcome
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        if let Some(invalid) = invalid_type(type_) {
+            return invalid;
+        }
+        let holder = self.parts().holder.clone();
+        let generation = self.object().meta().generation;
+        let current = self.condition(type_);
+        let (done_status, done_reason) = intent.done();
+        if let Some(c) = &current
+            && c.status == done_status.as_str()
+            && c.reason == done_reason
+            && c.observed_generation == generation
+        {
+            return Outcome::Done;
+        }
+        let now = Utc::now();
+        if let Some(lock) = current.as_ref().and_then(Lock::of)
+            && *lock.holder != *holder
+            && lock.until > now
+        {
+            let left = (lock.until - now).to_std().unwrap_or_default();
+            return Outcome::yield_after(
+                left + Duration::from_millis(50),
+                Reason::new(
+                    ReadyReason::Locked.as_str(),
+                    format!("{type_} is locked: {}", lock.message()),
+                ),
+            );
+        }
+        let expiry = self.parts().lock_expiry;
+        let lock = Lock {
+            holder: holder.to_string(),
+            until: now + chrono::Duration::from_std(expiry).unwrap_or(chrono::Duration::MAX),
+        };
+        let message = lock.message();
+        let locked = self
+            .write_conditions(false, |st| {
+                st.with_condition(
+                    type_,
+                    ConditionStatus::Unknown,
+                    LOCKED,
+                    &message,
+                    generation,
+                )
+            })
+            .await;
+        match locked {
+            Ok(_) => {}
+            Err(WriteError::Stale) => {
+                return Outcome::yield_after(
+                    Duration::from_secs(1),
+                    Reason::new(
+                        ReadyReason::Conflict.as_str(),
+                        format!(
+                            "the object changed before {type_} was locked; running again on the newest version"
+                        ),
+                    ),
+                );
+            }
+            Err(WriteError::Failed(e)) => {
+                return Outcome::failed(
+                    Reason::new("LockFailed", format!("cannot lock {type_}")),
+                    e,
+                );
+            }
+        }
+        let outcome = match tokio::time::timeout(expiry, task()).await {
+            Ok(o) => o,
+            Err(elapsed) => Outcome::failed(
+                Reason::new(
+                    "LockExpired",
+                    format!("the task of {type_} ran past its lock's expiry"),
+                ),
+                elapsed,
+            ),
+        };
+        let (status, reason, msg) = match &outcome {
+            Outcome::Done => (done_status, done_reason.to_string(), String::new()),
+            o => {
+                let r = o.reason();
+                let code = r
+                    .filter(|r| r.has_valid_code())
+                    .map_or(ReadyReason::Errored.as_str(), |r| r.code());
+                (
+                    ConditionStatus::False,
+                    code.to_string(),
+                    r.map(|r| r.message().to_string()).unwrap_or_default(),
+                )
+            }
+        };
+        // Only over our own lock: one taken by another runtime after ours expired is theirs.
+        let recorded = self
+            .write_conditions(true, |st: &ResourceStatus| {
+                let ours = st
+                    .condition(type_)
+                    .and_then(Lock::of)
+                    .is_some_and(|l| *l.holder == *holder);
+                if ours {
+                    st.with_condition(type_, status, &reason, &msg, generation)
+                } else {
+                    None
+                }
+            })
+            .await;
+        match recorded {
+            Ok(_) => outcome,
+            Err(WriteError::Stale) => outcome,
+            Err(WriteError::Failed(e)) => Outcome::failed(
+                Reason::new(
+                    "LockReleaseFailed",
+                    format!("cannot record the result of {type_}"),
+                ),
+                e,
+            ),
+        }
+    }
+}
+
+fn invalid_type(type_: &str) -> Option<Outcome> {
+    let ok = type_ != crate::status::READY && crate::status::is_valid_condition_type(type_);
+    (!ok).then(|| {
+        Outcome::Terminal(Reason::new(
+            "InvalidGuard",
+            format!("{type_:?} cannot be a guard's condition type (a valid type other than Ready)"),
+        ))
+    })
+}
+
+/// A provisioner that runs a side effect under [`Context::guard`] (and, with
+/// [`Guard::deprovision_with`], its undoing under [`Context::guard_deprovision`]).
+///
+/// ```
+/// use actorcile::prelude::*;
+/// use actorcile::provisioners::guard;
+/// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+/// # #[kube(group = "example.com", version = "v1", kind = "Site", namespaced, status = "ResourceStatus")]
+/// # struct SiteSpec { host: String }
+/// let dns = guard("DnsRecord", |cx: Context<Site>| async move {
+///     // create the record for cx.object().spec.host, or find it there already
+///     Outcome::Done
+/// })
+/// .deprovision_with(|_cx: Context<Site>| async move {
+///     // delete the record, or find it gone
+///     Outcome::Done
+/// });
+/// # let _ = serial![dns];
+/// ```
+pub fn guard<K, F, Fut>(type_: impl Into<String>, task: F) -> Guard<K, F, NoTask<K>>
+where
+    F: Fn(Context<K>) -> Fut,
+{
+    Guard {
+        type_: type_.into(),
+        provision: task,
+        deprovision: NoTask(PhantomData),
+        _k: PhantomData,
+    }
+}
+
+/// See [`guard`].
+pub struct Guard<K, P, D> {
+    type_: String,
+    provision: P,
+    deprovision: D,
+    _k: PhantomData<fn(K)>,
+}
+
+/// A guard without a deprovision task (deprovision is done at once).
+pub struct NoTask<K>(PhantomData<fn(K)>);
+
+impl<K, P, D> Guard<K, P, D> {
+    /// Undo the side effect on deletion with `task`, under the same condition's lock.
+    pub fn deprovision_with<D2, Fut>(self, task: D2) -> Guard<K, P, D2>
+    where
+        D2: Fn(Context<K>) -> Fut,
+    {
+        Guard {
+            type_: self.type_,
+            provision: self.provision,
+            deprovision: task,
+            _k: PhantomData,
+        }
+    }
+}
+
+/// The deprovision side of a [`Guard`]: none, or a task.
+#[async_trait]
+pub trait DeprovisionTask<K>: Send + Sync {
+    /// Deprovision under the guard's condition `type_`.
+    async fn run(&self, type_: &str, cx: &Context<K>) -> Outcome;
+}
+
+#[async_trait]
+impl<K: ManagedResource> DeprovisionTask<K> for NoTask<K> {
+    async fn run(&self, _type_: &str, _cx: &Context<K>) -> Outcome {
+        Outcome::Done
+    }
+}
+
+#[async_trait]
+impl<K, D, Fut> DeprovisionTask<K> for D
+where
+    K: ManagedResource,
+    D: Fn(Context<K>) -> Fut + Send + Sync,
+    Fut: Future<Output = Outcome> + Send,
+{
+    async fn run(&self, type_: &str, cx: &Context<K>) -> Outcome {
+        cx.guard_deprovision(type_, || self(cx.clone())).await
+    }
+}
+
+#[async_trait]
+impl<K, P, D, Fut> Provisioner<K> for Guard<K, P, D>
+where
+    K: ManagedResource,
+    P: Fn(Context<K>) -> Fut + Send + Sync,
+    Fut: Future<Output = Outcome> + Send,
+    D: DeprovisionTask<K>,
+{
+    fn name(&self) -> &str {
+        &self.type_
+    }
+
+    async fn provision(&self, cx: &Context<K>) -> Outcome {
+        cx.guard(&self.type_, || (self.provision)(cx.clone())).await
+    }
+
+    async fn deprovision(&self, cx: &Context<K>) -> Outcome {
+        self.deprovision.run(&self.type_, cx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_reads_back_from_the_message_it_writes() {
+        let lock = Lock {
+            holder: "pod-a-0000beef".into(),
+            until: DateTime::parse_from_rfc3339("2026-11-25T10:00:00.250Z")
+                .unwrap()
+                .with_timezone(&Utc),
+        };
+        let c = Condition {
+            type_: "DnsRecord".into(),
+            status: "Unknown".into(),
+            reason: LOCKED.into(),
+            message: lock.message(),
+            last_transition_time: None,
+            observed_generation: Some(1),
+        };
+        assert_eq!(Lock::of(&c), Some(lock));
+        // not a lock: another reason, or a message this runtime did not write
+        let done = Condition {
+            reason: DONE.into(),
+            ..c.clone()
+        };
+        assert_eq!(Lock::of(&done), None);
+        let foreign = Condition {
+            message: "locked by someone".into(),
+            ..c
+        };
+        assert_eq!(Lock::of(&foreign), None);
+    }
+}

@@ -1,0 +1,388 @@
+//! The provider handle: what a step may do to the object it reconciles and around it, without
+//! touching raw status or metadata (the surface of sequencer's `ProviderController`).
+//!
+//! | method | what it does |
+//! |---|---|
+//! | [`Context::set_condition`] | set one named condition of the step's own (change-only) |
+//! | [`Context::condition`] | read a condition as the pass last knows it |
+//! | [`Context::get`] | read any object in the context's cluster |
+//! | [`Context::create_owned`] / [`Context::delete_owned`] | children owned by the object |
+//! | [`Context::add_finalizer`] / [`Context::remove_finalizer`] | an extra finalizer of the step's own |
+//! | [`Context::event`] | a Kubernetes Event on the object |
+//! | [`Context::guard`] | an external side effect, at most once per intent (`guard.rs`) |
+//!
+//! Every write to the object is optimistic: it carries the resourceVersion the pass knows, and
+//! a conflict (someone else wrote the object meanwhile) is retried by the runtime on a fresh
+//! read, never handed to the step. Several steps of one pass, even concurrent ones, write
+//! their conditions and finalizers without clobbering each other. The runtime counts what
+//! they write as the pass's own writes (their watch echoes run no pass), and its `Ready`
+//! write at the end of the pass builds on them.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use kube::Resource;
+use kube::api::{DeleteParams, Patch};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::{Context, Reason};
+use crate::object_api::{ObjectApi, patch_params, version_of};
+use crate::status::{Condition, ConditionStatus, READY, ResourceStatus, is_valid_condition_type};
+use crate::{Error, ManagedResource};
+
+/// Attempts of one optimistic write before it gives up with [`Error::Conflict`].
+const CONFLICT_ATTEMPTS: usize = 5;
+
+/// Why an optimistic write of the object did not happen.
+#[derive(Debug)]
+pub(crate) enum WriteError {
+    /// The object changed since the pass read it (only when conflicts are not retried).
+    Stale,
+    /// The write failed (or kept conflicting).
+    Failed(Error),
+}
+
+impl<K: ManagedResource> Context<K> {
+    /// The newest version of the object this pass knows: the one it started on, or the one its
+    /// steps' last write to the object returned.
+    pub fn latest(&self) -> Arc<K> {
+        self.written()
+            .latest
+            .clone()
+            .unwrap_or_else(|| self.object().clone())
+    }
+
+    /// The condition of type `type_` on the newest version of the object this pass knows.
+    pub fn condition(&self, type_: &str) -> Option<Condition> {
+        ResourceStatus::of(self.latest().as_ref())
+            .condition(type_)
+            .cloned()
+    }
+
+    /// Set the condition `type_` of the object's status to `status` with `reason` (its code is
+    /// the condition's reason, its message the message), for the object's current generation.
+    ///
+    /// Change-only: nothing is written when the condition already says exactly this. Other
+    /// conditions are left as they are, whoever wrote them; `Ready` is the runtime's and cannot
+    /// be set here. Conflicts are retried on a fresh read.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # async fn f<K: ManagedResource>(cx: &Context<K>) -> Outcome {
+    /// let reason = Reason::new("RecordCreated", "dns record www.example.com created");
+    /// if let Err(e) = cx.set_condition("DnsRecord", true, &reason).await {
+    ///     return Outcome::failed(Reason::new("ConditionWriteFailed", "cannot write DnsRecord"), e);
+    /// }
+    /// Outcome::Done
+    /// # }
+    /// ```
+    pub async fn set_condition(
+        &self,
+        type_: &str,
+        status: impl Into<ConditionStatus>,
+        reason: &Reason,
+    ) -> Result<(), Error> {
+        check_condition_type(type_)?;
+        if !reason.has_valid_code() {
+            return Err(Error::Invalid {
+                field: "reason".into(),
+                problem: format!("{:?} is not a valid condition reason", reason.code()),
+            });
+        }
+        let status = status.into();
+        let generation = self.object().meta().generation;
+        self.write_conditions(true, |st| {
+            st.with_condition(type_, status, reason.code(), reason.message(), generation)
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            WriteError::Stale => Error::Conflict(self.target()),
+            WriteError::Failed(e) => e,
+        })
+    }
+
+    /// Read an object of kind `T` in the context's cluster (a remote's, inside
+    /// [`remote`](super::remote())); `None` if it does not exist. `namespace` is ignored for
+    /// cluster-scoped kinds.
+    pub async fn get<T>(&self, namespace: Option<&str>, name: &str) -> Result<Option<T>, Error>
+    where
+        T: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        Ok(ObjectApi::<T>::new(self.client().clone(), namespace)
+            .get_opt(name)
+            .await?)
+    }
+
+    /// Create `child` in the context's cluster, owned by the object (a controller owner
+    /// reference, so Kubernetes garbage-collects it with the object; none inside a remote,
+    /// where the owner would not exist). A namespaced child without a namespace goes to the
+    /// object's. Idempotent: a child that exists already is returned as it is.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// # async fn f<K: ManagedResource>(cx: &Context<K>) -> Result<(), actorcile::Error> {
+    /// let cm = ConfigMap {
+    ///     metadata: kube::api::ObjectMeta { name: Some("settings".into()), ..Default::default() },
+    ///     ..Default::default()
+    /// };
+    /// cx.create_owned(cm).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_owned<T>(&self, mut child: T) -> Result<T, Error>
+    where
+        T: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+    {
+        let name = child.meta().name.clone().ok_or_else(|| Error::Invalid {
+            field: "metadata.name".into(),
+            problem: format!("the {} to create has no name", T::kind(&())),
+        })?;
+        if self.remote().is_none()
+            && let Some(owner) = self.object().controller_owner_ref(&())
+        {
+            let refs = child
+                .meta_mut()
+                .owner_references
+                .get_or_insert_with(Vec::new);
+            if !refs.iter().any(|r| r.uid == owner.uid) {
+                refs.push(owner);
+            }
+        }
+        let api = self.child_api::<T>(child.meta().namespace.as_deref());
+        let mut body = serde_json::to_value(&child)?;
+        body["apiVersion"] = T::api_version(&()).into();
+        body["kind"] = T::kind(&()).into();
+        match api.create(&body).await {
+            Ok(created) => Ok(created),
+            Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&name).await? {
+                Some(existing) => Ok(existing),
+                // Deleted between the two requests: the next pass creates it again.
+                None => Err(Error::Kube(kube::Error::Api(s))),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Delete a child of kind `T` (in the object's namespace when `namespace` is `None`).
+    /// `Ok(true)` once it is gone (or never existed); `Ok(false)` while it is still being
+    /// deleted (finalizers): yield and call again.
+    pub async fn delete_owned<T>(&self, namespace: Option<&str>, name: &str) -> Result<bool, Error>
+    where
+        T: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let api = self.child_api::<T>(namespace);
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(true) => Ok(true),
+            Ok(false) => Ok(api.get_opt(name).await?.is_none()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Put finalizer `name` (a qualified name with a prefix, `example.com/volume`) on the
+    /// object, so its deletion also waits for this step to [`remove_finalizer`] it, typically
+    /// in its deprovision. Idempotent; conflicts are retried on a fresh read.
+    ///
+    /// [`remove_finalizer`]: Context::remove_finalizer
+    pub async fn add_finalizer(&self, name: &str) -> Result<(), Error> {
+        check_finalizer(name)?;
+        self.write_finalizers(|fs| {
+            (!fs.iter().any(|f| f == name)).then(|| {
+                let mut fs = fs.to_vec();
+                fs.push(name.to_string());
+                fs
+            })
+        })
+        .await
+    }
+
+    /// Remove finalizer `name` from the object (a no-op when it does not carry it).
+    pub async fn remove_finalizer(&self, name: &str) -> Result<(), Error> {
+        check_finalizer(name)?;
+        self.write_finalizers(|fs| {
+            fs.iter()
+                .any(|f| f == name)
+                .then(|| fs.iter().filter(|f| *f != name).cloned().collect())
+        })
+        .await
+    }
+
+    /// The API of kind `T` in the context's cluster, in `namespace` or else the object's.
+    fn child_api<T>(&self, namespace: Option<&str>) -> ObjectApi<T>
+    where
+        T: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let ns = namespace.or(self.object().meta().namespace.as_deref());
+        ObjectApi::new(self.client().clone(), ns)
+    }
+
+    /// The object's own API, in the cluster it lives in.
+    fn own_api(&self) -> ObjectApi<K> {
+        ObjectApi::new(
+            self.home_client().clone(),
+            self.object().meta().namespace.as_deref(),
+        )
+    }
+
+    /// Record an object one of the pass's writes returned.
+    fn record(&self, obj: K) -> Arc<K> {
+        let obj = Arc::new(obj);
+        let mut w = self.written();
+        if let Some(v) = version_of(obj.as_ref()) {
+            w.versions.push(v);
+        }
+        let newer = match (
+            w.latest.as_deref().and_then(version_of),
+            version_of(obj.as_ref()),
+        ) {
+            (Some(cur), Some(v)) => v >= cur,
+            _ => true,
+        };
+        if newer {
+            w.latest = Some(obj.clone());
+        }
+        obj
+    }
+
+    /// A fresh read after a conflict: the newest version, written by someone else. It is not
+    /// the pass's own write: the runtime runs the object again after the pass.
+    async fn reread(&self) -> Result<Arc<K>, Error> {
+        let name = self.object().meta().name.clone().unwrap_or_default();
+        let fresh = self
+            .own_api()
+            .get_opt(&name)
+            .await?
+            .ok_or_else(|| Error::TargetMissing(self.target()))?;
+        let fresh = Arc::new(fresh);
+        let mut w = self.written();
+        w.latest = Some(fresh.clone());
+        w.saw_others = true;
+        Ok(fresh)
+    }
+
+    /// Write the object's conditions to what `change` makes of its status (`None`: nothing to
+    /// change), with the resourceVersion of the newest version known as a precondition. On a
+    /// conflict: [`WriteError::Stale`], or with `retry` a fresh read and `change` again.
+    /// Returns the object as written (`None` when nothing needed writing).
+    pub(crate) async fn write_conditions(
+        &self,
+        retry: bool,
+        change: impl Fn(&ResourceStatus) -> Option<ResourceStatus>,
+    ) -> Result<Option<Arc<K>>, WriteError> {
+        let mut obj = self.latest();
+        let params = patch_params(self.field_manager());
+        for _ in 0..CONFLICT_ATTEMPTS {
+            let Some(next) = change(&ResourceStatus::of(obj.as_ref())) else {
+                return Ok(None);
+            };
+            let patch = json!({
+                "metadata": {"resourceVersion": obj.meta().resource_version},
+                "status": {"conditions": next.conditions},
+            });
+            let name = obj.meta().name.clone().unwrap_or_default();
+            match self
+                .own_api()
+                .patch_status(&name, &params, &Patch::Merge(&patch))
+                .await
+            {
+                Ok(written) => return Ok(Some(self.record(written))),
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    if !retry {
+                        return Err(WriteError::Stale);
+                    }
+                    obj = self.reread().await.map_err(WriteError::Failed)?;
+                }
+                Err(e) => return Err(WriteError::Failed(e.into())),
+            }
+        }
+        Err(WriteError::Failed(Error::Conflict(self.target())))
+    }
+
+    /// Write the object's finalizers to what `change` makes of them (`None`: nothing to
+    /// change), optimistically, retrying conflicts on a fresh read.
+    async fn write_finalizers(
+        &self,
+        change: impl Fn(&[String]) -> Option<Vec<String>>,
+    ) -> Result<(), Error> {
+        let mut obj = self.latest();
+        let params = patch_params(self.field_manager());
+        for _ in 0..CONFLICT_ATTEMPTS {
+            let Some(next) = change(obj.meta().finalizers.as_deref().unwrap_or_default()) else {
+                return Ok(());
+            };
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": obj.meta().resource_version,
+                    "finalizers": next,
+                },
+            });
+            let name = obj.meta().name.clone().unwrap_or_default();
+            match self
+                .own_api()
+                .patch(&name, &params, &Patch::Merge(&patch))
+                .await
+            {
+                Ok(written) => {
+                    self.record(written);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => obj = self.reread().await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::Conflict(self.target()))
+    }
+}
+
+fn check_condition_type(type_: &str) -> Result<(), Error> {
+    if type_ == READY {
+        return Err(Error::Invalid {
+            field: "condition type".into(),
+            problem: "Ready is the runtime's condition; name the step's own".into(),
+        });
+    }
+    if !is_valid_condition_type(type_) {
+        return Err(Error::Invalid {
+            field: "condition type".into(),
+            problem: format!("{type_:?} is not a valid condition type"),
+        });
+    }
+    Ok(())
+}
+
+/// A finalizer name the API server accepts for a custom finalizer: `prefix/name`.
+pub(crate) fn check_finalizer(name: &str) -> Result<(), Error> {
+    if crate::names::is_prefixed_qualified_name(name) {
+        Ok(())
+    } else {
+        Err(Error::Invalid {
+            field: "finalizer".into(),
+            problem: format!(
+                "{name:?} is not a qualified name with a prefix, like example.com/cleanup"
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_and_malformed_condition_types_are_refused() {
+        assert!(check_condition_type("DnsRecord").is_ok());
+        assert!(matches!(
+            check_condition_type("Ready"),
+            Err(Error::Invalid { field, .. }) if field == "condition type"
+        ));
+        assert!(check_condition_type("dns record").is_err());
+        assert!(check_finalizer("example.com/volume").is_ok());
+        assert!(matches!(
+            check_finalizer("volume"),
+            Err(Error::Invalid { field, .. }) if field == "finalizer"
+        ));
+    }
+}

@@ -1,0 +1,222 @@
+//! What re-runs objects besides their own changes: a controller's provider config, the Secrets
+//! its objects reference, a poll interval, and the ignore annotation that stops it all.
+//!
+//! | trigger | set with | re-runs |
+//! |---|---|---|
+//! | provider config | [`Controller::config`](crate::runtime::Controller::config) | every object of the controller, when the config changes, appears or goes |
+//! | Secrets | [`Controller::secrets`](crate::runtime::Controller::secrets) | only the objects that reference the Secret that changed |
+//! | poll | the policy's `poll_interval` (with `poll_jitter`), or [`ConfigRef::poll_interval_from`] | each Ready object, that long after its last done pass |
+//! | [`IGNORE_ANNOTATION`] | on an object | nothing: the object's passes are skipped while it is set |
+//!
+//! A config change fans out through the same queue as every other wake-up: each object's pass
+//! waits for a run slot (the policy's `max_concurrent_runs`), and passive objects get a live
+//! actor only when a slot is free. So 10 000 objects re-run at the pace the slots allow, with
+//! at most `max_concurrent_runs` passes in flight and no burst of actors or API requests — not
+//! all at once as `kube_runtime::Controller::reconcile_all_on` enqueues them.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use actorcile::prelude::*;
+//! use actorcile::triggers::ConfigRef;
+//! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+//! use kube::runtime::reflector::ObjectRef;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "Site", namespaced, status = "ResourceStatus")]
+//! # struct SiteSpec { tls_secret: String }
+//! # fn tree() -> impl Provisioner<Site> { step("s", |_cx: Context<Site>| async { Outcome::Done }) }
+//!
+//! let controller = Controller::<Site>::new(tree())
+//!     // every Site re-runs when this ConfigMap changes; steps read it with cx.config::<ConfigMap>()
+//!     .config(ConfigRef::<ConfigMap>::namespaced("operators", "site-provider").poll_interval_from(
+//!         |cm: &ConfigMap| {
+//!             let secs = cm.data.as_ref()?.get("pollSeconds")?.parse().ok()?;
+//!             Some(Duration::from_secs(secs))
+//!         },
+//!     ))
+//!     // a Site re-runs when the Secret it names changes
+//!     .secrets(|site: &Site| {
+//!         let ns = site.metadata.namespace.as_deref().unwrap_or("default");
+//!         vec![ObjectRef::<Secret>::new(&site.spec.tls_secret).within(ns)]
+//!     });
+//! ```
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::ObjectRef;
+
+
+/// The annotation that makes the runtime skip an object's passes while it is `"true"`: no
+/// provision, no deprovision, no finalizer or status write. Its finalizer and status stay as
+/// they are; removing the annotation (or setting it to anything else) resumes the object at
+/// once. An operator's emergency brake for one object. A deleted object that carries it waits
+/// (its finalizer stays) until the annotation is removed.
+pub const IGNORE_ANNOTATION: &str = "actorcile.dev/ignore";
+
+/// Whether `meta` carries [`IGNORE_ANNOTATION`]` = "true"`.
+pub fn is_ignored(meta: &kube::api::ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(IGNORE_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}
+
+/// Reads a poll interval out of a config object.
+type PollFrom<C> = Arc<dyn Fn(&C) -> Option<Duration> + Send + Sync>;
+
+/// The one object a controller reads its provider config from (see
+/// [`Controller::config`](crate::runtime::Controller::config)).
+pub struct ConfigRef<C> {
+    pub(crate) name: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) poll_from: Option<PollFrom<C>>,
+}
+
+impl<C> ConfigRef<C> {
+    /// The cluster-scoped object `name`.
+    pub fn cluster(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            namespace: None,
+            poll_from: None,
+        }
+    }
+
+    /// The object `name` in `namespace`.
+    pub fn namespaced(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            namespace: Some(namespace.into()),
+            poll_from: None,
+        }
+    }
+
+    /// Take the poll interval from the config (`None` from `f`: the policy's). The policy's
+    /// `poll_jitter` applies to it.
+    pub fn poll_interval_from(
+        mut self,
+        f: impl Fn(&C) -> Option<Duration> + Send + Sync + 'static,
+    ) -> Self {
+        self.poll_from = Some(Arc::new(f));
+        self
+    }
+
+    /// `namespace/name`, or `name`.
+    pub(crate) fn describe(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+
+/// Which objects reference which Secrets: kept current from the watch of the objects, read
+/// when a Secret changes.
+pub(crate) struct SecretIndex<K: kube::Resource<DynamicType = ()>> {
+    by_secret: FastMap<ObjectRef<Secret>, HashSet<ObjectRef<K>, ahash::RandomState>>,
+    by_object: FastMap<ObjectRef<K>, Vec<ObjectRef<Secret>>>,
+}
+
+impl<K: kube::Resource<DynamicType = ()>> Default for SecretIndex<K> {
+    fn default() -> Self {
+        Self {
+            by_secret: FastMap::default(),
+            by_object: FastMap::default(),
+        }
+    }
+}
+
+impl<K: kube::Resource<DynamicType = ()>> SecretIndex<K> {
+    /// `object` references exactly `secrets` now.
+    pub(crate) fn set(&mut self, object: &ObjectRef<K>, mut secrets: Vec<ObjectRef<Secret>>) {
+        for s in &mut secrets {
+            s.extra = Default::default();
+        }
+        secrets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        secrets.dedup();
+        if self.by_object.get(object) == Some(&secrets) {
+            return;
+        }
+        self.remove(object);
+        if secrets.is_empty() {
+            return;
+        }
+        for s in &secrets {
+            self.by_secret
+                .entry(s.clone())
+                .or_default()
+                .insert(object.clone());
+        }
+        self.by_object.insert(object.clone(), secrets);
+    }
+
+    /// `object` is gone.
+    pub(crate) fn remove(&mut self, object: &ObjectRef<K>) {
+        for s in self.by_object.remove(object).unwrap_or_default() {
+            if let Some(objects) = self.by_secret.get_mut(&s) {
+                objects.remove(object);
+                if objects.is_empty() {
+                    self.by_secret.remove(&s);
+                }
+            }
+        }
+    }
+
+    /// Forget every object `keep` says no to.
+    pub(crate) fn retain(&mut self, keep: impl Fn(&ObjectRef<K>) -> bool) {
+        let gone: Vec<_> = self.by_object.keys().filter(|k| !keep(k)).cloned().collect();
+        for k in gone {
+            self.remove(&k);
+        }
+    }
+
+    /// The objects that reference `secret`.
+    pub(crate) fn referrers(&self, secret: &ObjectRef<Secret>) -> Vec<ObjectRef<K>> {
+        self.by_secret
+            .get(secret)
+            .map(|o| o.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn secret(name: &str) -> ObjectRef<Secret> {
+        ObjectRef::new(name).within("ns")
+    }
+
+    #[test]
+    fn the_index_follows_what_each_object_references_now() {
+        let mut index = SecretIndex::<ConfigMap>::default();
+        let a = ObjectRef::<ConfigMap>::new("a").within("ns");
+        let b = ObjectRef::<ConfigMap>::new("b").within("ns");
+        index.set(&a, vec![secret("s1"), secret("s2"), secret("s1")]);
+        index.set(&b, vec![secret("s2")]);
+        assert_eq!(index.referrers(&secret("s1")), vec![a.clone()]);
+        assert_eq!(index.referrers(&secret("s2")).len(), 2);
+        // a moves from s1 to s3; b goes
+        index.set(&a, vec![secret("s3")]);
+        index.remove(&b);
+        assert!(index.referrers(&secret("s1")).is_empty());
+        assert!(index.referrers(&secret("s2")).is_empty());
+        assert_eq!(index.referrers(&secret("s3")), vec![a]);
+        assert!(index.by_secret.len() == 1 && index.by_object.len() == 1);
+    }
+
+    #[test]
+    fn only_the_value_true_ignores_an_object() {
+        let mut meta = kube::api::ObjectMeta::default();
+        assert!(!is_ignored(&meta));
+        meta.annotations = Some([(IGNORE_ANNOTATION.to_string(), "false".to_string())].into());
+        assert!(!is_ignored(&meta));
+        meta.annotations = Some([(IGNORE_ANNOTATION.to_string(), "true".to_string())].into());
+        assert!(is_ignored(&meta));
+    }
+}
