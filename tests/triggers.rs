@@ -1,0 +1,462 @@
+//! A controller's triggers on the in-process cluster (paused time): the provider config, the
+//! Secrets its objects reference, the poll interval's spread, the ignore annotation, and the
+//! builder's validation.
+//!
+//! "Nothing else ran" is asserted after a long sleep of paused time: tokio advances a paused
+//! clock only when every task is idle, so by then the runtime has handled every event it was
+//! going to see.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::triggers::{ConfigRef, IGNORE_ANNOTATION};
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use tokio::time::Instant;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Every provision pass, by object: how many, and what it saw.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<HashMap<String, Vec<String>>>>);
+
+impl Seen {
+    fn push(&self, name: String, what: String) {
+        self.0.lock().unwrap().entry(name).or_default().push(what);
+    }
+    fn runs(&self, name: &str) -> usize {
+        self.0.lock().unwrap().get(name).map_or(0, Vec::len)
+    }
+    fn last(&self, name: &str) -> Option<String> {
+        self.0.lock().unwrap().get(name)?.last().cloned()
+    }
+    fn counts(&self) -> HashMap<String, usize> {
+        let m = self.0.lock().unwrap();
+        m.iter().map(|(k, v)| (k.clone(), v.len())).collect()
+    }
+}
+
+fn config_maps(client: &Client) -> Api<ConfigMap> {
+    Api::namespaced(client.clone(), "default")
+}
+
+async fn put_config(client: &Client, value: &str) {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("provider".into());
+    cm.data = Some([("value".to_string(), value.to_string())].into());
+    config_maps(client)
+        .patch(
+            "provider",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+        .expect("apply the config");
+}
+
+/// A tree that records the config's `value` each pass sees.
+fn config_tree(seen: Seen) -> impl Provisioner<Widget> {
+    step("read-config", move |cx: Context<Widget>| {
+        let seen = seen.clone();
+        async move {
+            let value = cx
+                .config::<ConfigMap>()
+                .and_then(|c| c.data.as_ref()?.get("value").cloned())
+                .unwrap_or_else(|| "<none>".into());
+            seen.push(cx.object().name_any(), value);
+            Outcome::Done
+        }
+    })
+}
+
+async fn start_with_config(client: &Client, policy: SupervisorPolicy, seen: Seen) -> RuntimeHandle {
+    Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(
+            Controller::<Widget>::new(config_tree(seen))
+                .config(ConfigRef::<ConfigMap>::namespaced("default", "provider")),
+        )
+        .start()
+        .await
+        .expect("start the runtime")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_change_re_runs_every_object_passive_ones_included() {
+    let (_cluster, client) = cluster();
+    put_config(&client, "one").await;
+    let seen = Seen::default();
+    let mut policy = test_policy();
+    policy.idle_timeout = Some(Duration::from_secs(1));
+    policy.max_concurrent_runs = 4;
+    let rt = start_with_config(&client, policy, seen.clone()).await;
+    for i in 0..40 {
+        create(&client, &format!("w{i}"), 1).await;
+    }
+    wait_all_ready(&client, 40, LIMIT).await;
+    eventually("every actor passivated", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    for i in 0..40 {
+        assert_eq!(seen.last(&format!("w{i}")).as_deref(), Some("one"));
+    }
+    let before = rt.metrics();
+
+    put_config(&client, "two").await;
+    eventually("every object ran with the new config", LIMIT, || async {
+        (0..40)
+            .all(|i| seen.last(&format!("w{i}")).as_deref() == Some("two"))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    for i in 0..40 {
+        assert_eq!(seen.runs(&format!("w{i}")), 2, "w{i}: one pass per config version");
+    }
+    let after = rt.metrics();
+    assert!(
+        after.peak_in_flight <= 4,
+        "the fan-out waits for run slots: {} in flight at most",
+        after.peak_in_flight
+    );
+    assert_eq!(after.activations - before.activations, 40, "every passive object re-activated");
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_config_holds_objects_in_config_missing_until_it_exists() {
+    let (_cluster, client) = cluster();
+    let seen = Seen::default();
+    let rt = start_with_config(&client, test_policy(), seen.clone()).await;
+    create(&client, "a", 1).await;
+    let s = wait_reason(&client, "a", "ConfigMissing", LIMIT).await;
+    assert_eq!(s.phase, Some(Phase::Failed));
+    assert!(
+        s.ready().unwrap().message.contains("default/provider"),
+        "the status names the config: {:?}",
+        s.ready()
+    );
+    assert_eq!(seen.runs("a"), 0, "the tree does not run without its config");
+
+    put_config(&client, "one").await;
+    wait_ready(&client, "a", LIMIT).await;
+    assert_eq!(seen.last("a").as_deref(), Some("one"));
+
+    config_maps(&client)
+        .delete("provider", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_reason(&client, "a", "ConfigMissing", LIMIT).await;
+    put_config(&client, "back").await;
+    wait_ready(&client, "a", LIMIT).await;
+    assert_eq!(seen.last("a").as_deref(), Some("back"));
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_changed_secret_re_runs_exactly_the_object_that_references_it() {
+    let (_cluster, client) = cluster();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    for name in ["s7", "unused"] {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.into());
+        s.string_data = Some([("k".to_string(), "v1".to_string())].into());
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let seen = Seen::default();
+    let s2 = seen.clone();
+    let tree = step("record", move |cx: Context<Widget>| {
+        let seen = s2.clone();
+        async move {
+            seen.push(cx.object().name_any(), String::new());
+            Outcome::Done
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree).secrets(|w: &Widget| {
+            // w7 names its Secret in the note; the others name none
+            if w.spec.note.is_empty() {
+                vec![]
+            } else {
+                vec![ObjectRef::<Secret>::new(&w.spec.note).within("default")]
+            }
+        }))
+        .start()
+        .await
+        .unwrap();
+    let api = widgets(&client);
+    for i in 0..1000 {
+        let mut w = widget(&format!("w{i}"), 1);
+        if i == 7 {
+            w.spec.note = "s7".into();
+        }
+        api.create(&PostParams::default(), &w).await.unwrap();
+    }
+    wait_all_ready(&client, 1000, LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let before = seen.counts();
+    assert!(before.values().all(|&n| n == 1), "one pass each so far");
+
+    // A Secret nobody references: nothing runs.
+    let patch = Patch::Merge(serde_json::json!({"stringData": {"k": "v2"}}));
+    secrets
+        .patch("unused", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    // The referenced one: exactly its referrer runs.
+    secrets
+        .patch("s7", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    eventually("w7 ran again", LIMIT, || async {
+        (seen.runs("w7") == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let after = seen.counts();
+    let ran: Vec<_> = after
+        .iter()
+        .filter(|(k, n)| before.get(*k) != Some(*n))
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(ran, vec!["w7".to_string()], "only the referrer ran");
+
+    // Deleting the Secret runs its referrer too (it may depend on it being there).
+    secrets.delete("s7", &DeleteParams::default()).await.unwrap();
+    eventually("w7 ran on the deletion", LIMIT, || async {
+        (seen.runs("w7") == 3).then_some(())
+    })
+    .await;
+    rt.shutdown().await;
+}
+
+/// The poll passes of `n` objects, as seconds after the earliest one, with `jitter`.
+async fn poll_times(n: usize, jitter: f64) -> Vec<f64> {
+    let (_cluster, client) = cluster();
+    let starts: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+    let st = starts.clone();
+    let tree = step("record", move |cx: Context<Widget>| {
+        let st = st.clone();
+        async move {
+            st.lock()
+                .unwrap()
+                .entry(cx.object().name_any())
+                .or_default()
+                .push(Instant::now());
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.poll_interval = Some(Duration::from_secs(60));
+    policy.poll_jitter = jitter;
+    policy.idle_timeout = Some(Duration::from_secs(5));
+    let rt = start_widgets(&client, policy, tree).await;
+    let api = widgets(&client);
+    for i in 0..n {
+        api.create(&PostParams::default(), &widget(&format!("w{i}"), 1))
+            .await
+            .unwrap();
+    }
+    eventually("every object polled once", Duration::from_secs(600), || async {
+        let s = starts.lock().unwrap();
+        (s.len() == n && s.values().all(|v| v.len() >= 2)).then_some(())
+    })
+    .await;
+    rt.shutdown().await;
+    let s = starts.lock().unwrap();
+    let polls: Vec<Instant> = s.values().map(|v| v[1]).collect();
+    let first = *polls.iter().min().unwrap();
+    polls.iter().map(|t| (*t - first).as_secs_f64()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn poll_passes_of_ten_thousand_objects_spread_over_the_jitter() {
+    let n = 10_000;
+    let most_in_one_second = |times: &[f64]| {
+        let mut buckets: HashMap<u64, usize> = HashMap::new();
+        for t in times {
+            *buckets.entry(*t as u64).or_default() += 1;
+        }
+        buckets.values().copied().max().unwrap_or(0)
+    };
+    // Without jitter, objects listed together poll in the same second: the measure can fail.
+    let flat = poll_times(n, 0.0).await;
+    assert!(
+        most_in_one_second(&flat) > n / 2,
+        "without jitter the polls bunch up: {} of {n} in one second",
+        most_in_one_second(&flat)
+    );
+    // The default jitter (10 % of 60 s) spreads them over 6 s.
+    let spread = poll_times(n, 0.1).await;
+    let span = spread.iter().cloned().fold(0.0, f64::max);
+    let peak = most_in_one_second(&spread);
+    assert!(span >= 5.0, "the polls spread over {span:.1} s");
+    assert!(
+        peak <= n / 4,
+        "at most a quarter of the objects in any one second: {peak} of {n}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_ignore_annotation_skips_every_pass_until_it_is_removed() {
+    let (_cluster, client) = cluster();
+    let seen = Seen::default();
+    let s2 = seen.clone();
+    let deprovisioned = Arc::new(Mutex::new(0));
+    let d = deprovisioned.clone();
+    let tree = step("record", move |cx: Context<Widget>| {
+        let seen = s2.clone();
+        async move {
+            seen.push(cx.object().name_any(), String::new());
+            Outcome::Done
+        }
+    })
+    .on_delete(move |_cx: Context<Widget>| {
+        let d = d.clone();
+        async move {
+            *d.lock().unwrap() += 1;
+            Outcome::Done
+        }
+    });
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    let api = widgets(&client);
+    let annotate = |v: Option<&str>| {
+        Patch::Merge(serde_json::json!({"metadata": {"annotations": {IGNORE_ANNOTATION: v}}}))
+    };
+
+    // Ignored from birth: no pass, no finalizer, no status.
+    let mut w = widget("a", 1);
+    w.metadata.annotations = Some([(IGNORE_ANNOTATION.to_string(), "true".to_string())].into());
+    api.create(&PostParams::default(), &w).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let w = api.get("a").await.unwrap();
+    assert_eq!(seen.runs("a"), 0);
+    assert!(w.finalizers().is_empty() && w.status.is_none());
+    assert!(rt.metrics().ignored >= 1, "the skip is counted");
+
+    // Removing it resumes the object at once.
+    api.patch("a", &PatchParams::default(), &annotate(None))
+        .await
+        .unwrap();
+    wait_ready(&client, "a", LIMIT).await;
+    assert_eq!(seen.runs("a"), 1);
+
+    // Set again: a spec change runs nothing, and the status stays as it was.
+    api.patch("a", &PatchParams::default(), &annotate(Some("true")))
+        .await
+        .unwrap();
+    set_note(&client, "a", "changed").await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let w = api.get("a").await.unwrap();
+    assert_eq!(seen.runs("a"), 1, "no pass while ignored");
+    assert_eq!(w.status.unwrap().observed_generation, Some(1));
+
+    // Deleted while ignored: it waits, finalizer kept, until the annotation goes.
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(api.get_opt("a").await.unwrap().is_some(), "still there");
+    assert_eq!(*deprovisioned.lock().unwrap(), 0);
+    api.patch("a", &PatchParams::default(), &annotate(None))
+        .await
+        .unwrap();
+    wait_gone(&client, "a", LIMIT).await;
+    assert_eq!(*deprovisioned.lock().unwrap(), 1);
+    rt.shutdown().await;
+}
+
+fn noop() -> impl Provisioner<Widget> {
+    step("noop", |_cx: Context<Widget>| async { Outcome::Done })
+}
+
+/// The field an invalid-setting error names.
+fn field_of(e: actorcile::Error) -> String {
+    match e {
+        actorcile::Error::Invalid { field, .. } => field,
+        actorcile::Error::Policy(actorcile::policy::PolicyError::Invalid { field, .. }) => {
+            format!("policy.{field}")
+        }
+        other => panic!("not a typed invalid-setting error: {other}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
+    let (_cluster, client) = cluster();
+    let b = || Runtime::builder(client.clone());
+    let err = |r: Result<RuntimeHandle, actorcile::Error>| field_of(r.err().expect("refused"));
+
+    assert_eq!(err(b().start().await), "controllers");
+    assert_eq!(
+        err(b()
+            .controller(Controller::<Widget>::new(noop()))
+            .controller(Controller::<Widget>::new(noop()))
+            .start()
+            .await),
+        "controller Widget"
+    );
+    assert_eq!(
+        err(b()
+            .finalizer("cleanup")
+            .controller(Controller::<Widget>::new(noop()))
+            .start()
+            .await),
+        "finalizer"
+    );
+    let mut bad = SupervisorPolicy::default();
+    bad.max_concurrent_runs = 0;
+    assert_eq!(
+        err(b()
+            .policy(bad.clone())
+            .controller(Controller::<Widget>::new(noop()))
+            .start()
+            .await),
+        "policy.max_concurrent_runs"
+    );
+    let mut bad_lock = SupervisorPolicy::default();
+    bad_lock.lock_expiry = Duration::ZERO;
+    assert_eq!(
+        err(b()
+            .controller(Controller::<Widget>::new(noop()).policy(bad_lock))
+            .start()
+            .await),
+        "policy.lock_expiry"
+    );
+    // A namespaced config kind named without a namespace: no way to read it.
+    assert_eq!(
+        err(b()
+            .controller(
+                Controller::<Widget>::new(noop()).config(ConfigRef::<ConfigMap>::cluster("p"))
+            )
+            .start()
+            .await),
+        "config of the Widget controller"
+    );
+    // A config kind the API server does not serve.
+    #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    #[kube(group = "missing.actorcile.dev", version = "v1", kind = "Nothing")]
+    struct NothingSpec {}
+    let e = b()
+        .controller(Controller::<Widget>::new(noop()).config(ConfigRef::<Nothing>::cluster("p")))
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("does not serve"), "{e}");
+    assert_eq!(field_of(e), "config of the Widget controller");
+    // And validate() says the same without starting anything.
+    assert!(b().validate().is_err());
+    assert!(
+        b().controller(Controller::<Widget>::new(noop()))
+            .validate()
+            .is_ok()
+    );
+}
