@@ -247,8 +247,9 @@ impl<K: ManagedResource> Context<K> {
         obj
     }
 
-    /// A fresh read after a conflict: the newest version, written by someone else. It is not
-    /// the pass's own write: the runtime runs the object again after the pass.
+    /// A fresh read after a conflict: the newest version. When it is not one the pass's own
+    /// steps wrote (concurrent steps conflict with each other too), someone else changed the
+    /// object, and the runtime runs it again after the pass.
     async fn reread(&self) -> Result<Arc<K>, Error> {
         let name = self.object().meta().name.clone().unwrap_or_default();
         let fresh = self
@@ -258,8 +259,9 @@ impl<K: ManagedResource> Context<K> {
             .ok_or_else(|| Error::TargetMissing(self.target()))?;
         let fresh = Arc::new(fresh);
         let mut w = self.written();
+        let ours = version_of(fresh.as_ref()).is_some_and(|v| w.versions.contains(&v));
+        w.saw_others |= !ours;
         w.latest = Some(fresh.clone());
-        w.saw_others = true;
         Ok(fresh)
     }
 

@@ -1,0 +1,268 @@
+//! The provider handle on `Context` (conditions of a step's own, extra finalizers, owned
+//! children) and guarded side effects, on the in-process cluster with paused time. The guard's
+//! races against a real API server are in `real_guard.rs`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::provisioners::{DONE, LOCKED, Lock, guard};
+use actorcile::status::Condition;
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+
+const LIMIT: Duration = Duration::from_secs(120);
+const EXTRA_FINALIZER: &str = "test.actorcile.dev/volume";
+
+fn condition(w: &Widget, type_: &str) -> Option<Condition> {
+    w.status.as_ref()?.condition(type_).cloned()
+}
+
+/// Two concurrent steps, each with a condition of its own, one with a finalizer of its own and
+/// an owned child.
+fn handle_tree(runs: Arc<AtomicU32>) -> impl Provisioner<Widget> {
+    concurrent![
+        step("alpha", move |cx: Context<Widget>| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let r = Reason::new("AlphaUp", format!("size {}", cx.object().spec.size));
+                match cx.set_condition("Alpha", true, &r).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => Outcome::failed(Reason::new("AlphaWrite", "alpha"), e),
+                }
+            }
+        }),
+        step("beta", |cx: Context<Widget>| async move {
+            if let Err(e) = cx.add_finalizer(EXTRA_FINALIZER).await {
+                return Outcome::failed(Reason::new("BetaFinalizer", "beta"), e);
+            }
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some(format!("{}-beta", cx.object().name_any()));
+            if let Err(e) = cx.create_owned(cm.clone()).await {
+                return Outcome::failed(Reason::new("BetaChild", "beta"), e);
+            }
+            // idempotent: a second create returns the child as it is
+            if let Err(e) = cx.create_owned(cm).await {
+                return Outcome::failed(Reason::new("BetaChild", "beta"), e);
+            }
+            match cx.set_condition("Beta", false, &Reason::new("BetaWaiting", "not yet")).await {
+                Ok(()) => Outcome::Done,
+                Err(e) => Outcome::failed(Reason::new("BetaWrite", "beta"), e),
+            }
+        })
+        .on_delete(|cx: Context<Widget>| async move {
+            let name = format!("{}-beta", cx.object().name_any());
+            match cx.delete_owned::<ConfigMap>(None, &name).await {
+                Ok(true) => {}
+                Ok(false) => return Outcome::yield_now(Reason::new("ChildGoing", "child")),
+                Err(e) => return Outcome::failed(Reason::new("BetaChild", "beta"), e),
+            }
+            match cx.remove_finalizer(EXTRA_FINALIZER).await {
+                Ok(()) => Outcome::Done,
+                Err(e) => Outcome::failed(Reason::new("BetaFinalizer", "beta"), e),
+            }
+        }),
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn steps_write_their_own_conditions_finalizers_and_children_without_clobbering() {
+    let (_cluster, client) = cluster();
+    let runs = Arc::new(AtomicU32::new(0));
+    let rt = start_widgets(&client, test_policy(), handle_tree(runs.clone())).await;
+    create(&client, "w", 3).await;
+    wait_ready(&client, "w", LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let w = widgets(&client).get("w").await.unwrap();
+    // Ready (the runtime's) and both steps' conditions, side by side.
+    let status = w.status.clone().unwrap();
+    assert!(status.is_ready());
+    let alpha = condition(&w, "Alpha").expect("Alpha");
+    assert_eq!((alpha.status.as_str(), alpha.reason.as_str()), ("True", "AlphaUp"));
+    assert_eq!(alpha.observed_generation, Some(1));
+    let beta = condition(&w, "Beta").expect("Beta");
+    assert_eq!((beta.status.as_str(), beta.reason.as_str()), ("False", "BetaWaiting"));
+    assert!(w.finalizers().contains(&EXTRA_FINALIZER.to_string()));
+    assert!(w.finalizers().contains(&"actorcile.dev/finalizer".to_string()));
+    let child = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .get("w-beta")
+        .await
+        .unwrap();
+    assert_eq!(
+        child.owner_references()[0].uid,
+        w.uid().unwrap(),
+        "the child is owned by the widget"
+    );
+    // The steps' writes are the pass's own: their echoes ran no further pass.
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one pass");
+
+    // A new generation: Alpha changes (change-only: Beta's write is skipped), Ready stays.
+    set_note(&client, "w", "again").await;
+    widgets(&client)
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"size": 4}})),
+        )
+        .await
+        .unwrap();
+    eventually("Alpha says size 4", LIMIT, || async {
+        let w = widgets(&client).get("w").await.ok()?;
+        (condition(&w, "Alpha")?.message == "size 4" && w.status.as_ref()?.is_ready()).then_some(())
+    })
+    .await;
+    let w = widgets(&client).get("w").await.unwrap();
+    assert!(condition(&w, "Beta").is_some(), "Beta kept");
+
+    // Deletion waits for the step's own finalizer, which its deprovision removes.
+    delete(&client, "w").await;
+    wait_gone(&client, "w", LIMIT).await;
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), "default")
+            .get_opt("w-beta")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_names_are_typed_errors_in_the_status_not_panics() {
+    let (_cluster, client) = cluster();
+    let tree = step("bad", |cx: Context<Widget>| async move {
+        let e = cx
+            .set_condition("Ready", true, &Reason::new("Mine", "no"))
+            .await
+            .expect_err("Ready is the runtime's");
+        assert!(matches!(&e, actorcile::Error::Invalid { field, .. } if field == "condition type"));
+        let e = cx.add_finalizer("no-prefix").await.expect_err("unqualified");
+        Outcome::Terminal(Reason::new("BadFinalizer", e.to_string()))
+    });
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    create(&client, "w", 1).await;
+    let s = wait_reason(&client, "w", "BadFinalizer", LIMIT).await;
+    assert!(s.ready().unwrap().message.contains("finalizer"));
+    rt.shutdown().await;
+}
+
+/// A guarded task that counts its runs per object.
+fn counting_guard(counts: Arc<Mutex<HashMap<String, u32>>>) -> impl Provisioner<Widget> {
+    guard("External", move |cx: Context<Widget>| {
+        let counts = counts.clone();
+        async move {
+            *counts.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
+            // long enough for another replica's pass to meet the lock
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Outcome::Done
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_guard_runs_its_task_once_per_generation_and_records_the_result() {
+    let (_cluster, client) = cluster();
+    let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let mut policy = test_policy();
+    policy.poll_interval = Some(Duration::from_secs(10));
+    let rt = start_widgets(&client, policy, counting_guard(counts.clone())).await;
+    create(&client, "w", 1).await;
+    wait_ready(&client, "w", LIMIT).await;
+    // Polls re-run the object; the task stays done for generation 1.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(rt.metrics().provision_runs >= 4, "polled several times");
+    assert_eq!(counts.lock().unwrap()["w"], 1);
+    let w = widgets(&client).get("w").await.unwrap();
+    let c = condition(&w, "External").unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", DONE));
+    assert_eq!(c.observed_generation, Some(1));
+    // A new generation is a new intent.
+    widgets(&client)
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
+    eventually("the task ran for generation 2", LIMIT, || async {
+        (counts.lock().unwrap()["w"] == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(counts.lock().unwrap()["w"], 2);
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_runtimes_racing_on_fifty_objects_run_each_guarded_task_once() {
+    let (_cluster, client) = cluster();
+    let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let a = start_widgets(&client, test_policy(), counting_guard(counts.clone())).await;
+    let b = start_widgets(&client, test_policy(), counting_guard(counts.clone())).await;
+    assert_ne!(a.holder(), b.holder());
+    for i in 0..50 {
+        create(&client, &format!("w{i}"), 1).await;
+    }
+    wait_all_ready(&client, 50, LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.len(), 50);
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "every task ran exactly once: {counts:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Real time: a lock's expiry is wall-clock time, which a paused tokio clock does not move.
+#[tokio::test]
+async fn a_lock_held_elsewhere_yields_until_it_expires() {
+    let (_cluster, client) = cluster();
+    let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    create(&client, "w", 1).await;
+    // Another holder took the lock a moment ago, for 2 s, and went away.
+    let until = chrono::Utc::now() + chrono::Duration::seconds(2);
+    let lock = serde_json::json!({"status": {"conditions": [{
+        "type": "External", "status": "Unknown", "reason": LOCKED,
+        "message": format!("held by gone-replica until {}", until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1,
+    }]}});
+    widgets(&client)
+        .patch_status("w", &PatchParams::default(), &Patch::Merge(lock))
+        .await
+        .unwrap();
+    let started = Arc::new(Mutex::new(None));
+    let st = started.clone();
+    let tree = guard("External", move |_cx: Context<Widget>| {
+        let st = st.clone();
+        async move {
+            *st.lock().unwrap() = Some(chrono::Utc::now());
+            Outcome::Done
+        }
+    });
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    let s = wait_reason(&client, "w", "Locked", LIMIT).await;
+    assert!(
+        chrono::Utc::now() < until,
+        "the lock was seen before its expiry (the check below is not vacuous)"
+    );
+    assert!(s.ready().unwrap().message.contains("gone-replica"));
+    let c = s.condition("External").unwrap();
+    assert_eq!(Lock::of(c).unwrap().holder, "gone-replica");
+    wait_ready(&client, "w", LIMIT).await;
+    let ran_at = started.lock().unwrap().expect("the task ran");
+    assert!(ran_at >= until, "ran at {ran_at}, the lock held until {until}");
+    let c = widgets(&client).get("w").await.unwrap();
+    assert_eq!(condition(&c, "External").unwrap().reason, DONE);
+    drop(counts);
+    rt.shutdown().await;
+}
