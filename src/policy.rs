@@ -326,7 +326,10 @@ impl SupervisorPolicy {
             ));
         }
         if self.lock_expiry.is_zero() {
-            return Err(PolicyError::invalid("lock_expiry", "must be longer than zero"));
+            return Err(PolicyError::invalid(
+                "lock_expiry",
+                "must be longer than zero",
+            ));
         }
         if self.poll_interval.is_some_and(|p| p.is_zero()) {
             return Err(PolicyError::invalid(

@@ -46,7 +46,11 @@ pub fn rules_for<K: Resource<DynamicType = ()>>() -> Vec<PolicyRule> {
 
 /// Reading and watching kind `K` (a provider config, the Secrets a controller watches).
 pub fn read_rules_for<K: Resource<DynamicType = ()>>() -> Vec<PolicyRule> {
-    vec![rule(&K::group(&()), &[&K::plural(&())], &["get", "list", "watch"])]
+    vec![rule(
+        &K::group(&()),
+        &[&K::plural(&())],
+        &["get", "list", "watch"],
+    )]
 }
 
 /// What every runtime needs besides its kinds: publishing Events (both APIs).

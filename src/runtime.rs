@@ -36,10 +36,10 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::actors::mailbox::Mailbox;
+use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::actors::{Manager, ManagerArgs, Metrics, Shared, Timers, run_feeder};
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::policy::SupervisorPolicy;
-use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner, new_holder_id};
 use crate::references::{
     KindHandle, Readiness, ReferenceApi, ReferenceIndex, Target, referrers_in,
@@ -75,7 +75,9 @@ struct ConfigSpec {
     invalid: Option<String>,
     rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
     /// Lists the config's kind once: an API server that does not serve it is a start-up error.
-    probe: Box<dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), kube::Error>> + Send>,
+    probe: Box<
+        dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), kube::Error>> + Send,
+    >,
     start: Box<dyn FnOnce(&Client) -> (Arc<dyn ConfigView>, StartConfigWatch) + Send>,
 }
 
@@ -639,7 +641,9 @@ impl RuntimeBuilder {
             if !kinds.insert((api_version.clone(), kind.clone())) {
                 return Err(Error::Invalid {
                     field: format!("controller {kind}"),
-                    problem: format!("{api_version} {kind} is registered twice; one controller per kind"),
+                    problem: format!(
+                        "{api_version} {kind} is registered twice; one controller per kind"
+                    ),
                 });
             }
             c.validate()?;

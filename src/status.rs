@@ -194,7 +194,9 @@ pub fn is_valid_condition_type(type_: &str) -> bool {
     };
     let name_ok = !name.is_empty()
         && name.len() <= 316
-        && name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         && name.as_bytes()[0].is_ascii_alphanumeric()
         && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
     name_ok && type_.len() <= 316 && prefix.is_none_or(crate::names::is_dns_subdomain)
@@ -322,7 +324,9 @@ impl ResourceStatus {
     /// This status with the condition of type `type_` set (added, or replaced in place so the
     /// order of the others stays), keeping `lastTransitionTime` when its status did not change.
     /// `None` when the condition already says exactly this (a change-only write has nothing to
-    /// do). `reason` must be a valid condition reason ([`is_valid_reason`]).
+    /// do). `reason` must be a valid condition reason ([`is_valid_reason`]). An empty
+    /// `message` is written as the reason: some API servers (kube-apiserver 1.20) store an empty
+    /// string in a custom resource as null, which the condition's schema then refuses.
     pub fn with_condition(
         &self,
         type_: &str,
@@ -331,6 +335,7 @@ impl ResourceStatus {
         message: &str,
         generation: Option<i64>,
     ) -> Option<Self> {
+        let message = if message.is_empty() { reason } else { message };
         let previous = self.condition(type_);
         if previous.is_some_and(|c| {
             c.status == status.as_str()

@@ -47,7 +47,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::ObjectRef;
 
-
 /// The annotation that makes the runtime skip an object's passes while it is `"true"`: no
 /// provision, no deprovision, no finalizer or status write. Its finalizer and status stay as
 /// they are; removing the annotation (or setting it to anything else) resumes the object at
@@ -168,7 +167,12 @@ impl<K: kube::Resource<DynamicType = ()>> SecretIndex<K> {
 
     /// Forget every object `keep` says no to.
     pub(crate) fn retain(&mut self, keep: impl Fn(&ObjectRef<K>) -> bool) {
-        let gone: Vec<_> = self.by_object.keys().filter(|k| !keep(k)).cloned().collect();
+        let gone: Vec<_> = self
+            .by_object
+            .keys()
+            .filter(|k| !keep(k))
+            .cloned()
+            .collect();
         for k in gone {
             self.remove(&k);
         }

@@ -14,8 +14,8 @@ use actorcile::provisioners::{DONE, LOCKED, Lock, guard};
 use actorcile::status::Condition;
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const EXTRA_FINALIZER: &str = "test.actorcile.dev/volume";
@@ -52,7 +52,10 @@ fn handle_tree(runs: Arc<AtomicU32>) -> impl Provisioner<Widget> {
             if let Err(e) = cx.create_owned(cm).await {
                 return Outcome::failed(Reason::new("BetaChild", "beta"), e);
             }
-            match cx.set_condition("Beta", false, &Reason::new("BetaWaiting", "not yet")).await {
+            match cx
+                .set_condition("Beta", false, &Reason::new("BetaWaiting", "not yet"))
+                .await
+            {
                 Ok(()) => Outcome::Done,
                 Err(e) => Outcome::failed(Reason::new("BetaWrite", "beta"), e),
             }
@@ -85,12 +88,21 @@ async fn steps_write_their_own_conditions_finalizers_and_children_without_clobbe
     let status = w.status.clone().unwrap();
     assert!(status.is_ready());
     let alpha = condition(&w, "Alpha").expect("Alpha");
-    assert_eq!((alpha.status.as_str(), alpha.reason.as_str()), ("True", "AlphaUp"));
+    assert_eq!(
+        (alpha.status.as_str(), alpha.reason.as_str()),
+        ("True", "AlphaUp")
+    );
     assert_eq!(alpha.observed_generation, Some(1));
     let beta = condition(&w, "Beta").expect("Beta");
-    assert_eq!((beta.status.as_str(), beta.reason.as_str()), ("False", "BetaWaiting"));
+    assert_eq!(
+        (beta.status.as_str(), beta.reason.as_str()),
+        ("False", "BetaWaiting")
+    );
     assert!(w.finalizers().contains(&EXTRA_FINALIZER.to_string()));
-    assert!(w.finalizers().contains(&"actorcile.dev/finalizer".to_string()));
+    assert!(
+        w.finalizers()
+            .contains(&"actorcile.dev/finalizer".to_string())
+    );
     let child = Api::<ConfigMap>::namespaced(client.clone(), "default")
         .get("w-beta")
         .await
@@ -143,7 +155,10 @@ async fn bad_names_are_typed_errors_in_the_status_not_panics() {
             .await
             .expect_err("Ready is the runtime's");
         assert!(matches!(&e, actorcile::Error::Invalid { field, .. } if field == "condition type"));
-        let e = cx.add_finalizer("no-prefix").await.expect_err("unqualified");
+        let e = cx
+            .add_finalizer("no-prefix")
+            .await
+            .expect_err("unqualified");
         Outcome::Terminal(Reason::new("BadFinalizer", e.to_string()))
     });
     let rt = start_widgets(&client, test_policy(), tree).await;
@@ -158,7 +173,11 @@ fn counting_guard(counts: Arc<Mutex<HashMap<String, u32>>>) -> impl Provisioner<
     guard("External", move |cx: Context<Widget>| {
         let counts = counts.clone();
         async move {
-            *counts.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
+            *counts
+                .lock()
+                .unwrap()
+                .entry(cx.object().name_any())
+                .or_default() += 1;
             // long enough for another replica's pass to meet the lock
             tokio::time::sleep(Duration::from_millis(200)).await;
             Outcome::Done
@@ -260,7 +279,10 @@ async fn a_lock_held_elsewhere_yields_until_it_expires() {
     assert_eq!(Lock::of(c).unwrap().holder, "gone-replica");
     wait_ready(&client, "w", LIMIT).await;
     let ran_at = started.lock().unwrap().expect("the task ran");
-    assert!(ran_at >= until, "ran at {ran_at}, the lock held until {until}");
+    assert!(
+        ran_at >= until,
+        "ran at {ran_at}, the lock held until {until}"
+    );
     let c = widgets(&client).get("w").await.unwrap();
     assert_eq!(condition(&c, "External").unwrap().reason, DONE);
     drop(counts);

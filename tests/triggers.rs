@@ -119,7 +119,11 @@ async fn a_config_change_re_runs_every_object_passive_ones_included() {
     .await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     for i in 0..40 {
-        assert_eq!(seen.runs(&format!("w{i}")), 2, "w{i}: one pass per config version");
+        assert_eq!(
+            seen.runs(&format!("w{i}")),
+            2,
+            "w{i}: one pass per config version"
+        );
     }
     let after = rt.metrics();
     assert!(
@@ -127,7 +131,11 @@ async fn a_config_change_re_runs_every_object_passive_ones_included() {
         "the fan-out waits for run slots: {} in flight at most",
         after.peak_in_flight
     );
-    assert_eq!(after.activations - before.activations, 40, "every passive object re-activated");
+    assert_eq!(
+        after.activations - before.activations,
+        40,
+        "every passive object re-activated"
+    );
     rt.shutdown().await;
 }
 
@@ -144,7 +152,11 @@ async fn a_missing_config_holds_objects_in_config_missing_until_it_exists() {
         "the status names the config: {:?}",
         s.ready()
     );
-    assert_eq!(seen.runs("a"), 0, "the tree does not run without its config");
+    assert_eq!(
+        seen.runs("a"),
+        0,
+        "the tree does not run without its config"
+    );
 
     put_config(&client, "one").await;
     wait_ready(&client, "a", LIMIT).await;
@@ -231,7 +243,10 @@ async fn one_changed_secret_re_runs_exactly_the_object_that_references_it() {
     assert_eq!(ran, vec!["w7".to_string()], "only the referrer ran");
 
     // Deleting the Secret runs its referrer too (it may depend on it being there).
-    secrets.delete("s7", &DeleteParams::default()).await.unwrap();
+    secrets
+        .delete("s7", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("w7 ran on the deletion", LIMIT, || async {
         (seen.runs("w7") == 3).then_some(())
     })
@@ -266,10 +281,14 @@ async fn poll_times(n: usize, jitter: f64) -> Vec<f64> {
             .await
             .unwrap();
     }
-    eventually("every object polled once", Duration::from_secs(600), || async {
-        let s = starts.lock().unwrap();
-        (s.len() == n && s.values().all(|v| v.len() >= 2)).then_some(())
-    })
+    eventually(
+        "every object polled once",
+        Duration::from_secs(600),
+        || async {
+            let s = starts.lock().unwrap();
+            (s.len() == n && s.values().all(|v| v.len() >= 2)).then_some(())
+        },
+    )
     .await;
     rt.shutdown().await;
     let s = starts.lock().unwrap();
@@ -441,7 +460,14 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
         "config of the Widget controller"
     );
     // A config kind the API server does not serve.
-    #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    #[derive(
+        kube::CustomResource,
+        Clone,
+        Debug,
+        serde::Deserialize,
+        serde::Serialize,
+        schemars::JsonSchema,
+    )]
     #[kube(group = "missing.actorcile.dev", version = "v1", kind = "Nothing")]
     struct NothingSpec {}
     let e = b()

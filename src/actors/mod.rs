@@ -72,9 +72,9 @@ mod writes;
 use std::sync::Arc;
 
 use dashmap::DashMap;
+use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::Client;
 use ractor::ActorRef;
 use tokio::sync::Semaphore;
 

@@ -94,7 +94,9 @@ where
     let api: Api<C> = Api::all(client.clone());
     let config = watcher::Config::default().fields(&fields);
     let start: StartConfigWatch = Box::new(move |broadcast, listed| {
-        tokio::spawn(watch_config(api, config, writer, store, key, broadcast, listed))
+        tokio::spawn(watch_config(
+            api, config, writer, store, key, broadcast, listed,
+        ))
     });
     (view, start)
 }
@@ -153,7 +155,9 @@ async fn watch_config<C>(
                 }
             }
             // The store keeps the config it had: a transient error drops nothing.
-            Err(e) => tracing::warn!(error = %e, config = %key, "config watch error; retrying with backoff"),
+            Err(e) => {
+                tracing::warn!(error = %e, config = %key, "config watch error; retrying with backoff")
+            }
         }
     }
 }
@@ -213,7 +217,11 @@ pub(crate) async fn watch_secrets<K: ManagedResource>(
                 if let Some(seen) = seen.take()
                     && !first
                 {
-                    let gone: Vec<_> = known.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                    let gone: Vec<_> = known
+                        .keys()
+                        .filter(|k| !seen.contains(*k))
+                        .cloned()
+                        .collect();
                     for key in gone {
                         known.remove(&key);
                         changed(&key);

@@ -29,7 +29,11 @@ pub(crate) async fn patch_status<K: ManagedResource>(
     patch["metadata"] = json!({"resourceVersion": obj.meta().resource_version});
     let written = shared
         .api(obj)
-        .patch_status(&obj.name_any(), &shared.patch_params(), &Patch::Merge(patch))
+        .patch_status(
+            &obj.name_any(),
+            &shared.patch_params(),
+            &Patch::Merge(patch),
+        )
         .await?;
     Metrics::inc(&shared.metrics.status_writes);
     Ok(written)

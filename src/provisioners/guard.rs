@@ -52,7 +52,9 @@ impl Lock {
             return None;
         }
         let (holder, until) = c.message.strip_prefix("held by ")?.rsplit_once(" until ")?;
-        let until = DateTime::parse_from_rfc3339(until).ok()?.with_timezone(&Utc);
+        let until = DateTime::parse_from_rfc3339(until)
+            .ok()?
+            .with_timezone(&Utc);
         Some(Lock {
             holder: holder.to_string(),
             until,
