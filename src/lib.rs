@@ -148,11 +148,11 @@ pub mod prelude {
     pub use crate::policy::{BackoffPolicy, Exhausted, RestartPolicy, SupervisorPolicy};
     pub use crate::provisioners::{
         BoxProvisioner, Context, Outcome, Provisioner, Reason, ResourceProvisioner, boxed,
-        concurrent, conditional, resource, serial, step,
+        concurrent, conditional, guard, resource, serial, step,
     };
     pub use crate::references::{Readiness, Target};
     pub use crate::runtime::{Controller, Runtime, RuntimeHandle};
-    pub use crate::status::{Phase, ReadyReason, ResourceStatus};
+    pub use crate::status::{ConditionStatus, Phase, ReadyReason, ResourceStatus};
     pub use crate::{concurrent, serial};
 }
 

@@ -63,6 +63,42 @@
 //! }
 //! ```
 
+//!
+//! # Side effects outside Kubernetes, and the provider handle
+//!
+//! A step that changes something outside Kubernetes (a DNS record, a cloud volume) runs it
+//! under [`guard`](guard()) or [`Context::guard`]: at most once per generation of the object,
+//! never on a stale object, never while another replica holds the lock (which expires, so a
+//! replica that dies mid-task holds nothing forever). The context is also the provider handle
+//! of such steps (sequencer's `ProviderController`): [`Context::set_condition`] for a condition
+//! of the step's own, [`Context::add_finalizer`] / [`Context::remove_finalizer`],
+//! [`Context::create_owned`] / [`Context::delete_owned`], [`Context::get`] and
+//! [`Context::event`]. Their writes never clobber each other or the runtime's `Ready`.
+//!
+//! ```
+//! use actorcile::prelude::*;
+//! use actorcile::provisioners::guard;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "Site", namespaced, status = "ResourceStatus")]
+//! # struct SiteSpec { host: String }
+//!
+//! fn tree() -> impl Provisioner<Site> {
+//!     serial![
+//!         guard("DnsRecord", |cx: Context<Site>| async move {
+//!             // create the record for cx.object().spec.host (idempotently)
+//!             Outcome::Done
+//!         }),
+//!         step("certificate", |cx: Context<Site>| async move {
+//!             let issued = Reason::new("Issued", "certificate issued");
+//!             if let Err(e) = cx.set_condition("Certificate", true, &issued).await {
+//!                 return Outcome::failed(Reason::new("ConditionWriteFailed", "Certificate"), e);
+//!             }
+//!             Outcome::Done
+//!         }),
+//!     ]
+//! }
+//! ```
+
 mod application;
 pub mod argocd;
 pub mod cd;
