@@ -174,7 +174,10 @@ struct Figures {
 /// Change the config to version 2 once every object ran with version 1, and measure until every
 /// object ran with version 2.
 async fn measure(name: &'static str, client: &Client, probe: &Probe) -> Figures {
-    wait("the first passes", Duration::from_secs(600), || probe.all_saw(1)).await;
+    wait("the first passes", Duration::from_secs(600), || {
+        probe.all_saw(1)
+    })
+    .await;
     // Let the first wave settle (actorcile passivates its actors) before the change.
     tokio::time::sleep(Duration::from_millis(500)).await;
     probe.peak.store(0, Ordering::Relaxed);
@@ -244,28 +247,27 @@ async fn kube_runtime_side(args: &Args, concurrency: u16, name: &'static str) ->
     .filter_map(|o| async move { o.ok().map(|_| ()) })
     .skip(1); // the first list: every object runs at start-up anyway
     let ctx = Arc::new((probe.clone(), store));
-    let reconcile = |site: Arc<Site>, ctx: Arc<(Arc<Probe>, reflector::Store<ConfigMap>)>| -> Reconcile {
-        Box::pin(async move {
-            let version = ctx
-                .1
-                .get(&reflector::ObjectRef::new("provider").within("default"))
-                .map_or(0, |c| version_of(&c));
-            ctx.0.reconcile(site.spec.index, version).await;
-            Ok(Action::await_change())
-        })
-    };
-    let controller = KubeController::new(
-        Api::<Site>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(ControllerConfig::default().concurrency(concurrency))
-    .reconcile_all_on(changes)
-    .run(
-        reconcile,
-        |_site, _e: &kube::Error, _ctx| Action::requeue(Duration::from_secs(1)),
-        ctx,
-    )
-    .for_each(|_| async {});
+    let reconcile =
+        |site: Arc<Site>, ctx: Arc<(Arc<Probe>, reflector::Store<ConfigMap>)>| -> Reconcile {
+            Box::pin(async move {
+                let version = ctx
+                    .1
+                    .get(&reflector::ObjectRef::new("provider").within("default"))
+                    .map_or(0, |c| version_of(&c));
+                ctx.0.reconcile(site.spec.index, version).await;
+                Ok(Action::await_change())
+            })
+        };
+    let controller =
+        KubeController::new(Api::<Site>::all(client.clone()), watcher::Config::default())
+            .with_config(ControllerConfig::default().concurrency(concurrency))
+            .reconcile_all_on(changes)
+            .run(
+                reconcile,
+                |_site, _e: &kube::Error, _ctx| Action::requeue(Duration::from_secs(1)),
+                ctx,
+            )
+            .for_each(|_| async {});
     let task = tokio::spawn(controller);
     let figures = measure(name, &client, &probe).await;
     task.abort();

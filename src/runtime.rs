@@ -45,6 +45,7 @@ use crate::references::{
     KindHandle, Readiness, ReferenceApi, ReferenceIndex, Target, referrers_in,
 };
 use crate::status::ResourceStatus;
+use crate::triggers::SecretRefs;
 use crate::{Error, Escalation, ManagedResource};
 
 pub use crate::actors::MetricsSnapshot;
@@ -64,8 +65,8 @@ pub struct Controller<K: ManagedResource> {
     secrets: Option<SecretRefs<K>>,
 }
 
-/// Which Secrets an object references ([`Controller::secrets`]).
-type SecretRefs<K> = Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>;
+/// Builds a config's view and what starts its watch ([`Controller::config`]).
+type StartConfig = Box<dyn FnOnce(&Client) -> (Arc<dyn ConfigView>, StartConfigWatch) + Send>;
 
 /// A controller's provider config, its type erased ([`Controller::config`]).
 struct ConfigSpec {
@@ -78,7 +79,7 @@ struct ConfigSpec {
     probe: Box<
         dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), kube::Error>> + Send,
     >,
-    start: Box<dyn FnOnce(&Client) -> (Arc<dyn ConfigView>, StartConfigWatch) + Send>,
+    start: StartConfig,
 }
 
 impl<K: ManagedResource> Controller<K> {

@@ -63,7 +63,7 @@ pub fn is_ignored(meta: &kube::api::ObjectMeta) -> bool {
 }
 
 /// Reads a poll interval out of a config object.
-type PollFrom<C> = Arc<dyn Fn(&C) -> Option<Duration> + Send + Sync>;
+pub(crate) type PollFrom<C> = Arc<dyn Fn(&C) -> Option<Duration> + Send + Sync>;
 
 /// The one object a controller reads its provider config from (see
 /// [`Controller::config`](crate::runtime::Controller::config)).
@@ -112,6 +112,9 @@ impl<C> ConfigRef<C> {
 }
 
 type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+
+/// Which Secrets an object references ([`Controller::secrets`](crate::runtime::Controller::secrets)).
+pub(crate) type SecretRefs<K> = Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>;
 
 /// Which objects reference which Secrets: kept current from the watch of the objects, read
 /// when a Secret changes.

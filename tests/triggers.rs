@@ -430,8 +430,10 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
             .await),
         "finalizer"
     );
-    let mut bad = SupervisorPolicy::default();
-    bad.max_concurrent_runs = 0;
+    let bad = SupervisorPolicy {
+        max_concurrent_runs: 0,
+        ..Default::default()
+    };
     assert_eq!(
         err(b()
             .policy(bad.clone())
@@ -440,8 +442,10 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
             .await),
         "policy.max_concurrent_runs"
     );
-    let mut bad_lock = SupervisorPolicy::default();
-    bad_lock.lock_expiry = Duration::ZERO;
+    let bad_lock = SupervisorPolicy {
+        lock_expiry: Duration::ZERO,
+        ..Default::default()
+    };
     assert_eq!(
         err(b()
             .controller(Controller::<Widget>::new(noop()).policy(bad_lock))

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use super::mailbox::Mailbox;
 use super::{FastMap, ManagedResource, Shared};
 use crate::messages::{ManagerMsg, ResourceMsg};
-use crate::triggers::{ConfigRef, SecretIndex};
+use crate::triggers::{ConfigRef, PollFrom, SecretIndex, SecretRefs};
 
 /// A controller's provider config as its passes see it (the config's type erased).
 pub(crate) trait ConfigView: Send + Sync {
@@ -35,7 +35,7 @@ pub(crate) trait ConfigView: Send + Sync {
 struct ConfigState<C: Resource<DynamicType = ()> + 'static> {
     store: Store<C>,
     key: ObjectRef<C>,
-    poll_from: Option<Arc<dyn Fn(&C) -> Option<Duration> + Send + Sync>>,
+    poll_from: Option<PollFrom<C>>,
     described: String,
 }
 
@@ -258,12 +258,12 @@ fn secret_key(meta: &kube::api::ObjectMeta) -> ObjectRef<Secret> {
 /// The Secrets trigger of a controller: which Secrets an object references (the user's
 /// function), and the index of it the feeder keeps current.
 pub(crate) struct SecretTrigger<K: ManagedResource> {
-    refs: Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>,
+    refs: SecretRefs<K>,
     index: std::sync::Mutex<SecretIndex<K>>,
 }
 
 impl<K: ManagedResource> SecretTrigger<K> {
-    pub(crate) fn new(refs: Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>) -> Self {
+    pub(crate) fn new(refs: SecretRefs<K>) -> Self {
         Self {
             refs,
             index: std::sync::Mutex::default(),
