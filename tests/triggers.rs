@@ -490,3 +490,53 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
             .is_ok()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_config_can_set_the_poll_interval() {
+    let (_cluster, client) = cluster();
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("provider".into());
+    cm.data = Some([("pollSeconds".to_string(), "30".to_string())].into());
+    config_maps(&client)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let starts: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let st = starts.clone();
+    let tree = step("record", move |_cx: Context<Widget>| {
+        let st = st.clone();
+        async move {
+            st.lock().unwrap().push(Instant::now());
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.poll_interval = Some(Duration::from_secs(3600));
+    policy.poll_jitter = 0.0;
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree).config(
+            ConfigRef::<ConfigMap>::namespaced("default", "provider").poll_interval_from(
+                |c: &ConfigMap| {
+                    let secs = c.data.as_ref()?.get("pollSeconds")?.parse().ok()?;
+                    Some(Duration::from_secs(secs))
+                },
+            ),
+        ))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "a", 1).await;
+    eventually("three passes", LIMIT, || async {
+        (starts.lock().unwrap().len() >= 3).then_some(())
+    })
+    .await;
+    let s = starts.lock().unwrap().clone();
+    for gap in s.windows(2).map(|w| w[1] - w[0]) {
+        assert!(
+            gap >= Duration::from_secs(30) && gap < Duration::from_secs(31),
+            "the config's 30 s, not the policy's hour: {gap:?}"
+        );
+    }
+    rt.shutdown().await;
+}
