@@ -42,6 +42,7 @@ mod messages;
 pub mod names;
 mod object_api;
 pub mod policy;
+pub mod providers;
 pub mod provisioners;
 pub mod rbac;
 pub mod references;

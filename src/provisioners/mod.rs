@@ -106,6 +106,7 @@ mod combinators;
 mod context;
 mod guard;
 mod handle;
+mod nodes;
 mod outcome;
 mod remote;
 mod resource;
@@ -120,6 +121,7 @@ pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, 
 pub use context::{Context, RemoteScope};
 pub(crate) use context::{ControllerParts, new_holder_id};
 pub use guard::{DEPROVISIONED, DONE, DeprovisionTask, Guard, LOCKED, Lock, NoTask, guard};
+pub use nodes::{NodeSet, Nodes, nodes};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use remote::{
     FixedCluster, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster, RemoteClusterError, remote,

@@ -1,0 +1,405 @@
+//! Nodes as containers, through a Docker Engine API socket (Docker's, or Podman's
+//! `podman system service`), on the `bollard` crate.
+//!
+//! A node is a container named after the node, labelled with its cluster and role in one of
+//! three label schemes ([`LabelScheme`]), so the provider also sees clusters that kind or k3d
+//! made. Every engine call is bounded by the provider's timeout (default 30 s): an engine that
+//! does not answer, or a socket with nothing behind it, is
+//! [`ProviderError::ProviderUnavailable`] within it. Stopping a cluster stops its nodes in name
+//! order under one shared deadline; deletion removes containers with force (Podman answers 500,
+//! not 409, to removing a running one without it).
+//!
+//! ```no_run
+//! use actorcile::providers::docker::DockerProvider;
+//! use actorcile::providers::{NodeRole, NodeSpec, Provider};
+//! # async fn f() -> Result<(), actorcile::providers::ProviderError> {
+//! let podman = DockerProvider::connect("/run/podman/podman.sock", "kind")?;
+//! let mut node = NodeSpec::new("dev-control-plane", NodeRole::ControlPlane, "kindest/node:v1.33.0");
+//! node.network_mode = Some("none".into());
+//! podman.create_node("dev", &node).await?;
+//! podman.start_nodes("dev").await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::errors::Error as EngineError;
+use bollard::models::{ContainerCreateBody, ContainerSummaryStateEnum, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
+};
+use tokio::time::Instant;
+
+use super::{NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError};
+
+/// How a cluster's nodes are labelled: the cluster label, the role label, and the role values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelScheme {
+    /// Its name (`kind`, `k3d`, `actorcile`).
+    pub name: &'static str,
+    /// The label holding the cluster's name.
+    pub cluster: &'static str,
+    /// The label holding the node's role.
+    pub role: &'static str,
+    /// The role label's value for a control-plane node.
+    pub control_plane: &'static str,
+    /// The role label's value for a worker node.
+    pub worker: &'static str,
+}
+
+impl LabelScheme {
+    /// kind's labels.
+    pub const KIND: LabelScheme = LabelScheme {
+        name: "kind",
+        cluster: "io.x-k8s.kind.cluster",
+        role: "io.x-k8s.kind.role",
+        control_plane: "control-plane",
+        worker: "worker",
+    };
+    /// k3d's labels (servers and agents).
+    pub const K3D: LabelScheme = LabelScheme {
+        name: "k3d",
+        cluster: "k3d.cluster",
+        role: "k3d.role",
+        control_plane: "server",
+        worker: "agent",
+    };
+    /// actorcile's own.
+    pub const ACTORCILE: LabelScheme = LabelScheme {
+        name: "actorcile",
+        cluster: "actorcile.dev/cluster",
+        role: "actorcile.dev/role",
+        control_plane: "control-plane",
+        worker: "worker",
+    };
+
+    /// The scheme named `name`; [`ProviderError::UnknownLabelScheme`] for any other name.
+    pub fn named(name: &str) -> Result<LabelScheme, ProviderError> {
+        [Self::KIND, Self::K3D, Self::ACTORCILE]
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| ProviderError::UnknownLabelScheme { name: name.into() })
+    }
+
+    fn role_value(&self, role: NodeRole) -> &'static str {
+        match role {
+            NodeRole::ControlPlane => self.control_plane,
+            NodeRole::Worker => self.worker,
+        }
+    }
+
+    fn role_of(&self, value: &str) -> NodeRole {
+        if value == self.control_plane {
+            NodeRole::ControlPlane
+        } else {
+            NodeRole::Worker
+        }
+    }
+}
+
+/// Containers as nodes; see the module docs.
+pub struct DockerProvider {
+    docker: Docker,
+    scheme: LabelScheme,
+    socket: String,
+    timeout: Duration,
+}
+
+impl DockerProvider {
+    /// A provider on the Docker Engine API socket at `socket` (a path, or `unix://` and a
+    /// path), labelling nodes by the scheme named `scheme`. A socket path that does not exist
+    /// is [`ProviderError::ProviderUnavailable`] at once; one that does not answer, at its
+    /// first call.
+    pub fn connect(socket: &str, scheme: &str) -> Result<Self, ProviderError> {
+        let scheme = LabelScheme::named(scheme)?;
+        let timeout = Duration::from_secs(30);
+        let docker =
+            Docker::connect_with_unix(socket, timeout.as_secs(), bollard::API_DEFAULT_VERSION)
+                .map_err(|e| ProviderError::ProviderUnavailable {
+                    provider: socket.to_string(),
+                    reason: e.to_string(),
+                })?;
+        Ok(Self {
+            docker,
+            scheme,
+            socket: socket.to_string(),
+            timeout,
+        })
+    }
+
+    /// Bound every engine call (and a cluster's whole stop) by `timeout` (default 30 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self.docker = self.docker.with_timeout(timeout);
+        self
+    }
+
+    /// The label scheme.
+    pub fn scheme(&self) -> &LabelScheme {
+        &self.scheme
+    }
+
+    /// Run one engine call under the timeout; `operation` and `node` name it in errors.
+    async fn engine<T>(
+        &self,
+        operation: &'static str,
+        node: &str,
+        call: impl Future<Output = Result<T, EngineError>>,
+    ) -> Result<T, ProviderError> {
+        self.engine_until(operation, node, Instant::now() + self.timeout, call)
+            .await
+    }
+
+    async fn engine_until<T>(
+        &self,
+        operation: &'static str,
+        node: &str,
+        deadline: Instant,
+        call: impl Future<Output = Result<T, EngineError>>,
+    ) -> Result<T, ProviderError> {
+        match tokio::time::timeout_at(deadline, call).await {
+            Err(_) => Err(self.unavailable(format!("no answer to {operation} within the timeout"))),
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(EngineError::DockerResponseServerError {
+                status_code,
+                message,
+            })) => Err(ProviderError::Refused {
+                operation,
+                node: node.to_string(),
+                message: format!("{status_code}: {message}"),
+            }),
+            Ok(Err(e)) => Err(self.unavailable(e.to_string())),
+        }
+    }
+
+    fn unavailable(&self, reason: String) -> ProviderError {
+        ProviderError::ProviderUnavailable {
+            provider: self.socket.clone(),
+            reason,
+        }
+    }
+
+    /// The containers labelled with `cluster` (every cluster's when `None`), as nodes.
+    async fn containers(&self, cluster: Option<&str>) -> Result<Vec<NodeInfo>, ProviderError> {
+        let filter = match cluster {
+            Some(c) => format!("{}={c}", self.scheme.cluster),
+            None => self.scheme.cluster.to_string(),
+        };
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([("label".to_string(), vec![filter])])),
+            ..Default::default()
+        };
+        let list = self
+            .engine(
+                "list",
+                cluster.unwrap_or("*"),
+                self.docker.list_containers(Some(options)),
+            )
+            .await?;
+        let mut nodes: Vec<NodeInfo> = list
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                let name = c.names?.first()?.trim_start_matches('/').to_string();
+                Some(NodeInfo {
+                    name,
+                    cluster: labels.get(self.scheme.cluster)?.clone(),
+                    role: self
+                        .scheme
+                        .role_of(labels.get(self.scheme.role).map_or("", String::as_str)),
+                    state: state_of(c.state),
+                })
+            })
+            .collect();
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(nodes)
+    }
+
+    fn is_not_found(e: &ProviderError) -> bool {
+        matches!(e, ProviderError::Refused { message, .. } if message.starts_with("404"))
+    }
+}
+
+fn state_of(s: Option<ContainerSummaryStateEnum>) -> NodeState {
+    match s {
+        Some(ContainerSummaryStateEnum::RUNNING) => NodeState::Running,
+        Some(ContainerSummaryStateEnum::CREATED)
+        | None
+        | Some(ContainerSummaryStateEnum::EMPTY) => NodeState::Created,
+        Some(ContainerSummaryStateEnum::RESTARTING) => NodeState::Starting,
+        Some(_) => NodeState::Stopped,
+    }
+}
+
+#[async_trait]
+impl Provider for DockerProvider {
+    fn name(&self) -> &str {
+        &self.socket
+    }
+
+    async fn create_node(&self, cluster: &str, spec: &NodeSpec) -> Result<NodeInfo, ProviderError> {
+        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
+        labels.insert(self.scheme.cluster.into(), cluster.into());
+        labels.insert(
+            self.scheme.role.into(),
+            self.scheme.role_value(spec.role).into(),
+        );
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
+            labels: Some(labels),
+            hostname: Some(spec.name.clone()),
+            host_config: Some(HostConfig {
+                network_mode: spec.network_mode.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            ..Default::default()
+        };
+        match self
+            .engine(
+                "create",
+                &spec.name,
+                self.docker.create_container(Some(options), body),
+            )
+            .await
+        {
+            Ok(_) => Ok(NodeInfo {
+                name: spec.name.clone(),
+                cluster: cluster.into(),
+                role: spec.role,
+                state: NodeState::Created,
+            }),
+            // The name may be taken by the node itself, created by an earlier pass (Docker
+            // answers 409, Podman 500): then it is the node.
+            Err(ProviderError::Refused { message, .. }) => self
+                .containers(Some(cluster))
+                .await?
+                .into_iter()
+                .find(|n| n.name == spec.name)
+                .ok_or(ProviderError::Refused {
+                    operation: "create",
+                    node: spec.name.clone(),
+                    message,
+                }),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list_nodes(&self, cluster: &str) -> Result<Vec<NodeInfo>, ProviderError> {
+        self.containers(Some(cluster)).await
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<String>, ProviderError> {
+        let mut clusters: Vec<String> = self
+            .containers(None)
+            .await?
+            .into_iter()
+            .map(|n| n.cluster)
+            .collect();
+        clusters.sort();
+        clusters.dedup();
+        Ok(clusters)
+    }
+
+    async fn start_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
+        self.engine(
+            "start",
+            &node.name,
+            self.docker.start_container(&node.name, None),
+        )
+        .await
+    }
+
+    async fn stop_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
+        let deadline = Instant::now() + self.timeout;
+        stop_until(self, node, deadline).await
+    }
+
+    async fn stop_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
+        let nodes = self.list_nodes(cluster).await?;
+        if nodes.is_empty() {
+            return Err(ProviderError::NoNodes {
+                cluster: cluster.into(),
+            });
+        }
+        // One deadline for the whole cluster, in name order.
+        let deadline = Instant::now() + self.timeout;
+        for n in nodes.iter().filter(|n| n.state != NodeState::Stopped) {
+            stop_until(self, n, deadline).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
+        let options = RemoveContainerOptions {
+            force: true,
+            ..Default::default()
+        };
+        match self
+            .engine(
+                "delete",
+                &node.name,
+                self.docker.remove_container(&node.name, Some(options)),
+            )
+            .await
+        {
+            Err(e) if Self::is_not_found(&e) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// Stop `node`, giving its processes until `deadline` to exit before the engine kills them.
+async fn stop_until(
+    p: &DockerProvider,
+    node: &NodeInfo,
+    deadline: Instant,
+) -> Result<(), ProviderError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    // The engine's grace period, leaving it a second to answer within the deadline.
+    let grace = left
+        .saturating_sub(Duration::from_secs(1))
+        .as_secs()
+        .min(10) as i32;
+    let options = StopContainerOptions {
+        t: Some(grace),
+        ..Default::default()
+    };
+    p.engine_until(
+        "stop",
+        &node.name,
+        deadline,
+        p.docker.stop_container(&node.name, Some(options)),
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_schemes_are_chosen_by_name() {
+        assert_eq!(LabelScheme::named("k3d").unwrap().cluster, "k3d.cluster");
+        assert_eq!(
+            LabelScheme::named("kind").unwrap().role,
+            "io.x-k8s.kind.role"
+        );
+        assert!(matches!(
+            LabelScheme::named("minikube"),
+            Err(ProviderError::UnknownLabelScheme { name }) if name == "minikube"
+        ));
+        let k3d = LabelScheme::K3D;
+        assert_eq!(k3d.role_of("server"), NodeRole::ControlPlane);
+        assert_eq!(k3d.role_value(NodeRole::Worker), "agent");
+    }
+}
