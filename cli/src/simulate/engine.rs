@@ -220,7 +220,10 @@ pub async fn run_one(
     let behaviour = Behaviour::new(scenario.seed, scenario.provisioner.clone());
     let mut rt = Runtime::builder(client)
         .policy(policy)
-        .controller(Controller::<SimObject>::new(tree(behaviour)))
+        .controller(Controller::<SimObject>::new(tree(
+            behaviour,
+            scenario.nodes.as_ref(),
+        )))
         .start()
         .await?;
     // Create nothing before the runtime's initial list is done (its watch request has come), so

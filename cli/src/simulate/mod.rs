@@ -37,7 +37,7 @@ pub use scenario::Scenario;
 /// Arguments of `actorcile simulate`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct SimulateArgs {
-    /// The scenario: a built-in name (steady, flaky, panicky, slow-api, hour-10k) or a TOML file.
+    /// The scenario: a built-in name (steady, flaky, panicky, slow-api, hour-10k, infra) or a TOML file.
     #[arg(long, default_value = "flaky")]
     pub scenario: String,
     /// A policy to compare: a built-in name (default, aggressive, conservative, fail-fast,
@@ -248,6 +248,30 @@ mod tests {
         s.objects = 60;
         s.duration = Duration::from_secs(600);
         s
+    }
+
+    #[test]
+    fn a_scenario_with_nodes_converges_through_the_simulated_provider_and_stuck_nodes_show() {
+        let run = |stuck: f64| {
+            let mut s = Scenario::built_in("infra").unwrap();
+            s.objects = 30;
+            s.duration = Duration::from_secs(300);
+            s.nodes.as_mut().unwrap().stuck_rate = stuck;
+            let policies = policies::resolve_all(&["default".into()]).unwrap();
+            bounded(LIMIT, move || compare(&s, &policies, |_| {}).unwrap())
+        };
+        let ok = run(0.0);
+        assert_eq!(
+            ok.results[0].ready_at_end, 30,
+            "every object's nodes came up"
+        );
+        let stuck = run(0.2);
+        let r = &stuck.results[0];
+        assert!(
+            r.ready_at_end < 30,
+            "objects with a stuck node never become Ready: {} of 30",
+            r.ready_at_end
+        );
     }
 
     fn named(name: &str, policy: SupervisorPolicy) -> NamedPolicy {

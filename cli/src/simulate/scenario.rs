@@ -21,6 +21,14 @@
 //! failure_rate = 0.05     # per step visit: probability of a transient failure ...
 //! panic_rate = 0.01       # ... and of a panic (the actor fails; the supervisor restarts it)
 //!
+//! [nodes]                 # optional: each tree ends with `nodes(..)` on the simulated provider
+//! control_planes = 1      # nodes per object's cluster, by role
+//! workers = 2
+//! latency = "50ms"        # each provider call takes latency + U[0, latency_jitter]
+//! latency_jitter = "50ms"
+//! failure_rate = 0.02     # fraction of provider calls that fail
+//! stuck_rate = 0.0        # fraction of started nodes that never run
+//!
 //! [faults]                # the in-process cluster's fault injection
 //! latency = "2ms"
 //! latency_jitter = "3ms"
@@ -63,6 +71,10 @@ pub const BUILT_INS: &[(&str, &str)] = &[
         include_str!("../../../examples/scenarios/slow-api.toml"),
     ),
     (
+        "infra",
+        include_str!("../../../examples/scenarios/infra.toml"),
+    ),
+    (
         "hour-10k",
         include_str!("../../../examples/scenarios/hour-10k.toml"),
     ),
@@ -94,6 +106,42 @@ pub struct Scenario {
     pub provisioner: Workload,
     /// API faults the in-process cluster injects.
     pub faults: ApiFaults,
+    /// Nodes on the simulated infrastructure provider, converged by each tree's last step.
+    pub nodes: Option<NodesSpec>,
+}
+
+/// The `nodes(..)` step each object's tree ends with, on
+/// [`SimulatedProvider`](actorcile::providers::simulated::SimulatedProvider).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodesSpec {
+    /// Control-plane nodes per object's cluster.
+    pub control_planes: usize,
+    /// Worker nodes per object's cluster.
+    pub workers: usize,
+    /// Virtual time each provider call takes.
+    #[serde(with = "humantime_serde")]
+    pub latency: Duration,
+    /// Uniform extra time in `[0, latency_jitter]` per call.
+    #[serde(with = "humantime_serde")]
+    pub latency_jitter: Duration,
+    /// Fraction of provider calls that fail.
+    pub failure_rate: f64,
+    /// Fraction of started nodes that never run.
+    pub stuck_rate: f64,
+}
+
+impl Default for NodesSpec {
+    fn default() -> Self {
+        Self {
+            control_planes: 1,
+            workers: 0,
+            latency: Duration::ZERO,
+            latency_jitter: Duration::ZERO,
+            failure_rate: 0.0,
+            stuck_rate: 0.0,
+        }
+    }
 }
 
 impl Default for Scenario {
@@ -108,6 +156,7 @@ impl Default for Scenario {
             seed: 0,
             provisioner: Workload::default(),
             faults: ApiFaults::default(),
+            nodes: None,
         }
     }
 }
@@ -348,6 +397,16 @@ impl Scenario {
                 "provisioner.panic_rate",
                 "plus failure_rate must not exceed 1",
             );
+        }
+        if let Some(n) = &self.nodes {
+            if n.control_planes + n.workers > 100 {
+                return bad("nodes.workers", "plus control_planes must be at most 100");
+            }
+            if n.latency + n.latency_jitter > Duration::from_secs(24 * 3600) {
+                return bad("nodes.latency", "plus latency_jitter must be at most a day");
+            }
+            check_rate("nodes.failure_rate", n.failure_rate)?;
+            check_rate("nodes.stuck_rate", n.stuck_rate)?;
         }
         let f = &self.faults;
         check_rate("faults.error_rate", f.error_rate)?;

@@ -19,7 +19,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::mix;
-use super::scenario::Workload;
+use super::scenario::{NodesSpec, Workload};
+use actorcile::providers::simulated::{Faults, SimulatedProvider};
+use actorcile::providers::{NodeRole, NodeSpec};
+use actorcile::provisioners::{NodeSet, nodes as nodes_step};
 
 /// Every injected panic's message starts with this (so the panic hook can keep them quiet).
 pub const PANIC_MARKER: &str = "actorcile-simulate: injected panic";
@@ -153,9 +156,11 @@ impl Behaviour {
     }
 }
 
-/// The provisioner tree of every [`SimObject`]: `steps` steps in series.
-pub fn tree(behaviour: Arc<Behaviour>) -> impl Provisioner<SimObject> {
-    let children: Vec<BoxProvisioner<SimObject>> = (0..behaviour.workload.steps)
+/// The provisioner tree of every [`SimObject`]: `steps` steps in series, then, when the scenario
+/// has `[nodes]`, a `nodes(..)` step converging the object's cluster on a simulated provider
+/// seeded from the scenario's seed.
+pub fn tree(behaviour: Arc<Behaviour>, nodes: Option<&NodesSpec>) -> impl Provisioner<SimObject> {
+    let mut children: Vec<BoxProvisioner<SimObject>> = (0..behaviour.workload.steps)
         .map(|i| {
             let b = behaviour.clone();
             boxed(step(
@@ -167,6 +172,26 @@ pub fn tree(behaviour: Arc<Behaviour>) -> impl Provisioner<SimObject> {
             ))
         })
         .collect();
+    if let Some(spec) = nodes {
+        let faults = Faults {
+            latency: (spec.latency, spec.latency + spec.latency_jitter),
+            failure_rate: spec.failure_rate,
+            stuck_rate: spec.stuck_rate,
+        };
+        let provider = Arc::new(SimulatedProvider::new(
+            mix(&[behaviour.seed, 0x40DE]),
+            faults,
+        ));
+        let (control_planes, workers) = (spec.control_planes, spec.workers);
+        children.push(boxed(nodes_step(provider, move |o: &SimObject| {
+            NodeSet::new(
+                o.name_any(),
+                control_planes,
+                workers,
+                NodeSpec::new("", NodeRole::Worker, "simulated"),
+            )
+        })));
+    }
     actorcile::provisioners::serial("simulated", children)
 }
 
