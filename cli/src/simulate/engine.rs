@@ -222,7 +222,7 @@ pub async fn run_one(
         .policy(policy)
         .controller(Controller::<SimObject>::new(tree(
             behaviour,
-            scenario.nodes.as_ref(),
+            scenario.nodes.clone(),
         )))
         .start()
         .await?;

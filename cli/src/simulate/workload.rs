@@ -159,7 +159,7 @@ impl Behaviour {
 /// The provisioner tree of every [`SimObject`]: `steps` steps in series, then, when the scenario
 /// has `[nodes]`, a `nodes(..)` step converging the object's cluster on a simulated provider
 /// seeded from the scenario's seed.
-pub fn tree(behaviour: Arc<Behaviour>, nodes: Option<&NodesSpec>) -> impl Provisioner<SimObject> {
+pub fn tree(behaviour: Arc<Behaviour>, nodes: Option<NodesSpec>) -> impl Provisioner<SimObject> {
     let mut children: Vec<BoxProvisioner<SimObject>> = (0..behaviour.workload.steps)
         .map(|i| {
             let b = behaviour.clone();
