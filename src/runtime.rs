@@ -110,13 +110,7 @@ impl<K: ManagedResource> Controller<K> {
     /// `watch` on its kind ([`RuntimeBuilder::cluster_role`] includes them).
     pub fn config<C>(mut self, config: crate::triggers::ConfigRef<C>) -> Self
     where
-        C: kube::Resource<DynamicType = ()>
-            + Clone
-            + std::fmt::Debug
-            + serde::de::DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
+        C: ManagedResource,
     {
         let cluster_scoped = crate::object_api::is_cluster_scoped::<C>();
         let invalid = if config.name.is_empty() {

@@ -68,13 +68,7 @@ pub(crate) fn config_trigger<C>(
     cref: ConfigRef<C>,
 ) -> (Arc<dyn ConfigView>, StartConfigWatch)
 where
-    C: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    C: ManagedResource,
 {
     let (store, writer) = reflector::store::<C>();
     let key = match &cref.namespace {
@@ -122,13 +116,7 @@ async fn watch_config<C>(
     broadcast: Arc<dyn Fn() + Send + Sync>,
     listed: oneshot::Sender<()>,
 ) where
-    C: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    C: ManagedResource,
 {
     let events = watcher::watcher(api, config).default_backoff();
     futures::pin_mut!(events);

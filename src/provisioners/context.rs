@@ -241,6 +241,23 @@ impl<K> Context<K> {
 }
 
 impl<K: Resource<DynamicType = ()>> Context<K> {
+    /// Make the object `child`'s controller owner, so Kubernetes garbage-collects `child` with
+    /// it. Not inside a remote: an owner reference across clusters would name an object the
+    /// remote's garbage collector cannot find, and it would delete the child.
+    pub(crate) fn own<T: Resource>(&self, child: &mut T) {
+        if self.remote().is_none()
+            && let Some(owner) = self.object().controller_owner_ref(&())
+        {
+            let refs = child
+                .meta_mut()
+                .owner_references
+                .get_or_insert_with(Vec::new);
+            if !refs.iter().any(|r| r.uid == owner.uid) {
+                refs.push(owner);
+            }
+        }
+    }
+
     /// A reference to the object, for Events and owner references.
     pub fn target(&self) -> Target {
         Target::of(self.object().as_ref())

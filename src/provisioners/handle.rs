@@ -140,17 +140,7 @@ impl<K: ManagedResource> Context<K> {
             field: "metadata.name".into(),
             problem: format!("the {} to create has no name", T::kind(&())),
         })?;
-        if self.remote().is_none()
-            && let Some(owner) = self.object().controller_owner_ref(&())
-        {
-            let refs = child
-                .meta_mut()
-                .owner_references
-                .get_or_insert_with(Vec::new);
-            if !refs.iter().any(|r| r.uid == owner.uid) {
-                refs.push(owner);
-            }
-        }
+        self.own(&mut child);
         let api = self.child_api::<T>(child.meta().namespace.as_deref());
         let mut body = serde_json::to_value(&child)?;
         body["apiVersion"] = T::api_version(&()).into();

@@ -106,19 +106,7 @@ where
                 format!("step {}: the child object has no name", self.name),
             ));
         };
-        // An owner reference across clusters would name an object the remote's garbage
-        // collector cannot find, and it would delete the child: inside a remote, none.
-        if cx.remote().is_none()
-            && let Some(owner) = cx.object().controller_owner_ref(&())
-        {
-            let refs = child
-                .meta_mut()
-                .owner_references
-                .get_or_insert_with(Vec::new);
-            if !refs.iter().any(|r| r.uid == owner.uid) {
-                refs.push(owner);
-            }
-        }
+        cx.own(&mut child);
         let api = child_api(cx, &child);
         let mut value = match serde_json::to_value(&child) {
             Ok(v) => v,
