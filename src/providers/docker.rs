@@ -5,9 +5,9 @@
 //! three label schemes ([`LabelScheme`]), so the provider also sees clusters that kind or k3d
 //! made. Every engine call is bounded by the provider's timeout (default 30 s): an engine that
 //! does not answer, or a socket with nothing behind it, is
-//! [`ProviderError::ProviderUnavailable`] within it. Stopping a cluster stops its nodes in name
-//! order under one shared deadline; deletion removes containers with force (Podman answers 500,
-//! not 409, to removing a running one without it).
+//! [`ProviderError::ProviderUnavailable`] within it. Starting or stopping a cluster handles its
+//! nodes in name order under one shared deadline; deletion removes containers with force
+//! (Podman answers 500, not 409, to removing a running one without it).
 //!
 //! ```no_run
 //! use actorcile::providers::docker::DockerProvider;
@@ -317,6 +317,27 @@ impl Provider for DockerProvider {
             self.docker.start_container(&node.name, None),
         )
         .await
+    }
+
+    async fn start_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
+        let nodes = self.list_nodes(cluster).await?;
+        if nodes.is_empty() {
+            return Err(ProviderError::NoNodes {
+                cluster: cluster.into(),
+            });
+        }
+        // One deadline for the whole cluster, in name order.
+        let deadline = Instant::now() + self.timeout;
+        for n in nodes.iter().filter(|n| n.state != NodeState::Running) {
+            self.engine_until(
+                "start",
+                &n.name,
+                deadline,
+                self.docker.start_container(&n.name, None),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     async fn stop_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {

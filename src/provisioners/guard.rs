@@ -92,7 +92,9 @@ impl<K: ManagedResource> Context<K> {
     /// 1. If the condition says the task is done for the object's generation, return
     ///    [`Outcome::Done`] without running it (at most once per intent).
     /// 2. If another runtime holds the lock and it has not expired, yield (reason `Locked`)
-    ///    until it expires; the holder's result write wakes this object sooner.
+    ///    until it expires; the holder's result write wakes this object sooner. A lock this
+    ///    runtime holds itself (an earlier pass of it could not record its result, or panicked)
+    ///    is taken again at once.
     /// 3. Take the lock: write the condition (`Locked`, this runtime as the holder, expiry now
     ///    plus the policy's `lock_expiry`) with the resourceVersion this pass knows as a
     ///    precondition. If the object changed since, the write fails, the task does not run,
