@@ -345,7 +345,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             .clone()
             .map(|r| Arc::new(Recorder::new(cx.client.clone(), r)));
         let parts = Arc::new(ControllerParts {
-            recorder: recorder.clone(),
+            recorder,
             references: Some(cx.references.clone() as Arc<dyn ReferenceApi>),
             field_manager: Arc::from(cx.field_manager.as_str()),
             holder: cx.holder.clone(),
@@ -375,8 +375,6 @@ impl<K: ManagedResource> Start for Controller<K> {
             store,
             routes: DashMap::default(),
             finalizer: cx.finalizer.clone(),
-            field_manager: Arc::from(cx.field_manager.as_str()),
-            recorder,
             use_finalizer: self.finalizer,
             write_status: self.status,
             metrics: cx.metrics.clone(),

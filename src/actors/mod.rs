@@ -73,7 +73,6 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use kube::Client;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use ractor::ActorRef;
 use tokio::sync::Semaphore;
@@ -110,8 +109,6 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub store: Store<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     pub finalizer: String,
-    pub field_manager: Arc<str>,
-    pub recorder: Option<Arc<Recorder>>,
     /// Add the runtime finalizer (and so deprovision on deletion).
     pub use_finalizer: bool,
     /// Write the actorcile status (Ready condition, phase, observedGeneration).
@@ -120,7 +117,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub references: Arc<ReferenceIndex>,
     /// Every resource actor's wake-up and idle timers.
     pub timers: Timers<ResourceMsg<K>>,
-    /// What every provisioner context of this kind shares.
+    /// What every provisioner context of this kind shares; also the runtime's field manager
+    /// and event recorder for the actors' own writes.
     pub parts: Arc<ControllerParts>,
     /// The controller's provider config, if it has one.
     pub config: Option<Arc<dyn triggers::ConfigView>>,
@@ -136,7 +134,7 @@ impl<K: ManagedResource> Shared<K> {
 
     /// Patch parameters of every write the actors make: the runtime's field manager.
     pub(crate) fn patch_params(&self) -> kube::api::PatchParams {
-        crate::object_api::patch_params(&self.field_manager)
+        crate::object_api::patch_params(&self.parts.field_manager)
     }
 }
 

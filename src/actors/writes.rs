@@ -112,7 +112,7 @@ async fn publish<K: ManagedResource>(
     reason: &str,
     note: Option<String>,
 ) {
-    let Some(recorder) = &shared.recorder else {
+    let Some(recorder) = &shared.parts.recorder else {
         return;
     };
     let ev = kube::runtime::events::Event {
