@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 
 use crate::actors::mailbox::Mailbox;
 use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
-use crate::actors::{Manager, ManagerArgs, Metrics, Shared, Timers, run_feeder};
+use crate::actors::{KindMetrics, Manager, ManagerArgs, Metrics, Shared, Timers, run_feeder};
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner, new_holder_id};
@@ -48,7 +48,9 @@ use crate::status::ResourceStatus;
 use crate::triggers::SecretRefs;
 use crate::{Error, Escalation, ManagedResource};
 
-pub use crate::actors::MetricsSnapshot;
+pub use crate::actors::{
+    DURATION_BUCKETS, HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult,
+};
 
 /// The finalizer the runtime puts on every object it provisions (configurable).
 pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";
@@ -367,6 +369,11 @@ impl<K: ManagedResource> Start for Controller<K> {
             }
             None => (None, None),
         };
+        let kind_metrics = Arc::new(KindMetrics::new(&kind, {
+            let store = store.clone();
+            Box::new(move || store.len())
+        }));
+        cx.metrics.add_kind(kind_metrics.clone());
         let shared = Arc::new(Shared {
             client: Arc::new(cx.client.clone()),
             tree: self.tree,
@@ -378,6 +385,8 @@ impl<K: ManagedResource> Start for Controller<K> {
             use_finalizer: self.finalizer,
             write_status: self.status,
             metrics: cx.metrics.clone(),
+            kind_metrics,
+            event_budget: Default::default(),
             references: cx.references.clone(),
             timers: Timers::with_run_slots(cx.runs.clone()),
             parts,
@@ -738,6 +747,12 @@ impl RuntimeHandle {
     /// Runtime-wide counters.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()
+    }
+
+    /// Each controller's own figures: passes by result, pass durations, the wait from due to
+    /// start, objects cached, Events.
+    pub fn kind_metrics(&self) -> Vec<KindMetricsSnapshot> {
+        self.metrics.kinds()
     }
 
     /// The kinds this runtime does not manage whose objects it watches now, as

@@ -463,6 +463,14 @@ impl<K: ManagedResource> Manager<K> {
         let delay = match after {
             AfterFailure::Restart { failures, delay } => {
                 tracing::warn!(object = %key, error = %error, failures, "resource actor failed");
+                if self.shared.parts.recorder.is_some()
+                    && let Some(obj) = self.shared.store.get(&key)
+                {
+                    let (shared, error) = (self.shared.clone(), error.to_string());
+                    tokio::spawn(async move {
+                        writes::publish_restarted(&shared, obj.as_ref(), failures, &error).await;
+                    });
+                }
                 delay
             }
             AfterFailure::Exhausted { failures } => {

@@ -26,6 +26,8 @@ pub(crate) struct Metrics {
     pub(super) spawns: AtomicU64,
     pub(super) status_conflicts: AtomicU64,
     pub(super) ignored: AtomicU64,
+    /// Every controller's own figures, in registration order.
+    kinds: std::sync::Mutex<Vec<std::sync::Arc<KindMetrics>>>,
 }
 
 /// A point-in-time copy of the runtime's counters ([`RuntimeHandle::metrics`](crate::runtime::RuntimeHandle::metrics)).
@@ -91,6 +93,20 @@ impl Metrics {
         }
     }
 
+    /// Register a controller's figures.
+    pub(crate) fn add_kind(&self, kind: std::sync::Arc<KindMetrics>) {
+        self.kinds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(kind);
+    }
+
+    /// Copy every controller's figures.
+    pub(crate) fn kinds(&self) -> Vec<KindMetricsSnapshot> {
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        kinds.iter().map(|k| k.snapshot()).collect()
+    }
+
     pub(super) fn run_started(&self, deleting: bool) -> InFlight<'_> {
         if deleting {
             self.deprovision_runs.fetch_add(1, Ordering::Relaxed);
@@ -131,5 +147,201 @@ pub(super) struct InFlight<'a>(&'a Metrics);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         Metrics::dec(&self.0.in_flight);
+    }
+}
+
+/// How a pass ended: the `result` label of `actorcile_runs_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunResult {
+    /// [`Outcome::Done`](crate::provisioners::Outcome::Done), or a deprovision that finished.
+    Done,
+    /// [`Outcome::Yield`](crate::provisioners::Outcome::Yield).
+    Yield,
+    /// [`Outcome::Waiting`](crate::provisioners::Outcome::Waiting) (deletion blocked by
+    /// referrers included).
+    Waiting,
+    /// [`Outcome::Failed`](crate::provisioners::Outcome::Failed).
+    Failed,
+    /// [`Outcome::Terminal`](crate::provisioners::Outcome::Terminal).
+    Terminal,
+    /// [`Outcome::UserActionRequired`](crate::provisioners::Outcome::UserActionRequired).
+    UserActionRequired,
+}
+
+impl RunResult {
+    /// Every result, in label order.
+    pub const ALL: [RunResult; 6] = [
+        RunResult::Done,
+        RunResult::Yield,
+        RunResult::Waiting,
+        RunResult::Failed,
+        RunResult::Terminal,
+        RunResult::UserActionRequired,
+    ];
+
+    /// The label value (`done`, `yield`, `waiting`, `failed`, `terminal`,
+    /// `user_action_required`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunResult::Done => "done",
+            RunResult::Yield => "yield",
+            RunResult::Waiting => "waiting",
+            RunResult::Failed => "failed",
+            RunResult::Terminal => "terminal",
+            RunResult::UserActionRequired => "user_action_required",
+        }
+    }
+
+    pub(crate) fn of(outcome: &crate::provisioners::Outcome) -> Self {
+        use crate::provisioners::Outcome;
+        match outcome {
+            Outcome::Done => RunResult::Done,
+            Outcome::Yield { .. } => RunResult::Yield,
+            Outcome::Waiting { .. } => RunResult::Waiting,
+            Outcome::Failed { .. } => RunResult::Failed,
+            Outcome::Terminal(_) => RunResult::Terminal,
+            Outcome::UserActionRequired(_) => RunResult::UserActionRequired,
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the duration histograms' buckets; a last `+Inf` bucket follows.
+pub const DURATION_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// A duration histogram of atomics: an observation is two relaxed adds, no lock.
+#[derive(Debug, Default)]
+pub(crate) struct Histogram {
+    /// Per bucket (not cumulative); the last is `+Inf`.
+    buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    pub(crate) fn observe(&self, d: std::time::Duration) {
+        let s = d.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(DURATION_BUCKETS.len() + 1);
+        for (i, b) in self.buckets.iter().enumerate() {
+            cumulative += b.load(Ordering::Relaxed);
+            buckets.push((
+                DURATION_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY),
+                cumulative,
+            ));
+        }
+        HistogramSnapshot {
+            count: cumulative,
+            sum_seconds: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            buckets,
+        }
+    }
+}
+
+/// A point-in-time copy of a duration histogram.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct HistogramSnapshot {
+    /// Observations.
+    pub count: u64,
+    /// Their sum, in seconds.
+    pub sum_seconds: f64,
+    /// (upper bound in seconds, observations at or below it), cumulative, ending with `+Inf`.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+/// Counts the objects of a kind in the runtime's cache.
+type ObjectCount = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// One controller's own figures (the runtime-wide ones are in [`MetricsSnapshot`]).
+#[derive(Default)]
+pub(crate) struct KindMetrics {
+    pub(crate) kind: String,
+    objects: Option<ObjectCount>,
+    results: [AtomicU64; RunResult::ALL.len()],
+    pub(crate) run_duration: Histogram,
+    pub(crate) due_to_start: Histogram,
+    pub(crate) events: AtomicU64,
+    pub(crate) events_dropped: AtomicU64,
+}
+
+impl std::fmt::Debug for KindMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KindMetrics")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KindMetrics {
+    pub(crate) fn new(kind: &str, objects: ObjectCount) -> Self {
+        Self {
+            kind: kind.to_string(),
+            objects: Some(objects),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn ran(&self, result: RunResult, took: std::time::Duration) {
+        self.results[result as usize].fetch_add(1, Ordering::Relaxed);
+        self.run_duration.observe(took);
+    }
+
+    pub(crate) fn snapshot(&self) -> KindMetricsSnapshot {
+        let objects = self.objects.as_ref().map_or(0, |f| f()) as u64;
+        KindMetricsSnapshot {
+            kind: self.kind.clone(),
+            runs: RunResult::ALL
+                .iter()
+                .map(|&r| (r, self.results[r as usize].load(Ordering::Relaxed)))
+                .collect(),
+            run_duration: self.run_duration.snapshot(),
+            due_to_start: self.due_to_start.snapshot(),
+            objects,
+            events: self.events.load(Ordering::Relaxed),
+            events_dropped: self.events_dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A point-in-time copy of one controller's figures
+/// ([`RuntimeHandle::kind_metrics`](crate::runtime::RuntimeHandle::kind_metrics)).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct KindMetricsSnapshot {
+    /// The controller's kind.
+    pub kind: String,
+    /// Passes that ended, by how they ended (every [`RunResult`], zeros included).
+    pub runs: Vec<(RunResult, u64)>,
+    /// How long passes took.
+    pub run_duration: HistogramSnapshot,
+    /// From a pass becoming due in the object's actor (a watch event with news, a
+    /// notification, a wake-up, an activation) to its start: the wait for a run slot.
+    pub due_to_start: HistogramSnapshot,
+    /// Objects of the kind in the runtime's cache.
+    pub objects: u64,
+    /// Kubernetes Events published for the kind's objects.
+    pub events: u64,
+    /// Events not published because their object was over its Event budget.
+    pub events_dropped: u64,
+}
+
+impl KindMetricsSnapshot {
+    /// Passes that ended with `result`.
+    pub fn runs_with(&self, result: RunResult) -> u64 {
+        self.runs
+            .iter()
+            .find(|(r, _)| *r == result)
+            .map_or(0, |(_, n)| *n)
     }
 }

@@ -16,6 +16,7 @@
 //! | `timer.rs` | the timer task: delivers wake-ups, hands out run slots |
 //! | `run_slots.rs` | who gets the next run slot, and the lateness heuristic (plain data) |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
+//! | `event_budget.rs` | how many Events each object may still publish (plain data) |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
 //! | `metrics.rs` | the runtime's counters |
@@ -55,6 +56,7 @@
 //!   events (echoes) are not news and run no pass.
 
 mod activation_queue;
+mod event_budget;
 mod feeder;
 pub(crate) mod mailbox;
 mod manager;
@@ -87,8 +89,11 @@ use crate::references::ReferenceIndex;
 pub(crate) use crate::object_api::version_of;
 pub(crate) use feeder::run_feeder;
 pub(crate) use manager::{Manager, ManagerArgs};
+pub(crate) use metrics::KindMetrics;
 pub(crate) use metrics::Metrics;
-pub use metrics::MetricsSnapshot;
+pub use metrics::{
+    DURATION_BUCKETS, HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult,
+};
 #[cfg(feature = "bench-internals")]
 pub use timer::Timers;
 #[cfg(not(feature = "bench-internals"))]
@@ -114,6 +119,10 @@ pub(crate) struct Shared<K: ManagedResource> {
     /// Write the actorcile status (Ready condition, phase, observedGeneration).
     pub write_status: bool,
     pub metrics: Arc<Metrics>,
+    /// This controller's own figures (runs by result, durations, Events).
+    pub kind_metrics: Arc<KindMetrics>,
+    /// Each object's Event budget.
+    pub event_budget: event_budget::EventBudget<ObjectRef<K>>,
     pub references: Arc<ReferenceIndex>,
     /// Every resource actor's wake-up and idle timers.
     pub timers: Timers<ResourceMsg<K>>,

@@ -22,8 +22,10 @@ use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::mailbox::Mailbox;
+use super::metrics::RunResult;
 use super::outcome_key::OutcomeKey;
 use super::wake_up::PendingWakeUp;
 use super::{ManagedResource, Metrics, Shared, version_of, writes};
@@ -56,6 +58,8 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     own_writes: Vec<u64>,
     /// A pass is due.
     dirty: bool,
+    /// Since when a pass is due (for the due-to-start histogram).
+    due_since: Option<Instant>,
     /// A `Run` self-message is queued.
     run_pending: bool,
     /// A pass found no free run slot and asked the timer task for one ([`ResourceMsg::Slot`]).
@@ -89,10 +93,18 @@ impl<K: ManagedResource> ResourceState<K> {
     where
         K: ManagedResource,
     {
-        self.dirty = true;
+        self.mark_due();
         if !self.run_pending {
             self.run_pending = true;
             let _ = myself.cast(ResourceMsg::Run);
+        }
+    }
+
+    /// A pass is due (from now, unless it already was).
+    fn mark_due(&mut self) {
+        if !self.dirty {
+            self.dirty = true;
+            self.due_since = Some(Instant::now());
         }
     }
 
@@ -208,6 +220,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             last_run_version: None,
             own_writes: Vec::new(),
             dirty: false,
+            due_since: None,
             run_pending: false,
             queued: false,
             wake,
@@ -227,7 +240,9 @@ impl<K: ManagedResource> ResourceActor<K> {
             self.shared.references.appeared(&st.target);
         }
         if let Some(p) = passive {
-            st.dirty = p.pending_run;
+            if p.pending_run {
+                st.mark_due();
+            }
             st.last_run_version = p.last_run_version;
             st.own_writes = p.own_writes;
             st.error_attempts = p.error_attempts;
@@ -247,7 +262,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 if st.dirty || st.is_news(version_of(obj.as_ref())) {
                     // The first pass runs right here, on the manager's run slot (no `Run` hop);
                     // what arrives meanwhile coalesces into one follow-up run.
-                    st.dirty = true;
+                    st.mark_due();
                     self.run_if_dirty(myself, st, None).await;
                 }
                 self.maybe_passivate(myself, st);
@@ -345,9 +360,35 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         st.dirty = false;
         self.cancel_wake(myself, st);
+        let started = Instant::now();
+        if let Some(due) = st.due_since.take() {
+            self.shared
+                .kind_metrics
+                .due_to_start
+                .observe(started.saturating_duration_since(due));
+        }
+        let span = tracing::info_span!(
+            "run",
+            kind = %self.shared.kind_metrics.kind,
+            namespace = st.key.namespace.as_deref().unwrap_or(""),
+            name = %st.key.name,
+            generation = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        if !span.is_disabled()
+            && let Some(g) = st.object.as_ref().and_then(|o| o.meta().generation)
+        {
+            span.record("generation", g);
+        }
         // Boxed: the pass's state machine is large, and inline it would make every idle
         // actor's task that large.
-        Box::pin(self.run_pass(myself, st, slot)).await;
+        let result = Box::pin(self.run_pass(myself, st, slot))
+            .instrument(span.clone())
+            .await;
+        if let Some(result) = result {
+            span.record("outcome", result.as_str());
+            self.shared.kind_metrics.ran(result, started.elapsed());
+        }
     }
 
     /// The object's actorcile status, parsed once per object version.
@@ -372,17 +413,17 @@ impl<K: ManagedResource> ResourceActor<K> {
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
         _slot: OwnedSemaphorePermit,
-    ) {
+    ) -> Option<RunResult> {
         let shared = &self.shared;
         let Some(mut obj) = st.object.clone() else {
-            return;
+            return None;
         };
         if crate::triggers::is_ignored(obj.meta()) {
             // The operator's brake: no pass, no write, until the annotation goes.
             st.last_run_version = version_of(obj.as_ref());
             st.own_writes.clear();
             Metrics::inc(&shared.metrics.ignored);
-            return;
+            return None;
         }
         let deleting = obj.meta().deletion_timestamp.is_some();
         let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.finalizer);
@@ -392,7 +433,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.own_writes.clear();
         if deleting && !has_finalizer {
             // Never provisioned by us (or already cleaned up): nothing of ours to undo.
-            return;
+            return None;
         }
         let _in_flight = shared.metrics.run_started(deleting);
         let mut status = Self::status_of(st, obj.as_ref(), version);
@@ -405,7 +446,8 @@ impl<K: ManagedResource> ResourceActor<K> {
         let Pass { outcome, desired } = if deleting {
             match Box::pin(self.deletion_pass(st, &obj, &status, config.flatten())).await {
                 Some(pass) => pass,
-                None => return, // deprovisioned; the object disappears and the feeder reports it
+                // deprovisioned; the object disappears and the feeder reports it
+                None => return Some(RunResult::Done),
             }
         } else {
             let mut pre_failure = None;
@@ -557,6 +599,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         if st.wake.deadline().is_none() {
             st.cx = None; // nothing due soon: an idle actor keeps no context
         }
+        Some(RunResult::of(&outcome))
     }
 }
 
@@ -591,7 +634,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let cx = self.context(obj.clone(), status.clone(), config);
         let outcome = shared.tree.deprovision(&cx).await;
         if Self::take_written(st, &cx) {
-            st.dirty = true; // a step's write met someone else's: run again on theirs
+            st.mark_due(); // a step's write met someone else's: run again on theirs
         }
         // The steps' own writes (conditions, their finalizers) are the object now.
         let obj = &st.object.clone().unwrap_or_else(|| obj.clone());
@@ -606,6 +649,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         shared.references.release_all(&target).await;
         match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
+                writes::publish_released(shared, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.
                 match left {
@@ -662,7 +706,8 @@ impl<K: ManagedResource> ResourceActor<K> {
             if let Some(r) = outcome.reason().filter(|r| !r.has_valid_code()) {
                 writes::publish_invalid_reason(shared, obj.as_ref(), r.code(), reason).await;
             }
-            writes::publish_transition(shared, obj.as_ref(), outcome, reason).await;
+            let message = desired.ready().map(|c| c.message.as_str());
+            writes::publish_transition(shared, obj.as_ref(), outcome, reason, message).await;
         }
         true
     }
@@ -771,7 +816,10 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                         let sent = slot.as_ref().map_or(due, |s| s.given_at);
                         self.shared.timers.woke(sent);
                     }
-                    st.dirty = true;
+                    if !st.dirty {
+                        st.dirty = true;
+                        st.due_since = Some(due.unwrap_or_else(Instant::now));
+                    }
                 }
                 self.run_if_dirty(&myself, st, slot.map(|s| s.permit)).await;
             }

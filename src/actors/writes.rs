@@ -50,26 +50,40 @@ pub(crate) fn quarantine_status<K: ManagedResource>(
             Phase::Failed,
             false,
             ReadyReason::Quarantined,
-            message,
+            message.clone(),
             obj.meta().generation,
         );
         if let Err(e) = patch_status(&shared, obj.as_ref(), &status).await {
             tracing::warn!(error = %e, "could not write quarantine status");
         }
+        let reason = ReadyReason::Quarantined.as_str();
+        publish(
+            &shared,
+            obj.as_ref(),
+            EventType::Warning,
+            reason,
+            Some(message),
+        )
+        .await;
     });
 }
 
 /// Publish the Event of a status transition to `outcome` (when the runtime has a recorder),
-/// with `reason`, the reason the `Ready` condition now carries. A transient failure's note
-/// names its errors (Events are for operators; status never carries them).
+/// with `reason`, the reason the `Ready` condition now carries (the Event's reason too):
+/// Ready (`Provisioned`), a failure, `Terminal`, `UserActionRequired`, and while deleting
+/// `Deprovisioning` and `InUse`. Progress while provisioning (a yield, a wait) publishes
+/// none. A transient failure's note names its errors (Events are for operators; status never
+/// carries them).
 pub(crate) async fn publish_transition<K: ManagedResource>(
     shared: &Shared<K>,
     obj: &K,
     outcome: &Outcome,
     reason: &str,
+    message: Option<&str>,
 ) {
+    let deleting = obj.meta().deletion_timestamp.is_some();
     let (type_, note) = match outcome {
-        Outcome::Done => (EventType::Normal, None),
+        Outcome::Done if !deleting => (EventType::Normal, message.map(str::to_string)),
         Outcome::Failed { reason, errors } => (
             EventType::Warning,
             Some(format!(
@@ -84,9 +98,38 @@ pub(crate) async fn publish_transition<K: ManagedResource>(
         Outcome::Terminal(r) | Outcome::UserActionRequired(r) => {
             (EventType::Warning, Some(r.to_string()))
         }
+        _ if deleting && reason == ReadyReason::InUse.as_str() => {
+            (EventType::Warning, message.map(str::to_string))
+        }
+        _ if deleting && reason == ReadyReason::Deprovisioning.as_str() => {
+            (EventType::Normal, message.map(str::to_string))
+        }
         _ => return,
     };
     publish(shared, obj, type_, reason, note).await;
+}
+
+/// The object is deprovisioned and its finalizer removed: publish `Released`, and forget its
+/// Event budget.
+pub(crate) async fn publish_released<K: ManagedResource>(shared: &Shared<K>, obj: &K) {
+    let note = "deprovisioned; the finalizer is removed".to_string();
+    publish(shared, obj, EventType::Normal, "Released", Some(note)).await;
+    shared
+        .event_budget
+        .forget(&kube::runtime::reflector::ObjectRef::from_obj(obj));
+}
+
+/// The object's actor failed and restarts (`Restarted`), or will not be restarted any more
+/// (`Quarantined`, from [`quarantine_status`]).
+pub(crate) async fn publish_restarted<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &K,
+    failures: usize,
+    error: &str,
+) {
+    let note =
+        format!("the resource's actor failed ({failures} in the window): {error}; restarting");
+    publish(shared, obj, EventType::Warning, "Restarted", Some(note)).await;
 }
 
 /// A provisioner gave a reason code that is not a valid condition reason: the runtime wrote its
@@ -115,11 +158,23 @@ async fn publish<K: ManagedResource>(
     let Some(recorder) = &shared.parts.recorder else {
         return;
     };
+    let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
+    if !shared.event_budget.take(&key, tokio::time::Instant::now()) {
+        Metrics::inc(&shared.kind_metrics.events_dropped);
+        tracing::debug!(object = %key, reason, "Event budget spent; not published");
+        return;
+    }
+    Metrics::inc(&shared.kind_metrics.events);
+    let action = if obj.meta().deletion_timestamp.is_some() {
+        "Deprovision"
+    } else {
+        "Provision"
+    };
     let ev = kube::runtime::events::Event {
         type_,
         reason: reason.into(),
         note: note.map(|n| n.chars().take(1024).collect()),
-        action: "Reconcile".into(),
+        action: action.into(),
         secondary: None,
     };
     if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
