@@ -20,6 +20,12 @@
 //! - [`cluster`]: an in-process Kubernetes API server for tests, benchmarks and simulation.
 //! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests.
 //! - [`rbac`]: the ClusterRole a runtime needs, and its preflight check.
+//! - [`crds`]: render and install an operator's CustomResourceDefinitions.
+//! - [`health`]: what the runtime's liveness and readiness probes answer.
+//! - Feature `operator`, what an operator binary needs: [`cli`] (flags), [`telemetry`]
+//!   (tracing set-up), [`metrics`] (Prometheus), [`admin`] (`/metrics`, `/healthz`,
+//!   `/readyz`), and signal handling in
+//!   [`RuntimeBuilder::run`](runtime::RuntimeBuilder::run).
 //!
 //! # Inside (private; read the source)
 //!
@@ -35,10 +41,18 @@
 //! `runtime` starts the actors. The library never imports its command line.
 
 mod actors;
+#[cfg(feature = "operator")]
+pub mod admin;
+#[cfg(feature = "operator")]
+pub mod cli;
 pub mod cluster;
+pub mod crds;
 #[cfg(feature = "envtest")]
 pub mod envtest;
+pub mod health;
 mod messages;
+#[cfg(feature = "operator")]
+pub mod metrics;
 pub mod names;
 mod object_api;
 pub mod policy;
@@ -47,7 +61,11 @@ pub mod provisioners;
 pub mod rbac;
 pub mod references;
 pub mod runtime;
+#[cfg(feature = "operator")]
+mod signals;
 pub mod status;
+#[cfg(feature = "operator")]
+pub mod telemetry;
 pub mod triggers;
 
 pub use actors::restarts::Escalation;
@@ -134,6 +152,31 @@ pub enum Error {
         /// Why.
         problem: String,
     },
+    /// A controller's initialize or upgrade hook failed
+    /// ([`Controller::on_initialize`](runtime::Controller::on_initialize),
+    /// [`Controller::on_upgrade`](runtime::Controller::on_upgrade)).
+    #[error("the {hook} hook of the {controller} controller failed: {message}")]
+    Hook {
+        /// The controller's kind.
+        controller: String,
+        /// `initialize` or `upgrade`.
+        hook: &'static str,
+        /// The hook's error, as it said it.
+        message: String,
+    },
+    /// The admin server could not listen on its address.
+    #[error("the admin server cannot listen on {addr}: {source}")]
+    Admin {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A second SIGTERM or SIGINT came during graceful shutdown: the runtime stopped at once,
+    /// aborting the passes still running.
+    #[error("interrupted again during shutdown; stopped at once")]
+    Interrupted,
     /// A value the runtime writes (a reference annotation) could not be serialized.
     #[error("cannot serialize a value the runtime writes")]
     Serialize(#[from] serde_json::Error),

@@ -44,6 +44,40 @@ pub fn rules_for<K: Resource<DynamicType = ()>>() -> Vec<PolicyRule> {
     ]
 }
 
+/// `verbs` on kind `K` (e.g. what a step does with a kind the runtime does not know of).
+pub fn rule_for<K: Resource<DynamicType = ()>>(verbs: &[&str]) -> PolicyRule {
+    rule(&K::group(&()), &[&K::plural(&())], verbs)
+}
+
+/// What [`resource`](crate::provisioners::resource()) does with its child's kind `C`: get,
+/// create and patch (server-side apply), delete.
+pub fn child_rules_for<C: Resource<DynamicType = ()>>() -> Vec<PolicyRule> {
+    vec![rule_for::<C>(&["get", "create", "patch", "delete"])]
+}
+
+/// A permission a step of a provisioner tree needs, and the step
+/// ([`Provisioner::rules`](crate::provisioners::Provisioner::rules)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRule {
+    /// The step's name.
+    pub step: String,
+    /// What it needs.
+    pub rule: PolicyRule,
+}
+
+impl StepRule {
+    /// `rules` needed by step `step`.
+    pub fn all(step: &str, rules: Vec<PolicyRule>) -> Vec<StepRule> {
+        rules
+            .into_iter()
+            .map(|rule| StepRule {
+                step: step.to_string(),
+                rule,
+            })
+            .collect()
+    }
+}
+
 /// Reading and watching kind `K` (a provider config, the Secrets a controller watches).
 pub fn read_rules_for<K: Resource<DynamicType = ()>>() -> Vec<PolicyRule> {
     vec![rule(
@@ -59,6 +93,33 @@ pub fn common_rules() -> Vec<PolicyRule> {
         rule("", &["events"], &["create", "patch"]),
         rule("events.k8s.io", &["events"], &["create", "patch"]),
     ]
+}
+
+/// `rules` with one rule per (API group, resource), each with the union of its verbs, in the
+/// order they first appear (rules with other fields, such as `resourceNames`, kept as they are).
+pub fn merge(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
+    let mut out: Vec<PolicyRule> = Vec::new();
+    for r in rules {
+        let plain = r.resource_names.is_none() && r.non_resource_urls.is_none();
+        let single = |v: &Option<Vec<String>>| v.as_ref().is_some_and(|v| v.len() == 1);
+        if plain && single(&r.api_groups) && single(&r.resources) {
+            if let Some(same) = out.iter_mut().find(|o| {
+                o.resource_names.is_none()
+                    && o.non_resource_urls.is_none()
+                    && o.api_groups == r.api_groups
+                    && o.resources == r.resources
+            }) {
+                for v in r.verbs {
+                    if !same.verbs.contains(&v) {
+                        same.verbs.push(v);
+                    }
+                }
+                continue;
+            }
+        }
+        out.push(r);
+    }
+    out
 }
 
 /// A ClusterRole named `name` with `rules` plus [`common_rules`].
@@ -104,9 +165,12 @@ impl YamlError {
 /// A permission the running identity lacks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "permission missing: cannot {verb} {resource} in API group {group:?} (add it to the operator's ClusterRole)"
+    "permission missing: cannot {verb} {resource} in API group {group:?}{} (add it to the operator's ClusterRole)",
+    .step.as_ref().map(|s| format!(", needed by step {s:?}")).unwrap_or_default()
 )]
 pub struct MissingPermission {
+    /// The provisioner step that needs it (`None`: the runtime itself).
+    pub step: Option<String>,
     /// The verb.
     pub verb: String,
     /// The resource (with subresource, e.g. `widgets/status`).
@@ -121,9 +185,29 @@ pub async fn missing_permissions(
     client: &Client,
     rules: &[PolicyRule],
 ) -> Result<Vec<MissingPermission>, kube::Error> {
+    missing_permissions_of(client, rules.iter().map(|r| (None, r))).await
+}
+
+/// [`missing_permissions`] of the runtime's own `rules` and of its steps' `steps`: what is
+/// missing names the step that needs it.
+pub async fn missing_step_permissions(
+    client: &Client,
+    rules: &[PolicyRule],
+    steps: &[StepRule],
+) -> Result<Vec<MissingPermission>, kube::Error> {
+    let own = rules.iter().map(|r| (None, r));
+    let of_steps = steps.iter().map(|s| (Some(s.step.as_str()), &s.rule));
+    missing_permissions_of(client, own.chain(of_steps)).await
+}
+
+async fn missing_permissions_of<'a>(
+    client: &Client,
+    rules: impl Iterator<Item = (Option<&'a str>, &'a PolicyRule)>,
+) -> Result<Vec<MissingPermission>, kube::Error> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing = Vec::new();
-    for r in rules {
+    let mut asked = std::collections::HashSet::new();
+    for (step, r) in rules {
         for group in r.api_groups.iter().flatten() {
             for res in r.resources.iter().flatten() {
                 let (resource, subresource) = match res.split_once('/') {
@@ -131,6 +215,9 @@ pub async fn missing_permissions(
                     None => (res.clone(), None),
                 };
                 for verb in &r.verbs {
+                    if !asked.insert((step, group.clone(), res.clone(), verb.clone())) {
+                        continue;
+                    }
                     let review = SelfSubjectAccessReview {
                         spec: SelfSubjectAccessReviewSpec {
                             resource_attributes: Some(ResourceAttributes {
@@ -151,6 +238,7 @@ pub async fn missing_permissions(
                     };
                     if !answer.status.is_some_and(|s| s.allowed) {
                         missing.push(MissingPermission {
+                            step: step.map(str::to_string),
                             verb: verb.clone(),
                             resource: res.clone(),
                             group: group.clone(),

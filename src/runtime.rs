@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 use crate::actors::mailbox::Mailbox;
 use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::actors::{KindMetrics, Manager, ManagerArgs, Metrics, Shared, Timers, run_feeder};
+use crate::health::Health;
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner, new_holder_id};
@@ -65,7 +66,16 @@ pub struct Controller<K: ManagedResource> {
     status: bool,
     config: Option<ConfigSpec>,
     secrets: Option<SecretRefs<K>>,
+    upgrade: Option<Hook>,
+    initialize: Option<Hook>,
 }
+
+/// A controller's start-up hook ([`Controller::on_upgrade`], [`Controller::on_initialize`]).
+type Hook =
+    Box<dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), HookError>> + Send>;
+
+/// What a hook fails with: any error; its message fails the runtime's start-up.
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Builds a config's view and what starts its watch ([`Controller::config`]).
 type StartConfig = Box<dyn FnOnce(&Client) -> (Arc<dyn ConfigView>, StartConfigWatch) + Send>;
@@ -96,7 +106,61 @@ impl<K: ManagedResource> Controller<K> {
             status: true,
             config: None,
             secrets: None,
+            upgrade: None,
+            initialize: None,
         }
+    }
+
+    /// Run `hook` once at start-up, before [`Controller::on_initialize`]'s hook and before the
+    /// kind is watched: migrate what an earlier version of the operator stored (labels,
+    /// annotations, a finalizer's name). It gets the runtime's client. An error fails
+    /// [`RuntimeBuilder::start`] with [`Error::Hook`] carrying its message.
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// # let tree = step("noop", |_cx: Context<App>| async { Outcome::Done });
+    /// use kube::api::{Api, ListParams, Patch, PatchParams};
+    /// let controller = Controller::<App>::new(tree).on_upgrade(|client| async move {
+    ///     // Objects of version 1 carried the finalizer `example.com/old`: drop it, the runtime
+    ///     // now puts its own.
+    ///     let apps: Api<App> = Api::all(client);
+    ///     for app in apps.list(&ListParams::default()).await? {
+    ///         if app.metadata.finalizers.iter().flatten().any(|f| f == "example.com/old") {
+    ///             let ns = app.metadata.namespace.clone().unwrap_or_default();
+    ///             let name = app.metadata.name.clone().unwrap_or_default();
+    ///             let keep: Vec<_> = app.metadata.finalizers.iter().flatten()
+    ///                 .filter(|f| *f != "example.com/old").cloned().collect();
+    ///             let patch = serde_json::json!({"metadata": {"finalizers": keep}});
+    ///             Api::<App>::namespaced(apps.clone().into_client(), &ns)
+    ///                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await?;
+    ///         }
+    ///     }
+    ///     Ok(())
+    /// });
+    /// ```
+    pub fn on_upgrade<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), HookError>> + Send + 'static,
+    {
+        self.upgrade = Some(Box::new(move |c| Box::pin(hook(c))));
+        self
+    }
+
+    /// Run `hook` once at start-up, after [`Controller::on_upgrade`]'s and before the kind is
+    /// watched (e.g. create the objects the tree expects to exist, or check an external
+    /// service). It gets the runtime's client. An error fails [`RuntimeBuilder::start`] with
+    /// [`Error::Hook`] carrying its message.
+    pub fn on_initialize<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), HookError>> + Send + 'static,
+    {
+        self.initialize = Some(Box::new(move |c| Box::pin(hook(c))));
+        self
     }
 
     /// Read the provider config from the object `config` names: steps get it with
@@ -204,10 +268,14 @@ impl<K: ManagedResource> Controller<K> {
 trait Start: Send {
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error>;
     fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule>;
+    /// What its tree's steps need besides.
+    fn step_rules(&self) -> Vec<crate::rbac::StepRule>;
     /// The kind, as (apiVersion, kind).
     fn kind(&self) -> (String, String);
     /// Whether its settings are valid (the first problem, naming the field).
     fn validate(&self) -> Result<(), Error>;
+    /// Watch only `ns`, unless the controller names its own namespace.
+    fn default_namespace(&mut self, ns: &str);
 }
 
 struct StartCx {
@@ -221,6 +289,7 @@ struct StartCx {
     reporter: Option<Reporter>,
     root: ActorCell,
     holder: Arc<str>,
+    health: Arc<Health>,
 }
 
 struct Started {
@@ -322,6 +391,16 @@ impl<K: ManagedResource> Start for Controller<K> {
         (K::api_version(&()).into_owned(), K::kind(&()).into_owned())
     }
 
+    fn step_rules(&self) -> Vec<crate::rbac::StepRule> {
+        self.tree.rules()
+    }
+
+    fn default_namespace(&mut self, ns: &str) {
+        if self.namespace.is_none() && !crate::object_api::is_cluster_scoped::<K>() {
+            self.namespace = Some(ns.to_string());
+        }
+    }
+
     fn validate(&self) -> Result<(), Error> {
         if let Some(p) = &self.policy {
             p.validate()?;
@@ -337,9 +416,22 @@ impl<K: ManagedResource> Start for Controller<K> {
         Ok(())
     }
 
-    async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
-        let mut policy = self.policy.unwrap_or_else(|| cx.policy.clone());
+    async fn start(mut self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
+        let mut policy = self.policy.take().unwrap_or_else(|| cx.policy.clone());
         policy.validate()?;
+        for (name, hook) in [
+            ("upgrade", self.upgrade.take()),
+            ("initialize", self.initialize.take()),
+        ] {
+            if let Some(hook) = hook {
+                tracing::info!(controller = %K::kind(&()), hook = name, "running start-up hook");
+                hook(cx.client.clone()).await.map_err(|e| Error::Hook {
+                    controller: K::kind(&()).into_owned(),
+                    hook: name,
+                    message: e.to_string(),
+                })?;
+            }
+        }
         policy.max_concurrent_runs = cx.policy.max_concurrent_runs;
         let (store, writer) = reflector::store::<K>();
         let recorder = cx
@@ -369,9 +461,10 @@ impl<K: ManagedResource> Start for Controller<K> {
             }
             None => (None, None),
         };
+        let timers = Timers::with_run_slots(cx.runs.clone());
         let kind_metrics = Arc::new(KindMetrics::new(&kind, {
-            let store = store.clone();
-            Box::new(move || store.len())
+            let (store, timers) = (store.clone(), timers.gauges());
+            Box::new(move || (store.len() as u64, timers.armed(), timers.waiting()))
         }));
         cx.metrics.add_kind(kind_metrics.clone());
         let shared = Arc::new(Shared {
@@ -385,15 +478,16 @@ impl<K: ManagedResource> Start for Controller<K> {
             use_finalizer: self.finalizer,
             write_status: self.status,
             metrics: cx.metrics.clone(),
-            kind_metrics,
+            kind_metrics: kind_metrics.clone(),
             event_budget: Default::default(),
             references: cx.references.clone(),
-            timers: Timers::with_run_slots(cx.runs.clone()),
+            timers,
             parts,
             config,
             secrets: self.secrets.map(SecretTrigger::new),
         });
         let synced = Arc::new(AtomicBool::new(false));
+        cx.health.add_kind(&kind, synced.clone());
         let handle = Arc::new(Handle {
             shared: shared.clone(),
             synced: synced.clone(),
@@ -418,6 +512,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             actor: format!("{kind} manager"),
             source: Box::new(e),
         })?;
+        cx.health.add_supervisor(manager.get_cell());
         let mailbox = mailbox.bind(manager.clone());
         let _ = handle.manager.set(mailbox.clone());
         let mut tasks = Vec::new();
@@ -538,6 +633,12 @@ pub struct RuntimeBuilder {
     field_manager: String,
     reporter: Option<Reporter>,
     preflight: bool,
+    namespace: Option<String>,
+    crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+    #[cfg(feature = "operator")]
+    admin: Option<std::net::SocketAddr>,
+    #[cfg(feature = "operator")]
+    registry: Option<crate::metrics::Registry>,
 }
 
 /// The runtime: every registered controller, under one root supervisor.
@@ -554,6 +655,12 @@ impl Runtime {
             field_manager: crate::FIELD_MANAGER.to_string(),
             reporter: None,
             preflight: false,
+            namespace: None,
+            crds: Vec::new(),
+            #[cfg(feature = "operator")]
+            admin: None,
+            #[cfg(feature = "operator")]
+            registry: None,
         }
     }
 }
@@ -592,6 +699,45 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Install (or update) these CRDs as the runtime starts, before any controller, and wait
+    /// until they are Established ([`crds::install`](crate::crds::install), as the runtime's
+    /// field manager; waits at most a minute). A failure fails
+    /// [`RuntimeBuilder::start`]. The ClusterRole then includes the CRD permissions.
+    pub fn install_crds(
+        mut self,
+        crds: impl IntoIterator<
+            Item = k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >,
+    ) -> Self {
+        self.crds.extend(crds);
+        self
+    }
+
+    /// Watch only namespace `ns` with every namespaced controller that does not name its own
+    /// ([`Controller::namespace`]).
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = Some(ns.into());
+        self
+    }
+
+    /// Serve `/metrics`, `/healthz` and `/readyz` on `addr` (see [`crate::admin`]). The
+    /// server is bound before any controller starts; an address that cannot be bound fails
+    /// [`RuntimeBuilder::start`] with [`Error::Admin`].
+    #[cfg(feature = "operator")]
+    pub fn admin(mut self, addr: std::net::SocketAddr) -> Self {
+        self.admin = Some(addr);
+        self
+    }
+
+    /// The Prometheus registry the runtime adds its metrics to and `/metrics` serves (default:
+    /// an empty one). Register the operator's own metrics in it first. See [`crate::metrics`]
+    /// for the runtime's metric names.
+    #[cfg(feature = "operator")]
+    pub fn metrics_registry(mut self, registry: crate::metrics::Registry) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
     /// Check at start-up (with SelfSubjectAccessReviews) that the running identity has every
     /// permission of [`RuntimeBuilder::cluster_role`]; `start` fails with [`Error::Forbidden`]
     /// naming what is missing instead of failing later, object by object.
@@ -600,13 +746,31 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The ClusterRole this runtime needs for its registered kinds (print it with
-    /// [`rbac::to_yaml`](crate::rbac::to_yaml)). Add what your provisioners touch themselves.
+    /// The ClusterRole this runtime needs (print it with
+    /// [`rbac::to_yaml`](crate::rbac::to_yaml)): its registered kinds, their configs and
+    /// Secrets, what their trees' steps declare ([`Provisioner::rules`]: the children kinds of
+    /// [`resource`](crate::provisioners::resource()), a CD driver's, a step's
+    /// [`needs`](crate::provisioners::Step::needs)), Events, and the CRDs it installs.
     pub fn cluster_role(&self, name: &str) -> k8s_openapi::api::rbac::v1::ClusterRole {
-        crate::rbac::cluster_role(
-            name,
-            self.controllers.iter().flat_map(|c| c.rules()).collect(),
-        )
+        let mut rules: Vec<_> = self.controllers.iter().flat_map(|c| c.rules()).collect();
+        rules.extend(self.own_rules());
+        rules.extend(
+            self.controllers
+                .iter()
+                .flat_map(|c| c.step_rules())
+                .map(|s| s.rule),
+        );
+        crate::rbac::cluster_role(name, crate::rbac::merge(rules))
+    }
+
+    /// What the runtime needs besides its kinds: installing its CRDs.
+    fn own_rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+        if self.crds.is_empty() {
+            return Vec::new();
+        }
+        vec![crate::rbac::rule_for::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(&["get", "list", "watch", "create", "patch"])]
     }
 
     /// Check everything given to the builder, without starting anything: the policies, that
@@ -655,18 +819,57 @@ impl RuntimeBuilder {
 
     /// Start every controller; returns a handle to observe and stop the runtime. Fails
     /// without starting anything when [`RuntimeBuilder::validate`] does.
-    pub async fn start(self) -> Result<RuntimeHandle, Error> {
+    pub async fn start(mut self) -> Result<RuntimeHandle, Error> {
         self.validate()?;
+        if let Some(ns) = &self.namespace {
+            for c in &mut self.controllers {
+                c.default_namespace(ns);
+            }
+        }
         if self.preflight {
-            let role = self.cluster_role("preflight");
-            let missing = crate::rbac::missing_permissions(
-                &self.client,
-                role.rules.as_deref().unwrap_or_default(),
-            )
-            .await?;
+            let mut own: Vec<_> = self.controllers.iter().flat_map(|c| c.rules()).collect();
+            own.extend(crate::rbac::common_rules());
+            own.extend(self.own_rules());
+            let steps: Vec<_> = self
+                .controllers
+                .iter()
+                .flat_map(|c| c.step_rules())
+                .collect();
+            let missing = crate::rbac::missing_step_permissions(&self.client, &own, &steps).await?;
             if !missing.is_empty() {
                 return Err(Error::Forbidden(missing));
             }
+        }
+        let health = Arc::new(Health::default());
+        let metrics = Arc::new(Metrics::default());
+        #[cfg(feature = "operator")]
+        let (admin, registry) = {
+            let mut registry = self.registry.take().unwrap_or_default();
+            registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
+                metrics: metrics.clone(),
+                max_concurrent_runs: self.policy.max_concurrent_runs as u64,
+            }));
+            let registry = Arc::new(registry);
+            let admin = match self.admin {
+                Some(addr) => Some(
+                    crate::admin::AdminServer::bind(addr, registry.clone(), health.clone()).await?,
+                ),
+                None => None,
+            };
+            (admin, registry)
+        };
+        if !self.crds.is_empty() {
+            crate::crds::install(
+                self.client.clone(),
+                &self.crds,
+                &self.field_manager,
+                std::time::Duration::from_secs(60),
+            )
+            .await
+            .map_err(|e| Error::Invalid {
+                field: "CRDs".into(),
+                problem: e.to_string(),
+            })?;
         }
         let (tx, escalated) = watch::channel(None);
         let (root, root_task) = Actor::spawn(None, Root, tx)
@@ -675,7 +878,7 @@ impl RuntimeBuilder {
                 actor: "root supervisor".into(),
                 source: Box::new(e),
             })?;
-        let metrics = Arc::new(Metrics::default());
+        health.add_supervisor(root.get_cell());
         let references = ReferenceIndex::for_runtime(
             &self.field_manager,
             self.client.clone(),
@@ -692,11 +895,36 @@ impl RuntimeBuilder {
             reporter: self.reporter,
             root: root.get_cell(),
             holder: Arc::from(new_holder_id().as_str()),
+            health: health.clone(),
         };
         let mut started = Vec::new();
         for c in self.controllers {
-            started.push(c.start(&cx).await?);
+            match c.start(&cx).await {
+                Ok(s) => started.push(s),
+                Err(e) => {
+                    // Stop what already started (a hook or a config probe failed).
+                    let partial = RuntimeHandle {
+                        holder: cx.holder.clone(),
+                        started,
+                        runs: cx.runs.clone(),
+                        metrics,
+                        escalated,
+                        references: cx.references.clone(),
+                        root,
+                        root_task,
+                        shutdown_timeout: self.policy.shutdown_timeout,
+                        health,
+                        #[cfg(feature = "operator")]
+                        admin,
+                        #[cfg(feature = "operator")]
+                        registry,
+                    };
+                    partial.shutdown().await;
+                    return Err(e);
+                }
+            }
         }
+        health.set_started();
         Ok(RuntimeHandle {
             holder: cx.holder.clone(),
             started,
@@ -707,7 +935,55 @@ impl RuntimeBuilder {
             root,
             root_task,
             shutdown_timeout: self.policy.shutdown_timeout,
+            health,
+            #[cfg(feature = "operator")]
+            admin,
+            #[cfg(feature = "operator")]
+            registry,
         })
+    }
+
+    /// Start, run until SIGTERM or SIGINT (or a manager escalates), then shut down gracefully
+    /// ([`RuntimeHandle::shutdown`]): no new passes, in-flight passes finish within the
+    /// policy's shutdown timeout, timers and waiters dropped; `Ok(())`. A second signal during
+    /// the shutdown stops everything at once and returns [`Error::Interrupted`]. It never
+    /// exits the process: `main` decides.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// # async fn run(client: kube::Client) -> Result<(), actorcile::Error> {
+    /// let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+    /// Runtime::builder(client)
+    ///     .controller(Controller::<App>::new(tree))
+    ///     .admin("127.0.0.1:8080".parse().unwrap())
+    ///     .run()
+    ///     .await
+    /// # }
+    /// ```
+    #[cfg(feature = "operator")]
+    pub async fn run(self) -> Result<(), Error> {
+        // Listening before the start: a signal during start-up is not lost.
+        let mut signals = crate::signals::Signals::new()?;
+        let mut handle = self.start().await?;
+        let result = tokio::select! {
+            signal = signals.next() => {
+                tracing::info!(signal, "shutting down gracefully (again to stop at once)");
+                Ok(())
+            }
+            e = handle.escalated() => Err(e),
+        };
+        let abort = handle.aborter();
+        tokio::select! {
+            _ = handle.shutdown() => result,
+            signal = signals.next() => {
+                tracing::warn!(signal, "second signal: stopping at once");
+                abort.abort();
+                Err(Error::Interrupted)
+            }
+        }
     }
 
     /// Start, run until `shutdown` completes (e.g. SIGTERM) or a manager escalates, then shut
@@ -735,9 +1011,70 @@ pub struct RuntimeHandle {
     root: ActorRef<()>,
     root_task: JoinHandle<()>,
     shutdown_timeout: std::time::Duration,
+    health: Arc<Health>,
+    #[cfg(feature = "operator")]
+    admin: Option<crate::admin::AdminServer>,
+    #[cfg(feature = "operator")]
+    registry: Arc<crate::metrics::Registry>,
+}
+
+/// Stops a runtime at once, from outside its shutdown ([`RuntimeBuilder::run`] on a second
+/// signal).
+#[cfg(feature = "operator")]
+struct Aborter {
+    managers: Vec<ActorCell>,
+    tasks: Vec<tokio::task::AbortHandle>,
+    root: ActorCell,
+}
+
+#[cfg(feature = "operator")]
+impl Aborter {
+    fn abort(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for m in &self.managers {
+            for child in m.get_children() {
+                child.kill();
+            }
+            m.kill();
+        }
+        self.root.kill();
+    }
 }
 
 impl RuntimeHandle {
+    #[cfg(feature = "operator")]
+    fn aborter(&self) -> Aborter {
+        Aborter {
+            managers: self.started.iter().map(|s| s.manager.clone()).collect(),
+            tasks: self
+                .started
+                .iter()
+                .flat_map(|s| s.tasks.iter().map(|t| t.abort_handle()))
+                .collect(),
+            root: self.root.get_cell(),
+        }
+    }
+
+    /// What the health probes answer ([`crate::health`]).
+    pub fn health(&self) -> Arc<Health> {
+        self.health.clone()
+    }
+
+    /// The address the admin server listens on (with [`RuntimeBuilder::admin`]).
+    #[cfg(feature = "operator")]
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().map(|a| a.local_addr())
+    }
+
+    /// The Prometheus registry with the runtime's metrics (and the operator's own, given
+    /// with [`RuntimeBuilder::metrics_registry`]), e.g. to serve it elsewhere.
+    #[cfg(feature = "operator")]
+    pub fn metrics_registry(&self) -> Arc<crate::metrics::Registry> {
+        self.registry.clone()
+    }
+
     /// This runtime's holder id: the holder its guarded steps' locks name
     /// ([`Context::guard`](crate::provisioners::Context::guard)). Unique per runtime.
     pub fn holder(&self) -> &str {
@@ -766,9 +1103,16 @@ impl RuntimeHandle {
     /// Resolves when a manager escalates (restart intensity exceeded with `escalate`).
     pub async fn escalated(&mut self) -> Error {
         loop {
-            match self.escalated.borrow().clone() {
-                Some(ManagerFailure::Escalated(e)) => return Error::Escalated(e),
-                Some(ManagerFailure::Other(e)) => return Error::ManagerFailed(e),
+            let failure = self.escalated.borrow().clone();
+            match failure {
+                Some(ManagerFailure::Escalated(e)) => {
+                    self.health.set_failed();
+                    return Error::Escalated(e);
+                }
+                Some(ManagerFailure::Other(e)) => {
+                    self.health.set_failed();
+                    return Error::ManagerFailed(e);
+                }
                 None => {}
             }
             if self.escalated.changed().await.is_err() {
@@ -781,6 +1125,7 @@ impl RuntimeHandle {
     /// timeout (then abort them), stop every actor, and release the controllers (their
     /// provisioner trees are dropped once nothing of the runtime runs any more).
     pub async fn shutdown(self) {
+        self.health.set_stopping();
         for s in &self.started {
             for task in &s.tasks {
                 task.abort();

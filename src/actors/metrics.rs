@@ -261,14 +261,14 @@ pub struct HistogramSnapshot {
     pub buckets: Vec<(f64, u64)>,
 }
 
-/// Counts the objects of a kind in the runtime's cache.
-type ObjectCount = Box<dyn Fn() -> usize + Send + Sync>;
+/// Reads a kind's gauges: objects cached, wake-ups armed, passes waiting for a run slot.
+pub(crate) type ReadGauges = Box<dyn Fn() -> (u64, u64, u64) + Send + Sync>;
 
 /// One controller's own figures (the runtime-wide ones are in [`MetricsSnapshot`]).
 #[derive(Default)]
 pub(crate) struct KindMetrics {
     pub(crate) kind: String,
-    objects: Option<ObjectCount>,
+    gauges: Option<ReadGauges>,
     results: [AtomicU64; RunResult::ALL.len()],
     pub(crate) run_duration: Histogram,
     pub(crate) due_to_start: Histogram,
@@ -285,10 +285,10 @@ impl std::fmt::Debug for KindMetrics {
 }
 
 impl KindMetrics {
-    pub(crate) fn new(kind: &str, objects: ObjectCount) -> Self {
+    pub(crate) fn new(kind: &str, gauges: ReadGauges) -> Self {
         Self {
             kind: kind.to_string(),
-            objects: Some(objects),
+            gauges: Some(gauges),
             ..Self::default()
         }
     }
@@ -299,8 +299,10 @@ impl KindMetrics {
     }
 
     pub(crate) fn snapshot(&self) -> KindMetricsSnapshot {
-        let objects = self.objects.as_ref().map_or(0, |f| f()) as u64;
+        let (objects, wake_ups, waiting) = self.gauges.as_ref().map_or((0, 0, 0), |f| f());
         KindMetricsSnapshot {
+            wake_ups,
+            waiting,
             kind: self.kind.clone(),
             runs: RunResult::ALL
                 .iter()
@@ -330,6 +332,10 @@ pub struct KindMetricsSnapshot {
     pub due_to_start: HistogramSnapshot,
     /// Objects of the kind in the runtime's cache.
     pub objects: u64,
+    /// Wake-ups armed and not yet due (yields, backoffs, polls) of live actors.
+    pub wake_ups: u64,
+    /// Due passes and activations waiting for a run slot.
+    pub waiting: u64,
     /// Kubernetes Events published for the kind's objects.
     pub events: u64,
     /// Events not published because their object was over its Event budget.

@@ -90,6 +90,11 @@ impl<P, A> RunSlotQueue<P, A> {
         !self.passes.is_empty()
     }
 
+    /// Passes and activations waiting.
+    pub fn len(&self) -> usize {
+        self.passes.len() + self.activations.len()
+    }
+
     /// Whether an activation waits.
     pub fn activations_wait(&self) -> bool {
         !self.activations.is_empty()

@@ -15,7 +15,7 @@
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 
 use ractor::{ActorId, ActorRef, Message};
@@ -58,6 +58,30 @@ pub type GrantSlot = Box<dyn FnOnce(OwnedSemaphorePermit) + Send>;
 pub struct Timers<M: Message> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
     lateness: Arc<Lateness>,
+    gauges: Arc<Gauges>,
+}
+
+/// Reads what a timer task holds, as of the end of its last turn.
+#[derive(Clone, Debug)]
+pub struct TimerGauges(Arc<Gauges>);
+
+impl TimerGauges {
+    /// Wake-ups armed and not yet due.
+    pub fn armed(&self) -> u64 {
+        self.0.armed.load(Ordering::Relaxed)
+    }
+
+    /// Due passes and activations waiting for a run slot.
+    pub fn waiting(&self) -> u64 {
+        self.0.waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// What the task holds, as of the end of its last turn (for metrics).
+#[derive(Debug, Default)]
+struct Gauges {
+    armed: AtomicU64,
+    waiting: AtomicU64,
 }
 
 impl<M: TimerMsg> Timers<M> {
@@ -76,7 +100,9 @@ impl<M: TimerMsg> Timers<M> {
     fn spawn(slots: Option<PollSemaphore>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let lateness = Arc::new(Lateness::new(Instant::now()));
+        let gauges = Arc::new(Gauges::default());
         let task = TimerTask {
+            gauges: gauges.clone(),
             queue: DelayQueue::new(),
             actors: FastMap::default(),
             waiting: RunSlotQueue::default(),
@@ -88,7 +114,16 @@ impl<M: TimerMsg> Timers<M> {
         };
         // Unconstrained: see `TimerTask::poll_turn`.
         tokio::spawn(tokio::task::unconstrained(run(task, rx)));
-        Self { tx, lateness }
+        Self {
+            tx,
+            lateness,
+            gauges,
+        }
+    }
+
+    /// A reader of what the task holds (for metrics).
+    pub fn gauges(&self) -> TimerGauges {
+        TimerGauges(self.gauges.clone())
     }
 
     /// A wake-up sent at `sent` (its [`RunSlot::given_at`], or its deadline if it came
@@ -153,6 +188,7 @@ struct TimerTask<M: Message> {
     waiting: RunSlotQueue<(ActorRef<M>, M), GrantSlot>,
     hold_back: HoldBack,
     slots: Option<PollSemaphore>,
+    gauges: Arc<Gauges>,
 }
 
 /// Wakes the task when activations stop being held back (see [`Lateness`]).
@@ -222,6 +258,13 @@ impl<M: TimerMsg> TimerTask<M> {
         if let Some(armed) = self.actors.remove(&id) {
             self.due(armed.to, armed.msg);
         }
+    }
+
+    fn update_gauges(&self) {
+        let g = &self.gauges;
+        g.armed.store(self.actors.len() as u64, Ordering::Relaxed);
+        g.waiting
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
     }
 
     /// Deliver now, or queue for a run slot.
@@ -312,9 +355,11 @@ impl<M: TimerMsg> TimerTask<M> {
                     .store(waiting, Ordering::Relaxed);
             }
             if left == 0 {
+                self.update_gauges();
                 return Poll::Ready(false);
             }
             if left == before {
+                self.update_gauges();
                 return Poll::Pending;
             }
         }

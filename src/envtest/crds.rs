@@ -3,8 +3,6 @@
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::wait::{await_condition, conditions};
 
 use super::EnvtestError;
 
@@ -15,31 +13,17 @@ pub async fn install_crds(
     crds: &[CustomResourceDefinition],
     timeout: Duration,
 ) -> Result<(), EnvtestError> {
-    let api: Api<CustomResourceDefinition> = Api::all(client);
-    let pp = PatchParams::apply("actorcile-envtest").force();
-    let mut names = Vec::with_capacity(crds.len());
-    for crd in crds {
-        let name = crd
-            .metadata
-            .name
-            .clone()
-            .ok_or(EnvtestError::CrdWithoutName)?;
-        let mut body = crd.clone();
-        body.metadata.resource_version = None;
-        body.metadata.managed_fields = None;
-        body.status = None;
-        api.patch(&name, &pp, &Patch::Apply(&body)).await?;
-        names.push(name);
-    }
-    for name in names {
-        let wait = await_condition(api.clone(), &name, conditions::is_crd_established());
-        match tokio::time::timeout(timeout, wait).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(source)) => return Err(EnvtestError::CrdWait { name, source }),
-            Err(_) => return Err(EnvtestError::CrdNotEstablished { name, timeout }),
-        }
-    }
-    Ok(())
+    use crate::crds::CrdError;
+    crate::crds::install(client, crds, "actorcile-envtest", timeout)
+        .await
+        .map_err(|e| match e {
+            CrdError::WithoutName => EnvtestError::CrdWithoutName,
+            CrdError::Apply { source, .. } => EnvtestError::from(source),
+            CrdError::Wait { name, source } => EnvtestError::CrdWait { name, source },
+            CrdError::NotEstablished { name, timeout } => {
+                EnvtestError::CrdNotEstablished { name, timeout }
+            }
+        })
 }
 
 /// Reads CustomResourceDefinitions from YAML text holding one or more documents (separated by

@@ -423,6 +423,10 @@ where
         &self.name
     }
 
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        crate::rbac::StepRule::all(&self.name, self.driver.rules())
+    }
+
     async fn provision(&self, cx: &Context<K>) -> Outcome {
         let spec = match self.spec(cx).await {
             Ok(s) => s,

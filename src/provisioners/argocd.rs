@@ -373,6 +373,20 @@ fn health_of(app: &DynamicObject) -> AppHealth {
 
 #[async_trait]
 impl CdDriver for ArgoCd {
+    /// Applications (argoproj.io) and cluster Secrets, in its namespace.
+    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+        let verbs = ["get", "list", "create", "update", "patch", "delete"];
+        vec![
+            k8s_openapi::api::rbac::v1::PolicyRule {
+                api_groups: Some(vec!["argoproj.io".into()]),
+                resources: Some(vec!["applications".into()]),
+                verbs: verbs.iter().map(|v| v.to_string()).collect(),
+                ..Default::default()
+            },
+            crate::rbac::rule_for::<Secret>(&verbs),
+        ]
+    }
+
     fn kind(&self) -> &str {
         "argocd"
     }

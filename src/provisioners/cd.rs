@@ -356,6 +356,11 @@ pub trait CdDriver: Send + Sync {
     /// Remove `user` from the registration of cluster `id`, and the registration itself once
     /// it has no user left. Unregistering what is not registered succeeds.
     async fn unregister_cluster(&self, id: &str, user: &str) -> Result<(), CdError>;
+    /// The RBAC permissions the driver needs in the cluster its client talks to (see
+    /// [`Provisioner::rules`](super::Provisioner::rules)). Default: none.
+    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+        Vec::new()
+    }
 }
 
 #[cfg(test)]

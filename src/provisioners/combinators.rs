@@ -31,6 +31,10 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Serial<K> {
         &self.name
     }
 
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        self.children.iter().flat_map(|c| c.rules()).collect()
+    }
+
     async fn provision(&self, cx: &Context<K>) -> Outcome {
         for child in &self.children {
             let outcome = child.provision(cx).await;
@@ -75,6 +79,10 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Concurrent<K> {
         &self.name
     }
 
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        self.children.iter().flat_map(|c| c.rules()).collect()
+    }
+
     async fn provision(&self, cx: &Context<K>) -> Outcome {
         Outcome::merge(join_all(self.children.iter().map(|c| c.provision(cx))).await)
     }
@@ -113,6 +121,10 @@ where
 impl<K: Send + Sync + 'static> Provisioner<K> for Conditional<K> {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        self.child.rules()
     }
 
     async fn provision(&self, cx: &Context<K>) -> Outcome {

@@ -143,6 +143,14 @@ pub trait Provisioner<K>: Send + Sync {
     async fn provision(&self, cx: &Context<K>) -> Outcome;
     /// Undo this step, or say why not yet.
     async fn deprovision(&self, cx: &Context<K>) -> Outcome;
+    /// The RBAC permissions this step (and its children) need beyond what the runtime needs
+    /// for the managed kind: [`RuntimeBuilder::cluster_role`](crate::runtime::RuntimeBuilder::cluster_role)
+    /// includes them, and the RBAC preflight checks them, naming the step. Combinators collect
+    /// their children's; [`resource`] declares its child's kind; a [`step`] declares what it
+    /// touches with [`Step::needs`]. Default: none.
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        Vec::new()
+    }
 }
 
 /// A shared, type-erased provisioner (what combinators hold).
@@ -157,6 +165,9 @@ pub fn boxed<K, P: Provisioner<K> + 'static>(p: P) -> BoxProvisioner<K> {
 impl<K: Send + Sync> Provisioner<K> for BoxProvisioner<K> {
     fn name(&self) -> &str {
         (**self).name()
+    }
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        (**self).rules()
     }
     fn provision<'a, 'b, 'r>(
         &'a self,

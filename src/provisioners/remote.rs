@@ -429,6 +429,16 @@ where
         &self.name
     }
 
+    /// Reading kubeconfig Secrets, and what its CD driver needs; not its children's: they run
+    /// against the remote cluster, whose RBAC is another's.
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        let mut rules = vec![crate::rbac::rule_for::<Secret>(&["get"])];
+        if let Some(d) = &self.driver {
+            rules.extend(d.rules());
+        }
+        crate::rbac::StepRule::all(&self.name, rules)
+    }
+
     async fn provision(&self, cx: &Context<K>) -> Outcome {
         let (id, access, inner) = match self.enter(cx).await {
             Ok(entered) => entered,

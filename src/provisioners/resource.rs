@@ -98,6 +98,10 @@ where
         &self.name
     }
 
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        crate::rbac::StepRule::all(&self.name, crate::rbac::child_rules_for::<C>())
+    }
+
     async fn provision(&self, cx: &Context<K>) -> Outcome {
         let mut child = (self.build)(cx.object());
         let Some(name) = child.meta().name.clone() else {

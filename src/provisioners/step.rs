@@ -14,6 +14,7 @@ pub struct Step<K> {
     name: String,
     provision: StepFn<K>,
     deprovision: Option<StepFn<K>>,
+    rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
 }
 
 fn boxed_fn<K, P, F>(f: P) -> StepFn<K>
@@ -49,6 +50,7 @@ where
         name: name.into(),
         provision: boxed_fn(provision),
         deprovision: None,
+        rules: Vec::new(),
     }
 }
 
@@ -62,6 +64,27 @@ impl<K: 'static> Step<K> {
         self.deprovision = Some(boxed_fn(deprovision));
         self
     }
+
+    /// Declare a permission the step needs (see [`Provisioner::rules`]), e.g.
+    /// `rbac::rule_for::<Secret>(&["get"])`.
+    ///
+    /// ```
+    /// use actorcile::prelude::*;
+    /// use k8s_openapi::api::core::v1::Secret;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced)]
+    /// # struct AppSpec {}
+    /// let read_password = step("password", |cx: Context<App>| async move {
+    ///     let _api: kube::Api<Secret> = kube::Api::namespaced(cx.client().clone(), "apps");
+    ///     Outcome::Done
+    /// })
+    /// .needs(actorcile::rbac::rule_for::<Secret>(&["get"]));
+    /// assert_eq!(read_password.rules()[0].step, "password");
+    /// ```
+    pub fn needs(mut self, rule: k8s_openapi::api::rbac::v1::PolicyRule) -> Self {
+        self.rules.push(rule);
+        self
+    }
 }
 
 // Written out rather than with `#[async_trait]`: the closure's future is already boxed, and the
@@ -69,6 +92,9 @@ impl<K: 'static> Step<K> {
 impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
     fn name(&self) -> &str {
         &self.name
+    }
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        crate::rbac::StepRule::all(&self.name, self.rules.clone())
     }
     fn provision<'a, 'b, 'r>(&'a self, cx: &'b Context<K>) -> BoxFuture<'r, Outcome>
     where

@@ -1,0 +1,223 @@
+//! The flags an operator binary takes (feature `operator`): [`RuntimeArgs`], a clap
+//! [`Args`](clap::Args) struct to flatten into the operator's own parser. Each flag falls back
+//! to an `ACTORCILE_*` environment variable.
+//!
+//! ```no_run
+//! use actorcile::cli::RuntimeArgs;
+//! use clap::Parser;
+//!
+//! #[derive(Parser)]
+//! struct Args {
+//!     #[command(flatten)]
+//!     runtime: RuntimeArgs,
+//!     /// The operator's own flag.
+//!     #[arg(long, default_value = "eu-west")]
+//!     region: String,
+//! }
+//!
+//! # async fn run() -> Result<(), actorcile::Error> {
+//! let args = Args::parse();
+//! args.runtime.init_tracing()?;
+//! let mut registry = actorcile::metrics::Registry::default();
+//! let client = args.runtime.client(Some(&mut registry)).await?;
+//! let builder = args.runtime.builder(client)?.metrics_registry(registry);
+//! // builder.controller(...).run().await
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::Error;
+use crate::admin::DEFAULT_ADMIN_ADDR;
+use crate::metrics::{ApiMetrics, Registry};
+use crate::policy::SupervisorPolicy;
+use crate::runtime::{Runtime, RuntimeBuilder};
+use crate::telemetry::LogFormat;
+
+/// The runtime's flags.
+#[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Runtime")]
+pub struct RuntimeArgs {
+    /// Kubeconfig file to use [default: in-cluster config, else $KUBECONFIG, else
+    /// ~/.kube/config]
+    #[arg(long, env = "ACTORCILE_KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context to use [default: the kubeconfig's current context]
+    #[arg(long, env = "ACTORCILE_CONTEXT", value_name = "NAME")]
+    pub context: Option<String>,
+
+    /// Watch only this namespace [default: all namespaces]
+    #[arg(long, env = "ACTORCILE_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Address of the admin server (/metrics, /healthz, /readyz); in a Pod, 0.0.0.0:PORT
+    #[arg(long, env = "ACTORCILE_ADMIN_ADDR", value_name = "ADDR", default_value = DEFAULT_ADMIN_ADDR)]
+    pub admin_addr: SocketAddr,
+
+    /// Log line format
+    #[arg(long, env = "ACTORCILE_LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in RUST_LOG syntax (e.g. info,actorcile=debug)
+    #[arg(
+        long = "log",
+        env = "ACTORCILE_LOG",
+        value_name = "FILTER",
+        default_value = "info"
+    )]
+    pub log_filter: String,
+
+    /// Supervisor policy file (TOML) [default: the built-in policy]
+    #[arg(long, env = "ACTORCILE_POLICY", value_name = "PATH")]
+    pub policy: Option<PathBuf>,
+
+    /// Most passes running at once, over every kind [default: the policy's]
+    #[arg(long, env = "ACTORCILE_MAX_CONCURRENT_RUNS", value_name = "N")]
+    pub max_concurrent_runs: Option<usize>,
+
+    /// Check at start-up that the running identity has every permission the runtime needs
+    #[arg(long, env = "ACTORCILE_PREFLIGHT_RBAC")]
+    pub preflight_rbac: bool,
+}
+
+impl RuntimeArgs {
+    /// Install the tracing subscriber the flags ask for
+    /// ([`init_tracing`](crate::telemetry::init_tracing)).
+    pub fn init_tracing(&self) -> Result<(), Error> {
+        crate::telemetry::init_tracing(self.log_format, &self.log_filter)
+    }
+
+    /// A client for the cluster the flags name. With a registry, its API requests are counted
+    /// there ([`ApiMetrics`]).
+    pub async fn client(&self, registry: Option<&mut Registry>) -> Result<Client, Error> {
+        let invalid = |problem: String| Error::Invalid {
+            field: "kubeconfig".into(),
+            problem,
+        };
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        let config = match (&self.kubeconfig, &self.context) {
+            (Some(path), _) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| invalid(format!("{}: {e}", path.display())))?
+            }
+            (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| invalid(e.to_string()))?,
+            (None, None) => kube::Config::infer()
+                .await
+                .map_err(|e| invalid(e.to_string()))?,
+        };
+        let builder = kube::client::ClientBuilder::try_from(config)?;
+        Ok(match registry {
+            Some(registry) => builder.with_layer(&ApiMetrics::new(registry)).build(),
+            None => builder.build(),
+        })
+    }
+
+    /// The policy the flags ask for: the file's (or the default), with the flags' overrides.
+    pub fn policy(&self) -> Result<SupervisorPolicy, Error> {
+        let mut policy = match &self.policy {
+            Some(path) => SupervisorPolicy::from_file(path)?,
+            None => SupervisorPolicy::default(),
+        };
+        if let Some(n) = self.max_concurrent_runs {
+            policy.max_concurrent_runs = n;
+        }
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// A runtime builder set up as the flags say: policy, admin address, namespace, RBAC
+    /// preflight. Register controllers (and a metrics registry) on it.
+    pub fn builder(&self, client: Client) -> Result<RuntimeBuilder, Error> {
+        let mut builder = Runtime::builder(client)
+            .policy(self.policy()?)
+            .admin(self.admin_addr)
+            .preflight_rbac(self.preflight_rbac);
+        if let Some(ns) = &self.namespace {
+            builder = builder.namespace(ns);
+        }
+        Ok(builder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Args {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let a = Args::try_parse_from(["op"]).unwrap().runtime;
+        assert_eq!(a.admin_addr, DEFAULT_ADMIN_ADDR.parse().unwrap());
+        assert_eq!(a.log_format, LogFormat::Plain);
+        assert_eq!(a.log_filter, "info");
+        assert!(a.namespace.is_none() && a.policy.is_none() && !a.preflight_rbac);
+
+        let a = Args::try_parse_from([
+            "op",
+            "--namespace",
+            "tenants",
+            "--admin-addr",
+            "0.0.0.0:9000",
+            "--log-format",
+            "json",
+            "--log",
+            "debug",
+            "--max-concurrent-runs",
+            "8",
+        ])
+        .unwrap()
+        .runtime;
+        assert_eq!(a.namespace.as_deref(), Some("tenants"));
+        assert_eq!(a.admin_addr.port(), 9000);
+        assert_eq!(a.log_format, LogFormat::Json);
+        assert_eq!(a.policy().unwrap().max_concurrent_runs, 8);
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_flag() {
+        let e = Args::try_parse_from(["op", "--admin-addr", "nowhere"]).unwrap_err();
+        assert!(e.to_string().contains("--admin-addr"), "{e}");
+        let a = Args::try_parse_from(["op", "--max-concurrent-runs", "0"])
+            .unwrap()
+            .runtime;
+        assert!(a.policy().is_err(), "zero run slots is not a policy");
+    }
+
+    #[test]
+    fn help_names_every_env_var() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        for var in [
+            "ACTORCILE_KUBECONFIG",
+            "ACTORCILE_CONTEXT",
+            "ACTORCILE_NAMESPACE",
+            "ACTORCILE_ADMIN_ADDR",
+            "ACTORCILE_LOG_FORMAT",
+            "ACTORCILE_LOG",
+            "ACTORCILE_POLICY",
+            "ACTORCILE_MAX_CONCURRENT_RUNS",
+            "ACTORCILE_PREFLIGHT_RBAC",
+        ] {
+            assert!(help.contains(var), "{var} missing from --help:\n{help}");
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! An operator's CustomResourceDefinitions: render them as YAML (for `kubectl apply -f -` or a
+//! manifest), and install them, waiting until the API server serves them.
+//!
+//! ```
+//! use actorcile::prelude::*;
+//! use kube::CustomResourceExt;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+//! # struct AppSpec {}
+//! let yaml = actorcile::crds::to_yaml(&[App::crd()]).unwrap();
+//! assert!(yaml.starts_with("apiVersion: apiextensions.k8s.io/v1"));
+//! ```
+//!
+//! [`RuntimeBuilder::install_crds`](crate::runtime::RuntimeBuilder::install_crds) installs them
+//! as the runtime starts.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+
+use crate::rbac::YamlError;
+
+/// Installing a CustomResourceDefinition failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    /// The CRD has no `metadata.name`.
+    #[error("a CustomResourceDefinition has no metadata.name")]
+    WithoutName,
+    /// The API server refused it.
+    #[error("cannot apply CustomResourceDefinition {name}: {source}")]
+    Apply {
+        /// The CRD's name.
+        name: String,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Waiting for it to become Established failed (before the timeout).
+    #[error("waiting for CustomResourceDefinition {name}: {source}")]
+    Wait {
+        /// The CRD's name.
+        name: String,
+        /// kube's error.
+        #[source]
+        source: kube::runtime::wait::Error,
+    },
+    /// It did not become Established in time.
+    #[error("CustomResourceDefinition {name} did not become Established within {timeout:?}")]
+    NotEstablished {
+        /// The CRD's name.
+        name: String,
+        /// How long was waited.
+        timeout: Duration,
+    },
+}
+
+/// Create or update each CRD (server-side apply as `field_manager`, forced: the operator owns
+/// its CRDs), then wait up to `timeout` for each to be Established.
+pub async fn install(
+    client: kube::Client,
+    crds: &[CustomResourceDefinition],
+    field_manager: &str,
+    timeout: Duration,
+) -> Result<(), CrdError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let pp = PatchParams::apply(field_manager).force();
+    let mut names = Vec::with_capacity(crds.len());
+    for crd in crds {
+        let name = crd.metadata.name.clone().ok_or(CrdError::WithoutName)?;
+        let mut body = crd.clone();
+        body.metadata.resource_version = None;
+        body.metadata.managed_fields = None;
+        body.status = None;
+        api.patch(&name, &pp, &Patch::Apply(&body))
+            .await
+            .map_err(|source| CrdError::Apply {
+                name: name.clone(),
+                source,
+            })?;
+        names.push(name);
+    }
+    for name in names {
+        let wait = await_condition(api.clone(), &name, conditions::is_crd_established());
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(source)) => return Err(CrdError::Wait { name, source }),
+            Err(_) => return Err(CrdError::NotEstablished { name, timeout }),
+        }
+    }
+    Ok(())
+}
+
+/// The CRDs as YAML documents separated by `---`, each with its `apiVersion` and `kind`.
+pub fn to_yaml(crds: &[CustomResourceDefinition]) -> Result<String, YamlError> {
+    let mut out = String::new();
+    for (i, crd) in crds.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        let mut value = serde_json::to_value(crd).unwrap_or_default();
+        if let Some(map) = value.as_object_mut() {
+            map.remove("status");
+        }
+        out.push_str(&serde_norway::to_string(&value).map_err(YamlError::new)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,119 @@
+//! What the runtime's health probes answer: [`Health`], read by the admin server's
+//! `/healthz` and `/readyz` ([`crate::admin`], feature `operator`) and by
+//! [`RuntimeHandle::health`](crate::runtime::RuntimeHandle::health).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What the probes answer from: set by the runtime as it starts and stops.
+///
+/// Live: the root supervisor and every controller's manager run, and none escalated. Ready:
+/// started, every controller's first list is in its cache, not shutting down.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Each controller's kind and whether its first list is in.
+    kinds: Mutex<Vec<(String, Arc<AtomicBool>)>>,
+    /// The supervisors: root first, then each manager.
+    supervisors: Mutex<Vec<ractor::ActorCell>>,
+    started: AtomicBool,
+    stopping: AtomicBool,
+    failed: AtomicBool,
+}
+
+/// A probe's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Whether the probe passes.
+    pub ok: bool,
+    /// What it found (the body of the answer).
+    pub detail: String,
+}
+
+impl Health {
+    pub(crate) fn add_supervisor(&self, cell: ractor::ActorCell) {
+        self.supervisors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cell);
+    }
+
+    pub(crate) fn add_kind(&self, kind: &str, synced: Arc<AtomicBool>) {
+        self.kinds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((kind.to_string(), synced));
+    }
+
+    pub(crate) fn set_started(&self) {
+        self.started.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn set_stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn set_failed(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// `/healthz`: the supervisors are alive.
+    pub fn live(&self) -> Probe {
+        if self.failed.load(Ordering::Acquire) {
+            return Probe {
+                ok: false,
+                detail: "a manager escalated".into(),
+            };
+        }
+        let supervisors = self.supervisors.lock().unwrap_or_else(|e| e.into_inner());
+        let stopping = self.stopping.load(Ordering::Acquire);
+        for s in supervisors.iter() {
+            let status = s.get_status();
+            if !stopping && status != ractor::ActorStatus::Running {
+                return Probe {
+                    ok: false,
+                    detail: format!(
+                        "supervisor {} is {status:?}",
+                        s.get_name().unwrap_or_else(|| s.get_id().to_string())
+                    ),
+                };
+            }
+        }
+        Probe {
+            ok: true,
+            detail: "ok".into(),
+        }
+    }
+
+    /// `/readyz`: started, every kind listed, not shutting down.
+    pub fn ready(&self) -> Probe {
+        if self.stopping.load(Ordering::Acquire) {
+            return Probe {
+                ok: false,
+                detail: "shutting down".into(),
+            };
+        }
+        if !self.started.load(Ordering::Acquire) {
+            return Probe {
+                ok: false,
+                detail: "starting".into(),
+            };
+        }
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        let listing: Vec<&str> = kinds
+            .iter()
+            .filter(|(_, synced)| !synced.load(Ordering::Acquire))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if listing.is_empty() {
+            Probe {
+                ok: true,
+                detail: "ok".into(),
+            }
+        } else {
+            Probe {
+                ok: false,
+                detail: format!("first list not complete: {}", listing.join(", ")),
+            }
+        }
+    }
+}

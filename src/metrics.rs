@@ -1,0 +1,426 @@
+//! Prometheus metrics (feature `operator`), with
+//! [`prometheus-client`](https://docs.rs/prometheus-client): the runtime's figures, collected at
+//! each scrape from the counters the runtime keeps anyway, and the API requests of a client.
+//!
+//! Give the runtime a [`Registry`] with [`RuntimeBuilder::metrics_registry`] (register your
+//! own metrics in it first) and an admin address with [`RuntimeBuilder::admin`]: `/metrics`
+//! serves it in the OpenMetrics text format.
+//!
+//! ```
+//! use prometheus_client::metrics::counter::Counter;
+//! use prometheus_client::registry::Registry;
+//!
+//! let mut registry = Registry::default();
+//! let backups: Counter = Counter::default();
+//! registry.register("myoperator_backups", "Backups taken", backups.clone());
+//! // Runtime::builder(client).metrics_registry(registry).admin(addr) ...
+//! ```
+//!
+//! # The metrics
+//!
+//! | name | type | labels | what it counts | controller-runtime's |
+//! |---|---|---|---|---|
+//! | `actorcile_runs_total` | counter | `controller`, `result` | passes that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
+//! | `actorcile_run_duration_seconds` | histogram | `controller` | how long a pass took | `controller_runtime_reconcile_time_seconds` |
+//! | `actorcile_run_wait_seconds` | histogram | `controller` | from a pass becoming due to its start (waiting for a run slot) | `workqueue_queue_duration_seconds` |
+//! | `actorcile_objects` | gauge | `controller` | objects in the runtime's cache | — |
+//! | `actorcile_wake_ups` | gauge | `controller` | wake-ups armed by live actors (yields, backoffs, polls) | `workqueue_depth` counts these too, once due |
+//! | `actorcile_runs_waiting` | gauge | `controller` | due passes and activations waiting for a run slot | `workqueue_depth` |
+//! | `actorcile_events_total` | counter | `controller` | Kubernetes Events published | — |
+//! | `actorcile_events_dropped_total` | counter | `controller` | Events not published: the object's Event budget was spent | — |
+//! | `actorcile_runs_in_flight` | gauge | | passes running now | `controller_runtime_active_workers` |
+//! | `actorcile_max_concurrent_runs` | gauge | | the run slots | `controller_runtime_max_concurrent_reconciles` |
+//! | `actorcile_actors_live` | gauge | | resource actors serving an object | — |
+//! | `actorcile_activations_total` | counter | | objects given a live actor (first, after passivation, after a restart) | — |
+//! | `actorcile_passivations_total` | counter | | actors that handed their idle object back | — |
+//! | `actorcile_restarts_total` | counter | | resource actors restarted after a failure or panic | `controller_runtime_reconcile_panics_total` counts panics |
+//! | `actorcile_quarantined_total` | counter | | objects past the restart intensity | — |
+//! | `actorcile_status_writes_total` | counter | | status patches sent | — |
+//! | `actorcile_status_conflicts_total` | counter | | status patches refused with 409 (the object runs again) | — |
+//! | `actorcile_api_requests_total` | counter | `verb`, `code` | API requests of a client built with [`ApiMetrics`] | `rest_client_requests_total` (`method`, `code`) |
+//!
+//! `controller_runtime_reconcile_errors_total` is `actorcile_runs_total{result="failed"}`.
+//! Passive objects (no live actor) are `actorcile_objects` minus `actorcile_actors_live`.
+//!
+//! [`RuntimeBuilder::metrics_registry`]: crate::runtime::RuntimeBuilder::metrics_registry
+//! [`RuntimeBuilder::admin`]: crate::runtime::RuntimeBuilder::admin
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+pub use prometheus_client::registry::Registry;
+
+use crate::actors::{KindMetricsSnapshot, Metrics, MetricsSnapshot};
+
+/// The runtime's figures, read at each scrape.
+#[derive(Debug)]
+pub(crate) struct RuntimeCollector {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) max_concurrent_runs: u64,
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> std::fmt::Result {
+    ConstCounter::new(value).encode(encoder.encode_descriptor(
+        name,
+        help,
+        None,
+        MetricType::Counter,
+    )?)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> std::fmt::Result {
+    ConstGauge::new(value as i64).encode(encoder.encode_descriptor(
+        name,
+        help,
+        None,
+        MetricType::Gauge,
+    )?)
+}
+
+/// One family over the controllers: `value` of each, labelled with its kind.
+fn per_kind(
+    encoder: &mut DescriptorEncoder,
+    kinds: &[KindMetricsSnapshot],
+    name: &str,
+    help: &str,
+    metric_type: MetricType,
+    value: impl Fn(&KindMetricsSnapshot) -> u64,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for k in kinds {
+        let labels = [("controller", k.kind.as_str())];
+        let metric = family.encode_family(&labels)?;
+        match metric_type {
+            MetricType::Counter => ConstCounter::new(value(k)).encode(metric)?,
+            _ => ConstGauge::new(value(k) as i64).encode(metric)?,
+        }
+    }
+    Ok(())
+}
+
+impl Collector for RuntimeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let kinds = self.metrics.kinds();
+        let e = &mut encoder;
+        {
+            let mut family = e.encode_descriptor(
+                "actorcile_runs",
+                "Provisioner passes that ended, by controller and result",
+                None,
+                MetricType::Counter,
+            )?;
+            for k in &kinds {
+                for (result, n) in &k.runs {
+                    let labels = [("controller", k.kind.as_str()), ("result", result.as_str())];
+                    ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        for (name, help, pick) in [
+            (
+                "actorcile_run_duration_seconds",
+                "How long a provisioner pass took",
+                (|k: &KindMetricsSnapshot| &k.run_duration) as fn(&_) -> &_,
+            ),
+            (
+                "actorcile_run_wait_seconds",
+                "From a pass becoming due to its start (waiting for a run slot)",
+                |k: &KindMetricsSnapshot| &k.due_to_start,
+            ),
+        ] {
+            let mut family = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for k in &kinds {
+                let h = pick(k);
+                let labels = [("controller", k.kind.as_str())];
+                family
+                    .encode_family(&labels)?
+                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                        h.sum_seconds,
+                        h.count,
+                        &h.buckets,
+                        None,
+                    )?;
+            }
+        }
+        per_kind(
+            e,
+            &kinds,
+            "actorcile_objects",
+            "Objects in the runtime's cache",
+            MetricType::Gauge,
+            |k| k.objects,
+        )?;
+        per_kind(
+            e,
+            &kinds,
+            "actorcile_wake_ups",
+            "Wake-ups armed by live resource actors (yields, backoffs, polls)",
+            MetricType::Gauge,
+            |k| k.wake_ups,
+        )?;
+        per_kind(
+            e,
+            &kinds,
+            "actorcile_runs_waiting",
+            "Due passes and activations waiting for a run slot",
+            MetricType::Gauge,
+            |k| k.waiting,
+        )?;
+        per_kind(
+            e,
+            &kinds,
+            "actorcile_events",
+            "Kubernetes Events published",
+            MetricType::Counter,
+            |k| k.events,
+        )?;
+        per_kind(
+            e,
+            &kinds,
+            "actorcile_events_dropped",
+            "Events not published: the object's Event budget was spent",
+            MetricType::Counter,
+            |k| k.events_dropped,
+        )?;
+        let m: MetricsSnapshot = self.metrics.snapshot();
+        gauge(
+            e,
+            "actorcile_runs_in_flight",
+            "Passes running now",
+            m.in_flight,
+        )?;
+        gauge(
+            e,
+            "actorcile_max_concurrent_runs",
+            "Run slots: the most passes running at once",
+            self.max_concurrent_runs,
+        )?;
+        gauge(
+            e,
+            "actorcile_actors_live",
+            "Resource actors serving an object",
+            m.live_actors,
+        )?;
+        counter(
+            e,
+            "actorcile_activations",
+            "Objects given a live actor (first, after passivation, after a restart)",
+            m.activations,
+        )?;
+        counter(
+            e,
+            "actorcile_passivations",
+            "Resource actors that handed their idle object back",
+            m.passivations,
+        )?;
+        counter(
+            e,
+            "actorcile_restarts",
+            "Resource actors restarted after a failure or panic",
+            m.restarts,
+        )?;
+        counter(
+            e,
+            "actorcile_quarantined",
+            "Objects quarantined past the restart intensity",
+            m.quarantined,
+        )?;
+        counter(
+            e,
+            "actorcile_status_writes",
+            "Status patches sent",
+            m.status_writes,
+        )?;
+        counter(
+            e,
+            "actorcile_status_conflicts",
+            "Status patches refused because the object changed (it runs again)",
+            m.status_conflicts,
+        )?;
+        Ok(())
+    }
+}
+
+/// The labels of `actorcile_api_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`, or
+    /// the HTTP method in lower case for anything else.
+    pub verb: String,
+    /// The HTTP status code, or `error` when no response came (connection refused, timeout).
+    pub code: String,
+}
+
+/// Counts a client's API requests by verb and status code, as `actorcile_api_requests_total`:
+/// a tower layer for [`kube::client::ClientBuilder::with_layer`].
+///
+/// ```
+/// # async fn build() -> Result<(), Box<dyn std::error::Error>> {
+/// use actorcile::metrics::{ApiMetrics, Registry};
+///
+/// let mut registry = Registry::default();
+/// let api_metrics = ApiMetrics::new(&mut registry);
+/// let config = kube::Config::infer().await?;
+/// let client: kube::Client = kube::client::ClientBuilder::try_from(config)?
+///     .with_layer(&api_metrics)
+///     .build();
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ApiMetrics {
+    requests: Family<ApiLabels, Counter>,
+}
+
+impl ApiMetrics {
+    /// Register `actorcile_api_requests_total` in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let requests = Family::<ApiLabels, Counter>::default();
+        registry.register(
+            "actorcile_api_requests",
+            "Kubernetes API requests, by verb and status code",
+            requests.clone(),
+        );
+        Self { requests }
+    }
+
+    /// Requests counted with `verb` and `code` so far.
+    pub fn count(&self, verb: &str, code: &str) -> u64 {
+        self.requests
+            .get_or_create(&ApiLabels {
+                verb: verb.into(),
+                code: code.into(),
+            })
+            .get()
+    }
+}
+
+impl<S> tower::Layer<S> for ApiMetrics {
+    type Service = ApiMetricsService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        ApiMetricsService {
+            inner,
+            requests: self.requests.clone(),
+        }
+    }
+}
+
+/// The service of [`ApiMetrics`].
+#[derive(Clone, Debug)]
+pub struct ApiMetricsService<S> {
+    inner: S,
+    requests: Family<ApiLabels, Counter>,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for ApiMetricsService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let verb = verb_of(req.method(), req.uri());
+        let requests = self.requests.clone();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let res = fut.await;
+            let code = match &res {
+                Ok(r) => r.status().as_u16().to_string(),
+                Err(_) => "error".to_string(),
+            };
+            requests.get_or_create(&ApiLabels { verb, code }).inc();
+            res
+        })
+    }
+}
+
+/// The Kubernetes verb of a request: from its method, whether its path names one object or a
+/// collection, and its `watch` parameter.
+fn verb_of(method: &http::Method, uri: &http::Uri) -> String {
+    let watch = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    // /api/v1/... or /apis/group/version/...; then namespaces/<ns>/ for namespaced kinds.
+    let mut rest: &[&str] = match segments.first() {
+        Some(&"api") => segments.get(2..).unwrap_or_default(),
+        Some(&"apis") => segments.get(3..).unwrap_or_default(),
+        _ => &[],
+    };
+    if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+        rest = &rest[2..];
+    }
+    let collection = rest.len() == 1;
+    match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if collection => "list",
+        http::Method::GET => "get",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE if collection => "deletecollection",
+        http::Method::DELETE => "delete",
+        ref other => return other.as_str().to_lowercase(),
+    }
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_of_requests() {
+        let cases = [
+            (
+                "GET",
+                "/api/v1/namespaces/a/configmaps?watch=true&rv=1",
+                "watch",
+            ),
+            ("GET", "/api/v1/namespaces/a/configmaps", "list"),
+            ("GET", "/apis/example.com/v1/widgets?limit=500", "list"),
+            ("GET", "/api/v1/namespaces/a/configmaps/x", "get"),
+            ("GET", "/api/v1/namespaces/a", "get"),
+            ("GET", "/api/v1/namespaces", "list"),
+            (
+                "PATCH",
+                "/apis/example.com/v1/namespaces/a/widgets/x/status",
+                "patch",
+            ),
+            ("POST", "/api/v1/namespaces/a/events", "create"),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/a/leases/l",
+                "update",
+            ),
+            ("DELETE", "/api/v1/namespaces/a/configmaps/x", "delete"),
+            (
+                "DELETE",
+                "/api/v1/namespaces/a/configmaps",
+                "deletecollection",
+            ),
+        ];
+        for (method, uri, verb) in cases {
+            let m: http::Method = method.parse().unwrap();
+            let u: http::Uri = uri.parse().unwrap();
+            assert_eq!(verb_of(&m, &u), verb, "{method} {uri}");
+        }
+    }
+}
