@@ -186,6 +186,25 @@ pub enum Error {
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The user guide's code blocks (`docs/src`), compiled and run as doc tests.
+#[cfg(doctest)]
+pub mod guide_doctests {
+    #[doc = include_str!("../docs/src/getting-started.md")]
+    pub struct GettingStarted;
+    #[doc = include_str!("../docs/src/provisioners.md")]
+    pub struct Provisioners;
+    #[doc = include_str!("../docs/src/references.md")]
+    pub struct References;
+    #[doc = include_str!("../docs/src/policies.md")]
+    pub struct Policies;
+    #[doc = include_str!("../docs/src/testing.md")]
+    pub struct Testing;
+    #[doc = include_str!("../docs/src/production.md")]
+    pub struct Production;
+    #[doc = include_str!("../docs/src/migrating.md")]
+    pub struct Migrating;
+}
+
 /// What most users need, in one import.
 pub mod prelude {
     pub use crate::ManagedResource;

@@ -585,6 +585,7 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_and_preflight_names_
         apply_role(&admin, &reduced).await;
         bind_role_to_user(&admin, env.user_name()).await;
         let expected = vec![MissingPermission {
+            step: None,
             verb: "patch".into(),
             resource: "widgets/status".into(),
             group: "test.actorcile.dev".into(),

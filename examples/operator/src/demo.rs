@@ -1,0 +1,162 @@
+//! `demo`: the operator on the in-process cluster (or a real control plane with `--envtest`):
+//! create networks and clusters, show their progress, delete them all at once (deletion
+//! ordering holds each network until its clusters are gone), print a summary.
+
+use std::time::{Duration, Instant};
+
+use actorcile::prelude::*;
+use kube::CustomResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+use crate::operator::{self, Cluster, ClusterSpec, Network, NetworkSpec};
+
+/// The demo's options.
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Networks to create.
+    #[arg(long, default_value_t = 4)]
+    networks: usize,
+    /// Clusters per network.
+    #[arg(long, default_value_t = 6)]
+    clusters_per_network: usize,
+    /// Run on a real etcd + kube-apiserver (actorcile::envtest) instead of in-process.
+    #[arg(long)]
+    envtest: bool,
+}
+
+/// Run the demo.
+pub async fn run(args: DemoArgs) -> Result<(), String> {
+    let crds = vec![Network::crd(), Cluster::crd()];
+    let (client, _guard): (kube::Client, Box<dyn std::any::Any>) = if args.envtest {
+        let env = actorcile::envtest::Envtest::builder()
+            .crds(crds)
+            .start()
+            .await
+            .map_err(|e| e.to_string())?;
+        (env.client(), Box::new(env))
+    } else {
+        let cluster = actorcile::cluster::ApiServer::new();
+        for crd in &crds {
+            cluster.install_crd(crd).map_err(|e| e.to_string())?;
+        }
+        (cluster.client(), Box::new(cluster))
+    };
+    let rt = operator::register(Runtime::builder(client.clone()))
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let networks: Api<Network> = Api::namespaced(client.clone(), "default");
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), "default");
+    let started = Instant::now();
+    for n in 0..args.networks {
+        let net = Network::new(
+            &format!("net-{n}"),
+            NetworkSpec {
+                cidr: format!("10.{n}.0.0/16"),
+            },
+        );
+        networks
+            .create(&PostParams::default(), &net)
+            .await
+            .map_err(|e| e.to_string())?;
+        for c in 0..args.clusters_per_network {
+            let cl = Cluster::new(
+                &format!("net-{n}-cluster-{c}"),
+                ClusterSpec {
+                    network: format!("net-{n}"),
+                    workers: 1 + c % 3,
+                    image: "example/node:1.33".into(),
+                },
+            );
+            clusters
+                .create(&PostParams::default(), &cl)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let total_clusters = args.networks * args.clusters_per_network;
+    let deadline = started + operator::CONVERGE;
+    loop {
+        let ready_n = count(&networks, |o| ResourceStatus::of(o).is_ready()).await?;
+        let ready_c = count(&clusters, |o| ResourceStatus::of(o).is_ready()).await?;
+        println!(
+            "{:>6.1}s  networks ready {ready_n}/{}  clusters ready {ready_c}/{total_clusters}",
+            started.elapsed().as_secs_f64(),
+            args.networks
+        );
+        if ready_n == args.networks && ready_c == total_clusters {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("not every object became Ready in time".into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let all_ready = started.elapsed();
+    // Delete everything at once: each network waits (InUse) until its clusters are gone.
+    let deleting = Instant::now();
+    let dp = DeleteParams::default();
+    networks
+        .delete_collection(&dp, &ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    clusters
+        .delete_collection(&dp, &ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let left_n = count(&networks, |_| true).await?;
+        let left_c = count(&clusters, |_| true).await?;
+        println!(
+            "{:>6.1}s  deleting: networks left {left_n}  clusters left {left_c}",
+            started.elapsed().as_secs_f64()
+        );
+        if left_n == 0 && left_c == 0 {
+            break;
+        }
+        if Instant::now() > deadline + operator::CONVERGE {
+            return Err("not every object was deleted in time".into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let all_deleted = deleting.elapsed();
+    let m = rt.metrics();
+    println!(
+        "summary: {} networks and {total_clusters} clusters Ready in {:.2}s, deleted in {:.2}s; \
+         {} passes ({} deprovision), {} status writes, {} restarts",
+        args.networks,
+        all_ready.as_secs_f64(),
+        all_deleted.as_secs_f64(),
+        m.runs,
+        m.deprovision_runs,
+        m.status_writes,
+        m.restarts,
+    );
+    for k in rt.kind_metrics() {
+        let runs: Vec<String> = k
+            .runs
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(r, n)| format!("{}={n}", r.as_str()))
+            .collect();
+        println!(
+            "  {}: passes {}; Events {}",
+            k.kind,
+            runs.join(" "),
+            k.events
+        );
+    }
+    rt.shutdown().await;
+    Ok(())
+}
+
+async fn count<K>(api: &Api<K>, f: impl Fn(&K) -> bool) -> Result<usize, String>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list.items.iter().filter(|o| f(o)).count())
+}

@@ -1,0 +1,98 @@
+//! An example operator on actorcile: `Network`s and the `Cluster`s that use them.
+//!
+//! ```text
+//! example-operator run [--install-crds] [runtime flags]   # the operator (see --help)
+//! example-operator crds                                    # its CRDs, as YAML
+//! example-operator manifests [--image IMAGE]               # RBAC and a Deployment, as YAML
+//! example-operator demo [--networks N] [--clusters-per-network M] [--envtest]
+//! ```
+
+mod demo;
+mod manifests;
+mod operator;
+
+use std::process::ExitCode;
+
+use actorcile::cli::RuntimeArgs;
+use clap::{Parser, Subcommand};
+use kube::CustomResourceExt;
+
+use operator::{Cluster, Network};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "An example operator on actorcile: Networks and the Clusters that use them"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the operator against a cluster (in-cluster config, or --kubeconfig).
+    Run {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+        /// Install (or update) the CRDs at start-up.
+        #[arg(long, env = "EXAMPLE_OPERATOR_INSTALL_CRDS")]
+        install_crds: bool,
+    },
+    /// Print the CRDs as YAML.
+    Crds,
+    /// Print the ServiceAccount, ClusterRole, ClusterRoleBinding and Deployment as YAML.
+    Manifests {
+        /// The operator's container image.
+        #[arg(long, default_value = "example-operator:latest")]
+        image: String,
+        /// The namespace the operator runs in.
+        #[arg(long, default_value = "example-operator")]
+        namespace: String,
+    },
+    /// Create networks and clusters, show their progress, delete them, print a summary.
+    Demo(demo::DemoArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = match args.command {
+        Command::Run {
+            runtime,
+            install_crds,
+        } => run(runtime, install_crds).await,
+        Command::Crds => actorcile::crds::to_yaml(&[Network::crd(), Cluster::crd()])
+            .map(|y| print!("{y}"))
+            .map_err(|e| e.to_string()),
+        Command::Manifests { image, namespace } => {
+            manifests::render(&image, &namespace).map(|y| print!("{y}"))
+        }
+        Command::Demo(args) => demo::run(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("example-operator: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: RuntimeArgs, install_crds: bool) -> Result<(), String> {
+    args.init_tracing().map_err(|e| e.to_string())?;
+    let mut registry = actorcile::metrics::Registry::default();
+    let client = args
+        .client(Some(&mut registry))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut builder = args.builder(client).map_err(|e| e.to_string())?;
+    if install_crds {
+        builder = builder.install_crds([Network::crd(), Cluster::crd()]);
+    }
+    operator::register(builder)
+        .metrics_registry(registry)
+        .run()
+        .await
+        .map_err(|e| e.to_string())
+}

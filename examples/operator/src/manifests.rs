@@ -1,0 +1,96 @@
+//! The manifests that deploy the operator: ServiceAccount, ClusterRole (derived from the
+//! runtime's controllers and trees), ClusterRoleBinding, Deployment.
+
+use serde_json::json;
+
+use crate::operator;
+
+/// Every manifest, as YAML documents.
+pub fn render(image: &str, namespace: &str) -> Result<String, String> {
+    // A client is needed to build the runtime's builder; the ClusterRole is derived from it
+    // without contacting anything.
+    let client = actorcile::cluster::ApiServer::new().client();
+    let builder = operator::register(actorcile::runtime::Runtime::builder(client));
+    let role = builder.cluster_role(operator::NAME);
+    let mut docs = vec![
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": operator::NAME, "namespace": namespace},
+        }),
+        {
+            let mut v = serde_json::to_value(&role).map_err(|e| e.to_string())?;
+            v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
+            v["kind"] = "ClusterRole".into();
+            v
+        },
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": operator::NAME},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": operator::NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": operator::NAME, "namespace": namespace}],
+        }),
+    ];
+    let probe =
+        |path: &str| json!({"httpGet": {"path": path, "port": "admin"}, "periodSeconds": 10});
+    docs.push(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": operator::NAME, "namespace": namespace, "labels": {"app": operator::NAME}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": operator::NAME}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": operator::NAME},
+                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8080"},
+                },
+                "spec": {
+                    "serviceAccountName": operator::NAME,
+                    "terminationGracePeriodSeconds": 40,
+                    "containers": [{
+                        "name": "operator",
+                        "image": image,
+                        "args": ["run"],
+                        "env": [
+                            {"name": "ACTORCILE_ADMIN_ADDR", "value": "0.0.0.0:8080"},
+                            {"name": "ACTORCILE_LOG_FORMAT", "value": "json"},
+                            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        ],
+                        "ports": [{"name": "admin", "containerPort": 8080}],
+                        "livenessProbe": probe("/healthz"),
+                        "readinessProbe": probe("/readyz"),
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                        "securityContext": {
+                            "runAsNonRoot": true, "readOnlyRootFilesystem": true,
+                            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+                        },
+                    }],
+                },
+            },
+        },
+    }));
+    let mut out = String::new();
+    for (i, d) in docs.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&serde_norway::to_string(d).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn the_role_covers_the_kinds_the_trees_write() {
+        let yaml = super::render("img", "ns").unwrap();
+        for needed in [
+            "networks/status",
+            "clusters/status",
+            "configmaps",
+            "events",
+            "kind: Deployment",
+        ] {
+            assert!(yaml.contains(needed), "{needed} missing:\n{yaml}");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The operator: two kinds, their provisioner trees, and the runtime that drives them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::providers::simulated::{Faults, SimulatedProvider};
+use actorcile::providers::{NodeRole, NodeSpec, Provider};
+use actorcile::provisioners::{NodeSet, nodes};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ObjectMeta;
+use kube::{CustomResource, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of the operator's kinds.
+pub const GROUP: &str = "example.actorcile.dev";
+
+/// A network that clusters attach to.
+#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "example.actorcile.dev",
+    version = "v1",
+    kind = "Network",
+    namespaced,
+    status = "ResourceStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#
+)]
+pub struct NetworkSpec {
+    /// The network's IPv4 range, e.g. `10.0.0.0/16`.
+    pub cidr: String,
+}
+
+/// A cluster of nodes on a network.
+#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "example.actorcile.dev",
+    version = "v1",
+    kind = "Cluster",
+    namespaced,
+    status = "ResourceStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#
+)]
+pub struct ClusterSpec {
+    /// The Network (same namespace) the cluster's nodes attach to.
+    pub network: String,
+    /// Worker nodes.
+    pub workers: usize,
+    /// The node image.
+    #[serde(default = "default_image")]
+    pub image: String,
+}
+
+fn default_image() -> String {
+    "example/node:1.33".into()
+}
+
+/// Whether `cidr` is an IPv4 range `a.b.c.d/n`.
+fn valid_cidr(cidr: &str) -> bool {
+    let Some((ip, bits)) = cidr.split_once('/') else {
+        return false;
+    };
+    ip.parse::<std::net::Ipv4Addr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 32)
+}
+
+/// Network: validate the range, then publish it as a ConfigMap `<name>-network` the clusters
+/// read.
+pub fn network_tree() -> impl Provisioner<Network> {
+    serial![
+        step("validate", |cx: Context<Network>| async move {
+            let cidr = &cx.object().spec.cidr;
+            if !valid_cidr(cidr) {
+                return Outcome::Terminal(Reason::new(
+                    "InvalidCIDR",
+                    format!("spec.cidr {cidr:?} is not an IPv4 range like 10.0.0.0/16"),
+                ));
+            }
+            Outcome::Done
+        }),
+        resource("publish", |n: &Network| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("{}-network", n.name_any())),
+                ..Default::default()
+            },
+            data: Some([("cidr".to_string(), n.spec.cidr.clone())].into()),
+            ..Default::default()
+        }),
+    ]
+}
+
+/// The Network a Cluster names, as a reference target.
+fn network_of(c: &Cluster) -> Target {
+    Target::new(
+        format!("{GROUP}/v1"),
+        "Network",
+        c.namespace().as_deref(),
+        c.spec.network.clone(),
+    )
+}
+
+/// Cluster: wait for its Network to be Ready and hold a reference on it (so the Network cannot
+/// be deleted while the cluster uses it), start its nodes on the provider, then write its
+/// connection details as a ConfigMap `<name>-cluster`.
+pub fn cluster_tree(provider: Arc<dyn Provider>) -> impl Provisioner<Cluster> {
+    serial![
+        step("network", |cx: Context<Cluster>| async move {
+            let network = network_of(cx.object());
+            if let Some(wait) = cx.require_ready(&network).await {
+                return wait;
+            }
+            if let Err(e) = cx.add_reference(&network).await {
+                return Outcome::failed(
+                    Reason::new("NetworkReference", "cannot reference the network"),
+                    e,
+                );
+            }
+            Outcome::Done
+        }),
+        nodes(provider, |c: &Cluster| {
+            let name = format!("{}-{}", c.namespace().unwrap_or_default(), c.name_any());
+            let template = NodeSpec::new("", NodeRole::Worker, &c.spec.image);
+            NodeSet::new(name, 1, c.spec.workers, template)
+        }),
+        resource("connection", |c: &Cluster| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("{}-cluster", c.name_any())),
+                ..Default::default()
+            },
+            data: Some(
+                [
+                    ("network".to_string(), c.spec.network.clone()),
+                    ("workers".to_string(), c.spec.workers.to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        }),
+    ]
+}
+
+/// The simulated infrastructure provider nodes start on (a start takes 50–200 ms).
+pub fn simulated_provider() -> Arc<dyn Provider> {
+    Arc::new(SimulatedProvider::new(7, Faults::default()))
+}
+
+/// The runtime's name: Events' reporting controller, field manager.
+pub const NAME: &str = "example-operator";
+
+/// Register both kinds on `builder`.
+pub fn register(builder: actorcile::runtime::RuntimeBuilder) -> actorcile::runtime::RuntimeBuilder {
+    builder
+        .field_manager(NAME)
+        .finalizer(format!("{GROUP}/finalizer"))
+        .events(NAME)
+        .controller(Controller::<Network>::new(network_tree()))
+        .controller(
+            Controller::<Cluster>::new(cluster_tree(simulated_provider())).on_initialize(
+                |_client| async {
+                    tracing::info!("provider: simulated");
+                    Ok(())
+                },
+            ),
+        )
+}
+
+/// How long a demo or test waits at most for everything to converge.
+pub const CONVERGE: Duration = Duration::from_secs(120);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs() {
+        assert!(valid_cidr("10.0.0.0/16"));
+        assert!(!valid_cidr("10.0.0.0"));
+        assert!(!valid_cidr("10.0.0.0/33"));
+        assert!(!valid_cidr("banana/8"));
+    }
+}

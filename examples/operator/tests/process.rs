@@ -1,0 +1,350 @@
+//! The example operator as a separate OS process on a real etcd + kube-apiserver
+//! (`actorcile::envtest`): it installs its CRDs, its probes answer, `/metrics` parses as
+//! OpenMetrics text and its counters match what happened, Events tell the story of a deletion
+//! blocked by a reference, SIGTERM exits 0 with nothing left half-done, and an admin address
+//! that cannot be bound fails start-up.
+//!
+//! One control plane for the whole binary: the cases run in order in one test.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use actorcile::envtest::Envtest;
+use actorcile::status::ResourceStatus;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// The operator process; killed if the test fails before it exits.
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(kubeconfig: &Path, port: u16) -> Operator {
+    let child = Command::new(env!("CARGO_BIN_EXE_example-operator"))
+        .args([
+            "run",
+            "--install-crds",
+            "--log-format",
+            "json",
+            "--log",
+            "info",
+        ])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--admin-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the example operator");
+    Operator(child)
+}
+
+/// `GET path` on the admin server: (status code, body); `None` while it does not answer.
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    let status = buf.split(' ').nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("example.actorcile.dev", "v1", kind);
+    let ar = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
+    Api::namespaced_with(client.clone(), "default", &ar)
+}
+
+fn ready(o: &DynamicObject) -> bool {
+    ResourceStatus::of(o).is_ready()
+}
+
+/// The samples of an OpenMetrics text, as `name{labels}` → value; panics on a line that is not
+/// a comment, a sample or the closing `# EOF`.
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    assert!(text.trim_end().ends_with("# EOF"), "no # EOF:\n{text}");
+    let mut samples = HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        samples.insert(series.to_string(), value);
+    }
+    samples
+}
+
+async fn events_with(client: &kube::Client, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let list = events.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_process_on_a_real_apiserver() {
+    tokio::time::timeout(Duration::from_secs(240), run())
+        .await
+        .expect("the test took over 240 s");
+}
+
+async fn run() {
+    let env = Envtest::builder().start().await.expect("start envtest");
+    let client = env.client();
+    let port = free_port();
+    let mut op = spawn(env.kubeconfig_path(), port);
+
+    // Probes: live while starting, ready once the CRDs are installed and both kinds listed.
+    eventually("/healthz to answer 200", || async {
+        get(port, "/healthz").await.filter(|(s, _)| *s == 200)
+    })
+    .await;
+    eventually("/readyz to answer 200", || async {
+        get(port, "/readyz").await.filter(|(s, _)| *s == 200)
+    })
+    .await;
+
+    // Two networks, three clusters on net-a, one on net-b.
+    let (networks, clusters) = (api(&client, "Network"), api(&client, "Cluster"));
+    let pp = PostParams::default();
+    for (name, cidr) in [("net-a", "10.1.0.0/16"), ("net-b", "10.2.0.0/16")] {
+        let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Network",
+            "metadata": {"name": name}, "spec": {"cidr": cidr}});
+        networks
+            .create(&pp, &serde_json::from_value(o).unwrap())
+            .await
+            .unwrap();
+    }
+    for (name, net) in [
+        ("c1", "net-a"),
+        ("c2", "net-a"),
+        ("c3", "net-a"),
+        ("c4", "net-b"),
+    ] {
+        let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
+            "metadata": {"name": name}, "spec": {"network": net, "workers": 2}});
+        clusters
+            .create(&pp, &serde_json::from_value(o).unwrap())
+            .await
+            .unwrap();
+    }
+    // An invalid network: Terminal, with its reason.
+    let bad = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Network",
+        "metadata": {"name": "net-bad"}, "spec": {"cidr": "banana"}});
+    networks
+        .create(&pp, &serde_json::from_value(bad).unwrap())
+        .await
+        .unwrap();
+
+    eventually("every valid object Ready", || async {
+        let n = networks.list(&ListParams::default()).await.ok()?;
+        let c = clusters.list(&ListParams::default()).await.ok()?;
+        let ok = n.items.iter().filter(|o| ready(o)).count() == 2
+            && c.items.iter().filter(|o| ready(o)).count() == 4;
+        ok.then_some(())
+    })
+    .await;
+    eventually("net-bad Terminal with InvalidCIDR", || async {
+        let o = networks.get("net-bad").await.ok()?;
+        let s = ResourceStatus::of(&o);
+        (s.ready()?.reason == "InvalidCIDR").then_some(())
+    })
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for name in ["net-a-network", "c1-cluster", "c4-cluster"] {
+        cms.get(name)
+            .await
+            .unwrap_or_else(|e| panic!("ConfigMap {name}: {e}"));
+    }
+
+    // Metrics: OpenMetrics text whose counters match what happened.
+    let (status, text) = get(port, "/metrics").await.expect("/metrics answers");
+    assert_eq!(status, 200);
+    let m = parse_metrics(&text);
+    let v = |k: &str| {
+        m.get(k)
+            .copied()
+            .unwrap_or_else(|| panic!("{k} missing:\n{text}"))
+    };
+    assert_eq!(v(r#"actorcile_objects{controller="Network"}"#), 3.0);
+    assert_eq!(v(r#"actorcile_objects{controller="Cluster"}"#), 4.0);
+    assert!(v(r#"actorcile_runs_total{controller="Cluster",result="done"}"#) >= 4.0);
+    assert!(v(r#"actorcile_runs_total{controller="Network",result="done"}"#) >= 2.0);
+    assert!(v(r#"actorcile_runs_total{controller="Network",result="terminal"}"#) >= 1.0);
+    // Each Ready object's status was written at least once (7 objects with a status).
+    assert!(v("actorcile_status_writes_total") >= 7.0);
+    assert!(
+        v(r#"actorcile_events_total{controller="Cluster"}"#) >= 4.0,
+        "a Provisioned Event per cluster"
+    );
+    assert!(v(r#"actorcile_run_duration_seconds_count{controller="Cluster"}"#) >= 4.0);
+    assert!(v(r#"actorcile_api_requests_total{verb="patch",code="200"}"#) >= 7.0);
+    assert!(v(r#"actorcile_api_requests_total{verb="watch",code="200"}"#) >= 2.0);
+    assert_eq!(v("actorcile_restarts_total"), 0.0);
+    let provisioned = events_with(&client, "Provisioned").await;
+    assert!(
+        provisioned.len() >= 6,
+        "Provisioned Events: {}",
+        provisioned.len()
+    );
+
+    // Deleting net-a while its clusters use it: InUse, then Released once they are gone.
+    networks
+        .delete("net-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("an InUse Event for net-a", || async {
+        let e = events_with(&client, "InUse").await;
+        e.iter()
+            .any(|e| e.involved_object.name.as_deref() == Some("net-a"))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        networks.get("net-a").await.is_ok(),
+        "net-a is held while in use"
+    );
+    for c in ["c1", "c2", "c3"] {
+        clusters.delete(c, &DeleteParams::default()).await.unwrap();
+    }
+    eventually("net-a and its clusters gone", || async {
+        let gone = networks.get_opt("net-a").await.ok()?.is_none()
+            && clusters
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .len()
+                == 1;
+        gone.then_some(())
+    })
+    .await;
+    let released = events_with(&client, "Released").await;
+    assert!(released.len() >= 4, "Released Events: {}", released.len());
+
+    // SIGTERM while clusters are provisioning: exit 0, and nothing half-done (every object
+    // still has its finalizer, and a Ready cluster has its connection ConfigMap).
+    for i in 0..5 {
+        let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
+            "metadata": {"name": format!("late-{i}")}, "spec": {"network": "net-b", "workers": 3}});
+        clusters
+            .create(&pp, &serde_json::from_value(o).unwrap())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    unsafe { libc::kill(op.0.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let code = loop {
+        if let Some(status) = op.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit within 45 s of SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(code.success(), "SIGTERM exit: {code:?}");
+    for o in clusters.list(&ListParams::default()).await.unwrap().items {
+        let name = o.metadata.name.clone().unwrap();
+        let has_finalizer = o
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f.starts_with("example.actorcile.dev/"));
+        let has_status = o.data.get("status").is_some_and(|s| !s.is_null());
+        assert!(
+            !has_status || has_finalizer,
+            "{name} has a status but no finalizer"
+        );
+        if ready(&o) {
+            cms.get(&format!("{name}-cluster"))
+                .await
+                .unwrap_or_else(|e| panic!("{name} Ready without its ConfigMap: {e}"));
+        }
+    }
+
+    // A restarted operator finishes what the stopped one left, from what is persisted.
+    let mut op = spawn(env.kubeconfig_path(), port);
+    eventually("every cluster Ready after the restart", || async {
+        let c = clusters.list(&ListParams::default()).await.ok()?;
+        (c.items.len() == 6 && c.items.iter().all(ready)).then_some(())
+    })
+    .await;
+
+    // A second operator on the same admin address: a start-up error, not a silent skip.
+    let out = Command::new(env!("CARGO_BIN_EXE_example-operator"))
+        .args(["run", "--admin-addr", &format!("127.0.0.1:{port}")])
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("admin server cannot listen"), "{stderr}");
+
+    unsafe { libc::kill(op.0.id() as i32, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || op.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
