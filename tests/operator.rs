@@ -1,0 +1,231 @@
+//! What an operator binary gets from the runtime, on the in-process cluster: start-up hooks in
+//! order and their failure, the admin server (probes, `/metrics` with the operator's own
+//! metrics, a bind failure), the ClusterRole derived from the tree, and per-object Event
+//! budgets.
+//!
+//! Run with `cargo test --release --features operator --test operator`.
+#![cfg(feature = "operator")]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::runtime::RunResult;
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Patch, PatchParams};
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn terminal_when_negative() -> impl Provisioner<Widget> {
+    step("validate", |cx: Context<Widget>| async move {
+        if cx.object().spec.size < 0 {
+            return Outcome::Terminal(Reason::new("NegativeSize", "size must be >= 0"));
+        }
+        Outcome::Done
+    })
+}
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let status = buf.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, buf.split_once("\r\n\r\n").unwrap().1.to_string())
+}
+
+#[tokio::test]
+async fn hooks_run_in_order_before_the_watch_and_a_failing_hook_fails_start() {
+    let (_cluster, client) = cluster();
+    create(&client, "w0", 1).await;
+    let order: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (o1, o2, o3) = (order.clone(), order.clone(), order.clone());
+    let tree = step("run", move |_cx: Context<Widget>| {
+        let o = o3.clone();
+        async move {
+            o.lock().unwrap().push("pass".into());
+            Outcome::Done
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .controller(
+            Controller::<Widget>::new(tree)
+                .on_initialize(move |_c| async move {
+                    o2.lock().unwrap().push("initialize".into());
+                    Ok(())
+                })
+                .on_upgrade(move |_c| async move {
+                    o1.lock().unwrap().push("upgrade".into());
+                    Ok(())
+                }),
+        )
+        .start()
+        .await
+        .unwrap();
+    wait_ready(&client, "w0", LIMIT).await;
+    let seen = order.lock().unwrap().clone();
+    assert_eq!(seen[..3], ["upgrade", "initialize", "pass"], "{seen:?}");
+    rt.shutdown().await;
+
+    let failed = Runtime::builder(client.clone())
+        .controller(
+            Controller::<Widget>::new(terminal_when_negative())
+                .on_upgrade(|_c| async { Err("the v1 labels cannot be migrated".into()) }),
+        )
+        .start()
+        .await;
+    match failed {
+        Err(actorcile::Error::Hook {
+            controller,
+            hook,
+            message,
+        }) => {
+            assert_eq!((controller.as_str(), hook), ("Widget", "upgrade"));
+            assert_eq!(message, "the v1 labels cannot be migrated");
+        }
+        Err(other) => panic!("expected a hook error, got {other}"),
+        Ok(_) => panic!("a failing hook must fail start-up"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_start() {
+    let (_cluster, client) = cluster();
+    let mut registry = actorcile::metrics::Registry::default();
+    let backups = Counter::<u64>::default();
+    registry.register("myoperator_backups", "Backups taken", backups.clone());
+    backups.inc_by(3);
+    let rt = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(terminal_when_negative()))
+        .admin("127.0.0.1:0".parse().unwrap())
+        .metrics_registry(registry)
+        .start()
+        .await
+        .unwrap();
+    let addr = rt.admin_addr().expect("an admin server");
+    create(&client, "ok", 1).await;
+    create(&client, "bad", -1).await;
+    wait_ready(&client, "ok", LIMIT).await;
+    wait_reason(&client, "bad", "NegativeSize", LIMIT).await;
+
+    assert_eq!(get(addr, "/healthz").await, (200, "ok\n".into()));
+    let (status, _) = eventually("ready", LIMIT, || async {
+        let answer = get(addr, "/readyz").await;
+        (answer.0 == 200).then_some(answer)
+    })
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(get(addr, "/nowhere").await.0, 404);
+
+    let (status, text) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        "myoperator_backups_total 3",
+        r#"actorcile_runs_total{controller="Widget",result="done"} 1"#,
+        r#"actorcile_runs_total{controller="Widget",result="terminal"} 1"#,
+        r#"actorcile_objects{controller="Widget"} 2"#,
+        r#"actorcile_run_duration_seconds_count{controller="Widget"} 2"#,
+        "actorcile_status_writes_total 2",
+        "# EOF",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    let k = &rt.kind_metrics()[0];
+    assert_eq!(k.runs_with(RunResult::Done), 1);
+    assert_eq!(k.due_to_start.count, 2, "each pass was due, then started");
+
+    // The same address again: a start-up error naming it.
+    let taken = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(terminal_when_negative()))
+        .admin(addr)
+        .start()
+        .await;
+    match taken {
+        Err(e @ actorcile::Error::Admin { .. }) => {
+            assert!(e.to_string().contains(&addr.to_string()), "{e}")
+        }
+        Err(other) => panic!("expected an admin error, got {other}"),
+        Ok(_) => panic!("a taken admin address must fail start-up"),
+    }
+
+    let health = rt.health();
+    rt.shutdown().await;
+    assert!(!health.ready().ok, "not ready once shut down");
+}
+
+#[tokio::test]
+async fn the_cluster_role_covers_what_the_tree_touches_naming_steps() {
+    let (_cluster, client) = cluster();
+    let tree = serial![
+        resource("config", |w: &Widget| ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: w.metadata.name.clone(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+        step("password", |_cx: Context<Widget>| async { Outcome::Done })
+            .needs(actorcile::rbac::rule_for::<Secret>(&["get"])),
+    ];
+    let steps: Vec<_> = tree.rules().into_iter().map(|r| r.step).collect();
+    assert_eq!(steps, ["config", "password"]);
+    let builder = Runtime::builder(client).controller(Controller::<Widget>::new(tree));
+    let yaml = actorcile::rbac::to_yaml(&builder.cluster_role("op")).unwrap();
+    let role = builder.cluster_role("op");
+    let rules = role.rules.unwrap();
+    let of = |res: &str| {
+        rules
+            .iter()
+            .filter(|r| r.resources.as_ref().is_some_and(|rs| rs.iter().any(|x| x == res)))
+            .flat_map(|r| r.verbs.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of("configmaps"), ["get", "create", "patch", "delete"], "{yaml}");
+    assert_eq!(of("secrets"), ["get"], "{yaml}");
+    assert!(!of("widgets/status").is_empty(), "{yaml}");
+}
+
+#[tokio::test]
+async fn a_flapping_object_publishes_at_most_its_event_budget() {
+    let (_cluster, client) = cluster();
+    let rt = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(terminal_when_negative()))
+        .events("flapper")
+        .start()
+        .await
+        .unwrap();
+    create(&client, "flap", 1).await;
+    wait_ready(&client, "flap", LIMIT).await;
+    // 40 transitions, each seen in the status before the next (a barrier per transition).
+    let transitions = 40;
+    for i in 0..transitions {
+        let (size, reason) = if i % 2 == 0 {
+            (-1, "NegativeSize")
+        } else {
+            (1, "Provisioned")
+        };
+        widgets(&client)
+            .patch(
+                "flap",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"size": size}})),
+            )
+            .await
+            .unwrap();
+        wait_reason(&client, "flap", reason, LIMIT).await;
+    }
+    let k = eventually("every transition's Event counted", LIMIT, || async {
+        let k = rt.kind_metrics().remove(0);
+        (k.events + k.events_dropped == transitions + 1).then_some(k)
+    })
+    .await;
+    assert_eq!(k.events, 25, "the burst of one object");
+    assert_eq!(k.events_dropped, transitions + 1 - 25);
+    rt.shutdown().await;
+}
