@@ -32,5 +32,15 @@ profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 cargo nextest run --release --workspace --all-features --profile "$profile"
 
-step "doc tests"
+step "doc tests (the API docs, README and user guide code blocks)"
 cargo test --workspace --all-features --doc
+
+step "the README's embedding example, built as a crate of its own"
+bash scripts/check-readme.sh
+
+step "the user guide (mdbook build)"
+mdbook_root="$HOME/.cache/actorcile/mdbook"
+if [ ! -x "$mdbook_root/bin/mdbook" ]; then
+  cargo install --locked mdbook --version 0.4.52 --root "$mdbook_root"
+fi
+"$mdbook_root/bin/mdbook" build docs --dest-dir "$(pwd)/target/guide"

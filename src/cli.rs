@@ -1,5 +1,7 @@
 //! The flags an operator binary takes (feature `operator`): [`RuntimeArgs`], a clap
-//! [`Args`](clap::Args) struct to flatten into the operator's own parser. Each flag falls back
+//! [`Args`](clap::Args) struct to flatten into the operator's own parser (or a
+//! [`Parser`](clap::Parser) of its own, for an operator with no flags of its own:
+//! `RuntimeArgs::parse()`). Each flag falls back
 //! to an `ACTORCILE_*` environment variable.
 //!
 //! ```no_run
@@ -39,7 +41,7 @@ use crate::runtime::{Runtime, RuntimeBuilder};
 use crate::telemetry::LogFormat;
 
 /// The runtime's flags.
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Parser, Clone, Debug)]
 #[command(next_help_heading = "Runtime")]
 pub struct RuntimeArgs {
     /// Kubeconfig file to use [default: in-cluster config, else $KUBECONFIG, else
