@@ -102,20 +102,22 @@ pub fn merge(rules: Vec<PolicyRule>) -> Vec<PolicyRule> {
     for r in rules {
         let plain = r.resource_names.is_none() && r.non_resource_urls.is_none();
         let single = |v: &Option<Vec<String>>| v.as_ref().is_some_and(|v| v.len() == 1);
-        if plain && single(&r.api_groups) && single(&r.resources) {
-            if let Some(same) = out.iter_mut().find(|o| {
+        if plain
+            && single(&r.api_groups)
+            && single(&r.resources)
+            && let Some(same) = out.iter_mut().find(|o| {
                 o.resource_names.is_none()
                     && o.non_resource_urls.is_none()
                     && o.api_groups == r.api_groups
                     && o.resources == r.resources
-            }) {
-                for v in r.verbs {
-                    if !same.verbs.contains(&v) {
-                        same.verbs.push(v);
-                    }
+            })
+        {
+            for v in r.verbs {
+                if !same.verbs.contains(&v) {
+                    same.verbs.push(v);
                 }
-                continue;
             }
+            continue;
         }
         out.push(r);
     }

@@ -897,37 +897,9 @@ impl RuntimeBuilder {
             holder: Arc::from(new_holder_id().as_str()),
             health: health.clone(),
         };
-        let mut started = Vec::new();
-        for c in self.controllers {
-            match c.start(&cx).await {
-                Ok(s) => started.push(s),
-                Err(e) => {
-                    // Stop what already started (a hook or a config probe failed).
-                    let partial = RuntimeHandle {
-                        holder: cx.holder.clone(),
-                        started,
-                        runs: cx.runs.clone(),
-                        metrics,
-                        escalated,
-                        references: cx.references.clone(),
-                        root,
-                        root_task,
-                        shutdown_timeout: self.policy.shutdown_timeout,
-                        health,
-                        #[cfg(feature = "operator")]
-                        admin,
-                        #[cfg(feature = "operator")]
-                        registry,
-                    };
-                    partial.shutdown().await;
-                    return Err(e);
-                }
-            }
-        }
-        health.set_started();
-        Ok(RuntimeHandle {
+        let mut handle = RuntimeHandle {
             holder: cx.holder.clone(),
-            started,
+            started: Vec::new(),
             runs: cx.runs.clone(),
             metrics,
             escalated,
@@ -935,12 +907,24 @@ impl RuntimeBuilder {
             root,
             root_task,
             shutdown_timeout: self.policy.shutdown_timeout,
-            health,
+            health: health.clone(),
             #[cfg(feature = "operator")]
             admin,
             #[cfg(feature = "operator")]
             registry,
-        })
+        };
+        for c in self.controllers {
+            match c.start(&cx).await {
+                Ok(s) => handle.started.push(s),
+                Err(e) => {
+                    // Stop what already started (a hook or a config probe failed).
+                    handle.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
+        health.set_started();
+        Ok(handle)
     }
 
     /// Start, run until SIGTERM or SIGINT (or a manager escalates), then shut down gracefully

@@ -182,11 +182,19 @@ async fn the_cluster_role_covers_what_the_tree_touches_naming_steps() {
     let of = |res: &str| {
         rules
             .iter()
-            .filter(|r| r.resources.as_ref().is_some_and(|rs| rs.iter().any(|x| x == res)))
+            .filter(|r| {
+                r.resources
+                    .as_ref()
+                    .is_some_and(|rs| rs.iter().any(|x| x == res))
+            })
             .flat_map(|r| r.verbs.clone())
             .collect::<Vec<_>>()
     };
-    assert_eq!(of("configmaps"), ["get", "create", "patch", "delete"], "{yaml}");
+    assert_eq!(
+        of("configmaps"),
+        ["get", "create", "patch", "delete"],
+        "{yaml}"
+    );
     assert_eq!(of("secrets"), ["get"], "{yaml}");
     assert!(!of("widgets/status").is_empty(), "{yaml}");
 }

@@ -415,9 +415,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         _slot: OwnedSemaphorePermit,
     ) -> Option<RunResult> {
         let shared = &self.shared;
-        let Some(mut obj) = st.object.clone() else {
-            return None;
-        };
+        let mut obj = st.object.clone()?;
         if crate::triggers::is_ignored(obj.meta()) {
             // The operator's brake: no pass, no write, until the annotation goes.
             st.last_run_version = version_of(obj.as_ref());
