@@ -237,3 +237,84 @@ async fn a_flapping_object_publishes_at_most_its_event_budget() {
     assert_eq!(k.events_dropped, transitions + 1 - 25);
     rt.shutdown().await;
 }
+
+/// A free loopback port (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `run()` on a SIGTERM: a graceful shutdown that lets the pass in flight finish (`Ok`); on a
+/// second signal during it: everything stops at once (`Error::Interrupted`), long before the
+/// shutdown timeout. The process signals itself: tokio's handler, registered by `run()` before
+/// it starts, takes the signals (nextest runs each test in a process of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_shuts_down_gracefully_on_sigterm_and_at_once_on_a_second_signal() {
+    for second_signal in [false, true] {
+        let (_cluster, client) = cluster();
+        create(&client, "slow", 1).await;
+        let started = Arc::new(tokio::sync::Notify::new());
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, f) = (started.clone(), finished.clone());
+        // The pass takes 2 s when only one signal comes (it must finish), 120 s otherwise.
+        let pass = if second_signal { 120 } else { 2 };
+        let tree = step("slow", move |_cx: Context<Widget>| {
+            let (s, f) = (s.clone(), f.clone());
+            async move {
+                s.notify_one();
+                tokio::time::sleep(Duration::from_secs(pass)).await;
+                f.store(true, std::sync::atomic::Ordering::SeqCst);
+                Outcome::Done
+            }
+        });
+        let port = free_port();
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let policy = SupervisorPolicy {
+            shutdown_timeout: Duration::from_secs(60),
+            ..SupervisorPolicy::default()
+        };
+        let run = tokio::spawn(
+            Runtime::builder(client.clone())
+                .policy(policy)
+                .controller(Controller::<Widget>::new(tree))
+                .admin(addr)
+                .run(),
+        );
+        tokio::time::timeout(LIMIT, started.notified())
+            .await
+            .expect("the pass started");
+        unsafe { libc::raise(libc::SIGTERM) };
+        // The runtime took the first signal once it reports shutting down.
+        eventually("shutting down", LIMIT, || async {
+            let (status, body) = tokio::time::timeout(Duration::from_secs(1), get(addr, "/readyz"))
+                .await
+                .ok()?;
+            (status == 503 && body.contains("shutting down")).then_some(())
+        })
+        .await;
+        if second_signal {
+            unsafe { libc::raise(libc::SIGINT) };
+        }
+        let result = tokio::time::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("run() returned within 20 s")
+            .unwrap();
+        let pass_finished = finished.load(std::sync::atomic::Ordering::SeqCst);
+        if second_signal {
+            assert!(
+                matches!(result, Err(actorcile::Error::Interrupted)),
+                "{result:?}"
+            );
+            assert!(!pass_finished, "the 120 s pass was stopped, not awaited");
+        } else {
+            assert!(result.is_ok(), "{result:?}");
+            assert!(
+                pass_finished,
+                "the pass in flight finished before run() returned"
+            );
+        }
+    }
+}

@@ -22,6 +22,8 @@ pub struct DemoArgs {
     /// Run on a real etcd + kube-apiserver (actorcile::envtest) instead of in-process.
     #[arg(long)]
     envtest: bool,
+    #[command(flatten)]
+    infrastructure: operator::ProviderArgs,
 }
 
 /// Run the demo.
@@ -41,10 +43,13 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         }
         (cluster.client(), Box::new(cluster))
     };
-    let rt = operator::register(Runtime::builder(client.clone()))
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let rt = operator::register(
+        Runtime::builder(client.clone()),
+        args.infrastructure.provider()?,
+    )
+    .start()
+    .await
+    .map_err(|e| e.to_string())?;
     let networks: Api<Network> = Api::namespaced(client.clone(), "default");
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), "default");
     let started = Instant::now();

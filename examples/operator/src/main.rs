@@ -35,6 +35,8 @@ enum Command {
     Run {
         #[command(flatten)]
         runtime: RuntimeArgs,
+        #[command(flatten)]
+        infrastructure: operator::ProviderArgs,
         /// Install (or update) the CRDs at start-up.
         #[arg(long, env = "EXAMPLE_OPERATOR_INSTALL_CRDS")]
         install_crds: bool,
@@ -60,8 +62,9 @@ async fn main() -> ExitCode {
     let result = match args.command {
         Command::Run {
             runtime,
+            infrastructure,
             install_crds,
-        } => run(runtime, install_crds).await,
+        } => run(runtime, infrastructure, install_crds).await,
         Command::Crds => actorcile::crds::to_yaml(&[Network::crd(), Cluster::crd()])
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),
@@ -79,7 +82,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: RuntimeArgs, install_crds: bool) -> Result<(), String> {
+async fn run(
+    args: RuntimeArgs,
+    infrastructure: operator::ProviderArgs,
+    install_crds: bool,
+) -> Result<(), String> {
     args.init_tracing().map_err(|e| e.to_string())?;
     let mut registry = actorcile::metrics::Registry::default();
     let client = args
@@ -90,7 +97,7 @@ async fn run(args: RuntimeArgs, install_crds: bool) -> Result<(), String> {
     if install_crds {
         builder = builder.install_crds([Network::crd(), Cluster::crd()]);
     }
-    operator::register(builder)
+    operator::register(builder, infrastructure.provider()?)
         .metrics_registry(registry)
         .run()
         .await

@@ -10,7 +10,11 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
     // A client is needed to build the runtime's builder; the ClusterRole is derived from it
     // without contacting anything.
     let client = actorcile::cluster::ApiServer::new().client();
-    let builder = operator::register(actorcile::runtime::Runtime::builder(client));
+    let provider = std::sync::Arc::new(actorcile::providers::simulated::SimulatedProvider::new(
+        0,
+        Default::default(),
+    ));
+    let builder = operator::register(actorcile::runtime::Runtime::builder(client), provider);
     let role = builder.cluster_role(operator::NAME);
     let mut docs = vec![
         json!({

@@ -140,25 +140,71 @@ pub fn cluster_tree(provider: Arc<dyn Provider>) -> impl Provisioner<Cluster> {
     ]
 }
 
-/// The simulated infrastructure provider nodes start on (a start takes 50–200 ms).
-pub fn simulated_provider() -> Arc<dyn Provider> {
-    Arc::new(SimulatedProvider::new(7, Faults::default()))
+/// Where the clusters' nodes run.
+#[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Infrastructure")]
+pub struct ProviderArgs {
+    /// The infrastructure provider: `simulated` (in memory; a node starts in 50–200 ms) or
+    /// `docker` (containers on a Docker Engine API: Docker, or Podman's socket)
+    #[arg(long, env = "EXAMPLE_OPERATOR_PROVIDER", default_value = "simulated")]
+    pub provider: ProviderKind,
+    /// The Docker Engine API socket (with `--provider docker`)
+    #[arg(
+        long,
+        env = "EXAMPLE_OPERATOR_DOCKER_SOCKET",
+        default_value = "/var/run/docker.sock"
+    )]
+    pub docker_socket: String,
+}
+
+/// The infrastructure providers the example knows.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// actorcile's seeded simulated provider.
+    Simulated,
+    /// actorcile's Docker-API provider (containers labelled with the `actorcile` scheme).
+    Docker,
+}
+
+impl ProviderArgs {
+    /// The provider the flags name.
+    pub fn provider(&self) -> Result<Arc<dyn Provider>, String> {
+        Ok(match self.provider {
+            ProviderKind::Simulated => Arc::new(SimulatedProvider::new(7, Faults::default())),
+            ProviderKind::Docker => Arc::new(
+                actorcile::providers::docker::DockerProvider::connect(
+                    &self.docker_socket,
+                    "actorcile",
+                )
+                .map_err(|e| e.to_string())?,
+            ),
+        })
+    }
 }
 
 /// The runtime's name: Events' reporting controller, field manager.
 pub const NAME: &str = "example-operator";
 
-/// Register both kinds on `builder`.
-pub fn register(builder: actorcile::runtime::RuntimeBuilder) -> actorcile::runtime::RuntimeBuilder {
+/// Register both kinds on `builder`, the clusters' nodes on `provider`.
+pub fn register(
+    builder: actorcile::runtime::RuntimeBuilder,
+    provider: Arc<dyn Provider>,
+) -> actorcile::runtime::RuntimeBuilder {
+    let check = provider.clone();
     builder
         .field_manager(NAME)
         .finalizer(format!("{GROUP}/finalizer"))
         .events(NAME)
         .controller(Controller::<Network>::new(network_tree()))
         .controller(
-            Controller::<Cluster>::new(cluster_tree(simulated_provider())).on_initialize(
-                |_client| async {
-                    tracing::info!("provider: simulated");
+            Controller::<Cluster>::new(cluster_tree(provider)).on_initialize(
+                // Start-up fails at once if the provider does not answer, not object by object.
+                move |_client| async move {
+                    let clusters = check.list_clusters().await?;
+                    tracing::info!(
+                        clusters = clusters.len(),
+                        "the infrastructure provider answers"
+                    );
                     Ok(())
                 },
             ),
