@@ -299,7 +299,10 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// [`Context::require_ready_when`] takes a predicate instead). For a kind the runtime does not
     /// manage, one watch of that kind, shared by every waiter, wakes the waiters when the
     /// object changes; it lists and watches the kind in every namespace, so the operator needs
-    /// `list` and `watch` on it cluster-wide.
+    /// `list` and `watch` on it cluster-wide: declare them on the step
+    /// ([`Step::needs`](super::Step::needs) with
+    /// [`rbac::rule_for`](crate::rbac::rule_for)`(&["get", "list", "watch"])`), so the
+    /// ClusterRole and the preflight include them.
     ///
     /// Use [`Context::readiness`] to treat a case differently, e.g. a missing target as
     /// Terminal.

@@ -73,7 +73,9 @@
 //! of such steps (sequencer's `ProviderController`): [`Context::set_condition`] for a condition
 //! of the step's own, [`Context::add_finalizer`] / [`Context::remove_finalizer`],
 //! [`Context::create_owned`] / [`Context::delete_owned`], [`Context::get`] and
-//! [`Context::event`]. Their writes never clobber each other or the runtime's `Ready`.
+//! [`Context::event`]. Their writes never clobber each other or the runtime's `Ready`. The
+//! kinds a step reads or writes through them are the step's to declare
+//! ([`Step::needs`], see [`Provisioner::rules`]).
 //!
 //! ```
 //! use actorcile::prelude::*;
