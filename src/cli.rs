@@ -35,6 +35,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::Error;
 use crate::admin::DEFAULT_ADMIN_ADDR;
+use crate::leader::LeaderElection;
 use crate::metrics::{ApiMetrics, Registry};
 use crate::policy::SupervisorPolicy;
 use crate::runtime::{Runtime, RuntimeBuilder};
@@ -85,6 +86,32 @@ pub struct RuntimeArgs {
     /// Check at start-up that the running identity has every permission the runtime needs
     #[arg(long, env = "ACTORCILE_PREFLIGHT_RBAC")]
     pub preflight_rbac: bool,
+
+    /// Elect a leader among the replicas on a Lease: only the leader runs the controllers
+    #[arg(long, env = "ACTORCILE_LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// The leader election's Lease name
+    #[arg(
+        long,
+        env = "ACTORCILE_LEADER_ELECT_LEASE",
+        value_name = "NAME",
+        default_value = "actorcile-leader"
+    )]
+    pub leader_elect_lease: String,
+
+    /// The leader election's Lease namespace [default: $POD_NAMESPACE, else default]
+    #[arg(
+        long,
+        env = "ACTORCILE_LEADER_ELECT_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub leader_elect_namespace: Option<String>,
+
+    /// This replica's identity in the election [default: $POD_NAME (else $HOSTNAME) and the
+    /// process id]
+    #[arg(long, env = "ACTORCILE_IDENTITY", value_name = "ID")]
+    pub identity: Option<String>,
 }
 
 impl RuntimeArgs {
@@ -141,7 +168,7 @@ impl RuntimeArgs {
     }
 
     /// A runtime builder set up as the flags say: policy, admin address, namespace, RBAC
-    /// preflight. Register controllers (and a metrics registry) on it.
+    /// preflight, leader election. Register controllers (and a metrics registry) on it.
     pub fn builder(&self, client: Client) -> Result<RuntimeBuilder, Error> {
         let mut builder = Runtime::builder(client)
             .policy(self.policy()?)
@@ -149,6 +176,18 @@ impl RuntimeArgs {
             .preflight_rbac(self.preflight_rbac);
         if let Some(ns) = &self.namespace {
             builder = builder.namespace(ns);
+        }
+        if self.leader_elect {
+            let namespace = self
+                .leader_elect_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "default".into());
+            let mut election = LeaderElection::new(&self.leader_elect_lease, namespace);
+            if let Some(id) = &self.identity {
+                election = election.identity(id);
+            }
+            builder = builder.leader_election(election);
         }
         Ok(builder)
     }
@@ -218,6 +257,10 @@ mod tests {
             "ACTORCILE_POLICY",
             "ACTORCILE_MAX_CONCURRENT_RUNS",
             "ACTORCILE_PREFLIGHT_RBAC",
+            "ACTORCILE_LEADER_ELECT",
+            "ACTORCILE_LEADER_ELECT_LEASE",
+            "ACTORCILE_LEADER_ELECT_NAMESPACE",
+            "ACTORCILE_IDENTITY",
         ] {
             assert!(help.contains(var), "{var} missing from --help:\n{help}");
         }

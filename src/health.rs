@@ -16,6 +16,8 @@ pub struct Health {
     /// The supervisors: root first, then each manager.
     supervisors: Mutex<Vec<ractor::ActorCell>>,
     started: AtomicBool,
+    /// A candidate waiting for the leader's Lease: ready (it holds what it should: nothing).
+    standby: AtomicBool,
     stopping: AtomicBool,
     failed: AtomicBool,
 }
@@ -46,6 +48,22 @@ impl Health {
 
     pub(crate) fn set_started(&self) {
         self.started.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::Release);
+    }
+
+    /// Whether this replica waits for the leader's Lease.
+    pub fn standby(&self) -> bool {
+        self.standby.load(Ordering::Acquire)
+    }
+
+    /// Whether this replica runs the controllers now: started, not standing by, not stopping.
+    pub fn leading(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+            && !self.standby()
+            && !self.stopping.load(Ordering::Acquire)
     }
 
     pub(crate) fn set_stopping(&self) {
@@ -90,6 +108,12 @@ impl Health {
             return Probe {
                 ok: false,
                 detail: "shutting down".into(),
+            };
+        }
+        if self.standby() {
+            return Probe {
+                ok: true,
+                detail: "standby: another replica leads".into(),
             };
         }
         if !self.started.load(Ordering::Acquire) {

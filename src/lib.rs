@@ -24,7 +24,7 @@
 //! - [`health`]: what the runtime's liveness and readiness probes answer.
 //! - Feature `operator`, what an operator binary needs: [`cli`] (flags), [`telemetry`]
 //!   (tracing set-up), [`metrics`] (Prometheus), [`admin`] (`/metrics`, `/healthz`,
-//!   `/readyz`), and signal handling in
+//!   `/readyz`), [`leader`] (leader election on a Lease), and signal handling in
 //!   [`RuntimeBuilder::run`](runtime::RuntimeBuilder::run).
 //!
 //! # Inside (private; read the source)
@@ -50,6 +50,8 @@ pub mod crds;
 #[cfg(feature = "envtest")]
 pub mod envtest;
 pub mod health;
+#[cfg(feature = "operator")]
+pub mod leader;
 mod messages;
 #[cfg(feature = "operator")]
 pub mod metrics;
@@ -173,6 +175,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// This replica led (see [`leader`]) and could not renew its Lease within the renew
+    /// deadline, or another replica took it: every run was stopped at once. Exit and start
+    /// again as a candidate.
+    #[error("leadership lost: the Lease was not renewed in time")]
+    LeadershipLost,
     /// A second SIGTERM or SIGINT came during graceful shutdown: the runtime stopped at once,
     /// aborting the passes still running.
     #[error("interrupted again during shutdown; stopped at once")]

@@ -30,6 +30,7 @@
 //! | `actorcile_events_dropped_total` | counter | `controller` | Events not published: the object's Event budget was spent | — |
 //! | `actorcile_runs_in_flight` | gauge | | passes running now | `controller_runtime_active_workers` |
 //! | `actorcile_max_concurrent_runs` | gauge | | the run slots | `controller_runtime_max_concurrent_reconciles` |
+//! | `actorcile_leader` | gauge | | 1 while this replica runs the controllers (it leads, or there is no election) | `leader_election_master_status` |
 //! | `actorcile_actors_live` | gauge | | resource actors serving an object | — |
 //! | `actorcile_activations_total` | counter | | objects given a live actor (first, after passivation, after a restart) | — |
 //! | `actorcile_passivations_total` | counter | | actors that handed their idle object back | — |
@@ -62,6 +63,7 @@ use crate::actors::{KindMetricsSnapshot, Metrics, MetricsSnapshot};
 #[derive(Debug)]
 pub(crate) struct RuntimeCollector {
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) health: Arc<crate::health::Health>,
     pub(crate) max_concurrent_runs: u64,
 }
 
@@ -199,6 +201,12 @@ impl Collector for RuntimeCollector {
             "actorcile_runs_in_flight",
             "Passes running now",
             m.in_flight,
+        )?;
+        gauge(
+            e,
+            "actorcile_leader",
+            "1 while this replica runs the controllers (it leads, or there is no election)",
+            u64::from(self.health.leading()),
         )?;
         gauge(
             e,

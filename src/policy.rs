@@ -39,6 +39,9 @@
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
 //! | `lock_expiry` | 5 m | how long a guarded step's lock holds: a runtime that dies mid-task holds its object back this long at most; a task running past it is dropped |
+//! | `lease_duration` | 15 s | leader election: how long a Lease whose record stood still blocks candidates (whole seconds) |
+//! | `lease_renew_deadline` | 10 s | leader election: the leader stops every run once it has not renewed for this long (shorter than `lease_duration`: the difference is the fencing margin) |
+//! | `lease_retry_period` | 2 s | leader election: how often candidates try and the leader renews |
 
 use std::path::Path;
 use std::time::Duration;
@@ -104,6 +107,17 @@ pub struct SupervisorPolicy {
     /// when it runs past it. Longer than the longest guarded task.
     #[serde(with = "humantime_serde")]
     pub lock_expiry: Duration,
+    /// Leader election ([`crate::leader`]): how long a Lease whose record stood still blocks
+    /// candidates. Whole seconds (the Lease API counts seconds).
+    #[serde(with = "humantime_serde")]
+    pub lease_duration: Duration,
+    /// Leader election: the leader stops every run once it has not renewed the Lease for this
+    /// long. Shorter than `lease_duration`.
+    #[serde(with = "humantime_serde")]
+    pub lease_renew_deadline: Duration,
+    /// Leader election: how often candidates try to take the Lease and the leader renews it.
+    #[serde(with = "humantime_serde")]
+    pub lease_retry_period: Duration,
     /// Seed for jitter (`None`: random). Set it for reproducible simulations.
     pub seed: Option<u64>,
 }
@@ -129,6 +143,9 @@ impl Default for SupervisorPolicy {
             idle_timeout: Some(Duration::from_secs(30)),
             shutdown_timeout: Duration::from_secs(30),
             lock_expiry: Duration::from_secs(300),
+            lease_duration: Duration::from_secs(15),
+            lease_renew_deadline: Duration::from_secs(10),
+            lease_retry_period: Duration::from_secs(2),
             seed: None,
         }
     }

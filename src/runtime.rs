@@ -639,6 +639,20 @@ pub struct RuntimeBuilder {
     admin: Option<std::net::SocketAddr>,
     #[cfg(feature = "operator")]
     registry: Option<crate::metrics::Registry>,
+    #[cfg(feature = "operator")]
+    leader: Option<crate::leader::LeaderElection>,
+    /// What [`RuntimeBuilder::run`] sets up before it waits for the Lease.
+    early: Option<Early>,
+}
+
+/// What serves the probes and metrics, set up before the controllers start.
+struct Early {
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    #[cfg(feature = "operator")]
+    admin: Option<crate::admin::AdminServer>,
+    #[cfg(feature = "operator")]
+    registry: Arc<crate::metrics::Registry>,
 }
 
 /// The runtime: every registered controller, under one root supervisor.
@@ -661,6 +675,9 @@ impl Runtime {
             admin: None,
             #[cfg(feature = "operator")]
             registry: None,
+            #[cfg(feature = "operator")]
+            leader: None,
+            early: None,
         }
     }
 }
@@ -738,6 +755,48 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Elect a leader among the operator's replicas on a Lease ([`crate::leader`]): only
+    /// [`RuntimeBuilder::run`] honours it (it waits for the Lease, standing by, before it starts
+    /// the controllers); [`RuntimeBuilder::start`] refuses a builder that has it. The policy's
+    /// `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the timings.
+    #[cfg(feature = "operator")]
+    pub fn leader_election(mut self, election: crate::leader::LeaderElection) -> Self {
+        self.leader = Some(election);
+        self
+    }
+
+    /// The health state, the metrics and the admin server (bound now: a bind failure is a
+    /// start-up error).
+    async fn prepare(&mut self) -> Result<Early, Error> {
+        let health = Arc::new(Health::default());
+        let metrics = Arc::new(Metrics::default());
+        #[cfg(feature = "operator")]
+        let (admin, registry) = {
+            let mut registry = self.registry.take().unwrap_or_default();
+            registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
+                metrics: metrics.clone(),
+                health: health.clone(),
+                max_concurrent_runs: self.policy.max_concurrent_runs as u64,
+            }));
+            let registry = Arc::new(registry);
+            let admin = match self.admin {
+                Some(addr) => Some(
+                    crate::admin::AdminServer::bind(addr, registry.clone(), health.clone()).await?,
+                ),
+                None => None,
+            };
+            (admin, registry)
+        };
+        Ok(Early {
+            health,
+            metrics,
+            #[cfg(feature = "operator")]
+            admin,
+            #[cfg(feature = "operator")]
+            registry,
+        })
+    }
+
     /// Check at start-up (with SelfSubjectAccessReviews) that the running identity has every
     /// permission of [`RuntimeBuilder::cluster_role`]; `start` fails with [`Error::Forbidden`]
     /// naming what is missing instead of failing later, object by object.
@@ -750,7 +809,8 @@ impl RuntimeBuilder {
     /// [`rbac::to_yaml`](crate::rbac::to_yaml)): its registered kinds, their configs and
     /// Secrets, what their trees' steps declare ([`Provisioner::rules`]: the children kinds of
     /// [`resource`](crate::provisioners::resource()), a CD driver's, a step's
-    /// [`needs`](crate::provisioners::Step::needs)), Events, and the CRDs it installs.
+    /// [`needs`](crate::provisioners::Step::needs)), Events, the CRDs it installs, and the
+    /// Lease of its leader election.
     pub fn cluster_role(&self, name: &str) -> k8s_openapi::api::rbac::v1::ClusterRole {
         let mut rules: Vec<_> = self.controllers.iter().flat_map(|c| c.rules()).collect();
         rules.extend(self.own_rules());
@@ -763,14 +823,22 @@ impl RuntimeBuilder {
         crate::rbac::cluster_role(name, crate::rbac::merge(rules))
     }
 
-    /// What the runtime needs besides its kinds: installing its CRDs.
+    /// What the runtime needs besides its kinds: installing its CRDs, and the Lease of its
+    /// leader election.
     fn own_rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
-        if self.crds.is_empty() {
-            return Vec::new();
+        let mut rules = Vec::new();
+        if !self.crds.is_empty() {
+            rules.push(crate::rbac::rule_for::<
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+            >(&["get", "list", "watch", "create", "patch"]));
         }
-        vec![crate::rbac::rule_for::<
-            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-        >(&["get", "list", "watch", "create", "patch"])]
+        #[cfg(feature = "operator")]
+        if self.leader.is_some() {
+            rules.push(crate::rbac::rule_for::<
+                k8s_openapi::api::coordination::v1::Lease,
+            >(&["get", "create", "update"]));
+        }
+        rules
     }
 
     /// Check everything given to the builder, without starting anything: the policies, that
@@ -821,6 +889,14 @@ impl RuntimeBuilder {
     /// without starting anything when [`RuntimeBuilder::validate`] does.
     pub async fn start(mut self) -> Result<RuntimeHandle, Error> {
         self.validate()?;
+        #[cfg(feature = "operator")]
+        if self.leader.is_some() {
+            return Err(Error::Invalid {
+                field: "leader election".into(),
+                problem: "only RuntimeBuilder::run elects a leader; start() would run unelected"
+                    .into(),
+            });
+        }
         if let Some(ns) = &self.namespace {
             for c in &mut self.controllers {
                 c.default_namespace(ns);
@@ -840,23 +916,16 @@ impl RuntimeBuilder {
                 return Err(Error::Forbidden(missing));
             }
         }
-        let health = Arc::new(Health::default());
-        let metrics = Arc::new(Metrics::default());
-        #[cfg(feature = "operator")]
-        let (admin, registry) = {
-            let mut registry = self.registry.take().unwrap_or_default();
-            registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
-                metrics: metrics.clone(),
-                max_concurrent_runs: self.policy.max_concurrent_runs as u64,
-            }));
-            let registry = Arc::new(registry);
-            let admin = match self.admin {
-                Some(addr) => Some(
-                    crate::admin::AdminServer::bind(addr, registry.clone(), health.clone()).await?,
-                ),
-                None => None,
-            };
-            (admin, registry)
+        let Early {
+            health,
+            metrics,
+            #[cfg(feature = "operator")]
+            admin,
+            #[cfg(feature = "operator")]
+            registry,
+        } = match self.early.take() {
+            Some(early) => early,
+            None => self.prepare().await?,
         };
         if !self.crds.is_empty() {
             crate::crds::install(
@@ -948,24 +1017,75 @@ impl RuntimeBuilder {
     /// # }
     /// ```
     #[cfg(feature = "operator")]
-    pub async fn run(self) -> Result<(), Error> {
+    pub async fn run(mut self) -> Result<(), Error> {
         // Listening before the start: a signal during start-up is not lost.
         let mut signals = crate::signals::Signals::new()?;
+        let Some(election) = self.leader.take() else {
+            return self.run_with(&mut signals, None).await;
+        };
+        self.validate()?;
+        election.validate(&self.policy)?;
+        // Probes and metrics answer while this replica stands by.
+        let early = self.prepare().await?;
+        let health = early.health.clone();
+        health.set_standby(true);
+        self.early = Some(early);
+        let mut elector = crate::leader::Elector::new(self.client.clone(), election, &self.policy);
+        tokio::select! {
+            _ = elector.acquire() => {}
+            signal = signals.next() => {
+                tracing::info!(signal, "stopping while standing by");
+                return Ok(());
+            }
+        }
+        health.set_standby(false);
+        let result = self.run_with(&mut signals, Some(&mut elector)).await;
+        if !matches!(result, Err(Error::LeadershipLost)) {
+            elector.release().await;
+        }
+        result
+    }
+
+    /// [`RuntimeBuilder::run`] once elected (or without an election): start, run until a
+    /// signal, an escalation or the loss of the Lease, then stop.
+    #[cfg(feature = "operator")]
+    async fn run_with(
+        self,
+        signals: &mut crate::signals::Signals,
+        elector: Option<&mut crate::leader::Elector>,
+    ) -> Result<(), Error> {
         let mut handle = self.start().await?;
+        let abort = handle.aborter();
+        // Resolves when leadership is lost: every run must stop at once (fencing).
+        let lost = async {
+            match elector {
+                Some(e) => e.hold().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(lost);
         let result = tokio::select! {
             signal = signals.next() => {
                 tracing::info!(signal, "shutting down gracefully (again to stop at once)");
                 Ok(())
             }
             e = handle.escalated() => Err(e),
+            _ = &mut lost => {
+                abort.abort();
+                return Err(Error::LeadershipLost);
+            }
         };
-        let abort = handle.aborter();
+        // The Lease is still renewed while the shutdown waits for the runs in flight.
         tokio::select! {
             _ = handle.shutdown() => result,
             signal = signals.next() => {
                 tracing::warn!(signal, "second signal: stopping at once");
                 abort.abort();
                 Err(Error::Interrupted)
+            }
+            _ = &mut lost => {
+                abort.abort();
+                Err(Error::LeadershipLost)
             }
         }
     }

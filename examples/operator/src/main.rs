@@ -34,7 +34,7 @@ enum Command {
     /// Run the operator against a cluster (in-cluster config, or --kubeconfig).
     Run {
         #[command(flatten)]
-        runtime: RuntimeArgs,
+        runtime: Box<RuntimeArgs>,
         #[command(flatten)]
         infrastructure: operator::ProviderArgs,
         /// Install (or update) the CRDs at start-up.
@@ -64,7 +64,7 @@ async fn main() -> ExitCode {
             runtime,
             infrastructure,
             install_crds,
-        } => run(runtime, infrastructure, install_crds).await,
+        } => run(*runtime, infrastructure, install_crds).await,
         Command::Crds => actorcile::crds::to_yaml(&[Network::crd(), Cluster::crd()])
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),

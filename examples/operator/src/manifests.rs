@@ -14,7 +14,10 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
         0,
         Default::default(),
     ));
-    let builder = operator::register(actorcile::runtime::Runtime::builder(client), provider);
+    let builder =
+        operator::register(actorcile::runtime::Runtime::builder(client), provider).leader_election(
+            actorcile::leader::LeaderElection::new("actorcile-leader", namespace),
+        );
     let role = builder.cluster_role(operator::NAME);
     let mut docs = vec![
         json!({
@@ -40,7 +43,7 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": operator::NAME, "namespace": namespace, "labels": {"app": operator::NAME}},
         "spec": {
-            "replicas": 1,
+            "replicas": 2,
             "selector": {"matchLabels": {"app": operator::NAME}},
             "template": {
                 "metadata": {
@@ -53,11 +56,12 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
                     "containers": [{
                         "name": "operator",
                         "image": image,
-                        "args": ["run"],
+                        "args": ["run", "--leader-elect"],
                         "env": [
                             {"name": "ACTORCILE_ADMIN_ADDR", "value": "0.0.0.0:8080"},
                             {"name": "ACTORCILE_LOG_FORMAT", "value": "json"},
                             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                         ],
                         "ports": [{"name": "admin", "containerPort": 8080}],
                         "livenessProbe": probe("/healthz"),

@@ -324,6 +324,10 @@ async fn run() {
 
     // A restarted operator finishes what the stopped one left, from what is persisted.
     let mut op = spawn(env.kubeconfig_path(), port);
+    eventually("the restarted operator's /healthz", || async {
+        get(port, "/healthz").await.filter(|(s, _)| *s == 200)
+    })
+    .await;
     eventually("every cluster Ready after the restart", || async {
         let c = clusters.list(&ListParams::default()).await.ok()?;
         (c.items.len() == 6 && c.items.iter().all(ready)).then_some(())
@@ -331,11 +335,15 @@ async fn run() {
     .await;
 
     // A second operator on the same admin address: a start-up error, not a silent skip.
-    let out = Command::new(env!("CARGO_BIN_EXE_example-operator"))
+    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_example-operator"))
         .args(["run", "--admin-addr", &format!("127.0.0.1:{port}")])
         .arg("--kubeconfig")
         .arg(env.kubeconfig_path())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(LIMIT, second)
+        .await
+        .expect("a second operator on a taken admin address exits")
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -347,4 +355,143 @@ async fn run() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "{status:?}");
+
+    leader_election(&env, &clusters).await;
+}
+
+fn spawn_elected(kubeconfig: &Path, port: u16, identity: &str, policy: &Path) -> Operator {
+    let child = Command::new(env!("CARGO_BIN_EXE_example-operator"))
+        .args([
+            "run",
+            "--leader-elect",
+            "--leader-elect-namespace",
+            "default",
+        ])
+        .args(["--identity", identity, "--log", "info"])
+        .arg("--policy")
+        .arg(policy)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--admin-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the example operator");
+    Operator(child)
+}
+
+async fn holder(client: &kube::Client) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let lease = leases.get_opt("actorcile-leader").await.ok()??;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Two replicas with leader election (2 s leases): only the leader runs; `kill -9` of the
+/// leader hands over within 2 × the lease duration; a graceful stop releases the Lease, and a
+/// new candidate takes it at once.
+async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
+    let client = env.client();
+    let dir = std::env::temp_dir().join(format!("example-operator-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "lease_duration = \"2s\"\nlease_renew_deadline = \"1500ms\"\nlease_retry_period = \"200ms\"\n",
+    )
+    .unwrap();
+    let (port_a, port_b, port_c) = (free_port(), free_port(), free_port());
+    let mut a = spawn_elected(env.kubeconfig_path(), port_a, "replica-a", &policy);
+    eventually("replica-a leads", || async {
+        (holder(&client).await.as_deref() == Some("replica-a")).then_some(())
+    })
+    .await;
+    let mut b = spawn_elected(env.kubeconfig_path(), port_b, "replica-b", &policy);
+    let (_, body) = eventually("replica-b ready, standing by", || async {
+        get(port_b, "/readyz").await.filter(|(s, _)| *s == 200)
+    })
+    .await;
+    assert!(body.contains("standby"), "{body}");
+    let pp = PostParams::default();
+    let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
+        "metadata": {"name": "elected-1"}, "spec": {"network": "net-b", "workers": 1}});
+    clusters
+        .create(&pp, &serde_json::from_value(o).unwrap())
+        .await
+        .unwrap();
+    eventually("elected-1 Ready", || async {
+        clusters.get("elected-1").await.ok().filter(ready)
+    })
+    .await;
+    // Only the leader runs: the standby has no controller and no pass.
+    let (_, text_b) = get(port_b, "/metrics").await.unwrap();
+    assert_eq!(sample(&text_b, "actorcile_leader"), Some(0.0), "{text_b}");
+    assert!(
+        !text_b.contains("actorcile_runs_total{"),
+        "the standby ran passes:\n{text_b}"
+    );
+    let (_, text_a) = get(port_a, "/metrics").await.unwrap();
+    assert_eq!(sample(&text_a, "actorcile_leader"), Some(1.0), "{text_a}");
+
+    // kill -9 the leader: the standby takes over within 2 × the lease duration.
+    unsafe { libc::kill(a.0.id() as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    let _ = a.0.wait();
+    eventually("replica-b leads", || async {
+        (holder(&client).await.as_deref() == Some("replica-b")).then_some(())
+    })
+    .await;
+    let failover = killed.elapsed();
+    assert!(
+        failover < Duration::from_secs(4),
+        "failover took {failover:?}"
+    );
+    eprintln!("leader failover after kill -9: {failover:?}");
+    let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
+        "metadata": {"name": "elected-2"}, "spec": {"network": "net-b", "workers": 1}});
+    clusters
+        .create(&pp, &serde_json::from_value(o).unwrap())
+        .await
+        .unwrap();
+    eventually("elected-2 Ready under the new leader", || async {
+        clusters.get("elected-2").await.ok().filter(ready)
+    })
+    .await;
+
+    // A graceful stop releases the Lease: a new candidate takes it at once, not after expiry.
+    let mut c = spawn_elected(env.kubeconfig_path(), port_c, "replica-c", &policy);
+    eventually("replica-c standing by", || async {
+        get(port_c, "/readyz").await.filter(|(s, _)| *s == 200)
+    })
+    .await;
+    unsafe { libc::kill(b.0.id() as i32, libc::SIGTERM) };
+    let stopped = Instant::now();
+    let status = tokio::task::spawn_blocking(move || b.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    eventually("replica-c leads", || async {
+        (holder(&client).await.as_deref() == Some("replica-c")).then_some(())
+    })
+    .await;
+    let takeover = stopped.elapsed();
+    assert!(
+        takeover < Duration::from_secs(2),
+        "takeover after a release took {takeover:?}"
+    );
+    eprintln!("takeover after a graceful stop: {takeover:?}");
+    unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || c.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
