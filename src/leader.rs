@@ -3,7 +3,7 @@
 //! take over ([`RuntimeBuilder::leader_election`](crate::runtime::RuntimeBuilder::leader_election)).
 //!
 //! The protocol is client-go's (what controller-runtime uses), with its defaults as policy knobs
-//! ([`SupervisorPolicy`](crate::policy::SupervisorPolicy)): `lease_duration` 15 s,
+//! ([`SupervisorPolicy`]): `lease_duration` 15 s,
 //! `lease_renew_deadline` 10 s, `lease_retry_period` 2 s.
 //!
 //! - A candidate takes the Lease when it has no holder, or when its record has not changed for
@@ -16,7 +16,7 @@
 //!   replica can take the Lease before `lease_duration` after that renewal was written, which
 //!   is later than the send: the holder has stopped by then, with `lease_duration -
 //!   lease_renew_deadline` to spare. The runtime then returns
-//!   [`Error::LeadershipLost`](crate::Error::LeadershipLost): the process exits and restarts
+//!   [`Error::LeadershipLost`]: the process exits and restarts
 //!   as a candidate (as controller-runtime's managers do).
 //! - On a graceful shutdown the holder releases the Lease (no holder, a duration of 1 s), so a
 //!   candidate takes over at its next try instead of after expiry.
