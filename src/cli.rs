@@ -112,6 +112,10 @@ pub struct RuntimeArgs {
     /// process id]
     #[arg(long, env = "ACTORCILE_IDENTITY", value_name = "ID")]
     pub identity: Option<String>,
+
+    /// Do not watch while standing by (a takeover then lists first; less memory on standbys)
+    #[arg(long, env = "ACTORCILE_COLD_STANDBY")]
+    pub cold_standby: bool,
 }
 
 impl RuntimeArgs {
@@ -183,7 +187,8 @@ impl RuntimeArgs {
                 .clone()
                 .or_else(|| std::env::var("POD_NAMESPACE").ok())
                 .unwrap_or_else(|| "default".into());
-            let mut election = LeaderElection::new(&self.leader_elect_lease, namespace);
+            let mut election = LeaderElection::new(&self.leader_elect_lease, namespace)
+                .warm_standby(!self.cold_standby);
             if let Some(id) = &self.identity {
                 election = election.identity(id);
             }
@@ -261,6 +266,7 @@ mod tests {
             "ACTORCILE_LEADER_ELECT_LEASE",
             "ACTORCILE_LEADER_ELECT_NAMESPACE",
             "ACTORCILE_IDENTITY",
+            "ACTORCILE_COLD_STANDBY",
         ] {
             assert!(help.contains(var), "{var} missing from --help:\n{help}");
         }

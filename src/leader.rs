@@ -18,6 +18,8 @@
 //!   lease_renew_deadline` to spare. The runtime then returns
 //!   [`Error::LeadershipLost`]: the process exits and restarts
 //!   as a candidate (as controller-runtime's managers do).
+//! - A standby is warm by default ([`LeaderElection::warm_standby`]): its controllers watch and
+//!   cache, with no run slot, so nothing runs and nothing is written until it leads.
 //! - On a graceful shutdown the holder releases the Lease (no holder, a duration of 1 s), so a
 //!   candidate takes over at its next try instead of after expiry.
 //!
@@ -45,6 +47,10 @@ pub struct LeaderElection {
     /// This replica's identity (the Lease's `holderIdentity` while it leads): unique among the
     /// replicas.
     pub identity: String,
+    /// While it stands by, the replica watches and caches every kind (without running
+    /// anything), so a takeover starts reconciling at once instead of listing first. Default:
+    /// on.
+    pub warm_standby: bool,
 }
 
 impl LeaderElection {
@@ -54,7 +60,14 @@ impl LeaderElection {
             lease: lease.into(),
             namespace: namespace.into(),
             identity: default_identity(),
+            warm_standby: true,
         }
+    }
+
+    /// Whether the standby watches and caches while it waits (default: on).
+    pub fn warm_standby(mut self, warm: bool) -> Self {
+        self.warm_standby = warm;
+        self
     }
 
     /// This replica's identity.

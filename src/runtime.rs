@@ -643,6 +643,15 @@ pub struct RuntimeBuilder {
     leader: Option<crate::leader::LeaderElection>,
     /// What [`RuntimeBuilder::run`] sets up before it waits for the Lease.
     early: Option<Early>,
+    /// Start with no run slot: watch and cache, run nothing ([`RuntimeHandle::lead`]).
+    gated: bool,
+}
+
+/// A replica waiting for the Lease: its controllers started and gated, or not yet started.
+#[cfg(feature = "operator")]
+enum Standby {
+    Warm(RuntimeHandle),
+    Cold(RuntimeBuilder),
 }
 
 /// What serves the probes and metrics, set up before the controllers start.
@@ -678,6 +687,7 @@ impl Runtime {
             #[cfg(feature = "operator")]
             leader: None,
             early: None,
+            gated: false,
         }
     }
 }
@@ -955,7 +965,12 @@ impl RuntimeBuilder {
         );
         let cx = StartCx {
             client: self.client,
-            runs: Arc::new(Semaphore::new(self.policy.max_concurrent_runs)),
+            // Gated (a warm standby): no slot, so no pass and no activation, until it leads.
+            runs: Arc::new(Semaphore::new(if self.gated {
+                0
+            } else {
+                self.policy.max_concurrent_runs
+            })),
             policy: self.policy.clone(),
             metrics: metrics.clone(),
             references,
@@ -1021,7 +1036,8 @@ impl RuntimeBuilder {
         // Listening before the start: a signal during start-up is not lost.
         let mut signals = crate::signals::Signals::new()?;
         let Some(election) = self.leader.take() else {
-            return self.run_with(&mut signals, None).await;
+            let handle = self.start().await?;
+            return run_with(handle, &mut signals, None).await;
         };
         self.validate()?;
         election.validate(&self.policy)?;
@@ -1030,64 +1046,42 @@ impl RuntimeBuilder {
         let health = early.health.clone();
         health.set_standby(true);
         self.early = Some(early);
+        let warm = election.warm_standby;
+        let slots = self.policy.max_concurrent_runs;
         let mut elector = crate::leader::Elector::new(self.client.clone(), election, &self.policy);
-        tokio::select! {
-            _ = elector.acquire() => {}
+        // A warm standby watches and caches while it waits: its takeover starts with the
+        // objects in hand, not with a list.
+        let standby = if warm {
+            self.gated = true;
+            Standby::Warm(self.start().await?)
+        } else {
+            Standby::Cold(self)
+        };
+        let elected = tokio::select! {
+            _ = elector.acquire() => true,
             signal = signals.next() => {
                 tracing::info!(signal, "stopping while standing by");
+                false
+            }
+        };
+        let handle = match (elected, standby) {
+            (false, Standby::Warm(handle)) => {
+                handle.shutdown().await;
                 return Ok(());
             }
-        }
+            (false, Standby::Cold(_)) => return Ok(()),
+            (true, Standby::Warm(handle)) => {
+                handle.lead(slots);
+                handle
+            }
+            (true, Standby::Cold(builder)) => builder.start().await?,
+        };
         health.set_standby(false);
-        let result = self.run_with(&mut signals, Some(&mut elector)).await;
+        let result = run_with(handle, &mut signals, Some(&mut elector)).await;
         if !matches!(result, Err(Error::LeadershipLost)) {
             elector.release().await;
         }
         result
-    }
-
-    /// [`RuntimeBuilder::run`] once elected (or without an election): start, run until a
-    /// signal, an escalation or the loss of the Lease, then stop.
-    #[cfg(feature = "operator")]
-    async fn run_with(
-        self,
-        signals: &mut crate::signals::Signals,
-        elector: Option<&mut crate::leader::Elector>,
-    ) -> Result<(), Error> {
-        let mut handle = self.start().await?;
-        let abort = handle.aborter();
-        // Resolves when leadership is lost: every run must stop at once (fencing).
-        let lost = async {
-            match elector {
-                Some(e) => e.hold().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(lost);
-        let result = tokio::select! {
-            signal = signals.next() => {
-                tracing::info!(signal, "shutting down gracefully (again to stop at once)");
-                Ok(())
-            }
-            e = handle.escalated() => Err(e),
-            _ = &mut lost => {
-                abort.abort();
-                return Err(Error::LeadershipLost);
-            }
-        };
-        // The Lease is still renewed while the shutdown waits for the runs in flight.
-        tokio::select! {
-            _ = handle.shutdown() => result,
-            signal = signals.next() => {
-                tracing::warn!(signal, "second signal: stopping at once");
-                abort.abort();
-                Err(Error::Interrupted)
-            }
-            _ = &mut lost => {
-                abort.abort();
-                Err(Error::LeadershipLost)
-            }
-        }
     }
 
     /// Start, run until `shutdown` completes (e.g. SIGTERM) or a manager escalates, then shut
@@ -1100,6 +1094,49 @@ impl RuntimeBuilder {
         };
         handle.shutdown().await;
         result
+    }
+}
+
+/// [`RuntimeBuilder::run`] once it runs the controllers: until a signal, an escalation or the
+/// loss of the Lease, then stop.
+#[cfg(feature = "operator")]
+async fn run_with(
+    mut handle: RuntimeHandle,
+    signals: &mut crate::signals::Signals,
+    elector: Option<&mut crate::leader::Elector>,
+) -> Result<(), Error> {
+    let abort = handle.aborter();
+    // Resolves when leadership is lost: every run must stop at once (fencing).
+    let lost = async {
+        match elector {
+            Some(e) => e.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
+    let result = tokio::select! {
+        signal = signals.next() => {
+            tracing::info!(signal, "shutting down gracefully (again to stop at once)");
+            Ok(())
+        }
+        e = handle.escalated() => Err(e),
+        _ = &mut lost => {
+            abort.abort();
+            return Err(Error::LeadershipLost);
+        }
+    };
+    // The Lease is still renewed while the shutdown waits for the runs in flight.
+    tokio::select! {
+        _ = handle.shutdown() => result,
+        signal = signals.next() => {
+            tracing::warn!(signal, "second signal: stopping at once");
+            abort.abort();
+            Err(Error::Interrupted)
+        }
+        _ = &mut lost => {
+            abort.abort();
+            Err(Error::LeadershipLost)
+        }
     }
 }
 
@@ -1159,6 +1196,12 @@ impl RuntimeHandle {
                 .collect(),
             root: self.root.get_cell(),
         }
+    }
+
+    /// Give a gated runtime (a warm standby) its `slots` run slots: it starts running.
+    #[cfg(feature = "operator")]
+    fn lead(&self, slots: usize) {
+        self.runs.add_permits(slots);
     }
 
     /// What the health probes answer ([`crate::health`]).

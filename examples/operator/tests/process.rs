@@ -359,7 +359,13 @@ async fn run() {
     leader_election(&env, &clusters).await;
 }
 
-fn spawn_elected(kubeconfig: &Path, port: u16, identity: &str, policy: &Path) -> Operator {
+fn spawn_elected(
+    kubeconfig: &Path,
+    port: u16,
+    identity: &str,
+    policy: &Path,
+    cold: bool,
+) -> Operator {
     let child = Command::new(env!("CARGO_BIN_EXE_example-operator"))
         .args([
             "run",
@@ -367,6 +373,7 @@ fn spawn_elected(kubeconfig: &Path, port: u16, identity: &str, policy: &Path) ->
             "--leader-elect-namespace",
             "default",
         ])
+        .args(cold.then_some("--cold-standby"))
         .args(["--identity", identity, "--log", "info"])
         .arg("--policy")
         .arg(policy)
@@ -407,12 +414,12 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
     )
     .unwrap();
     let (port_a, port_b, port_c) = (free_port(), free_port(), free_port());
-    let mut a = spawn_elected(env.kubeconfig_path(), port_a, "replica-a", &policy);
+    let mut a = spawn_elected(env.kubeconfig_path(), port_a, "replica-a", &policy, false);
     eventually("replica-a leads", || async {
         (holder(&client).await.as_deref() == Some("replica-a")).then_some(())
     })
     .await;
-    let mut b = spawn_elected(env.kubeconfig_path(), port_b, "replica-b", &policy);
+    let mut b = spawn_elected(env.kubeconfig_path(), port_b, "replica-b", &policy, false);
     let (_, body) = eventually("replica-b ready, standing by", || async {
         get(port_b, "/readyz").await.filter(|(s, _)| *s == 200)
     })
@@ -429,13 +436,21 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
         clusters.get("elected-1").await.ok().filter(ready)
     })
     .await;
-    // Only the leader runs: the standby has no controller and no pass.
-    let (_, text_b) = get(port_b, "/metrics").await.unwrap();
+    // Only the leader runs. The warm standby (the default) watches and caches every cluster
+    // but has run no pass.
+    let text_b = eventually("the warm standby's cache has every cluster", || async {
+        let (_, text) = get(port_b, "/metrics").await?;
+        let cached = sample(&text, r#"actorcile_objects{controller="Cluster"}"#)?;
+        (cached == 7.0).then_some(text)
+    })
+    .await;
     assert_eq!(sample(&text_b, "actorcile_leader"), Some(0.0), "{text_b}");
-    assert!(
-        !text_b.contains("actorcile_runs_total{"),
-        "the standby ran passes:\n{text_b}"
-    );
+    let runs: f64 = text_b
+        .lines()
+        .filter(|l| l.starts_with("actorcile_runs_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(runs, 0.0, "the standby ran passes:\n{text_b}");
     let (_, text_a) = get(port_a, "/metrics").await.unwrap();
     assert_eq!(sample(&text_a, "actorcile_leader"), Some(1.0), "{text_a}");
 
@@ -465,11 +480,17 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
     .await;
 
     // A graceful stop releases the Lease: a new candidate takes it at once, not after expiry.
-    let mut c = spawn_elected(env.kubeconfig_path(), port_c, "replica-c", &policy);
+    // This one stands by cold: no controller until it leads.
+    let mut c = spawn_elected(env.kubeconfig_path(), port_c, "replica-c", &policy, true);
     eventually("replica-c standing by", || async {
         get(port_c, "/readyz").await.filter(|(s, _)| *s == 200)
     })
     .await;
+    let (_, text_c) = get(port_c, "/metrics").await.unwrap();
+    assert!(
+        !text_c.contains("actorcile_objects{"),
+        "a cold standby watches nothing:\n{text_c}"
+    );
     unsafe { libc::kill(b.0.id() as i32, libc::SIGTERM) };
     let stopped = Instant::now();
     let status = tokio::task::spawn_blocking(move || b.0.wait())
@@ -487,6 +508,16 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
         "takeover after a release took {takeover:?}"
     );
     eprintln!("takeover after a graceful stop: {takeover:?}");
+    let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
+        "metadata": {"name": "elected-3"}, "spec": {"network": "net-b", "workers": 1}});
+    clusters
+        .create(&pp, &serde_json::from_value(o).unwrap())
+        .await
+        .unwrap();
+    eventually("elected-3 Ready under the cold-started leader", || async {
+        clusters.get("elected-3").await.ok().filter(ready)
+    })
+    .await;
     unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) };
     let status = tokio::task::spawn_blocking(move || c.0.wait())
         .await
