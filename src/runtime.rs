@@ -651,7 +651,7 @@ pub struct RuntimeBuilder {
 #[cfg(feature = "operator")]
 enum Standby {
     Warm(RuntimeHandle),
-    Cold(RuntimeBuilder),
+    Cold(Box<RuntimeBuilder>),
 }
 
 /// What serves the probes and metrics, set up before the controllers start.
@@ -1055,7 +1055,7 @@ impl RuntimeBuilder {
             self.gated = true;
             Standby::Warm(self.start().await?)
         } else {
-            Standby::Cold(self)
+            Standby::Cold(Box::new(self))
         };
         let elected = tokio::select! {
             _ = elector.acquire() => true,
