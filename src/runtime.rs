@@ -74,6 +74,14 @@ pub struct Controller<K: ManagedResource> {
 type Hook =
     Box<dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), HookError>> + Send>;
 
+fn boxed_hook<F, Fut>(hook: F) -> Hook
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), HookError>> + Send + 'static,
+{
+    Box::new(move |c| Box::pin(hook(c)))
+}
+
 /// What a hook fails with: any error; its message fails the runtime's start-up.
 pub type HookError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -146,7 +154,7 @@ impl<K: ManagedResource> Controller<K> {
         F: FnOnce(Client) -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), HookError>> + Send + 'static,
     {
-        self.upgrade = Some(Box::new(move |c| Box::pin(hook(c))));
+        self.upgrade = Some(boxed_hook(hook));
         self
     }
 
@@ -159,7 +167,7 @@ impl<K: ManagedResource> Controller<K> {
         F: FnOnce(Client) -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), HookError>> + Send + 'static,
     {
-        self.initialize = Some(Box::new(move |c| Box::pin(hook(c))));
+        self.initialize = Some(boxed_hook(hook));
         self
     }
 

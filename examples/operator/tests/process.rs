@@ -323,7 +323,7 @@ async fn run() {
     }
 
     // A restarted operator finishes what the stopped one left, from what is persisted.
-    let mut op = spawn(env.kubeconfig_path(), port);
+    let op = spawn(env.kubeconfig_path(), port);
     eventually("the restarted operator's /healthz", || async {
         get(port, "/healthz").await.filter(|(s, _)| *s == 200)
     })
@@ -349,11 +349,7 @@ async fn run() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("admin server cannot listen"), "{stderr}");
 
-    unsafe { libc::kill(op.0.id() as i32, libc::SIGTERM) };
-    let status = tokio::task::spawn_blocking(move || op.0.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = terminate(op).await;
     assert!(status.success(), "{status:?}");
 
     leader_election(&env, &clusters).await;
@@ -395,6 +391,35 @@ async fn holder(client: &kube::Client) -> Option<String> {
     lease.spec?.holder_identity.filter(|h| !h.is_empty())
 }
 
+/// Create Cluster `name` on network `net`, and wait until it is Ready.
+async fn cluster_ready(clusters: &Api<DynamicObject>, name: &str, net: &str, workers: usize) {
+    let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
+        "metadata": {"name": name}, "spec": {"network": net, "workers": workers}});
+    let o: DynamicObject = serde_json::from_value(o).unwrap();
+    clusters.create(&PostParams::default(), &o).await.unwrap();
+    eventually(&format!("{name} Ready"), || async {
+        clusters.get(name).await.ok().filter(ready)
+    })
+    .await;
+}
+
+/// Wait until `identity` holds the leader Lease.
+async fn wait_holder(client: &kube::Client, identity: &str) {
+    eventually(&format!("{identity} leads"), || async {
+        (holder(client).await.as_deref() == Some(identity)).then_some(())
+    })
+    .await;
+}
+
+/// SIGTERM `op` and wait for its exit status.
+async fn terminate(mut op: Operator) -> std::process::ExitStatus {
+    unsafe { libc::kill(op.0.id() as i32, libc::SIGTERM) };
+    tokio::task::spawn_blocking(move || op.0.wait())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
@@ -415,27 +440,14 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
     .unwrap();
     let (port_a, port_b, port_c) = (free_port(), free_port(), free_port());
     let mut a = spawn_elected(env.kubeconfig_path(), port_a, "replica-a", &policy, false);
-    eventually("replica-a leads", || async {
-        (holder(&client).await.as_deref() == Some("replica-a")).then_some(())
-    })
-    .await;
-    let mut b = spawn_elected(env.kubeconfig_path(), port_b, "replica-b", &policy, false);
+    wait_holder(&client, "replica-a").await;
+    let b = spawn_elected(env.kubeconfig_path(), port_b, "replica-b", &policy, false);
     let (_, body) = eventually("replica-b ready, standing by", || async {
         get(port_b, "/readyz").await.filter(|(s, _)| *s == 200)
     })
     .await;
     assert!(body.contains("standby"), "{body}");
-    let pp = PostParams::default();
-    let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
-        "metadata": {"name": "elected-1"}, "spec": {"network": "net-b", "workers": 1}});
-    clusters
-        .create(&pp, &serde_json::from_value(o).unwrap())
-        .await
-        .unwrap();
-    eventually("elected-1 Ready", || async {
-        clusters.get("elected-1").await.ok().filter(ready)
-    })
-    .await;
+    cluster_ready(clusters, "elected-1", "net-b", 1).await;
     // Only the leader runs. The warm standby (the default) watches and caches every cluster
     // but has run no pass.
     let text_b = eventually("the warm standby's cache has every cluster", || async {
@@ -458,30 +470,18 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
     unsafe { libc::kill(a.0.id() as i32, libc::SIGKILL) };
     let killed = Instant::now();
     let _ = a.0.wait();
-    eventually("replica-b leads", || async {
-        (holder(&client).await.as_deref() == Some("replica-b")).then_some(())
-    })
-    .await;
+    wait_holder(&client, "replica-b").await;
     let failover = killed.elapsed();
     assert!(
         failover < Duration::from_secs(4),
         "failover took {failover:?}"
     );
     eprintln!("leader failover after kill -9: {failover:?}");
-    let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
-        "metadata": {"name": "elected-2"}, "spec": {"network": "net-b", "workers": 1}});
-    clusters
-        .create(&pp, &serde_json::from_value(o).unwrap())
-        .await
-        .unwrap();
-    eventually("elected-2 Ready under the new leader", || async {
-        clusters.get("elected-2").await.ok().filter(ready)
-    })
-    .await;
+    cluster_ready(clusters, "elected-2", "net-b", 1).await;
 
     // A graceful stop releases the Lease: a new candidate takes it at once, not after expiry.
     // This one stands by cold: no controller until it leads.
-    let mut c = spawn_elected(env.kubeconfig_path(), port_c, "replica-c", &policy, true);
+    let c = spawn_elected(env.kubeconfig_path(), port_c, "replica-c", &policy, true);
     eventually("replica-c standing by", || async {
         get(port_c, "/readyz").await.filter(|(s, _)| *s == 200)
     })
@@ -491,38 +491,18 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
         !text_c.contains("actorcile_objects{"),
         "a cold standby watches nothing:\n{text_c}"
     );
-    unsafe { libc::kill(b.0.id() as i32, libc::SIGTERM) };
     let stopped = Instant::now();
-    let status = tokio::task::spawn_blocking(move || b.0.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = terminate(b).await;
     assert!(status.success(), "{status:?}");
-    eventually("replica-c leads", || async {
-        (holder(&client).await.as_deref() == Some("replica-c")).then_some(())
-    })
-    .await;
+    wait_holder(&client, "replica-c").await;
     let takeover = stopped.elapsed();
     assert!(
         takeover < Duration::from_secs(2),
         "takeover after a release took {takeover:?}"
     );
     eprintln!("takeover after a graceful stop: {takeover:?}");
-    let o = json!({"apiVersion": "example.actorcile.dev/v1", "kind": "Cluster",
-        "metadata": {"name": "elected-3"}, "spec": {"network": "net-b", "workers": 1}});
-    clusters
-        .create(&pp, &serde_json::from_value(o).unwrap())
-        .await
-        .unwrap();
-    eventually("elected-3 Ready under the cold-started leader", || async {
-        clusters.get("elected-3").await.ok().filter(ready)
-    })
-    .await;
-    unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) };
-    let status = tokio::task::spawn_blocking(move || c.0.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    cluster_ready(clusters, "elected-3", "net-b", 1).await;
+    let status = terminate(c).await;
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
