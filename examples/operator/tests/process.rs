@@ -39,16 +39,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn spawn(kubeconfig: &Path, port: u16) -> Operator {
+/// Start `example-operator run` on the control plane of `kubeconfig`, its admin server on
+/// `port`, with `args` besides.
+fn spawn_with(kubeconfig: &Path, port: u16, args: &[&str]) -> Operator {
     let child = Command::new(env!("CARGO_BIN_EXE_example-operator"))
-        .args([
-            "run",
-            "--install-crds",
-            "--log-format",
-            "json",
-            "--log",
-            "info",
-        ])
+        .arg("run")
+        .args(args)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .arg("--admin-addr")
@@ -58,6 +54,11 @@ fn spawn(kubeconfig: &Path, port: u16) -> Operator {
         .spawn()
         .expect("start the example operator");
     Operator(child)
+}
+
+fn spawn(kubeconfig: &Path, port: u16) -> Operator {
+    let args = ["--install-crds", "--log-format", "json", "--log", "info"];
+    spawn_with(kubeconfig, port, &args)
 }
 
 /// `GET path` on the admin server: (status code, body); `None` while it does not answer.
@@ -362,26 +363,13 @@ fn spawn_elected(
     policy: &Path,
     cold: bool,
 ) -> Operator {
-    let child = Command::new(env!("CARGO_BIN_EXE_example-operator"))
-        .args([
-            "run",
-            "--leader-elect",
-            "--leader-elect-namespace",
-            "default",
-        ])
-        .args(cold.then_some("--cold-standby"))
-        .args(["--identity", identity, "--log", "info"])
-        .arg("--policy")
-        .arg(policy)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--admin-addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the example operator");
-    Operator(child)
+    let policy = policy.to_str().expect("a UTF-8 temp path");
+    let mut args = vec!["--leader-elect", "--leader-elect-namespace", "default"];
+    args.extend(["--identity", identity, "--policy", policy]);
+    if cold {
+        args.push("--cold-standby");
+    }
+    spawn_with(kubeconfig, port, &args)
 }
 
 async fn holder(client: &kube::Client) -> Option<String> {
