@@ -318,3 +318,55 @@ async fn run_shuts_down_gracefully_on_sigterm_and_at_once_on_a_second_signal() {
         }
     }
 }
+
+/// A resource actor that keeps failing: a `Restarted` Warning Event per restart (kube's
+/// recorder folds the repeats into one Event with a series count), then one `Quarantined` once
+/// past the restart intensity.
+#[tokio::test(start_paused = true)]
+async fn restarts_and_quarantine_are_events() {
+    let (_cluster, client) = cluster();
+    let tree = step("panics", |_cx: Context<Widget>| async move {
+        if true {
+            panic!("a provisioner bug");
+        }
+        Outcome::Done
+    });
+    let mut policy = SupervisorPolicy::default();
+    policy.restart.max_restarts = 2;
+    policy.restart.backoff.min = Duration::from_millis(10);
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree))
+        .events("restarts")
+        .start()
+        .await
+        .unwrap();
+    create(&client, "bad", 1).await;
+    wait_reason(&client, "bad", "Quarantined", LIMIT).await;
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(client.clone(), "default");
+    // (reason, how many times it happened)
+    let seen = eventually("the Restarted and Quarantined Events", LIMIT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        let mut seen: Vec<(String, i32)> = list
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad"))
+            .map(|e| {
+                let times = e.series.as_ref().map_or(1, |s| s.count);
+                (e.reason.clone().unwrap_or_default(), times)
+            })
+            .collect();
+        seen.sort();
+        (seen == [("Quarantined".to_string(), 1), ("Restarted".to_string(), 2)]).then_some(seen)
+    })
+    .await;
+    assert_eq!(seen.len(), 2);
+    assert_eq!(rt.metrics().restarts, 2);
+    assert_eq!(
+        rt.kind_metrics()[0].events,
+        3,
+        "two restarts and a quarantine"
+    );
+    rt.shutdown().await;
+}
