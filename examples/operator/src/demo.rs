@@ -20,8 +20,13 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 6)]
     clusters_per_network: usize,
     /// Run on a real etcd + kube-apiserver (actorcile::envtest) instead of in-process.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kubeconfig")]
     envtest: bool,
+    /// Run on the cluster of this kubeconfig (its current context) instead of in-process: the
+    /// CRDs are installed there, and the demo's objects are created in its `default` namespace
+    /// and deleted at the end.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<std::path::PathBuf>,
     #[command(flatten)]
     infrastructure: operator::ProviderArgs,
 }
@@ -29,7 +34,19 @@ pub struct DemoArgs {
 /// Run the demo.
 pub async fn run(args: DemoArgs) -> Result<(), String> {
     let crds = vec![Network::crd(), Cluster::crd()];
-    let (client, _guard): (kube::Client, Box<dyn std::any::Any>) = if args.envtest {
+    let (client, _guard): (kube::Client, Box<dyn std::any::Any>) = if let Some(path) =
+        &args.kubeconfig
+    {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+        actorcile::crds::install(client.clone(), &crds, operator::NAME, operator::CONVERGE)
+            .await
+            .map_err(|e| e.to_string())?;
+        (client, Box::new(()))
+    } else if args.envtest {
         let env = actorcile::envtest::Envtest::builder()
             .crds(crds)
             .start()
