@@ -123,10 +123,7 @@ impl LeaderElection {
 /// `POD_NAME` (set it from the Pod's name with the downward API), else `HOSTNAME`, else
 /// `actorcile`; followed by the process id, so two processes on one machine differ.
 pub fn default_identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "actorcile".into());
-    format!("{host}-{}", std::process::id())
+    format!("{}-{}", crate::names::replica_name(), std::process::id())
 }
 
 fn timings(p: &SupervisorPolicy) -> (Duration, Duration, Duration) {

@@ -1,6 +1,7 @@
 //! The Kubernetes name rules the runtime checks before it writes a name: DNS subdomains and
 //! qualified names (finalizers, condition types). The API server enforces the same rules; the
 //! runtime checks first so a bad name is a typed error at start-up, not a failed write later.
+//! Also the name this replica goes by, the base of the ids a runtime gives itself.
 
 /// Whether `s` is a DNS subdomain (RFC 1123): at most 253 characters, lowercase alphanumeric
 /// labels of at most 63 characters joined by `.`, each label starting and ending alphanumeric
@@ -42,4 +43,13 @@ pub fn is_prefixed_qualified_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// This replica's name: `POD_NAME` (set it from the Pod's name with the downward API), else
+/// `HOSTNAME`, else `actorcile`. The base of the ids a runtime gives itself (guard lock
+/// holders, leader election identities), which add a suffix so two processes differ.
+pub(crate) fn replica_name() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "actorcile".into())
 }

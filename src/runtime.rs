@@ -830,21 +830,24 @@ impl RuntimeBuilder {
     /// [`needs`](crate::provisioners::Step::needs)), Events, the CRDs it installs, and the
     /// Lease of its leader election.
     pub fn cluster_role(&self, name: &str) -> k8s_openapi::api::rbac::v1::ClusterRole {
-        let mut rules: Vec<_> = self.controllers.iter().flat_map(|c| c.rules()).collect();
-        rules.extend(self.own_rules());
-        rules.extend(
-            self.controllers
-                .iter()
-                .flat_map(|c| c.step_rules())
-                .map(|s| s.rule),
-        );
+        let mut rules = self.own_rules();
+        rules.extend(self.step_rules().into_iter().map(|s| s.rule));
         crate::rbac::cluster_role(name, crate::rbac::merge(rules))
     }
 
-    /// What the runtime needs besides its kinds: installing its CRDs, and the Lease of its
+    /// What the trees' steps declare they need.
+    fn step_rules(&self) -> Vec<crate::rbac::StepRule> {
+        self.controllers
+            .iter()
+            .flat_map(|c| c.step_rules())
+            .collect()
+    }
+
+    /// What the runtime itself needs (without Events, which [`crate::rbac::cluster_role`]
+    /// adds): its kinds (their configs and Secrets), installing its CRDs, and the Lease of its
     /// leader election.
     fn own_rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
-        let mut rules = Vec::new();
+        let mut rules: Vec<_> = self.controllers.iter().flat_map(|c| c.rules()).collect();
         if !self.crds.is_empty() {
             rules.push(crate::rbac::rule_for::<
                 k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
@@ -921,14 +924,9 @@ impl RuntimeBuilder {
             }
         }
         if self.preflight {
-            let mut own: Vec<_> = self.controllers.iter().flat_map(|c| c.rules()).collect();
+            let mut own = self.own_rules();
             own.extend(crate::rbac::common_rules());
-            own.extend(self.own_rules());
-            let steps: Vec<_> = self
-                .controllers
-                .iter()
-                .flat_map(|c| c.step_rules())
-                .collect();
+            let steps = self.step_rules();
             let missing = crate::rbac::missing_step_permissions(&self.client, &own, &steps).await?;
             if !missing.is_empty() {
                 return Err(Error::Forbidden(missing));
@@ -1259,16 +1257,12 @@ impl RuntimeHandle {
     pub async fn escalated(&mut self) -> Error {
         loop {
             let failure = self.escalated.borrow().clone();
-            match failure {
-                Some(ManagerFailure::Escalated(e)) => {
-                    self.health.set_failed();
-                    return Error::Escalated(e);
-                }
-                Some(ManagerFailure::Other(e)) => {
-                    self.health.set_failed();
-                    return Error::ManagerFailed(e);
-                }
-                None => {}
+            if let Some(failure) = failure {
+                self.health.set_failed();
+                return match failure {
+                    ManagerFailure::Escalated(e) => Error::Escalated(e),
+                    ManagerFailure::Other(e) => Error::ManagerFailed(e),
+                };
             }
             if self.escalated.changed().await.is_err() {
                 std::future::pending::<()>().await;

@@ -265,10 +265,9 @@ pub struct HistogramSnapshot {
 pub(crate) type ReadGauges = Box<dyn Fn() -> (u64, u64, u64) + Send + Sync>;
 
 /// One controller's own figures (the runtime-wide ones are in [`MetricsSnapshot`]).
-#[derive(Default)]
 pub(crate) struct KindMetrics {
     pub(crate) kind: String,
-    gauges: Option<ReadGauges>,
+    gauges: ReadGauges,
     results: [AtomicU64; RunResult::ALL.len()],
     pub(crate) run_duration: Histogram,
     pub(crate) due_to_start: Histogram,
@@ -288,8 +287,12 @@ impl KindMetrics {
     pub(crate) fn new(kind: &str, gauges: ReadGauges) -> Self {
         Self {
             kind: kind.to_string(),
-            gauges: Some(gauges),
-            ..Self::default()
+            gauges,
+            results: Default::default(),
+            run_duration: Histogram::default(),
+            due_to_start: Histogram::default(),
+            events: AtomicU64::new(0),
+            events_dropped: AtomicU64::new(0),
         }
     }
 
@@ -299,7 +302,7 @@ impl KindMetrics {
     }
 
     pub(crate) fn snapshot(&self) -> KindMetricsSnapshot {
-        let (objects, wake_ups, waiting) = self.gauges.as_ref().map_or((0, 0, 0), |f| f());
+        let (objects, wake_ups, waiting) = (self.gauges)();
         KindMetricsSnapshot {
             wake_ups,
             waiting,

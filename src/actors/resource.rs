@@ -102,9 +102,14 @@ impl<K: ManagedResource> ResourceState<K> {
 
     /// A pass is due (from now, unless it already was).
     fn mark_due(&mut self) {
+        self.mark_due_since(Instant::now);
+    }
+
+    /// A pass is due since `since()` (read only if it was not due already).
+    fn mark_due_since(&mut self, since: impl FnOnce() -> Instant) {
         if !self.dirty {
             self.dirty = true;
-            self.due_since = Some(Instant::now());
+            self.due_since = Some(since());
         }
     }
 
@@ -814,10 +819,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                         let sent = slot.as_ref().map_or(due, |s| s.given_at);
                         self.shared.timers.woke(sent);
                     }
-                    if !st.dirty {
-                        st.dirty = true;
-                        st.due_since = Some(due.unwrap_or_else(Instant::now));
-                    }
+                    st.mark_due_since(|| due.unwrap_or_else(Instant::now));
                 }
                 self.run_if_dirty(&myself, st, slot.map(|s| s.permit)).await;
             }

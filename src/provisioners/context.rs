@@ -65,10 +65,7 @@ impl ControllerParts {
 /// A holder id for a runtime's locks: the pod's name (or the host's) and a random suffix, so two
 /// runtimes in one process (or two replicas on one host) never share one.
 pub(crate) fn new_holder_id() -> String {
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "actorcile".into());
-    format!("{host}-{:08x}", fastrand::u32(..))
+    format!("{}-{:08x}", crate::names::replica_name(), fastrand::u32(..))
 }
 
 /// What the steps of one pass wrote to the object itself (conditions, locks, finalizers): the

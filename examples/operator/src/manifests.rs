@@ -24,12 +24,6 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
             "apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": operator::NAME, "namespace": namespace},
         }),
-        {
-            let mut v = serde_json::to_value(&role).map_err(|e| e.to_string())?;
-            v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
-            v["kind"] = "ClusterRole".into();
-            v
-        },
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": operator::NAME},
@@ -76,14 +70,16 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
             },
         },
     }));
-    let mut out = String::new();
-    for (i, d) in docs.iter().enumerate() {
-        if i > 0 {
-            out.push_str("---\n");
-        }
-        out.push_str(&serde_norway::to_string(d).map_err(|e| e.to_string())?);
+    let mut yaml = Vec::with_capacity(docs.len() + 1);
+    for d in &docs {
+        yaml.push(serde_norway::to_string(d).map_err(|e| e.to_string())?);
     }
-    Ok(out)
+    // After the ServiceAccount, as the role's YAML from the runtime's own renderer.
+    yaml.insert(
+        1,
+        actorcile::rbac::to_yaml(&role).map_err(|e| e.to_string())?,
+    );
+    Ok(yaml.join("---\n"))
 }
 
 #[cfg(test)]
