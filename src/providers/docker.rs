@@ -34,7 +34,7 @@ use bollard::query_parameters::{
 };
 use tokio::time::Instant;
 
-use super::{NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError};
+use super::{NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError, nodes_not_in};
 
 /// How a cluster's nodes are labelled: the cluster label, the role label, and the role values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -320,15 +320,10 @@ impl Provider for DockerProvider {
     }
 
     async fn start_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
-        let nodes = self.list_nodes(cluster).await?;
-        if nodes.is_empty() {
-            return Err(ProviderError::NoNodes {
-                cluster: cluster.into(),
-            });
-        }
+        let nodes = nodes_not_in(self, cluster, NodeState::Running).await?;
         // One deadline for the whole cluster, in name order.
         let deadline = Instant::now() + self.timeout;
-        for n in nodes.iter().filter(|n| n.state != NodeState::Running) {
+        for n in &nodes {
             self.engine_until(
                 "start",
                 &n.name,
@@ -346,15 +341,10 @@ impl Provider for DockerProvider {
     }
 
     async fn stop_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
-        let nodes = self.list_nodes(cluster).await?;
-        if nodes.is_empty() {
-            return Err(ProviderError::NoNodes {
-                cluster: cluster.into(),
-            });
-        }
+        let nodes = nodes_not_in(self, cluster, NodeState::Stopped).await?;
         // One deadline for the whole cluster, in name order.
         let deadline = Instant::now() + self.timeout;
-        for n in nodes.iter().filter(|n| n.state != NodeState::Stopped) {
+        for n in &nodes {
             stop_until(self, n, deadline).await?;
         }
         Ok(())

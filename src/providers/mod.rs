@@ -244,13 +244,7 @@ pub trait Provider: Send + Sync {
 
     /// Start every node of `cluster`, in name order; [`ProviderError::NoNodes`] without nodes.
     async fn start_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
-        let nodes = self.list_nodes(cluster).await?;
-        if nodes.is_empty() {
-            return Err(ProviderError::NoNodes {
-                cluster: cluster.into(),
-            });
-        }
-        for n in nodes.iter().filter(|n| n.state != NodeState::Running) {
+        for n in &nodes_not_in(self, cluster, NodeState::Running).await? {
             self.start_node(n).await?;
         }
         Ok(())
@@ -258,13 +252,7 @@ pub trait Provider: Send + Sync {
 
     /// Stop every node of `cluster`, in name order; [`ProviderError::NoNodes`] without nodes.
     async fn stop_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
-        let nodes = self.list_nodes(cluster).await?;
-        if nodes.is_empty() {
-            return Err(ProviderError::NoNodes {
-                cluster: cluster.into(),
-            });
-        }
-        for n in nodes.iter().filter(|n| n.state != NodeState::Stopped) {
+        for n in &nodes_not_in(self, cluster, NodeState::Stopped).await? {
             self.stop_node(n).await?;
         }
         Ok(())
@@ -287,6 +275,23 @@ pub trait Provider: Send + Sync {
     async fn cluster_status(&self, cluster: &str) -> Result<Option<ClusterStatus>, ProviderError> {
         Ok(ClusterStatus::from_nodes(self.list_nodes(cluster).await?))
     }
+}
+
+/// The nodes of `cluster` not in `state` yet, in name order; [`ProviderError::NoNodes`] when
+/// it has none (what [`Provider::start_nodes`] and [`Provider::stop_nodes`] work through).
+pub(crate) async fn nodes_not_in<P: Provider + ?Sized>(
+    provider: &P,
+    cluster: &str,
+    state: NodeState,
+) -> Result<Vec<NodeInfo>, ProviderError> {
+    let mut nodes = provider.list_nodes(cluster).await?;
+    if nodes.is_empty() {
+        return Err(ProviderError::NoNodes {
+            cluster: cluster.into(),
+        });
+    }
+    nodes.retain(|n| n.state != state);
+    Ok(nodes)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //! # }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -59,6 +59,8 @@ struct State {
     rng: fastrand::Rng,
     /// node name → node
     nodes: BTreeMap<String, NodeInfo>,
+    /// cluster → its nodes' names (listing a cluster does not scan every node of the run)
+    clusters: BTreeMap<String, BTreeSet<String>>,
     /// Calls so far (reported by [`SimulatedProvider::calls`]).
     calls: u64,
 }
@@ -71,6 +73,7 @@ impl SimulatedProvider {
             state: Mutex::new(State {
                 rng: fastrand::Rng::with_seed(seed),
                 nodes: BTreeMap::new(),
+                clusters: BTreeMap::new(),
                 calls: 0,
             }),
         }
@@ -120,41 +123,34 @@ impl Provider for SimulatedProvider {
     async fn create_node(&self, cluster: &str, spec: &NodeSpec) -> Result<NodeInfo, ProviderError> {
         self.call("create", &spec.name).await?;
         let mut st = self.lock();
-        Ok(st
-            .nodes
-            .entry(spec.name.clone())
-            .or_insert_with(|| NodeInfo {
-                name: spec.name.clone(),
-                cluster: cluster.to_string(),
-                role: spec.role,
-                state: NodeState::Created,
-            })
-            .clone())
+        if let Some(existing) = st.nodes.get(&spec.name) {
+            return Ok(existing.clone());
+        }
+        let node = NodeInfo {
+            name: spec.name.clone(),
+            cluster: cluster.to_string(),
+            role: spec.role,
+            state: NodeState::Created,
+        };
+        st.nodes.insert(spec.name.clone(), node.clone());
+        st.clusters
+            .entry(cluster.to_string())
+            .or_default()
+            .insert(spec.name.clone());
+        Ok(node)
     }
 
     async fn list_nodes(&self, cluster: &str) -> Result<Vec<NodeInfo>, ProviderError> {
         self.call("list", cluster).await?;
-        Ok(self
-            .lock()
-            .nodes
-            .values()
-            .filter(|n| n.cluster == cluster)
-            .cloned()
-            .collect())
+        let st = self.lock();
+        let names = st.clusters.get(cluster).into_iter().flatten();
+        Ok(names.filter_map(|n| st.nodes.get(n)).cloned().collect())
     }
 
     async fn list_clusters(&self) -> Result<Vec<String>, ProviderError> {
         self.call("list", "*").await?;
-        let mut clusters: Vec<String> = self
-            .lock()
-            .nodes
-            .values()
-            .map(|n| n.cluster.clone())
-            .collect();
-        clusters.dedup();
-        clusters.sort();
-        clusters.dedup();
-        Ok(clusters)
+        // Sorted and unique: the keys of the index (a cluster leaves it with its last node).
+        Ok(self.lock().clusters.keys().cloned().collect())
     }
 
     async fn start_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
@@ -196,7 +192,15 @@ impl Provider for SimulatedProvider {
 
     async fn delete_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
         self.call("delete", &node.name).await?;
-        self.lock().nodes.remove(&node.name);
+        let mut st = self.lock();
+        if let Some(gone) = st.nodes.remove(&node.name)
+            && let Some(names) = st.clusters.get_mut(&gone.cluster)
+        {
+            names.remove(&gone.name);
+            if names.is_empty() {
+                st.clusters.remove(&gone.cluster);
+            }
+        }
         Ok(())
     }
 }
