@@ -39,6 +39,7 @@ use crate::leader::LeaderElection;
 use crate::metrics::{ApiMetrics, Registry};
 use crate::policy::SupervisorPolicy;
 use crate::runtime::{Runtime, RuntimeBuilder};
+use crate::sharding::Sharding;
 use crate::telemetry::LogFormat;
 
 /// The runtime's flags.
@@ -108,14 +109,32 @@ pub struct RuntimeArgs {
     )]
     pub leader_elect_namespace: Option<String>,
 
-    /// This replica's identity in the election [default: $POD_NAME (else $HOSTNAME) and the
-    /// process id]
+    /// This replica's identity in the election or among the shards' holders [default:
+    /// $POD_NAME (else $HOSTNAME) and the process id]
     #[arg(long, env = "ACTORCILE_IDENTITY", value_name = "ID")]
     pub identity: Option<String>,
 
     /// Do not watch while standing by (a takeover then lists first; less memory on standbys)
     #[arg(long, env = "ACTORCILE_COLD_STANDBY")]
     pub cold_standby: bool,
+
+    /// Split the objects across the replicas in N shards, each a Lease (not with
+    /// --leader-elect)
+    #[arg(long, env = "ACTORCILE_SHARDS", value_name = "N")]
+    pub shards: Option<u32>,
+
+    /// The shard Leases' name prefix
+    #[arg(
+        long,
+        env = "ACTORCILE_SHARDS_LEASE_PREFIX",
+        value_name = "PREFIX",
+        default_value = "actorcile-shards"
+    )]
+    pub shards_lease_prefix: String,
+
+    /// The shard Leases' namespace [default: $POD_NAMESPACE, else default]
+    #[arg(long, env = "ACTORCILE_SHARDS_NAMESPACE", value_name = "NAMESPACE")]
+    pub shards_namespace: Option<String>,
 }
 
 impl RuntimeArgs {
@@ -172,7 +191,8 @@ impl RuntimeArgs {
     }
 
     /// A runtime builder set up as the flags say: policy, admin address, namespace, RBAC
-    /// preflight, leader election. Register controllers (and a metrics registry) on it.
+    /// preflight, leader election or sharding. Register controllers (and a metrics registry)
+    /// on it.
     pub fn builder(&self, client: Client) -> Result<RuntimeBuilder, Error> {
         let mut builder = Runtime::builder(client)
             .policy(self.policy()?)
@@ -181,12 +201,21 @@ impl RuntimeArgs {
         if let Some(ns) = &self.namespace {
             builder = builder.namespace(ns);
         }
-        if self.leader_elect {
-            let namespace = self
-                .leader_elect_namespace
-                .clone()
+        let pod_namespace = |flag: &Option<String>| {
+            flag.clone()
                 .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| "default".into());
+                .unwrap_or_else(|| "default".into())
+        };
+        if let Some(n) = self.shards {
+            let mut sharding = Sharding::new(n, pod_namespace(&self.shards_namespace))
+                .lease_prefix(&self.shards_lease_prefix);
+            if let Some(id) = &self.identity {
+                sharding = sharding.identity(id);
+            }
+            builder = builder.sharding(sharding);
+        }
+        if self.leader_elect {
+            let namespace = pod_namespace(&self.leader_elect_namespace);
             let mut election = LeaderElection::new(&self.leader_elect_lease, namespace)
                 .warm_standby(!self.cold_standby);
             if let Some(id) = &self.identity {
@@ -267,6 +296,9 @@ mod tests {
             "ACTORCILE_LEADER_ELECT_NAMESPACE",
             "ACTORCILE_IDENTITY",
             "ACTORCILE_COLD_STANDBY",
+            "ACTORCILE_SHARDS",
+            "ACTORCILE_SHARDS_LEASE_PREFIX",
+            "ACTORCILE_SHARDS_NAMESPACE",
         ] {
             assert!(help.contains(var), "{var} missing from --help:\n{help}");
         }

@@ -3,7 +3,9 @@
 //! [`RuntimeHandle::health`](crate::runtime::RuntimeHandle::health).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::sharding::Shards;
 
 /// What the probes answer from: set by the runtime as it starts and stops.
 ///
@@ -20,6 +22,8 @@ pub struct Health {
     standby: AtomicBool,
     stopping: AtomicBool,
     failed: AtomicBool,
+    /// With sharding, the shards this replica holds.
+    shards: OnceLock<Arc<Shards>>,
 }
 
 /// A probe's answer.
@@ -44,6 +48,20 @@ impl Health {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((kind.to_string(), synced));
+    }
+
+    pub(crate) fn set_shards(&self, shards: Arc<Shards>) {
+        let _ = self.shards.set(shards);
+    }
+
+    /// With sharding, the shards this replica holds now (empty without).
+    pub fn shards_held(&self) -> Vec<u32> {
+        self.shards.get().map(|s| s.held()).unwrap_or_default()
+    }
+
+    /// With sharding, how many shards there are (`None` without).
+    pub fn shard_count(&self) -> Option<u32> {
+        self.shards.get().map(|s| s.count())
     }
 
     pub(crate) fn set_started(&self) {
@@ -129,10 +147,20 @@ impl Health {
             .map(|(k, _)| k.as_str())
             .collect();
         if listing.is_empty() {
-            Probe {
-                ok: true,
-                detail: "ok".into(),
-            }
+            let detail = match self.shard_count() {
+                // A replica holding no shard is ready too: it takes shards as others leave.
+                Some(n) => {
+                    let held = self.shards_held();
+                    let list: Vec<String> = held.iter().map(u32::to_string).collect();
+                    format!(
+                        "ok; shards held: {} of {n} [{}]",
+                        held.len(),
+                        list.join(",")
+                    )
+                }
+                None => "ok".into(),
+            };
+            Probe { ok: true, detail }
         } else {
             Probe {
                 ok: false,

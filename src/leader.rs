@@ -97,26 +97,9 @@ impl LeaderElection {
         if self.identity.is_empty() {
             return Err(invalid("identity", "must not be empty".into()));
         }
-        let (duration, deadline, retry) = timings(policy);
-        if duration < Duration::from_secs(1) || duration.subsec_nanos() != 0 {
-            return Err(invalid(
-                "lease_duration",
-                "must be whole seconds, at least 1 (the Lease API counts seconds)".into(),
-            ));
-        }
-        if deadline >= duration {
-            return Err(invalid(
-                "lease_renew_deadline",
-                "must be shorter than lease_duration (the difference is the fencing margin)".into(),
-            ));
-        }
-        if retry.is_zero() || retry >= deadline {
-            return Err(invalid(
-                "lease_retry_period",
-                "must be longer than zero and shorter than lease_renew_deadline".into(),
-            ));
-        }
-        Ok(())
+        policy
+            .check_lease_timings()
+            .map_err(|(field, problem)| invalid(field, problem))
     }
 }
 

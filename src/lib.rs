@@ -63,6 +63,7 @@ pub mod provisioners;
 pub mod rbac;
 pub mod references;
 pub mod runtime;
+pub mod sharding;
 #[cfg(feature = "operator")]
 mod signals;
 pub mod status;

@@ -31,6 +31,8 @@
 //! | `actorcile_runs_in_flight` | gauge | | passes running now | `controller_runtime_active_workers` |
 //! | `actorcile_max_concurrent_runs` | gauge | | the run slots | `controller_runtime_max_concurrent_reconciles` |
 //! | `actorcile_leader` | gauge | | 1 while this replica runs the controllers (it leads, or there is no election) | `leader_election_master_status` |
+//! | `actorcile_shards` | gauge | | with sharding: how many shards there are | |
+//! | `actorcile_shards_held` | gauge | | with sharding: the shards this replica holds | |
 //! | `actorcile_actors_live` | gauge | | resource actors serving an object | — |
 //! | `actorcile_activations_total` | counter | | objects given a live actor (first, after passivation, after a restart) | — |
 //! | `actorcile_passivations_total` | counter | | actors that handed their idle object back | — |
@@ -208,6 +210,20 @@ impl Collector for RuntimeCollector {
             "1 while this replica runs the controllers (it leads, or there is no election)",
             u64::from(self.health.leading()),
         )?;
+        if let Some(n) = self.health.shard_count() {
+            gauge(
+                e,
+                "actorcile_shards",
+                "Shards the objects are split into (with sharding)",
+                u64::from(n),
+            )?;
+            gauge(
+                e,
+                "actorcile_shards_held",
+                "Shards this replica holds and runs the objects of (with sharding)",
+                self.health.shards_held().len() as u64,
+            )?;
+        }
         gauge(
             e,
             "actorcile_max_concurrent_runs",

@@ -39,9 +39,9 @@
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
 //! | `lock_expiry` | 5 m | how long a guarded step's lock holds: a runtime that dies mid-task holds its object back this long at most; a task running past it is dropped |
-//! | `lease_duration` | 15 s | leader election: how long a Lease whose record stood still blocks candidates (whole seconds) |
-//! | `lease_renew_deadline` | 10 s | leader election: the leader stops every run once it has not renewed for this long (shorter than `lease_duration`: the difference is the fencing margin) |
-//! | `lease_retry_period` | 2 s | leader election: how often candidates try and the leader renews |
+//! | `lease_duration` | 15 s | leader election and sharding: how long a Lease whose record stood still blocks candidates (whole seconds) |
+//! | `lease_renew_deadline` | 10 s | leader election and sharding: the leader (a shard's holder) stops every run (of the shard) once it has not renewed for this long (shorter than `lease_duration`: the difference is the fencing margin) |
+//! | `lease_retry_period` | 2 s | leader election and sharding: how often candidates try and holders renew |
 
 use std::path::Path;
 use std::time::Duration;
@@ -107,15 +107,16 @@ pub struct SupervisorPolicy {
     /// when it runs past it. Longer than the longest guarded task.
     #[serde(with = "humantime_serde")]
     pub lock_expiry: Duration,
-    /// Leader election ([`crate::leader`]): how long a Lease whose record stood still blocks
-    /// candidates. Whole seconds (the Lease API counts seconds).
+    /// Leader election and sharding ([`crate::sharding`]): how long a Lease whose record stood
+    /// still blocks candidates. Whole seconds (the Lease API counts seconds).
     #[serde(with = "humantime_serde")]
     pub lease_duration: Duration,
-    /// Leader election: the leader stops every run once it has not renewed the Lease for this
-    /// long. Shorter than `lease_duration`.
+    /// Leader election and sharding: the leader (a shard's holder) stops every run (of the
+    /// shard) once it has not renewed the Lease for this long. Shorter than `lease_duration`.
     #[serde(with = "humantime_serde")]
     pub lease_renew_deadline: Duration,
-    /// Leader election: how often candidates try to take the Lease and the leader renews it.
+    /// Leader election and sharding: how often candidates try to take a Lease and holders renew
+    /// it.
     #[serde(with = "humantime_serde")]
     pub lease_retry_period: Duration,
     /// Seed for jitter (`None`: random). Set it for reproducible simulations.
@@ -312,6 +313,35 @@ impl PolicyError {
 }
 
 impl SupervisorPolicy {
+    /// Check that the policy's lease timings fit together (leader election and sharding share
+    /// them): the failing field and why.
+    pub(crate) fn check_lease_timings(&self) -> Result<(), (&'static str, String)> {
+        let (duration, deadline, retry) = (
+            self.lease_duration,
+            self.lease_renew_deadline,
+            self.lease_retry_period,
+        );
+        if duration < Duration::from_secs(1) || duration.subsec_nanos() != 0 {
+            return Err((
+                "lease_duration",
+                "must be whole seconds, at least 1 (the Lease API counts seconds)".into(),
+            ));
+        }
+        if deadline >= duration {
+            return Err((
+                "lease_renew_deadline",
+                "must be shorter than lease_duration (the difference is the fencing margin)".into(),
+            ));
+        }
+        if retry.is_zero() || retry >= deadline {
+            return Err((
+                "lease_retry_period",
+                "must be longer than zero and shorter than lease_renew_deadline".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Parse and validate a policy from TOML; missing fields take their defaults.
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
         let p: Self = toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))?;

@@ -37,7 +37,9 @@ use tokio::task::JoinHandle;
 
 use crate::actors::mailbox::Mailbox;
 use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
-use crate::actors::{KindMetrics, Manager, ManagerArgs, Metrics, Shared, Timers, run_feeder};
+use crate::actors::{
+    KindMetrics, Manager, ManagerArgs, Metrics, ShardScope, Shared, Timers, run_feeder,
+};
 use crate::health::Health;
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::policy::SupervisorPolicy;
@@ -45,6 +47,7 @@ use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner, new_hold
 use crate::references::{
     KindHandle, Readiness, ReferenceApi, ReferenceIndex, Target, referrers_in,
 };
+use crate::sharding::{Sharding, Shards};
 use crate::status::ResourceStatus;
 use crate::triggers::SecretRefs;
 use crate::{Error, Escalation, ManagedResource};
@@ -68,6 +71,7 @@ pub struct Controller<K: ManagedResource> {
     secrets: Option<SecretRefs<K>>,
     upgrade: Option<Hook>,
     initialize: Option<Hook>,
+    shard_key: Option<crate::actors::ShardKey<K>>,
 }
 
 /// A controller's start-up hook ([`Controller::on_upgrade`], [`Controller::on_initialize`]).
@@ -116,7 +120,30 @@ impl<K: ManagedResource> Controller<K> {
             secrets: None,
             upgrade: None,
             initialize: None,
+            shard_key: None,
         }
+    }
+
+    /// With [sharding](crate::sharding), the key an object's shard is computed from (default
+    /// `namespace/name`): objects with one key are always in one shard, run by one replica,
+    /// e.g. all objects of a tenant by a tenant label. Derive it from what does not change in
+    /// an object's life (its namespace, a label set at creation): an object whose key changes
+    /// moves to another shard, and the replica that held its old shard stops running it only
+    /// when it sees the change.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// # let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+    /// use kube::ResourceExt;
+    /// let controller = Controller::<App>::new(tree)
+    ///     .shard_key(|app: &App| app.labels().get("tenant").cloned().unwrap_or_default());
+    /// ```
+    pub fn shard_key(mut self, key: impl Fn(&K) -> String + Send + Sync + 'static) -> Self {
+        self.shard_key = Some(Arc::new(key));
+        self
     }
 
     /// Run `hook` once at start-up, before [`Controller::on_initialize`]'s hook and before the
@@ -298,6 +325,8 @@ struct StartCx {
     root: ActorCell,
     holder: Arc<str>,
     health: Arc<Health>,
+    /// With sharding: the shards held, and a fenced client per shard.
+    shards: Option<(Arc<Shards>, Arc<[Arc<Client>]>)>,
 }
 
 struct Started {
@@ -493,6 +522,11 @@ impl<K: ManagedResource> Start for Controller<K> {
             parts,
             config,
             secrets: self.secrets.map(SecretTrigger::new),
+            shards: cx.shards.as_ref().map(|(shards, clients)| ShardScope {
+                shards: shards.clone(),
+                clients: clients.clone(),
+                key: self.shard_key.take(),
+            }),
         });
         let synced = Arc::new(AtomicBool::new(false));
         cx.health.add_kind(&kind, synced.clone());
@@ -523,6 +557,13 @@ impl<K: ManagedResource> Start for Controller<K> {
         cx.health.add_supervisor(manager.get_cell());
         let mailbox = mailbox.bind(manager.clone());
         let _ = handle.manager.set(mailbox.clone());
+        if let Some((shards, _)) = &cx.shards {
+            // A shard acquired: run its objects (the previous holder's work is not known here).
+            let m = mailbox.clone();
+            shards.on_acquired(Box::new(move |shard| {
+                m.send(ManagerMsg::ShardAcquired(shard));
+            }));
+        }
         let mut tasks = Vec::new();
         if let Some(start) = start_config {
             let (listed_tx, listed) = tokio::sync::oneshot::channel();
@@ -653,6 +694,7 @@ pub struct RuntimeBuilder {
     early: Option<Early>,
     /// Start with no run slot: watch and cache, run nothing ([`RuntimeHandle::lead`]).
     gated: bool,
+    sharding: Option<Sharding>,
 }
 
 /// A replica waiting for the Lease: its controllers started and gated, or not yet started.
@@ -696,6 +738,7 @@ impl Runtime {
             leader: None,
             early: None,
             gated: false,
+            sharding: None,
         }
     }
 }
@@ -783,6 +826,18 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Split the objects of every controller across the operator's replicas by Leases
+    /// ([`crate::sharding`]): this replica runs only the objects of the shards it holds, and
+    /// releases them when it shuts down. Works with [`RuntimeBuilder::start`] and
+    /// [`RuntimeBuilder::run`]; not together with
+    /// [leader election](RuntimeBuilder::leader_election) (sharding with one replica is the
+    /// same as leading). The policy's `lease_duration`, `lease_renew_deadline` and
+    /// `lease_retry_period` set the timings.
+    pub fn sharding(mut self, sharding: Sharding) -> Self {
+        self.sharding = Some(sharding);
+        self
+    }
+
     /// The health state, the metrics and the admin server (bound now: a bind failure is a
     /// start-up error).
     async fn prepare(&mut self) -> Result<Early, Error> {
@@ -828,7 +883,7 @@ impl RuntimeBuilder {
     /// Secrets, what their trees' steps declare ([`Provisioner::rules`]: the children kinds of
     /// [`resource`](crate::provisioners::resource()), a CD driver's, a step's
     /// [`needs`](crate::provisioners::Step::needs)), Events, the CRDs it installs, and the
-    /// Lease of its leader election.
+    /// Leases of its leader election or sharding.
     pub fn cluster_role(&self, name: &str) -> k8s_openapi::api::rbac::v1::ClusterRole {
         let mut rules = self.own_rules();
         rules.extend(self.step_rules().into_iter().map(|s| s.rule));
@@ -858,6 +913,13 @@ impl RuntimeBuilder {
             rules.push(crate::rbac::rule_for::<
                 k8s_openapi::api::coordination::v1::Lease,
             >(&["get", "create", "update"]));
+        }
+        if self.sharding.is_some() {
+            rules.push(crate::rbac::rule_for::<
+                k8s_openapi::api::coordination::v1::Lease,
+            >(&[
+                "get", "list", "create", "update", "delete",
+            ]));
         }
         rules
     }
@@ -902,6 +964,16 @@ impl RuntimeBuilder {
                 });
             }
             c.validate()?;
+        }
+        if let Some(sharding) = &self.sharding {
+            sharding.validate(&self.policy)?;
+            #[cfg(feature = "operator")]
+            if self.leader.is_some() {
+                return Err(Error::Invalid {
+                    field: "sharding".into(),
+                    problem: "sharding and leader election exclude each other (one shard is the same as leading)".into(),
+                });
+            }
         }
         Ok(())
     }
@@ -969,6 +1041,13 @@ impl RuntimeBuilder {
             self.client.clone(),
             self.policy.dependency_watch_idle,
         );
+        let shards = self.sharding.as_ref().map(|s| {
+            let shards = Arc::new(Shards::new(s.shards));
+            let clients: Arc<[Arc<Client>]> =
+                crate::sharding::fenced_clients(&self.client, &shards).into();
+            health.set_shards(shards.clone());
+            (shards, clients)
+        });
         let cx = StartCx {
             client: self.client,
             // Gated (a warm standby): no slot, so no pass and no activation, until it leads.
@@ -986,6 +1065,7 @@ impl RuntimeBuilder {
             root: root.get_cell(),
             holder: Arc::from(new_holder_id().as_str()),
             health: health.clone(),
+            shards,
         };
         let mut handle = RuntimeHandle {
             holder: cx.holder.clone(),
@@ -998,6 +1078,7 @@ impl RuntimeBuilder {
             root_task,
             shutdown_timeout: self.policy.shutdown_timeout,
             health: health.clone(),
+            keeper: None,
             #[cfg(feature = "operator")]
             admin,
             #[cfg(feature = "operator")]
@@ -1012,6 +1093,17 @@ impl RuntimeBuilder {
                     return Err(e);
                 }
             }
+        }
+        // The keeper starts once every manager listens for the shards it acquires.
+        if let (Some(sharding), Some((shards, _))) = (self.sharding, &cx.shards) {
+            let keeper = crate::sharding::keeper::Keeper::new(
+                cx.client.clone(),
+                sharding,
+                shards.clone(),
+                &cx.policy,
+            );
+            let (stop, stopped) = watch::channel(false);
+            handle.keeper = Some((stop, tokio::spawn(keeper.run(stopped))));
         }
         health.set_started();
         Ok(handle)
@@ -1159,6 +1251,11 @@ pub struct RuntimeHandle {
     root_task: JoinHandle<()>,
     shutdown_timeout: std::time::Duration,
     health: Arc<Health>,
+    /// With sharding: stops the shard keeper, which hands itself back to release the shards.
+    keeper: Option<(
+        watch::Sender<bool>,
+        JoinHandle<crate::sharding::keeper::Keeper>,
+    )>,
     #[cfg(feature = "operator")]
     admin: Option<crate::admin::AdminServer>,
     #[cfg(feature = "operator")]
@@ -1199,6 +1296,7 @@ impl RuntimeHandle {
                 .started
                 .iter()
                 .flat_map(|s| s.tasks.iter().map(|t| t.abort_handle()))
+                .chain(self.keeper.iter().map(|(_, k)| k.abort_handle()))
                 .collect(),
             root: self.root.get_cell(),
         }
@@ -1208,6 +1306,12 @@ impl RuntimeHandle {
     #[cfg(feature = "operator")]
     fn lead(&self, slots: usize) {
         self.runs.add_permits(slots);
+    }
+
+    /// With [sharding](RuntimeBuilder::sharding), the shards this replica holds now (runs the
+    /// objects of), in order; without, empty.
+    pub fn shards_held(&self) -> Vec<u32> {
+        self.health.shards_held()
     }
 
     /// What the health probes answer ([`crate::health`]).
@@ -1290,6 +1394,13 @@ impl RuntimeHandle {
                 child.kill();
             }
             let _ = s.manager.stop_and_wait(Some("shutdown".into()), None).await;
+        }
+        // No pass runs any more: give the shards up, so the other replicas take them at once.
+        if let Some((stop, keeper)) = self.keeper {
+            let _ = stop.send(true);
+            if let Ok(keeper) = keeper.await {
+                keeper.release_all().await;
+            }
         }
         let _ = self.root.stop_and_wait(None, None).await;
         let _ = self.root_task.await;

@@ -122,6 +122,10 @@ impl<K: ManagedResource> Manager<K> {
         key: ObjectRef<K>,
         passive: Option<PassiveState>,
     ) {
+        if !self.shared.owns(&key) {
+            self.unowned(st, key);
+            return;
+        }
         if st.objects.len() == st.objects.capacity() {
             // A full map would double, rehash and touch fresh memory (and again at the next
             // power of two: at 10k new objects that was a third of the manager's time); grow
@@ -362,6 +366,10 @@ impl<K: ManagedResource> Manager<K> {
             st.objects.remove(&key);
             return;
         };
+        if !self.shared.owns(&key) {
+            self.unowned(st, key);
+            return;
+        }
         ps.pending_run |= notified;
         if ps.pending_run || is_news(&ps, version_of(obj.as_ref())) {
             self.activate(myself, st, key, Some(ps));
@@ -374,6 +382,51 @@ impl<K: ManagedResource> Manager<K> {
         });
         if let Some(entry) = st.objects.get_mut(&key) {
             entry.life = Life::Passive(ps, timer);
+        }
+    }
+
+    /// `key` is in a shard another replica runs ([`crate::sharding`]): keep nothing of it (the
+    /// replica that acquires its shard runs it), and tell the reference index its readiness as
+    /// its status says, so those here that wait on it are woken by its watch events.
+    fn unowned(&self, st: &mut ManagerState<K>, key: ObjectRef<K>) {
+        if let Some(entry) = st.objects.remove(&key)
+            && let Life::Passive(_, Some(_)) = entry.life
+        {
+            st.passive_timers.cancel(key.clone());
+        }
+        if let Some(obj) = self.shared.store.get(&key) {
+            let ready = obj.meta().deletion_timestamp.is_none()
+                && crate::status::ResourceStatus::of(obj.as_ref()).is_ready();
+            let target = self
+                .shared
+                .references
+                .shared_target(crate::references::Target::new(
+                    K::api_version(&()),
+                    K::kind(&()),
+                    key.namespace.as_deref(),
+                    key.name.clone(),
+                ));
+            self.shared.references.mark_ready(&target, ready);
+        }
+    }
+
+    /// Run every object of `shard`, just acquired: each is activated (or woken, if it has a
+    /// live actor) as by a notification.
+    fn shard_acquired(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>, shard: u32) {
+        let Some(scope) = &self.shared.shards else {
+            return;
+        };
+        for obj in self.shared.store.state() {
+            if scope.shard_of(&obj) != shard {
+                continue;
+            }
+            let mut key = ObjectRef::from_obj(obj.as_ref());
+            key.extra = Default::default(); // as the feeder's keys: nothing reads it
+            if st.objects.contains_key(&key) {
+                self.notify(myself, st, key);
+            } else {
+                self.activate(myself, st, key, None);
+            }
         }
     }
 
@@ -646,6 +699,7 @@ impl<K: ManagedResource> Manager<K> {
                 st.drain_scheduled = false;
                 self.drain(myself, st);
             }
+            ManagerMsg::ShardAcquired(shard) => self.shard_acquired(myself, st, shard),
             ManagerMsg::Permit(permit) => {
                 st.awaiting_permit = false;
                 if Self::skip_stale(st) {

@@ -52,6 +52,11 @@
 //!   ractor message it receives, `MailWaiting`, says that the mailbox has mail (`mailbox.rs`).
 //! - **Route**: the feeder's map from object key to the actor serving it. A passive object has no
 //!   route; its events go to the manager.
+//! - **Shard, owned** (with [`crate::sharding`]): an object is *owned* while this replica
+//!   holds its shard. The manager keeps nothing of objects it does not own (it only passes
+//!   their readiness to the reference index); a pass starts only on an owned object, runs
+//!   through its shard's fenced client, and is abandoned (dropped) the moment the shard is
+//!   lost. A shard acquired runs all its objects ([`ManagerMsg::ShardAcquired`](crate::messages::ManagerMsg)).
 //! - **Own writes, echo**: the resource versions produced by the actor's own writes. Their watch
 //!   events (echoes) are not news and run no pass.
 
@@ -85,6 +90,7 @@ use crate::object_api::ObjectApi;
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::{BoxProvisioner, ControllerParts};
 use crate::references::ReferenceIndex;
+use crate::sharding::Shards;
 
 pub(crate) use crate::object_api::version_of;
 pub(crate) use feeder::run_feeder;
@@ -133,12 +139,75 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub config: Option<Arc<dyn triggers::ConfigView>>,
     /// The controller's Secrets trigger, if it has one.
     pub secrets: Option<triggers::SecretTrigger<K>>,
+    /// With sharding: which objects this replica may run, and their fenced clients.
+    pub shards: Option<ShardScope<K>>,
+}
+
+/// A controller's shard key function ([`Controller::shard_key`](crate::runtime::Controller::shard_key)).
+pub(crate) type ShardKey<K> = Arc<dyn Fn(&K) -> String + Send + Sync>;
+
+/// A sharded controller's view of the shards: which are held, a fenced client per shard, and
+/// the key function (`None`: `namespace/name`).
+pub(crate) struct ShardScope<K> {
+    pub shards: Arc<Shards>,
+    pub clients: Arc<[Arc<Client>]>,
+    pub key: Option<ShardKey<K>>,
+}
+
+impl<K: ManagedResource> ShardScope<K> {
+    /// The shard of `obj`.
+    pub(crate) fn shard_of(&self, obj: &K) -> u32 {
+        let n = self.shards.count();
+        match &self.key {
+            Some(f) => crate::sharding::shard_of(&f(obj), n),
+            None => crate::sharding::shard_of(
+                &crate::sharding::object_key(
+                    obj.meta().namespace.as_deref(),
+                    obj.meta().name.as_deref().unwrap_or(""),
+                ),
+                n,
+            ),
+        }
+    }
 }
 
 impl<K: ManagedResource> Shared<K> {
-    /// The API for the object's namespace (or cluster scope).
+    /// The API for the object's namespace (or cluster scope), through the client of its
+    /// shard ([`Shared::client_for`]).
     pub(crate) fn api(&self, obj: &K) -> ObjectApi<K> {
-        ObjectApi::new(Client::clone(&self.client), obj.meta().namespace.as_deref())
+        ObjectApi::new(
+            Client::clone(self.client_for(obj)),
+            obj.meta().namespace.as_deref(),
+        )
+    }
+
+    /// The client a pass of `obj` talks through: with sharding, its shard's, which refuses
+    /// writes once this replica does not hold the shard.
+    pub(crate) fn client_for(&self, obj: &K) -> &Arc<Client> {
+        match &self.shards {
+            Some(scope) => &scope.clients[scope.shard_of(obj) as usize],
+            None => &self.client,
+        }
+    }
+
+    /// Whether this replica runs the object at `key` now: always without sharding; with it,
+    /// when it holds the object's shard (an object not in the store counts as run here: there
+    /// is nothing of it to run, and its removal is handled as usual).
+    pub(crate) fn owns(&self, key: &ObjectRef<K>) -> bool {
+        let Some(scope) = &self.shards else {
+            return true;
+        };
+        let shard = match &scope.key {
+            None => crate::sharding::shard_of(
+                &crate::sharding::object_key(key.namespace.as_deref(), &key.name),
+                scope.shards.count(),
+            ),
+            Some(_) => match self.store.get(key) {
+                Some(obj) => scope.shard_of(&obj),
+                None => return true,
+            },
+        };
+        scope.shards.holds(shard)
     }
 
     /// Patch parameters of every write the actors make: the runtime's field manager.

@@ -275,6 +275,25 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
+    /// The object's shard is not held here any more ([`crate::sharding`]): drop what is due and
+    /// hand the object back (the manager then forgets it), whatever the idle timeout.
+    fn abandon(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        st.dirty = false;
+        st.due_since = None;
+        st.cx = None;
+        st.last_outcome = None;
+        st.permit = None;
+        self.cancel_wake(myself, st);
+        if !st.passivating {
+            st.passivating = true;
+            let id = myself.get_id();
+            self.shared
+                .routes
+                .remove_if(&st.key, |_, a| a.get_id() == id);
+            let _ = myself.cast(ResourceMsg::Passivate);
+        }
+    }
+
     /// Hand the object back to the manager ([`ResourceMsg::Passivate`]): its [`PassiveState`]
     /// goes in [`ManagerMsg::Passivated`], and the actor keeps nothing of it but its wake-up
     /// tokens, ready to adopt the next activation the manager gives it.
@@ -315,13 +334,8 @@ impl<K: ManagedResource> ResourceActor<K> {
         status: Arc<ResourceStatus>,
         config: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Context<K> {
-        Context::with_parts(
-            obj,
-            self.shared.client.clone(),
-            status,
-            self.shared.parts.clone(),
-            config,
-        )
+        let client = self.shared.client_for(&obj).clone();
+        Context::with_parts(obj, client, status, self.shared.parts.clone(), config)
     }
 
     /// What the pass's steps wrote to the object: their versions are the pass's own writes,
@@ -363,6 +377,18 @@ impl<K: ManagedResource> ResourceActor<K> {
                 Err(TryAcquireError::Closed) => return, // the runtime is shutting down
             },
         };
+        // With sharding: only while this replica holds the object's shard (see `fenced`).
+        let mut fence = None;
+        if let (Some(scope), Some(obj)) = (&self.shared.shards, &st.object) {
+            match scope.shards.enter(scope.shard_of(obj)) {
+                Some(guard) => fence = Some(guard),
+                None => {
+                    drop(slot);
+                    self.abandon(myself, st);
+                    return;
+                }
+            }
+        }
         st.dirty = false;
         self.cancel_wake(myself, st);
         let started = Instant::now();
@@ -387,9 +413,22 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
         // Boxed: the pass's state machine is large, and inline it would make every idle
         // actor's task that large.
-        let result = Box::pin(self.run_pass(myself, st, slot))
-            .instrument(span.clone())
-            .await;
+        let pass = Box::pin(self.run_pass(myself, st, slot)).instrument(span.clone());
+        let ran = match fence.as_mut() {
+            None => Some(pass.await),
+            // The shard is lost mid-pass: the pass is dropped where it is (its writes are
+            // refused from the loss on, by the shard's fenced client).
+            Some(guard) => tokio::select! {
+                result = pass => Some(result),
+                _ = guard.lost() => None,
+            },
+        };
+        drop(fence);
+        let Some(result) = ran else {
+            tracing::info!(object = %st.key, "shard lost: pass abandoned");
+            self.abandon(myself, st);
+            return;
+        };
         if let Some(result) = result {
             span.record("outcome", result.as_str());
             self.shared.kind_metrics.ran(result, started.elapsed());

@@ -59,4 +59,6 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// Self-message: the live-actor cap lets the next queued activation start now (see
     /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
     Drain,
+    /// This replica acquired shard `n` ([`crate::sharding`]): run every object of the shard.
+    ShardAcquired(u32),
 }

@@ -10,6 +10,7 @@
 mod demo;
 mod manifests;
 mod operator;
+mod record;
 
 use std::process::ExitCode;
 
@@ -40,6 +41,10 @@ enum Command {
         /// Install (or update) the CRDs at start-up.
         #[arg(long, env = "EXAMPLE_OPERATOR_INSTALL_CRDS")]
         install_crds: bool,
+        /// Append every pass's start and end, and every shard acquired or lost, to this file
+        /// (see `record.rs`; for tests).
+        #[arg(long, hide = true, value_name = "PATH")]
+        record_passes: Option<std::path::PathBuf>,
     },
     /// Print the CRDs as YAML.
     Crds,
@@ -64,7 +69,8 @@ async fn main() -> ExitCode {
             runtime,
             infrastructure,
             install_crds,
-        } => run(*runtime, infrastructure, install_crds).await,
+            record_passes,
+        } => run(*runtime, infrastructure, install_crds, record_passes).await,
         Command::Crds => actorcile::crds::to_yaml(&[Network::crd(), Cluster::crd()])
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),
@@ -86,8 +92,26 @@ async fn run(
     args: RuntimeArgs,
     infrastructure: operator::ProviderArgs,
     install_crds: bool,
+    record_passes: Option<std::path::PathBuf>,
 ) -> Result<(), String> {
-    args.init_tracing().map_err(|e| e.to_string())?;
+    match record_passes {
+        None => args.init_tracing().map_err(|e| e.to_string())?,
+        Some(path) => {
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::util::SubscriberInitExt;
+            let recorder = record::PassRecorder::create(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let filter = tracing_subscriber::EnvFilter::builder()
+                .parse(&args.log_filter)
+                .map_err(|e| e.to_string())?;
+            tracing_subscriber::registry()
+                .with(filter)
+                .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+                .with(recorder)
+                .try_init()
+                .map_err(|e| e.to_string())?;
+        }
+    }
     let mut registry = actorcile::metrics::Registry::default();
     let client = args
         .client(Some(&mut registry))

@@ -1,0 +1,589 @@
+//! The shard keeper: this replica's side of the shard Leases (see the module docs of
+//! [`crate::sharding`]). A task, not an actor: it only reads and writes Leases and flips the
+//! [`Shards`] the actors consult.
+//!
+//! Each round (every `lease_retry_period`) lists the group's Leases once, renews this
+//! replica's member Lease and the shards it holds, gives up what exceeds its fair share and
+//! takes free or expired shards up to it. Between rounds it wakes at the earliest fencing
+//! deadline, so a shard that could not be renewed in time is dropped at that deadline even if
+//! the API does not answer.
+//!
+//! Written on the Lease API directly, like [`crate::leader`]: the maintained Lease crates
+//! (`kube-lease-manager`) manage one Lease per manager and keep the time of the last successful
+//! renewal to themselves, and fencing needs it; a group of Leases is listed here in one request
+//! per round instead of one request per Lease.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Sharding, Shards, fnv1a};
+use crate::policy::SupervisorPolicy;
+
+/// The label naming a Lease's group (the lease prefix).
+pub const GROUP_LABEL: &str = "sharding.actorcile.dev/group";
+/// The label saying what a Lease is: `shard` or `member`.
+pub const ROLE_LABEL: &str = "sharding.actorcile.dev/role";
+
+/// A Lease's record as last observed, and when it last changed (by this replica's clock).
+struct Observed {
+    holder: Option<String>,
+    renew: Option<MicroTime>,
+    duration: Duration,
+    at: Instant,
+}
+
+impl Observed {
+    fn expired(&self, now: Instant) -> bool {
+        self.holder.is_none() || self.at + self.duration <= now
+    }
+}
+
+/// Why a Lease write did not take.
+enum WriteError {
+    /// Someone else wrote it first (or holds it).
+    Conflict,
+    Api(kube::Error),
+}
+
+/// One replica's keeper of its shard Leases.
+pub(crate) struct Keeper {
+    api: Api<Lease>,
+    cfg: Sharding,
+    shards: Arc<Shards>,
+    duration: Duration,
+    renew_deadline: Duration,
+    retry: Duration,
+    /// Every Lease of the group, by name.
+    observed: HashMap<String, Observed>,
+    /// Held shards, with when their last successful write was sent.
+    held: BTreeMap<u32, Instant>,
+    /// Replicas seen alive in the last round (this one included).
+    replicas: usize,
+}
+
+impl Keeper {
+    pub(crate) fn new(
+        client: kube::Client,
+        cfg: Sharding,
+        shards: Arc<Shards>,
+        policy: &SupervisorPolicy,
+    ) -> Self {
+        Self {
+            api: Api::namespaced(client, &cfg.namespace),
+            cfg,
+            shards,
+            duration: policy.lease_duration,
+            renew_deadline: policy.lease_renew_deadline,
+            retry: policy.lease_retry_period,
+            observed: HashMap::new(),
+            held: BTreeMap::new(),
+            replicas: 1,
+        }
+    }
+
+    /// Keep shards until `stop` says so; returns the keeper, still holding its shards (release
+    /// them with [`Keeper::release_all`] once the runs stopped).
+    pub(crate) async fn run(mut self, mut stop: watch::Receiver<bool>) -> Self {
+        loop {
+            let next = Instant::now() + self.retry;
+            let fence = self.earliest_fence();
+            tokio::select! {
+                _ = self.round() => {}
+                _ = sleep_until(fence) => {}
+                _ = stop.wait_for(|s| *s) => return self,
+            }
+            self.enforce_fences();
+            loop {
+                let fence = self.earliest_fence();
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => break,
+                    _ = sleep_until(fence) => self.enforce_fences(),
+                    _ = stop.wait_for(|s| *s) => return self,
+                }
+            }
+        }
+    }
+
+    /// The shards held, and the replicas seen alive in the last round.
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> (Vec<u32>, usize) {
+        (self.held.keys().copied().collect(), self.replicas)
+    }
+
+    fn earliest_fence(&self) -> Option<Instant> {
+        self.held
+            .values()
+            .min()
+            .map(|sent| *sent + self.renew_deadline)
+    }
+
+    /// Drop every shard whose renewal is older than the renew deadline.
+    fn enforce_fences(&mut self) {
+        let now = Instant::now();
+        let lapsed: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, sent)| **sent + self.renew_deadline <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in lapsed {
+            tracing::error!(
+                shard = s,
+                "shard Lease not renewed within the renew deadline: shard lost"
+            );
+            self.lose(s);
+        }
+    }
+
+    fn lose(&mut self, shard: u32) {
+        self.held.remove(&shard);
+        self.shards.lose(shard);
+    }
+
+    /// One round: see the module docs.
+    async fn round(&mut self) {
+        let sent = Instant::now();
+        let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.cfg.lease_prefix));
+        let leases = match self.api.list(&lp).await {
+            Ok(list) => list.items,
+            Err(e) => {
+                tracing::warn!(error = %e, "sharding: cannot list the Leases; retrying");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut by_name = HashMap::new();
+        for lease in leases {
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            self.observe(&name, lease.spec.as_ref(), now);
+            by_name.insert(name, lease);
+        }
+        self.observed.retain(|name, _| by_name.contains_key(name));
+        let me = self.cfg.identity.clone();
+
+        // Another holder on a shard we hold: it is not ours.
+        let taken: Vec<u32> = self
+            .held
+            .keys()
+            .copied()
+            .filter(|s| {
+                let holder = by_name
+                    .get(&self.cfg.shard_lease(*s))
+                    .and_then(|l| l.spec.as_ref()?.holder_identity.clone());
+                holder.as_deref() != Some(me.as_str())
+            })
+            .collect();
+        for s in taken {
+            tracing::error!(
+                shard = s,
+                "another replica holds the shard's Lease: shard lost"
+            );
+            self.lose(s);
+        }
+
+        let member = self.cfg.member_lease();
+        if let Err(WriteError::Api(e)) = self.write(&by_name, &member, "member").await {
+            tracing::warn!(error = %e, "sharding: cannot renew this replica's member Lease");
+        }
+        let members = self
+            .observed
+            .iter()
+            .filter(|(name, o)| {
+                by_name.get(*name).is_some_and(|l| is_role(l, "member"))
+                    && **name != member
+                    && !o.expired(now)
+            })
+            .count();
+        self.replicas = members + 1;
+        let shards = self.shards.count() as usize;
+        let fair = shards.div_ceil(self.replicas);
+
+        for s in self.held.keys().copied().collect::<Vec<_>>() {
+            let name = self.cfg.shard_lease(s);
+            match self.write(&by_name, &name, "shard").await {
+                Ok(()) => self.renewed(s, sent),
+                Err(WriteError::Conflict) => {
+                    tracing::error!(shard = s, "the shard's Lease changed under us: shard lost");
+                    self.lose(s);
+                }
+                Err(WriteError::Api(e)) => {
+                    tracing::warn!(shard = s, error = %e, "could not renew a shard's Lease; retrying")
+                }
+            }
+        }
+
+        while self.held.len() > fair {
+            let s = *self.held.keys().next_back().expect("held is not empty");
+            self.give_up(s).await;
+        }
+
+        if self.held.len() < fair {
+            let offset = (fnv1a(&me) % shards as u64) as usize;
+            for i in 0..shards {
+                if self.held.len() >= fair {
+                    break;
+                }
+                let s = ((offset + i) % shards) as u32;
+                let name = self.cfg.shard_lease(s);
+                let free = self.held.get(&s).is_none()
+                    && self.observed.get(&name).is_none_or(|o| o.expired(now));
+                if !free {
+                    continue;
+                }
+                match self.write(&by_name, &name, "shard").await {
+                    Ok(()) => self.renewed(s, sent),
+                    Err(WriteError::Conflict) => {}
+                    Err(WriteError::Api(e)) => {
+                        tracing::warn!(shard = s, error = %e, "could not take a shard's Lease")
+                    }
+                }
+            }
+        }
+
+        self.remove_dead_members(&by_name, now).await;
+    }
+
+    fn renewed(&mut self, shard: u32, sent: Instant) {
+        self.held.insert(shard, sent);
+        self.shards.hold_until(shard, sent + self.renew_deadline);
+    }
+
+    /// Note a Lease's record; its observation time moves only when it changed.
+    fn observe(&mut self, name: &str, spec: Option<&LeaseSpec>, now: Instant) {
+        let holder = spec
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty());
+        let renew = spec.and_then(|s| s.renew_time.clone());
+        let duration = Duration::from_secs(
+            spec.and_then(|s| s.lease_duration_seconds)
+                .unwrap_or(1)
+                .max(1) as u64,
+        );
+        let changed = self
+            .observed
+            .get(name)
+            .is_none_or(|o| o.holder != holder || o.renew != renew);
+        if changed {
+            self.observed.insert(
+                name.to_string(),
+                Observed {
+                    holder,
+                    renew,
+                    duration,
+                    at: now,
+                },
+            );
+        }
+    }
+
+    /// Take or renew Lease `name` (as listed in `by_name`, or create it) for this replica.
+    async fn write(
+        &mut self,
+        by_name: &HashMap<String, Lease>,
+        name: &str,
+        role: &str,
+    ) -> Result<(), WriteError> {
+        let me = self.cfg.identity.clone();
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let seconds = self.duration.as_secs() as i32;
+        let result = match by_name.get(name) {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_string()),
+                        labels: Some(
+                            [
+                                (GROUP_LABEL.to_string(), self.cfg.lease_prefix.clone()),
+                                (ROLE_LABEL.to_string(), role.to_string()),
+                            ]
+                            .into(),
+                        ),
+                        ..Default::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(me),
+                        lease_duration_seconds: Some(seconds),
+                        acquire_time: Some(now.clone()),
+                        renew_time: Some(now),
+                        lease_transitions: Some(0),
+                        ..Default::default()
+                    }),
+                };
+                self.api.create(&PostParams::default(), &lease).await
+            }
+            Some(current) => {
+                let mut lease = current.clone();
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                if spec.holder_identity.as_deref() != Some(me.as_str()) {
+                    spec.acquire_time = Some(now.clone());
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                }
+                spec.holder_identity = Some(me);
+                spec.lease_duration_seconds = Some(seconds);
+                spec.renew_time = Some(now);
+                self.api.replace(name, &PostParams::default(), &lease).await
+            }
+        };
+        match result {
+            Ok(written) => {
+                self.observe(name, written.spec.as_ref(), Instant::now());
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(WriteError::Conflict),
+            Err(e) => Err(WriteError::Api(e)),
+        }
+    }
+
+    /// Give `shard` up: stop its passes, wait for them, then release its Lease so another
+    /// replica takes it at its next round. A Lease that cannot be released expires instead.
+    async fn give_up(&mut self, shard: u32) {
+        tracing::info!(
+            shard,
+            replicas = self.replicas,
+            "giving a shard up to rebalance"
+        );
+        self.lose(shard);
+        if !self.shards.drained(shard, self.renew_deadline / 2).await {
+            tracing::warn!(
+                shard,
+                "passes of the shard still run; its Lease expires instead of being released"
+            );
+            return;
+        }
+        self.release(&self.cfg.shard_lease(shard)).await;
+    }
+
+    /// Clear the holder of Lease `name` if it is ours (a duration of 1 s, as client-go's
+    /// release).
+    async fn release(&self, name: &str) {
+        let Ok(mut lease) = self.api.get(name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.cfg.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        if let Err(e) = self.api.replace(name, &PostParams::default(), &lease).await {
+            tracing::warn!(lease = name, error = %e, "could not release a Lease; it expires instead");
+        }
+    }
+
+    /// At shutdown, once the runs stopped: release every shard and delete the member Lease, so
+    /// the other replicas take the shards at their next round.
+    pub(crate) async fn release_all(mut self) {
+        for s in self.held.keys().copied().collect::<Vec<_>>() {
+            self.lose(s);
+            self.release(&self.cfg.shard_lease(s)).await;
+        }
+        let member = self.cfg.member_lease();
+        if let Err(e) = self.api.delete(&member, &DeleteParams::default()).await {
+            tracing::warn!(error = %e, "could not delete this replica's member Lease; it expires");
+        }
+        tracing::info!("released every shard");
+    }
+
+    /// Delete member Leases that stood still for three lease durations (replicas that died),
+    /// so the group does not grow with every restart. Preconditioned on what was listed.
+    async fn remove_dead_members(&self, by_name: &HashMap<String, Lease>, now: Instant) {
+        for (name, lease) in by_name {
+            let dead = is_role(lease, "member")
+                && self
+                    .observed
+                    .get(name)
+                    .is_some_and(|o| o.at + 3 * o.duration <= now);
+            if dead {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: lease.metadata.resource_version.clone(),
+                        uid: None,
+                    }),
+                    ..Default::default()
+                };
+                let _ = self.api.delete(name, &dp).await;
+            }
+        }
+    }
+}
+
+fn is_role(lease: &Lease, role: &str) -> bool {
+    lease
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ROLE_LABEL))
+        .is_some_and(|r| r == role)
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ApiServer;
+
+    fn policy() -> SupervisorPolicy {
+        SupervisorPolicy {
+            lease_duration: Duration::from_secs(2),
+            lease_renew_deadline: Duration::from_millis(1500),
+            lease_retry_period: Duration::from_millis(100),
+            ..SupervisorPolicy::default()
+        }
+    }
+
+    fn keeper(client: &kube::Client, id: &str) -> (Keeper, Arc<Shards>) {
+        let shards = Arc::new(Shards::new(12));
+        let cfg = Sharding::new(12, "default").identity(id);
+        (
+            Keeper::new(client.clone(), cfg, shards.clone(), &policy()),
+            shards,
+        )
+    }
+
+    /// Rounds of every keeper, in turn, `n` times.
+    async fn rounds(keepers: &mut [&mut Keeper], n: usize) {
+        for _ in 0..n {
+            for k in keepers.iter_mut() {
+                k.round().await;
+            }
+        }
+    }
+
+    fn disjoint_and_complete(held: &[Vec<u32>]) {
+        let mut all: Vec<u32> = held.iter().flatten().copied().collect();
+        all.sort();
+        assert_eq!(all, (0..12).collect::<Vec<_>>(), "{held:?}");
+    }
+
+    #[tokio::test]
+    async fn replicas_split_the_shards_fairly_and_rebalance_when_one_joins_or_leaves() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (mut a, sa) = keeper(&client, "a");
+        let (mut b, sb) = keeper(&client, "b");
+        let (mut c, sc) = keeper(&client, "c");
+        // Alone, a takes everything.
+        rounds(&mut [&mut a], 1).await;
+        assert_eq!(a.state(), ((0..12).collect(), 1));
+        assert_eq!(sa.held().len(), 12);
+        // b and c join: a gives shards up, they take them; 4 each.
+        rounds(&mut [&mut b, &mut c, &mut a], 3).await;
+        let held = [a.state().0, b.state().0, c.state().0];
+        assert!(held.iter().all(|h| h.len() == 4), "{held:?}");
+        disjoint_and_complete(&held);
+        // What the actors see agrees with the keepers.
+        assert_eq!(sa.held(), held[0]);
+        assert_eq!(sb.held(), held[1]);
+        assert_eq!(sc.held(), held[2]);
+        // More rounds change nothing (no thrashing).
+        rounds(&mut [&mut a, &mut b, &mut c], 3).await;
+        assert_eq!([a.state().0, b.state().0, c.state().0], held);
+
+        // A fourth joins: ⌈12/4⌉ = 3 each.
+        let (mut d, _) = keeper(&client, "d");
+        rounds(&mut [&mut d, &mut a, &mut b, &mut c], 3).await;
+        let held = [a.state().0, b.state().0, c.state().0, d.state().0];
+        assert!(held.iter().all(|h| h.len() == 3), "{held:?}");
+        disjoint_and_complete(&held);
+
+        // d leaves gracefully: its shards are taken at the others' next rounds, not after
+        // expiry (the lease is 2 s; this takes a few 100 ms rounds at most).
+        let left = Instant::now();
+        d.release_all().await;
+        rounds(&mut [&mut a, &mut b, &mut c], 2).await;
+        let held = [a.state().0, b.state().0, c.state().0];
+        assert!(held.iter().all(|h| h.len() == 4), "{held:?}");
+        disjoint_and_complete(&held);
+        assert!(
+            left.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            left.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_shards_of_a_replica_that_stops_renewing_are_taken_only_after_expiry() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (mut a, sa) = keeper(&client, "a");
+        let (mut b, _) = keeper(&client, "b");
+        rounds(&mut [&mut a, &mut b], 3).await;
+        assert_eq!((a.state().0.len(), b.state().0.len()), (6, 6));
+        // a stops (no more rounds, as after kill -9). b keeps going: until a's Leases stood
+        // still for the lease duration, it takes none of them.
+        let stopped = Instant::now();
+        loop {
+            b.round().await;
+            if b.state().0.len() == 12 {
+                break;
+            }
+            let waited = stopped.elapsed();
+            assert!(waited < Duration::from_secs(5), "never taken over");
+            // Before expiry, b holds only its own six.
+            if waited < Duration::from_millis(1900) {
+                assert_eq!(b.state().0.len(), 6, "taken before expiry after {waited:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(stopped.elapsed() >= Duration::from_millis(1900));
+        // a's fence lapsed before that: 1.5 s after its last renewal, whatever its keeper did.
+        assert!(sa.held().is_empty());
+        // And when a comes back, its first round sees another holder: it holds nothing.
+        a.round().await;
+        assert_eq!(
+            a.state().0,
+            Vec::<u32>::new(),
+            "b holds every shard and renews them"
+        );
+        rounds(&mut [&mut a, &mut b], 3).await;
+        let held = [a.state().0, b.state().0];
+        assert!(held.iter().all(|h| h.len() == 6), "{held:?}");
+        disjoint_and_complete(&held);
+    }
+
+    #[tokio::test]
+    async fn a_keeper_whose_writes_fail_drops_its_shards_at_the_renew_deadline() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (a, sa) = keeper(&client, "a");
+        let (stop_tx, stop) = watch::channel(false);
+        let task = tokio::spawn(a.run(stop));
+        let start = Instant::now();
+        while sa.held().len() < 12 {
+            assert!(start.elapsed() < Duration::from_secs(5));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cluster.set_faults(crate::cluster::Faults {
+            error_rate: 1.0,
+            ..Default::default()
+        });
+        let failing = Instant::now();
+        while !sa.held().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let dropped = failing.elapsed();
+        // Within the renew deadline of the last renewal (at most one retry period before the
+        // faults), and before the 2 s lease could expire elsewhere.
+        assert!(
+            dropped >= Duration::from_millis(1300) && dropped < Duration::from_millis(1700),
+            "{dropped:?}"
+        );
+        stop_tx.send(true).unwrap();
+        let keeper = task.await.unwrap();
+        assert!(keeper.state().0.is_empty());
+    }
+}

@@ -1,0 +1,400 @@
+//! Sharding: the objects of every controller split across the operator's replicas by
+//! `coordination.k8s.io/v1` Leases ([`RuntimeBuilder::sharding`](crate::runtime::RuntimeBuilder::sharding)).
+//!
+//! - Every object belongs to one of [`Sharding::shards`] shards: a stable hash of its key
+//!   ([`shard_of`]; the key is `namespace/name`, or what
+//!   [`Controller::shard_key`](crate::runtime::Controller::shard_key) returns, e.g. a tenant
+//!   label so that a tenant's objects stay together).
+//! - Each shard is a Lease, `<lease_prefix>-shard-<n>`. A replica runs the objects of the
+//!   shards whose Lease it holds, and no other.
+//! - Replicas find each other through their member Leases (`<lease_prefix>-member-<hash>`,
+//!   renewed like a shard's). Each holds at most its fair share, ⌈shards / replicas⌉: a replica
+//!   that holds more gives the excess up (highest shard numbers first), one that holds fewer
+//!   takes free or expired shards. A replica that joins therefore gets its share within a few
+//!   retry periods, and one that leaves (or dies) has its shards taken over once they are
+//!   free (at once after a graceful release) or expired (`lease_duration` after its last
+//!   renewal, as the others observed it).
+//! - **Fencing.** A shard is the replica's only while it renewed its Lease within
+//!   `lease_renew_deadline` of sending the renewal (the same rule as [`crate::leader`]): past
+//!   that, or once it sees another holder, or when it gives the shard up, the replica stops
+//!   every pass of the shard's objects (a pass in flight is abandoned), refuses their writes
+//!   ([`ShardNotHeld`]), and starts no new one. Another replica cannot take the Lease before
+//!   `lease_duration` after that renewal, so the two never run one object at the same time.
+//!   A shard given up voluntarily is released only once its passes have stopped.
+//! - Every replica watches and caches every object of its kinds (the others' shards too), so
+//!   a takeover starts reconciling at once, and references and readiness work across shards:
+//!   a waiter on an object of another replica's shard is woken by that object's watch event.
+//!
+//! The policy's `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the
+//! timings (defaults 15 s / 10 s / 2 s, as client-go's leader election).
+//!
+//! ```no_run
+//! use actorcile::sharding::Sharding;
+//! # use actorcile::prelude::*;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+//! # struct AppSpec {}
+//! # async fn run(client: kube::Client) -> Result<(), actorcile::Error> {
+//! let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+//! let handle = Runtime::builder(client)
+//!     .controller(Controller::<App>::new(tree))
+//!     .sharding(Sharding::new(12, "operators").identity("replica-a"))
+//!     .start()
+//!     .await?;
+//! println!("holding shards {:?}", handle.shards_held());
+//! # Ok(()) }
+//! ```
+
+mod fence;
+pub(crate) mod keeper;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+pub use fence::ShardNotHeld;
+pub(crate) use fence::fenced_clients;
+
+use crate::Error;
+use crate::policy::SupervisorPolicy;
+
+/// How a runtime's objects are split across replicas, and this replica's identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sharding {
+    /// How many shards (Leases). Fix it for the operator's life: changing it moves most objects
+    /// to another shard. A few per replica you may run at most is a good number (e.g. 12 for up
+    /// to 4–6 replicas): a replica holds whole shards, so more shards split the work more evenly.
+    pub shards: u32,
+    /// The namespace of the Leases.
+    pub namespace: String,
+    /// The Leases' name prefix (`<prefix>-shard-<n>`, `<prefix>-member-<hash>`).
+    pub lease_prefix: String,
+    /// This replica's identity (the `holderIdentity` of the Leases it holds): unique among the
+    /// replicas.
+    pub identity: String,
+}
+
+impl Sharding {
+    /// `shards` shards on Leases in `namespace`, prefix `actorcile-shards`, identity as
+    /// [`crate::leader::default_identity`]: `$POD_NAME` (else `$HOSTNAME`) and the process id.
+    pub fn new(shards: u32, namespace: impl Into<String>) -> Self {
+        Self {
+            shards,
+            namespace: namespace.into(),
+            lease_prefix: "actorcile-shards".into(),
+            identity: format!("{}-{}", crate::names::replica_name(), std::process::id()),
+        }
+    }
+
+    /// This replica's identity.
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = identity.into();
+        self
+    }
+
+    /// The Leases' name prefix.
+    pub fn lease_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.lease_prefix = prefix.into();
+        self
+    }
+
+    /// Check the shard count, the names and that the policy's lease timings fit together.
+    pub fn validate(&self, policy: &SupervisorPolicy) -> Result<(), Error> {
+        let invalid = |field: &str, problem: String| Error::Invalid {
+            field: format!("sharding {field}"),
+            problem,
+        };
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return Err(invalid(
+                "shards",
+                format!("{} is not between 1 and {MAX_SHARDS}", self.shards),
+            ));
+        }
+        // The longest name: `<prefix>-member-<16 hex digits>`.
+        let longest = format!("{}-member-{:016x}", self.lease_prefix, 0);
+        if !crate::names::is_dns_subdomain(&longest) {
+            return Err(invalid(
+                "lease_prefix",
+                format!(
+                    "{:?} does not make valid Lease names (e.g. {longest:?})",
+                    self.lease_prefix
+                ),
+            ));
+        }
+        if !crate::names::is_dns_subdomain(&self.namespace) {
+            return Err(invalid(
+                "namespace",
+                format!("{:?} is not a valid namespace", self.namespace),
+            ));
+        }
+        if self.identity.is_empty() {
+            return Err(invalid("identity", "must not be empty".into()));
+        }
+        policy.check_lease_timings().map_err(|(f, p)| invalid(f, p))
+    }
+
+    pub(crate) fn shard_lease(&self, shard: u32) -> String {
+        format!("{}-shard-{shard}", self.lease_prefix)
+    }
+
+    pub(crate) fn member_lease(&self) -> String {
+        format!(
+            "{}-member-{:016x}",
+            self.lease_prefix,
+            fnv1a(&self.identity)
+        )
+    }
+}
+
+/// The most shards a runtime may have.
+pub const MAX_SHARDS: u32 = 1024;
+
+/// The shard of an object whose shard key is `key`, of `shards` shards: 64-bit FNV-1a of the
+/// key's bytes, modulo `shards`. Stable across processes, machines and versions of actorcile
+/// (replicas of different builds must agree during a rolling update).
+///
+/// ```
+/// use actorcile::sharding::{object_key, shard_of};
+/// assert_eq!(shard_of(&object_key(Some("default"), "web"), 12), shard_of("default/web", 12));
+/// assert!(shard_of("default/web", 12) < 12);
+/// ```
+pub fn shard_of(key: &str, shards: u32) -> u32 {
+    (fnv1a(key) % u64::from(shards.max(1))) as u32
+}
+
+/// The default shard key of an object: `namespace/name`, or `name` for a cluster-scoped one.
+pub fn object_key(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Which shards this replica holds now, shared by the keeper (which changes it) and the actors
+/// (which ask it before every pass).
+pub(crate) struct Shards {
+    /// Per shard: held (`true`) or not. Passes in flight wait on it to see a loss.
+    held: Vec<watch::Sender<bool>>,
+    /// Per shard: the fencing deadline, as nanoseconds since `base` (0: not held). A shard is
+    /// held only before it, whatever the keeper has got round to.
+    valid_until: Vec<AtomicU64>,
+    base: Instant,
+    /// Per shard: passes running now.
+    in_flight: Vec<AtomicUsize>,
+    idle: Vec<Notify>,
+    /// Called with a shard's number when this replica acquires it (each manager runs the
+    /// shard's objects).
+    listeners: Mutex<Vec<Box<dyn Fn(u32) + Send + Sync>>>,
+}
+
+impl Shards {
+    pub(crate) fn new(count: u32) -> Self {
+        let n = count as usize;
+        Self {
+            held: (0..n).map(|_| watch::channel(false).0).collect(),
+            valid_until: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            base: Instant::now(),
+            in_flight: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            idle: (0..n).map(|_| Notify::new()).collect(),
+            listeners: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn count(&self) -> u32 {
+        self.held.len() as u32
+    }
+
+    /// Whether this replica holds `shard` now: acquired, and before its fencing deadline.
+    pub(crate) fn holds(&self, shard: u32) -> bool {
+        let i = shard as usize;
+        let until = self.valid_until[i].load(Ordering::Acquire);
+        *self.held[i].borrow() && self.nanos(Instant::now()) < until
+    }
+
+    /// The shards held now, in order.
+    pub(crate) fn held(&self) -> Vec<u32> {
+        (0..self.count()).filter(|&s| self.holds(s)).collect()
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_nanos() as u64
+    }
+
+    /// Call `f` with each shard this replica acquires from now on.
+    pub(crate) fn on_acquired(&self, f: Box<dyn Fn(u32) + Send + Sync>) {
+        self.listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(f);
+    }
+
+    /// `shard` is held until `until` (acquired or renewed); on an acquisition, the listeners
+    /// run its objects.
+    pub(crate) fn hold_until(&self, shard: u32, until: Instant) {
+        let i = shard as usize;
+        self.valid_until[i].store(self.nanos(until).max(1), Ordering::Release);
+        // Only the keeper changes `held`: said before it is so, as a loss is said after.
+        if !*self.held[i].borrow() {
+            tracing::info!(shard, "acquired shard");
+            self.held[i].send_replace(true);
+            for f in self
+                .listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+            {
+                f(shard);
+            }
+        }
+    }
+
+    /// `shard` is not held any more: its passes in flight are abandoned, no new one starts.
+    pub(crate) fn lose(&self, shard: u32) {
+        let i = shard as usize;
+        self.valid_until[i].store(0, Ordering::Release);
+        if self.held[i].send_replace(false) {
+            tracing::info!(shard, "shard no longer held: its passes stop");
+        }
+    }
+
+    /// Enter a pass of an object of `shard`: `None` if the shard is not held.
+    pub(crate) fn enter(self: &Arc<Self>, shard: u32) -> Option<PassGuard> {
+        if !self.holds(shard) {
+            return None;
+        }
+        self.in_flight[shard as usize].fetch_add(1, Ordering::AcqRel);
+        Some(PassGuard {
+            lost: self.held[shard as usize].subscribe(),
+            shards: self.clone(),
+            shard,
+        })
+    }
+
+    /// Wait until no pass of `shard` runs (at most `limit`); `false` if some still did.
+    pub(crate) async fn drained(&self, shard: u32, limit: Duration) -> bool {
+        let i = shard as usize;
+        let wait = async {
+            loop {
+                let notified = self.idle[i].notified();
+                if self.in_flight[i].load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+    }
+}
+
+impl std::fmt::Debug for Shards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("count", &self.count())
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+/// A pass of an object of a held shard; dropped when the pass ends.
+pub(crate) struct PassGuard {
+    shards: Arc<Shards>,
+    shard: u32,
+    lost: watch::Receiver<bool>,
+}
+
+impl PassGuard {
+    /// Resolves when the shard is lost (the pass must stop).
+    pub(crate) async fn lost(&mut self) {
+        let _ = self.lost.wait_for(|held| !held).await;
+    }
+}
+
+impl Drop for PassGuard {
+    fn drop(&mut self) {
+        let i = self.shard as usize;
+        if self.shards.in_flight[i].fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shards.idle[i].notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_of_is_stable_and_spread() {
+        // Fixed values: replicas of different builds must agree.
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(shard_of("default/web", 1), 0);
+        let mut counts = [0u32; 12];
+        for i in 0..12_000 {
+            counts[shard_of(&format!("default/obj-{i}"), 12) as usize] += 1;
+        }
+        for c in counts {
+            assert!((800..1200).contains(&c), "uneven: {counts:?}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let p = SupervisorPolicy::default();
+        assert!(Sharding::new(12, "default").validate(&p).is_ok());
+        let e = Sharding::new(0, "default").validate(&p).unwrap_err();
+        assert!(e.to_string().contains("shards"), "{e}");
+        let e = Sharding::new(4, "default")
+            .lease_prefix("Bad_Prefix")
+            .validate(&p)
+            .unwrap_err();
+        assert!(e.to_string().contains("lease_prefix"), "{e}");
+        let e = Sharding::new(4, "not a namespace")
+            .validate(&p)
+            .unwrap_err();
+        assert!(e.to_string().contains("namespace"), "{e}");
+        let bad = SupervisorPolicy {
+            lease_renew_deadline: Duration::from_secs(20),
+            ..p
+        };
+        assert!(Sharding::new(4, "default").validate(&bad).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_is_held_until_its_deadline_and_a_loss_ends_its_passes() {
+        let shards = Arc::new(Shards::new(2));
+        let acquired = Arc::new(Mutex::new(Vec::new()));
+        let a = acquired.clone();
+        shards.on_acquired(Box::new(move |s| a.lock().unwrap().push(s)));
+        assert!(!shards.holds(1) && shards.enter(1).is_none());
+        shards.hold_until(1, Instant::now() + Duration::from_secs(1));
+        shards.hold_until(1, Instant::now() + Duration::from_secs(1)); // a renewal
+        assert_eq!(*acquired.lock().unwrap(), vec![1], "one acquisition");
+        assert_eq!(shards.held(), vec![1]);
+        // Past the deadline it is not held, even before the keeper says so.
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        assert!(!shards.holds(1));
+
+        shards.hold_until(1, Instant::now() + Duration::from_secs(10));
+        let mut pass = shards.enter(1).expect("held");
+        let drained = {
+            let shards = shards.clone();
+            tokio::spawn(async move { shards.drained(1, Duration::from_secs(5)).await })
+        };
+        shards.lose(1);
+        tokio::time::timeout(Duration::from_millis(1), pass.lost())
+            .await
+            .expect("the pass sees the loss at once");
+        drop(pass);
+        assert!(drained.await.unwrap(), "drained once the pass ended");
+        assert!(shards.drained(0, Duration::from_millis(1)).await);
+    }
+}

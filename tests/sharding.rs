@@ -1,0 +1,313 @@
+//! Sharding on the in-process cluster: two runtimes (replicas) split the shards, each runs only
+//! the objects of its shards, readiness crosses shards by watch, a graceful stop hands the
+//! shards over at once, and a replica cut off from the API stops its passes before another
+//! takes its shards. (The same with separate OS processes on a real kube-apiserver is in the
+//! example operator's process test.)
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::sharding::{Sharding, object_key, shard_of};
+use common::*;
+use kube::ResourceExt;
+use kube::api::PostParams;
+use tokio::time::Instant;
+
+const SHARDS: u32 = 4;
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn policy() -> SupervisorPolicy {
+    let mut p = test_policy();
+    // Only messages wake a waiter: a chain across shards converges by watch events, not polls.
+    p.dependency_poll = Duration::from_secs(3600);
+    p.lease_duration = Duration::from_secs(2);
+    p.lease_renew_deadline = Duration::from_millis(1500);
+    p.lease_retry_period = Duration::from_millis(100);
+    p
+}
+
+/// One pass: replica, object, start, end (`None` while running, or if it was abandoned and
+/// `Dropped` recorded its end).
+type Passes = Arc<Mutex<Vec<(String, String, Instant, Option<Instant>)>>>;
+
+/// Records the end of a pass when the step's future is dropped, whether it finished or was
+/// abandoned.
+struct Dropped(Passes, usize);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.lock().unwrap()[self.1].3 = Some(Instant::now());
+    }
+}
+
+/// Waits for `needs`; holds objects named `slow-*` for `hold`.
+fn tree(replica: &str, passes: Passes, hold: Duration) -> impl Provisioner<Widget> + use<> {
+    let replica = replica.to_string();
+    step("record", move |cx: Context<Widget>| {
+        let (replica, passes) = (replica.clone(), passes.clone());
+        async move {
+            let name = cx.object().name_any();
+            let i = {
+                let mut p = passes.lock().unwrap();
+                p.push((replica, name.clone(), Instant::now(), None));
+                p.len() - 1
+            };
+            let _end = Dropped(passes, i);
+            if name.starts_with("slow-") {
+                tokio::time::sleep(hold).await;
+            }
+            for n in &cx.object().spec.needs {
+                let t = Target::for_kind::<Widget>(Some("default"), n);
+                if let Some(wait) = cx.require_ready(&t).await {
+                    return wait;
+                }
+            }
+            Outcome::Done
+        }
+    })
+}
+
+async fn replica(
+    client: &kube::Client,
+    id: &str,
+    passes: &Passes,
+    hold: Duration,
+) -> RuntimeHandle {
+    Runtime::builder(client.clone())
+        .policy(policy())
+        .controller(Controller::<Widget>::new(tree(id, passes.clone(), hold)))
+        .sharding(Sharding::new(SHARDS, "default").identity(id))
+        .start()
+        .await
+        .expect("start a replica")
+}
+
+fn shard(name: &str) -> u32 {
+    shard_of(&object_key(Some("default"), name), SHARDS)
+}
+
+/// Waits until the replicas hold every shard between them, each its fair share, none twice.
+async fn balanced(replicas: &[&RuntimeHandle]) -> Vec<Vec<u32>> {
+    eventually("the shards balanced", LIMIT, || async {
+        let held: Vec<Vec<u32>> = replicas.iter().map(|r| r.shards_held()).collect();
+        let mut all: Vec<u32> = held.iter().flatten().copied().collect();
+        all.sort();
+        let fair = SHARDS.div_ceil(replicas.len() as u32) as usize;
+        (all == (0..SHARDS).collect::<Vec<_>>() && held.iter().all(|h| h.len() <= fair))
+            .then_some(held)
+    })
+    .await
+}
+
+/// No two passes of one object overlap, on any replica.
+fn assert_no_overlap(passes: &Passes) {
+    let mut p = passes.lock().unwrap().clone();
+    p.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
+    for w in p.windows(2) {
+        if w[0].1 == w[1].1 {
+            let end = w[0].3.expect("every pass ended");
+            assert!(
+                end <= w[1].2,
+                "passes of {} overlap: {} until {:?}, {} from {:?}",
+                w[0].1,
+                w[0].0,
+                end,
+                w[1].0,
+                w[1].2
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_split_the_shards_and_run_only_their_objects_and_readiness_crosses_shards() {
+    let (_cluster, client) = cluster();
+    let passes = Passes::default();
+    let a = replica(&client, "a", &passes, Duration::ZERO).await;
+    let b = replica(&client, "b", &passes, Duration::ZERO).await;
+    let held = balanced(&[&a, &b]).await;
+    assert_eq!((held[0].len(), held[1].len()), (2, 2), "{held:?}");
+
+    // A chain w0 → w1 → … → w39 (each needs the next), created dependents first: it converges
+    // only if a replica's waiter is woken by the watch event of a dependency the other
+    // replica made Ready (the dependency poll is an hour).
+    let n = 40;
+    for i in 0..n {
+        let mut w = widget(&format!("w{i}"), 1);
+        if i + 1 < n {
+            w.spec.needs = vec![format!("w{}", i + 1)];
+        }
+        widgets(&client)
+            .create(&PostParams::default(), &w)
+            .await
+            .unwrap();
+    }
+    wait_all_ready(&client, n, LIMIT).await;
+    let crossings = (0..n - 1)
+        .filter(|i| {
+            let (x, y) = (shard(&format!("w{i}")), shard(&format!("w{}", i + 1)));
+            held[0].contains(&x) != held[0].contains(&y)
+        })
+        .count();
+    assert!(
+        crossings > 5,
+        "the chain crosses replicas {crossings} times"
+    );
+
+    // Every pass ran on the replica holding the object's shard, and both ran some.
+    let p = passes.lock().unwrap().clone();
+    for (replica, name, _, _) in &p {
+        let mine = if replica == "a" { &held[0] } else { &held[1] };
+        assert!(
+            mine.contains(&shard(name)),
+            "{replica} ran {name} of shard {} but holds {mine:?}",
+            shard(name)
+        );
+    }
+    assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
+    assert_no_overlap(&passes);
+
+    // b stops gracefully: it releases its shards, and a takes them at its next rounds, long
+    // before the 2 s lease would expire.
+    let stopped = Instant::now();
+    b.shutdown().await;
+    eventually("a holds every shard", LIMIT, || async {
+        (a.shards_held().len() == SHARDS as usize).then_some(())
+    })
+    .await;
+    assert!(
+        stopped.elapsed() < Duration::from_millis(1500),
+        "taken over {:?} after the release",
+        stopped.elapsed()
+    );
+    // An object of one of b's former shards is run by a now.
+    let name = (0..)
+        .map(|i| format!("late{i}"))
+        .find(|n| held[1].contains(&shard(n)))
+        .unwrap();
+    create(&client, &name, 1).await;
+    wait_ready(&client, &name, LIMIT).await;
+    assert!(
+        passes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.0 == "a" && r.1 == name)
+    );
+    assert_no_overlap(&passes);
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards() {
+    let (cluster, client) = cluster();
+    let passes = Passes::default();
+    // a talks to the cluster through a link the test can cut.
+    let cut = Arc::new(AtomicBool::new(false));
+    let link = {
+        let (base, cut) = (cluster.client(), cut.clone());
+        tower::service_fn(move |req| {
+            let (base, cut) = (base.clone(), cut.clone());
+            async move {
+                if cut.load(Ordering::Acquire) {
+                    return Err::<_, tower::BoxError>("cut off".into());
+                }
+                base.send(req).await.map_err(Into::into)
+            }
+        })
+    };
+    let a_client = kube::Client::new(link, "default");
+    let hold = Duration::from_secs(30);
+    let a = replica(&a_client, "a", &passes, hold).await;
+    eventually("a holds every shard", LIMIT, || async {
+        (a.shards_held().len() == SHARDS as usize).then_some(())
+    })
+    .await;
+    // A pass that runs long on a.
+    create(&client, "slow-1", 1).await;
+    eventually("a runs slow-1", LIMIT, || async {
+        passes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.0 == "a" && r.1 == "slow-1")
+            .then_some(())
+    })
+    .await;
+    let b = replica(&client, "b", &passes, Duration::ZERO).await;
+
+    // Cut a off: it cannot renew. Its fence lapses at the renew deadline (1.5 s) and its pass
+    // is abandoned; b may take the shards only once their Leases stood still for the lease
+    // duration (2 s), and then runs slow-1 (in no more than 30 s, its hold).
+    let cut_at = Instant::now();
+    cut.store(true, Ordering::Release);
+    eventually("b runs slow-1", LIMIT, || async {
+        passes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.0 == "b" && r.1 == "slow-1")
+            .then_some(())
+    })
+    .await;
+    let p = passes.lock().unwrap().clone();
+    let on_a = p.iter().find(|r| r.0 == "a" && r.1 == "slow-1").unwrap();
+    let on_b = p.iter().find(|r| r.0 == "b" && r.1 == "slow-1").unwrap();
+    let a_end = on_a.3.expect("a's pass was abandoned");
+    assert!(
+        a_end < on_b.2,
+        "a's pass ended {:?} after b's started",
+        a_end - on_b.2
+    );
+    assert!(
+        a_end.duration_since(cut_at) <= Duration::from_millis(1700),
+        "a stopped {:?} after the cut (renew deadline 1.5 s)",
+        a_end.duration_since(cut_at)
+    );
+    assert!(
+        on_b.2.duration_since(cut_at) < Duration::from_secs(4),
+        "b took over {:?} after the cut (within 2 × lease)",
+        on_b.2.duration_since(cut_at)
+    );
+    assert!(a.shards_held().is_empty());
+    assert_no_overlap(&passes);
+    b.shutdown().await;
+    cut.store(false, Ordering::Release);
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn sharding_and_its_settings_are_checked_at_start() {
+    let (_cluster, client) = cluster();
+    let tree = || step("noop", |_cx: Context<Widget>| async { Outcome::Done });
+    let e = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(tree()))
+        .sharding(Sharding::new(0, "default"))
+        .start()
+        .await
+        .err()
+        .expect("zero shards is refused");
+    assert!(e.to_string().contains("sharding shards"), "{e}");
+    let mut p = test_policy();
+    p.lease_renew_deadline = p.lease_duration;
+    let e = Runtime::builder(client.clone())
+        .policy(p)
+        .controller(Controller::<Widget>::new(tree()))
+        .sharding(Sharding::new(4, "default"))
+        .start()
+        .await
+        .err()
+        .expect("a renew deadline as long as the lease is refused");
+    assert!(e.to_string().contains("lease_renew_deadline"), "{e}");
+    // The ClusterRole includes the Leases.
+    let role = Runtime::builder(client)
+        .controller(Controller::<Widget>::new(tree()))
+        .sharding(Sharding::new(4, "default"))
+        .cluster_role("op");
+    let yaml = actorcile::rbac::to_yaml(&role).unwrap();
+    assert!(yaml.contains("leases"), "{yaml}");
+}
