@@ -326,8 +326,11 @@ struct StartCx {
     holder: Arc<str>,
     health: Arc<Health>,
     /// With sharding: the shards held, and a fenced client per shard.
-    shards: Option<(Arc<Shards>, Arc<[Arc<Client>]>)>,
+    shards: Option<(Arc<Shards>, ShardClients)>,
 }
+
+/// A fenced client per shard, in shard order.
+type ShardClients = Arc<[Arc<Client>]>;
 
 struct Started {
     kind: String,
@@ -1043,7 +1046,7 @@ impl RuntimeBuilder {
         );
         let shards = self.sharding.as_ref().map(|s| {
             let shards = Arc::new(Shards::new(s.shards));
-            let clients: Arc<[Arc<Client>]> =
+            let clients: ShardClients =
                 crate::sharding::fenced_clients(&self.client, &shards).into();
             health.set_shards(shards.clone());
             (shards, clients)

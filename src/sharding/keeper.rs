@@ -232,7 +232,7 @@ impl Keeper {
                 }
                 let s = ((offset + i) % shards) as u32;
                 let name = self.cfg.shard_lease(s);
-                let free = self.held.get(&s).is_none()
+                let free = !self.held.contains_key(&s)
                     && self.observed.get(&name).is_none_or(|o| o.expired(now));
                 if !free {
                     continue;

@@ -193,8 +193,11 @@ pub(crate) struct Shards {
     idle: Vec<Notify>,
     /// Called with a shard's number when this replica acquires it (each manager runs the
     /// shard's objects).
-    listeners: Mutex<Vec<Box<dyn Fn(u32) + Send + Sync>>>,
+    listeners: Mutex<Vec<Listener>>,
 }
+
+/// What runs when a shard is acquired ([`Shards::on_acquired`]).
+type Listener = Box<dyn Fn(u32) + Send + Sync>;
 
 impl Shards {
     pub(crate) fn new(count: u32) -> Self {
@@ -230,7 +233,7 @@ impl Shards {
     }
 
     /// Call `f` with each shard this replica acquires from now on.
-    pub(crate) fn on_acquired(&self, f: Box<dyn Fn(u32) + Send + Sync>) {
+    pub(crate) fn on_acquired(&self, f: Listener) {
         self.listeners
             .lock()
             .unwrap_or_else(|e| e.into_inner())
