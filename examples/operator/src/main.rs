@@ -5,12 +5,14 @@
 //! example-operator crds                                    # its CRDs, as YAML
 //! example-operator manifests [--image IMAGE]               # RBAC and a Deployment, as YAML
 //! example-operator demo [--networks N] [--clusters-per-network M] [--envtest]
+//! example-operator scaleout [--objects N] [--replicas 1,2,3] [--kills K]
 //! ```
 
 mod demo;
 mod manifests;
 mod operator;
 mod record;
+mod scaleout;
 
 use std::process::ExitCode;
 
@@ -59,6 +61,9 @@ enum Command {
     },
     /// Create networks and clusters, show their progress, delete them, print a summary.
     Demo(demo::DemoArgs),
+    /// Measure sharded replicas on a real control plane: the CPU split over 1, 2 and 3
+    /// replicas, and failover after kill -9 (sharded, leader election warm and cold).
+    Scaleout(scaleout::ScaleoutArgs),
 }
 
 #[tokio::main]
@@ -78,6 +83,7 @@ async fn main() -> ExitCode {
             manifests::render(&image, &namespace).map(|y| print!("{y}"))
         }
         Command::Demo(args) => demo::run(args).await,
+        Command::Scaleout(args) => scaleout::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,366 @@
+//! `scaleout`: the figures of running several replicas, measured on a real etcd +
+//! kube-apiserver (`actorcile::envtest`), each replica a separate `example-operator run`
+//! process.
+//!
+//! - **CPU split**: N Networks (validate, a ConfigMap, the Ready status) reconciled by 1, 2 and
+//!   3 sharded replicas (12 shards), one round each in a namespace of its own; per round the
+//!   time until every Network is Ready and each replica's CPU seconds (user + system, from
+//!   `/proc/<pid>/stat`, read before it stops).
+//! - **Failover**: `--kills` times, two replicas (2 s leases): `kill -9` one, create a Network
+//!   at once, and time until it is Ready — with sharding (every replica watches everything),
+//!   and with leader election, warm and cold standby. A replica is started again after each
+//!   kill.
+//!
+//! ```text
+//! cargo run --release -p example-operator -- scaleout --objects 10000 --kills 10
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::CustomResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+
+use crate::operator::{Cluster, Network, NetworkSpec};
+
+/// The options.
+#[derive(clap::Args)]
+pub struct ScaleoutArgs {
+    /// Networks reconciled in each CPU-split round.
+    #[arg(long, default_value_t = 10_000)]
+    objects: usize,
+    /// Replica counts of the CPU-split rounds.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    replicas: Vec<usize>,
+    /// Kills per failover mode (0: no failover figures).
+    #[arg(long, default_value_t = 10)]
+    kills: usize,
+    /// Shards.
+    #[arg(long, default_value_t = 12)]
+    shards: u32,
+}
+
+/// A replica process, killed when dropped.
+struct Replica(Child);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Replica {
+    /// CPU seconds (user + system) the process used so far.
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.0.id())).unwrap_or_default();
+        // utime and stime are the line's 14th and 15th fields; after the command name (which
+        // may hold spaces) and its ") ", the 12th and 13th.
+        let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split(' ').collect();
+        let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        // SAFETY: sysconf has no preconditions.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
+    fn stop(mut self) {
+        // SAFETY: signalling a child process we own.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(kubeconfig: &Path, policy: &Path, args: &[String]) -> Replica {
+    let exe = std::env::current_exe().expect("the example's own path");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let child = Command::new(exe)
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--policy")
+        .arg(policy)
+        .args([
+            "--admin-addr",
+            &format!("127.0.0.1:{port}"),
+            "--log",
+            "warn",
+        ])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a replica");
+    Replica(child)
+}
+
+async fn create_namespace(client: &kube::Client, ns: &str) -> Result<(), String> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let o = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+    api.create(&PostParams::default(), &serde_json::from_value(o).unwrap())
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn network(name: &str, i: usize) -> Network {
+    Network::new(
+        name,
+        NetworkSpec {
+            cidr: format!("10.{}.{}.0/24", (i / 256) % 256, i % 256),
+        },
+    )
+}
+
+/// Wait until `n` Networks of `ns` are Ready (at most `limit`).
+async fn all_ready(api: &Api<Network>, n: usize, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|o| actorcile::status::ResourceStatus::of(*o).is_ready())
+            .count();
+        if ready == n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{ready} of {n} Networks Ready after {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Run the measurements and print their tables.
+pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
+    let env = actorcile::envtest::Envtest::builder()
+        .crds(vec![Network::crd(), Cluster::crd()])
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = env.client();
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("example-operator-scaleout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "lease_duration = \"2s\"\nlease_renew_deadline = \"1500ms\"\nlease_retry_period = \"200ms\"\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let kubeconfig = env.kubeconfig_path().to_path_buf();
+    let shards = args.shards.to_string();
+
+    println!(
+        "CPU split: {} Networks, {} shards",
+        args.objects, args.shards
+    );
+    println!("| replicas | all Ready (s) | CPU s per replica | CPU s total |");
+    println!("|---|---|---|---|");
+    for &n in &args.replicas {
+        let ns = format!("split-{n}");
+        create_namespace(&client, &ns).await?;
+        let api: Api<Network> = Api::namespaced(client.clone(), &ns);
+        let replicas: Vec<Replica> = (0..n)
+            .map(|i| {
+                let a = [
+                    "--namespace",
+                    &ns,
+                    "--shards",
+                    &shards,
+                    "--shards-namespace",
+                    &ns,
+                    "--identity",
+                    &format!("{ns}-{i}"),
+                ];
+                spawn(&kubeconfig, &policy, &a.map(String::from))
+            })
+            .collect();
+        // Wait until the shards are spread (each replica ⌈shards / n⌉ at most).
+        wait_spread(&client, &ns, n, args.shards).await?;
+        let started = Instant::now();
+        for i in 0..args.objects {
+            api.create(&PostParams::default(), &network(&format!("n-{i}"), i))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        all_ready(&api, args.objects, Duration::from_secs(900)).await?;
+        let took = started.elapsed().as_secs_f64();
+        let cpu: Vec<f64> = replicas.iter().map(Replica::cpu_seconds).collect();
+        let per: Vec<String> = cpu.iter().map(|c| format!("{c:.2}")).collect();
+        println!(
+            "| {n} | {took:.1} | {} | {:.2} |",
+            per.join(" / "),
+            cpu.iter().sum::<f64>()
+        );
+        for r in replicas {
+            r.stop();
+        }
+    }
+
+    if args.kills > 0 {
+        println!();
+        println!(
+            "Failover: kill -9 a replica, create a Network at once, time until it is Ready ({} kills each; 2 s leases)",
+            args.kills
+        );
+        println!("| mode | p50 (s) | max (s) |");
+        println!("|---|---|---|");
+        for mode in ["sharded", "leader-warm", "leader-cold"] {
+            let times = failover(&client, &kubeconfig, &policy, mode, &shards, args.kills).await?;
+            let mut sorted = times.clone();
+            sorted.sort_by(f64::total_cmp);
+            println!(
+                "| {mode} | {:.2} | {:.2} |",
+                sorted[sorted.len() / 2],
+                sorted[sorted.len() - 1]
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+async fn wait_spread(client: &kube::Client, ns: &str, n: usize, shards: u32) -> Result<(), String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), ns);
+    let fair = (shards as usize).div_ceil(n);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let lp = ListParams::default().labels("sharding.actorcile.dev/role=shard");
+        let list = leases.list(&lp).await.map_err(|e| e.to_string())?;
+        let mut holders = std::collections::HashMap::<String, usize>::new();
+        for l in &list.items {
+            if let Some(h) = l.spec.as_ref().and_then(|s| s.holder_identity.clone()) {
+                *holders.entry(h).or_default() += 1;
+            }
+        }
+        let held: usize = holders.values().sum();
+        if held == shards as usize && holders.len() == n && holders.values().all(|c| *c <= fair) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("shards not spread over {n} replicas: {holders:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `kills` times: two replicas in `mode`; kill -9 the one that runs the probe Network's shard
+/// (or leads), create the probe at once, time until it is Ready; start a replica again.
+async fn failover(
+    client: &kube::Client,
+    kubeconfig: &Path,
+    policy: &Path,
+    mode: &str,
+    shards: &str,
+    kills: usize,
+) -> Result<Vec<f64>, String> {
+    let ns = format!("failover-{mode}");
+    create_namespace(client, &ns).await?;
+    let api: Api<Network> = Api::namespaced(client.clone(), &ns);
+    // Objects the replicas cache (what a cold standby must list first).
+    let cached = 2000;
+    for i in 0..cached {
+        api.create(&PostParams::default(), &network(&format!("n-{i}"), i))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let args = |id: &str| -> Vec<String> {
+        let mut a: Vec<String> = ["--namespace", &ns, "--identity", id]
+            .map(String::from)
+            .to_vec();
+        match mode {
+            "sharded" => {
+                a.extend(["--shards", shards, "--shards-namespace", &ns].map(String::from))
+            }
+            "leader-warm" => {
+                a.extend(["--leader-elect", "--leader-elect-namespace", &ns].map(String::from))
+            }
+            _ => a.extend(
+                [
+                    "--leader-elect",
+                    "--leader-elect-namespace",
+                    &ns,
+                    "--cold-standby",
+                ]
+                .map(String::from),
+            ),
+        }
+        a
+    };
+    let mut next = 0;
+    let spawn_next = |next: &mut usize| {
+        *next += 1;
+        let id = format!("{mode}-{next}");
+        (id.clone(), spawn(kubeconfig, policy, &args(&id)))
+    };
+    let mut running = vec![spawn_next(&mut next), spawn_next(&mut next)];
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), &ns);
+    all_ready(&api, cached, Duration::from_secs(300)).await?;
+    let mut times = Vec::new();
+    for k in 0..kills {
+        let probe = format!("probe-{k}");
+        // Who runs the probe: the holder of its shard, or the leader; wait until the two
+        // replicas are settled (both hold shards, or one leads) so a kill hits a busy one.
+        let lease_name = match mode {
+            "sharded" => {
+                let ids: Vec<&str> = running.iter().map(|(id, _)| id.as_str()).collect();
+                wait_spread(client, &ns, ids.len(), shards.parse().unwrap()).await?;
+                let shard = actorcile::sharding::shard_of(
+                    &actorcile::sharding::object_key(Some(&ns), &probe),
+                    shards.parse().unwrap(),
+                );
+                format!("actorcile-shards-shard-{shard}")
+            }
+            _ => "actorcile-leader".to_string(),
+        };
+        let holder = loop {
+            let h = leases
+                .get_opt(&lease_name)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|l| l.spec?.holder_identity)
+                .filter(|h| running.iter().any(|(id, _)| id == h));
+            if let Some(h) = h {
+                break h;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let i = running.iter().position(|(id, _)| *id == holder).unwrap();
+        let (_, victim) = running.remove(i);
+        // SAFETY: signalling a child process we own.
+        unsafe { libc::kill(victim.0.id() as i32, libc::SIGKILL) };
+        let killed = Instant::now();
+        drop(victim);
+        api.create(&PostParams::default(), &network(&probe, cached + k))
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            let o = api.get(&probe).await.map_err(|e| e.to_string())?;
+            if actorcile::status::ResourceStatus::of(&o).is_ready() {
+                break;
+            }
+            if killed.elapsed() > Duration::from_secs(60) {
+                return Err(format!("{mode}: {probe} not Ready 60 s after the kill"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        times.push(killed.elapsed().as_secs_f64());
+        running.push(spawn_next(&mut next));
+    }
+    for (_, r) in running {
+        r.stop();
+    }
+    Ok(times)
+}
