@@ -66,6 +66,15 @@ fn tree(replica: &str, passes: Passes, hold: Duration) -> impl Provisioner<Widge
                     return wait;
                 }
             }
+            for n in &cx.object().spec.refs {
+                let t = Target::for_kind::<Widget>(Some("default"), n);
+                if let Err(e) = cx.add_reference(&t).await {
+                    return Outcome::yield_after(
+                        Duration::from_millis(50),
+                        Reason::new("ReferencePending", e.to_string()),
+                    );
+                }
+            }
             Outcome::Done
         }
     })
@@ -170,6 +179,32 @@ async fn two_replicas_split_the_shards_and_run_only_their_objects_and_readiness_
     }
     assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
     assert_no_overlap(&passes);
+
+    // A reference across replicas holds a deletion: `used` (run by a) is referenced by `user`
+    // (run by b); deleting `used` waits (InUse) until `user` is gone, woken by watch events.
+    let named_in = |shards: &[u32], prefix: &str| {
+        (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|n| shards.contains(&shard(n)))
+            .unwrap()
+    };
+    let (used, user) = (named_in(&held[0], "used"), named_in(&held[1], "user"));
+    create(&client, &used, 1).await;
+    let mut w = widget(&user, 1);
+    w.spec.refs = vec![used.clone()];
+    widgets(&client)
+        .create(&PostParams::default(), &w)
+        .await
+        .unwrap();
+    wait_ready(&client, &user, LIMIT).await;
+    delete(&client, &used).await;
+    let held_back = wait_reason(&client, &used, "InUse", LIMIT).await;
+    assert!(
+        held_back.ready().unwrap().message.contains(&user),
+        "{held_back:?}"
+    );
+    delete(&client, &user).await;
+    wait_gone(&client, &used, LIMIT).await;
 
     // b stops gracefully: it releases its shards, and a takes them at its next rounds, long
     // before the 2 s lease would expire.
