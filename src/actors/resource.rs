@@ -184,6 +184,12 @@ impl<K: ManagedResource> ResourceActor<K> {
         if wake_soon {
             return;
         }
+        self.start_passivating(myself, st);
+    }
+
+    /// Remove the route (what comes next goes to the manager) and queue the hand-back behind
+    /// what was routed here before.
+    fn start_passivating(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         st.passivating = true;
         let id = myself.get_id();
         self.shared
@@ -285,12 +291,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.permit = None;
         self.cancel_wake(myself, st);
         if !st.passivating {
-            st.passivating = true;
-            let id = myself.get_id();
-            self.shared
-                .routes
-                .remove_if(&st.key, |_, a| a.get_id() == id);
-            let _ = myself.cast(ResourceMsg::Passivate);
+            self.start_passivating(myself, st);
         }
     }
 
