@@ -106,7 +106,7 @@ impl LeaderElection {
 /// `POD_NAME` (set it from the Pod's name with the downward API), else `HOSTNAME`, else
 /// `actorcile`; followed by the process id, so two processes on one machine differ.
 pub fn default_identity() -> String {
-    format!("{}-{}", crate::names::replica_name(), std::process::id())
+    crate::names::replica_identity()
 }
 
 fn timings(p: &SupervisorPolicy) -> (Duration, Duration, Duration) {

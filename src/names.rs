@@ -53,3 +53,9 @@ pub(crate) fn replica_name() -> String {
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "actorcile".into())
 }
+
+/// This process's identity among the replicas (leader election, sharding): [`replica_name`]
+/// and the process id, so two processes on one machine differ.
+pub(crate) fn replica_identity() -> String {
+    format!("{}-{}", replica_name(), std::process::id())
+}

@@ -78,14 +78,14 @@ pub struct Sharding {
 }
 
 impl Sharding {
-    /// `shards` shards on Leases in `namespace`, prefix `actorcile-shards`, identity as
-    /// [`crate::leader::default_identity`]: `$POD_NAME` (else `$HOSTNAME`) and the process id.
+    /// `shards` shards on Leases in `namespace`, prefix `actorcile-shards`, identity
+    /// `$POD_NAME` (else `$HOSTNAME`) and the process id.
     pub fn new(shards: u32, namespace: impl Into<String>) -> Self {
         Self {
             shards,
             namespace: namespace.into(),
             lease_prefix: "actorcile-shards".into(),
-            identity: format!("{}-{}", crate::names::replica_name(), std::process::id()),
+            identity: crate::names::replica_identity(),
         }
     }
 
