@@ -567,14 +567,16 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(5));
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // A pass of shard 0 in flight: it must see the loss.
+        let mut pass = sa.enter(0).expect("held");
         cluster.set_faults(crate::cluster::Faults {
             error_rate: 1.0,
             ..Default::default()
         });
         let failing = Instant::now();
-        while !sa.held().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(5), pass.lost())
+            .await
+            .expect("the pass is told of the loss");
         let dropped = failing.elapsed();
         // Within the renew deadline of the last renewal (at most one retry period before the
         // faults), and before the 2 s lease could expire elsewhere.
@@ -582,6 +584,7 @@ mod tests {
             dropped >= Duration::from_millis(1300) && dropped < Duration::from_millis(1700),
             "{dropped:?}"
         );
+        assert!(sa.held().is_empty());
         stop_tx.send(true).unwrap();
         let keeper = task.await.unwrap();
         assert!(keeper.state().0.is_empty());
