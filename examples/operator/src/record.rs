@@ -11,6 +11,9 @@
 //! 1732550402100000 lose 3
 //! ```
 //!
+//! The number after `start`/`end` is the span's id; ids are reused once a span closed, so a
+//! reader pairs each `end` with the latest `start` of its id, in file order.
+//!
 //! Lines are written unbuffered (one `write` each, appending), so a replica killed with
 //! SIGKILL leaves every line it had written.
 
