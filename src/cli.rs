@@ -135,6 +135,11 @@ pub struct RuntimeArgs {
     /// The shard Leases' namespace [default: $POD_NAMESPACE, else default]
     #[arg(long, env = "ACTORCILE_SHARDS_NAMESPACE", value_name = "NAMESPACE")]
     pub shards_namespace: Option<String>,
+
+    /// Watch and cache only the objects of the shards this replica holds (each object is
+    /// labelled with its shard; a takeover relists first)
+    #[arg(long, env = "ACTORCILE_SHARDS_HELD_ONLY")]
+    pub shards_held_only: bool,
 }
 
 impl RuntimeArgs {
@@ -209,6 +214,9 @@ impl RuntimeArgs {
         if let Some(n) = self.shards {
             let mut sharding = Sharding::new(n, pod_namespace(&self.shards_namespace))
                 .lease_prefix(&self.shards_lease_prefix);
+            if self.shards_held_only {
+                sharding = sharding.watch(crate::sharding::ShardWatch::HeldShards);
+            }
             if let Some(id) = &self.identity {
                 sharding = sharding.identity(id);
             }

@@ -325,8 +325,9 @@ struct StartCx {
     root: ActorCell,
     holder: Arc<str>,
     health: Arc<Health>,
-    /// With sharding: the shards held, and a fenced client per shard.
-    shards: Option<(Arc<Shards>, ShardClients)>,
+    /// With sharding: the shards held, a fenced client per shard, and the shard label's key
+    /// when each replica watches only its shards ([`crate::sharding::ShardWatch::HeldShards`]).
+    shards: Option<(Arc<Shards>, ShardClients, Option<Arc<str>>)>,
 }
 
 /// A fenced client per shard, in shard order.
@@ -357,6 +358,9 @@ fn key_of<K: ManagedResource>(t: &Target) -> ObjectRef<K> {
 impl<K: ManagedResource> KindHandle for Handle<K> {
     fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
+    }
+    fn in_view(&self, target: &Target) -> bool {
+        self.shared.in_view(&key_of::<K>(target))
     }
     fn readiness(&self, target: &Target) -> Readiness {
         match self.shared.store.get(&key_of::<K>(target)) {
@@ -525,11 +529,15 @@ impl<K: ManagedResource> Start for Controller<K> {
             parts,
             config,
             secrets: self.secrets.map(SecretTrigger::new),
-            shards: cx.shards.as_ref().map(|(shards, clients)| ShardScope {
-                shards: shards.clone(),
-                clients: clients.clone(),
-                key: self.shard_key.take(),
-            }),
+            shards: cx
+                .shards
+                .as_ref()
+                .map(|(shards, clients, label)| ShardScope {
+                    shards: shards.clone(),
+                    clients: clients.clone(),
+                    key: self.shard_key.take(),
+                    label: label.clone(),
+                }),
         });
         let synced = Arc::new(AtomicBool::new(false));
         cx.health.add_kind(&kind, synced.clone());
@@ -560,7 +568,7 @@ impl<K: ManagedResource> Start for Controller<K> {
         cx.health.add_supervisor(manager.get_cell());
         let mailbox = mailbox.bind(manager.clone());
         let _ = handle.manager.set(mailbox.clone());
-        if let Some((shards, _)) = &cx.shards {
+        if let Some((shards, _, _)) = &cx.shards {
             // A shard acquired: run its objects (the previous holder's work is not known here).
             let m = mailbox.clone();
             shards.on_acquired(Box::new(move |shard| {
@@ -1049,7 +1057,9 @@ impl RuntimeBuilder {
             let clients: ShardClients =
                 crate::sharding::fenced_clients(&self.client, &shards).into();
             health.set_shards(shards.clone());
-            (shards, clients)
+            let label = (s.watch == crate::sharding::ShardWatch::HeldShards)
+                .then(|| Arc::from(s.label_key()));
+            (shards, clients, label)
         });
         let cx = StartCx {
             client: self.client,
@@ -1098,7 +1108,7 @@ impl RuntimeBuilder {
             }
         }
         // The keeper starts once every manager listens for the shards it acquires.
-        if let (Some(sharding), Some((shards, _))) = (self.sharding, &cx.shards) {
+        if let (Some(sharding), Some((shards, _, _))) = (self.sharding, &cx.shards) {
             let keeper = crate::sharding::keeper::Keeper::new(
                 cx.client.clone(),
                 sharding,

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::sharding::{Sharding, object_key, shard_of};
+use actorcile::sharding::{ShardWatch, Sharding, object_key, shard_of};
 use common::*;
 use kube::ResourceExt;
 use kube::api::PostParams;
@@ -86,10 +86,20 @@ async fn replica(
     passes: &Passes,
     hold: Duration,
 ) -> RuntimeHandle {
+    replica_watching(client, id, passes, hold, ShardWatch::Everything).await
+}
+
+async fn replica_watching(
+    client: &kube::Client,
+    id: &str,
+    passes: &Passes,
+    hold: Duration,
+    watch: ShardWatch,
+) -> RuntimeHandle {
     Runtime::builder(client.clone())
         .policy(policy())
         .controller(Controller::<Widget>::new(tree(id, passes.clone(), hold)))
-        .sharding(Sharding::new(SHARDS, "default").identity(id))
+        .sharding(Sharding::new(SHARDS, "default").identity(id).watch(watch))
         .start()
         .await
         .expect("start a replica")
@@ -134,10 +144,22 @@ fn assert_no_overlap(passes: &Passes) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_split_the_shards_and_run_only_their_objects_and_readiness_crosses_shards() {
+    split_run_and_hand_over(ShardWatch::Everything).await;
+}
+
+/// The same when each replica watches only its shards: objects are labelled with their shard,
+/// each replica caches only its own, readiness and deletion ordering across replicas go
+/// through the dependency watch of the kind, and a takeover relists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_when_each_replica_watches_only_the_shards_it_holds() {
+    split_run_and_hand_over(ShardWatch::HeldShards).await;
+}
+
+async fn split_run_and_hand_over(watch: ShardWatch) {
     let (_cluster, client) = cluster();
     let passes = Passes::default();
-    let a = replica(&client, "a", &passes, Duration::ZERO).await;
-    let b = replica(&client, "b", &passes, Duration::ZERO).await;
+    let a = replica_watching(&client, "a", &passes, Duration::ZERO, watch).await;
+    let b = replica_watching(&client, "b", &passes, Duration::ZERO, watch).await;
     let held = balanced(&[&a, &b]).await;
     assert_eq!((held[0].len(), held[1].len()), (2, 2), "{held:?}");
 
@@ -179,6 +201,37 @@ async fn two_replicas_split_the_shards_and_run_only_their_objects_and_readiness_
     }
     assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
     assert_no_overlap(&passes);
+    if watch == ShardWatch::HeldShards {
+        // Every object carries its shard's label, and each replica caches only its shards'.
+        let key = Sharding::new(SHARDS, "default").label_key();
+        for w in widgets(&client).list(&Default::default()).await.unwrap() {
+            let label = w.labels().get(&key).cloned();
+            let want = format!("{}-of-{SHARDS}", shard(&w.name_any()));
+            assert_eq!(label.as_ref(), Some(&want), "{}", w.name_any());
+        }
+        let mine = |shards: &Vec<u32>| {
+            (0..n)
+                .filter(|i| shards.contains(&shard(&format!("w{i}"))))
+                .count() as u64
+        };
+        let want = [mine(&held[0]), mine(&held[1])];
+        eventually(
+            "each replica caches only its shards' objects",
+            LIMIT,
+            || async {
+                let cached = [&a, &b].map(|r| r.kind_metrics()[0].objects);
+                (cached == want).then_some(())
+            },
+        )
+        .await;
+        // Readiness across replicas came from the kind's dependency watch.
+        assert!(
+            [&a, &b]
+                .iter()
+                .any(|r| r.dependency_watches().iter().any(|(_, k)| k == "Widget")),
+            "no dependency watch of Widget"
+        );
+    }
 
     // A reference across replicas holds a deletion: `used` (run by a) is referenced by `user`
     // (run by b); deleting `used` waits (InUse) until `user` is gone, woken by watch events.

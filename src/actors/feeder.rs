@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event};
 
 use super::{ManagedResource, Shared};
 use crate::messages::{ManagerMsg, ResourceMsg};
+use crate::sharding::held_selector;
 
 /// The object's key, without `extra` (resource version, uid): the manager keeps a key per object
 /// for as long as the object exists and clones it into every message about it, and nothing reads
@@ -65,7 +66,10 @@ fn route_gone<K: ManagedResource>(
 
 /// Run the watch for one kind until the task is aborted. Applies each event to the reflector
 /// store behind `shared.store` (through `writer`) before routing it, so actors always find the
-/// object there. Sends on `listed` once the first list is complete.
+/// object there. Sends on `listed` once the first list is complete. With
+/// [`ShardWatch::HeldShards`](crate::sharding::ShardWatch::HeldShards) the watch selects the
+/// objects of the held shards (and those not placed yet), and starts again, relisting, when
+/// the held shards change.
 ///
 /// The first list goes straight into the store, one object at a time, and each object is routed
 /// as soon as it is listed: its actor can run while later pages are still being fetched and
@@ -84,76 +88,156 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     manager: Mailbox<ManagerMsg<K>>,
     listed: tokio::sync::oneshot::Sender<()>,
 ) {
-    // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a real
-    // API server they are often the largest part of a small object, and nothing here reads them.
-    let events = watcher::watcher(api, config)
-        .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear());
-    futures::pin_mut!(events);
+    // With `ShardWatch::HeldShards`: the held shards, and the shard label's key.
+    let view = shared
+        .shards
+        .as_ref()
+        .and_then(|s| Some((s.shards.clone(), s.label.clone()?)));
+    let mut changes = view.as_ref().map(|(shards, _)| shards.changes());
     let mut listed = Some(listed);
     // The list in progress: its keys in list order, and whether it goes straight to the store.
     let mut list: Option<(Vec<ObjectRef<K>>, bool)> = None;
     let mut first_list = true;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Apply(obj)) => {
-                let key = key_of(&obj);
-                writer.apply_watcher_event(&Event::Apply(obj));
-                route(&shared, &manager, key);
+    // Each round is one watch; a change of the held shards ends it, and the next round watches
+    // with the new selector (its list replaces the store, and the manager forgets what it no
+    // longer lists).
+    loop {
+        let mut config = config.clone();
+        if let (Some((shards, key)), Some(changes)) = (&view, &mut changes) {
+            changes.borrow_and_update();
+            if let Some(sel) = held_selector(key, &shards.held(), shards.count()) {
+                config.label_selector = Some(match config.label_selector.take() {
+                    Some(user) => format!("{user},{sel}"),
+                    None => sel,
+                });
             }
-            Ok(Event::Delete(obj)) => {
-                let key = key_of(&obj);
-                writer.apply_watcher_event(&Event::Delete(obj));
-                route_gone(&shared, &manager, key);
-            }
-            Ok(Event::Init) => {
-                let direct = std::mem::take(&mut first_list);
-                if !direct {
-                    writer.apply_watcher_event(&Event::Init);
-                }
-                list = Some((Vec::new(), direct));
-            }
-            Ok(Event::InitApply(obj)) => {
-                let key = key_of(&obj);
-                match &mut list {
-                    Some((keys, true)) => {
-                        keys.push(key.clone());
-                        writer.apply_watcher_event(&Event::Apply(obj));
-                        route(&shared, &manager, key);
-                    }
-                    Some((keys, false)) => {
-                        keys.push(key);
-                        writer.apply_watcher_event(&Event::InitApply(obj));
-                    }
-                    // The watcher always starts a list with `Init`; buffer to be safe.
-                    None => writer.apply_watcher_event(&Event::InitApply(obj)),
-                }
-            }
-            Ok(Event::InitDone) => {
-                let Some((keys, direct)) = list.take() else {
-                    writer.apply_watcher_event(&Event::InitDone);
+            tracing::debug!(kind = %K::kind(&()), selector = ?config.label_selector, "watching the held shards");
+        }
+        // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a
+        // real API server they are often the largest part of a small object, and nothing here
+        // reads them.
+        let events = watcher::watcher(api.clone(), config)
+            .default_backoff()
+            .modify(|o| o.managed_fields_mut().clear());
+        futures::pin_mut!(events);
+        // Set when the held set changed: the watch follows once it stayed put for `SETTLE`.
+        let mut follow_at: Option<tokio::time::Instant> = None;
+        loop {
+            let event = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+                () = next_change(&mut changes) => {
+                    follow_at = Some(tokio::time::Instant::now() + SETTLE);
                     continue;
-                };
-                if !direct {
-                    writer.apply_watcher_event(&Event::InitDone);
-                    // A buffered list is in the store only now: route it, in list order.
-                    for key in &keys {
-                        route(&shared, &manager, key.clone());
-                    }
                 }
-                if let Some(listed) = listed.take() {
-                    let _ = listed.send(());
-                }
-                let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
-                    keys.into_iter().collect();
-                if let Some(secrets) = &shared.secrets {
-                    secrets.retain(&existing);
-                }
-                manager.send(ManagerMsg::Resync(existing));
+                () = sleep_until(follow_at) => break,
+            };
+            apply(
+                &shared,
+                &manager,
+                &mut writer,
+                event,
+                &mut list,
+                &mut first_list,
+                &mut listed,
+            );
+        }
+    }
+}
+
+/// How long the held shards must stay unchanged before the watch follows them (a keeper round
+/// that takes several shards makes one relist, not one per shard).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Resolves on the next change of the held set; never without a receiver (no
+/// `ShardWatch::HeldShards`) or once its sender is gone. Cancel-safe (`changed` is).
+async fn next_change(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    let changed = match changes {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Resolves at `at`; never without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Apply one watch event to the store and route it.
+fn apply<K: ManagedResource>(
+    shared: &Shared<K>,
+    manager: &Mailbox<ManagerMsg<K>>,
+    writer: &mut reflector::store::Writer<K>,
+    event: Result<Event<K>, watcher::Error>,
+    list: &mut Option<(Vec<ObjectRef<K>>, bool)>,
+    first_list: &mut bool,
+    listed: &mut Option<tokio::sync::oneshot::Sender<()>>,
+) {
+    match event {
+        Ok(Event::Apply(obj)) => {
+            let key = key_of(&obj);
+            writer.apply_watcher_event(&Event::Apply(obj));
+            route(shared, manager, key);
+        }
+        Ok(Event::Delete(obj)) => {
+            let key = key_of(&obj);
+            writer.apply_watcher_event(&Event::Delete(obj));
+            route_gone(shared, manager, key);
+        }
+        Ok(Event::Init) => {
+            let direct = std::mem::take(first_list);
+            if !direct {
+                writer.apply_watcher_event(&Event::Init);
             }
-            Err(e) => {
-                tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
+            *list = Some((Vec::new(), direct));
+        }
+        Ok(Event::InitApply(obj)) => {
+            let key = key_of(&obj);
+            match list {
+                Some((keys, true)) => {
+                    keys.push(key.clone());
+                    writer.apply_watcher_event(&Event::Apply(obj));
+                    route(shared, manager, key);
+                }
+                Some((keys, false)) => {
+                    keys.push(key);
+                    writer.apply_watcher_event(&Event::InitApply(obj));
+                }
+                // The watcher always starts a list with `Init`; buffer to be safe.
+                None => writer.apply_watcher_event(&Event::InitApply(obj)),
             }
+        }
+        Ok(Event::InitDone) => {
+            let Some((keys, direct)) = list.take() else {
+                writer.apply_watcher_event(&Event::InitDone);
+                return;
+            };
+            if !direct {
+                writer.apply_watcher_event(&Event::InitDone);
+                // A buffered list is in the store only now: route it, in list order.
+                for key in &keys {
+                    route(shared, manager, key.clone());
+                }
+            }
+            if let Some(listed) = listed.take() {
+                let _ = listed.send(());
+            }
+            let existing: HashSet<ObjectRef<K>, ahash::RandomState> = keys.into_iter().collect();
+            if let Some(secrets) = &shared.secrets {
+                secrets.retain(&existing);
+            }
+            manager.send(ManagerMsg::Resync(existing));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
         }
     }
 }

@@ -152,6 +152,9 @@ pub(crate) struct ShardScope<K> {
     pub shards: Arc<Shards>,
     pub clients: Arc<[Arc<Client>]>,
     pub key: Option<ShardKey<K>>,
+    /// The shard label's key, when this replica watches only its shards
+    /// ([`crate::sharding::ShardWatch::HeldShards`]).
+    pub label: Option<Arc<str>>,
 }
 
 impl<K: ManagedResource> ShardScope<K> {
@@ -168,6 +171,28 @@ impl<K: ManagedResource> ShardScope<K> {
                 n,
             ),
         }
+    }
+
+    /// The shard of the object at `key`, when it can be told without the object (the default
+    /// shard key); else from `obj` if given.
+    pub(crate) fn shard_of_key(&self, key: &ObjectRef<K>, obj: Option<&K>) -> Option<u32> {
+        match (&self.key, obj) {
+            (None, _) => Some(crate::sharding::shard_of(
+                &crate::sharding::object_key(key.namespace.as_deref(), &key.name),
+                self.shards.count(),
+            )),
+            (Some(_), Some(obj)) => Some(self.shard_of(obj)),
+            (Some(_), None) => None,
+        }
+    }
+
+    /// The shard label `obj` must carry and does not yet (key, value), when replicas watch
+    /// only their shards; `None` when it carries it, or labels are not used.
+    pub(crate) fn missing_label(&self, obj: &K) -> Option<(Arc<str>, String)> {
+        let key = self.label.as_ref()?;
+        let value = crate::sharding::label_value(self.shard_of(obj), self.shards.count());
+        let has = obj.meta().labels.as_ref().and_then(|l| l.get(&**key));
+        (has != Some(&value)).then(|| (key.clone(), value))
     }
 }
 
@@ -197,17 +222,24 @@ impl<K: ManagedResource> Shared<K> {
         let Some(scope) = &self.shards else {
             return true;
         };
-        let shard = match &scope.key {
-            None => crate::sharding::shard_of(
-                &crate::sharding::object_key(key.namespace.as_deref(), &key.name),
-                scope.shards.count(),
-            ),
-            Some(_) => match self.store.get(key) {
-                Some(obj) => scope.shard_of(&obj),
-                None => return true,
-            },
+        let obj = scope.key.as_ref().and_then(|_| self.store.get(key));
+        match scope.shard_of_key(key, obj.as_deref()) {
+            Some(shard) => scope.shards.holds(shard),
+            None => true,
+        }
+    }
+
+    /// Whether this replica's view of the object at `key` is current: always, unless it
+    /// watches only its shards ([`crate::sharding::ShardWatch::HeldShards`]) and does not
+    /// hold the object's shard (then readiness and existence are asked elsewhere).
+    pub(crate) fn in_view(&self, key: &ObjectRef<K>) -> bool {
+        let Some(scope) = self.shards.as_ref().filter(|s| s.label.is_some()) else {
+            return true;
         };
-        scope.shards.holds(shard)
+        let obj = scope.key.as_ref().and_then(|_| self.store.get(key));
+        scope
+            .shard_of_key(key, obj.as_deref())
+            .is_some_and(|s| scope.shards.holds(s))
     }
 
     /// Patch parameters of every write the actors make: the runtime's field manager.

@@ -494,8 +494,14 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         } else {
             let mut pre_failure = None;
-            if shared.use_finalizer && !has_finalizer {
-                match Box::pin(writes::add_finalizer(shared, obj.as_ref())).await {
+            let add_finalizer = shared.use_finalizer && !has_finalizer;
+            let label = shared
+                .shards
+                .as_ref()
+                .and_then(|s| s.missing_label(obj.as_ref()));
+            if add_finalizer || label.is_some() {
+                let label = label.as_ref().map(|(k, v)| (&**k, v.as_str()));
+                match Box::pin(writes::claim(shared, obj.as_ref(), add_finalizer, label)).await {
                     Ok(o) => {
                         st.record_write(o);
                         obj = st.object.clone().unwrap_or(obj);
@@ -503,7 +509,10 @@ impl<K: ManagedResource> ResourceActor<K> {
                     }
                     Err(e) => {
                         pre_failure = Some(Outcome::failed(
-                            Reason::new("FinalizerAddFailed", "could not add the finalizer"),
+                            Reason::new(
+                                "FinalizerAddFailed",
+                                "could not add the finalizer (or the shard label)",
+                            ),
                             e,
                         ));
                     }

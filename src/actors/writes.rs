@@ -182,23 +182,35 @@ async fn publish<K: ManagedResource>(
     }
 }
 
-/// Add the runtime finalizer, guarded by the resourceVersion the pass saw.
-pub(crate) async fn add_finalizer<K: ManagedResource>(
+/// Add the runtime finalizer (when `finalizer`) and set the shard label (when `label` is given:
+/// key, value), in one write guarded by the resourceVersion the pass saw.
+pub(crate) async fn claim<K: ManagedResource>(
     shared: &Shared<K>,
     obj: &K,
+    finalizer: bool,
+    label: Option<(&str, &str)>,
 ) -> Result<K, kube::Error> {
-    let (api, params, finalizer) = (shared.api(obj), shared.patch_params(), &shared.finalizer);
+    let (api, params) = (shared.api(obj), shared.patch_params());
     let rv = obj.meta().resource_version.clone().unwrap_or_default();
-    let add = if obj.meta().finalizers.is_none() {
-        json!({"op": "add", "path": "/metadata/finalizers", "value": [finalizer]})
-    } else {
-        json!({"op": "add", "path": "/metadata/finalizers/-", "value": finalizer})
-    };
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-        add,
-    ]))
-    .expect("static JSON patch shape");
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
+    if finalizer {
+        ops.push(if obj.meta().finalizers.is_none() {
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [&shared.finalizer]})
+        } else {
+            json!({"op": "add", "path": "/metadata/finalizers/-", "value": &shared.finalizer})
+        });
+    }
+    if let Some((key, value)) = label {
+        ops.push(if obj.meta().labels.is_none() {
+            json!({"op": "add", "path": "/metadata/labels", "value": {key: value}})
+        } else {
+            // `add` replaces a member that exists. JSON Pointer escapes `~` and `/`.
+            let member = key.replace('~', "~0").replace('/', "~1");
+            json!({"op": "add", "path": format!("/metadata/labels/{member}"), "value": value})
+        });
+    }
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).expect("static JSON patch shape");
     api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch))
         .await
 }

@@ -215,6 +215,18 @@ impl ExternalKind {
         }
     }
 
+    /// Whether `target` exists (`None` until the first list is in).
+    pub(crate) fn exists(&self, target: &Target) -> Option<bool> {
+        if !*self.synced.borrow() {
+            return None;
+        }
+        if self.unknown.load(Ordering::Acquire) {
+            return Some(false);
+        }
+        let key = (target.namespace.clone(), target.name.clone());
+        Some(self.objects.contains_key(&key))
+    }
+
     fn target(&self, key: &ObjectKey) -> Target {
         Target::new(&self.api_version, &self.kind, key.0.as_deref(), &key.1)
     }

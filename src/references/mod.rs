@@ -182,6 +182,10 @@ const FOREGROUND_DELETION: &str = "foregroundDeletion";
 pub(crate) trait KindHandle: Send + Sync {
     /// Whether the kind's reflector store finished its first list.
     fn synced(&self) -> bool;
+    /// Whether the store's view of the target is current. Not when the replica watches only
+    /// the shards it holds and the target is in another's: then its readiness and existence
+    /// are read from a watch of its kind, as for a kind this runtime does not manage.
+    fn in_view(&self, target: &Target) -> bool;
     /// Readiness from the store.
     fn readiness(&self, target: &Target) -> Readiness;
     /// Whether the target exists (in any state).
@@ -374,16 +378,19 @@ impl ReferenceIndex {
             .entry(target.clone())
             .or_default()
             .insert(from.clone());
-        let r = if self.ready.contains(target) {
+        let managed = self.kind(target);
+        let in_view = managed.as_ref().is_some_and(|k| k.in_view(target));
+        let r = if in_view && self.ready.contains(target) {
             Readiness::Ready
         } else {
-            match (self.kind(target), &self.external) {
-                (Some(k), _) => k.readiness(target),
-                (None, Some(ext)) => {
+            match (managed, &self.external) {
+                (Some(k), _) if in_view => k.readiness(target),
+                (_, Some(ext)) => {
                     let kind = ext.kind_of(&self.me, target);
                     kind.first_list().await;
                     kind.readiness(target, when)
                 }
+                (Some(k), None) => k.readiness(target),
                 (None, None) => Readiness::Missing,
             }
         };
@@ -530,6 +537,11 @@ impl ReferenceIndex {
                 // A referrer of a kind this runtime does not manage cannot release: count it,
                 // so nothing is deleted under a user's feet.
                 None => live.push(r),
+                Some(k) if !k.in_view(&r) => {
+                    if self.exists_elsewhere(target, &r) {
+                        live.push(r);
+                    }
+                }
                 Some(k) if !k.synced() || k.exists(&r) => live.push(r),
                 Some(_) => {}
             }
@@ -553,6 +565,22 @@ impl ReferenceIndex {
             reason: ReadyReason::InUse,
             message,
         })
+    }
+
+    /// Whether `referrer`, of a managed kind but not in this replica's view (another
+    /// replica's shard), exists: by the watch of its kind, and counted as existing until that
+    /// watch has listed. `target` is woken when `referrer` changes or goes.
+    fn exists_elsewhere(&self, target: &Target, referrer: &Target) -> bool {
+        let Some(ext) = &self.external else {
+            return true;
+        };
+        self.waiters
+            .entry(referrer.clone())
+            .or_default()
+            .insert(target.clone());
+        ext.kind_of(&self.me, referrer)
+            .exists(referrer)
+            .unwrap_or(true)
     }
 
     /// A cycle of deleting resources each held by the next, starting and ending at `start`.

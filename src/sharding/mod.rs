@@ -21,9 +21,19 @@
 //!   ([`ShardNotHeld`]), and starts no new one. Another replica cannot take the Lease before
 //!   `lease_duration` after that renewal, so the two never run one object at the same time.
 //!   A shard given up voluntarily is released only once its passes have stopped.
-//! - Every replica watches and caches every object of its kinds (the others' shards too), so
-//!   a takeover starts reconciling at once, and references and readiness work across shards:
-//!   a waiter on an object of another replica's shard is woken by that object's watch event.
+//! - **What a replica watches** ([`ShardWatch`]). By default every replica watches and caches
+//!   every object of its kinds (the others' shards too), so a takeover starts reconciling at
+//!   once, and a waiter on an object of another replica's shard is woken by that object's
+//!   watch event. With [`ShardWatch::HeldShards`] a replica watches only the objects of the
+//!   shards it holds, and objects nobody has placed yet: the replica that holds an object's
+//!   shard labels it `shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>` in the same
+//!   write that adds the finalizer, and every replica's watch selects
+//!   `shard.actorcile.dev/<lease_prefix> notin (<the shards it does not hold>)`. Watch
+//!   traffic, decoding and the cache then split across replicas with the objects; the price
+//!   is a relist of the held shards whenever the set of held shards changes (a takeover
+//!   starts once that list is in), and readiness of objects in other replicas' shards is
+//!   read from a watch of their kind that runs only while someone waits on such an object
+//!   (as for kinds this runtime does not manage).
 //!
 //! The policy's `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the
 //! timings (defaults 15 s / 10 s / 2 s, as client-go's leader election).
@@ -75,7 +85,25 @@ pub struct Sharding {
     /// This replica's identity (the `holderIdentity` of the Leases it holds): unique among the
     /// replicas.
     pub identity: String,
+    /// What each replica watches: every object, or only those of the shards it holds.
+    pub watch: ShardWatch,
 }
+
+/// What each replica watches (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ShardWatch {
+    /// Every object of the runtime's kinds, whichever replica runs it: a takeover starts at
+    /// once (warm), and every replica pays for every object's events and cache.
+    #[default]
+    Everything,
+    /// Only the objects of the shards this replica holds, and objects not placed in a shard
+    /// yet (selected by the shard label the holder writes): watch CPU and cache memory split
+    /// across replicas; a takeover relists first (cold).
+    HeldShards,
+}
+
+/// The prefix of the shard label's key (the key is this followed by the Leases' prefix).
+pub const SHARD_LABEL_PREFIX: &str = "shard.actorcile.dev/";
 
 impl Sharding {
     /// `shards` shards on Leases in `namespace`, prefix `actorcile-shards`, identity
@@ -86,7 +114,20 @@ impl Sharding {
             namespace: namespace.into(),
             lease_prefix: "actorcile-shards".into(),
             identity: crate::names::replica_identity(),
+            watch: ShardWatch::Everything,
         }
+    }
+
+    /// What each replica watches.
+    pub fn watch(mut self, watch: ShardWatch) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// The key of the label that places an object in its shard
+    /// ([`ShardWatch::HeldShards`]): `shard.actorcile.dev/<lease_prefix>`.
+    pub fn label_key(&self) -> String {
+        format!("{SHARD_LABEL_PREFIX}{}", self.lease_prefix)
     }
 
     /// This replica's identity.
@@ -133,6 +174,18 @@ impl Sharding {
         if self.identity.is_empty() {
             return Err(invalid("identity", "must not be empty".into()));
         }
+        if self.watch == ShardWatch::HeldShards
+            && !crate::names::is_prefixed_qualified_name(&self.label_key())
+        {
+            return Err(invalid(
+                "lease_prefix",
+                format!(
+                    "{:?} does not make a valid label key ({:?}; at most 63 characters after the /)",
+                    self.lease_prefix,
+                    self.label_key()
+                ),
+            ));
+        }
         policy.check_lease_timings().map_err(|(f, p)| invalid(f, p))
     }
 
@@ -173,6 +226,23 @@ pub fn object_key(namespace: Option<&str>, name: &str) -> String {
     }
 }
 
+/// The shard label's value for `shard` of `shards`: `<shard>-of-<shards>` (the count is in it so
+/// that a label written under another shard count is seen as not placed).
+pub(crate) fn label_value(shard: u32, shards: u32) -> String {
+    format!("{shard}-of-{shards}")
+}
+
+/// The label selector of the objects a replica holding `held` (of `shards`) watches with
+/// [`ShardWatch::HeldShards`]: those not labelled for a shard it does not hold. `None` when it
+/// holds every shard.
+pub(crate) fn held_selector(key: &str, held: &[u32], shards: u32) -> Option<String> {
+    let others: Vec<String> = (0..shards)
+        .filter(|s| !held.contains(s))
+        .map(|s| label_value(s, shards))
+        .collect();
+    (!others.is_empty()).then(|| format!("{key} notin ({})", others.join(",")))
+}
+
 fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -194,6 +264,9 @@ pub(crate) struct Shards {
     /// Called with a shard's number when this replica acquires it (each manager runs the
     /// shard's objects).
     listeners: Mutex<Vec<Listener>>,
+    /// Bumped on every acquisition and loss (the watches of [`ShardWatch::HeldShards`]
+    /// follow the held set).
+    changes: watch::Sender<u64>,
 }
 
 /// What runs when a shard is acquired ([`Shards::on_acquired`]).
@@ -209,7 +282,13 @@ impl Shards {
             in_flight: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             idle: (0..n).map(|_| Notify::new()).collect(),
             listeners: Mutex::new(Vec::new()),
+            changes: watch::channel(0).0,
         }
+    }
+
+    /// A receiver that sees every change of the held set from now on.
+    pub(crate) fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     pub(crate) fn count(&self) -> u32 {
@@ -249,6 +328,7 @@ impl Shards {
         if !*self.held[i].borrow() {
             tracing::info!(shard, "acquired shard");
             self.held[i].send_replace(true);
+            self.changes.send_modify(|n| *n += 1);
             for f in self
                 .listeners
                 .lock()
@@ -266,6 +346,7 @@ impl Shards {
         self.valid_until[i].store(0, Ordering::Release);
         if self.held[i].send_replace(false) {
             tracing::info!(shard, "shard no longer held: its passes stop");
+            self.changes.send_modify(|n| *n += 1);
         }
     }
 
@@ -369,6 +450,26 @@ mod tests {
             ..p
         };
         assert!(Sharding::new(4, "default").validate(&bad).is_err());
+    }
+
+    #[test]
+    fn the_held_selector_excludes_the_other_shards_only() {
+        let key = Sharding::new(4, "default").label_key();
+        assert_eq!(key, "shard.actorcile.dev/actorcile-shards");
+        assert_eq!(
+            held_selector(&key, &[1, 3], 4).as_deref(),
+            Some("shard.actorcile.dev/actorcile-shards notin (0-of-4,2-of-4)")
+        );
+        assert_eq!(held_selector(&key, &[0, 1, 2, 3], 4), None);
+        assert_eq!(
+            held_selector(&key, &[], 2).as_deref(),
+            Some("shard.actorcile.dev/actorcile-shards notin (0-of-2,1-of-2)")
+        );
+        let long = Sharding::new(4, "default")
+            .lease_prefix(format!("{}.{}", "a".repeat(40), "b".repeat(30)))
+            .watch(ShardWatch::HeldShards);
+        let e = long.validate(&SupervisorPolicy::default()).unwrap_err();
+        assert!(e.to_string().contains("63"), "{e}");
     }
 
     #[tokio::test(start_paused = true)]
