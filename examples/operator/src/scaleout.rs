@@ -3,12 +3,13 @@
 //! process.
 //!
 //! - **CPU split**: N Networks (validate, a ConfigMap, the Ready status) reconciled by 1, 2 and
-//!   3 sharded replicas (12 shards), one round each in a namespace of its own; per round the
-//!   time until every Network is Ready and each replica's CPU seconds (user + system, from
-//!   `/proc/<pid>/stat`, read before it stops).
+//!   3 sharded replicas (12 shards), one round each in a namespace of its own, with the
+//!   replicas watching every object and watching only their shards (`--shards-held-only`); per
+//!   round the time until every Network is Ready and each replica's CPU seconds (user +
+//!   system, from `/proc/<pid>/stat`, read before it stops).
 //! - **Failover**: `--kills` times, two replicas (2 s leases): `kill -9` one, create a Network
-//!   at once, and time until it is Ready — with sharding (every replica watches everything),
-//!   and with leader election, warm and cold standby. A replica is started again after each
+//!   at once, and time until it is Ready — with sharding (every replica watches everything, or
+//!   only its shards), and with leader election, warm and cold standby. A replica is started again after each
 //!   kill.
 //!
 //! ```text
@@ -39,6 +40,18 @@ pub struct ScaleoutArgs {
     /// Shards.
     #[arg(long, default_value_t = 12)]
     shards: u32,
+    /// What the replicas of the CPU-split rounds watch: `everything` (every object), `held`
+    /// (only their shards', `--shards-held-only`), or both.
+    #[arg(long, value_delimiter = ',', default_value = "everything,held")]
+    watch: Vec<String>,
+    /// Failover modes: `sharded`, `sharded-held` (`--shards-held-only`), `leader-warm`,
+    /// `leader-cold`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sharded,sharded-held,leader-warm,leader-cold"
+    )]
+    failover: Vec<String>,
 }
 
 /// A replica process, killed when dropped.
@@ -170,16 +183,26 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
             "CPU split: {} Networks, {} shards",
             args.objects, args.shards
         );
-        println!("| replicas | all Ready (s) | CPU s per replica | CPU s total |");
-        println!("|---|---|---|---|");
+        println!("| watch | replicas | all Ready (s) | CPU s per replica | CPU s total |");
+        println!("|---|---|---|---|---|");
     }
-    for &n in rounds {
-        let ns = format!("split-{n}");
+    let modes: Vec<(&str, usize)> = args
+        .watch
+        .iter()
+        .flat_map(|w| rounds.iter().map(move |&n| (w.as_str(), n)))
+        .collect();
+    for (watch, n) in modes {
+        let held_only = match watch {
+            "everything" => false,
+            "held" => true,
+            other => return Err(format!("--watch {other}: not `everything` or `held`")),
+        };
+        let ns = format!("split-{watch}-{n}");
         create_namespace(&client, &ns).await?;
         let api: Api<Network> = Api::namespaced(client.clone(), &ns);
         let replicas: Vec<Replica> = (0..n)
             .map(|i| {
-                let a = [
+                let mut a: Vec<String> = [
                     "--namespace",
                     &ns,
                     "--shards",
@@ -188,8 +211,13 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
                     &ns,
                     "--identity",
                     &format!("{ns}-{i}"),
-                ];
-                spawn(&kubeconfig, &policy, &a.map(String::from))
+                ]
+                .map(String::from)
+                .to_vec();
+                if held_only {
+                    a.push("--shards-held-only".into());
+                }
+                spawn(&kubeconfig, &policy, &a)
             })
             .collect();
         // Wait until the shards are spread (each replica ⌈shards / n⌉ at most).
@@ -205,7 +233,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let cpu: Vec<f64> = replicas.iter().map(Replica::cpu_seconds).collect();
         let per: Vec<String> = cpu.iter().map(|c| format!("{c:.2}")).collect();
         println!(
-            "| {n} | {took:.1} | {} | {:.2} |",
+            "| {watch} | {n} | {took:.1} | {} | {:.2} |",
             per.join(" / "),
             cpu.iter().sum::<f64>()
         );
@@ -222,7 +250,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         );
         println!("| mode | Lease taken p50 (s) | max (s) | new object Ready p50 (s) | max (s) |");
         println!("|---|---|---|---|---|");
-        for mode in ["sharded", "leader-warm", "leader-cold"] {
+        for mode in &args.failover {
             let times = failover(&client, &kubeconfig, &policy, mode, &shards, args.kills).await?;
             let (taken, ready): (Vec<f64>, Vec<f64>) = times.into_iter().unzip();
             let (t50, tmax) = p50_max(taken);
@@ -276,6 +304,9 @@ async fn failover(
     shards: &str,
     kills: usize,
 ) -> Result<Vec<(f64, f64)>, String> {
+    if !["sharded", "sharded-held", "leader-warm", "leader-cold"].contains(&mode) {
+        return Err(format!("--failover {mode}: not a failover mode"));
+    }
     let ns = format!("failover-{mode}");
     create_namespace(client, &ns).await?;
     let api: Api<Network> = Api::namespaced(client.clone(), &ns);
@@ -294,6 +325,16 @@ async fn failover(
             "sharded" => {
                 a.extend(["--shards", shards, "--shards-namespace", &ns].map(String::from))
             }
+            "sharded-held" => a.extend(
+                [
+                    "--shards",
+                    shards,
+                    "--shards-namespace",
+                    &ns,
+                    "--shards-held-only",
+                ]
+                .map(String::from),
+            ),
             "leader-warm" => {
                 a.extend(["--leader-elect", "--leader-elect-namespace", &ns].map(String::from))
             }
@@ -325,7 +366,7 @@ async fn failover(
         // Who runs the probe: the holder of its shard, or the leader; wait until the two
         // replicas are settled (both hold shards, or one leads) so a kill hits a busy one.
         let lease_name = match mode {
-            "sharded" => {
+            "sharded" | "sharded-held" => {
                 let ids: Vec<&str> = running.iter().map(|(id, _)| id.as_str()).collect();
                 wait_spread(client, &ns, ids.len(), shards.parse().unwrap()).await?;
                 let shard = actorcile::sharding::shard_of(

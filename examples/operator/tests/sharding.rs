@@ -6,7 +6,8 @@
 //! shards are taken at once. Every replica records its passes and shard changes to a file
 //! (`--record-passes`); the checker at the end proves that no two passes of one object
 //! overlapped, across replicas, and that each pass started while its replica held the
-//! object's shard.
+//! object's shard. The same again with every replica watching only its own shards
+//! (`--shards-held-only`): objects carry their shard's label, and a takeover relists.
 
 mod common;
 
@@ -30,7 +31,14 @@ const SLACK_MICROS: u64 = 20_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_replicas_on_a_real_apiserver() {
-    tokio::time::timeout(Duration::from_secs(240), run())
+    tokio::time::timeout(Duration::from_secs(240), run(false))
+        .await
+        .expect("the test took over 240 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_replicas_watching_only_their_shards_on_a_real_apiserver() {
+    tokio::time::timeout(Duration::from_secs(240), run(true))
         .await
         .expect("the test took over 240 s");
 }
@@ -43,6 +51,7 @@ fn now_micros() -> u64 {
 }
 
 struct Replicas {
+    held_only: bool,
     kubeconfig: PathBuf,
     dir: PathBuf,
     policy: PathBuf,
@@ -65,6 +74,9 @@ impl Replicas {
         let (policy, record) = (self.policy.to_str().unwrap(), record.to_str().unwrap());
         args.extend(["--policy", policy, "--record-passes", record]);
         args.extend(extra);
+        if self.held_only {
+            args.push("--shards-held-only");
+        }
         let op = spawn_with(&self.kubeconfig, free_port(), &args);
         self.running.insert(id.to_string(), op);
     }
@@ -129,7 +141,7 @@ async fn all_ready(networks: &Api<DynamicObject>, clusters: &Api<DynamicObject>,
     .await;
 }
 
-async fn run() {
+async fn run(held_only: bool) {
     let env = Envtest::builder().start().await.expect("start envtest");
     let client = env.client();
     let dir = std::env::temp_dir().join(format!("example-operator-shards-{}", std::process::id()));
@@ -142,6 +154,7 @@ async fn run() {
     )
     .unwrap();
     let mut replicas = Replicas {
+        held_only,
         kubeconfig: env.kubeconfig_path().to_path_buf(),
         dir: dir.clone(),
         policy,
@@ -219,6 +232,18 @@ async fn run() {
     for (id, op) in std::mem::take(&mut replicas.running) {
         let status = terminate(op).await;
         assert!(status.success(), "{id}: {status:?}");
+    }
+    if held_only {
+        // Every object carries its shard's label.
+        let key = actorcile::sharding::Sharding::new(SHARDS, "default").label_key();
+        for api in [&networks, &clusters] {
+            for o in api.list(&ListParams::default()).await.unwrap() {
+                let name = o.metadata.name.clone().unwrap();
+                let shard = shard_of(&object_key(o.metadata.namespace.as_deref(), &name), SHARDS);
+                let label = o.metadata.labels.as_ref().and_then(|l| l.get(&key));
+                assert_eq!(label, Some(&format!("{shard}-of-{SHARDS}")), "{name}");
+            }
+        }
     }
     let killed = HashMap::from([("r1".to_string(), killed_at)]);
     let report = check(&dir, &killed);
