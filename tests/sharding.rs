@@ -290,6 +290,77 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
     a.shutdown().await;
 }
 
+/// With replicas watching only their shards and a shard key from a label, an object whose key
+/// changes is moved (relabelled) by the replica that sees it, and run by the replica of its
+/// new shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard() {
+    let (_cluster, client) = cluster();
+    let passes = Passes::default();
+    let tenant = |w: &Widget| w.labels().get("tenant").cloned().unwrap_or_default();
+    let start = |id: &'static str| {
+        Runtime::builder(client.clone())
+            .policy(policy())
+            .controller(
+                Controller::<Widget>::new(tree(id, passes.clone(), Duration::ZERO))
+                    .shard_key(tenant),
+            )
+            .sharding(
+                Sharding::new(SHARDS, "default")
+                    .identity(id)
+                    .watch(ShardWatch::HeldShards),
+            )
+            .start()
+    };
+    let a = start("a").await.unwrap();
+    let b = start("b").await.unwrap();
+    let held = balanced(&[&a, &b]).await;
+    let tenant_in = |shards: &[u32]| {
+        (0..)
+            .map(|i| format!("tenant-{i}"))
+            .find(|t| shards.contains(&shard_of(t, SHARDS)))
+            .unwrap()
+    };
+    let (ta, tb) = (tenant_in(&held[0]), tenant_in(&held[1]));
+    let mut w = widget("moving", 1);
+    w.metadata.labels = Some([("tenant".to_string(), ta)].into());
+    widgets(&client)
+        .create(&PostParams::default(), &w)
+        .await
+        .unwrap();
+    wait_ready(&client, "moving", LIMIT).await;
+    let ran_on = |replica: &str| {
+        passes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|p| p.0 == replica && p.1 == "moving")
+    };
+    assert!(ran_on("a") && !ran_on("b"));
+
+    let patch = serde_json::json!({"metadata": {"labels": {"tenant": tb}}, "spec": {"size": 2}});
+    widgets(&client)
+        .patch(
+            "moving",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    let key = Sharding::new(SHARDS, "default").label_key();
+    let want = format!("{}-of-{SHARDS}", shard_of(&tb, SHARDS));
+    eventually("moved and run by b", LIMIT, || async {
+        let w = widgets(&client).get("moving").await.ok()?;
+        let moved = w.labels().get(&key) == Some(&want);
+        let observed = w.status.as_ref()?.ready()?.observed_generation == w.metadata.generation;
+        (moved && observed && ran_on("b")).then_some(())
+    })
+    .await;
+    assert_no_overlap(&passes);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards() {
     let (cluster, client) = cluster();

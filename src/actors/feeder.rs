@@ -95,17 +95,22 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         .and_then(|s| Some((s.shards.clone(), s.label.clone()?)));
     let mut changes = view.as_ref().map(|(shards, _)| shards.changes());
     let mut listed = Some(listed);
-    // The list in progress: its keys in list order, and whether it goes straight to the store.
-    let mut list: Option<(Vec<ObjectRef<K>>, bool)> = None;
+    let mut list: Option<List<K>> = None;
     let mut first_list = true;
-    // Each round is one watch; a change of the held shards ends it, and the next round watches
-    // with the new selector (its list replaces the store, and the manager forgets what it no
-    // longer lists).
+    // Each round is one watch. It ends when a shard is acquired that it does not select (at
+    // once, after `SETTLE`), or when it selects shards given up for `2 × lease_duration` (a
+    // shard lost and soon taken again, as when renewals run late, costs no relist); the next
+    // round watches with the new selector (its list replaces the store, and the manager
+    // forgets what it no longer lists). Held here means what the keeper holds, not whether a
+    // renewal is late: a late renewal must not narrow the watch.
+    let narrow_after = shared.policy.lease_duration * 2;
     loop {
         let mut config = config.clone();
+        let mut watched: Vec<u32> = Vec::new();
         if let (Some((shards, key)), Some(changes)) = (&view, &mut changes) {
             changes.borrow_and_update();
-            if let Some(sel) = held_selector(key, &shards.held(), shards.count()) {
+            watched = shards.claimed();
+            if let Some(sel) = held_selector(key, &watched, shards.count()) {
                 config.label_selector = Some(match config.label_selector.take() {
                     Some(user) => format!("{user},{sel}"),
                     None => sel,
@@ -120,7 +125,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
             .default_backoff()
             .modify(|o| o.managed_fields_mut().clear());
         futures::pin_mut!(events);
-        // Set when the held set changed: the watch follows once it stayed put for `SETTLE`.
+        // When this watch ends to follow the held shards.
         let mut follow_at: Option<tokio::time::Instant> = None;
         loop {
             let event = tokio::select! {
@@ -129,7 +134,16 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                     None => return,
                 },
                 () = next_change(&mut changes) => {
-                    follow_at = Some(tokio::time::Instant::now() + SETTLE);
+                    let Some((shards, _)) = &view else { continue };
+                    let held = shards.claimed();
+                    let now = tokio::time::Instant::now();
+                    follow_at = if held.iter().any(|s| !watched.contains(s)) {
+                        Some(now + SETTLE)
+                    } else if watched.iter().any(|s| !held.contains(s)) {
+                        Some(follow_at.map_or(now + narrow_after, |f| f.min(now + narrow_after)))
+                    } else {
+                        None
+                    };
                     continue;
                 }
                 () = sleep_until(follow_at) => break,
@@ -147,8 +161,19 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     }
 }
 
-/// How long the held shards must stay unchanged before the watch follows them (a keeper round
-/// that takes several shards makes one relist, not one per shard).
+/// A list in progress.
+struct List<K: ManagedResource> {
+    /// Its keys, in list order.
+    keys: Vec<ObjectRef<K>>,
+    /// Whether it goes straight to the store (a first list) or is buffered (a re-list).
+    direct: bool,
+    /// Of a buffered list: the keys whose object is new or changed against the store, the only
+    /// ones routed when it is in (the others' actors have seen them).
+    changed: Vec<ObjectRef<K>>,
+}
+
+/// How long the held shards must stay unchanged before the watch follows an acquisition (a
+/// keeper round that takes several shards makes one relist, not one per shard).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Resolves on the next change of the held set; never without a receiver (no
@@ -177,7 +202,7 @@ fn apply<K: ManagedResource>(
     manager: &Mailbox<ManagerMsg<K>>,
     writer: &mut reflector::store::Writer<K>,
     event: Result<Event<K>, watcher::Error>,
-    list: &mut Option<(Vec<ObjectRef<K>>, bool)>,
+    list: &mut Option<List<K>>,
     first_list: &mut bool,
     listed: &mut Option<tokio::sync::oneshot::Sender<()>>,
 ) {
@@ -197,18 +222,27 @@ fn apply<K: ManagedResource>(
             if !direct {
                 writer.apply_watcher_event(&Event::Init);
             }
-            *list = Some((Vec::new(), direct));
+            *list = Some(List {
+                keys: Vec::new(),
+                direct,
+                changed: Vec::new(),
+            });
         }
         Ok(Event::InitApply(obj)) => {
             let key = key_of(&obj);
             match list {
-                Some((keys, true)) => {
-                    keys.push(key.clone());
+                Some(l) if l.direct => {
+                    l.keys.push(key.clone());
                     writer.apply_watcher_event(&Event::Apply(obj));
                     route(shared, manager, key);
                 }
-                Some((keys, false)) => {
-                    keys.push(key);
+                Some(l) => {
+                    let seen = shared.store.get(&key);
+                    let version = |o: &K| o.meta().resource_version.clone();
+                    if seen.is_none_or(|s| version(&s) != version(&obj)) {
+                        l.changed.push(key.clone());
+                    }
+                    l.keys.push(key);
                     writer.apply_watcher_event(&Event::InitApply(obj));
                 }
                 // The watcher always starts a list with `Init`; buffer to be safe.
@@ -216,21 +250,22 @@ fn apply<K: ManagedResource>(
             }
         }
         Ok(Event::InitDone) => {
-            let Some((keys, direct)) = list.take() else {
+            let Some(l) = list.take() else {
                 writer.apply_watcher_event(&Event::InitDone);
                 return;
             };
-            if !direct {
+            if !l.direct {
                 writer.apply_watcher_event(&Event::InitDone);
-                // A buffered list is in the store only now: route it, in list order.
-                for key in &keys {
-                    route(shared, manager, key.clone());
+                // A buffered list is in the store only now: route what is new in it, in list
+                // order.
+                for key in l.changed {
+                    route(shared, manager, key);
                 }
             }
             if let Some(listed) = listed.take() {
                 let _ = listed.send(());
             }
-            let existing: HashSet<ObjectRef<K>, ahash::RandomState> = keys.into_iter().collect();
+            let existing: HashSet<ObjectRef<K>, ahash::RandomState> = l.keys.into_iter().collect();
             if let Some(secrets) = &shared.secrets {
                 secrets.retain(&existing);
             }

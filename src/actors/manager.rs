@@ -395,6 +395,20 @@ impl<K: ManagedResource> Manager<K> {
             st.passive_timers.cancel(key.clone());
         }
         if let Some(obj) = self.shared.store.get(&key) {
+            if let Some(scope) = &self.shared.shards
+                && let Some((held, label, value)) = scope.misplaced(&obj)
+            {
+                // Through the labelled shard's client: refused if that shard is lost meanwhile.
+                let client = kube::Client::clone(&scope.clients[held as usize]);
+                let params = self.shared.patch_params();
+                tokio::spawn(super::writes::relabel(
+                    client,
+                    params,
+                    obj.clone(),
+                    label,
+                    value,
+                ));
+            }
             let ready = obj.meta().deletion_timestamp.is_none()
                 && crate::status::ResourceStatus::of(obj.as_ref()).is_ready();
             let target = self

@@ -186,6 +186,20 @@ impl<K: ManagedResource> ShardScope<K> {
         }
     }
 
+    /// When `obj` is labelled for a shard this replica holds but belongs to another (its shard
+    /// key changed): that shard, and the label value it must carry. Only the holder of the
+    /// labelled shard sees such an object, so it moves it.
+    pub(crate) fn misplaced(&self, obj: &K) -> Option<(u32, Arc<str>, String)> {
+        let key = self.label.as_ref()?;
+        let n = self.shards.count();
+        let labelled = obj.meta().labels.as_ref()?.get(&**key)?;
+        let (shard, of) = labelled.split_once("-of-")?;
+        let (shard, of) = (shard.parse::<u32>().ok()?, of.parse::<u32>().ok()?);
+        let right = self.shard_of(obj);
+        (of == n && shard != right && self.shards.holds(shard))
+            .then(|| (shard, key.clone(), crate::sharding::label_value(right, n)))
+    }
+
     /// The shard label `obj` must carry and does not yet (key, value), when replicas watch
     /// only their shards; `None` when it carries it, or labels are not used.
     pub(crate) fn missing_label(&self, obj: &K) -> Option<(Arc<str>, String)> {

@@ -215,6 +215,31 @@ pub(crate) async fn claim<K: ManagedResource>(
         .await
 }
 
+/// Move `obj` to the shard its label must name (`label` = `value`): a merge patch guarded by
+/// the resourceVersion seen. A conflict or a refusal is left to the next event of the object.
+pub(crate) async fn relabel<K: ManagedResource>(
+    client: kube::Client,
+    params: kube::api::PatchParams,
+    obj: std::sync::Arc<K>,
+    label: std::sync::Arc<str>,
+    value: String,
+) {
+    let api = crate::object_api::ObjectApi::<K>::new(client, obj.meta().namespace.as_deref());
+    let patch = json!({"metadata": {
+        "resourceVersion": obj.meta().resource_version,
+        "labels": {&*label: value},
+    }});
+    match api
+        .patch(&obj.name_any(), &params, &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => tracing::debug!(object = %obj.name_any(), "moved to the shard of its key"),
+        Err(e) => {
+            tracing::debug!(object = %obj.name_any(), error = %e, "could not move to the shard of its key")
+        }
+    }
+}
+
 /// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
 /// as the server left it (`None` if it is gone).
 pub(crate) async fn remove_finalizer<K: ManagedResource>(

@@ -307,6 +307,14 @@ impl Shards {
         (0..self.count()).filter(|&s| self.holds(s)).collect()
     }
 
+    /// The shards the keeper holds, in order, whether or not a renewal is late (what the
+    /// watches of [`ShardWatch::HeldShards`] select).
+    pub(crate) fn claimed(&self) -> Vec<u32> {
+        (0..self.count())
+            .filter(|&s| *self.held[s as usize].borrow())
+            .collect()
+    }
+
     fn nanos(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.base).as_nanos() as u64
     }
