@@ -6,7 +6,9 @@
 //!   3 sharded replicas (12 shards), one round each in a namespace of its own, with the
 //!   replicas watching every object and watching only their shards (`--shards-held-only`); per
 //!   round the time until every Network is Ready and each replica's CPU seconds (user +
-//!   system, from `/proc/<pid>/stat`, read before it stops).
+//!   system, from `/proc/<pid>/stat`); then a change wave (every Network's spec patched once)
+//!   and each replica's CPU seconds for it until every Network is Ready for its new
+//!   generation, and each replica's resident memory at the end.
 //! - **Failover**: `--kills` times, two replicas (2 s leases): `kill -9` one, create a Network
 //!   at once, and time until it is Ready — with sharding (every replica watches everything, or
 //!   only its shards), and with leader election, warm and cold standby. A replica is started again after each
@@ -79,6 +81,18 @@ impl Replica {
         ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
     }
 
+    /// Resident memory now, in MiB (`VmRSS` of `/proc/<pid>/status`).
+    fn rss_mib(&self) -> f64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    }
+
     fn stop(mut self) {
         // SAFETY: signalling a child process we own.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
@@ -128,6 +142,33 @@ fn network(name: &str, i: usize) -> Network {
             cidr: format!("10.{}.{}.0/24", (i / 256) % 256, i % 256),
         },
     )
+}
+
+/// Wait until `n` Networks of `ns` are Ready for their current generation (at most `limit`).
+async fn all_current(api: &Api<Network>, n: usize, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let current = list
+            .items
+            .iter()
+            .filter(|o| {
+                let status = actorcile::status::ResourceStatus::of(*o);
+                status.is_ready()
+                    && status.ready().and_then(|c| c.observed_generation) == o.metadata.generation
+            })
+            .count();
+        if current == n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{current} of {n} Networks current after {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Wait until `n` Networks of `ns` are Ready (at most `limit`).
@@ -183,8 +224,10 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
             "CPU split: {} Networks, {} shards",
             args.objects, args.shards
         );
-        println!("| watch | replicas | all Ready (s) | CPU s per replica | CPU s total |");
-        println!("|---|---|---|---|---|");
+        println!(
+            "| watch | replicas | all Ready (s) | CPU s per replica | CPU s total | change wave: CPU s per replica | RSS MiB per replica |"
+        );
+        println!("|---|---|---|---|---|---|---|");
     }
     let modes: Vec<(&str, usize)> = args
         .watch
@@ -231,11 +274,34 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         all_ready(&api, args.objects, Duration::from_secs(900)).await?;
         let took = started.elapsed().as_secs_f64();
         let cpu: Vec<f64> = replicas.iter().map(Replica::cpu_seconds).collect();
+        // A change wave over the existing objects: every Network's spec changes once.
+        for i in 0..args.objects {
+            let patch = serde_json::json!({"spec": {"cidr": format!("10.{}.{}.0/25", (i / 256) % 256, i % 256)}});
+            api.patch(
+                &format!("n-{i}"),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+        all_current(&api, args.objects, Duration::from_secs(900)).await?;
+        let wave: Vec<String> = replicas
+            .iter()
+            .zip(&cpu)
+            .map(|(r, before)| format!("{:.2}", r.cpu_seconds() - before))
+            .collect();
+        let rss: Vec<String> = replicas
+            .iter()
+            .map(|r| format!("{:.0}", r.rss_mib()))
+            .collect();
         let per: Vec<String> = cpu.iter().map(|c| format!("{c:.2}")).collect();
         println!(
-            "| {watch} | {n} | {took:.1} | {} | {:.2} |",
+            "| {watch} | {n} | {took:.1} | {} | {:.2} | {} | {} |",
             per.join(" / "),
-            cpu.iter().sum::<f64>()
+            cpu.iter().sum::<f64>(),
+            wave.join(" / "),
+            rss.join(" / ")
         );
         for r in replicas {
             r.stop();
