@@ -144,51 +144,43 @@ fn network(name: &str, i: usize) -> Network {
     )
 }
 
-/// Wait until `n` Networks of `ns` are Ready for their current generation (at most `limit`).
-async fn all_current(api: &Api<Network>, n: usize, limit: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let list = api
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let current = list
-            .items
-            .iter()
-            .filter(|o| {
-                let status = actorcile::status::ResourceStatus::of(*o);
-                status.is_ready()
-                    && status.ready().and_then(|c| c.observed_generation) == o.metadata.generation
-            })
-            .count();
-        if current == n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{current} of {n} Networks current after {limit:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Wait until `n` Networks of `ns` are Ready (at most `limit`).
 async fn all_ready(api: &Api<Network>, n: usize, limit: Duration) -> Result<(), String> {
+    let ready = |o: &Network| actorcile::status::ResourceStatus::of(o).is_ready();
+    wait_until(api, n, limit, "Ready", ready).await
+}
+
+/// Wait until `n` Networks of `ns` are Ready for their current generation (at most `limit`).
+async fn all_current(api: &Api<Network>, n: usize, limit: Duration) -> Result<(), String> {
+    let current = |o: &Network| {
+        let status = actorcile::status::ResourceStatus::of(o);
+        status.is_ready()
+            && status.ready().and_then(|c| c.observed_generation) == o.metadata.generation
+    };
+    wait_until(api, n, limit, "current", current).await
+}
+
+/// Wait until `n` Networks of `ns` are `what` by `test` (at most `limit`), listing them every
+/// 100 ms.
+async fn wait_until(
+    api: &Api<Network>,
+    n: usize,
+    limit: Duration,
+    what: &str,
+    test: impl Fn(&Network) -> bool,
+) -> Result<(), String> {
     let deadline = Instant::now() + limit;
     loop {
         let list = api
             .list(&ListParams::default())
             .await
             .map_err(|e| e.to_string())?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|o| actorcile::status::ResourceStatus::of(*o).is_ready())
-            .count();
-        if ready == n {
+        let count = list.items.iter().filter(|o| test(o)).count();
+        if count == n {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("{ready} of {n} Networks Ready after {limit:?}"));
+            return Err(format!("{count} of {n} Networks {what} after {limit:?}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
