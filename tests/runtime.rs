@@ -1068,6 +1068,55 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     rt.shutdown().await;
 }
 
+/// A restart with many objects: every listed object is queued for its first pass, and a change
+/// that comes meanwhile (an object changed, an object created) runs ahead of the rest of the
+/// list, which still gets every second start and finishes.
+#[tokio::test(start_paused = true)]
+async fn changes_during_the_start_up_list_run_ahead_of_it() {
+    let (_cluster, client) = cluster();
+    for i in 0..40 {
+        create(&client, &format!("w{i:02}"), 1).await;
+    }
+    let gate = Arc::new(Notify::new());
+    let entered = Arc::new(Notify::new());
+    let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let log = RunLog::default();
+    let mut policy = passivating(Duration::from_secs(30));
+    policy.max_concurrent_runs = 1;
+    let (g, e, h, l) = (gate.clone(), entered.clone(), held.clone(), log.clone());
+    let tree = step("gated", move |cx: Context<Widget>| {
+        let (g, e, h, l) = (g.clone(), e.clone(), h.clone(), l.clone());
+        async move {
+            l.start(&cx.object().name_any());
+            // The first pass holds the one run slot while the rest of the list queues.
+            if !h.swap(true, Ordering::SeqCst) {
+                e.notify_one();
+                g.notified().await;
+            }
+            Outcome::Done
+        }
+    });
+    let rt = start_widgets(&client, policy, tree).await;
+    entered.notified().await;
+    let first = log.0.lock().unwrap()[0].0.clone();
+    let changed = if first == "w39" { "w38" } else { "w39" };
+    set_note(&client, changed, "changed while listed").await;
+    create(&client, "created", 1).await;
+    // Paused clock: it advances only once every task is idle, so the runtime has seen both.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(log.total(), 1, "the run slot was held");
+    gate.notify_one();
+    wait_all_ready(&client, 41, LIMIT).await;
+    let order: Vec<String> = log.0.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    let at = |name: &str| order.iter().position(|n| n == name).unwrap();
+    assert!(
+        at(changed) <= 2 && at("created") <= 4,
+        "the changes waited behind the list: {order:?}"
+    );
+    assert_eq!(order.len(), 41, "each object ran once: {order:?}");
+    rt.shutdown().await;
+}
+
 /// Passivated actors adopt the next activations instead of new actors being spawned: sixty
 /// objects through two run slots spawn a handful of actors, every object still runs once per
 /// change, and no two runs of one object overlap.

@@ -28,11 +28,13 @@ fn key_of<K: ManagedResource>(obj: &K) -> ObjectRef<K> {
     key
 }
 
-/// Route one applied object to its actor, or to the manager when it has none.
+/// Route one applied object to its actor, or to the manager when it has none (`listed`: found
+/// by the start-up list, so its activation waits behind changes).
 fn route<K: ManagedResource>(
     shared: &Shared<K>,
     manager: &Mailbox<ManagerMsg<K>>,
     key: ObjectRef<K>,
+    listed: bool,
 ) {
     let Some(obj) = shared.store.get(&key) else {
         return;
@@ -45,7 +47,11 @@ fn route<K: ManagedResource>(
     {
         return;
     }
-    manager.send(ManagerMsg::Event(key));
+    manager.send(if listed {
+        ManagerMsg::Listed(key)
+    } else {
+        ManagerMsg::Event(key)
+    });
 }
 
 fn route_gone<K: ManagedResource>(
@@ -210,7 +216,7 @@ fn apply<K: ManagedResource>(
         Ok(Event::Apply(obj)) => {
             let key = key_of(&obj);
             writer.apply_watcher_event(&Event::Apply(obj));
-            route(shared, manager, key);
+            route(shared, manager, key, false);
         }
         Ok(Event::Delete(obj)) => {
             let key = key_of(&obj);
@@ -234,7 +240,7 @@ fn apply<K: ManagedResource>(
                 Some(l) if l.direct => {
                     l.keys.push(key.clone());
                     writer.apply_watcher_event(&Event::Apply(obj));
-                    route(shared, manager, key);
+                    route(shared, manager, key, true);
                 }
                 Some(l) => {
                     let seen = shared.store.get(&key);
@@ -259,7 +265,7 @@ fn apply<K: ManagedResource>(
                 // A buffered list is in the store only now: route what is new in it, in list
                 // order.
                 for key in l.changed {
-                    route(shared, manager, key);
+                    route(shared, manager, key, false);
                 }
             }
             if let Some(listed) = listed.take() {

@@ -60,7 +60,11 @@ pub(crate) struct ManagerArgs<K: ManagedResource> {
 /// Where one object's actor is in its life.
 enum Life {
     /// In the activation queue, waiting for a run slot; with the state a passivated actor left.
-    Queued(Option<PassiveState>),
+    /// `listed`: queued behind changes, as a listed object (see [`ActivationQueue`]).
+    Queued {
+        passive: Option<PassiveState>,
+        listed: bool,
+    },
     /// A live actor. `notified`: a notification found no route because the actor is
     /// passivating; it re-activates at once when it has stopped.
     Live { id: ActorId, notified: bool },
@@ -114,13 +118,15 @@ fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
 }
 
 impl<K: ManagedResource> Manager<K> {
-    /// Queue `key` for a live actor (`passive`: the state its last actor handed over).
+    /// Queue `key` for a live actor (`passive`: the state its last actor handed over), behind
+    /// changes if it was `listed` (see [`ActivationQueue`]).
     fn activate(
         &self,
         myself: &ActorRef<MailWaiting>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
         passive: Option<PassiveState>,
+        listed: bool,
     ) {
         if !self.shared.owns(&key) {
             self.unowned(st, key);
@@ -140,12 +146,14 @@ impl<K: ManagedResource> Manager<K> {
         if let Life::Passive(_, Some(_)) = &entry.life {
             st.passive_timers.cancel(key.clone());
         }
-        if passive.is_some() {
+        if listed {
+            st.activations.push_listed(key);
+        } else if passive.is_some() {
             st.activations.push_again(key);
         } else {
             st.activations.push_new(key);
         }
-        entry.life = Life::Queued(passive);
+        entry.life = Life::Queued { passive, listed };
         self.drain(myself, st);
     }
 
@@ -219,7 +227,7 @@ impl<K: ManagedResource> Manager<K> {
             matches!(
                 objects.get(key),
                 Some(Entry {
-                    life: Life::Queued(_),
+                    life: Life::Queued { .. },
                     ..
                 })
             )
@@ -235,7 +243,7 @@ impl<K: ManagedResource> Manager<K> {
         permit: OwnedSemaphorePermit,
     ) {
         let passive = match st.objects.get_mut(&key).map(|s| &mut s.life) {
-            Some(Life::Queued(passive)) => passive.take(),
+            Some(Life::Queued { passive, .. }) => passive.take(),
             _ => return,
         };
         if self.shared.store.get(&key).is_none() {
@@ -372,7 +380,7 @@ impl<K: ManagedResource> Manager<K> {
         }
         ps.pending_run |= notified;
         if ps.pending_run || is_news(&ps, version_of(obj.as_ref())) {
-            self.activate(myself, st, key, Some(ps));
+            self.activate(myself, st, key, Some(ps), false);
             return;
         }
         let timer = ps.wake_in.map(|d| {
@@ -439,7 +447,7 @@ impl<K: ManagedResource> Manager<K> {
             if st.objects.contains_key(&key) {
                 self.notify(myself, st, key);
             } else {
-                self.activate(myself, st, key, None);
+                self.activate(myself, st, key, None, true);
             }
         }
     }
@@ -595,11 +603,11 @@ impl<K: ManagedResource> Manager<K> {
                 Life::Passive(ps, _) => {
                     let mut ps = std::mem::take(ps);
                     ps.pending_run = true;
-                    self.activate(myself, st, key, Some(ps));
+                    self.activate(myself, st, key, Some(ps), false);
                 }
                 // A first activation runs anyway; a re-activation is told to.
-                Life::Queued(ps) => {
-                    if let Some(ps) = ps {
+                Life::Queued { passive, .. } => {
+                    if let Some(ps) = passive {
                         ps.pending_run = true;
                     }
                 }
@@ -616,11 +624,16 @@ impl<K: ManagedResource> Manager<K> {
         st: &mut ManagerState<K>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            ManagerMsg::Listed(key) => {
+                if !st.objects.contains_key(&key) {
+                    self.activate(myself, st, key, None, true);
+                }
+            }
             ManagerMsg::Event(key) => {
                 let Some(entry) = st.objects.get_mut(&key) else {
                     // New: the feeder stored it before routing it here. (Deleted since, it is
                     // dropped from the queue when its turn comes: `start` reads the store.)
-                    self.activate(myself, st, key, None);
+                    self.activate(myself, st, key, None, false);
                     return Ok(());
                 };
                 match &mut entry.life {
@@ -644,8 +657,15 @@ impl<K: ManagedResource> Manager<K> {
                             self.passivate_or_reactivate(myself, st, key, ps, false);
                         }
                     }
+                    // Changed while it waited behind changes as a listed object: it is a change
+                    // now (its entry in the listed queue goes stale once it starts).
+                    Life::Queued { listed, .. } if *listed => {
+                        *listed = false;
+                        st.activations.push_again(key);
+                        self.drain(myself, st);
+                    }
                     // The actor to come reads the store.
-                    Life::Queued(_) | Life::Restarting => {}
+                    Life::Queued { .. } | Life::Restarting => {}
                     Life::Quarantined {
                         generation,
                         deleting,
@@ -657,7 +677,7 @@ impl<K: ManagedResource> Manager<K> {
                             || (obj.meta().deletion_timestamp.is_some() && !*deleting);
                         if changed {
                             entry.restarts = None;
-                            self.activate(myself, st, key, None);
+                            self.activate(myself, st, key, None, false);
                         }
                     }
                 }
@@ -681,7 +701,7 @@ impl<K: ManagedResource> Manager<K> {
                 ) {
                     if self.shared.store.get(&key).is_some() {
                         Metrics::inc(&self.shared.metrics.restarts);
-                        self.activate(myself, st, key, None);
+                        self.activate(myself, st, key, None, false);
                     } else {
                         st.objects.remove(&key);
                     }
@@ -705,7 +725,7 @@ impl<K: ManagedResource> Manager<K> {
                     let mut ps = std::mem::take(ps);
                     ps.pending_run = true;
                     ps.wake_in = None;
-                    self.activate(myself, st, key, Some(ps));
+                    self.activate(myself, st, key, Some(ps), false);
                 }
             }
             ManagerMsg::Passivated(actor, ps) => self.passivated(myself, st, actor, ps),

@@ -36,6 +36,9 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// The feeder has an event for an object without a live actor (new, passive, restarting,
     /// quarantined): activate it if appropriate.
     Event(ObjectRef<K>),
+    /// The start-up list found an object without a live actor: activate it behind changes (its
+    /// first pass only confirms it is as it should be).
+    Listed(ObjectRef<K>),
     /// An object without a live actor was deleted from the API.
     Gone(ObjectRef<K>),
     /// After a (re-)list, the keys that exist; every other known key is gone.
