@@ -1402,8 +1402,16 @@ impl RuntimeHandle {
             s.manager
                 .stop_children_and_wait(Some("shutdown".into()), Some(self.shutdown_timeout))
                 .await;
-            for child in s.manager.get_children() {
-                tracing::warn!(kind = %s.kind, "run did not finish within the shutdown timeout; aborting it");
+            // Past the timeout (or started while the others stopped): killed, mid-run or not.
+            let left = s.manager.get_children();
+            if !left.is_empty() {
+                tracing::warn!(
+                    kind = %s.kind,
+                    actors = left.len(),
+                    "resource actors had not stopped when shutdown ended their wait; killing them"
+                );
+            }
+            for child in left {
                 child.kill();
             }
             let _ = s.manager.stop_and_wait(Some("shutdown".into()), None).await;

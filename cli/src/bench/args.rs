@@ -24,6 +24,11 @@ pub enum Workload {
     /// Ready status when it changed; then every object is deleted (child deleted, finalizer
     /// removed). Measures the time until every object is Ready and then until every one is gone.
     Operator,
+    /// A restart: the objects exist and a first runtime ran each once (the list alone, timed);
+    /// a second runtime then starts while a driver changes random objects (`spec.stampMicros`)
+    /// at `--churn-rate` changes/s until every listed object has run. Measures change→run
+    /// latency and the time until the last listed object ran.
+    Restart,
 }
 
 impl Workload {
@@ -36,6 +41,7 @@ impl Workload {
             Workload::Churn => "churn",
             Workload::Chain => "chain",
             Workload::Operator => "operator",
+            Workload::Restart => "restart",
         }
     }
 }
@@ -137,7 +143,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub yield_interval_ms: u64,
 
-    /// `churn` workload: spec updates per second (all objects together).
+    /// `churn` workload: spec updates per second (all objects together); `restart`: changes per
+    /// second while the listed objects run.
     #[arg(long, default_value_t = 1000.0, value_parser = parse_rate)]
     pub churn_rate: f64,
 

@@ -23,7 +23,7 @@ use super::{
     args::{BenchArgs, RuntimeKind, Workload},
     backend::BenchCluster,
     kube_rt,
-    report::{OperatorPhases, RunResult},
+    report::{OperatorPhases, RestartPhases, RunResult},
     stats::{self, millis, percentile},
     workload::{
         BenchObject, BenchObjectSpec, OPERATOR_CHILD_SUFFIX, Recorder, WorkloadConfig, chain_spec,
@@ -45,7 +45,11 @@ pub fn run(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
 
 async fn run_async(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
     let target = BenchCluster::open(&args.backend(), runtime).await?;
-    let result = measure(args, runtime, &target).await;
+    let result = if args.workload == Workload::Restart {
+        measure_restart(args, runtime, &target).await
+    } else {
+        measure(args, runtime, &target).await
+    };
     let closed = target.close().await;
     let result = result?;
     closed.context("cleaning up")?;
@@ -101,31 +105,7 @@ async fn measure(
 
     let cpu_at_start = stats::process_cpu_seconds();
     let recorder = Recorder::start(config, target.counter.clone());
-    let running = match runtime {
-        RuntimeKind::KubeRuntime => Running::Kube(kube_rt::start(
-            target.runtime.clone(),
-            &target.namespace,
-            args.concurrency,
-            recorder.clone(),
-        )?),
-        RuntimeKind::Actorcile => Running::Actorcile(
-            actorcile_rt::start(
-                target.runtime.clone(),
-                &target.namespace,
-                args.concurrency,
-                recorder.clone(),
-                actorcile_rt::Writes {
-                    finalizer: args.actorcile_defaults || operator,
-                    status: args.actorcile_defaults
-                        || matches!(
-                            args.workload,
-                            Workload::Status | Workload::Chain | Workload::Operator
-                        ),
-                },
-            )
-            .await?,
-        ),
-    };
+    let running = Running::start(args, runtime, target, &recorder).await?;
     let driver = (args.workload == Workload::Churn).then(|| {
         tokio::spawn(churn_driver(
             target.setup.clone(),
@@ -254,6 +234,7 @@ async fn measure(
         status_writes: status_writes.count,
         status_write_seconds: status_writes.window_seconds(),
         operator: phases,
+        restart: None,
         seconds_per_repeat: Vec::new(),
     })
 }
@@ -264,12 +245,210 @@ enum Running {
 }
 
 impl Running {
+    /// Starts `runtime` on the bench objects, reconciling through `recorder`.
+    async fn start(
+        args: &BenchArgs,
+        runtime: RuntimeKind,
+        target: &BenchCluster,
+        recorder: &Arc<Recorder>,
+    ) -> Result<Self> {
+        Ok(match runtime {
+            RuntimeKind::KubeRuntime => Running::Kube(kube_rt::start(
+                target.runtime.clone(),
+                &target.namespace,
+                args.concurrency,
+                recorder.clone(),
+            )?),
+            RuntimeKind::Actorcile => Running::Actorcile(
+                actorcile_rt::start(
+                    target.runtime.clone(),
+                    &target.namespace,
+                    args.concurrency,
+                    recorder.clone(),
+                    actorcile_rt::Writes {
+                        finalizer: args.actorcile_defaults || args.workload == Workload::Operator,
+                        status: args.actorcile_defaults
+                            || matches!(
+                                args.workload,
+                                Workload::Status | Workload::Chain | Workload::Operator
+                            ),
+                    },
+                )
+                .await?,
+            ),
+        })
+    }
+
     async fn stop(self) {
         match self {
             Running::Kube(run) => run.stop(Duration::from_secs(5)).await,
             Running::Actorcile(run) => run.stop(Duration::from_secs(15)).await,
         }
     }
+}
+
+/// `restart`: a first runtime runs every object once (the list alone, timed) and stops; a
+/// second one starts while [`restart_driver`] changes objects until every listed object has run
+/// again, then the bench waits until every change has been seen by a run.
+async fn measure_restart(
+    args: &BenchArgs,
+    runtime: RuntimeKind,
+    target: &BenchCluster,
+) -> Result<RunResult> {
+    let api: Api<BenchObject> = Api::namespaced(target.setup.clone(), &target.namespace);
+    let bar = progress_bar(u64::from(args.objects), runtime, "created");
+    create_objects(&api, args.objects, None, &bar).await?;
+    bar.finish_and_clear();
+    let config = WorkloadConfig {
+        workload: Workload::Restart,
+        objects: args.objects,
+        yields: args.yields,
+        yield_interval: args.yield_interval(),
+    };
+    let deadline = tokio::time::Instant::now() + args.timeout();
+    let timed_out = |what: &str, recorder: &Recorder| {
+        anyhow::anyhow!(
+            "{runtime}: {what}: {} of {} objects ran after {} s ({} runs, {} changes not seen)",
+            recorder.seen_count(),
+            args.objects,
+            args.timeout_secs,
+            recorder.runs(),
+            recorder.pending_changes()
+        )
+    };
+
+    // The list alone: every object runs once, nothing changes.
+    let first = Recorder::start(config, target.counter.clone());
+    let running = Running::start(args, runtime, target, &first).await?;
+    let waited = tokio::time::timeout_at(deadline, first.wait_all_seen()).await;
+    running.stop().await;
+    if waited.is_err() {
+        return Err(timed_out("the list alone", &first));
+    }
+    let alone = first.all_seen().context("every object ran")?;
+
+    // The restart, changes coming in until every listed object has run.
+    let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
+    let requests_before = target.counter.get();
+    let cpu_at_start = stats::process_cpu_seconds();
+    let recorder = Recorder::start(config, target.counter.clone());
+    let running = Running::start(args, runtime, target, &recorder).await?;
+    let driver = tokio::spawn(restart_driver(
+        api.clone(),
+        args.objects,
+        args.churn_rate,
+        recorder.clone(),
+    ));
+    let waited = tokio::time::timeout_at(deadline, async {
+        recorder.wait_all_seen().await;
+        while recorder.pending_changes() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let all_changes = recorder.elapsed();
+    let cpu_seconds = match (cpu_at_start, stats::process_cpu_seconds()) {
+        (Some(start), Some(end)) => (end - start).max(0.0),
+        _ => 0.0,
+    };
+    let api_requests = target.counter.get() - requests_before;
+    if waited.is_err() {
+        driver.abort();
+        running.stop().await;
+        return Err(timed_out("the restart", &recorder));
+    }
+    let changes = driver.await.context("restart driver panicked")??;
+    running.stop().await;
+    let listed = recorder.all_seen().context("every object ran")?;
+    let mut latencies = recorder.latencies();
+    let seen = recorder.changes_seen();
+    let watching_from = target
+        .counter
+        .last_watch_sent_micros()
+        .context("the runtime sent no watch request")?;
+    let mut watching: Vec<Duration> = seen
+        .iter()
+        .filter(|&&(written, _)| written >= watching_from)
+        .map(|&(written, at)| Duration::from_micros(at - written))
+        .collect();
+    let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
+    let seconds = listed.elapsed.as_secs_f64();
+    let runs = recorder.runs();
+    Ok(RunResult {
+        runtime,
+        objects: args.objects,
+        runs,
+        seconds,
+        runs_per_sec: if seconds > 0.0 {
+            listed.runs as f64 / seconds
+        } else {
+            0.0
+        },
+        cpu_seconds,
+        p50_ms: percentile(&mut latencies, 50.0).map(millis),
+        p99_ms: percentile(&mut latencies, 99.0).map(millis),
+        latency_samples: latencies.len() as u64,
+        api_requests,
+        peak_rss_bytes: peak_rss,
+        baseline_rss_bytes: baseline_rss,
+        rss_per_object_bytes: peak_rss / u64::from(args.objects),
+        status_writes: 0,
+        status_write_seconds: None,
+        operator: None,
+        restart: Some(RestartPhases {
+            list_alone_seconds: alone.elapsed.as_secs_f64(),
+            changes,
+            all_changes_seconds: all_changes.as_secs_f64(),
+            watching_changes: watching.len() as u64,
+            watching_p50_ms: percentile(&mut watching, 50.0).map(millis),
+            watching_p99_ms: percentile(&mut watching, 99.0).map(millis),
+        }),
+        seconds_per_repeat: Vec::new(),
+    })
+}
+
+/// `restart`: from the runtime's start until every listed object has run, changes `rate`
+/// objects per second (`spec.stampMicros`, told to the recorder first), in a shuffled order
+/// that changes no object again before every other one has changed (so two changes of one
+/// object are never in flight at once). Returns the number of changes written.
+async fn restart_driver(
+    api: Api<BenchObject>,
+    objects: u32,
+    rate: f64,
+    recorder: Arc<Recorder>,
+) -> Result<u64> {
+    let order = shuffled(objects, 0x5eed);
+    let begin = tokio::time::Instant::now();
+    let written = stream::iter(0u64..)
+        .then(|n| async move {
+            let due = begin + Duration::from_secs_f64(n as f64 / rate);
+            tokio::time::sleep_until(due).await;
+            n
+        })
+        .take_while(|_| futures::future::ready(recorder.all_seen().is_none()))
+        .map(|n| {
+            let api = api.clone();
+            let recorder = recorder.clone();
+            let name = object_name(order[(n % u64::from(objects)) as usize]);
+            async move {
+                let stamp = recorder.change(&name);
+                let patch = serde_json::json!({ "spec": { "stampMicros": stamp } });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("restart change of {name}"))
+            }
+        })
+        .buffer_unordered(SETUP_PARALLELISM)
+        .try_fold(0u64, |n, _| futures::future::ready(Ok(n + 1)))
+        .await?;
+    Ok(written)
+}
+
+/// `0..n` in an order shuffled by a fixed seed (repeatable runs).
+fn shuffled(n: u32, seed: u64) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..n).collect();
+    fastrand::Rng::with_seed(seed).shuffle(&mut order);
+    order
 }
 
 /// The observer's watch events.

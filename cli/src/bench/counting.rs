@@ -40,6 +40,8 @@ impl StatusWrites {
 #[derive(Debug, Default)]
 struct Shared {
     requests: AtomicU64,
+    /// Wall-clock microseconds of the last watch request sent (0: none yet).
+    watch_sent_micros: AtomicU64,
     status_writes: Mutex<StatusWrites>,
 }
 
@@ -56,6 +58,12 @@ impl RequestCounter {
     /// Requests counted so far.
     pub fn get(&self) -> u64 {
         self.0.requests.load(Ordering::Relaxed)
+    }
+
+    /// When the last watch request was sent, in wall-clock microseconds (`None` before any):
+    /// the runtime sees changes written after this through its watch.
+    pub fn last_watch_sent_micros(&self) -> Option<u64> {
+        Some(self.0.watch_sent_micros.load(Ordering::Acquire)).filter(|&at| at > 0)
     }
 
     /// The status writes seen so far.
@@ -94,6 +102,13 @@ impl RequestCounter {
 /// Whether `req` writes a status subresource (a PATCH or PUT of `…/status`).
 pub fn is_status_write<B>(req: &Request<B>) -> bool {
     matches!(*req.method(), Method::PATCH | Method::PUT) && req.uri().path().ends_with("/status")
+}
+
+/// Whether `req` opens a watch (`watch=true` or `watch=1` in its query).
+pub fn is_watch<B>(req: &Request<B>) -> bool {
+    req.uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
 }
 
 /// Layer that wraps a service in [`Counting`].
@@ -147,6 +162,13 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         self.counter.add();
+        if is_watch(&req) {
+            let at = super::workload::wall_micros();
+            self.counter
+                .0
+                .watch_sent_micros
+                .store(at, Ordering::Release);
+        }
         if !is_status_write(&req) {
             return Either::Left(self.inner.call(req));
         }

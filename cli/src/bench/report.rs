@@ -21,6 +21,35 @@ pub struct OperatorPhases {
     pub children_left: u64,
 }
 
+/// `restart`: the list alone, and the restart with changes coming in.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RestartPhases {
+    /// Seconds from the first runtime's start until every object had run once, no changes
+    /// coming in: the list alone.
+    pub list_alone_seconds: f64,
+    /// Changes written while the listed objects ran (the restart).
+    pub changes: u64,
+    /// Seconds from the restart until every change had been seen by a run.
+    pub all_changes_seconds: f64,
+    /// Changes written once the runtime was watching (after its client sent the watch request
+    /// that follows its list): a change written earlier waits for the runtime's list to arrive
+    /// whole, as it must (a watch starts where its list ended), whatever the runtime's queue
+    /// does.
+    pub watching_changes: u64,
+    /// Median change→run latency of `watching_changes`, in milliseconds.
+    pub watching_p50_ms: Option<f64>,
+    /// 99th percentile change→run latency of `watching_changes`, in milliseconds.
+    pub watching_p99_ms: Option<f64>,
+}
+
+impl RestartPhases {
+    /// How much longer the list took with changes coming in than alone (`seconds` ÷
+    /// `list_alone_seconds`).
+    pub fn list_slowdown(&self, seconds: f64) -> Option<f64> {
+        ratio(Some(seconds), Some(self.list_alone_seconds))
+    }
+}
+
 /// What one runtime achieved on the workload (printed by its child process as one JSON line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
@@ -31,7 +60,8 @@ pub struct RunResult {
     /// Reconcile runs from the start until every object was done.
     pub runs: u64,
     /// Seconds from the runtime's start until every object converged (was done; `operator`:
-    /// until every object was Ready, then deleted and gone).
+    /// until every object was Ready, then deleted and gone; `restart`: until the last listed
+    /// object had run, changes coming in).
     pub seconds: f64,
     /// `runs / seconds`.
     pub runs_per_sec: f64,
@@ -40,7 +70,7 @@ pub struct RunResult {
     /// in here too, alike for both runtimes. Less disturbed than `seconds` by other processes
     /// on a shared machine.
     pub cpu_seconds: f64,
-    /// Median event→run latency in milliseconds (`null` without samples).
+    /// Median event→run latency in milliseconds (`null` without samples; `restart`: change→run).
     pub p50_ms: Option<f64>,
     /// 99th percentile event→run latency in milliseconds (`null` without samples).
     pub p99_ms: Option<f64>,
@@ -63,6 +93,9 @@ pub struct RunResult {
     pub status_write_seconds: Option<f64>,
     /// `operator`: its two phases (`null` for other workloads).
     pub operator: Option<OperatorPhases>,
+    /// `restart`: the list alone and the changes (absent for other workloads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartPhases>,
     /// With `--repeat`: the seconds of every run of this runtime, in the order run (this result
     /// is the median one). Empty in a child's own line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -187,6 +220,7 @@ impl BenchReport {
             self.workload, self.objects, self.backend, self.concurrency
         );
         let operator = self.runs.iter().any(|r| r.operator.is_some());
+        let restart = self.runs.iter().any(|r| r.restart.is_some());
         let writes = self.runs.iter().any(|r| r.status_writes > 0);
         let spread = self.runs.iter().any(|r| r.spread().is_some());
         let mut columns: Vec<Column> = vec![
@@ -210,6 +244,42 @@ impl BenchReport {
             columns.push((
                 "deleted s",
                 Box::new(|r| opt_secs(r.operator.map(|p| p.deleted_seconds))),
+            ));
+        }
+        if restart {
+            columns.push((
+                "alone s",
+                Box::new(|r| opt_secs(r.restart.map(|p| p.list_alone_seconds))),
+            ));
+            columns.push((
+                "× alone",
+                Box::new(|r| {
+                    r.restart
+                        .and_then(|p| p.list_slowdown(r.seconds))
+                        .map_or_else(|| "-".into(), |x| format!("{x:.2}"))
+                }),
+            ));
+            columns.push((
+                "changes",
+                Box::new(|r| {
+                    r.restart
+                        .map_or_else(|| "-".into(), |p| p.changes.to_string())
+                }),
+            ));
+            columns.push((
+                "watching p50/p99 ms",
+                Box::new(|r| {
+                    r.restart.map_or_else(
+                        || "-".into(),
+                        |p| {
+                            format!(
+                                "{}/{}",
+                                opt_ms(p.watching_p50_ms),
+                                opt_ms(p.watching_p99_ms)
+                            )
+                        },
+                    )
+                }),
             ));
         }
         columns.extend::<[Column; 6]>([
@@ -331,6 +401,12 @@ Columns (each runtime's median run of --repeat, by seconds):
   ready s    operator: start until every object was seen Ready
   deleted s  operator: deletion of every object until every one was gone (child deleted,
              finalizer removed)
+  alone s    restart: the same list without changes (a first runtime's start until every object
+             had run once); `seconds` is the restart's, changes coming in
+  × alone    restart: seconds ÷ alone s
+  changes    restart: changes written while the listed objects ran; p50/p99 are change→run
+  watching   restart: change→run of the changes written once the runtime was watching (its
+             watch request sent, after its list); earlier ones wait for the list to arrive
   CPU s      CPU time (user + system) of the runtime's process over `seconds`; includes the
              in-process API server when it serves the objects (alike for both)
   API reqs   HTTP requests the runtime's own client sent (each watch counts once); set-up, the
@@ -394,6 +470,7 @@ mod tests {
             status_writes: 0,
             status_write_seconds: None,
             operator: None,
+            restart: None,
             seconds_per_repeat: Vec::new(),
         }
     }

@@ -234,6 +234,10 @@ struct ObjectState {
     /// Latency samples taken on this object (kept per object, under the map's shard lock, so
     /// the runtime with more threads does not also contend on one global lock).
     latencies: Vec<Duration>,
+    /// `restart`: the stamps of changes written to this object and not yet seen by a run.
+    pending: Vec<u64>,
+    /// `restart`: changes seen by a run: (written, seen), wall-clock microseconds.
+    changes_seen: Vec<(u64, u64)>,
 }
 
 /// Figures frozen at the moment the last object became done.
@@ -260,6 +264,9 @@ pub struct Recorder {
     objects: DashMap<String, ObjectState, ahash::RandomState>,
     finished: Mutex<Option<DoneSnapshot>>,
     all_ready_at: Mutex<Option<DoneSnapshot>>,
+    all_seen_at: Mutex<Option<DoneSnapshot>>,
+    /// `restart`: changes written and not yet seen by a run.
+    pending_changes: AtomicUsize,
     all_seen: Notify,
     all_ready: Notify,
     all_done: Notify,
@@ -282,6 +289,8 @@ impl Recorder {
             ),
             finished: Mutex::new(None),
             all_ready_at: Mutex::new(None),
+            all_seen_at: Mutex::new(None),
+            pending_changes: AtomicUsize::new(0),
             all_seen: Notify::new(),
             all_ready: Notify::new(),
             all_done: Notify::new(),
@@ -301,6 +310,11 @@ impl Recorder {
     /// Objects done so far.
     pub fn done_count(&self) -> usize {
         self.done.load(Ordering::Relaxed)
+    }
+
+    /// Objects that have had their first run so far.
+    pub fn seen_count(&self) -> usize {
+        self.seen.load(Ordering::Relaxed)
     }
 
     /// `operator`: objects seen Ready so far.
@@ -344,6 +358,34 @@ impl Recorder {
             }
             notified.await;
         }
+    }
+
+    /// The figures at the moment the last object had its first run, once it has.
+    pub fn all_seen(&self) -> Option<DoneSnapshot> {
+        *self.all_seen_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `restart`: records a change about to be written to object `name` and returns its stamp
+    /// (`spec.stampMicros`); the first run that sees this stamp or a later one takes a latency
+    /// sample from it.
+    pub fn change(&self, name: &str) -> u64 {
+        let stamp = wall_micros();
+        self.pending_changes.fetch_add(1, Ordering::AcqRel);
+        self.with_state(name, |state| state.pending.push(stamp));
+        stamp
+    }
+
+    /// `restart`: every change seen by a run, as (written, seen) in wall-clock microseconds.
+    pub fn changes_seen(&self) -> Vec<(u64, u64)> {
+        self.objects
+            .iter()
+            .flat_map(|e| e.changes_seen.clone())
+            .collect()
+    }
+
+    /// `restart`: changes written and not yet seen by a run.
+    pub fn pending_changes(&self) -> usize {
+        self.pending_changes.load(Ordering::Acquire)
     }
 
     /// `operator`: the figures at the moment the last object was seen Ready, once it has been.
@@ -467,6 +509,24 @@ impl Recorder {
                 Workload::Chain => Ok(false),
                 // Each runtime drives `operator` itself and calls only `count_run`.
                 Workload::Operator => Err(Step::Done),
+                Workload::Restart => {
+                    if let Some(stamp) = obj.spec.stamp_micros {
+                        let at = wall_micros();
+                        let before = state.pending.len();
+                        state.pending.retain(|&change| {
+                            let seen = change <= stamp;
+                            if seen {
+                                let lag = at.saturating_sub(change);
+                                state.latencies.push(Duration::from_micros(lag));
+                                state.changes_seen.push((change, at));
+                            }
+                            !seen
+                        });
+                        let served = before - state.pending.len();
+                        self.pending_changes.fetch_sub(served, Ordering::AcqRel);
+                    }
+                    Err(Step::Done)
+                }
             }
         });
         let write_status = match next {
@@ -494,6 +554,7 @@ impl Recorder {
         }
         state.seen = true;
         if self.seen.fetch_add(1, Ordering::AcqRel) + 1 == self.config.objects as usize {
+            *self.all_seen_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.snapshot());
             self.all_seen.notify_waiters();
         }
         true
