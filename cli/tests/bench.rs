@@ -297,3 +297,101 @@ fn repeat_reports_each_runtimes_median_run_and_every_runs_seconds() {
         );
     }
 }
+
+#[test]
+fn restart_measures_changes_during_the_list_for_both_runtimes() {
+    let (ok, out, err) = run_bounded(
+        &[
+            "bench",
+            "--workload",
+            "restart",
+            "--objects",
+            "2000",
+            "--churn-rate",
+            "20000",
+            "--repeat",
+            "1",
+            "--json",
+            "--timeout-secs",
+            "60",
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    let v = last_json_line(&out);
+    assert_eq!(v["workload"], "restart");
+    for r in v["runs"].as_array().unwrap() {
+        let restart = &r["restart"];
+        let changes = restart["changes"].as_u64().expect("changes");
+        assert!(changes >= 1, "{}: no change was written: {r}", r["runtime"]);
+        assert_eq!(
+            r["latency_samples"].as_u64(),
+            Some(changes),
+            "every change was seen by a run: {r}"
+        );
+        assert!(
+            r["runs"].as_u64().unwrap() >= 2000,
+            "every listed object ran: {r}"
+        );
+        assert!(restart["list_alone_seconds"].as_f64().unwrap() > 0.0);
+        assert!(
+            restart["all_changes_seconds"].as_f64().unwrap() >= r["seconds"].as_f64().unwrap(),
+            "the changes are waited for after the list: {r}"
+        );
+        let watching = restart["watching_changes"].as_u64().unwrap();
+        assert!(watching <= changes, "{r}");
+        assert!(r["p99_ms"].as_f64().unwrap() >= r["p50_ms"].as_f64().unwrap());
+    }
+}
+
+#[test]
+fn a_sweep_reports_every_size_and_draws_the_plot() {
+    let dir = std::env::temp_dir().join(format!("actorcile-bench-sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plot = dir.join("sweep.svg");
+    let plot_arg = plot.to_string_lossy().into_owned();
+    let args = [
+        "bench",
+        "--workload",
+        "noop",
+        "--objects",
+        "20,40",
+        "--repeat",
+        "1",
+        "--timeout-secs",
+        "60",
+        "--plot",
+        &plot_arg,
+    ];
+    let (ok, out, err) = run_bounded(&args, Duration::from_secs(180));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("sweep: workload noop"), "{out}");
+    assert!(
+        out.contains("CPU µs/run") && out.contains("idle/obj"),
+        "{out}"
+    );
+    let svg = std::fs::read_to_string(&plot).expect("the plot was written");
+    assert!(svg.contains("kube-runtime") && svg.contains("actorcile idle"));
+
+    let mut json_args = args.to_vec();
+    json_args.truncate(args.len() - 2);
+    json_args.push("--json");
+    let (ok, out, err) = run_bounded(&json_args, Duration::from_secs(180));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    let v = last_json_line(&out);
+    let sizes = v["sizes"].as_array().expect("one report per size");
+    let objects: Vec<u64> = sizes
+        .iter()
+        .map(|s| s["objects"].as_u64().unwrap())
+        .collect();
+    assert_eq!(objects, [20, 40]);
+    for size in sizes {
+        for r in size["runs"].as_array().unwrap() {
+            assert!(r["idle_rss_bytes"].as_u64().unwrap() > 1024 * 1024, "{r}");
+            assert!(r["rss_before_objects_bytes"].as_u64().unwrap() > 0, "{r}");
+        }
+    }
+    let (ok, _, err) = run_bounded(&["bench", "--plot", "x.svg"], Duration::from_secs(30));
+    assert!(!ok && err.contains("several sizes"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

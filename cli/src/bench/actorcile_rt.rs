@@ -142,6 +142,17 @@ fn bench_tree(recorder: Arc<Recorder>) -> impl Provisioner<BenchObject> {
 }
 
 impl ActorcileRun {
+    /// Waits (at most `limit`) until every object's actor has passivated: no more live actors
+    /// than the idle ones kept for the next activations (one per run slot, `concurrency`).
+    pub async fn wait_passive(&self, concurrency: u16, limit: Duration) {
+        let _ = tokio::time::timeout(limit, async {
+            while self.handle.metrics().live_actors > u64::from(concurrency) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+
     /// Shuts the runtime down (in-flight runs finish within the policy's shutdown timeout; gives
     /// up after `grace`).
     pub async fn stop(self, grace: Duration) {

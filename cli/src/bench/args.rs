@@ -115,9 +115,21 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Workload::Operator)]
     pub workload: Workload,
 
-    /// Number of objects.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
-    pub objects: u32,
+    /// Number of objects; several, comma-separated (`1000,10000,100000`), run a sweep: the
+    /// whole comparison once per size, then a table of cost per object against size.
+    #[arg(
+        long = "objects",
+        value_name = "N[,N…]",
+        value_delimiter = ',',
+        default_value = "10000",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub sizes: Vec<u32>,
+
+    /// With a sweep: draw cost per object against objects (log scales, both runtimes) to this
+    /// file (`.svg` or `.png`).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 
     /// Maximum number of reconciles in flight (the same limit for both runtimes).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
@@ -192,6 +204,19 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 }
 
 impl BenchArgs {
+    /// The number of objects of one comparison (the first size; a child gets only one).
+    pub fn objects(&self) -> u32 {
+        self.sizes.first().copied().unwrap_or(10_000)
+    }
+
+    /// These arguments for one size of a sweep.
+    pub fn with_objects(&self, objects: u32) -> Self {
+        Self {
+            sizes: vec![objects],
+            ..self.clone()
+        }
+    }
+
     /// The backend chosen by `--envtest` / `--kubeconfig` (the in-process cluster otherwise).
     pub fn backend(&self) -> Backend {
         match (&self.kubeconfig, self.envtest) {
@@ -220,7 +245,7 @@ impl BenchArgs {
             "--workload".into(),
             self.workload.as_str().into(),
             "--objects".into(),
-            self.objects.to_string(),
+            self.objects().to_string(),
             "--concurrency".into(),
             self.concurrency.to_string(),
             "--yields".into(),
@@ -283,7 +308,9 @@ mod tests {
     fn defaults() {
         let args = parse(&["bench"]).unwrap();
         assert_eq!(args.workload, Workload::Operator);
-        assert_eq!(args.objects, 10_000);
+        assert_eq!(args.objects(), 10_000);
+        assert_eq!(args.sizes, vec![10_000]);
+        assert_eq!(args.plot, None);
         assert_eq!(args.concurrency, 64);
         assert!(!args.json);
         assert_eq!(args.backend(), Backend::InProcess);
@@ -317,7 +344,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(args.workload, Workload::Yield);
-        assert_eq!(args.objects, 50);
+        assert_eq!(args.objects(), 50);
+        let sweep = parse(&["bench", "--objects", "1000,10000", "--plot", "x.svg"]).unwrap();
+        assert_eq!(sweep.sizes, vec![1000, 10_000]);
+        assert_eq!(sweep.with_objects(10_000).objects(), 10_000);
+        assert_eq!(sweep.plot, Some(PathBuf::from("x.svg")));
         assert_eq!(args.concurrency, 8);
         assert!(args.json);
         assert_eq!(args.backend(), Backend::Envtest);
@@ -338,6 +369,8 @@ mod tests {
     fn bad_values_are_rejected() {
         assert!(parse(&["bench", "--objects", "0"]).is_err());
         assert!(parse(&["bench", "--objects", "-3"]).is_err());
+        assert!(parse(&["bench", "--objects", "1000,0"]).is_err());
+        assert!(parse(&["bench", "--objects", "1000,x"]).is_err());
         assert!(parse(&["bench", "--concurrency", "0"]).is_err());
         assert!(parse(&["bench", "--concurrency", "70000"]).is_err());
         assert!(parse(&["bench", "--workload", "chain2"]).is_err());

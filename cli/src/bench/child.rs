@@ -77,10 +77,11 @@ async fn measure(
     target: &BenchCluster,
 ) -> Result<RunResult> {
     let api: Api<BenchObject> = Api::namespaced(target.setup.clone(), &target.namespace);
+    let rss_before_objects = stats::current_rss_bytes().unwrap_or(0);
 
-    let bar = progress_bar(u64::from(args.objects), runtime, "created");
+    let bar = progress_bar(u64::from(args.objects()), runtime, "created");
     let chain_length = (args.workload == Workload::Chain).then_some(args.chain_length);
-    create_objects(&api, args.objects, chain_length, &bar).await?;
+    create_objects(&api, args.objects(), chain_length, &bar).await?;
     bar.finish_and_clear();
 
     // `chain`: the observer lists before the runtime starts, so it sees every Ready status in
@@ -93,7 +94,7 @@ async fn measure(
 
     let config = WorkloadConfig {
         workload: args.workload,
-        objects: args.objects,
+        objects: args.objects(),
         yields: args.yields,
         yield_interval: args.yield_interval(),
     };
@@ -101,7 +102,7 @@ async fn measure(
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
     // `operator`: each object counts once Ready and once deleted.
     let phases = if operator { 2 } else { 1 };
-    let bar = progress_bar(u64::from(args.objects) * phases, runtime, "done");
+    let bar = progress_bar(u64::from(args.objects()) * phases, runtime, "done");
 
     let cpu_at_start = stats::process_cpu_seconds();
     let recorder = Recorder::start(config, target.counter.clone());
@@ -110,7 +111,7 @@ async fn measure(
         tokio::spawn(churn_driver(
             target.setup.clone(),
             target.namespace.clone(),
-            args.objects,
+            args.objects(),
             args.churn_updates,
             args.churn_rate,
             recorder.clone(),
@@ -135,7 +136,18 @@ async fn measure(
 
     let deadline = tokio::time::Instant::now() + args.timeout();
     let mut deletion = None;
+    let mut idle_rss = None;
+    // `operator`: the idle memory is read at all Ready, and the wait for it is left out of the
+    // seconds and CPU time.
+    let mut settling = (Duration::ZERO, 0.0);
     if operator && let Ok(ready) = tokio::time::timeout_at(deadline, recorder.wait_ready()).await {
+        let (at, cpu) = (recorder.elapsed(), stats::process_cpu_seconds());
+        idle_rss = running.settle(args.concurrency).await;
+        settling = (
+            recorder.elapsed() - at,
+            cpu.zip(stats::process_cpu_seconds())
+                .map_or(0.0, |(a, b)| b - a),
+        );
         let started = recorder.elapsed();
         deletion = Some((ready, started));
         api.delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -144,9 +156,12 @@ async fn measure(
     }
     let waited = tokio::time::timeout_at(deadline, recorder.wait_done()).await;
     let cpu_seconds = match (cpu_at_start, stats::process_cpu_seconds()) {
-        (Some(start), Some(end)) => (end - start).max(0.0),
+        (Some(start), Some(end)) => (end - start - settling.1).max(0.0),
         _ => 0.0,
     };
+    if !operator && waited.is_ok() {
+        idle_rss = running.settle(args.concurrency).await;
+    }
     ticker.abort();
     if let Some(observer) = observer {
         observer.abort();
@@ -166,7 +181,7 @@ async fn measure(
             bail!(
                 "{runtime}: {} of {} objects Ready, {} deleted after {} s ({} runs)",
                 recorder.ready_count(),
-                args.objects,
+                args.objects(),
                 recorder.done_count(),
                 args.timeout_secs,
                 recorder.runs()
@@ -175,7 +190,7 @@ async fn measure(
         bail!(
             "{runtime}: only {} of {} objects done after {} s ({} runs)",
             recorder.done_count(),
-            args.objects,
+            args.objects(),
             args.timeout_secs,
             recorder.runs()
         );
@@ -212,10 +227,10 @@ async fn measure(
     let status_writes = target.counter.status_writes();
     let mut latencies = recorder.latencies();
     let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
-    let seconds = done.elapsed.as_secs_f64();
+    let seconds = done.elapsed.saturating_sub(settling.0).as_secs_f64();
     Ok(RunResult {
         runtime,
-        objects: args.objects,
+        objects: args.objects(),
         runs: done.runs,
         seconds,
         runs_per_sec: if seconds > 0.0 {
@@ -230,7 +245,9 @@ async fn measure(
         api_requests: done.api_requests,
         peak_rss_bytes: peak_rss,
         baseline_rss_bytes: baseline_rss,
-        rss_per_object_bytes: peak_rss / u64::from(args.objects),
+        rss_per_object_bytes: peak_rss / u64::from(args.objects()),
+        rss_before_objects_bytes: rss_before_objects,
+        idle_rss_bytes: idle_rss,
         status_writes: status_writes.count,
         status_write_seconds: status_writes.window_seconds(),
         operator: phases,
@@ -244,7 +261,24 @@ enum Running {
     Actorcile(actorcile_rt::ActorcileRun),
 }
 
+/// After the runtime converged: how long resident memory is left to settle before it is read
+/// (freed memory returned, background tasks done), alike for both runtimes.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// The longest wait for actorcile's actors to passivate before the idle memory is read.
+const PASSIVATE_LIMIT: Duration = Duration::from_secs(30);
+
 impl Running {
+    /// Lets the runtime go idle (actorcile: its actors passivate), then reads resident memory
+    /// as the process stands.
+    async fn settle(&self, concurrency: u16) -> Option<u64> {
+        if let Running::Actorcile(run) = self {
+            run.wait_passive(concurrency, PASSIVATE_LIMIT).await;
+        }
+        tokio::time::sleep(SETTLE).await;
+        stats::current_rss_bytes()
+    }
+
     /// Starts `runtime` on the bench objects, reconciling through `recorder`.
     async fn start(
         args: &BenchArgs,
@@ -296,12 +330,13 @@ async fn measure_restart(
     target: &BenchCluster,
 ) -> Result<RunResult> {
     let api: Api<BenchObject> = Api::namespaced(target.setup.clone(), &target.namespace);
-    let bar = progress_bar(u64::from(args.objects), runtime, "created");
-    create_objects(&api, args.objects, None, &bar).await?;
+    let rss_before_objects = stats::current_rss_bytes().unwrap_or(0);
+    let bar = progress_bar(u64::from(args.objects()), runtime, "created");
+    create_objects(&api, args.objects(), None, &bar).await?;
     bar.finish_and_clear();
     let config = WorkloadConfig {
         workload: Workload::Restart,
-        objects: args.objects,
+        objects: args.objects(),
         yields: args.yields,
         yield_interval: args.yield_interval(),
     };
@@ -310,7 +345,7 @@ async fn measure_restart(
         anyhow::anyhow!(
             "{runtime}: {what}: {} of {} objects ran after {} s ({} runs, {} changes not seen)",
             recorder.seen_count(),
-            args.objects,
+            args.objects(),
             args.timeout_secs,
             recorder.runs(),
             recorder.pending_changes()
@@ -335,7 +370,7 @@ async fn measure_restart(
     let running = Running::start(args, runtime, target, &recorder).await?;
     let driver = tokio::spawn(restart_driver(
         api.clone(),
-        args.objects,
+        args.objects(),
         args.churn_rate,
         recorder.clone(),
     ));
@@ -376,7 +411,7 @@ async fn measure_restart(
     let runs = recorder.runs();
     Ok(RunResult {
         runtime,
-        objects: args.objects,
+        objects: args.objects(),
         runs,
         seconds,
         runs_per_sec: if seconds > 0.0 {
@@ -391,7 +426,9 @@ async fn measure_restart(
         api_requests,
         peak_rss_bytes: peak_rss,
         baseline_rss_bytes: baseline_rss,
-        rss_per_object_bytes: peak_rss / u64::from(args.objects),
+        rss_per_object_bytes: peak_rss / u64::from(args.objects()),
+        rss_before_objects_bytes: rss_before_objects,
+        idle_rss_bytes: None,
         status_writes: 0,
         status_write_seconds: None,
         operator: None,

@@ -9,7 +9,8 @@
 //! - [`backend`]: in-process cluster, envtest or kubeconfig;
 //! - [`counting`]: the tower layer that counts API requests;
 //! - [`stats`]: percentiles and peak RSS;
-//! - [`report`]: result types, table and JSON output.
+//! - [`report`]: result types, table and JSON output;
+//! - [`sweep`]: several sizes, cost per object against size, and its plot.
 
 pub mod actorcile_rt;
 pub mod args;
@@ -19,6 +20,7 @@ pub mod counting;
 pub mod kube_rt;
 pub mod report;
 pub mod stats;
+pub mod sweep;
 pub mod workload;
 
 use std::process::{Command, Stdio};
@@ -28,6 +30,7 @@ use anyhow::{Context as _, Result, bail};
 pub use args::BenchArgs;
 use args::RuntimeKind;
 use report::{BenchReport, RunResult};
+use sweep::SweepReport;
 
 /// Entry point of `actorcile bench` (parent or, with the hidden `--child`, child).
 pub fn main(args: BenchArgs) -> Result<()> {
@@ -39,13 +42,56 @@ pub fn main(args: BenchArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let report = run_all(&args)?;
+    if args.plot.is_some() && args.sizes.len() < 2 {
+        bail!("--plot draws a sweep: give --objects several sizes (e.g. 1000,10000,100000)");
+    }
+    if let Some(path) = &args.plot {
+        crate::plot_file::format_of(path)?;
+    }
+    if let [_] = args.sizes.as_slice() {
+        let report = run_all(&args)?;
+        if args.json {
+            println!("{}", report.to_json_line());
+        } else {
+            print!("{}", report.to_table());
+        }
+        return Ok(());
+    }
+    let mut sizes = Vec::new();
+    for &objects in &args.sizes {
+        let report = run_all(&args.with_objects(objects))?;
+        if !args.json {
+            println!("{}", strip_legend(&report.to_table()));
+        }
+        sizes.push(report);
+    }
+    let sweep = SweepReport {
+        workload: args.workload,
+        backend: args.backend().name().to_string(),
+        sizes,
+    };
+    if let Some(path) = &args.plot {
+        sweep.plot(path)?;
+    }
     if args.json {
-        println!("{}", report.to_json_line());
+        println!("{}", sweep.to_json_line());
     } else {
-        print!("{}", report.to_table());
+        print!("{}", sweep.to_table());
+        if let Some(path) = &args.plot {
+            println!("plot written to {}", path.display());
+        }
+        print!("\n{}", report::LEGEND);
     }
     Ok(())
+}
+
+/// A size's table without the legend (printed once, at the end of a sweep).
+fn strip_legend(table: &str) -> &str {
+    table
+        .split(report::LEGEND)
+        .next()
+        .unwrap_or(table)
+        .trim_end()
 }
 
 /// Runs every requested runtime in its own child process, one after the other.
@@ -59,7 +105,7 @@ pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
                     "running {runtime} ({round}/{}): workload {}, {} objects, backend {}…",
                     args.repeat,
                     args.workload,
-                    args.objects,
+                    args.objects(),
                     args.backend().name()
                 );
             }
@@ -72,7 +118,7 @@ pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
         .collect();
     Ok(BenchReport::new(
         args.workload,
-        args.objects,
+        args.objects(),
         args.backend().name(),
         args.concurrency,
         runs,

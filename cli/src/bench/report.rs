@@ -84,6 +84,16 @@ pub struct RunResult {
     pub baseline_rss_bytes: u64,
     /// `peak_rss_bytes / objects`.
     pub rss_per_object_bytes: u64,
+    /// Resident set size before the objects were created, in bytes: `baseline_rss_bytes` minus
+    /// this is what the objects cost where they are stored (the in-process cluster holds them
+    /// in the same process).
+    #[serde(default)]
+    pub rss_before_objects_bytes: u64,
+    /// Resident set size once the runtime was idle after converging (actorcile: its actors
+    /// passivated), as the process stands, in bytes (`operator`: at all Ready, before the
+    /// deletion; `null` for `restart`).
+    #[serde(default)]
+    pub idle_rss_bytes: Option<u64>,
     /// Status writes (PATCH or PUT of `…/status`) the runtime's client made and the server
     /// accepted, until the end of the run.
     pub status_writes: u64,
@@ -467,6 +477,8 @@ mod tests {
             peak_rss_bytes: 10 * 1024 * 1024,
             baseline_rss_bytes: 5 * 1024 * 1024,
             rss_per_object_bytes: 1024 * 1024,
+            rss_before_objects_bytes: 1024 * 1024,
+            idle_rss_bytes: Some(6 * 1024 * 1024),
             status_writes: 0,
             status_write_seconds: None,
             operator: None,

@@ -197,7 +197,7 @@ fn run_here(args: SimulateArgs) -> anyhow::Result<()> {
     let scenario = scenario_of(&args)?;
     let policies = policies::resolve_all(&args.policies)?;
     if let Some(p) = &args.plot {
-        plot::format_of(p)?;
+        crate::plot_file::format_of(p)?;
     }
     let _quiet = (!args.verbose)
         .then(|| tracing::subscriber::set_default(tracing::subscriber::NoSubscriber::default()));
