@@ -47,11 +47,11 @@ fn route<K: ManagedResource>(
     {
         return;
     }
-    manager.send(if listed {
-        ManagerMsg::Listed(key)
+    if listed {
+        manager.send_low(ManagerMsg::Listed(key));
     } else {
-        ManagerMsg::Event(key)
-    });
+        manager.send(ManagerMsg::Event(key));
+    }
 }
 
 fn route_gone<K: ManagedResource>(

@@ -16,6 +16,16 @@
 //! delivers before messages and which still interleave between batches, stop and kill); only its
 //! high-volume traffic takes this path. No maintained crate offers a budget-free mailbox for a
 //! ractor actor; this is the usual "signal + queue" pattern in about forty lines.
+//!
+//! Messages go in one of three lanes, read in turn while more than one holds messages, so no
+//! lane waits behind more than the others' share:
+//! - the main lane ([`Mailbox::send`]): changes, notifications, timers, run slots;
+//! - the *back* lane ([`Mailbox::send_back`]): actors handing their object back as they
+//!   passivate. The manager can see that some are on their way ([`Receiver::back_pending`]) and
+//!   wait for them instead of spawning more actors;
+//! - the *low* lane ([`Mailbox::send_low`]): messages that may wait, the start-up list's objects,
+//!   which arrive by the hundred thousand in a fraction of a second (in one queue, a change that
+//!   came after them waited until the manager had handled every one).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +42,8 @@ pub(crate) const BATCH: usize = 256;
 /// The sending side before the actor exists (its [`ActorRef`] is what signals the owner).
 pub(crate) struct UnboundMailbox<M> {
     tx: mpsc::UnboundedSender<M>,
+    back: mpsc::UnboundedSender<M>,
+    low: mpsc::UnboundedSender<M>,
     signalled: Arc<AtomicBool>,
 }
 
@@ -39,6 +51,8 @@ impl<M> Clone for UnboundMailbox<M> {
     fn clone(&self) -> Self {
         UnboundMailbox {
             tx: self.tx.clone(),
+            back: self.back.clone(),
+            low: self.low.clone(),
             signalled: self.signalled.clone(),
         }
     }
@@ -47,6 +61,8 @@ impl<M> Clone for UnboundMailbox<M> {
 /// Sends to an actor with a batching mailbox. Cheap to clone.
 pub(crate) struct Mailbox<M> {
     tx: mpsc::UnboundedSender<M>,
+    back: mpsc::UnboundedSender<M>,
+    low: mpsc::UnboundedSender<M>,
     signalled: Arc<AtomicBool>,
     owner: ActorRef<MailWaiting>,
 }
@@ -55,6 +71,8 @@ impl<M> Clone for Mailbox<M> {
     fn clone(&self) -> Self {
         Mailbox {
             tx: self.tx.clone(),
+            back: self.back.clone(),
+            low: self.low.clone(),
             signalled: self.signalled.clone(),
             owner: self.owner.clone(),
         }
@@ -64,19 +82,33 @@ impl<M> Clone for Mailbox<M> {
 /// The receiving side, kept in the actor's state.
 pub(crate) struct Receiver<M> {
     rx: mpsc::UnboundedReceiver<M>,
+    back: mpsc::UnboundedReceiver<M>,
+    low: mpsc::UnboundedReceiver<M>,
+    /// Which lane is read first next time (0 main, 1 back, 2 low): the lanes take turns.
+    turn: u8,
     signalled: Arc<AtomicBool>,
 }
 
 /// A new mailbox: bind the sender to the actor once it is spawned; give it the receiver.
 pub(crate) fn channel<M>() -> (UnboundMailbox<M>, Receiver<M>) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let (back_tx, back_rx) = mpsc::unbounded_channel();
+    let (low_tx, low_rx) = mpsc::unbounded_channel();
     let signalled = Arc::new(AtomicBool::new(false));
     (
         UnboundMailbox {
             tx,
+            back: back_tx,
+            low: low_tx,
             signalled: signalled.clone(),
         },
-        Receiver { rx, signalled },
+        Receiver {
+            rx,
+            back: back_rx,
+            low: low_rx,
+            turn: 0,
+            signalled,
+        },
     )
 }
 
@@ -85,6 +117,8 @@ impl<M> UnboundMailbox<M> {
     pub(crate) fn bind(&self, owner: ActorRef<MailWaiting>) -> Mailbox<M> {
         Mailbox {
             tx: self.tx.clone(),
+            back: self.back.clone(),
+            low: self.low.clone(),
             signalled: self.signalled.clone(),
             owner,
         }
@@ -95,6 +129,22 @@ impl<M> Mailbox<M> {
     /// Queue `msg`; `false` if the actor is gone.
     pub(crate) fn send(&self, msg: M) -> bool {
         if self.tx.send(msg).is_err() {
+            return false;
+        }
+        self.signal()
+    }
+
+    /// Queue `msg` in the back lane (see the module docs); `false` if the actor is gone.
+    pub(crate) fn send_back(&self, msg: M) -> bool {
+        if self.back.send(msg).is_err() {
+            return false;
+        }
+        self.signal()
+    }
+
+    /// Queue `msg` in the low lane (see the module docs); `false` if the actor is gone.
+    pub(crate) fn send_low(&self, msg: M) -> bool {
+        if self.low.send(msg).is_err() {
             return false;
         }
         self.signal()
@@ -117,9 +167,24 @@ impl<M> Receiver<M> {
         self.signalled.store(false, Ordering::SeqCst);
     }
 
-    /// The next queued message, if any (takes no cooperative budget).
+    /// The next queued message, if any (takes no cooperative budget): the lanes take turns
+    /// while more than one holds messages.
     pub(crate) fn next(&mut self) -> Option<M> {
-        self.rx.try_recv().ok()
+        let start = self.turn;
+        self.turn = (self.turn + 1) % 3;
+        (0..3).find_map(|i| {
+            let lane = match (start + i) % 3 {
+                0 => &mut self.rx,
+                1 => &mut self.back,
+                _ => &mut self.low,
+            };
+            lane.try_recv().ok()
+        })
+    }
+
+    /// Whether messages wait in the back lane: actors that passivated, about to be idle.
+    pub(crate) fn back_pending(&self) -> bool {
+        !self.back.is_empty()
     }
 }
 
@@ -239,6 +304,23 @@ pub(crate) mod tests {
         actor.stop(None);
         handle.await.unwrap();
         assert!(!mailbox.send(1), "sending to a stopped actor fails");
+    }
+
+    #[test]
+    fn the_lanes_take_turns_while_more_than_one_holds_messages() {
+        let (mailbox, mut rx) = channel::<u32>();
+        for i in 0..5 {
+            mailbox.low.send(100 + i).unwrap();
+        }
+        for i in 0..2 {
+            mailbox.tx.send(i).unwrap();
+        }
+        mailbox.back.send(50).unwrap();
+        assert!(rx.back_pending());
+        let order: Vec<u32> = std::iter::from_fn(|| rx.next()).collect();
+        // A burst in the low lane does not hold back what comes after it in the others.
+        assert_eq!(order, vec![0, 50, 100, 1, 101, 102, 103, 104]);
+        assert!(!rx.back_pending());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

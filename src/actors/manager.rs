@@ -162,7 +162,7 @@ impl<K: ManagedResource> Manager<K> {
     /// come first, but activations get a bounded share of the slots
     /// ([`RunSlotQueue`](super::run_slots::RunSlotQueue)).
     fn drain(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>) {
-        while Self::skip_stale(st) && self.admit(st) {
+        while Self::skip_stale(st) && Self::actor_at_hand(st) && self.admit(st) {
             // A free slot is not enough while passes wait for slots in the timer task (the slot
             // is theirs) or activations are held back there because wake-ups run late.
             let free = if self.shared.timers.activation_may_skip_queue() {
@@ -188,6 +188,16 @@ impl<K: ManagedResource> Manager<K> {
                 Err(TryAcquireError::Closed) => return,
             }
         }
+    }
+
+    /// Whether an activation started now finds an actor without spawning one, or no actor is
+    /// about to become idle: while actors that passivated are on their way back (their
+    /// [`ManagerMsg::Passivated`] waits in the mailbox), the manager handles them first and
+    /// starts the activation on one of them. Spawning instead grew, at a burst of activations,
+    /// thousands of actors whose hand-backs queued behind each other (and every change behind
+    /// them).
+    fn actor_at_hand(st: &ManagerState<K>) -> bool {
+        !st.idle.is_empty() || !st.rx.back_pending()
     }
 
     /// Whether the queue's head may get a live actor now: below the live-actor cap, or once
@@ -242,6 +252,10 @@ impl<K: ManagedResource> Manager<K> {
         key: ObjectRef<K>,
         permit: OwnedSemaphorePermit,
     ) {
+        if self.shared.runs.is_closed() {
+            // Shutting down: a slot handed out before the runs closed starts nothing new.
+            return;
+        }
         let passive = match st.objects.get_mut(&key).map(|s| &mut s.life) {
             Some(Life::Queued { passive, .. }) => passive.take(),
             _ => return,
@@ -332,12 +346,17 @@ impl<K: ManagedResource> Manager<K> {
         } else {
             actor.stop(Some("idle".into()));
         }
-        let Some(key) = key else { return };
-        let notified = match st.objects.get(&key).map(|s| &s.life) {
-            Some(Life::Live { id: live, notified }) if *live == id => *notified,
-            _ => return,
-        };
-        self.passivate_or_reactivate(myself, st, key, ps, notified);
+        if let Some(key) = key {
+            let notified = match st.objects.get(&key).map(|s| &s.life) {
+                Some(Life::Live { id: live, notified }) if *live == id => Some(*notified),
+                _ => None,
+            };
+            if let Some(notified) = notified {
+                self.passivate_or_reactivate(myself, st, key, ps, notified);
+            }
+        }
+        // An actor is at hand now for an activation that waited for one.
+        self.drain(myself, st);
     }
 
     /// An actor stopped or failed: drop its route, and return its object's key (`None` if the
@@ -736,7 +755,8 @@ impl<K: ManagedResource> Manager<K> {
             ManagerMsg::ShardAcquired(shard) => self.shard_acquired(myself, st, shard),
             ManagerMsg::Permit(permit) => {
                 st.awaiting_permit = false;
-                if Self::skip_stale(st) {
+                // (Without an actor at hand the slot goes back; the hand-back drains again.)
+                if Self::skip_stale(st) && Self::actor_at_hand(st) {
                     let key = st.activations.pop_next().expect("skip_stale left a head");
                     self.start(myself, st, key, permit);
                 }

@@ -323,7 +323,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         Metrics::dec(&self.shared.metrics.live_actors);
         if !st
             .manager
-            .send(ManagerMsg::Passivated(myself.clone(), state))
+            .send_back(ManagerMsg::Passivated(myself.clone(), state))
         {
             myself.stop(Some("the manager stopped".into()));
         }
