@@ -6,10 +6,10 @@
 //! | file | what it holds |
 //! |---|---|
 //! | `manager.rs` | the manager supervisor: message handling, supervision, activation |
-//! | `activation_queue.rs` | who gets a live actor next (plain data) |
+//! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
 //! | `restarts.rs` | restart intensity and backoff per object (plain data), [`Escalation`] |
 //! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
-//! | `mailbox.rs` | the manager's batching mailbox |
+//! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
 //! | `resource.rs` | the resource actor: one pass at a time, coalescing, passivation |
 //! | `outcome_key.rs` | what the last pass left, to skip status work that cannot change |
 //! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
