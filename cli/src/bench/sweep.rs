@@ -12,6 +12,9 @@ use super::args::{RuntimeKind, Workload};
 use super::report::{BenchReport, RunResult, human_bytes};
 use crate::plot_file::{self, PlotError};
 
+/// One line of a plot panel: whose, its label's suffix, and its (objects, value) points.
+type Line<'a> = (RuntimeKind, &'a str, Vec<(f64, f64)>);
+
 /// Plot size in pixels (two panels side by side).
 const SIZE: (u32, u32) = (1200, 520);
 
@@ -150,7 +153,7 @@ impl SweepReport {
         let root = root.titled(&title, ("sans-serif", 22))?;
         let (left, right) = root.split_horizontally(SIZE.0 / 2);
         let runtimes = [RuntimeKind::Actorcile, RuntimeKind::KubeRuntime];
-        let cpu: Vec<(RuntimeKind, &str, Vec<(f64, f64)>)> = runtimes
+        let cpu: Vec<Line> = runtimes
             .iter()
             .map(|&rt| (rt, "", self.points(rt, RunResult::cpu_micros_per_run)))
             .collect();
@@ -171,7 +174,7 @@ impl SweepReport {
         &self,
         area: &DrawingArea<DB, Shift>,
         y_desc: &str,
-        lines: &[(RuntimeKind, &str, Vec<(f64, f64)>)],
+        lines: &[Line],
     ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
         let all = lines.iter().flat_map(|l| l.2.iter());
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
