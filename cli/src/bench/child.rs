@@ -225,35 +225,68 @@ async fn measure(
         None => None,
     };
     let status_writes = target.counter.status_writes();
-    let mut latencies = recorder.latencies();
-    let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
-    let seconds = done.elapsed.saturating_sub(settling.0).as_secs_f64();
-    Ok(RunResult {
-        runtime,
+    let measured = Measured {
         objects: args.objects(),
         runs: done.runs,
-        seconds,
-        runs_per_sec: if seconds > 0.0 {
-            done.runs as f64 / seconds
-        } else {
-            0.0
-        },
+        seconds: done.elapsed.saturating_sub(settling.0).as_secs_f64(),
         cpu_seconds,
-        p50_ms: percentile(&mut latencies, 50.0).map(millis),
-        p99_ms: percentile(&mut latencies, 99.0).map(millis),
-        latency_samples: latencies.len() as u64,
+        latencies: recorder.latencies(),
         api_requests: done.api_requests,
-        peak_rss_bytes: peak_rss,
-        baseline_rss_bytes: baseline_rss,
-        rss_per_object_bytes: peak_rss / u64::from(args.objects()),
-        rss_before_objects_bytes: rss_before_objects,
+        baseline_rss,
+        rss_before_objects,
+    };
+    Ok(RunResult {
         idle_rss_bytes: idle_rss,
         status_writes: status_writes.count,
         status_write_seconds: status_writes.window_seconds(),
         operator: phases,
-        restart: None,
-        seconds_per_repeat: Vec::new(),
+        ..measured.result(runtime)
     })
+}
+
+/// What every workload measures alike, from which its [`RunResult`] is made.
+struct Measured {
+    objects: u32,
+    runs: u64,
+    seconds: f64,
+    cpu_seconds: f64,
+    latencies: Vec<Duration>,
+    api_requests: u64,
+    baseline_rss: u64,
+    rss_before_objects: u64,
+}
+
+impl Measured {
+    /// The result of `runtime`, its peak RSS read now; nothing workload-specific in it.
+    fn result(mut self, runtime: RuntimeKind) -> RunResult {
+        let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
+        RunResult {
+            runtime,
+            objects: self.objects,
+            runs: self.runs,
+            seconds: self.seconds,
+            runs_per_sec: if self.seconds > 0.0 {
+                self.runs as f64 / self.seconds
+            } else {
+                0.0
+            },
+            cpu_seconds: self.cpu_seconds,
+            p50_ms: percentile(&mut self.latencies, 50.0).map(millis),
+            p99_ms: percentile(&mut self.latencies, 99.0).map(millis),
+            latency_samples: self.latencies.len() as u64,
+            api_requests: self.api_requests,
+            peak_rss_bytes: peak_rss,
+            baseline_rss_bytes: self.baseline_rss,
+            rss_per_object_bytes: peak_rss / u64::from(self.objects.max(1)),
+            rss_before_objects_bytes: self.rss_before_objects,
+            idle_rss_bytes: None,
+            status_writes: 0,
+            status_write_seconds: None,
+            operator: None,
+            restart: None,
+            seconds_per_repeat: Vec::new(),
+        }
+    }
 }
 
 enum Running {
@@ -395,7 +428,6 @@ async fn measure_restart(
     let changes = driver.await.context("restart driver panicked")??;
     running.stop().await;
     let listed = recorder.all_seen().context("every object ran")?;
-    let mut latencies = recorder.latencies();
     let seen = recorder.changes_seen();
     let watching_from = target
         .counter
@@ -406,32 +438,18 @@ async fn measure_restart(
         .filter(|&&(written, _)| written >= watching_from)
         .map(|&(written, at)| Duration::from_micros(at - written))
         .collect();
-    let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
-    let seconds = listed.elapsed.as_secs_f64();
-    let runs = recorder.runs();
-    Ok(RunResult {
-        runtime,
+    let measured = Measured {
         objects: args.objects(),
-        runs,
-        seconds,
-        runs_per_sec: if seconds > 0.0 {
-            listed.runs as f64 / seconds
-        } else {
-            0.0
-        },
+        // Until the last listed object ran (the changes seen after it are not counted).
+        runs: listed.runs,
+        seconds: listed.elapsed.as_secs_f64(),
         cpu_seconds,
-        p50_ms: percentile(&mut latencies, 50.0).map(millis),
-        p99_ms: percentile(&mut latencies, 99.0).map(millis),
-        latency_samples: latencies.len() as u64,
+        latencies: recorder.latencies(),
         api_requests,
-        peak_rss_bytes: peak_rss,
-        baseline_rss_bytes: baseline_rss,
-        rss_per_object_bytes: peak_rss / u64::from(args.objects()),
-        rss_before_objects_bytes: rss_before_objects,
-        idle_rss_bytes: None,
-        status_writes: 0,
-        status_write_seconds: None,
-        operator: None,
+        baseline_rss,
+        rss_before_objects,
+    };
+    Ok(RunResult {
         restart: Some(RestartPhases {
             list_alone_seconds: alone.elapsed.as_secs_f64(),
             changes,
@@ -440,7 +458,7 @@ async fn measure_restart(
             watching_p50_ms: percentile(&mut watching, 50.0).map(millis),
             watching_p99_ms: percentile(&mut watching, 99.0).map(millis),
         }),
-        seconds_per_repeat: Vec::new(),
+        ..measured.result(runtime)
     })
 }
 
