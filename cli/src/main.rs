@@ -46,27 +46,29 @@ enum Command {
 /// the user through the commands' own error messages).
 const DEFAULT_LOG_FILTER: &str = "warn,kube_client::client::builder=off";
 
-/// Makes mimalloc return an emptied page to the OS at once. It does so only after a delay
-/// (`purge_delay`, whose default depends on mimalloc's version and build: 1 s was read from
-/// one build of this binary, 10 ms from another), so memory freed in a burst, such as a wave of
-/// passivations, was still resident when the idle process was measured: 4.1–5.2 KiB per idle
-/// object at 100 000 `noop` objects, against 2.2–2.6 KiB with no delay (and no CPU cost seen).
-/// Both runtimes of `bench` run with this; an operator binary on mimalloc may do the same. An
-/// explicit `MIMALLOC_PURGE_DELAY` in the environment wins.
+/// Makes mimalloc return an emptied page to the OS after 100 ms. Its default delay
+/// (`purge_delay`, 1 s in the mimalloc this binary links) left memory freed in a burst, such as
+/// a wave of passivations, resident when the idle process was measured 0.3 s later: 4.1–5.2 KiB
+/// per idle object at 100 000 `noop` objects, against 1.7–2.6 KiB with a short delay. No delay at
+/// all costs CPU instead: pages purged and faulted back in, to be zeroed by the kernel again,
+/// cost kube-runtime's `yield` 40 % more CPU (13.2 against 9.5 s at 100 000 objects), and 100 ms
+/// gave the same idle figures as 0. Both runtimes of `bench` run with this; an operator binary on
+/// mimalloc may do the same. An explicit `MIMALLOC_PURGE_DELAY` in the environment wins.
 #[cfg(feature = "mimalloc")]
-fn purge_freed_memory_at_once() {
+fn purge_freed_memory_soon() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;
     }
     // `mi_option_purge_delay` in mimalloc.h (v2 and v3); libmimalloc-sys names no constant.
     const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    const PURGE_DELAY_MS: std::ffi::c_long = 100;
     // SAFETY: sets a process-wide option; mimalloc reads options atomically at any time.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) }
 }
 
 fn main() -> ExitCode {
     #[cfg(feature = "mimalloc")]
-    purge_freed_memory_at_once();
+    purge_freed_memory_soon();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
