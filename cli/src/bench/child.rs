@@ -71,18 +71,29 @@ fn progress_bar(len: u64, runtime: RuntimeKind, what: &str) -> ProgressBar {
     bar
 }
 
+/// Creates the bench objects (`chain_length`: laid out as chains); returns their API and the
+/// resident memory before they were created.
+async fn set_up(
+    args: &BenchArgs,
+    runtime: RuntimeKind,
+    target: &BenchCluster,
+    chain_length: Option<u32>,
+) -> Result<(Api<BenchObject>, u64)> {
+    let api: Api<BenchObject> = Api::namespaced(target.setup.clone(), &target.namespace);
+    let rss_before_objects = stats::current_rss_bytes().unwrap_or(0);
+    let bar = progress_bar(u64::from(args.objects()), runtime, "created");
+    create_objects(&api, args.objects(), chain_length, &bar).await?;
+    bar.finish_and_clear();
+    Ok((api, rss_before_objects))
+}
+
 async fn measure(
     args: &BenchArgs,
     runtime: RuntimeKind,
     target: &BenchCluster,
 ) -> Result<RunResult> {
-    let api: Api<BenchObject> = Api::namespaced(target.setup.clone(), &target.namespace);
-    let rss_before_objects = stats::current_rss_bytes().unwrap_or(0);
-
-    let bar = progress_bar(u64::from(args.objects()), runtime, "created");
     let chain_length = (args.workload == Workload::Chain).then_some(args.chain_length);
-    create_objects(&api, args.objects(), chain_length, &bar).await?;
-    bar.finish_and_clear();
+    let (api, rss_before_objects) = set_up(args, runtime, target, chain_length).await?;
 
     // `chain`: the observer lists before the runtime starts, so it sees every Ready status in
     // the order written (a dependency's before its dependent's).
@@ -362,11 +373,7 @@ async fn measure_restart(
     runtime: RuntimeKind,
     target: &BenchCluster,
 ) -> Result<RunResult> {
-    let api: Api<BenchObject> = Api::namespaced(target.setup.clone(), &target.namespace);
-    let rss_before_objects = stats::current_rss_bytes().unwrap_or(0);
-    let bar = progress_bar(u64::from(args.objects()), runtime, "created");
-    create_objects(&api, args.objects(), None, &bar).await?;
-    bar.finish_and_clear();
+    let (api, rss_before_objects) = set_up(args, runtime, target, None).await?;
     let config = WorkloadConfig {
         workload: Workload::Restart,
         objects: args.objects(),
