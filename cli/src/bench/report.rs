@@ -314,24 +314,7 @@ impl BenchReport {
         for r in &self.runs {
             rows.push(columns.iter().map(|c| (c.1)(r)).collect());
         }
-        let mut widths = vec![0usize; columns.len()];
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        for row in &rows {
-            let mut line = String::new();
-            for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
-                let pad = w - cell.chars().count();
-                if i == 0 {
-                    let _ = write!(line, "{cell}{:pad$}", "");
-                } else {
-                    let _ = write!(line, "  {:pad$}{cell}", "");
-                }
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        out.push_str(&aligned(&rows, 1));
         for r in self
             .runs
             .iter()
@@ -433,6 +416,33 @@ Columns (each runtime's median run of --repeat, by seconds):
 speedup = kube-runtime seconds ÷ actorcile seconds (> 1: actorcile converged faster); rounds:
   the same ratio for each round of --repeat.
 ";
+
+/// `rows` as lines of columns two spaces apart, each as wide as its widest cell: the first
+/// `left` columns aligned left, the others right.
+pub fn aligned(rows: &[Vec<String>], left: usize) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows {
+        widths.resize(widths.len().max(row.len()), 0);
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            let pad = w - cell.chars().count();
+            let sep = if i == 0 { "" } else { "  " };
+            if i < left {
+                let _ = write!(line, "{sep}{cell}{:pad$}", "");
+            } else {
+                let _ = write!(line, "{sep}{:pad$}{cell}", "");
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
 
 fn opt_secs(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.3}"))

@@ -1,7 +1,6 @@
 //! A sweep: the same comparison at several sizes (`--objects 1000,10000,…`), reported as cost
 //! per object against the number of objects, as a table and (`--plot`) a log-scale plot.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use plotters::coord::Shift;
@@ -9,7 +8,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::args::{RuntimeKind, Workload};
-use super::report::{BenchReport, RunResult, human_bytes};
+use super::report::{BenchReport, RunResult, aligned, human_bytes};
 use crate::plot_file::{self, PlotError};
 
 /// One line of a plot panel: whose, its label's suffix, and its (objects, value) points.
@@ -95,28 +94,11 @@ impl SweepReport {
                 ]);
             }
         }
-        let mut widths = vec![0usize; rows[0].len()];
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
         let mut out = format!(
             "sweep: workload {}  backend {}  (each size's median run)\n",
             self.workload, self.backend
         );
-        for row in &rows {
-            let mut line = String::new();
-            for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
-                let pad = w - cell.chars().count();
-                if i < 2 {
-                    let _ = write!(line, "{cell}{:pad$}  ", "");
-                } else {
-                    let _ = write!(line, "{:pad$}{cell}  ", "");
-                }
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        out.push_str(&aligned(&rows, 2));
         out.push_str(SWEEP_LEGEND);
         out
     }
