@@ -38,6 +38,7 @@
 //! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to passivate (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while passes run late). Slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
+//! | `run_timeout` | 10 m | a provision or deprovision pass still running after this long is stopped (its future dropped) and counts as a failure, reason `RunTimeout`, retried with `error_backoff`; `none` never |
 //! | `lock_expiry` | 5 m | how long a guarded step's lock holds: a runtime that dies mid-task holds its object back this long at most; a task running past it is dropped |
 //! | `lease_duration` | 15 s | leader election and sharding: how long a Lease whose record stood still blocks candidates (whole seconds) |
 //! | `lease_renew_deadline` | 10 s | leader election and sharding: the leader (a shard's holder) stops every run (of the shard) once it has not renewed for this long (shorter than `lease_duration`: the difference is the fencing margin) |
@@ -101,6 +102,13 @@ pub struct SupervisorPolicy {
     /// How long graceful shutdown waits for in-flight runs.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// A provision or deprovision pass still running after this long is stopped (its future is
+    /// dropped at its next await point) and counts as a transient failure with reason
+    /// `RunTimeout`, retried with the error backoff (`None`: never; `"none"` in TOML). A
+    /// provisioner that hangs then holds a run slot this long at most. Longer than the longest
+    /// pass: a provisioner that waits on something slow yields instead.
+    #[serde(with = "optional_duration")]
+    pub run_timeout: Option<Duration>,
     /// How long a lock taken by a guarded step
     /// ([`Context::guard`](crate::provisioners::Context::guard)) holds: a runtime that dies in
     /// the middle of the task holds the object back this long at most, and a task is dropped
@@ -143,6 +151,7 @@ impl Default for SupervisorPolicy {
             max_live_actors: None,
             idle_timeout: Some(Duration::from_secs(30)),
             shutdown_timeout: Duration::from_secs(30),
+            run_timeout: Some(Duration::from_secs(600)),
             lock_expiry: Duration::from_secs(300),
             lease_duration: Duration::from_secs(15),
             lease_renew_deadline: Duration::from_secs(10),
@@ -409,6 +418,12 @@ impl SupervisorPolicy {
             return Err(PolicyError::invalid(
                 "idle_timeout",
                 "must be longer than zero (or omitted)",
+            ));
+        }
+        if self.run_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(PolicyError::invalid(
+                "run_timeout",
+                "must be longer than zero (or \"none\")",
             ));
         }
         Ok(())

@@ -114,6 +114,8 @@ pub enum ReadyReason {
     Conflict,
     /// The controller's provider config does not exist; provisioning waits for it.
     ConfigMissing,
+    /// A pass ran past the policy's `run_timeout` and was stopped; retried with backoff.
+    RunTimeout,
 }
 
 impl ReadyReason {
@@ -135,6 +137,7 @@ impl ReadyReason {
             ReadyReason::Locked => "Locked",
             ReadyReason::Conflict => "Conflict",
             ReadyReason::ConfigMissing => "ConfigMissing",
+            ReadyReason::RunTimeout => "RunTimeout",
         }
     }
 }

@@ -291,6 +291,50 @@ async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let calls = Arc::new(AtomicU32::new(0));
+    let (l, c) = (log.clone(), calls.clone());
+    // The first two passes hang; the third finishes.
+    let tree = step("hangs", move |cx: Context<Widget>| {
+        let (l, c) = (l.clone(), c.clone());
+        async move {
+            l.start(&cx.object().name_any());
+            if c.fetch_add(1, Ordering::SeqCst) < 2 {
+                std::future::pending::<()>().await;
+            }
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.run_timeout = Some(Duration::from_secs(3));
+    policy.error_backoff.min = Duration::from_millis(100);
+    let rt = start_widgets(&client, policy, tree).await;
+    create(&client, "h", 1).await;
+    wait_reason(&client, "h", "RunTimeout", LIMIT).await;
+    wait_ready(&client, "h", LIMIT).await;
+    let s = log.starts("h");
+    assert_eq!(s.len(), 3, "two stopped passes, then the one that finished");
+    let gaps: Vec<Duration> = s.windows(2).map(|w| w[1] - w[0]).collect();
+    // 3 s of hanging, then the error backoff (100 ms, then 200 ms).
+    assert!(
+        gaps[0] >= Duration::from_millis(3100) && gaps[0] < Duration::from_millis(3200),
+        "{gaps:?}"
+    );
+    assert!(
+        gaps[1] >= Duration::from_millis(3200) && gaps[1] < Duration::from_millis(3300),
+        "{gaps:?}"
+    );
+    assert_eq!(
+        rt.metrics().restarts,
+        0,
+        "a timeout is a failure, not a crash"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaffected() {
     let (_cluster, client) = cluster();
     let tree = step("sometimes-panics", |cx: Context<Widget>| async move {

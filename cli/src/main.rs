@@ -1,6 +1,7 @@
 //! The `actorcile` command line: `bench` (reconcile throughput of actorcile side by side with
 //! kube-runtime's `Controller`), `simulate` (supervisor policies compared on a seeded scenario in
-//! virtual time), `envtest` (a real etcd + kube-apiserver).
+//! virtual time), `envtest` (a real etcd + kube-apiserver), `chaos` (faults injected on a real
+//! control plane, invariants counted).
 
 /// mimalloc: see BENCHMARKS.md (allocation-heavy actor spawning; memory returned to the OS).
 #[cfg(feature = "mimalloc")]
@@ -8,6 +9,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod chaos;
 mod envtest_cmd;
 mod plot_file;
 mod simulate;
@@ -39,6 +41,13 @@ enum Command {
     /// A real etcd + kube-apiserver for trying operators by hand.
     #[command(subcommand)]
     Envtest(envtest_cmd::EnvtestCmd),
+    /// Run a mixed workload on a real etcd + kube-apiserver while injecting faults (provisioner
+    /// panics and hangs, API errors, conflicts and throttling, kill -9 of the operator,
+    /// kube-apiserver and etcd restarts), then count invariant violations.
+    Chaos(chaos::ChaosArgs),
+    /// The operator `chaos` drives, as its own process (started by `chaos`).
+    #[command(hide = true)]
+    ChaosOperator(chaos::operator::OperatorArgs),
 }
 
 /// Log filter when `RUST_LOG` is unset: warnings, except kube's per-request error log, which a
@@ -85,6 +94,12 @@ fn main() -> ExitCode {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(envtest_cmd::run(cmd))),
+        Command::Chaos(args) => chaos::main(args),
+        Command::ChaosOperator(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(chaos::operator::run(args))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -62,6 +62,12 @@ fn route_gone<K: ManagedResource>(
     if let Some(secrets) = &shared.secrets {
         secrets.forget(&key);
     }
+    shared.references.gone(&crate::references::Target::new(
+        K::api_version(&()),
+        K::kind(&()),
+        key.namespace.as_deref(),
+        key.name.clone(),
+    ));
     if let Some(actor) = shared.routes.get(&key)
         && actor.cast(ResourceMsg::Gone).is_ok()
     {

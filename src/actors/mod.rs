@@ -70,6 +70,7 @@ mod outcome_key;
 mod passive_timers;
 mod resource;
 pub(crate) mod restarts;
+mod run_deadline;
 mod run_slots;
 mod timer;
 pub(crate) mod triggers;

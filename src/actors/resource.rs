@@ -28,7 +28,7 @@ use super::mailbox::Mailbox;
 use super::metrics::RunResult;
 use super::outcome_key::OutcomeKey;
 use super::wake_up::PendingWakeUp;
-use super::{ManagedResource, Metrics, Shared, version_of, writes};
+use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;
@@ -537,7 +537,9 @@ impl<K: ManagedResource> ResourceActor<K> {
                         .take()
                         .filter(|cx| cx.has_parts(&obj, &status) && cx.has_config(&config))
                         .unwrap_or_else(|| self.context(obj.clone(), status.clone(), config));
-                    let outcome = shared.tree.provision(&cx).await;
+                    let outcome =
+                        run_deadline::within(shared.policy.run_timeout, shared.tree.provision(&cx))
+                            .await;
                     saw_others = Self::take_written(st, &cx);
                     st.cx = Some(cx);
                     outcome
@@ -684,7 +686,8 @@ impl<K: ManagedResource> ResourceActor<K> {
             });
         }
         let cx = self.context(obj.clone(), status.clone(), config);
-        let outcome = shared.tree.deprovision(&cx).await;
+        let outcome =
+            run_deadline::within(shared.policy.run_timeout, shared.tree.deprovision(&cx)).await;
         if Self::take_written(st, &cx) {
             st.mark_due(); // a step's write met someone else's: run again on theirs
         }
@@ -698,9 +701,13 @@ impl<K: ManagedResource> ResourceActor<K> {
                 desired: Some(desired),
             });
         }
-        shared.references.release_all(&target).await;
+        // The finalizer goes first, the references after: a target this object referenced can
+        // only proceed once this object is gone (when ours was its last finalizer), so the API
+        // never shows a referenced object vanish before its referrers. A crash in between
+        // leaves references of an object that no longer exists, which block nothing.
         match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
+                shared.references.release_all(&target).await;
                 writes::publish_released(shared, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.

@@ -15,12 +15,18 @@
 //! Its `observedGeneration` is the generation the task ran for: the *intent* is that
 //! generation (and provision or deprovision). A guard whose condition says the task is done for
 //! the object's generation returns [`Outcome::Done`] without running it again.
+//!
+//! The task's result is written under the lock, retried for a few seconds when the API fails;
+//! only a result that cannot be written at all (or a runtime that dies between the task and the
+//! write) lets the task run again, on the next pass or once the lock expires. Write tasks that
+//! find their effect already there.
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use super::handle::WriteError;
@@ -34,6 +40,10 @@ pub const LOCKED: &str = "Locked";
 pub const DONE: &str = "Done";
 /// The reason of a guard's condition once its deprovision task is done for the generation.
 pub const DEPROVISIONED: &str = "Deprovisioned";
+
+/// How often a failed write of a task's result is retried (over about 6 s) before the pass
+/// fails with `LockReleaseFailed` and the task runs again on the next pass.
+const RESULT_WRITE_RETRIES: usize = 5;
 
 /// A lock as its condition states it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,18 +247,27 @@ impl<K: ManagedResource> Context<K> {
             }
         };
         // Only over our own lock: one taken by another runtime after ours expired is theirs.
-        let recorded = self
-            .write_conditions(true, |st: &ResourceStatus| {
-                let ours = st
-                    .condition(type_)
-                    .and_then(Lock::of)
-                    .is_some_and(|l| *l.holder == *holder);
-                if ours {
-                    st.with_condition(type_, status, &reason, &msg, generation)
-                } else {
-                    None
-                }
-            })
+        let record = |st: &ResourceStatus| {
+            let ours = st
+                .condition(type_)
+                .and_then(Lock::of)
+                .is_some_and(|l| *l.holder == *holder);
+            if ours {
+                st.with_condition(type_, status, &reason, &msg, generation)
+            } else {
+                None
+            }
+        };
+        // The task ran: a transient API error must not lose its result (the next pass would
+        // run it again), so the write is retried for a few seconds before giving up.
+        let recorded = (|| self.write_conditions(true, record))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_delay(Duration::from_secs(2))
+                    .with_max_times(RESULT_WRITE_RETRIES),
+            )
+            .when(|e| matches!(e, WriteError::Failed(_)))
             .await;
         match recorded {
             Ok(_) => outcome,

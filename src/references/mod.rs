@@ -629,14 +629,34 @@ impl ReferenceIndex {
         }
     }
 
-    /// Release every reference `from` holds (after its deprovision finished).
+    /// Release every reference `from` holds (once its finalizer is removed). A release that
+    /// still fails after a few retries is logged and kept: when `from` leaves its kind's store,
+    /// [`gone`](Self::gone) wakes the target, which then finds `from` missing and proceeds.
     pub(crate) async fn release_all(&self, from: &Target) {
+        use backon::Retryable;
+        let mut kept = false;
         for t in self.held_by(from) {
-            if let Err(e) = self.release_reference(from, &t).await {
+            let backoff = backon::ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(50))
+                .with_max_delay(std::time::Duration::from_secs(1))
+                .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
+            if let Err(e) = (|| self.release_reference(from, &t)).retry(backoff).await {
                 tracing::warn!(from = %from, target = %t, error = %e, "could not release reference");
+                kept = true;
             }
         }
-        self.forget(from);
+        if !kept {
+            self.forget(from);
+        }
+    }
+
+    /// `from` is gone from its kind's store: wake every target it still held (they find it
+    /// missing and proceed), and forget it.
+    pub(crate) fn gone(&self, from: &Target) {
+        if self.held.contains_key(from) {
+            self.notify_held(from);
+            self.forget(from);
+        }
     }
 
     /// Remove `from`'s reference annotation from `target` (a merge patch with `null`).

@@ -1,0 +1,185 @@
+//! What a chaos run checks from its records: passes of one object never overlap, and the guarded
+//! side effect ran once per intent.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use super::lines;
+
+/// One pass as recorded: object, start and end (microseconds).
+#[derive(Debug, Clone)]
+pub struct Pass {
+    /// `namespace/name`.
+    pub key: String,
+    /// The operator incarnation that ran it.
+    pub incarnation: u32,
+    /// Its start.
+    pub start: u64,
+    /// Its end: the `end` line, or the death of its process.
+    pub end: u64,
+    /// Ended by the death of its process (no `end` line).
+    pub cut: bool,
+}
+
+/// The passes recorded in `dir`, an unfinished one ending when its process died (`deaths`:
+/// incarnation → when it was killed or exited).
+pub fn passes(dir: &Path, deaths: &HashMap<u32, u64>) -> std::io::Result<Vec<Pass>> {
+    let mut open: HashMap<(u32, u64), (String, u64)> = HashMap::new();
+    let mut done = Vec::new();
+    for (at, words) in lines::read(&dir.join("passes"))? {
+        let w: Vec<&str> = words.iter().map(String::as_str).collect();
+        match w.as_slice() {
+            ["start", inc, id, key, ..] => {
+                if let (Ok(inc), Ok(id)) = (inc.parse(), id.parse()) {
+                    open.insert((inc, id), (key.to_string(), at));
+                }
+            }
+            ["end", inc, id] => {
+                if let (Ok(inc), Ok(id)) = (inc.parse(), id.parse())
+                    && let Some((key, start)) = open.remove(&(inc, id))
+                {
+                    done.push(Pass {
+                        key,
+                        incarnation: inc,
+                        start,
+                        end: at,
+                        cut: false,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((inc, _), (key, start)) in open {
+        done.push(Pass {
+            key,
+            incarnation: inc,
+            start,
+            end: deaths.get(&inc).copied().unwrap_or(u64::MAX),
+            cut: true,
+        });
+    }
+    Ok(done)
+}
+
+/// Pairs of passes of one object that overlap in time, as `(object, incarnations)`.
+pub fn overlaps(passes: &[Pass]) -> Vec<(String, u32, u32)> {
+    let mut by_key: BTreeMap<&str, Vec<&Pass>> = BTreeMap::new();
+    for p in passes {
+        by_key.entry(&p.key).or_default().push(p);
+    }
+    let mut found = Vec::new();
+    for (key, mut ps) in by_key {
+        ps.sort_by_key(|p| (p.start, p.end));
+        let mut latest: Option<&Pass> = None;
+        for p in ps {
+            if let Some(l) = latest
+                && p.start < l.end
+            {
+                found.push((key.to_string(), l.incarnation, p.incarnation));
+            }
+            if latest.is_none_or(|l| p.end > l.end) {
+                latest = Some(p);
+            }
+        }
+    }
+    found
+}
+
+/// Executions of the guarded side effect, by intent.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// `(uid, generation)` → incarnations that provisioned it, in order.
+    pub provisioned: HashMap<(String, i64), Vec<u32>>,
+    /// `uid` → incarnations that deprovisioned it, in order.
+    pub deprovisioned: HashMap<String, Vec<u32>>,
+}
+
+impl Effects {
+    /// The effects recorded in `dir`.
+    pub fn read(dir: &Path) -> std::io::Result<Self> {
+        let mut e = Effects::default();
+        for (_, w) in lines::read(&dir.join("effects"))? {
+            if let [tag, inc, uid, generation, intent] = w.as_slice()
+                && tag == "effect"
+                && let (Ok(inc), Ok(generation)) = (inc.parse(), generation.parse())
+            {
+                match intent.as_str() {
+                    "provision" => e
+                        .provisioned
+                        .entry((uid.clone(), generation))
+                        .or_default()
+                        .push(inc),
+                    _ => e.deprovisioned.entry(uid.clone()).or_default().push(inc),
+                }
+            }
+        }
+        Ok(e)
+    }
+
+    /// Intents run more than once: `(not explained, explained)`, where a repeat is explained
+    /// when the incarnation that ran it before was killed (the guard's documented window: the
+    /// effect ran, its holder died before recording it done, and the lock expired).
+    pub fn repeats(&self, killed: &HashSet<u32>) -> (usize, usize) {
+        let (mut unexplained, mut explained) = (0, 0);
+        for runs in self.provisioned.values().chain(self.deprovisioned.values()) {
+            for (i, _) in runs.iter().enumerate().skip(1) {
+                if runs[..i].iter().any(|inc| killed.contains(inc)) {
+                    explained += 1;
+                } else {
+                    unexplained += 1;
+                }
+            }
+        }
+        (unexplained, explained)
+    }
+}
+
+/// Lines of `kind` (`panic`, `hang`, `api-500`, …) among the `fault` lines of `file` in `dir`.
+pub fn faults(dir: &Path, file: &str) -> std::io::Result<BTreeMap<String, u64>> {
+    let mut counts = BTreeMap::new();
+    for (_, w) in lines::read(&dir.join(file))? {
+        if w.first().map(String::as_str) == Some("fault")
+            && let Some(kind) = w.get(1)
+        {
+            *counts.entry(kind.clone()).or_default() += 1;
+        }
+    }
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass(key: &str, inc: u32, start: u64, end: u64) -> Pass {
+        Pass {
+            key: key.into(),
+            incarnation: inc,
+            start,
+            end,
+            cut: false,
+        }
+    }
+
+    #[test]
+    fn overlapping_passes_of_one_object_are_found_and_others_are_not() {
+        let ps = [
+            pass("a", 0, 0, 10),
+            pass("a", 0, 10, 20),
+            pass("b", 0, 5, 30),
+            pass("a", 1, 15, 25),
+            pass("b", 1, 31, 40),
+        ];
+        assert_eq!(overlaps(&ps), vec![("a".to_string(), 0, 1)]);
+    }
+
+    #[test]
+    fn a_repeat_is_explained_only_by_a_killed_incarnation() {
+        let mut e = Effects::default();
+        e.provisioned.insert(("u".into(), 1), vec![0, 1]);
+        e.provisioned.insert(("v".into(), 1), vec![2, 2]);
+        e.deprovisioned.insert("w".into(), vec![3]);
+        assert_eq!(e.repeats(&HashSet::from([0])), (1, 1));
+    }
+}

@@ -1,0 +1,796 @@
+//! `actorcile chaos`: a mixed workload on a real etcd + kube-apiserver while faults are injected,
+//! then the invariants an operator runtime promises, counted.
+//!
+//! Each round creates items (a third stand alone, the others use one of those: they wait for it
+//! to be Ready, reference it, and it cannot go before them), changes a quarter of them (a new
+//! generation), then deletes half (a set closed under "is used by", plus items that use nothing
+//! deleted). The operator (`operator.rs`) runs in its own process as a non-admin user bound to
+//! the ClusterRole the runtime generates, behind a client that injects API faults
+//! (`api_faults.rs`), with provisioner panics and hangs injected around its tree. While it
+//! provisions, the driver kills it with SIGKILL and starts it again, restarts kube-apiserver, and
+//! restarts etcd; while it deprovisions, kills it again and restarts kube-apiserver.
+//!
+//! Checked, and reported as counts (all must be 0): items not Ready (or not gone once deleted);
+//! stale status (`observedGeneration` behind); leaked finalizers; orphaned or missing child
+//! ConfigMaps; deletion-order violations (an item gone while an item using it still exists, seen
+//! in the order the API reports it); overlapping passes of one item; side effects run more than
+//! once per intent (other than after their holder was killed in the middle, the guard's
+//! documented window) or not at all; planted secrets (the Secret's value, the operator's bearer
+//! token) found in the operator's logs, the Events or any status; an operator that did not stop
+//! on SIGTERM.
+//!
+//! Faults are drawn from `--seed`: the same seed injects the same faults at the same points of
+//! each process's request and pass sequence; the interleaving of real processes is not
+//! repeatable.
+
+mod api_faults;
+mod check;
+mod lines;
+pub mod operator;
+mod order;
+mod process;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use actorcile::envtest::Envtest;
+use anyhow::{Context as _, Result, bail};
+use backon::{ConstantBuilder, Retryable};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use serde::Serialize;
+
+pub use api_faults::ApiFaultRates;
+use operator::{CHILD_SUFFIX, ChaosItem, ChaosItemSpec, EFFECT, NAME, SECRET};
+use process::Operator;
+
+/// `actorcile chaos` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChaosArgs {
+    /// Items per round
+    #[arg(long, default_value_t = 60)]
+    pub objects: usize,
+    /// Seed of every injected fault
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Run rounds until this many minutes have passed (a soak); default one round
+    #[arg(long)]
+    pub minutes: Option<f64>,
+    /// Fraction of provisioner passes that panic
+    #[arg(long, default_value_t = 0.05)]
+    pub panic_rate: f64,
+    /// Fraction of provisioner passes that hang until the run timeout (2 s) stops them
+    #[arg(long, default_value_t = 0.02)]
+    pub hang_rate: f64,
+    #[command(flatten)]
+    pub api: ApiFaultRates,
+    /// Print the report as one JSON line
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the records (passes, effects, faults, operator logs) and the control plane's
+    /// directory here; by default they are removed unless a check fails
+    #[arg(long, value_name = "DIR")]
+    pub keep: Option<PathBuf>,
+}
+
+/// How long a phase may take to converge before the run fails.
+const CONVERGE: Duration = Duration::from_secs(120);
+/// The namespace of the workload.
+const NAMESPACE: &str = "chaos";
+
+/// Faults injected, by kind.
+#[derive(Debug, Default, Serialize)]
+pub struct FaultCounts {
+    /// Operator processes killed with SIGKILL while passes ran (and started again).
+    pub operator_kills: u32,
+    /// Passes in flight at those kills, in all.
+    pub passes_cut_by_kills: usize,
+    /// kube-apiserver killed and restarted.
+    pub apiserver_restarts: u32,
+    /// etcd killed and restarted.
+    pub etcd_restarts: u32,
+    /// Provisioner passes that panicked, hung, and API answers injected (`api-500`, `api-409`,
+    /// `api-429`).
+    pub injected: BTreeMap<String, u64>,
+}
+
+/// Invariant violations: every one must be 0.
+#[derive(Debug, Default, Serialize)]
+pub struct Violations {
+    /// Live items not Ready at the end of a phase.
+    pub not_converged: usize,
+    /// Items whose status speaks of an older generation.
+    pub stale_status: usize,
+    /// Deleted items still there (their finalizer not removed).
+    pub leaked_finalizers: usize,
+    /// Child ConfigMaps of items that are gone, or left at the end.
+    pub orphaned_children: usize,
+    /// Live items without their child ConfigMap.
+    pub missing_children: usize,
+    /// An item gone while an item using it still existed.
+    pub deletion_order: usize,
+    /// Pairs of passes of one item that overlapped.
+    pub overlapping_passes: usize,
+    /// Intents whose side effect ran more than once, not after a kill of its holder.
+    pub repeated_effects: usize,
+    /// Intents whose side effect never ran.
+    pub missing_effects: usize,
+    /// Planted secret values found in logs, Events or status.
+    pub secret_leaks: usize,
+    /// Operator processes that did not exit within the shutdown timeout of a SIGTERM, or
+    /// exited with an error.
+    pub unclean_shutdowns: usize,
+}
+
+impl Violations {
+    fn total(&self) -> usize {
+        self.not_converged
+            + self.stale_status
+            + self.leaked_finalizers
+            + self.orphaned_children
+            + self.missing_children
+            + self.deletion_order
+            + self.overlapping_passes
+            + self.repeated_effects
+            + self.missing_effects
+            + self.secret_leaks
+            + self.unclean_shutdowns
+    }
+}
+
+/// What a chaos run reports.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Rounds run.
+    pub rounds: u32,
+    /// Items created over all rounds.
+    pub objects: usize,
+    /// Items deleted over all rounds (the rest are deleted at the end).
+    pub deleted: usize,
+    /// Provisioner passes recorded.
+    pub passes: usize,
+    /// Side effects run (provision and deprovision).
+    pub effects: usize,
+    /// Side effects run again after their holder was killed mid-task.
+    pub effects_repeated_after_kill: usize,
+    /// Faults injected.
+    pub faults: FaultCounts,
+    /// Invariant violations.
+    pub violations: Violations,
+    /// Wall-clock seconds of the whole run.
+    pub seconds: f64,
+    /// Seconds of each phase of each round, from its first request to everything converged
+    /// (faults included).
+    pub phases: Vec<(String, f64)>,
+    /// Where the records are, when kept.
+    pub records: Option<PathBuf>,
+}
+
+/// `actorcile chaos`.
+pub fn main(args: ChaosArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let report = rt.block_on(run(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    let total = report.violations.total();
+    if total > 0 {
+        bail!(
+            "{total} invariant violation(s); the records are in {}",
+            report
+                .records
+                .as_ref()
+                .map_or("(not kept)".into(), |p| p.display().to_string())
+        );
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "chaos: seed {}, {} round(s), {} items ({} deleted mid-run), {} passes, {} side effects, {:.1} s",
+        r.seed, r.rounds, r.objects, r.deleted, r.passes, r.effects, r.seconds
+    );
+    let f = &r.faults;
+    println!(
+        "faults: operator kill -9 ×{} ({} passes in flight), kube-apiserver restart ×{}, etcd restart ×{}",
+        f.operator_kills, f.passes_cut_by_kills, f.apiserver_restarts, f.etcd_restarts
+    );
+    let phases: Vec<String> = r
+        .phases
+        .iter()
+        .map(|(p, s)| format!("{p} {s:.1} s"))
+        .collect();
+    println!("phases: {}", phases.join(", "));
+    let injected: Vec<String> = f
+        .injected
+        .iter()
+        .map(|(k, v)| format!("{k} ×{v}"))
+        .collect();
+    println!("injected: {}", injected.join(", "));
+    if r.effects_repeated_after_kill > 0 {
+        println!(
+            "side effects run again after their holder was killed mid-task: {}",
+            r.effects_repeated_after_kill
+        );
+    }
+    let v = serde_json::to_value(&r.violations).unwrap_or_default();
+    println!("invariant violations:");
+    if let Some(map) = v.as_object() {
+        for (k, n) in map {
+            println!("  {k:<20} {n}");
+        }
+    }
+    if let Some(p) = &r.records {
+        println!("records: {}", p.display());
+    }
+}
+
+/// Retries a driver request until it succeeds, for up to a minute: the driver's own requests
+/// must ride out the faults it injects.
+async fn retrying<T, F, Fut>(what: &str, f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    f.retry(
+        ConstantBuilder::default()
+            .with_delay(Duration::from_millis(250))
+            .with_max_times(240),
+    )
+    .notify(|e, _| tracing::debug!(error = %e, "{what}: retrying"))
+    .await
+    .with_context(|| what.to_string())
+}
+
+/// `Ok` for a create whose object exists already, a delete whose object is gone.
+fn tolerate(code: u16, r: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == code => Ok(()),
+        r => r,
+    }
+}
+
+async fn run(args: &ChaosArgs) -> Result<Report> {
+    let started = Instant::now();
+    let records = match &args.keep {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("actorcile-chaos-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&records).with_context(|| format!("creating {}", records.display()))?;
+    let mut env = Envtest::builder()
+        .dir(records.join("control-plane"))
+        .keep_dir(true)
+        .start()
+        .await
+        .context("starting the control plane")?;
+    let result = drive(args, &mut env, &records).await;
+    env.stop().await;
+    let mut report = result?;
+    report.seconds = started.elapsed().as_secs_f64();
+    if args.keep.is_none() && report.violations.total() == 0 {
+        let _ = std::fs::remove_dir_all(&records);
+    } else {
+        report.records = Some(records);
+    }
+    Ok(report)
+}
+
+/// The planted values: what must never appear where the runtime writes.
+struct Planted {
+    secret: String,
+    token: String,
+}
+
+async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<Planted> {
+    let admin = env.client();
+    env.install_crds(&[ChaosItem::crd()])
+        .await
+        .context("installing the ChaosItem CRD")?;
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NAMESPACE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    retrying("creating the namespace", || async {
+        tolerate(
+            409,
+            namespaces
+                .create(&PostParams::default(), &ns)
+                .await
+                .map(drop),
+        )
+    })
+    .await?;
+    let secret_value = format!(
+        "planted-secret-{:016x}",
+        fastrand::Rng::with_seed(seed).u64(..)
+    );
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(SECRET.into()),
+            ..Default::default()
+        },
+        string_data: Some([("token".to_string(), secret_value.clone())].into()),
+        ..Default::default()
+    };
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
+    retrying("creating the Secret", || async {
+        tolerate(
+            409,
+            secrets
+                .create(&PostParams::default(), &secret)
+                .await
+                .map(drop),
+        )
+    })
+    .await?;
+
+    // The operator runs as the non-admin user, bound to the ClusterRole the runtime generates.
+    let probe = operator::OperatorArgs {
+        kubeconfig: env.user_kubeconfig_path().to_path_buf(),
+        dir: records.to_path_buf(),
+        incarnation: 0,
+        seed,
+        panic_rate: 0.0,
+        hang_rate: 0.0,
+        api: ApiFaultRates::default(),
+    };
+    let role: ClusterRole = operator::builder(admin.clone(), &probe)?.cluster_role(NAME);
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(NAME.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: NAME.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: env.user_name().into(),
+            ..Default::default()
+        }]),
+    };
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    retrying("creating the ClusterRole", || async {
+        tolerate(
+            409,
+            roles.create(&PostParams::default(), &role).await.map(drop),
+        )
+    })
+    .await?;
+    retrying("creating the ClusterRoleBinding", || async {
+        tolerate(
+            409,
+            bindings
+                .create(&PostParams::default(), &binding)
+                .await
+                .map(drop),
+        )
+    })
+    .await?;
+    // RBAC reaches the authorizer through an informer: wait until the user can list items.
+    let user_items: Api<ChaosItem> = Api::namespaced(env.user_client(), NAMESPACE);
+    retrying("waiting for the role to be in force", || async {
+        user_items
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(drop)
+    })
+    .await?;
+
+    let kubeconfig = std::fs::read_to_string(env.user_kubeconfig_path())?;
+    let token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token:"))
+        .map(|t| t.trim().trim_matches('"').to_string())
+        .context("the user kubeconfig has no token")?;
+    Ok(Planted {
+        secret: secret_value,
+        token,
+    })
+}
+
+/// The items of round `round`: `(name, uses)`.
+fn round_items(round: u32, n: usize) -> Vec<(String, Option<String>)> {
+    let name = |i: usize| format!("r{round}-i{i}");
+    (0..n)
+        .map(|i| {
+            let uses = (i % 3 != 0).then(|| name(i - i % 3));
+            (name(i), uses)
+        })
+        .collect()
+}
+
+/// The items of a round to delete: the standalone items with an even index (and every item
+/// using them), and the users of the others with an odd index.
+fn to_delete(items: &[(String, Option<String>)]) -> HashSet<String> {
+    let base = |i: usize| (i - i % 3) / 3;
+    items
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| base(*i) % 2 == 0 || (i % 3 != 0 && i % 2 == 1))
+        .map(|(_, (n, _))| n.clone())
+        .collect()
+}
+
+async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -> Result<Report> {
+    let planted = set_up(env, args.seed, records).await?;
+    let admin = env.client();
+    let items: Api<ChaosItem> = Api::namespaced(admin.clone(), NAMESPACE);
+    let watch = order::Watch::start(items.clone());
+    let mut operator = Operator::start(env, args, records, 0)?;
+    let mut report = Report {
+        seed: args.seed,
+        ..Default::default()
+    };
+    let mut killed = HashSet::new();
+    let mut deaths = HashMap::new();
+    let mut statuses = String::new();
+    let deadline = args
+        .minutes
+        .map(|m| Instant::now() + Duration::from_secs_f64(m * 60.0));
+    let mut round = 0;
+    loop {
+        let all = round_items(round, args.objects);
+        report.objects += all.len();
+
+        // Provision, through a kill -9 of the operator, a kube-apiserver and an etcd restart.
+        let since = lines::wall_micros();
+        let phase = Instant::now();
+        for (name, uses) in &all {
+            let item = ChaosItem::new(
+                name,
+                ChaosItemSpec {
+                    uses: uses.clone(),
+                    revision: 0,
+                },
+            );
+            retrying("creating an item", || async {
+                tolerate(
+                    409,
+                    items.create(&PostParams::default(), &item).await.map(drop),
+                )
+            })
+            .await?;
+        }
+        passes_started(records, since, "provision", all.len() / 3).await?;
+        operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
+        report.faults.operator_kills += 1;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        env.restart_apiserver()
+            .await
+            .context("restarting kube-apiserver")?;
+        report.faults.apiserver_restarts += 1;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        env.restart_etcd().await.context("restarting etcd")?;
+        report.faults.etcd_restarts += 1;
+        let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+        converge(&items, &names, &mut report.violations, &mut statuses).await?;
+        report
+            .phases
+            .push(("provision".into(), phase.elapsed().as_secs_f64()));
+
+        // A new generation for every fourth item.
+        let phase = Instant::now();
+        let bumped: Vec<&str> = names.iter().copied().step_by(4).collect();
+        for name in &bumped {
+            let patch = Patch::Merge(serde_json::json!({ "spec": { "revision": 1 } }));
+            retrying("changing an item", || async {
+                items
+                    .patch(name, &PatchParams::default(), &patch)
+                    .await
+                    .map(drop)
+            })
+            .await?;
+        }
+        converge(&items, &names, &mut report.violations, &mut statuses).await?;
+        report
+            .phases
+            .push(("update".into(), phase.elapsed().as_secs_f64()));
+
+        // Deprovision half, through a kill -9 and a kube-apiserver restart.
+        let doomed = to_delete(&all);
+        let since = lines::wall_micros();
+        let phase = Instant::now();
+        report.deleted += doomed.len();
+        for name in &doomed {
+            retrying("deleting an item", || async {
+                tolerate(
+                    404,
+                    items.delete(name, &DeleteParams::default()).await.map(drop),
+                )
+            })
+            .await?;
+        }
+        passes_started(records, since, "deprovision", doomed.len() / 3).await?;
+        operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
+        report.faults.operator_kills += 1;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        env.restart_apiserver()
+            .await
+            .context("restarting kube-apiserver")?;
+        report.faults.apiserver_restarts += 1;
+        let kept: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| !doomed.contains(*n))
+            .collect();
+        wait_gone(&items, &doomed, &mut report.violations).await?;
+        report
+            .phases
+            .push(("deprovision".into(), phase.elapsed().as_secs_f64()));
+        converge(&items, &kept, &mut report.violations, &mut statuses).await?;
+        check_children(&admin, &items, &mut report.violations).await?;
+
+        round += 1;
+        if deadline.is_none_or(|d| Instant::now() >= d) {
+            break;
+        }
+    }
+    report.rounds = round;
+
+    // Clean up: every item deleted and gone, then the operator stopped with SIGTERM.
+    let left: Vec<String> = retrying("listing items", || async {
+        items.list(&ListParams::default()).await
+    })
+    .await?
+    .items
+    .iter()
+    .map(|i| i.name_any())
+    .collect();
+    for name in &left {
+        retrying("deleting an item", || async {
+            tolerate(
+                404,
+                items.delete(name, &DeleteParams::default()).await.map(drop),
+            )
+        })
+        .await?;
+    }
+    wait_gone(&items, &left.into_iter().collect(), &mut report.violations).await?;
+    check_children(&admin, &items, &mut report.violations).await?;
+    let (incarnation, clean) = operator.stop().await;
+    deaths.insert(incarnation, lines::wall_micros());
+    if !clean {
+        report.violations.unclean_shutdowns += 1;
+    }
+    report.violations.deletion_order = watch.stop().await;
+
+    // The records.
+    let passes = check::passes(records, &deaths)?;
+    report.passes = passes.len();
+    report.violations.overlapping_passes = check::overlaps(&passes).len();
+    report.faults.passes_cut_by_kills = passes
+        .iter()
+        .filter(|p| p.cut && killed.contains(&p.incarnation))
+        .count();
+    let effects = check::Effects::read(records)?;
+    report.effects = effects
+        .provisioned
+        .values()
+        .chain(effects.deprovisioned.values())
+        .map(Vec::len)
+        .sum();
+    let (unexplained, explained) = effects.repeats(&killed);
+    report.violations.repeated_effects = unexplained;
+    report.effects_repeated_after_kill = explained;
+    report.violations.missing_effects += missing_deprovisions(&effects);
+    let mut injected = check::faults(records, "passes")?;
+    injected.extend(check::faults(records, "api-faults")?);
+    report.faults.injected = injected;
+
+    // Planted secrets: in the operator's logs, the Events, any status.
+    let events: Api<Event> = Api::namespaced(admin.clone(), NAMESPACE);
+    let events = retrying("listing Events", || async {
+        events.list(&ListParams::default()).await
+    })
+    .await?;
+    let mut written = serde_json::to_string(&events.items)?;
+    written.push_str(&statuses);
+    for entry in std::fs::read_dir(records)? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("operator-"))
+        {
+            written.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+    report.violations.secret_leaks = [&planted.secret, &planted.token]
+        .iter()
+        .map(|s| written.matches(s.as_str()).count())
+        .sum();
+    Ok(report)
+}
+
+/// Waits (10 s at most) until `what` passes of `count` items started since `since`: the kill
+/// that follows lands in the middle of the phase.
+async fn passes_started(
+    records: &std::path::Path,
+    since: u64,
+    what: &str,
+    count: usize,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let started: HashSet<String> = lines::read(&records.join("passes"))?
+            .into_iter()
+            .filter(|(at, w)| {
+                *at >= since
+                    && w.first().is_some_and(|t| t == "start")
+                    && w.get(4).is_some_and(|x| x == what)
+            })
+            .filter_map(|(_, mut w)| w.get_mut(3).map(std::mem::take))
+            .collect();
+        if started.len() >= count || Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Kills the operator with SIGKILL, recording when, and starts its next incarnation.
+fn kill_and_restart(
+    operator: Operator,
+    env: &Envtest,
+    args: &ChaosArgs,
+    records: &std::path::Path,
+    killed: &mut HashSet<u32>,
+    deaths: &mut HashMap<u32, u64>,
+) -> Result<Operator> {
+    let (incarnation, at) = operator.kill();
+    killed.insert(incarnation);
+    deaths.insert(incarnation, at);
+    Operator::start(env, args, records, incarnation + 1)
+}
+
+/// Waits until every item in `names` that exists is Ready for its generation; counts those that
+/// are not within [`CONVERGE`] (not converged; stale status) and appends every status seen to
+/// `statuses`; a Ready item whose side effect is not recorded done for its generation counts
+/// as a missing effect.
+async fn converge(
+    items: &Api<ChaosItem>,
+    names: &[&str],
+    violations: &mut Violations,
+    statuses: &mut String,
+) -> Result<()> {
+    let wanted: HashSet<&str> = names.iter().copied().collect();
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let list = retrying("listing items", || async {
+            items.list(&ListParams::default()).await
+        })
+        .await?;
+        let mine: Vec<&ChaosItem> = list
+            .items
+            .iter()
+            .filter(|i| wanted.contains(i.name_any().as_str()))
+            .collect();
+        let ready = |i: &ChaosItem| {
+            i.status
+                .as_ref()
+                .is_some_and(|s| s.is_ready() && s.observed_generation == i.metadata.generation)
+        };
+        let not_ready = mine.iter().filter(|i| !ready(i)).count();
+        if not_ready == 0 || Instant::now() >= deadline {
+            for i in &mine {
+                let status = i.status.clone().unwrap_or_default();
+                statuses.push_str(&serde_json::to_string(&status)?);
+                if !ready(i) {
+                    if status.is_ready() {
+                        violations.stale_status += 1;
+                    } else {
+                        violations.not_converged += 1;
+                    }
+                    eprintln!("chaos: {} did not converge: {status:?}", i.name_any());
+                }
+                let effect_done = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == EFFECT && c.observed_generation == i.metadata.generation);
+                if ready(i) && !effect_done {
+                    violations.missing_effects += 1;
+                }
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until no item in `names` exists; counts those still there after [`CONVERGE`].
+async fn wait_gone(
+    items: &Api<ChaosItem>,
+    names: &HashSet<String>,
+    violations: &mut Violations,
+) -> Result<()> {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let list = retrying("listing items", || async {
+            items.list(&ListParams::default()).await
+        })
+        .await?;
+        let left: Vec<&ChaosItem> = list
+            .items
+            .iter()
+            .filter(|i| names.contains(&i.name_any()))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            for i in left {
+                eprintln!(
+                    "chaos: {} was deleted and is still there: finalizers {:?}, status {:?}",
+                    i.name_any(),
+                    i.finalizers(),
+                    i.status
+                );
+                violations.leaked_finalizers += 1;
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Child ConfigMaps whose item is gone (orphaned), live items without theirs (missing).
+async fn check_children(
+    admin: &Client,
+    items: &Api<ChaosItem>,
+    violations: &mut Violations,
+) -> Result<()> {
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    let maps = retrying("listing ConfigMaps", || async {
+        maps.list(&ListParams::default()).await
+    })
+    .await?;
+    let live: HashSet<String> = retrying("listing items", || async {
+        items.list(&ListParams::default()).await
+    })
+    .await?
+    .items
+    .iter()
+    .map(|i| i.name_any())
+    .collect();
+    let children: HashSet<String> = maps
+        .items
+        .iter()
+        .filter_map(|m| m.name_any().strip_suffix(CHILD_SUFFIX).map(str::to_string))
+        .collect();
+    violations.orphaned_children += children.difference(&live).count();
+    violations.missing_children += live.difference(&children).count();
+    Ok(())
+}
+
+/// Items (all deleted by the end) whose deprovision side effect never ran. (Provision effects
+/// of Ready items are checked on their status as each phase converges.)
+fn missing_deprovisions(effects: &check::Effects) -> usize {
+    let provisioned: HashSet<&str> = effects
+        .provisioned
+        .keys()
+        .map(|(u, _)| u.as_str())
+        .collect();
+    provisioned
+        .iter()
+        .filter(|uid| !effects.deprovisioned.contains_key(**uid))
+        .count()
+}

@@ -1,0 +1,298 @@
+//! The operator a chaos run drives, run as its own process (`actorcile chaos-operator`, hidden)
+//! so it can be killed with SIGKILL and started again.
+//!
+//! Its kind, `ChaosItem`, exercises what operators do: a reference to another item it waits to
+//! be Ready (and that cannot be deleted before it), a Secret it reads, an owned child ConfigMap,
+//! and a guarded side effect. Around the whole tree, provisioner bugs are injected: a pass panics
+//! or hangs (past the policy's `run_timeout`) at the rates given. Every pass's start and end,
+//! every injected fault and every execution of the side effect is recorded (see
+//! [`super::lines`]) for the checker.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use actorcile::prelude::*;
+use actorcile::rbac::rule_for;
+use anyhow::Context as _;
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::ObjectMeta;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, CustomResource, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::api_faults::{ApiFaultRates, ApiFaults};
+use super::lines::Lines;
+
+/// The item a chaos run creates, updates and deletes.
+#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "chaos.actorcile.dev",
+    version = "v1",
+    kind = "ChaosItem",
+    namespaced,
+    status = "ResourceStatus"
+)]
+pub struct ChaosItemSpec {
+    /// Another item (same namespace) this one waits on and references.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uses: Option<String>,
+    /// Bumped to make a new generation.
+    #[serde(default)]
+    pub revision: u32,
+}
+
+/// The Secret every item reads (its value is planted: it must appear nowhere the runtime writes).
+pub const SECRET: &str = "chaos-credentials";
+/// The guarded side effect's condition type.
+pub const EFFECT: &str = "Effect";
+/// The runtime's name: field manager, Events' reporting controller, finalizer prefix.
+pub const NAME: &str = "actorcile-chaos";
+/// The suffix of each item's child ConfigMap.
+pub const CHILD_SUFFIX: &str = "-child";
+
+/// The operator's flags (set by the chaos driver).
+#[derive(Debug, Clone, clap::Args)]
+pub struct OperatorArgs {
+    /// The kubeconfig of the user the operator runs as
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// Where the records are appended (passes, effects, faults)
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// This process's number among the operator's incarnations
+    #[arg(long)]
+    pub incarnation: u32,
+    /// Seed of the injected faults
+    #[arg(long)]
+    pub seed: u64,
+    /// Fraction of passes that panic
+    #[arg(long)]
+    pub panic_rate: f64,
+    /// Fraction of passes that hang until the run timeout stops them
+    #[arg(long)]
+    pub hang_rate: f64,
+    #[command(flatten)]
+    pub api: ApiFaultRates,
+}
+
+/// The supervisor policy of the chaos operator: short backoffs, lock expiry and run timeout, so
+/// that a run converges within a bounded time after its faults.
+pub fn policy() -> SupervisorPolicy {
+    let mut p = SupervisorPolicy {
+        run_timeout: Some(Duration::from_secs(2)),
+        lock_expiry: Duration::from_secs(5),
+        ..Default::default()
+    };
+    p.error_backoff.max = Duration::from_secs(2);
+    p.restart.backoff.max = Duration::from_secs(2);
+    p
+}
+
+/// What the checker reads of one pass and what a pass injects.
+struct Chaos {
+    incarnation: u32,
+    seed: u64,
+    panic_rate: f64,
+    hang_rate: f64,
+    passes: Lines,
+    effects: Lines,
+    next_pass: AtomicU64,
+}
+
+/// Writes a pass's `end` line when dropped: at its end, its panic, or when the run timeout drops
+/// it.
+struct PassEnd<'a>(&'a Chaos, u64);
+
+impl Drop for PassEnd<'_> {
+    fn drop(&mut self) {
+        self.0
+            .passes
+            .write(format_args!("end {} {}", self.0.incarnation, self.1));
+    }
+}
+
+/// The tree, with passes recorded and bugs injected around it.
+struct Chaotic<P> {
+    chaos: Arc<Chaos>,
+    inner: P,
+}
+
+impl<P> Chaotic<P> {
+    /// Records the pass's start and rolls its bug: the returned guard ends it.
+    async fn enter(&self, cx: &Context<ChaosItem>, what: &str) -> PassEnd<'_> {
+        let c = &self.chaos;
+        let pass = c.next_pass.fetch_add(1, Ordering::Relaxed);
+        let key = format!(
+            "{}/{}",
+            cx.object().namespace().unwrap_or_default(),
+            cx.object().name_any()
+        );
+        c.passes
+            .write(format_args!("start {} {pass} {key} {what}", c.incarnation));
+        let end = PassEnd(c, pass);
+        let mut rng = fastrand::Rng::with_seed(
+            c.seed ^ u64::from(c.incarnation).rotate_left(32) ^ pass.wrapping_mul(0x9e37_79b9),
+        );
+        let roll = rng.f64();
+        if roll < c.panic_rate {
+            c.passes
+                .write(format_args!("fault panic {} {pass}", c.incarnation));
+            panic!("chaos: an injected provisioner bug in {key}");
+        }
+        if roll < c.panic_rate + c.hang_rate {
+            c.passes
+                .write(format_args!("fault hang {} {pass}", c.incarnation));
+            std::future::pending::<()>().await;
+        }
+        end
+    }
+}
+
+#[async_trait]
+impl<P: Provisioner<ChaosItem>> Provisioner<ChaosItem> for Chaotic<P> {
+    fn name(&self) -> &str {
+        "chaotic"
+    }
+    async fn provision(&self, cx: &Context<ChaosItem>) -> Outcome {
+        let _end = self.enter(cx, "provision").await;
+        self.inner.provision(cx).await
+    }
+    async fn deprovision(&self, cx: &Context<ChaosItem>) -> Outcome {
+        let _end = self.enter(cx, "deprovision").await;
+        self.inner.deprovision(cx).await
+    }
+    fn rules(&self) -> Vec<actorcile::rbac::StepRule> {
+        self.inner.rules()
+    }
+}
+
+/// The line of one execution of the side effect.
+fn effect(chaos: &Chaos, cx: &Context<ChaosItem>, intent: &str) {
+    let o = cx.object();
+    chaos.effects.write(format_args!(
+        "effect {} {} {} {intent}",
+        chaos.incarnation,
+        o.uid().unwrap_or_default(),
+        o.metadata.generation.unwrap_or_default()
+    ));
+}
+
+fn tree(chaos: Arc<Chaos>) -> impl Provisioner<ChaosItem> {
+    let (provision, deprovision) = (chaos.clone(), chaos.clone());
+    let inner = serial![
+        step("uses", |cx: Context<ChaosItem>| async move {
+            let Some(uses) = cx.object().spec.uses.clone() else {
+                return Outcome::Done;
+            };
+            let target = Target::new(
+                "chaos.actorcile.dev/v1",
+                "ChaosItem",
+                cx.object().namespace().as_deref(),
+                uses,
+            );
+            if let Some(wait) = cx.require_ready(&target).await {
+                return wait;
+            }
+            match cx.add_reference(&target).await {
+                Ok(()) => Outcome::Done,
+                Err(e) => Outcome::failed(
+                    Reason::new("Reference", "cannot reference the item it uses"),
+                    e,
+                ),
+            }
+        }),
+        step("credentials", |cx: Context<ChaosItem>| async move {
+            let ns = cx.object().namespace().unwrap_or_default();
+            let secrets: Api<Secret> = Api::namespaced(cx.client().clone(), &ns);
+            match secrets.get_opt(SECRET).await {
+                Ok(Some(s)) if s.data.as_ref().is_some_and(|d| d.contains_key("token")) => {
+                    Outcome::Done
+                }
+                Ok(_) => Outcome::UserActionRequired(Reason::new(
+                    "CredentialsMissing",
+                    format!("the Secret {SECRET} with a key `token` is needed"),
+                )),
+                Err(e) => Outcome::failed(
+                    Reason::new("Credentials", "cannot read the credentials Secret"),
+                    e,
+                ),
+            }
+        })
+        .needs(rule_for::<Secret>(&["get"])),
+        resource("child", |item: &ChaosItem| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("{}{CHILD_SUFFIX}", item.name_any())),
+                ..Default::default()
+            },
+            data: Some([("revision".to_string(), item.spec.revision.to_string())].into()),
+            ..Default::default()
+        }),
+        guard(EFFECT, move |cx: Context<ChaosItem>| {
+            let chaos = provision.clone();
+            async move {
+                effect(&chaos, &cx, "provision");
+                // Long enough that a kill can land between the effect and its Done.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Outcome::Done
+            }
+        })
+        .deprovision_with(move |cx: Context<ChaosItem>| {
+            let chaos = deprovision.clone();
+            async move {
+                effect(&chaos, &cx, "deprovision");
+                Outcome::Done
+            }
+        }),
+    ];
+    Chaotic { chaos, inner }
+}
+
+/// The runtime builder of the chaos operator on `client`, recording into `dir` as incarnation
+/// `incarnation` (the driver builds one too, to read the ClusterRole it needs).
+pub fn builder(
+    client: kube::Client,
+    args: &OperatorArgs,
+) -> anyhow::Result<actorcile::runtime::RuntimeBuilder> {
+    let record = |name: &str| {
+        let path = args.dir.join(name);
+        Lines::open(&path).with_context(|| format!("opening {}", path.display()))
+    };
+    let chaos = Arc::new(Chaos {
+        incarnation: args.incarnation,
+        seed: args.seed,
+        panic_rate: args.panic_rate,
+        hang_rate: args.hang_rate,
+        passes: record("passes")?,
+        effects: record("effects")?,
+        next_pass: AtomicU64::new(0),
+    });
+    Ok(Runtime::builder(client)
+        .policy(policy())
+        .field_manager(NAME)
+        .finalizer(format!("chaos.actorcile.dev/{NAME}"))
+        .events(NAME)
+        .controller(Controller::<ChaosItem>::new(tree(chaos))))
+}
+
+/// `actorcile chaos-operator`: the operator, until SIGTERM.
+pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
+        .with_context(|| format!("reading {}", args.kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("the kubeconfig")?;
+    let faults = ApiFaults::new(
+        args.api,
+        args.seed ^ u64::from(args.incarnation).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    )
+    .record(Lines::open(&args.dir.join("api-faults"))?, args.incarnation);
+    let client = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&faults)
+        .build();
+    builder(client, &args)?.run().await?;
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! The operator's processes: started as `actorcile chaos-operator`, killed with SIGKILL, or
+//! stopped with SIGTERM.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use actorcile::envtest::Envtest;
+use anyhow::{Context as _, Result};
+
+use super::ChaosArgs;
+use super::lines::wall_micros;
+
+/// One incarnation of the operator.
+pub struct Operator {
+    child: Child,
+    incarnation: u32,
+}
+
+impl Operator {
+    /// Starts incarnation `incarnation`, its logs to `operator-<incarnation>.log` in `records`.
+    pub fn start(
+        env: &Envtest,
+        args: &ChaosArgs,
+        records: &Path,
+        incarnation: u32,
+    ) -> Result<Self> {
+        let log_path = records.join(format!("operator-{incarnation}.log"));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let exe = std::env::current_exe().context("finding the actorcile binary")?;
+        let child = Command::new(exe)
+            .arg("chaos-operator")
+            .arg("--kubeconfig")
+            .arg(env.user_kubeconfig_path())
+            .arg("--dir")
+            .arg(records)
+            .args(["--incarnation", &incarnation.to_string()])
+            .args(["--seed", &args.seed.to_string()])
+            .args(["--panic-rate", &args.panic_rate.to_string()])
+            .args(["--hang-rate", &args.hang_rate.to_string()])
+            .args(["--api-error-rate", &args.api.api_error_rate.to_string()])
+            .args([
+                "--api-conflict-rate",
+                &args.api.api_conflict_rate.to_string(),
+            ])
+            .args([
+                "--api-throttle-rate",
+                &args.api.api_throttle_rate.to_string(),
+            ])
+            .args(["--api-latency-ms", &args.api.api_latency_ms.to_string()])
+            .env("RUST_LOG", "info,kube_client::client::builder=off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting the operator")?;
+        Ok(Self { child, incarnation })
+    }
+
+    /// Kills it with SIGKILL: its incarnation and when.
+    pub fn kill(mut self) -> (u32, u64) {
+        let _ = self.child.kill();
+        let at = wall_micros();
+        let _ = self.child.wait();
+        (self.incarnation, at)
+    }
+
+    /// Stops it with SIGTERM: its incarnation, and whether it exited successfully within the
+    /// policy's shutdown timeout and 5 s (else it is killed).
+    pub async fn stop(mut self) -> (u32, bool) {
+        let timeout = super::operator::policy().shutdown_timeout + Duration::from_secs(5);
+        // SAFETY: signals a child process this value owns and has not reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return (self.incarnation, status.success()),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => {
+                    eprintln!("chaos: the operator did not stop on SIGTERM; killing it");
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return (self.incarnation, false);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Operator {
+    /// Never leave an operator behind (an error path of the driver drops it running).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The policy's `run_timeout`: a pass still running after it is stopped and becomes a
+//! transient failure, so a hung provisioner holds its run slot (and its object) for a bounded
+//! time.
+//!
+//! The clock is only armed when the pass does not finish at its first poll: a pass that makes no
+//! request (every pass of a yield loop) pays nothing for it.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use crate::provisioners::{Outcome, Reason};
+use crate::status::ReadyReason;
+
+/// The error a stopped pass fails with (in logs and the failure's errors, never in status).
+#[derive(Debug, thiserror::Error)]
+#[error("the pass ran for {0:?} (the policy's run_timeout) and was stopped")]
+pub(crate) struct RunTimedOut(pub(crate) Duration);
+
+/// `pass`, or a `RunTimeout` failure once it has run for `limit`.
+pub(crate) async fn within(
+    limit: Option<Duration>,
+    pass: impl Future<Output = Outcome>,
+) -> Outcome {
+    let Some(limit) = limit else {
+        return pass.await;
+    };
+    let mut pass = pin!(pass);
+    let mut clock = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(outcome) = pass.as_mut().poll(cx) {
+            return Poll::Ready(outcome);
+        }
+        let clock = clock.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match clock.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Outcome::failed(
+                Reason::new(
+                    ReadyReason::RunTimeout.as_str(),
+                    format!(
+                        "a pass ran for {} and was stopped; retried with backoff",
+                        humantime_serde::re::humantime::format_duration(limit)
+                    ),
+                ),
+                RunTimedOut(limit),
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_past_the_limit_is_stopped() {
+        let start = tokio::time::Instant::now();
+        let outcome = within(Some(Duration::from_secs(3)), std::future::pending()).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        let Outcome::Failed { reason, errors } = outcome else {
+            panic!("expected a failure, got {outcome:?}");
+        };
+        assert_eq!(reason.code(), "RunTimeout");
+        assert_eq!(errors.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_within_the_limit_keeps_its_outcome() {
+        let slow = async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Outcome::Done
+        };
+        assert!(within(Some(Duration::from_secs(3)), slow).await.is_done());
+        assert!(
+            within(None, std::future::ready(Outcome::Done))
+                .await
+                .is_done()
+        );
+    }
+}
