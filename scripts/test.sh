@@ -2,7 +2,7 @@
 # The full test suite, on a fresh Debian 12 machine or a prepared one:
 #   1. installs what the tests need (etcd, a kube-apiserver built once and cached under
 #      ~/.cache/actorcile/, Podman) via scripts/install-test-deps.sh;
-#   2. checks formatting, lints and docs;
+#   2. checks formatting, lints, docs and the dependencies' licenses and sources (cargo deny);
 #   3. runs every test (unit, in-process cluster, real kube-apiserver) in release mode with
 #      cargo-nextest (per-test time limit in .config/nextest.toml), then the doc tests.
 set -euo pipefail
@@ -21,6 +21,16 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
+
+step "cargo deny check licenses bans sources (deny.toml)"
+deny_root="$HOME/.cache/actorcile/cargo-deny"
+if [ ! -x "$deny_root/bin/cargo-deny" ]; then
+  cargo install --locked cargo-deny --version 0.20.2 --root "$deny_root"
+fi
+# Offline: the advisories check needs the RustSec database from GitHub, which these machines
+# cannot reach, so it is not run here (deny.toml says so too).
+echo "note: cargo deny check advisories is skipped: its database cannot be fetched on this machine"
+"$deny_root/bin/cargo-deny" --offline check licenses bans sources
 
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   step "installing cargo-nextest"

@@ -250,6 +250,10 @@ mod tests {
     fn defaults_and_flags() {
         let a = Args::try_parse_from(["op"]).unwrap().runtime;
         assert_eq!(a.admin_addr, DEFAULT_ADMIN_ADDR.parse().unwrap());
+        assert!(
+            a.admin_addr.ip().is_loopback(),
+            "the admin endpoint binds loopback unless told otherwise"
+        );
         assert_eq!(a.log_format, LogFormat::Plain);
         assert_eq!(a.log_filter, "info");
         assert!(a.namespace.is_none() && a.policy.is_none() && !a.preflight_rbac);

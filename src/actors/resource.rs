@@ -118,8 +118,19 @@ impl<K: ManagedResource> ResourceState<K> {
         super::is_news(self.last_run_version, &self.own_writes, version)
     }
 
-    /// Keep the newer of the known and the given object.
+    /// Keep the newer of the known and the given object. Of two with the same version, one we
+    /// wrote ourselves stays: kube-apiserver answers the write that removes a deleting object's
+    /// last finalizer with the object as removed but the version it had before, so the watch
+    /// event of that earlier version (still carrying the finalizer) must not replace it.
     fn remember(&mut self, obj: Arc<K>)
+    where
+        K: ManagedResource,
+    {
+        self.keep_newer(obj, false);
+    }
+
+    /// [`remember`](Self::remember), `ours` when `obj` is the answer to our own write.
+    fn keep_newer(&mut self, obj: Arc<K>, ours: bool)
     where
         K: ManagedResource,
     {
@@ -127,7 +138,9 @@ impl<K: ManagedResource> ResourceState<K> {
             self.object.as_deref().and_then(version_of),
             version_of(obj.as_ref()),
         ) {
-            (Some(cur), Some(v)) => v >= cur,
+            (Some(cur), Some(v)) => {
+                v > cur || (v == cur && (ours || !self.own_writes.contains(&v)))
+            }
             _ => true,
         };
         if newer {
@@ -142,7 +155,7 @@ impl<K: ManagedResource> ResourceState<K> {
         if let Some(v) = version_of(&obj) {
             self.own_writes.push(v);
         }
-        self.remember(Arc::new(obj));
+        self.keep_newer(Arc::new(obj), true);
     }
 }
 

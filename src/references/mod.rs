@@ -629,24 +629,38 @@ impl ReferenceIndex {
         }
     }
 
-    /// Release every reference `from` holds (once its finalizer is removed). A release that
-    /// still fails after a few retries is logged and kept: when `from` leaves its kind's store,
-    /// [`gone`](Self::gone) wakes the target, which then finds `from` missing and proceeds.
+    /// Release every reference `from` holds (once its finalizer is removed); each target is
+    /// woken as its reference goes. While the releases are written, `from` holds nothing, so
+    /// its disappearance from the store wakes no target before its reference is gone. A release
+    /// that still fails after a few retries is logged and kept: the target is woken anyway (it
+    /// proceeds if `from` has left the store), and [`gone`](Self::gone) wakes it again when
+    /// `from` leaves the store later.
     pub(crate) async fn release_all(&self, from: &Target) {
         use backon::Retryable;
-        let mut kept = false;
-        for t in self.held_by(from) {
+        let Some((_, targets)) = self.held.remove(from) else {
+            self.forget(from);
+            return;
+        };
+        let mut kept = Vec::new();
+        for t in targets {
             let backoff = backon::ExponentialBuilder::default()
                 .with_min_delay(std::time::Duration::from_millis(50))
                 .with_max_delay(std::time::Duration::from_secs(1))
                 .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
             if let Err(e) = (|| self.release_reference(from, &t)).retry(backoff).await {
                 tracing::warn!(from = %from, target = %t, error = %e, "could not release reference");
-                kept = true;
+                kept.push(t);
             }
         }
-        if !kept {
-            self.forget(from);
+        self.forget(from);
+        if !kept.is_empty() {
+            self.held
+                .entry(from.clone())
+                .or_default()
+                .extend(kept.iter().cloned());
+            for t in &kept {
+                self.wake(t);
+            }
         }
     }
 

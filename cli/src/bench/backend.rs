@@ -18,6 +18,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
+use backon::{ExponentialBuilder, Retryable};
 use tower::Layer;
 
 use super::{
@@ -143,11 +144,17 @@ impl BenchCluster {
             Owned::Namespace => {
                 remove_objects(&self.setup, &self.namespace).await?;
                 let namespaces: Api<Namespace> = Api::all(self.setup.clone());
-                namespaces
-                    .delete(&self.namespace, &DeleteParams::default())
-                    .await
-                    .with_context(|| format!("deleting namespace {}", self.namespace))?;
-                Ok(())
+                idempotent(
+                    &format!("deleting namespace {}", self.namespace),
+                    Some(404),
+                    || async {
+                        namespaces
+                            .delete(&self.namespace, &DeleteParams::default())
+                            .await
+                            .map(drop)
+                    },
+                )
+                .await
             }
         }
     }
@@ -208,32 +215,76 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
         },
         ..Default::default()
     };
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .with_context(|| format!("creating namespace {name}"))?;
-    Ok(())
+    idempotent(&format!("creating namespace {name}"), None, || async {
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .map(drop)
+    })
+    .await
+}
+
+/// Whether a set-up request failed in a way worth trying again: the connection (a restarting
+/// apiserver), a 5xx, or throttling.
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs an idempotent set-up or clean-up request, retrying transient failures for about a
+/// minute: the harness must ride out the faults it is used to inject (a restarted apiserver).
+/// `tolerated` is a status code that means done already (409 for a create, 404 for a delete).
+pub async fn idempotent<F, Fut>(what: &str, tolerated: Option<u16>, f: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+{
+    let done = f
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_secs(2))
+                .with_max_times(40),
+        )
+        .when(transient)
+        .notify(|e, after| tracing::warn!(error = %e, ?after, "{what}: retrying"))
+        .await;
+    match done {
+        Err(kube::Error::Api(s)) if Some(s.code) == tolerated => Ok(()),
+        r => r.with_context(|| what.to_string()),
+    }
 }
 
 /// Deletes every bench object in `namespace`, first dropping finalizers a stopped runtime left.
 async fn remove_objects(client: &Client, namespace: &str) -> Result<()> {
     let api: Api<BenchObject> = Api::namespaced(client.clone(), namespace);
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .context("listing bench objects")?;
-    for obj in list.items.iter().filter(|o| !o.finalizers().is_empty()) {
+    let mut list = Vec::new();
+    idempotent("listing bench objects", None, || async {
+        list = api.list(&ListParams::default()).await?.items;
+        Ok(())
+    })
+    .await?;
+    for obj in list.iter().filter(|o| !o.finalizers().is_empty()) {
         let patch = serde_json::json!({ "metadata": { "finalizers": null } });
-        api.patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
+        let name = obj.name_any();
+        idempotent(
+            &format!("removing finalizers of {name}"),
+            Some(404),
+            || async {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(drop)
+            },
         )
-        .await
-        .with_context(|| format!("removing finalizers of {}", obj.name_any()))?;
+        .await?;
     }
-    api.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .context("deleting bench objects")?;
-    Ok(())
+    idempotent("deleting bench objects", None, || async {
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .map(drop)
+    })
+    .await
 }

@@ -21,7 +21,7 @@ use kube::{
 use super::{
     actorcile_rt,
     args::{BenchArgs, RuntimeKind, Workload},
-    backend::BenchCluster,
+    backend::{self, BenchCluster},
     kube_rt,
     report::{OperatorPhases, RestartPhases, RunResult},
     stats::{self, millis, percentile},
@@ -161,9 +161,12 @@ async fn measure(
         );
         let started = recorder.elapsed();
         deletion = Some((ready, started));
-        api.delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-            .context("deleting the bench objects")?;
+        backend::idempotent("deleting the bench objects", None, || async {
+            api.delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await
+                .map(drop)
+        })
+        .await?;
     }
     let waited = tokio::time::timeout_at(deadline, recorder.wait_done()).await;
     let cpu_seconds = match (cpu_at_start, stats::process_cpu_seconds()) {
@@ -586,9 +589,12 @@ async fn create_objects(
                     },
                     status: None,
                 };
-                api.create(&PostParams::default(), &obj)
-                    .await
-                    .with_context(|| format!("creating {}", object_name(i)))
+                // A create retried after a lost answer finds its object there: 409 is done.
+                let what = format!("creating {}", object_name(i));
+                backend::idempotent(&what, Some(409), || async {
+                    api.create(&PostParams::default(), &obj).await.map(drop)
+                })
+                .await
             }
         })
         .buffer_unordered(SETUP_PARALLELISM)

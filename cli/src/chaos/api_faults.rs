@@ -26,13 +26,13 @@ use super::lines::Lines;
 #[derive(Clone, Copy, Debug, Default, clap::Args, serde::Serialize, serde::Deserialize)]
 pub struct ApiFaultRates {
     /// Fraction of non-watch requests answered `500 InternalError`
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = super::fraction)]
     pub api_error_rate: f64,
     /// Fraction of updates and patches answered `409 Conflict`
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = super::fraction)]
     pub api_conflict_rate: f64,
     /// Fraction of non-watch requests answered `429 TooManyRequests` with `Retry-After: 1`
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, value_parser = super::fraction)]
     pub api_throttle_rate: f64,
     /// Most latency added to a non-watch request, in milliseconds (uniform in [0, this])
     #[arg(long, default_value_t = 20)]

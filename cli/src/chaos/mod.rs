@@ -51,8 +51,8 @@ use process::Operator;
 /// `actorcile chaos` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChaosArgs {
-    /// Items per round
-    #[arg(long, default_value_t = 60)]
+    /// Items per round (at least 3)
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..).map(|n| n as usize))]
     pub objects: usize,
     /// Seed of every injected fault
     #[arg(long, default_value_t = 1)]
@@ -61,10 +61,10 @@ pub struct ChaosArgs {
     #[arg(long)]
     pub minutes: Option<f64>,
     /// Fraction of provisioner passes that panic
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, value_parser = fraction)]
     pub panic_rate: f64,
     /// Fraction of provisioner passes that hang until the run timeout (2 s) stops them
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, value_parser = fraction)]
     pub hang_rate: f64,
     #[command(flatten)]
     pub api: ApiFaultRates,
@@ -75,6 +75,14 @@ pub struct ChaosArgs {
     /// directory here; by default they are removed unless a check fails
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
+}
+
+/// A fraction in [0, 1], for the fault rates.
+pub fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s:?} is not a fraction between 0 and 1")),
+    }
 }
 
 /// How long a phase may take to converge before the run fails.
