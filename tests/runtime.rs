@@ -367,6 +367,47 @@ async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaff
     rt.shutdown().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_deleting_object_past_restart_intensity_is_tried_again_until_its_finalizer_goes() {
+    let (_cluster, client) = cluster();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    // Deprovision panics three times in a row, then succeeds.
+    let tree = step("deploy", |_cx: Context<Widget>| async { Outcome::Done }).on_delete(
+        move |_cx: Context<Widget>| {
+            let c = c.clone();
+            async move {
+                if c.fetch_add(1, Ordering::SeqCst) < 3 {
+                    panic!("deprovision bug");
+                }
+                Outcome::Done
+            }
+        },
+    );
+    let mut policy = test_policy();
+    policy.restart.max_restarts = 2;
+    policy.restart.backoff.min = Duration::from_millis(10);
+    policy.error_backoff.max = Duration::from_secs(30);
+    let rt = start_widgets(&client, policy, tree).await;
+    create(&client, "d", 1).await;
+    wait_ready(&client, "d", LIMIT).await;
+    delete(&client, "d").await;
+    let s = wait_reason(&client, "d", "Quarantined", LIMIT).await;
+    assert!(
+        s.ready().unwrap().message.contains("while deleting"),
+        "{s:?}"
+    );
+    let quarantined_at = Instant::now();
+    wait_gone(&client, "d", LIMIT).await;
+    assert!(
+        quarantined_at.elapsed() >= Duration::from_secs(30),
+        "tried again after the longest error backoff, not at once"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(rt.metrics().quarantined, 1);
+    rt.shutdown().await;
+}
+
 /// Ten objects, forty spec updates each, one every millisecond while each run takes two (paused
 /// clock: the interleaving is the same on every run, whatever the machine's load). Updates so keep
 /// arriving while runs are in progress: no run of an object starts before its previous one ended,

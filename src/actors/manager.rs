@@ -582,20 +582,42 @@ impl<K: ManagedResource> Manager<K> {
                     }
                     Exhausted::Quarantine => {
                         let obj = self.shared.store.get(&key);
+                        let deleting = obj
+                            .as_ref()
+                            .is_some_and(|o| o.meta().deletion_timestamp.is_some());
                         entry.life = Life::Quarantined {
                             generation: obj.as_ref().and_then(|o| o.meta().generation),
-                            deleting: obj
-                                .as_ref()
-                                .is_some_and(|o| o.meta().deletion_timestamp.is_some()),
+                            deleting,
                         };
                         Metrics::inc(&self.shared.metrics.quarantined);
+                        // A deleting object cannot change its way out (its deletion is the
+                        // change), and waiting forever would leave its finalizer: it is tried
+                        // again after the longest error backoff, each time until it fails past
+                        // the intensity again.
+                        let retry = deleting.then_some(self.shared.policy.error_backoff.max);
                         if let Some(obj) = obj {
-                            let message = format!(
-                                "the resource's actor failed {failures} times within {}s; not restarted until the resource changes",
-                                policy.window.as_secs()
-                            );
+                            let message = match retry {
+                                None => format!(
+                                    "the resource's actor failed {failures} times within {}s; not restarted until the resource changes",
+                                    policy.window.as_secs()
+                                ),
+                                Some(retry) => format!(
+                                    "the resource's actor failed {failures} times within {}s while deleting; tried again in {}s",
+                                    policy.window.as_secs(),
+                                    retry.as_secs()
+                                ),
+                            };
                             writes::quarantine_status(self.shared.clone(), obj, message);
                         }
+                        let Some(retry) = retry else {
+                            return Ok(());
+                        };
+                        entry.life = Life::Restarting;
+                        let me = st.me.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(retry).await;
+                            me.send(ManagerMsg::Restart(key));
+                        });
                         return Ok(());
                     }
                 }
