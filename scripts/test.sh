@@ -4,7 +4,8 @@
 #      ~/.cache/actorcile/, Podman) via scripts/install-test-deps.sh;
 #   2. checks formatting, lints, docs and the dependencies' licenses and sources (cargo deny);
 #   3. runs every test (unit, in-process cluster, real kube-apiserver) in release mode with
-#      cargo-nextest (per-test time limit in .config/nextest.toml), then the doc tests.
+#      cargo-nextest (per-test time limit in .config/nextest.toml), then the doc tests;
+#   4. runs every fuzz target (fuzz/) for 20 seconds, builds the README example and the guide.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +45,28 @@ cargo nextest run --release --workspace --all-features --profile "$profile"
 
 step "doc tests (the API docs, README and user guide code blocks)"
 cargo test --workspace --all-features --doc
+
+step "fuzz targets: a short run of each (fuzz/; the long runs are in RELIABILITY.md)"
+fuzz_root="$HOME/.cache/actorcile/cargo-fuzz"
+if [ ! -x "$fuzz_root/bin/cargo-fuzz" ]; then
+  cargo install --locked cargo-fuzz --version 0.13.2 --root "$fuzz_root"
+fi
+# cargo-fuzz passes nightly-only flags to rustc; RUSTC_BOOTSTRAP lets the machine's one stable
+# toolchain accept them. No sanitizer (-s none): the code under test is safe Rust, and libFuzzer's
+# coverage guidance is what finds inputs; a panic or a failed check is the crash.
+(
+  cd fuzz
+  for target in $(PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1 cargo fuzz list); do
+    log="../target/fuzz-$target.log"
+    if ! PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -O "$target" -- \
+      -max_total_time=20 -print_final_stats=1 >"$log" 2>&1; then
+      tail -n 40 "$log"
+      echo "fuzz target $target failed (its input is in fuzz/artifacts/$target/)"
+      exit 1
+    fi
+    echo "$target: $(grep -E '^Done' "$log")"
+  done
+)
 
 step "the README's embedding example, built as a crate of its own"
 bash scripts/check-readme.sh

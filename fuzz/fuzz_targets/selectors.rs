@@ -18,7 +18,11 @@ struct Input {
 
 fuzz_target!(|input: Input| {
     let f = common::fixture();
-    let path = if input.custom { common::PATHS[2] } else { common::PATHS[0] };
+    let path = if input.custom {
+        common::PATHS[2]
+    } else {
+        common::PATHS[0]
+    };
     let uri = format!(
         "{path}?labelSelector={}&fieldSelector={}",
         common::encode(&input.label),

@@ -237,10 +237,10 @@ fn transient(e: &kube::Error) -> bool {
 /// Runs an idempotent set-up or clean-up request, retrying transient failures for about a
 /// minute: the harness must ride out the faults it is used to inject (a restarted apiserver).
 /// `tolerated` is a status code that means done already (409 for a create, 404 for a delete).
-pub async fn idempotent<F, Fut>(what: &str, tolerated: Option<u16>, f: F) -> Result<()>
+pub async fn idempotent<T: Default, F, Fut>(what: &str, tolerated: Option<u16>, f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
 {
     let done = f
         .retry(
@@ -253,7 +253,7 @@ where
         .notify(|e, after| tracing::warn!(error = %e, ?after, "{what}: retrying"))
         .await;
     match done {
-        Err(kube::Error::Api(s)) if Some(s.code) == tolerated => Ok(()),
+        Err(kube::Error::Api(s)) if Some(s.code) == tolerated => Ok(T::default()),
         r => r.with_context(|| what.to_string()),
     }
 }
@@ -261,10 +261,8 @@ where
 /// Deletes every bench object in `namespace`, first dropping finalizers a stopped runtime left.
 async fn remove_objects(client: &Client, namespace: &str) -> Result<()> {
     let api: Api<BenchObject> = Api::namespaced(client.clone(), namespace);
-    let mut list = Vec::new();
-    idempotent("listing bench objects", None, || async {
-        list = api.list(&ListParams::default()).await?.items;
-        Ok(())
+    let list: Vec<BenchObject> = idempotent("listing bench objects", None, || async {
+        api.list(&ListParams::default()).await.map(|l| l.items)
     })
     .await?;
     for obj in list.iter().filter(|o| !o.finalizers().is_empty()) {

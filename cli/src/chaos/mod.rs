@@ -52,7 +52,7 @@ use process::Operator;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChaosArgs {
     /// Items per round (at least 3)
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..).map(|n| n as usize))]
+    #[arg(long, default_value_t = 60, value_parser = at_least_three)]
     pub objects: usize,
     /// Seed of every injected fault
     #[arg(long, default_value_t = 1)]
@@ -75,6 +75,14 @@ pub struct ChaosArgs {
     /// directory here; by default they are removed unless a check fails
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
+}
+
+/// A number of items: at least one standalone item and two that use it.
+fn at_least_three(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 3 => Ok(n),
+        _ => Err(format!("{s:?} is not a number of items of at least 3")),
+    }
 }
 
 /// A fraction in [0, 1], for the fault rates.
