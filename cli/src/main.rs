@@ -12,6 +12,7 @@ mod bench;
 mod chaos;
 mod envtest_cmd;
 mod plot_file;
+mod retry;
 mod simulate;
 
 use std::process::ExitCode;

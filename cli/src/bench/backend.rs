@@ -18,7 +18,6 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use backon::{ExponentialBuilder, Retryable};
 use tower::Layer;
 
 use super::{
@@ -144,7 +143,7 @@ impl BenchCluster {
             Owned::Namespace => {
                 remove_objects(&self.setup, &self.namespace).await?;
                 let namespaces: Api<Namespace> = Api::all(self.setup.clone());
-                idempotent(
+                crate::retry::idempotent(
                     &format!("deleting namespace {}", self.namespace),
                     Some(404),
                     || async {
@@ -215,7 +214,7 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
         },
         ..Default::default()
     };
-    idempotent(&format!("creating namespace {name}"), None, || async {
+    crate::retry::idempotent(&format!("creating namespace {name}"), None, || async {
         namespaces
             .create(&PostParams::default(), &ns)
             .await
@@ -224,51 +223,18 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     .await
 }
 
-/// Whether a set-up request failed in a way worth trying again: the connection (a restarting
-/// apiserver), a 5xx, or throttling.
-fn transient(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
-        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
-        _ => false,
-    }
-}
-
-/// Runs an idempotent set-up or clean-up request, retrying transient failures for about a
-/// minute: the harness must ride out the faults it is used to inject (a restarted apiserver).
-/// `tolerated` is a status code that means done already (409 for a create, 404 for a delete).
-pub async fn idempotent<T: Default, F, Fut>(what: &str, tolerated: Option<u16>, f: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
-{
-    let done = f
-        .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(100))
-                .with_max_delay(Duration::from_secs(2))
-                .with_max_times(40),
-        )
-        .when(transient)
-        .notify(|e, after| tracing::warn!(error = %e, ?after, "{what}: retrying"))
-        .await;
-    match done {
-        Err(kube::Error::Api(s)) if Some(s.code) == tolerated => Ok(T::default()),
-        r => r.with_context(|| what.to_string()),
-    }
-}
-
 /// Deletes every bench object in `namespace`, first dropping finalizers a stopped runtime left.
 async fn remove_objects(client: &Client, namespace: &str) -> Result<()> {
     let api: Api<BenchObject> = Api::namespaced(client.clone(), namespace);
-    let list: Vec<BenchObject> = idempotent("listing bench objects", None, || async {
-        api.list(&ListParams::default()).await.map(|l| l.items)
-    })
-    .await?;
+    let list: Vec<BenchObject> =
+        crate::retry::idempotent("listing bench objects", None, || async {
+            api.list(&ListParams::default()).await.map(|l| l.items)
+        })
+        .await?;
     for obj in list.iter().filter(|o| !o.finalizers().is_empty()) {
         let patch = serde_json::json!({ "metadata": { "finalizers": null } });
         let name = obj.name_any();
-        idempotent(
+        crate::retry::idempotent(
             &format!("removing finalizers of {name}"),
             Some(404),
             || async {
@@ -279,7 +245,7 @@ async fn remove_objects(client: &Client, namespace: &str) -> Result<()> {
         )
         .await?;
     }
-    idempotent("deleting bench objects", None, || async {
+    crate::retry::idempotent("deleting bench objects", None, || async {
         api.delete_collection(&DeleteParams::default(), &ListParams::default())
             .await
             .map(drop)

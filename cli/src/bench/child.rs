@@ -21,7 +21,7 @@ use kube::{
 use super::{
     actorcile_rt,
     args::{BenchArgs, RuntimeKind, Workload},
-    backend::{self, BenchCluster},
+    backend::BenchCluster,
     kube_rt,
     report::{OperatorPhases, RestartPhases, RunResult},
     stats::{self, millis, percentile},
@@ -161,7 +161,7 @@ async fn measure(
         );
         let started = recorder.elapsed();
         deletion = Some((ready, started));
-        backend::idempotent("deleting the bench objects", None, || async {
+        crate::retry::idempotent("deleting the bench objects", None, || async {
             api.delete_collection(&DeleteParams::default(), &ListParams::default())
                 .await
                 .map(drop)
@@ -591,7 +591,7 @@ async fn create_objects(
                 };
                 // A create retried after a lost answer finds its object there: 409 is done.
                 let what = format!("creating {}", object_name(i));
-                backend::idempotent(&what, Some(409), || async {
+                crate::retry::idempotent(&what, Some(409), || async {
                     api.create(&PostParams::default(), &obj).await.map(drop)
                 })
                 .await

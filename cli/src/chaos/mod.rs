@@ -41,6 +41,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+
+use crate::retry::idempotent;
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use serde::Serialize;
 
@@ -253,29 +255,37 @@ fn print_report(r: &Report) {
     }
 }
 
-/// Retries a driver request until it succeeds, for up to a minute: the driver's own requests
-/// must ride out the faults it injects.
-async fn retrying<T, F, Fut>(what: &str, f: F) -> Result<T>
+/// Creates `obj` (one that exists already counts as created), riding out the faults.
+async fn create<K>(api: &Api<K>, obj: &K, what: &str) -> Result<()>
 where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Serialize + std::fmt::Debug,
 {
-    f.retry(
-        ConstantBuilder::default()
-            .with_delay(Duration::from_millis(250))
-            .with_max_times(240),
-    )
-    .notify(|e, _| tracing::debug!(error = %e, "{what}: retrying"))
+    idempotent(what, Some(409), || async {
+        api.create(&PostParams::default(), obj).await.map(drop)
+    })
     .await
-    .with_context(|| what.to_string())
 }
 
-/// `Ok` for a create whose object exists already, a delete whose object is gone.
-fn tolerate(code: u16, r: Result<(), kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Err(kube::Error::Api(s)) if s.code == code => Ok(()),
-        r => r,
-    }
+/// Deletes `name` (one already gone counts as deleted), riding out the faults.
+async fn delete<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    idempotent(&format!("deleting {name}"), Some(404), || async {
+        api.delete(name, &DeleteParams::default()).await.map(drop)
+    })
+    .await
+}
+
+/// Every object of `api`, riding out the faults.
+async fn list<K>(api: &Api<K>) -> Result<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    idempotent("listing", None, || async {
+        api.list(&ListParams::default()).await.map(|l| l.items)
+    })
+    .await
 }
 
 async fn run(args: &ChaosArgs) -> Result<Report> {
@@ -322,16 +332,7 @@ async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<P
         ..Default::default()
     };
     let namespaces: Api<Namespace> = Api::all(admin.clone());
-    retrying("creating the namespace", || async {
-        tolerate(
-            409,
-            namespaces
-                .create(&PostParams::default(), &ns)
-                .await
-                .map(drop),
-        )
-    })
-    .await?;
+    create(&namespaces, &ns, "creating the namespace").await?;
     let secret_value = format!(
         "planted-secret-{:016x}",
         fastrand::Rng::with_seed(seed).u64(..)
@@ -345,16 +346,7 @@ async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<P
         ..Default::default()
     };
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
-    retrying("creating the Secret", || async {
-        tolerate(
-            409,
-            secrets
-                .create(&PostParams::default(), &secret)
-                .await
-                .map(drop),
-        )
-    })
-    .await?;
+    create(&secrets, &secret, "creating the Secret").await?;
 
     // The operator runs as the non-admin user, bound to the ClusterRole the runtime generates.
     let probe = operator::OperatorArgs {
@@ -385,32 +377,24 @@ async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<P
     };
     let roles: Api<ClusterRole> = Api::all(admin.clone());
     let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
-    retrying("creating the ClusterRole", || async {
-        tolerate(
-            409,
-            roles.create(&PostParams::default(), &role).await.map(drop),
-        )
-    })
-    .await?;
-    retrying("creating the ClusterRoleBinding", || async {
-        tolerate(
-            409,
-            bindings
-                .create(&PostParams::default(), &binding)
-                .await
-                .map(drop),
-        )
-    })
-    .await?;
+    create(&roles, &role, "creating the ClusterRole").await?;
+    create(&bindings, &binding, "creating the ClusterRoleBinding").await?;
     // RBAC reaches the authorizer through an informer: wait until the user can list items.
     let user_items: Api<ChaosItem> = Api::namespaced(env.user_client(), NAMESPACE);
-    retrying("waiting for the role to be in force", || async {
+    // Forbidden until then: any error is retried, for a minute at most.
+    (|| async {
         user_items
             .list(&ListParams::default().limit(1))
             .await
             .map(drop)
     })
-    .await?;
+    .retry(
+        ConstantBuilder::default()
+            .with_delay(Duration::from_millis(250))
+            .with_max_times(240),
+    )
+    .await
+    .context("waiting for the operator's ClusterRole to be in force")?;
 
     let kubeconfig = std::fs::read_to_string(env.user_kubeconfig_path())?;
     let token = kubeconfig
@@ -479,13 +463,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
                     revision: 0,
                 },
             );
-            retrying("creating an item", || async {
-                tolerate(
-                    409,
-                    items.create(&PostParams::default(), &item).await.map(drop),
-                )
-            })
-            .await?;
+            create(&items, &item, "creating an item").await?;
         }
         passes_started(records, since, "provision", all.len() / 3).await?;
         operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
@@ -509,7 +487,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         let bumped: Vec<&str> = names.iter().copied().step_by(4).collect();
         for name in &bumped {
             let patch = Patch::Merge(serde_json::json!({ "spec": { "revision": 1 } }));
-            retrying("changing an item", || async {
+            idempotent("changing an item", None, || async {
                 items
                     .patch(name, &PatchParams::default(), &patch)
                     .await
@@ -528,13 +506,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         let phase = Instant::now();
         report.deleted += doomed.len();
         for name in &doomed {
-            retrying("deleting an item", || async {
-                tolerate(
-                    404,
-                    items.delete(name, &DeleteParams::default()).await.map(drop),
-                )
-            })
-            .await?;
+            delete(&items, name).await?;
         }
         passes_started(records, since, "deprovision", doomed.len() / 3).await?;
         operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
@@ -564,22 +536,9 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     report.rounds = round;
 
     // Clean up: every item deleted and gone, then the operator stopped with SIGTERM.
-    let left: Vec<String> = retrying("listing items", || async {
-        items.list(&ListParams::default()).await
-    })
-    .await?
-    .items
-    .iter()
-    .map(|i| i.name_any())
-    .collect();
+    let left: Vec<String> = list(&items).await?.iter().map(|i| i.name_any()).collect();
     for name in &left {
-        retrying("deleting an item", || async {
-            tolerate(
-                404,
-                items.delete(name, &DeleteParams::default()).await.map(drop),
-            )
-        })
-        .await?;
+        delete(&items, name).await?;
     }
     wait_gone(&items, &left.into_iter().collect(), &mut report.violations).await?;
     check_children(&admin, &items, &mut report.violations).await?;
@@ -615,11 +574,8 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
 
     // Planted secrets: in the operator's logs, the Events, any status.
     let events: Api<Event> = Api::namespaced(admin.clone(), NAMESPACE);
-    let events = retrying("listing Events", || async {
-        events.list(&ListParams::default()).await
-    })
-    .await?;
-    let mut written = serde_json::to_string(&events.items)?;
+    let events = list(&events).await?;
+    let mut written = serde_json::to_string(&events)?;
     written.push_str(&statuses);
     for entry in std::fs::read_dir(records)? {
         let path = entry?.path();
@@ -691,12 +647,8 @@ async fn converge(
     let wanted: HashSet<&str> = names.iter().copied().collect();
     let deadline = Instant::now() + CONVERGE;
     loop {
-        let list = retrying("listing items", || async {
-            items.list(&ListParams::default()).await
-        })
-        .await?;
-        let mine: Vec<&ChaosItem> = list
-            .items
+        let all = list(items).await?;
+        let mine: Vec<&ChaosItem> = all
             .iter()
             .filter(|i| wanted.contains(i.name_any().as_str()))
             .collect();
@@ -740,12 +692,8 @@ async fn wait_gone(
 ) -> Result<()> {
     let deadline = Instant::now() + CONVERGE;
     loop {
-        let list = retrying("listing items", || async {
-            items.list(&ListParams::default()).await
-        })
-        .await?;
-        let left: Vec<&ChaosItem> = list
-            .items
+        let all = list(items).await?;
+        let left: Vec<&ChaosItem> = all
             .iter()
             .filter(|i| names.contains(&i.name_any()))
             .collect();
@@ -775,20 +723,9 @@ async fn check_children(
     violations: &mut Violations,
 ) -> Result<()> {
     let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
-    let maps = retrying("listing ConfigMaps", || async {
-        maps.list(&ListParams::default()).await
-    })
-    .await?;
-    let live: HashSet<String> = retrying("listing items", || async {
-        items.list(&ListParams::default()).await
-    })
-    .await?
-    .items
-    .iter()
-    .map(|i| i.name_any())
-    .collect();
+    let maps = list(&maps).await?;
+    let live: HashSet<String> = list(items).await?.iter().map(|i| i.name_any()).collect();
     let children: HashSet<String> = maps
-        .items
         .iter()
         .filter_map(|m| m.name_any().strip_suffix(CHILD_SUFFIX).map(str::to_string))
         .collect();
