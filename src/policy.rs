@@ -27,7 +27,7 @@
 //! | knob | default | meaning |
 //! |---|---|---|
 //! | `restart.max_restarts` / `restart.window` | 5 in 60 s | restart intensity: more failures than this within the window and `on_exhausted` applies |
-//! | `restart.on_exhausted` | `quarantine` | `quarantine`: phase Failed, reason Quarantined, no restarts until the object's generation changes; `escalate`: the kind's manager fails and the runtime stops with an error |
+//! | `restart.on_exhausted` | `quarantine` | `quarantine`: phase Failed, reason Quarantined, no restarts until the object's generation changes (an object being deleted is tried again after `error_backoff.max`, so its finalizer is not left behind); `escalate`: the kind's manager fails and the runtime stops with an error |
 //! | `restart.backoff` | 100 ms … 30 s, ×2, jitter, reset after 60 s | delay before restarting a failed actor |
 //! | `error_backoff` | 200 ms … 5 min, ×2, jitter | per-resource delay after a transient failure; resets on success |
 //! | `yield_delay` | 5 s | delay after a `Yield` without `after` |
