@@ -62,12 +62,15 @@ fn route_gone<K: ManagedResource>(
     if let Some(secrets) = &shared.secrets {
         secrets.forget(&key);
     }
-    shared.references.gone(&crate::references::Target::new(
-        K::api_version(&()),
-        K::kind(&()),
-        key.namespace.as_deref(),
-        key.name.clone(),
-    ));
+    // Most deletions are of objects that hold nothing: no target is built for them.
+    if shared.references.holds_any() {
+        shared.references.gone(&crate::references::Target::new(
+            K::api_version(&()),
+            K::kind(&()),
+            key.namespace.as_deref(),
+            key.name.clone(),
+        ));
+    }
     if let Some(actor) = shared.routes.get(&key)
         && actor.cast(ResourceMsg::Gone).is_ok()
     {

@@ -664,6 +664,11 @@ impl ReferenceIndex {
         }
     }
 
+    /// Whether any object holds a reference (known to this runtime).
+    pub(crate) fn holds_any(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// `from` is gone from its kind's store: wake every target it still held (they find it
     /// missing and proceed), and forget it.
     pub(crate) fn gone(&self, from: &Target) {

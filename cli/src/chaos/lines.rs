@@ -39,6 +39,13 @@ impl Lines {
     }
 }
 
+/// One line as (micros, the words after it); `None` for a line that is not one of ours.
+fn parse(line: &str) -> Option<(u64, Vec<String>)> {
+    let mut words = line.split(' ');
+    let micros = words.next()?.parse().ok()?;
+    Some((micros, words.map(str::to_string).collect()))
+}
+
 /// The lines of `path` as (micros, the words after it); a missing file has none.
 pub fn read(path: &Path) -> std::io::Result<Vec<(u64, Vec<String>)>> {
     let text = match std::fs::read_to_string(path) {
@@ -46,12 +53,33 @@ pub fn read(path: &Path) -> std::io::Result<Vec<(u64, Vec<String>)>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut words = l.split(' ');
-            let micros = words.next()?.parse().ok()?;
-            Some((micros, words.map(str::to_string).collect()))
+    Ok(text.lines().filter_map(parse).collect())
+}
+
+/// The lines appended to a file since the last look, for a reader that polls a growing record
+/// (reading it whole at every poll would cost more the longer a run goes).
+pub struct Tail {
+    file: File,
+    /// The end of a line still being written at the last look.
+    partial: String,
+}
+
+impl Tail {
+    /// Follows `path` from its beginning.
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            file: File::open(path)?,
+            partial: String::new(),
         })
-        .collect())
+    }
+
+    /// The complete lines appended since the last call.
+    pub fn new_lines(&mut self) -> std::io::Result<Vec<(u64, Vec<String>)>> {
+        use std::io::Read as _;
+        self.file.read_to_string(&mut self.partial)?;
+        let complete = self.partial.rfind('\n').map_or(0, |i| i + 1);
+        let lines = self.partial[..complete].lines().filter_map(parse).collect();
+        self.partial.drain(..complete);
+        Ok(lines)
+    }
 }

@@ -467,7 +467,6 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         }
         passes_started(records, since, "provision", all.len() / 3).await?;
         operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
-        report.faults.operator_kills += 1;
         tokio::time::sleep(Duration::from_millis(1500)).await;
         env.restart_apiserver()
             .await
@@ -510,7 +509,6 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         }
         passes_started(records, since, "deprovision", doomed.len() / 3).await?;
         operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
-        report.faults.operator_kills += 1;
         tokio::time::sleep(Duration::from_millis(1000)).await;
         env.restart_apiserver()
             .await
@@ -534,6 +532,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         }
     }
     report.rounds = round;
+    report.faults.operator_kills = killed.len() as u32;
 
     // Clean up: every item deleted and gone, then the operator stopped with SIGTERM.
     let left: Vec<String> = list(&items).await?.iter().map(|i| i.name_any()).collect();
@@ -602,16 +601,20 @@ async fn passes_started(
     count: usize,
 ) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
+    let mut passes = lines::Tail::open(&records.join("passes"))?;
+    let mut started = HashSet::new();
     loop {
-        let started: HashSet<String> = lines::read(&records.join("passes"))?
-            .into_iter()
-            .filter(|(at, w)| {
-                *at >= since
-                    && w.first().is_some_and(|t| t == "start")
-                    && w.get(4).is_some_and(|x| x == what)
-            })
-            .filter_map(|(_, mut w)| w.get_mut(3).map(std::mem::take))
-            .collect();
+        started.extend(
+            passes
+                .new_lines()?
+                .into_iter()
+                .filter(|(at, w)| {
+                    *at >= since
+                        && w.first().is_some_and(|t| t == "start")
+                        && w.get(4).is_some_and(|x| x == what)
+                })
+                .filter_map(|(_, mut w)| w.get_mut(3).map(std::mem::take)),
+        );
         if started.len() >= count || Instant::now() >= deadline {
             return Ok(());
         }
