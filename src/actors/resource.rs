@@ -723,9 +723,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         // only proceed once this object is gone (when ours was its last finalizer), so the API
         // never shows a referenced object vanish before its referrers. A crash in between
         // leaves references of an object that no longer exists, which block nothing.
+        let held = shared.references.take_held(&target);
         match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
-                shared.references.release_all(&target).await;
+                shared.references.release_all(&target, held).await;
                 writes::publish_released(shared, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.
@@ -737,17 +738,20 @@ impl<K: ManagedResource> ResourceActor<K> {
                 st.error_attempts = 0;
                 None
             }
-            Err(e) => Some(Pass {
-                outcome: Outcome::failed(
-                    Reason::new("FinalizerRemovalFailed", "could not remove the finalizer"),
-                    e,
-                ),
-                desired: Some(status.while_deprovisioning(
-                    ReadyReason::Errored,
-                    "retrying finalizer removal",
-                    generation,
-                )),
-            }),
+            Err(e) => {
+                shared.references.restore_held(&target, held);
+                Some(Pass {
+                    outcome: Outcome::failed(
+                        Reason::new("FinalizerRemovalFailed", "could not remove the finalizer"),
+                        e,
+                    ),
+                    desired: Some(status.while_deprovisioning(
+                        ReadyReason::Errored,
+                        "retrying finalizer removal",
+                        generation,
+                    )),
+                })
+            }
         }
     }
 

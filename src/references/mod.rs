@@ -629,18 +629,29 @@ impl ReferenceIndex {
         }
     }
 
-    /// Release every reference `from` holds (once its finalizer is removed); each target is
-    /// woken as its reference goes. While the releases are written, `from` holds nothing, so
-    /// its disappearance from the store wakes no target before its reference is gone. A release
-    /// that still fails after a few retries is logged and kept: the target is woken anyway (it
-    /// proceeds if `from` has left the store), and [`gone`](Self::gone) wakes it again when
-    /// `from` leaves the store later.
-    pub(crate) async fn release_all(&self, from: &Target) {
+    /// Take what `from` holds out of the index, before its finalizer is removed: from then on
+    /// its disappearance from the store (whose watch event can come before the removal's
+    /// answer) neither wakes a target early nor forgets references still persisted on them.
+    /// [`release_all`](Self::release_all) writes the releases; if the finalizer removal fails,
+    /// [`restore_held`](Self::restore_held) puts them back.
+    pub(crate) fn take_held(&self, from: &Target) -> BTreeSet<Target> {
+        self.held.remove(from).map(|(_, t)| t).unwrap_or_default()
+    }
+
+    /// Put back what [`take_held`](Self::take_held) took (the finalizer is still on).
+    pub(crate) fn restore_held(&self, from: &Target, targets: BTreeSet<Target>) {
+        if !targets.is_empty() {
+            self.held.entry(from.clone()).or_default().extend(targets);
+        }
+    }
+
+    /// Release the references `from` held (taken by [`take_held`](Self::take_held), once its
+    /// finalizer is removed); each target is woken as its reference goes. A release that still
+    /// fails after a few retries is logged and kept: the target is woken anyway (it proceeds
+    /// if `from` has left the store), and [`gone`](Self::gone) wakes it again when `from`
+    /// leaves the store later.
+    pub(crate) async fn release_all(&self, from: &Target, targets: BTreeSet<Target>) {
         use backon::Retryable;
-        let Some((_, targets)) = self.held.remove(from) else {
-            self.forget(from);
-            return;
-        };
         let mut kept = Vec::new();
         for t in targets {
             let backoff = backon::ExponentialBuilder::default()
