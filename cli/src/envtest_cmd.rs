@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use actorcile::envtest::{DetachedEnvtest, Envtest};
+use actorcile::envtest::{Component, DetachedEnvtest, Envtest};
 use anyhow::{Context, bail};
 
 /// The `envtest` subcommands.
@@ -26,8 +26,41 @@ pub enum EnvtestCmd {
     },
     /// Stop the detached control plane and remove its state.
     Down,
-    /// Say whether the detached control plane runs (exit code 1 when it does not).
+    /// Say whether the detached control plane runs (exit code 1 when it does not). A component
+    /// restarted by hand with the same flags is recognised and recorded.
     Status,
+    /// Stop one component of the detached control plane (`kill -9`, or SIGTERM with
+    /// `--graceful`) and start it again with the same flags, data and ports; waits until the
+    /// apiserver is ready again. A component that is down is just started.
+    Restart {
+        /// The component: `etcd` or `kube-apiserver`.
+        #[arg(value_enum)]
+        component: ComponentArg,
+        /// Stop it with SIGTERM (then SIGKILL after 10 s) instead of SIGKILL.
+        #[arg(long)]
+        graceful: bool,
+        /// Seconds the restarted component may take to become ready.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+}
+
+/// A control-plane component, as named on the command line.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ComponentArg {
+    /// etcd.
+    Etcd,
+    /// kube-apiserver.
+    KubeApiserver,
+}
+
+impl From<ComponentArg> for Component {
+    fn from(c: ComponentArg) -> Component {
+        match c {
+            ComponentArg::Etcd => Component::Etcd,
+            ComponentArg::KubeApiserver => Component::KubeApiserver,
+        }
+    }
 }
 
 /// The state directory: `$ACTORCILE_CACHE_DIR/envtest` or `~/.cache/actorcile/envtest`.
@@ -44,7 +77,68 @@ pub async fn run(cmd: EnvtestCmd) -> anyhow::Result<()> {
         EnvtestCmd::Up { crds, timeout } => up(dir, &crds, Duration::from_secs(timeout)).await,
         EnvtestCmd::Down => down(dir).await,
         EnvtestCmd::Status => status(dir).await,
+        EnvtestCmd::Restart {
+            component,
+            graceful,
+            timeout,
+        } => {
+            restart(
+                dir,
+                component.into(),
+                graceful,
+                Duration::from_secs(timeout),
+            )
+            .await
+        }
     }
+}
+
+/// The recorded state, with components restarted by hand (same flags, new pid) adopted and
+/// recorded, so that `status` reports them and `down` stops them.
+fn load(dir: &std::path::Path) -> anyhow::Result<Option<DetachedEnvtest>> {
+    let Some(mut s) = DetachedEnvtest::load(dir)
+        .context("reading the envtest state (`actorcile envtest down` removes it)")?
+    else {
+        return Ok(None);
+    };
+    let adopted = s.adopt_restarted();
+    for (c, old, new) in &adopted {
+        eprintln!(
+            "envtest: {} was restarted outside actorcile (pid {old} is gone; pid {new} serves its port): recorded",
+            c.name()
+        );
+    }
+    if !adopted.is_empty() {
+        s.save()?;
+    }
+    Ok(Some(s))
+}
+
+async fn restart(
+    dir: PathBuf,
+    component: Component,
+    graceful: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let Some(mut s) = load(&dir)? else {
+        bail!("envtest control plane is not running (`actorcile envtest up` starts it)");
+    };
+    let old = s.pid(component);
+    let was = if s.runs(component) {
+        "stopped"
+    } else {
+        "was not running;"
+    };
+    let pid = s
+        .restart(component, graceful, timeout)
+        .await
+        .with_context(|| format!("restarting {}", component.name()))?;
+    println!(
+        "{} {was} pid {old}, started again as pid {pid}; apiserver ready: {}",
+        component.name(),
+        s.server_url
+    );
+    Ok(())
 }
 
 async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::Result<()> {
@@ -57,9 +151,7 @@ async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::R
                 .with_context(|| format!("in {}", f.display()))?,
         );
     }
-    let existing = DetachedEnvtest::load(&dir)
-        .context("reading the envtest state (`actorcile envtest down` removes it)")?;
-    if let Some(existing) = existing {
+    if let Some(existing) = load(&dir)? {
         if existing.is_running() {
             if !crds.is_empty() {
                 let config = kube_config(&existing).await?;
@@ -74,7 +166,7 @@ async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::R
             return Ok(());
         }
         eprintln!(
-            "envtest: removing stale state in {} (its processes are gone)",
+            "envtest: a component is down; stopping the other and starting afresh in {}",
             dir.display()
         );
         existing.stop(Duration::from_secs(2)).await?;
@@ -114,7 +206,7 @@ async fn kube_config(s: &DetachedEnvtest) -> anyhow::Result<kube::Config> {
 }
 
 async fn down(dir: PathBuf) -> anyhow::Result<()> {
-    let state = match DetachedEnvtest::load(&dir) {
+    let state = match load(&dir) {
         Ok(state) => state,
         Err(e) => {
             // Unreadable state: the processes cannot be found by pid; clean the directory anyway.
@@ -152,7 +244,7 @@ async fn down(dir: PathBuf) -> anyhow::Result<()> {
 }
 
 async fn status(dir: PathBuf) -> anyhow::Result<()> {
-    match DetachedEnvtest::load(&dir)? {
+    match load(&dir)? {
         Some(s) if s.is_running() => {
             let ready = if s.is_ready().await {
                 "ready"
@@ -166,10 +258,18 @@ async fn status(dir: PathBuf) -> anyhow::Result<()> {
             println!("export KUBECONFIG={}", s.kubeconfig.display());
             Ok(())
         }
-        Some(_) => bail!(
-            "envtest control plane is not running (stale state in {}; `actorcile envtest down` cleans it)",
-            dir.display()
-        ),
+        Some(s) => {
+            let down: Vec<String> = [Component::Etcd, Component::KubeApiserver]
+                .into_iter()
+                .filter(|c| !s.runs(*c))
+                .map(|c| format!("{} (pid {} gone)", c.name(), s.pid(c)))
+                .collect();
+            bail!(
+                "envtest control plane is down: {}; `actorcile envtest restart <component>` starts it again, `actorcile envtest down` cleans up {}",
+                down.join(", "),
+                dir.display()
+            )
+        }
         None => bail!("envtest control plane is not running"),
     }
 }

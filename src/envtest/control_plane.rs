@@ -244,6 +244,7 @@ impl Envtest {
             etcd_pid: etcd.detach(),
             apiserver_pid: api.detach(),
             etcd_port: self.ports.etcd_client,
+            etcd_peer_port: self.ports.etcd_peer,
             apiserver_port: self.ports.apiserver,
             server_url: self.server_url(),
             kubeconfig: self.work.kubeconfig_path().to_path_buf(),

@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::EnvtestError;
-use super::process;
+use super::files::{self, WorkDir};
+use super::process::{self, Component, Proc, SpawnMode};
+use super::{EnvtestError, Ports};
 
 /// A control plane started by [`EnvtestBuilder::start_detached`](super::EnvtestBuilder::start_detached):
 /// its etcd and kube-apiserver run in their own process group and keep running after the starting
@@ -40,6 +41,10 @@ pub struct DetachedEnvtest {
     pub apiserver_pid: u32,
     /// etcd's client port on 127.0.0.1.
     pub etcd_port: u16,
+    /// etcd's peer port on 127.0.0.1 (0 in states written before it was recorded: such a
+    /// control plane cannot [`restart`](Self::restart) its etcd).
+    #[serde(default)]
+    pub etcd_peer_port: u16,
     /// kube-apiserver's secure port on 127.0.0.1.
     pub apiserver_port: u16,
     /// `https://127.0.0.1:<apiserver_port>`.
@@ -91,6 +96,140 @@ impl DetachedEnvtest {
             && process_is(self.apiserver_pid, &self.apiserver_binary)
     }
 
+    /// Whether `component`'s recorded process runs.
+    pub fn runs(&self, component: Component) -> bool {
+        process_is(self.pid(component), self.binary(component))
+    }
+
+    /// The recorded process id of `component`.
+    pub fn pid(&self, component: Component) -> u32 {
+        match component {
+            Component::Etcd => self.etcd_pid,
+            Component::KubeApiserver => self.apiserver_pid,
+        }
+    }
+
+    fn binary(&self, component: Component) -> &Path {
+        match component {
+            Component::Etcd => &self.etcd_binary,
+            Component::KubeApiserver => &self.apiserver_binary,
+        }
+    }
+
+    fn set_pid(&mut self, component: Component, pid: u32) {
+        match component {
+            Component::Etcd => self.etcd_pid = pid,
+            Component::KubeApiserver => self.apiserver_pid = pid,
+        }
+    }
+
+    /// The flag only this control plane's `component` is started with (its own port).
+    fn own_flag(&self, component: Component) -> String {
+        match component {
+            Component::Etcd => format!("--listen-client-urls=http://127.0.0.1:{}", self.etcd_port),
+            Component::KubeApiserver => format!("--secure-port={}", self.apiserver_port),
+        }
+    }
+
+    /// Takes over the pid of a component that was restarted by hand with the same flags (its
+    /// recorded process is gone, and a process of the same program serves this control plane's
+    /// port): what `kill -9` and a restart from the shell leave behind. Returns the components
+    /// adopted, with their old and new pids; [`save`](Self::save) records them.
+    pub fn adopt_restarted(&mut self) -> Vec<(Component, u32, u32)> {
+        let mut adopted = Vec::new();
+        for c in [Component::Etcd, Component::KubeApiserver] {
+            if self.runs(c) {
+                continue;
+            }
+            if let Some(pid) = find_process(self.binary(c), &self.own_flag(c)) {
+                adopted.push((c, self.pid(c), pid));
+                self.set_pid(c, pid);
+            }
+        }
+        adopted
+    }
+
+    /// Stops `component` (`SIGKILL`, as a crash; `graceful`: `SIGTERM`, then `SIGKILL` after
+    /// 10 s), starts it again with the same flags, data and
+    /// ports, waits until the apiserver is ready again (at most `timeout`) and records the new
+    /// pid in the state file. A component that is not running is just started. Returns the new
+    /// pid.
+    pub async fn restart(
+        &mut self,
+        component: Component,
+        graceful: bool,
+        timeout: Duration,
+    ) -> Result<u32, EnvtestError> {
+        let binary = self.binary(component).to_path_buf();
+        let ports = Ports {
+            etcd_client: self.etcd_port,
+            etcd_peer: self.etcd_peer_port,
+            apiserver: self.apiserver_port,
+        };
+        if component == Component::Etcd && ports.etcd_peer == 0 {
+            return Err(EnvtestError::Startup {
+                component: component.name(),
+                reason: "the state file does not record etcd's peer port (written by an older \
+                         actorcile): `actorcile envtest down`, then `up`"
+                    .into(),
+                log_tail: String::new(),
+            });
+        }
+        let old = self.pid(component);
+        if self.runs(component) {
+            process::signal(
+                old,
+                if graceful {
+                    libc::SIGTERM
+                } else {
+                    libc::SIGKILL
+                },
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while process_is(old, &binary) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if process_is(old, &binary) {
+                process::signal(old, libc::SIGKILL);
+                while process_is(old, &binary) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        let work = WorkDir::create(Some(self.dir.clone()), true)?;
+        let args = match component {
+            Component::Etcd => process::etcd_args(&work, &ports),
+            Component::KubeApiserver => process::apiserver_args(&work, &ports),
+        };
+        let mut proc = Proc::spawn(component, &binary, &args, &work, SpawnMode::Detached)?;
+        if component == Component::Etcd {
+            process::wait_etcd_healthy(&mut proc, ports.etcd_client, deadline).await?;
+        }
+        let config = files::client_config(&self.kubeconfig).await?;
+        if component == Component::KubeApiserver {
+            process::wait_apiserver_ready(&mut proc, &config, deadline).await?;
+        } else {
+            // The apiserver is not this process's child: poll its /readyz alone.
+            while let Err(last) = process::readyz(&config).await {
+                if Instant::now() >= deadline {
+                    return Err(EnvtestError::Startup {
+                        component: Component::KubeApiserver.name(),
+                        reason: format!(
+                            "/readyz not ok in time after etcd restarted (last: {last})"
+                        ),
+                        log_tail: process::log_tail(&work.log_path(Component::KubeApiserver)),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let pid = proc.detach();
+        self.set_pid(component, pid);
+        self.save()?;
+        Ok(pid)
+    }
+
     /// Whether the apiserver answers `/readyz` with `ok` (within a few seconds).
     pub async fn is_ready(&self) -> bool {
         match super::files::client_config(&self.kubeconfig).await {
@@ -132,6 +271,18 @@ impl DetachedEnvtest {
     }
 }
 
+/// A live process running `binary` (by file name) with `flag` among its arguments.
+fn find_process(binary: &Path, flag: &str) -> Option<u32> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| {
+            process_is(pid, binary)
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == flag.as_bytes()))
+        })
+}
+
 /// Whether `pid` is a live (not zombie) process running `binary` (compared by file name).
 fn process_is(pid: u32, binary: &Path) -> bool {
     let Some(name) = binary.file_name() else {
@@ -170,6 +321,7 @@ mod tests {
             etcd_pid: 1,
             apiserver_pid: 2,
             etcd_port: 3,
+            etcd_peer_port: 5,
             apiserver_port: 4,
             server_url: "https://127.0.0.1:4".into(),
             kubeconfig: dir.path().join("kubeconfig"),

@@ -58,6 +58,7 @@ pub use crds::{crds_from_yaml, install_crds};
 pub use detached::{DetachedEnvtest, STATE_FILE};
 pub use error::EnvtestError;
 pub use lookup::{Binaries, binaries, cache_dir};
+pub use process::Component;
 
 /// Name of the non-admin user whose token [`Envtest::user_client`] uses.
 pub const USER_NAME: &str = "actorcile-user";

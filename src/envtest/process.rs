@@ -18,13 +18,16 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// One of the two control-plane components.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Component {
+pub enum Component {
+    /// etcd.
     Etcd,
+    /// kube-apiserver.
     KubeApiserver,
 }
 
 impl Component {
-    pub(crate) fn name(self) -> &'static str {
+    /// The component's program name: `etcd` or `kube-apiserver`.
+    pub fn name(self) -> &'static str {
         match self {
             Component::Etcd => "etcd",
             Component::KubeApiserver => "kube-apiserver",
