@@ -25,22 +25,16 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
     }
 }
 
-/// What the runtime does with a managed kind `K`: watch it, add and remove its finalizer and
-/// reference annotations (patch), and write its status subresource.
+/// What the runtime does with a managed kind `K`, and no more: list and watch it, read a
+/// target before taking a reference on it (get), add and remove its finalizer and reference
+/// annotations (patch), and patch its status subresource. (Every write is a patch: no
+/// `update`.)
 pub fn rules_for<K: Resource<DynamicType = ()>>() -> Vec<PolicyRule> {
     let group = K::group(&());
     let plural = K::plural(&());
     vec![
-        rule(
-            &group,
-            &[&plural],
-            &["get", "list", "watch", "patch", "update"],
-        ),
-        rule(
-            &group,
-            &[&format!("{plural}/status")],
-            &["get", "patch", "update"],
-        ),
+        rule(&group, &[&plural], &["get", "list", "watch", "patch"]),
+        rule(&group, &[&format!("{plural}/status")], &["patch"]),
     ]
 }
 
@@ -87,12 +81,10 @@ pub fn read_rules_for<K: Resource<DynamicType = ()>>() -> Vec<PolicyRule> {
     )]
 }
 
-/// What every runtime needs besides its kinds: publishing Events (both APIs).
+/// What every runtime needs besides its kinds: publishing Events (`events.k8s.io/v1`; a
+/// repeated Event is a patch of its series).
 pub fn common_rules() -> Vec<PolicyRule> {
-    vec![
-        rule("", &["events"], &["create", "patch"]),
-        rule("events.k8s.io", &["events"], &["create", "patch"]),
-    ]
+    vec![rule("events.k8s.io", &["events"], &["create", "patch"])]
 }
 
 /// `rules` with one rule per (API group, resource), each with the union of its verbs, in the

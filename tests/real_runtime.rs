@@ -1,6 +1,7 @@
 //! The runtime on a real etcd + kube-apiserver (v1.20, `actorcile::envtest`): lifecycle with
 //! status and finalizer, operator restart, apiserver restart, schema and semantic validation,
-//! and the runtime's RBAC with a non-admin identity.
+//! and the runtime's RBAC with a non-admin identity (sufficient, and minimal: every permission
+//! it grants is used by the lifecycle).
 //!
 //! Run with `cargo test --release --features envtest --test real_runtime` (needs
 //! `scripts/install-test-deps.sh`). Tests share one control plane (`Envtest::shared`) with a
@@ -12,6 +13,7 @@ mod common;
 #[path = "common/real.rs"]
 mod real;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -499,6 +501,75 @@ async fn resource_status_schema_installs_on_a_real_apiserver_as_generated() {
 
 const ROLE: &str = "actorcile-realapi-operator";
 
+/// The permissions a client's requests needed, as (API group, resource[/subresource], verb).
+#[derive(Clone, Default)]
+struct Used(Arc<std::sync::Mutex<BTreeSet<(String, String, String)>>>);
+
+impl Used {
+    /// Records the permission `req` needs (requests outside an API group's resources, such as
+    /// discovery, are not recorded).
+    fn record<B>(&self, req: &http::Request<B>) {
+        let path: Vec<&str> = req
+            .uri()
+            .path()
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .collect();
+        let rest = match path.as_slice() {
+            ["api", _version, rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => return,
+        };
+        let (group, rest) = rest;
+        let rest = match rest {
+            ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
+            other => other,
+        };
+        let (resource, named) = match rest {
+            [resource] => (resource.to_string(), false),
+            [resource, _name] => (resource.to_string(), true),
+            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            _ => return,
+        };
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+        let verb = match (req.method().as_str(), named) {
+            ("GET", _) if watch => "watch",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PATCH", _) => "patch",
+            ("PUT", _) => "update",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            _ => return,
+        };
+        self.0
+            .lock()
+            .unwrap()
+            .insert((group.to_string(), resource, verb.to_string()));
+    }
+
+    fn take(&self) -> BTreeSet<(String, String, String)> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}
+
+/// Takes a reference on each widget named in `spec.refs`.
+fn referencing() -> impl Provisioner<Widget> {
+    step("reference", |cx: Context<Widget>| async move {
+        for n in &cx.object().spec.refs {
+            let t = Target::for_kind::<Widget>(cx.object().namespace().as_deref(), n);
+            if let Err(e) = cx.add_reference(&t).await {
+                return Outcome::failed(Reason::new("ReferenceFailed", "could not reference"), e);
+            }
+        }
+        Outcome::Done
+    })
+}
+
 async fn apply_role(admin: &Client, role: &ClusterRole) {
     let mut body = role.clone();
     body.metadata.managed_fields = None;
@@ -547,22 +618,33 @@ async fn bind_role_to_user(admin: &Client, user: &str) {
 }
 
 #[tokio::test]
-async fn the_runtimes_cluster_role_suffices_for_a_non_admin_and_preflight_names_what_is_missing() {
+async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_preflight_names_what_is_missing()
+ {
     bounded("rbac", async {
         let env = shared_env().await;
         let admin = env.client();
-        let user = env.user_client();
+        // The user's client records every request it sends, as (API group, resource, verb).
+        let used = Used::default();
+        let user = kube::client::ClientBuilder::try_from(env.user_config())
+            .unwrap()
+            .with_layer(&tower::util::MapRequestLayer::new({
+                let used = used.clone();
+                move |req: http::Request<kube::client::Body>| {
+                    used.record(&req);
+                    req
+                }
+            }))
+            .build();
         let api = Ns::create(admin.clone(), "rt-rbac").await;
         let (passes, deprovisions) = (Passes::default(), Log::default());
         let builder = || {
             Runtime::builder(user.clone())
                 .policy(real_policy())
                 .controller(
-                    Controller::<Widget>::new(sample_tree(
-                        passes.clone(),
-                        deprovisions.clone(),
-                        |_| 2,
-                    ))
+                    Controller::<Widget>::new(serial![
+                        referencing(),
+                        sample_tree(passes.clone(), deprovisions.clone(), |_| 2)
+                    ])
                     .namespace(&api.ns),
                 )
                 .events("realapi-rbac-test")
@@ -573,10 +655,8 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_and_preflight_names_
 
         // The role without `patch` on widgets/status.
         let mut reduced = full.clone();
-        for r in reduced.rules.iter_mut().flatten() {
-            if r.resources.as_deref() == Some(&["widgets/status".to_string()][..]) {
-                r.verbs.retain(|v| v != "patch");
-            }
+        if let Some(rules) = reduced.rules.as_mut() {
+            rules.retain(|r| r.resources.as_deref() != Some(&["widgets/status".to_string()][..]));
         }
         assert_ne!(
             reduced, full,
@@ -625,6 +705,26 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_and_preflight_names_
             api.create_widget(n, 1).await;
         }
         api.wait_all_ready(&all).await;
+        // r2 references r0 (so r0's deletion waits for r2's), and changes once.
+        api.patch_spec("r2", serde_json::json!({ "refs": ["r0"] }))
+            .await;
+        eventually("r2 holds a reference on r0", CONVERGE, || async {
+            let r0 = api.get("r0").await?;
+            let refs = r0
+                .annotations()
+                .keys()
+                .filter(|k| k.starts_with("ref."))
+                .count();
+            (refs == 1).then_some(())
+        })
+        .await;
+        api.wait_ready_at("r2", 2).await;
+        // r1 turns invalid, then valid again: its second Provisioned Event is a series patch.
+        api.patch_spec("r1", serde_json::json!({ "size": -1 }))
+            .await;
+        api.wait_reason("r1", "InvalidSize").await;
+        api.patch_spec("r1", serde_json::json!({ "size": 1 })).await;
+        api.wait_ready_at("r1", 3).await;
         for n in &all {
             assert_provisioned(&api.get(n).await.unwrap());
         }
@@ -645,6 +745,33 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_and_preflight_names_
         delete_all_and_wait(&api, &all).await;
         assert_eq!(deprovisions.entries().len(), all.len());
         rt.shutdown().await;
+
+        // The role is minimal: the lifecycle used every permission it grants, so removing
+        // any one breaks it (the request named here would be refused).
+        let used = used.take();
+        let granted: BTreeSet<(String, String, String)> = all_rules
+            .iter()
+            .flat_map(|r| {
+                let groups = r.api_groups.clone().unwrap_or_default();
+                let resources = r.resources.clone().unwrap_or_default();
+                let verbs = r.verbs.clone();
+                groups.into_iter().flat_map(move |g| {
+                    let verbs = verbs.clone();
+                    resources.clone().into_iter().flat_map(move |res| {
+                        let g = g.clone();
+                        verbs
+                            .clone()
+                            .into_iter()
+                            .map(move |v| (g.clone(), res.clone(), v))
+                    })
+                })
+            })
+            .collect();
+        let unused: Vec<_> = granted.difference(&used).collect();
+        assert!(
+            unused.is_empty(),
+            "the role grants permissions the runtime never used: {unused:?} (used: {used:?})"
+        );
         let _ = Api::<ClusterRoleBinding>::all(admin.clone())
             .delete(ROLE, &DeleteParams::default())
             .await;
