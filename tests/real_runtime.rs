@@ -449,6 +449,139 @@ async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() 
     .await;
 }
 
+/// Peak resident memory of this test process (nextest runs each test in its own), in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn hostile_objects_converge_with_bounded_runs_and_memory() {
+    bounded("hostile input", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rt-hostile").await;
+        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let rt = Runtime::builder(api.client.clone())
+            .policy(real_policy())
+            .controller(
+                Controller::<Widget>::new(serial![
+                    referencing(),
+                    sample_tree(passes.clone(), deprovisions.clone(), |_| 1)
+                ])
+                .namespace(&api.ns),
+            )
+            .events("realapi-hostile-test")
+            .start()
+            .await
+            .expect("start the runtime");
+        let before = peak_rss();
+
+        // A spec near etcd's 1.5 MiB object limit, in multi-byte unicode.
+        let unit = "ünïcødé ✓ 🚀 ";
+        let note = unit.repeat(1_300_000 / unit.len());
+        let mut huge = widget_in(&api.ns, "huge", 1);
+        huge.spec.note = note.clone();
+        // 3 000 annotations, labels with values and prefixed keys at their length limits.
+        let mut annotated = widget_in(&api.ns, "annotated", 1);
+        annotated.spec.refs = vec!["huge".into()];
+        annotated.metadata.annotations = Some(
+            (0..3000)
+                .map(|i| (format!("example.com/a{i}"), format!("välue {i} ✓")))
+                .collect(),
+        );
+        let prefix = format!("{}.example.com", "p".repeat(253 - ".example.com".len()));
+        annotated.metadata.labels = Some(
+            (0..20)
+                .map(|i| (format!("k{i}"), "v".repeat(63)))
+                .chain([(format!("{prefix}/{}", "n".repeat(63)), "x".repeat(63))])
+                .collect(),
+        );
+        // A name at the 253-character limit (a DNS subdomain of four labels), referencing the
+        // object with 3 000 annotations: its reference annotation is the 3 001st.
+        let long = format!(
+            "{}.{}.{}.{}",
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61)
+        );
+        assert_eq!(long.len(), 253);
+        let mut odd = widget_in(&api.ns, &long, 1);
+        odd.spec.refs = vec!["annotated".into()];
+        // A name of dots and digits.
+        let dotted = "0.0-0.9";
+        for w in [huge, annotated, odd, widget_in(&api.ns, dotted, 1)] {
+            let name = w.name_any();
+            api.api()
+                .create(&PostParams::default(), &w)
+                .await
+                .unwrap_or_else(|e| panic!("create {}: {e}", &name[..20.min(name.len())]));
+        }
+        let all = vec![
+            "huge".to_string(),
+            "annotated".to_string(),
+            long.clone(),
+            dotted.to_string(),
+        ];
+        api.wait_all_ready(&all).await;
+        for n in &all {
+            assert_provisioned(&api.get(n).await.unwrap());
+        }
+        let huge = api.get("huge").await.unwrap();
+        assert_eq!(huge.spec.note, note, "the huge spec is intact");
+        assert_eq!(
+            huge.annotations()
+                .keys()
+                .filter(|k| k.starts_with("ref."))
+                .count(),
+            1
+        );
+        let annotated = api.get("annotated").await.unwrap();
+        assert_eq!(annotated.annotations().len(), 3001);
+        // One pass each (the tree is done at its first), plus at most a re-run when a
+        // reference written onto it met its status write (409): bounded, no loop.
+        for n in &all {
+            assert!(
+                passes.of(n) <= 2,
+                "{}: {}",
+                &n[..20.min(n.len())],
+                passes.of(n)
+            );
+        }
+        let runs = rt.metrics().provision_runs;
+        assert!(
+            runs <= 2 * all.len() as u64,
+            "{runs} runs for {} objects",
+            all.len()
+        );
+
+        // Deletion in reference order: everything goes, nothing is left behind.
+        delete_all_and_wait(&api, &all).await;
+        assert_eq!(deprovisions.entries().len(), all.len());
+        rt.shutdown().await;
+        // Memory: the object is held once by the store and the actor (one `Arc`), plus what
+        // decoding and the writes keep in flight.
+        let grown = peak_rss().saturating_sub(before);
+        eprintln!(
+            "hostile input: peak RSS grew {:.1} MiB for a {:.1} MiB object",
+            grown as f64 / (1 << 20) as f64,
+            note.len() as f64 / (1 << 20) as f64
+        );
+        assert!(
+            grown < 64 << 20,
+            "peak RSS grew {} MiB for a {} MiB object",
+            grown >> 20,
+            note.len() >> 20
+        );
+    })
+    .await;
+}
+
 /// A kind whose spec has no defaulted strings, so only actorcile's `ResourceStatus` is in play.
 #[derive(
     kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema,

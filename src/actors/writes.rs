@@ -178,7 +178,10 @@ async fn publish<K: ManagedResource>(
         secondary: None,
     };
     if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
-        tracing::debug!(error = %e, "could not publish event");
+        // Not retried: the status already says what the Event would. Refused Events are worth
+        // an operator's look (RBAC, or a name too long for an Event's `<name>.<time>`).
+        let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
+        tracing::warn!(object = %key, reason = %ev.reason, error = %e, "could not publish Event");
     }
 }
 
