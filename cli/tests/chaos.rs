@@ -37,6 +37,37 @@ fn a_chaos_round_injects_every_fault_and_breaks_no_invariant() {
 }
 
 #[test]
+fn a_load_run_with_a_graceful_restart_loses_nothing() {
+    let (ok, out, err) = run_bounded(
+        &["chaos", "--load", "--objects", "200", "--seed", "3", "--json"],
+        Duration::from_secs(200),
+    );
+    assert!(ok, "chaos --load failed:\n{out}\n{err}");
+    let v = last_json_line(&out);
+    assert_eq!(v["objects"], 200, "{v}");
+    let load = &v["load"];
+    let at = |k: &str| load[k].as_f64().unwrap_or_else(|| panic!("no {k}: {v}"));
+    assert!(at("sigterm_at_seconds") > 0.0, "{v}");
+    assert!(at("ready_seconds") > at("sigterm_at_seconds"), "{v}");
+    assert!(at("deleted_seconds") > 0.0, "{v}");
+    assert!(at("operator_peak_rss_bytes") > (8 << 20) as f64, "{v}");
+    // No fault but the SIGTERM: nothing injected, and no side effect runs twice.
+    assert_eq!(v["faults"]["operator_kills"], 0, "{v}");
+    assert!(
+        v["faults"]["injected"]
+            .as_object()
+            .is_none_or(|m| m.values().all(|n| n == 0)),
+        "{v}"
+    );
+    let violations = v["violations"].as_object().expect("violations");
+    for (name, n) in violations {
+        assert_eq!(n, 0, "{name}: {v}");
+    }
+    // Every item provisioned once and deprovisioned once.
+    assert_eq!(v["effects"], 400, "{v}");
+}
+
+#[test]
 fn chaos_refuses_rates_outside_zero_to_one() {
     let (ok, _, err) = run_bounded(&["chaos", "--panic-rate", "1.5"], Duration::from_secs(20));
     assert!(!ok);

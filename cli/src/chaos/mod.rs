@@ -26,6 +26,7 @@
 mod api_faults;
 mod check;
 mod lines;
+mod load;
 pub mod operator;
 mod order;
 mod process;
@@ -73,6 +74,12 @@ pub struct ChaosArgs {
     /// Print the report as one JSON line
     #[arg(long)]
     pub json: bool,
+    /// A load run instead of rounds of faults: `--objects` items (e.g. 10000) created at
+    /// once; the operator stopped with SIGTERM once half of them started a pass, and started
+    /// again; every item deleted once all are Ready. No other fault is injected. Reports the
+    /// time to all Ready and to all gone, and the operator's peak RSS
+    #[arg(long, conflicts_with = "minutes")]
+    pub load: bool,
     /// Keep the records (passes, effects, faults, operator logs) and the control plane's
     /// directory here; by default they are removed unless a check fails
     #[arg(long, value_name = "DIR")]
@@ -97,6 +104,8 @@ pub fn fraction(s: &str) -> Result<f64, String> {
 
 /// How long a phase may take to converge before the run fails.
 const CONVERGE: Duration = Duration::from_secs(120);
+/// How long a kill waits for the passes it should land among.
+const KILL_WAIT: Duration = Duration::from_secs(10);
 /// The namespace of the workload.
 const NAMESPACE: &str = "chaos";
 
@@ -188,6 +197,9 @@ pub struct Report {
     pub phases: Vec<(String, f64)>,
     /// Where the records are, when kept.
     pub records: Option<PathBuf>,
+    /// The figures of a `--load` run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<load::LoadFigures>,
 }
 
 /// `actorcile chaos`.
@@ -199,6 +211,8 @@ pub fn main(args: ChaosArgs) -> Result<()> {
     let report = rt.block_on(run(&args))?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
+    } else if let Some(l) = &report.load {
+        print_load_report(&report, l);
     } else {
         print_report(&report);
     }
@@ -243,6 +257,31 @@ fn print_report(r: &Report) {
             r.effects_repeated_after_kill
         );
     }
+    let v = serde_json::to_value(&r.violations).unwrap_or_default();
+    println!("invariant violations:");
+    if let Some(map) = v.as_object() {
+        for (k, n) in map {
+            println!("  {k:<20} {n}");
+        }
+    }
+    if let Some(p) = &r.records {
+        println!("records: {}", p.display());
+    }
+}
+
+fn print_load_report(r: &Report, l: &load::LoadFigures) {
+    println!(
+        "load: {} items, seed {}, {} passes, {} side effects, {:.1} s in all",
+        r.objects, r.seed, r.passes, r.effects, r.seconds
+    );
+    println!(
+        "all Ready {:.1} s after the first create (the operator stopped with SIGTERM at {:.1} s, {} passes in flight, and started again); all gone {:.1} s after the first delete",
+        l.ready_seconds, l.sigterm_at_seconds, l.passes_in_flight_at_sigterm, l.deleted_seconds
+    );
+    println!(
+        "operator peak RSS: {:.1} MiB (highest of its processes)",
+        l.operator_peak_rss_bytes as f64 / (1u64 << 20) as f64
+    );
     let v = serde_json::to_value(&r.violations).unwrap_or_default();
     println!("invariant violations:");
     if let Some(map) = v.as_object() {
@@ -301,7 +340,11 @@ async fn run(args: &ChaosArgs) -> Result<Report> {
         .start()
         .await
         .context("starting the control plane")?;
-    let result = drive(args, &mut env, &records).await;
+    let result = if args.load {
+        load::drive(args, &mut env, &records).await
+    } else {
+        drive(args, &mut env, &records).await
+    };
     env.stop().await;
     let mut report = result?;
     report.seconds = started.elapsed().as_secs_f64();
@@ -465,7 +508,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
             );
             create(&items, &item, "creating an item").await?;
         }
-        passes_started(records, since, "provision", all.len() / 3).await?;
+        passes_started(records, since, "provision", all.len() / 3, KILL_WAIT).await?;
         operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
         tokio::time::sleep(Duration::from_millis(1500)).await;
         env.restart_apiserver()
@@ -507,7 +550,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         for name in &doomed {
             delete(&items, name).await?;
         }
-        passes_started(records, since, "deprovision", doomed.len() / 3).await?;
+        passes_started(records, since, "deprovision", doomed.len() / 3, KILL_WAIT).await?;
         operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
         tokio::time::sleep(Duration::from_millis(1000)).await;
         env.restart_apiserver()
@@ -548,8 +591,24 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     }
     report.violations.deletion_order = watch.stop().await;
 
+    check_records(records, &deaths, &killed, &planted, &admin, &statuses, &mut report).await?;
+    Ok(report)
+}
+
+/// What the records say, into `report`: passes (and their overlaps), side effects (repeated or
+/// missing; a repeat is explained only by a SIGKILL of its holder, one of `killed`), injected
+/// faults, and the planted secrets in the operator's logs, the Events and `statuses`.
+async fn check_records(
+    records: &std::path::Path,
+    deaths: &HashMap<u32, u64>,
+    killed: &HashSet<u32>,
+    planted: &Planted,
+    admin: &Client,
+    statuses: &str,
+    report: &mut Report,
+) -> Result<()> {
     // The records.
-    let passes = check::passes(records, &deaths)?;
+    let passes = check::passes(records, deaths)?;
     report.passes = passes.len();
     report.violations.overlapping_passes = check::overlaps(&passes).len();
     report.faults.passes_cut_by_kills = passes
@@ -563,7 +622,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         .chain(effects.deprovisioned.values())
         .map(Vec::len)
         .sum();
-    let (unexplained, explained) = effects.repeats(&killed);
+    let (unexplained, explained) = effects.repeats(killed);
     report.violations.repeated_effects = unexplained;
     report.effects_repeated_after_kill = explained;
     report.violations.missing_effects += missing_deprovisions(&effects);
@@ -575,7 +634,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     let events: Api<Event> = Api::namespaced(admin.clone(), NAMESPACE);
     let events = list(&events).await?;
     let mut written = serde_json::to_string(&events)?;
-    written.push_str(&statuses);
+    written.push_str(statuses);
     for entry in std::fs::read_dir(records)? {
         let path = entry?.path();
         if path
@@ -589,18 +648,19 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         .iter()
         .map(|s| written.matches(s.as_str()).count())
         .sum();
-    Ok(report)
+    Ok(())
 }
 
-/// Waits (10 s at most) until `what` passes of `count` items started since `since`: the kill
-/// that follows lands in the middle of the phase.
+/// Waits (`limit` at most) until `what` passes of `count` items started since `since`: the
+/// kill that follows lands in the middle of the phase.
 async fn passes_started(
     records: &std::path::Path,
     since: u64,
     what: &str,
     count: usize,
+    limit: Duration,
 ) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + limit;
     let mut passes = lines::Tail::open(&records.join("passes"))?;
     let mut started = HashSet::new();
     loop {
@@ -647,8 +707,19 @@ async fn converge(
     violations: &mut Violations,
     statuses: &mut String,
 ) -> Result<()> {
+    converge_within(items, names, violations, statuses, CONVERGE).await
+}
+
+/// [`converge`] within `limit`.
+async fn converge_within(
+    items: &Api<ChaosItem>,
+    names: &[&str],
+    violations: &mut Violations,
+    statuses: &mut String,
+    limit: Duration,
+) -> Result<()> {
     let wanted: HashSet<&str> = names.iter().copied().collect();
-    let deadline = Instant::now() + CONVERGE;
+    let deadline = Instant::now() + limit;
     loop {
         let all = list(items).await?;
         let mine: Vec<&ChaosItem> = all
@@ -693,7 +764,17 @@ async fn wait_gone(
     names: &HashSet<String>,
     violations: &mut Violations,
 ) -> Result<()> {
-    let deadline = Instant::now() + CONVERGE;
+    wait_gone_within(items, names, violations, CONVERGE).await
+}
+
+/// [`wait_gone`] within `limit`.
+async fn wait_gone_within(
+    items: &Api<ChaosItem>,
+    names: &HashSet<String>,
+    violations: &mut Violations,
+    limit: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + limit;
     loop {
         let all = list(items).await?;
         let left: Vec<&ChaosItem> = all

@@ -58,6 +58,11 @@ impl Operator {
         Ok(Self { child, incarnation })
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills it with SIGKILL: its incarnation and when.
     pub fn kill(mut self) -> (u32, u64) {
         let _ = self.child.kill();
