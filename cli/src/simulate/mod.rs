@@ -18,12 +18,15 @@
 //! table by default; `--json` adds one JSON object as the last line; `--plot out.svg|out.png`
 //! draws the fraction Ready over virtual time.
 
+mod common;
 pub mod engine;
 pub mod plot;
 pub mod policies;
 pub mod report;
 pub mod scenario;
 pub mod workload;
+
+pub(crate) use common::{built_in_names, mix};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -70,29 +73,6 @@ pub struct SimulateArgs {
     /// would flood it).
     #[arg(long)]
     pub verbose: bool,
-}
-
-/// Mix numbers into one well-spread seed (splitmix64 steps).
-/// The names of built-ins (`(name, TOML)` pairs), comma-separated, for error messages.
-pub(crate) fn built_in_names(built_ins: &[(&str, &str)]) -> String {
-    built_ins
-        .iter()
-        .map(|(n, _)| *n)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-pub(crate) fn mix(parts: &[u64]) -> u64 {
-    let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
-    for p in parts {
-        h ^= *p;
-        h = h.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = h;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        h = z ^ (z >> 31);
-    }
-    h
 }
 
 /// The scenario `args` ask for, with their overrides applied and validated.
