@@ -4,6 +4,12 @@
 //! - a target's deprovision never starts while a live referrer still holds a reference;
 //! - every object ends Ready or gone; no leaked finalizers once everything is deleted;
 //! - never two runs of one object at once.
+//!
+//! The second property runs the same cases with the runtime shut down and started again at a
+//! random point of the creates and early deletes: the new runtime rebuilds references and
+//! readiness from what the first persisted (annotations, status, finalizers), and the invariants
+//! hold across both (a deprovision may run again only in the new runtime, after the first was
+//! stopped between it and the finalizer's removal).
 
 mod common;
 
@@ -34,6 +40,9 @@ struct Case {
     /// Deleted while the others are still being created/provisioned (closed under dependents).
     early_delete: BTreeSet<usize>,
     delete_order: Vec<usize>,
+    /// Restart the runtime before this step of the creates followed by the early deletes
+    /// (only in the restart property).
+    restart_at: usize,
 }
 
 fn name(i: usize) -> String {
@@ -81,7 +90,11 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
             )
         })
-        .prop_map(|(nodes, create_order, seeds, delete_order)| {
+        .prop_flat_map(|(nodes, create_order, seeds, delete_order)| {
+            let n = nodes.len();
+            (Just((nodes, create_order, seeds, delete_order)), 0..2 * n)
+        })
+        .prop_map(|((nodes, create_order, seeds, delete_order), restart_at)| {
             // close the early-delete set under dependents: whoever needs or references a
             // deleted node is deleted too (otherwise it could never become Ready)
             let mut early: BTreeSet<usize> = seeds;
@@ -101,6 +114,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 create_order,
                 early_delete: early,
                 delete_order,
+                restart_at,
             }
         })
 }
@@ -110,11 +124,24 @@ struct Observed {
     running: HashSet<String>,
     passes: HashMap<String, u32>,
     holds: HashSet<(String, String)>,
-    released: HashSet<String>,
+    /// Deprovisioned objects, with the runtime incarnation that did it.
+    released: HashMap<String, u32>,
+    /// The runtime incarnation (bumped at each restart).
+    epoch: u32,
     violations: Vec<String>,
 }
 
 type Shared = Arc<Mutex<Observed>>;
+
+/// Marks a run of `name` as over when dropped: at its end, or when a runtime that stops
+/// abandons it.
+struct Running(Shared, String);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().running.remove(&self.1);
+    }
+}
 
 fn dag_tree<K>(nodes: Arc<Vec<Node>>, obs: Shared) -> impl Provisioner<K>
 where
@@ -135,8 +162,9 @@ where
                 *p += 1;
                 *p
             };
+            let _running = Running(obs.clone(), me.clone());
             let node = &nodes[i];
-            let outcome = async {
+            async {
                 // let other actors interleave with this run
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 if pass <= node.yields {
@@ -152,7 +180,6 @@ where
                     );
                 }
                 if pass <= node.yields + node.failures + node.panics {
-                    obs.lock().unwrap().running.remove(&me);
                     panic!("injected panic in {me}");
                 }
                 for &d in &node.needs {
@@ -175,9 +202,7 @@ where
                 }
                 Outcome::Done
             }
-            .await;
-            obs.lock().unwrap().running.remove(&me);
-            outcome
+            .await
         }
     })
     .on_delete(move |cx: Context<K>| {
@@ -192,7 +217,7 @@ where
             let blocking: Vec<String> = o
                 .holds
                 .iter()
-                .filter(|(r, t)| t == &me && !o.released.contains(r))
+                .filter(|(r, t)| t == &me && !o.released.contains_key(r))
                 .map(|(r, _)| r.clone())
                 .collect();
             if !blocking.is_empty() {
@@ -200,8 +225,10 @@ where
                     "deprovision of {me} started while {blocking:?} hold references"
                 ));
             }
-            if !o.released.insert(me.clone()) {
-                o.violations.push(format!("{me} deprovisioned twice"));
+            let epoch = o.epoch;
+            if o.released.insert(me.clone(), epoch) == Some(epoch) {
+                o.violations
+                    .push(format!("{me} deprovisioned twice by one runtime"));
             }
             o.running.remove(&me);
             Outcome::Done
@@ -275,7 +302,7 @@ async fn snapshot(client: &kube::Client) -> (BTreeSet<String>, BTreeSet<String>,
     (ready, all, fin)
 }
 
-fn run_case(case: Case) -> Result<(), TestCaseError> {
+fn run_case(case: Case, restart: bool) -> Result<(), TestCaseError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -291,20 +318,34 @@ fn run_case(case: Case) -> Result<(), TestCaseError> {
         policy.error_backoff.min = Duration::from_millis(5);
         policy.dependency_poll = Duration::from_secs(3600);
         policy.idle_timeout = Some(Duration::from_millis(200));
-        let handle = Runtime::builder(client.clone())
-            .policy(policy)
-            .controller(Controller::<Widget>::new(dag_tree::<Widget>(
-                nodes.clone(),
-                obs.clone(),
-            )))
-            .controller(Controller::<Gadget>::new(dag_tree::<Gadget>(
-                nodes.clone(),
-                obs.clone(),
-            )))
-            .start()
-            .await
-            .unwrap();
+        let start = || {
+            Runtime::builder(client.clone())
+                .policy(policy.clone())
+                .controller(Controller::<Widget>::new(dag_tree::<Widget>(
+                    nodes.clone(),
+                    obs.clone(),
+                )))
+                .controller(Controller::<Gadget>::new(dag_tree::<Gadget>(
+                    nodes.clone(),
+                    obs.clone(),
+                )))
+                .start()
+        };
+        let mut handle = Some(start().await.unwrap());
+        let mut step = 0;
+        // The old runtime stops before the new one starts: never two at once.
+        let maybe_restart = async |step: usize, handle: &mut Option<RuntimeHandle>| {
+            if restart && step == case.restart_at {
+                if let Some(old) = handle.take() {
+                    old.shutdown().await;
+                }
+                obs.lock().unwrap().epoch += 1;
+                *handle = Some(start().await.unwrap());
+            }
+        };
         for (k, &i) in case.create_order.iter().enumerate() {
+            maybe_restart(step, &mut handle).await;
+            step += 1;
             create_node(&client, &nodes, i).await;
             if k % 3 == 0 {
                 tokio::time::sleep(Duration::from_millis(3)).await;
@@ -316,6 +357,8 @@ fn run_case(case: Case) -> Result<(), TestCaseError> {
             .iter()
             .filter(|i| case.early_delete.contains(i))
         {
+            maybe_restart(step, &mut handle).await;
+            step += 1;
             delete_node(&client, &nodes, i).await;
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -351,7 +394,9 @@ fn run_case(case: Case) -> Result<(), TestCaseError> {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        handle.shutdown().await;
+        if let Some(handle) = handle {
+            handle.shutdown().await;
+        }
         let o = obs.lock().unwrap();
         prop_assert!(o.violations.is_empty(), "violations: {:?}", o.violations);
         Ok(())
@@ -367,6 +412,13 @@ proptest! {
 
     #[test]
     fn random_dags_keep_deletion_order_and_end_clean(case in case_strategy()) {
-        run_case(case)?;
+        run_case(case, false)?;
+    }
+
+    #[test]
+    fn a_restart_at_any_point_rebuilds_references_and_keeps_deletion_order(
+        case in case_strategy()
+    ) {
+        run_case(case, true)?;
     }
 }

@@ -39,7 +39,15 @@ fn a_chaos_round_injects_every_fault_and_breaks_no_invariant() {
 #[test]
 fn a_load_run_with_a_graceful_restart_loses_nothing() {
     let (ok, out, err) = run_bounded(
-        &["chaos", "--load", "--objects", "200", "--seed", "3", "--json"],
+        &[
+            "chaos",
+            "--load",
+            "--objects",
+            "200",
+            "--seed",
+            "3",
+            "--json",
+        ],
         Duration::from_secs(200),
     );
     assert!(ok, "chaos --load failed:\n{out}\n{err}");

@@ -591,7 +591,16 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     }
     report.violations.deletion_order = watch.stop().await;
 
-    check_records(records, &deaths, &killed, &planted, &admin, &statuses, &mut report).await?;
+    check_records(
+        records,
+        &deaths,
+        &killed,
+        &planted,
+        &admin,
+        &statuses,
+        &mut report,
+    )
+    .await?;
     Ok(report)
 }
 
