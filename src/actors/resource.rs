@@ -86,6 +86,12 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     was_ready: Option<bool>,
     /// The last provision pass's context, kept while a wake-up is pending.
     cx: Option<Context<K>>,
+    /// The uid of the object whose deprovision this actor completed (its finalizer removed).
+    /// Any later event of it that still shows the finalizer is stale (nothing can add one to
+    /// an object being deleted): kube-apiserver can deliver a write made just before the
+    /// removal after the removal's answer, at a higher version. Such an object is never
+    /// deprovisioned again, and its actor does not passivate until it is gone.
+    released: Option<String>,
 }
 
 impl<K: ManagedResource> ResourceState<K> {
@@ -191,7 +197,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let Some(idle) = self.shared.policy.idle_timeout else {
             return;
         };
-        if st.passivating || st.dirty || st.run_pending {
+        if st.passivating || st.dirty || st.run_pending || st.released.is_some() {
             return;
         }
         st.permit = None;
@@ -264,6 +270,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             last_outcome: None,
             was_ready: None,
             cx: None,
+            released: None,
         };
         if passive.is_none() {
             self.shared.references.appeared(&st.target);
@@ -492,8 +499,9 @@ impl<K: ManagedResource> ResourceActor<K> {
         let mut version = version_of(obj.as_ref());
         st.last_run_version = version;
         st.own_writes.clear();
-        if deleting && !has_finalizer {
-            // Never provisioned by us (or already cleaned up): nothing of ours to undo.
+        let released = || st.released.is_some() && st.released == obj.meta().uid;
+        if deleting && (!has_finalizer || released()) {
+            // Never provisioned by us, or already cleaned up: nothing of ours to undo.
             return None;
         }
         let _in_flight = shared.metrics.run_started(deleting);
@@ -726,6 +734,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let held = shared.references.take_held(&target);
         match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
+                st.released = obj.meta().uid.clone();
                 shared.references.release_all(&target, held).await;
                 writes::publish_released(shared, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),
