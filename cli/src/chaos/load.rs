@@ -46,15 +46,7 @@ fn limit(n: usize) -> Duration {
 /// `VmHWM` of process `pid`, in bytes (`None` once it is gone).
 fn peak_rss(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    crate::bench::stats::proc_status_field_bytes(&status, "VmHWM")
 }
 
 /// Samples the peak RSS of whichever operator process is current, every 100 ms.

@@ -257,6 +257,11 @@ fn print_report(r: &Report) {
             r.effects_repeated_after_kill
         );
     }
+    print_violations(r);
+}
+
+/// The violation counts, and where the records are when kept.
+fn print_violations(r: &Report) {
     let v = serde_json::to_value(&r.violations).unwrap_or_default();
     println!("invariant violations:");
     if let Some(map) = v.as_object() {
@@ -282,16 +287,7 @@ fn print_load_report(r: &Report, l: &load::LoadFigures) {
         "operator peak RSS: {:.1} MiB (highest of its processes)",
         l.operator_peak_rss_bytes as f64 / (1u64 << 20) as f64
     );
-    let v = serde_json::to_value(&r.violations).unwrap_or_default();
-    println!("invariant violations:");
-    if let Some(map) = v.as_object() {
-        for (k, n) in map {
-            println!("  {k:<20} {n}");
-        }
-    }
-    if let Some(p) = &r.records {
-        println!("records: {}", p.display());
-    }
+    print_violations(r);
 }
 
 /// Creates `obj` (one that exists already counts as created), riding out the faults.
