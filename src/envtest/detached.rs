@@ -92,8 +92,7 @@ impl DetachedEnvtest {
 
     /// Whether both processes still run (and are etcd and kube-apiserver, not a reused pid).
     pub fn is_running(&self) -> bool {
-        process_is(self.etcd_pid, &self.etcd_binary)
-            && process_is(self.apiserver_pid, &self.apiserver_binary)
+        self.runs(Component::Etcd) && self.runs(Component::KubeApiserver)
     }
 
     /// Whether `component`'s recorded process runs.
@@ -175,27 +174,12 @@ impl DetachedEnvtest {
                 log_tail: String::new(),
             });
         }
-        let old = self.pid(component);
-        if self.runs(component) {
-            process::signal(
-                old,
-                if graceful {
-                    libc::SIGTERM
-                } else {
-                    libc::SIGKILL
-                },
-            );
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while process_is(old, &binary) && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if process_is(old, &binary) {
-                process::signal(old, libc::SIGKILL);
-                while process_is(old, &binary) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        }
+        let first = if graceful {
+            libc::SIGTERM
+        } else {
+            libc::SIGKILL
+        };
+        end_process(self.pid(component), &binary, first, Duration::from_secs(10)).await;
         let deadline = Instant::now() + timeout;
         let work = WorkDir::create(Some(self.dir.clone()), true)?;
         let args = match component {
@@ -240,25 +224,8 @@ impl DetachedEnvtest {
 
     /// Stops both processes (SIGTERM; SIGKILL after `grace`) and removes the directory.
     pub async fn stop(self, grace: Duration) -> Result<(), EnvtestError> {
-        for (pid, name) in [
-            (self.apiserver_pid, self.apiserver_binary.as_path()),
-            (self.etcd_pid, self.etcd_binary.as_path()),
-        ] {
-            if !process_is(pid, name) {
-                continue;
-            }
-            process::signal(pid, libc::SIGTERM);
-            let deadline = Instant::now() + grace;
-            while process_is(pid, name) && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            if process_is(pid, name) {
-                process::signal(pid, libc::SIGKILL);
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while process_is(pid, name) && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
+        for c in [Component::KubeApiserver, Component::Etcd] {
+            end_process(self.pid(c), self.binary(c), libc::SIGTERM, grace).await;
         }
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => Ok(()),
@@ -267,6 +234,26 @@ impl DetachedEnvtest {
                 format!("removing {}", self.dir.display()),
                 e,
             )),
+        }
+    }
+}
+
+/// Ends `pid` if it is a live `binary`: `signal`, then `SIGKILL` if it still runs after
+/// `grace`, waiting 5 s at most for that.
+async fn end_process(pid: u32, binary: &Path, signal: libc::c_int, grace: Duration) {
+    if !process_is(pid, binary) {
+        return;
+    }
+    process::signal(pid, signal);
+    let deadline = Instant::now() + grace;
+    while process_is(pid, binary) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if process_is(pid, binary) {
+        process::signal(pid, libc::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while process_is(pid, binary) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
