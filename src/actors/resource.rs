@@ -125,10 +125,10 @@ impl<K: ManagedResource> ResourceState<K> {
     }
 
     /// Keep the newer of the known and the given object. Of two with the same version, one we
-    /// wrote ourselves stays, and so does one whose deletion is complete (deleting, no finalizer
-    /// left): kube-apiserver answers the write that removes a deleting object's last finalizer
-    /// with the object as removed but the version it had before, so the watch event of that
-    /// earlier version (still carrying the finalizer) must never replace it.
+    /// wrote ourselves stays: kube-apiserver answers the write that removes a deleting object's
+    /// last finalizer with the object as removed but the version it had before. (Whatever a
+    /// later event shows of an object whose finalizer we removed, it is never deprovisioned
+    /// again: see `released`.)
     fn remember(&mut self, obj: Arc<K>)
     where
         K: ManagedResource,
@@ -146,11 +146,7 @@ impl<K: ManagedResource> ResourceState<K> {
             version_of(obj.as_ref()),
         ) {
             (Some(cur), Some(v)) => {
-                let keep_current = self.own_writes.contains(&v)
-                    || self.object.as_deref().is_some_and(|o| {
-                        o.meta().deletion_timestamp.is_some() && o.finalizers().is_empty()
-                    });
-                v > cur || (v == cur && (ours || !keep_current))
+                v > cur || (v == cur && (ours || !self.own_writes.contains(&v)))
             }
             _ => true,
         };
