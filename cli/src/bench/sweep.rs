@@ -177,7 +177,9 @@ impl SweepReport {
             .y_label_area_size(65)
             .build_cartesian_2d(
                 (x0 / 1.5..x1 * 1.5).log_scale(),
-                (y0 / 2.0..y1 * 2.0).log_scale(),
+                (y0 / 2.0..y1 * 2.0)
+                    .log_scale()
+                    .with_key_points(log_ticks(y0 / 2.0, y1 * 2.0)),
             )?;
         chart
             .configure_mesh()
@@ -185,10 +187,13 @@ impl SweepReport {
             .y_desc(y_desc)
             .x_label_formatter(&|v| format!("{v:.0}"))
             .y_label_formatter(&|v| {
-                if *v >= 10.0 {
+                if *v >= 1.0 {
                     format!("{v:.0}")
                 } else {
-                    format!("{v:.2}")
+                    format!("{v:.3}")
+                        .trim_end_matches('0')
+                        .trim_end_matches('.')
+                        .to_string()
                 }
             })
             .light_line_style(WHITE)
@@ -224,6 +229,23 @@ impl SweepReport {
             .draw()?;
         Ok(())
     }
+}
+
+/// Labels for a log axis from `lo` to `hi`: 1, 2 and 5 of every decade in it (plotters' own
+/// choice labels only powers of ten, which leaves a panel spanning one decade with one label).
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powf(lo.log10().floor());
+    while decade <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let t = decade * m;
+            if (lo..=hi).contains(&t) {
+                ticks.push(t);
+            }
+        }
+        decade *= 10.0;
+    }
+    ticks
 }
 
 /// What the sweep table's columns mean.
@@ -303,6 +325,13 @@ mod tests {
         };
         assert_eq!(none.cpu_micros_per_run(), None);
         assert_eq!(none.idle_added_per_object(), None);
+    }
+
+    #[test]
+    fn a_log_axis_is_labelled_at_one_two_and_five_of_each_decade() {
+        assert_eq!(log_ticks(1.9, 24.0), [2.0, 5.0, 10.0, 20.0]);
+        assert_eq!(log_ticks(0.5, 1.0), [0.5, 1.0]);
+        assert_eq!(log_ticks(150.0, 180.0), Vec::<f64>::new());
     }
 
     #[test]
