@@ -216,8 +216,9 @@ pub const DURATION_BUCKETS: [f64; 16] = [
 
 /// Figures written by every worker thread on each pass and read rarely: each thread adds to a
 /// copy of its own, on a cache line of its own, and a read sums the copies. One atomic shared
-/// by every thread moves its cache line between cores on each write; on the pass path that
-/// cost about 8 % of the CPU of a yield (`bench --workload yield`, measured side by side).
+/// by every thread moves its cache line between cores on each write. (Measured with
+/// `bench --workload yield`, alternating builds: these cells take about 3 % off a yield's CPU;
+/// removing every per-pass figure would take about 8 %.)
 /// `thread_local` gives a new thread the slot (and counts) of one that exited, so the copies
 /// do not grow with threads that come and go, and nothing counted is lost.
 #[derive(Debug, Default)]
