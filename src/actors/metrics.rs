@@ -222,7 +222,7 @@ pub const DURATION_BUCKETS: [f64; 16] = [
 /// `thread_local` gives a new thread the slot (and counts) of one that exited, so the copies
 /// do not grow with threads that come and go, and nothing counted is lost.
 #[derive(Debug, Default)]
-pub(crate) struct PerThread<T: Send + Sync + Default>(ThreadLocal<CachePadded<T>>);
+struct PerThread<T: Send + Sync + Default>(ThreadLocal<CachePadded<T>>);
 
 impl<T: Send + Sync + Default> PerThread<T> {
     /// This thread's copy (only this thread writes it).
@@ -242,6 +242,17 @@ fn bump(cell: &AtomicU64, n: u64) {
         cell.load(Ordering::Relaxed).wrapping_add(n),
         Ordering::Relaxed,
     );
+}
+
+/// The element-wise sum of every thread's copy of an array of cells.
+fn summed<'a, const N: usize>(copies: impl Iterator<Item = &'a [AtomicU64; N]>) -> [u64; N] {
+    let mut totals = [0u64; N];
+    for cells in copies {
+        for (total, cell) in totals.iter_mut().zip(cells) {
+            *total = total.wrapping_add(cell.load(Ordering::Relaxed));
+        }
+    }
+    totals
 }
 
 /// One thread's part of a [`Histogram`].
@@ -270,14 +281,12 @@ impl Histogram {
     }
 
     fn snapshot(&self) -> HistogramSnapshot {
-        let mut per_bucket = [0u64; DURATION_BUCKETS.len() + 1];
-        let mut sum_nanos = 0u64;
-        for cells in self.0.each() {
-            for (total, b) in per_bucket.iter_mut().zip(&cells.buckets) {
-                *total = total.wrapping_add(b.load(Ordering::Relaxed));
-            }
-            sum_nanos = sum_nanos.wrapping_add(cells.sum_nanos.load(Ordering::Relaxed));
-        }
+        let per_bucket = summed(self.0.each().map(|cells| &cells.buckets));
+        let sum_nanos = self
+            .0
+            .each()
+            .map(|cells| cells.sum_nanos.load(Ordering::Relaxed))
+            .fold(0u64, u64::wrapping_add);
         let mut cumulative = 0;
         let mut buckets = Vec::with_capacity(per_bucket.len());
         for (i, n) in per_bucket.iter().enumerate() {
@@ -348,20 +357,14 @@ impl KindMetrics {
 
     pub(crate) fn snapshot(&self) -> KindMetricsSnapshot {
         let (objects, wake_ups, waiting) = (self.gauges)();
+        let results = summed(self.results.each());
         KindMetricsSnapshot {
             wake_ups,
             waiting,
             kind: self.kind.clone(),
             runs: RunResult::ALL
                 .iter()
-                .map(|&r| {
-                    let n = self
-                        .results
-                        .each()
-                        .map(|cells| cells[r as usize].load(Ordering::Relaxed))
-                        .fold(0u64, u64::wrapping_add);
-                    (r, n)
-                })
+                .map(|&r| (r, results[r as usize]))
                 .collect(),
             run_duration: self.run_duration.snapshot(),
             due_to_start: self.due_to_start.snapshot(),
