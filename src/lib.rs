@@ -49,6 +49,7 @@ pub mod cluster;
 pub mod crds;
 #[cfg(feature = "envtest")]
 pub mod envtest;
+mod event_recorder;
 pub mod health;
 #[cfg(feature = "operator")]
 pub mod leader;

@@ -28,7 +28,7 @@ use dashmap::DashMap;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -40,6 +40,7 @@ use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::actors::{
     KindMetrics, Manager, ManagerArgs, Metrics, ShardScope, Shared, Timers, run_feeder,
 };
+use crate::event_recorder::EventRecorder;
 use crate::health::Health;
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::policy::SupervisorPolicy;
@@ -481,7 +482,7 @@ impl<K: ManagedResource> Start for Controller<K> {
         let recorder = cx
             .reporter
             .clone()
-            .map(|r| Arc::new(Recorder::new(cx.client.clone(), r)));
+            .map(|r| Arc::new(EventRecorder::new(cx.client.clone(), r)));
         let parts = Arc::new(ControllerParts {
             recorder,
             references: Some(cx.references.clone() as Arc<dyn ReferenceApi>),

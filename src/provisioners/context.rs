@@ -4,9 +4,10 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 
+use crate::event_recorder::EventRecorder;
 use crate::provisioners::{Outcome, Reason};
 use crate::references::{Readiness, ReferenceApi, Selection, Target};
 use crate::status::{ReadyReason, ResourceStatus};
@@ -40,7 +41,7 @@ pub struct RemoteScope {
 
 /// What every context of one controller shares: built once per controller by the runtime.
 pub(crate) struct ControllerParts {
-    pub recorder: Option<Arc<Recorder>>,
+    pub recorder: Option<Arc<EventRecorder>>,
     pub references: Option<Arc<dyn ReferenceApi>>,
     pub field_manager: Arc<str>,
     /// Who holds the locks this runtime takes ([`Context::guard`]): unique per runtime.
