@@ -202,11 +202,13 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
     assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
     assert_no_overlap(&passes);
     if watch == ShardWatch::HeldShards {
-        // Every object carries its shard's label, and each replica caches only its shards'.
-        let key = Sharding::new(SHARDS, "default").label_key();
+        // Every object carries its shard's label (as `Sharding::label` tells a program that
+        // creates objects), and each replica caches only its shards'.
+        let sharding = Sharding::new(SHARDS, "default");
         for w in widgets(&client).list(&Default::default()).await.unwrap() {
+            let (key, want) = sharding.label(&object_key(Some("default"), &w.name_any()));
             let label = w.labels().get(&key).cloned();
-            let want = format!("{}-of-{SHARDS}", shard(&w.name_any()));
+            assert_eq!(want, format!("{}-of-{SHARDS}", shard(&w.name_any())));
             assert_eq!(label.as_ref(), Some(&want), "{}", w.name_any());
         }
         let mine = |shards: &Vec<u32>| {

@@ -130,6 +130,29 @@ impl Sharding {
         format!("{SHARD_LABEL_PREFIX}{}", self.lease_prefix)
     }
 
+    /// The shard label (key, value) of an object whose shard key is `shard_key` ([`object_key`]
+    /// by default): what the holder of its shard writes when it places the object
+    /// ([`ShardWatch::HeldShards`]).
+    ///
+    /// A program that creates many objects (a parent operator, an import job) can set it in the
+    /// object it creates. Such an object is placed from its first version, so it reaches only
+    /// the replica that holds its shard; an object created without it reaches every replica
+    /// once, and leaves the others' watches when its holder labels it.
+    ///
+    /// ```
+    /// use actorcile::sharding::{Sharding, object_key};
+    /// let sharding = Sharding::new(12, "operators");
+    /// let (key, value) = sharding.label(&object_key(Some("team-a"), "web"));
+    /// assert_eq!(key, "shard.actorcile.dev/actorcile-shards");
+    /// assert!(value.ends_with("-of-12"));
+    /// ```
+    pub fn label(&self, shard_key: &str) -> (String, String) {
+        (
+            self.label_key(),
+            label_value(shard_of(shard_key, self.shards), self.shards),
+        )
+    }
+
     /// This replica's identity.
     pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = identity.into();

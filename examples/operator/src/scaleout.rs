@@ -3,9 +3,10 @@
 //! process.
 //!
 //! - **CPU split**: N Networks (validate, a ConfigMap, the Ready status) reconciled by 1, 2 and
-//!   3 sharded replicas (12 shards, default lease timings), one round each in a namespace of
-//!   its own, with the replicas watching every object and watching only their shards
-//!   (`--shards-held-only`); per round the time until every Network is Ready and each
+//!   3 sharded replicas (12 shards, default lease timings), one round each on a control plane of
+//!   its own, with the replicas watching every object, watching only their shards
+//!   (`--shards-held-only`), and watching only their shards with every Network created
+//!   already labelled with its shard (`Sharding::label`); per round the time until every Network is Ready and each
 //!   replica's CPU seconds (user + system, from `/proc/<pid>/stat`); then a change wave (every
 //!   Network's spec patched once) and each replica's CPU seconds for it until every Network is
 //!   Ready for its new generation, and each replica's resident memory at the end.
@@ -22,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube::CustomResourceExt;
 use kube::api::{Api, ListParams, PostParams};
+use kube::{CustomResourceExt, ResourceExt};
 
 use crate::operator::{Cluster, Network, NetworkSpec};
 
@@ -43,8 +44,13 @@ pub struct ScaleoutArgs {
     #[arg(long, default_value_t = 12)]
     shards: u32,
     /// What the replicas of the CPU-split rounds watch: `everything` (every object), `held`
-    /// (only their shards', `--shards-held-only`), or both.
-    #[arg(long, value_delimiter = ',', default_value = "everything,held")]
+    /// (only their shards', `--shards-held-only`), `held-labelled` (the same, with every
+    /// Network created already labelled with its shard, `Sharding::label`), or several.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "everything,held,held-labelled"
+    )]
     watch: Vec<String>,
     /// Failover modes: `sharded`, `sharded-held` (`--shards-held-only`), `leader-warm`,
     /// `leader-cold`.
@@ -126,6 +132,15 @@ fn spawn(kubeconfig: &Path, policy: &Path, args: &[String]) -> Replica {
     Replica(child)
 }
 
+/// A real etcd + kube-apiserver with the example's CRDs.
+async fn control_plane() -> Result<actorcile::envtest::Envtest, String> {
+    actorcile::envtest::Envtest::builder()
+        .crds(vec![Network::crd(), Cluster::crd()])
+        .start()
+        .await
+        .map_err(|e| e.to_string())
+}
+
 async fn create_namespace(client: &kube::Client, ns: &str) -> Result<(), String> {
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let o = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
@@ -188,11 +203,7 @@ async fn wait_until(
 
 /// Run the measurements and print their tables.
 pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
-    let env = actorcile::envtest::Envtest::builder()
-        .crds(vec![Network::crd(), Cluster::crd()])
-        .start()
-        .await
-        .map_err(|e| e.to_string())?;
+    let env = control_plane().await?;
     let client = env.client();
     let dir: PathBuf =
         std::env::temp_dir().join(format!("example-operator-scaleout-{}", std::process::id()));
@@ -231,11 +242,21 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         .flat_map(|w| rounds.iter().map(move |&n| (w.as_str(), n)))
         .collect();
     for (watch, n) in modes {
-        let held_only = match watch {
-            "everything" => false,
-            "held" => true,
-            other => return Err(format!("--watch {other}: not `everything` or `held`")),
+        let (held_only, labelled) = match watch {
+            "everything" => (false, false),
+            "held" => (true, false),
+            "held-labelled" => (true, true),
+            other => {
+                return Err(format!(
+                    "--watch {other}: not `everything`, `held` or `held-labelled`"
+                ));
+            }
         };
+        // Each round on a control plane of its own: one that kept the earlier rounds' objects
+        // and Events serves later rounds more slowly, which would favour the first rounds.
+        let env = control_plane().await?;
+        let client = env.client();
+        let kubeconfig = env.kubeconfig_path().to_path_buf();
         let ns = format!("split-{watch}-{n}");
         create_namespace(&client, &ns).await?;
         let api: Api<Network> = Api::namespaced(client.clone(), &ns);
@@ -263,7 +284,13 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         wait_spread(&client, &ns, n, args.shards).await?;
         let started = Instant::now();
         for i in 0..args.objects {
-            api.create(&PostParams::default(), &network(&format!("n-{i}"), i))
+            let mut net = network(&format!("n-{i}"), i);
+            if labelled {
+                let sharding = actorcile::sharding::Sharding::new(args.shards, &ns);
+                let key = actorcile::sharding::object_key(Some(&ns), &net.name_any());
+                net.metadata.labels = Some([sharding.label(&key)].into());
+            }
+            api.create(&PostParams::default(), &net)
                 .await
                 .map_err(|e| e.to_string())?;
         }
