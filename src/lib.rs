@@ -34,6 +34,7 @@
 //! | `actors/` | the manager supervisor, the resource actor, the watch feeder, the timer task (its `mod.rs` has a file map and a glossary) |
 //! | `messages/` | every message the actors exchange, one file per receiver; plain data |
 //! | `object_api.rs` | the typed API calls of one object's namespace |
+//! | `event_recorder.rs` | a controller's Kubernetes Events: kube-runtime's recorder, split by object |
 //!
 //! Dependencies run one way: `cluster` stands alone (it knows nothing of the rest); `status`
 //! depends on nothing else of the crate; `references` on `status`; `provisioners` on `status`
