@@ -37,9 +37,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 ///
 /// A recorder drops expired Events only when it publishes, so one that went quiet (an
 /// operator idle after a burst of objects turning Ready) would hold its last six minutes of
-/// Events, about a kilobyte each, for good. A task replaces every recorder that published
-/// nothing for [`KEPT`] with an empty one (all its Events had expired); it ends with the
-/// `EventRecorder`.
+/// Events (a whole Event and its key each) for good. A task replaces every recorder that
+/// published nothing for [`KEPT`] with an empty one (all its Events had expired); it ends with
+/// the `EventRecorder`.
 pub(crate) struct EventRecorder {
     shards: Arc<[Mutex<Shard>]>,
     hasher: ahash::RandomState,
