@@ -203,8 +203,6 @@ async fn wait_until(
 
 /// Run the measurements and print their tables.
 pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
-    let env = control_plane().await?;
-    let client = env.client();
     let dir: PathBuf =
         std::env::temp_dir().join(format!("example-operator-scaleout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -218,7 +216,6 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
     // the failover's short leases renew ten times as often, a cost that does not split.
     let split_policy = dir.join("split-policy.toml");
     std::fs::write(&split_policy, "").map_err(|e| e.to_string())?;
-    let kubeconfig = env.kubeconfig_path().to_path_buf();
     let shards = args.shards.to_string();
 
     let rounds = if args.objects == 0 {
@@ -258,6 +255,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let client = env.client();
         let kubeconfig = env.kubeconfig_path().to_path_buf();
         let ns = format!("split-{watch}-{n}");
+        let sharding = actorcile::sharding::Sharding::new(args.shards, &ns);
         create_namespace(&client, &ns).await?;
         let api: Api<Network> = Api::namespaced(client.clone(), &ns);
         let replicas: Vec<Replica> = (0..n)
@@ -286,7 +284,6 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         for i in 0..args.objects {
             let mut net = network(&format!("n-{i}"), i);
             if labelled {
-                let sharding = actorcile::sharding::Sharding::new(args.shards, &ns);
                 let key = actorcile::sharding::object_key(Some(&ns), &net.name_any());
                 net.metadata.labels = Some([sharding.label(&key)].into());
             }
@@ -332,6 +329,10 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
     }
 
     if args.kills > 0 {
+        // The failover rounds share one control plane.
+        let env = control_plane().await?;
+        let client = env.client();
+        let kubeconfig = env.kubeconfig_path().to_path_buf();
         println!();
         println!(
             "Failover: kill -9 the replica that runs a new Network, create it at once; time until its Lease is held by the survivor, and until it is Ready ({} kills each; 2 s leases)",
