@@ -134,6 +134,16 @@ mod tests {
         }
     }
 
+    fn provisioned() -> Event {
+        Event {
+            type_: EventType::Normal,
+            reason: "Provisioned".into(),
+            note: Some("ready".into()),
+            action: "Provision".into(),
+            secondary: None,
+        }
+    }
+
     #[tokio::test]
     async fn objects_spread_over_the_recorders_and_each_keeps_one() {
         let cluster = ApiServer::new();
@@ -152,13 +162,7 @@ mod tests {
     async fn a_recorder_quiet_for_longer_than_it_keeps_events_is_emptied() {
         let cluster = ApiServer::new();
         let recorder = EventRecorder::new(cluster.client(), Reporter::from("test".to_string()));
-        let ev = Event {
-            type_: EventType::Normal,
-            reason: "Provisioned".into(),
-            note: None,
-            action: "Provision".into(),
-            secondary: None,
-        };
+        let ev = provisioned();
         let old = regarding("old");
         let new = (0..)
             .map(|i| regarding(&format!("new{i}")))
@@ -183,13 +187,7 @@ mod tests {
         let cluster = ApiServer::new();
         let client = cluster.client();
         let recorder = EventRecorder::new(client.clone(), Reporter::from("test".to_string()));
-        let ev = Event {
-            type_: EventType::Normal,
-            reason: "Provisioned".into(),
-            note: Some("ready".into()),
-            action: "Provision".into(),
-            secondary: None,
-        };
+        let ev = provisioned();
         for name in ["a", "b", "c"] {
             recorder.publish(&ev, &regarding(name)).await.unwrap();
         }
