@@ -292,6 +292,109 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
     a.shutdown().await;
 }
 
+/// With replicas watching only their shards, an object nobody has placed yet, of a shard
+/// another holder keeps, is neither cached nor run by a replica; once that replica takes the
+/// shard, its watch relists and it runs the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_shard_is_taken() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let (_cluster, client) = cluster();
+    let passes = Passes::default();
+    // A holder that is no replica keeps the shard of `unplaced` for an hour: nobody labels
+    // its objects.
+    let kept = shard("unplaced");
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), "default");
+    let lease_name = format!("actorcile-shards-shard-{kept}");
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let mut lease = Lease {
+        spec: Some(LeaseSpec {
+            holder_identity: Some("elsewhere".into()),
+            lease_duration_seconds: Some(3600),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    lease.metadata.name = Some(lease_name.clone());
+    lease.metadata.labels = Some(
+        [
+            ("sharding.actorcile.dev/group", "actorcile-shards"),
+            ("sharding.actorcile.dev/role", "shard"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+    );
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+
+    let a = replica_watching(
+        &client,
+        "a",
+        &passes,
+        Duration::ZERO,
+        ShardWatch::HeldShards,
+    )
+    .await;
+    let others: Vec<u32> = (0..SHARDS).filter(|&s| s != kept).collect();
+    eventually("a holds every other shard", LIMIT, || async {
+        (a.shards_held() == others).then_some(())
+    })
+    .await;
+    let in_held = |prefix: &str| {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .find(|n| shard(n) != kept)
+            .unwrap()
+    };
+    // A barrier: an object created labelled for a shard a holds reaches a only through a watch
+    // that selects a's shards, so once it is Ready, a's watch follows the shards it holds.
+    let probe = in_held("probe");
+    let mut w = widget(&probe, 1);
+    let sharding = Sharding::new(SHARDS, "default");
+    w.metadata.labels = Some([sharding.label(&object_key(Some("default"), &probe))].into());
+    widgets(&client)
+        .create(&PostParams::default(), &w)
+        .await
+        .unwrap();
+    wait_ready(&client, &probe, LIMIT).await;
+
+    let placed = in_held("placed");
+    for name in ["unplaced", placed.as_str()] {
+        widgets(&client)
+            .create(&PostParams::default(), &widget(name, 1))
+            .await
+            .unwrap();
+    }
+    // The watch delivers events in order: once `placed` (created second) is Ready, a has seen
+    // `unplaced` too.
+    wait_ready(&client, &placed, LIMIT).await;
+    let cached = || a.kind_metrics()[0].objects;
+    assert_eq!(
+        cached(),
+        2,
+        "only the probe and the placed object are cached"
+    );
+    let ran = |name: &str| passes.lock().unwrap().iter().any(|p| p.1 == name);
+    assert!(!ran("unplaced"));
+    let unplaced = widgets(&client).get("unplaced").await.unwrap();
+    assert!(!unplaced.labels().contains_key(&sharding.label_key()));
+
+    // The shard comes free: a takes it, relists, and runs the object.
+    leases
+        .delete(&lease_name, &Default::default())
+        .await
+        .unwrap();
+    wait_ready(&client, "unplaced", LIMIT).await;
+    assert!(ran("unplaced"));
+    assert_eq!(a.shards_held(), (0..SHARDS).collect::<Vec<_>>());
+    eventually("every object cached", LIMIT, || async {
+        (cached() == 3).then_some(())
+    })
+    .await;
+    a.shutdown().await;
+}
+
 /// With replicas watching only their shards and a shard key from a label, an object whose key
 /// changes is moved (relabelled) by the replica that sees it, and run by the replica of its
 /// new shard.

@@ -122,9 +122,12 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     loop {
         let mut config = config.clone();
         let mut watched: Vec<u32> = Vec::new();
+        // Per shard, whether this watch selects its objects (with `ShardWatch::HeldShards`).
+        let mut selects: Option<Vec<bool>> = None;
         if let (Some((shards, key)), Some(changes)) = (&view, &mut changes) {
             changes.borrow_and_update();
             watched = shards.claimed();
+            selects = Some((0..shards.count()).map(|s| watched.contains(&s)).collect());
             if let Some(sel) = held_selector(key, &watched, shards.count()) {
                 config.label_selector = Some(match config.label_selector.take() {
                     Some(user) => format!("{user},{sel}"),
@@ -163,6 +166,13 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                 }
                 () = sleep_until(follow_at) => break,
             };
+            if let Ok(Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = &event
+                && unplaced_elsewhere(&shared, selects.as_deref(), obj)
+                && (matches!(event, Ok(Event::InitApply(_)))
+                    || shared.store.get(&key_of(obj)).is_none())
+            {
+                continue;
+            }
             apply(
                 &shared,
                 &manager,
@@ -174,6 +184,31 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
             );
         }
     }
+}
+
+/// With [`ShardWatch::HeldShards`](crate::sharding::ShardWatch::HeldShards) (`selects`: per
+/// shard, whether this watch selects its objects): whether `obj` reached this watch only
+/// because nobody has placed it yet (no shard label, or one of another shard count) and its
+/// shard is one this watch does not select. Another replica holds that shard (or will): it
+/// labels the object in its first write, which takes the object out of this watch again.
+///
+/// Such an object is skipped: not stored, not routed, not listed. Nothing here runs it, and
+/// readiness of objects in shards this replica does not hold is asked elsewhere (as
+/// `Shared::in_view` says), so a replica pays no store entry and no manager message for the two
+/// watch events (created, labelled away) of each new object of every other replica's shards.
+/// If this replica acquires the shard, the watch relists with a selector that selects it. An
+/// object already in the store (it was of a selected shard until its shard key changed) is
+/// handled as usual, so that its removal reaches the manager.
+fn unplaced_elsewhere<K: ManagedResource>(
+    shared: &Shared<K>,
+    selects: Option<&[bool]>,
+    obj: &K,
+) -> bool {
+    let (Some(scope), Some(selects)) = (&shared.shards, selects) else {
+        return false;
+    };
+    let selected = |s: u32| selects.get(s as usize).copied().unwrap_or(false);
+    !scope.labelled_shard(obj).is_some_and(selected) && !selected(scope.shard_of(obj))
 }
 
 /// A list in progress.

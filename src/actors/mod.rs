@@ -192,13 +192,21 @@ impl<K: ManagedResource> ShardScope<K> {
     /// labelled shard sees such an object, so it moves it.
     pub(crate) fn misplaced(&self, obj: &K) -> Option<(u32, Arc<str>, String)> {
         let key = self.label.as_ref()?;
-        let n = self.shards.count();
-        let labelled = obj.meta().labels.as_ref()?.get(&**key)?;
+        let shard = self.labelled_shard(obj)?;
+        let right = self.shard_of(obj);
+        (shard != right && self.shards.holds(shard)).then(|| {
+            let value = crate::sharding::label_value(right, self.shards.count());
+            (shard, key.clone(), value)
+        })
+    }
+
+    /// The shard `obj`'s shard label names, when it carries one written under this shard
+    /// count (`None` without labels, or for a label of another count: not placed).
+    pub(crate) fn labelled_shard(&self, obj: &K) -> Option<u32> {
+        let labelled = obj.meta().labels.as_ref()?.get(&**self.label.as_ref()?)?;
         let (shard, of) = labelled.split_once("-of-")?;
         let (shard, of) = (shard.parse::<u32>().ok()?, of.parse::<u32>().ok()?);
-        let right = self.shard_of(obj);
-        (of == n && shard != right && self.shards.holds(shard))
-            .then(|| (shard, key.clone(), crate::sharding::label_value(right, n)))
+        (of == self.shards.count()).then_some(shard)
     }
 
     /// The shard label `obj` must carry and does not yet (key, value), when replicas watch
