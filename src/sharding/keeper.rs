@@ -66,6 +66,8 @@ pub(crate) struct Keeper {
     held: BTreeMap<u32, Instant>,
     /// Replicas seen alive in the last round (this one included).
     replicas: usize,
+    /// Whether a round wrote this replica's member Lease yet.
+    announced: bool,
 }
 
 impl Keeper {
@@ -85,6 +87,7 @@ impl Keeper {
             observed: HashMap::new(),
             held: BTreeMap::new(),
             replicas: 1,
+            announced: false,
         }
     }
 
@@ -191,6 +194,13 @@ impl Keeper {
         let member = self.cfg.member_lease();
         if let Err(WriteError::Api(e)) = self.write(&by_name, &member, "member").await {
             tracing::warn!(error = %e, "sharding: cannot renew this replica's member Lease");
+        }
+        // The first round only announces this replica: replicas started together (a new
+        // deployment, a restart) count each other before any takes shards, rather than the
+        // first taking every shard and handing most of them on a round later, after it
+        // started their passes and listed their objects.
+        if !std::mem::replace(&mut self.announced, true) {
+            return;
         }
         let members = self
             .observed
@@ -476,8 +486,8 @@ mod tests {
         let (mut a, sa) = keeper(&client, "a");
         let (mut b, sb) = keeper(&client, "b");
         let (mut c, sc) = keeper(&client, "c");
-        // Alone, a takes everything.
-        rounds(&mut [&mut a], 1).await;
+        // Alone, a takes everything (its first round only announces it).
+        rounds(&mut [&mut a], 2).await;
         assert_eq!(a.state(), ((0..12).collect(), 1));
         assert_eq!(sa.held().len(), 12);
         // b and c join: a gives shards up, they take them; 4 each.
@@ -513,6 +523,27 @@ mod tests {
             "{:?}",
             left.elapsed()
         );
+    }
+
+    #[tokio::test]
+    async fn replicas_started_together_see_each_other_before_they_take_shards() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (mut a, _) = keeper(&client, "a");
+        let (mut b, _) = keeper(&client, "b");
+        let (mut c, _) = keeper(&client, "c");
+        rounds(&mut [&mut a, &mut b, &mut c], 1).await;
+        assert!(
+            [&a, &b, &c].iter().all(|k| k.state().0.is_empty()),
+            "the first round only announces"
+        );
+        // From their second round on, each counts three replicas and takes at most its share.
+        for k in [&mut a, &mut b, &mut c] {
+            k.round().await;
+            assert_eq!(k.state().1, 3);
+            assert_eq!(k.state().0.len(), 4);
+        }
+        disjoint_and_complete(&[a.state().0, b.state().0, c.state().0]);
     }
 
     #[tokio::test]

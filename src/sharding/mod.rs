@@ -10,8 +10,9 @@
 //! - Replicas find each other through their member Leases (`<lease_prefix>-member-<hash>`,
 //!   renewed like a shard's). Each holds at most its fair share, ⌈shards / replicas⌉: a replica
 //!   that holds more gives the excess up (highest shard numbers first), one that holds fewer
-//!   takes free or expired shards. A replica that joins therefore gets its share within a few
-//!   retry periods, and one that leaves (or dies) has its shards taken over once they are
+//!   takes free or expired shards. A replica's first round only writes its member Lease, so
+//!   replicas started together count each other before any takes shards. A replica that joins
+//!   therefore gets its share within a few retry periods, and one that leaves (or dies) has its shards taken over once they are
 //!   free (at once after a graceful release) or expired (`lease_duration` after its last
 //!   renewal, as the others observed it).
 //! - **Fencing.** A shard is the replica's only while it renewed its Lease within
@@ -28,8 +29,9 @@
 //!   shards it holds, and objects nobody has placed yet: the replica that holds an object's
 //!   shard labels it `shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>` in the same
 //!   write that adds the finalizer, and every replica's watch selects
-//!   `shard.actorcile.dev/<lease_prefix> notin (<the shards it does not hold>)`. Watch
-//!   traffic, decoding and the cache then split across replicas with the objects; the price
+//!   `shard.actorcile.dev/<lease_prefix> notin (<the shards it does not hold>)` (an object
+//!   not placed yet, of a shard it does not hold, reaches its watch and is dropped unstored).
+//!   Watch traffic, decoding and the cache then split across replicas with the objects; the price
 //!   is a relist of the held shards whenever the set of held shards changes (a takeover
 //!   starts once that list is in), and readiness of objects in other replicas' shards is
 //!   read from a watch of their kind that runs only while someone waits on such an object
@@ -136,8 +138,9 @@ impl Sharding {
     ///
     /// A program that creates many objects (a parent operator, an import job) can set it in the
     /// object it creates. Such an object is placed from its first version, so it reaches only
-    /// the replica that holds its shard; an object created without it reaches every replica
-    /// once, and leaves the others' watches when its holder labels it.
+    /// the replica that holds its shard; an object created without it reaches every replica's
+    /// watch (the others decode it and drop it), and reaches them again when its holder labels
+    /// it and it leaves their watches.
     ///
     /// ```
     /// use actorcile::sharding::{Sharding, object_key};

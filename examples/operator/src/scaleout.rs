@@ -9,7 +9,10 @@
 //!   already labelled with its shard (`Sharding::label`); per round the time until every Network is Ready and each
 //!   replica's CPU seconds (user + system, from `/proc/<pid>/stat`); then a change wave (every
 //!   Network's spec patched once) and each replica's CPU seconds for it until every Network is
-//!   Ready for its new generation, and each replica's resident memory at the end.
+//!   Ready for its new generation, and each replica's resident memory at the end. Last, a
+//!   backlog: the replicas stop, every spec changes again, and as many new replicas start
+//!   together; the time until every Network is Ready for its new generation, and each new
+//!   replica's CPU seconds from its start.
 //! - **Failover**: `--kills` times, two replicas (2 s leases): `kill -9` one, create a Network
 //!   at once, and time until it is Ready — with sharding (every replica watches everything, or
 //!   only its shards), and with leader election, warm and cold standby. A replica is started again after each
@@ -159,6 +162,23 @@ fn network(name: &str, i: usize) -> Network {
     )
 }
 
+/// Patch the spec of every one of the `n` Networks (a CIDR of its own, from `offset` within its
+/// /24), one at a time.
+async fn change_every_spec(api: &Api<Network>, n: usize, offset: u32) -> Result<(), String> {
+    for i in 0..n {
+        let cidr = format!("10.{}.{}.{offset}/25", (i / 256) % 256, i % 256);
+        let patch = serde_json::json!({"spec": {"cidr": cidr}});
+        api.patch(
+            &format!("n-{i}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// Wait until `n` Networks of `ns` are Ready (at most `limit`).
 async fn all_ready(api: &Api<Network>, n: usize, limit: Duration) -> Result<(), String> {
     let ready = |o: &Network| actorcile::status::ResourceStatus::of(o).is_ready();
@@ -229,9 +249,9 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
             args.objects, args.shards
         );
         println!(
-            "| watch | replicas | all Ready (s) | CPU s per replica | CPU s total | change wave: CPU s per replica | RSS MiB per replica |"
+            "| watch | replicas | all Ready (s) | CPU s per replica | CPU s total | change wave: CPU s per replica | backlog: all Ready (s) | backlog: CPU s per replica | RSS MiB per replica |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|");
     }
     let modes: Vec<(&str, usize)> = args
         .watch
@@ -258,26 +278,29 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let sharding = actorcile::sharding::Sharding::new(args.shards, &ns);
         create_namespace(&client, &ns).await?;
         let api: Api<Network> = Api::namespaced(client.clone(), &ns);
-        let replicas: Vec<Replica> = (0..n)
-            .map(|i| {
-                let mut a: Vec<String> = [
-                    "--namespace",
-                    &ns,
-                    "--shards",
-                    &shards,
-                    "--shards-namespace",
-                    &ns,
-                    "--identity",
-                    &format!("{ns}-{i}"),
-                ]
-                .map(String::from)
-                .to_vec();
-                if held_only {
-                    a.push("--shards-held-only".into());
-                }
-                spawn(&kubeconfig, &split_policy, &a)
-            })
-            .collect();
+        let start_replicas = |generation: usize| -> Vec<Replica> {
+            (0..n)
+                .map(|i| {
+                    let mut a: Vec<String> = [
+                        "--namespace",
+                        &ns,
+                        "--shards",
+                        &shards,
+                        "--shards-namespace",
+                        &ns,
+                        "--identity",
+                        &format!("{ns}-{generation}-{i}"),
+                    ]
+                    .map(String::from)
+                    .to_vec();
+                    if held_only {
+                        a.push("--shards-held-only".into());
+                    }
+                    spawn(&kubeconfig, &split_policy, &a)
+                })
+                .collect()
+        };
+        let replicas = start_replicas(0);
         // Wait until the shards are spread (each replica ⌈shards / n⌉ at most).
         wait_spread(&client, &ns, n, args.shards).await?;
         let started = Instant::now();
@@ -295,16 +318,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let took = started.elapsed().as_secs_f64();
         let cpu: Vec<f64> = replicas.iter().map(Replica::cpu_seconds).collect();
         // A change wave over the existing objects: every Network's spec changes once.
-        for i in 0..args.objects {
-            let patch = serde_json::json!({"spec": {"cidr": format!("10.{}.{}.0/25", (i / 256) % 256, i % 256)}});
-            api.patch(
-                &format!("n-{i}"),
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(patch),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        }
+        change_every_spec(&api, args.objects, 0).await?;
         all_current(&api, args.objects, Duration::from_secs(900)).await?;
         let wave: Vec<String> = replicas
             .iter()
@@ -315,12 +329,27 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
             .iter()
             .map(|r| format!("{:.0}", r.rss_mib()))
             .collect();
+        // A backlog, as after a restart: the replicas stop (gracefully), every spec changes
+        // again, and n new replicas start together on it.
+        for r in replicas {
+            r.stop();
+        }
+        change_every_spec(&api, args.objects, 128).await?;
+        let restarted = Instant::now();
+        let replicas = start_replicas(1);
+        all_current(&api, args.objects, Duration::from_secs(900)).await?;
+        let backlog_took = restarted.elapsed().as_secs_f64();
+        let backlog: Vec<String> = replicas
+            .iter()
+            .map(|r| format!("{:.2}", r.cpu_seconds()))
+            .collect();
         let per: Vec<String> = cpu.iter().map(|c| format!("{c:.2}")).collect();
         println!(
-            "| {watch} | {n} | {took:.1} | {} | {:.2} | {} | {} |",
+            "| {watch} | {n} | {took:.1} | {} | {:.2} | {} | {backlog_took:.1} | {} | {} |",
             per.join(" / "),
             cpu.iter().sum::<f64>(),
             wave.join(" / "),
+            backlog.join(" / "),
             rss.join(" / ")
         );
         for r in replicas {
