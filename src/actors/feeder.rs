@@ -119,7 +119,11 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     // forgets what it no longer lists). Held here means what the keeper holds, not whether a
     // renewal is late: a late renewal must not narrow the watch.
     let narrow_after = shared.policy.lease_duration * 2;
+    // Objects this watch skipped ([`unplaced_elsewhere`]), kept aside, out of the store.
+    let mut unplaced: std::collections::HashMap<ObjectRef<K>, K, ahash::RandomState> =
+        Default::default();
     loop {
+        unplaced.clear(); // the next list delivers them again
         let mut config = config.clone();
         let mut watched: Vec<u32> = Vec::new();
         // Per shard, whether this watch selects its objects (with `ShardWatch::HeldShards`).
@@ -152,8 +156,22 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                     None => return,
                 },
                 () = next_change(&mut changes) => {
-                    let Some((shards, _)) = &view else { continue };
+                    let (Some((shards, _)), Some(scope)) = (&view, &shared.shards) else {
+                        continue;
+                    };
                     let held = shards.claimed();
+                    // Set-aside objects of a shard just acquired run at once, before the relist.
+                    let taken: Vec<ObjectRef<K>> = unplaced
+                        .iter()
+                        .filter(|(_, o)| held.contains(&scope.shard_of(o)))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for key in taken {
+                        if let Some(obj) = unplaced.remove(&key) {
+                            let event = Ok(Event::Apply(obj));
+                            apply(&shared, &manager, &mut writer, event, &mut list, &mut first_list, &mut listed);
+                        }
+                    }
                     let now = tokio::time::Instant::now();
                     follow_at = if held.iter().any(|s| !watched.contains(s)) {
                         Some(now + SETTLE)
@@ -168,9 +186,15 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
             };
             if let Ok(Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = &event
                 && unplaced_elsewhere(&shared, selects.as_deref(), obj)
-                && (matches!(event, Ok(Event::InitApply(_)))
-                    || shared.store.get(&key_of(obj)).is_none())
+                && shared.store.get(&key_of(obj)).is_none()
             {
+                match event {
+                    Ok(Event::Delete(obj)) => unplaced.remove(&key_of(&obj)),
+                    Ok(Event::Apply(obj) | Event::InitApply(obj)) => {
+                        unplaced.insert(key_of(&obj), obj)
+                    }
+                    _ => None,
+                };
                 continue;
             }
             apply(
@@ -192,13 +216,15 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
 /// shard is one this watch does not select. Another replica holds that shard (or will): it
 /// labels the object in its first write, which takes the object out of this watch again.
 ///
-/// Such an object is skipped: not stored, not routed, not listed. Nothing here runs it, and
-/// readiness of objects in shards this replica does not hold is asked elsewhere (as
-/// `Shared::in_view` says), so a replica pays no store entry and no manager message for the two
-/// watch events (created, labelled away) of each new object of every other replica's shards.
-/// If this replica acquires the shard, the watch relists with a selector that selects it. An
-/// object already in the store (it was of a selected shard until its shard key changed) is
-/// handled as usual, so that its removal reaches the manager.
+/// Such an object is kept aside by the feeder, out of the store: not routed, not listed.
+/// Nothing here runs it, and readiness of objects in shards this replica does not hold is
+/// asked elsewhere (as `Shared::in_view` says), so a replica pays no store entry and no
+/// manager message for the two watch events (created, labelled away) of each new object of
+/// every other replica's shards. If this replica acquires the shard, the objects set aside for
+/// it go into the store and run at once (a takeover's newest objects wait for no relist), and
+/// the watch relists with a selector that selects the shard. An object already in the store
+/// (it was of a selected shard until its shard key changed) is handled as usual, so that its
+/// removal reaches the manager.
 fn unplaced_elsewhere<K: ManagedResource>(
     shared: &Shared<K>,
     selects: Option<&[bool]>,
