@@ -30,7 +30,8 @@
 //!   shard labels it `shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>` in the same
 //!   write that adds the finalizer, and every replica's watch selects
 //!   `shard.actorcile.dev/<lease_prefix> notin (<the shards it does not hold>)` (an object
-//!   not placed yet, of a shard it does not hold, reaches its watch and is dropped unstored).
+//!   not placed yet, of a shard it does not hold, reaches its watch and is set aside, out of
+//!   its cache, until it is labelled or the replica takes its shard).
 //!   Watch traffic, decoding and the cache then split across replicas with the objects; the price
 //!   is a relist of the held shards whenever the set of held shards changes (a takeover
 //!   starts once that list is in), and readiness of objects in other replicas' shards is
@@ -139,8 +140,8 @@ impl Sharding {
     /// A program that creates many objects (a parent operator, an import job) can set it in the
     /// object it creates. Such an object is placed from its first version, so it reaches only
     /// the replica that holds its shard; an object created without it reaches every replica's
-    /// watch (the others decode it and drop it), and reaches them again when its holder labels
-    /// it and it leaves their watches.
+    /// watch (the others decode it and set it aside, out of their caches), and reaches them
+    /// again when its holder labels it and it leaves their watches.
     ///
     /// ```
     /// use actorcile::sharding::{Sharding, object_key};
