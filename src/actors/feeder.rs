@@ -169,7 +169,8 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                     for key in taken {
                         if let Some(obj) = unplaced.remove(&key) {
                             let event = Ok(Event::Apply(obj));
-                            apply(&shared, &manager, &mut writer, event, &mut list, &mut first_list, &mut listed);
+                            let (list, first) = (&mut list, &mut first_list);
+                            apply(&shared, &manager, &mut writer, event, list, first, &mut listed);
                         }
                     }
                     let now = tokio::time::Instant::now();

@@ -12,9 +12,9 @@
 //!   that holds more gives the excess up (highest shard numbers first), one that holds fewer
 //!   takes free or expired shards. A replica's first round only writes its member Lease, so
 //!   replicas started together count each other before any takes shards. A replica that joins
-//!   therefore gets its share within a few retry periods, and one that leaves (or dies) has its shards taken over once they are
-//!   free (at once after a graceful release) or expired (`lease_duration` after its last
-//!   renewal, as the others observed it).
+//!   therefore gets its share within a few retry periods, and one that leaves (or dies) has
+//!   its shards taken over once they are free (at once after a graceful release) or expired
+//!   (`lease_duration` after its last renewal, as the others observed it).
 //! - **Fencing.** A shard is the replica's only while it renewed its Lease within
 //!   `lease_renew_deadline` of sending the renewal (the same rule as [`crate::leader`]): past
 //!   that, or once it sees another holder, or when it gives the shard up, the replica stops
@@ -31,10 +31,10 @@
 //!   write that adds the finalizer, and every replica's watch selects
 //!   `shard.actorcile.dev/<lease_prefix> notin (<the shards it does not hold>)` (an object
 //!   not placed yet, of a shard it does not hold, reaches its watch and is set aside, out of
-//!   its cache, until it is labelled or the replica takes its shard).
-//!   Watch traffic, decoding and the cache then split across replicas with the objects; the price
-//!   is a relist of the held shards whenever the set of held shards changes (a takeover
-//!   starts once that list is in), and readiness of objects in other replicas' shards is
+//!   its cache, until it is labelled or the replica takes its shard). Watch traffic,
+//!   decoding and the cache then split across replicas with the objects; the price is a relist
+//!   of the held shards whenever the set of held shards changes (a takeover starts once that
+//!   list is in), and readiness of objects in other replicas' shards is
 //!   read from a watch of their kind that runs only while someone waits on such an object
 //!   (as for kinds this runtime does not manage).
 //!
