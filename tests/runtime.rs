@@ -1250,6 +1250,70 @@ async fn passivated_actors_adopt_the_next_objects() {
     rt.shutdown().await;
 }
 
+/// A deleted object's actor goes back to the manager idle instead of stopping: sixty objects
+/// deleted through two run slots are deprovisioned once each by a handful of actors, and an
+/// object created again under a deleted one's name runs as a new object.
+#[tokio::test(start_paused = true)]
+async fn deleted_objects_hand_their_actors_back_to_the_next_activations() {
+    let (_cluster, client) = cluster();
+    let deprovisioned = Arc::new(AtomicU32::new(0));
+    let d = deprovisioned.clone();
+    let log = RunLog::default();
+    let l = log.clone();
+    let tree = step("log", move |cx: Context<Widget>| {
+        let log = l.clone();
+        async move {
+            let i = log.start(&cx.object().name_any());
+            log.end(i);
+            Outcome::Done
+        }
+    })
+    .on_delete(move |_cx: Context<Widget>| {
+        let d = d.clone();
+        async move {
+            d.fetch_add(1, Ordering::SeqCst);
+            Outcome::Done
+        }
+    });
+    let mut policy = passivating(Duration::from_secs(5));
+    policy.max_concurrent_runs = 2;
+    let rt = start_widgets(&client, policy, tree).await;
+    for i in 0..60 {
+        create(&client, &format!("r{i}"), 1).await;
+    }
+    wait_all_ready(&client, 60, LIMIT).await;
+    eventually("all passive", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    let before = rt.metrics();
+    for i in 0..60 {
+        delete(&client, &format!("r{i}")).await;
+    }
+    for i in 0..60 {
+        wait_gone(&client, &format!("r{i}"), LIMIT).await;
+    }
+    eventually("no live actor", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    let m = rt.metrics();
+    assert_eq!(deprovisioned.load(Ordering::SeqCst), 60);
+    assert!(
+        m.spawns <= before.spawns + 6,
+        "the deletions were served by actors handed back, not new ones: {before:?} then {m:?}"
+    );
+    create(&client, "r0", 1).await;
+    wait_ready(&client, "r0", LIMIT).await;
+    assert_eq!(log.count("r0"), 2, "the new r0 ran");
+    assert_eq!(
+        rt.metrics().spawns,
+        m.spawns,
+        "the new r0 adopted an idle actor"
+    );
+    rt.shutdown().await;
+}
+
 /// An actor that passivated with a wake-up pending hands the wake-up to the manager; when the
 /// actor then adopts another object, the earlier object's timer reaches the earlier object (by
 /// way of the manager), never the one the actor serves now.

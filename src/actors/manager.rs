@@ -15,7 +15,8 @@
 //! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
 //!
 //! An activation goes to an idle actor (one that passivated and handed its object back,
-//! [`ManagerMsg::Passivated`]) when there is one: it *adopts* the activation. An actor is
+//! [`ManagerMsg::Passivated`], or whose object was deleted, [`ManagerMsg::Vacated`]) when there
+//! is one: it *adopts* the activation. An actor is
 //! spawned only when none is idle and none is on its way back (a hand-back waiting in the
 //! mailbox: the activation waits for it). Spawning and stopping an actor per activation
 //! (allocations, a task, the link, and two supervision events through this one serial mailbox)
@@ -342,11 +343,7 @@ impl<K: ManagedResource> Manager<K> {
     ) {
         let id = actor.get_id();
         let key = self.retire(st, id);
-        if st.idle.len() < self.idle_bound() {
-            st.idle.push(actor);
-        } else {
-            actor.stop(Some("idle".into()));
-        }
+        self.keep_idle(st, actor);
         if let Some(key) = key {
             let notified = match st.objects.get(&key).map(|s| &s.life) {
                 Some(Life::Live { id: live, notified }) if *live == id => Some(*notified),
@@ -358,6 +355,44 @@ impl<K: ManagedResource> Manager<K> {
         }
         // An actor is at hand now for an activation that waited for one.
         self.drain(myself, st);
+    }
+
+    /// A resource actor's object is gone ([`ManagerMsg::Vacated`]): forget the object, keep the
+    /// actor for the next activation (or stop it past [`Manager::idle_bound`]). An object
+    /// re-created under the same name meanwhile is in the store: it is activated (its events
+    /// may have been routed to the actor before it vacated, which ignores them).
+    fn vacated(
+        &self,
+        myself: &ActorRef<MailWaiting>,
+        st: &mut ManagerState<K>,
+        actor: ActorRef<ResourceMsg<K>>,
+    ) {
+        let id = actor.get_id();
+        let key = self.retire(st, id);
+        self.keep_idle(st, actor);
+        if let Some(key) = key {
+            if matches!(
+                st.objects.get(&key).map(|s| &s.life),
+                Some(Life::Live { id: live, .. }) if *live == id
+            ) {
+                st.objects.remove(&key);
+            }
+            if !st.objects.contains_key(&key) && self.shared.store.get(&key).is_some() {
+                self.activate(myself, st, key, None, false);
+            }
+        }
+        // An actor is at hand now for an activation that waited for one.
+        self.drain(myself, st);
+    }
+
+    /// Keep `actor`, which serves nothing now, idle for the next activation, or stop it past
+    /// [`Manager::idle_bound`].
+    fn keep_idle(&self, st: &mut ManagerState<K>, actor: ActorRef<ResourceMsg<K>>) {
+        if st.idle.len() < self.idle_bound() {
+            st.idle.push(actor);
+        } else {
+            actor.stop(Some("idle".into()));
+        }
     }
 
     /// An actor stopped or failed: drop its route, and return its object's key (`None` if the
@@ -486,8 +521,9 @@ impl<K: ManagedResource> Manager<K> {
                     st.idle.retain(|a| a.get_id() != id);
                     return Ok(());
                 };
-                // A serving actor stops only when its object is gone (or at shutdown): forget
-                // the object. (Passivation hands the object back without stopping.)
+                // A serving actor stops only at shutdown, or when the manager's mailbox is
+                // closed: forget the object. (Passivation and a deleted object hand the actor
+                // back without stopping.)
                 if matches!(
                     st.objects.get(&key).map(|s| &s.life),
                     Some(Life::Live { id: live, .. }) if *live == id
@@ -771,6 +807,7 @@ impl<K: ManagedResource> Manager<K> {
                 }
             }
             ManagerMsg::Passivated(actor, ps) => self.passivated(myself, st, actor, ps),
+            ManagerMsg::Vacated(actor) => self.vacated(myself, st, actor),
             ManagerMsg::Drain => {
                 st.drain_scheduled = false;
                 self.drain(myself, st);

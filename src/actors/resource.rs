@@ -12,6 +12,10 @@
 //! the manager gives it another activation ([`ResourceMsg::Adopt`]) or stops it. Its wake-up
 //! tokens carry on across activations, so a timer armed for an earlier object that is delivered
 //! late is stale to the next one.
+//!
+//! Deletion: when its object is gone from the API ([`ResourceMsg::Gone`]) the actor removes its
+//! route and goes back to the manager idle the same way ([`ManagerMsg::Vacated`]), with nothing
+//! to hand back: the manager forgets the object.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -286,10 +290,10 @@ impl<K: ManagedResource> ResourceActor<K> {
     }
 
     /// An activation's first pass, if its object has news (or a pass was pending), then
-    /// passivation if nothing is due soon. An object gone meanwhile stops the actor.
+    /// passivation if nothing is due soon. An object gone meanwhile vacates the actor.
     async fn first_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         match &st.object {
-            None => myself.stop(Some("gone".into())),
+            None => self.vacate(myself, st),
             Some(obj) => {
                 if st.dirty || st.is_news(version_of(obj.as_ref())) {
                     // The first pass runs right here, on the manager's run slot (no `Run` hop);
@@ -331,6 +335,35 @@ impl<K: ManagedResource> ResourceActor<K> {
             pending_run: st.dirty || st.run_pending,
         };
         // The manager keeps the wake-up now (the actor's timer would reach the next object).
+        self.let_go(myself, st);
+        Metrics::inc(&self.shared.metrics.passivations);
+        if !st
+            .manager
+            .send_back(ManagerMsg::Passivated(myself.clone(), state))
+        {
+            myself.stop(Some("the manager stopped".into()));
+        }
+    }
+
+    /// The object is gone from the API: remove the route, keep nothing of the object, and hand
+    /// the actor back to the manager idle ([`ManagerMsg::Vacated`]), ready to adopt the next
+    /// activation. Stopping instead cost a spawn for the next activation and two supervision
+    /// events through the manager's mailbox per deleted object. What was routed here before
+    /// the route went is stale, and an idle actor ignores it: the manager looks at the store
+    /// for an object re-created under the same name.
+    fn vacate(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        let id = myself.get_id();
+        self.shared
+            .routes
+            .remove_if(&st.key, |_, a| a.get_id() == id);
+        self.let_go(myself, st);
+        if !st.manager.send_back(ManagerMsg::Vacated(myself.clone())) {
+            myself.stop(Some("the manager stopped".into()));
+        }
+    }
+
+    /// Keep nothing of the object served (its wake-up is cancelled): the actor serves none now.
+    fn let_go(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         self.cancel_wake(myself, st);
         st.serving = false;
         st.dirty = false;
@@ -340,14 +373,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.last_outcome = None;
         st.error_backoff = None;
         st.permit = None;
-        Metrics::inc(&self.shared.metrics.passivations);
         Metrics::dec(&self.shared.metrics.live_actors);
-        if !st
-            .manager
-            .send_back(ManagerMsg::Passivated(myself.clone(), state))
-        {
-            myself.stop(Some("the manager stopped".into()));
-        }
     }
 
     fn context(
@@ -875,6 +901,11 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if !st.serving && !matches!(msg, ResourceMsg::Adopt(_)) {
+            // Idle: routed here for the object it served, or a stale timer or slot (a slot's
+            // permit is released as it drops).
+            return Ok(());
+        }
         match msg {
             ResourceMsg::Observed(obj) => {
                 let news = st.is_news(version_of(obj.as_ref()));
@@ -884,8 +915,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                 }
             }
             ResourceMsg::Gone => {
-                st.object = None;
-                myself.stop(Some("gone".into()));
+                self.vacate(&myself, st);
                 return Ok(());
             }
             ResourceMsg::Run => {

@@ -59,6 +59,10 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// next activation needs. The manager re-activates the object if anything came in
     /// meanwhile, and gives the actor the next activation (or keeps it idle, or stops it).
     Passivated(ActorRef<ResourceMsg<K>>, PassiveState),
+    /// A resource actor's object is gone from the API: the actor serves nothing now. The
+    /// manager forgets the object and gives the actor the next activation (or keeps it idle, or
+    /// stops it), as after [`ManagerMsg::Passivated`].
+    Vacated(ActorRef<ResourceMsg<K>>),
     /// Self-message: the live-actor cap lets the next queued activation start now (see
     /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
     Drain,

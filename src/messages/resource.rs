@@ -12,7 +12,8 @@ use super::{PassiveState, RunSlot, TimerMsg};
 pub enum ResourceMsg<K: kube::Resource<DynamicType = ()>> {
     /// The watch feeder observed a new version of the object.
     Observed(Arc<K>),
-    /// The object is gone from the API: stop and be forgotten.
+    /// The object is gone from the API: keep nothing of it and go back to the manager idle
+    /// ([`ManagerMsg::Vacated`](super::ManagerMsg::Vacated)).
     Gone,
     /// Self-message: run a pass now if one is due (coalesces any number of triggers).
     Run,
