@@ -31,6 +31,9 @@ fi
 # Offline: the advisories check needs the RustSec database from GitHub, which these machines
 # cannot reach, so it is not run here (deny.toml says so too).
 echo "note: cargo deny check advisories is skipped: its database cannot be fetched on this machine"
+# cargo deny reads the metadata of every target's dependencies; the builds above only fetched
+# this machine's.
+cargo fetch --locked
 "$deny_root/bin/cargo-deny" --offline check licenses bans sources
 
 if ! command -v cargo-nextest >/dev/null 2>&1; then
