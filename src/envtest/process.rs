@@ -44,14 +44,27 @@ pub(crate) enum SpawnMode {
     Detached,
 }
 
-/// `N` distinct free TCP ports on 127.0.0.1 (free when asked; the components bind them shortly after).
+/// `N` distinct free TCP ports on 127.0.0.1 (free when asked; the components bind them shortly
+/// after), below the kernel's ephemeral range when there is room: a port from that range can be
+/// taken, while its component is down, as the local port of any outbound connection on the
+/// machine, and a restart then cannot bind it again.
 pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], EnvtestError> {
     // Hold every listener until all ports are known, so that no port is handed out twice.
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0u16; N];
+    let below = ephemeral_start().filter(|&low| low > FIXED_PORTS_FROM + 1000);
     for port in &mut ports {
-        let l = std::net::TcpListener::bind(("127.0.0.1", 0))
-            .map_err(|e| EnvtestError::io("finding a free loopback port", e))?;
+        let fixed = below.and_then(|low| {
+            (0..200).find_map(|_| {
+                let p = fastrand::u16(FIXED_PORTS_FROM..low);
+                std::net::TcpListener::bind(("127.0.0.1", p)).ok()
+            })
+        });
+        let l = match fixed {
+            Some(l) => l,
+            None => std::net::TcpListener::bind(("127.0.0.1", 0))
+                .map_err(|e| EnvtestError::io("finding a free loopback port", e))?,
+        };
         *port = l
             .local_addr()
             .map_err(|e| EnvtestError::io("finding a free loopback port", e))?
@@ -59,6 +72,20 @@ pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], EnvtestError> {
         listeners.push(l);
     }
     Ok(ports)
+}
+
+/// The lowest port [`free_ports`] picks outside the ephemeral range (clear of the well-known
+/// and most registered service ports).
+const FIXED_PORTS_FROM: u16 = 20000;
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`), if readable.
+fn ephemeral_start() -> Option<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 pub(crate) fn etcd_args(work: &WorkDir, ports: &Ports) -> Vec<OsString> {
@@ -451,6 +478,12 @@ mod tests {
             .iter()
             .map(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).unwrap())
             .collect();
+        if let Some(low) = ephemeral_start().filter(|&low| low > FIXED_PORTS_FROM + 1000) {
+            assert!(
+                ports.iter().all(|p| (FIXED_PORTS_FROM..low).contains(p)),
+                "{ports:?} not below the ephemeral range starting at {low}"
+            );
+        }
     }
 
     #[test]
