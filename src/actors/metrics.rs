@@ -61,8 +61,8 @@ pub struct MetricsSnapshot {
     /// Activations: an actor began serving an object (its first activation, a re-activation
     /// after passivation, or a restart).
     pub activations: u64,
-    /// Resource actors spawned. Most activations spawn none: an actor that passivated adopts
-    /// the next activation.
+    /// Resource actors spawned. Most activations spawn none: an actor that passivated, or whose
+    /// object was deleted, adopts the next activation.
     pub spawns: u64,
     /// Status patches refused because the object changed since the pass read it (the object
     /// runs again on the newer version).
