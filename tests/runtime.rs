@@ -1202,6 +1202,25 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     rt.shutdown().await;
 }
 
+/// A runtime with two run slots over sixty objects `r0`…`r59`, each Ready and passive.
+async fn sixty_passive_objects(
+    client: &kube::Client,
+    tree: impl Provisioner<Widget> + 'static,
+) -> RuntimeHandle {
+    let mut policy = passivating(Duration::from_secs(5));
+    policy.max_concurrent_runs = 2;
+    let rt = start_widgets(client, policy, tree).await;
+    for i in 0..60 {
+        create(client, &format!("r{i}"), 1).await;
+    }
+    wait_all_ready(client, 60, LIMIT).await;
+    eventually("all passive", LIMIT, || async {
+        (rt.metrics().live_actors == 0).then_some(())
+    })
+    .await;
+    rt
+}
+
 /// Passivated actors adopt the next activations instead of new actors being spawned: sixty
 /// objects through two run slots spawn a handful of actors, every object still runs once per
 /// change, and no two runs of one object overlap.
@@ -1209,17 +1228,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
 async fn passivated_actors_adopt_the_next_objects() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_runs = 2;
-    let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
-    for i in 0..60 {
-        create(&client, &format!("r{i}"), 1).await;
-    }
-    wait_all_ready(&client, 60, LIMIT).await;
-    eventually("all passive", LIMIT, || async {
-        (rt.metrics().live_actors == 0).then_some(())
-    })
-    .await;
+    let rt = sixty_passive_objects(&client, logging_step(log.clone())).await;
     let m = rt.metrics();
     assert_eq!((m.activations, m.passivations), (60, 60), "{m:?}");
     assert!(
@@ -1275,17 +1284,7 @@ async fn deleted_objects_hand_their_actors_back_to_the_next_activations() {
             Outcome::Done
         }
     });
-    let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_runs = 2;
-    let rt = start_widgets(&client, policy, tree).await;
-    for i in 0..60 {
-        create(&client, &format!("r{i}"), 1).await;
-    }
-    wait_all_ready(&client, 60, LIMIT).await;
-    eventually("all passive", LIMIT, || async {
-        (rt.metrics().live_actors == 0).then_some(())
-    })
-    .await;
+    let rt = sixty_passive_objects(&client, tree).await;
     let before = rt.metrics();
     for i in 0..60 {
         delete(&client, &format!("r{i}")).await;
