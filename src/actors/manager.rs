@@ -16,12 +16,12 @@
 //!
 //! An activation goes to an idle actor (one that passivated and handed its object back,
 //! [`ManagerMsg::Passivated`], or whose object was deleted, [`ManagerMsg::Vacated`]) when there
-//! is one: it *adopts* the activation. An actor is
-//! spawned only when none is idle and none is on its way back (a hand-back waiting in the
-//! mailbox: the activation waits for it). Spawning and stopping an actor per activation
-//! (allocations, a task, the link, and two supervision events through this one serial mailbox)
-//! made the manager the bottleneck of the first passes; adopting costs two mailbox messages. At
-//! most [`Manager::idle_bound`] idle actors are kept; one past it is stopped.
+//! is one: it *adopts* the activation. An actor is spawned only when none is idle and none is on
+//! its way back (a hand-back waiting in the mailbox: the activation waits for it). Spawning and
+//! stopping an actor per activation (allocations, a task, the link, and two supervision events
+//! through this one serial mailbox) made the manager the bottleneck of the first passes;
+//! adopting costs two mailbox messages. At most [`Manager::idle_bound`] idle actors are kept;
+//! one past it is stopped.
 //!
 //! Every [`ManagerMsg`] reaches the manager through its batching [`mailbox`], not ractor's
 //! message port: one ractor receive hands over a batch. Supervision events of the resource
