@@ -52,11 +52,11 @@ pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], EnvtestError> {
     // Hold every listener until all ports are known, so that no port is handed out twice.
     let mut listeners = Vec::with_capacity(N);
     let mut ports = [0u16; N];
-    let below = ephemeral_start().filter(|&low| low > FIXED_PORTS_FROM + 1000);
+    let range = fixed_ports();
     for port in &mut ports {
-        let fixed = below.and_then(|low| {
+        let fixed = range.clone().and_then(|range| {
             (0..200).find_map(|_| {
-                let p = fastrand::u16(FIXED_PORTS_FROM..low);
+                let p = fastrand::u16(range.clone());
                 std::net::TcpListener::bind(("127.0.0.1", p)).ok()
             })
         });
@@ -77,6 +77,14 @@ pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], EnvtestError> {
 /// The lowest port [`free_ports`] picks outside the ephemeral range (clear of the well-known
 /// and most registered service ports).
 const FIXED_PORTS_FROM: u16 = 20000;
+
+/// Where [`free_ports`] picks from: [`FIXED_PORTS_FROM`] up to the kernel's ephemeral range,
+/// when that leaves room for at least 1000 ports.
+fn fixed_ports() -> Option<std::ops::Range<u16>> {
+    ephemeral_start()
+        .filter(|&low| low > FIXED_PORTS_FROM + 1000)
+        .map(|low| FIXED_PORTS_FROM..low)
+}
 
 /// The first port of the kernel's ephemeral range (`ip_local_port_range`), if readable.
 fn ephemeral_start() -> Option<u16> {
@@ -478,10 +486,10 @@ mod tests {
             .iter()
             .map(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).unwrap())
             .collect();
-        if let Some(low) = ephemeral_start().filter(|&low| low > FIXED_PORTS_FROM + 1000) {
+        if let Some(range) = fixed_ports() {
             assert!(
-                ports.iter().all(|p| (FIXED_PORTS_FROM..low).contains(p)),
-                "{ports:?} not below the ephemeral range starting at {low}"
+                ports.iter().all(|p| range.contains(p)),
+                "{ports:?} not in {range:?}, below the ephemeral range"
             );
         }
     }
