@@ -75,9 +75,14 @@ async fn main() {
             async move {
                 let mut s = Slot::new(&format!("s{i}"), SlotSpec { n: i });
                 s.metadata.namespace = Some("default".into());
-                api.create(&PostParams::default(), &s)
-                    .await
-                    .expect("create");
+                // Created by another field manager than the writes below, as the bench's objects
+                // are (`actorcile bench` creates them as `actorcile-bench-setup`): each status
+                // write then adds its own `managedFields` entry, as a runtime's does.
+                let created_by = PostParams {
+                    field_manager: Some("actorcile-bench-setup".into()),
+                    ..PostParams::default()
+                };
+                api.create(&created_by, &s).await.expect("create");
             }
         })
         .await;

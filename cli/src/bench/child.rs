@@ -34,6 +34,14 @@ use super::{
 /// How many set-up requests (creates, churn updates) are in flight at once.
 const SETUP_PARALLELISM: usize = 64;
 
+/// The field manager the bench objects are created by: someone other than the runtime under
+/// test, as a user's `kubectl` or a GitOps tool would be. A runtime's first write to an object
+/// then adds its own `managedFields` entry, as it does in a real cluster. Without a name, the
+/// API server records both the creator and a runtime that sends none (kube-runtime's
+/// `PatchParams::default()`) as `unknown` and merges their entries, which makes that runtime's
+/// writes smaller and cheaper than actorcile's (which name their manager).
+const SETUP_FIELD_MANAGER: &str = "actorcile-bench-setup";
+
 /// Runs `runtime` on the workload of `args` in this process and returns its result.
 pub fn run(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -566,6 +574,13 @@ async fn observe_events(mut events: WatchEvents, recorder: Arc<Recorder>) {
     }
 }
 
+fn setup_post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(SETUP_FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    }
+}
+
 /// Creates `count` bench objects, `SETUP_PARALLELISM` at a time; with `chain_length`, as
 /// dependency chains (see [`chain_spec`]), in index order: dependents first.
 async fn create_objects(
@@ -592,7 +607,7 @@ async fn create_objects(
                 // A create retried after a lost answer finds its object there: 409 is done.
                 let what = format!("creating {}", object_name(i));
                 crate::retry::idempotent(&what, Some(409), || async {
-                    api.create(&PostParams::default(), &obj).await.map(drop)
+                    api.create(&setup_post_params(), &obj).await.map(drop)
                 })
                 .await
             }
@@ -720,5 +735,55 @@ mod tests {
         })
         .await
         .expect("bounded");
+    }
+
+    /// The bench objects are created under their own field manager, not actorcile's nor none
+    /// (which the API server would record as `unknown`, like a runtime that names none).
+    #[tokio::test]
+    async fn objects_are_created_by_the_setup_field_manager() {
+        use http::{Request, Response, StatusCode};
+        use kube::client::Body;
+        use std::sync::Mutex;
+        let queries = Arc::new(Mutex::new(Vec::new()));
+        let seen = queries.clone();
+        let client = Client::new(
+            tower::service_fn(move |req: Request<Body>| {
+                let seen = seen.clone();
+                async move {
+                    assert_eq!(req.method(), http::Method::POST);
+                    seen.lock()
+                        .unwrap()
+                        .push(req.uri().query().map(str::to_string));
+                    let body = http_body_util::BodyExt::collect(req.into_body())
+                        .await
+                        .unwrap()
+                        .to_bytes();
+                    let answer = Response::builder()
+                        .status(StatusCode::CREATED)
+                        .body(Body::from(body.to_vec()))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(answer)
+                }
+            }),
+            "default",
+        );
+        let api: Api<BenchObject> = Api::namespaced(client, "default");
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            create_objects(&api, 3, None, &ProgressBar::hidden()),
+        )
+        .await
+        .expect("bounded")
+        .unwrap();
+        let queries = queries.lock().unwrap();
+        assert_eq!(queries.len(), 3);
+        for query in queries.iter() {
+            let query = query.as_deref().unwrap_or_default();
+            assert!(
+                query.contains("fieldManager=actorcile-bench-setup"),
+                "{query}"
+            );
+        }
+        assert_ne!(SETUP_FIELD_MANAGER, actorcile::FIELD_MANAGER);
     }
 }
