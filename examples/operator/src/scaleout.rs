@@ -12,7 +12,10 @@
 //!   Ready for its new generation, and each replica's resident memory at the end. Last, a
 //!   backlog: the replicas stop, every spec changes again, and as many new replicas start
 //!   together; the time until every Network is Ready for its new generation, and each new
-//!   replica's CPU seconds from its start.
+//!   replica's CPU seconds from its start. With `--rounds N` every replica count is measured
+//!   N times, alternating, and a summary gives each replica's CPU as a share of the one
+//!   replica's in the same round (median and range over rounds): this machine's speed drifts
+//!   more between rounds than the difference being measured.
 //! - **Failover**: `--kills` times, two replicas (2 s leases): `kill -9` one, create a Network
 //!   at once, and time until it is Ready — with sharding (every replica watches everything, or
 //!   only its shards), and with leader election, warm and cold standby. A replica is started again after each
@@ -40,6 +43,11 @@ pub struct ScaleoutArgs {
     /// Replica counts of the CPU-split rounds.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     replicas: Vec<usize>,
+    /// Times each watch mode's replica counts are measured, one after the other (1, 2, 3, 1,
+    /// 2, 3, …). With more than one, a summary follows: each replica's CPU as a share of the
+    /// one replica's in the same round, the median over rounds and the range.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Kills per failover mode (0: no failover figures).
     #[arg(long, default_value_t = 10)]
     kills: usize,
@@ -65,8 +73,8 @@ pub struct ScaleoutArgs {
     failover: Vec<String>,
 }
 
-/// A replica process, killed when dropped.
-struct Replica(Child);
+/// A replica process, killed when dropped, and the port of its admin server.
+struct Replica(Child, u16);
 
 impl Drop for Replica {
     fn drop(&mut self) {
@@ -102,6 +110,23 @@ impl Replica {
             / 1024.0
     }
 
+    /// The sum of the counter `name`'s samples (`<name>_total{…}`) on the replica's `/metrics`.
+    async fn counter(&self, name: &str) -> Result<f64, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.1))
+            .await
+            .map_err(|e| format!("the replica's /metrics: {e}"))?;
+        let req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(counter_total(&text, name))
+    }
+
     fn stop(mut self) {
         // SAFETY: signalling a child process we own.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
@@ -132,7 +157,17 @@ fn spawn(kubeconfig: &Path, policy: &Path, args: &[String]) -> Replica {
         .stderr(Stdio::null())
         .spawn()
         .expect("start a replica");
-    Replica(child)
+    Replica(child, port)
+}
+
+/// The sum of the samples of counter `name` (`<name>_total`, any labels) in an OpenMetrics text.
+fn counter_total(text: &str, name: &str) -> f64 {
+    let series = format!("{name}_total");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series.as_str()))
+        .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        .filter_map(|rest| rest.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 /// A real etcd + kube-apiserver with the example's CRDs.
@@ -253,12 +288,14 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         );
         println!("|---|---|---|---|---|---|---|---|---|");
     }
-    let modes: Vec<(&str, usize)> = args
+    let modes: Vec<(&str, usize, usize)> = args
         .watch
         .iter()
-        .flat_map(|w| rounds.iter().map(move |&n| (w.as_str(), n)))
+        .flat_map(|w| (1..=args.rounds).map(move |r| (w.as_str(), r)))
+        .flat_map(|(w, r)| rounds.iter().map(move |&n| (w, r, n)))
         .collect();
-    for (watch, n) in modes {
+    let mut measured: Vec<Split> = Vec::new();
+    for (watch, round, n) in modes {
         let (held_only, labelled) = match watch {
             "everything" => (false, false),
             "held" => (true, false),
@@ -317,13 +354,19 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         all_ready(&api, args.objects, Duration::from_secs(900)).await?;
         let took = started.elapsed().as_secs_f64();
         let cpu: Vec<f64> = replicas.iter().map(Replica::cpu_seconds).collect();
+        // The work behind it, as each replica counted it.
+        let mut work = Vec::new();
+        for r in &replicas {
+            let passes = r.counter("actorcile_runs").await?;
+            work.push((passes, r.counter("actorcile_api_requests").await?));
+        }
         // A change wave over the existing objects: every Network's spec changes once.
         change_every_spec(&api, args.objects, 0).await?;
         all_current(&api, args.objects, Duration::from_secs(900)).await?;
-        let wave: Vec<String> = replicas
+        let wave: Vec<f64> = replicas
             .iter()
             .zip(&cpu)
-            .map(|(r, before)| format!("{:.2}", r.cpu_seconds() - before))
+            .map(|(r, before)| r.cpu_seconds() - before)
             .collect();
         let rss: Vec<String> = replicas
             .iter()
@@ -339,21 +382,73 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let replicas = start_replicas(1);
         all_current(&api, args.objects, Duration::from_secs(900)).await?;
         let backlog_took = restarted.elapsed().as_secs_f64();
-        let backlog: Vec<String> = replicas
-            .iter()
-            .map(|r| format!("{:.2}", r.cpu_seconds()))
-            .collect();
-        let per: Vec<String> = cpu.iter().map(|c| format!("{c:.2}")).collect();
+        let backlog: Vec<f64> = replicas.iter().map(Replica::cpu_seconds).collect();
+        let label = if args.rounds > 1 {
+            format!("{watch} (round {round})")
+        } else {
+            watch.to_string()
+        };
         println!(
-            "| {watch} | {n} | {took:.1} | {} | {:.2} | {} | {backlog_took:.1} | {} | {} |",
-            per.join(" / "),
+            "| {label} | {n} | {took:.1} | {} | {:.2} | {} | {backlog_took:.1} | {} | {} |",
+            fmt2(&cpu),
             cpu.iter().sum::<f64>(),
-            wave.join(" / "),
-            backlog.join(" / "),
+            fmt2(&wave),
+            fmt2(&backlog),
             rss.join(" / ")
         );
+        measured.push(Split {
+            watch: watch.to_string(),
+            round,
+            replicas: n,
+            phases: [cpu, wave, backlog],
+            work,
+        });
         for r in replicas {
             r.stop();
+        }
+    }
+    if !measured.is_empty() {
+        println!();
+        println!(
+            "Work per replica to create and converge, from each replica's /metrics: passes (`actorcile_runs_total`), API requests (`actorcile_api_requests_total`, Lease renewals included)"
+        );
+        println!("| watch | replicas | passes per replica | API requests per replica |");
+        println!("|---|---|---|---|");
+        for m in &measured {
+            let (passes, requests): (Vec<f64>, Vec<f64>) = m.work.iter().copied().unzip();
+            let label = if args.rounds > 1 {
+                format!("{} (round {})", m.watch, m.round)
+            } else {
+                m.watch.clone()
+            };
+            let count = |v: &[f64]| {
+                v.iter()
+                    .map(|c| format!("{c:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
+            println!(
+                "| {label} | {} | {} | {} |",
+                m.replicas,
+                count(&passes),
+                count(&requests)
+            );
+        }
+    }
+    if args.rounds > 1 {
+        println!();
+        println!(
+            "Per replica, as a share of the same round's one replica's CPU: median over {} rounds (range)",
+            args.rounds
+        );
+        println!("| watch | replicas | create and converge | change wave | backlog |");
+        println!("|---|---|---|---|---|");
+        for (watch, n, cells) in shares(&measured) {
+            let cells: Vec<String> = cells
+                .iter()
+                .map(|(median, lo, hi)| format!("{median:.2} ({lo:.2}–{hi:.2})"))
+                .collect();
+            println!("| {watch} | {n} | {} |", cells.join(" | "));
         }
     }
 
@@ -379,6 +474,76 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// One CPU-split measurement: per phase (create and converge, change wave, backlog), each
+/// replica's CPU seconds; and each replica's passes and API requests to create and converge.
+struct Split {
+    watch: String,
+    round: usize,
+    replicas: usize,
+    phases: [Vec<f64>; 3],
+    work: Vec<(f64, f64)>,
+}
+
+/// A share's median, minimum and maximum.
+type Spread = (f64, f64, f64);
+
+/// Per watch mode and replica count above one: per phase, every replica's CPU as a share of
+/// the one replica's in the same round, as a [`Spread`] over rounds and replicas.
+/// Measurements without a one-replica round of their own are left out.
+fn shares(measured: &[Split]) -> Vec<(String, usize, [Spread; 3])> {
+    let mut keys: Vec<(&str, usize)> = Vec::new();
+    for m in measured.iter().filter(|m| m.replicas > 1) {
+        if !keys.contains(&(m.watch.as_str(), m.replicas)) {
+            keys.push((m.watch.as_str(), m.replicas));
+        }
+    }
+    let mut out = Vec::new();
+    for (watch, n) in keys {
+        let mut per_phase: [Vec<f64>; 3] = Default::default();
+        for m in measured
+            .iter()
+            .filter(|m| m.watch == watch && m.replicas == n)
+        {
+            let Some(one) = measured
+                .iter()
+                .find(|o| o.watch == watch && o.round == m.round && o.replicas == 1)
+            else {
+                continue;
+            };
+            for (phase, shares) in per_phase.iter_mut().enumerate() {
+                let base = one.phases[phase][0];
+                shares.extend(m.phases[phase].iter().map(|c| c / base));
+            }
+        }
+        if per_phase[0].is_empty() {
+            continue;
+        }
+        let cells = per_phase.map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            (median(&v), v[0], v[v.len() - 1])
+        });
+        out.push((watch.to_string(), n, cells));
+    }
+    out
+}
+
+/// The median of sorted, non-empty `v` (the mean of the middle two of an even count).
+fn median(v: &[f64]) -> f64 {
+    let m = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[m - 1] + v[m]) / 2.0
+    } else {
+        v[m]
+    }
+}
+
+fn fmt2(v: &[f64]) -> String {
+    v.iter()
+        .map(|c| format!("{c:.2}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 /// The median (the upper one of an even count) and the maximum.
@@ -547,4 +712,70 @@ async fn failover(
         r.stop();
     }
     Ok(times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(watch: &str, round: usize, cpu: &[f64]) -> Split {
+        Split {
+            watch: watch.into(),
+            round,
+            replicas: cpu.len(),
+            phases: [
+                cpu.to_vec(),
+                cpu.iter().map(|c| c / 2.0).collect(),
+                cpu.to_vec(),
+            ],
+            work: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn shares_are_against_the_same_rounds_one_replica() {
+        let measured = [
+            split("held", 1, &[9.0]),
+            split("held", 1, &[3.0, 4.5, 6.0]),
+            split("held", 2, &[6.0]),
+            split("held", 2, &[2.0, 3.0, 3.0]),
+            // No one-replica round 3: left out.
+            split("held", 3, &[100.0, 100.0, 100.0]),
+            split("everything", 1, &[8.0]),
+            split("everything", 1, &[4.0, 4.0]),
+        ];
+        let out = shares(&measured);
+        assert_eq!(out.len(), 2);
+        let (watch, n, cells) = &out[0];
+        assert_eq!((watch.as_str(), *n), ("held", 3));
+        // Round 1: 1/3, 1/2, 2/3; round 2: 1/3, 1/2, 1/2.
+        for (median, lo, hi) in cells {
+            assert!((median - 0.5).abs() < 1e-9, "{median}");
+            assert!((lo - 1.0 / 3.0).abs() < 1e-9, "{lo}");
+            assert!((hi - 2.0 / 3.0).abs() < 1e-9, "{hi}");
+        }
+        let (watch, n, cells) = &out[1];
+        assert_eq!((watch.as_str(), *n), ("everything", 2));
+        assert_eq!(cells[0], (0.5, 0.5, 0.5));
+    }
+
+    #[test]
+    fn counters_are_summed_over_their_labels() {
+        let text = "# TYPE actorcile_runs counter\n\
+            actorcile_runs_total{controller=\"Network\",result=\"ready\"} 3300\n\
+            actorcile_runs_total{controller=\"Network\",result=\"waiting\"} 34\n\
+            actorcile_runs_created 1.7e9\n\
+            actorcile_runs_waiting 0\n\
+            actorcile_api_requests_total{verb=\"PATCH\",code=\"200\"} 7\n\
+            # EOF\n";
+        assert_eq!(counter_total(text, "actorcile_runs"), 3334.0);
+        assert_eq!(counter_total(text, "actorcile_api_requests"), 7.0);
+        assert_eq!(counter_total(text, "actorcile_restarts"), 0.0);
+    }
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
+        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
+    }
 }
