@@ -48,6 +48,10 @@ pub struct ScaleoutArgs {
     /// one replica's in the same round, the median over rounds and the range.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Networks created per second in the CPU-split rounds (0: one after the other, as fast as
+    /// the API server answers).
+    #[arg(long, default_value_t = 0.0)]
+    create_rate: f64,
     /// Kills per failover mode (0: no failover figures).
     #[arg(long, default_value_t = 10)]
     kills: usize,
@@ -342,6 +346,10 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         wait_spread(&client, &ns, n, args.shards).await?;
         let started = Instant::now();
         for i in 0..args.objects {
+            if args.create_rate > 0.0 {
+                let due = started + Duration::from_secs_f64(i as f64 / args.create_rate);
+                tokio::time::sleep_until(due.into()).await;
+            }
             let mut net = network(&format!("n-{i}"), i);
             if labelled {
                 let key = actorcile::sharding::object_key(Some(&ns), &net.name_any());
