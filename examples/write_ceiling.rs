@@ -6,6 +6,11 @@
 //! cargo run --release --example write_ceiling --features envtest -- --objects 1000 --concurrency 32
 //! cargo run --release --example write_ceiling -- --objects 1000          # in-process cluster
 //! ```
+//!
+//! By default each write names no field manager and carries no precondition, as kube-runtime's
+//! `PatchParams::default()` writes do. `--field-manager actorcile --precondition` sends what
+//! actorcile's status writes send: its field manager, and the resourceVersion the write was
+//! computed from.
 
 use std::time::Instant;
 
@@ -39,6 +44,13 @@ struct Args {
     /// Against a real etcd + kube-apiserver (needs `--features envtest`).
     #[arg(long)]
     envtest: bool,
+    /// The field manager the status writes name (none by default).
+    #[arg(long)]
+    field_manager: Option<String>,
+    /// Each status write carries the object's resourceVersion (from its creation) as a
+    /// precondition.
+    #[arg(long)]
+    precondition: bool,
 }
 
 #[tokio::main]
@@ -69,8 +81,8 @@ async fn main() {
         cluster.client()
     };
     let api: Api<Slot> = Api::namespaced(client, "default");
-    futures::stream::iter(0..args.objects)
-        .for_each_concurrent(args.concurrency, |i| {
+    let mut versions: Vec<(u32, Option<String>)> = futures::stream::iter(0..args.objects)
+        .map(|i| {
             let api = api.clone();
             async move {
                 let mut s = Slot::new(&format!("s{i}"), SlotSpec { n: i });
@@ -82,10 +94,14 @@ async fn main() {
                     field_manager: Some("actorcile-bench-setup".into()),
                     ..PostParams::default()
                 };
-                api.create(&created_by, &s).await.expect("create");
+                let created = api.create(&created_by, &s).await.expect("create");
+                (i, created.metadata.resource_version)
             }
         })
+        .buffer_unordered(args.concurrency)
+        .collect()
         .await;
+    versions.sort_by_key(|(i, _)| *i);
     let status = ResourceStatus::default().with_ready(
         Phase::Ready,
         true,
@@ -93,19 +109,28 @@ async fn main() {
         "provisioned",
         Some(1),
     );
-    let patch = status.patch();
+    let params = PatchParams {
+        field_manager: args.field_manager.clone(),
+        ..PatchParams::default()
+    };
+    let patches: Vec<serde_json::Value> = versions
+        .into_iter()
+        .map(|(_, version)| {
+            let mut patch = status.patch();
+            if args.precondition {
+                patch["metadata"] = serde_json::json!({ "resourceVersion": version });
+            }
+            patch
+        })
+        .collect();
     let started = Instant::now();
-    futures::stream::iter(0..args.objects)
-        .for_each_concurrent(args.concurrency, |i| {
-            let (api, patch) = (api.clone(), patch.clone());
+    futures::stream::iter(patches.into_iter().enumerate())
+        .for_each_concurrent(args.concurrency, |(i, patch)| {
+            let (api, params) = (api.clone(), &params);
             async move {
-                api.patch_status(
-                    &format!("s{i}"),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .expect("patch status");
+                api.patch_status(&format!("s{i}"), params, &Patch::Merge(&patch))
+                    .await
+                    .expect("patch status");
             }
         })
         .await;
@@ -116,6 +141,8 @@ async fn main() {
             "backend": if args.envtest { "envtest" } else { "in-process" },
             "objects": args.objects,
             "concurrency": args.concurrency,
+            "field_manager": args.field_manager,
+            "precondition": args.precondition,
             "seconds": secs,
             "status_writes_per_sec": f64::from(args.objects) / secs,
         })
