@@ -391,26 +391,24 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         all_current(&api, args.objects, Duration::from_secs(900)).await?;
         let backlog_took = restarted.elapsed().as_secs_f64();
         let backlog: Vec<f64> = replicas.iter().map(Replica::cpu_seconds).collect();
-        let label = if args.rounds > 1 {
-            format!("{watch} (round {round})")
-        } else {
-            watch.to_string()
-        };
-        println!(
-            "| {label} | {n} | {took:.1} | {} | {:.2} | {} | {backlog_took:.1} | {} | {} |",
-            fmt2(&cpu),
-            cpu.iter().sum::<f64>(),
-            fmt2(&wave),
-            fmt2(&backlog),
-            rss.join(" / ")
-        );
-        measured.push(Split {
+        let split = Split {
             watch: watch.to_string(),
             round,
             replicas: n,
             phases: [cpu, wave, backlog],
             work,
-        });
+        };
+        let [cpu, wave, backlog] = &split.phases;
+        println!(
+            "| {} | {n} | {took:.1} | {} | {:.2} | {} | {backlog_took:.1} | {} | {} |",
+            split.label(args.rounds),
+            fmt2(cpu),
+            cpu.iter().sum::<f64>(),
+            fmt2(wave),
+            fmt2(backlog),
+            rss.join(" / ")
+        );
+        measured.push(split);
         for r in replicas {
             r.stop();
         }
@@ -424,11 +422,6 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         println!("|---|---|---|---|");
         for m in &measured {
             let (passes, requests): (Vec<f64>, Vec<f64>) = m.work.iter().copied().unzip();
-            let label = if args.rounds > 1 {
-                format!("{} (round {})", m.watch, m.round)
-            } else {
-                m.watch.clone()
-            };
             let count = |v: &[f64]| {
                 v.iter()
                     .map(|c| format!("{c:.0}"))
@@ -436,7 +429,8 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
                     .join(" / ")
             };
             println!(
-                "| {label} | {} | {} | {} |",
+                "| {} | {} | {} | {} |",
+                m.label(args.rounds),
                 m.replicas,
                 count(&passes),
                 count(&requests)
@@ -492,6 +486,17 @@ struct Split {
     replicas: usize,
     phases: [Vec<f64>; 3],
     work: Vec<(f64, f64)>,
+}
+
+impl Split {
+    /// The watch mode, and the round when there are several.
+    fn label(&self, rounds: usize) -> String {
+        if rounds > 1 {
+            format!("{} (round {})", self.watch, self.round)
+        } else {
+            self.watch.clone()
+        }
+    }
 }
 
 /// A share's median, minimum and maximum.
