@@ -113,18 +113,18 @@ async fn main() {
         field_manager: args.field_manager.clone(),
         ..PatchParams::default()
     };
-    let patches: Vec<serde_json::Value> = versions
+    let patches: Vec<(u32, serde_json::Value)> = versions
         .into_iter()
-        .map(|(_, version)| {
+        .map(|(i, version)| {
             let mut patch = status.patch();
             if args.precondition {
                 patch["metadata"] = serde_json::json!({ "resourceVersion": version });
             }
-            patch
+            (i, patch)
         })
         .collect();
     let started = Instant::now();
-    futures::stream::iter(patches.into_iter().enumerate())
+    futures::stream::iter(patches)
         .for_each_concurrent(args.concurrency, |(i, patch)| {
             let (api, params) = (api.clone(), &params);
             async move {

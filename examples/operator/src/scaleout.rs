@@ -376,10 +376,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
             .zip(&cpu)
             .map(|(r, before)| r.cpu_seconds() - before)
             .collect();
-        let rss: Vec<String> = replicas
-            .iter()
-            .map(|r| format!("{:.0}", r.rss_mib()))
-            .collect();
+        let rss: Vec<f64> = replicas.iter().map(Replica::rss_mib).collect();
         // A backlog, as after a restart: the replicas stop (gracefully), every spec changes
         // again, and n new replicas start together on it.
         for r in replicas {
@@ -402,11 +399,11 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         println!(
             "| {} | {n} | {took:.1} | {} | {:.2} | {} | {backlog_took:.1} | {} | {} |",
             split.label(args.rounds),
-            fmt2(cpu),
+            joined(cpu, 2),
             cpu.iter().sum::<f64>(),
-            fmt2(wave),
-            fmt2(backlog),
-            rss.join(" / ")
+            joined(wave, 2),
+            joined(backlog, 2),
+            joined(&rss, 0)
         );
         measured.push(split);
         for r in replicas {
@@ -422,18 +419,12 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         println!("|---|---|---|---|");
         for m in &measured {
             let (passes, requests): (Vec<f64>, Vec<f64>) = m.work.iter().copied().unzip();
-            let count = |v: &[f64]| {
-                v.iter()
-                    .map(|c| format!("{c:.0}"))
-                    .collect::<Vec<_>>()
-                    .join(" / ")
-            };
             println!(
                 "| {} | {} | {} | {} |",
                 m.label(args.rounds),
                 m.replicas,
-                count(&passes),
-                count(&requests)
+                joined(&passes, 0),
+                joined(&requests, 0)
             );
         }
     }
@@ -552,9 +543,10 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn fmt2(v: &[f64]) -> String {
+/// `v`'s values with `decimals` decimals, joined by " / " (one per replica in a table cell).
+fn joined(v: &[f64], decimals: usize) -> String {
     v.iter()
-        .map(|c| format!("{c:.2}"))
+        .map(|c| format!("{c:.decimals$}"))
         .collect::<Vec<_>>()
         .join(" / ")
 }
@@ -784,6 +776,13 @@ mod tests {
         assert_eq!(counter_total(text, "actorcile_runs"), 3334.0);
         assert_eq!(counter_total(text, "actorcile_api_requests"), 7.0);
         assert_eq!(counter_total(text, "actorcile_restarts"), 0.0);
+    }
+
+    #[test]
+    fn cells_join_one_value_per_replica() {
+        assert_eq!(joined(&[4.386, 4.49, 4.0], 2), "4.39 / 4.49 / 4.00");
+        assert_eq!(joined(&[76.6], 0), "77");
+        assert_eq!(joined(&[3354.0, 3337.0], 0), "3354 / 3337");
     }
 
     #[test]
