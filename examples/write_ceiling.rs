@@ -11,6 +11,10 @@
 //! `PatchParams::default()` writes do. `--field-manager actorcile --precondition` sends what
 //! actorcile's status writes send: its field manager, and the resourceVersion the write was
 //! computed from.
+//!
+//! The writes go through a client of their own, so their connections open within the measured
+//! window, as a runtime's do. With `--envtest` the writes wait until the API server has published
+//! the CRD's OpenAPI (it merges it in the background after the CRD is Established).
 
 use std::time::Instant;
 
@@ -58,7 +62,9 @@ async fn main() {
     let args = Args::parse();
     #[cfg(feature = "envtest")]
     let mut _env = None;
-    let client = if args.envtest {
+    // Two clients: one creates the objects, a fresh one (no connection open yet, as a runtime
+    // starting has none but its list and watch) sends the status writes.
+    let (client, writer) = if args.envtest {
         #[cfg(feature = "envtest")]
         {
             let env = actorcile::envtest::Envtest::builder()
@@ -66,9 +72,15 @@ async fn main() {
                 .start()
                 .await
                 .expect("start envtest");
-            let c = env.client();
+            // The API server merges the CRD's OpenAPI in the background (seconds of CPU); not
+            // during the writes.
+            let timeout = std::time::Duration::from_secs(60);
+            actorcile::envtest::wait_for_openapi(env.client(), &[Slot::crd()], timeout)
+                .await
+                .expect("the CRD's OpenAPI published");
+            let clients = (env.client(), env.client());
             _env = Some(env);
-            c
+            clients
         }
         #[cfg(not(feature = "envtest"))]
         {
@@ -78,7 +90,7 @@ async fn main() {
     } else {
         let cluster = ApiServer::new();
         cluster.install_crd(&Slot::crd()).expect("install CRD");
-        cluster.client()
+        (cluster.client(), cluster.client())
     };
     let api: Api<Slot> = Api::namespaced(client, "default");
     let mut versions: Vec<(u32, Option<String>)> = futures::stream::iter(0..args.objects)
@@ -123,6 +135,7 @@ async fn main() {
             (i, patch)
         })
         .collect();
+    let api: Api<Slot> = Api::namespaced(writer, "default");
     let started = Instant::now();
     futures::stream::iter(patches)
         .for_each_concurrent(args.concurrency, |(i, patch)| {

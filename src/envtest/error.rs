@@ -81,6 +81,14 @@ pub enum EnvtestError {
         /// How long was waited.
         timeout: Duration,
     },
+    /// The API server's OpenAPI document did not list a CustomResourceDefinition's paths in time.
+    #[error("the OpenAPI document did not list CustomResourceDefinition {name} within {timeout:?}")]
+    CrdOpenApiNotPublished {
+        /// The CRD's name.
+        name: String,
+        /// How long was waited.
+        timeout: Duration,
+    },
     /// Waiting for a CustomResourceDefinition to become Established failed (before the timeout).
     #[error("waiting for CustomResourceDefinition {name}: {source}")]
     CrdWait {

@@ -54,7 +54,7 @@ use std::time::Duration;
 
 pub use builder::EnvtestBuilder;
 pub use control_plane::Envtest;
-pub use crds::{crds_from_yaml, install_crds};
+pub use crds::{crds_from_yaml, install_crds, wait_for_openapi};
 pub use detached::{DetachedEnvtest, STATE_FILE};
 pub use error::EnvtestError;
 pub use lookup::{Binaries, binaries, cache_dir};

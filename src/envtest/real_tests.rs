@@ -169,7 +169,7 @@ async fn restarts_keep_data_and_clients_work_again() {
 }
 
 #[tokio::test]
-async fn builder_installs_crds_and_waits_established() {
+async fn builder_installs_crds_waits_established_and_for_openapi() {
     tokio::time::timeout(LIMIT, async {
         let crds = crds_from_yaml(super::crds::WIDGET_CRD).unwrap();
         let env = Envtest::builder().crds(crds.clone()).start().await.unwrap();
@@ -199,6 +199,21 @@ async fn builder_installs_crds_and_waits_established() {
         widgets.create(&PostParams::default(), &obj).await.unwrap();
         // Installing again (an update) is fine.
         env.install_crds(&crds).await.unwrap();
+        // Its OpenAPI is published (in the background, after Established).
+        wait_for_openapi(env.client(), &crds, Duration::from_secs(60))
+            .await
+            .unwrap();
+        // A CRD the server does not have is never published.
+        let mut absent = crds[0].clone();
+        absent.metadata.name = Some("gizmos.example.com".into());
+        absent.spec.names.plural = "gizmos".into();
+        let err = wait_for_openapi(env.client(), &[absent], Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, EnvtestError::CrdOpenApiNotPublished { name, .. } if name == "gizmos.example.com"),
+            "{err:?}"
+        );
         env.stop().await;
     })
     .await

@@ -73,6 +73,7 @@ impl BenchCluster {
                     .with_layer(&CountingLayer::new(counter.clone()))
                     .build();
                 apply_crd(&setup).await?;
+                wait_for_openapi(&setup).await?;
                 let namespace = format!(
                     "actorcile-bench-{}-{}",
                     runtime.as_str(),
@@ -113,6 +114,7 @@ impl BenchCluster {
                     .install_crds(&[bench_crd()])
                     .await
                     .context("installing the bench CRD")?;
+                wait_for_openapi(&envtest.client()).await?;
                 let counter = RequestCounter::new();
                 let runtime_client = ClientBuilder::try_from(envtest.config())
                     .context("building the runtime client")?
@@ -196,6 +198,15 @@ pub async fn apply_crd(client: &Client) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until the API server publishes the bench CRD's OpenAPI: kube-apiserver merges it into
+/// its OpenAPI document in the background after the CRD is Established, seconds of CPU on a
+/// small machine that would otherwise overlap the measurement (more or less of it by chance).
+async fn wait_for_openapi(client: &Client) -> Result<()> {
+    actorcile::envtest::wait_for_openapi(client.clone(), &[bench_crd()], Duration::from_secs(60))
+        .await
+        .context("waiting for the bench CRD's OpenAPI")
 }
 
 async fn create_namespace(client: &Client, name: &str) -> Result<()> {
