@@ -6,11 +6,8 @@
 use std::time::Duration;
 
 use actorcile::{cluster::ApiServer, envtest::Envtest};
-use anyhow::{Context as _, Result, bail};
-use k8s_openapi::{
-    api::core::v1::Namespace,
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
@@ -164,43 +161,16 @@ impl BenchCluster {
     }
 }
 
-/// Creates (or replaces) the bench CRD and waits until it is established.
-///
+/// Creates or updates the bench CRD (server-side apply) and waits until it is established.
 pub async fn apply_crd(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = bench_crd();
-    let name = crd.name_any();
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 409 => {
-            let current = crds.get(&name).await.context("reading the bench CRD")?;
-            let mut desired = crd.clone();
-            desired.metadata.resource_version = current.metadata.resource_version;
-            crds.replace(&name, &PostParams::default(), &desired)
-                .await
-                .context("updating the bench CRD")?;
-        }
-        Err(err) => return Err(err).context("creating the bench CRD"),
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let current = crds.get(&name).await.context("reading the bench CRD")?;
-        let established = current
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        if established {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("the bench CRD {name} was not established within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    actorcile::crds::install(
+        client.clone(),
+        &[bench_crd()],
+        FIELD_MANAGER,
+        Duration::from_secs(60),
+    )
+    .await
+    .context("installing the bench CRD")
 }
 
 /// Waits until the API server publishes the bench CRD's OpenAPI: kube-apiserver merges it into
