@@ -72,8 +72,8 @@ async fn main() {
                 .start()
                 .await
                 .expect("start envtest");
-            // The API server merges the CRD's OpenAPI in the background (seconds of CPU); not
-            // during the writes.
+            // The API server merges the CRD's OpenAPI in the background (about half a
+            // CPU-second); not during the writes.
             let timeout = std::time::Duration::from_secs(60);
             actorcile::envtest::wait_for_openapi(env.client(), &[Slot::crd()], timeout)
                 .await

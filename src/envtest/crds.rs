@@ -30,7 +30,7 @@ pub async fn install_crds(
 /// paths of every served version of each CRD. Works against any cluster.
 ///
 /// After a CRD is Established, kube-apiserver rebuilds and merges its OpenAPI document in the
-/// background, a second or more of CPU on a small machine. Benchmarks and tests that measure
+/// background, about half a CPU-second on a 2-core machine. Benchmarks and tests that measure
 /// the API server wait for it first, so that work does not overlap what they measure.
 ///
 /// ```no_run

@@ -174,8 +174,9 @@ pub async fn apply_crd(client: &Client) -> Result<()> {
 }
 
 /// Waits until the API server publishes the bench CRD's OpenAPI: kube-apiserver merges it into
-/// its OpenAPI document in the background after the CRD is Established, seconds of CPU on a
-/// small machine that would otherwise overlap the measurement (more or less of it by chance).
+/// its OpenAPI document in the background after the CRD is Established, about half a CPU-second
+/// on a 2-core machine that would otherwise overlap the measurement (more or less of it by
+/// chance).
 async fn wait_for_openapi(client: &Client) -> Result<()> {
     actorcile::envtest::wait_for_openapi(client.clone(), &[bench_crd()], Duration::from_secs(60))
         .await
