@@ -4,6 +4,12 @@
 //! `K: Resource<Scope = NamespaceResourceScope>`), which a runtime generic over every kind cannot
 //! name. This wrapper builds the same requests with kube's own `Request` builder from
 //! `K::url_path(&(), namespace)` and sends them through the same `Client`.
+//!
+//! Also the helpers every write of the runtime's own shares: its patch parameters, and
+//! [`bounded`], the policy's `write_timeout` around it.
+
+use std::future::Future;
+use std::time::Duration;
 
 use kube::api::{DeleteParams, GetParams, Patch, PatchParams};
 use kube::core::Request;
@@ -11,9 +17,6 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// Whether `K` is cluster-scoped. k8s-openapi's scopes are marker types without methods, and a
-/// `TypeId` comparison would need `K::Scope: 'static` bounds everywhere; the type's name is
-/// enough to tell the two concrete scopes apart.
 /// `metadata.resourceVersion` as a number. Kubernetes calls resource versions opaque, but every
 /// real server (etcd revisions) and the in-process cluster use integers; the runtime only uses
 /// this to tell its own writes' echoes from newer changes and never fails when it is not one.
@@ -29,8 +32,34 @@ pub(crate) fn patch_params(field_manager: &str) -> PatchParams {
     }
 }
 
+/// Whether `K` is cluster-scoped. k8s-openapi's scopes are marker types without methods, and a
+/// `TypeId` comparison would need `K::Scope: 'static` bounds everywhere; the type's name is
+/// enough to tell the two concrete scopes apart.
 pub(crate) fn is_cluster_scoped<K: Resource>() -> bool {
     std::any::type_name::<K::Scope>().ends_with("ClusterResourceScope")
+}
+
+/// A write of the runtime's own that the API server did not answer within the policy's
+/// `write_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the API server did not answer within {0:?} (the policy's write_timeout)")]
+pub(crate) struct WriteTimedOut(pub(crate) Duration);
+
+/// `write`, abandoned once it has waited `limit` for its answer: it then fails as a
+/// transient error ([`kube::Error::Service`] with a [`WriteTimedOut`]), which every caller
+/// already retries. Without a bound, a request the server never answers (kube's client sets no
+/// read timeout) would hold its object, and its actor, for good.
+pub(crate) async fn bounded<T, E: From<kube::Error>>(
+    limit: Option<Duration>,
+    write: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let Some(limit) = limit else {
+        return write.await;
+    };
+    match tokio::time::timeout(limit, write).await {
+        Ok(answered) => answered,
+        Err(_) => Err(kube::Error::Service(Box::new(WriteTimedOut(limit))).into()),
+    }
 }
 
 /// Typed requests for one kind in one namespace (or cluster scope).

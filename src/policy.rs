@@ -39,6 +39,7 @@
 //! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
 //! | `run_timeout` | 10 m | a provision or deprovision pass still running after this long is stopped (its future dropped) and counts as a failure, reason `RunTimeout`, retried with `error_backoff`; `none` never |
+//! | `write_timeout` | 60 s | a write of the runtime's own (finalizer, status, shard label, reference release, Event) unanswered after this long is abandoned and retried with `error_backoff`, like any transient failure; `none` never |
 //! | `lock_expiry` | 5 m | how long a guarded step's lock holds: a runtime that dies mid-task holds its object back this long at most; a task running past it is dropped |
 //! | `lease_duration` | 15 s | leader election and sharding: how long a Lease whose record stood still blocks candidates (whole seconds) |
 //! | `lease_renew_deadline` | 10 s | leader election and sharding: the leader (a shard's holder) stops every run (of the shard) once it has not renewed for this long (shorter than `lease_duration`: the difference is the fencing margin) |
@@ -109,6 +110,15 @@ pub struct SupervisorPolicy {
     /// pass: a provisioner that waits on something slow yields instead.
     #[serde(with = "optional_duration")]
     pub run_timeout: Option<Duration>,
+    /// A write the runtime makes itself (the finalizer, the status subresource, the shard
+    /// label, a reference's release, an Event) still unanswered after this long is abandoned
+    /// and fails as a transient error, retried like any other (`None`: never; `"none"` in
+    /// TOML). A request the API server never answers — a connection that died silently, a
+    /// server that hangs while it starts — then holds its object this long at most. The default
+    /// matches kube-apiserver's own request timeout (`--request-timeout`, 60 s), so a server
+    /// that answers at all answers first.
+    #[serde(with = "optional_duration")]
+    pub write_timeout: Option<Duration>,
     /// How long a lock taken by a guarded step
     /// ([`Context::guard`](crate::provisioners::Context::guard)) holds: a runtime that dies in
     /// the middle of the task holds the object back this long at most, and a task is dropped
@@ -152,6 +162,7 @@ impl Default for SupervisorPolicy {
             idle_timeout: Some(Duration::from_secs(30)),
             shutdown_timeout: Duration::from_secs(30),
             run_timeout: Some(Duration::from_secs(600)),
+            write_timeout: Some(Duration::from_secs(60)),
             lock_expiry: Duration::from_secs(300),
             lease_duration: Duration::from_secs(15),
             lease_renew_deadline: Duration::from_secs(10),
@@ -426,6 +437,12 @@ impl SupervisorPolicy {
                 "must be longer than zero (or \"none\")",
             ));
         }
+        if self.write_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(PolicyError::invalid(
+                "write_timeout",
+                "must be longer than zero (or \"none\")",
+            ));
+        }
         Ok(())
     }
 }
@@ -461,6 +478,10 @@ mod tests {
         assert_eq!(capped.max_live_actors, Some(2048));
         let e = SupervisorPolicy::from_toml("[restart.backoff]\nfactor = 0.5").unwrap_err();
         assert!(e.to_string().contains("restart.backoff.factor"), "{e}");
+        let e = SupervisorPolicy::from_toml("write_timeout = \"0s\"").unwrap_err();
+        assert!(e.to_string().contains("write_timeout"), "{e}");
+        let unbounded = SupervisorPolicy::from_toml("write_timeout = \"none\"").unwrap();
+        assert_eq!(unbounded.write_timeout, None);
         let e = SupervisorPolicy::from_toml("bogus_knob = 1").unwrap_err();
         assert!(e.to_string().contains("bogus_knob"), "{e}");
         let e = SupervisorPolicy::from_toml("[restart]\nmax_restarts = \"many\"").unwrap_err();

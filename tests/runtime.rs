@@ -334,6 +334,72 @@ async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
     rt.shutdown().await;
 }
 
+/// A client of `cluster` that leaves unanswered, once each, the requests `held` names
+/// (`"PATCH /widgets/w/status"`: method and the end of the path); each is removed as it is met.
+fn holding_client(
+    cluster: &actorcile::cluster::ApiServer,
+    held: Arc<Mutex<Vec<&'static str>>>,
+) -> kube::Client {
+    use tower::ServiceExt;
+    let svc = cluster.service();
+    let holding = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (svc, held) = (svc.clone(), held.clone());
+        async move {
+            let hold = {
+                let mut held = held.lock().unwrap();
+                let at = held.iter().position(|h| {
+                    let (method, path) = h.split_once(' ').unwrap();
+                    req.method().as_str() == method && req.uri().path().ends_with(path)
+                });
+                at.map(|i| held.remove(i)).is_some()
+            };
+            if hold {
+                std::future::pending::<()>().await;
+            }
+            svc.oneshot(req).await
+        }
+    });
+    kube::Client::new(holding, "default")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_write_left_unanswered_is_abandoned_at_the_write_timeout_and_retried() {
+    let (cluster, client) = cluster();
+    let held = Arc::new(Mutex::new(vec!["PATCH /widgets/w/status"]));
+    let runtime_client = holding_client(&cluster, held.clone());
+    let mut policy = test_policy();
+    policy.write_timeout = Some(Duration::from_secs(5));
+    let tree = step("done", |_cx: Context<Widget>| async { Outcome::Done });
+    let rt = start_widgets(&runtime_client, policy, tree).await;
+
+    // The Ready status write is never answered: abandoned after 5 s, then written again.
+    let start = Instant::now();
+    create(&client, "w", 1).await;
+    wait_ready(&client, "w", LIMIT).await;
+    assert!(held.lock().unwrap().is_empty(), "the status write was held");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(6),
+        "Ready after the write timeout and one error backoff: {took:?}"
+    );
+
+    // The finalizer's removal (the first PATCH of the object itself once it is deleted) too.
+    held.lock().unwrap().push("PATCH /widgets/w");
+    let start = Instant::now();
+    delete(&client, "w").await;
+    wait_gone(&client, "w", LIMIT).await;
+    assert!(
+        held.lock().unwrap().is_empty(),
+        "the finalizer removal was held"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(5),
+        "gone only after the held removal was abandoned: {:?}",
+        start.elapsed()
+    );
+    rt.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaffected() {
     let (_cluster, client) = cluster();

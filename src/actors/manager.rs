@@ -467,6 +467,7 @@ impl<K: ManagedResource> Manager<K> {
                 tokio::spawn(super::writes::relabel(
                     client,
                     params,
+                    self.shared.policy.write_timeout,
                     obj.clone(),
                     label,
                     value,

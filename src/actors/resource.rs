@@ -757,7 +757,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
                 st.released = obj.meta().uid.clone();
-                shared.references.release_all(&target, held).await;
+                shared
+                    .references
+                    .release_all(&target, held, shared.policy.write_timeout)
+                    .await;
                 writes::publish_released(shared, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.

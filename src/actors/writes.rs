@@ -5,6 +5,7 @@
 //! overwriting a newer object; the next event runs it again.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::Patch;
@@ -12,6 +13,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::{ManagedResource, Metrics, Shared};
+use crate::object_api::bounded;
 use crate::provisioners::{InvalidReason, Outcome};
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
@@ -27,14 +29,12 @@ pub(crate) async fn patch_status<K: ManagedResource>(
 ) -> Result<K, kube::Error> {
     let mut patch = status.patch();
     patch["metadata"] = json!({"resourceVersion": obj.meta().resource_version});
-    let written = shared
-        .api(obj)
-        .patch_status(
-            &obj.name_any(),
-            &shared.patch_params(),
-            &Patch::Merge(patch),
-        )
-        .await?;
+    let (api, params) = (shared.api(obj), shared.patch_params());
+    let written = bounded(
+        shared.policy.write_timeout,
+        api.patch_status(&obj.name_any(), &params, &Patch::Merge(patch)),
+    )
+    .await?;
     Metrics::inc(&shared.metrics.status_writes);
     Ok(written)
 }
@@ -177,7 +177,9 @@ async fn publish<K: ManagedResource>(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
+    let regarding = obj.object_ref(&());
+    let published = recorder.publish(&ev, &regarding);
+    if let Err(e) = bounded(shared.policy.write_timeout, published).await {
         // Not retried: the status already says what the Event would. Refused Events are worth
         // an operator's look (RBAC, or a name too long for an Event's `<name>.<time>`).
         let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
@@ -214,8 +216,11 @@ pub(crate) async fn claim<K: ManagedResource>(
     }
     let patch: json_patch::Patch =
         serde_json::from_value(serde_json::Value::Array(ops)).expect("static JSON patch shape");
-    api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch))
-        .await
+    bounded(
+        shared.policy.write_timeout,
+        api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
+    )
+    .await
 }
 
 /// Move `obj` to the shard its label must name (`label` = `value`): a merge patch guarded by
@@ -223,6 +228,7 @@ pub(crate) async fn claim<K: ManagedResource>(
 pub(crate) async fn relabel<K: ManagedResource>(
     client: kube::Client,
     params: kube::api::PatchParams,
+    limit: Option<Duration>,
     obj: std::sync::Arc<K>,
     label: std::sync::Arc<str>,
     value: String,
@@ -232,9 +238,11 @@ pub(crate) async fn relabel<K: ManagedResource>(
         "resourceVersion": obj.meta().resource_version,
         "labels": {&*label: value},
     }});
-    match api
-        .patch(&obj.name_any(), &params, &Patch::Merge(patch))
-        .await
+    match bounded(
+        limit,
+        api.patch(&obj.name_any(), &params, &Patch::Merge(patch)),
+    )
+    .await
     {
         Ok(_) => tracing::debug!(object = %obj.name_any(), "moved to the shard of its key"),
         Err(e) => {
@@ -259,9 +267,11 @@ pub(crate) async fn remove_finalizer<K: ManagedResource>(
         {"op": "remove", "path": path},
     ]))
     .expect("static JSON patch shape");
-    match api
-        .patch(&obj.name_any(), &params, &Patch::Json::<()>(patch))
-        .await
+    match bounded(
+        shared.policy.write_timeout,
+        api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
+    )
+    .await
     {
         Ok(o) => Ok(Some(o)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),

@@ -650,7 +650,13 @@ impl ReferenceIndex {
     /// fails after a few retries is logged and kept: the target is woken anyway (it proceeds
     /// if `from` has left the store), and [`gone`](Self::gone) wakes it again when `from`
     /// leaves the store later.
-    pub(crate) async fn release_all(&self, from: &Target, targets: BTreeSet<Target>) {
+    /// Each attempt is abandoned after `timeout` (the policy's `write_timeout`).
+    pub(crate) async fn release_all(
+        &self,
+        from: &Target,
+        targets: BTreeSet<Target>,
+        timeout: Option<std::time::Duration>,
+    ) {
         use backon::Retryable;
         let mut kept = Vec::new();
         for t in targets {
@@ -658,7 +664,11 @@ impl ReferenceIndex {
                 .with_min_delay(std::time::Duration::from_millis(50))
                 .with_max_delay(std::time::Duration::from_secs(1))
                 .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
-            if let Err(e) = (|| self.release_reference(from, &t)).retry(backoff).await {
+            if let Err(e) =
+                (|| crate::object_api::bounded(timeout, self.release_reference(from, &t)))
+                    .retry(backoff)
+                    .await
+            {
                 tracing::warn!(from = %from, target = %t, error = %e, "could not release reference");
                 kept.push(t);
             }
