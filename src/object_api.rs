@@ -47,8 +47,9 @@ pub(crate) struct WriteTimedOut(pub(crate) Duration);
 
 /// `write`, abandoned once it has waited `limit` for its answer: it then fails as a
 /// transient error ([`kube::Error::Service`] with a [`WriteTimedOut`]), which every caller
-/// already retries. Without a bound, a request the server never answers (kube's client sets no
-/// read timeout) would hold its object, and its actor, for good.
+/// already retries. Without a bound, a request would hold its object, and its actor, for as long
+/// as kube's client retries it (429, 503 and 504 answers, for minutes in all) or, for a request
+/// the server never answers, for good (the client sets no read timeout).
 pub(crate) async fn bounded<T, E: From<kube::Error>>(
     limit: Option<Duration>,
     write: impl Future<Output = Result<T, E>>,

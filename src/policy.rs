@@ -112,11 +112,13 @@ pub struct SupervisorPolicy {
     pub run_timeout: Option<Duration>,
     /// A write the runtime makes itself (the finalizer, the status subresource, the shard
     /// label, a reference's release, an Event) still unanswered after this long is abandoned
-    /// and fails as a transient error, retried like any other (`None`: never; `"none"` in
-    /// TOML). A request the API server never answers — a connection that died silently, a
-    /// server that hangs while it starts — then holds its object this long at most. The default
-    /// matches kube-apiserver's own request timeout (`--request-timeout`, 60 s), so a server
-    /// that answers at all answers first.
+    /// and fails as a transient error, retried with the error backoff like any other (`None`:
+    /// never; `"none"` in TOML). Without it a write can hold its object for minutes: kube's
+    /// client retries 429, 503 and 504 answers itself (by default up to 15 times, waiting for
+    /// the server's `Retry-After` or a backoff that grows to minutes; a starting kube-apiserver
+    /// answers requests for custom resources 503 with `Retry-After: 10`), and sets no read
+    /// timeout, so a request the server never answers waits for good. The default is kube-apiserver's own request timeout
+    /// (`--request-timeout`, 60 s).
     #[serde(with = "optional_duration")]
     pub write_timeout: Option<Duration>,
     /// How long a lock taken by a guarded step

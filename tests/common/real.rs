@@ -109,8 +109,9 @@ pub fn real_policy() -> SupervisorPolicy {
         yield_delay: Duration::from_millis(100),
         dependency_poll: Duration::from_secs(2),
         shutdown_timeout: Duration::from_secs(10),
-        // Shorter than the tests' waits: a write a restarting apiserver leaves unanswered is
-        // retried within them.
+        // Shorter than the tests' waits: a restarting apiserver answers 503 with `Retry-After:
+        // 10`, which kube's client retries itself, longer each time; a write caught in that is
+        // abandoned and sent again within them.
         write_timeout: Some(Duration::from_secs(10)),
         ..Default::default()
     };
