@@ -9,6 +9,7 @@
 //! [`bounded`], the policy's `write_timeout` around it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kube::api::{DeleteParams, GetParams, Patch, PatchParams};
@@ -50,8 +51,10 @@ pub(crate) struct WriteTimedOut(pub(crate) Duration);
 /// already retries. Without a bound, a request would hold its object, and its actor, for as long
 /// as kube's client retries it (429, 503 and 504 answers, for minutes in all) or, for a request
 /// the server never answers, for good (the client sets no read timeout).
+/// Each abandoned write counts one in `timeouts` (the runtime's `write_timeouts`).
 pub(crate) async fn bounded<T, E: From<kube::Error>>(
     limit: Option<Duration>,
+    timeouts: &AtomicU64,
     write: impl Future<Output = Result<T, E>>,
 ) -> Result<T, E> {
     let Some(limit) = limit else {
@@ -59,7 +62,10 @@ pub(crate) async fn bounded<T, E: From<kube::Error>>(
     };
     match tokio::time::timeout(limit, write).await {
         Ok(answered) => answered,
-        Err(_) => Err(kube::Error::Service(Box::new(WriteTimedOut(limit))).into()),
+        Err(_) => {
+            timeouts.fetch_add(1, Ordering::Relaxed);
+            Err(kube::Error::Service(Box::new(WriteTimedOut(limit))).into())
+        }
     }
 }
 

@@ -132,6 +132,7 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
         r#"actorcile_objects{controller="Widget"} 2"#,
         r#"actorcile_run_duration_seconds_count{controller="Widget"} 2"#,
         "actorcile_status_writes_total 2",
+        "actorcile_write_timeouts_total 0",
         "# EOF",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");

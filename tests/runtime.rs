@@ -397,6 +397,11 @@ async fn a_runtime_write_left_unanswered_is_abandoned_at_the_write_timeout_and_r
         "gone only after the held removal was abandoned: {:?}",
         start.elapsed()
     );
+    assert_eq!(
+        rt.metrics().write_timeouts,
+        2,
+        "both abandoned writes are counted"
+    );
     rt.shutdown().await;
 }
 

@@ -468,6 +468,7 @@ impl<K: ManagedResource> Manager<K> {
                     client,
                     params,
                     self.shared.policy.write_timeout,
+                    self.shared.metrics.clone(),
                     obj.clone(),
                     label,
                     value,

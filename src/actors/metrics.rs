@@ -27,6 +27,7 @@ pub(crate) struct Metrics {
     pub(super) activations: AtomicU64,
     pub(super) spawns: AtomicU64,
     pub(super) status_conflicts: AtomicU64,
+    pub(super) write_timeouts: AtomicU64,
     pub(super) ignored: AtomicU64,
     /// Every controller's own figures, in registration order.
     kinds: std::sync::Mutex<Vec<std::sync::Arc<KindMetrics>>>,
@@ -67,6 +68,9 @@ pub struct MetricsSnapshot {
     /// Status patches refused because the object changed since the pass read it (the object
     /// runs again on the newer version).
     pub status_conflicts: u64,
+    /// Writes of the runtime's own abandoned unanswered at the policy's `write_timeout` (each
+    /// retried).
+    pub write_timeouts: u64,
     /// Passes skipped because the object carries the ignore annotation
     /// ([`IGNORE_ANNOTATION`](crate::triggers::IGNORE_ANNOTATION)).
     pub ignored: u64,
@@ -91,6 +95,7 @@ impl Metrics {
             activations: l(&self.activations),
             spawns: l(&self.spawns),
             status_conflicts: l(&self.status_conflicts),
+            write_timeouts: l(&self.write_timeouts),
             ignored: l(&self.ignored),
         }
     }

@@ -759,7 +759,12 @@ impl<K: ManagedResource> ResourceActor<K> {
                 st.released = obj.meta().uid.clone();
                 shared
                     .references
-                    .release_all(&target, held, shared.policy.write_timeout)
+                    .release_all(
+                        &target,
+                        held,
+                        shared.policy.write_timeout,
+                        &shared.metrics.write_timeouts,
+                    )
                     .await;
                 writes::publish_released(shared, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),

@@ -32,6 +32,7 @@ pub(crate) async fn patch_status<K: ManagedResource>(
     let (api, params) = (shared.api(obj), shared.patch_params());
     let written = bounded(
         shared.policy.write_timeout,
+        &shared.metrics.write_timeouts,
         api.patch_status(&obj.name_any(), &params, &Patch::Merge(patch)),
     )
     .await?;
@@ -179,7 +180,13 @@ async fn publish<K: ManagedResource>(
     };
     let regarding = obj.object_ref(&());
     let published = recorder.publish(&ev, &regarding);
-    if let Err(e) = bounded(shared.policy.write_timeout, published).await {
+    if let Err(e) = bounded(
+        shared.policy.write_timeout,
+        &shared.metrics.write_timeouts,
+        published,
+    )
+    .await
+    {
         // Not retried: the status already says what the Event would. Refused Events are worth
         // an operator's look (RBAC, or a name too long for an Event's `<name>.<time>`).
         let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
@@ -218,6 +225,7 @@ pub(crate) async fn claim<K: ManagedResource>(
         serde_json::from_value(serde_json::Value::Array(ops)).expect("static JSON patch shape");
     bounded(
         shared.policy.write_timeout,
+        &shared.metrics.write_timeouts,
         api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
     )
     .await
@@ -229,6 +237,7 @@ pub(crate) async fn relabel<K: ManagedResource>(
     client: kube::Client,
     params: kube::api::PatchParams,
     limit: Option<Duration>,
+    metrics: Arc<Metrics>,
     obj: std::sync::Arc<K>,
     label: std::sync::Arc<str>,
     value: String,
@@ -240,6 +249,7 @@ pub(crate) async fn relabel<K: ManagedResource>(
     }});
     match bounded(
         limit,
+        &metrics.write_timeouts,
         api.patch(&obj.name_any(), &params, &Patch::Merge(patch)),
     )
     .await
@@ -269,6 +279,7 @@ pub(crate) async fn remove_finalizer<K: ManagedResource>(
     .expect("static JSON patch shape");
     match bounded(
         shared.policy.write_timeout,
+        &shared.metrics.write_timeouts,
         api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
     )
     .await

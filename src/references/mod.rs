@@ -650,12 +650,14 @@ impl ReferenceIndex {
     /// fails after a few retries is logged and kept: the target is woken anyway (it proceeds
     /// if `from` has left the store), and [`gone`](Self::gone) wakes it again when `from`
     /// leaves the store later.
-    /// Each attempt is abandoned after `timeout` (the policy's `write_timeout`).
+    /// Each attempt is abandoned after `timeout` (the policy's `write_timeout`), counted in
+    /// `timeouts`.
     pub(crate) async fn release_all(
         &self,
         from: &Target,
         targets: BTreeSet<Target>,
         timeout: Option<std::time::Duration>,
+        timeouts: &std::sync::atomic::AtomicU64,
     ) {
         use backon::Retryable;
         let mut kept = Vec::new();
@@ -665,7 +667,7 @@ impl ReferenceIndex {
                 .with_max_delay(std::time::Duration::from_secs(1))
                 .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
             if let Err(e) =
-                (|| crate::object_api::bounded(timeout, self.release_reference(from, &t)))
+                (|| crate::object_api::bounded(timeout, timeouts, self.release_reference(from, &t)))
                     .retry(backoff)
                     .await
             {
