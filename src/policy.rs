@@ -29,7 +29,7 @@
 //! | `restart.max_restarts` / `restart.window` | 5 in 60 s | restart intensity: more failures than this within the window and `on_exhausted` applies |
 //! | `restart.on_exhausted` | `quarantine` | `quarantine`: phase Failed, reason Quarantined, no restarts until the object's generation changes (an object being deleted is tried again after `error_backoff.max`, so its finalizer is not left behind); `escalate`: the kind's manager fails and the runtime stops with an error |
 //! | `restart.backoff` | 100 ms … 30 s, ×2, jitter, reset after 60 s | delay before restarting a failed actor |
-//! | `error_backoff` | 200 ms … 5 min, ×2, jitter | per-resource delay after a transient failure; resets on success |
+//! | `error_backoff` | 200 ms … 5 min, ×2, jitter | per-resource delay after a transient failure (a failed pass, or a failed write of its status); resets on success |
 //! | `yield_delay` | 5 s | delay after a `Yield` without `after` |
 //! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
 //! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
@@ -57,7 +57,8 @@ use serde::{Deserialize, Serialize};
 pub struct SupervisorPolicy {
     /// Restart of failed (erroring or panicking) resource actors.
     pub restart: RestartPolicy,
-    /// Per-resource backoff after a transient provisioning failure.
+    /// Per-resource backoff after a transient failure: a pass that failed, or a status write
+    /// that failed (a conflict is retried soon, on the newer object).
     pub error_backoff: BackoffPolicy,
     /// Delay after a `Yield` without an explicit `after`.
     #[serde(with = "humantime_serde")]

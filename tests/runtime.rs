@@ -405,6 +405,63 @@ async fn a_runtime_write_left_unanswered_is_abandoned_at_the_write_timeout_and_r
     rt.shutdown().await;
 }
 
+/// A client of `cluster` that fails every status write (as a connection error would) while
+/// `refuse` is set, counting them in `refused`.
+fn refusing_client(
+    cluster: &actorcile::cluster::ApiServer,
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+    refused: Arc<AtomicU32>,
+) -> kube::Client {
+    use tower::ServiceExt;
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let svc = cluster.service();
+    let refusing = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (svc, refuse, refused) = (svc.clone(), refuse.clone(), refused.clone());
+        async move {
+            if req.method() == http::Method::PATCH
+                && req.uri().path().ends_with("/status")
+                && refuse.load(Ordering::SeqCst)
+            {
+                refused.fetch_add(1, Ordering::SeqCst);
+                return Err::<_, BoxError>("status writes are refused".into());
+            }
+            svc.oneshot(req).await.map_err(BoxError::from)
+        }
+    });
+    kube::Client::new(refusing, "default")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_write_that_keeps_failing_is_retried_with_the_error_backoff() {
+    let (cluster, client) = cluster();
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let refused = Arc::new(AtomicU32::new(0));
+    let runtime_client = refusing_client(&cluster, refuse.clone(), refused.clone());
+    let mut policy = test_policy();
+    policy.error_backoff.min = Duration::from_millis(200);
+    policy.error_backoff.max = Duration::from_secs(300);
+    policy.error_backoff.factor = 2.0;
+    let tree = step("done", |_cx: Context<Widget>| async { Outcome::Done });
+    let rt = start_widgets(&runtime_client, policy, tree).await;
+    create(&client, "w", 1).await;
+    eventually("a first status write", LIMIT, || async {
+        (refused.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    // A minute of refusals: retried after 0.2, 0.4, 0.8 … 25.6 s (nine writes), not every
+    // 200 ms (three hundred).
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let writes = refused.load(Ordering::SeqCst);
+    assert!(
+        (8..=10).contains(&writes),
+        "{writes} status writes in a minute"
+    );
+    // Once the API server takes them, the next retry lands.
+    refuse.store(false, Ordering::SeqCst);
+    wait_ready(&client, "w", LIMIT).await;
+    rt.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaffected() {
     let (_cluster, client) = cluster();

@@ -185,6 +185,18 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
+    /// The next delay of the object's error backoff (a failed pass, or a failed status write);
+    /// a success resets it.
+    fn next_error_backoff(&self, st: &mut ResourceState<K>) -> Duration {
+        st.error_attempts += 1;
+        let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&st.key));
+        let policy = &self.shared.policy.error_backoff;
+        st.error_backoff
+            .get_or_insert_with(|| Box::new(policy.sequence(seed)))
+            .next()
+            .unwrap_or(policy.max)
+    }
+
     fn cancel_wake(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         if st.wake.cancel() {
             self.shared.timers.cancel(myself.get_id());
@@ -622,13 +634,13 @@ impl<K: ManagedResource> ResourceActor<K> {
                 .last_outcome
                 .as_ref()
                 .is_some_and(|k| k.matches(&outcome, generation, deleting, version));
+        let mut write = StatusWrite::Written;
         if !unchanged {
-            let mut written = true;
             let ready = if shared.write_status {
                 let desired =
                     desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
                 if desired != *status {
-                    written =
+                    write =
                         Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
                 }
                 desired.is_ready()
@@ -638,18 +650,22 @@ impl<K: ManagedResource> ResourceActor<K> {
             };
             // Ready is announced once the Ready status is in the API (or status is not ours to
             // write); not Ready at once.
+            let written = write == StatusWrite::Written;
             if st.was_ready != Some(ready) && (written || !ready) {
                 shared.references.mark_ready(&st.target, ready);
                 st.was_ready = Some(ready);
             }
             // Key the cache on the version the pass ended with (our own status write, if any).
-            // A failed write is not cached: the next pass computes and writes again, and a
-            // retry is scheduled below even if the outcome itself would wait for a change.
+            // A write that did not land is not cached: the next pass computes and writes again,
+            // and a retry is scheduled below even if the outcome itself would wait for a change
+            // (after a conflict soon; after a failure with the error backoff).
             if written {
                 let end_version = st.object.as_deref().and_then(version_of);
                 st.last_outcome = Some(OutcomeKey::of(&outcome, generation, deleting, end_version));
             } else {
                 st.last_outcome = None;
+            }
+            if write == StatusWrite::Conflicted {
                 let retry = shared
                     .policy
                     .error_backoff
@@ -659,10 +675,19 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
 
+        // A failed status write backs off like a failed pass, so a write the API server keeps
+        // refusing (an invalid status, a missing permission) is not retried at a fixed pace.
+        let write_failed = write == StatusWrite::Failed;
+        if write_failed && !matches!(outcome, Outcome::Failed { .. }) {
+            let retry = self.next_error_backoff(st);
+            self.schedule_wake(myself, st, retry);
+        }
         let delay = match &outcome {
             Outcome::Done => {
-                st.error_backoff = None;
-                st.error_attempts = 0;
+                if !write_failed {
+                    st.error_backoff = None;
+                    st.error_attempts = 0;
+                }
                 let seed = shared
                     .policy
                     .seed
@@ -675,21 +700,15 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .map(|p| jitter(p, shared.policy.poll_jitter, seed))
             }
             Outcome::Yield { after, .. } => {
-                st.error_backoff = None;
-                st.error_attempts = 0;
+                if !write_failed {
+                    st.error_backoff = None;
+                    st.error_attempts = 0;
+                }
                 Some(after.unwrap_or(shared.policy.yield_delay))
             }
             Outcome::Waiting { .. } => Some(shared.policy.dependency_poll),
             Outcome::Terminal(_) | Outcome::UserActionRequired(_) => None,
-            Outcome::Failed { .. } => {
-                st.error_attempts += 1;
-                let seed = shared.policy.seed.map(|s| s ^ key_hash(&st.key));
-                let policy = &shared.policy.error_backoff;
-                st.error_backoff
-                    .get_or_insert_with(|| Box::new(policy.sequence(seed)))
-                    .next()
-                    .or(Some(policy.max))
-            }
+            Outcome::Failed { .. } => Some(self.next_error_backoff(st)),
         };
         if let Some(d) = delay {
             self.schedule_wake(myself, st, d);
@@ -803,22 +822,22 @@ impl<K: ManagedResource> ResourceActor<K> {
         status: &ResourceStatus,
         desired: &ResourceStatus,
         outcome: &Outcome,
-    ) -> bool {
+    ) -> StatusWrite {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
         match writes::patch_status(shared, obj, desired).await {
             Ok(o) => st.record_write(o),
-            Err(kube::Error::Api(s)) if s.code == 404 => return true, // gone: nothing to write
+            Err(kube::Error::Api(s)) if s.code == 404 => return StatusWrite::Written, // gone
             // Someone else wrote the object since this pass read it: its watch event runs the
             // object again, and that pass writes on what they wrote instead of over it.
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 tracing::debug!(object = %st.target, "status write conflicted; running again");
                 Metrics::inc(&shared.metrics.status_conflicts);
-                return false;
+                return StatusWrite::Conflicted;
             }
             Err(e) => {
                 tracing::warn!(object = %st.target, error = %e, "status write failed; retrying");
-                return false;
+                return StatusWrite::Failed;
             }
         }
         if transition {
@@ -829,8 +848,19 @@ impl<K: ManagedResource> ResourceActor<K> {
             let message = desired.ready().map(|c| c.message.as_str());
             writes::publish_transition(shared, obj.as_ref(), outcome, reason, message).await;
         }
-        true
+        StatusWrite::Written
     }
+}
+
+/// What became of a pass's status write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StatusWrite {
+    /// Written, or nothing to write (unchanged, or the object is gone).
+    Written,
+    /// Refused with a conflict: the object changed since the pass read it.
+    Conflicted,
+    /// Failed otherwise (the API server refused it, or did not answer).
+    Failed,
 }
 
 /// What a pass produced, and the status it computed on the way (deletion computes its own).
