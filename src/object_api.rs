@@ -69,6 +69,22 @@ pub(crate) async fn bounded<T, E: From<kube::Error>>(
     }
 }
 
+/// Whether the API server serves `K`'s status subresource: its discovery document lists
+/// `<plural>/status` (a CRD has one only with `subresources: {status: {}}`).
+pub(crate) async fn serves_status<K: Resource<DynamicType = ()>>(
+    client: &Client,
+) -> Result<bool, kube::Error> {
+    let resources = if K::group(&()).is_empty() {
+        client.list_core_api_resources(&K::version(&())).await?
+    } else {
+        client
+            .list_api_group_resources(&K::api_version(&()))
+            .await?
+    };
+    let status = format!("{}/status", K::plural(&()));
+    Ok(resources.resources.iter().any(|r| r.name == status))
+}
+
 /// Typed requests for one kind in one namespace (or cluster scope).
 pub(crate) struct ObjectApi<K> {
     client: Client,

@@ -1,6 +1,7 @@
 //! The status users read, on the in-process cluster: a provisioner's reason code becomes the
 //! `Ready` condition's reason, an invalid code never reaches the API, a dependency being deleted
-//! says so, and bulk references make exactly the named objects carry a reference.
+//! says so, bulk references make exactly the named objects carry a reference, and a kind without
+//! a status subresource is reported as such.
 
 mod common;
 
@@ -10,7 +11,7 @@ use actorcile::prelude::*;
 use actorcile::references::{REFERENCE_ANNOTATION_PREFIX, Selection};
 use common::*;
 use k8s_openapi::api::events::v1::Event;
-use kube::ResourceExt;
+use kube::{CustomResourceExt, ResourceExt};
 use kube::api::{Api, ListParams, PostParams};
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -220,5 +221,45 @@ async fn set_references_makes_exactly_the_named_objects_carry_the_reference() {
     .await;
     // released by message: the deletion that waited proceeds
     wait_gone(&client, "g5", LIMIT).await;
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_kind_without_a_status_subresource_is_reported_not_taken_for_deleted() {
+    // The Widget CRD as a hand-written one often is: no `subresources: {status: {}}`. Every
+    // status write is answered 404, as for a deleted object.
+    let cluster = actorcile::cluster::ApiServer::new();
+    let mut crd = Widget::crd();
+    for v in &mut crd.spec.versions {
+        v.subresources = None;
+    }
+    cluster.install_crd(&crd).expect("install CRD");
+    let client = cluster.client();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(reasons_tree()))
+        .events("widget-operator")
+        .start()
+        .await
+        .expect("start");
+    create(&client, "w", 1).await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let note = eventually("a StatusNotServed Event", LIMIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("StatusNotServed"))
+            .and_then(|e| e.note)
+    })
+    .await;
+    assert!(
+        note.contains("test.actorcile.dev/v1 widgets") && note.contains("without_status()"),
+        "the Event says what is missing and how to fix it: {note}"
+    );
+    assert_eq!(
+        rt.metrics().status_writes,
+        0,
+        "no status write went through"
+    );
     rt.shutdown().await;
 }

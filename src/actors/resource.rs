@@ -827,7 +827,14 @@ impl<K: ManagedResource> ResourceActor<K> {
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
         match writes::patch_status(shared, obj, desired).await {
             Ok(o) => st.record_write(o),
-            Err(kube::Error::Api(s)) if s.code == 404 => return StatusWrite::Written, // gone
+            // The object is gone (nothing to write), or the kind has no status subresource.
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                if shared.status_served.check::<K>(&shared.client).await {
+                    return StatusWrite::Written;
+                }
+                writes::publish_status_not_served(shared, obj.as_ref()).await;
+                return StatusWrite::Failed;
+            }
             // Someone else wrote the object since this pass read it: its watch event runs the
             // object again, and that pass writes on what they wrote instead of over it.
             Err(kube::Error::Api(s)) if s.code == 409 => {

@@ -40,6 +40,65 @@ pub(crate) async fn patch_status<K: ManagedResource>(
     Ok(written)
 }
 
+/// Whether the API server serves the kind's status subresource, as discovery last said.
+///
+/// A status write answered 404 usually means the object is gone; it means the same when the
+/// kind has no status subresource (a CRD without `subresources: {status: {}}`), and every
+/// status write of the kind then fails. Discovery tells the two apart; it is asked only on
+/// such a 404, and a "no" is asked again after [`StatusServed::RECHECK`] (the CRD may be fixed
+/// while the runtime runs).
+#[derive(Debug, Default)]
+pub(crate) struct StatusServed(std::sync::Mutex<Option<(bool, tokio::time::Instant)>>);
+
+impl StatusServed {
+    /// How long a "not served" answer stands before discovery is asked again.
+    const RECHECK: Duration = Duration::from_secs(30);
+
+    /// Whether `K`'s status subresource is served (`true` if discovery cannot say: the 404 is
+    /// then taken for the object being gone, as without this check).
+    pub(crate) async fn check<K: ManagedResource>(&self, client: &kube::Client) -> bool {
+        let now = tokio::time::Instant::now();
+        let known = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match known {
+            Some((true, _)) => return true,
+            Some((false, at)) if now < at + Self::RECHECK => return false,
+            _ => {}
+        }
+        match crate::object_api::serves_status::<K>(client).await {
+            Ok(served) => {
+                if !served {
+                    tracing::error!(kind = %K::kind(&()), "{}", status_not_served::<K>());
+                }
+                *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((served, now));
+                served
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "discovery failed; a status write's 404 is taken for a deleted object");
+                true
+            }
+        }
+    }
+}
+
+/// What to do about a kind without a status subresource (logged, and in a Warning Event).
+fn status_not_served<K: ManagedResource>() -> String {
+    format!(
+        "the API server serves no status subresource for {} {}: the runtime cannot write \
+         status. Add `subresources: {{status: {{}}}}` to the CRD's version {} (kube's derive: \
+         `#[kube(status = \"ResourceStatus\")]`), or run the controller without_status()",
+        K::api_version(&()),
+        K::plural(&()),
+        K::version(&()),
+    )
+}
+
+/// Publish `StatusNotServed` (Warning): the object's status write failed because the kind has
+/// no status subresource.
+pub(crate) async fn publish_status_not_served<K: ManagedResource>(shared: &Shared<K>, obj: &K) {
+    let note = Some(status_not_served::<K>());
+    publish(shared, obj, EventType::Warning, "StatusNotServed", note).await;
+}
+
 /// Write phase Failed / reason Quarantined (best effort, off the manager's mailbox).
 pub(crate) fn quarantine_status<K: ManagedResource>(
     shared: Arc<Shared<K>>,
