@@ -1,5 +1,6 @@
 //! The runtime on a real etcd + kube-apiserver (v1.20, `actorcile::envtest`): lifecycle with
-//! status and finalizer, operator restart, apiserver restart, schema and semantic validation,
+//! status and finalizer, operator restart, apiserver restart, schema and semantic validation, a
+//! kind without a status subresource,
 //! and the runtime's RBAC with a non-admin identity (sufficient, and minimal: every permission
 //! it grants is used by the lifecycle).
 //!
@@ -628,6 +629,82 @@ async fn resource_status_schema_installs_on_a_real_apiserver_as_generated() {
         env.install_crds(&[<Plain as kube::CustomResourceExt>::crd()])
             .await
             .expect("a CRD whose status is actorcile's ResourceStatus installs as generated");
+    })
+    .await;
+}
+
+/// A kind as a hand-written CRD often has it: no status subresource.
+#[derive(
+    kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[kube(
+    group = "schema.actorcile.dev",
+    version = "v1",
+    kind = "Bare",
+    namespaced
+)]
+struct BareSpec {
+    size: i32,
+}
+
+/// The real API server answers a status write of a kind without a status subresource 404, as
+/// for a deleted object: the runtime asks discovery, and says what is wrong instead of taking
+/// the object for deleted.
+#[tokio::test]
+async fn a_kind_without_a_status_subresource_is_reported_on_a_real_apiserver() {
+    bounded("no status subresource", async {
+        let env = shared_env().await;
+        env.install_crds(&[<Bare as kube::CustomResourceExt>::crd()])
+            .await
+            .expect("install the Bare CRD");
+        let api = Ns::create(env.client(), "rt-no-status").await;
+        let rt = Runtime::builder(api.client.clone())
+            .policy(real_policy())
+            .controller(
+                Controller::<Bare>::new(step("done", |_cx: Context<Bare>| async { Outcome::Done }))
+                    .namespace(&api.ns),
+            )
+            .events("realapi-no-status-test")
+            .start()
+            .await
+            .expect("start the runtime");
+        let bares: Api<Bare> = Api::namespaced(api.client.clone(), &api.ns);
+        bares
+            .create(
+                &PostParams::default(),
+                &Bare::new("b", BareSpec { size: 1 }),
+            )
+            .await
+            .expect("create a Bare");
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(api.client.clone(), &api.ns);
+        let note = eventually("a StatusNotServed Event", CONVERGE, || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("StatusNotServed"))
+                .and_then(|e| e.note)
+        })
+        .await;
+        assert!(
+            note.contains("schema.actorcile.dev/v1 bares"),
+            "the Event names the resource: {note}"
+        );
+        assert_eq!(
+            rt.metrics().status_writes,
+            0,
+            "no status write went through"
+        );
+        // The finalizer went on (a plain patch of the object): deletion still deprovisions.
+        bares
+            .delete("b", &Default::default())
+            .await
+            .expect("delete");
+        eventually("b gone", CONVERGE, || async {
+            matches!(bares.get_opt("b").await, Ok(None)).then_some(())
+        })
+        .await;
+        rt.shutdown().await;
     })
     .await;
 }

@@ -11,8 +11,8 @@ use actorcile::prelude::*;
 use actorcile::references::{REFERENCE_ANNOTATION_PREFIX, Selection};
 use common::*;
 use k8s_openapi::api::events::v1::Event;
-use kube::{CustomResourceExt, ResourceExt};
 use kube::api::{Api, ListParams, PostParams};
+use kube::{CustomResourceExt, ResourceExt};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
