@@ -1,8 +1,7 @@
 //! The runtime on a real etcd + kube-apiserver (v1.20, `actorcile::envtest`): lifecycle with
 //! status and finalizer, operator restart, apiserver restart, schema and semantic validation, a
-//! kind without a status subresource,
-//! and the runtime's RBAC with a non-admin identity (sufficient, and minimal: every permission
-//! it grants is used by the lifecycle).
+//! kind without a status subresource, and the runtime's RBAC with a non-admin identity
+//! (sufficient, and minimal: every permission it grants is used by the lifecycle).
 //!
 //! Run with `cargo test --release --features envtest --test real_runtime` (needs
 //! `scripts/install-test-deps.sh`). Tests share one control plane (`Envtest::shared`) with a
