@@ -525,7 +525,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             metrics: cx.metrics.clone(),
             kind_metrics: kind_metrics.clone(),
             event_budget: Default::default(),
-            status_served: Default::default(),
+            status_checks: Default::default(),
             references: cx.references.clone(),
             timers,
             parts,

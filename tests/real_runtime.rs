@@ -1,6 +1,6 @@
 //! The runtime on a real etcd + kube-apiserver (v1.20, `actorcile::envtest`): lifecycle with
-//! status and finalizer, operator restart, apiserver restart, schema and semantic validation, a
-//! kind without a status subresource, and the runtime's RBAC with a non-admin identity
+//! status and finalizer, operator restart, apiserver restart, schema and semantic validation,
+//! kinds whose status cannot hold the runtime's, and the runtime's RBAC with a non-admin identity
 //! (sufficient, and minimal: every permission it grants is used by the lifecycle).
 //!
 //! Run with `cargo test --release --features envtest --test real_runtime` (needs
@@ -646,61 +646,114 @@ struct BareSpec {
     size: i32,
 }
 
-/// The real API server answers a status write of a kind without a status subresource 404, as
-/// for a deleted object: the runtime asks discovery, and says what is wrong instead of taking
-/// the object for deleted.
+/// A kind whose status is the operator's own and does not hold `ResourceStatus`.
+#[derive(
+    kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[kube(
+    group = "schema.actorcile.dev",
+    version = "v1",
+    kind = "Terse",
+    namespaced,
+    status = "TerseStatus"
+)]
+struct TerseSpec {
+    size: i32,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+struct TerseStatus {
+    replicas: Option<i32>,
+}
+
+/// Two kinds whose status cannot hold what the runtime writes, on the real API server: without
+/// a status subresource every status write is answered 404, as for a deleted object (the runtime
+/// asks discovery, and says what is wrong instead of taking the object for deleted); with a
+/// status schema of the operator's own the server prunes the runtime's fields (the runtime
+/// checks the answer to its first write). Each is a Warning Event with the fix.
 #[tokio::test]
-async fn a_kind_without_a_status_subresource_is_reported_on_a_real_apiserver() {
-    bounded("no status subresource", async {
+async fn a_status_the_kind_cannot_hold_is_reported_on_a_real_apiserver() {
+    bounded("status the kind cannot hold", async {
         let env = shared_env().await;
-        env.install_crds(&[<Bare as kube::CustomResourceExt>::crd()])
-            .await
-            .expect("install the Bare CRD");
-        let api = Ns::create(env.client(), "rt-no-status").await;
+        env.install_crds(&[
+            <Bare as kube::CustomResourceExt>::crd(),
+            <Terse as kube::CustomResourceExt>::crd(),
+        ])
+        .await
+        .expect("install the CRDs");
+        let api = Ns::create(env.client(), "rt-status-set-up").await;
         let rt = Runtime::builder(api.client.clone())
             .policy(real_policy())
             .controller(
                 Controller::<Bare>::new(step("done", |_cx: Context<Bare>| async { Outcome::Done }))
                     .namespace(&api.ns),
             )
-            .events("realapi-no-status-test")
+            .controller(
+                Controller::<Terse>::new(step("done", |_cx: Context<Terse>| async {
+                    Outcome::Done
+                }))
+                .namespace(&api.ns),
+            )
+            .events("realapi-status-set-up-test")
             .start()
             .await
             .expect("start the runtime");
         let bares: Api<Bare> = Api::namespaced(api.client.clone(), &api.ns);
+        let terses: Api<Terse> = Api::namespaced(api.client.clone(), &api.ns);
+        let pp = PostParams::default();
         bares
-            .create(
-                &PostParams::default(),
-                &Bare::new("b", BareSpec { size: 1 }),
-            )
+            .create(&pp, &Bare::new("b", BareSpec { size: 1 }))
             .await
             .expect("create a Bare");
+        terses
+            .create(&pp, &Terse::new("t", TerseSpec { size: 1 }))
+            .await
+            .expect("create a Terse");
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(api.client.clone(), &api.ns);
-        let note = eventually("a StatusNotServed Event", CONVERGE, || async {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("StatusNotServed"))
-                .and_then(|e| e.note)
-        })
-        .await;
+        let note = |reason: &'static str, name: &'static str| {
+            let events = events.clone();
+            eventually(reason, CONVERGE, move || {
+                let events = events.clone();
+                async move {
+                    let list = events.list(&Default::default()).await.ok()?;
+                    list.items
+                        .into_iter()
+                        .filter(|e| {
+                            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                        })
+                        .find(|e| e.reason.as_deref() == Some(reason))
+                        .and_then(|e| e.note)
+                }
+            })
+        };
+        let not_served = note("StatusNotServed", "b").await;
         assert!(
-            note.contains("schema.actorcile.dev/v1 bares"),
-            "the Event names the resource: {note}"
+            not_served.contains("schema.actorcile.dev/v1 bares"),
+            "the Event names the resource: {not_served}"
+        );
+        let pruned = note("StatusPruned", "t").await;
+        assert!(
+            pruned.contains("schema.actorcile.dev/v1 terses"),
+            "the Event names the resource: {pruned}"
         );
         assert_eq!(
             rt.metrics().status_writes,
-            0,
-            "no status write went through"
+            1,
+            "only the Terse's write went through (pruned)"
         );
-        // The finalizer went on (a plain patch of the object): deletion still deprovisions.
+        // Both still delete: the finalizer is a plain patch of the object.
         bares
             .delete("b", &Default::default())
             .await
             .expect("delete");
-        eventually("b gone", CONVERGE, || async {
-            matches!(bares.get_opt("b").await, Ok(None)).then_some(())
+        terses
+            .delete("t", &Default::default())
+            .await
+            .expect("delete");
+        eventually("both gone", CONVERGE, || async {
+            let gone = (bares.get_opt("b").await, terses.get_opt("t").await);
+            matches!(gone, (Ok(None), Ok(None))).then_some(())
         })
         .await;
         rt.shutdown().await;

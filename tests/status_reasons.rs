@@ -1,7 +1,8 @@
 //! The status users read, on the in-process cluster: a provisioner's reason code becomes the
 //! `Ready` condition's reason, an invalid code never reaches the API, a dependency being deleted
-//! says so, bulk references make exactly the named objects carry a reference, and a kind without
-//! a status subresource is reported as such.
+//! says so, bulk references make exactly the named objects carry a reference, and a kind whose
+//! status cannot hold what the runtime writes (no status subresource, or a status schema without
+//! its fields) is reported as such.
 
 mod common;
 
@@ -260,6 +261,64 @@ async fn a_kind_without_a_status_subresource_is_reported_not_taken_for_deleted()
         rt.metrics().status_writes,
         0,
         "no status write went through"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_status_schema_without_the_runtimes_fields_is_reported() {
+    // A status type of the operator's own that does not hold `ResourceStatus`: the schema of
+    // `status` declares none of its fields, so the API server prunes them from every write.
+    let cluster = actorcile::cluster::ApiServer::new();
+    let mut crd = Widget::crd();
+    for v in &mut crd.spec.versions {
+        let schema = v
+            .schema
+            .as_mut()
+            .unwrap()
+            .open_api_v3_schema
+            .as_mut()
+            .unwrap();
+        let status = schema
+            .properties
+            .as_mut()
+            .unwrap()
+            .get_mut("status")
+            .unwrap();
+        *status = serde_json::from_value(serde_json::json!({
+            "type": "object",
+            "properties": {"replicas": {"type": "integer"}},
+        }))
+        .unwrap();
+    }
+    cluster.install_crd(&crd).expect("install CRD");
+    let client = cluster.client();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(reasons_tree()))
+        .events("widget-operator")
+        .start()
+        .await
+        .expect("start");
+    create(&client, "w", 1).await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let note = eventually("a StatusPruned Event", LIMIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("StatusPruned"))
+            .and_then(|e| e.note)
+    })
+    .await;
+    assert!(
+        note.contains("test.actorcile.dev/v1 widgets") && note.contains("ResourceStatus"),
+        "the Event says what is missing and how to fix it: {note}"
+    );
+    assert!(
+        status_of(&client, "w")
+            .await
+            .is_some_and(|s| s.ready().is_none()),
+        "the write went through, without the runtime's fields"
     );
     rt.shutdown().await;
 }

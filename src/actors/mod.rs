@@ -130,9 +130,9 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub kind_metrics: Arc<KindMetrics>,
     /// Each object's Event budget.
     pub event_budget: event_budget::EventBudget<ObjectRef<K>>,
-    /// Whether the API server serves the kind's status subresource (asked when a status write
-    /// is answered 404).
-    pub status_served: writes::StatusServed,
+    /// What the runtime found out about the kind's status subresource (served at all, and
+    /// keeping what the runtime writes).
+    pub status_checks: writes::StatusChecks,
     pub references: Arc<ReferenceIndex>,
     /// Every resource actor's wake-up and idle timers.
     pub timers: Timers<ResourceMsg<K>>,

@@ -826,10 +826,15 @@ impl<K: ManagedResource> ResourceActor<K> {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
         match writes::patch_status(shared, obj, desired).await {
-            Ok(o) => st.record_write(o),
+            Ok(o) => {
+                if !shared.status_checks.kept(desired, &o) {
+                    writes::publish_status_pruned(shared, &o).await;
+                }
+                st.record_write(o);
+            }
             // The object is gone (nothing to write), or the kind has no status subresource.
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                if shared.status_served.check::<K>(&shared.client).await {
+                if shared.status_checks.served::<K>(&shared.client).await {
                     return StatusWrite::Written;
                 }
                 writes::publish_status_not_served(shared, obj.as_ref()).await;

@@ -40,25 +40,31 @@ pub(crate) async fn patch_status<K: ManagedResource>(
     Ok(written)
 }
 
-/// Whether the API server serves the kind's status subresource, as discovery last said.
+/// What the runtime found out about the kind's status subresource, for the two mistakes in a
+/// kind's set-up that would otherwise make every status write vanish without a word.
 ///
-/// A status write answered 404 usually means the object is gone; it means the same when the
-/// kind has no status subresource (a CRD without `subresources: {status: {}}`), and every
-/// status write of the kind then fails. Discovery tells the two apart; it is asked only on
-/// such a 404, and a "no" is asked again after [`StatusServed::RECHECK`] (the CRD may be fixed
-/// while the runtime runs).
+/// - No status subresource (a CRD without `subresources: {status: {}}`): every status write is
+///   answered 404, as for a deleted object. Discovery tells the two apart; it is asked only on
+///   such a 404, and a "no" is asked again after [`StatusChecks::RECHECK`] (the CRD may be
+///   fixed while the runtime runs).
+/// - A status schema without actorcile's fields (a status type that does not hold
+///   [`ResourceStatus`]'s `conditions` and `phase`): the API server prunes them and answers the
+///   write with a status that lacks them. The first status write of the kind is checked.
 #[derive(Debug, Default)]
-pub(crate) struct StatusServed(std::sync::Mutex<Option<(bool, tokio::time::Instant)>>);
+pub(crate) struct StatusChecks {
+    served: std::sync::Mutex<Option<(bool, tokio::time::Instant)>>,
+    kept_checked: std::sync::atomic::AtomicBool,
+}
 
-impl StatusServed {
+impl StatusChecks {
     /// How long a "not served" answer stands before discovery is asked again.
     const RECHECK: Duration = Duration::from_secs(30);
 
     /// Whether `K`'s status subresource is served (`true` if discovery cannot say: the 404 is
     /// then taken for the object being gone, as without this check).
-    pub(crate) async fn check<K: ManagedResource>(&self, client: &kube::Client) -> bool {
+    pub(crate) async fn served<K: ManagedResource>(&self, client: &kube::Client) -> bool {
         let now = tokio::time::Instant::now();
-        let known = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let known = *self.served.lock().unwrap_or_else(|e| e.into_inner());
         match known {
             Some((true, _)) => return true,
             Some((false, at)) if now < at + Self::RECHECK => return false,
@@ -69,7 +75,7 @@ impl StatusServed {
                 if !served {
                     tracing::error!(kind = %K::kind(&()), "{}", status_not_served::<K>());
                 }
-                *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((served, now));
+                *self.served.lock().unwrap_or_else(|e| e.into_inner()) = Some((served, now));
                 served
             }
             Err(e) => {
@@ -78,6 +84,43 @@ impl StatusServed {
             }
         }
     }
+
+    /// Whether the status the server answered a write with (`kept`) still holds what was written
+    /// (`written`): checked on the kind's first successful status write only (`true` after).
+    /// Logs the problem when it does not.
+    pub(crate) fn kept<K: ManagedResource>(&self, written: &ResourceStatus, kept: &K) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.kept_checked.swap(true, Ordering::Relaxed) {
+            return true;
+        }
+        let kept = ResourceStatus::of(kept);
+        let ready = |s: &ResourceStatus| s.ready().map(|c| (c.status.clone(), c.reason.clone()));
+        if ready(&kept) == ready(written) && kept.phase == written.phase {
+            return true;
+        }
+        tracing::error!(kind = %K::kind(&()), "{}", status_pruned::<K>());
+        false
+    }
+}
+
+/// What to do about a status schema that drops actorcile's fields (logged, and in a Warning
+/// Event).
+fn status_pruned<K: ManagedResource>() -> String {
+    format!(
+        "the API server dropped the runtime's status fields (conditions, phase) from {} {}: \
+         the CRD's status schema does not declare them. Make the status type hold \
+         actorcile's ResourceStatus (or declare `conditions`, `phase` and \
+         `observedGeneration`), or run the controller without_status()",
+        K::api_version(&()),
+        K::plural(&()),
+    )
+}
+
+/// Publish `StatusPruned` (Warning): the object's status write was answered without what was
+/// written.
+pub(crate) async fn publish_status_pruned<K: ManagedResource>(shared: &Shared<K>, obj: &K) {
+    let note = Some(status_pruned::<K>());
+    publish(shared, obj, EventType::Warning, "StatusPruned", note).await;
 }
 
 /// What to do about a kind without a status subresource (logged, and in a Warning Event).
