@@ -90,7 +90,10 @@ impl StatusChecks {
     /// Logs the problem when it does not.
     pub(crate) fn kept<K: ManagedResource>(&self, written: &ResourceStatus, kept: &K) -> bool {
         use std::sync::atomic::Ordering;
-        if self.kept_checked.swap(true, Ordering::Relaxed) {
+        // A load first: after the first write this is read on every write, by every actor.
+        if self.kept_checked.load(Ordering::Relaxed)
+            || self.kept_checked.swap(true, Ordering::Relaxed)
+        {
             return true;
         }
         let kept = ResourceStatus::of(kept);
