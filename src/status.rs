@@ -3,7 +3,10 @@
 //!
 //! Put [`ResourceStatus`] in your custom resource's status (as the status type, or flattened
 //! into yours) so the CRD schema has the fields; a real API server prunes fields its schema
-//! lacks:
+//! lacks (the runtime checks the answer to a kind's first status write, and reports a schema
+//! that pruned its fields with a `StatusPruned` Warning Event and an error log). The CRD needs
+//! a status subresource too (`#[kube(status = …)]` gives it one; without it every status write
+//! is refused, reported as `StatusNotServed`):
 //!
 //! ```
 //! use actorcile::status::ResourceStatus;
