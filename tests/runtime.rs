@@ -334,32 +334,53 @@ async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
     rt.shutdown().await;
 }
 
+/// What a test's client does with a request (see [`client_with`]).
+enum Fate {
+    Pass,
+    /// Never answered.
+    Hold,
+    /// Failed, as a connection error would fail it.
+    Refuse,
+}
+
+/// A client of `cluster` that does with each request what `fate` says.
+fn client_with(
+    cluster: &actorcile::cluster::ApiServer,
+    fate: impl Fn(&http::Request<kube::client::Body>) -> Fate + Send + Sync + 'static,
+) -> kube::Client {
+    use tower::ServiceExt;
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let svc = cluster.service();
+    let faulty = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (svc, fate) = (svc.clone(), fate(&req));
+        async move {
+            match fate {
+                Fate::Pass => svc.oneshot(req).await.map_err(BoxError::from),
+                Fate::Hold => std::future::pending().await,
+                Fate::Refuse => Err("refused by the test".into()),
+            }
+        }
+    });
+    kube::Client::new(faulty, "default")
+}
+
 /// A client of `cluster` that leaves unanswered, once each, the requests `held` names
 /// (`"PATCH /widgets/w/status"`: method and the end of the path); each is removed as it is met.
 fn holding_client(
     cluster: &actorcile::cluster::ApiServer,
     held: Arc<Mutex<Vec<&'static str>>>,
 ) -> kube::Client {
-    use tower::ServiceExt;
-    let svc = cluster.service();
-    let holding = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (svc, held) = (svc.clone(), held.clone());
-        async move {
-            let hold = {
-                let mut held = held.lock().unwrap();
-                let at = held.iter().position(|h| {
-                    let (method, path) = h.split_once(' ').unwrap();
-                    req.method().as_str() == method && req.uri().path().ends_with(path)
-                });
-                at.map(|i| held.remove(i)).is_some()
-            };
-            if hold {
-                std::future::pending::<()>().await;
-            }
-            svc.oneshot(req).await
+    client_with(cluster, move |req| {
+        let mut held = held.lock().unwrap();
+        let at = held.iter().position(|h| {
+            let (method, path) = h.split_once(' ').unwrap();
+            req.method().as_str() == method && req.uri().path().ends_with(path)
+        });
+        match at.map(|i| held.remove(i)) {
+            Some(_) => Fate::Hold,
+            None => Fate::Pass,
         }
-    });
-    kube::Client::new(holding, "default")
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -405,30 +426,23 @@ async fn a_runtime_write_left_unanswered_is_abandoned_at_the_write_timeout_and_r
     rt.shutdown().await;
 }
 
-/// A client of `cluster` that fails every status write (as a connection error would) while
-/// `refuse` is set, counting them in `refused`.
+/// A client of `cluster` that fails every status write while `refuse` is set, counting them
+/// in `refused`.
 fn refusing_client(
     cluster: &actorcile::cluster::ApiServer,
     refuse: Arc<std::sync::atomic::AtomicBool>,
     refused: Arc<AtomicU32>,
 ) -> kube::Client {
-    use tower::ServiceExt;
-    type BoxError = Box<dyn std::error::Error + Send + Sync>;
-    let svc = cluster.service();
-    let refusing = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (svc, refuse, refused) = (svc.clone(), refuse.clone(), refused.clone());
-        async move {
-            if req.method() == http::Method::PATCH
-                && req.uri().path().ends_with("/status")
-                && refuse.load(Ordering::SeqCst)
-            {
-                refused.fetch_add(1, Ordering::SeqCst);
-                return Err::<_, BoxError>("status writes are refused".into());
-            }
-            svc.oneshot(req).await.map_err(BoxError::from)
+    client_with(cluster, move |req| {
+        let status_write =
+            req.method() == http::Method::PATCH && req.uri().path().ends_with("/status");
+        if status_write && refuse.load(Ordering::SeqCst) {
+            refused.fetch_add(1, Ordering::SeqCst);
+            Fate::Refuse
+        } else {
+            Fate::Pass
         }
-    });
-    kube::Client::new(refusing, "default")
+    })
 }
 
 #[tokio::test(start_paused = true)]

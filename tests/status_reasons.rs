@@ -225,15 +225,14 @@ async fn set_references_makes_exactly_the_named_objects_carry_the_reference() {
     rt.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_kind_without_a_status_subresource_is_reported_not_taken_for_deleted() {
-    // The Widget CRD as a hand-written one often is: no `subresources: {status: {}}`. Every
-    // status write is answered 404, as for a deleted object.
+/// Runs the reasons tree, with Events, on a cluster serving `crd` (the Widget CRD as an operator
+/// might have got it wrong), creates widget `w`, and returns the note of the first Event with
+/// `reason`, with the runtime.
+async fn note_of_the_event_with(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    reason: &str,
+) -> (String, kube::Client, RuntimeHandle) {
     let cluster = actorcile::cluster::ApiServer::new();
-    let mut crd = Widget::crd();
-    for v in &mut crd.spec.versions {
-        v.subresources = None;
-    }
     cluster.install_crd(&crd).expect("install CRD");
     let client = cluster.client();
     let rt = Runtime::builder(client.clone())
@@ -245,14 +244,26 @@ async fn a_kind_without_a_status_subresource_is_reported_not_taken_for_deleted()
         .expect("start");
     create(&client, "w", 1).await;
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let note = eventually("a StatusNotServed Event", LIMIT, || async {
+    let note = eventually(&format!("a {reason} Event"), LIMIT, || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         list.items
             .into_iter()
-            .find(|e| e.reason.as_deref() == Some("StatusNotServed"))
+            .find(|e| e.reason.as_deref() == Some(reason))
             .and_then(|e| e.note)
     })
     .await;
+    (note, client, rt)
+}
+
+#[tokio::test]
+async fn a_kind_without_a_status_subresource_is_reported_not_taken_for_deleted() {
+    // The Widget CRD as a hand-written one often is: no `subresources: {status: {}}`. Every
+    // status write is answered 404, as for a deleted object.
+    let mut crd = Widget::crd();
+    for v in &mut crd.spec.versions {
+        v.subresources = None;
+    }
+    let (note, _client, rt) = note_of_the_event_with(crd, "StatusNotServed").await;
     assert!(
         note.contains("test.actorcile.dev/v1 widgets") && note.contains("without_status()"),
         "the Event says what is missing and how to fix it: {note}"
@@ -269,47 +280,23 @@ async fn a_kind_without_a_status_subresource_is_reported_not_taken_for_deleted()
 async fn a_status_schema_without_the_runtimes_fields_is_reported() {
     // A status type of the operator's own that does not hold `ResourceStatus`: the schema of
     // `status` declares none of its fields, so the API server prunes them from every write.
-    let cluster = actorcile::cluster::ApiServer::new();
     let mut crd = Widget::crd();
     for v in &mut crd.spec.versions {
         let schema = v
             .schema
             .as_mut()
-            .unwrap()
-            .open_api_v3_schema
-            .as_mut()
-            .unwrap();
-        let status = schema
-            .properties
-            .as_mut()
-            .unwrap()
-            .get_mut("status")
-            .unwrap();
-        *status = serde_json::from_value(serde_json::json!({
-            "type": "object",
-            "properties": {"replicas": {"type": "integer"}},
-        }))
-        .unwrap();
+            .and_then(|s| s.open_api_v3_schema.as_mut());
+        let properties = schema.and_then(|s| s.properties.as_mut()).unwrap();
+        properties.insert(
+            "status".into(),
+            serde_json::from_value(serde_json::json!({
+                "type": "object",
+                "properties": {"replicas": {"type": "integer"}},
+            }))
+            .unwrap(),
+        );
     }
-    cluster.install_crd(&crd).expect("install CRD");
-    let client = cluster.client();
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(reasons_tree()))
-        .events("widget-operator")
-        .start()
-        .await
-        .expect("start");
-    create(&client, "w", 1).await;
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let note = eventually("a StatusPruned Event", LIMIT, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("StatusPruned"))
-            .and_then(|e| e.note)
-    })
-    .await;
+    let (note, client, rt) = note_of_the_event_with(crd, "StatusPruned").await;
     assert!(
         note.contains("test.actorcile.dev/v1 widgets") && note.contains("ResourceStatus"),
         "the Event says what is missing and how to fix it: {note}"
