@@ -758,9 +758,15 @@ impl<K: ManagedResource> ResourceActor<K> {
         if Self::take_written(st, &cx) {
             st.mark_due(); // a step's write met someone else's: run again on theirs
         }
-        // The steps' own writes (conditions, their finalizers) are the object now.
-        let obj = &st.object.clone().unwrap_or_else(|| obj.clone());
-        let status = &ResourceStatus::of(obj.as_ref());
+        // The steps' own writes (conditions, their finalizers) are the object now; its status
+        // is parsed again only if they wrote.
+        let (obj, status) = match st.object.clone() {
+            Some(latest) if !Arc::ptr_eq(&latest, obj) => {
+                let status = Arc::new(ResourceStatus::of(latest.as_ref()));
+                (latest, status)
+            }
+            _ => (obj.clone(), status.clone()),
+        };
         if !outcome.is_done() {
             let desired = status.after_deprovision(&outcome, generation);
             return Some(Pass {
