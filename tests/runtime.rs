@@ -477,6 +477,52 @@ async fn a_status_write_that_keeps_failing_is_retried_with_the_error_backoff() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_error_backoff_resumes_after_passivation() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let l = log.clone();
+    // Fails every pass: a dependency that stays down.
+    let tree = step("fails", move |cx: Context<Widget>| {
+        let l = l.clone();
+        async move {
+            let i = l.start(&cx.object().name_any());
+            l.end(i);
+            Outcome::failed(
+                Reason::new("Down", "the dependency is down"),
+                std::io::Error::other("down"),
+            )
+        }
+    });
+    // Backoffs past a second passivate the actor between attempts.
+    let mut policy = passivating(Duration::from_secs(1));
+    policy.error_backoff.min = Duration::from_millis(200);
+    policy.error_backoff.max = Duration::from_secs(60);
+    policy.error_backoff.factor = 2.0;
+    let rt = start_widgets(&client, policy, tree).await;
+    create(&client, "f", 1).await;
+    wait_reason(&client, "f", "Down", LIMIT).await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(
+        rt.metrics().passivations > 0,
+        "the actor passivated between attempts"
+    );
+    // 0.2, 0.4 … 51.2 s, then every 60 s: about 17 attempts in ten minutes. Restarting the
+    // backoff at each re-activation would make it hundreds.
+    let starts = log.starts("f");
+    assert!(
+        (15..=20).contains(&starts.len()),
+        "{} attempts in ten minutes",
+        starts.len()
+    );
+    let last = starts[starts.len() - 1] - starts[starts.len() - 2];
+    assert!(
+        last >= Duration::from_secs(60) && last < Duration::from_secs(61),
+        "at the longest backoff: {last:?}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaffected() {
     let (_cluster, client) = cluster();
     let tree = step("sometimes-panics", |cx: Context<Widget>| async move {

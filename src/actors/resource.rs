@@ -191,8 +191,17 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.error_attempts += 1;
         let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&st.key));
         let policy = &self.shared.policy.error_backoff;
+        let attempts = st.error_attempts;
         st.error_backoff
-            .get_or_insert_with(|| Box::new(policy.sequence(seed)))
+            .get_or_insert_with(|| {
+                // After a passivation (which keeps only the count): resume where the object's
+                // backoff was, not at its start. 64 doublings are past any `max`.
+                let mut sequence = policy.sequence(seed);
+                for _ in 1..attempts.min(64) {
+                    sequence.next();
+                }
+                Box::new(sequence)
+            })
             .next()
             .unwrap_or(policy.max)
     }
