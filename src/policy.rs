@@ -251,7 +251,8 @@ pub struct BackoffPolicy {
     pub factor: f64,
     /// Add random jitter to each delay (up to +100 % of it, as backon does).
     pub jitter: bool,
-    /// A quiet period this long resets the backoff to `min`.
+    /// A quiet period this long resets the backoff to `min` (the restart backoff's; the error
+    /// backoff ignores it and resets when a pass succeeds).
     #[serde(with = "humantime_serde")]
     pub reset_after: Duration,
 }
