@@ -30,14 +30,26 @@ pub(crate) async fn patch_status<K: ManagedResource>(
     let mut patch = status.patch();
     patch["metadata"] = json!({"resourceVersion": obj.meta().resource_version});
     let (api, params) = (shared.api(obj), shared.patch_params());
-    let written = bounded(
-        shared.policy.write_timeout,
-        &shared.metrics.write_timeouts,
+    let written = bounded_write(
+        shared,
         api.patch_status(&obj.name_any(), &params, &Patch::Merge(patch)),
     )
     .await?;
     Metrics::inc(&shared.metrics.status_writes);
     Ok(written)
+}
+
+/// `write` within the policy's `write_timeout`, an abandoned one counted ([`bounded`]).
+async fn bounded_write<K: ManagedResource, T>(
+    shared: &Shared<K>,
+    write: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    bounded(
+        shared.policy.write_timeout,
+        &shared.metrics.write_timeouts,
+        write,
+    )
+    .await
 }
 
 /// What the runtime found out about the kind's status subresource, for the two mistakes in a
@@ -285,13 +297,7 @@ async fn publish<K: ManagedResource>(
     };
     let regarding = obj.object_ref(&());
     let published = recorder.publish(&ev, &regarding);
-    if let Err(e) = bounded(
-        shared.policy.write_timeout,
-        &shared.metrics.write_timeouts,
-        published,
-    )
-    .await
-    {
+    if let Err(e) = bounded_write(shared, published).await {
         // Not retried: the status already says what the Event would. Refused Events are worth
         // an operator's look (RBAC, or a name too long for an Event's `<name>.<time>`).
         let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
@@ -328,9 +334,8 @@ pub(crate) async fn claim<K: ManagedResource>(
     }
     let patch: json_patch::Patch =
         serde_json::from_value(serde_json::Value::Array(ops)).expect("static JSON patch shape");
-    bounded(
-        shared.policy.write_timeout,
-        &shared.metrics.write_timeouts,
+    bounded_write(
+        shared,
         api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
     )
     .await
@@ -382,9 +387,8 @@ pub(crate) async fn remove_finalizer<K: ManagedResource>(
         {"op": "remove", "path": path},
     ]))
     .expect("static JSON patch shape");
-    match bounded(
-        shared.policy.write_timeout,
-        &shared.metrics.write_timeouts,
+    match bounded_write(
+        shared,
         api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
     )
     .await
