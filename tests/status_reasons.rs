@@ -32,16 +32,21 @@ fn reasons_tree() -> impl Provisioner<Widget> {
     })
 }
 
-#[tokio::test]
-async fn the_provisioners_reason_is_the_conditions_reason_and_an_invalid_one_is_replaced() {
-    let (_cluster, client) = cluster();
-    let rt = Runtime::builder(client.clone())
+/// A runtime running [`reasons_tree`] on widgets, publishing Events.
+async fn start_reasons(client: &kube::Client) -> RuntimeHandle {
+    Runtime::builder(client.clone())
         .policy(test_policy())
         .controller(Controller::<Widget>::new(reasons_tree()))
         .events("widget-operator")
         .start()
         .await
-        .expect("start");
+        .expect("start")
+}
+
+#[tokio::test]
+async fn the_provisioners_reason_is_the_conditions_reason_and_an_invalid_one_is_replaced() {
+    let (_cluster, client) = cluster();
+    let rt = start_reasons(&client).await;
     create(&client, "typed", -1).await;
     create(&client, "invalid", -2).await;
     let s = wait_reason(&client, "typed", "SizeNegative", LIMIT).await;
@@ -235,13 +240,7 @@ async fn note_of_the_event_with(
     let cluster = actorcile::cluster::ApiServer::new();
     cluster.install_crd(&crd).expect("install CRD");
     let client = cluster.client();
-    let rt = Runtime::builder(client.clone())
-        .policy(test_policy())
-        .controller(Controller::<Widget>::new(reasons_tree()))
-        .events("widget-operator")
-        .start()
-        .await
-        .expect("start");
+    let rt = start_reasons(&client).await;
     create(&client, "w", 1).await;
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let note = eventually(&format!("a {reason} Event"), LIMIT, || async {
