@@ -28,12 +28,20 @@ fn passivating(idle: Duration) -> SupervisorPolicy {
 
 /// A tree that logs every provision call of `Widget`s.
 fn logging_step(log: RunLog) -> impl Provisioner<Widget> {
+    logging_step_with(log, |_| Outcome::Done)
+}
+
+/// A tree that logs every provision call of `Widget`s and ends it with `outcome`.
+fn logging_step_with(
+    log: RunLog,
+    outcome: impl Fn(&Context<Widget>) -> Outcome + Clone + Send + Sync + 'static,
+) -> impl Provisioner<Widget> {
     step("log", move |cx: Context<Widget>| {
-        let log = log.clone();
+        let (log, outcome) = (log.clone(), outcome.clone());
         async move {
             let i = log.start(&cx.object().name_any());
             log.end(i);
-            Outcome::Done
+            outcome(&cx)
         }
     })
 }
@@ -480,18 +488,12 @@ async fn a_status_write_that_keeps_failing_is_retried_with_the_error_backoff() {
 async fn the_error_backoff_resumes_after_passivation() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    let l = log.clone();
     // Fails every pass: a dependency that stays down.
-    let tree = step("fails", move |cx: Context<Widget>| {
-        let l = l.clone();
-        async move {
-            let i = l.start(&cx.object().name_any());
-            l.end(i);
-            Outcome::failed(
-                Reason::new("Down", "the dependency is down"),
-                std::io::Error::other("down"),
-            )
-        }
+    let tree = logging_step_with(log.clone(), |_| {
+        Outcome::failed(
+            Reason::new("Down", "the dependency is down"),
+            std::io::Error::other("down"),
+        )
     });
     // Backoffs past a second passivate the actor between attempts.
     let mut policy = passivating(Duration::from_secs(1));
