@@ -684,19 +684,18 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
 
-        // A failed status write backs off like a failed pass, so a write the API server keeps
-        // refusing (an invalid status, a missing permission) is not retried at a fixed pace.
-        let write_failed = write == StatusWrite::Failed;
-        if write_failed && !matches!(outcome, Outcome::Failed { .. }) {
+        // A failed pass backs off, and so does a failed status write, so a write the API server
+        // keeps refusing (an invalid status, a missing permission) is not retried at a fixed
+        // pace. A done or yielding pass whose status landed resets the backoff.
+        if write == StatusWrite::Failed || matches!(outcome, Outcome::Failed { .. }) {
             let retry = self.next_error_backoff(st);
             self.schedule_wake(myself, st, retry);
+        } else if matches!(outcome, Outcome::Done | Outcome::Yield { .. }) {
+            st.error_backoff = None;
+            st.error_attempts = 0;
         }
         let delay = match &outcome {
             Outcome::Done => {
-                if !write_failed {
-                    st.error_backoff = None;
-                    st.error_attempts = 0;
-                }
                 let seed = shared
                     .policy
                     .seed
@@ -708,16 +707,9 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .or(shared.policy.poll_interval)
                     .map(|p| jitter(p, shared.policy.poll_jitter, seed))
             }
-            Outcome::Yield { after, .. } => {
-                if !write_failed {
-                    st.error_backoff = None;
-                    st.error_attempts = 0;
-                }
-                Some(after.unwrap_or(shared.policy.yield_delay))
-            }
+            Outcome::Yield { after, .. } => Some(after.unwrap_or(shared.policy.yield_delay)),
             Outcome::Waiting { .. } => Some(shared.policy.dependency_poll),
-            Outcome::Terminal(_) | Outcome::UserActionRequired(_) => None,
-            Outcome::Failed { .. } => Some(self.next_error_backoff(st)),
+            Outcome::Terminal(_) | Outcome::UserActionRequired(_) | Outcome::Failed { .. } => None,
         };
         if let Some(d) = delay {
             self.schedule_wake(myself, st, d);
