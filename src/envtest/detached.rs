@@ -181,6 +181,11 @@ impl DetachedEnvtest {
         };
         end_process(self.pid(component), &binary, first, Duration::from_secs(10)).await;
         let deadline = Instant::now() + timeout;
+        let own_ports = match component {
+            Component::Etcd => vec![ports.etcd_client, ports.etcd_peer],
+            Component::KubeApiserver => vec![ports.apiserver],
+        };
+        wait_ports_free(component, &own_ports, deadline).await?;
         let work = WorkDir::create(Some(self.dir.clone()), true)?;
         let args = match component {
             Component::Etcd => process::etcd_args(&work, &ports),
@@ -235,6 +240,37 @@ impl DetachedEnvtest {
                 e,
             )),
         }
+    }
+}
+
+/// Waits until every one of `ports` can be bound on loopback again.
+///
+/// The process that held them is not this one's child, so there is no `waitpid` to tell when it
+/// has fully exited: a killed multi-threaded process (etcd, kube-apiserver) shows its main thread
+/// as a zombie — [`process_is`] says gone — while its other threads still hold the listening
+/// sockets for a moment, and a new process started then fails with "address already in use".
+async fn wait_ports_free(
+    component: Component,
+    ports: &[u16],
+    deadline: Instant,
+) -> Result<(), EnvtestError> {
+    loop {
+        let busy: Vec<u16> = ports
+            .iter()
+            .copied()
+            .filter(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_err())
+            .collect();
+        if busy.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(EnvtestError::Startup {
+                component: component.name(),
+                reason: format!("its ports {busy:?} are still in use after the old process ended"),
+                log_tail: String::new(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -323,6 +359,31 @@ mod tests {
             DetachedEnvtest::load(dir.path()),
             Err(EnvtestError::State { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_restart_waits_for_the_old_process_to_let_go_of_its_ports() {
+        let held = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = held.local_addr().unwrap().port();
+        let soon = Instant::now() + Duration::from_millis(200);
+        let err = wait_ports_free(Component::Etcd, &[port], soon)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains(&format!("[{port}]")), "{err}");
+
+        let start = Instant::now();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let later = Instant::now() + Duration::from_secs(30);
+        wait_ports_free(Component::Etcd, &[port], later)
+            .await
+            .unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(300),
+            "returned before the port was released"
+        );
     }
 
     #[test]
