@@ -65,6 +65,10 @@ fn check_shape(v: &Value, workload: &str, min_runs_per_object: u64) {
         let peak = r["peak_rss_bytes"].as_u64().expect("peak_rss_bytes");
         assert!(peak > 1024 * 1024, "peak RSS {peak} looks wrong");
         assert_eq!(r["rss_per_object_bytes"].as_u64().unwrap(), peak / 50);
+        assert!(
+            r["server_cpu_seconds"].is_null(),
+            "in process the server's CPU is in cpu_seconds: {r}"
+        );
     }
     assert!(v.get("ratio").is_none(), "no runs/s ratio: {v}");
     let speedup = v["speedup_converge"].as_f64().expect("speedup_converge");

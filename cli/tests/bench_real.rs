@@ -25,6 +25,13 @@ fn check_runs(v: &Value, backend: &str, objects: u64) {
         assert!(r["runs"].as_u64().unwrap() >= objects, "{r}");
         assert!(r["api_requests"].as_u64().unwrap() >= 1, "{r}");
         assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+        // The control plane's CPU is read where the bench started it, not from a kubeconfig.
+        let server_cpu = r["server_cpu_seconds"].as_f64();
+        if backend == "envtest" {
+            assert!(server_cpu.is_some_and(|s| s > 0.0), "{r}");
+        } else {
+            assert_eq!(server_cpu, None, "{r}");
+        }
     }
     let speedup = v["speedup_converge"].as_f64().expect("speedup_converge");
     let expected = runs[1]["seconds"].as_f64().unwrap() / runs[0]["seconds"].as_f64().unwrap();

@@ -131,6 +131,19 @@ impl BenchCluster {
         }
     }
 
+    /// The processes serving this cluster whose CPU the bench can read: etcd and kube-apiserver
+    /// on envtest; none in process (the runtime's own CPU includes that server) or for a
+    /// kubeconfig's cluster.
+    pub fn server_pids(&self) -> Vec<u32> {
+        match &self.owned {
+            Owned::Envtest(envtest) => {
+                let (etcd, apiserver) = envtest.pids();
+                etcd.into_iter().chain(apiserver).collect()
+            }
+            Owned::InProcess(_) | Owned::Namespace => Vec::new(),
+        }
+    }
+
     /// Removes what this child created (objects and namespace of a kubeconfig cluster).
     pub async fn close(self) -> Result<()> {
         match self.owned {

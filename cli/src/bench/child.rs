@@ -123,7 +123,8 @@ async fn measure(
     let phases = if operator { 2 } else { 1 };
     let bar = progress_bar(u64::from(args.objects()) * phases, runtime, "done");
 
-    let cpu_at_start = stats::process_cpu_seconds();
+    let server_pids = target.server_pids();
+    let cpu_at_start = CpuReading::now(&server_pids);
     let recorder = Recorder::start(config, target.counter.clone());
     let running = Running::start(args, runtime, target, &recorder).await?;
     let driver = (args.workload == Workload::Churn).then(|| {
@@ -158,14 +159,13 @@ async fn measure(
     let mut idle_rss = None;
     // `operator`: the idle memory is read at all Ready, and the wait for it is left out of the
     // seconds and CPU time.
-    let mut settling = (Duration::ZERO, 0.0);
+    let mut settling = (Duration::ZERO, CpuUsed::default());
     if operator && let Ok(ready) = tokio::time::timeout_at(deadline, recorder.wait_ready()).await {
-        let (at, cpu) = (recorder.elapsed(), stats::process_cpu_seconds());
+        let (at, cpu) = (recorder.elapsed(), CpuReading::now(&server_pids));
         idle_rss = running.settle(args.concurrency).await;
         settling = (
             recorder.elapsed() - at,
-            cpu.zip(stats::process_cpu_seconds())
-                .map_or(0.0, |(a, b)| b - a),
+            CpuReading::now(&server_pids).since(cpu),
         );
         let started = recorder.elapsed();
         deletion = Some((ready, started));
@@ -177,10 +177,9 @@ async fn measure(
         .await?;
     }
     let waited = tokio::time::timeout_at(deadline, recorder.wait_done()).await;
-    let cpu_seconds = match (cpu_at_start, stats::process_cpu_seconds()) {
-        (Some(start), Some(end)) => (end - start - settling.1).max(0.0),
-        _ => 0.0,
-    };
+    let cpu = CpuReading::now(&server_pids)
+        .since(cpu_at_start)
+        .minus(settling.1);
     if !operator && waited.is_ok() {
         idle_rss = running.settle(args.concurrency).await;
     }
@@ -251,7 +250,7 @@ async fn measure(
         objects: args.objects(),
         runs: done.runs,
         seconds: done.elapsed.saturating_sub(settling.0).as_secs_f64(),
-        cpu_seconds,
+        cpu,
         latencies: recorder.latencies(),
         api_requests: done.api_requests,
         baseline_rss,
@@ -266,12 +265,57 @@ async fn measure(
     })
 }
 
+/// CPU time read at one moment: this process's, and the control plane's where the bench can
+/// read it (envtest: etcd and kube-apiserver).
+#[derive(Debug, Clone, Copy)]
+struct CpuReading {
+    own: Option<f64>,
+    server: Option<f64>,
+}
+
+impl CpuReading {
+    fn now(server_pids: &[u32]) -> Self {
+        Self {
+            own: stats::process_cpu_seconds(),
+            server: stats::processes_cpu_seconds(server_pids),
+        }
+    }
+
+    /// The CPU used from `earlier` until this reading.
+    fn since(self, earlier: CpuReading) -> CpuUsed {
+        let used = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b).max(0.0));
+        CpuUsed {
+            own: used(self.own, earlier.own),
+            server: used(self.server, earlier.server),
+        }
+    }
+}
+
+/// CPU seconds used over a window: this process's, and the control plane's (`None` where it
+/// could not be read).
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuUsed {
+    own: Option<f64>,
+    server: Option<f64>,
+}
+
+impl CpuUsed {
+    /// This window without `part` (a wait left out of the measurement).
+    fn minus(self, part: CpuUsed) -> CpuUsed {
+        let less = |a: Option<f64>, b: Option<f64>| a.map(|a| (a - b.unwrap_or(0.0)).max(0.0));
+        CpuUsed {
+            own: less(self.own, part.own),
+            server: less(self.server, part.server),
+        }
+    }
+}
+
 /// What every workload measures alike, from which its [`RunResult`] is made.
 struct Measured {
     objects: u32,
     runs: u64,
     seconds: f64,
-    cpu_seconds: f64,
+    cpu: CpuUsed,
     latencies: Vec<Duration>,
     api_requests: u64,
     baseline_rss: u64,
@@ -292,7 +336,8 @@ impl Measured {
             } else {
                 0.0
             },
-            cpu_seconds: self.cpu_seconds,
+            cpu_seconds: self.cpu.own.unwrap_or(0.0),
+            server_cpu_seconds: self.cpu.server,
             p50_ms: percentile(&mut self.latencies, 50.0).map(millis),
             p99_ms: percentile(&mut self.latencies, 99.0).map(millis),
             latency_samples: self.latencies.len() as u64,
@@ -416,7 +461,8 @@ async fn measure_restart(
     // The restart, changes coming in until every listed object has run.
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
     let requests_before = target.counter.get();
-    let cpu_at_start = stats::process_cpu_seconds();
+    let server_pids = target.server_pids();
+    let cpu_at_start = CpuReading::now(&server_pids);
     let recorder = Recorder::start(config, target.counter.clone());
     let running = Running::start(args, runtime, target, &recorder).await?;
     let driver = tokio::spawn(restart_driver(
@@ -433,10 +479,7 @@ async fn measure_restart(
     })
     .await;
     let all_changes = recorder.elapsed();
-    let cpu_seconds = match (cpu_at_start, stats::process_cpu_seconds()) {
-        (Some(start), Some(end)) => (end - start).max(0.0),
-        _ => 0.0,
-    };
+    let cpu = CpuReading::now(&server_pids).since(cpu_at_start);
     let api_requests = target.counter.get() - requests_before;
     if waited.is_err() {
         driver.abort();
@@ -461,7 +504,7 @@ async fn measure_restart(
         // Until the last listed object ran (the changes seen after it are not counted).
         runs: listed.runs,
         seconds: listed.elapsed.as_secs_f64(),
-        cpu_seconds,
+        cpu,
         latencies: recorder.latencies(),
         api_requests,
         baseline_rss,

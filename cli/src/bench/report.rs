@@ -70,6 +70,12 @@ pub struct RunResult {
     /// in here too, alike for both runtimes. Less disturbed than `seconds` by other processes
     /// on a shared machine.
     pub cpu_seconds: f64,
+    /// CPU time (user + system) the API server's processes used over the same window:
+    /// kube-apiserver and etcd on envtest (`null` in process, where `cpu_seconds` includes the
+    /// server, and against a kubeconfig's cluster, whose processes the bench cannot see). On
+    /// a real API server most of a run's CPU is the server's: the load the runtime puts on it.
+    #[serde(default)]
+    pub server_cpu_seconds: Option<f64>,
     /// Median event→run latency in milliseconds (`null` without samples; `restart`: change→run).
     pub p50_ms: Option<f64>,
     /// 99th percentile event→run latency in milliseconds (`null` without samples).
@@ -171,6 +177,10 @@ pub struct BenchReport {
     pub speedup_deleted: Option<f64>,
     /// kube-runtime's `cpu_seconds` ÷ actorcile's (above 1, actorcile used less CPU).
     pub cpu_ratio: Option<f64>,
+    /// kube-runtime's `server_cpu_seconds` ÷ actorcile's (above 1, actorcile cost the API
+    /// server less CPU; `null` unless both were read).
+    #[serde(default)]
+    pub server_cpu_ratio: Option<f64>,
 }
 
 impl BenchReport {
@@ -191,6 +201,7 @@ impl BenchReport {
         let speedup_ready = speedup(|r| r.operator.map(|p| p.ready_seconds));
         let speedup_deleted = speedup(|r| r.operator.map(|p| p.deleted_seconds));
         let cpu_ratio = speedup(|r| Some(r.cpu_seconds));
+        let server_cpu_ratio = speedup(|r| r.server_cpu_seconds);
         let speedup_converge_per_repeat = match (ac, kr) {
             (Some(ac), Some(kr)) if ac.seconds_per_repeat.len() == kr.seconds_per_repeat.len() => {
                 ac.seconds_per_repeat
@@ -212,6 +223,7 @@ impl BenchReport {
             speedup_ready,
             speedup_deleted,
             cpu_ratio,
+            server_cpu_ratio,
         }
     }
 
@@ -232,6 +244,7 @@ impl BenchReport {
         let operator = self.runs.iter().any(|r| r.operator.is_some());
         let restart = self.runs.iter().any(|r| r.restart.is_some());
         let writes = self.runs.iter().any(|r| r.status_writes > 0);
+        let server = self.runs.iter().any(|r| r.server_cpu_seconds.is_some());
         let spread = self.runs.iter().any(|r| r.spread().is_some());
         let mut columns: Vec<Column> = vec![
             ("runtime", Box::new(|r| r.runtime.to_string())),
@@ -292,8 +305,11 @@ impl BenchReport {
                 }),
             ));
         }
-        columns.extend::<[Column; 6]>([
-            ("CPU s", Box::new(|r| format!("{:.3}", r.cpu_seconds))),
+        columns.push(("CPU s", Box::new(|r| format!("{:.3}", r.cpu_seconds))));
+        if server {
+            columns.push(("server CPU s", Box::new(|r| opt_secs(r.server_cpu_seconds))));
+        }
+        columns.extend::<[Column; 5]>([
             ("API reqs", Box::new(|r| r.api_requests.to_string())),
             ("runs", Box::new(|r| r.runs.to_string())),
             ("runs/s", Box::new(|r| format!("{:.0}", r.runs_per_sec))),
@@ -402,6 +418,8 @@ Columns (each runtime's median run of --repeat, by seconds):
              watch request sent, after its list); earlier ones wait for the list to arrive
   CPU s      CPU time (user + system) of the runtime's process over `seconds`; includes the
              in-process API server when it serves the objects (alike for both)
+  server CPU s  envtest: CPU time of kube-apiserver and etcd over `seconds`, the load the
+             runtime put on the API server
   API reqs   HTTP requests the runtime's own client sent (each watch counts once); set-up, the
              deletion and the observer use another client and are not counted
   runs       reconcile runs (kube-runtime also runs on the echo of its own writes: compare
@@ -480,6 +498,7 @@ mod tests {
             seconds: 20.0 / rps,
             runs_per_sec: rps,
             cpu_seconds: 0.25,
+            server_cpu_seconds: None,
             p50_ms: Some(1.5),
             p99_ms: None,
             latency_samples: 10,
@@ -601,6 +620,50 @@ mod tests {
         assert_eq!(v["runs"][0]["operator"]["ready_seconds"], 1.0);
         assert_eq!(v["runs"][1]["operator"]["children_left"], 0);
         assert_eq!(v["speedup_deleted"], 4.0);
+    }
+
+    #[test]
+    fn the_server_cpu_shows_only_where_it_was_read() {
+        let ac = RunResult {
+            server_cpu_seconds: Some(1.5),
+            ..timed(RuntimeKind::Actorcile, 1.0)
+        };
+        let kr = RunResult {
+            server_cpu_seconds: Some(3.0),
+            ..timed(RuntimeKind::KubeRuntime, 1.0)
+        };
+        let report = BenchReport::new(Workload::Status, 10, "envtest", 64, vec![ac, kr]);
+        assert_eq!(report.server_cpu_ratio, Some(2.0));
+        let table = report.to_table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[1].contains("CPU s  server CPU s  API reqs"),
+            "{table}"
+        );
+        assert!(
+            lines[2].contains("1.500") && lines[3].contains("3.000"),
+            "{table}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&report.to_json_line()).unwrap();
+        assert_eq!(v["runs"][0]["server_cpu_seconds"], 1.5);
+        assert_eq!(v["server_cpu_ratio"], 2.0);
+
+        let in_process = BenchReport::new(
+            Workload::Status,
+            10,
+            "in-process",
+            64,
+            vec![
+                timed(RuntimeKind::Actorcile, 1.0),
+                timed(RuntimeKind::KubeRuntime, 1.0),
+            ],
+        );
+        assert_eq!(in_process.server_cpu_ratio, None);
+        let table = in_process.to_table();
+        assert!(
+            !table.lines().nth(1).unwrap().contains("server CPU"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -271,6 +271,7 @@ mod tests {
             seconds: 1.0,
             runs_per_sec: f64::from(objects),
             cpu_seconds: cpu,
+            server_cpu_seconds: None,
             p50_ms: None,
             p99_ms: None,
             latency_samples: 0,
