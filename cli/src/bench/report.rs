@@ -394,6 +394,12 @@ impl BenchReport {
             kr.api_requests,
             human_bytes(kr.peak_rss_bytes),
         );
+        if let (Some(a), Some(k)) = (ac.server_cpu_seconds, kr.server_cpu_seconds) {
+            let _ = write!(
+                line,
+                "\n  API server CPU s: actorcile {a:.3}, kube-runtime {k:.3}"
+            );
+        }
         line
     }
 }
@@ -418,8 +424,8 @@ Columns (each runtime's median run of --repeat, by seconds):
              watch request sent, after its list); earlier ones wait for the list to arrive
   CPU s      CPU time (user + system) of the runtime's process over `seconds`; includes the
              in-process API server when it serves the objects (alike for both)
-  server CPU s  envtest: CPU time of kube-apiserver and etcd over `seconds`, the load the
-             runtime put on the API server
+  server CPU envtest: CPU time (user + system) of kube-apiserver and etcd over `seconds`, the
+             load the runtime put on the API server (column `server CPU s`)
   API reqs   HTTP requests the runtime's own client sent (each watch counts once); set-up, the
              deletion and the observer use another client and are not counted
   runs       reconcile runs (kube-runtime also runs on the echo of its own writes: compare
@@ -647,6 +653,10 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&report.to_json_line()).unwrap();
         assert_eq!(v["runs"][0]["server_cpu_seconds"], 1.5);
         assert_eq!(v["server_cpu_ratio"], 2.0);
+        assert!(
+            table.contains("API server CPU s: actorcile 1.500, kube-runtime 3.000"),
+            "{table}"
+        );
 
         let in_process = BenchReport::new(
             Workload::Status,
@@ -664,6 +674,7 @@ mod tests {
             !table.lines().nth(1).unwrap().contains("server CPU"),
             "{table}"
         );
+        assert!(!in_process.headline().contains("server CPU"), "{table}");
     }
 
     #[test]
