@@ -12,6 +12,10 @@
 //! actorcile's status writes send: its field manager, and the resourceVersion the write was
 //! computed from.
 //!
+//! `--watchers 2` keeps two watches of the objects open during the writes, reading every event:
+//! what the API server also serves while a runtime writes (its own watch, and the bench's
+//! observer). That is the like-for-like ceiling for `actorcile bench --workload status`.
+//!
 //! The writes go through a client of their own, so their connections open within the measured
 //! window, as a runtime's do. With `--envtest` the writes wait until the API server has published
 //! the CRD's OpenAPI (it merges it in the background after the CRD is Established).
@@ -55,6 +59,10 @@ struct Args {
     /// precondition.
     #[arg(long)]
     precondition: bool,
+    /// Watches of the objects open during the writes, each reading every event, as a runtime's
+    /// watch and the bench's observer do (none by default).
+    #[arg(long, default_value_t = 0)]
+    watchers: usize,
 }
 
 #[tokio::main]
@@ -136,6 +144,31 @@ async fn main() {
         })
         .collect();
     let api: Api<Slot> = Api::namespaced(writer, "default");
+    let mut watches = Vec::new();
+    for _ in 0..args.watchers {
+        let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+        let api = api.clone();
+        watches.push(tokio::spawn(async move {
+            // From now on: the writes' events only, not the objects' creation.
+            let version = api
+                .list_metadata(&Default::default())
+                .await
+                .expect("list")
+                .metadata
+                .resource_version
+                .unwrap_or_default();
+            let mut events = api
+                .watch(&Default::default(), &version)
+                .await
+                .expect("watch")
+                .boxed();
+            let _ = opened_tx.send(());
+            while let Some(event) = events.next().await {
+                event.expect("watch event");
+            }
+        }));
+        opened_rx.await.expect("the watch opened");
+    }
     let started = Instant::now();
     futures::stream::iter(patches)
         .for_each_concurrent(args.concurrency, |(i, patch)| {
@@ -148,6 +181,9 @@ async fn main() {
         })
         .await;
     let secs = started.elapsed().as_secs_f64();
+    for watch in watches {
+        watch.abort();
+    }
     println!(
         "{}",
         serde_json::json!({
@@ -156,6 +192,7 @@ async fn main() {
             "concurrency": args.concurrency,
             "field_manager": args.field_manager,
             "precondition": args.precondition,
+            "watchers": args.watchers,
             "seconds": secs,
             "status_writes_per_sec": f64::from(args.objects) / secs,
         })
