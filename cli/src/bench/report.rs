@@ -530,6 +530,12 @@ mod tests {
         }
     }
 
+    /// An in-process report of 10 objects: `actorcile`, and kube-runtime at `kube_seconds`.
+    fn both(workload: Workload, actorcile: RunResult, kube_seconds: f64) -> BenchReport {
+        let kube = timed(RuntimeKind::KubeRuntime, kube_seconds);
+        BenchReport::new(workload, 10, "in-process", 64, vec![actorcile, kube])
+    }
+
     #[test]
     fn median_run_picks_the_middle_by_seconds_and_keeps_every_run() {
         let runs = vec![
@@ -658,16 +664,7 @@ mod tests {
             "{table}"
         );
 
-        let in_process = BenchReport::new(
-            Workload::Status,
-            10,
-            "in-process",
-            64,
-            vec![
-                timed(RuntimeKind::Actorcile, 1.0),
-                timed(RuntimeKind::KubeRuntime, 1.0),
-            ],
-        );
+        let in_process = both(Workload::Status, timed(RuntimeKind::Actorcile, 1.0), 1.0);
         assert_eq!(in_process.server_cpu_ratio, None);
         let table = in_process.to_table();
         assert!(
@@ -679,16 +676,7 @@ mod tests {
 
     #[test]
     fn json_shape() {
-        let report = BenchReport::new(
-            Workload::Yield,
-            10,
-            "in-process",
-            64,
-            vec![
-                run(RuntimeKind::Actorcile, 300.0),
-                run(RuntimeKind::KubeRuntime, 100.0),
-            ],
-        );
+        let report = both(Workload::Yield, run(RuntimeKind::Actorcile, 300.0), 0.2);
         let line = report.to_json_line();
         assert!(!line.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
