@@ -4,7 +4,8 @@
 #      ~/.cache/actorcile/, Podman) via scripts/install-test-deps.sh;
 #   2. checks formatting, lints, docs and the dependencies' licenses and sources (cargo deny);
 #   3. runs every test (unit, in-process cluster, real kube-apiserver) in release mode with
-#      cargo-nextest (per-test time limit in .config/nextest.toml), then the doc tests;
+#      cargo-nextest (per-test time limit in .config/nextest.toml), then the README's main
+#      command as a user runs it (`cargo run --release -- bench`, small), then the doc tests;
 #   4. runs every fuzz target (fuzz/) for 20 seconds, builds the README example and the guide.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,10 @@ step "tests (release mode)"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 cargo nextest run --release --workspace --all-features --profile "$profile"
+
+step "the README's main command, as a user runs it (small): cargo run --release -- bench"
+cargo run --release -- bench --objects 500 --repeat 1 > /dev/null
+cargo run --release -- simulate --list > /dev/null
 
 step "doc tests (the API docs, README and user guide code blocks)"
 cargo test --workspace --all-features --doc
