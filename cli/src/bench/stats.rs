@@ -174,7 +174,8 @@ mod tests {
     #[test]
     fn parses_the_cpu_ticks_of_a_proc_stat() {
         // A command name with a space and a parenthesis; utime 1500, stime 250.
-        let stat = "4242 (kube (api) x) S 1 4242 4242 0 -1 4194560 95 0 0 0 1500 250 0 0 20 0                     12 0 1234 5678 910 18446744073709551615";
+        let stat = "4242 (kube (api) x) S 1 4242 4242 0 -1 4194560 95 0 0 0 1500 250 0 0 20 0 12 0 \
+                    1234 5678 910 18446744073709551615";
         assert_eq!(stat_cpu_ticks(stat), Some(1750));
         assert_eq!(stat_cpu_ticks("4242 (truncated) S 1 2"), None);
         assert_eq!(stat_cpu_ticks("no parenthesis"), None);
