@@ -202,6 +202,59 @@ fn operator_both_runtimes_in_process() {
 }
 
 #[test]
+fn the_floor_sends_the_operator_requests_with_no_runtime_and_frames_both_runtimes() {
+    let v = bench_json("operator", &["--runtimes", "actorcile,kube-runtime,floor"]);
+    let runs = v["runs"].as_array().unwrap();
+    let names: Vec<&str> = runs
+        .iter()
+        .map(|r| r["runtime"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["actorcile", "kube-runtime", "floor"]);
+    let floor = &runs[2];
+    assert_eq!(floor["operator"]["objects_left"], 0, "{floor}");
+    assert_eq!(floor["operator"]["children_left"], 0, "{floor}");
+    // One pass to Ready and one to gone per object, and every object's Ready status.
+    assert!(floor["runs"].as_u64().unwrap() >= 100, "{floor}");
+    check_status_writes(floor, 50);
+    // actorcile's requests: finalizer, child, status, child's deletion, finalizer's removal;
+    // plus list and watch.
+    assert!(
+        floor["api_requests"].as_u64().unwrap() >= 5 * 50 + 2,
+        "{floor}"
+    );
+    let secs = |r: &Value| r["seconds"].as_f64().unwrap();
+    let close = |got: &Value, expected: f64| {
+        let got = got.as_f64().unwrap_or_else(|| panic!("{v}"));
+        assert!(
+            (got - expected).abs() < 1e-9 * expected.max(1.0),
+            "{got} vs {expected}"
+        );
+    };
+    close(&v["speedup_floor"], secs(&runs[1]) / secs(floor));
+    close(&v["actorcile_over_floor"], secs(&runs[0]) / secs(floor));
+    // The headline is still actorcile against kube-runtime.
+    close(&v["speedup_converge"], secs(&runs[1]) / secs(&runs[0]));
+}
+
+#[test]
+fn the_floor_writes_the_status_workload_and_refuses_other_workloads() {
+    let v = bench_json("status", &["--runtimes", "floor"]);
+    let floor = &v["runs"][0];
+    assert_eq!(floor["runtime"], "floor");
+    check_status_writes(floor, 50);
+    assert!(
+        v["speedup_converge"].is_null() && v.get("speedup_floor").is_none(),
+        "{v}"
+    );
+    let (ok, _out, err) = run_bounded(
+        &["bench", "--workload", "noop", "--runtimes", "floor"],
+        Duration::from_secs(30),
+    );
+    assert!(!ok);
+    assert!(err.contains("operator and status workloads only"), "{err}");
+}
+
+#[test]
 fn churn_both_runtimes_in_process() {
     let v = bench_json("churn", &["--churn-rate", "500", "--churn-updates", "2"]);
     // The first run plus at least the run that sees the last update.

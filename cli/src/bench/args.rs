@@ -63,6 +63,11 @@ pub enum RuntimeKind {
     #[value(name = "kube-runtime")]
     #[serde(rename = "kube-runtime")]
     KubeRuntime,
+    /// No runtime: the workload's requests sent by a plain loop over one watch (`operator` and
+    /// `status` only), the least time these requests take on the API server.
+    #[value(name = "floor")]
+    #[serde(rename = "floor")]
+    Floor,
 }
 
 impl RuntimeKind {
@@ -71,6 +76,7 @@ impl RuntimeKind {
         match self {
             RuntimeKind::Actorcile => "actorcile",
             RuntimeKind::KubeRuntime => "kube-runtime",
+            RuntimeKind::Floor => "floor",
         }
     }
 }

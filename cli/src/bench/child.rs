@@ -22,7 +22,7 @@ use super::{
     actorcile_rt,
     args::{BenchArgs, RuntimeKind, Workload},
     backend::BenchCluster,
-    kube_rt,
+    floor, kube_rt,
     report::{OperatorPhases, RestartPhases, RunResult},
     stats::{self, millis, percentile},
     workload::{
@@ -359,6 +359,7 @@ impl Measured {
 enum Running {
     Kube(kube_rt::KubeRuntimeRun),
     Actorcile(actorcile_rt::ActorcileRun),
+    Floor(floor::FloorRun),
 }
 
 /// After the runtime converged: how long resident memory is left to settle before it is read
@@ -393,6 +394,12 @@ impl Running {
                 args.concurrency,
                 recorder.clone(),
             )?),
+            RuntimeKind::Floor => Running::Floor(floor::start(
+                target.runtime.clone(),
+                &target.namespace,
+                args.concurrency,
+                recorder.clone(),
+            )?),
             RuntimeKind::Actorcile => Running::Actorcile(
                 actorcile_rt::start(
                     target.runtime.clone(),
@@ -417,6 +424,7 @@ impl Running {
         match self {
             Running::Kube(run) => run.stop(Duration::from_secs(5)).await,
             Running::Actorcile(run) => run.stop(Duration::from_secs(15)).await,
+            Running::Floor(run) => run.stop(),
         }
     }
 }

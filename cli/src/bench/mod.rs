@@ -6,6 +6,7 @@
 //! - [`workload`]: the bench resource and the reconcile logic both runtimes share;
 //! - [`actorcile_rt`]: the actorcile runtime side;
 //! - [`kube_rt`]: the kube-runtime `Controller` side;
+//! - [`floor`]: no runtime, the workload's requests alone;
 //! - [`backend`]: in-process cluster, envtest or kubeconfig;
 //! - [`counting`]: the tower layer that counts API requests;
 //! - [`stats`]: percentiles and peak RSS;
@@ -17,6 +18,7 @@ pub mod args;
 pub mod backend;
 pub mod child;
 pub mod counting;
+pub mod floor;
 pub mod kube_rt;
 pub mod report;
 pub mod stats;
@@ -28,7 +30,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, Result, bail};
 
 pub use args::BenchArgs;
-use args::RuntimeKind;
+use args::{RuntimeKind, Workload};
 use report::{BenchReport, RunResult};
 use sweep::SweepReport;
 
@@ -41,6 +43,14 @@ pub fn main(args: BenchArgs) -> Result<()> {
             serde_json::to_string(&result).context("encoding the result")?
         );
         return Ok(());
+    }
+    if args.runtimes.contains(&RuntimeKind::Floor)
+        && !matches!(args.workload, Workload::Operator | Workload::Status)
+    {
+        bail!(
+            "the floor sends the requests of the operator and status workloads only, not {}",
+            args.workload
+        );
     }
     if args.plot.is_some() && args.sizes.len() < 2 {
         bail!("--plot draws a sweep: give --objects several sizes (e.g. 1000,10000,100000)");

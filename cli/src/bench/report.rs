@@ -181,6 +181,15 @@ pub struct BenchReport {
     /// server less CPU; `null` unless both were read).
     #[serde(default)]
     pub server_cpu_ratio: Option<f64>,
+    /// With the floor run (`--runtimes …,floor`): kube-runtime's `seconds` ÷ the floor's, the
+    /// speedup of actorcile's requests alone, with no runtime: the most a runtime sending them
+    /// could reach on this API server (`null` unless both ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_floor: Option<f64>,
+    /// With the floor run: actorcile's `seconds` ÷ the floor's (1: actorcile took no longer than
+    /// its requests alone; `null` unless both ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actorcile_over_floor: Option<f64>,
 }
 
 impl BenchReport {
@@ -195,6 +204,9 @@ impl BenchReport {
     ) -> Self {
         let of = |rt: RuntimeKind| runs.iter().find(|r| r.runtime == rt);
         let (ac, kr) = (of(RuntimeKind::Actorcile), of(RuntimeKind::KubeRuntime));
+        let floor = of(RuntimeKind::Floor).map(|r| r.seconds);
+        let speedup_floor = ratio(kr.map(|r| r.seconds), floor);
+        let actorcile_over_floor = ratio(ac.map(|r| r.seconds), floor);
         let field = |r: Option<&RunResult>, f: fn(&RunResult) -> Option<f64>| r.and_then(f);
         let speedup = |f: fn(&RunResult) -> Option<f64>| ratio(field(kr, f), field(ac, f));
         let speedup_converge = speedup(|r| Some(r.seconds));
@@ -224,6 +236,8 @@ impl BenchReport {
             speedup_deleted,
             cpu_ratio,
             server_cpu_ratio,
+            speedup_floor,
+            actorcile_over_floor,
         }
     }
 
@@ -349,6 +363,9 @@ impl BenchReport {
             );
         }
         let _ = writeln!(out, "{}", self.headline());
+        if let Some(floor) = self.floor_line() {
+            let _ = writeln!(out, "{floor}");
+        }
         out.push('\n');
         out.push_str(LEGEND);
         out
@@ -404,6 +421,35 @@ impl BenchReport {
     }
 }
 
+impl BenchReport {
+    /// With the floor run: its time, and how far each runtime is from it.
+    pub fn floor_line(&self) -> Option<String> {
+        let floor = self.runs.iter().find(|r| r.runtime == RuntimeKind::Floor)?;
+        let mut line = format!(
+            "floor (actorcile's requests, no runtime): {:.3} s",
+            floor.seconds
+        );
+        if let Some(p) = floor.operator {
+            let _ = write!(
+                line,
+                " (to all Ready {:.3}, to all deleted {:.3})",
+                p.ready_seconds, p.deleted_seconds
+            );
+        }
+        if let Some(x) = self.actorcile_over_floor {
+            let _ = write!(line, "; actorcile took {x:.2}× its time");
+        }
+        if let Some(x) = self.speedup_floor {
+            let _ = write!(
+                line,
+                "; kube-runtime seconds ÷ floor seconds {x:.2}, the most a runtime sending these \
+                 requests could reach"
+            );
+        }
+        Some(line)
+    }
+}
+
 /// A column of the table: its header and how a run's cell reads.
 type Column = (&'static str, Box<dyn Fn(&RunResult) -> String>);
 
@@ -439,6 +485,8 @@ Columns (each runtime's median run of --repeat, by seconds):
   RSS added  peak RSS minus the resident memory just before the runtime started
 speedup = kube-runtime seconds ÷ actorcile seconds (> 1: actorcile converged faster); rounds:
   the same ratio for each round of --repeat.
+floor (with --runtimes actorcile,kube-runtime,floor; operator and status): no runtime, a plain
+  loop over one watch sending actorcile's requests: the time the requests alone take here.
 ";
 
 /// `rows` as lines of columns two spaces apart, each as wide as its widest cell: the first
@@ -534,6 +582,51 @@ mod tests {
     fn both(workload: Workload, actorcile: RunResult, kube_seconds: f64) -> BenchReport {
         let kube = timed(RuntimeKind::KubeRuntime, kube_seconds);
         BenchReport::new(workload, 10, "in-process", 64, vec![actorcile, kube])
+    }
+
+    #[test]
+    fn the_floor_gets_its_own_line_and_ratios_only_where_it_ran() {
+        let floor = RunResult {
+            operator: Some(OperatorPhases {
+                ready_seconds: 0.5,
+                deleted_seconds: 0.25,
+                objects_left: 0,
+                children_left: 0,
+            }),
+            ..timed(RuntimeKind::Floor, 1.0)
+        };
+        let report = BenchReport::new(
+            Workload::Operator,
+            10,
+            "in-process",
+            64,
+            vec![
+                timed(RuntimeKind::Actorcile, 1.5),
+                timed(RuntimeKind::KubeRuntime, 2.0),
+                floor,
+            ],
+        );
+        assert_eq!(report.speedup_floor, Some(2.0));
+        assert_eq!(report.actorcile_over_floor, Some(1.5));
+        assert_eq!(report.speedup_converge, Some(2.0 / 1.5));
+        let table = report.to_table();
+        assert!(
+            table.contains(
+                "floor (actorcile's requests, no runtime): 1.000 s (to all Ready 0.500, to all \
+                 deleted 0.250); actorcile took 1.50× its time; kube-runtime seconds ÷ floor \
+                 seconds 2.00"
+            ),
+            "{table}"
+        );
+        let json = report.to_json_line();
+        assert!(json.contains("\"speedup_floor\":2.0"), "{json}");
+        let without = both(Workload::Operator, timed(RuntimeKind::Actorcile, 1.0), 2.0);
+        assert_eq!(without.floor_line(), None);
+        let json = without.to_json_line();
+        assert!(
+            !json.contains("floor"),
+            "no floor fields without the floor: {json}"
+        );
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl SweepReport {
             let color = match rt {
                 RuntimeKind::Actorcile => Palette99::pick(0),
                 RuntimeKind::KubeRuntime => Palette99::pick(1),
+                RuntimeKind::Floor => Palette99::pick(2),
             }
             .to_rgba();
             let dashed = suffix.contains("idle");

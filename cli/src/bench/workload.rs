@@ -539,7 +539,8 @@ impl Recorder {
         Ok(Step::Done)
     }
 
-    /// `operator`: counts one run of `obj` (each runtime calls this once per reconcile or pass).
+    /// Counts one run of `obj` (`operator`: each runtime calls this once per reconcile or pass;
+    /// the floor once per object version it sends requests for).
     pub fn count_run(&self, obj: &BenchObject) {
         self.runs.fetch_add(1, Ordering::Relaxed);
         if let Some(name) = obj.metadata.name.as_deref() {
@@ -677,17 +678,22 @@ pub fn status_is_current(obj: &BenchObject) -> bool {
         && status.is_ready()
 }
 
-/// The status actorcile's runtime writes after a provision pass that is done, written by the
-/// reconcile itself (a merge patch on `/status`, as an operator on kube-runtime would).
-pub async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
-    let desired = obj.status.clone().unwrap_or_default().with_ready(
+/// The status actorcile's runtime writes after a provision pass that is done: `obj`'s status
+/// with phase Ready, the `Ready` condition true and observedGeneration its generation.
+pub fn ready_status(obj: &BenchObject) -> ResourceStatus {
+    obj.status.clone().unwrap_or_default().with_ready(
         Phase::Ready,
         true,
         ReadyReason::Provisioned,
         "provisioned",
         obj.metadata.generation,
-    );
-    patch_status(obj, client, &desired).await
+    )
+}
+
+/// [`ready_status`], written by the reconcile itself (a merge patch on `/status`, as an operator
+/// on kube-runtime would).
+pub async fn patch_ready_status(obj: &BenchObject, client: &Client) -> Result<(), WorkloadError> {
+    patch_status(obj, client, &ready_status(obj)).await
 }
 
 /// Writes `desired` as `obj`'s status (a merge patch on `/status`).
