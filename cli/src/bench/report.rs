@@ -182,8 +182,8 @@ pub struct BenchReport {
     #[serde(default)]
     pub server_cpu_ratio: Option<f64>,
     /// With the floor run (`--runtimes …,floor`): kube-runtime's `seconds` ÷ the floor's, the
-    /// speedup of actorcile's requests alone, with no runtime: the most a runtime sending them
-    /// could reach on this API server (`null` unless both ran).
+    /// speedup of actorcile's requests alone, with no runtime; where the API server sets the
+    /// pace, about the most a runtime sending them can reach (`null` unless both ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speedup_floor: Option<f64>,
     /// With the floor run: actorcile's `seconds` ÷ the floor's (1: actorcile took no longer than
@@ -442,8 +442,8 @@ impl BenchReport {
         if let Some(x) = self.speedup_floor {
             let _ = write!(
                 line,
-                "; kube-runtime seconds ÷ floor seconds {x:.2}, the most a runtime sending these \
-                 requests could reach"
+                "; kube-runtime seconds ÷ floor seconds {x:.2} (the speedup of the requests \
+                 alone)"
             );
         }
         Some(line)
