@@ -20,7 +20,10 @@ fn check_runs(v: &Value, backend: &str, objects: u64) {
     assert_eq!(v["backend"], backend);
     assert_eq!(v["objects"], objects);
     let runs = v["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        runs[..2].iter().map(|r| &r["runtime"]).collect::<Vec<_>>(),
+        ["actorcile", "kube-runtime"]
+    );
     for r in runs {
         assert!(r["runs"].as_u64().unwrap() >= objects, "{r}");
         assert!(r["api_requests"].as_u64().unwrap() >= 1, "{r}");
@@ -78,9 +81,12 @@ fn envtest_backend_both_runtimes() {
 }
 
 #[test]
-fn envtest_backend_operator() {
-    let v = envtest_bench("operator", &[]);
-    for r in v["runs"].as_array().unwrap() {
+fn envtest_backend_operator_with_the_floor() {
+    let v = envtest_bench("operator", &["--runtimes", "actorcile,kube-runtime,floor"]);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{v}");
+    assert_eq!(runs[2]["runtime"], "floor");
+    for r in runs {
         // No garbage collector runs in envtest: the children are gone because the runtime
         // deleted them.
         assert_eq!(r["operator"]["objects_left"], 0, "{r}");
@@ -99,6 +105,8 @@ fn envtest_backend_operator() {
     }
     assert!(v["speedup_ready"].as_f64().is_some(), "{v}");
     assert!(v["speedup_deleted"].as_f64().is_some(), "{v}");
+    assert!(v["speedup_floor"].as_f64().is_some(), "{v}");
+    assert!(v["actorcile_over_floor"].as_f64().is_some(), "{v}");
 }
 
 #[test]

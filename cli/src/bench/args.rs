@@ -63,8 +63,8 @@ pub enum RuntimeKind {
     #[value(name = "kube-runtime")]
     #[serde(rename = "kube-runtime")]
     KubeRuntime,
-    /// No runtime: the workload's requests sent by a plain loop over one watch (`operator` and
-    /// `status` only), the least time these requests take on the API server.
+    /// No runtime: actorcile's requests for the workload, sent by a plain loop over one watch
+    /// (`operator` and `status` only): the time these requests alone take on the API server.
     #[value(name = "floor")]
     #[serde(rename = "floor")]
     Floor,
@@ -180,7 +180,7 @@ pub struct BenchArgs {
     pub runtimes: Vec<RuntimeKind>,
 
     /// Run the runtimes this many times, alternating (actorcile, kube-runtime, actorcile, …), and
-    /// report each runtime's median run (by seconds). These machines are noisy: one run of a
+    /// report each runtime's median run (by seconds). Machines are noisy: one run of a
     /// runtime can take several times as long as the next.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=99))]
     pub repeat: u32,
