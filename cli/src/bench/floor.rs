@@ -1,7 +1,8 @@
-//! The floor: no runtime, only the workload's requests, sent by a plain loop over one watch of
-//! the bench objects. A runtime's time minus the floor's is what the runtime adds to the time
-//! the API server needs for the same requests; kube-runtime's time ÷ the floor's is the most
-//! any runtime sending them could gain over kube-runtime on that server.
+//! The floor: no runtime, only actorcile's requests for the workload, sent by a plain loop over
+//! one watch of the bench objects. A runtime's time minus the floor's is what the runtime adds
+//! to the time the API server needs for the same requests; where the API server sets the pace,
+//! kube-runtime's time ÷ the floor's is about the most a runtime sending them can gain over
+//! kube-runtime.
 //!
 //! - `status`: an object seen without its Ready status gets one status write (the merge patch
 //!   of the other runtimes);
