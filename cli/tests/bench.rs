@@ -237,7 +237,7 @@ fn the_floor_sends_the_operator_requests_with_no_runtime_and_frames_both_runtime
 }
 
 #[test]
-fn the_floor_writes_the_status_workload_and_refuses_other_workloads() {
+fn the_floor_writes_the_status_workload_and_refuses_what_it_cannot_mirror() {
     let v = bench_json("status", &["--runtimes", "floor"]);
     let floor = &v["runs"][0];
     assert_eq!(floor["runtime"], "floor");
@@ -252,6 +252,17 @@ fn the_floor_writes_the_status_workload_and_refuses_other_workloads() {
     );
     assert!(!ok);
     assert!(err.contains("operator and status workloads only"), "{err}");
+    let (ok, _out, err) = run_bounded(
+        &[
+            "bench",
+            "--runtimes",
+            "actorcile,floor",
+            "--actorcile-defaults",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(!ok);
+    assert!(err.contains("not those of --actorcile-defaults"), "{err}");
 }
 
 #[test]

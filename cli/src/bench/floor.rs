@@ -4,20 +4,24 @@
 //! kube-runtime's time ÷ the floor's is about the most a runtime sending them can gain over
 //! kube-runtime.
 //!
-//! - `status`: an object seen without its Ready status gets one status write (the merge patch
-//!   of the other runtimes);
+//! - `status`: an object seen without its Ready status gets one status write;
 //! - `operator`: an object seen without the finalizer gets three requests, one after the other:
 //!   the finalizer, the child (server-side apply, [`operator_child`]) and the Ready status; an
 //!   object seen deleted with the finalizer gets two: delete the child, then remove the
-//!   finalizer. These are the requests actorcile makes, sent as it sends them (see [`send`]).
+//!   finalizer.
 //!
-//! Nothing is queued, deduplicated or re-run: the loop recognises the echo of its own writes
-//! from the object and skips it, and retries a request only when it failed in passing (a
-//! connection, a 5xx). Its list and watch are the runtimes' (paginated list, then one watch),
-//! and at most `concurrency` objects have requests in flight.
+//! These are the requests actorcile makes, sent as it sends them (see [`send`]), under its field
+//! manager and finalizer. Nothing is queued or deduplicated: the loop recognises the echo of
+//! its own writes from the object and skips it. A request that fails in passing (a connection,
+//! a 5xx, throttling) is retried; after any other failure the loop reads the object again and
+//! carries on from where it stands, as a runtime would run it again. Its list and watch are the
+//! runtimes' (paginated list, then one watch), and at most `concurrency` objects have requests
+//! in flight, each object's in a task of its own, as actorcile runs each object in its own
+//! actor.
 
 use std::sync::Arc;
 
+use actorcile::{FIELD_MANAGER, runtime::DEFAULT_FINALIZER};
 use anyhow::{Result, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -27,17 +31,16 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::{
     args::Workload,
-    kube_rt::OPERATOR_FINALIZER,
     workload::{BenchObject, Recorder, operator_child, ready_status, status_is_current},
 };
 use crate::retry::idempotent;
 
-/// The field manager of the floor's server-side apply.
-const FIELD_MANAGER: &str = "bench-floor";
+/// How many times an object's requests are tried, reading the object again between tries.
+const ATTEMPTS: u32 = 5;
 
 /// The running loop.
 pub struct FloorRun {
@@ -45,8 +48,9 @@ pub struct FloorRun {
 }
 
 impl FloorRun {
-    /// Stops the loop (requests in flight are dropped).
+    /// Stops the loop and every object's requests in flight.
     pub fn stop(self) {
+        // The loop's `JoinSet` aborts the objects' tasks when it is dropped.
         self.task.abort();
     }
 }
@@ -64,14 +68,18 @@ enum Action {
     Skip,
 }
 
+/// Whether `obj` carries actorcile's finalizer.
+fn finalized(obj: &BenchObject) -> bool {
+    obj.finalizers().iter().any(|f| f == DEFAULT_FINALIZER)
+}
+
 /// What `obj` (as the watch delivered it) needs in `workload`.
 fn action(workload: Workload, obj: &BenchObject) -> Action {
-    let finalized = obj.finalizers().iter().any(|f| f == OPERATOR_FINALIZER);
     let deleting = obj.metadata.deletion_timestamp.is_some();
     match workload {
         Workload::Status if !status_is_current(obj) => Action::WriteStatus,
-        Workload::Operator if deleting && finalized => Action::Deprovision,
-        Workload::Operator if !deleting && !finalized => Action::Provision,
+        Workload::Operator if deleting && finalized(obj) => Action::Deprovision,
+        Workload::Operator if !deleting && !finalized(obj) => Action::Provision,
         _ => Action::Skip,
     }
 }
@@ -87,44 +95,74 @@ pub fn start(
     if !matches!(workload, Workload::Status | Workload::Operator) {
         bail!("the floor sends the requests of the operator and status workloads, not {workload}");
     }
+    let limit = usize::from(concurrency.max(1));
     let api: Api<BenchObject> = Api::namespaced(client.clone(), namespace);
     let task = tokio::spawn(async move {
-        watcher(api.clone(), watcher::Config::default())
+        let mut objects = watcher(api.clone(), watcher::Config::default())
             .default_backoff()
             .applied_objects()
-            .filter_map(|event| async move {
-                event
-                    .map_err(|err| tracing::debug!(error = %err, "floor watch error"))
-                    .ok()
-            })
-            .for_each_concurrent(usize::from(concurrency), |obj| {
-                let (api, client, recorder) = (api.clone(), client.clone(), recorder.clone());
-                let action = action(workload, &obj);
-                // Each object's requests in a task of their own, as a runtime runs each object
-                // (the in-process cluster serves a request in the task that sends it, so one
-                // task for all would serve every request on one thread).
-                let sent = (action != Action::Skip).then(|| {
-                    tokio::spawn(async move {
-                        recorder.count_run(&obj);
-                        if let Err(err) = send(action, &obj, &api, &client).await {
-                            tracing::warn!(error = format!("{err:#}"), "floor request failed");
+            .boxed();
+        let mut in_flight = JoinSet::new();
+        loop {
+            tokio::select! {
+                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+                event = objects.next(), if in_flight.len() < limit => match event {
+                    Some(Ok(obj)) => {
+                        let action = action(workload, &obj);
+                        if action == Action::Skip {
+                            continue;
                         }
-                    })
-                });
-                async move {
-                    if let Some(sent) = sent {
-                        let _ = sent.await;
+                        recorder.count_run(&obj);
+                        let (api, client) = (api.clone(), client.clone());
+                        in_flight.spawn(async move {
+                            if let Err(err) = serve(action, obj, &api, &client).await {
+                                tracing::warn!(error = format!("{err:#}"), "floor gave up on an object");
+                            }
+                        });
                     }
-                }
-            })
-            .await;
+                    Some(Err(err)) => tracing::debug!(error = %err, "floor watch error"),
+                    None => break,
+                },
+            }
+        }
     });
     Ok(FloorRun { task })
 }
 
-/// Sends the requests of `action` for `obj`, as actorcile sends them: the finalizer added by a
-/// JSON patch guarded by the resourceVersion seen, the status with that of the finalizer's write
-/// as a precondition, the finalizer removed by a JSON patch guarded by a test of its index.
+/// Sends what `action` needs for `obj`; after a failure, reads the object again and carries on
+/// from where it stands, up to [`ATTEMPTS`] times.
+async fn serve(
+    action: Action,
+    obj: BenchObject,
+    api: &Api<BenchObject>,
+    client: &Client,
+) -> Result<()> {
+    let mut seen = obj;
+    let mut attempt = 1;
+    loop {
+        match send(action, &seen, api, client).await {
+            Ok(()) => return Ok(()),
+            Err(err) if attempt < ATTEMPTS => {
+                tracing::debug!(
+                    attempt,
+                    error = format!("{err:#}"),
+                    "floor: reading the object again"
+                );
+                attempt += 1;
+                match api.get_opt(&seen.name_any()).await? {
+                    Some(fresh) => seen = fresh,
+                    None => return Ok(()),
+                }
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Sends the requests of `action` for `obj` as it stands, as actorcile sends them: the finalizer
+/// added by a JSON patch guarded by the resourceVersion seen, the status with that of the
+/// finalizer's write as a precondition, the finalizer removed by a JSON patch guarded by a test
+/// of its index. What is done already (the finalizer there, the status current) is not sent.
 async fn send(
     action: Action,
     obj: &BenchObject,
@@ -153,18 +191,39 @@ async fn send(
     };
     match action {
         Action::Skip => {}
+        Action::WriteStatus if status_is_current(obj) => {}
         Action::WriteStatus => write_status(obj.resource_version()).await?,
         Action::Provision => {
-            let claim = json_patch(json!([
-                { "op": "test", "path": "/metadata/resourceVersion", "value": obj.resource_version() },
-                { "op": "add", "path": "/metadata/finalizers", "value": [OPERATOR_FINALIZER] },
-            ]))?;
-            let claimed = idempotent("adding the finalizer", None, || async {
-                api.patch(&name, &params, &Patch::Json::<()>(claim.clone()))
-                    .await
-                    .map(Some)
-            })
-            .await?;
+            let version = if finalized(obj) {
+                obj.resource_version()
+            } else {
+                let add = if obj.metadata.finalizers.is_none() {
+                    json!({
+                        "op": "add",
+                        "path": "/metadata/finalizers",
+                        "value": [DEFAULT_FINALIZER],
+                    })
+                } else {
+                    json!({
+                        "op": "add",
+                        "path": "/metadata/finalizers/-",
+                        "value": DEFAULT_FINALIZER,
+                    })
+                };
+                let seen = json!({
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": obj.resource_version(),
+                });
+                let claim = json_patch(json!([seen, add]))?;
+                let claimed = idempotent("adding the finalizer", None, || async {
+                    api.patch(&name, &params, &Patch::Json::<()>(claim.clone()))
+                        .await
+                        .map(Some)
+                })
+                .await?;
+                claimed.and_then(|o| o.resource_version())
+            };
             let child = operator_child(obj);
             let child_name = child.name_any();
             idempotent("applying the child", None, || async {
@@ -178,7 +237,9 @@ async fn send(
                     .map(drop)
             })
             .await?;
-            write_status(claimed.and_then(|o| o.resource_version())).await?;
+            if !status_is_current(obj) {
+                write_status(version).await?;
+            }
         }
         Action::Deprovision => {
             let child_name = operator_child(obj).name_any();
@@ -189,14 +250,12 @@ async fn send(
                     .map(drop)
             })
             .await?;
-            let at = obj
-                .finalizers()
-                .iter()
-                .position(|f| f == OPERATOR_FINALIZER)
-                .unwrap_or_default();
+            let Some(at) = obj.finalizers().iter().position(|f| f == DEFAULT_FINALIZER) else {
+                return Ok(());
+            };
             let path = format!("/metadata/finalizers/{at}");
             let release = json_patch(json!([
-                { "op": "test", "path": path, "value": OPERATOR_FINALIZER },
+                { "op": "test", "path": path, "value": DEFAULT_FINALIZER },
                 { "op": "remove", "path": path },
             ]))?;
             idempotent("removing the finalizer", Some(404), || async {
@@ -230,7 +289,7 @@ mod tests {
     }
 
     fn finalized(mut o: BenchObject) -> BenchObject {
-        o.metadata.finalizers = Some(vec![OPERATOR_FINALIZER.into()]);
+        o.metadata.finalizers = Some(vec![DEFAULT_FINALIZER.into()]);
         o
     }
 
@@ -270,6 +329,41 @@ mod tests {
         let mut changed = ready(obj());
         changed.metadata.generation = Some(2);
         assert_eq!(action(Workload::Status, &changed), Action::WriteStatus);
+    }
+
+    /// An object the floor saw before its finalizer landed (the response lost, say): the claim
+    /// guarded by the old resourceVersion is refused, so the floor reads it again and finishes
+    /// from where it stands, without a second finalizer.
+    #[tokio::test]
+    async fn a_refused_request_is_finished_from_the_object_read_again() {
+        let cluster = actorcile::cluster::ApiServer::new();
+        cluster
+            .install_crd(&crate::bench::workload::bench_crd())
+            .unwrap();
+        let client = cluster.client();
+        let api: Api<BenchObject> = Api::namespaced(client.clone(), "default");
+        let stale = api
+            .create(&Default::default(), &obj())
+            .await
+            .expect("create");
+        let claim = json!({ "metadata": { "finalizers": [DEFAULT_FINALIZER] } });
+        api.patch(
+            &stale.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&claim),
+        )
+        .await
+        .expect("the finalizer lands");
+
+        serve(Action::Provision, stale, &api, &client)
+            .await
+            .expect("served");
+
+        let now = api.get("bench-1").await.unwrap();
+        assert_eq!(now.finalizers(), [DEFAULT_FINALIZER.to_string()]);
+        assert!(status_is_current(&now), "{:?}", now.status);
+        let child: Api<ConfigMap> = Api::namespaced(client, "default");
+        assert!(child.get_opt("bench-1-config").await.unwrap().is_some());
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
             args.workload
         );
     }
+    if args.runtimes.contains(&RuntimeKind::Floor) && args.actorcile_defaults {
+        bail!(
+            "the floor sends actorcile's requests of a plain run, not those of --actorcile-defaults"
+        );
+    }
     if args.plot.is_some() && args.sizes.len() < 2 {
         bail!("--plot draws a sweep: give --objects several sizes (e.g. 1000,10000,100000)");
     }
