@@ -140,6 +140,11 @@ pub fn median_run(mut runs: Vec<RunResult>) -> Option<RunResult> {
     Some(m)
 }
 
+/// The run of `runtime` among `runs`, if it ran.
+pub fn run_of(runs: &[RunResult], runtime: RuntimeKind) -> Option<&RunResult> {
+    runs.iter().find(|r| r.runtime == runtime)
+}
+
 /// `a ÷ b` when both are there and `b > 0`.
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
@@ -202,7 +207,7 @@ impl BenchReport {
         concurrency: u16,
         runs: Vec<RunResult>,
     ) -> Self {
-        let of = |rt: RuntimeKind| runs.iter().find(|r| r.runtime == rt);
+        let of = |rt: RuntimeKind| run_of(&runs, rt);
         let (ac, kr) = (of(RuntimeKind::Actorcile), of(RuntimeKind::KubeRuntime));
         let floor = of(RuntimeKind::Floor).map(|r| r.seconds);
         let speedup_floor = ratio(kr.map(|r| r.seconds), floor);
@@ -373,7 +378,7 @@ impl BenchReport {
 
     /// The headline: how much sooner actorcile converged than kube-runtime, with the cost beside.
     pub fn headline(&self) -> String {
-        let of = |rt: RuntimeKind| self.runs.iter().find(|r| r.runtime == rt);
+        let of = |rt: RuntimeKind| run_of(&self.runs, rt);
         let (Some(speedup), Some(ac), Some(kr)) = (
             self.speedup_converge,
             of(RuntimeKind::Actorcile),
@@ -419,12 +424,10 @@ impl BenchReport {
         }
         line
     }
-}
 
-impl BenchReport {
     /// With the floor run: its time, and how far each runtime is from it.
     pub fn floor_line(&self) -> Option<String> {
-        let floor = self.runs.iter().find(|r| r.runtime == RuntimeKind::Floor)?;
+        let floor = run_of(&self.runs, RuntimeKind::Floor)?;
         let mut line = format!(
             "floor (actorcile's requests, no runtime): {:.3} s",
             floor.seconds

@@ -8,7 +8,7 @@ use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::args::{RuntimeKind, Workload};
-use super::report::{BenchReport, RunResult, aligned, human_bytes};
+use super::report::{BenchReport, RunResult, aligned, human_bytes, run_of};
 use crate::plot_file::{self, PlotError};
 
 /// One line of a plot panel: whose, its label's suffix, and its (objects, value) points.
@@ -112,7 +112,7 @@ impl SweepReport {
         self.sizes
             .iter()
             .filter_map(|report| {
-                let run = report.runs.iter().find(|r| r.runtime == rt)?;
+                let run = run_of(&report.runs, rt)?;
                 Some((f64::from(report.objects), value(run)?))
             })
             .collect()
