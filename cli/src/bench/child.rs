@@ -394,12 +394,15 @@ impl Running {
                 args.concurrency,
                 recorder.clone(),
             )?),
-            RuntimeKind::Floor => Running::Floor(floor::start(
-                target.runtime.clone(),
-                &target.namespace,
-                args.concurrency,
-                recorder.clone(),
-            )?),
+            RuntimeKind::Floor => {
+                floor::check(args.workload, args.actorcile_defaults)?;
+                Running::Floor(floor::start(
+                    target.runtime.clone(),
+                    &target.namespace,
+                    args.concurrency,
+                    recorder.clone(),
+                ))
+            }
             RuntimeKind::Actorcile => Running::Actorcile(
                 actorcile_rt::start(
                     target.runtime.clone(),

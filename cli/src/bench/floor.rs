@@ -84,17 +84,30 @@ fn action(workload: Workload, obj: &BenchObject) -> Action {
     }
 }
 
-/// Starts the loop over the bench objects of `namespace` (`status` and `operator` only).
+/// Whether the floor can send actorcile's requests for this run: those of `operator` and
+/// `status`, as actorcile runs them without `--actorcile-defaults`.
+pub fn check(workload: Workload, actorcile_defaults: bool) -> Result<()> {
+    if !matches!(workload, Workload::Status | Workload::Operator) {
+        bail!(
+            "the floor sends the requests of the operator and status workloads only, not {workload}"
+        );
+    }
+    if actorcile_defaults {
+        bail!(
+            "the floor sends actorcile's requests of a plain run, not those of --actorcile-defaults"
+        );
+    }
+    Ok(())
+}
+
+/// Starts the loop over the bench objects of `namespace` (for a run [`check`] lets pass).
 pub fn start(
     client: Client,
     namespace: &str,
     concurrency: u16,
     recorder: Arc<Recorder>,
-) -> Result<FloorRun> {
+) -> FloorRun {
     let workload = recorder.workload();
-    if !matches!(workload, Workload::Status | Workload::Operator) {
-        bail!("the floor sends the requests of the operator and status workloads, not {workload}");
-    }
     let limit = usize::from(concurrency.max(1));
     let api: Api<BenchObject> = Api::namespaced(client.clone(), namespace);
     let task = tokio::spawn(async move {
@@ -126,7 +139,7 @@ pub fn start(
             }
         }
     });
-    Ok(FloorRun { task })
+    FloorRun { task }
 }
 
 /// Sends what `action` needs for `obj`; after a failure, reads the object again and carries on

@@ -30,7 +30,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, Result, bail};
 
 pub use args::BenchArgs;
-use args::{RuntimeKind, Workload};
+use args::RuntimeKind;
 use report::{BenchReport, RunResult};
 use sweep::SweepReport;
 
@@ -44,18 +44,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
         );
         return Ok(());
     }
-    if args.runtimes.contains(&RuntimeKind::Floor)
-        && !matches!(args.workload, Workload::Operator | Workload::Status)
-    {
-        bail!(
-            "the floor sends the requests of the operator and status workloads only, not {}",
-            args.workload
-        );
-    }
-    if args.runtimes.contains(&RuntimeKind::Floor) && args.actorcile_defaults {
-        bail!(
-            "the floor sends actorcile's requests of a plain run, not those of --actorcile-defaults"
-        );
+    if args.runtimes.contains(&RuntimeKind::Floor) {
+        floor::check(args.workload, args.actorcile_defaults)?;
     }
     if args.plot.is_some() && args.sizes.len() < 2 {
         bail!("--plot draws a sweep: give --objects several sizes (e.g. 1000,10000,100000)");
