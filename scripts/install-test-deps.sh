@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # Installs what actorcile's tests against a real control plane need, on Debian 12 (bookworm) as root:
-#   * etcd (Debian package etcd-server) on PATH,
-#   * kube-apiserver v1.20.2 built from Debian's `kubernetes` source package, cached at
-#     ~/.cache/actorcile/bin/kube-apiserver (override the cache root with ACTORCILE_CACHE_DIR),
+#   * kube-apiserver, kube-controller-manager and etcd built with the machine's Go (1.26 or newer)
+#     from the Go modules pinned in tools/control-plane/ (go.mod: the newest Kubernetes release that
+#     builds here; oldest.mod: the oldest Kubernetes release actorcile supports, kube-apiserver
+#     only), into a versioned cache: ~/.cache/actorcile/k8s/<version>/bin/ (override the cache root
+#     with ACTORCILE_CACHE_DIR). Each folder has controller-runtime's KUBEBUILDER_ASSETS layout
+#     (kube-apiserver and etcd side by side);
 #   * podman + runc + busybox-static, with a containers.conf / storage.conf that work on these machines
 #     written to ~/.cache/actorcile/podman/ (the service is not started).
-# Idempotent: steps whose result is already present are skipped; a cached kube-apiserver that runs
-# (`kube-apiserver --version`) is reused, a missing or corrupt one is rebuilt.
+# Idempotent: a cached build whose stamp matches the pinned modules and whose binaries run
+# (`--version`) is reused; a missing, stale or corrupt one is rebuilt. Prints what it builds and how
+# long each build took.
 set -Eeuo pipefail
 
 CACHE_DIR="${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}"
-BIN_DIR="$CACHE_DIR/bin"
-BUILD_DIR="$CACHE_DIR/build"
 PODMAN_DIR="$CACHE_DIR/podman"
-APISERVER="$BIN_DIR/kube-apiserver"
-REFLECT2_SRC=/usr/share/gocode/src/github.com/modern-go/reflect2
-DEB_SRC_LIST=/etc/apt/sources.list.d/actorcile-deb-src.sources
+K8S_DIR="$CACHE_DIR/k8s"
+REPO_DIR="$(cd "$(dirname "$0")/.." && pwd)"
+CONTROL_PLANE_SRC="$REPO_DIR/tools/control-plane"
 
-APT_PACKAGES=(etcd-server golang-go rsync jq golang-github-modern-go-reflect2-dev podman runc busybox-static)
+APT_PACKAGES=(podman runc busybox-static)
 
 CURRENT_STEP="start"
 step() {
@@ -64,10 +66,6 @@ else
     echo "    all present: ${APT_PACKAGES[*]}"
 fi
 
-step "checking etcd"
-command -v etcd >/dev/null 2>&1
-etcd --version | awk 'NR == 1'
-
 # ---------------------------------------------------------------------------------------------------------
 step "writing podman configuration to $PODMAN_DIR"
 mkdir -p "$PODMAN_DIR"
@@ -91,98 +89,76 @@ runroot = "$PODMAN_DIR/storage/run"
 CONF
 
 # ---------------------------------------------------------------------------------------------------------
-apiserver_works() {
-    [ -x "$APISERVER" ] && "$APISERVER" --version >/dev/null 2>&1
+# The machine's Go, never Debian's golang-go (Go 1.19, too old for these modules) should it be installed.
+step "finding Go 1.26 or newer"
+GO=""
+for candidate in /usr/local/go/bin/go "$(command -v go || true)"; do
+    [ -n "$candidate" ] && [ -x "$candidate" ] || continue
+    minor="$("$candidate" env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')"
+    if [ "${minor:-0}" -ge 26 ] 2>/dev/null; then GO="$candidate"; break; fi
+done
+if [ -z "$GO" ]; then
+    echo "!!! no Go 1.26 or newer found (tried /usr/local/go/bin/go and PATH)" >&2
+    false
+fi
+echo "    $GO ($("$GO" env GOVERSION))"
+# No toolchain download behind our back; go.sum is checked, never rewritten.
+export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -trimpath -buildvcs=false" CGO_ENABLED=0
+
+# The version of k8s.io/kubernetes (or etcd) a module file pins.
+pinned() { awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$CONTROL_PLANE_SRC/$1"; }
+
+# all_run DIR COMMAND... : every command in DIR runs `--version`.
+all_run() {
+    local dir="$1"; shift
+    for c in "$@"; do "$dir/$c" --version >/dev/null 2>&1 || return 1; done
 }
 
-step "checking cached kube-apiserver at $APISERVER"
-if apiserver_works; then
-    echo "    reusing $("$APISERVER" --version)"
-else
-    if [ -e "$APISERVER" ]; then
-        echo "    cached binary is corrupt or does not run; rebuilding"
-        rm -f "$APISERVER"
-    else
-        echo "    not present; building from Debian's kubernetes source package"
+# build_control_plane MODFILE COMMAND... : builds the commands with MODFILE into
+# $K8S_DIR/<kubernetes version>/bin, unless a build from the same sources is there and runs.
+build_control_plane() {
+    local modfile="$1"; shift
+    local version stamp dir want have started
+    version="$(pinned "$modfile" k8s.io/kubernetes)"
+    [ -n "$version" ] || { echo "!!! $modfile pins no k8s.io/kubernetes version" >&2; false; }
+    dir="$K8S_DIR/$version/bin"
+    want="$(cd "$CONTROL_PLANE_SRC" && cat "$modfile" "${modfile%.mod}.sum" */main.go | sha256sum | awk '{print $1}') $*"
+    have="$(cat "$dir/.stamp" 2>/dev/null || true)"
+    step "checking the cached Kubernetes $version build in $dir ($*)"
+    if [ "$want" = "$have" ] && all_run "$dir" "$@"; then
+        for c in "$@"; do echo "    reusing $c: $("$dir/$c" --version 2>&1 | awk 'NR == 1')"; done
+        return 0
     fi
+    step "building $* from k8s.io/kubernetes $version (tools/control-plane/$modfile; about 10 minutes on 2 cores when nothing is cached)"
+    mkdir -p "$dir"
+    rm -f "$dir/.stamp"
+    local v=k8s.io/component-base/version minor="${version#v1.}"
+    minor="${minor%%.*}"
+    local ldflags="-s -w -X $v.gitVersion=$version -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
+    started=$SECONDS
+    local pkgs=()
+    for c in "$@"; do pkgs+=("./$c"); done
+    (cd "$CONTROL_PLANE_SRC" && "$GO" build -modfile="$modfile" -ldflags="$ldflags" -o "$dir/" "${pkgs[@]}")
+    for c in "$@"; do
+        "$dir/$c" --version >/dev/null 2>&1
+        echo "    built $c: $("$dir/$c" --version 2>&1 | awk 'NR == 1')"
+    done
+    echo "    took $((SECONDS - started)) s"
+    echo "$want" >"$dir/.stamp"
+}
 
-    step "enabling Debian source packages (deb-src bookworm main)"
-    if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ && ! grep -qs '^deb-src' /etc/apt/sources.list; then
-        mirror="http://deb.debian.org/debian"
-        keyring="/usr/share/keyrings/debian-archive-keyring.gpg"
-        if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-            # First stanza of debian.sources is the main archive; reuse its mirror and keyring.
-            m="$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)"
-            k="$(awk '/^Signed-By:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)"
-            [ -n "$m" ] && mirror="$m"
-            [ -n "$k" ] && keyring="$k"
-        fi
-        $SUDO tee "$DEB_SRC_LIST" >/dev/null <<SRC
-Types: deb-src
-URIs: $mirror
-Suites: bookworm
-Components: main
-Signed-By: $keyring
-SRC
-        APT_UPDATED=0
-    else
-        echo "    a deb-src source is already configured"
-    fi
-
-    mkdir -p "$BUILD_DIR" "$BIN_DIR"
-    cd "$BUILD_DIR"
-    step "downloading the kubernetes source package"
-    if ! ls "$BUILD_DIR"/kubernetes_*.orig.tar.gz >/dev/null 2>&1; then
-        apt_update_once
-        apt-get source --download-only kubernetes
-    else
-        echo "    already downloaded: $(ls "$BUILD_DIR"/kubernetes_*.orig.tar.gz)"
-    fi
-
-    step "unpacking the kubernetes source"
-    SRC_DIR="$BUILD_DIR/kubernetes-src"
-    if [ ! -f "$SRC_DIR/.actorcile-unpacked" ]; then
-        rm -rf "$SRC_DIR"
-        mkdir -p "$SRC_DIR"
-        tarball="$(ls "$BUILD_DIR"/kubernetes_*.orig.tar.gz | awk 'NR == 1')"
-        tar -xzf "$tarball" -C "$SRC_DIR"
-        # The tarball has one top-level directory; build inside it.
-        top="$(find "$SRC_DIR" -mindepth 1 -maxdepth 1 -type d | awk 'NR == 1')"
-        if [ -f "$SRC_DIR/Makefile" ]; then top="$SRC_DIR"; fi
-        [ -f "$top/Makefile" ] || { echo "no Makefile found in the kubernetes source" >&2; false; }
-        # Record the tree relative to SRC_DIR, so the cache directory can move.
-        realpath --relative-to="$SRC_DIR" "$top" >"$SRC_DIR/.actorcile-unpacked"
-    else
-        echo "    already unpacked"
-    fi
-    KUBE_TREE="$(cat "$SRC_DIR/.actorcile-unpacked")"
-    case "$KUBE_TREE" in /*) ;; *) KUBE_TREE="$SRC_DIR/$KUBE_TREE" ;; esac
-    [ -f "$KUBE_TREE/Makefile" ] || { echo "unpacked tree $KUBE_TREE is incomplete; delete $SRC_DIR and rerun" >&2; false; }
-
-    step "replacing vendored github.com/modern-go/reflect2 with Debian's 1.0.2 (Go >= 1.18 fix)"
-    [ -d "$REFLECT2_SRC" ]
-    rm -rf "$KUBE_TREE/vendor/github.com/modern-go/reflect2"
-    mkdir -p "$KUBE_TREE/vendor/github.com/modern-go/reflect2"
-    cp -rL "$REFLECT2_SRC"/. "$KUBE_TREE/vendor/github.com/modern-go/reflect2/"
-    find "$KUBE_TREE/vendor/github.com/modern-go/reflect2" -name '*_test.go' -delete
-
-    step "building kube-apiserver (make WHAT=cmd/kube-apiserver; takes about 4 minutes on 2 cores)"
-    GO_HOME="$BUILD_DIR/gohome"
-    mkdir -p "$GO_HOME"
-    (cd "$KUBE_TREE" && HOME="$GO_HOME" CGO_ENABLED=0 make WHAT=cmd/kube-apiserver)
-
-    step "installing kube-apiserver to $APISERVER"
-    built="$KUBE_TREE/_output/bin/kube-apiserver"
-    [ -x "$built" ] || built="$(find "$KUBE_TREE/_output" -type f -name kube-apiserver -perm -u+x | awk 'NR == 1')"
-    [ -n "$built" ] && [ -x "$built" ]
-    cp "$built" "$APISERVER.tmp"
-    chmod 0755 "$APISERVER.tmp"
-    mv "$APISERVER.tmp" "$APISERVER"
-    apiserver_works
-    echo "    built $("$APISERVER" --version)"
-fi
+NEWEST="$(pinned go.mod k8s.io/kubernetes)"
+OLDEST="$(pinned oldest.mod k8s.io/kubernetes)"
+build_control_plane go.mod kube-apiserver kube-controller-manager etcd
+build_control_plane oldest.mod kube-apiserver
+# The oldest apiserver runs on the newest etcd (the etcd v3 API is stable across these releases):
+# KUBEBUILDER_ASSETS needs both in one folder.
+ln -sf "$K8S_DIR/$NEWEST/bin/etcd" "$K8S_DIR/$OLDEST/bin/etcd"
+# What envtest picks by default when no variable names a folder: see actorcile::envtest::binaries.
+echo "$NEWEST" >"$K8S_DIR/newest"
+echo "$OLDEST" >"$K8S_DIR/oldest"
 
 step "done"
-echo "    etcd:           $(command -v etcd)"
-echo "    kube-apiserver: $APISERVER"
+echo "    newest: KUBEBUILDER_ASSETS=$K8S_DIR/$NEWEST/bin (kube-apiserver, kube-controller-manager, etcd)"
+echo "    oldest: KUBEBUILDER_ASSETS=$K8S_DIR/$OLDEST/bin (kube-apiserver, etcd)"
 echo "    podman:         $(command -v podman) (CONTAINERS_CONF=$PODMAN_DIR/containers.conf CONTAINERS_STORAGE_CONF=$PODMAN_DIR/storage.conf)"
