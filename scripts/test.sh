@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The full test suite, on a fresh Debian 12 machine or a prepared one:
-#   1. installs what the tests need (etcd, a kube-apiserver built once and cached under
-#      ~/.cache/actorcile/, Podman) via scripts/install-test-deps.sh;
+#   1. installs what the tests need (the newest Kubernetes control plane and the oldest supported
+#      kube-apiserver, built from Go modules once and cached under ~/.cache/actorcile/k8s/, and
+#      Podman) via scripts/install-test-deps.sh;
 #   2. checks formatting, lints, docs and the dependencies' licenses and sources (cargo deny);
-#   3. runs every test (unit, in-process cluster, real kube-apiserver) in release mode with
-#      cargo-nextest (per-test time limit in .config/nextest.toml), then the README's main
+#   3. runs every test (unit, in-process cluster, real control plane of the newest release) in
+#      release mode with cargo-nextest (per-test time limit in .config/nextest.toml), the
+#      conformance suite again on the oldest supported release, then the README's main
 #      command as a user runs it (`cargo run --release -- bench`, small), then the doc tests;
 #   4. runs every fuzz target (fuzz/) for 20 seconds, builds the README example and the guide.
 set -euo pipefail
@@ -45,7 +47,15 @@ fi
 step "tests (release mode)"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
+# The binaries come from the cache (the newest release), whatever the caller's environment says.
+unset KUBEBUILDER_ASSETS ACTORCILE_KUBE_ASSETS
 cargo nextest run --release --workspace --all-features --profile "$profile"
+
+oldest="$(cat "${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/oldest")"
+step "the conformance suite on the oldest supported Kubernetes release ($oldest)"
+ACTORCILE_KUBE_ASSETS="${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/$oldest/bin" \
+  cargo nextest run --release --all-features --profile "$profile" --test conformance \
+  -E 'test(/^real_apiserver::/)'
 
 step "the README's main command, as a user runs it (small): cargo run --release -- bench"
 cargo run --release -- bench --objects 500 --repeat 1 > /dev/null

@@ -113,7 +113,7 @@ impl<K: ManagedResource> Controller<K> {
         Self {
             tree: Arc::new(tree),
             policy: None,
-            watcher: watcher::Config::default(),
+            watcher: watcher::Config::default().streaming_lists(),
             namespace: None,
             finalizer: true,
             status: true,
@@ -286,9 +286,25 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
-    /// Watch options, e.g. a label selector.
+    /// Watch options, e.g. a label selector. The config is used as given: call
+    /// `.streaming_lists()` on it to keep streaming lists (see [`Controller::streaming_lists`]).
     pub fn watcher_config(mut self, config: watcher::Config) -> Self {
         self.watcher = config;
+        self
+    }
+
+    /// Whether the kind's lists stream (`sendInitialEvents`, the WatchList feature: the initial
+    /// list arrives as watch events, without the API server building the whole list in memory).
+    /// Default `true`: the watch asks for a streaming list, and where the API server refuses it
+    /// (a server without WatchList answers `400`/`422`), lists and watches instead from then on.
+    /// `false` always lists and watches (so does a [`watcher_config`](Self::watcher_config)
+    /// set afterwards, unless it asks for streaming lists itself).
+    pub fn streaming_lists(mut self, streaming: bool) -> Self {
+        if streaming {
+            self.watcher = self.watcher.streaming_lists();
+        } else {
+            self.watcher.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+        }
         self
     }
 

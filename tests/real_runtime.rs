@@ -1043,3 +1043,157 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_prefl
     })
     .await;
 }
+
+/// The Widget CRD with CEL validation rules: `spec.size` at most `max_size`, and a status in
+/// phase Progressing refused.
+fn widget_crd_with_rules(
+    max_size: i32,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition
+{
+    let mut v = serde_json::to_value(crd_for_v1_20::<Widget>()).unwrap();
+    let props = &mut v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    props["spec"]["x-kubernetes-validations"] = serde_json::json!([{
+        "rule": format!("self.size <= {max_size}"),
+        "message": format!("size must be at most {max_size}"),
+    }]);
+    props["status"]["x-kubernetes-validations"] = serde_json::json!([{
+        "rule": "!has(self.phase) || self.phase != 'Progressing'",
+        "message": "a Progressing status is refused by this cluster's rule",
+    }]);
+    serde_json::from_value(v).unwrap()
+}
+
+#[tokio::test]
+async fn cel_rules_refusing_status_writes_are_reported_and_backed_off_and_ratcheting_keeps_old_objects_workable()
+ {
+    let log = LogBuffer::default();
+    let _capture = log.capture();
+    bounded("cel", async {
+        let env = actorcile::envtest::Envtest::builder()
+            .crds(vec![widget_crd_with_rules(10)])
+            .start()
+            .await
+            .expect("start etcd + kube-apiserver");
+        let api = Ns::create(env.client(), "cel").await;
+        // Valid when created; the rule then tightens below its size.
+        api.create_widget("old", 5).await;
+        env.install_crds(&[widget_crd_with_rules(3)]).await.unwrap();
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let refused = eventually("the tightened rule in force", CONVERGE, || async {
+            match api.api().create(&dry_run, &widget_in(&api.ns, "new", 5)).await {
+                Err(kube::Error::Api(s)) if s.code == 422 => Some(s),
+                _ => None,
+            }
+        })
+        .await;
+        assert!(refused.message.contains("size must be at most 3"), "{refused:?}");
+        api.create_widget("building", 1).await;
+
+        // "building" yields (phase Progressing, which the status rule refuses); "old" is done.
+        let tree = step("build", |cx: Context<Widget>| async move {
+            if cx.object().name_any() == "building" {
+                Outcome::yield_after(
+                    Duration::from_millis(150),
+                    Reason::new("Building", "still building"),
+                )
+            } else {
+                Outcome::Done
+            }
+        });
+        let rt = start(&api.client, &api.ns, tree).await;
+
+        // Ratcheting: "old" breaks the tightened spec rule, yet its finalizer and status writes
+        // (which leave its spec alone) are admitted.
+        let old = api.wait_ready("old").await;
+        assert_provisioned(&old);
+
+        // The refused status: a Warning Event naming the rule's message, and an error log.
+        let events = eventually("a StatusRejected Event", CONVERGE, || async {
+            let evs = events_in(&api.client, &api.ns, "StatusRejected").await;
+            (!evs.is_empty()).then_some(evs)
+        })
+        .await;
+        let note = events[0].note.clone().unwrap_or_default();
+        assert!(
+            note.contains("a Progressing status is refused by this cluster's rule"),
+            "{note}"
+        );
+        assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+        // Backed off, not hot: the yield asks for a pass every 150 ms, the error backoff
+        // (100 ms doubling to 2 s) allows about 7 writes in 8 s. A busier machine makes fewer.
+        let before = rt.metrics().status_rejected;
+        assert!(before >= 1);
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let during = rt.metrics().status_rejected - before;
+        assert!(
+            (1..=12).contains(&during),
+            "{during} refused status writes in 8 s: the backoff does not hold"
+        );
+        assert!(api.status_of("building").await.is_none_or(|s| s.phase != Some(Phase::Progressing)));
+        rt.shutdown().await;
+        env.stop().await;
+    })
+    .await;
+    let text = log.text();
+    assert!(
+        text.lines().any(|l| l.contains("ERROR")
+            && l.contains("a Progressing status is refused by this cluster's rule")),
+        "no error log names the rule:\n{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_child_field_owned_by_another_manager_is_a_typed_outcome_until_it_is_released() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    bounded("apply conflicts", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rt-apply-conflict").await;
+        let cms: Api<ConfigMap> = Api::namespaced(api.client.clone(), &api.ns);
+        // Someone else owns `data.size` of the child before the operator applies it.
+        let theirs = PatchParams::apply("someone-else");
+        let apply_theirs = |data: serde_json::Value| {
+            let cms = cms.clone();
+            let theirs = theirs.clone();
+            async move {
+                let body = serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "w-child"}, "data": data,
+                });
+                cms.patch("w-child", &theirs, &Patch::Apply(&body))
+                    .await
+                    .unwrap();
+            }
+        };
+        apply_theirs(serde_json::json!({"size": "theirs"})).await;
+        let tree = resource("child", |w: &Widget| ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{}-child", w.name_any())),
+                ..Default::default()
+            },
+            data: Some([("size".to_string(), w.spec.size.to_string())].into()),
+            ..Default::default()
+        });
+        let rt = start(&api.client, &api.ns, tree).await;
+        api.create_widget("w", 1).await;
+        let s = api.wait_reason("w", "ChildFieldConflict").await;
+        let c = s.ready().unwrap();
+        assert_eq!(c.status, "False");
+        assert!(
+            c.message.contains("someone-else") && c.message.contains(".data.size"),
+            "{c:?}"
+        );
+        // Their value stays: the runtime did not force.
+        let child = cms.get("w-child").await.unwrap();
+        assert_eq!(child.data.unwrap()["size"], "theirs");
+        // They let go of the field: the runtime's next try applies its own.
+        apply_theirs(serde_json::json!({})).await;
+        api.wait_ready("w").await;
+        let child = cms.get("w-child").await.unwrap();
+        assert_eq!(child.data.unwrap()["size"], "1");
+        rt.shutdown().await;
+    })
+    .await;
+}

@@ -17,6 +17,10 @@ pub enum EnvtestCmd {
     /// Start a detached etcd + kube-apiserver (or report the one already running) and print its
     /// kubeconfig.
     Up {
+        /// Also run a kube-controller-manager (garbage collector and namespace controller), for
+        /// ownerReference cascades and namespace deletion.
+        #[arg(long)]
+        controller_manager: bool,
         /// CustomResourceDefinition YAML files (one or more documents each) to install and wait for.
         #[arg(long = "crds", value_name = "FILE")]
         crds: Vec<PathBuf>,
@@ -74,7 +78,11 @@ pub fn state_dir() -> anyhow::Result<PathBuf> {
 pub async fn run(cmd: EnvtestCmd) -> anyhow::Result<()> {
     let dir = state_dir()?;
     match cmd {
-        EnvtestCmd::Up { crds, timeout } => up(dir, &crds, Duration::from_secs(timeout)).await,
+        EnvtestCmd::Up {
+            controller_manager,
+            crds,
+            timeout,
+        } => up(dir, &crds, controller_manager, Duration::from_secs(timeout)).await,
         EnvtestCmd::Down => down(dir).await,
         EnvtestCmd::Status => status(dir).await,
         EnvtestCmd::Restart {
@@ -141,7 +149,12 @@ async fn restart(
     Ok(())
 }
 
-async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::Result<()> {
+async fn up(
+    dir: PathBuf,
+    crd_files: &[PathBuf],
+    controller_manager: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let mut crds = Vec::new();
     for f in crd_files {
         let text =
@@ -159,9 +172,15 @@ async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::R
                     .await?;
             }
             println!(
-                "envtest control plane already running ({})",
-                existing.server_url
+                "envtest control plane already running: Kubernetes {} at {}",
+                existing.version, existing.server_url
             );
+            if controller_manager && existing.controller_manager_pid.is_none() {
+                eprintln!(
+                    "envtest: it runs without a controller manager; `actorcile envtest down`, \
+                     then `up --controller-manager` to have one"
+                );
+            }
             print_usage(&existing);
             return Ok(());
         }
@@ -178,12 +197,17 @@ async fn up(dir: PathBuf, crd_files: &[PathBuf], timeout: Duration) -> anyhow::R
         .dir(&dir)
         .crds(crds)
         .startup_timeout(timeout)
+        .controller_manager(controller_manager)
         .start_detached()
         .await
         .context("starting the envtest control plane")?;
+    let cm = started
+        .controller_manager_pid
+        .map(|pid| format!(", kube-controller-manager pid {pid}"))
+        .unwrap_or_default();
     println!(
-        "envtest control plane started: {} (etcd pid {}, kube-apiserver pid {})",
-        started.server_url, started.etcd_pid, started.apiserver_pid
+        "envtest control plane started: Kubernetes {} at {} (etcd pid {}, kube-apiserver pid {}{cm})",
+        started.version, started.server_url, started.etcd_pid, started.apiserver_pid
     );
     print_usage(&started);
     Ok(())

@@ -9,15 +9,17 @@ use std::time::{Duration, Instant};
 
 use actorcile::envtest::DetachedEnvtest;
 
-/// Runs `actorcile envtest <args>` with the state under `cache` (the kube-apiserver binary is
-/// still the machine's).
+/// Runs `actorcile envtest <args>` with the state under `cache` (the binaries are still the
+/// machine's, named by `$ACTORCILE_KUBE_ASSETS`).
 fn envtest(cache: &Path, args: &[&str]) -> Output {
     let binaries = actorcile::envtest::binaries().expect("etcd and kube-apiserver installed");
+    let assets = binaries.kube_apiserver.parent().expect("a folder");
     let mut child = Command::new(env!("CARGO_BIN_EXE_actorcile"))
         .arg("envtest")
         .args(args)
         .env("ACTORCILE_CACHE_DIR", cache)
-        .env("ACTORCILE_KUBE_APISERVER", &binaries.kube_apiserver)
+        .env_remove(actorcile::envtest::KUBEBUILDER_ASSETS)
+        .env(actorcile::envtest::ACTORCILE_KUBE_ASSETS, assets)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -95,10 +97,23 @@ fn a_restarted_component_is_recognised_restart_brings_one_back_and_down_leaves_n
     let cache = tempfile::tempdir().unwrap();
     let cache = cache.path();
     let mut cleanup = Cleanup(cache, Vec::new());
-    let up = envtest(cache, &["up"]);
+    let up = envtest(cache, &["up", "--controller-manager"]);
     assert!(up.status.success(), "{}", text(&up));
     let first = state(cache);
-    let mut pids = vec![first.etcd_pid, first.apiserver_pid];
+    // It says which release it started, as the binary reports it.
+    let binaries = actorcile::envtest::binaries().unwrap();
+    let version = actorcile::envtest::KubeVersion::of_binary(&binaries.kube_apiserver).unwrap();
+    assert_eq!(first.version, version.to_string());
+    assert!(
+        String::from_utf8_lossy(&up.stdout).contains(&format!("Kubernetes {version} at ")),
+        "{}",
+        text(&up)
+    );
+    let cm = first
+        .controller_manager_pid
+        .expect("--controller-manager records its pid");
+    assert!(alive(cm), "{}", text(&up));
+    let mut pids = vec![first.etcd_pid, first.apiserver_pid, cm];
 
     // kill -9 of the apiserver: status says which component is down, and how to recover.
     let argv = std::fs::read(format!("/proc/{}/cmdline", first.apiserver_pid)).unwrap();

@@ -112,6 +112,9 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     let mut listed = Some(listed);
     let mut list: Option<List<K>> = None;
     let mut first_list = true;
+    // Whether lists may stream (`sendInitialEvents`), when the config asks for it: until the API
+    // server refuses them once.
+    let mut streaming = true;
     // Each round is one watch. It ends when a shard is acquired that it does not select (at
     // once, after `SETTLE`), or when it selects shards given up for `2 × lease_duration` (a
     // shard lost and soon taken again, as when renewals run late, costs no relist); the next
@@ -125,6 +128,9 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     loop {
         unplaced.clear(); // the next list delivers them again
         let mut config = config.clone();
+        if !streaming {
+            config.initial_list_strategy = watcher::InitialListStrategy::ListWatch;
+        }
         let mut watched: Vec<u32> = Vec::new();
         // Per shard, whether this watch selects its objects (with `ShardWatch::HeldShards`).
         let mut selects: Option<Vec<bool>> = None;
@@ -143,6 +149,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a
         // real API server they are often the largest part of a small object, and nothing here
         // reads them.
+        let streams = config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
         let events = watcher::watcher(api.clone(), config)
             .default_backoff()
             .modify(|o| o.managed_fields_mut().clear());
@@ -185,6 +192,16 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                 }
                 () = sleep_until(follow_at) => break,
             };
+            if let Err(e) = &event
+                && streams
+                && streaming_refused(e)
+            {
+                // This API server does not offer streaming lists (WatchList off, or older than
+                // v1.27): list and watch instead, for the rest of this feeder's life.
+                tracing::info!(kind = %K::kind(&()), error = %e, "the API server refuses streaming lists (sendInitialEvents); listing instead");
+                streaming = false;
+                break;
+            }
             if let Ok(Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = &event
                 && unplaced_elsewhere(&shared, selects.as_deref(), obj)
                 && shared.store.get(&key_of(obj)).is_none()
@@ -236,6 +253,18 @@ fn unplaced_elsewhere<K: ManagedResource>(
     };
     let selected = |s: u32| selects.get(s as usize).copied().unwrap_or(false);
     !scope.labelled_shard(obj).is_some_and(selected) && !selected(scope.shard_of(obj))
+}
+
+/// Whether a watcher error is an API server's refusal of a streaming list: a watch with
+/// `sendInitialEvents=true` answered `400 Bad Request` or `422 Invalid` (what servers without
+/// the WatchList feature answer), which no plain list or watch is.
+fn streaming_refused(e: &watcher::Error) -> bool {
+    let code = match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code,
+        watcher::Error::WatchError(s) => s.code,
+        _ => return false,
+    };
+    matches!(code, 400 | 422)
 }
 
 /// A list in progress.

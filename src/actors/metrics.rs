@@ -27,6 +27,7 @@ pub(crate) struct Metrics {
     pub(super) activations: AtomicU64,
     pub(super) spawns: AtomicU64,
     pub(super) status_conflicts: AtomicU64,
+    pub(super) status_rejected: AtomicU64,
     pub(super) write_timeouts: AtomicU64,
     pub(super) ignored: AtomicU64,
     /// Every controller's own figures, in registration order.
@@ -68,6 +69,9 @@ pub struct MetricsSnapshot {
     /// Status patches refused because the object changed since the pass read it (the object
     /// runs again on the newer version).
     pub status_conflicts: u64,
+    /// Status patches refused as invalid (`422`: a CRD validation rule or the schema); each is
+    /// retried with the error backoff and reported in a `StatusRejected` Warning Event.
+    pub status_rejected: u64,
     /// Writes of the runtime's own abandoned unanswered at the policy's `write_timeout` (each
     /// retried).
     pub write_timeouts: u64,
@@ -95,6 +99,7 @@ impl Metrics {
             activations: l(&self.activations),
             spawns: l(&self.spawns),
             status_conflicts: l(&self.status_conflicts),
+            status_rejected: l(&self.status_rejected),
             write_timeouts: l(&self.write_timeouts),
             ignored: l(&self.ignored),
         }

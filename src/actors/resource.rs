@@ -687,7 +687,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         // A failed pass backs off, and so does a failed status write, so a write the API server
         // keeps refusing (an invalid status, a missing permission) is not retried at a fixed
         // pace. A done or yielding pass whose status landed resets the backoff.
-        if write == StatusWrite::Failed || matches!(outcome, Outcome::Failed { .. }) {
+        // A refused status write waits for the backoff alone: the outcome's own wake-up (a
+        // yield's short delay) would otherwise send the refused write again at the yield's pace.
+        let write_failed = write == StatusWrite::Failed;
+        if write_failed || matches!(outcome, Outcome::Failed { .. }) {
             let retry = self.next_error_backoff(st);
             self.schedule_wake(myself, st, retry);
         } else if matches!(outcome, Outcome::Done | Outcome::Yield { .. }) {
@@ -695,6 +698,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             st.error_attempts = 0;
         }
         let delay = match &outcome {
+            _ if write_failed => None,
             Outcome::Done => {
                 let seed = shared
                     .policy
@@ -853,6 +857,13 @@ impl<K: ManagedResource> ResourceActor<K> {
                 tracing::debug!(object = %st.target, "status write conflicted; running again");
                 Metrics::inc(&shared.metrics.status_conflicts);
                 return StatusWrite::Conflicted;
+            }
+            // Invalid: a validation rule or the schema refuses it. Writing it again unchanged
+            // would be refused again, so it backs off (as any failed write) and says why.
+            Err(kube::Error::Api(s)) if s.code == 422 => {
+                Metrics::inc(&shared.metrics.status_rejected);
+                writes::publish_status_rejected(shared, obj.as_ref(), &s.message).await;
+                return StatusWrite::Failed;
             }
             Err(e) => {
                 tracing::warn!(object = %st.target, error = %e, "status write failed; retrying");

@@ -157,6 +157,27 @@ pub(crate) async fn publish_status_not_served<K: ManagedResource>(shared: &Share
     publish(shared, obj, EventType::Warning, "StatusNotServed", note).await;
 }
 
+/// The API server refused a status write as invalid (`422`): a CRD validation rule
+/// (`x-kubernetes-validations`, CEL) or the schema rejects what the runtime wrote. The write is
+/// retried with the error backoff, never at once; this says why, in the log (ERROR: it needs the
+/// operator author, not the object's owner) and in a Warning Event `StatusRejected` on the object
+/// that carries the server's message (which names the rule's message).
+pub(crate) async fn publish_status_rejected<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &K,
+    message: &str,
+) {
+    tracing::error!(
+        object = %obj.name_any(),
+        kind = %K::kind(&()),
+        message,
+        "the API server refused the status write as invalid (a CRD validation rule or the \
+         schema); retrying with backoff"
+    );
+    let note = format!("status write refused by the API server: {message}");
+    publish(shared, obj, EventType::Warning, "StatusRejected", Some(note)).await;
+}
+
 /// Write phase Failed / reason Quarantined (best effort, off the manager's mailbox).
 pub(crate) fn quarantine_status<K: ManagedResource>(
     shared: Arc<Shared<K>>,

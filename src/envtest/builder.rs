@@ -7,7 +7,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 
 use super::process::SpawnMode;
 use super::{
-    Binaries, DEFAULT_STARTUP_TIMEOUT, DetachedEnvtest, Envtest, EnvtestError, binaries, files,
+    Binaries, DEFAULT_STARTUP_TIMEOUT, DetachedEnvtest, Envtest, EnvtestError, KubeVersion,
+    binaries, files,
 };
 
 /// Builds an [`Envtest`]; see [`Envtest::builder`].
@@ -17,6 +18,7 @@ pub struct EnvtestBuilder {
     keep_dir: bool,
     dir: Option<PathBuf>,
     binaries: Option<Binaries>,
+    controller_manager: bool,
     startup_timeout: Duration,
 }
 
@@ -27,6 +29,7 @@ impl Default for EnvtestBuilder {
             keep_dir: false,
             dir: None,
             binaries: None,
+            controller_manager: false,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
         }
     }
@@ -56,6 +59,16 @@ impl EnvtestBuilder {
     /// Use these binaries instead of looking them up with [`binaries`].
     pub fn binaries(mut self, binaries: Binaries) -> Self {
         self.binaries = Some(binaries);
+        self
+    }
+
+    /// Also run a kube-controller-manager with its garbage collector and namespace controller, so
+    /// that ownerReference cascades (background and foreground deletion) and namespace deletion
+    /// happen as on a cluster. Default `false`. Needs `kube-controller-manager` beside
+    /// `kube-apiserver` (see [`binaries`](super::binaries)); without it, starting fails with
+    /// [`EnvtestError::BinaryNotFound`].
+    pub fn controller_manager(mut self, run: bool) -> Self {
+        self.controller_manager = run;
         self
     }
 
@@ -89,12 +102,21 @@ impl EnvtestBuilder {
             Some(b) => b,
             None => binaries()?,
         };
+        let version = KubeVersion::of_binary(&binaries.kube_apiserver)?;
         // A port picked as free can be taken before the component binds it; retry on that.
         let mut attempt = 0;
         let env = loop {
             attempt += 1;
             let work = files::WorkDir::create(self.dir.clone(), self.keep_dir)?;
-            match Envtest::launch_in(work, &binaries, mode, self.startup_timeout).await {
+            let launched = Envtest::launch_in(
+                work,
+                &binaries,
+                version,
+                self.controller_manager,
+                mode,
+                self.startup_timeout,
+            );
+            match launched.await {
                 Ok(env) => break env,
                 Err(e) if attempt < 3 && is_port_clash(&e) => continue,
                 Err(e) => return Err(e),

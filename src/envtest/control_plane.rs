@@ -8,7 +8,8 @@ use kube::api::Api;
 
 use super::process::{self, Component, Proc, SpawnMode};
 use super::{
-    Binaries, DetachedEnvtest, EnvtestBuilder, EnvtestError, Ports, USER_NAME, files, install_crds,
+    Binaries, DetachedEnvtest, EnvtestBuilder, EnvtestError, KubeVersion, Ports, USER_NAME, files,
+    install_crds,
 };
 
 /// A running etcd + kube-apiserver pair owned by the test; see the [module documentation](super).
@@ -18,10 +19,12 @@ use super::{
 #[derive(Debug)]
 pub struct Envtest {
     // Field order matters for Drop: the processes are killed before the directory is removed.
+    controller_manager: Option<Proc>,
     apiserver: Option<Proc>,
     etcd: Option<Proc>,
     work: files::WorkDir,
     binaries: Binaries,
+    version: KubeVersion,
     mode: SpawnMode,
     ports: Ports,
     config: kube::Config,
@@ -62,6 +65,8 @@ impl Envtest {
     pub(super) async fn launch_in(
         work: files::WorkDir,
         binaries: &Binaries,
+        version: KubeVersion,
+        controller_manager: bool,
         mode: SpawnMode,
         startup_timeout: Duration,
     ) -> Result<Envtest, EnvtestError> {
@@ -79,7 +84,7 @@ impl Envtest {
         let mut api = Proc::spawn(
             Component::KubeApiserver,
             &binaries.kube_apiserver,
-            &process::apiserver_args(&work, &ports),
+            &process::apiserver_args(&work, &ports, version),
             &work,
             mode,
         )?;
@@ -89,11 +94,35 @@ impl Envtest {
         let user_config = load_config_retrying(work.user_kubeconfig_path(), deadline).await?;
         process::wait_apiserver_ready(&mut api, &config, deadline).await?;
         wait_default_namespace(&api, &config, deadline).await?;
+        let controller_manager = if controller_manager {
+            let binary = binaries.kube_controller_manager.as_ref().ok_or_else(|| {
+                EnvtestError::BinaryNotFound {
+                    name: "kube-controller-manager",
+                    looked: format!(
+                        "not beside {} (the controller manager was asked for)",
+                        binaries.kube_apiserver.display()
+                    ),
+                }
+            })?;
+            let mut proc = Proc::spawn(
+                Component::KubeControllerManager,
+                binary,
+                &process::controller_manager_args(&work),
+                &work,
+                mode,
+            )?;
+            process::wait_controller_manager(&mut proc, &config, deadline).await?;
+            Some(proc)
+        } else {
+            None
+        };
         Ok(Envtest {
+            controller_manager,
             apiserver: Some(api),
             etcd: Some(etcd),
             work,
             binaries: binaries.clone(),
+            version,
             mode,
             ports,
             config,
@@ -184,7 +213,7 @@ impl Envtest {
         let mut api = Proc::spawn(
             Component::KubeApiserver,
             &self.binaries.kube_apiserver,
-            &process::apiserver_args(&self.work, &self.ports),
+            &process::apiserver_args(&self.work, &self.ports, self.version),
             &self.work,
             self.mode,
         )?;
@@ -215,6 +244,17 @@ impl Envtest {
         }
     }
 
+    /// The Kubernetes release of the running kube-apiserver (as its binary reports it).
+    pub fn version(&self) -> KubeVersion {
+        self.version
+    }
+
+    /// Whether a kube-controller-manager runs beside the apiserver (see
+    /// [`EnvtestBuilder::controller_manager`]).
+    pub fn has_controller_manager(&self) -> bool {
+        self.controller_manager.is_some()
+    }
+
     /// The process ids of etcd and kube-apiserver, when running.
     pub fn pids(&self) -> (Option<u32>, Option<u32>) {
         (
@@ -223,12 +263,14 @@ impl Envtest {
         )
     }
 
-    /// Stops both processes (SIGTERM, then SIGKILL after a 5 s grace period), reaps them, and removes
-    /// the working directory unless [`EnvtestBuilder::keep_dir`] was set.
+    /// Stops the processes (SIGTERM, then SIGKILL after a 5 s grace period), reaps them, and
+    /// removes the working directory unless [`EnvtestBuilder::keep_dir`] was set. When it
+    /// returns, no process of this control plane runs.
     pub async fn stop(mut self) {
+        let cm = self.controller_manager.take();
         let api = self.apiserver.take();
         let etcd = self.etcd.take();
-        for p in [api, etcd].into_iter().flatten() {
+        for p in [cm, api, etcd].into_iter().flatten() {
             p.terminate_and_wait(Duration::from_secs(5)).await;
         }
         // Dropping `self` removes the directory.
@@ -238,8 +280,12 @@ impl Envtest {
         let (Some(etcd), Some(api)) = (self.etcd.take(), self.apiserver.take()) else {
             return Err(EnvtestError::NotRunning);
         };
+        let controller_manager = self.controller_manager.take();
         self.work.set_remove_on_drop(false);
         let state = DetachedEnvtest {
+            version: self.version.to_string(),
+            controller_manager_pid: controller_manager.map(Proc::detach),
+            controller_manager_binary: self.binaries.kube_controller_manager.clone(),
             dir: self.work.path().to_path_buf(),
             etcd_pid: etcd.detach(),
             apiserver_pid: api.detach(),
@@ -271,7 +317,8 @@ mod shared_cleanup {
 
     pub(super) fn register(env: &super::Envtest) {
         let (etcd, api) = env.pids();
-        let pids = [api, etcd].into_iter().flatten().collect();
+        let cm = env.controller_manager.as_ref().map(super::Proc::pid);
+        let pids = [cm, api, etcd].into_iter().flatten().collect();
         let mut guard = LEFTOVERS.lock().unwrap_or_else(|p| p.into_inner());
         *guard = Some(Leftovers {
             pids,
@@ -341,7 +388,7 @@ async fn wait_default_namespace(
     let client = kube::Client::try_from(config.clone())?;
     let api: Api<Namespace> = Api::all(client);
     loop {
-        let last = match api.get_opt("default").await {
+        let last = match process::quietly(api.get_opt("default")).await {
             Ok(Some(_)) => return Ok(()),
             Ok(None) => "not created yet".to_string(),
             Err(e) => e.to_string(),

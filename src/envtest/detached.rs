@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::files::{self, WorkDir};
 use super::process::{self, Component, Proc, SpawnMode};
-use super::{EnvtestError, Ports};
+use super::{EnvtestError, KubeVersion, Ports};
 
 /// A control plane started by [`EnvtestBuilder::start_detached`](super::EnvtestBuilder::start_detached):
 /// its etcd and kube-apiserver run in their own process group and keep running after the starting
@@ -57,6 +57,16 @@ pub struct DetachedEnvtest {
     pub etcd_binary: PathBuf,
     /// The kube-apiserver binary that was started.
     pub apiserver_binary: PathBuf,
+    /// The Kubernetes release the apiserver binary reported (`v1.37.2`; empty in states written
+    /// before it was recorded).
+    #[serde(default)]
+    pub version: String,
+    /// Process id of kube-controller-manager, when one was started.
+    #[serde(default)]
+    pub controller_manager_pid: Option<u32>,
+    /// The kube-controller-manager binary, when one was started.
+    #[serde(default)]
+    pub controller_manager_binary: Option<PathBuf>,
 }
 
 /// Name of the state file inside the directory.
@@ -105,6 +115,8 @@ impl DetachedEnvtest {
         match component {
             Component::Etcd => self.etcd_pid,
             Component::KubeApiserver => self.apiserver_pid,
+            // 0 names no process: `runs` says false.
+            Component::KubeControllerManager => self.controller_manager_pid.unwrap_or(0),
         }
     }
 
@@ -112,6 +124,10 @@ impl DetachedEnvtest {
         match component {
             Component::Etcd => &self.etcd_binary,
             Component::KubeApiserver => &self.apiserver_binary,
+            Component::KubeControllerManager => self
+                .controller_manager_binary
+                .as_deref()
+                .unwrap_or(Path::new("")),
         }
     }
 
@@ -119,6 +135,7 @@ impl DetachedEnvtest {
         match component {
             Component::Etcd => self.etcd_pid = pid,
             Component::KubeApiserver => self.apiserver_pid = pid,
+            Component::KubeControllerManager => self.controller_manager_pid = Some(pid),
         }
     }
 
@@ -127,6 +144,7 @@ impl DetachedEnvtest {
         match component {
             Component::Etcd => format!("--listen-client-urls=http://127.0.0.1:{}", self.etcd_port),
             Component::KubeApiserver => format!("--secure-port={}", self.apiserver_port),
+            Component::KubeControllerManager => "--controllers=garbagecollector,namespace".into(),
         }
     }
 
@@ -165,6 +183,15 @@ impl DetachedEnvtest {
             etcd_peer: self.etcd_peer_port,
             apiserver: self.apiserver_port,
         };
+        if component == Component::KubeControllerManager {
+            return Err(EnvtestError::Startup {
+                component: component.name(),
+                reason: "restarting the controller manager alone is not supported: \
+                         `actorcile envtest down`, then `up --controller-manager`"
+                    .into(),
+                log_tail: String::new(),
+            });
+        }
         if component == Component::Etcd && ports.etcd_peer == 0 {
             return Err(EnvtestError::Startup {
                 component: component.name(),
@@ -183,13 +210,14 @@ impl DetachedEnvtest {
         let deadline = Instant::now() + timeout;
         let own_ports = match component {
             Component::Etcd => vec![ports.etcd_client, ports.etcd_peer],
-            Component::KubeApiserver => vec![ports.apiserver],
+            _ => vec![ports.apiserver],
         };
         wait_ports_free(component, &own_ports, deadline).await?;
         let work = WorkDir::create(Some(self.dir.clone()), true)?;
+        let version = KubeVersion::of_binary(&self.apiserver_binary)?;
         let args = match component {
             Component::Etcd => process::etcd_args(&work, &ports),
-            Component::KubeApiserver => process::apiserver_args(&work, &ports),
+            _ => process::apiserver_args(&work, &ports, version),
         };
         let mut proc = Proc::spawn(component, &binary, &args, &work, SpawnMode::Detached)?;
         if component == Component::Etcd {
@@ -229,7 +257,12 @@ impl DetachedEnvtest {
 
     /// Stops both processes (SIGTERM; SIGKILL after `grace`) and removes the directory.
     pub async fn stop(self, grace: Duration) -> Result<(), EnvtestError> {
-        for c in [Component::KubeApiserver, Component::Etcd] {
+        let all = [
+            Component::KubeControllerManager,
+            Component::KubeApiserver,
+            Component::Etcd,
+        ];
+        for c in all {
             end_process(self.pid(c), self.binary(c), libc::SIGTERM, grace).await;
         }
         match std::fs::remove_dir_all(&self.dir) {
@@ -276,22 +309,81 @@ async fn wait_ports_free(
 
 /// Ends `pid` if it is a live `binary`: `signal`, then `SIGKILL` if it still runs after
 /// `grace`, waiting 5 s at most for that.
+///
+/// Whether it has ended is asked of a pidfd taken before the first signal, not of `/proc`: a
+/// pidfd keeps naming this very process (never a reused pid) and becomes readable only once every
+/// thread of it has exited. `/proc` misleads here: while a process exits, its `cmdline` is
+/// already empty (so a check by name calls it gone) and its main thread can be a zombie while
+/// other threads still run and hold its ports.
 async fn end_process(pid: u32, binary: &Path, signal: libc::c_int, grace: Duration) {
     if !process_is(pid, binary) {
         return;
     }
+    let handle = PidFd::open(pid);
     process::signal(pid, signal);
-    let deadline = Instant::now() + grace;
-    while process_is(pid, binary) && Instant::now() < deadline {
+    if wait_exited(handle.as_ref(), pid, grace).await {
+        return;
+    }
+    process::signal(pid, libc::SIGKILL);
+    wait_exited(handle.as_ref(), pid, Duration::from_secs(5)).await;
+}
+
+/// Waits up to `limit` for `pid` to have exited; `true` if it has.
+async fn wait_exited(handle: Option<&PidFd>, pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let exited = match handle {
+            Some(fd) => fd.exited(),
+            None => !pid_alive(pid),
+        };
+        if exited {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if process_is(pid, binary) {
-        process::signal(pid, libc::SIGKILL);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while process_is(pid, binary) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+}
+
+/// A Linux process file descriptor (`pidfd_open(2)`, Linux 5.3+).
+struct PidFd(std::os::fd::OwnedFd);
+
+impl PidFd {
+    /// `None` where the kernel has no pidfds; callers fall back to [`pid_alive`].
+    fn open(pid: u32) -> Option<PidFd> {
+        use std::os::fd::FromRawFd;
+        let pid = libc::pid_t::try_from(pid).ok()?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new file descriptor or -1; no
+        // memory is passed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let fd = libc::c_int::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+        // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
+        Some(PidFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
     }
+
+    /// Whether the process has exited (all of its threads): the pidfd polls readable.
+    fn exited(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+    }
+}
+
+/// Whether `pid` names a process that has not exited (its `/proc` entry is there and not a
+/// zombie), whatever it runs.
+fn pid_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
 }
 
 /// A live process running `binary` (by file name) with `flag` among its arguments.
@@ -351,6 +443,9 @@ mod tests {
             user_kubeconfig: dir.path().join("kubeconfig-user"),
             etcd_binary: "/usr/bin/etcd".into(),
             apiserver_binary: "/x/kube-apiserver".into(),
+            version: "v1.37.2".into(),
+            controller_manager_pid: None,
+            controller_manager_binary: None,
         };
         s.save().unwrap();
         assert_eq!(DetachedEnvtest::load(dir.path()).unwrap(), Some(s));
@@ -384,6 +479,34 @@ mod tests {
             start.elapsed() >= Duration::from_millis(300),
             "returned before the port was released"
         );
+    }
+
+    #[tokio::test]
+    async fn ending_a_process_waits_until_it_has_exited() {
+        // A child that ignores SIGTERM: only the SIGKILL after the grace period ends it, and
+        // `end_process` returns only once it has.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "trap '' TERM; echo ignoring; while :; do sleep 1; done"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Barrier: the trap is set once the child says so.
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ignoring");
+        let handle = PidFd::open(pid).expect("pidfd_open on Linux 5.3+");
+        assert!(!handle.exited());
+        end_process(pid, Path::new("/bin/sh"), libc::SIGTERM, Duration::from_millis(200)).await;
+        assert!(handle.exited(), "end_process returned while {pid} still runs");
+        assert!(!pid_alive(pid));
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     }
 
     #[test]

@@ -10,10 +10,11 @@ pub enum EnvtestError {
     /// A required binary was not found.
     #[error(
         "{name} not found ({looked}); run scripts/install-test-deps.sh from the actorcile repository \
-         (Debian 12, as root) to install etcd and build kube-apiserver"
+         (Debian 12, as root, Go 1.26 or newer) to build etcd, kube-apiserver and \
+         kube-controller-manager, or set $KUBEBUILDER_ASSETS to a folder holding them"
     )]
     BinaryNotFound {
-        /// The binary's name (`etcd` or `kube-apiserver`).
+        /// The binary's name (`etcd`, `kube-apiserver` or `kube-controller-manager`).
         name: &'static str,
         /// Where it was looked for.
         looked: String,
@@ -39,7 +40,7 @@ pub enum EnvtestError {
         "{component} failed to start: {reason}\n--- last lines of {component}'s log ---\n{log_tail}"
     )]
     Startup {
-        /// `etcd` or `kube-apiserver`.
+        /// `etcd`, `kube-apiserver` or `kube-controller-manager`.
         component: &'static str,
         /// Why starting failed.
         reason: String,

@@ -1,16 +1,53 @@
-//! Looking up the `etcd` and `kube-apiserver` binaries and the cache directory.
+//! Looking up the control-plane binaries, the cache directory, and the version a
+//! `kube-apiserver` binary reports.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::EnvtestError;
 
-/// Paths of the two binaries a control plane needs.
+/// The variable controller-runtime's envtest reads: a folder holding `kube-apiserver` and `etcd`
+/// (and, optionally, `kube-controller-manager`). `setup-envtest use -p path` prints one.
+pub const KUBEBUILDER_ASSETS: &str = "KUBEBUILDER_ASSETS";
+/// actorcile's own variable, read when [`KUBEBUILDER_ASSETS`] is unset: a folder of the same layout.
+pub const ACTORCILE_KUBE_ASSETS: &str = "ACTORCILE_KUBE_ASSETS";
+
+/// Paths of the binaries a control plane runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binaries {
     /// The `etcd` server.
     pub etcd: PathBuf,
     /// The `kube-apiserver`.
     pub kube_apiserver: PathBuf,
+    /// The `kube-controller-manager`, when the folder has one: needed only by
+    /// [`EnvtestBuilder::controller_manager`](super::EnvtestBuilder::controller_manager).
+    pub kube_controller_manager: Option<PathBuf>,
+}
+
+impl Binaries {
+    /// The binaries in one folder of controller-runtime's `KUBEBUILDER_ASSETS` layout:
+    /// `kube-apiserver` and `etcd` are required, `kube-controller-manager` is taken when present.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Binaries, EnvtestError> {
+        let dir = dir.as_ref();
+        let required = |name: &'static str| {
+            let p = dir.join(name);
+            if is_executable(&p) {
+                Ok(p)
+            } else {
+                Err(EnvtestError::BinaryNotFound {
+                    name,
+                    looked: format!("{} is not an executable file", p.display()),
+                })
+            }
+        };
+        let kube_controller_manager =
+            Some(dir.join("kube-controller-manager")).filter(|p| is_executable(p));
+        Ok(Binaries {
+            etcd: required("etcd")?,
+            kube_apiserver: required("kube-apiserver")?,
+            kube_controller_manager,
+        })
+    }
 }
 
 /// The directory where actorcile caches built binaries and state: `$ACTORCILE_CACHE_DIR`, else
@@ -24,75 +61,128 @@ pub fn cache_dir() -> Option<PathBuf> {
         .map(|h| PathBuf::from(h).join(".cache").join("actorcile"))
 }
 
-/// Finds `etcd` (on `PATH`) and `kube-apiserver` (`$ACTORCILE_KUBE_APISERVER`, else
-/// `~/.cache/actorcile/bin/kube-apiserver`, see [`cache_dir`]).
+/// Finds the control-plane binaries, in this order:
 ///
-/// The error names what is missing and says to run `scripts/install-test-deps.sh`.
+/// 1. the folder in `$KUBEBUILDER_ASSETS` (controller-runtime's envtest layout, so binaries that
+///    `setup-envtest` downloaded work as they are);
+/// 2. the folder in `$ACTORCILE_KUBE_ASSETS`;
+/// 3. the cache that `scripts/install-test-deps.sh` fills: `<cache>/k8s/<version>/bin`, the
+///    version named in `<cache>/k8s/newest` (see [`cache_dir`]).
+///
+/// A variable that is set wins even when its folder is incomplete (the error says so), so a
+/// mistyped path never silently falls back to another server.
 pub fn binaries() -> Result<Binaries, EnvtestError> {
     resolve_binaries(
-        std::env::var_os("PATH"),
-        std::env::var_os("ACTORCILE_KUBE_APISERVER"),
+        std::env::var_os(KUBEBUILDER_ASSETS),
+        std::env::var_os(ACTORCILE_KUBE_ASSETS),
         cache_dir(),
     )
 }
 
 fn resolve_binaries(
-    path: Option<std::ffi::OsString>,
-    apiserver_override: Option<std::ffi::OsString>,
+    kubebuilder_assets: Option<OsString>,
+    actorcile_assets: Option<OsString>,
     cache: Option<PathBuf>,
 ) -> Result<Binaries, EnvtestError> {
-    let etcd = path
-        .as_ref()
-        .and_then(|p| find_on_path(p, "etcd"))
-        .ok_or_else(|| EnvtestError::BinaryNotFound {
-            name: "etcd",
-            looked: format!(
-                "searched PATH={}",
-                path.as_deref()
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
-        })?;
-    let (kube_apiserver, looked) = match apiserver_override.filter(|v| !v.is_empty()) {
-        Some(p) => {
-            let p = PathBuf::from(p);
-            let looked = format!("$ACTORCILE_KUBE_APISERVER={}", p.display());
-            (p, looked)
+    let named = [
+        (KUBEBUILDER_ASSETS, kubebuilder_assets),
+        (ACTORCILE_KUBE_ASSETS, actorcile_assets),
+    ];
+    for (var, value) in named {
+        if let Some(dir) = value.filter(|v| !v.is_empty()) {
+            return Binaries::from_dir(&dir).map_err(|e| match e {
+                EnvtestError::BinaryNotFound { name, looked } => EnvtestError::BinaryNotFound {
+                    name,
+                    looked: format!("${var}: {looked}"),
+                },
+                other => other,
+            });
         }
-        None => match cache {
-            Some(dir) => {
-                let p = dir.join("bin").join("kube-apiserver");
-                let looked = format!(
-                    "{} (set $ACTORCILE_KUBE_APISERVER to use another)",
-                    p.display()
-                );
-                (p, looked)
-            }
-            None => {
-                return Err(EnvtestError::BinaryNotFound {
-                    name: "kube-apiserver",
-                    looked: "neither $ACTORCILE_KUBE_APISERVER nor $HOME is set".into(),
-                });
-            }
-        },
-    };
-    if !is_executable(&kube_apiserver) {
+    }
+    let Some(cache) = cache else {
         return Err(EnvtestError::BinaryNotFound {
             name: "kube-apiserver",
-            looked,
+            looked: format!("neither ${KUBEBUILDER_ASSETS}, ${ACTORCILE_KUBE_ASSETS} nor $HOME is set"),
+        });
+    };
+    let k8s = cache.join("k8s");
+    let newest = std::fs::read_to_string(k8s.join("newest")).unwrap_or_default();
+    let newest = newest.trim();
+    if newest.is_empty() || newest.contains('/') {
+        return Err(EnvtestError::BinaryNotFound {
+            name: "kube-apiserver",
+            looked: format!(
+                "no build recorded in {} (set ${KUBEBUILDER_ASSETS} to use other binaries)",
+                k8s.join("newest").display()
+            ),
         });
     }
-    Ok(Binaries {
-        etcd,
-        kube_apiserver,
-    })
+    Binaries::from_dir(k8s.join(newest).join("bin"))
 }
 
-fn find_on_path(path: &std::ffi::OsStr, name: &str) -> Option<PathBuf> {
-    std::env::split_paths(path)
-        .map(|dir| dir.join(name))
-        .find(|p| is_executable(p))
+/// A Kubernetes release as a binary reports it (`Kubernetes v1.37.2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KubeVersion {
+    /// Major version (1).
+    pub major: u32,
+    /// Minor version (37 for v1.37.2).
+    pub minor: u32,
+    /// Patch version (2 for v1.37.2).
+    pub patch: u32,
 }
+
+impl KubeVersion {
+    /// Parses `v1.37.2`, `1.37.2`, `Kubernetes v1.37.2` or `v1.37.2-rc.0+abc` (the last word of
+    /// the text is read; anything after the patch number is ignored).
+    pub fn parse(text: &str) -> Option<KubeVersion> {
+        let word = text.split_whitespace().last()?;
+        let word = word.strip_prefix('v').unwrap_or(word);
+        let mut parts = word.splitn(3, '.');
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        let patch_text = parts.next()?;
+        let digits = patch_text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(patch_text.len());
+        let patch = patch_text[..digits].parse().ok()?;
+        Some(KubeVersion {
+            major,
+            minor,
+            patch,
+        })
+    }
+
+    /// Runs `<kube_apiserver> --version` and parses its answer.
+    pub fn of_binary(kube_apiserver: &Path) -> Result<KubeVersion, EnvtestError> {
+        let out = std::process::Command::new(kube_apiserver)
+            .arg("--version")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| EnvtestError::io(format!("running {} --version", kube_apiserver.display()), e))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        KubeVersion::parse(text.trim()).ok_or_else(|| EnvtestError::Startup {
+            component: "kube-apiserver",
+            reason: format!(
+                "{} --version answered {:?}, not a version",
+                kube_apiserver.display(),
+                text.trim()
+            ),
+            log_tail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// Whether this release is at least `major.minor`.
+    pub fn at_least(self, major: u32, minor: u32) -> bool {
+        (self.major, self.minor) >= (major, minor)
+    }
+}
+
+impl std::fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p)
@@ -106,74 +196,113 @@ mod tests {
 
     fn fake_executable(dir: &Path, name: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).unwrap();
         let p = dir.join(name);
-        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        std::fs::write(&p, "#!/bin/sh\necho Kubernetes v1.37.2\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         p
     }
 
     #[test]
-    fn binaries_are_found_on_path_and_in_the_cache() {
-        let bin = tempfile::tempdir().unwrap();
+    fn kubebuilder_assets_then_our_variable_then_the_cache() {
+        let assets = tempfile::tempdir().unwrap();
+        let ours = tempfile::tempdir().unwrap();
         let cache = tempfile::tempdir().unwrap();
-        let etcd = fake_executable(bin.path(), "etcd");
-        std::fs::create_dir(cache.path().join("bin")).unwrap();
-        let api = fake_executable(&cache.path().join("bin"), "kube-apiserver");
-        let path = std::env::join_paths(["/nonexistent-dir".as_ref(), bin.path()]).unwrap();
-        let b = resolve_binaries(Some(path.clone()), None, Some(cache.path().into())).unwrap();
-        assert_eq!(
-            b,
-            Binaries {
-                etcd: etcd.clone(),
-                kube_apiserver: api
-            }
-        );
-        // The override wins over the cache.
-        let other = fake_executable(bin.path(), "my-apiserver");
-        let b = resolve_binaries(
-            Some(path),
-            Some(other.clone().into()),
+        for dir in [assets.path(), ours.path()] {
+            fake_executable(dir, "etcd");
+            fake_executable(dir, "kube-apiserver");
+        }
+        let cached = cache.path().join("k8s/v1.37.2/bin");
+        fake_executable(&cached, "etcd");
+        fake_executable(&cached, "kube-apiserver");
+        fake_executable(&cached, "kube-controller-manager");
+        std::fs::write(cache.path().join("k8s/newest"), "v1.37.2\n").unwrap();
+
+        let all = resolve_binaries(
+            Some(assets.path().into()),
+            Some(ours.path().into()),
             Some(cache.path().into()),
         )
         .unwrap();
-        assert_eq!(b.kube_apiserver, other);
+        assert_eq!(all.kube_apiserver, assets.path().join("kube-apiserver"));
+        assert_eq!(all.kube_controller_manager, None);
+
+        let no_kubebuilder =
+            resolve_binaries(None, Some(ours.path().into()), Some(cache.path().into())).unwrap();
+        assert_eq!(no_kubebuilder.etcd, ours.path().join("etcd"));
+
+        let cache_only = resolve_binaries(None, None, Some(cache.path().into())).unwrap();
+        assert_eq!(
+            cache_only,
+            Binaries {
+                etcd: cached.join("etcd"),
+                kube_apiserver: cached.join("kube-apiserver"),
+                kube_controller_manager: Some(cached.join("kube-controller-manager")),
+            }
+        );
     }
 
     #[test]
-    fn missing_binaries_name_the_installer() {
-        let bin = tempfile::tempdir().unwrap();
+    fn a_set_variable_with_an_incomplete_folder_is_an_error_not_a_fallback() {
+        let assets = tempfile::tempdir().unwrap();
         let cache = tempfile::tempdir().unwrap();
-        let err =
-            resolve_binaries(Some(bin.path().into()), None, Some(cache.path().into())).unwrap_err();
+        fake_executable(assets.path(), "kube-apiserver");
+        // etcd present but not executable: does not count.
+        std::fs::write(assets.path().join("etcd"), "x").unwrap();
+        let err = resolve_binaries(Some(assets.path().into()), None, Some(cache.path().into()))
+            .unwrap_err();
         assert!(
             matches!(err, EnvtestError::BinaryNotFound { name: "etcd", .. }),
             "{err}"
         );
-        assert!(
-            err.to_string().contains("scripts/install-test-deps.sh"),
-            "{err}"
-        );
+        let msg = err.to_string();
+        assert!(msg.contains("$KUBEBUILDER_ASSETS"), "{msg}");
+        assert!(msg.contains("scripts/install-test-deps.sh"), "{msg}");
+    }
 
-        fake_executable(bin.path(), "etcd");
-        // A non-executable file does not count.
-        std::fs::create_dir(cache.path().join("bin")).unwrap();
-        std::fs::write(cache.path().join("bin/kube-apiserver"), "x").unwrap();
-        let err =
-            resolve_binaries(Some(bin.path().into()), None, Some(cache.path().into())).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                EnvtestError::BinaryNotFound {
-                    name: "kube-apiserver",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+    #[test]
+    fn an_empty_cache_names_the_installer() {
+        let cache = tempfile::tempdir().unwrap();
+        let err = resolve_binaries(None, None, Some(cache.path().into())).unwrap_err();
         let msg = err.to_string();
         assert!(
             msg.contains("scripts/install-test-deps.sh") && msg.contains("kube-apiserver"),
             "{msg}"
         );
+        // A recorded name that would leave the cache is refused.
+        std::fs::create_dir_all(cache.path().join("k8s")).unwrap();
+        std::fs::write(cache.path().join("k8s/newest"), "../../bin").unwrap();
+        assert!(resolve_binaries(None, None, Some(cache.path().into())).is_err());
+    }
+
+    #[test]
+    fn versions_parse_as_binaries_print_them() {
+        let v = KubeVersion::parse("Kubernetes v1.37.2").unwrap();
+        assert_eq!((v.major, v.minor, v.patch), (1, 37, 2));
+        assert_eq!(v.to_string(), "v1.37.2");
+        assert_eq!(
+            KubeVersion::parse("v1.20.5-rc.0+abcdef"),
+            Some(KubeVersion {
+                major: 1,
+                minor: 20,
+                patch: 5
+            })
+        );
+        assert!(KubeVersion::parse("Kubernetes v0.0.0-master+$Format:%H$").is_some());
+        assert_eq!(KubeVersion::parse("Kubernetes"), None);
+        assert_eq!(KubeVersion::parse(""), None);
+        assert!(v.at_least(1, 24) && !v.at_least(1, 38) && !v.at_least(2, 0));
+    }
+
+    #[test]
+    fn the_version_of_a_binary_is_read_from_its_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = fake_executable(dir.path(), "kube-apiserver");
+        assert_eq!(
+            KubeVersion::of_binary(&p).unwrap(),
+            KubeVersion::parse("v1.37.2").unwrap()
+        );
+        std::fs::write(&p, "#!/bin/sh\necho nonsense\n").unwrap();
+        assert!(KubeVersion::of_binary(&p).is_err());
     }
 }

@@ -1,4 +1,5 @@
-//! A real control plane for tests: etcd + kube-apiserver as child processes.
+//! A real control plane for tests: etcd + kube-apiserver (+ kube-controller-manager) as child
+//! processes.
 //!
 //! [`Envtest`] starts an `etcd` and a `kube-apiserver` on free loopback ports, in a fresh temporary
 //! directory that holds the etcd data, the apiserver's self-signed serving certificate, a generated
@@ -7,13 +8,19 @@
 //! [`Envtest::client`] and [`Envtest::user_client`] trust the apiserver's own certificate (read from
 //! its `--cert-dir`); TLS verification is not disabled.
 //!
-//! There is no controller-manager: nothing garbage-collects by ownerReferences and namespaces never
-//! finish deleting. RBAC is enforced, so a test can check that an operator's ClusterRole suffices by
-//! binding it to [`Envtest::user_name`] and using [`Envtest::user_client`].
+//! The apiserver's flags are chosen by the version its binary reports ([`Envtest::version`]), so
+//! any release from v1.20 to the newest starts (v1.24 removed `--insecure-port`, for example).
+//! RBAC is enforced, so a test can check that an operator's ClusterRole suffices by binding it to
+//! [`Envtest::user_name`] and using [`Envtest::user_client`].
 //!
-//! The binaries come from [`binaries`]: `etcd` from `PATH`, `kube-apiserver` from
-//! `$ACTORCILE_KUBE_APISERVER` or `~/.cache/actorcile/bin/kube-apiserver`. On Debian 12 the
-//! repository's `scripts/install-test-deps.sh` installs etcd and builds kube-apiserver there.
+//! By default there is no controller-manager: nothing garbage-collects by ownerReferences and
+//! namespaces never finish deleting. [`EnvtestBuilder::controller_manager`] adds one that runs the
+//! garbage collector and the namespace controller, for tests of cascading and foreground deletion.
+//!
+//! The binaries come from [`binaries`]: the folder in `$KUBEBUILDER_ASSETS` (controller-runtime's
+//! layout, so `setup-envtest` downloads work), else `$ACTORCILE_KUBE_ASSETS`, else the cache that
+//! the repository's `scripts/install-test-deps.sh` fills by building the newest Kubernetes release
+//! from its Go modules (`~/.cache/actorcile/k8s/<version>/bin`).
 //!
 //! The child processes die with the test: [`Envtest::stop`] and `Drop` kill them and remove the
 //! directory, and on Linux they also receive `SIGKILL` when the process that started them exits for any
@@ -57,7 +64,7 @@ pub use control_plane::Envtest;
 pub use crds::{crds_from_yaml, install_crds, wait_for_openapi};
 pub use detached::{DetachedEnvtest, STATE_FILE};
 pub use error::EnvtestError;
-pub use lookup::{Binaries, binaries, cache_dir};
+pub use lookup::{ACTORCILE_KUBE_ASSETS, Binaries, KUBEBUILDER_ASSETS, KubeVersion, binaries, cache_dir};
 pub use process::Component;
 
 /// Name of the non-admin user whose token [`Envtest::user_client`] uses.

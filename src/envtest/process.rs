@@ -10,27 +10,31 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::files::WorkDir;
-use super::{EnvtestError, Ports};
+use super::{EnvtestError, KubeVersion, Ports};
 
 /// How many log lines an error carries.
 const LOG_TAIL_LINES: usize = 40;
 const POLL: Duration = Duration::from_millis(100);
 
-/// One of the two control-plane components.
+/// One of the control-plane components.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Component {
     /// etcd.
     Etcd,
     /// kube-apiserver.
     KubeApiserver,
+    /// kube-controller-manager (garbage collector and namespace controller), when asked for.
+    KubeControllerManager,
 }
 
 impl Component {
-    /// The component's program name: `etcd` or `kube-apiserver`.
+    /// The component's program name: `etcd`, `kube-apiserver` or `kube-controller-manager`.
     pub fn name(self) -> &'static str {
         match self {
             Component::Etcd => "etcd",
             Component::KubeApiserver => "kube-apiserver",
+            Component::KubeControllerManager => "kube-controller-manager",
         }
     }
 }
@@ -113,20 +117,23 @@ pub(crate) fn etcd_args(work: &WorkDir, ports: &Ports) -> Vec<OsString> {
     ]
 }
 
-pub(crate) fn apiserver_args(work: &WorkDir, ports: &Ports) -> Vec<OsString> {
-    fn path_flag(flag: &str, p: PathBuf) -> OsString {
-        let mut s = OsString::from(flag);
-        s.push("=");
-        s.push(p);
-        s
-    }
-    vec![
+fn path_flag(flag: &str, p: PathBuf) -> OsString {
+    let mut s = OsString::from(flag);
+    s.push("=");
+    s.push(p);
+    s
+}
+
+/// kube-apiserver's flags, chosen by its version: only flags that release still has.
+///
+/// An unversioned build (`v0.0.0-master`, a `go build` without version stamping) is taken to be
+/// a current release.
+pub(crate) fn apiserver_args(work: &WorkDir, ports: &Ports, version: KubeVersion) -> Vec<OsString> {
+    let mut args = vec![
         format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client).into(),
         format!("--secure-port={}", ports.apiserver).into(),
         "--bind-address=127.0.0.1".into(),
         "--advertise-address=127.0.0.1".into(),
-        // v1.20 still serves plain HTTP on 127.0.0.1:8080 by default; two control planes would clash.
-        "--insecure-port=0".into(),
         path_flag("--cert-dir", work.cert_dir()),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
         path_flag("--service-account-key-file", work.sa_pub()),
@@ -135,6 +142,33 @@ pub(crate) fn apiserver_args(work: &WorkDir, ports: &Ports) -> Vec<OsString> {
         "--authorization-mode=RBAC".into(),
         "--service-cluster-ip-range=10.0.0.0/24".into(),
         "--disable-admission-plugins=ServiceAccount".into(),
+        // No `kubernetes` Service endpoints: current servers refuse to publish a loopback
+        // address there (and nothing in a test routes to it), so envtest turns it off, as
+        // controller-runtime's envtest does.
+        "--endpoint-reconciler-type=none".into(),
+    ];
+    if version.major == 1 && !version.at_least(1, 24) {
+        // Up to v1.23 the server also serves plain HTTP on 127.0.0.1:8080 unless told not to, and
+        // two control planes would clash there; v1.24 removed the flag (and refuses it).
+        args.push("--insecure-port=0".into());
+    }
+    args
+}
+
+/// kube-controller-manager's flags: the garbage collector and the namespace controller only
+/// (what ownerReference cascades and namespace deletion need), talking to the apiserver as the
+/// admin, no serving port (nothing needs its metrics or health).
+pub(crate) fn controller_manager_args(work: &WorkDir) -> Vec<OsString> {
+    vec![
+        path_flag("--kubeconfig", work.kubeconfig_path().to_path_buf()),
+        "--controllers=garbagecollector,namespace".into(),
+        "--use-service-account-credentials=false".into(),
+        // Leader election on, for one reason: the Lease it takes is how start-up sees that the
+        // controllers run (with no serving port there is no /healthz to ask).
+        "--leader-elect=true".into(),
+        "--secure-port=0".into(),
+        // Syncs garbage-collector graph changes quickly enough for tests.
+        "--concurrent-gc-syncs=5".into(),
     ]
 }
 
@@ -424,6 +458,42 @@ pub(crate) async fn wait_file(
     }
 }
 
+/// Waits until kube-controller-manager holds its leader Lease (`kube-system/kube-controller-manager`),
+/// after which it starts its controllers.
+pub(crate) async fn wait_controller_manager(
+    proc: &mut Proc,
+    config: &kube::Config,
+    deadline: Instant,
+) -> Result<(), EnvtestError> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let client = kube::Client::try_from(config.clone())?;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client, "kube-system");
+    loop {
+        proc.check_alive()?;
+        let last = match quietly(leases.get_opt("kube-controller-manager")).await {
+            Ok(Some(l)) if l.spec.as_ref().and_then(|s| s.holder_identity.as_ref()).is_some() => {
+                return Ok(());
+            }
+            Ok(_) => "its leader Lease is not held yet".to_string(),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(proc.startup_error(format!("not running in time ({last})")));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Runs a start-up probe with tracing events discarded: while a server starts, kube's client
+/// logs every refused connection and `500` at ERROR level, which are expected there and would
+/// read as failures in the user's log. The probe's own result says what happened.
+pub(crate) async fn quietly<F: std::future::Future>(probe: F) -> F::Output {
+    use tracing::instrument::WithSubscriber;
+    probe
+        .with_subscriber(tracing::subscriber::NoSubscriber::default())
+        .await
+}
+
 /// Waits until `GET /readyz` answers `ok`.
 pub(crate) async fn wait_apiserver_ready(
     proc: &mut Proc,
@@ -451,7 +521,7 @@ pub(crate) async fn readyz(config: &kube::Config) -> Result<(), String> {
     let req = http::Request::get("/readyz")
         .body(Vec::new())
         .map_err(|e| e.to_string())?;
-    match client.request_text(req).await {
+    match quietly(client.request_text(req)).await {
         Ok(body) if body.trim() == "ok" => Ok(()),
         Ok(body) => Err(format!("/readyz answered: {body}")),
         Err(e) => Err(e.to_string()),

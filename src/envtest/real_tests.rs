@@ -254,7 +254,8 @@ async fn a_failing_apiserver_reports_its_log_tail() {
         let fake = bin.path().join("kube-apiserver");
         std::fs::write(
             &fake,
-            "#!/bin/sh\necho 'E1121 bogus flag: everything is broken' >&2\nexit 3\n",
+            "#!/bin/sh\n[ \"$1\" = --version ] && echo 'Kubernetes v1.37.2' && exit 0\n\
+             echo 'E1121 bogus flag: everything is broken' >&2\nexit 3\n",
         )
         .unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -264,6 +265,7 @@ async fn a_failing_apiserver_reports_its_log_tail() {
             .binaries(Binaries {
                 etcd: real.etcd,
                 kube_apiserver: fake,
+                kube_controller_manager: None,
             })
             .dir(&dir)
             .start()
@@ -366,4 +368,121 @@ async fn service_account_tokens_are_signed_and_verified_with_the_generated_key()
     })
     .await
     .unwrap();
+}
+
+/// Collects what tracing writes, for tests of what a user's log shows.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> LogBuffer {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn starting_logs_no_error_for_a_server_that_is_still_coming_up() {
+    let log = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .finish();
+    // The test's runtime is single-threaded: everything start-up runs logs to `log`.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    tokio::time::timeout(LIMIT, async {
+        let env = Envtest::builder()
+            .controller_manager(true)
+            .start()
+            .await
+            .unwrap();
+        // A real failure still reaches the log: the same client, a request that fails.
+        let missing: Api<ConfigMap> = Api::namespaced(env.client(), "no-such-namespace");
+        missing
+            .create(&PostParams::default(), &config_map("x"))
+            .await
+            .unwrap_err();
+        env.stop().await;
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(
+        errors.is_empty(),
+        "start-up probes logged errors a user would take for failures:\n{}",
+        errors.join("\n")
+    );
+}
+
+#[tokio::test]
+async fn the_controller_manager_collects_owned_objects_and_empties_deleted_namespaces() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::DeleteParams;
+    tokio::time::timeout(LIMIT, async {
+        let env = Envtest::builder()
+            .controller_manager(true)
+            .start()
+            .await
+            .unwrap();
+        let expected = KubeVersion::of_binary(&binaries().unwrap().kube_apiserver).unwrap();
+        assert_eq!(env.version(), expected);
+        assert!(env.has_controller_manager());
+        let client = env.client();
+        let nss: Api<Namespace> = Api::all(client.clone());
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some("gc".into());
+        nss.create(&PostParams::default(), &ns).await.unwrap();
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "gc");
+        let owner = cms
+            .create(&PostParams::default(), &config_map("owner"))
+            .await
+            .unwrap();
+        let mut child = config_map("child");
+        child.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "owner".into(),
+            uid: owner.metadata.uid.clone().unwrap(),
+            ..Default::default()
+        }]);
+        cms.create(&PostParams::default(), &child).await.unwrap();
+        // Foreground: the owner stays (with the foregroundDeletion finalizer) until its child is
+        // gone, then goes.
+        cms.delete("owner", &DeleteParams::foreground())
+            .await
+            .unwrap();
+        wait_gone(&cms, "child").await;
+        wait_gone(&cms, "owner").await;
+        // A deleted namespace is emptied and goes away.
+        cms.create(&PostParams::default(), &config_map("left"))
+            .await
+            .unwrap();
+        nss.delete("gc", &DeleteParams::default()).await.unwrap();
+        wait_gone(&nss, "gc").await;
+        env.stop().await;
+    })
+    .await
+    .unwrap();
+}
+
+async fn wait_gone<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    // Bounded by the test's LIMIT; the controllers act within seconds once their caches synced.
+    while api.get_opt(name).await.unwrap().is_some() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -20,12 +20,20 @@ pub struct ResourceProvisioner<K, C> {
     name: String,
     build: Build<K, C>,
     ready_when: Option<ReadyWhen<C>>,
+    force: bool,
 }
 
 /// Server-side apply the object `build(parent)` returns, with an owner reference (controller)
 /// to the parent, so Kubernetes garbage-collects it if the parent vanishes (not inside a
 /// [`remote`](super::remote()): the parent is in another cluster there). Namespaced children
 /// without a namespace go to the parent's namespace.
+///
+/// The apply is not forced: fields the runtime's field manager owns are set, and a field that
+/// another field manager owns with a different value (an autoscaler's `replicas`, a
+/// `kubectl edit`) is left to it. Such a conflict ends the step with the typed reason
+/// `ChildFieldConflict`, whose message names each conflicting field and its manager, retried with
+/// the error backoff; the author who wants the runtime to take the fields over says so with
+/// [`ResourceProvisioner::force_conflicts`].
 ///
 /// Deprovision deletes the child and yields until it is gone (when the delete's answer says the
 /// child is gone, as kube-apiserver's does for most kinds deleted at once, it makes no further
@@ -56,6 +64,7 @@ pub fn resource<K, C>(
         name: name.into(),
         build: Box::new(build),
         ready_when: None,
+        force: false,
     }
 }
 
@@ -65,6 +74,45 @@ impl<K, C> ResourceProvisioner<K, C> {
         self.ready_when = Some(Box::new(ready));
         self
     }
+
+    /// Force the apply: take over every field of the child that another field manager owns
+    /// (server-side apply's `force=true`), instead of reporting `ChildFieldConflict`.
+    pub fn force_conflicts(mut self) -> Self {
+        self.force = true;
+        self
+    }
+}
+
+/// The typed outcome of an apply refused for conflicts (`409` with `FieldManagerConflict`
+/// causes): reason `ChildFieldConflict`, the message naming each field and its manager as the
+/// API server reported them, retried with the error backoff.
+fn field_conflict(kind: &str, name: &str, status: &kube::core::Status) -> Reason {
+    let fields: Vec<String> = status
+        .details
+        .iter()
+        .flat_map(|d| d.causes.iter())
+        .map(|c| {
+            if c.message.is_empty() {
+                c.field.clone()
+            } else {
+                c.message.clone()
+            }
+        })
+        .filter(|m| !m.is_empty())
+        .take(8)
+        .collect();
+    let detail = if fields.is_empty() {
+        String::from("fields owned by another field manager")
+    } else {
+        fields.join("; ")
+    };
+    Reason::new(
+        "ChildFieldConflict",
+        format!(
+            "{kind} {name}: {detail}. Another field manager owns these fields; remove them \
+             from it (or let the controller force its apply)"
+        ),
+    )
 }
 
 fn child_api<K, C>(cx: &Context<K>, child: &C) -> ObjectApi<C>
@@ -127,7 +175,10 @@ where
         // Server-side apply needs apiVersion/kind in the body.
         value["apiVersion"] = C::api_version(&()).into();
         value["kind"] = C::kind(&()).into();
-        let params = PatchParams::apply(cx.field_manager()).force();
+        let mut params = PatchParams::apply(cx.field_manager());
+        if self.force {
+            params = params.force();
+        }
         match api.patch(&name, &params, &Patch::Apply(&value)).await {
             Ok(applied) => match &self.ready_when {
                 Some(ready) if !ready(&applied) => Outcome::yield_now(Reason::new(
@@ -136,6 +187,10 @@ where
                 )),
                 _ => Outcome::Done,
             },
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let reason = field_conflict(C::kind(&()).as_ref(), &name, &status);
+                Outcome::failed(reason, kube::Error::Api(status))
+            }
             Err(e) => Outcome::failed(
                 Reason::new(
                     "ApplyFailed",

@@ -47,6 +47,12 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
                 "spec": {
                     "serviceAccountName": operator::NAME,
                     "terminationGracePeriodSeconds": 40,
+                    // What Pod Security `restricted` asks (a namespace that enforces it admits
+                    // these Pods): a non-root user, the runtime's default seccomp profile.
+                    "securityContext": {
+                        "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "containers": [{
                         "name": "operator",
                         "image": image,
@@ -64,6 +70,7 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
                         "securityContext": {
                             "runAsNonRoot": true, "readOnlyRootFilesystem": true,
                             "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"},
                         },
                     }],
                 },

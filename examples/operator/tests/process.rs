@@ -66,6 +66,69 @@ async fn events_with(client: &kube::Client, reason: &str) -> Vec<Event> {
         .collect()
 }
 
+/// The rendered Deployment's Pod is admitted (server-side dry run) in a namespace that enforces
+/// Pod Security `restricted`, where the same Pod without its security settings is refused.
+async fn manifests_are_admitted_by_pod_security_restricted(client: &kube::Client) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    let ns = "restricted";
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(ns.into());
+    namespace.metadata.labels = Some(
+        [(
+            "pod-security.kubernetes.io/enforce".to_string(),
+            "restricted".to_string(),
+        )]
+        .into(),
+    );
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create the restricted namespace");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_example-operator"))
+        .args(["manifests", "--namespace", ns])
+        .output()
+        .expect("run example-operator manifests");
+    assert!(out.status.success(), "{out:?}");
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let deployment: Deployment = yaml
+        .split("\n---\n")
+        .find(|d| d.contains("kind: Deployment"))
+        .map(|d| serde_norway::from_str(d).expect("the Deployment parses"))
+        .expect("a Deployment among the manifests");
+    let template = deployment.spec.expect("spec").template;
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("operator".into()),
+            namespace: Some(ns.into()),
+            labels: template.metadata.and_then(|m| m.labels),
+            ..Default::default()
+        },
+        spec: template.spec,
+        ..Default::default()
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    if let Err(e) = pods.create(&dry_run, &pod).await {
+        panic!("Pod Security restricted refused the operator's Pod: {e}");
+    }
+    // The namespace does enforce: the same Pod without its security settings is refused.
+    let mut bare = pod.clone();
+    let spec = bare.spec.as_mut().unwrap();
+    spec.security_context = None;
+    spec.containers[0].security_context = None;
+    match pods.create(&dry_run, &bare).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 403, "{s:?}");
+            assert!(s.message.contains("restricted"), "{s:?}");
+        }
+        other => panic!("a Pod without security settings was not refused: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_process_on_a_real_apiserver() {
     tokio::time::timeout(Duration::from_secs(240), run())
@@ -76,6 +139,7 @@ async fn the_operator_process_on_a_real_apiserver() {
 async fn run() {
     let env = Envtest::builder().start().await.expect("start envtest");
     let client = env.client();
+    manifests_are_admitted_by_pod_security_restricted(&client).await;
     let port = free_port();
     let mut op = spawn(env.kubeconfig_path(), port);
 
