@@ -1,5 +1,7 @@
 //! Conformance: the same API-behaviour cases against the in-process cluster (`in_process::*`) and a
-//! real etcd + kube-apiserver v1.20 (`real_apiserver::*`, needs scripts/install-test-deps.sh).
+//! real etcd + kube-apiserver (`real_apiserver::*`, needs scripts/install-test-deps.sh): the newest
+//! release by default; `scripts/test.sh` runs the real cases again on the oldest supported one
+//! (`ACTORCILE_KUBE_ASSETS` names its folder).
 //!
 //! Every case asserts what the real server does. A case failing only under `in_process` is a
 //! difference of the in-process cluster. Under `cargo test` the real cases share one control plane
@@ -108,6 +110,8 @@ conformance!(
     terminating_namespace_forbids_creates,
     dry_run_writes_nothing,
     watch_timeout_ends_the_stream,
+    namespaces_carry_their_name_label,
+    streaming_list_sends_initial_events_then_a_bookmark,
 );
 
 // ---------------------------------------------------------------------------------------------------
@@ -504,13 +508,13 @@ async fn finalizers_hold_deletion_with_a_timestamp(cx: Ctx) {
 async fn delete_without_finalizers_and_what_delete_returns(cx: Ctx) {
     let api = widgets(&cx);
     let created = api.create(&pp(), &widget("a", 1)).await.unwrap();
-    // v1.20: a custom resource deleted at once answers a success Status naming it (newer servers
-    // answer the object).
+    // A custom resource deleted at once answers a success Status naming it (v1.20, v1.34 and
+    // v1.37 alike).
     let res = api.delete("a", &DeleteParams::default()).await.unwrap();
     let status = match res.clone().right() {
         Some(s) => s,
         None => panic!(
-            "custom resource DELETE answers a Status on v1.20, got {:?}",
+            "custom resource DELETE answers a Status, got {:?}",
             res.left()
         ),
     };
@@ -1174,4 +1178,76 @@ async fn watch_timeout_ends_the_stream(cx: Ctx) {
         }
     }
     assert!(began.elapsed() < Duration::from_secs(14));
+}
+
+async fn namespaces_carry_their_name_label(cx: Ctx) {
+    // Since v1.21 the server labels every namespace with its own name (and keeps the label).
+    use k8s_openapi::api::core::v1::Namespace;
+    let nss: Api<Namespace> = Api::all(cx.client.clone());
+    let ns = nss.get(&cx.ns).await.unwrap();
+    let labels = ns.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("kubernetes.io/metadata.name"),
+        Some(&cx.ns),
+        "{labels:?}"
+    );
+    let selected = nss
+        .list(&ListParams::default().labels(&format!("kubernetes.io/metadata.name={}", cx.ns)))
+        .await
+        .unwrap();
+    assert_eq!(selected.items.len(), 1);
+    // A write that drops the label gets it back.
+    let patch = json!({"metadata": {"labels": {"kubernetes.io/metadata.name": null, "team": "a"}}});
+    let patched = nss
+        .patch(&cx.ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let labels = patched.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("kubernetes.io/metadata.name"), Some(&cx.ns));
+    assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+}
+
+async fn streaming_list_sends_initial_events_then_a_bookmark(cx: Ctx) {
+    // WatchList: a watch with sendInitialEvents=true answers every current object as ADDED,
+    // then a BOOKMARK annotated k8s.io/initial-events-end, then changes.
+    let api = widgets(&cx);
+    for (name, size) in [("a", 1), ("b", 2), ("c", 3)] {
+        api.create(&pp(), &widget(name, size)).await.unwrap();
+    }
+    let params = WatchParams::streaming_lists().timeout(30);
+    let mut stream = api.watch(&params, "0").await.unwrap().boxed();
+    let mut added = Vec::new();
+    let bookmark = loop {
+        let next = tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("initial events and their bookmark in time")
+            .expect("the stream goes on");
+        match next.unwrap() {
+            WatchEvent::Added(w) => added.push(w.name_any()),
+            WatchEvent::Bookmark(b) => {
+                if b.metadata.annotations.contains_key("k8s.io/initial-events-end") {
+                    break b;
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    added.sort();
+    assert_eq!(added, ["a", "b", "c"]);
+    assert_eq!(
+        bookmark.metadata.annotations["k8s.io/initial-events-end"],
+        "true"
+    );
+    api.create(&pp(), &widget("d", 4)).await.unwrap();
+    let next = loop {
+        let ev = tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("a change in time")
+            .expect("the stream goes on")
+            .unwrap();
+        if !matches!(ev, WatchEvent::Bookmark(_)) {
+            break ev;
+        }
+    };
+    assert!(matches!(&next, WatchEvent::Added(w) if w.name_any() == "d"), "{next:?}");
 }

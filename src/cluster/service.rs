@@ -289,7 +289,7 @@ fn route(inner: &Inner, path: &str) -> Result<Target, ApiError> {
     let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
         ["version"] => {
             return Ok(Target::Document(json!({
-                "major": "1", "minor": "33", "gitVersion": "v1.33.0-actorcile", "gitCommit": "",
+                "major": "1", "minor": "37", "gitVersion": "v1.37.0-actorcile", "gitCommit": "",
                 "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z", "goVersion": "n/a",
                 "compiler": "rustc", "platform": "in-process"})));
         }

@@ -12,6 +12,9 @@ use super::kinds::{Gr, Kind};
 use super::object::{ObjRef, meta, meta_mut, meta_str};
 use super::store::Store;
 
+/// The label every namespace carries with its own name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 /// The body's declared apiVersion and kind must be those of the resource. Built-in kinds default missing
 /// ones from the URL, as the real server's typed decoding does; custom resources require them.
 pub(super) fn check_type(kind: &Kind, body: &mut Value) -> Result<(), ApiError> {
@@ -159,9 +162,21 @@ pub(super) fn check_name(kind: &Kind, name: &str) -> Result<(), ApiError> {
 }
 
 /// Checks and normalizes what the real server checks and normalizes on every write of the main resource:
-/// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`.
+/// label syntax, string-valued labels and annotations, a Secret's `stringData` folded into `data`,
+/// a namespace's `kubernetes.io/metadata.name` label.
 pub(super) fn normalize(kind: &Kind, name: &str, v: &mut Value) -> Result<(), ApiError> {
     use base64::Engine as _;
+    if kind.gr.plural == "namespaces" && kind.gr.group.is_empty() {
+        // Since v1.21 every namespace carries `kubernetes.io/metadata.name: <its name>`, set
+        // on each write whatever the write said.
+        let labels = meta_mut(v).entry("labels").or_insert_with(|| json!({}));
+        if labels.is_null() {
+            *labels = json!({});
+        }
+        if let Some(labels) = labels.as_object_mut() {
+            labels.insert(NAMESPACE_NAME_LABEL.into(), json!(name));
+        }
+    }
     for field in ["labels", "annotations"] {
         let Some(map) = meta(v).and_then(|m| m.get(field)) else {
             continue;
