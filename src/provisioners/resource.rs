@@ -91,12 +91,10 @@ fn field_conflict(kind: &str, name: &str, status: &kube::core::Status) -> Reason
         .details
         .iter()
         .flat_map(|d| d.causes.iter())
-        .map(|c| {
-            if c.message.is_empty() {
-                c.field.clone()
-            } else {
-                c.message.clone()
-            }
+        .map(|c| match (c.field.is_empty(), c.message.is_empty()) {
+            (false, false) => format!("{} ({})", c.field, c.message),
+            (false, true) => c.field.clone(),
+            _ => c.message.clone(),
         })
         .filter(|m| !m.is_empty())
         .take(8)
