@@ -254,26 +254,20 @@ impl ClusterRegistration {
                 "its credentials come from a command or an auth provider, which the CD system cannot run",
             ));
         }
-        // Embedded data, or else the file a kubeconfig names (read now: the CD system cannot).
-        let data_or_file = |data: Option<String>, file: &Option<String>| match (data, file) {
-            (Some(d), _) => Ok(Some(d)),
-            (None, Some(path)) => std::fs::read(path)
-                .map(|bytes| Some(b64(&bytes)))
-                .map_err(|_| not_registrable("a credential file it names cannot be read")),
-            (None, None) => Ok(None),
-        };
-        if let Some(cert) = data_or_file(
-            auth.client_certificate_data.clone(),
-            &auth.client_certificate,
-        )? {
+        // Inline data only. A file a kubeconfig names is never read here: its content would be
+        // copied into a Secret of the CD system, readable by whoever reads those (and a
+        // kubeconfig from a Secret could name any file of the operator's pod).
+        if auth.client_certificate.is_some() || auth.client_key.is_some() {
+            return Err(not_registrable(
+                "its client certificate or key is a local file; only inline credentials \
+                 (client-certificate-data, client-key-data, token) are registered",
+            ));
+        }
+        if let Some(cert) = auth.client_certificate_data.clone() {
             tls.insert("certData".into(), cert.into());
         }
-        let key_data = auth
-            .client_key_data
-            .as_ref()
-            .map(|k| k.expose_secret().to_string());
-        if let Some(key) = data_or_file(key_data, &auth.client_key)? {
-            tls.insert("keyData".into(), key.into());
+        if let Some(key) = auth.client_key_data.as_ref() {
+            tls.insert("keyData".into(), key.expose_secret().to_string().into());
         }
         let mut cfg = serde_json::Map::new();
         cfg.insert("tlsClientConfig".into(), tls.into());

@@ -148,12 +148,18 @@ pub trait RemoteCluster: Send + Sync {
 /// A Secret that does not exist (yet) or cannot be read is
 /// [`RemoteClusterError::Unavailable`]; a missing key or a kubeconfig that does not parse is
 /// [`RemoteClusterError::Invalid`]. A rotated Secret takes effect at the next pass.
+///
+/// Whoever can write the Secret chooses the cluster and credentials the operator uses, so the
+/// kubeconfig may hold inline credentials only: an `exec` plugin, an `auth-provider`, a
+/// `tokenFile` or a certificate or key file path is [`RemoteClusterError::Invalid`] naming the
+/// field (as Flux refuses them), unless [`KubeconfigSecret::allow_local_credentials`] opts in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeconfigSecret {
     namespace: String,
     name: String,
     key: String,
     context: Option<String>,
+    allow_local_credentials: bool,
 }
 
 impl KubeconfigSecret {
@@ -164,6 +170,7 @@ impl KubeconfigSecret {
             name: name.into(),
             key: "value".into(),
             context: None,
+            allow_local_credentials: false,
         }
     }
 
@@ -181,6 +188,16 @@ impl KubeconfigSecret {
     /// Use this context of the kubeconfig instead of its current one.
     pub fn context(mut self, context: impl Into<String>) -> Self {
         self.context = Some(context.into());
+        self
+    }
+
+    /// Accept what a kubeconfig from a Secret otherwise may not hold: `exec` credential plugins
+    /// and `auth-provider`s (commands the operator's pod would run), and file paths
+    /// (`tokenFile`, `client-certificate`, `client-key`, `certificate-authority`: files of the
+    /// operator's pod, its own service-account token among them, sent to a `server` the
+    /// Secret names). Only for Secrets that nobody less trusted than the operator can write.
+    pub fn allow_local_credentials(mut self) -> Self {
+        self.allow_local_credentials = true;
         self
     }
 
@@ -234,6 +251,15 @@ impl RemoteCluster for KubeconfigSecret {
         let text = std::str::from_utf8(&bytes).map_err(|_| invalid("is not UTF-8 text"))?;
         let kubeconfig =
             Kubeconfig::from_yaml(text).map_err(|_| invalid("does not hold a valid kubeconfig"))?;
+        if !self.allow_local_credentials
+            && let Some(field) = local_credential(&kubeconfig)
+        {
+            return Err(invalid(&format!(
+                "sets {field}: commands and local files are refused in kubeconfigs read from \
+                 Secrets (only inline credentials: token, client-certificate-data, \
+                 client-key-data, certificate-authority-data)"
+            )));
+        }
         let options = KubeConfigOptions {
             context: self.context.clone(),
             ..Default::default()
@@ -244,6 +270,32 @@ impl RemoteCluster for KubeconfigSecret {
         let version = BuildHasherDefault::<DefaultHasher>::default().hash_one(&bytes);
         Ok(RemoteAccess::config(config, version))
     }
+}
+
+/// The first field of `kc` that would make the operator run a command or read a local file,
+/// as `users[<name>].exec` or `clusters[<name>].certificate-authority`; `None` when every
+/// credential is inline. Every entry is checked, not only the current context's.
+fn local_credential(kc: &Kubeconfig) -> Option<String> {
+    for user in &kc.auth_infos {
+        let Some(a) = &user.auth_info else { continue };
+        let fields = [
+            ("exec", a.exec.is_some()),
+            ("auth-provider", a.auth_provider.is_some()),
+            ("tokenFile", a.token_file.is_some()),
+            ("client-certificate", a.client_certificate.is_some()),
+            ("client-key", a.client_key.is_some()),
+        ];
+        if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
+            return Some(format!("users[{}].{field}", user.name));
+        }
+    }
+    for cluster in &kc.clusters {
+        let Some(c) = &cluster.cluster else { continue };
+        if c.certificate_authority.is_some() {
+            return Some(format!("clusters[{}].certificate-authority", cluster.name));
+        }
+    }
+    None
 }
 
 /// A cluster reached through a fixed configuration or client (tests, in-process clusters,
@@ -505,5 +557,103 @@ where
         }
         self.forget_client(&id);
         Outcome::Done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use kube::api::PostParams;
+
+    fn kubeconfig(user: &str, cluster_extra: &str) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: remote
+  cluster:
+    server: https://127.0.0.1:6443
+{cluster_extra}
+users:
+- name: admin
+  user:
+{user}
+contexts:
+- name: remote
+  context: {{cluster: remote, user: admin}}
+current-context: remote
+"
+        )
+    }
+
+    async fn access_with(
+        text: &str,
+        remote: KubeconfigSecret,
+    ) -> Result<RemoteAccess, RemoteClusterError> {
+        let cluster = crate::cluster::ApiServer::new();
+        let mut secret = Secret::default();
+        secret.metadata.name = Some("remote-kubeconfig".into());
+        secret.data = Some([("value".to_string(), ByteString(text.as_bytes().to_vec()))].into());
+        Api::<Secret>::namespaced(cluster.client(), "default")
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        remote.access(&cluster.client()).await
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_from_a_secret_may_not_run_commands_or_read_files() {
+        let remote = || KubeconfigSecret::new("default", "remote-kubeconfig");
+        let refused = [
+            (
+                "    exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, id]}",
+                "",
+                "users[admin].exec",
+            ),
+            (
+                "    auth-provider: {name: gcp, config: {cmd-path: /bin/sh}}",
+                "",
+                "users[admin].auth-provider",
+            ),
+            (
+                "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token",
+                "",
+                "users[admin].tokenFile",
+            ),
+            (
+                "    client-certificate: /etc/passwd\n    client-key: /etc/shadow",
+                "",
+                "users[admin].client-certificate",
+            ),
+            (
+                "    token: abc",
+                "    certificate-authority: /etc/hosts",
+                "clusters[remote].certificate-authority",
+            ),
+        ];
+        for (user, cluster, field) in refused {
+            let err = access_with(&kubeconfig(user, cluster), remote())
+                .await
+                .expect_err(field);
+            match &err {
+                RemoteClusterError::Invalid { what } => {
+                    assert!(what.contains(field), "{what}");
+                    assert!(what.contains("remote-kubeconfig"), "{what}");
+                }
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        // Inline credentials are what a Secret may hold.
+        access_with(&kubeconfig("    token: abc", ""), remote())
+            .await
+            .expect("an inline token is accepted");
+        // The author may opt in for a Secret only the trusted can write.
+        let with_file = kubeconfig("    tokenFile: /nonexistent/token", "");
+        let opted_in = access_with(&with_file, remote().allow_local_credentials()).await;
+        assert!(
+            !matches!(&opted_in, Err(RemoteClusterError::Invalid { what }) if what.contains("refused")),
+            "{opted_in:?}"
+        );
     }
 }
