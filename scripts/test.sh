@@ -54,8 +54,8 @@ cargo nextest run --release --workspace --all-features --profile "$profile"
 oldest="$(cat "${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/oldest")"
 step "the conformance suite on the oldest supported Kubernetes release ($oldest)"
 ACTORCILE_KUBE_ASSETS="${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/$oldest/bin" \
-  cargo nextest run --release --all-features --profile "$profile" --test conformance \
-  -E 'test(/^real_apiserver::/)'
+  cargo nextest run --release --all-features --profile "$profile" --test integration \
+  -E 'test(/^conformance::real_apiserver::/)'
 
 step "the README's main command, as a user runs it (small): cargo run --release -- bench"
 cargo run --release -- bench --objects 500 --repeat 1 > /dev/null

@@ -175,7 +175,14 @@ pub(crate) async fn publish_status_rejected<K: ManagedResource>(
          schema); retrying with backoff"
     );
     let note = format!("status write refused by the API server: {message}");
-    publish(shared, obj, EventType::Warning, "StatusRejected", Some(note)).await;
+    publish(
+        shared,
+        obj,
+        EventType::Warning,
+        "StatusRejected",
+        Some(note),
+    )
+    .await;
 }
 
 /// Write phase Failed / reason Quarantined (best effort, off the manager's mailbox).

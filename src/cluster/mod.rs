@@ -133,7 +133,7 @@
 //!
 //! # What the real server does and this one does not
 //!
-//! The conformance suite (`tests/conformance.rs`) runs the same cases here and on a real
+//! The conformance suite (`tests/integration/conformance.rs`) runs the same cases here and on a real
 //! kube-apiserver (v1.37 and v1.34). What a current server does that this one does not, so that a
 //! test relying on it runs against `actorcile::envtest` instead:
 //!

@@ -382,7 +382,9 @@ fn pid_alive(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
-    let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
     !matches!(state, Some('Z' | 'X') | None)
 }
 
@@ -486,8 +488,14 @@ mod tests {
         // A child that ignores SIGTERM: only the SIGKILL after the grace period ends it, and
         // `end_process` returns only once it has.
         let mut child = std::process::Command::new("sh")
-            .args(["-c", "trap '' TERM; echo ignoring; while :; do sleep 1; done"])
+            .args([
+                "-c",
+                "trap '' TERM; echo ignoring; while :; do sleep 1; done",
+            ])
+            // Its `sleep`s outlive it by up to a second: they hold only this test's pipe.
+            .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         let pid = child.id();
@@ -501,8 +509,17 @@ mod tests {
         assert_eq!(line.trim(), "ignoring");
         let handle = PidFd::open(pid).expect("pidfd_open on Linux 5.3+");
         assert!(!handle.exited());
-        end_process(pid, Path::new("/bin/sh"), libc::SIGTERM, Duration::from_millis(200)).await;
-        assert!(handle.exited(), "end_process returned while {pid} still runs");
+        end_process(
+            pid,
+            Path::new("/bin/sh"),
+            libc::SIGTERM,
+            Duration::from_millis(200),
+        )
+        .await;
+        assert!(
+            handle.exited(),
+            "end_process returned while {pid} still runs"
+        );
         assert!(!pid_alive(pid));
         let status = child.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;

@@ -102,7 +102,9 @@ fn resolve_binaries(
     let Some(cache) = cache else {
         return Err(EnvtestError::BinaryNotFound {
             name: "kube-apiserver",
-            looked: format!("neither ${KUBEBUILDER_ASSETS}, ${ACTORCILE_KUBE_ASSETS} nor $HOME is set"),
+            looked: format!(
+                "neither ${KUBEBUILDER_ASSETS}, ${ACTORCILE_KUBE_ASSETS} nor $HOME is set"
+            ),
         });
     };
     let k8s = cache.join("k8s");
@@ -158,7 +160,9 @@ impl KubeVersion {
             .arg("--version")
             .stdin(std::process::Stdio::null())
             .output()
-            .map_err(|e| EnvtestError::io(format!("running {} --version", kube_apiserver.display()), e))?;
+            .map_err(|e| {
+                EnvtestError::io(format!("running {} --version", kube_apiserver.display()), e)
+            })?;
         let text = String::from_utf8_lossy(&out.stdout);
         KubeVersion::parse(text.trim()).ok_or_else(|| EnvtestError::Startup {
             component: "kube-apiserver",

@@ -64,7 +64,9 @@ pub use control_plane::Envtest;
 pub use crds::{crds_from_yaml, install_crds, wait_for_openapi};
 pub use detached::{DetachedEnvtest, STATE_FILE};
 pub use error::EnvtestError;
-pub use lookup::{ACTORCILE_KUBE_ASSETS, Binaries, KUBEBUILDER_ASSETS, KubeVersion, binaries, cache_dir};
+pub use lookup::{
+    ACTORCILE_KUBE_ASSETS, Binaries, KUBEBUILDER_ASSETS, KubeVersion, binaries, cache_dir,
+};
 pub use process::Component;
 
 /// Name of the non-admin user whose token [`Envtest::user_client`] uses.

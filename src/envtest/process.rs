@@ -471,7 +471,12 @@ pub(crate) async fn wait_controller_manager(
     loop {
         proc.check_alive()?;
         let last = match quietly(leases.get_opt("kube-controller-manager")).await {
-            Ok(Some(l)) if l.spec.as_ref().and_then(|s| s.holder_identity.as_ref()).is_some() => {
+            Ok(Some(l))
+                if l.spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.as_ref())
+                    .is_some() =>
+            {
                 return Ok(());
             }
             Ok(_) => "its leader Lease is not held yet".to_string(),

@@ -7,9 +7,9 @@
 //! difference of the in-process cluster. Under `cargo test` the real cases share one control plane
 //! (`Envtest::shared`, ~15 s for the whole file); under nextest each test is its own process and
 //! starts its own (~10 s each).
+#![cfg(feature = "envtest")]
 
-#[path = "common/envtest_support.rs"]
-mod envtest_support;
+use crate::common::envtest_support;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -1225,7 +1225,10 @@ async fn streaming_list_sends_initial_events_then_a_bookmark(cx: Ctx) {
         match next.unwrap() {
             WatchEvent::Added(w) => added.push(w.name_any()),
             WatchEvent::Bookmark(b) => {
-                if b.metadata.annotations.contains_key("k8s.io/initial-events-end") {
+                if b.metadata
+                    .annotations
+                    .contains_key("k8s.io/initial-events-end")
+                {
                     break b;
                 }
             }
@@ -1249,5 +1252,8 @@ async fn streaming_list_sends_initial_events_then_a_bookmark(cx: Ctx) {
             break ev;
         }
     };
-    assert!(matches!(&next, WatchEvent::Added(w) if w.name_any() == "d"), "{next:?}");
+    assert!(
+        matches!(&next, WatchEvent::Added(w) if w.name_any() == "d"),
+        "{next:?}"
+    );
 }

@@ -6,7 +6,7 @@
 //! Here `Gadget`s stand for another operator's objects: the runtime manages only `Widget`s,
 //! whose `needs` name the gadgets they wait on.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,10 +3,10 @@
 //! metrics, a bind failure), the ClusterRole derived from the tree, and per-object Event
 //! budgets.
 //!
-//! Run with `cargo test --release --features operator --test operator`.
+//! Run with `cargo test --release --features operator --test integration operator::`.
 #![cfg(feature = "operator")]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

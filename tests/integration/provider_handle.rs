@@ -2,7 +2,7 @@
 //! children) and guarded side effects, on the in-process cluster with paused time. The guard's
 //! races against a real API server are in `real_guard.rs`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,12 +2,11 @@
 //! object never runs the task, two replicas racing run each task once, and a replica stopped in
 //! the middle of a task holds its object back until the lock expires, not longer and not less.
 //!
-//! Run with `cargo test --release --features envtest --test real_guard`.
+//! Run with `cargo test --release --features envtest --test integration real_guard::`.
 #![cfg(feature = "envtest")]
 
-mod common;
-#[path = "common/real.rs"]
-mod real;
+use crate::common;
+use crate::common::real;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

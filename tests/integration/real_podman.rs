@@ -5,9 +5,8 @@
 //! Run with `cargo nextest run --release --all-features -E 'binary(real_podman)'`.
 #![cfg(feature = "docker")]
 
-mod common;
-#[path = "common/podman.rs"]
-mod podman;
+use crate::common;
+use crate::common::podman;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,13 +2,12 @@
 //! `actorcile::envtest`): a chain and a diamond deleted in the worst order, and a foreign
 //! finalizer that must not count as a reference.
 //!
-//! Run with `cargo test --release --features envtest --test real_references`. The fallback
+//! Run with `cargo test --release --features envtest --test integration real_references::`. The fallback
 //! dependency poll is an hour, so everything that converges here converged by messages.
 #![cfg(feature = "envtest")]
 
-mod common;
-#[path = "common/real.rs"]
-mod real;
+use crate::common;
+use crate::common::real;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

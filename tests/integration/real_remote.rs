@@ -5,14 +5,12 @@
 //! Argo CD itself cannot run here; `common/argo.rs` plays its application controller against
 //! the real `Application` objects the driver writes.
 //!
-//! Run with `cargo test --release --features envtest --test real_remote`.
+//! Run with `cargo test --release --features envtest --test integration real_remote::`.
 #![cfg(feature = "envtest")]
 
-#[path = "common/argo.rs"]
-mod argo;
-mod common;
-#[path = "common/real.rs"]
-mod real;
+use crate::common;
+use crate::common::argo;
+use crate::common::real;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -48,9 +46,27 @@ async fn configmap(client: &Client, ns: &str, name: &str) -> Option<ConfigMap> {
         .expect("read a configmap")
 }
 
-/// Put `kubeconfig` (a file's content) into Secret `name`, key `value`.
+/// `kubeconfig` (a file) with its certificate-authority file inlined as
+/// certificate-authority-data: a kubeconfig read from a Secret may name no local file.
+fn inline_kubeconfig(kubeconfig: &std::path::Path) -> Vec<u8> {
+    use base64::Engine as _;
+    let text = std::fs::read_to_string(kubeconfig).expect("read the kubeconfig");
+    let mut doc: serde_json::Value = serde_norway::from_str(&text).expect("kubeconfig YAML");
+    for cluster in doc["clusters"].as_array_mut().expect("clusters") {
+        let c = &mut cluster["cluster"];
+        if let Some(path) = c["certificate-authority"].as_str() {
+            let pem = std::fs::read(path).expect("read the CA file");
+            c["certificate-authority-data"] =
+                base64::engine::general_purpose::STANDARD.encode(pem).into();
+            c.as_object_mut().unwrap().remove("certificate-authority");
+        }
+    }
+    serde_norway::to_string(&doc).unwrap().into_bytes()
+}
+
+/// Put `kubeconfig` (a file's content, its CA inlined) into Secret `name`, key `value`.
 async fn put_kubeconfig(client: &Client, ns: &str, name: &str, kubeconfig: &std::path::Path) {
-    let bytes = std::fs::read(kubeconfig).expect("read the kubeconfig");
+    let bytes = inline_kubeconfig(kubeconfig);
     let api = Api::<Secret>::namespaced(client.clone(), ns);
     let mut secret = Secret {
         metadata: ObjectMeta {

@@ -3,15 +3,14 @@
 //! kinds whose status cannot hold the runtime's, and the runtime's RBAC with a non-admin identity
 //! (sufficient, and minimal: every permission it grants is used by the lifecycle).
 //!
-//! Run with `cargo test --release --features envtest --test real_runtime` (needs
+//! Run with `cargo test --release --features envtest --test integration real_runtime::` (needs
 //! `scripts/install-test-deps.sh`). Tests share one control plane (`Envtest::shared`) with a
 //! namespace each, and a runtime restricted to that namespace; the apiserver-restart test starts
 //! its own. Real time: short policy delays, every test bounded.
 #![cfg(feature = "envtest")]
 
-mod common;
-#[path = "common/real.rs"]
-mod real;
+use crate::common;
+use crate::common::real;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -1036,11 +1035,11 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_prefl
             "widgets".to_string(),
             "list".to_string(),
         );
-        assert!(granted.contains(&list), "the role lacks the fallback's list");
-        let unused: Vec<_> = granted
-            .difference(&used)
-            .filter(|g| **g != list)
-            .collect();
+        assert!(
+            granted.contains(&list),
+            "the role lacks the fallback's list"
+        );
+        let unused: Vec<_> = granted.difference(&used).filter(|g| **g != list).collect();
         assert!(
             unused.is_empty(),
             "the role grants permissions the runtime never used: {unused:?} (used: {used:?})"
@@ -1059,8 +1058,7 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_prefl
 /// phase Progressing refused.
 fn widget_crd_with_rules(
     max_size: i32,
-) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition
-{
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     let mut v = serde_json::to_value(crd_for_v1_20::<Widget>()).unwrap();
     let props = &mut v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
     props["spec"]["x-kubernetes-validations"] = serde_json::json!([{
@@ -1094,13 +1092,20 @@ async fn cel_rules_refusing_status_writes_are_reported_and_backed_off_and_ratche
             ..Default::default()
         };
         let refused = eventually("the tightened rule in force", CONVERGE, || async {
-            match api.api().create(&dry_run, &widget_in(&api.ns, "new", 5)).await {
+            match api
+                .api()
+                .create(&dry_run, &widget_in(&api.ns, "new", 5))
+                .await
+            {
                 Err(kube::Error::Api(s)) if s.code == 422 => Some(s),
                 _ => None,
             }
         })
         .await;
-        assert!(refused.message.contains("size must be at most 3"), "{refused:?}");
+        assert!(
+            refused.message.contains("size must be at most 3"),
+            "{refused:?}"
+        );
         api.create_widget("building", 1).await;
 
         // "building" yields (phase Progressing, which the status rule refuses); "old" is done.
@@ -1149,7 +1154,11 @@ async fn cel_rules_refusing_status_writes_are_reported_and_backed_off_and_ratche
             (1..=12).contains(&during),
             "{during} refused status writes in 8 s: the backoff does not hold"
         );
-        assert!(api.status_of("building").await.is_none_or(|s| s.phase != Some(Phase::Progressing)));
+        assert!(
+            api.status_of("building")
+                .await
+                .is_none_or(|s| s.phase != Some(Phase::Progressing))
+        );
         rt.shutdown().await;
         env.stop().await;
     })

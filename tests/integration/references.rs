@@ -3,7 +3,7 @@
 //! in real time). Polling is disabled (1 h fallback poll and yield delay), so anything that
 //! converges quickly converged by message.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

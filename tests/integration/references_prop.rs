@@ -11,7 +11,7 @@
 //! hold across both (a deprovision may run again only in the new runtime, after the first was
 //! stopped between it and the finalizer's removal).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! remote one), with a CD driver that keeps its applications and registrations in memory:
 //! the lifecycle rules, deterministically (paused clock).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //!
 //! Timer tests run on a paused tokio clock (auto-advancing), so delays are exact and fast.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

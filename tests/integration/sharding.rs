@@ -4,7 +4,7 @@
 //! takes its shards. (The same with separate OS processes on a real kube-apiserver is in the
 //! example operator's process test.)
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! status cannot hold what the runtime writes (no status subresource, or a status schema without
 //! its fields) is reported as such.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! clock only when every task is idle, so by then the runtime has handled every event it was
 //! going to see.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! The whole `actorcile bench` at a tiny size: parent + one child process per runtime, on the
 //! in-process cluster, checking the JSON line the parent prints last.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -156,10 +156,10 @@ fn operator_both_runtimes_in_process() {
         check_status_writes(r, 50);
         assert_eq!(r["latency_samples"], 50, "{r}");
         // Per object at least: the finalizer, the child, the status, the child's deletion and
-        // the finalizer's removal; plus list and watch.
+        // the finalizer's removal; plus the watch (whose streaming list is the same request).
         let requests = r["api_requests"].as_u64().unwrap();
         assert!(
-            requests >= 5 * 50 + 2,
+            requests > 5 * 50,
             "{}: {requests} API requests",
             r["runtime"]
         );

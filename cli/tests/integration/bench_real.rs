@@ -2,7 +2,7 @@
 //! scripts/install-test-deps.sh): the `--envtest` backend, and the `--kubeconfig` backend with its
 //! namespace and clean-up.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `actorcile chaos` in its bounded form: one round on a real etcd + kube-apiserver (installed
 //! by scripts/install-test-deps.sh) with every kind of fault, and every invariant at 0.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,6 +2,14 @@
 //! with it installed, and bounded waiting helpers.
 #![allow(dead_code)]
 
+pub mod argo;
+#[cfg(feature = "envtest")]
+pub mod envtest_support;
+#[cfg(feature = "docker")]
+pub mod podman;
+#[cfg(feature = "envtest")]
+pub mod real;
+
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

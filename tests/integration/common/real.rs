@@ -381,7 +381,11 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
 }
 
 /// The Events whose `reason` is `reason`, about objects in `ns`.
-pub async fn events_in(client: &Client, ns: &str, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+pub async fn events_in(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
     events
         .list(&ListParams::default())

@@ -17,8 +17,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 fn spawn(kubeconfig: &Path, port: u16) -> Operator {
     let args = ["--install-crds", "--log-format", "json", "--log", "info"];

@@ -9,15 +9,13 @@
 //! object's shard. The same again with every replica watching only its own shards
 //! (`--shards-held-only`): objects carry their shard's label, and a takeover relists.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common::*;
 use actorcile::envtest::Envtest;
 use actorcile::sharding::{object_key, shard_of};
-use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
