@@ -65,13 +65,14 @@ pub struct ActorcileRun {
 }
 
 /// Starts actorcile over the bench objects of `namespace` with at most `concurrency` provisioner
-/// runs in flight.
+/// runs in flight; `streaming_lists`: see [`Controller::streaming_lists`].
 pub async fn start(
     client: Client,
     namespace: &str,
     concurrency: u16,
     recorder: Arc<Recorder>,
     writes: Writes,
+    streaming_lists: bool,
 ) -> Result<ActorcileRun> {
     let controller = if recorder.workload() == Workload::Operator {
         Controller::<BenchObject>::new(operator_tree(recorder))
@@ -82,7 +83,9 @@ pub async fn start(
         max_concurrent_runs: usize::from(concurrency),
         ..Default::default()
     };
-    let mut controller = controller.namespace(namespace);
+    let mut controller = controller
+        .namespace(namespace)
+        .streaming_lists(streaming_lists);
     if !writes.finalizer {
         controller = controller.without_finalizer();
     }

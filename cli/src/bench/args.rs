@@ -195,6 +195,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub actorcile_defaults: bool,
 
+    /// actorcile lists and watches instead of streaming its initial list (`sendInitialEvents`,
+    /// which it asks for by default and which the API server may refuse): to compare the two.
+    #[arg(long)]
+    pub no_streaming_lists: bool,
+
     /// Internal: run one runtime in this process and print its result as one JSON line.
     #[arg(long, value_enum, hide = true)]
     pub child: Option<RuntimeKind>,
@@ -274,6 +279,9 @@ impl BenchArgs {
         }
         if self.actorcile_defaults {
             args.push("--actorcile-defaults".into());
+        }
+        if self.no_streaming_lists {
+            args.push("--no-streaming-lists".into());
         }
         match self.backend() {
             Backend::InProcess => {}

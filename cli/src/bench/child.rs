@@ -417,6 +417,7 @@ impl Running {
                                 Workload::Status | Workload::Chain | Workload::Operator
                             ),
                     },
+                    !args.no_streaming_lists,
                 )
                 .await?,
             ),
