@@ -1,6 +1,7 @@
-//! Readiness, references and deletion ordering on a real etcd + kube-apiserver (v1.20,
-//! `actorcile::envtest`): a chain and a diamond deleted in the worst order, and a foreign
-//! finalizer that must not count as a reference.
+//! Readiness, references and deletion ordering on a real etcd + kube-apiserver
+//! (`actorcile::envtest`): a chain and a diamond deleted in the worst order, a foreign
+//! finalizer that must not count as a reference, and foreground deletion with the real garbage
+//! collector (kube-controller-manager).
 //!
 //! Run with `cargo test --release --features envtest --test integration real_references::`. The fallback
 //! dependency poll is an hour, so everything that converges here converged by messages.
@@ -434,6 +435,77 @@ async fn a_dependency_of_another_operator_wakes_its_waiter_by_watch_without_poll
         let lists = requests.count("GET", "/gadgets?") - requests.watches("/gadgets?");
         assert_eq!(lists, 1, "one list of gadgets: the watch's first");
         rt.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn foreground_deletion_waits_for_owned_children_that_the_real_garbage_collector_removes() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Resource;
+    use kube::api::{Api, DeleteParams, PostParams};
+    bounded("foreground deletion", async {
+        let env = actorcile::envtest::Envtest::builder()
+            .crds(sample_crds())
+            .controller_manager(true)
+            .start()
+            .await
+            .expect("start etcd + kube-apiserver + kube-controller-manager");
+        let api = Ns::create(env.client(), "foreground").await;
+        let log = Log::default();
+        let rt = start(&api, log.clone()).await;
+        api.create_widget("parent", 1).await;
+        let parent = api.wait_ready("parent").await;
+        let mut owner = parent.controller_owner_ref(&()).unwrap();
+        owner.block_owner_deletion = Some(true);
+        // A child that holds its own deletion back with a finalizer of its own.
+        let cms: Api<ConfigMap> = Api::namespaced(api.client.clone(), &api.ns);
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("child".into());
+        cm.metadata.owner_references = Some(vec![owner]);
+        cm.metadata.finalizers = Some(vec!["example.com/slow".into()]);
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+
+        api.api()
+            .delete("parent", &DeleteParams::foreground())
+            .await
+            .unwrap();
+        // The runtime has looked at the deleting parent (it wrote this status) and deprovisioned
+        // nothing: the garbage collector holds the parent with foregroundDeletion.
+        let s = eventually("the parent waits for its child", CONVERGE, || async {
+            api.status_of("parent")
+                .await
+                .filter(|s| s.ready().is_some_and(|c| c.message.contains("foreground")))
+        })
+        .await;
+        assert_eq!(s.phase, Some(Phase::Terminating));
+        assert!(
+            log.entries().is_empty(),
+            "no deprovision while an owned child remains"
+        );
+        eventually(
+            "the real garbage collector deletes the child",
+            CONVERGE,
+            || async {
+                let child = cms.get("child").await.unwrap();
+                child.metadata.deletion_timestamp.is_some().then_some(())
+            },
+        )
+        .await;
+        assert!(log.entries().is_empty(), "no deprovision while it remains");
+        // The child's finalizer goes: the collector removes it, lifts foregroundDeletion, and
+        // the runtime deprovisions once and lets the parent go.
+        cms.patch(
+            "child",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+        api.wait_gone("parent").await;
+        assert_eq!(log.entries(), ["-parent"]);
+        rt.shutdown().await;
+        env.stop().await;
     })
     .await;
 }
