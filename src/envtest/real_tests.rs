@@ -370,62 +370,6 @@ async fn service_account_tokens_are_signed_and_verified_with_the_generated_key()
     .unwrap();
 }
 
-/// Collects what tracing writes, for tests of what a user's log shows.
-#[derive(Clone, Default)]
-struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
-    type Writer = LogBuffer;
-    fn make_writer(&'a self) -> LogBuffer {
-        self.clone()
-    }
-}
-
-#[tokio::test]
-async fn starting_logs_no_error_for_a_server_that_is_still_coming_up() {
-    let log = LogBuffer::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(log.clone())
-        .with_ansi(false)
-        .finish();
-    // The test's runtime is single-threaded: everything start-up runs logs to `log`.
-    let _guard = tracing::subscriber::set_default(subscriber);
-    tokio::time::timeout(LIMIT, async {
-        let env = Envtest::builder()
-            .controller_manager(true)
-            .start()
-            .await
-            .unwrap();
-        // A real failure still reaches the log: the same client, a request that fails.
-        let missing: Api<ConfigMap> = Api::namespaced(env.client(), "no-such-namespace");
-        missing
-            .create(&PostParams::default(), &config_map("x"))
-            .await
-            .unwrap_err();
-        env.stop().await;
-    })
-    .await
-    .unwrap();
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
-    let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
-    assert!(
-        errors.is_empty(),
-        "start-up probes logged errors a user would take for failures:\n{}",
-        errors.join("\n")
-    );
-}
-
 #[tokio::test]
 async fn the_controller_manager_collects_owned_objects_and_empties_deleted_namespaces() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;

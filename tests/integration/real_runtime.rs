@@ -1227,3 +1227,31 @@ async fn a_child_field_owned_by_another_manager_is_a_typed_outcome_until_it_is_r
     })
     .await;
 }
+
+/// envtest's start-up probes meet a server that refuses connections and answers 500 while it
+/// starts; those are expected there and stay out of the user's log.
+#[tokio::test]
+async fn starting_logs_no_error_for_a_server_that_is_still_coming_up() {
+    let log = LogBuffer::default();
+    // The test's runtime is single-threaded: everything start-up runs logs to `log`.
+    let _capture = log.capture();
+    tokio::time::timeout(TEST_LIMIT, async {
+        let env = actorcile::envtest::Envtest::builder()
+            .controller_manager(true)
+            .start()
+            .await
+            .unwrap();
+        env.stop().await;
+    })
+    .await
+    .unwrap();
+    // The capture works: an error logged here is in it.
+    tracing::error!("the capture's own check");
+    let text = log.text();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(
+        errors.len() == 1 && errors[0].contains("the capture's own check"),
+        "start-up probes logged errors a user would take for failures:\n{}",
+        errors.join("\n")
+    );
+}
