@@ -39,9 +39,14 @@ echo "note: cargo deny check advisories is skipped: its database cannot be fetch
 cargo fetch --locked
 "$deny_root/bin/cargo-deny" --offline check licenses bans sources
 
+# cargo-nextest from PATH, else built once into the cache (as cargo-deny, cargo-fuzz and mdbook).
+nextest_root="$HOME/.cache/actorcile/cargo-nextest"
 if ! command -v cargo-nextest >/dev/null 2>&1; then
-  step "installing cargo-nextest"
-  cargo install --locked cargo-nextest
+  if [ ! -x "$nextest_root/bin/cargo-nextest" ]; then
+    step "installing cargo-nextest"
+    cargo install --locked cargo-nextest --root "$nextest_root"
+  fi
+  export PATH="$nextest_root/bin:$PATH"
 fi
 
 step "tests (release mode)"
