@@ -54,7 +54,12 @@
 //!     let charts = Arc::new(Catalog::new().chart("web", "1.2.0", "https://charts.example.com", "web"));
 //!     remote(
 //!         "workload-cluster",
-//!         |t: &Tenant| KubeconfigSecret::cluster_api("clusters", &t.spec.cluster),
+//!         // The Secret is looked up in the tenant's own namespace (a remote's kubeconfig
+//!         // Secret must be there, as the name comes from the object).
+//!         |t: &Tenant| {
+//!             let ns = t.metadata.namespace.clone().unwrap_or_default();
+//!             KubeconfigSecret::cluster_api(ns, &t.spec.cluster)
+//!         },
 //!         vec![boxed(application("web", argo.clone(), charts, |t: &Tenant| {
 //!             AppRef::new("web", &t.spec.version)
 //!         }))],

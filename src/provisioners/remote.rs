@@ -140,6 +140,15 @@ pub trait RemoteCluster: Send + Sync {
     /// How to reach the cluster now. `scope` is the client of the scope the remote is declared
     /// in (the runtime's cluster, or the enclosing remote's), where its credentials live.
     async fn access(&self, scope: &Client) -> Result<RemoteAccess, RemoteClusterError>;
+
+    /// The namespace of the Secret the credentials come from, when they come from one that must
+    /// be in the reconciled object's own namespace: [`remote`] refuses (`KubeconfigInvalid`) a
+    /// namespaced object whose remote names a Secret of another namespace, so that whoever
+    /// writes the object cannot point the operator at credentials of a namespace they cannot
+    /// read. `None` (the default): no such rule.
+    fn credentials_namespace(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A kubeconfig held in a Secret: key `value` of `<cluster>-kubeconfig` by the Cluster API
@@ -153,6 +162,8 @@ pub trait RemoteCluster: Send + Sync {
 /// kubeconfig may hold inline credentials only: an `exec` plugin, an `auth-provider`, a
 /// `tokenFile` or a certificate or key file path is [`RemoteClusterError::Invalid`] naming the
 /// field (as Flux refuses them), unless [`KubeconfigSecret::allow_local_credentials`] opts in.
+/// And the Secret must be in the reconciled object's own namespace (for a namespaced object),
+/// unless [`KubeconfigSecret::from_any_namespace`] says otherwise.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeconfigSecret {
     namespace: String,
@@ -160,6 +171,7 @@ pub struct KubeconfigSecret {
     key: String,
     context: Option<String>,
     allow_local_credentials: bool,
+    any_namespace: bool,
 }
 
 impl KubeconfigSecret {
@@ -171,6 +183,7 @@ impl KubeconfigSecret {
             key: "value".into(),
             context: None,
             allow_local_credentials: false,
+            any_namespace: false,
         }
     }
 
@@ -201,6 +214,15 @@ impl KubeconfigSecret {
         self
     }
 
+    /// Allow the Secret to be in another namespace than the reconciled object's (by default a
+    /// namespaced object's remote must take its kubeconfig from the object's own namespace; see
+    /// [`RemoteCluster::credentials_namespace`]). For a Secret name the operator author
+    /// chooses, not one read from the object.
+    pub fn from_any_namespace(mut self) -> Self {
+        self.any_namespace = true;
+        self
+    }
+
     fn describe(&self) -> String {
         format!(
             "kubeconfig Secret {}/{} (key {})",
@@ -213,6 +235,10 @@ impl KubeconfigSecret {
 impl RemoteCluster for KubeconfigSecret {
     fn id(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn credentials_namespace(&self) -> Option<&str> {
+        (!self.any_namespace).then_some(self.namespace.as_str())
     }
 
     async fn access(&self, scope: &Client) -> Result<RemoteAccess, RemoteClusterError> {
@@ -442,6 +468,21 @@ impl<K: Resource<DynamicType = ()>> Remote<K> {
     async fn enter(&self, cx: &Context<K>) -> Result<(String, RemoteAccess, Context<K>), Outcome> {
         let cluster = (self.cluster)(cx.object());
         let id = cluster.id();
+        // In the runtime's own cluster (not inside another remote, whose namespaces are not
+        // the object's), a namespaced object's credentials come from its own namespace.
+        if cx.remote().is_none()
+            && let (Some(own), Some(theirs)) =
+                (cx.object().namespace(), cluster.credentials_namespace())
+            && own != theirs
+        {
+            return Err(Outcome::Terminal(Reason::new(
+                "KubeconfigInvalid",
+                format!(
+                    "remote cluster {id}: its kubeconfig Secret is in namespace {theirs}, not in \
+                     the object's own namespace {own}"
+                ),
+            )));
+        }
         let access = match cluster.access(cx.client()).await {
             Ok(a) => a,
             Err(RemoteClusterError::Unavailable { what, source }) => {

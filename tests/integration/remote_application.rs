@@ -657,3 +657,39 @@ async fn an_application_in_a_registered_remote_deploys_there_and_in_an_unregiste
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_kubeconfig_secret_of_another_namespace_is_refused_unless_the_controller_allows_it() {
+    let (_mgmt, client) = cluster();
+    let tree = remote(
+        "edge",
+        |w: &Widget| {
+            let secret = KubeconfigSecret::cluster_api("other", &w.spec.note);
+            if w.metadata.name.as_deref() == Some("allowed") {
+                secret.from_any_namespace()
+            } else {
+                secret
+            }
+        },
+        vec![boxed(resource("hello", |_w: &Widget| configmap("hello")))],
+    );
+    let rt = start(&client, tree).await;
+    for name in ["refused", "allowed"] {
+        let mut w = widget(name, 1);
+        w.spec.note = "edge".into();
+        widgets(&client)
+            .create(&PostParams::default(), &w)
+            .await
+            .unwrap();
+    }
+    // The object lives in `default`; its remote names a Secret in `other`.
+    let s = wait_reason(&client, "refused", "KubeconfigInvalid", LIMIT).await;
+    let message = &s.ready().unwrap().message;
+    assert!(
+        message.contains("other") && message.contains("own namespace default"),
+        "{message}"
+    );
+    // Allowed by the controller: the Secret is looked up there (and is missing).
+    wait_reason(&client, "allowed", "RemoteClusterUnavailable", LIMIT).await;
+    rt.shutdown().await;
+}
