@@ -280,12 +280,14 @@ impl Envtest {
         let (Some(etcd), Some(api)) = (self.etcd.take(), self.apiserver.take()) else {
             return Err(EnvtestError::NotRunning);
         };
-        let controller_manager = self.controller_manager.take();
+        let controller_manager_pid = self.controller_manager.take().map(Proc::detach);
         self.work.set_remove_on_drop(false);
         let state = DetachedEnvtest {
             version: self.version.to_string(),
-            controller_manager_pid: controller_manager.map(Proc::detach),
-            controller_manager_binary: self.binaries.kube_controller_manager.clone(),
+            controller_manager_pid,
+            // Recorded only for a controller manager that was started.
+            controller_manager_binary: controller_manager_pid
+                .and(self.binaries.kube_controller_manager.clone()),
             dir: self.work.path().to_path_buf(),
             etcd_pid: etcd.detach(),
             apiserver_pid: api.detach(),

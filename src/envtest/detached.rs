@@ -214,10 +214,17 @@ impl DetachedEnvtest {
         };
         wait_ports_free(component, &own_ports, deadline).await?;
         let work = WorkDir::create(Some(self.dir.clone()), true)?;
-        let version = KubeVersion::of_binary(&self.apiserver_binary)?;
         let args = match component {
             Component::Etcd => process::etcd_args(&work, &ports),
-            _ => process::apiserver_args(&work, &ports, version),
+            _ => {
+                // The version recorded at start; a state written before it was recorded asks
+                // the binary.
+                let version = match KubeVersion::parse(&self.version) {
+                    Some(v) => v,
+                    None => KubeVersion::of_binary(&self.apiserver_binary)?,
+                };
+                process::apiserver_args(&work, &ports, version)
+            }
         };
         let mut proc = Proc::spawn(component, &binary, &args, &work, SpawnMode::Detached)?;
         if component == Component::Etcd {

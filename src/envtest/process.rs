@@ -167,8 +167,6 @@ pub(crate) fn controller_manager_args(work: &WorkDir) -> Vec<OsString> {
         // controllers run (with no serving port there is no /healthz to ask).
         "--leader-elect=true".into(),
         "--secure-port=0".into(),
-        // Syncs garbage-collector graph changes quickly enough for tests.
-        "--concurrent-gc-syncs=5".into(),
     ]
 }
 
