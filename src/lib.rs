@@ -51,6 +51,7 @@ pub mod crds;
 #[cfg(feature = "envtest")]
 pub mod envtest;
 mod event_recorder;
+mod hash;
 pub mod health;
 #[cfg(feature = "operator")]
 pub mod leader;

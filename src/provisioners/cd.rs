@@ -135,8 +135,7 @@ pub(crate) fn label_value(v: &str) -> String {
     if clean.len() <= 63 {
         return clean.to_string();
     }
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    let h = BuildHasherDefault::<DefaultHasher>::default().hash_one(v);
+    let h = crate::hash::sip13(&[v]);
     format!("{}-{:012x}", &clean[..50], h & 0xffff_ffff_ffff)
 }
 

@@ -28,7 +28,6 @@
 //! ```
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -293,7 +292,7 @@ impl RemoteCluster for KubeconfigSecret {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
             .map_err(|_| invalid("does not hold a usable kubeconfig"))?;
-        let version = BuildHasherDefault::<DefaultHasher>::default().hash_one(&bytes);
+        let version = crate::hash::fnv1a(text);
         Ok(RemoteAccess::config(config, version))
     }
 }

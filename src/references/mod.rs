@@ -250,10 +250,9 @@ impl std::fmt::Debug for ReferenceIndex {
 
 /// The annotation key persisting `from`'s reference.
 pub fn reference_annotation(from: &Target) -> String {
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    // A stable hash (DefaultHasher with default keys is deterministic across runs of one build;
-    // the referrer itself is stored in the value, so the key only needs to be unique).
-    let h = BuildHasherDefault::<DefaultHasher>::default().hash_one(from);
+    // The referrer itself is stored in the value, so the key only needs to be unique; its hash
+    // is specified ([`crate::hash`]) so that every version of the operator writes the same key.
+    let h = crate::hash::target_hash(from);
     format!("{REFERENCE_ANNOTATION_PREFIX}{h:016x}")
 }
 
