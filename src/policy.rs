@@ -287,6 +287,20 @@ impl BackoffPolicy {
     }
 
     fn validate(&self, field: &str) -> Result<(), PolicyError> {
+        for (name, d) in [
+            ("min", self.min),
+            ("max", self.max),
+            ("reset_after", self.reset_after),
+        ] {
+            at_most_a_year(&format!("{field}.{name}"), d)?;
+        }
+        if self.min.is_zero() {
+            // A zero minimum stays zero however often it is multiplied: retries without pause.
+            return Err(PolicyError::invalid(
+                format!("{field}.min"),
+                "must be longer than zero",
+            ));
+        }
         if !(self.factor.is_finite() && self.factor >= 1.0) {
             return Err(PolicyError::invalid(
                 format!("{field}.factor"),
@@ -301,6 +315,25 @@ impl BackoffPolicy {
         }
         Ok(())
     }
+}
+
+/// The longest duration a policy may hold: one year. Deadlines are computed from them
+/// (`now + duration`), which overflows or outgrows the timers' range for absurd values; no
+/// runtime setting needs more.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The most runs at once a policy may allow (`max_concurrent_runs`), and live actors
+/// (`max_live_actors`).
+pub const MAX_CONCURRENCY: usize = 1 << 20;
+
+fn at_most_a_year(field: &str, d: Duration) -> Result<(), PolicyError> {
+    if d > MAX_DURATION {
+        return Err(PolicyError::invalid(
+            field,
+            format!("{d:?} is longer than the most a policy holds, one year"),
+        ));
+    }
+    Ok(())
 }
 
 /// An invalid policy.
@@ -390,10 +423,43 @@ impl SupervisorPolicy {
     pub fn validate(&self) -> Result<(), PolicyError> {
         self.restart.backoff.validate("restart.backoff")?;
         self.error_backoff.validate("error_backoff")?;
-        if self.max_concurrent_runs == 0 {
+        let optional = |d: Option<Duration>| d.unwrap_or_default();
+        for (field, d) in [
+            ("yield_delay", self.yield_delay),
+            ("poll_interval", optional(self.poll_interval)),
+            ("dependency_poll", self.dependency_poll),
+            ("dependency_watch_idle", self.dependency_watch_idle),
+            ("idle_timeout", optional(self.idle_timeout)),
+            ("shutdown_timeout", self.shutdown_timeout),
+            ("run_timeout", optional(self.run_timeout)),
+            ("write_timeout", optional(self.write_timeout)),
+            ("lock_expiry", self.lock_expiry),
+            ("lease_duration", self.lease_duration),
+            ("lease_renew_deadline", self.lease_renew_deadline),
+            ("lease_retry_period", self.lease_retry_period),
+            ("restart.window", self.restart.window),
+        ] {
+            at_most_a_year(field, d)?;
+        }
+        // Each re-runs objects after it: zero would re-run them without pause.
+        for (field, d) in [
+            ("yield_delay", self.yield_delay),
+            ("dependency_poll", self.dependency_poll),
+        ] {
+            if d.is_zero() {
+                return Err(PolicyError::invalid(field, "must be longer than zero"));
+            }
+        }
+        if self.max_concurrent_runs == 0 || self.max_concurrent_runs > MAX_CONCURRENCY {
             return Err(PolicyError::invalid(
                 "max_concurrent_runs",
-                "must be at least 1",
+                format!("must be 1 to {MAX_CONCURRENCY}"),
+            ));
+        }
+        if self.max_live_actors.is_some_and(|n| n > MAX_CONCURRENCY) {
+            return Err(PolicyError::invalid(
+                "max_live_actors",
+                format!("must be at most {MAX_CONCURRENCY}"),
             ));
         }
         if self.lock_expiry.is_zero() {
@@ -463,6 +529,39 @@ mod tests {
         assert_eq!(p.poll_interval, Some(Duration::from_secs(300)));
         let e = SupervisorPolicy::from_toml("idle_timeout = \"sometimes\"").unwrap_err();
         assert!(e.to_string().contains("idle_timeout"), "{e}");
+    }
+
+    #[test]
+    fn absurd_numbers_from_a_policy_file_are_typed_errors_naming_the_field() {
+        for (text, field) in [
+            ("yield_delay = \"300000000000y\"", "yield_delay"),
+            ("poll_interval = \"2y\"", "poll_interval"),
+            ("lock_expiry = \"100000y\"", "lock_expiry"),
+            ("lease_duration = \"400d\"", "lease_duration"),
+            ("yield_delay = \"0s\"", "yield_delay"),
+            ("dependency_poll = \"0s\"", "dependency_poll"),
+            (
+                "max_concurrent_runs = 9223372036854775807",
+                "max_concurrent_runs",
+            ),
+            ("[error_backoff]\nmin = \"0s\"", "error_backoff.min"),
+            ("[restart.backoff]\nmax = \"5000y\"", "restart.backoff.max"),
+        ] {
+            match SupervisorPolicy::from_toml(text) {
+                Err(PolicyError::Invalid { field: f, reason }) => {
+                    assert_eq!(f, field, "{text}: {reason}");
+                }
+                other => panic!("{text}: expected an invalid {field}, got {other:?}"),
+            }
+        }
+        // The bound itself is accepted.
+        let mut p = SupervisorPolicy {
+            lock_expiry: MAX_DURATION,
+            ..Default::default()
+        };
+        p.validate().unwrap();
+        p.lock_expiry = MAX_DURATION + Duration::from_nanos(1);
+        assert!(p.validate().is_err());
     }
 
     #[test]

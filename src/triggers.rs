@@ -93,7 +93,8 @@ impl<C> ConfigRef<C> {
     }
 
     /// Take the poll interval from the config (`None` from `f`: the policy's). The policy's
-    /// `poll_jitter` applies to it.
+    /// `poll_jitter` applies to it. The config is input: an interval under 1 s is taken as 1 s
+    /// and one over a year as a year, with a warning naming the config (once per value).
     pub fn poll_interval_from(
         mut self,
         f: impl Fn(&C) -> Option<Duration> + Send + Sync + 'static,

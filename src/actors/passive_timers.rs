@@ -53,8 +53,11 @@ impl<K: ManagedResource> PassiveTimers<K> {
     /// Send [`ManagerMsg::PassiveWake`]`(key, token)` in `after`, unless re-armed or cancelled
     /// first.
     pub(crate) fn arm(&mut self, key: ObjectRef<K>, token: u64, after: Duration) {
-        self.buffered
-            .push(Cmd::Arm(key, token, Instant::now() + after));
+        self.buffered.push(Cmd::Arm(
+            key,
+            token,
+            Instant::now() + super::timer::bounded_delay(after),
+        ));
     }
 
     /// Drop `key`'s pending wake-up, if any. (One already sent still arrives: the manager

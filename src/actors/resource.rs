@@ -177,7 +177,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st: &mut ResourceState<K>,
         delay: Duration,
     ) {
-        let at = Instant::now() + delay;
+        let at = Instant::now() + super::timer::bounded_delay(delay);
         if let Some(token) = st.wake.schedule(at) {
             self.shared
                 .timers
@@ -917,7 +917,7 @@ fn jitter(d: Duration, fraction: f64, seed: Option<u64>) -> Duration {
         Some(s) => fastrand::Rng::with_seed(s).f64(),
         None => fastrand::f64(),
     };
-    d.mul_f64(1.0 + r * fraction)
+    Duration::try_from_secs_f64(d.as_secs_f64() * (1.0 + r * fraction)).unwrap_or(d)
 }
 
 impl<K: ManagedResource> Actor for ResourceActor<K> {

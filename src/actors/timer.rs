@@ -370,6 +370,16 @@ impl<M: TimerMsg> TimerTask<M> {
 /// scheduler.
 const TURN: usize = 1024;
 
+/// `delay` as a wake-up the timers can hold: at most [`MAX_DURATION`] (a year; the timer
+/// queue refuses deadlines past about two, and `now + delay` overflows for absurd values). A
+/// delay reaches here from a provisioner's yield, a config object's poll interval or a lock's
+/// time read from an object's status: input, never trusted to be small.
+///
+/// [`MAX_DURATION`]: crate::policy::MAX_DURATION
+pub(crate) fn bounded_delay(delay: std::time::Duration) -> std::time::Duration {
+    delay.min(crate::policy::MAX_DURATION)
+}
+
 /// The timer task.
 async fn run<M: TimerMsg>(mut task: TimerTask<M>, mut rx: mpsc::UnboundedReceiver<Cmd<M>>) {
     while !poll_fn(|cx| task.poll_turn(cx, &mut rx)).await {

@@ -37,7 +37,13 @@ struct ConfigState<C: Resource<DynamicType = ()> + 'static> {
     key: ObjectRef<C>,
     poll_from: Option<PollFrom<C>>,
     described: String,
+    /// The last out-of-range poll interval the config gave that was logged.
+    warned: std::sync::Mutex<Option<Duration>>,
 }
+
+/// The shortest poll interval a config object may give: shorter ones (`pollSeconds: 0`) would
+/// re-run every object without pause.
+pub(crate) const MIN_CONFIG_POLL: Duration = Duration::from_secs(1);
 
 impl<C> ConfigView for ConfigState<C>
 where
@@ -50,7 +56,21 @@ where
     }
     fn poll_interval(&self) -> Option<Duration> {
         let f = self.poll_from.as_ref()?;
-        f(self.store.get(&self.key)?.as_ref())
+        let given = f(self.store.get(&self.key)?.as_ref())?;
+        let bounded = given.clamp(MIN_CONFIG_POLL, crate::policy::MAX_DURATION);
+        if bounded != given {
+            let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+            if *warned != Some(given) {
+                *warned = Some(given);
+                tracing::warn!(
+                    config = %self.described,
+                    given = ?given,
+                    used = ?bounded,
+                    "the config's poll interval is out of range (1 s to 1 year); using the nearest bound"
+                );
+            }
+        }
+        Some(bounded)
     }
     fn describe(&self) -> &str {
         &self.described
@@ -80,12 +100,11 @@ where
         key: key.clone(),
         poll_from: cref.poll_from.clone(),
         described: cref.describe(),
+        warned: Default::default(),
     });
-    let mut fields = format!("metadata.name={}", cref.name);
-    if let Some(ns) = &cref.namespace {
-        fields.push_str(&format!(",metadata.namespace={ns}"));
-    }
-    let api: Api<C> = Api::all(client.clone());
+    // By name in its namespace: what RBAC can grant by `resourceNames`.
+    let fields = format!("metadata.name={}", cref.name);
+    let api: Api<C> = crate::object_api::kind_api(client.clone(), cref.namespace.as_deref());
     let config = watcher::Config::default().fields(&fields);
     let start: StartConfigWatch = Box::new(move |broadcast, listed| {
         tokio::spawn(watch_config(

@@ -110,8 +110,8 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     use serde::de::Error;
     match Repr::deserialize(d)? {
         Repr::Millis(ms) => Ok(Duration::from_millis(ms)),
-        Repr::Float(ms) if ms.is_finite() && ms >= 0.0 => Ok(Duration::from_secs_f64(ms / 1000.0)),
-        Repr::Float(ms) => Err(D::Error::custom(format!("invalid duration {ms}"))),
+        Repr::Float(ms) => Duration::try_from_secs_f64(ms / 1000.0)
+            .map_err(|_| D::Error::custom(format!("invalid duration {ms}"))),
         Repr::Table { secs, nanos } => Ok(Duration::new(secs, nanos)),
         Repr::Text(s) => {
             parse_duration(&s).ok_or_else(|| D::Error::custom(format!("invalid duration {s:?}")))
@@ -134,7 +134,7 @@ fn parse_duration(s: &str) -> Option<Duration> {
         "h" => n * 3600.0,
         _ => return None,
     };
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 #[cfg(test)]
@@ -152,6 +152,11 @@ mod tests {
         assert_eq!(f.latency, Duration::new(1, 5));
         assert!(toml::from_str::<Faults>("latency = \"fast\"").is_err());
         assert!(toml::from_str::<Faults>("nonsense = 1").is_err());
+        // Out of range: an error, not a panic.
+        assert_eq!(parse_duration("1e300s"), None);
+        assert_eq!(parse_duration("100000000000000000000s"), None);
+        assert!(toml::from_str::<Faults>("latency = 1e300").is_err());
+        assert!(toml::from_str::<Faults>("latency = -1.0").is_err());
     }
 
     #[test]

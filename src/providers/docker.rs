@@ -133,6 +133,7 @@ impl DockerProvider {
 
     /// Bound every engine call (and a cluster's whole stop) by `timeout` (default 30 s).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        let timeout = timeout.min(crate::policy::MAX_DURATION);
         self.timeout = timeout;
         self.docker = self.docker.with_timeout(timeout);
         self

@@ -188,7 +188,12 @@ impl<K: ManagedResource> Context<K> {
         let expiry = self.parts().lock_expiry;
         let lock = Lock {
             holder: holder.to_string(),
-            until: now + chrono::Duration::from_std(expiry).unwrap_or(chrono::Duration::MAX),
+            // The policy holds at most a year (`SupervisorPolicy::validate`); bounded here too,
+            // for a policy nobody validated.
+            until: chrono::Duration::from_std(expiry.min(crate::policy::MAX_DURATION))
+                .ok()
+                .and_then(|d| now.checked_add_signed(d))
+                .unwrap_or(now),
         };
         let message = lock.message();
         let locked = self

@@ -491,12 +491,13 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_config_can_set_the_poll_interval() {
+/// The gaps between one object's passes when the config's `pollSeconds` is `value` (the
+/// policy's poll interval an hour, no jitter), over `passes` passes.
+async fn poll_gaps(value: &str, passes: usize) -> Vec<Duration> {
     let (_cluster, client) = cluster();
     let mut cm = ConfigMap::default();
     cm.metadata.name = Some("provider".into());
-    cm.data = Some([("pollSeconds".to_string(), "30".to_string())].into());
+    cm.data = Some([("pollSeconds".to_string(), value.to_string())].into());
     config_maps(&client)
         .create(&PostParams::default(), &cm)
         .await
@@ -527,16 +528,76 @@ async fn the_config_can_set_the_poll_interval() {
         .await
         .unwrap();
     create(&client, "a", 1).await;
-    eventually("three passes", LIMIT, || async {
-        (starts.lock().unwrap().len() >= 3).then_some(())
+    eventually("the passes", LIMIT, || async {
+        (starts.lock().unwrap().len() >= passes).then_some(())
     })
     .await;
+    rt.shutdown().await;
     let s = starts.lock().unwrap().clone();
-    for gap in s.windows(2).map(|w| w[1] - w[0]) {
+    s.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_config_can_set_the_poll_interval() {
+    for gap in poll_gaps("30", 3).await {
         assert!(
             gap >= Duration::from_secs(30) && gap < Duration::from_secs(31),
             "the config's 30 s, not the policy's hour: {gap:?}"
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_poll_interval_of_zero_is_taken_as_one_second_not_a_hot_loop() {
+    // `pollSeconds: 0` would re-run the object without pause: it polls every second.
+    for gap in poll_gaps("0", 4).await {
+        assert!(
+            gap >= Duration::from_secs(1) && gap < Duration::from_millis(1100),
+            "0 s taken as the floor, 1 s: {gap:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_yield_of_an_absurd_length_does_not_stop_the_other_objects_timers() {
+    let (_cluster, client) = cluster();
+    let passes: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let p = passes.clone();
+    let tree = step("yield", move |cx: Context<Widget>| {
+        let p = p.clone();
+        async move {
+            let name = cx.object().name_any();
+            let n = {
+                let mut p = p.lock().unwrap();
+                let n = p.entry(name.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            match (name.as_str(), n) {
+                ("huge", 1) => Outcome::yield_after(Duration::MAX, Reason::new("Forever", "")),
+                ("small", 1..=3) => {
+                    Outcome::yield_after(Duration::from_secs(1), Reason::new("Soon", ""))
+                }
+                _ => Outcome::Done,
+            }
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "huge", 1).await;
+    eventually("huge yielded", LIMIT, || async {
+        (passes.lock().unwrap().get("huge") == Some(&1)).then_some(())
+    })
+    .await;
+    // The timers took the huge wake-up; the small object's yields still come back.
+    create(&client, "small", 1).await;
+    eventually("small done after three yields", LIMIT, || async {
+        (passes.lock().unwrap().get("small") == Some(&4)).then_some(())
+    })
+    .await;
     rt.shutdown().await;
 }
