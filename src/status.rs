@@ -158,6 +158,19 @@ pub const MAX_REASON_LEN: usize = 1024;
 /// are cut at a character boundary.
 pub const MAX_MESSAGE_LEN: usize = 32 * 1024;
 
+/// The longest prefix of `s` of at most `max` bytes that ends at a character boundary
+/// (Kubernetes counts its limits on text in bytes).
+pub(crate) fn prefix_within(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Whether `reason` is a valid condition reason by the Kubernetes rule
 /// (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`, at most [`MAX_REASON_LEN`] characters). An API
 /// server rejects a whole status patch with an invalid one.
@@ -399,6 +412,17 @@ fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_are_cut_in_bytes_at_a_character_boundary() {
+        assert_eq!(prefix_within("abc", 5), "abc");
+        assert_eq!(prefix_within("abc", 2), "ab");
+        // "é" is two bytes: 1 024 bytes hold 512 of them, 1 023 only 511.
+        let e = "é".repeat(600);
+        assert_eq!(prefix_within(&e, 1024).len(), 1024);
+        assert_eq!(prefix_within(&e, 1023).len(), 1022);
+        assert_eq!(prefix_within("€", 2), "");
+    }
 
     #[test]
     fn of_reads_only_our_part_of_the_status() {

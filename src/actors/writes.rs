@@ -17,6 +17,9 @@ use crate::object_api::bounded;
 use crate::provisioners::{InvalidReason, Outcome};
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
+/// The longest note an Event may carry, in bytes.
+const MAX_EVENT_NOTE: usize = 1024;
+
 /// Patch the status subresource of `obj` to `status`, with `obj`'s resourceVersion as a
 /// precondition: the status is computed from `obj`, and writing it over a newer version would
 /// drop what someone else wrote meanwhile (another step's condition, a guard's lock) — a
@@ -319,7 +322,8 @@ async fn publish<K: ManagedResource>(
     let ev = kube::runtime::events::Event {
         type_,
         reason: reason.into(),
-        note: note.map(|n| n.chars().take(1024).collect()),
+        // An Event's note holds at most 1 KiB (bytes, not characters).
+        note: note.map(|n| crate::status::prefix_within(&n, MAX_EVENT_NOTE).to_string()),
         action: action.into(),
         secondary: None,
     };

@@ -317,6 +317,7 @@ mod shared_cleanup {
 
     static LEFTOVERS: Mutex<Option<Leftovers>> = Mutex::new(None);
 
+    #[allow(unsafe_code)] // atexit(3)
     pub(super) fn register(env: &super::Envtest) {
         let (etcd, api) = env.pids();
         let cm = env.controller_manager.as_ref().map(super::Proc::pid);
@@ -333,6 +334,7 @@ mod shared_cleanup {
         }
     }
 
+    #[allow(unsafe_code)] // waitpid(2) on envtest's own children
     extern "C" fn at_exit() {
         let Some(left) = LEFTOVERS.lock().ok().and_then(|mut g| g.take()) else {
             return;

@@ -358,6 +358,7 @@ struct PidFd(std::os::fd::OwnedFd);
 
 impl PidFd {
     /// `None` where the kernel has no pidfds; callers fall back to [`pid_alive`].
+    #[allow(unsafe_code)] // pidfd_open(2), and owning the descriptor it returns
     fn open(pid: u32) -> Option<PidFd> {
         use std::os::fd::FromRawFd;
         let pid = libc::pid_t::try_from(pid).ok()?;
@@ -370,6 +371,7 @@ impl PidFd {
     }
 
     /// Whether the process has exited (all of its threads): the pidfd polls readable.
+    #[allow(unsafe_code)] // poll(2) on the pidfd
     fn exited(&self) -> bool {
         use std::os::fd::AsRawFd;
         let mut pfd = libc::pollfd {

@@ -137,12 +137,20 @@ pub(crate) fn prepare(work: &WorkDir, apiserver_port: u16) -> Result<(), Envtest
 /// The generator is seeded from the standard library's randomly keyed hasher, not from fastrand's
 /// thread-local generator, so that a process that seeds fastrand (the simulator does, for
 /// reproducible runs) still gets unpredictable tokens.
+/// 40 characters from the operating system's cryptographic generator (through ring, which
+/// kube's TLS already uses): the tokens authenticate to the API server.
 fn random_token() -> String {
-    use std::hash::BuildHasher;
-    let seed = std::hash::RandomState::new().hash_one(std::process::id());
-    let mut rng = fastrand::Rng::with_seed(seed);
-    std::iter::repeat_with(|| rng.alphanumeric())
-        .take(40)
+    use ring::rand::SecureRandom;
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = [0u8; 40];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the operating system's random generator");
+    // 62 letters: a byte's value modulo 62 is close enough to uniform for a test token
+    // (each letter's probability within 1/256 of the others').
+    bytes
+        .iter()
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
         .collect()
 }
 

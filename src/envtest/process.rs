@@ -305,6 +305,7 @@ impl Drop for Proc {
 }
 
 /// Sends `sig` to `pid`; `true` if it was delivered.
+#[allow(unsafe_code)] // kill(2): process control of envtest's own child processes
 pub(crate) fn signal(pid: u32, sig: libc::c_int) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
@@ -355,6 +356,7 @@ fn spawn_attached(cmd: Command) -> std::io::Result<Child> {
 }
 
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // prctl(2) in the child before exec
 fn set_parent_death_signal(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();

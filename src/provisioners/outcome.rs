@@ -90,13 +90,9 @@ impl Reason {
 /// `message` cut to at most [`MAX_MESSAGE_LEN`](crate::status::MAX_MESSAGE_LEN) bytes, at a
 /// character boundary.
 fn bounded(message: Cow<'static, str>) -> Cow<'static, str> {
-    let max = crate::status::MAX_MESSAGE_LEN;
-    if message.len() <= max {
+    let end = crate::status::prefix_within(&message, crate::status::MAX_MESSAGE_LEN).len();
+    if end == message.len() {
         return message;
-    }
-    let mut end = max;
-    while !message.is_char_boundary(end) {
-        end -= 1;
     }
     match message {
         Cow::Borrowed(s) => Cow::Borrowed(&s[..end]),
