@@ -1,6 +1,14 @@
 //! The admin server (feature `operator`): `/metrics`, `/healthz` and `/readyz` on one address,
 //! `127.0.0.1:8080` by default ([`DEFAULT_ADMIN_ADDR`]; a Pod's probes need `0.0.0.0`, which is
-//! then said explicitly, e.g. `--admin-addr 0.0.0.0:8080`).
+//! then said explicitly, e.g. `--admin-addr 0.0.0.0:8080`). `/metrics` can be served on an address
+//! of its own instead ([`RuntimeBuilder::metrics_addr`](crate::runtime::RuntimeBuilder::metrics_addr),
+//! `--metrics-addr`), e.g. to keep probes reachable by the kubelet and metrics on loopback behind
+//! a proxy.
+//!
+//! Whoever can reach the address is untrusted: a client has [`AdminLimits::header_read_timeout`]
+//! to send its request's headers, a connection lives at most
+//! [`AdminLimits::connection_lifetime`], and at most [`AdminLimits::max_connections`] are open
+//! at once (one more is closed at once), so slow or many clients cannot hold the server.
 //!
 //! - `/healthz`: 200 while the runtime's supervisors are alive (the root and every
 //!   controller's manager), 503 once one stopped or escalated.
@@ -14,14 +22,16 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::Error;
@@ -29,6 +39,39 @@ use crate::health::{Health, Probe};
 
 /// Where the admin server listens unless told otherwise.
 pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:8080";
+
+/// How long and how many clients the admin server serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// How long a client has to send a request's headers (default 5 s).
+    pub header_read_timeout: Duration,
+    /// How long a connection stays open at most, kept alive or not (default 60 s; a scraper
+    /// then opens a new one).
+    pub connection_lifetime: Duration,
+    /// How many connections are served at once (default 64); one more is closed at once.
+    pub max_connections: usize,
+}
+
+impl Default for AdminLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(5),
+            connection_lifetime: Duration::from_secs(60),
+            max_connections: 64,
+        }
+    }
+}
+
+/// What an admin server serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoints {
+    /// `/metrics`, `/healthz` and `/readyz`.
+    All,
+    /// `/healthz` and `/readyz` (metrics are served elsewhere).
+    Probes,
+    /// `/metrics` only.
+    Metrics,
+}
 
 /// The running admin server; stops when dropped.
 #[derive(Debug)]
@@ -38,12 +81,30 @@ pub struct AdminServer {
 }
 
 impl AdminServer {
-    /// Bind `addr` and serve `registry` and `health` on it. Port 0 picks a free port
-    /// ([`AdminServer::local_addr`] says which).
+    /// Bind `addr` and serve `registry` and `health` on it, with the default [`AdminLimits`].
+    /// Port 0 picks a free port ([`AdminServer::local_addr`] says which).
     pub async fn bind(
         addr: SocketAddr,
         registry: Arc<Registry>,
         health: Arc<Health>,
+    ) -> Result<Self, Error> {
+        Self::bind_with(
+            addr,
+            registry,
+            health,
+            Endpoints::All,
+            AdminLimits::default(),
+        )
+        .await
+    }
+
+    /// Bind `addr` and serve `endpoints` on it within `limits`.
+    pub async fn bind_with(
+        addr: SocketAddr,
+        registry: Arc<Registry>,
+        health: Arc<Health>,
+        endpoints: Endpoints,
+        limits: AdminLimits,
     ) -> Result<Self, Error> {
         let listener = TcpListener::bind(addr)
             .await
@@ -51,28 +112,45 @@ impl AdminServer {
         let addr = listener
             .local_addr()
             .map_err(|source| Error::Admin { addr, source })?;
-        tracing::info!(%addr, "admin server listening (/metrics, /healthz, /readyz)");
+        let paths = match endpoints {
+            Endpoints::All => "/metrics, /healthz, /readyz",
+            Endpoints::Probes => "/healthz, /readyz",
+            Endpoints::Metrics => "/metrics",
+        };
+        tracing::info!(%addr, paths, "admin server listening");
+        let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
         let task = tokio::spawn(async move {
             loop {
                 let stream = match listener.accept().await {
                     Ok((stream, _)) => stream,
                     Err(e) => {
                         tracing::warn!(error = %e, "admin server: accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!("admin server: too many connections; one closed");
+                    drop(stream);
+                    continue;
+                };
                 let (registry, health) = (registry.clone(), health.clone());
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let service = hyper::service::service_fn(move |req| {
-                        let answer = answer(&req, &registry, &health);
+                        let answer = answer(&req, endpoints, &registry, &health);
                         async move { Ok::<_, Infallible>(answer) }
                     });
-                    if let Err(e) = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await
-                    {
-                        tracing::debug!(error = %e, "admin server: connection ended");
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(limits.header_read_timeout)
+                        .serve_connection(TokioIo::new(stream), service);
+                    match tokio::time::timeout(limits.connection_lifetime, connection).await {
+                        Ok(Err(e)) => tracing::debug!(error = %e, "admin server: connection ended"),
+                        Ok(Ok(())) => {}
+                        Err(_) => {
+                            tracing::debug!("admin server: connection closed at its lifetime")
+                        }
                     }
                 });
             }
@@ -92,7 +170,12 @@ impl Drop for AdminServer {
     }
 }
 
-fn answer(req: &Request<Incoming>, registry: &Registry, health: &Health) -> Response<Full<Bytes>> {
+fn answer(
+    req: &Request<Incoming>,
+    endpoints: Endpoints,
+    registry: &Registry,
+    health: &Health,
+) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String| {
         Response::builder()
             .status(status)
@@ -111,10 +194,15 @@ fn answer(req: &Request<Incoming>, registry: &Registry, health: &Health) -> Resp
     if req.method() != http::Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
+    let (probes, metrics) = match endpoints {
+        Endpoints::All => (true, true),
+        Endpoints::Probes => (true, false),
+        Endpoints::Metrics => (false, true),
+    };
     match req.uri().path() {
-        "/healthz" | "/livez" => probe(health.live()),
-        "/readyz" => probe(health.ready()),
-        "/metrics" => {
+        "/healthz" | "/livez" if probes => probe(health.live()),
+        "/readyz" if probes => probe(health.ready()),
+        "/metrics" if metrics => {
             let mut body = String::new();
             match prometheus_client::encoding::text::encode(&mut body, registry) {
                 Ok(()) => Response::builder()
@@ -130,7 +218,12 @@ fn answer(req: &Request<Incoming>, registry: &Registry, health: &Health) -> Resp
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: /metrics, /healthz, /readyz\n".into(),
+            match endpoints {
+                Endpoints::All => "not found: /metrics, /healthz, /readyz\n",
+                Endpoints::Probes => "not found: /healthz, /readyz\n",
+                Endpoints::Metrics => "not found: /metrics\n",
+            }
+            .into(),
         ),
     }
 }

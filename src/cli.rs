@@ -63,6 +63,11 @@ pub struct RuntimeArgs {
     #[arg(long, env = "ACTORCILE_ADMIN_ADDR", value_name = "ADDR", default_value = DEFAULT_ADMIN_ADDR)]
     pub admin_addr: SocketAddr,
 
+    /// Serve /metrics on this address instead of the admin address (which then serves the
+    /// probes only)
+    #[arg(long, env = "ACTORCILE_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
     /// Log line format
     #[arg(long, env = "ACTORCILE_LOG_FORMAT", value_enum, default_value_t)]
     pub log_format: LogFormat,
@@ -205,6 +210,9 @@ impl RuntimeArgs {
             .preflight_rbac(self.preflight_rbac);
         if let Some(ns) = &self.namespace {
             builder = builder.namespace(ns);
+        }
+        if let Some(addr) = self.metrics_addr {
+            builder = builder.metrics_addr(addr);
         }
         let pod_namespace = |flag: &Option<String>| {
             flag.clone()

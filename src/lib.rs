@@ -40,6 +40,9 @@
 //! depends on nothing else of the crate; `references` on `status`; `provisioners` on `status`
 //! and `references`; `messages` and `policy` are plain data; `actors` use all of those; and
 //! `runtime` starts the actors. The library never imports its command line.
+// No unsafe code, but envtest's control of its own child processes (kill, pidfd, atexit),
+// each allowed where it is, with its SAFETY note.
+#![deny(unsafe_code)]
 
 mod actors;
 #[cfg(feature = "operator")]
@@ -75,11 +78,12 @@ pub mod telemetry;
 pub mod triggers;
 
 pub use actors::restarts::Escalation;
+pub use object_api::KindScope;
 
 /// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
 /// `#[derive(CustomResource)]` type or a k8s-openapi type).
 pub trait ManagedResource:
-    kube::Resource<DynamicType = ()>
+    kube::Resource<DynamicType = (), Scope: object_api::KindScope>
     + Clone
     + std::fmt::Debug
     + serde::Serialize
@@ -91,7 +95,7 @@ pub trait ManagedResource:
 }
 
 impl<T> ManagedResource for T where
-    T: kube::Resource<DynamicType = ()>
+    T: kube::Resource<DynamicType = (), Scope: object_api::KindScope>
         + Clone
         + std::fmt::Debug
         + serde::Serialize

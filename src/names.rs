@@ -10,7 +10,7 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
-fn is_dns_label(l: &str) -> bool {
+pub(crate) fn is_dns_label(l: &str) -> bool {
     let b = l.as_bytes();
     !b.is_empty()
         && b.len() <= 63

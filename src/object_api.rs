@@ -40,6 +40,59 @@ pub(crate) fn is_cluster_scoped<K: Resource>() -> bool {
     std::any::type_name::<K::Scope>().ends_with("ClusterResourceScope")
 }
 
+/// How the runtime builds a kind's [`Api`](kube::Api) from the kind's scope (`K::Scope`):
+/// kube's `Api::namespaced` checks at compile time that a kind is namespaced, which code generic
+/// over every kind cannot, so each of kube's three scopes says how. Every
+/// [`ManagedResource`](crate::ManagedResource)'s scope implements it.
+pub trait KindScope: kube::core::ResourceScope {
+    /// An `Api` of `K` in `namespace`, or in every namespace for `None` (a cluster-scoped kind
+    /// has no namespace: `namespace` is ignored).
+    fn api<K>(client: Client, namespace: Option<&str>) -> kube::Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>;
+}
+
+impl KindScope for kube::core::NamespaceResourceScope {
+    fn api<K>(client: Client, namespace: Option<&str>) -> kube::Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>,
+    {
+        match namespace {
+            Some(ns) => kube::Api::namespaced(client, ns),
+            None => kube::Api::all(client),
+        }
+    }
+}
+
+impl KindScope for kube::core::ClusterResourceScope {
+    fn api<K>(client: Client, _namespace: Option<&str>) -> kube::Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>,
+    {
+        kube::Api::all(client)
+    }
+}
+
+impl KindScope for kube::core::DynamicResourceScope {
+    fn api<K>(client: Client, namespace: Option<&str>) -> kube::Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>,
+    {
+        match namespace {
+            Some(ns) => kube::Api::namespaced_with(client, ns, &()),
+            None => kube::Api::all_with(client, &()),
+        }
+    }
+}
+
+/// An `Api` of the managed kind `K` in `namespace` (every namespace: `None`).
+pub(crate) fn kind_api<K: crate::ManagedResource>(
+    client: Client,
+    namespace: Option<&str>,
+) -> kube::Api<K> {
+    <K::Scope as KindScope>::api(client, namespace)
+}
+
 /// A write of the runtime's own that the API server did not answer within the policy's
 /// `write_timeout`.
 #[derive(Debug, thiserror::Error)]

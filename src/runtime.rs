@@ -99,7 +99,7 @@ struct ConfigSpec {
     described: String,
     /// What is wrong with it, found when it was given.
     invalid: Option<String>,
-    rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
+    rules: Vec<crate::rbac::ScopedRule>,
     /// Lists the config's kind once: an API server that does not serve it is a start-up error.
     probe: Box<
         dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), kube::Error>> + Send,
@@ -208,8 +208,9 @@ impl<K: ManagedResource> Controller<K> {
     /// Deprovision passes run without it. The runtime lists the config before it starts the
     /// controller; a config kind the API server does not serve fails [`RuntimeBuilder::start`].
     ///
-    /// The config is watched by name (a field selector), so the operator needs `list` and
-    /// `watch` on its kind ([`RuntimeBuilder::cluster_role`] includes them).
+    /// The config is watched by name (a field selector) in its namespace, so the operator needs
+    /// `list` and `watch` on that object ([`RuntimeBuilder::roles`] grants them there, by
+    /// `resourceNames`).
     pub fn config<C>(mut self, config: crate::triggers::ConfigRef<C>) -> Self
     where
         C: ManagedResource,
@@ -231,17 +232,25 @@ impl<K: ManagedResource> Controller<K> {
             None
         };
         let (name, namespace) = (config.name.clone(), config.namespace.clone());
+        let scope = match &namespace {
+            Some(ns) => crate::rbac::RuleScope::namespace(ns),
+            None => crate::rbac::RuleScope::Cluster,
+        };
         self.config = Some(ConfigSpec {
             described: format!("{} {}", C::kind(&()), config.describe()),
             invalid,
-            rules: crate::rbac::read_rules_for::<C>(),
+            // Listed and watched by a `metadata.name` field selector, which RBAC matches
+            // against `resourceNames`.
+            rules: vec![crate::rbac::ScopedRule::new(
+                scope,
+                crate::rbac::named_rule_for::<C>(&["list", "watch"], &[&name]),
+            )],
             probe: Box::new(move |client| {
                 Box::pin(async move {
-                    let api: Api<C> = Api::all(client);
+                    let api: Api<C> = crate::object_api::kind_api(client, namespace.as_deref());
                     let lp = kube::api::ListParams::default()
                         .fields(&format!("metadata.name={name}"))
                         .limit(1);
-                    let _ = namespace;
                     api.list_metadata(&lp).await.map(|_| ())
                 })
             }),
@@ -308,10 +317,26 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
-    /// Watch only one namespace (default: all).
+    /// Watch only one namespace (default: the runtime's [`RuntimeBuilder::namespace`], else
+    /// all). The kind is then listed and watched in that namespace only (a namespaced URL), so
+    /// a Role there is all the operator needs for it ([`RuntimeBuilder::roles`]). Only for a
+    /// namespaced kind: [`RuntimeBuilder::validate`] refuses it on a cluster-scoped one.
     pub fn namespace(mut self, ns: impl Into<String>) -> Self {
         self.namespace = Some(ns.into());
         self
+    }
+}
+
+impl<K: ManagedResource> Controller<K> {
+    /// The namespace this controller's objects are watched in: its own, else the runtime's
+    /// `default`; `None` for every namespace, and always for a cluster-scoped kind.
+    fn objects_namespace(&self, default: Option<&str>) -> Option<String> {
+        if crate::object_api::is_cluster_scoped::<K>() {
+            return None;
+        }
+        self.namespace
+            .clone()
+            .or_else(|| default.map(str::to_string))
     }
 }
 
@@ -319,9 +344,12 @@ impl<K: ManagedResource> Controller<K> {
 #[async_trait]
 trait Start: Send {
     async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error>;
-    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule>;
-    /// What its tree's steps need besides.
-    fn step_rules(&self) -> Vec<crate::rbac::StepRule>;
+    /// What the runtime needs for this controller, with the runtime's namespace `default`.
+    fn rules(&self, default: Option<&str>) -> Vec<crate::rbac::ScopedRule>;
+    /// What its tree's steps need besides, their [`RuleScope::Object`] resolved.
+    ///
+    /// [`RuleScope::Object`]: crate::rbac::RuleScope::Object
+    fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule>;
     /// The kind, as (apiVersion, kind).
     fn kind(&self) -> (String, String);
     /// Whether its settings are valid (the first problem, naming the field).
@@ -437,14 +465,33 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
 
 #[async_trait]
 impl<K: ManagedResource> Start for Controller<K> {
-    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
-        let mut rules = crate::rbac::rules_for::<K>();
+    fn rules(&self, default: Option<&str>) -> Vec<crate::rbac::ScopedRule> {
+        use crate::rbac::{RuleScope, ScopedRule};
+        let objects = RuleScope::Object.resolve(self.objects_namespace(default).as_deref());
+        let in_objects = |rule| ScopedRule::new(objects.clone(), rule);
+        let mut rules: Vec<_> = crate::rbac::rules_for::<K>()
+            .into_iter()
+            .map(in_objects)
+            .collect();
         if let Some(c) = &self.config {
             rules.extend(c.rules.iter().cloned());
         }
         if self.secrets.is_some() {
-            rules.extend(crate::rbac::read_rules_for::<Secret>());
+            rules.push(in_objects(crate::rbac::rule_for::<Secret>(&[
+                "list", "watch",
+            ])));
         }
+        // Events go to the object's namespace; those of cluster-scoped objects to `default`.
+        let events = if crate::object_api::is_cluster_scoped::<K>() {
+            RuleScope::namespace("default")
+        } else {
+            objects.clone()
+        };
+        rules.extend(
+            crate::rbac::common_rules()
+                .into_iter()
+                .map(|r| ScopedRule::new(events.clone(), r)),
+        );
         rules
     }
 
@@ -452,8 +499,14 @@ impl<K: ManagedResource> Start for Controller<K> {
         (K::api_version(&()).into_owned(), K::kind(&()).into_owned())
     }
 
-    fn step_rules(&self) -> Vec<crate::rbac::StepRule> {
-        self.tree.rules()
+    fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule> {
+        let objects = self.objects_namespace(default);
+        let mut rules = self.tree.rules();
+        for r in &mut rules {
+            r.scope = std::mem::replace(&mut r.scope, crate::rbac::RuleScope::Cluster)
+                .resolve(objects.as_deref());
+        }
+        rules
     }
 
     fn default_namespace(&mut self, ns: &str) {
@@ -465,6 +518,23 @@ impl<K: ManagedResource> Start for Controller<K> {
     fn validate(&self) -> Result<(), Error> {
         if let Some(p) = &self.policy {
             p.validate()?;
+        }
+        if let Some(ns) = &self.namespace {
+            if crate::object_api::is_cluster_scoped::<K>() {
+                return Err(Error::Invalid {
+                    field: format!("namespace of the {} controller", K::kind(&())),
+                    problem: format!(
+                        "{} is cluster-scoped: its objects are in no namespace",
+                        K::kind(&())
+                    ),
+                });
+            }
+            if !crate::names::is_dns_label(ns) {
+                return Err(Error::Invalid {
+                    field: format!("namespace of the {} controller", K::kind(&())),
+                    problem: format!("{ns:?} is not a valid namespace name"),
+                });
+            }
         }
         if let Some(c) = &self.config
             && let Some(problem) = &c.invalid
@@ -617,17 +687,8 @@ impl<K: ManagedResource> Start for Controller<K> {
                 mailbox.clone(),
             )));
         }
-        let api: Api<K> = Api::all(cx.client.clone());
-        let mut watch_config = self.watcher;
-        if let Some(ns) = &self.namespace {
-            // A field selector rather than a namespaced URL: kube 5 builds namespaced `Api`s
-            // only for statically namespaced kinds.
-            let sel = format!("metadata.namespace={ns}");
-            watch_config.field_selector = Some(match watch_config.field_selector.take() {
-                Some(existing) => format!("{existing},{sel}"),
-                None => sel,
-            });
-        }
+        let api: Api<K> = crate::object_api::kind_api(cx.client.clone(), self.namespace.as_deref());
+        let watch_config = self.watcher;
         // Mark the kind synced (and rebuild its part of the reference index from the persisted
         // annotations) once the first list is in the store, before references are trusted.
         let store = shared.store.clone();
@@ -716,6 +777,8 @@ pub struct RuntimeBuilder {
     #[cfg(feature = "operator")]
     admin: Option<std::net::SocketAddr>,
     #[cfg(feature = "operator")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    #[cfg(feature = "operator")]
     registry: Option<crate::metrics::Registry>,
     #[cfg(feature = "operator")]
     leader: Option<crate::leader::LeaderElection>,
@@ -729,8 +792,17 @@ pub struct RuntimeBuilder {
 /// A replica waiting for the Lease: its controllers started and gated, or not yet started.
 #[cfg(feature = "operator")]
 enum Standby {
-    Warm(RuntimeHandle),
+    Warm(Box<RuntimeHandle>),
     Cold(Box<RuntimeBuilder>),
+}
+
+/// The admin servers: the one of [`RuntimeBuilder::admin`], and the one of
+/// [`RuntimeBuilder::metrics_addr`] when metrics are served apart.
+#[cfg(feature = "operator")]
+#[derive(Default)]
+struct AdminServers {
+    main: Option<crate::admin::AdminServer>,
+    metrics: Option<crate::admin::AdminServer>,
 }
 
 /// What serves the probes and metrics, set up before the controllers start.
@@ -738,7 +810,7 @@ struct Early {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     #[cfg(feature = "operator")]
-    admin: Option<crate::admin::AdminServer>,
+    admin: AdminServers,
     #[cfg(feature = "operator")]
     registry: Arc<crate::metrics::Registry>,
 }
@@ -761,6 +833,8 @@ impl Runtime {
             crds: Vec::new(),
             #[cfg(feature = "operator")]
             admin: None,
+            #[cfg(feature = "operator")]
+            metrics_addr: None,
             #[cfg(feature = "operator")]
             registry: None,
             #[cfg(feature = "operator")]
@@ -836,6 +910,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Serve `/metrics` on `addr` instead of on the [`admin`](RuntimeBuilder::admin) address,
+    /// which then serves the probes only. Bound before any controller starts, like it.
+    #[cfg(feature = "operator")]
+    pub fn metrics_addr(mut self, addr: std::net::SocketAddr) -> Self {
+        self.metrics_addr = Some(addr);
+        self
+    }
+
     /// The Prometheus registry the runtime adds its metrics to and `/metrics` serves (default:
     /// an empty one). Register the operator's own metrics in it first. See [`crate::metrics`]
     /// for the runtime's metric names.
@@ -845,9 +927,10 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Elect a leader among the operator's replicas on a Lease ([`crate::leader`]): only
-    /// [`RuntimeBuilder::run`] honours it (it waits for the Lease, standing by, before it starts
-    /// the controllers); [`RuntimeBuilder::start`] refuses a builder that has it. The policy's
+    /// Elect a leader among the operator's replicas on a Lease ([`crate::leader`]):
+    /// [`RuntimeBuilder::run`] and [`RuntimeBuilder::run_until`] honour it (they wait for the
+    /// Lease, standing by, before they start the controllers); [`RuntimeBuilder::start`]
+    /// refuses a builder that has it. The policy's
     /// `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the timings.
     #[cfg(feature = "operator")]
     pub fn leader_election(mut self, election: crate::leader::LeaderElection) -> Self {
@@ -881,11 +964,30 @@ impl RuntimeBuilder {
                 max_concurrent_runs: self.policy.max_concurrent_runs as u64,
             }));
             let registry = Arc::new(registry);
-            let admin = match self.admin {
-                Some(addr) => Some(
-                    crate::admin::AdminServer::bind(addr, registry.clone(), health.clone()).await?,
-                ),
-                None => None,
+            use crate::admin::{AdminLimits, AdminServer, Endpoints};
+            let bind = |addr, endpoints| {
+                AdminServer::bind_with(
+                    addr,
+                    registry.clone(),
+                    health.clone(),
+                    endpoints,
+                    AdminLimits::default(),
+                )
+            };
+            let main_endpoints = if self.metrics_addr.is_some() {
+                Endpoints::Probes
+            } else {
+                Endpoints::All
+            };
+            let admin = AdminServers {
+                main: match self.admin {
+                    Some(addr) => Some(bind(addr, main_endpoints).await?),
+                    None => None,
+                },
+                metrics: match self.metrics_addr {
+                    Some(addr) => Some(bind(addr, Endpoints::Metrics).await?),
+                    None => None,
+                },
             };
             (admin, registry)
         };
@@ -900,55 +1002,89 @@ impl RuntimeBuilder {
     }
 
     /// Check at start-up (with SelfSubjectAccessReviews) that the running identity has every
-    /// permission of [`RuntimeBuilder::cluster_role`]; `start` fails with [`Error::Forbidden`]
+    /// permission of [`RuntimeBuilder::roles`], each where they grant it; `start` fails with [`Error::Forbidden`]
     /// naming what is missing instead of failing later, object by object.
     pub fn preflight_rbac(mut self, check: bool) -> Self {
         self.preflight = check;
         self
     }
 
-    /// The ClusterRole this runtime needs (print it with
-    /// [`rbac::to_yaml`](crate::rbac::to_yaml)): its registered kinds, their configs and
-    /// Secrets, what their trees' steps declare ([`Provisioner::rules`]: the children kinds of
-    /// [`resource`](crate::provisioners::resource()), a CD driver's, a step's
-    /// [`needs`](crate::provisioners::Step::needs)), Events, the CRDs it installs, and the
-    /// Leases of its leader election or sharding.
-    pub fn cluster_role(&self, name: &str) -> k8s_openapi::api::rbac::v1::ClusterRole {
+    /// The roles this runtime needs, named `name` (print them with
+    /// [`Roles::to_yaml`](crate::rbac::Roles::to_yaml), bind them with
+    /// [`Roles::bindings`](crate::rbac::Roles::bindings)). For each controller: its kind
+    /// (list, watch, get, patch, and patch of its status), its config object (by name), the
+    /// Secrets it watches, Events, and what its tree's steps declare ([`Provisioner::rules`]: the
+    /// children kinds of [`resource`](crate::provisioners::resource()), a CD driver's, a step's
+    /// [`needs`](crate::provisioners::Step::needs)) — in a Role in the namespace it watches, or
+    /// in the ClusterRole when it watches all or its kind is cluster-scoped. Besides: the CRDs it
+    /// installs (by name), and the Leases of its leader election (by name) or sharding, in a Role
+    /// in their namespace.
+    pub fn roles(&self, name: &str) -> crate::rbac::Roles {
         let mut rules = self.own_rules();
-        rules.extend(self.step_rules().into_iter().map(|s| s.rule));
-        crate::rbac::cluster_role(name, crate::rbac::merge(rules))
+        rules.extend(
+            self.step_rules()
+                .into_iter()
+                .map(|s| crate::rbac::ScopedRule::new(s.scope, s.rule)),
+        );
+        crate::rbac::Roles::new(name, rules)
     }
 
-    /// What the trees' steps declare they need.
+    /// What the trees' steps declare they need, in the scopes they need it.
     fn step_rules(&self) -> Vec<crate::rbac::StepRule> {
+        let default = self.namespace.as_deref();
         self.controllers
             .iter()
-            .flat_map(|c| c.step_rules())
+            .flat_map(|c| c.step_rules(default))
             .collect()
     }
 
-    /// What the runtime itself needs (without Events, which [`crate::rbac::cluster_role`]
-    /// adds): its kinds (their configs and Secrets), installing its CRDs, and the Lease of its
-    /// leader election.
-    fn own_rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
-        let mut rules: Vec<_> = self.controllers.iter().flat_map(|c| c.rules()).collect();
+    /// What the runtime itself needs: its kinds (their configs, Secrets and Events), installing
+    /// its CRDs, and the Leases of its leader election or sharding.
+    fn own_rules(&self) -> Vec<crate::rbac::ScopedRule> {
+        use crate::rbac::{RuleScope, ScopedRule, named_rule_for, rule_for};
+        use k8s_openapi::api::coordination::v1::Lease;
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let default = self.namespace.as_deref();
+        let mut rules: Vec<_> = self
+            .controllers
+            .iter()
+            .flat_map(|c| c.rules(default))
+            .collect();
         if !self.crds.is_empty() {
-            rules.push(crate::rbac::rule_for::<
-                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-            >(&["get", "list", "watch", "create", "patch"]));
+            // Applied by name (server-side apply: a patch, which Kubernetes authorizes as a
+            // `create` of that name when the CRD does not exist yet), then watched by name until
+            // Established.
+            let names: Vec<&str> = self
+                .crds
+                .iter()
+                .filter_map(|c| c.metadata.name.as_deref())
+                .collect();
+            rules.push(ScopedRule::new(
+                RuleScope::Cluster,
+                named_rule_for::<CustomResourceDefinition>(
+                    &["create", "patch", "list", "watch"],
+                    &names,
+                ),
+            ));
         }
         #[cfg(feature = "operator")]
-        if self.leader.is_some() {
-            rules.push(crate::rbac::rule_for::<
-                k8s_openapi::api::coordination::v1::Lease,
-            >(&["get", "create", "update"]));
+        if let Some(election) = &self.leader {
+            let here = RuleScope::namespace(&election.namespace);
+            rules.push(ScopedRule::new(
+                here.clone(),
+                rule_for::<Lease>(&["create"]),
+            ));
+            rules.push(ScopedRule::new(
+                here,
+                named_rule_for::<Lease>(&["get", "update"], &[&election.lease]),
+            ));
         }
-        if self.sharding.is_some() {
-            rules.push(crate::rbac::rule_for::<
-                k8s_openapi::api::coordination::v1::Lease,
-            >(&[
-                "get", "list", "create", "update", "delete",
-            ]));
+        if let Some(sharding) = &self.sharding {
+            // Shard and member Leases: members are named after replicas, and found by a label.
+            rules.push(ScopedRule::new(
+                RuleScope::namespace(&sharding.namespace),
+                rule_for::<Lease>(&["get", "list", "create", "update", "delete"]),
+            ));
         }
         rules
     }
@@ -1015,7 +1151,7 @@ impl RuntimeBuilder {
         if self.leader.is_some() {
             return Err(Error::Invalid {
                 field: "leader election".into(),
-                problem: "only RuntimeBuilder::run elects a leader; start() would run unelected"
+                problem: "only RuntimeBuilder::run and run_until elect a leader; start() would run unelected"
                     .into(),
             });
         }
@@ -1025,8 +1161,7 @@ impl RuntimeBuilder {
             }
         }
         if self.preflight {
-            let mut own = self.own_rules();
-            own.extend(crate::rbac::common_rules());
+            let own = self.own_rules();
             let steps = self.step_rules();
             let missing = crate::rbac::missing_step_permissions(&self.client, &own, &steps).await?;
             if !missing.is_empty() {
@@ -1161,9 +1296,21 @@ impl RuntimeBuilder {
     /// # }
     /// ```
     #[cfg(feature = "operator")]
-    pub async fn run(mut self) -> Result<(), Error> {
+    pub async fn run(self) -> Result<(), Error> {
         // Listening before the start: a signal during start-up is not lost.
-        let mut signals = crate::signals::Signals::new()?;
+        let signals = crate::signals::Signals::new()?;
+        self.run_stopping_on(crate::signals::Stop::<std::future::Pending<()>>::Signals(
+            signals,
+        ))
+        .await
+    }
+
+    /// [`RuntimeBuilder::run`], stopped by `signals`.
+    #[cfg(feature = "operator")]
+    async fn run_stopping_on<F: Future<Output = ()>>(
+        mut self,
+        mut signals: crate::signals::Stop<F>,
+    ) -> Result<(), Error> {
         let Some(election) = self.leader.take() else {
             let handle = self.start().await?;
             return run_with(handle, &mut signals, None).await;
@@ -1182,7 +1329,7 @@ impl RuntimeBuilder {
         // objects in hand, not with a list.
         let standby = if warm {
             self.gated = true;
-            Standby::Warm(self.start().await?)
+            Standby::Warm(Box::new(self.start().await?))
         } else {
             Standby::Cold(Box::new(self))
         };
@@ -1201,7 +1348,7 @@ impl RuntimeBuilder {
             (false, Standby::Cold(_)) => return Ok(()),
             (true, Standby::Warm(handle)) => {
                 handle.lead(slots);
-                handle
+                *handle
             }
             (true, Standby::Cold(builder)) => builder.start().await?,
         };
@@ -1214,8 +1361,15 @@ impl RuntimeBuilder {
     }
 
     /// Start, run until `shutdown` completes (e.g. SIGTERM) or a manager escalates, then shut
-    /// down gracefully.
+    /// down gracefully. With [leader election](RuntimeBuilder::leader_election), as
+    /// [`RuntimeBuilder::run`]: stand by until the Lease is held (`shutdown` ends the wait), run,
+    /// and return [`Error::LeadershipLost`] if it is lost.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+        #[cfg(feature = "operator")]
+        if self.leader.is_some() {
+            let stop = crate::signals::Stop::Until(Some(Box::pin(shutdown)));
+            return self.run_stopping_on(stop).await;
+        }
         let mut handle = self.start().await?;
         let result = tokio::select! {
             _ = shutdown => Ok(()),
@@ -1229,9 +1383,9 @@ impl RuntimeBuilder {
 /// [`RuntimeBuilder::run`] once it runs the controllers: until a signal, an escalation or the
 /// loss of the Lease, then stop.
 #[cfg(feature = "operator")]
-async fn run_with(
+async fn run_with<F: Future<Output = ()>>(
     mut handle: RuntimeHandle,
-    signals: &mut crate::signals::Signals,
+    signals: &mut crate::signals::Stop<F>,
     elector: Option<&mut crate::leader::Elector>,
 ) -> Result<(), Error> {
     let abort = handle.aborter();
@@ -1288,7 +1442,7 @@ pub struct RuntimeHandle {
         JoinHandle<crate::sharding::keeper::Keeper>,
     )>,
     #[cfg(feature = "operator")]
-    admin: Option<crate::admin::AdminServer>,
+    admin: AdminServers,
     #[cfg(feature = "operator")]
     registry: Arc<crate::metrics::Registry>,
 }
@@ -1353,7 +1507,13 @@ impl RuntimeHandle {
     /// The address the admin server listens on (with [`RuntimeBuilder::admin`]).
     #[cfg(feature = "operator")]
     pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
-        self.admin.as_ref().map(|a| a.local_addr())
+        self.admin.main.as_ref().map(|a| a.local_addr())
+    }
+
+    /// The address metrics are served on apart (with [`RuntimeBuilder::metrics_addr`]).
+    #[cfg(feature = "operator")]
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.metrics.as_ref().map(|a| a.local_addr())
     }
 
     /// The Prometheus registry with the runtime's metrics (and the operator's own, given

@@ -34,3 +34,29 @@ impl Signals {
         }
     }
 }
+
+/// What stops a running runtime: the termination signals ([`RuntimeBuilder::run`]), or a
+/// future the caller gives ([`RuntimeBuilder::run_until`]), which stops it once (a second stop,
+/// which signals can give, never comes from it).
+///
+/// [`RuntimeBuilder::run`]: crate::runtime::RuntimeBuilder::run
+/// [`RuntimeBuilder::run_until`]: crate::runtime::RuntimeBuilder::run_until
+pub(crate) enum Stop<F> {
+    Signals(Signals),
+    Until(Option<std::pin::Pin<Box<F>>>),
+}
+
+impl<F: std::future::Future<Output = ()>> Stop<F> {
+    /// Until the next stop; its name. Cancel-safe: the caller's future is kept between calls.
+    pub(crate) async fn next(&mut self) -> &'static str {
+        match self {
+            Stop::Signals(s) => s.next().await,
+            Stop::Until(Some(f)) => {
+                f.as_mut().await;
+                *self = Stop::Until(None);
+                "shutdown"
+            }
+            Stop::Until(None) => std::future::pending().await,
+        }
+    }
+}

@@ -424,7 +424,7 @@ where
     }
 
     fn rules(&self) -> Vec<crate::rbac::StepRule> {
-        crate::rbac::StepRule::all(&self.name, self.driver.rules())
+        crate::rbac::StepRule::scoped(&self.name, self.driver.rules())
     }
 
     async fn provision(&self, cx: &Context<K>) -> Outcome {

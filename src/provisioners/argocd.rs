@@ -374,16 +374,31 @@ fn health_of(app: &DynamicObject) -> AppHealth {
 #[async_trait]
 impl CdDriver for ArgoCd {
     /// Applications (argoproj.io) and cluster Secrets, in its namespace.
-    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
-        let verbs = ["get", "list", "create", "update", "patch", "delete"];
+    fn rules(
+        &self,
+    ) -> Vec<(
+        crate::rbac::RuleScope,
+        k8s_openapi::api::rbac::v1::PolicyRule,
+    )> {
+        // Applications are found by their identity's labels (list), created, replaced when
+        // their spec changes (update), asked to refresh (patch) and deleted; cluster Secrets
+        // are read, written and deleted by name.
+        let here = crate::rbac::RuleScope::namespace(&self.namespace);
+        let verbs = |v: &[&str]| v.iter().map(|v| v.to_string()).collect();
         vec![
-            k8s_openapi::api::rbac::v1::PolicyRule {
-                api_groups: Some(vec!["argoproj.io".into()]),
-                resources: Some(vec!["applications".into()]),
-                verbs: verbs.iter().map(|v| v.to_string()).collect(),
-                ..Default::default()
-            },
-            crate::rbac::rule_for::<Secret>(&verbs),
+            (
+                here.clone(),
+                k8s_openapi::api::rbac::v1::PolicyRule {
+                    api_groups: Some(vec!["argoproj.io".into()]),
+                    resources: Some(vec!["applications".into()]),
+                    verbs: verbs(&["list", "create", "update", "patch", "delete"]),
+                    ..Default::default()
+                },
+            ),
+            (
+                here,
+                crate::rbac::rule_for::<Secret>(&["get", "create", "update", "delete"]),
+            ),
         ]
     }
 

@@ -248,19 +248,15 @@ impl ClusterRegistration {
             id: id.to_string(),
             why: why.to_string(),
         };
-        if auth.exec.is_some() || auth.auth_provider.is_some() {
-            return Err(not_registrable(
-                "its credentials come from a command or an auth provider, which the CD system cannot run",
-            ));
-        }
-        // Inline data only. A file a kubeconfig names is never read here: its content would be
-        // copied into a Secret of the CD system, readable by whoever reads those (and a
-        // kubeconfig from a Secret could name any file of the operator's pod).
-        if auth.client_certificate.is_some() || auth.client_key.is_some() {
-            return Err(not_registrable(
-                "its client certificate or key is a local file; only inline credentials \
-                 (client-certificate-data, client-key-data, token) are registered",
-            ));
+        // Inline data only: a command cannot run in the CD system, and a file a kubeconfig
+        // names is never read here (its content would be copied into a Secret of the CD
+        // system, readable by whoever reads those, and a kubeconfig from a Secret could name
+        // any file of the operator's pod, its service-account token among them).
+        if let Some(field) = super::remote::local_auth_field(auth) {
+            return Err(not_registrable(&format!(
+                "its credentials use {field}, a command or a local file; only inline credentials \
+                 (client-certificate-data, client-key-data, token) are registered"
+            )));
         }
         if let Some(cert) = auth.client_certificate_data.clone() {
             tls.insert("certData".into(), cert.into());
@@ -349,9 +345,14 @@ pub trait CdDriver: Send + Sync {
     /// Remove `user` from the registration of cluster `id`, and the registration itself once
     /// it has no user left. Unregistering what is not registered succeeds.
     async fn unregister_cluster(&self, id: &str, user: &str) -> Result<(), CdError>;
-    /// The RBAC permissions the driver needs in the cluster its client talks to (see
-    /// [`Provisioner::rules`](super::Provisioner::rules)). Default: none.
-    fn rules(&self) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+    /// The RBAC permissions the driver needs in the cluster its client talks to, each where it
+    /// needs it (see [`Provisioner::rules`](super::Provisioner::rules)). Default: none.
+    fn rules(
+        &self,
+    ) -> Vec<(
+        crate::rbac::RuleScope,
+        k8s_openapi::api::rbac::v1::PolicyRule,
+    )> {
         Vec::new()
     }
 }
@@ -359,6 +360,38 @@ pub trait CdDriver: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_registration_holds_inline_credentials_only() {
+        let url: http::Uri = "https://edge.example:6443".parse().unwrap();
+        let mut config = kube::Config::new(url);
+        config.auth_info.token = Some("t0ken".to_string().into());
+        let registration = ClusterRegistration::from_config("edge", &config).unwrap();
+        assert_eq!(registration.id, "edge");
+        for (field, set) in [
+            (
+                "tokenFile",
+                Box::new(|a: &mut kube::config::AuthInfo| {
+                    a.token_file =
+                        Some("/var/run/secrets/kubernetes.io/serviceaccount/token".into())
+                }) as Box<dyn Fn(&mut kube::config::AuthInfo)>,
+            ),
+            (
+                "client-key",
+                Box::new(|a: &mut kube::config::AuthInfo| a.client_key = Some("/etc/key".into())),
+            ),
+        ] {
+            let mut c = config.clone();
+            set(&mut c.auth_info);
+            match ClusterRegistration::from_config("edge", &c) {
+                Err(e @ CdError::NotRegistrable { .. }) => {
+                    assert!(e.to_string().contains(field), "{e}")
+                }
+                Err(other) => panic!("{field}: expected NotRegistrable, got {other}"),
+                Ok(_) => panic!("{field}: registered"),
+            }
+        }
+    }
 
     #[test]
     fn identity_labels_are_valid_label_values_and_long_names_stay_apart() {

@@ -151,7 +151,7 @@ pub trait Provisioner<K>: Send + Sync {
     /// Undo this step, or say why not yet.
     async fn deprovision(&self, cx: &Context<K>) -> Outcome;
     /// The RBAC permissions this step (and its children) need beyond what the runtime needs
-    /// for the managed kind: [`RuntimeBuilder::cluster_role`](crate::runtime::RuntimeBuilder::cluster_role)
+    /// for the managed kind: [`RuntimeBuilder::roles`](crate::runtime::RuntimeBuilder::roles)
     /// includes them, and the RBAC preflight checks them, naming the step. Combinators collect
     /// their children's; [`resource`] declares its child's kind; a [`step`] declares what it
     /// touches with [`Step::needs`]. Default: none.

@@ -303,14 +303,7 @@ impl RemoteCluster for KubeconfigSecret {
 fn local_credential(kc: &Kubeconfig) -> Option<String> {
     for user in &kc.auth_infos {
         let Some(a) = &user.auth_info else { continue };
-        let fields = [
-            ("exec", a.exec.is_some()),
-            ("auth-provider", a.auth_provider.is_some()),
-            ("tokenFile", a.token_file.is_some()),
-            ("client-certificate", a.client_certificate.is_some()),
-            ("client-key", a.client_key.is_some()),
-        ];
-        if let Some((field, _)) = fields.iter().find(|(_, set)| *set) {
+        if let Some(field) = local_auth_field(a) {
             return Some(format!("users[{}].{field}", user.name));
         }
     }
@@ -321,6 +314,20 @@ fn local_credential(kc: &Kubeconfig) -> Option<String> {
         }
     }
     None
+}
+
+/// The first field of `a` that is not an inline credential: a command to run (`exec`,
+/// `auth-provider`) or a local file to read (`tokenFile`, `client-certificate`, `client-key`).
+pub(crate) fn local_auth_field(a: &kube::config::AuthInfo) -> Option<&'static str> {
+    [
+        ("exec", a.exec.is_some()),
+        ("auth-provider", a.auth_provider.is_some()),
+        ("tokenFile", a.token_file.is_some()),
+        ("client-certificate", a.client_certificate.is_some()),
+        ("client-key", a.client_key.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(field, set)| set.then_some(field))
 }
 
 /// A cluster reached through a fixed configuration or client (tests, in-process clusters,
@@ -374,6 +381,8 @@ pub struct Remote<K> {
     cluster: ClusterOf<K>,
     children: Serial<K>,
     driver: Option<Arc<dyn CdDriver>>,
+    /// Where the kubeconfig Secrets are read ([`Remote::credentials_scope`]).
+    credentials_scope: crate::rbac::RuleScope,
     /// Remote id → (access version, client): one client per remote, rebuilt when its
     /// credentials change.
     clients: Mutex<HashMap<String, (u64, Client)>>,
@@ -412,6 +421,7 @@ where
         name,
         cluster: Box::new(move |k| Box::new(cluster(k))),
         driver: None,
+        credentials_scope: crate::rbac::RuleScope::Object,
         clients: Mutex::default(),
     }
 }
@@ -421,6 +431,15 @@ impl<K> Remote<K> {
     /// after they deprovisioned (see [`remote`]); applications in this remote deploy to it.
     pub fn registered_with(mut self, driver: Arc<dyn CdDriver>) -> Self {
         self.driver = Some(driver);
+        self
+    }
+
+    /// Where the remotes' kubeconfig Secrets are, for the rendered RBAC (`get` on Secrets
+    /// there): default [`RuleScope::Object`](crate::rbac::RuleScope::Object), the namespace of
+    /// the object, as [`KubeconfigSecret`] requires unless
+    /// [`from_any_namespace`](KubeconfigSecret::from_any_namespace).
+    pub fn credentials_scope(mut self, scope: crate::rbac::RuleScope) -> Self {
+        self.credentials_scope = scope;
         self
     }
 
@@ -524,11 +543,14 @@ where
     /// Reading kubeconfig Secrets, and what its CD driver needs; not its children's: they run
     /// against the remote cluster, whose RBAC is another's.
     fn rules(&self) -> Vec<crate::rbac::StepRule> {
-        let mut rules = vec![crate::rbac::rule_for::<Secret>(&["get"])];
+        let mut rules = vec![(
+            self.credentials_scope.clone(),
+            crate::rbac::rule_for::<Secret>(&["get"]),
+        )];
         if let Some(d) = &self.driver {
             rules.extend(d.rules());
         }
-        crate::rbac::StepRule::all(&self.name, rules)
+        crate::rbac::StepRule::scoped(&self.name, rules)
     }
 
     async fn provision(&self, cx: &Context<K>) -> Outcome {
@@ -645,12 +667,16 @@ current-context: remote
     #[tokio::test]
     async fn a_kubeconfig_from_a_secret_may_not_run_commands_or_read_files() {
         let remote = || KubeconfigSecret::new("default", "remote-kubeconfig");
+        // What the plugin would create if it ran.
+        let marker =
+            std::env::temp_dir().join(format!("actorcile-exec-marker-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let exec = format!(
+            "    exec: {{apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, 'touch {}']}}",
+            marker.display()
+        );
         let refused = [
-            (
-                "    exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, id]}",
-                "",
-                "users[admin].exec",
-            ),
+            (exec.as_str(), "", "users[admin].exec"),
             (
                 "    auth-provider: {name: gcp, config: {cmd-path: /bin/sh}}",
                 "",
@@ -684,6 +710,7 @@ current-context: remote
                 other => panic!("{field}: {other:?}"),
             }
         }
+        assert!(!marker.exists(), "the exec plugin ran");
         // Inline credentials are what a Secret may hold.
         access_with(&kubeconfig("    token: abc", ""), remote())
             .await

@@ -145,7 +145,13 @@ where
     }
 
     fn rules(&self) -> Vec<crate::rbac::StepRule> {
-        crate::rbac::StepRule::all(&self.name, crate::rbac::child_rules_for::<C>())
+        let scope = crate::rbac::RuleScope::of_kind::<C>();
+        crate::rbac::StepRule::scoped(
+            &self.name,
+            crate::rbac::child_rules_for::<C>()
+                .into_iter()
+                .map(|r| (scope.clone(), r)),
+        )
     }
 
     async fn provision(&self, cx: &Context<K>) -> Outcome {

@@ -14,7 +14,10 @@ pub struct Step<K> {
     name: String,
     provision: StepFn<K>,
     deprovision: Option<StepFn<K>>,
-    rules: Vec<k8s_openapi::api::rbac::v1::PolicyRule>,
+    rules: Vec<(
+        crate::rbac::RuleScope,
+        k8s_openapi::api::rbac::v1::PolicyRule,
+    )>,
 }
 
 fn boxed_fn<K, P, F>(f: P) -> StepFn<K>
@@ -65,11 +68,13 @@ impl<K: 'static> Step<K> {
         self
     }
 
-    /// Declare a permission the step needs (see [`Provisioner::rules`]), e.g.
-    /// `rbac::rule_for::<Secret>(&["get"])`.
+    /// Declare a permission the step needs in the namespace of the object it runs for (see
+    /// [`Provisioner::rules`]), e.g. `rbac::rule_for::<Secret>(&["get"])`. For a permission
+    /// elsewhere (a cluster-scoped kind, another namespace), use [`Step::needs_in`].
     ///
     /// ```
     /// use actorcile::prelude::*;
+    /// use actorcile::rbac::RuleScope;
     /// use k8s_openapi::api::core::v1::Secret;
     /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
     /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced)]
@@ -78,11 +83,21 @@ impl<K: 'static> Step<K> {
     ///     let _api: kube::Api<Secret> = kube::Api::namespaced(cx.client().clone(), "apps");
     ///     Outcome::Done
     /// })
-    /// .needs(actorcile::rbac::rule_for::<Secret>(&["get"]));
+    /// .needs_in(RuleScope::namespace("apps"), actorcile::rbac::rule_for::<Secret>(&["get"]));
     /// assert_eq!(read_password.rules()[0].step, "password");
+    /// assert_eq!(read_password.rules()[0].scope, RuleScope::namespace("apps"));
     /// ```
-    pub fn needs(mut self, rule: k8s_openapi::api::rbac::v1::PolicyRule) -> Self {
-        self.rules.push(rule);
+    pub fn needs(self, rule: k8s_openapi::api::rbac::v1::PolicyRule) -> Self {
+        self.needs_in(crate::rbac::RuleScope::Object, rule)
+    }
+
+    /// Declare a permission the step needs in `scope` (see [`Step::needs`]).
+    pub fn needs_in(
+        mut self,
+        scope: crate::rbac::RuleScope,
+        rule: k8s_openapi::api::rbac::v1::PolicyRule,
+    ) -> Self {
+        self.rules.push((scope, rule));
         self
     }
 }
@@ -94,7 +109,7 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
         &self.name
     }
     fn rules(&self) -> Vec<crate::rbac::StepRule> {
-        crate::rbac::StepRule::all(&self.name, self.rules.clone())
+        crate::rbac::StepRule::scoped(&self.name, self.rules.clone())
     }
     fn provision<'a, 'b, 'r>(&'a self, cx: &'b Context<K>) -> BoxFuture<'r, Outcome>
     where

@@ -18,6 +18,7 @@ mod provider_handle;
 mod provisioners;
 mod real_guard;
 mod real_podman;
+mod real_rbac;
 mod real_references;
 mod real_remote;
 mod real_runtime;

@@ -41,6 +41,107 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 }
 
 #[tokio::test]
+async fn metrics_on_an_address_of_their_own_leave_the_admin_address_the_probes() {
+    let (_cluster, client) = cluster();
+    let rt = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(terminal_when_negative()))
+        .admin("127.0.0.1:0".parse().unwrap())
+        .metrics_addr("127.0.0.1:0".parse().unwrap())
+        .start()
+        .await
+        .unwrap();
+    let probes = rt.admin_addr().expect("an admin server");
+    let metrics = rt.metrics_addr().expect("a metrics server");
+    assert_ne!(probes, metrics);
+    assert_eq!(get(probes, "/healthz").await, (200, "ok\n".into()));
+    assert_eq!(get(probes, "/metrics").await.0, 404);
+    assert_eq!(get(metrics, "/healthz").await.0, 404);
+    let (status, text) = get(metrics, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(text.contains("actorcile_status_writes_total"), "{text}");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn slow_or_crowding_clients_cannot_hold_the_admin_server() {
+    use actorcile::admin::{AdminLimits, AdminServer, Endpoints};
+    use tokio::net::TcpStream;
+    let health = Arc::new(actorcile::health::Health::default());
+    let registry = Arc::new(actorcile::metrics::Registry::default());
+    let local = "127.0.0.1:0".parse().unwrap();
+    // What a closed connection reads: nothing more (a reset counts as closed too).
+    async fn closed(mut s: TcpStream) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "the server never closed the connection");
+        buf
+    }
+
+    // Two connections that send half a request hold the two slots (no header timeout comes
+    // in the way: an hour); a third is closed at once, unanswered.
+    let crowded = AdminServer::bind_with(
+        local,
+        registry.clone(),
+        health.clone(),
+        Endpoints::All,
+        AdminLimits {
+            header_read_timeout: Duration::from_secs(3600),
+            connection_lifetime: Duration::from_secs(3600),
+            max_connections: 2,
+        },
+    )
+    .await
+    .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(crowded.local_addr()).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        held.push(s);
+    }
+    let third = TcpStream::connect(crowded.local_addr()).await.unwrap();
+    assert!(closed(third).await.is_empty(), "no answer past the cap");
+    // Once they go, the server answers again.
+    drop(held);
+    eventually("answered once the slots are free", LIMIT, || async {
+        let mut s = TcpStream::connect(crowded.local_addr()).await.ok()?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.ok()?;
+        buf.starts_with("HTTP/1.1 200").then_some(())
+    })
+    .await;
+
+    // A client that never finishes its headers is cut at the header timeout, and one that
+    // keeps its connection alive at the connection's lifetime.
+    let strict = AdminServer::bind_with(
+        local,
+        registry,
+        health,
+        Endpoints::All,
+        AdminLimits {
+            header_read_timeout: Duration::from_millis(100),
+            connection_lifetime: Duration::from_millis(500),
+            max_connections: 64,
+        },
+    )
+    .await
+    .unwrap();
+    let mut slow = TcpStream::connect(strict.local_addr()).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    closed(slow).await;
+    let mut kept = TcpStream::connect(strict.local_addr()).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answered = String::from_utf8(closed(kept).await).unwrap();
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+}
+
+#[tokio::test]
 async fn hooks_run_in_order_before_the_watch_and_a_failing_hook_fails_start() {
     let (_cluster, client) = cluster();
     create(&client, "w0", 1).await;
@@ -161,43 +262,101 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
 }
 
 #[tokio::test]
-async fn the_cluster_role_covers_what_the_tree_touches_naming_steps() {
+async fn the_roles_cover_what_the_tree_touches_naming_steps_each_where_it_is_needed() {
+    use actorcile::rbac::{Roles, RuleScope};
+    use k8s_openapi::api::core::v1::Namespace;
     let (_cluster, client) = cluster();
-    let tree = serial![
-        resource("config", |w: &Widget| ConfigMap {
-            metadata: kube::api::ObjectMeta {
-                name: w.metadata.name.clone(),
+    let tree = || {
+        serial![
+            resource("config", |w: &Widget| ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: w.metadata.name.clone(),
+                    ..Default::default()
+                },
                 ..Default::default()
-            },
-            ..Default::default()
-        }),
-        step("password", |_cx: Context<Widget>| async { Outcome::Done })
-            .needs(actorcile::rbac::rule_for::<Secret>(&["get"])),
-    ];
-    let steps: Vec<_> = tree.rules().into_iter().map(|r| r.step).collect();
-    assert_eq!(steps, ["config", "password"]);
-    let builder = Runtime::builder(client).controller(Controller::<Widget>::new(tree));
-    let yaml = actorcile::rbac::to_yaml(&builder.cluster_role("op")).unwrap();
-    let role = builder.cluster_role("op");
-    let rules = role.rules.unwrap();
-    let of = |res: &str| {
-        rules
-            .iter()
+            }),
+            step("password", |_cx: Context<Widget>| async { Outcome::Done })
+                .needs(actorcile::rbac::rule_for::<Secret>(&["get"]))
+                .needs_in(
+                    RuleScope::Cluster,
+                    actorcile::rbac::rule_for::<Namespace>(&["get"])
+                ),
+        ]
+    };
+    let steps: Vec<_> = tree().rules().into_iter().map(|r| r.step).collect();
+    assert_eq!(steps, ["config", "password", "password"]);
+    // The verbs on `resource` of the rules granted in `scope`.
+    let of = |roles: &Roles, scope: RuleScope, res: &str| {
+        roles
+            .rules()
+            .into_iter()
+            .filter(|r| r.scope == scope)
             .filter(|r| {
-                r.resources
+                r.rule
+                    .resources
                     .as_ref()
                     .is_some_and(|rs| rs.iter().any(|x| x == res))
             })
-            .flat_map(|r| r.verbs.clone())
+            .flat_map(|r| r.rule.verbs)
             .collect::<Vec<_>>()
     };
+
+    // Watching every namespace: all of it cluster-wide.
+    let all = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(tree()))
+        .roles("op");
+    let yaml = all.to_yaml().unwrap();
+    assert!(all.roles.is_empty(), "{yaml}");
+    let cluster = RuleScope::Cluster;
     assert_eq!(
-        of("configmaps"),
+        of(&all, cluster.clone(), "configmaps"),
         ["get", "create", "patch", "delete"],
         "{yaml}"
     );
-    assert_eq!(of("secrets"), ["get"], "{yaml}");
-    assert!(!of("widgets/status").is_empty(), "{yaml}");
+    assert_eq!(of(&all, cluster.clone(), "secrets"), ["get"], "{yaml}");
+    assert_eq!(of(&all, cluster.clone(), "namespaces"), ["get"], "{yaml}");
+    assert_eq!(
+        of(&all, cluster.clone(), "widgets/status"),
+        ["patch"],
+        "{yaml}"
+    );
+    assert_eq!(
+        of(&all, cluster.clone(), "events"),
+        ["create", "patch"],
+        "{yaml}"
+    );
+
+    // Confined to team-a: a Role there, and only what is cluster-scoped in the ClusterRole.
+    let confined = Runtime::builder(client)
+        .namespace("team-a")
+        .controller(Controller::<Widget>::new(tree()))
+        .roles("op");
+    let yaml = confined.to_yaml().unwrap();
+    let team_a = RuleScope::namespace("team-a");
+    assert_eq!(confined.roles.len(), 1, "{yaml}");
+    assert_eq!(
+        of(&confined, team_a.clone(), "widgets"),
+        ["get", "list", "watch", "patch"],
+        "{yaml}"
+    );
+    assert_eq!(
+        of(&confined, team_a.clone(), "configmaps"),
+        ["get", "create", "patch", "delete"],
+        "{yaml}"
+    );
+    assert_eq!(of(&confined, team_a.clone(), "secrets"), ["get"], "{yaml}");
+    assert_eq!(
+        of(&confined, team_a, "events"),
+        ["create", "patch"],
+        "{yaml}"
+    );
+    let cluster_wide: Vec<_> = confined
+        .rules()
+        .into_iter()
+        .filter(|r| r.scope == cluster)
+        .flat_map(|r| r.rule.resources.unwrap_or_default())
+        .collect();
+    assert_eq!(cluster_wide, ["namespaces"], "{yaml}");
 }
 
 #[tokio::test]

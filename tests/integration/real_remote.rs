@@ -65,7 +65,12 @@ fn inline_kubeconfig(kubeconfig: &std::path::Path) -> Vec<u8> {
 }
 
 /// Put `kubeconfig` (a file's content, its CA inlined) into Secret `name`, key `value`.
-async fn put_kubeconfig(client: &Client, ns: &str, name: &str, kubeconfig: &std::path::Path) {
+pub(crate) async fn put_kubeconfig(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    kubeconfig: &std::path::Path,
+) {
     let bytes = inline_kubeconfig(kubeconfig);
     let api = Api::<Secret>::namespaced(client.clone(), ns);
     let mut secret = Secret {

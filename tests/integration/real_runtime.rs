@@ -12,17 +12,15 @@
 use crate::common;
 use crate::common::real;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::rbac::{MissingPermission, missing_permissions};
+use actorcile::rbac::{MissingPermission, missing_scoped_permissions};
 use actorcile::runtime::DEFAULT_FINALIZER;
 use common::{Widget, eventually};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use real::*;
 
@@ -761,62 +759,6 @@ async fn a_status_the_kind_cannot_hold_is_reported_on_a_real_apiserver() {
 
 const ROLE: &str = "actorcile-realapi-operator";
 
-/// The permissions a client's requests needed, as (API group, resource[/subresource], verb).
-#[derive(Clone, Default)]
-struct Used(Arc<std::sync::Mutex<BTreeSet<(String, String, String)>>>);
-
-impl Used {
-    /// Records the permission `req` needs (requests outside an API group's resources, such as
-    /// discovery, are not recorded).
-    fn record<B>(&self, req: &http::Request<B>) {
-        let path: Vec<&str> = req
-            .uri()
-            .path()
-            .split('/')
-            .filter(|p| !p.is_empty())
-            .collect();
-        let rest = match path.as_slice() {
-            ["api", _version, rest @ ..] => ("", rest),
-            ["apis", group, _version, rest @ ..] => (*group, rest),
-            _ => return,
-        };
-        let (group, rest) = rest;
-        let rest = match rest {
-            ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
-            other => other,
-        };
-        let (resource, named) = match rest {
-            [resource] => (resource.to_string(), false),
-            [resource, _name] => (resource.to_string(), true),
-            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
-            _ => return,
-        };
-        let watch = req
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
-        let verb = match (req.method().as_str(), named) {
-            ("GET", _) if watch => "watch",
-            ("GET", true) => "get",
-            ("GET", false) => "list",
-            ("POST", _) => "create",
-            ("PATCH", _) => "patch",
-            ("PUT", _) => "update",
-            ("DELETE", true) => "delete",
-            ("DELETE", false) => "deletecollection",
-            _ => return,
-        };
-        self.0
-            .lock()
-            .unwrap()
-            .insert((group.to_string(), resource, verb.to_string()));
-    }
-
-    fn take(&self) -> BTreeSet<(String, String, String)> {
-        std::mem::take(&mut self.0.lock().unwrap())
-    }
-}
-
 /// Takes a reference on each widget named in `spec.refs`.
 fn referencing() -> impl Provisioner<Widget> {
     step("reference", |cx: Context<Widget>| async move {
@@ -830,71 +772,15 @@ fn referencing() -> impl Provisioner<Widget> {
     })
 }
 
-async fn apply_role(admin: &Client, role: &ClusterRole) {
-    let mut body = role.clone();
-    body.metadata.managed_fields = None;
-    let mut v = serde_json::to_value(&body).unwrap();
-    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
-    v["kind"] = "ClusterRole".into();
-    Api::<ClusterRole>::all(admin.clone())
-        .patch(
-            ROLE,
-            &PatchParams::apply("realapi-test").force(),
-            &Patch::Apply(&v),
-        )
-        .await
-        .expect("apply the ClusterRole");
-}
-
-async fn bind_role_to_user(admin: &Client, user: &str) {
-    let binding = ClusterRoleBinding {
-        metadata: kube::api::ObjectMeta {
-            name: Some(ROLE.into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: ROLE.into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: user.into(),
-            namespace: None,
-        }]),
-    };
-    let mut v = serde_json::to_value(&binding).unwrap();
-    v["apiVersion"] = "rbac.authorization.k8s.io/v1".into();
-    v["kind"] = "ClusterRoleBinding".into();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .patch(
-            ROLE,
-            &PatchParams::apply("realapi-test").force(),
-            &Patch::Apply(&v),
-        )
-        .await
-        .expect("apply the ClusterRoleBinding");
-}
-
 #[tokio::test]
-async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_preflight_names_what_is_missing()
+async fn the_runtimes_roles_suffice_for_a_non_admin_are_minimal_and_preflight_names_what_is_missing()
  {
     bounded("rbac", async {
         let env = shared_env().await;
         let admin = env.client();
         // The user's client records every request it sends, as (API group, resource, verb).
         let used = Used::default();
-        let user = kube::client::ClientBuilder::try_from(env.user_config())
-            .unwrap()
-            .with_layer(&tower::util::MapRequestLayer::new({
-                let used = used.clone();
-                move |req: http::Request<kube::client::Body>| {
-                    used.record(&req);
-                    req
-                }
-            }))
-            .build();
+        let user = recorded_user_client(env, &used);
         let api = Ns::create(admin.clone(), "rt-rbac").await;
         let (passes, deprovisions) = (Passes::default(), Log::default());
         let builder = || {
@@ -910,29 +796,37 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_prefl
                 .events("realapi-rbac-test")
                 .preflight_rbac(true)
         };
-        let full = builder().cluster_role(ROLE);
-        let all_rules = full.rules.clone().unwrap_or_default();
+        let full = builder().roles(ROLE);
+        // A namespaced controller: one Role in its namespace, nothing cluster-wide.
+        assert!(full.cluster_role.is_none(), "{:?}", full.cluster_role);
+        assert_eq!(full.roles.len(), 1);
+        let all_rules = full.rules();
 
         // The role without `patch` on widgets/status.
         let mut reduced = full.clone();
-        if let Some(rules) = reduced.rules.as_mut() {
+        if let Some(rules) = reduced.roles[0].rules.as_mut() {
             rules.retain(|r| r.resources.as_deref() != Some(&["widgets/status".to_string()][..]));
         }
         assert_ne!(
             reduced, full,
             "the runtime's role includes patch on widgets/status"
         );
-        apply_role(&admin, &reduced).await;
-        bind_role_to_user(&admin, env.user_name()).await;
+        let subject = user_subject(env);
+        reduced
+            .apply(&admin, subject.clone(), "realapi-test")
+            .await
+            .expect("apply the roles");
         let expected = vec![MissingPermission {
             step: None,
             verb: "patch".into(),
             resource: "widgets/status".into(),
             group: "test.actorcile.dev".into(),
+            namespace: Some(api.ns.clone()),
+            name: None,
         }];
         // RBAC changes reach the authorizer through an informer: wait until they are in force.
         eventually("the reduced role is in force", CONVERGE, || async {
-            let missing = missing_permissions(&user, &all_rules).await.ok()?;
+            let missing = missing_scoped_permissions(&user, &all_rules).await.ok()?;
             (missing == expected).then_some(())
         })
         .await;
@@ -953,9 +847,11 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_prefl
         }
 
         // The full role: preflight passes and the whole lifecycle works as the non-admin.
-        apply_role(&admin, &full).await;
+        full.apply(&admin, subject, "realapi-test")
+            .await
+            .expect("apply the roles");
         eventually("the full role is in force", CONVERGE, || async {
-            let missing = missing_permissions(&user, &all_rules).await.ok()?;
+            let missing = missing_scoped_permissions(&user, &all_rules).await.ok()?;
             missing.is_empty().then_some(())
         })
         .await;
@@ -1009,24 +905,7 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_prefl
         // The role is minimal: the lifecycle used every permission it grants, so removing
         // any one breaks it (the request named here would be refused).
         let used = used.take();
-        let granted: BTreeSet<(String, String, String)> = all_rules
-            .iter()
-            .flat_map(|r| {
-                let groups = r.api_groups.clone().unwrap_or_default();
-                let resources = r.resources.clone().unwrap_or_default();
-                let verbs = r.verbs.clone();
-                groups.into_iter().flat_map(move |g| {
-                    let verbs = verbs.clone();
-                    resources.clone().into_iter().flat_map(move |res| {
-                        let g = g.clone();
-                        verbs
-                            .clone()
-                            .into_iter()
-                            .map(move |v| (g.clone(), res.clone(), v))
-                    })
-                })
-            })
-            .collect();
+        let granted = granted(&all_rules);
         // `list` of the managed kind is the fallback of streaming lists: a server that offers
         // them (WatchList) is only watched, one that does not is listed. It is the one grant a
         // run on a current server does not use.
@@ -1044,12 +923,6 @@ async fn the_runtimes_cluster_role_suffices_for_a_non_admin_is_minimal_and_prefl
             unused.is_empty(),
             "the role grants permissions the runtime never used: {unused:?} (used: {used:?})"
         );
-        let _ = Api::<ClusterRoleBinding>::all(admin.clone())
-            .delete(ROLE, &DeleteParams::default())
-            .await;
-        let _ = Api::<ClusterRole>::all(admin.clone())
-            .delete(ROLE, &DeleteParams::default())
-            .await;
     })
     .await;
 }
@@ -1254,4 +1127,42 @@ async fn starting_logs_no_error_for_a_server_that_is_still_coming_up() {
         "start-up probes logged errors a user would take for failures:\n{}",
         errors.join("\n")
     );
+}
+
+#[tokio::test]
+async fn a_long_non_ascii_event_note_is_cut_to_what_the_server_accepts() {
+    bounded("event note", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rt-event-note").await;
+        // 1 000 characters of two bytes each: 2 000 bytes, twice what an Event's note holds.
+        let message = "é".repeat(1000);
+        let tree = step("fail", move |_cx: Context<Widget>| {
+            let message = message.clone();
+            async move { Outcome::Terminal(Reason::new("Unicode", message)) }
+        });
+        let rt = Runtime::builder(api.client.clone())
+            .policy(real_policy())
+            .controller(Controller::<Widget>::new(tree).namespace(&api.ns))
+            .events("realapi-event-note")
+            .start()
+            .await
+            .unwrap();
+        api.create_widget("w", 1).await;
+        let events = eventually("the Event published", CONVERGE, || async {
+            let events = events_in(&api.client, &api.ns, "Unicode").await;
+            (!events.is_empty()).then_some(events)
+        })
+        .await;
+        // The note is the message cut to 1 KiB of bytes (what comes before it, if anything,
+        // included), at a character boundary: a String, so valid UTF-8 by construction.
+        let note = events[0].note.clone().unwrap_or_default();
+        assert!(
+            note.len() <= 1024 && note.len() > 1000,
+            "{} bytes",
+            note.len()
+        );
+        assert!(note.ends_with("éé"), "{note}");
+        rt.shutdown().await;
+    })
+    .await;
 }

@@ -567,11 +567,21 @@ async fn sharding_and_its_settings_are_checked_at_start() {
         .err()
         .expect("a renew deadline as long as the lease is refused");
     assert!(e.to_string().contains("lease_renew_deadline"), "{e}");
-    // The ClusterRole includes the Leases.
-    let role = Runtime::builder(client)
+    // The roles include the Leases, in a Role in the Leases' namespace only.
+    let roles = Runtime::builder(client)
         .controller(Controller::<Widget>::new(tree()))
-        .sharding(Sharding::new(4, "default"))
-        .cluster_role("op");
-    let yaml = actorcile::rbac::to_yaml(&role).unwrap();
-    assert!(yaml.contains("leases"), "{yaml}");
+        .sharding(Sharding::new(4, "shards"))
+        .roles("op");
+    let yaml = roles.to_yaml().unwrap();
+    let lease_scopes: Vec<_> = roles
+        .rules()
+        .into_iter()
+        .filter(|r| r.rule.resources.as_deref() == Some(&["leases".to_string()][..]))
+        .map(|r| r.scope)
+        .collect();
+    assert_eq!(
+        lease_scopes,
+        [actorcile::rbac::RuleScope::namespace("shards")],
+        "{yaml}"
+    );
 }

@@ -40,7 +40,7 @@ use anyhow::{Context as _, Result, bail};
 use backon::{ConstantBuilder, Retryable};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::Subject;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::retry::idempotent;
@@ -387,7 +387,7 @@ async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<P
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
     create(&secrets, &secret, "creating the Secret").await?;
 
-    // The operator runs as the non-admin user, bound to the ClusterRole the runtime generates.
+    // The operator runs as the non-admin user, bound to the roles the runtime renders.
     let probe = operator::OperatorArgs {
         kubeconfig: env.user_kubeconfig_path().to_path_buf(),
         dir: records.to_path_buf(),
@@ -397,27 +397,16 @@ async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<P
         hang_rate: 0.0,
         api: ApiFaultRates::default(),
     };
-    let role: ClusterRole = operator::builder(admin.clone(), &probe)?.cluster_role(NAME);
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(NAME.into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: NAME.into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: env.user_name().into(),
-            ..Default::default()
-        }]),
+    let roles = operator::builder(admin.clone(), &probe)?.roles(NAME);
+    let user = Subject {
+        kind: "User".into(),
+        name: env.user_name().into(),
+        ..Default::default()
     };
-    let roles: Api<ClusterRole> = Api::all(admin.clone());
-    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
-    create(&roles, &role, "creating the ClusterRole").await?;
-    create(&bindings, &binding, "creating the ClusterRoleBinding").await?;
+    roles
+        .apply(&admin, user, "actorcile-chaos")
+        .await
+        .context("applying the operator's roles")?;
     // RBAC reaches the authorizer through an informer: wait until the user can list items.
     let user_items: Api<ChaosItem> = Api::namespaced(env.user_client(), NAMESPACE);
     // Forbidden until then: any error is retried, for a minute at most.
@@ -433,7 +422,7 @@ async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<P
             .with_max_times(240),
     )
     .await
-    .context("waiting for the operator's ClusterRole to be in force")?;
+    .context("waiting for the operator's roles to be in force")?;
 
     let kubeconfig = std::fs::read_to_string(env.user_kubeconfig_path())?;
     let token = kubeconfig
@@ -651,10 +640,32 @@ async fn check_records(
     }
     report.violations.secret_leaks = [&planted.secret, &planted.token]
         .iter()
-        .map(|s| written.matches(s.as_str()).count())
+        .flat_map(|s| std::iter::once(s.to_string()).chain(base64_forms(s)))
+        .map(|form| written.matches(form.as_str()).count())
         .sum();
     Ok(())
 }
+
+/// What `secret` looks like inside any base64 text (a Secret's `data`, an encoded kubeconfig):
+/// its encoding at each of the three offsets a 3-byte group can start at, without the
+/// characters that also depend on the bytes around it.
+fn base64_forms(secret: &str) -> Vec<String> {
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    (0..3)
+        .map(|k| {
+            let mut bytes = vec![0u8; k];
+            bytes.extend_from_slice(secret.as_bytes());
+            let text = engine.encode(&bytes);
+            // Character i holds bits 6i..6i+6: free of the k filler bytes from ceil(8k/6) on,
+            // and within the secret up to (8 (k + len)) / 6.
+            let start = (4 * k).div_ceil(3);
+            let end = (8 * (k + secret.len())) / 6;
+            text[start..end].to_string()
+        })
+        .collect()
+}
+
 
 /// Waits (`limit` at most) until `what` passes of `count` items started since `since`: the
 /// kill that follows lands in the middle of the phase.
@@ -835,4 +846,22 @@ fn missing_deprovisions(effects: &check::Effects) -> usize {
         .iter()
         .filter(|uid| !effects.deprovisioned.contains_key(**uid))
         .count()
+}
+
+#[cfg(test)]
+mod secret_form_tests {
+    #[test]
+    fn a_secret_is_found_in_base64_text_at_any_offset() {
+        use base64::Engine;
+        let secret = "planted-secret-0123456789abcdef";
+        let forms = super::base64_forms(secret);
+        for prefix in ["", "a", "ab", "abc", "{\"token\":\""] {
+            let text = base64::engine::general_purpose::STANDARD
+                .encode(format!("{prefix}{secret}\" and more"));
+            assert!(
+                forms.iter().any(|f| text.contains(f.as_str())),
+                "{prefix:?}: {text} holds none of {forms:?}"
+            );
+        }
+    }
 }

@@ -1,5 +1,6 @@
-//! The manifests that deploy the operator: ServiceAccount, ClusterRole (derived from the
-//! runtime's controllers and trees), ClusterRoleBinding, Deployment.
+//! The manifests that deploy the operator: ServiceAccount, its roles (derived from the
+//! runtime's controllers and trees: a ClusterRole for what is cluster-wide, a Role for the
+//! leader Lease in the operator's namespace) and their bindings, Deployment.
 
 use serde_json::json;
 
@@ -7,7 +8,7 @@ use crate::operator;
 
 /// Every manifest, as YAML documents.
 pub fn render(image: &str, namespace: &str) -> Result<String, String> {
-    // A client is needed to build the runtime's builder; the ClusterRole is derived from it
+    // A client is needed to build the runtime's builder; the roles are derived from it
     // without contacting anything.
     let client = actorcile::cluster::ApiServer::new().client();
     let provider = std::sync::Arc::new(actorcile::providers::simulated::SimulatedProvider::new(
@@ -18,21 +19,14 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
         operator::register(actorcile::runtime::Runtime::builder(client), provider).leader_election(
             actorcile::leader::LeaderElection::new("actorcile-leader", namespace),
         );
-    let role = builder.cluster_role(operator::NAME);
-    let mut docs = vec![
-        json!({
-            "apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": operator::NAME, "namespace": namespace},
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": operator::NAME},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": operator::NAME},
-            "subjects": [{"kind": "ServiceAccount", "name": operator::NAME, "namespace": namespace}],
-        }),
-    ];
+    let roles = builder.roles(operator::NAME);
+    let bindings = roles.bindings(actorcile::rbac::service_account(namespace, operator::NAME));
+    let mut docs = vec![json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": operator::NAME, "namespace": namespace},
+    })];
     let probe =
-        |path: &str| json!({"httpGet": {"path": path, "port": "admin"}, "periodSeconds": 10});
+        |path: &str| json!({"httpGet": {"path": path, "port": "probes"}, "periodSeconds": 10});
     docs.push(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": operator::NAME, "namespace": namespace, "labels": {"app": operator::NAME}},
@@ -58,12 +52,18 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
                         "image": image,
                         "args": ["run", "--leader-elect"],
                         "env": [
-                            {"name": "ACTORCILE_ADMIN_ADDR", "value": "0.0.0.0:8080"},
+                            // The kubelet's probes and Prometheus reach the Pod's IP; each on a
+                            // port of its own, so a NetworkPolicy can admit them apart.
+                            {"name": "ACTORCILE_ADMIN_ADDR", "value": "0.0.0.0:8081"},
+                            {"name": "ACTORCILE_METRICS_ADDR", "value": "0.0.0.0:8080"},
                             {"name": "ACTORCILE_LOG_FORMAT", "value": "json"},
                             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                         ],
-                        "ports": [{"name": "admin", "containerPort": 8080}],
+                        "ports": [
+                            {"name": "metrics", "containerPort": 8080},
+                            {"name": "probes", "containerPort": 8081},
+                        ],
                         "livenessProbe": probe("/healthz"),
                         "readinessProbe": probe("/readyz"),
                         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
@@ -81,11 +81,9 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
     for d in &docs {
         yaml.push(serde_norway::to_string(d).map_err(|e| e.to_string())?);
     }
-    // After the ServiceAccount, as the role's YAML from the runtime's own renderer.
-    yaml.insert(
-        1,
-        actorcile::rbac::to_yaml(&role).map_err(|e| e.to_string())?,
-    );
+    // After the ServiceAccount, the roles and bindings from the runtime's own renderer.
+    yaml.insert(1, bindings.to_yaml().map_err(|e| e.to_string())?);
+    yaml.insert(1, roles.to_yaml().map_err(|e| e.to_string())?);
     Ok(yaml.join("---\n"))
 }
 
@@ -100,6 +98,9 @@ mod tests {
             "configmaps",
             "events",
             "kind: Deployment",
+            "kind: Role\n",
+            "kind: RoleBinding",
+            "kind: ClusterRoleBinding",
         ] {
             assert!(yaml.contains(needed), "{needed} missing:\n{yaml}");
         }

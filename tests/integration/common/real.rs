@@ -7,7 +7,7 @@
 //! [`bounded`].
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -395,4 +395,106 @@ pub async fn events_in(
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
+}
+
+/// The permissions a client's requests needed, as (API group, resource[/subresource], verb).
+#[derive(Clone, Default)]
+pub struct Used(Arc<std::sync::Mutex<BTreeSet<(String, String, String)>>>);
+
+impl Used {
+    /// Records the permission `req` needs (requests outside an API group's resources, such as
+    /// discovery, are not recorded).
+    pub fn record<B>(&self, req: &http::Request<B>) {
+        let path: Vec<&str> = req
+            .uri()
+            .path()
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .collect();
+        let rest = match path.as_slice() {
+            ["api", _version, rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => return,
+        };
+        let (group, rest) = rest;
+        let rest = match rest {
+            ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
+            other => other,
+        };
+        let (resource, named) = match rest {
+            [resource] => (resource.to_string(), false),
+            [resource, _name] => (resource.to_string(), true),
+            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            _ => return,
+        };
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+        let verb = match (req.method().as_str(), named) {
+            ("GET", _) if watch => "watch",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PATCH", _) => "patch",
+            ("PUT", _) => "update",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            _ => return,
+        };
+        let mut used = self.0.lock().unwrap();
+        // A server-side apply is a patch that Kubernetes also authorizes as a create (of that
+        // name) when the object does not exist yet.
+        let apply = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|t| t.as_bytes().starts_with(b"application/apply-patch"));
+        if apply {
+            used.insert((group.to_string(), resource.clone(), "create".into()));
+        }
+        used.insert((group.to_string(), resource, verb.to_string()));
+    }
+
+    pub fn take(&self) -> BTreeSet<(String, String, String)> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}
+
+/// Every (API group, resource, verb) `rules` grant, wherever.
+pub fn granted(rules: &[actorcile::rbac::ScopedRule]) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for r in rules {
+        for g in r.rule.api_groups.iter().flatten() {
+            for res in r.rule.resources.iter().flatten() {
+                for v in &r.rule.verbs {
+                    out.insert((g.clone(), res.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The envtest's non-admin user as an RBAC subject.
+pub fn user_subject(env: &Envtest) -> k8s_openapi::api::rbac::v1::Subject {
+    k8s_openapi::api::rbac::v1::Subject {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: "User".into(),
+        name: env.user_name().into(),
+        namespace: None,
+    }
+}
+
+/// A client of the envtest's non-admin user that records in `used` what each request needed.
+pub fn recorded_user_client(env: &Envtest, used: &Used) -> Client {
+    kube::client::ClientBuilder::try_from(env.user_config())
+        .unwrap()
+        .with_layer(&tower::util::MapRequestLayer::new({
+            let used = used.clone();
+            move |req: http::Request<kube::client::Body>| {
+                used.record(&req);
+                req
+            }
+        }))
+        .build()
 }
