@@ -185,8 +185,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=99))]
     pub repeat: u32,
 
-    /// Give up on a runtime that has not finished after this many seconds.
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Give up on a runtime that has not finished after this many seconds (at most a week's).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub timeout_secs: u64,
 
     /// Let actorcile also add its finalizer (and, in every workload, write its status), as it
@@ -207,10 +207,11 @@ pub struct BenchArgs {
 
 fn parse_rate(s: &str) -> Result<f64, String> {
     let rate: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if rate.is_finite() && rate > 0.0 {
+    // At least one update a day: 1/rate seconds must make a duration.
+    if rate.is_finite() && rate >= 1.0 / 86_400.0 {
         Ok(rate)
     } else {
-        Err("must be a positive number of updates per second".into())
+        Err("must be a number of updates per second, at least one a day".into())
     }
 }
 

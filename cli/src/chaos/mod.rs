@@ -60,8 +60,9 @@ pub struct ChaosArgs {
     /// Seed of every injected fault
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Run rounds until this many minutes have passed (a soak); default one round
-    #[arg(long)]
+    /// Run rounds until this many minutes have passed (a soak; at most a week); default one
+    /// round
+    #[arg(long, value_parser = parse_minutes)]
     pub minutes: Option<f64>,
     /// Fraction of provisioner passes that panic
     #[arg(long, default_value_t = 0.05, value_parser = fraction)]
@@ -646,6 +647,16 @@ async fn check_records(
     Ok(())
 }
 
+/// `--minutes`: a positive number of minutes, at most a week's.
+fn parse_minutes(s: &str) -> std::result::Result<f64, String> {
+    let m: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if m.is_finite() && m > 0.0 && m <= 7.0 * 24.0 * 60.0 {
+        Ok(m)
+    } else {
+        Err("must be a number of minutes above 0 and at most a week's (10080)".into())
+    }
+}
+
 /// What `secret` looks like inside any base64 text (a Secret's `data`, an encoded kubeconfig):
 /// its encoding at each of the three offsets a 3-byte group can start at, without the
 /// characters that also depend on the bytes around it.
@@ -665,7 +676,6 @@ fn base64_forms(secret: &str) -> Vec<String> {
         })
         .collect()
 }
-
 
 /// Waits (`limit` at most) until `what` passes of `count` items started since `since`: the
 /// kill that follows lands in the middle of the phase.

@@ -365,8 +365,11 @@ impl Scenario {
         if self.duration > Duration::from_secs(366 * 24 * 3600) {
             return bad("duration", "must be at most a year");
         }
-        if self.sample_every.is_zero() {
-            return bad("sample_every", "must be longer than zero");
+        if self.sample_every.is_zero() || self.sample_every > self.duration {
+            return bad(
+                "sample_every",
+                "must be longer than zero and at most the duration",
+            );
         }
         if self.duration.as_nanos() / self.sample_every.as_nanos() > MAX_SAMPLES {
             return bad(
@@ -384,7 +387,15 @@ impl Scenario {
         if w.max_yields > 10_000 {
             return bad("provisioner.max_yields", "must be at most 10000");
         }
-        if w.latency + w.latency_jitter > Duration::from_secs(24 * 3600) {
+        if w.yield_after
+            .is_some_and(|d| d.is_zero() || d > Duration::from_secs(24 * 3600))
+        {
+            return bad(
+                "provisioner.yield_after",
+                "must be longer than zero and at most a day",
+            );
+        }
+        if w.latency.saturating_add(w.latency_jitter) > Duration::from_secs(24 * 3600) {
             return bad(
                 "provisioner.latency",
                 "plus latency_jitter must be at most a day",
@@ -402,7 +413,7 @@ impl Scenario {
             if n.control_planes + n.workers > 100 {
                 return bad("nodes.workers", "plus control_planes must be at most 100");
             }
-            if n.latency + n.latency_jitter > Duration::from_secs(24 * 3600) {
+            if n.latency.saturating_add(n.latency_jitter) > Duration::from_secs(24 * 3600) {
                 return bad("nodes.latency", "plus latency_jitter must be at most a day");
             }
             check_rate("nodes.failure_rate", n.failure_rate)?;
@@ -417,7 +428,7 @@ impl Scenario {
                 "must be below 1 (nothing could ever succeed)",
             );
         }
-        if f.latency + f.latency_jitter > Duration::from_secs(3600) {
+        if f.latency.saturating_add(f.latency_jitter) > Duration::from_secs(3600) {
             return bad(
                 "faults.latency",
                 "plus latency_jitter must be at most an hour",
@@ -486,6 +497,19 @@ mod tests {
             (
                 "[provisioner]\nmin_yields = 3\nmax_yields = 1",
                 "provisioner.min_yields",
+            ),
+            ("sample_every = \"5000y\"", "sample_every"),
+            (
+                "[provisioner]\nyield_after = \"0s\"",
+                "provisioner.yield_after",
+            ),
+            (
+                "[provisioner]\nyield_after = \"30000y\"",
+                "provisioner.yield_after",
+            ),
+            (
+                "[provisioner]\nlatency = \"300000000000y\"\nlatency_jitter = \"300000000000y\"",
+                "provisioner.latency",
             ),
         ];
         for (text, field) in cases {
