@@ -13,8 +13,9 @@ use crate::sharding::Shards;
 /// started, every controller's first list is in its cache, not shutting down.
 #[derive(Debug, Default)]
 pub struct Health {
-    /// Each controller's kind and whether its first list is in.
-    kinds: Mutex<Vec<(String, Arc<AtomicBool>)>>,
+    /// Each controller's kind, whether its first list is in, and why the API server refuses
+    /// its watch, if it does.
+    kinds: Mutex<Vec<(String, Arc<AtomicBool>, WatchRefusal)>>,
     /// The supervisors: root first, then each manager.
     supervisors: Mutex<Vec<ractor::ActorCell>>,
     started: AtomicBool,
@@ -25,6 +26,10 @@ pub struct Health {
     /// With sharding, the shards this replica holds.
     shards: OnceLock<Arc<Shards>>,
 }
+
+/// Why the API server refuses a kind's list or watch (its answer's message, which names the
+/// missing permission), while it does.
+pub(crate) type WatchRefusal = Arc<Mutex<Option<String>>>;
 
 /// A probe's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,11 +48,12 @@ impl Health {
             .push(cell);
     }
 
-    pub(crate) fn add_kind(&self, kind: &str, synced: Arc<AtomicBool>) {
-        self.kinds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((kind.to_string(), synced));
+    pub(crate) fn add_kind(&self, kind: &str, synced: Arc<AtomicBool>, refused: WatchRefusal) {
+        self.kinds.lock().unwrap_or_else(|e| e.into_inner()).push((
+            kind.to_string(),
+            synced,
+            refused,
+        ));
     }
 
     pub(crate) fn set_shards(&self, shards: Arc<Shards>) {
@@ -142,10 +148,15 @@ impl Health {
             };
         }
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
-        let listing: Vec<&str> = kinds
+        let listing: Vec<String> = kinds
             .iter()
-            .filter(|(_, synced)| !synced.load(Ordering::Acquire))
-            .map(|(k, _)| k.as_str())
+            .filter(|(_, synced, _)| !synced.load(Ordering::Acquire))
+            .map(|(k, _, refused)| {
+                match refused.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
+                    Some(why) => format!("{k} (refused: {why})"),
+                    None => k.clone(),
+                }
+            })
             .collect();
         if listing.is_empty() {
             let detail = match self.shard_count() {

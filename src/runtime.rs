@@ -30,7 +30,7 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -73,6 +73,29 @@ pub struct Controller<K: ManagedResource> {
     upgrade: Option<Hook>,
     initialize: Option<Hook>,
     shard_key: Option<crate::actors::ShardKey<K>>,
+    related: Vec<RelatedSpec<K>>,
+}
+
+/// Starts a watch of a related kind: the client, the controller's namespace, the kind's
+/// state, the record of the runtime's own child writes, the manager.
+type StartRelated<K> = Box<
+    dyn FnOnce(
+            Client,
+            Option<String>,
+            Arc<Shared<K>>,
+            Option<Arc<crate::provisioners::context::OwnWrites>>,
+            Mailbox<ManagerMsg<K>>,
+        ) -> JoinHandle<()>
+        + Send,
+>;
+
+/// A watch of children or related objects, its kind erased ([`Controller::owns`],
+/// [`Controller::watches`]).
+struct RelatedSpec<K: ManagedResource> {
+    /// Children the runtime writes (the echoes of its writes run nothing).
+    owned: bool,
+    rule: k8s_openapi::api::rbac::v1::PolicyRule,
+    start: StartRelated<K>,
 }
 
 /// A controller's start-up hook ([`Controller::on_upgrade`], [`Controller::on_initialize`]).
@@ -122,7 +145,98 @@ impl<K: ManagedResource> Controller<K> {
             upgrade: None,
             initialize: None,
             shard_key: None,
+            related: Vec::new(),
         }
+    }
+
+    /// Re-run an object when a child it owns changes or goes: kind `C` is watched (metadata
+    /// only) in the controller's namespace, and a change of a `C` re-runs the objects of kind
+    /// `K` its owner references name (any owner reference, not only the controller's). The
+    /// echo of the runtime's own write of a child (by [`resource`](crate::provisioners::resource())
+    /// or [`Context::create_owned`](crate::provisioners::Context::create_owned)) runs nothing.
+    /// Someone deletes or edits a child by hand: its owner runs at once and puts it back,
+    /// without waiting for a poll. Passive owners are activated like for any change, within
+    /// the run slots. The operator needs `list` and `watch` on `C` where it is watched
+    /// ([`RuntimeBuilder::roles`] includes them).
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// let tree = resource("settings", |app: &App| ConfigMap {
+    ///     metadata: kube::api::ObjectMeta {
+    ///         name: app.metadata.name.clone(),
+    ///         ..Default::default()
+    ///     },
+    ///     ..Default::default()
+    /// });
+    /// let controller = Controller::<App>::new(tree).owns::<ConfigMap>();
+    /// ```
+    pub fn owns<C: ManagedResource>(mut self) -> Self {
+        self.related.push(RelatedSpec {
+            owned: true,
+            rule: crate::rbac::rule_for::<C>(&["list", "watch"]),
+            start: Box::new(|client, namespace, shared, echoes, manager| {
+                // Metadata only: the children's contents are never held.
+                let api: Api<PartialObjectMeta<C>> =
+                    crate::object_api::kind_api(client, namespace.as_deref());
+                let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+                tokio::spawn(crate::actors::triggers::watch_related(
+                    shared,
+                    events,
+                    Arc::new(crate::actors::triggers::owners_of::<K, PartialObjectMeta<C>>),
+                    echoes,
+                    manager,
+                ))
+            }),
+        });
+        self
+    }
+
+    /// Re-run the objects `map` names when an object of kind `R` changes, appears or goes
+    /// (`map` gets its last version): e.g. the objects that name it in their spec. `R` is
+    /// watched in the controller's namespace (every namespace for a cluster-scoped `R`), and
+    /// `map` is called on every version the runtime sees of every `R`: keep it cheap. Nothing
+    /// re-runs for the watch's first list. The operator needs `list` and `watch` on `R` where it
+    /// is watched ([`RuntimeBuilder::roles`] includes them).
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// use k8s_openapi::api::core::v1::Service;
+    /// use kube::runtime::reflector::ObjectRef;
+    /// use kube::ResourceExt;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// # let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+    /// // A Service labelled `app: <name>` belongs to that App.
+    /// let controller = Controller::<App>::new(tree).watches(|svc: &Service| {
+    ///     let ns = svc.namespace().unwrap_or_default();
+    ///     svc.labels()
+    ///         .get("app")
+    ///         .map(|app| vec![ObjectRef::new(app).within(&ns)])
+    ///         .unwrap_or_default()
+    /// });
+    /// ```
+    pub fn watches<R: ManagedResource>(
+        mut self,
+        map: impl Fn(&R) -> Vec<ObjectRef<K>> + Send + Sync + 'static,
+    ) -> Self {
+        let map: crate::actors::triggers::RelatedMap<K, R> = Arc::new(map);
+        self.related.push(RelatedSpec {
+            owned: false,
+            rule: crate::rbac::rule_for::<R>(&["list", "watch"]),
+            start: Box::new(|client, namespace, shared, _echoes, manager| {
+                let api: Api<R> = crate::object_api::kind_api(client, namespace.as_deref());
+                let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+                tokio::spawn(crate::actors::triggers::watch_related(
+                    shared, events, map, None, manager,
+                ))
+            }),
+        });
+        self
     }
 
     /// With [sharding](crate::sharding), the key an object's shard is computed from (default
@@ -481,6 +595,9 @@ impl<K: ManagedResource> Start for Controller<K> {
                 "list", "watch",
             ])));
         }
+        for r in &self.related {
+            rules.push(in_objects(r.rule.clone()));
+        }
         // Events go to the object's namespace; those of cluster-scoped objects to `default`.
         let events = if crate::object_api::is_cluster_scoped::<K>() {
             RuleScope::namespace("default")
@@ -569,7 +686,13 @@ impl<K: ManagedResource> Start for Controller<K> {
             .reporter
             .clone()
             .map(|r| Arc::new(EventRecorder::new(cx.client.clone(), r)));
+        let related = std::mem::take(&mut self.related);
+        let own_writes = related
+            .iter()
+            .any(|r| r.owned)
+            .then(|| Arc::new(crate::provisioners::context::OwnWrites::default()));
         let parts = Arc::new(ControllerParts {
+            own_writes: own_writes.clone(),
             recorder,
             references: Some(cx.references.clone() as Arc<dyn ReferenceApi>),
             field_manager: Arc::from(cx.field_manager.as_str()),
@@ -616,6 +739,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             timers,
             parts,
             config,
+            watch_refused: Default::default(),
             secrets: self.secrets.map(SecretTrigger::new),
             shards: cx
                 .shards
@@ -628,7 +752,8 @@ impl<K: ManagedResource> Start for Controller<K> {
                 }),
         });
         let synced = Arc::new(AtomicBool::new(false));
-        cx.health.add_kind(&kind, synced.clone());
+        cx.health
+            .add_kind(&kind, synced.clone(), shared.watch_refused.clone());
         let handle = Arc::new(Handle {
             shared: shared.clone(),
             synced: synced.clone(),
@@ -675,6 +800,15 @@ impl<K: ManagedResource> Start for Controller<K> {
             ));
             // Passes must see the config as it is, not as missing because it is not listed yet.
             let _ = listed.await;
+        }
+        for r in related {
+            tasks.push((r.start)(
+                cx.client.clone(),
+                self.namespace.clone(),
+                shared.clone(),
+                own_writes.clone(),
+                mailbox.clone(),
+            ));
         }
         if shared.secrets.is_some() {
             let api: Api<PartialObjectMeta<Secret>> = match &self.namespace {

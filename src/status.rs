@@ -91,6 +91,9 @@ pub enum ReadyReason {
     Provisioning,
     /// Deprovisioning is in progress.
     Deprovisioning,
+    /// Deprovisioning is done and the runtime's finalizer released; other finalizers still
+    /// hold the object.
+    Deprovisioned,
     /// Waiting for another resource to become Ready.
     DependencyNotReady,
     /// Waiting on another resource that is being deleted.
@@ -128,6 +131,7 @@ impl ReadyReason {
             ReadyReason::Provisioned => "Provisioned",
             ReadyReason::Provisioning => "Provisioning",
             ReadyReason::Deprovisioning => "Deprovisioning",
+            ReadyReason::Deprovisioned => "Deprovisioned",
             ReadyReason::DependencyNotReady => "DependencyNotReady",
             ReadyReason::DependencyDeleting => "DependencyDeleting",
             ReadyReason::DependencyNotFound => "DependencyNotFound",
@@ -398,6 +402,31 @@ impl ResourceStatus {
     pub fn patch(&self) -> serde_json::Value {
         serde_json::json!({ "status": self })
     }
+}
+
+/// `obj`'s whole status as JSON (`None` without one).
+pub(crate) fn status_json<K: Serialize>(obj: &K) -> Option<serde_json::Value> {
+    field::top_level_field(obj, "status")
+}
+
+/// The status fields the runtime writes itself; a step cannot set them
+/// ([`Context::set_status_field`](crate::provisioners::Context::set_status_field)).
+pub const RUNTIME_STATUS_FIELDS: [&str; 3] = ["phase", "conditions", "observedGeneration"];
+
+/// Whether the status of `obj` already holds each of `fields` (a `null` is a field that is
+/// absent).
+pub(crate) fn holds_fields<K: Serialize>(
+    obj: &K,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
+    let status = status_json(obj);
+    fields.iter().all(|(k, v)| {
+        let current = status.as_ref().and_then(|s| s.get(k));
+        match v {
+            serde_json::Value::Null => current.is_none_or(serde_json::Value::is_null),
+            v => current == Some(v),
+        }
+    })
 }
 
 /// Whether `obj`'s Ready condition is True.

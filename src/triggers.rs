@@ -1,10 +1,13 @@
 //! What re-runs objects besides their own changes: a controller's provider config, the Secrets
-//! its objects reference, a poll interval, and the ignore annotation that stops it all.
+//! its objects reference, the children they own and the objects related to them, a poll
+//! interval, and the ignore annotation that stops it all.
 //!
 //! | trigger | set with | re-runs |
 //! |---|---|---|
 //! | provider config | [`Controller::config`](crate::runtime::Controller::config) | every object of the controller, when the config changes, appears or goes |
 //! | Secrets | [`Controller::secrets`](crate::runtime::Controller::secrets) | only the objects that reference the Secret that changed |
+//! | owned children | [`Controller::owns`](crate::runtime::Controller::owns) | the owners (by owner reference) of a child that changed or went, unless the runtime's own write made the change |
+//! | related objects | [`Controller::watches`](crate::runtime::Controller::watches) | the objects a function of the related object names |
 //! | poll | the policy's `poll_interval` (with `poll_jitter`), or [`ConfigRef::poll_interval_from`] | each Ready object, that long after its last done pass |
 //! | [`IGNORE_ANNOTATION`] | on an object | nothing: the object's passes are skipped while it is set |
 //!

@@ -368,6 +368,10 @@ fn apply<K: ManagedResource>(
                     route(shared, manager, key, false);
                 }
             }
+            *shared
+                .watch_refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
             if let Some(listed) = listed.take() {
                 let _ = listed.send(());
             }
@@ -377,8 +381,34 @@ fn apply<K: ManagedResource>(
             }
             manager.send(ManagerMsg::Resync(existing));
         }
-        Err(e) => {
-            tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
+        Err(e) => match refusal(&e) {
+            Some(why) => {
+                let mut refused = shared
+                    .watch_refused
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if refused.as_deref() != Some(why.as_str()) {
+                    tracing::error!(kind = %K::kind(&()), refusal = %why, "the API server refuses to list or watch the kind: the operator lacks the permission it names; /readyz fails until it is granted");
+                    *refused = Some(why);
+                }
+            }
+            None => {
+                tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
+            }
+        },
+    }
+}
+
+/// The API server's message when it refuses a list or watch for lack of permission (403).
+fn refusal(e: &watcher::Error) -> Option<String> {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            if s.code == 403 =>
+        {
+            Some(s.message.clone())
         }
+        watcher::Error::WatchError(s) if s.code == 403 => Some(s.message.clone()),
+        _ => None,
     }
 }

@@ -145,6 +145,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub secrets: Option<triggers::SecretTrigger<K>>,
     /// With sharding: which objects this replica may run, and their fenced clients.
     pub shards: Option<ShardScope<K>>,
+    /// Why the API server refuses the kind's list or watch, while it does (for `/readyz`).
+    pub watch_refused: crate::health::WatchRefusal,
 }
 
 /// A controller's shard key function ([`Controller::shard_key`](crate::runtime::Controller::shard_key)).

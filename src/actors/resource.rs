@@ -60,6 +60,8 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     last_run_version: Option<u64>,
     /// Versions our own writes produced: their watch echoes do not trigger a run.
     own_writes: Vec<u64>,
+    /// Status fields the last pass's steps set, for its status write.
+    status_fields: serde_json::Map<String, serde_json::Value>,
     /// A pass is due.
     dirty: bool,
     /// Since when a pass is due (for the due-to-start histogram).
@@ -275,6 +277,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             object,
             last_run_version: None,
             own_writes: Vec::new(),
+            status_fields: serde_json::Map::new(),
             dirty: false,
             due_since: None,
             run_pending: false,
@@ -413,6 +416,7 @@ impl<K: ManagedResource> ResourceActor<K> {
     fn take_written(st: &mut ResourceState<K>, cx: &Context<K>) -> bool {
         let written = cx.take_written();
         st.own_writes.extend(written.versions);
+        st.status_fields = written.status_fields;
         if let Some(latest) = written.latest {
             st.remember(latest);
         }
@@ -638,7 +642,13 @@ impl<K: ManagedResource> ResourceActor<K> {
 
         // The status this pass leaves. Skipped entirely when the same outcome meets the same
         // object version as last time (a yield loop, an idle re-run): nothing can have changed.
+        // The steps' status fields count only where the status does not hold them yet.
+        let mut fields = std::mem::take(&mut st.status_fields);
+        if crate::status::holds_fields(obj.as_ref(), &fields) {
+            fields.clear();
+        }
         let unchanged = version.is_some()
+            && fields.is_empty()
             && st
                 .last_outcome
                 .as_ref()
@@ -648,9 +658,10 @@ impl<K: ManagedResource> ResourceActor<K> {
             let ready = if shared.write_status {
                 let desired =
                     desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
-                if desired != *status {
+                if desired != *status || !fields.is_empty() {
                     write =
-                        Box::pin(self.write_status(st, &obj, &status, &desired, &outcome)).await;
+                        Box::pin(self.write_status(st, &obj, &status, &desired, &fields, &outcome))
+                            .await;
                 }
                 desired.is_ready()
             } else {
@@ -783,6 +794,44 @@ impl<K: ManagedResource> ResourceActor<K> {
         // only proceed once this object is gone (when ours was its last finalizer), so the API
         // never shows a referenced object vanish before its referrers. A crash in between
         // leaves references of an object that no longer exists, which block nothing.
+        // Other finalizers will hold the object once ours is gone: its status says it is
+        // deprovisioned, not what it said while it lived. (With ours the last, the object goes
+        // at once, and nothing needs saying.)
+        let mut obj = obj;
+        let others: Vec<&String> = obj
+            .finalizers()
+            .iter()
+            .filter(|f| **f != shared.finalizer)
+            .collect();
+        if shared.write_status && !others.is_empty() {
+            let message = format!(
+                "deprovisioned; waiting for the other finalizers: {}",
+                others
+                    .iter()
+                    .map(|f| f.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let desired =
+                status.while_deprovisioning(ReadyReason::Deprovisioned, message, generation);
+            if desired != *status {
+                match writes::patch_status(shared, obj.as_ref(), &desired, &Default::default())
+                    .await
+                {
+                    Ok(o) => {
+                        st.record_write(o);
+                        if let Some(latest) = st.object.clone() {
+                            obj = latest;
+                        }
+                    }
+                    // Not worth holding the finalizer for: the deletion goes on, and the
+                    // status says Deprovisioning meanwhile.
+                    Err(e) => {
+                        tracing::debug!(object = %target, error = %e, "could not write the deprovisioned status")
+                    }
+                }
+            }
+        }
         let held = shared.references.take_held(&target);
         match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
@@ -832,14 +881,19 @@ impl<K: ManagedResource> ResourceActor<K> {
         obj: &Arc<K>,
         status: &ResourceStatus,
         desired: &ResourceStatus,
+        fields: &serde_json::Map<String, serde_json::Value>,
         outcome: &Outcome,
     ) -> StatusWrite {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-        match writes::patch_status(shared, obj, desired).await {
+        match writes::patch_status(shared, obj, desired, fields).await {
             Ok(o) => {
                 if !shared.status_checks.kept(desired, &o) {
                     writes::publish_status_pruned(shared, &o).await;
+                }
+                if !crate::status::holds_fields(&o, fields) {
+                    let names: Vec<&str> = fields.keys().map(String::as_str).collect();
+                    tracing::warn!(object = %st.target, fields = ?names, "the API server dropped status fields a step set: declare them in the CRD's status schema");
                 }
                 st.record_write(o);
             }

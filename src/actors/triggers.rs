@@ -1,6 +1,11 @@
 //! The watches behind a controller's triggers (see [`crate::triggers`]): its provider config,
-//! whose change re-runs every object, and the Secrets its objects reference, whose change
-//! re-runs the objects that reference them.
+//! whose change re-runs every object; the Secrets its objects reference, whose change re-runs
+//! the objects that reference them; and the children it owns and the objects it relates to
+//! ([`Controller::owns`], [`Controller::watches`]), whose change re-runs the objects they map
+//! to.
+//!
+//! [`Controller::owns`]: crate::runtime::Controller::owns
+//! [`Controller::watches`]: crate::runtime::Controller::watches
 
 use std::any::Any;
 use std::collections::HashSet;
@@ -298,4 +303,135 @@ impl<K: ManagedResource> SecretTrigger<K> {
     pub(crate) fn retain(&self, existing: &HashSet<ObjectRef<K>, ahash::RandomState>) {
         self.index().retain(|k| existing.contains(k));
     }
+}
+
+/// Maps a related object to the managed objects to run ([`Controller::watches`]).
+///
+/// [`Controller::watches`]: crate::runtime::Controller::watches
+pub(crate) type RelatedMap<K, R> = Arc<dyn Fn(&R) -> Vec<ObjectRef<K>> + Send + Sync>;
+
+/// Re-run the objects `map` names for each change, appearance or deletion that `events` (a
+/// watch of kind `R`) delivers. An echo of the runtime's own write of a child (`echoes`) runs
+/// nothing; nothing re-runs for the first list (every object runs at start-up anyway); a
+/// re-list re-runs the objects of what changed or went while the watch was down.
+pub(crate) async fn watch_related<K, R, S>(
+    shared: Arc<Shared<K>>,
+    events: S,
+    map: RelatedMap<K, R>,
+    echoes: Option<Arc<crate::provisioners::context::OwnWrites>>,
+    manager: Mailbox<ManagerMsg<K>>,
+) where
+    K: ManagedResource,
+    R: Resource<DynamicType = ()>,
+    S: futures::Stream<Item = Result<Event<R>, watcher::Error>>,
+{
+    type Key = (Option<String>, String);
+    let key_of = |r: &R| -> Key {
+        let m = r.meta();
+        (m.namespace.clone(), m.name.clone().unwrap_or_default())
+    };
+    let run = |owners: &[ObjectRef<K>]| {
+        for o in owners {
+            notify(&shared, &manager, o.clone());
+        }
+    };
+    let echo = |key: &Key, version: &str| {
+        echoes
+            .as_ref()
+            .is_some_and(|e| e.is_echo::<R>(key.0.as_deref(), &key.1, version))
+    };
+    futures::pin_mut!(events);
+    // What each related object was last seen at, and whom it maps to (for its deletion while
+    // the watch was down).
+    let mut known: FastMap<Key, (String, Vec<ObjectRef<K>>)> = FastMap::default();
+    let mut first = true;
+    let mut seen: Option<HashSet<Key, ahash::RandomState>> = None;
+    while let Some(event) = events.next().await {
+        let (obj, listing) = match event {
+            Ok(Event::Init) => {
+                seen = Some(HashSet::default());
+                continue;
+            }
+            Ok(Event::InitApply(o)) => (o, true),
+            Ok(Event::Apply(o)) => (o, false),
+            Ok(Event::Delete(o)) => {
+                let key = key_of(&o);
+                let mut owners = map(&o);
+                if let Some((_, before)) = known.remove(&key) {
+                    owners.extend(before);
+                }
+                if !echo(&key, crate::provisioners::context::OwnWrites::DELETED) {
+                    owners.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+                    owners.dedup();
+                    run(&owners);
+                }
+                continue;
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = seen.take()
+                    && !first
+                {
+                    let gone: Vec<Key> = known
+                        .keys()
+                        .filter(|k| !seen.contains(*k))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        if let Some((_, owners)) = known.remove(&key) {
+                            run(&owners);
+                        }
+                    }
+                }
+                first = false;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(kind = %R::kind(&()), error = %e, "watch error; retrying with backoff");
+                continue;
+            }
+        };
+        let key = key_of(&obj);
+        if listing && let Some(seen) = &mut seen {
+            seen.insert(key.clone());
+        }
+        let rv = obj.meta().resource_version.clone().unwrap_or_default();
+        let owners = map(&obj);
+        let before = known.insert(key.clone(), (rv.clone(), owners.clone()));
+        let changed = before.as_ref().is_none_or(|(v, _)| *v != rv);
+        if !(listing && first) && changed && !echo(&key, &rv) {
+            // The objects it mapped to before too: a child whose owner reference moved.
+            let mut all = owners;
+            if let Some((_, was)) = before {
+                all.extend(was);
+            }
+            all.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+            all.dedup();
+            run(&all);
+        }
+    }
+}
+
+/// The objects of kind `K` that own `child` by an owner reference (any, not only the
+/// controller's): in the child's namespace, or cluster-scoped owners.
+pub(crate) fn owners_of<K, C>(child: &C) -> Vec<ObjectRef<K>>
+where
+    K: ManagedResource,
+    C: Resource,
+{
+    let (api_version, kind) = (K::api_version(&()), K::kind(&()));
+    let cluster_scoped = crate::object_api::is_cluster_scoped::<K>();
+    child
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.api_version == api_version && o.kind == kind)
+        .map(|o| {
+            let r = ObjectRef::<K>::new(&o.name);
+            match (&child.meta().namespace, cluster_scoped) {
+                (Some(ns), false) => r.within(ns),
+                _ => r,
+            }
+        })
+        .collect()
 }

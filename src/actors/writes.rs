@@ -20,7 +20,7 @@ use crate::status::{Phase, ReadyReason, ResourceStatus};
 /// The longest note an Event may carry, in bytes.
 const MAX_EVENT_NOTE: usize = 1024;
 
-/// Patch the status subresource of `obj` to `status`, with `obj`'s resourceVersion as a
+/// Patch the status subresource of `obj` to `status` and the steps' `fields`, with `obj`'s resourceVersion as a
 /// precondition: the status is computed from `obj`, and writing it over a newer version would
 /// drop what someone else wrote meanwhile (another step's condition, a guard's lock) — a
 /// conflict instead, and the newer version's event runs the object again. Counts the write.
@@ -29,8 +29,13 @@ pub(crate) async fn patch_status<K: ManagedResource>(
     shared: &Shared<K>,
     obj: &K,
     status: &ResourceStatus,
+    fields: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<K, kube::Error> {
     let mut patch = status.patch();
+    // The steps' own status fields, in the same merge patch.
+    for (k, v) in fields {
+        patch["status"][k] = v.clone();
+    }
     patch["metadata"] = json!({"resourceVersion": obj.meta().resource_version});
     let (api, params) = (shared.api(obj), shared.patch_params());
     let written = bounded_write(
@@ -202,7 +207,7 @@ pub(crate) fn quarantine_status<K: ManagedResource>(
             message.clone(),
             obj.meta().generation,
         );
-        if let Err(e) = patch_status(&shared, obj.as_ref(), &status).await {
+        if let Err(e) = patch_status(&shared, obj.as_ref(), &status, &Default::default()).await {
             tracing::warn!(error = %e, "could not write quarantine status");
         }
         let reason = ReadyReason::Quarantined.as_str();

@@ -5,9 +5,9 @@
 //! predicate turns false actively deprovisions its child.
 
 use async_trait::async_trait;
-use futures::future::join_all;
+use tracing::Instrument;
 
-use super::{BoxProvisioner, Context, Outcome, Provisioner};
+use super::{BoxProvisioner, Context, Outcome, Provisioner, Reason};
 
 /// Children provisioned in order; see [`serial`].
 pub struct Serial<K> {
@@ -63,15 +63,95 @@ pub struct Concurrent<K> {
     children: Vec<BoxProvisioner<K>>,
 }
 
-/// Run every child in the same pass (on the resource actor's task, interleaved); none cancels
-/// another, and the outcomes merge deterministically with [`Outcome::merge`] (terminal > failed
-/// > user action > waiting/yield with the earliest wake-up > done), keeping every child's error.
+/// Run every child in the same pass, in parallel: each child is a task of its own on the
+/// runtime's threads, so one that computes or blocks does not hold back its siblings. None
+/// cancels another; the outcomes merge deterministically, in the children's order, with
+/// [`Outcome::merge`] (terminal > failed > user action > waiting/yield with the earliest
+/// wake-up > done), keeping every child's error. A child that panics is that child's failure
+/// (reason `StepPanicked`, the panic's message as its error), not the pass's. When the pass
+/// ends early (its `run_timeout`, the runtime stopping), every child still running is
+/// cancelled with it.
+///
+/// The children share the pass's [`Context`]: the object as the pass started, the pass's own
+/// writes (each child's condition, finalizer or status field writes go through the runtime,
+/// which orders them and retries conflicts, so none clobbers another's), and its client.
 pub fn concurrent<K>(name: impl Into<String>, children: Vec<BoxProvisioner<K>>) -> Concurrent<K> {
     Concurrent {
         name: name.into(),
         children,
     }
 }
+
+/// Which half of a provisioner a task runs.
+#[derive(Clone, Copy)]
+enum Half {
+    Provision,
+    Deprovision,
+}
+
+impl<K: Send + Sync + 'static> Concurrent<K> {
+    /// Every child's `half` as a task of its own; their outcomes merged in child order.
+    async fn run_all(&self, cx: &Context<K>, half: Half) -> Outcome {
+        // Dropping the set (the pass cancelled) aborts every child still running.
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut index = std::collections::HashMap::new();
+        for (i, child) in self.children.iter().enumerate() {
+            let (child, cx) = (child.clone(), cx.clone());
+            let handle = tasks.spawn(
+                async move {
+                    match half {
+                        Half::Provision => child.provision(&cx).await,
+                        Half::Deprovision => child.deprovision(&cx).await,
+                    }
+                }
+                .in_current_span(),
+            );
+            index.insert(handle.id(), i);
+        }
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; self.children.len()];
+        while let Some(done) = tasks.join_next_with_id().await {
+            let (id, outcome) = match done {
+                Ok((id, outcome)) => (id, outcome),
+                Err(e) => {
+                    let id = e.id();
+                    let name = index
+                        .get(&id)
+                        .map(|i| self.children[*i].name().to_string())
+                        .unwrap_or_default();
+                    let message = panic_message(e.is_panic().then(|| e.into_panic()));
+                    let reason = Reason::new(
+                        "StepPanicked",
+                        format!("step {name} of {} panicked: {message}", self.name),
+                    );
+                    (id, Outcome::failed(reason, Panicked(message)))
+                }
+            };
+            if let Some(i) = index.get(&id) {
+                outcomes[*i] = Some(outcome);
+            }
+        }
+        Outcome::merge(outcomes.into_iter().flatten())
+    }
+}
+
+/// A panic's message, if it has one.
+fn panic_message(panic: Option<Box<dyn std::any::Any + Send>>) -> String {
+    match panic {
+        Some(p) => match p.downcast::<String>() {
+            Ok(s) => *s,
+            Err(p) => p
+                .downcast::<&'static str>()
+                .map(|s| (*s).to_string())
+                .unwrap_or_else(|_| "a panic without a message".into()),
+        },
+        None => "cancelled".into(),
+    }
+}
+
+/// A child of [`concurrent`] panicked.
+#[derive(Debug, thiserror::Error)]
+#[error("panicked: {0}")]
+struct Panicked(String);
 
 #[async_trait]
 impl<K: Send + Sync + 'static> Provisioner<K> for Concurrent<K> {
@@ -84,11 +164,11 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Concurrent<K> {
     }
 
     async fn provision(&self, cx: &Context<K>) -> Outcome {
-        Outcome::merge(join_all(self.children.iter().map(|c| c.provision(cx))).await)
+        self.run_all(cx, Half::Provision).await
     }
 
     async fn deprovision(&self, cx: &Context<K>) -> Outcome {
-        Outcome::merge(join_all(self.children.iter().map(|c| c.deprovision(cx))).await)
+        self.run_all(cx, Half::Deprovision).await
     }
 }
 

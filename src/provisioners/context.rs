@@ -48,6 +48,65 @@ pub(crate) struct ControllerParts {
     pub holder: Arc<str>,
     /// How long a lock taken by [`Context::guard`] holds.
     pub lock_expiry: Duration,
+    /// The children this controller wrote, when it watches them
+    /// ([`Controller::owns`](crate::runtime::Controller::owns)).
+    pub own_writes: Option<Arc<OwnWrites>>,
+}
+
+/// What the runtime last wrote of each child it owns, so that the watch of the children
+/// ([`Controller::owns`](crate::runtime::Controller::owns)) runs nothing for the echo of the
+/// runtime's own write, as the watch of the objects does not for theirs: (apiVersion, kind,
+/// namespace, name) → the resourceVersion written, or [`OwnWrites::DELETED`].
+#[derive(Default)]
+pub(crate) struct OwnWrites(dashmap::DashMap<OwnKey, String, ahash::RandomState>);
+
+type OwnKey = (String, String, Option<String>, String);
+
+impl OwnWrites {
+    /// Marks a child the runtime deleted.
+    pub(crate) const DELETED: &'static str = "";
+
+    fn key<T: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &str) -> OwnKey {
+        (
+            T::api_version(&()).into_owned(),
+            T::kind(&()).into_owned(),
+            namespace.map(str::to_string),
+            name.to_string(),
+        )
+    }
+
+    /// `obj` as the runtime's write left it.
+    pub(crate) fn wrote<T: Resource<DynamicType = ()>>(&self, obj: &T) {
+        let m = obj.meta();
+        if let (Some(name), Some(rv)) = (&m.name, &m.resource_version) {
+            self.0
+                .insert(Self::key::<T>(m.namespace.as_deref(), name), rv.clone());
+        }
+    }
+
+    /// The runtime deleted child `namespace/name` of kind `T`.
+    pub(crate) fn deleted<T: Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) {
+        self.0
+            .insert(Self::key::<T>(namespace, name), Self::DELETED.to_string());
+    }
+
+    /// Whether a watch event of child `namespace/name` of kind `T` at `version` (or its
+    /// deletion, [`OwnWrites::DELETED`]) is the echo of the runtime's own write; it is
+    /// forgotten once seen.
+    pub(crate) fn is_echo<T: Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        version: &str,
+    ) -> bool {
+        self.0
+            .remove_if(&Self::key::<T>(namespace, name), |_, v| v == version)
+            .is_some()
+    }
 }
 
 impl ControllerParts {
@@ -59,6 +118,7 @@ impl ControllerParts {
             field_manager: Arc::from(crate::FIELD_MANAGER),
             holder: Arc::from(new_holder_id().as_str()),
             lock_expiry: crate::policy::SupervisorPolicy::default().lock_expiry,
+            own_writes: None,
         }
     }
 }
@@ -78,6 +138,9 @@ pub(crate) struct Written<K> {
     /// A write conflicted and the object was read again: someone else changed it during the
     /// pass, and the runtime runs it again.
     pub saw_others: bool,
+    /// Status fields the steps set for the pass's status write
+    /// ([`Context::set_status_field`]).
+    pub status_fields: serde_json::Map<String, serde_json::Value>,
 }
 
 impl<K> Default for Written<K> {
@@ -86,6 +149,7 @@ impl<K> Default for Written<K> {
             latest: None,
             versions: Vec::new(),
             saw_others: false,
+            status_fields: serde_json::Map::new(),
         }
     }
 }
@@ -177,6 +241,28 @@ impl<K> Context<K> {
 
     pub(crate) fn parts(&self) -> &ControllerParts {
         &self.inner.parts
+    }
+
+    /// Records a child the runtime wrote in the home cluster (see [`OwnWrites`]).
+    pub(crate) fn wrote_child<T: Resource<DynamicType = ()>>(&self, child: &T) {
+        if self.remote().is_none()
+            && let Some(w) = &self.inner.parts.own_writes
+        {
+            w.wrote(child);
+        }
+    }
+
+    /// Records a child the runtime deleted in the home cluster (see [`OwnWrites`]).
+    pub(crate) fn deleted_child<T: Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) {
+        if self.remote().is_none()
+            && let Some(w) = &self.inner.parts.own_writes
+        {
+            w.deleted::<T>(namespace, name);
+        }
     }
 
     /// The client of the cluster the object lives in, whatever cluster the context is scoped to.
@@ -377,8 +463,8 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     ///
     /// Every reference this resource holds is released automatically once its deprovision is
     /// done (when it is deleted): nothing to do by hand then. A resource that stops needing a
-    /// target while it lives releases it with [`Context::release_reference`] (or
-    /// [`Context::set_references`] without it); the runtime does not guess that from the spec.
+    /// target while it lives releases it with [`Context::release_reference`], or states the
+    /// references it holds with [`Context::hold_references`] (which releases the others).
     pub async fn add_reference(&self, target: &Target) -> Result<(), crate::Error> {
         match &self.inner.parts.references {
             Some(r) => r.add_reference(&self.target(), target).await,
@@ -413,6 +499,30 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         let names = names.into_iter().map(Into::into).collect();
         match &self.inner.parts.references {
             Some(r) => r.set_references(&self.target(), selection, &names).await,
+            None => Err(crate::Error::NoReferenceApi),
+        }
+    }
+
+    /// Hold references on exactly `targets` from this pass on: take the ones not held yet
+    /// ([`Context::add_reference`]), and release every other one this resource holds, e.g.
+    /// the target its spec named before it changed. State every reference on every pass (an
+    /// empty list releases them all). What a resource holds is known from the targets'
+    /// annotations, so a reference taken before a restart is released too; only targets of
+    /// kinds this runtime manages are known.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # async fn f<K: kube::Resource<DynamicType = ()>>(cx: &Context<K>, network: &str) -> Outcome {
+    /// let net = Target::new("example.com/v1", "Network", Some("default"), network);
+    /// if let Err(e) = cx.hold_references(&[net]).await {
+    ///     return Outcome::failed(Reason::new("NetworkReference", "cannot reference the network"), e);
+    /// }
+    /// Outcome::Done
+    /// # }
+    /// ```
+    pub async fn hold_references(&self, targets: &[Target]) -> Result<(), crate::Error> {
+        match &self.inner.parts.references {
+            Some(r) => r.hold_references(&self.target(), targets).await,
             None => Err(crate::Error::NoReferenceApi),
         }
     }

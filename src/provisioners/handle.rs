@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`Context::set_condition`] | set one named condition of the step's own (change-only) |
 //! | [`Context::condition`] | read a condition as the pass last knows it |
+//! | [`Context::set_status_field`] / [`Context::status_as`] | a field of the object's status, in the pass's one status write; the status read as a type |
 //! | [`Context::get`] | read any object in the context's cluster |
 //! | [`Context::create_owned`] / [`Context::delete_owned`] | children owned by the object |
 //! | [`Context::add_finalizer`] / [`Context::remove_finalizer`] | an extra finalizer of the step's own |
@@ -104,6 +105,45 @@ impl<K: ManagedResource> Context<K> {
         })
     }
 
+    /// Set field `name` of the object's status to `value`, written by the pass's one status
+    /// write, together with the runtime's `Ready` condition: no request of its own, none at all
+    /// when the status already holds the value, and no pass for its echo. Set it again on every
+    /// pass that should keep it (a status write that conflicts is retried by the next pass,
+    /// which sets it again); `null` removes the field. The runtime's own fields
+    /// ([`RUNTIME_STATUS_FIELDS`](crate::status::RUNTIME_STATUS_FIELDS)) cannot be set, and
+    /// nothing is written for a controller [`without_status`](crate::runtime::Controller::without_status).
+    /// The kind's CRD must declare the field in its status schema, or the API server drops it.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # async fn f<K: ManagedResource>(cx: &Context<K>) -> Outcome {
+    /// if let Err(e) = cx.set_status_field("endpoint", "10.0.0.7:6443") {
+    ///     return Outcome::Terminal(Reason::new("StatusFieldInvalid", e.to_string()));
+    /// }
+    /// Outcome::Done
+    /// # }
+    /// ```
+    pub fn set_status_field(&self, name: &str, value: impl Serialize) -> Result<(), Error> {
+        if name.is_empty() || crate::status::RUNTIME_STATUS_FIELDS.contains(&name) {
+            return Err(Error::Invalid {
+                field: format!("status.{name}"),
+                problem: "is the runtime's own (phase, conditions, observedGeneration) or empty"
+                    .into(),
+            });
+        }
+        let value = serde_json::to_value(value)?;
+        self.written().status_fields.insert(name.to_string(), value);
+        Ok(())
+    }
+
+    /// The object's status as the pass knows it (its newest version), read as `S`: the kind's
+    /// own status type, or any type of the fields a step needs. `None` without a status, or
+    /// when it does not read as `S`. Fields set with [`Context::set_status_field`] in this pass
+    /// are in it only once written.
+    pub fn status_as<S: DeserializeOwned>(&self) -> Option<S> {
+        serde_json::from_value(crate::status::status_json(self.latest().as_ref())?).ok()
+    }
+
     /// Read an object of kind `T` in the context's cluster (a remote's, inside
     /// [`remote`](super::remote())); `None` if it does not exist. `namespace` is ignored for
     /// cluster-scoped kinds.
@@ -146,7 +186,10 @@ impl<K: ManagedResource> Context<K> {
         body["apiVersion"] = T::api_version(&()).into();
         body["kind"] = T::kind(&()).into();
         match api.create(&body).await {
-            Ok(created) => Ok(created),
+            Ok(created) => {
+                self.wrote_child(&created);
+                Ok(created)
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&name).await? {
                 Some(existing) => Ok(existing),
                 // Deleted between the two requests: the next pass creates it again.

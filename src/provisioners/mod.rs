@@ -110,7 +110,7 @@ mod application;
 pub mod argocd;
 pub mod cd;
 mod combinators;
-mod context;
+pub(crate) mod context;
 mod guard;
 mod handle;
 mod nodes;

@@ -29,6 +29,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
@@ -381,6 +382,9 @@ pub struct Remote<K> {
     cluster: ClusterOf<K>,
     children: Serial<K>,
     driver: Option<Arc<dyn CdDriver>>,
+    /// Give up deprovisioning an unreachable remote this long after deletion began
+    /// ([`Remote::abandon_after`]).
+    abandon_after: Option<Duration>,
     /// Where the kubeconfig Secrets are read ([`Remote::credentials_scope`]).
     credentials_scope: crate::rbac::RuleScope,
     /// Remote id → (access version, client): one client per remote, rebuilt when its
@@ -421,6 +425,7 @@ where
         name,
         cluster: Box::new(move |k| Box::new(cluster(k))),
         driver: None,
+        abandon_after: None,
         credentials_scope: crate::rbac::RuleScope::Object,
         clients: Mutex::default(),
     }
@@ -431,6 +436,18 @@ impl<K> Remote<K> {
     /// after they deprovisioned (see [`remote`]); applications in this remote deploy to it.
     pub fn registered_with(mut self, driver: Arc<dyn CdDriver>) -> Self {
         self.driver = Some(driver);
+        self
+    }
+
+    /// Give up on a remote that cannot be cleaned up: once the object's deletion began more
+    /// than `after` ago and its deprovision still does not finish (the remote is unreachable,
+    /// its kubeconfig Secret is gone, its children fail), the remote's deprovision is taken
+    /// as done, and a Warning Event `RemoteAbandoned` names the remote and says that what its
+    /// children made there may remain. Without it (the default) deletion waits for the remote
+    /// for as long as it takes: an unreachable remote is never taken for a clean one.
+    /// The time is counted from the object's `deletionTimestamp`, so a restart does not reset it.
+    pub fn abandon_after(mut self, after: Duration) -> Self {
+        self.abandon_after = Some(after.min(crate::policy::MAX_DURATION));
         self
     }
 
@@ -479,6 +496,44 @@ impl<K: Resource<DynamicType = ()>> Remote<K> {
             o.name_any(),
             self.name
         )
+    }
+
+    /// `outcome` (a deprovision not done), or `Done` with a Warning Event when the object's
+    /// deletion began longer ago than [`Remote::abandon_after`].
+    async fn abandon_or(&self, cx: &Context<K>, outcome: Outcome) -> Outcome {
+        let Some(after) = self.abandon_after else {
+            return outcome;
+        };
+        let Some(since) = cx.object().meta().deletion_timestamp.as_ref() else {
+            return outcome;
+        };
+        let elapsed = k8s_openapi::jiff::Timestamp::now().duration_since(since.0);
+        let after_signed = k8s_openapi::jiff::SignedDuration::try_from(after)
+            .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
+        if elapsed < after_signed {
+            return outcome;
+        }
+        let id = (self.cluster)(cx.object()).id();
+        let why = outcome
+            .reason()
+            .map(|r| format!("{}: {}", r.code(), r.message()))
+            .unwrap_or_default();
+        let note = format!(
+            "remote cluster {id} abandoned by step {} {}s after deletion began ({why}); \
+             what its children made there may remain",
+            self.name,
+            elapsed.as_secs()
+        );
+        tracing::warn!(remote = %id, step = %self.name, "{note}");
+        cx.event(
+            kube::runtime::events::EventType::Warning,
+            "RemoteAbandoned",
+            "Deprovision",
+            Some(note),
+        )
+        .await;
+        self.forget_client(&id);
+        Outcome::Done
     }
 
     /// Reach the remote: its id and the context to run the children in, or the outcome that
@@ -597,11 +652,11 @@ where
     async fn deprovision(&self, cx: &Context<K>) -> Outcome {
         let (id, _access, inner) = match self.enter(cx).await {
             Ok(entered) => entered,
-            Err(outcome) => return outcome,
+            Err(outcome) => return self.abandon_or(cx, outcome).await,
         };
         let outcome = self.children.deprovision(&inner).await;
         if !outcome.is_done() {
-            return outcome;
+            return self.abandon_or(cx, outcome).await;
         }
         if let Some(driver) = &self.driver
             && let Err(e) = driver.unregister_cluster(&id, &self.user(cx)).await

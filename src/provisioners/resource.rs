@@ -184,13 +184,16 @@ where
             params = params.force();
         }
         match api.patch(&name, &params, &Patch::Apply(&value)).await {
-            Ok(applied) => match &self.ready_when {
-                Some(ready) if !ready(&applied) => Outcome::yield_now(Reason::new(
-                    "ChildNotReady",
-                    format!("{} {} is not ready yet", C::kind(&()), applied.name_any()),
-                )),
-                _ => Outcome::Done,
-            },
+            Ok(applied) => {
+                cx.wrote_child(&applied);
+                match &self.ready_when {
+                    Some(ready) if !ready(&applied) => Outcome::yield_now(Reason::new(
+                        "ChildNotReady",
+                        format!("{} {} is not ready yet", C::kind(&()), applied.name_any()),
+                    )),
+                    _ => Outcome::Done,
+                }
+            }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 let reason = field_conflict(C::kind(&()).as_ref(), &name, &status);
                 Outcome::failed(reason, kube::Error::Api(status))
@@ -211,6 +214,16 @@ where
             return Outcome::Done;
         };
         let api = child_api(cx, &child);
+        let namespace = if crate::object_api::is_cluster_scoped::<C>() {
+            None
+        } else {
+            child
+                .meta()
+                .namespace
+                .clone()
+                .or_else(|| cx.object().meta().namespace.clone())
+        };
+        cx.deleted_child::<C>(namespace.as_deref(), &name);
         match api.delete(&name, &DeleteParams::background()).await {
             Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Done,
             Err(e) => Outcome::failed(

@@ -157,6 +157,15 @@ pub trait ReferenceApi: Send + Sync {
         selection: &Selection,
         names: &BTreeSet<String>,
     ) -> Result<(), crate::Error>;
+    /// `from` holds references on exactly `targets` after this: it takes the ones it does not
+    /// hold yet, and releases every other one it holds. The default only takes them (an
+    /// implementation that does not know what `from` holds cannot release).
+    async fn hold_references(&self, from: &Target, targets: &[Target]) -> Result<(), crate::Error> {
+        for t in targets {
+            self.add_reference(from, t).await?;
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -761,6 +770,25 @@ impl ReferenceApi for ReferenceIndex {
             s.remove(target);
         }
         self.wake(target);
+        Ok(())
+    }
+
+    async fn hold_references(&self, from: &Target, targets: &[Target]) -> Result<(), crate::Error> {
+        // What `from` holds: taken by this runtime, or learned from the targets' annotations
+        // when their kind was first listed (so also what an earlier run took).
+        let held: Vec<Target> = self
+            .held
+            .get(from)
+            .map(|h| h.iter().cloned().collect())
+            .unwrap_or_default();
+        for t in targets {
+            if !held.contains(t) {
+                self.add_reference(from, t).await?;
+            }
+        }
+        for t in held.iter().filter(|t| !targets.contains(t)) {
+            self.release_reference(from, t).await?;
+        }
         Ok(())
     }
 

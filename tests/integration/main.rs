@@ -27,5 +27,6 @@ mod references_prop;
 mod remote_application;
 mod runtime;
 mod sharding;
+mod status_fields;
 mod status_reasons;
 mod triggers;

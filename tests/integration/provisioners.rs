@@ -226,3 +226,51 @@ async fn resource_step_reports_api_failures_as_typed_failed_outcomes() {
         Outcome::Terminal(_)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_children_run_in_parallel_so_a_blocking_one_does_not_stall_its_siblings() {
+    // Each child blocks its thread until the other arrives: on one task the first would wait
+    // for ever for a sibling that is never polled.
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let child = |name: &'static str| {
+        let barrier = barrier.clone();
+        step(name, move |_cx: Context<ConfigMap>| {
+            let barrier = barrier.clone();
+            async move {
+                barrier.wait();
+                Outcome::Done
+            }
+        })
+    };
+    let tree = concurrent![child("a"), child("b")];
+    let outcome = tokio::time::timeout(Duration::from_secs(60), tree.provision(&cx("")))
+        .await
+        .expect("both children ran at once");
+    assert!(matches!(outcome, Outcome::Done), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn a_panicking_concurrent_child_is_its_own_failure_and_its_siblings_still_count() {
+    let t = Trace::default();
+    let tree = concurrent![
+        rec("a", &t, Outcome::Done),
+        step("boom", |_cx: Context<ConfigMap>| async {
+            panic!("the disk is on fire");
+        }),
+        rec("c", &t, y("C")),
+    ];
+    match tree.provision(&cx("")).await {
+        Outcome::Failed { reason, errors } => {
+            assert_eq!(reason.code(), "StepPanicked");
+            assert!(reason.message().contains("boom"), "{}", reason.message());
+            assert!(
+                errors[0].to_string().contains("the disk is on fire"),
+                "{errors:?}"
+            );
+        }
+        other => panic!("expected the panic as a failure, got {other:?}"),
+    }
+    let mut calls = taken(&t);
+    calls.sort();
+    assert_eq!(calls, ["+a", "+c"], "the siblings ran");
+}

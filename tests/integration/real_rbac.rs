@@ -47,14 +47,16 @@ pub struct SprocketSpec {
 
 /// Grants that a case's run does not need to use, each with the reason. `get` on the managed
 /// kind serves references (the namespaced-controller test in `real_runtime` takes them), `list`
-/// is the fallback of streaming lists, and `patch` on Events a repeated Event's series (that
-/// test repeats one).
+/// is the fallback of streaming lists, `patch` on Events a repeated Event's series (that
+/// test repeats one), and `get` on a `resource` child's kind a deletion the server does not
+/// finish at once (finalizers).
 const NOT_EXERCISED: &[(&str, &str, &str)] = &[
     ("test.actorcile.dev", "widgets", "get"),
     ("test.actorcile.dev", "widgets", "list"),
     ("rbac.actorcile.dev", "sprockets", "get"),
     ("rbac.actorcile.dev", "sprockets", "list"),
     ("events.k8s.io", "events", "patch"),
+    ("", "configmaps", "get"),
 ];
 
 /// Starts the runtime `build` makes (as the user, preflight on) with `run`, which drives a
@@ -145,8 +147,20 @@ async fn widget_lifecycle(api: &Ns) {
     }
 }
 
+/// A ConfigMap named after the widget: its child.
+fn child(w: &Widget) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: w.metadata.name.clone(),
+            ..Default::default()
+        },
+        data: Some([("size".to_string(), w.spec.size.to_string())].into()),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
-async fn a_namespaced_controller_with_a_config_and_secret_triggers_runs_on_its_roles() {
+async fn a_namespaced_controller_with_triggers_and_owned_children_runs_on_its_roles() {
     bounded("rbac: config and secrets", async {
         let env = shared_env().await;
         let api = Ns::create(env.client(), "rbac-triggers").await;
@@ -185,13 +199,17 @@ async fn a_namespaced_controller_with_a_config_and_secret_triggers_runs_on_its_r
                 .policy(real_policy())
                 .namespace(&ns)
                 .controller(
-                    Controller::<Widget>::new(counting(passes.clone()))
-                        .config(actorcile::triggers::ConfigRef::<ConfigMap>::namespaced(
-                            &ns, "settings",
-                        ))
-                        .secrets(move |_w: &Widget| {
-                            vec![ObjectRef::<Secret>::new("creds").within(&ns)]
-                        }),
+                    Controller::<Widget>::new(serial![
+                        counting(passes.clone()),
+                        resource("child", child)
+                    ])
+                    .owns::<ConfigMap>()
+                    .config(actorcile::triggers::ConfigRef::<ConfigMap>::namespaced(
+                        &ns, "settings",
+                    ))
+                    .secrets(move |_w: &Widget| {
+                        vec![ObjectRef::<Secret>::new("creds").within(&ns)]
+                    }),
                 )
                 .events("realapi-rbac")
         };
@@ -228,6 +246,12 @@ async fn a_namespaced_controller_with_a_config_and_secret_triggers_runs_on_its_r
                 .unwrap();
             eventually("a runs for the config", CONVERGE, || async {
                 (passes.of("a") > before).then_some(())
+            })
+            .await;
+            // Its child deleted by hand: back at once (no poll in this policy).
+            configs.delete("a", &DeleteParams::default()).await.unwrap();
+            eventually("a's child back", CONVERGE, || async {
+                configs.get_opt("a").await.ok()?.map(|_| ())
             })
             .await;
             api.delete("a").await;
@@ -414,6 +438,61 @@ async fn a_remote_registered_with_argo_cd_runs_on_its_roles() {
             rt.shutdown().await;
         })
         .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
+    bounded("rbac: a refused watch", async {
+        let env = shared_env().await;
+        let admin = env.client();
+        let api = Ns::create(admin.clone(), "rbac-refused").await;
+        let user = Client::try_from(env.user_config()).unwrap();
+        // The roles of a controller confined to the namespace...
+        let confined = |client: Client| {
+            Runtime::builder(client).policy(real_policy()).controller(
+                Controller::<Widget>::new(counting(Passes::default())).namespace(&api.ns),
+            )
+        };
+        let roles = confined(user.clone()).roles("rbac-refused");
+        roles
+            .apply(&admin, user_subject(env), "realapi-rbac")
+            .await
+            .expect("apply the roles");
+        let rules = roles.rules();
+        eventually("the roles in force", CONVERGE, || async {
+            let missing = missing_scoped_permissions(&user, &rules).await.ok()?;
+            missing.is_empty().then_some(())
+        })
+        .await;
+        // ...are not enough to watch every namespace: the runtime starts (no preflight), and
+        // /readyz says why it is not ready.
+        let everywhere = Runtime::builder(user.clone())
+            .policy(real_policy())
+            .controller(Controller::<Widget>::new(counting(Passes::default())))
+            .start()
+            .await
+            .expect("start without preflight");
+        let health = everywhere.health();
+        let detail = eventually("readiness names the refusal", CONVERGE, || async {
+            let probe = health.ready();
+            (!probe.ok && probe.detail.contains("refused")).then_some(probe.detail)
+        })
+        .await;
+        assert!(
+            detail.contains("widgets") && detail.contains("cluster scope"),
+            "{detail}"
+        );
+        everywhere.shutdown().await;
+        // Confined to the namespace, the same user is ready.
+        let rt = confined(user).start().await.expect("start confined");
+        let health = rt.health();
+        eventually("ready when confined", CONVERGE, || async {
+            health.ready().ok.then_some(())
+        })
+        .await;
+        rt.shutdown().await;
     })
     .await;
 }

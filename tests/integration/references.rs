@@ -655,3 +655,64 @@ async fn a_target_not_listed_yet_is_not_ready_and_a_missing_one_is_told_once_lis
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn references_follow_the_spec_and_the_one_no_longer_named_is_released() {
+    let (_cluster, client) = cluster();
+    // Each widget holds references on exactly the widgets its spec.refs names.
+    let tree = step("refs", |cx: Context<Widget>| async move {
+        let ns = cx.object().namespace();
+        let targets: Vec<Target> = cx
+            .object()
+            .spec
+            .refs
+            .iter()
+            .map(|n| Target::for_kind::<Widget>(ns.as_deref(), n))
+            .collect();
+        match cx.hold_references(&targets).await {
+            Ok(()) => Outcome::Done,
+            Err(e) => Outcome::failed(Reason::new("References", "cannot hold them"), e),
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(no_polling())
+        .controller(Controller::<Widget>::new(tree))
+        .start()
+        .await
+        .unwrap();
+    let api = widgets(&client);
+    let referrers = |name: &'static str| {
+        let api = api.clone();
+        async move {
+            let w = api.get(name).await.unwrap();
+            actorcile::references::referrers_in(w.annotations())
+                .into_iter()
+                .map(|t| t.name)
+                .collect::<Vec<_>>()
+        }
+    };
+    create(&client, "t1", 1).await;
+    create(&client, "t2", 1).await;
+    let mut a = widget("a", 1);
+    a.spec.refs = vec!["t1".into()];
+    api.create(&PostParams::default(), &a).await.unwrap();
+    wait_ready(&client, "a", LIMIT).await;
+    assert_eq!(referrers("t1").await, ["a"]);
+
+    // spec.refs moves from t1 to t2: t2 is referenced, t1 released.
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"refs": ["t2"]}})),
+    )
+    .await
+    .unwrap();
+    eventually("the reference moved", LIMIT, || async {
+        (referrers("t1").await.is_empty() && referrers("t2").await == ["a"]).then_some(())
+    })
+    .await;
+    // t1 is free to go; t2 is held.
+    delete(&client, "t1").await;
+    wait_gone(&client, "t1", LIMIT).await;
+    rt.shutdown().await;
+}

@@ -693,3 +693,72 @@ async fn a_kubeconfig_secret_of_another_namespace_is_refused_unless_the_controll
     wait_reason(&client, "allowed", "RemoteClusterUnavailable", LIMIT).await;
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_remote_gone_for_good_blocks_deletion_unless_the_author_abandons_it_with_a_warning() {
+    let (_cluster, client) = cluster();
+    // Both kinds' remotes read a kubeconfig Secret that does not exist: Widgets abandon it at
+    // once on deletion, Gadgets (the default) wait.
+    let widget_tree = actorcile::provisioners::remote(
+        "edge",
+        |w: &Widget| KubeconfigSecret::new(w.namespace().unwrap_or_default(), "gone-kubeconfig"),
+        vec![boxed(step("w-child", |_cx: Context<Widget>| async {
+            Outcome::Done
+        }))],
+    )
+    .abandon_after(Duration::ZERO);
+    let gadget_tree = actorcile::provisioners::remote(
+        "edge",
+        |g: &Gadget| KubeconfigSecret::new(g.namespace().unwrap_or_default(), "gone-kubeconfig"),
+        vec![boxed(step("g-child", |_cx: Context<Gadget>| async {
+            Outcome::Done
+        }))],
+    );
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(widget_tree))
+        .controller(Controller::<Gadget>::new(gadget_tree))
+        .events("remote-test")
+        .start()
+        .await
+        .unwrap();
+    create(&client, "w", 1).await;
+    let gadgets: Api<Gadget> = Api::namespaced(client.clone(), "default");
+    gadgets
+        .create(
+            &PostParams::default(),
+            &Gadget::new("g", Default::default()),
+        )
+        .await
+        .unwrap();
+    wait_reason(&client, "w", "RemoteClusterUnavailable", LIMIT).await;
+    delete(&client, "w").await;
+    gadgets.delete("g", &Default::default()).await.unwrap();
+    // The widget goes, with a Warning naming the remote.
+    wait_gone(&client, "w", LIMIT).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let abandoned = eventually("a RemoteAbandoned Warning", LIMIT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("RemoteAbandoned"))
+    })
+    .await;
+    assert_eq!(abandoned.type_.as_deref(), Some("Warning"));
+    let note = abandoned.note.unwrap_or_default();
+    assert!(
+        note.contains("gone-kubeconfig") && note.contains("may remain"),
+        "{note}"
+    );
+    // The gadget waits for its remote, saying why.
+    let status = eventually("the gadget waits for its remote", LIMIT, || async {
+        let g = gadgets.get_opt("g").await.ok()??;
+        let s = ResourceStatus::of(&g);
+        (s.phase == Some(Phase::Terminating) && s.ready()?.message.contains("gone-kubeconfig"))
+            .then_some(s)
+    })
+    .await;
+    assert!(!status.is_ready());
+    rt.shutdown().await;
+}

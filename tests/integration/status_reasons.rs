@@ -308,3 +308,37 @@ async fn a_status_schema_without_the_runtimes_fields_is_reported() {
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_object_another_finalizer_holds_says_it_is_deprovisioned_not_ready() {
+    let (_cluster, client) = cluster();
+    let rt = start_widgets(
+        &client,
+        test_policy(),
+        step("noop", |_cx: Context<Widget>| async { Outcome::Done }),
+    )
+    .await;
+    let api = widgets(&client);
+    let mut w = widget("held", 1);
+    w.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+    api.create(&PostParams::default(), &w).await.unwrap();
+    wait_ready(&client, "held", LIMIT).await;
+    delete(&client, "held").await;
+    let status = eventually("deprovisioned, still held", LIMIT, || async {
+        let w = api.get_opt("held").await.ok()??;
+        let ours = w
+            .finalizers()
+            .iter()
+            .any(|f| f == actorcile::runtime::DEFAULT_FINALIZER);
+        let status = ResourceStatus::of(&w);
+        (!ours && status.ready()?.reason == "Deprovisioned").then_some(status)
+    })
+    .await;
+    assert_eq!(status.phase, Some(Phase::Terminating));
+    assert!(!status.is_ready());
+    assert!(
+        status.ready().unwrap().message.contains("example.com/keep"),
+        "{status:?}"
+    );
+    rt.shutdown().await;
+}

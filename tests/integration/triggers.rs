@@ -601,3 +601,167 @@ async fn a_yield_of_an_absurd_length_does_not_stop_the_other_objects_timers() {
     .await;
     rt.shutdown().await;
 }
+
+/// Passes per object.
+type PassCounts = Arc<Mutex<HashMap<String, u32>>>;
+
+fn passes_of(p: &PassCounts, name: &str) -> u32 {
+    p.lock().unwrap().get(name).copied().unwrap_or(0)
+}
+
+/// Counts each widget's passes, then applies a ConfigMap named after it holding its size.
+fn owning_tree(passes: PassCounts) -> impl Provisioner<Widget> {
+    serial![
+        step("count", move |cx: Context<Widget>| {
+            let passes = passes.clone();
+            async move {
+                *passes
+                    .lock()
+                    .unwrap()
+                    .entry(cx.object().name_any())
+                    .or_default() += 1;
+                Outcome::Done
+            }
+        }),
+        resource("settings", |w: &Widget| ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: w.metadata.name.clone(),
+                ..Default::default()
+            },
+            data: Some([("size".to_string(), w.spec.size.to_string())].into()),
+            ..Default::default()
+        }),
+    ]
+}
+
+/// Until the runtime has nothing left to do: paused time moves on only when every task waits.
+async fn settle() {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtimes_own_writes_run_nothing()
+ {
+    let (_cluster, client) = cluster();
+    let passes = PassCounts::default();
+    let mut policy = test_policy();
+    policy.poll_interval = None;
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(owning_tree(passes.clone())).owns::<ConfigMap>())
+        .start()
+        .await
+        .unwrap();
+    create(&client, "a", 1).await;
+    create(&client, "b", 1).await;
+    wait_ready(&client, "a", LIMIT).await;
+    wait_ready(&client, "b", LIMIT).await;
+    settle().await;
+    assert_eq!(
+        (passes_of(&passes, "a"), passes_of(&passes, "b")),
+        (1, 1),
+        "the runtime's own creation of the ConfigMaps ran nothing"
+    );
+    let cms = config_maps(&client);
+
+    // Deleted by hand: back, without a poll.
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    eventually("a's ConfigMap back", LIMIT, || async {
+        cms.get_opt("a").await.ok()?.map(|_| ())
+    })
+    .await;
+    // Edited by hand: put back as the tree says.
+    cms.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"size": "99"}})),
+    )
+    .await
+    .unwrap();
+    eventually("b's ConfigMap put back", LIMIT, || async {
+        let cm = cms.get_opt("b").await.ok()??;
+        (cm.data?.get("size")? == "1").then_some(())
+    })
+    .await;
+    // A ConfigMap nobody owns runs nothing.
+    let mut loose = ConfigMap::default();
+    loose.metadata.name = Some("loose".into());
+    cms.create(&PostParams::default(), &loose).await.unwrap();
+    settle().await;
+    assert_eq!(
+        (passes_of(&passes, "a"), passes_of(&passes, "b")),
+        (2, 2),
+        "one pass each for the hand-made change; the echo of the repair ran nothing"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or_goes() {
+    let (_cluster, client) = cluster();
+    let passes = PassCounts::default();
+    let p = passes.clone();
+    let tree = step("count", move |cx: Context<Widget>| {
+        let p = p.clone();
+        async move {
+            *p.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.poll_interval = None;
+    // A Secret labelled `widget: <name>` belongs to that widget.
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree).watches(|s: &Secret| {
+            let ns = s.namespace().unwrap_or_default();
+            s.labels()
+                .get("widget")
+                .map(|w| vec![ObjectRef::new(w).within(&ns)])
+                .unwrap_or_default()
+        }))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "a", 1).await;
+    create(&client, "b", 1).await;
+    wait_ready(&client, "a", LIMIT).await;
+    wait_ready(&client, "b", LIMIT).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let mut s = Secret::default();
+    s.metadata.name = Some("creds".into());
+    s.metadata.labels = Some([("widget".to_string(), "a".to_string())].into());
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+    eventually("a runs for the new Secret", LIMIT, || async {
+        (passes_of(&passes, "a") == 2).then_some(())
+    })
+    .await;
+    // Relabelled to b: both run (b gains it, a loses it).
+    secrets
+        .patch(
+            "creds",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"widget": "b"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("both run for the relabel", LIMIT, || async {
+        (passes_of(&passes, "a") == 3 && passes_of(&passes, "b") == 2).then_some(())
+    })
+    .await;
+    secrets
+        .delete("creds", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("b runs for the deletion", LIMIT, || async {
+        (passes_of(&passes, "b") == 3).then_some(())
+    })
+    .await;
+    settle().await;
+    assert_eq!(
+        (passes_of(&passes, "a"), passes_of(&passes, "b")),
+        (3, 3),
+        "nothing else ran"
+    );
+    rt.shutdown().await;
+}

@@ -110,7 +110,8 @@ pub fn cluster_tree(provider: Arc<dyn Provider>) -> impl Provisioner<Cluster> {
             if let Some(wait) = cx.require_ready(&network).await {
                 return wait;
             }
-            if let Err(e) = cx.add_reference(&network).await {
+            // The one reference it holds: a changed spec.network releases the old network.
+            if let Err(e) = cx.hold_references(std::slice::from_ref(&network)).await {
                 return Outcome::failed(
                     Reason::new("NetworkReference", "cannot reference the network"),
                     e,
@@ -195,19 +196,23 @@ pub fn register(
         .field_manager(NAME)
         .finalizer(format!("{GROUP}/finalizer"))
         .events(NAME)
-        .controller(Controller::<Network>::new(network_tree()))
+        // Each kind watches the ConfigMaps it owns: one deleted or edited by hand is put back
+        // at once.
+        .controller(Controller::<Network>::new(network_tree()).owns::<ConfigMap>())
         .controller(
-            Controller::<Cluster>::new(cluster_tree(provider)).on_initialize(
-                // Start-up fails at once if the provider does not answer, not object by object.
-                move |_client| async move {
-                    let clusters = check.list_clusters().await?;
-                    tracing::info!(
-                        clusters = clusters.len(),
-                        "the infrastructure provider answers"
-                    );
-                    Ok(())
-                },
-            ),
+            Controller::<Cluster>::new(cluster_tree(provider))
+                .owns::<ConfigMap>()
+                .on_initialize(
+                    // Start-up fails at once if the provider does not answer, not object by object.
+                    move |_client| async move {
+                        let clusters = check.list_clusters().await?;
+                        tracing::info!(
+                            clusters = clusters.len(),
+                            "the infrastructure provider answers"
+                        );
+                        Ok(())
+                    },
+                ),
         )
 }
 

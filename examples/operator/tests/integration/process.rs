@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use actorcile::envtest::Envtest;
 use actorcile::status::ResourceStatus;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
@@ -204,6 +205,15 @@ async fn run() {
             .await
             .unwrap_or_else(|e| panic!("ConfigMap {name}: {e}"));
     }
+    // A ConfigMap deleted by hand: its owner watches it (`owns`) and puts it back, with no
+    // poll configured.
+    let before = cms.get("c1-cluster").await.unwrap().metadata.uid;
+    cms.delete("c1-cluster", &Default::default()).await.unwrap();
+    eventually("c1's ConfigMap back", || async {
+        let again = cms.get_opt("c1-cluster").await.ok()??;
+        (again.metadata.uid != before).then_some(())
+    })
+    .await;
 
     // Metrics: OpenMetrics text whose counters match what happened.
     let (status, text) = get(port, "/metrics").await.expect("/metrics answers");
@@ -235,6 +245,32 @@ async fn run() {
         "Provisioned Events: {}",
         provisioned.len()
     );
+
+    // c3 moves from net-a to net-b: its reference moves too, net-a's is released.
+    clusters
+        .patch(
+            "c3",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"network": "net-b"}})),
+        )
+        .await
+        .unwrap();
+    let referrers = |net: &'static str| {
+        let networks = networks.clone();
+        async move {
+            let n = networks.get(net).await.ok()?;
+            let names: Vec<String> = actorcile::references::referrers_in(n.annotations())
+                .into_iter()
+                .map(|t| t.name)
+                .collect();
+            Some(names)
+        }
+    };
+    eventually("c3's reference moved to net-b", || async {
+        let (a, b) = (referrers("net-a").await?, referrers("net-b").await?);
+        (!a.contains(&"c3".to_string()) && b.contains(&"c3".to_string())).then_some(())
+    })
+    .await;
 
     // Deleting net-a while its clusters use it: InUse, then Released once they are gone.
     networks
