@@ -8,11 +8,7 @@
 //! example-operator scaleout [--objects N] [--replicas 1,2,3] [--kills K]
 //! ```
 
-mod demo;
-mod manifests;
-mod operator;
-mod record;
-mod scaleout;
+use example_operator::{demo, manifests, operator, record, scaleout};
 
 use std::process::ExitCode;
 

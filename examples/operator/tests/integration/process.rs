@@ -1,5 +1,6 @@
 //! The example operator as a separate OS process on a real etcd + kube-apiserver
-//! (`actorcile::envtest`): it installs its CRDs, its probes answer, `/metrics` parses as
+//! (`actorcile::envtest`), confined to one namespace as a user that holds only the roles it
+//! renders (Roles there, and its CRDs by name): it installs its CRDs, its probes answer, `/metrics` parses as
 //! OpenMetrics text and its counters match what happened, Events tell the story of a deletion
 //! blocked by a reference, SIGTERM exits 0 with nothing left half-done, and an admin address
 //! that cannot be bound fails start-up.
@@ -20,9 +21,70 @@ use serde_json::json;
 
 use crate::common::*;
 
+/// The operator confined to namespace `default`, as envtest's non-admin user (which
+/// [`grant_roles`] gave the operator's roles), with the RBAC preflight on.
 fn spawn(kubeconfig: &Path, port: u16) -> Operator {
-    let args = ["--install-crds", "--log-format", "json", "--log", "info"];
+    let args = [
+        "--install-crds",
+        "--namespace",
+        "default",
+        "--preflight-rbac",
+        "--log-format",
+        "json",
+        "--log",
+        "info",
+    ];
     spawn_with(kubeconfig, port, &args)
+}
+
+/// Grant envtest's user the roles the operator renders for what [`spawn`] runs: Roles in
+/// `default`, and cluster-wide only the CRDs it installs (by name).
+async fn grant_roles(env: &Envtest) {
+    use actorcile::runtime::Runtime;
+    use example_operator::operator::{self, Cluster, Network};
+    use kube::CustomResourceExt;
+    let admin = env.client();
+    let provider = std::sync::Arc::new(actorcile::providers::simulated::SimulatedProvider::new(
+        0,
+        Default::default(),
+    ));
+    let builder = operator::register(
+        Runtime::builder(admin.clone())
+            .namespace("default")
+            .install_crds([Network::crd(), Cluster::crd()]),
+        provider,
+    );
+    let roles = builder.roles(operator::NAME);
+    let cluster_wide: Vec<String> = roles
+        .cluster_role
+        .iter()
+        .flat_map(|c| c.rules.iter().flatten())
+        .flat_map(|r| r.resources.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        cluster_wide,
+        ["customresourcedefinitions"],
+        "cluster-wide: only the CRDs it installs"
+    );
+    let user = k8s_openapi::api::rbac::v1::Subject {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: "User".into(),
+        name: env.user_name().into(),
+        namespace: None,
+    };
+    roles
+        .apply(&admin, user, "process-test")
+        .await
+        .expect("apply the operator's roles");
+    let checker = kube::Client::try_from(env.user_config()).unwrap();
+    let rules = roles.rules();
+    eventually("the operator's roles in force", || async {
+        let missing = actorcile::rbac::missing_scoped_permissions(&checker, &rules)
+            .await
+            .ok()?;
+        missing.is_empty().then_some(())
+    })
+    .await;
 }
 
 /// The samples of an OpenMetrics text, as `name{labels}` → value; panics on a line that is not
@@ -141,7 +203,8 @@ async fn run() {
     let client = env.client();
     manifests_are_admitted_by_pod_security_restricted(&client).await;
     let port = free_port();
-    let mut op = spawn(env.kubeconfig_path(), port);
+    grant_roles(&env).await;
+    let mut op = spawn(env.user_kubeconfig_path(), port);
 
     // Probes: live while starting, ready once the CRDs are installed and both kinds listed.
     eventually("/healthz to answer 200", || async {
@@ -348,7 +411,7 @@ async fn run() {
     }
 
     // A restarted operator finishes what the stopped one left, from what is persisted.
-    let op = spawn(env.kubeconfig_path(), port);
+    let op = spawn(env.user_kubeconfig_path(), port);
     eventually("the restarted operator's /healthz", || async {
         get(port, "/healthz").await.filter(|(s, _)| *s == 200)
     })
