@@ -355,10 +355,19 @@ impl<K: ManagedResource> Controller<K> {
             invalid,
             // Listed and watched by a `metadata.name` field selector, which RBAC matches
             // against `resourceNames`.
-            rules: vec![crate::rbac::ScopedRule::new(
-                scope,
-                crate::rbac::named_rule_for::<C>(&["list", "watch"], &[&name]),
-            )],
+            rules: {
+                let mut rules = vec![crate::rbac::ScopedRule::new(
+                    scope.clone(),
+                    crate::rbac::named_rule_for::<C>(&["list", "watch"], &[&name]),
+                )];
+                if config.secrets_from.is_some() {
+                    rules.push(crate::rbac::ScopedRule::new(
+                        scope,
+                        crate::rbac::rule_for::<Secret>(&["list", "watch"]),
+                    ));
+                }
+                rules
+            },
             probe: Box::new(move |client| {
                 Box::pin(async move {
                     let api: Api<C> = crate::object_api::kind_api(client, namespace.as_deref());

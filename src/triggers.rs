@@ -4,7 +4,7 @@
 //!
 //! | trigger | set with | re-runs |
 //! |---|---|---|
-//! | provider config | [`Controller::config`](crate::runtime::Controller::config) | every object of the controller, when the config changes, appears or goes |
+//! | provider config | [`Controller::config`](crate::runtime::Controller::config) | every object of the controller, when the config changes, appears or goes, or a Secret it names does ([`ConfigRef::secrets_from`]) |
 //! | Secrets | [`Controller::secrets`](crate::runtime::Controller::secrets) | only the objects that reference the Secret that changed |
 //! | owned children | [`Controller::owns`](crate::runtime::Controller::owns) | the owners (by owner reference) of a child that changed or went, unless the runtime's own write made the change |
 //! | related objects | [`Controller::watches`](crate::runtime::Controller::watches) | the objects a function of the related object names |
@@ -68,12 +68,16 @@ pub fn is_ignored(meta: &kube::api::ObjectMeta) -> bool {
 /// Reads a poll interval out of a config object.
 pub(crate) type PollFrom<C> = Arc<dyn Fn(&C) -> Option<Duration> + Send + Sync>;
 
+/// Reads the Secrets a config object names ([`ConfigRef::secrets_from`]).
+pub(crate) type SecretsFrom<C> = Arc<dyn Fn(&C) -> Vec<ObjectRef<Secret>> + Send + Sync>;
+
 /// The one object a controller reads its provider config from (see
 /// [`Controller::config`](crate::runtime::Controller::config)).
 pub struct ConfigRef<C> {
     pub(crate) name: String,
     pub(crate) namespace: Option<String>,
     pub(crate) poll_from: Option<PollFrom<C>>,
+    pub(crate) secrets_from: Option<SecretsFrom<C>>,
 }
 
 impl<C> ConfigRef<C> {
@@ -83,6 +87,7 @@ impl<C> ConfigRef<C> {
             name: name.into(),
             namespace: None,
             poll_from: None,
+            secrets_from: None,
         }
     }
 
@@ -92,6 +97,7 @@ impl<C> ConfigRef<C> {
             name: name.into(),
             namespace: Some(namespace.into()),
             poll_from: None,
+            secrets_from: None,
         }
     }
 
@@ -103,6 +109,34 @@ impl<C> ConfigRef<C> {
         f: impl Fn(&C) -> Option<Duration> + Send + Sync + 'static,
     ) -> Self {
         self.poll_from = Some(Arc::new(f));
+        self
+    }
+
+    /// Re-run every object when a Secret the config names changes, appears or goes (as when
+    /// the config itself changes): `f` says which Secrets the config names, e.g. the
+    /// credentials of the provider it configures. The Secrets are watched as metadata only
+    /// (their data is never held), in the config's namespace (every namespace for a
+    /// cluster-scoped config), so the operator needs `list` and `watch` on Secrets there
+    /// ([`RuntimeBuilder::roles`](crate::runtime::RuntimeBuilder::roles) grants them).
+    ///
+    /// ```
+    /// use actorcile::triggers::ConfigRef;
+    /// use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    /// use kube::runtime::reflector::ObjectRef;
+    /// let config = ConfigRef::<ConfigMap>::namespaced("operators", "site-provider").secrets_from(
+    ///     |cm: &ConfigMap| {
+    ///         let name = cm.data.as_ref().and_then(|d| d.get("credentials"));
+    ///         name.map(|n| vec![ObjectRef::<Secret>::new(n).within("operators")])
+    ///             .unwrap_or_default()
+    ///     },
+    /// );
+    /// # let _ = config;
+    /// ```
+    pub fn secrets_from(
+        mut self,
+        f: impl Fn(&C) -> Vec<ObjectRef<Secret>> + Send + Sync + 'static,
+    ) -> Self {
+        self.secrets_from = Some(Arc::new(f));
         self
     }
 

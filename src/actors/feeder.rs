@@ -381,14 +381,14 @@ fn apply<K: ManagedResource>(
             }
             manager.send(ManagerMsg::Resync(existing));
         }
-        Err(e) => match refusal(&e) {
+        Err(e) => match refusal::<K>(&e) {
             Some(why) => {
                 let mut refused = shared
                     .watch_refused
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
                 if refused.as_deref() != Some(why.as_str()) {
-                    tracing::error!(kind = %K::kind(&()), refusal = %why, "the API server refuses to list or watch the kind: the operator lacks the permission it names; /readyz fails until it is granted");
+                    tracing::error!(kind = %K::kind(&()), refusal = %why, "the API server refuses to list or watch the kind; /readyz fails until it does (the controller starts by itself then)");
                     *refused = Some(why);
                 }
             }
@@ -399,16 +399,22 @@ fn apply<K: ManagedResource>(
     }
 }
 
-/// The API server's message when it refuses a list or watch for lack of permission (403).
-fn refusal(e: &watcher::Error) -> Option<String> {
-    match e {
+/// Why the API server refuses a list or watch of kind `K` for good until someone acts: the
+/// operator lacks the permission (403, the server's message names it), or the server does not
+/// serve the kind (404: its CRD is not installed yet).
+fn refusal<K: ManagedResource>(e: &watcher::Error) -> Option<String> {
+    let s = match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-            if s.code == 403 =>
-        {
-            Some(s.message.clone())
-        }
-        watcher::Error::WatchError(s) if s.code == 403 => Some(s.message.clone()),
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s,
+        watcher::Error::WatchError(s) => s.as_ref(),
+        _ => return None,
+    };
+    match s.code {
+        403 => Some(s.message.clone()),
+        404 => Some(format!(
+            "the API server does not serve {} (is its CRD installed?)",
+            K::api_version(&())
+        )),
         _ => None,
     }
 }

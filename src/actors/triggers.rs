@@ -111,10 +111,41 @@ where
     let fields = format!("metadata.name={}", cref.name);
     let api: Api<C> = crate::object_api::kind_api(client.clone(), cref.namespace.as_deref());
     let config = watcher::Config::default().fields(&fields);
+    let secrets = cref.secrets_from.clone().map(|refs| {
+        let api: Api<PartialObjectMeta<Secret>> = match &cref.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        (api, refs)
+    });
     let start: StartConfigWatch = Box::new(move |broadcast, listed| {
-        tokio::spawn(watch_config(
-            api, config, writer, store, key, broadcast, listed,
-        ))
+        tokio::spawn(async move {
+            let config_watch = watch_config(
+                api,
+                config,
+                writer,
+                store.clone(),
+                key.clone(),
+                broadcast.clone(),
+                listed,
+            );
+            match secrets {
+                None => config_watch.await,
+                Some((api, refs)) => {
+                    // A Secret the config names now: every object runs again.
+                    let changed = move |secret: &ObjectRef<Secret>| {
+                        if store
+                            .get(&key)
+                            .is_some_and(|c| refs(c.as_ref()).contains(secret))
+                        {
+                            tracing::info!(config = %key, secret = %secret, "a Secret of the provider config changed; re-running every object");
+                            broadcast();
+                        }
+                    };
+                    tokio::join!(config_watch, watch_secret_changes(api, changed));
+                }
+            }
+        })
     });
     (view, start)
 }
@@ -206,6 +237,16 @@ pub(crate) async fn watch_secrets<K: ManagedResource>(
             notify(&shared, &manager, key);
         }
     };
+    watch_secret_changes(api, changed).await;
+}
+
+/// Calls `changed` for each Secret `api` watches that changes, appears or goes: not for the
+/// first list; a re-list compares each Secret's resourceVersion with the last one seen, so
+/// changes made while the watch was down are not missed.
+async fn watch_secret_changes(
+    api: Api<PartialObjectMeta<Secret>>,
+    changed: impl Fn(&ObjectRef<Secret>),
+) {
     let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(events);
     let mut known: FastMap<ObjectRef<Secret>, String> = FastMap::default();

@@ -2,8 +2,8 @@
 //! `podman system service`), on the `bollard` crate.
 //!
 //! A node is a container named after the node, labelled with its cluster and role in one of
-//! three label schemes ([`LabelScheme`]), so the provider also sees clusters that kind or k3d
-//! made. Every engine call is bounded by the provider's timeout (default 30 s): an engine that
+//! four label schemes ([`LabelScheme`]), so the provider also sees clusters that kind, k3d or
+//! Talos made. A node's endpoints are its published ports (`host address:port`). Every engine call is bounded by the provider's timeout (default 30 s): an engine that
 //! does not answer, or a socket with nothing behind it, is
 //! [`ProviderError::ProviderUnavailable`] within it. Starting or stopping a cluster handles its
 //! nodes in name order under one shared deadline; deletion removes containers with force
@@ -39,7 +39,7 @@ use super::{NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError, no
 /// How a cluster's nodes are labelled: the cluster label, the role label, and the role values.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabelScheme {
-    /// Its name (`kind`, `k3d`, `actorcile`).
+    /// Its name (`kind`, `k3d`, `talos`, `actorcile`).
     pub name: &'static str,
     /// The label holding the cluster's name.
     pub cluster: &'static str,
@@ -49,6 +49,8 @@ pub struct LabelScheme {
     pub control_plane: &'static str,
     /// The role label's value for a worker node.
     pub worker: &'static str,
+    /// Labels every node of the scheme carries besides (Talos marks its own).
+    pub extra: &'static [(&'static str, &'static str)],
 }
 
 impl LabelScheme {
@@ -59,6 +61,7 @@ impl LabelScheme {
         role: "io.x-k8s.kind.role",
         control_plane: "control-plane",
         worker: "worker",
+        extra: &[],
     };
     /// k3d's labels (servers and agents).
     pub const K3D: LabelScheme = LabelScheme {
@@ -67,6 +70,17 @@ impl LabelScheme {
         role: "k3d.role",
         control_plane: "server",
         worker: "agent",
+        extra: &[],
+    };
+    /// Talos's (`talosctl cluster create --provisioner docker`): the cluster's name, the
+    /// machine type, and the mark of a container Talos owns.
+    pub const TALOS: LabelScheme = LabelScheme {
+        name: "talos",
+        cluster: "talos.cluster.name",
+        role: "talos.type",
+        control_plane: "controlplane",
+        worker: "worker",
+        extra: &[("talos.owned", "true")],
     };
     /// actorcile's own.
     pub const ACTORCILE: LabelScheme = LabelScheme {
@@ -75,11 +89,12 @@ impl LabelScheme {
         role: "actorcile.dev/role",
         control_plane: "control-plane",
         worker: "worker",
+        extra: &[],
     };
 
     /// The scheme named `name`; [`ProviderError::UnknownLabelScheme`] for any other name.
     pub fn named(name: &str) -> Result<LabelScheme, ProviderError> {
-        [Self::KIND, Self::K3D, Self::ACTORCILE]
+        [Self::KIND, Self::K3D, Self::TALOS, Self::ACTORCILE]
             .into_iter()
             .find(|s| s.name == name)
             .ok_or_else(|| ProviderError::UnknownLabelScheme { name: name.into() })
@@ -214,6 +229,7 @@ impl DockerProvider {
                         .scheme
                         .role_of(labels.get(self.scheme.role).map_or("", String::as_str)),
                     state: state_of(c.state),
+                    endpoints: published(c.ports.as_deref().unwrap_or_default()),
                 })
             })
             .collect();
@@ -224,6 +240,27 @@ impl DockerProvider {
     fn is_not_found(e: &ProviderError) -> bool {
         matches!(e, ProviderError::Refused { message, .. } if message.starts_with("404"))
     }
+}
+
+/// A container's published ports as `address:port` (an unspecified host address, as `0.0.0.0`
+/// or `::`, is reached on loopback), sorted and without repeats.
+fn published(ports: &[bollard::models::PortSummary]) -> Vec<String> {
+    let mut out: Vec<String> = ports
+        .iter()
+        .filter_map(|p| {
+            let port = p.public_port?;
+            let ip = match p.ip.as_deref() {
+                None | Some("") | Some("0.0.0.0") => "127.0.0.1",
+                Some("::") => "[::1]",
+                Some(ip) if ip.contains(':') => return Some(format!("[{ip}]:{port}")),
+                Some(ip) => ip,
+            };
+            Some(format!("{ip}:{port}"))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn state_of(s: Option<ContainerSummaryStateEnum>) -> NodeState {
@@ -250,6 +287,9 @@ impl Provider for DockerProvider {
             self.scheme.role.into(),
             self.scheme.role_value(spec.role).into(),
         );
+        for (k, v) in self.scheme.extra {
+            labels.insert((*k).into(), (*v).into());
+        }
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
@@ -278,6 +318,7 @@ impl Provider for DockerProvider {
                 cluster: cluster.into(),
                 role: spec.role,
                 state: NodeState::Created,
+                endpoints: Vec::new(),
             }),
             // The name may be taken by the node itself, created by an earlier pass (Docker
             // answers 409, Podman 500): then it is the node.
@@ -297,6 +338,11 @@ impl Provider for DockerProvider {
 
     async fn list_nodes(&self, cluster: &str) -> Result<Vec<NodeInfo>, ProviderError> {
         self.containers(Some(cluster)).await
+    }
+
+    /// The engine answers a ping within the provider's timeout.
+    async fn is_available(&self) -> bool {
+        self.engine("ping", "*", self.docker.ping()).await.is_ok()
     }
 
     async fn list_clusters(&self) -> Result<Vec<String>, ProviderError> {
@@ -413,5 +459,32 @@ mod tests {
         let k3d = LabelScheme::K3D;
         assert_eq!(k3d.role_of("server"), NodeRole::ControlPlane);
         assert_eq!(k3d.role_value(NodeRole::Worker), "agent");
+        // Talos's docker provisioner: `talos.cluster.name`, `talos.type`, `talos.owned`.
+        let talos = LabelScheme::named("talos").unwrap();
+        assert_eq!(talos.cluster, "talos.cluster.name");
+        assert_eq!(talos.role_of("controlplane"), NodeRole::ControlPlane);
+        assert_eq!(talos.role_value(NodeRole::Worker), "worker");
+        assert_eq!(talos.extra, &[("talos.owned", "true")]);
+    }
+
+    #[test]
+    fn published_ports_are_endpoints_on_the_host() {
+        let port = |ip: Option<&str>, public: Option<u16>| bollard::models::PortSummary {
+            ip: ip.map(str::to_string),
+            private_port: 6443,
+            public_port: public,
+            typ: None,
+        };
+        let ports = [
+            port(Some("0.0.0.0"), Some(41234)),
+            port(Some("::"), Some(41234)),
+            port(Some("192.0.2.7"), Some(6443)),
+            port(None, None), // exposed, not published
+            port(Some("0.0.0.0"), Some(41234)),
+        ];
+        assert_eq!(
+            published(&ports),
+            ["127.0.0.1:41234", "192.0.2.7:6443", "[::1]:41234"]
+        );
     }
 }

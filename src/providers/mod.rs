@@ -86,6 +86,9 @@ pub struct NodeInfo {
     pub role: NodeRole,
     /// Its state.
     pub state: NodeState,
+    /// Where it can be reached from the provider's host, as `address:port`, where the provider
+    /// knows it (a container's published ports); empty otherwise.
+    pub endpoints: Vec<String>,
 }
 
 /// A cluster's phase, derived from its nodes' states.
@@ -199,7 +202,7 @@ pub enum ProviderError {
         cluster: String,
     },
     /// A label scheme the provider does not know.
-    #[error("unknown label scheme {name:?} (known: kind, k3d, actorcile)")]
+    #[error("unknown label scheme {name:?} (known: kind, k3d, talos, actorcile)")]
     UnknownLabelScheme {
         /// The name given.
         name: String,
@@ -232,6 +235,13 @@ pub trait Provider: Send + Sync {
 
     /// Every cluster that has nodes, sorted.
     async fn list_clusters(&self) -> Result<Vec<String>, ProviderError>;
+
+    /// Whether the provider can be used now (its engine answers), without touching any
+    /// cluster, so that a controller can say `ProviderUnavailable` before it calls anything.
+    /// Default: whether [`Provider::list_clusters`] succeeds.
+    async fn is_available(&self) -> bool {
+        self.list_clusters().await.is_ok()
+    }
 
     /// Start one node (a no-op if it runs).
     async fn start_node(&self, node: &NodeInfo) -> Result<(), ProviderError>;
@@ -304,6 +314,7 @@ mod tests {
             cluster: "c".into(),
             role: NodeRole::Worker,
             state,
+            endpoints: Vec::new(),
         }
     }
 

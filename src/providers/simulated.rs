@@ -131,6 +131,7 @@ impl Provider for SimulatedProvider {
             cluster: cluster.to_string(),
             role: spec.role,
             state: NodeState::Created,
+            endpoints: Vec::new(),
         };
         st.nodes.insert(spec.name.clone(), node.clone());
         st.clusters
@@ -145,6 +146,11 @@ impl Provider for SimulatedProvider {
         let st = self.lock();
         let names = st.clusters.get(cluster).into_iter().flatten();
         Ok(names.filter_map(|n| st.nodes.get(n)).cloned().collect())
+    }
+
+    /// In memory: always there (its faults are per call).
+    async fn is_available(&self) -> bool {
+        true
     }
 
     async fn list_clusters(&self) -> Result<Vec<String>, ProviderError> {

@@ -219,3 +219,72 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Conditional<K> {
         self.child.deprovision(cx).await
     }
 }
+
+/// A tree built for each pass; see [`per_pass`].
+pub struct PerPass<K> {
+    name: String,
+    build: Box<dyn Fn(&K) -> super::BoxProvisioner<K> + Send + Sync>,
+    rules: Vec<crate::rbac::StepRule>,
+}
+
+/// Build the tree for each pass from the object (unikorn's `ProvisionerCreateFunc`), where
+/// what to provision follows the spec in ways [`conditional`] does not cover, such as one step
+/// per add-on the spec lists. Provision and deprovision each build the tree from the object
+/// as their pass sees it: deprovision runs the tree of the object's last spec. A tree's steps
+/// are not known before a pass, so declare what they need with [`PerPass::needs`] for the
+/// rendered roles and the preflight.
+///
+/// ```
+/// use actorcile::prelude::*;
+/// use actorcile::provisioners::per_pass;
+/// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+/// # #[kube(group = "example.com", version = "v1", kind = "Cluster", namespaced, status = "ResourceStatus")]
+/// # struct ClusterSpec { addons: Vec<String> }
+/// let tree = per_pass("addons", |c: &Cluster| {
+///     let steps: Vec<BoxProvisioner<Cluster>> = c
+///         .spec
+///         .addons
+///         .iter()
+///         .map(|a| boxed(step(a.clone(), |_cx: Context<Cluster>| async { Outcome::Done })))
+///         .collect();
+///     boxed(concurrent("addons", steps))
+/// });
+/// # let _ = tree;
+/// ```
+pub fn per_pass<K>(
+    name: impl Into<String>,
+    build: impl Fn(&K) -> super::BoxProvisioner<K> + Send + Sync + 'static,
+) -> PerPass<K> {
+    PerPass {
+        name: name.into(),
+        build: Box::new(build),
+        rules: Vec::new(),
+    }
+}
+
+impl<K> PerPass<K> {
+    /// Declare what the trees it builds need ([`Provisioner::rules`]).
+    pub fn needs(mut self, rules: Vec<crate::rbac::StepRule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+}
+
+#[async_trait]
+impl<K: Send + Sync + 'static> Provisioner<K> for PerPass<K> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn rules(&self) -> Vec<crate::rbac::StepRule> {
+        self.rules.clone()
+    }
+
+    async fn provision(&self, cx: &Context<K>) -> Outcome {
+        (self.build)(cx.object()).provision(cx).await
+    }
+
+    async fn deprovision(&self, cx: &Context<K>) -> Outcome {
+        (self.build)(cx.object()).deprovision(cx).await
+    }
+}

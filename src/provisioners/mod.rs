@@ -124,7 +124,9 @@ use async_trait::async_trait;
 pub use application::{
     AppRef, Application, ApplicationResolver, Catalog, Chart, HookError, ResolveError, application,
 };
-pub use combinators::{Concurrent, Conditional, Serial, concurrent, conditional, serial};
+pub use combinators::{
+    Concurrent, Conditional, PerPass, Serial, concurrent, conditional, per_pass, serial,
+};
 pub use context::{Context, RemoteScope};
 pub(crate) use context::{ControllerParts, new_holder_id};
 pub use guard::{DEPROVISIONED, DONE, DeprovisionTask, Guard, LOCKED, Lock, NoTask, guard};

@@ -113,6 +113,21 @@ fn on_error(e: ProviderError) -> Outcome {
     }
 }
 
+impl<K> Nodes<K> {
+    /// `ProviderUnavailable` before any call, while the provider says it cannot be used.
+    async fn unavailable(&self) -> Option<Outcome> {
+        (!self.provider.is_available().await).then(|| {
+            Outcome::yield_after(
+                RECHECK,
+                Reason::new(
+                    "ProviderUnavailable",
+                    format!("provider {} is not available", self.provider.name()),
+                ),
+            )
+        })
+    }
+}
+
 #[async_trait]
 impl<K: Send + Sync + 'static> Provisioner<K> for Nodes<K> {
     fn name(&self) -> &str {
@@ -120,6 +135,9 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Nodes<K> {
     }
 
     async fn provision(&self, cx: &Context<K>) -> Outcome {
+        if let Some(wait) = self.unavailable().await {
+            return wait;
+        }
         let set = (self.desired)(cx.object());
         let want = set.specs();
         let have = match self.provider.list_nodes(&set.cluster).await {
@@ -180,6 +198,9 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Nodes<K> {
     }
 
     async fn deprovision(&self, cx: &Context<K>) -> Outcome {
+        if let Some(wait) = self.unavailable().await {
+            return wait;
+        }
         let set = (self.desired)(cx.object());
         if let Err(e) = self.provider.delete_nodes(&set.cluster).await {
             return on_error(e);

@@ -530,3 +530,34 @@ async fn restarts_and_quarantine_are_events() {
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_controller_whose_crd_is_missing_waits_says_so_and_starts_when_it_appears() {
+    use kube::CustomResourceExt;
+    // Virtual time: the watch retries with kube's backoff (up to half a minute apart).
+    const WAIT: Duration = Duration::from_secs(600);
+    // A cluster without the Widget CRD.
+    let cluster = actorcile::cluster::ApiServer::new();
+    let client = cluster.client();
+    let rt = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(terminal_when_negative()))
+        .start()
+        .await
+        .expect("starts without the CRD");
+    let health = rt.health();
+    let detail = eventually("readiness says which kind waits", WAIT, || async {
+        let probe = health.ready();
+        (!probe.ok && probe.detail.contains("does not serve")).then_some(probe.detail)
+    })
+    .await;
+    assert!(
+        detail.contains("Widget") && detail.contains("test.actorcile.dev/v1"),
+        "{detail}"
+    );
+    // The CRD is installed: the controller lists its kind and runs its objects.
+    cluster.install_crd(&Widget::crd()).unwrap();
+    create(&client, "late", 1).await;
+    wait_ready(&client, "late", WAIT).await;
+    eventually("ready", WAIT, || async { health.ready().ok.then_some(()) }).await;
+    rt.shutdown().await;
+}

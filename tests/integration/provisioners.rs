@@ -274,3 +274,40 @@ async fn a_panicking_concurrent_child_is_its_own_failure_and_its_siblings_still_
     calls.sort();
     assert_eq!(calls, ["+a", "+c"], "the siblings ran");
 }
+
+#[tokio::test]
+async fn a_tree_built_per_pass_follows_the_object() {
+    let t = Trace::default();
+    let tree = actorcile::provisioners::per_pass("addons", {
+        let t = t.clone();
+        move |cm: &ConfigMap| {
+            let addons = cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get("addons"))
+                .cloned()
+                .unwrap_or_default();
+            let steps: Vec<BoxProvisioner<ConfigMap>> = addons
+                .split(',')
+                .filter(|a| !a.is_empty())
+                .map(|a| boxed(rec(a, &t, Outcome::Done)))
+                .collect();
+            boxed(serial("addons", steps))
+        }
+    });
+    let with = |addons: &str| {
+        let mut cm = ConfigMap::default();
+        cm.data = Some([("addons".to_string(), addons.to_string())].into());
+        Context::new(Arc::new(cm), offline_client())
+    };
+    assert!(matches!(
+        tree.provision(&with("dns,ingress")).await,
+        Outcome::Done
+    ));
+    assert_eq!(taken(&t), ["+dns", "+ingress"]);
+    assert!(matches!(
+        tree.deprovision(&with("dns")).await,
+        Outcome::Done
+    ));
+    assert_eq!(taken(&t), ["-dns"]);
+}

@@ -92,6 +92,11 @@ async fn the_docker_api_provider_keeps_the_contract_on_podman_under_every_label_
     let podman = Podman::start();
     contract(&podman, "kind", "io.x-k8s.kind.cluster").await;
     contract(&podman, "k3d", "k3d.cluster").await;
+    contract(&podman, "talos", "talos.cluster.name").await;
+    assert!(
+        podman.provider("talos").is_available().await,
+        "podman answers its ping"
+    );
     contract(&podman, "actorcile", "actorcile.dev/cluster").await;
 
     // A scheme sees only its own clusters.
@@ -140,6 +145,26 @@ async fn a_socket_with_nothing_or_no_answer_behind_it_is_unavailable_within_the_
         Err(ProviderError::ProviderUnavailable { .. })
     ));
     assert!(t.elapsed() < Duration::from_secs(3));
+    assert!(!p.is_available().await);
+    // A nodes step says so before it calls anything.
+    let step = nodes(Arc::new(p), |_: &k8s_openapi::api::core::v1::ConfigMap| {
+        NodeSet::new(
+            "c",
+            1,
+            1,
+            actorcile::providers::NodeSpec::new("", NodeRole::Worker, "busybox"),
+        )
+    });
+    let cx = actorcile::provisioners::Context::new(
+        Arc::new(k8s_openapi::api::core::v1::ConfigMap::default()),
+        actorcile::cluster::ApiServer::new().client(),
+    );
+    let outcome = actorcile::provisioners::Provisioner::provision(&step, &cx).await;
+    assert_eq!(
+        outcome.reason().map(|r| r.code()),
+        Some("ProviderUnavailable"),
+        "{outcome:?}"
+    );
     // A socket that accepts and never answers: the timeout bounds it.
     let silent = dir.join("silent.sock");
     let _listener = std::os::unix::net::UnixListener::bind(&silent).unwrap();

@@ -765,3 +765,76 @@ async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
+    let (_cluster, client) = cluster();
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("provider".into());
+    cm.data = Some([("credentials".to_string(), "creds".to_string())].into());
+    config_maps(&client)
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    for name in ["creds", "other"] {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.into());
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let passes = PassCounts::default();
+    let p = passes.clone();
+    let tree = step("count", move |cx: Context<Widget>| {
+        let p = p.clone();
+        async move {
+            *p.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.poll_interval = None;
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree).config(
+            ConfigRef::<ConfigMap>::namespaced("default", "provider").secrets_from(
+                |cm: &ConfigMap| {
+                    cm.data
+                        .as_ref()
+                        .and_then(|d| d.get("credentials"))
+                        .map(|n| vec![ObjectRef::<Secret>::new(n).within("default")])
+                        .unwrap_or_default()
+                },
+            ),
+        ))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "a", 1).await;
+    create(&client, "b", 1).await;
+    wait_ready(&client, "a", LIMIT).await;
+    wait_ready(&client, "b", LIMIT).await;
+    let touch = |name: &'static str| {
+        let secrets = secrets.clone();
+        async move {
+            secrets
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"labels": {"rotated": "yes"}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    // A Secret the config does not name: nothing runs.
+    touch("other").await;
+    settle().await;
+    assert_eq!((passes_of(&passes, "a"), passes_of(&passes, "b")), (1, 1));
+    // The one it names: every object runs again.
+    touch("creds").await;
+    eventually("both run for the config's Secret", LIMIT, || async {
+        (passes_of(&passes, "a") == 2 && passes_of(&passes, "b") == 2).then_some(())
+    })
+    .await;
+    rt.shutdown().await;
+}
