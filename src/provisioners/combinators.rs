@@ -220,10 +220,13 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Conditional<K> {
     }
 }
 
+/// Builds a pass's tree from the object ([`per_pass`]).
+type BuildTree<K> = Box<dyn Fn(&K) -> super::BoxProvisioner<K> + Send + Sync>;
+
 /// A tree built for each pass; see [`per_pass`].
 pub struct PerPass<K> {
     name: String,
-    build: Box<dyn Fn(&K) -> super::BoxProvisioner<K> + Send + Sync>,
+    build: BuildTree<K>,
     rules: Vec<crate::rbac::StepRule>,
 }
 

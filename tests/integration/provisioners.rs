@@ -296,8 +296,10 @@ async fn a_tree_built_per_pass_follows_the_object() {
         }
     });
     let with = |addons: &str| {
-        let mut cm = ConfigMap::default();
-        cm.data = Some([("addons".to_string(), addons.to_string())].into());
+        let cm = ConfigMap {
+            data: Some([("addons".to_string(), addons.to_string())].into()),
+            ..Default::default()
+        };
         Context::new(Arc::new(cm), offline_client())
     };
     assert!(matches!(
