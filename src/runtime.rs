@@ -411,8 +411,10 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
-    /// A policy for this kind (default: the runtime's). The concurrency limit is always the
-    /// runtime's, shared by every kind.
+    /// A policy for this kind (default: the runtime's). Its runtime-wide fields are ignored:
+    /// `max_concurrent_runs` (one limit shared by every kind), `dependency_watch_idle`,
+    /// `shutdown_timeout` and the Lease timings (`lease_duration`, `lease_renew_deadline`,
+    /// `lease_retry_period`) are always the runtime's ([`RuntimeBuilder::policy`]).
     pub fn policy(mut self, policy: SupervisorPolicy) -> Self {
         self.policy = Some(policy);
         self
@@ -689,7 +691,15 @@ impl<K: ManagedResource> Start for Controller<K> {
                 })?;
             }
         }
+        // The runtime-wide fields are the runtime's, whatever the kind's policy says: one
+        // limit of runs for all kinds, one watch of unmanaged kinds, one shutdown, one set of
+        // Lease timings (the keeper and elector read the runtime's, and so must the feeder).
         policy.max_concurrent_runs = cx.policy.max_concurrent_runs;
+        policy.dependency_watch_idle = cx.policy.dependency_watch_idle;
+        policy.shutdown_timeout = cx.policy.shutdown_timeout;
+        policy.lease_duration = cx.policy.lease_duration;
+        policy.lease_renew_deadline = cx.policy.lease_renew_deadline;
+        policy.lease_retry_period = cx.policy.lease_retry_period;
         let (store, writer) = reflector::store::<K>();
         let recorder = cx
             .reporter
