@@ -39,9 +39,8 @@
 //! Dependencies run one way: `cluster` stands alone (it knows nothing of the rest); `status`
 //! depends only on `names`; `references` on `status`; `provisioners` on `status`,
 //! `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`; `messages`
-//! and `policy`
-//! are plain data; `actors` use all of those; and `runtime` starts the actors. The library
-//! never imports its command line.
+//! and `policy` are plain data; `actors` use all of those; and `runtime` starts the actors.
+//! The library never imports its command line.
 // No unsafe code, but envtest's control of its own child processes (kill, pidfd, atexit),
 // each allowed where it is, with its SAFETY note.
 #![deny(unsafe_code)]
