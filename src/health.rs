@@ -18,6 +18,8 @@ pub struct Health {
     kinds: Mutex<Vec<(String, Arc<AtomicBool>, WatchRefusal)>>,
     /// The supervisors: root first, then each manager.
     supervisors: Mutex<Vec<ractor::ActorCell>>,
+    /// Tasks every pass depends on (each kind's timers), by name, and whether each runs.
+    tasks: Mutex<Vec<(String, TaskCheck)>>,
     started: AtomicBool,
     /// A candidate waiting for the leader's Lease: ready (it holds what it should: nothing).
     standby: AtomicBool,
@@ -25,6 +27,15 @@ pub struct Health {
     failed: AtomicBool,
     /// With sharding, the shards this replica holds.
     shards: OnceLock<Arc<Shards>>,
+}
+
+/// Whether a task runs ([`Health::add_task`]).
+pub(crate) struct TaskCheck(pub(crate) Box<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for TaskCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if (self.0)() { "running" } else { "stopped" })
+    }
 }
 
 /// Why the API server refuses a kind's list or watch (its answer's message, which names the
@@ -46,6 +57,14 @@ impl Health {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(cell);
+    }
+
+    /// A task the runtime cannot work without: `/healthz` fails once it has stopped.
+    pub(crate) fn add_task(&self, name: &str, alive: TaskCheck) {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((name.to_string(), alive));
     }
 
     pub(crate) fn add_kind(&self, kind: &str, synced: Arc<AtomicBool>, refused: WatchRefusal) {
@@ -118,6 +137,15 @@ impl Health {
                         "supervisor {} is {status:?}",
                         s.get_name().unwrap_or_else(|| s.get_id().to_string())
                     ),
+                };
+            }
+        }
+        if !stopping {
+            let tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((name, _)) = tasks.iter().find(|(_, alive)| !(alive.0)()) {
+                return Probe {
+                    ok: false,
+                    detail: format!("{name} stopped"),
                 };
             }
         }

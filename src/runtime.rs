@@ -735,6 +735,10 @@ impl<K: ManagedResource> Start for Controller<K> {
             None => (None, None),
         };
         let timers = Timers::with_run_slots(cx.runs.clone());
+        cx.health.add_task(
+            &format!("the {kind} timers"),
+            crate::health::TaskCheck(Box::new(timers.liveness())),
+        );
         let kind_metrics = Arc::new(KindMetrics::new(&kind, {
             let (store, timers) = (store.clone(), timers.gauges());
             Box::new(move || (store.len() as u64, timers.armed(), timers.waiting()))

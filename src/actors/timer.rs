@@ -121,6 +121,13 @@ impl<M: TimerMsg> Timers<M> {
         }
     }
 
+    /// Whether the task runs: it ends only if it fails (a panic), or once every holder of
+    /// these timers is gone. Holding the check keeps nothing alive.
+    pub fn liveness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let weak = self.tx.downgrade();
+        move || weak.upgrade().is_some_and(|tx| !tx.is_closed())
+    }
+
     /// A reader of what the task holds (for metrics).
     pub fn gauges(&self) -> TimerGauges {
         TimerGauges(self.gauges.clone())
@@ -424,6 +431,24 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
         (a, log)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_task_that_dies_is_seen_dead() {
+        let timers = Timers::start();
+        let alive = timers.liveness();
+        assert!(alive());
+        let (a, _log) = recorder().await;
+        // Past the queue's range (about two years; the runtime bounds its wake-ups to one):
+        // the task panics.
+        timers.arm(
+            &a,
+            Instant::now() + Duration::from_secs(3 * 365 * 24 * 3600),
+            1,
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!alive(), "the dead task is seen");
+        drop(timers);
     }
 
     #[tokio::test(start_paused = true)]
