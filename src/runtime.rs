@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::{Semaphore, watch};
@@ -38,7 +38,8 @@ use tokio::task::JoinHandle;
 use crate::actors::mailbox::Mailbox;
 use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::actors::{
-    KindMetrics, Manager, ManagerArgs, Metrics, ShardScope, Shared, Timers, run_feeder,
+    KindMetrics, KindWatch, Manager, ManagerArgs, Metrics, RunSlots, ShardScope, Shared, Timers,
+    run_feeder,
 };
 use crate::event_recorder::EventRecorder;
 use crate::health::Health;
@@ -65,7 +66,8 @@ pub struct Controller<K: ManagedResource> {
     tree: BoxProvisioner<K>,
     policy: Option<SupervisorPolicy>,
     watcher: watcher::Config,
-    namespace: Option<String>,
+    /// The namespaces it watches, sorted, without repeats (empty: the runtime's, else all).
+    namespaces: Vec<String>,
     finalizer: bool,
     status: bool,
     config: Option<ConfigSpec>,
@@ -74,12 +76,13 @@ pub struct Controller<K: ManagedResource> {
     initialize: Option<Hook>,
     shard_key: Option<crate::actors::ShardKey<K>>,
     related: Vec<RelatedSpec<K>>,
+    max_concurrent_runs: Option<usize>,
 }
 
-/// Starts a watch of a related kind: the client, the controller's namespace, the kind's
-/// state, the record of the runtime's own child writes, the manager.
+/// Starts a watch of a related kind in one namespace (`None`: in all): the client, the
+/// namespace, the kind's state, the record of the runtime's own child writes, the manager.
 type StartRelated<K> = Box<
-    dyn FnOnce(
+    dyn Fn(
             Client,
             Option<String>,
             Arc<Shared<K>>,
@@ -94,6 +97,8 @@ type StartRelated<K> = Box<
 struct RelatedSpec<K: ManagedResource> {
     /// Children the runtime writes (the echoes of its writes run nothing).
     owned: bool,
+    /// Whether the related kind is cluster-scoped: one watch, whatever the namespaces.
+    cluster_scoped: bool,
     rule: k8s_openapi::api::rbac::v1::PolicyRule,
     start: StartRelated<K>,
 }
@@ -137,7 +142,7 @@ impl<K: ManagedResource> Controller<K> {
             tree: Arc::new(tree),
             policy: None,
             watcher: watcher::Config::default().streaming_lists(),
-            namespace: None,
+            namespaces: Vec::new(),
             finalizer: true,
             status: true,
             config: None,
@@ -146,6 +151,7 @@ impl<K: ManagedResource> Controller<K> {
             initialize: None,
             shard_key: None,
             related: Vec::new(),
+            max_concurrent_runs: None,
         }
     }
 
@@ -177,6 +183,7 @@ impl<K: ManagedResource> Controller<K> {
     pub fn owns<C: ManagedResource>(mut self) -> Self {
         self.related.push(RelatedSpec {
             owned: true,
+            cluster_scoped: crate::object_api::is_cluster_scoped::<C>(),
             rule: crate::rbac::rule_for::<C>(&["list", "watch"]),
             start: Box::new(|client, namespace, shared, echoes, manager| {
                 // Metadata only: the children's contents are never held.
@@ -227,12 +234,17 @@ impl<K: ManagedResource> Controller<K> {
         let map: crate::actors::triggers::RelatedMap<K, R> = Arc::new(map);
         self.related.push(RelatedSpec {
             owned: false,
+            cluster_scoped: crate::object_api::is_cluster_scoped::<R>(),
             rule: crate::rbac::rule_for::<R>(&["list", "watch"]),
-            start: Box::new(|client, namespace, shared, _echoes, manager| {
+            start: Box::new(move |client, namespace, shared, _echoes, manager| {
                 let api: Api<R> = crate::object_api::kind_api(client, namespace.as_deref());
                 let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
                 tokio::spawn(crate::actors::triggers::watch_related(
-                    shared, events, map, None, manager,
+                    shared,
+                    events,
+                    map.clone(),
+                    None,
+                    manager,
                 ))
             }),
         });
@@ -346,6 +358,8 @@ impl<K: ManagedResource> Controller<K> {
             None
         };
         let (name, namespace) = (config.name.clone(), config.namespace.clone());
+        // Read from another cluster: its roles are granted there, not in the rendered ones.
+        let elsewhere = config.client.clone();
         let scope = match &namespace {
             Some(ns) => crate::rbac::RuleScope::namespace(ns),
             None => crate::rbac::RuleScope::Cluster,
@@ -355,7 +369,9 @@ impl<K: ManagedResource> Controller<K> {
             invalid,
             // Listed and watched by a `metadata.name` field selector, which RBAC matches
             // against `resourceNames`.
-            rules: {
+            rules: if elsewhere.is_some() {
+                Vec::new()
+            } else {
                 let mut rules = vec![crate::rbac::ScopedRule::new(
                     scope.clone(),
                     crate::rbac::named_rule_for::<C>(&["list", "watch"], &[&name]),
@@ -369,6 +385,7 @@ impl<K: ManagedResource> Controller<K> {
                 rules
             },
             probe: Box::new(move |client| {
+                let client = elsewhere.unwrap_or(client);
                 Box::pin(async move {
                     let api: Api<C> = crate::object_api::kind_api(client, namespace.as_deref());
                     let lp = kube::api::ListParams::default()
@@ -377,7 +394,10 @@ impl<K: ManagedResource> Controller<K> {
                     api.list_metadata(&lp).await.map(|_| ())
                 })
             }),
-            start: Box::new(move |client| crate::actors::triggers::config_trigger(client, config)),
+            start: Box::new(move |client| {
+                let client = config.client.clone().unwrap_or_else(|| client.clone());
+                crate::actors::triggers::config_trigger(&client, config)
+            }),
         });
         self
     }
@@ -412,11 +432,32 @@ impl<K: ManagedResource> Controller<K> {
     }
 
     /// A policy for this kind (default: the runtime's). Its runtime-wide fields are ignored:
-    /// `max_concurrent_runs` (one limit shared by every kind), `dependency_watch_idle`,
+    /// `max_concurrent_runs` (one limit shared by every kind; a kind's own is
+    /// [`Controller::max_concurrent_runs`]), `dependency_watch_idle`,
     /// `shutdown_timeout` and the Lease timings (`lease_duration`, `lease_renew_deadline`,
     /// `lease_retry_period`) are always the runtime's ([`RuntimeBuilder::policy`]).
     pub fn policy(mut self, policy: SupervisorPolicy) -> Self {
         self.policy = Some(policy);
+        self
+    }
+
+    /// At most `n` passes of this kind at once, within the runtime's `max_concurrent_runs`
+    /// (default: no limit of its own). A pass then holds a run slot of both limits, so a kind
+    /// whose passes are slow or costly (a remote cluster's API, a cloud quota) cannot take
+    /// every run slot of the runtime. Must be 1 to [`MAX_CONCURRENCY`](crate::policy::MAX_CONCURRENCY):
+    /// [`RuntimeBuilder::validate`] says so.
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// let tree = step("call-the-cloud", |_cx: Context<App>| async { Outcome::Done });
+    /// // Passes of App run at most 4 at a time, whatever the runtime's limit.
+    /// let controller = Controller::<App>::new(tree).max_concurrent_runs(4);
+    /// ```
+    pub fn max_concurrent_runs(mut self, n: usize) -> Self {
+        self.max_concurrent_runs = Some(n);
         self
     }
 
@@ -447,21 +488,46 @@ impl<K: ManagedResource> Controller<K> {
     /// a Role there is all the operator needs for it ([`RuntimeBuilder::roles`]). Only for a
     /// namespaced kind: [`RuntimeBuilder::validate`] refuses it on a cluster-scoped one.
     pub fn namespace(mut self, ns: impl Into<String>) -> Self {
-        self.namespace = Some(ns.into());
+        self.namespaces = vec![ns.into()];
+        self
+    }
+
+    /// Watch these namespaces only: one watch per namespace (the kind, and its
+    /// [`owns`](Self::owns), [`watches`](Self::watches) and [`secrets`](Self::secrets)
+    /// watches), each with its own cache, so a Role in each is all the operator needs
+    /// ([`RuntimeBuilder::roles`] renders one per namespace). A watch the server refuses in
+    /// one namespace fails `/readyz` naming that namespace, while the others run. Replaces
+    /// what [`namespace`](Self::namespace) set; repeats count once.
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// # let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+    /// let controller = Controller::<App>::new(tree).namespaces(["team-a", "team-b"]);
+    /// ```
+    pub fn namespaces<S: Into<String>>(mut self, namespaces: impl IntoIterator<Item = S>) -> Self {
+        let mut namespaces: Vec<String> = namespaces.into_iter().map(Into::into).collect();
+        namespaces.sort();
+        namespaces.dedup();
+        self.namespaces = namespaces;
         self
     }
 }
 
 impl<K: ManagedResource> Controller<K> {
-    /// The namespace this controller's objects are watched in: its own, else the runtime's
-    /// `default`; `None` for every namespace, and always for a cluster-scoped kind.
-    fn objects_namespace(&self, default: Option<&str>) -> Option<String> {
+    /// The namespaces this controller's objects are watched in, one watch each: its own,
+    /// else the runtime's `default`; `[None]` for every namespace, and always for a
+    /// cluster-scoped kind.
+    fn objects_namespaces(&self, default: Option<&str>) -> Vec<Option<String>> {
         if crate::object_api::is_cluster_scoped::<K>() {
-            return None;
+            return vec![None];
         }
-        self.namespace
-            .clone()
-            .or_else(|| default.map(str::to_string))
+        if self.namespaces.is_empty() {
+            return vec![default.map(str::to_string)];
+        }
+        self.namespaces.iter().cloned().map(Some).collect()
     }
 }
 
@@ -592,34 +658,40 @@ impl<K: ManagedResource> KindHandle for Handle<K> {
 impl<K: ManagedResource> Start for Controller<K> {
     fn rules(&self, default: Option<&str>) -> Vec<crate::rbac::ScopedRule> {
         use crate::rbac::{RuleScope, ScopedRule};
-        let objects = RuleScope::Object.resolve(self.objects_namespace(default).as_deref());
-        let in_objects = |rule| ScopedRule::new(objects.clone(), rule);
-        let mut rules: Vec<_> = crate::rbac::rules_for::<K>()
-            .into_iter()
-            .map(in_objects)
-            .collect();
+        let mut rules = Vec::new();
         if let Some(c) = &self.config {
             rules.extend(c.rules.iter().cloned());
         }
-        if self.secrets.is_some() {
-            rules.push(in_objects(crate::rbac::rule_for::<Secret>(&[
-                "list", "watch",
-            ])));
+        for ns in self.objects_namespaces(default) {
+            let objects = RuleScope::Object.resolve(ns.as_deref());
+            let in_objects = |rule| ScopedRule::new(objects.clone(), rule);
+            rules.extend(crate::rbac::rules_for::<K>().into_iter().map(in_objects));
+            if self.secrets.is_some() {
+                rules.push(in_objects(crate::rbac::rule_for::<Secret>(&[
+                    "list", "watch",
+                ])));
+            }
+            for r in &self.related {
+                // A cluster-scoped related kind is watched once, cluster-wide.
+                let scope = if r.cluster_scoped {
+                    RuleScope::Cluster
+                } else {
+                    objects.clone()
+                };
+                rules.push(ScopedRule::new(scope, r.rule.clone()));
+            }
+            // Events go to the object's namespace; those of cluster-scoped objects to `default`.
+            let events = if crate::object_api::is_cluster_scoped::<K>() {
+                RuleScope::namespace("default")
+            } else {
+                objects.clone()
+            };
+            rules.extend(
+                crate::rbac::common_rules()
+                    .into_iter()
+                    .map(|r| ScopedRule::new(events.clone(), r)),
+            );
         }
-        for r in &self.related {
-            rules.push(in_objects(r.rule.clone()));
-        }
-        // Events go to the object's namespace; those of cluster-scoped objects to `default`.
-        let events = if crate::object_api::is_cluster_scoped::<K>() {
-            RuleScope::namespace("default")
-        } else {
-            objects.clone()
-        };
-        rules.extend(
-            crate::rbac::common_rules()
-                .into_iter()
-                .map(|r| ScopedRule::new(events.clone(), r)),
-        );
         rules
     }
 
@@ -628,18 +700,25 @@ impl<K: ManagedResource> Start for Controller<K> {
     }
 
     fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule> {
-        let objects = self.objects_namespace(default);
-        let mut rules = self.tree.rules();
-        for r in &mut rules {
-            r.scope = std::mem::replace(&mut r.scope, crate::rbac::RuleScope::Cluster)
-                .resolve(objects.as_deref());
+        let mut rules = Vec::new();
+        for r in self.tree.rules() {
+            if r.scope == crate::rbac::RuleScope::Object {
+                // Once in each namespace the objects are in.
+                for ns in self.objects_namespaces(default) {
+                    let mut r = r.clone();
+                    r.scope = crate::rbac::RuleScope::Object.resolve(ns.as_deref());
+                    rules.push(r);
+                }
+            } else {
+                rules.push(r);
+            }
         }
         rules
     }
 
     fn default_namespace(&mut self, ns: &str) {
-        if self.namespace.is_none() && !crate::object_api::is_cluster_scoped::<K>() {
-            self.namespace = Some(ns.to_string());
+        if self.namespaces.is_empty() && !crate::object_api::is_cluster_scoped::<K>() {
+            self.namespaces = vec![ns.to_string()];
         }
     }
 
@@ -647,7 +726,15 @@ impl<K: ManagedResource> Start for Controller<K> {
         if let Some(p) = &self.policy {
             p.validate()?;
         }
-        if let Some(ns) = &self.namespace {
+        if let Some(n) = self.max_concurrent_runs
+            && !(1..=crate::policy::MAX_CONCURRENCY).contains(&n)
+        {
+            return Err(Error::Invalid {
+                field: format!("max_concurrent_runs of the {} controller", K::kind(&())),
+                problem: format!("{n}: must be 1 to {}", crate::policy::MAX_CONCURRENCY),
+            });
+        }
+        for ns in &self.namespaces {
             if crate::object_api::is_cluster_scoped::<K>() {
                 return Err(Error::Invalid {
                     field: format!("namespace of the {} controller", K::kind(&())),
@@ -700,7 +787,9 @@ impl<K: ManagedResource> Start for Controller<K> {
         policy.lease_duration = cx.policy.lease_duration;
         policy.lease_renew_deadline = cx.policy.lease_renew_deadline;
         policy.lease_retry_period = cx.policy.lease_retry_period;
-        let (store, writer) = reflector::store::<K>();
+        // One watch, and one store, per namespace (the runtime's default is applied already).
+        let namespaces = self.objects_namespaces(None);
+        let (store, writers) = crate::actors::KindStore::<K>::new(&namespaces);
         let recorder = cx
             .reporter
             .clone()
@@ -734,7 +823,8 @@ impl<K: ManagedResource> Start for Controller<K> {
             }
             None => (None, None),
         };
-        let timers = Timers::with_run_slots(cx.runs.clone());
+        let runs = RunSlots::new(cx.runs.clone(), self.max_concurrent_runs);
+        let timers = Timers::with_run_slots(&runs);
         cx.health.add_task(
             &format!("the {kind} timers"),
             crate::health::TaskCheck(Box::new(timers.liveness())),
@@ -748,7 +838,7 @@ impl<K: ManagedResource> Start for Controller<K> {
             client: Arc::new(cx.client.clone()),
             tree: self.tree,
             policy,
-            runs: cx.runs.clone(),
+            runs,
             store,
             routes: DashMap::default(),
             finalizer: cx.finalizer.clone(),
@@ -762,7 +852,6 @@ impl<K: ManagedResource> Start for Controller<K> {
             timers,
             parts,
             config,
-            watch_refused: Default::default(),
             secrets: self.secrets.map(SecretTrigger::new),
             shards: cx
                 .shards
@@ -775,8 +864,23 @@ impl<K: ManagedResource> Start for Controller<K> {
                 }),
         });
         let synced = Arc::new(AtomicBool::new(false));
-        cx.health
-            .add_kind(&kind, synced.clone(), shared.watch_refused.clone());
+        // What `/readyz` checks for each watch: whether its first list is in (the kind's, with
+        // one watch), and why the server refuses it; named by the kind, and its namespace with
+        // several watches.
+        let watches: Vec<(Arc<AtomicBool>, crate::health::WatchRefusal)> = namespaces
+            .iter()
+            .map(|ns| {
+                let refused = crate::health::WatchRefusal::default();
+                let (name, listed) = match ns {
+                    Some(ns) if namespaces.len() > 1 => {
+                        (format!("{kind} in {ns}"), Arc::new(AtomicBool::new(false)))
+                    }
+                    _ => (kind.clone(), synced.clone()),
+                };
+                cx.health.add_kind(&name, listed.clone(), refused.clone());
+                (listed, refused)
+            })
+            .collect();
         let handle = Arc::new(Handle {
             shared: shared.clone(),
             synced: synced.clone(),
@@ -825,35 +929,69 @@ impl<K: ManagedResource> Start for Controller<K> {
             let _ = listed.await;
         }
         for r in related {
-            tasks.push((r.start)(
-                cx.client.clone(),
-                self.namespace.clone(),
-                shared.clone(),
-                own_writes.clone(),
-                mailbox.clone(),
-            ));
+            let scopes = if r.cluster_scoped {
+                &[None][..]
+            } else {
+                &namespaces[..]
+            };
+            for ns in scopes {
+                tasks.push((r.start)(
+                    cx.client.clone(),
+                    ns.clone(),
+                    shared.clone(),
+                    own_writes.clone(),
+                    mailbox.clone(),
+                ));
+            }
         }
         if shared.secrets.is_some() {
-            let api: Api<PartialObjectMeta<Secret>> = match &self.namespace {
-                Some(ns) => Api::namespaced(cx.client.clone(), ns),
-                None => Api::all(cx.client.clone()),
-            };
-            tasks.push(tokio::spawn(crate::actors::triggers::watch_secrets(
-                shared.clone(),
-                api,
-                mailbox.clone(),
-            )));
+            for ns in &namespaces {
+                let api: Api<PartialObjectMeta<Secret>> = match ns {
+                    Some(ns) => Api::namespaced(cx.client.clone(), ns),
+                    None => Api::all(cx.client.clone()),
+                };
+                tasks.push(tokio::spawn(crate::actors::triggers::watch_secrets(
+                    shared.clone(),
+                    api,
+                    mailbox.clone(),
+                )));
+            }
         }
-        let api: Api<K> = crate::object_api::kind_api(cx.client.clone(), self.namespace.as_deref());
-        let watch_config = self.watcher;
         // Mark the kind synced (and rebuild its part of the reference index from the persisted
-        // annotations) once the first list is in the store, before references are trusted.
+        // annotations) once the first list of every watch is in the store, before references
+        // are trusted.
         let store = shared.store.clone();
         let references = cx.references.clone();
-        let (listed_tx, listed) = tokio::sync::oneshot::channel();
+        let mut lists = Vec::new();
+        for ((ns, writer), (flag, refused)) in namespaces.iter().zip(writers).zip(watches) {
+            let api: Api<K> = crate::object_api::kind_api(cx.client.clone(), ns.as_deref());
+            let (listed_tx, listed) = tokio::sync::oneshot::channel::<()>();
+            let several = namespaces.len() > 1;
+            lists.push(async move {
+                let done = listed.await.is_ok();
+                if done && several {
+                    flag.store(true, Ordering::Release);
+                }
+                done
+            });
+            let watch = KindWatch {
+                api,
+                config: self.watcher.clone(),
+                namespace: ns.clone(),
+                refused,
+            };
+            tasks.push(tokio::spawn(run_feeder(
+                shared.clone(),
+                watch,
+                writer,
+                mailbox.clone(),
+                listed_tx,
+            )));
+        }
         let (api_version, kind_name) = (K::api_version(&()).into_owned(), kind.clone());
         tokio::spawn(async move {
-            if listed.await.is_ok() {
+            let all_listed = futures::future::join_all(lists).await;
+            if all_listed.into_iter().all(|listed| listed) {
                 for obj in store.state() {
                     if let Some(a) = obj.meta().annotations.as_ref() {
                         references.learn(&Target::of(obj.as_ref()), &referrers_in(a));
@@ -863,14 +1001,6 @@ impl<K: ManagedResource> Start for Controller<K> {
                 references.kind_synced(&api_version, &kind_name);
             }
         });
-        tasks.push(tokio::spawn(run_feeder(
-            shared,
-            api,
-            watch_config,
-            writer,
-            mailbox,
-            listed_tx,
-        )));
         Ok(Started {
             kind,
             manager: manager.get_cell(),
@@ -1456,10 +1586,17 @@ impl RuntimeBuilder {
     pub async fn run(self) -> Result<(), Error> {
         // Listening before the start: a signal during start-up is not lost.
         let signals = crate::signals::Signals::new()?;
-        self.run_stopping_on(crate::signals::Stop::<std::future::Pending<()>>::Signals(
-            signals,
-        ))
-        .await
+        let result = self
+            .run_stopping_on(crate::signals::Stop::<std::future::Pending<()>>::Signals(
+                signals,
+            ))
+            .await;
+        // The last spans of the exporter the flags installed, if any.
+        #[cfg(feature = "otel")]
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(crate::telemetry::shutdown_otlp).await {
+            tracing::warn!(error = %e, "the last spans were not exported");
+        }
+        result
     }
 
     /// [`RuntimeBuilder::run`], stopped by `signals`.

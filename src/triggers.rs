@@ -78,6 +78,8 @@ pub struct ConfigRef<C> {
     pub(crate) namespace: Option<String>,
     pub(crate) poll_from: Option<PollFrom<C>>,
     pub(crate) secrets_from: Option<SecretsFrom<C>>,
+    /// The cluster it is read from, when not the one the objects live in.
+    pub(crate) client: Option<kube::Client>,
 }
 
 impl<C> ConfigRef<C> {
@@ -88,6 +90,7 @@ impl<C> ConfigRef<C> {
             namespace: None,
             poll_from: None,
             secrets_from: None,
+            client: None,
         }
     }
 
@@ -98,6 +101,7 @@ impl<C> ConfigRef<C> {
             namespace: Some(namespace.into()),
             poll_from: None,
             secrets_from: None,
+            client: None,
         }
     }
 
@@ -137,6 +141,37 @@ impl<C> ConfigRef<C> {
         f: impl Fn(&C) -> Vec<ObjectRef<Secret>> + Send + Sync + 'static,
     ) -> Self {
         self.secrets_from = Some(Arc::new(f));
+        self
+    }
+
+    /// Read the config (and the Secrets of [`ConfigRef::secrets_from`]) from another cluster
+    /// than the one the objects live in, through `client`: a platform cluster that holds the
+    /// provider configs of the clusters the operator works on. Its changes re-run the objects
+    /// as usual, and a config kind that cluster does not serve fails start-up as usual.
+    ///
+    /// The roles [`RuntimeBuilder::roles`](crate::runtime::RuntimeBuilder::roles) renders
+    /// are for the objects' cluster and leave the config out; in the config's cluster the
+    /// operator needs `list` and `watch` on the config object (by `resourceNames`), and on
+    /// Secrets in its namespace with `secrets_from`.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use actorcile::triggers::ConfigRef;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// let platform = kube::Client::try_from(
+    ///     kube::Config::from_custom_kubeconfig(
+    ///         kube::config::Kubeconfig::read_from("/etc/operator/platform.kubeconfig")?,
+    ///         &Default::default(),
+    ///     )
+    ///     .await?,
+    /// )?;
+    /// let config = ConfigRef::<ConfigMap>::namespaced("onboarding", "provider").in_cluster(platform);
+    /// # let _ = config;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn in_cluster(mut self, client: kube::Client) -> Self {
+        self.client = Some(client);
         self
     }
 

@@ -79,9 +79,10 @@ fn route_gone<K: ManagedResource>(
     manager.send(ManagerMsg::Gone(key));
 }
 
-/// Run the watch for one kind until the task is aborted. Applies each event to the reflector
-/// store behind `shared.store` (through `writer`) before routing it, so actors always find the
-/// object there. Sends on `listed` once the first list is complete. With
+/// Run one watch of a kind (of `namespace`, or of every namespace) until the task is
+/// aborted. Applies each event to its reflector store in `shared.store` (through `writer`)
+/// before routing it, so actors always find the object there. Sets `refused` while the API
+/// server refuses the watch, and clears it once a list is in. Sends on `listed` once the first list is complete. With
 /// [`ShardWatch::HeldShards`](crate::sharding::ShardWatch::HeldShards) the watch selects the
 /// objects of the held shards (and those not placed yet), and starts again, relisting, when
 /// the held shards change.
@@ -97,12 +98,23 @@ fn route_gone<K: ManagedResource>(
 /// the manager's `Resync` forgets any key the retry no longer lists.
 pub(crate) async fn run_feeder<K: ManagedResource>(
     shared: Arc<Shared<K>>,
-    api: Api<K>,
-    config: watcher::Config,
+    of: KindWatch<K>,
     mut writer: reflector::store::Writer<K>,
     manager: Mailbox<ManagerMsg<K>>,
     listed: tokio::sync::oneshot::Sender<()>,
 ) {
+    let KindWatch {
+        api,
+        config,
+        namespace,
+        refused,
+    } = of;
+    let watch = Watch {
+        shared: &shared,
+        manager: &manager,
+        namespace: namespace.as_deref(),
+        refused: &refused,
+    };
     // With `ShardWatch::HeldShards`: the held shards, and the shard label's key.
     let view = shared
         .shards
@@ -177,7 +189,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                         if let Some(obj) = unplaced.remove(&key) {
                             let event = Ok(Event::Apply(obj));
                             let (list, first) = (&mut list, &mut first_list);
-                            apply(&shared, &manager, &mut writer, event, list, first, &mut listed);
+                            watch.apply(&mut writer, event, list, first, &mut listed);
                         }
                     }
                     let now = tokio::time::Instant::now();
@@ -215,15 +227,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                 };
                 continue;
             }
-            apply(
-                &shared,
-                &manager,
-                &mut writer,
-                event,
-                &mut list,
-                &mut first_list,
-                &mut listed,
-            );
+            watch.apply(&mut writer, event, &mut list, &mut first_list, &mut listed);
         }
     }
 }
@@ -302,100 +306,121 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Apply one watch event to the store and route it.
-fn apply<K: ManagedResource>(
-    shared: &Shared<K>,
-    manager: &Mailbox<ManagerMsg<K>>,
-    writer: &mut reflector::store::Writer<K>,
-    event: Result<Event<K>, watcher::Error>,
-    list: &mut Option<List<K>>,
-    first_list: &mut bool,
-    listed: &mut Option<tokio::sync::oneshot::Sender<()>>,
-) {
-    match event {
-        Ok(Event::Apply(obj)) => {
-            let key = key_of(&obj);
-            writer.apply_watcher_event(&Event::Apply(obj));
-            route(shared, manager, key, false);
-        }
-        Ok(Event::Delete(obj)) => {
-            let key = key_of(&obj);
-            writer.apply_watcher_event(&Event::Delete(obj));
-            route_gone(shared, manager, key);
-        }
-        Ok(Event::Init) => {
-            let direct = std::mem::take(first_list);
-            if !direct {
-                writer.apply_watcher_event(&Event::Init);
+/// One watch of a kind, for [`run_feeder`].
+pub(crate) struct KindWatch<K: ManagedResource> {
+    /// The kind's API, in `namespace` or in all.
+    pub api: Api<K>,
+    /// The controller's watch options.
+    pub config: watcher::Config,
+    /// The namespace it watches (`None`: every namespace, or a cluster-scoped kind).
+    pub namespace: Option<String>,
+    /// Why the API server refuses this watch, while it does (for `/readyz`).
+    pub refused: crate::health::WatchRefusal,
+}
+
+/// What one watch of a kind routes to, and where it reports a refusal.
+struct Watch<'a, K: ManagedResource> {
+    shared: &'a Shared<K>,
+    manager: &'a Mailbox<ManagerMsg<K>>,
+    /// The namespace it watches (`None`: every namespace, or a cluster-scoped kind).
+    namespace: Option<&'a str>,
+    refused: &'a crate::health::WatchRefusal,
+}
+
+impl<K: ManagedResource> Watch<'_, K> {
+    /// Apply one watch event to the store and route it.
+    fn apply(
+        &self,
+        writer: &mut reflector::store::Writer<K>,
+        event: Result<Event<K>, watcher::Error>,
+        list: &mut Option<List<K>>,
+        first_list: &mut bool,
+        listed: &mut Option<tokio::sync::oneshot::Sender<()>>,
+    ) {
+        let (shared, manager) = (self.shared, self.manager);
+        match event {
+            Ok(Event::Apply(obj)) => {
+                let key = key_of(&obj);
+                writer.apply_watcher_event(&Event::Apply(obj));
+                route(shared, manager, key, false);
             }
-            *list = Some(List {
-                keys: Vec::new(),
-                direct,
-                changed: Vec::new(),
-            });
-        }
-        Ok(Event::InitApply(obj)) => {
-            let key = key_of(&obj);
-            match list {
-                Some(l) if l.direct => {
-                    l.keys.push(key.clone());
-                    writer.apply_watcher_event(&Event::Apply(obj));
-                    route(shared, manager, key, true);
+            Ok(Event::Delete(obj)) => {
+                let key = key_of(&obj);
+                writer.apply_watcher_event(&Event::Delete(obj));
+                route_gone(shared, manager, key);
+            }
+            Ok(Event::Init) => {
+                let direct = std::mem::take(first_list);
+                if !direct {
+                    writer.apply_watcher_event(&Event::Init);
                 }
-                Some(l) => {
-                    let seen = shared.store.get(&key);
-                    let version = |o: &K| o.meta().resource_version.clone();
-                    if seen.is_none_or(|s| version(&s) != version(&obj)) {
-                        l.changed.push(key.clone());
+                *list = Some(List {
+                    keys: Vec::new(),
+                    direct,
+                    changed: Vec::new(),
+                });
+            }
+            Ok(Event::InitApply(obj)) => {
+                let key = key_of(&obj);
+                match list {
+                    Some(l) if l.direct => {
+                        l.keys.push(key.clone());
+                        writer.apply_watcher_event(&Event::Apply(obj));
+                        route(shared, manager, key, true);
                     }
-                    l.keys.push(key);
-                    writer.apply_watcher_event(&Event::InitApply(obj));
+                    Some(l) => {
+                        let seen = shared.store.get(&key);
+                        let version = |o: &K| o.meta().resource_version.clone();
+                        if seen.is_none_or(|s| version(&s) != version(&obj)) {
+                            l.changed.push(key.clone());
+                        }
+                        l.keys.push(key);
+                        writer.apply_watcher_event(&Event::InitApply(obj));
+                    }
+                    // The watcher always starts a list with `Init`; buffer to be safe.
+                    None => writer.apply_watcher_event(&Event::InitApply(obj)),
                 }
-                // The watcher always starts a list with `Init`; buffer to be safe.
-                None => writer.apply_watcher_event(&Event::InitApply(obj)),
             }
+            Ok(Event::InitDone) => {
+                let Some(l) = list.take() else {
+                    writer.apply_watcher_event(&Event::InitDone);
+                    return;
+                };
+                if !l.direct {
+                    writer.apply_watcher_event(&Event::InitDone);
+                    // A buffered list is in the store only now: route what is new in it, in list
+                    // order.
+                    for key in l.changed {
+                        route(shared, manager, key, false);
+                    }
+                }
+                *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(());
+                }
+                let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
+                    l.keys.into_iter().collect();
+                if let Some(secrets) = &shared.secrets {
+                    secrets.retain(&existing, self.namespace);
+                }
+                manager.send(ManagerMsg::Resync(
+                    existing,
+                    self.namespace.map(str::to_string),
+                ));
+            }
+            Err(e) => match refusal::<K>(&e) {
+                Some(why) => {
+                    let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+                    if refused.as_deref() != Some(why.as_str()) {
+                        tracing::error!(kind = %K::kind(&()), refusal = %why, "the API server refuses to list or watch the kind; /readyz fails until it does (the controller starts by itself then)");
+                        *refused = Some(why);
+                    }
+                }
+                None => {
+                    tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
+                }
+            },
         }
-        Ok(Event::InitDone) => {
-            let Some(l) = list.take() else {
-                writer.apply_watcher_event(&Event::InitDone);
-                return;
-            };
-            if !l.direct {
-                writer.apply_watcher_event(&Event::InitDone);
-                // A buffered list is in the store only now: route what is new in it, in list
-                // order.
-                for key in l.changed {
-                    route(shared, manager, key, false);
-                }
-            }
-            *shared
-                .watch_refused
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = None;
-            if let Some(listed) = listed.take() {
-                let _ = listed.send(());
-            }
-            let existing: HashSet<ObjectRef<K>, ahash::RandomState> = l.keys.into_iter().collect();
-            if let Some(secrets) = &shared.secrets {
-                secrets.retain(&existing);
-            }
-            manager.send(ManagerMsg::Resync(existing));
-        }
-        Err(e) => match refusal::<K>(&e) {
-            Some(why) => {
-                let mut refused = shared
-                    .watch_refused
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if refused.as_deref() != Some(why.as_str()) {
-                    tracing::error!(kind = %K::kind(&()), refusal = %why, "the API server refuses to list or watch the kind; /readyz fails until it does (the controller starts by itself then)");
-                    *refused = Some(why);
-                }
-            }
-            None => {
-                tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
-            }
-        },
     }
 }
 

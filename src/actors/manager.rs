@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
+use tokio::sync::TryAcquireError;
 use tokio::time::Instant;
 
 use super::activation_queue::ActivationQueue;
@@ -40,7 +40,7 @@ use super::passive_timers::PassiveTimers;
 use super::resource::{ResourceActor, ResourceArgs, key_hash};
 use super::restarts::{AfterFailure, Escalation, RestartTracker};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of, writes};
-use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
+use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::policy::Exhausted;
 
 /// Past the live-actor cap, one activation still starts this often (see
@@ -168,7 +168,7 @@ impl<K: ManagedResource> Manager<K> {
             // A free slot is not enough while passes wait for slots in the timer task (the slot
             // is theirs) or activations are held back there because wake-ups run late.
             let free = if self.shared.timers.activation_may_skip_queue() {
-                self.shared.runs.clone().try_acquire_owned()
+                self.shared.runs.try_acquire()
             } else {
                 Err(TryAcquireError::NoPermits)
             };
@@ -252,7 +252,7 @@ impl<K: ManagedResource> Manager<K> {
         myself: &ActorRef<MailWaiting>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
-        permit: OwnedSemaphorePermit,
+        permit: RunPermit,
     ) {
         if self.shared.runs.is_closed() {
             // Shutting down: a slot handed out before the runs closed starts nothing new.
@@ -763,11 +763,14 @@ impl<K: ManagedResource> Manager<K> {
                 }
             }
             ManagerMsg::Gone(key) => self.gone(st, key),
-            ManagerMsg::Resync(existing) => {
+            ManagerMsg::Resync(existing, namespace) => {
+                let listed = |k: &ObjectRef<K>| {
+                    namespace.is_none() || k.namespace.as_deref() == namespace.as_deref()
+                };
                 let gone: Vec<ObjectRef<K>> = st
                     .objects
                     .keys()
-                    .filter(|k| !existing.contains(*k))
+                    .filter(|k| listed(k) && !existing.contains(*k))
                     .cloned()
                     .collect();
                 for key in gone {

@@ -18,6 +18,7 @@
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `event_budget.rs` | how many Events each object may still publish (plain data) |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
+//! | `store.rs` | the kind's cache: a reflector store per watched namespace |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
 //! | `metrics.rs` | the runtime's counters |
 //!
@@ -72,6 +73,9 @@ mod resource;
 pub(crate) mod restarts;
 mod run_deadline;
 mod run_slots;
+pub(crate) use run_slots::RunSlots;
+mod store;
+pub(crate) use store::KindStore;
 mod timer;
 pub(crate) mod triggers;
 mod wake_up;
@@ -81,9 +85,8 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use kube::Client;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use ractor::ActorRef;
-use tokio::sync::Semaphore;
 
 use crate::ManagedResource;
 use crate::messages::ResourceMsg;
@@ -94,7 +97,7 @@ use crate::references::ReferenceIndex;
 use crate::sharding::Shards;
 
 pub(crate) use crate::object_api::version_of;
-pub(crate) use feeder::run_feeder;
+pub(crate) use feeder::{KindWatch, run_feeder};
 pub(crate) use manager::{Manager, ManagerArgs};
 pub(crate) use metrics::KindMetrics;
 pub(crate) use metrics::Metrics;
@@ -117,8 +120,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub client: Arc<Client>,
     pub tree: BoxProvisioner<K>,
     pub policy: SupervisorPolicy,
-    pub runs: Arc<Semaphore>,
-    pub store: Store<K>,
+    pub runs: run_slots::RunSlots,
+    pub store: KindStore<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     pub finalizer: String,
     /// Add the runtime finalizer (and so deprovision on deletion).
@@ -145,8 +148,6 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub secrets: Option<triggers::SecretTrigger<K>>,
     /// With sharding: which objects this replica may run, and their fenced clients.
     pub shards: Option<ShardScope<K>>,
-    /// Why the API server refuses the kind's list or watch, while it does (for `/readyz`).
-    pub watch_refused: crate::health::WatchRefusal,
 }
 
 /// A controller's shard key function ([`Controller::shard_key`](crate::runtime::Controller::shard_key)).

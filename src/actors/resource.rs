@@ -24,7 +24,7 @@ use backon::ExponentialBackoff;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
+use tokio::sync::TryAcquireError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -33,7 +33,7 @@ use super::metrics::RunResult;
 use super::outcome_key::OutcomeKey;
 use super::wake_up::PendingWakeUp;
 use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
-use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg};
+use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;
 use crate::status::{ReadyReason, ResourceStatus};
@@ -72,7 +72,7 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     queued: bool,
     wake: PendingWakeUp,
     /// The run slot the manager handed over for the first pass (dropped if no pass follows).
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<RunPermit>,
     /// The route is removed and [`ResourceMsg::Passivate`] is on its way.
     passivating: bool,
     error_attempts: u32,
@@ -431,14 +431,14 @@ impl<K: ManagedResource> ResourceActor<K> {
         &self,
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
-        slot: Option<OwnedSemaphorePermit>,
+        slot: Option<RunPermit>,
     ) {
         if !st.dirty {
             return;
         }
         let slot = match slot.or_else(|| st.permit.take()) {
             Some(slot) => slot,
-            None => match self.shared.runs.clone().try_acquire_owned() {
+            None => match self.shared.runs.try_acquire() {
                 Ok(slot) => slot,
                 Err(TryAcquireError::NoPermits) => {
                     if !st.queued {
@@ -529,7 +529,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         &self,
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
-        _slot: OwnedSemaphorePermit,
+        _slot: RunPermit,
     ) -> Option<RunResult> {
         let shared = &self.shared;
         let mut obj = st.object.clone()?;

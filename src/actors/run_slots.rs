@@ -1,7 +1,9 @@
-//! Run-slot admission: who gets the next free run slot, as plain data.
+//! Run-slot admission: what a run slot is ([`RunSlots`]), and who gets the next free one, as
+//! plain data.
 //!
-//! A *run slot* is a permit of the runtime's `max_concurrent_runs` semaphore; every pass runs
-//! on one. The timer task hands them out in the order this module decides:
+//! A *run slot* is a permit of the runtime's `max_concurrent_runs` semaphore, plus one of the
+//! kind's own when its controller sets `Controller::max_concurrent_runs`; every pass runs on
+//! one. The timer task hands them out in the order this module decides:
 //!
 //! - Passes of live actors (due wake-ups, passes that found no free slot) wait in one
 //!   first-in-first-out queue, and come first: objects already in progress finish before many
@@ -15,10 +17,89 @@
 //!   starting more objects would add memory and lateness, not throughput.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
+use tokio_util::sync::PollSemaphore;
+
+use crate::messages::RunPermit;
+
+/// The run slots of one kind's passes: the runtime's semaphore, shared by every kind, and the
+/// kind's own when its controller has a limit of its own. A pass holds a permit of each.
+#[derive(Clone, Debug)]
+pub struct RunSlots {
+    runtime: Arc<Semaphore>,
+    kind: Option<Arc<Semaphore>>,
+}
+
+impl RunSlots {
+    /// The runtime's slots, and `kind_limit` of the kind's own (`None`: no limit of its own).
+    pub fn new(runtime: Arc<Semaphore>, kind_limit: Option<usize>) -> Self {
+        Self {
+            runtime,
+            kind: kind_limit.map(|n| Arc::new(Semaphore::new(n))),
+        }
+    }
+
+    /// A slot if one is free now: the kind's first, then the runtime's (a kind at its limit
+    /// takes nothing from other kinds).
+    pub fn try_acquire(&self) -> Result<RunPermit, TryAcquireError> {
+        let kind = match &self.kind {
+            Some(kind) => Some(kind.clone().try_acquire_owned()?),
+            None => None,
+        };
+        let runtime = self.runtime.clone().try_acquire_owned()?;
+        Ok(RunPermit { runtime, kind })
+    }
+
+    /// Whether the runtime's slots are closed: it shuts down and no pass may start.
+    pub fn is_closed(&self) -> bool {
+        self.runtime.is_closed()
+    }
+
+    /// The slots as the timer task waits for them.
+    pub fn poller(&self) -> PollRunSlots {
+        PollRunSlots {
+            runtime: PollSemaphore::new(self.runtime.clone()),
+            kind: self.kind.clone().map(PollSemaphore::new),
+            held: None,
+        }
+    }
+}
+
+/// [`RunSlots`] polled for the next free slot: the kind's permit first, kept while the
+/// runtime's is awaited (other kinds' passes never wait behind it).
+#[derive(Debug)]
+pub struct PollRunSlots {
+    runtime: PollSemaphore,
+    kind: Option<PollSemaphore>,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl PollRunSlots {
+    /// The next slot; `Ready(None)` once the slots are closed.
+    pub fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Option<RunPermit>> {
+        if let Some(kind) = &mut self.kind
+            && self.held.is_none()
+        {
+            match kind.poll_acquire(cx) {
+                Poll::Ready(Some(permit)) => self.held = Some(permit),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.runtime.poll_acquire(cx).map(|runtime| {
+            runtime.map(|runtime| RunPermit {
+                runtime,
+                kind: self.held.take(),
+            })
+        })
+    }
+}
 
 /// When passes of live actors and activations both wait for run slots, one slot in this many
 /// goes to an activation.
@@ -193,6 +274,53 @@ impl Lateness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kind's own limit bounds its passes and leaves the runtime's other slots to other
+    /// kinds; polled, the kind's slot is kept while the runtime's is awaited.
+    #[tokio::test]
+    async fn a_kinds_limit_bounds_its_slots_within_the_runtimes() {
+        let runtime = Arc::new(Semaphore::new(3));
+        let kind = RunSlots::new(runtime.clone(), Some(1));
+        let other = RunSlots::new(runtime.clone(), None);
+        let first = kind.try_acquire().expect("a free slot");
+        assert!(matches!(
+            kind.try_acquire(),
+            Err(TryAcquireError::NoPermits)
+        ));
+        assert_eq!(
+            runtime.available_permits(),
+            2,
+            "a refused kind takes none of the runtime's"
+        );
+        let a = other
+            .try_acquire()
+            .expect("other kinds are not bound by it");
+        let b = other
+            .try_acquire()
+            .expect("other kinds are not bound by it");
+        drop(first);
+        let c = other.try_acquire().expect("the runtime's slot it freed");
+        // Kind slot free, runtime's taken: the poller holds the kind's and waits.
+        let mut poller = kind.poller();
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(poller.poll_acquire(&mut cx).is_pending());
+        assert!(
+            matches!(kind.try_acquire(), Err(TryAcquireError::NoPermits)),
+            "held by the poller"
+        );
+        drop(a);
+        let Poll::Ready(Some(permit)) = poller.poll_acquire(&mut cx) else {
+            panic!("the runtime's slot is free again");
+        };
+        assert!(permit.kind.is_some());
+        drop((permit, b, c));
+        assert_eq!(runtime.available_permits(), 3, "every slot back");
+        assert!(kind.try_acquire().is_ok(), "the kind's slot is back");
+        runtime.close();
+        assert!(kind.is_closed());
+        assert!(matches!(other.try_acquire(), Err(TryAcquireError::Closed)));
+    }
 
     /// Take slots one at a time until both queues are empty; `held` for every slot.
     fn drain(q: &mut RunSlotQueue<u32, u32>, held: bool) -> Vec<u32> {

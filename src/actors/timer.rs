@@ -19,14 +19,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 
 use ractor::{ActorId, ActorRef, Message};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::PollSemaphore;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use super::FastMap;
-use super::run_slots::{Lateness, Next, RunSlotQueue};
-use crate::messages::{RunSlot, TimerMsg};
+use super::run_slots::{Lateness, Next, PollRunSlots, RunSlotQueue, RunSlots};
+use crate::messages::{RunPermit, RunSlot, TimerMsg};
 
 enum Cmd<M: Message> {
     Arm {
@@ -45,7 +44,7 @@ enum Cmd<M: Message> {
 }
 
 /// What receives a run slot for an activation (the manager's callback).
-pub type GrantSlot = Box<dyn FnOnce(OwnedSemaphorePermit) + Send>;
+pub type GrantSlot = Box<dyn FnOnce(RunPermit) + Send>;
 
 /// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
 /// actor (arming again replaces it). The task ends when every handle is dropped.
@@ -93,11 +92,11 @@ impl<M: TimerMsg> Timers<M> {
 
     /// Spawns the timer task on the current tokio runtime; every delivery waits for, and
     /// carries, a permit of `slots`.
-    pub fn with_run_slots(slots: Arc<Semaphore>) -> Self {
-        Self::spawn(Some(PollSemaphore::new(slots)))
+    pub fn with_run_slots(slots: &RunSlots) -> Self {
+        Self::spawn(Some(slots.poller()))
     }
 
-    fn spawn(slots: Option<PollSemaphore>) -> Self {
+    fn spawn(slots: Option<PollRunSlots>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let lateness = Arc::new(Lateness::new(Instant::now()));
         let gauges = Arc::new(Gauges::default());
@@ -194,7 +193,7 @@ struct TimerTask<M: Message> {
     /// Due deliveries and activations waiting for a run slot (only with `slots`).
     waiting: RunSlotQueue<(ActorRef<M>, M), GrantSlot>,
     hold_back: HoldBack,
-    slots: Option<PollSemaphore>,
+    slots: Option<PollRunSlots>,
     gauges: Arc<Gauges>,
 }
 
@@ -287,7 +286,7 @@ impl<M: TimerMsg> TimerTask<M> {
     /// waiting pass, stamped with `now`: the time the task read at the start of this round (no
     /// clock read per delivery; a round's deliveries take microseconds, and a delivery the task
     /// itself was slow to make counts as late, which it is).
-    fn give(&mut self, slot: OwnedSemaphorePermit, activation: bool, now: Instant) {
+    fn give(&mut self, slot: RunPermit, activation: bool, now: Instant) {
         match self.waiting.next(activation) {
             Some(Next::Activation(give)) => give(slot),
             Some(Next::Pass((to, mut msg))) => {
@@ -401,6 +400,7 @@ mod tests {
     use ractor::{Actor, ActorProcessingErr};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
+    use tokio::sync::Semaphore;
 
     /// What a [`Recorder`] received, each with the (virtual) time it arrived.
     type Log<M> = Arc<Mutex<Vec<(M, Instant)>>>;
@@ -551,7 +551,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn deliveries_wait_for_a_run_slot_in_order_and_carry_it() {
         let slots = Arc::new(Semaphore::new(1));
-        let timers = Timers::with_run_slots(slots.clone());
+        let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
         let log = SlotLog::default();
         let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
         let (b, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
@@ -596,7 +596,7 @@ mod tests {
     async fn activations_get_a_bounded_share_of_the_slots() {
         assert_eq!(ACTIVATION_EVERY, 4, "the expected order below assumes 4");
         let slots = Arc::new(Semaphore::new(1));
-        let timers = Timers::with_run_slots(slots.clone());
+        let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
         let log = SlotLog::default();
         let held = slots.clone().acquire_owned().await.unwrap();
         let mut actors = Vec::new();
@@ -638,7 +638,7 @@ mod tests {
             "the expected order below assumes 32"
         );
         let slots = Arc::new(Semaphore::new(1));
-        let timers = Timers::with_run_slots(slots.clone());
+        let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
         assert!(timers.activation_may_skip_queue());
         let run_late = || {
             for _ in 0..8 {
@@ -686,7 +686,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn closed_run_slots_deliver_nothing() {
         let slots = Arc::new(Semaphore::new(0));
-        let timers = Timers::with_run_slots(slots.clone());
+        let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
         let log = SlotLog::default();
         let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
         timers.queue(&a, Slotted(1, None));

@@ -340,9 +340,16 @@ impl<K: ManagedResource> SecretTrigger<K> {
         self.index().remove(key);
     }
 
-    /// After a re-list: forget every object it did not list.
-    pub(crate) fn retain(&self, existing: &HashSet<ObjectRef<K>, ahash::RandomState>) {
-        self.index().retain(|k| existing.contains(k));
+    /// After a re-list of `namespace` (`None`: of every namespace): forget every object of it
+    /// that the list did not hold.
+    pub(crate) fn retain(
+        &self,
+        existing: &HashSet<ObjectRef<K>, ahash::RandomState>,
+        namespace: Option<&str>,
+    ) {
+        self.index().retain(|k| {
+            existing.contains(k) || namespace.is_some_and(|ns| k.namespace.as_deref() != Some(ns))
+        });
     }
 }
 

@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
 use ractor::ActorRef;
-use tokio::sync::OwnedSemaphorePermit;
 
-use super::ResourceMsg;
+use super::{ResourceMsg, RunPermit};
 
 /// What a resource actor remembers across passivation (everything else is in the reflector
 /// store): the versions it has already handled, so a re-activation does not redo finished work.
@@ -41,8 +40,9 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     Listed(ObjectRef<K>),
     /// An object without a live actor was deleted from the API.
     Gone(ObjectRef<K>),
-    /// After a (re-)list, the keys that exist; every other known key is gone.
-    Resync(HashSet<ObjectRef<K>, ahash::RandomState>),
+    /// After a (re-)list of a namespace (`None`: of every namespace), the keys that exist;
+    /// every other known key of that namespace is gone.
+    Resync(HashSet<ObjectRef<K>, ahash::RandomState>, Option<String>),
     /// The restart backoff of this key elapsed.
     Restart(ObjectRef<K>),
     /// Wake this key (dependency ready, reference released, or a passive timer fired).
@@ -54,7 +54,7 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     PassiveWake(ObjectRef<K>, u64),
     /// A run slot for the next queued activation (an object gets a live actor only once it can
     /// run: see the manager's activation queue).
-    Permit(OwnedSemaphorePermit),
+    Permit(RunPermit),
     /// A resource actor passivated: it serves no object now, and hands back what its object's
     /// next activation needs. The manager re-activates the object if anything came in
     /// meanwhile, and gives the actor the next activation (or keeps it idle, or stops it).

@@ -12,4 +12,4 @@ mod timer;
 
 pub(crate) use manager::{MailWaiting, ManagerMsg, PassiveState};
 pub(crate) use resource::{Activation, ResourceMsg};
-pub(crate) use timer::{RunSlot, TimerMsg};
+pub(crate) use timer::{RunPermit, RunSlot, TimerMsg};

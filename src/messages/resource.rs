@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::OwnedSemaphorePermit;
 
-use super::{PassiveState, RunSlot, TimerMsg};
+use super::{PassiveState, RunPermit, RunSlot, TimerMsg};
 
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
@@ -43,7 +42,7 @@ pub struct Activation<K: kube::Resource<DynamicType = ()>> {
     /// State handed back at passivation (`None` for a first activation or a restart).
     pub passive: Option<PassiveState>,
     /// The run slot the manager acquired for the first pass.
-    pub permit: Option<OwnedSemaphorePermit>,
+    pub permit: Option<RunPermit>,
 }
 
 /// Timer deliveries ([`ResourceMsg::Wake`]) and run slots asked for ([`ResourceMsg::Slot`])

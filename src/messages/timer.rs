@@ -13,12 +13,23 @@ pub trait TimerMsg: Message {
     fn give_slot(&mut self, slot: RunSlot);
 }
 
+/// A run slot: the permit of the runtime's semaphore (`max_concurrent_runs`), and of the
+/// kind's own when its controller has a limit of its own (`Controller::max_concurrent_runs`).
+/// Dropping it frees both.
+#[derive(Debug)]
+pub struct RunPermit {
+    /// The permit of the runtime-wide limit.
+    pub runtime: OwnedSemaphorePermit,
+    /// The permit of the kind's limit, if it has one.
+    pub kind: Option<OwnedSemaphorePermit>,
+}
+
 /// A run slot the timer task handed out with a delivery, and when it did: the receiver tells
 /// how long the delivery waited for the workers from how long it waited for the slot.
 #[derive(Debug)]
 pub struct RunSlot {
-    /// The permit of the runtime's run-slot semaphore (`max_concurrent_runs`).
-    pub permit: OwnedSemaphorePermit,
+    /// The run slot.
+    pub permit: RunPermit,
     /// When the timer task sent it.
     pub given_at: Instant,
 }

@@ -341,6 +341,48 @@ async fn sharding_runs_on_its_roles() {
     .await;
 }
 
+/// A controller of two namespaces: one watch each, on a Role in each and nothing cluster-wide.
+#[tokio::test]
+async fn a_controller_of_two_namespaces_runs_on_a_role_in_each() {
+    bounded("rbac: two namespaces", async {
+        let env = shared_env().await;
+        let a = Ns::create(env.client(), "rbac-two-a").await;
+        let b = Ns::create(env.client(), "rbac-two-b").await;
+        let namespaces = [a.ns.clone(), b.ns.clone()];
+        let build = |client: Client| {
+            Runtime::builder(client)
+                .policy(real_policy())
+                .controller(
+                    Controller::<Widget>::new(counting(Passes::default()))
+                        .namespaces(namespaces.clone()),
+                )
+                .events("realapi-rbac")
+        };
+        let roles = build(env.client()).roles("rbac-two");
+        assert!(
+            roles.cluster_role.is_none(),
+            "nothing cluster-wide: {}",
+            roles.to_yaml().unwrap()
+        );
+        let role_namespaces: Vec<_> = roles
+            .roles
+            .iter()
+            .filter_map(|r| r.metadata.namespace.clone())
+            .collect();
+        assert_eq!(role_namespaces, namespaces, "a Role in each namespace");
+        prove(env, "two-namespaces", build, async |builder| {
+            let rt = builder
+                .start()
+                .await
+                .expect("start with the rendered roles");
+            futures::join!(widget_lifecycle(&a), widget_lifecycle(&b));
+            rt.shutdown().await;
+        })
+        .await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn leader_election_runs_on_its_roles() {
     bounded("rbac: leader election", async {
@@ -486,12 +528,41 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
         );
         everywhere.shutdown().await;
         // Confined to the namespace, the same user is ready.
-        let rt = confined(user).start().await.expect("start confined");
+        let rt = confined(user.clone())
+            .start()
+            .await
+            .expect("start confined");
         let health = rt.health();
         eventually("ready when confined", CONVERGE, || async {
             health.ready().ok.then_some(())
         })
         .await;
+        rt.shutdown().await;
+        // With a second namespace it holds no Role in: /readyz names that namespace's watch,
+        // and the objects of the first still run.
+        let other = Ns::create(admin.clone(), "rbac-unlisted").await;
+        let rt = Runtime::builder(user)
+            .policy(real_policy())
+            .controller(
+                Controller::<Widget>::new(counting(Passes::default()))
+                    .namespaces([api.ns.clone(), other.ns.clone()]),
+            )
+            .start()
+            .await
+            .expect("start without preflight");
+        let health = rt.health();
+        api.create_widget("runs", 1).await;
+        api.wait_all_ready(&["runs".to_string()]).await;
+        let detail = eventually("readiness names the other namespace", CONVERGE, || async {
+            let probe = health.ready();
+            (!probe.ok && probe.detail.contains("refused")).then_some(probe.detail)
+        })
+        .await;
+        assert!(
+            detail.contains(&format!("Widget in {}", other.ns))
+                && !detail.contains(&format!("Widget in {}", api.ns)),
+            "{detail}"
+        );
         rt.shutdown().await;
     })
     .await;

@@ -894,6 +894,182 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     rt.shutdown().await;
 }
 
+/// Passes of one step, blocked on `gate`: how many run at once now, and at most.
+#[derive(Clone, Default)]
+struct InFlight(Arc<(AtomicU32, AtomicU32, AtomicU32)>);
+
+impl InFlight {
+    fn step<K: ManagedResource>(&self, gate: Arc<Notify>) -> impl Provisioner<K> + use<K> {
+        let me = self.clone();
+        step("blocked", move |_cx: Context<K>| {
+            let (me, gate) = (me.clone(), gate.clone());
+            async move {
+                let (now, peak, total) = &*me.0;
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(n, Ordering::SeqCst);
+                total.fetch_add(1, Ordering::SeqCst);
+                gate.notified().await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Outcome::Done
+            }
+        })
+    }
+    fn now(&self) -> u32 {
+        self.0.0.load(Ordering::SeqCst)
+    }
+    fn peak(&self) -> u32 {
+        self.0.1.load(Ordering::SeqCst)
+    }
+    fn total(&self) -> u32 {
+        self.0.2.load(Ordering::SeqCst)
+    }
+}
+
+/// A kind's own limit (`Controller::max_concurrent_runs`) bounds its passes within the
+/// runtime's, and the runtime's other slots stay free for other kinds: with widgets limited
+/// to 2 of 4 slots, 2 gadgets still run beside 2 widgets while 4 more widgets wait.
+#[tokio::test(start_paused = true)]
+async fn a_kinds_own_limit_bounds_its_passes_and_leaves_the_rest_to_other_kinds() {
+    let (_cluster, client) = cluster();
+    let gate = Arc::new(Notify::new());
+    let (widgets_in, gadgets_in) = (InFlight::default(), InFlight::default());
+    let mut policy = test_policy();
+    policy.max_concurrent_runs = 4;
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(widgets_in.step(gate.clone())).max_concurrent_runs(2))
+        .controller(Controller::<Gadget>::new(gadgets_in.step(gate.clone())))
+        .start()
+        .await
+        .expect("start the runtime");
+    for i in 0..6 {
+        create(&client, &format!("w{i}"), 1).await;
+    }
+    let gadgets: kube::Api<Gadget> = kube::Api::namespaced(client.clone(), "default");
+    for i in 0..2 {
+        gadgets
+            .create(
+                &kube::api::PostParams::default(),
+                &Gadget::new(&format!("g{i}"), GadgetSpec::default()),
+            )
+            .await
+            .expect("create gadget");
+    }
+    eventually("2 widgets and 2 gadgets running", LIMIT, || async {
+        (widgets_in.now() == 2 && gadgets_in.now() == 2).then_some(())
+    })
+    .await;
+    // Paused clock: the runtime is idle before the clock moves, so every pass that could
+    // start has.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        (widgets_in.total(), gadgets_in.total()),
+        (2, 2),
+        "4 widgets wait for the kind's slots"
+    );
+    let opener = tokio::spawn(async move {
+        loop {
+            gate.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    wait_all_ready(&client, 6, LIMIT).await;
+    opener.abort();
+    assert_eq!(widgets_in.total(), 6, "one pass each");
+    assert_eq!(widgets_in.peak(), 2, "never more than the kind's limit");
+    rt.shutdown().await;
+}
+
+/// A controller of several namespaces watches each (one cache each): its objects there run
+/// and are deleted through their finalizer, and an object in another namespace is never
+/// seen.
+#[tokio::test(start_paused = true)]
+async fn a_controller_of_two_namespaces_runs_the_objects_of_both_and_no_other() {
+    let (_cluster, client) = cluster();
+    let log = RunLog::default();
+    let l = log.clone();
+    let tree = step("record", move |cx: Context<Widget>| {
+        let log = l.clone();
+        async move {
+            let i = log.start(&format!(
+                "{}/{}",
+                cx.object().namespace().unwrap_or_default(),
+                cx.object().name_any()
+            ));
+            log.end(i);
+            Outcome::Done
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree).namespaces(["b", "a", "b"]))
+        .start()
+        .await
+        .expect("start the runtime");
+    let api = |ns: &str| kube::Api::<Widget>::namespaced(client.clone(), ns);
+    for ns in ["a", "b", "c"] {
+        let namespace = k8s_openapi::api::core::v1::Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(ns.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        kube::Api::all(client.clone())
+            .create(&kube::api::PostParams::default(), &namespace)
+            .await
+            .expect("create the namespace");
+        let mut w = widget("w", 1);
+        w.metadata.namespace = Some(ns.into());
+        api(ns)
+            .create(&kube::api::PostParams::default(), &w)
+            .await
+            .expect("create");
+    }
+    for ns in ["a", "b"] {
+        eventually(&format!("{ns}/w Ready"), LIMIT, || async {
+            let w = api(ns).get("w").await.ok()?;
+            w.status
+                .as_ref()
+                .is_some_and(|s| s.is_ready())
+                .then_some(())
+        })
+        .await;
+    }
+    // Paused clock: idle before it moves, so whatever could run has.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        (log.count("a/w"), log.count("b/w"), log.count("c/w")),
+        (1, 1, 0)
+    );
+    let c = api("c").get("w").await.unwrap();
+    assert!(
+        c.status.is_none() && c.finalizers().is_empty(),
+        "c is not watched: {c:?}"
+    );
+    // Deleting in one namespace goes through its finalizer; the other's object stays.
+    api("a").delete("w", &Default::default()).await.unwrap();
+    eventually("a/w gone", LIMIT, || async {
+        api("a").get_opt("w").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        api("b")
+            .get("w")
+            .await
+            .unwrap()
+            .status
+            .is_some_and(|s| s.is_ready())
+    );
+    assert_eq!(
+        rt.metrics().activations,
+        2,
+        "a/w and b/w only: {:?}",
+        rt.metrics()
+    );
+    rt.shutdown().await;
+}
+
 /// A step that yields `times` times, `every` apart, then is done.
 fn yielding(times: u32, every: Duration) -> impl Provisioner<Widget> {
     let counts: Arc<Mutex<std::collections::HashMap<String, u32>>> = Arc::default();

@@ -453,6 +453,13 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
             .await),
         "policy.lock_expiry"
     );
+    assert_eq!(
+        err(b()
+            .controller(Controller::<Widget>::new(noop()).max_concurrent_runs(0))
+            .start()
+            .await),
+        "max_concurrent_runs of the Widget controller"
+    );
     // A namespaced config kind named without a namespace: no way to read it.
     assert_eq!(
         err(b()
@@ -834,6 +841,54 @@ async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
     touch("creds").await;
     eventually("both run for the config's Secret", LIMIT, || async {
         (passes_of(&passes, "a") == 2 && passes_of(&passes, "b") == 2).then_some(())
+    })
+    .await;
+    rt.shutdown().await;
+}
+
+/// A config read from another cluster (`ConfigRef::in_cluster`, a platform cluster holding
+/// the provider configs): the objects run with it and re-run when it changes there, a config
+/// of the same name in the objects' own cluster is not read, and the rendered roles (for the
+/// objects' cluster) leave it out.
+#[tokio::test(start_paused = true)]
+async fn a_config_from_another_cluster_re_runs_the_objects_and_stays_out_of_their_roles() {
+    let (_cluster, client) = cluster();
+    let platform = actorcile::cluster::ApiServer::new();
+    let platform_client = platform.client();
+    put_config(&platform_client, "one").await;
+    put_config(&client, "local").await;
+    let seen = Seen::default();
+    let builder = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(
+            Controller::<Widget>::new(config_tree(seen.clone())).config(
+                ConfigRef::<ConfigMap>::namespaced("default", "provider")
+                    .in_cluster(platform_client.clone()),
+            ),
+        );
+    let roles = builder.roles("op").rules();
+    assert!(
+        roles.iter().all(|r| !r
+            .rule
+            .resources
+            .iter()
+            .flatten()
+            .any(|res| res == "configmaps")),
+        "no role for the config in the objects' cluster: {roles:?}"
+    );
+    let rt = builder.start().await.expect("start the runtime");
+    create(&client, "a", 1).await;
+    create(&client, "b", 1).await;
+    wait_all_ready(&client, 2, LIMIT).await;
+    assert_eq!(
+        seen.last("a").as_deref(),
+        Some("one"),
+        "read from the platform cluster"
+    );
+    put_config(&platform_client, "two").await;
+    eventually("both ran with the platform's new config", LIMIT, || async {
+        (seen.last("a").as_deref() == Some("two") && seen.last("b").as_deref() == Some("two"))
+            .then_some(())
     })
     .await;
     rt.shutdown().await;
