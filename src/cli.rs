@@ -81,6 +81,22 @@ pub struct RuntimeArgs {
     )]
     pub log_filter: String,
 
+    /// Export the runtime's spans over OTLP/HTTP to this collector traces URL (e.g.
+    /// http://otel-collector:4318/v1/traces; feature `otel`)
+    #[cfg(feature = "otel")]
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// The service name of the exported spans (feature `otel`)
+    #[cfg(feature = "otel")]
+    #[arg(
+        long,
+        env = "OTEL_SERVICE_NAME",
+        value_name = "NAME",
+        default_value = "actorcile"
+    )]
+    pub otlp_service_name: String,
+
     /// Supervisor policy file (TOML) [default: the built-in policy]
     #[arg(long, env = "ACTORCILE_POLICY", value_name = "PATH")]
     pub policy: Option<PathBuf>,
@@ -149,8 +165,19 @@ pub struct RuntimeArgs {
 
 impl RuntimeArgs {
     /// Install the tracing subscriber the flags ask for
-    /// ([`init_tracing`](crate::telemetry::init_tracing)).
+    /// ([`init_tracing`](crate::telemetry::init_tracing)); with the feature `otel` and
+    /// `--otlp-endpoint`, one that also exports the spans
+    /// ([`init_tracing_with_otlp`](crate::telemetry::init_tracing_with_otlp)), kept until
+    /// [`shutdown_otlp`](crate::telemetry::shutdown_otlp) (which
+    /// [`RuntimeBuilder::run`](crate::runtime::RuntimeBuilder::run) calls when it returns).
     pub fn init_tracing(&self) -> Result<(), Error> {
+        #[cfg(feature = "otel")]
+        if let Some(endpoint) = &self.otlp_endpoint {
+            let otlp = crate::telemetry::Otlp::new(endpoint, &self.otlp_service_name)?;
+            crate::telemetry::init_tracing_with_otlp(self.log_format, &self.log_filter, &otlp)?;
+            crate::telemetry::keep_otlp(otlp);
+            return Ok(());
+        }
         crate::telemetry::init_tracing(self.log_format, &self.log_filter)
     }
 
@@ -285,6 +312,28 @@ mod tests {
         assert_eq!(a.admin_addr.port(), 9000);
         assert_eq!(a.log_format, LogFormat::Json);
         assert_eq!(a.policy().unwrap().max_concurrent_runs, 8);
+    }
+
+    /// The OTLP flags, and an endpoint that is no URL refused by `init_tracing` before any
+    /// subscriber is installed.
+    #[cfg(feature = "otel")]
+    #[test]
+    fn otlp_flags() {
+        let a = Args::try_parse_from(["op"]).unwrap().runtime;
+        assert!(a.otlp_endpoint.is_none());
+        assert_eq!(a.otlp_service_name, "actorcile");
+        let a = Args::try_parse_from([
+            "op",
+            "--otlp-endpoint",
+            "not a url",
+            "--otlp-service-name",
+            "dbs",
+        ])
+        .unwrap()
+        .runtime;
+        assert_eq!(a.otlp_service_name, "dbs");
+        let e = a.init_tracing().unwrap_err();
+        assert!(e.to_string().contains("OTLP endpoint"), "{e}");
     }
 
     #[test]

@@ -19,13 +19,15 @@
 //! - [`references`]: readiness and references between resources.
 //! - [`cluster`]: an in-process Kubernetes API server for tests, benchmarks and simulation.
 //! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests.
-//! - [`rbac`]: the ClusterRole a runtime needs, and its preflight check.
+//! - [`rbac`]: the Roles and ClusterRole a runtime needs, and its preflight check.
 //! - [`crds`]: render and install an operator's CustomResourceDefinitions.
 //! - [`health`]: what the runtime's liveness and readiness probes answer.
 //! - Feature `operator`, what an operator binary needs: [`cli`] (flags), [`telemetry`]
 //!   (tracing set-up), [`metrics`] (Prometheus), [`admin`] (`/metrics`, `/healthz`,
 //!   `/readyz`), [`leader`] (leader election on a Lease), and signal handling in
 //!   [`RuntimeBuilder::run`](runtime::RuntimeBuilder::run).
+//! - Feature `otel` (with `operator`): the passes' spans exported over OTLP
+//!   (`telemetry::Otlp`, `--otlp-endpoint`).
 //!
 //! # Inside (private; read the source)
 //!

@@ -14,6 +14,7 @@ mod cluster_api;
 mod conformance;
 mod external_dependencies;
 mod operator;
+mod otel;
 mod provider_handle;
 mod provisioners;
 mod real_guard;
