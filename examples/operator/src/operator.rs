@@ -39,7 +39,7 @@ pub struct NetworkSpec {
     version = "v1",
     kind = "Cluster",
     namespaced,
-    status = "ResourceStatus",
+    status = "ClusterStatus",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#
 )]
@@ -51,6 +51,19 @@ pub struct ClusterSpec {
     /// The node image.
     #[serde(default = "default_image")]
     pub image: String,
+}
+
+/// A Cluster's status: the runtime's part (Ready, phase, conditions) and where the cluster is
+/// reached, which its tree writes.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct ClusterStatus {
+    /// The runtime's part.
+    #[serde(flatten)]
+    pub base: ResourceStatus,
+    /// Where the cluster is reached: its first node's first endpoint (a published port), else
+    /// that node's name where the provider publishes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 fn default_image() -> String {
@@ -100,10 +113,17 @@ fn network_of(c: &Cluster) -> Target {
     )
 }
 
+/// The name of a Cluster's node set on the provider.
+fn node_set_of(c: &Cluster) -> String {
+    format!("{}-{}", c.namespace().unwrap_or_default(), c.name_any())
+}
+
 /// Cluster: wait for its Network to be Ready and hold a reference on it (so the Network cannot
-/// be deleted while the cluster uses it), start its nodes on the provider, then write its
-/// connection details as a ConfigMap `<name>-cluster`.
+/// be deleted while the cluster uses it), start its nodes on the provider, write where it is
+/// reached into its status (`status.endpoint`), then write its connection details as a
+/// ConfigMap `<name>-cluster`.
 pub fn cluster_tree(provider: Arc<dyn Provider>) -> impl Provisioner<Cluster> {
+    let nodes_provider = provider.clone();
     serial![
         step("network", |cx: Context<Cluster>| async move {
             let network = network_of(cx.object());
@@ -119,10 +139,35 @@ pub fn cluster_tree(provider: Arc<dyn Provider>) -> impl Provisioner<Cluster> {
             }
             Outcome::Done
         }),
-        nodes(provider, |c: &Cluster| {
-            let name = format!("{}-{}", c.namespace().unwrap_or_default(), c.name_any());
+        nodes(nodes_provider, |c: &Cluster| {
             let template = NodeSpec::new("", NodeRole::Worker, &c.spec.image);
-            NodeSet::new(name, 1, c.spec.workers, template)
+            NodeSet::new(node_set_of(c), 1, c.spec.workers, template)
+        }),
+        step("endpoint", move |cx: Context<Cluster>| {
+            let provider = provider.clone();
+            async move {
+                let nodes = match provider.list_nodes(&node_set_of(cx.object())).await {
+                    Ok(nodes) => nodes,
+                    Err(e) => {
+                        return Outcome::failed(
+                            Reason::new("ProviderError", "cannot list the cluster's nodes"),
+                            e,
+                        );
+                    }
+                };
+                let Some(first) = nodes.iter().min_by(|a, b| a.name.cmp(&b.name)) else {
+                    return Outcome::yield_after(
+                        Duration::from_secs(1),
+                        Reason::new("NoNodes", "the provider lists no node yet"),
+                    );
+                };
+                let endpoint = first.endpoints.first().unwrap_or(&first.name).clone();
+                // Written with the pass's one status write, and only when it changed.
+                if let Err(e) = cx.set_status_field("endpoint", endpoint) {
+                    return Outcome::Terminal(Reason::new("StatusFieldInvalid", e.to_string()));
+                }
+                Outcome::Done
+            }
         }),
         resource("connection", |c: &Cluster| ConfigMap {
             metadata: ObjectMeta {

@@ -256,6 +256,16 @@ async fn run() {
         ok.then_some(())
     })
     .await;
+    // Each cluster's tree wrote where it is reached into its status.
+    for c in clusters.list(&ListParams::default()).await.unwrap().items {
+        let endpoint = c.data["status"]["endpoint"].as_str().unwrap_or_default();
+        assert!(
+            !endpoint.is_empty(),
+            "{} has no status.endpoint: {:?}",
+            c.name_any(),
+            c.data["status"]
+        );
+    }
     eventually("net-bad Terminal with InvalidCIDR", || async {
         let o = networks.get("net-bad").await.ok()?;
         let s = ResourceStatus::of(&o);
