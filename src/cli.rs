@@ -81,7 +81,7 @@ pub struct RuntimeArgs {
     )]
     pub log_filter: String,
 
-    /// Export the runtime's spans over OTLP/HTTP to this collector traces URL (e.g.
+    /// Export the runtime's spans over OTLP/HTTP to this collector traces URL (plain http, e.g.
     /// http://otel-collector:4318/v1/traces; feature `otel`)
     #[cfg(feature = "otel")]
     #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", value_name = "URL")]

@@ -72,7 +72,7 @@ where
     })
 }
 
-/// Spans exported over OTLP (HTTP, protobuf) to an OpenTelemetry collector, in batches from a
+/// Spans exported over OTLP (plain HTTP, protobuf) to an OpenTelemetry collector, in batches from a
 /// thread of their own (feature `otel`). [`Otlp::layer`] is a tracing layer to add to a
 /// subscriber; [`init_tracing_with_otlp`] installs one with it. Call [`Otlp::shutdown`]
 /// before the process ends, or the last batch is lost.
@@ -95,7 +95,8 @@ pub struct Otlp {
 impl Otlp {
     /// Export to `endpoint`, the collector's traces URL (e.g.
     /// `http://otel-collector:4318/v1/traces`), as service `service_name`. Fails with
-    /// [`Error::Invalid`] on an endpoint that is not an `http` or `https` URL.
+    /// [`Error::Invalid`] on an endpoint that is not an `http` URL: the exporter is built
+    /// without TLS, for a collector agent on the node or a sidecar, which forwards further.
     pub fn new(endpoint: &str, service_name: &str) -> Result<Self, Error> {
         use opentelemetry_otlp::{Protocol, WithExportConfig};
         let invalid = |problem: String| Error::Invalid {
@@ -103,8 +104,15 @@ impl Otlp {
             problem,
         };
         let url = url::Url::parse(endpoint).map_err(|e| invalid(format!("{endpoint:?}: {e}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(invalid(format!("{endpoint:?}: not an http or https URL")));
+        match url.scheme() {
+            "http" => {}
+            "https" => {
+                return Err(invalid(format!(
+                    "{endpoint:?}: https is not supported (no TLS in the exporter): export over \
+                     http to a collector agent on the node or a sidecar"
+                )));
+            }
+            _ => return Err(invalid(format!("{endpoint:?}: not an http URL"))),
         }
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()

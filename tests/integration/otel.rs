@@ -173,10 +173,16 @@ async fn each_pass_is_one_exported_span_naming_the_object_and_its_outcome() {
     assert!(received.services().iter().all(|s| s == "otel-test"));
 }
 
-/// An endpoint that is not an http(s) URL is refused, naming it.
+/// An endpoint that is not an http URL is refused, naming it (https too: the exporter has no
+/// TLS, and a refusal at start-up beats spans lost at every export).
 #[test]
 fn an_endpoint_that_is_not_an_http_url_is_refused() {
-    for bad in ["collector:4318", "file:///etc/passwd", ""] {
+    for bad in [
+        "collector:4318",
+        "file:///etc/passwd",
+        "",
+        "https://collector:4318/v1/traces",
+    ] {
         let err = Otlp::new(bad, "x").unwrap_err().to_string();
         assert!(err.contains("OTLP endpoint"), "{bad}: {err}");
     }
