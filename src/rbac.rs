@@ -146,17 +146,19 @@ impl StepRule {
     /// `rules` needed by step `step` in the namespace of the object it runs for
     /// ([`RuleScope::Object`]).
     pub fn all(step: &str, rules: Vec<PolicyRule>) -> Vec<StepRule> {
-        Self::scoped(step, rules.into_iter().map(|r| (RuleScope::Object, r)))
+        Self::scoped(
+            step,
+            rules
+                .into_iter()
+                .map(|r| ScopedRule::new(RuleScope::Object, r)),
+        )
     }
 
     /// `rules` needed by step `step`, each where it is needed.
-    pub fn scoped(
-        step: &str,
-        rules: impl IntoIterator<Item = (RuleScope, PolicyRule)>,
-    ) -> Vec<StepRule> {
+    pub fn scoped(step: &str, rules: impl IntoIterator<Item = ScopedRule>) -> Vec<StepRule> {
         rules
             .into_iter()
-            .map(|(scope, rule)| StepRule {
+            .map(|ScopedRule { scope, rule }| StepRule {
                 step: step.to_string(),
                 scope,
                 rule,

@@ -374,19 +374,14 @@ fn health_of(app: &DynamicObject) -> AppHealth {
 #[async_trait]
 impl CdDriver for ArgoCd {
     /// Applications (argoproj.io) and cluster Secrets, in its namespace.
-    fn rules(
-        &self,
-    ) -> Vec<(
-        crate::rbac::RuleScope,
-        k8s_openapi::api::rbac::v1::PolicyRule,
-    )> {
+    fn rules(&self) -> Vec<crate::rbac::ScopedRule> {
         // Applications are found by their identity's labels (list), created, replaced when
         // their spec changes (update), asked to refresh (patch) and deleted; cluster Secrets
         // are read, written and deleted by name.
         let here = crate::rbac::RuleScope::namespace(&self.namespace);
         let verbs = |v: &[&str]| v.iter().map(|v| v.to_string()).collect();
         vec![
-            (
+            crate::rbac::ScopedRule::new(
                 here.clone(),
                 k8s_openapi::api::rbac::v1::PolicyRule {
                     api_groups: Some(vec!["argoproj.io".into()]),
@@ -395,7 +390,7 @@ impl CdDriver for ArgoCd {
                     ..Default::default()
                 },
             ),
-            (
+            crate::rbac::ScopedRule::new(
                 here,
                 crate::rbac::rule_for::<Secret>(&["get", "create", "update", "delete"]),
             ),

@@ -347,12 +347,7 @@ pub trait CdDriver: Send + Sync {
     async fn unregister_cluster(&self, id: &str, user: &str) -> Result<(), CdError>;
     /// The RBAC permissions the driver needs in the cluster its client talks to, each where it
     /// needs it (see [`Provisioner::rules`](super::Provisioner::rules)). Default: none.
-    fn rules(
-        &self,
-    ) -> Vec<(
-        crate::rbac::RuleScope,
-        k8s_openapi::api::rbac::v1::PolicyRule,
-    )> {
+    fn rules(&self) -> Vec<crate::rbac::ScopedRule> {
         Vec::new()
     }
 }

@@ -598,7 +598,7 @@ where
     /// Reading kubeconfig Secrets, and what its CD driver needs; not its children's: they run
     /// against the remote cluster, whose RBAC is another's.
     fn rules(&self) -> Vec<crate::rbac::StepRule> {
-        let mut rules = vec![(
+        let mut rules = vec![crate::rbac::ScopedRule::new(
             self.credentials_scope.clone(),
             crate::rbac::rule_for::<Secret>(&["get"]),
         )];

@@ -150,7 +150,7 @@ where
             &self.name,
             crate::rbac::child_rules_for::<C>()
                 .into_iter()
-                .map(|r| (scope.clone(), r)),
+                .map(|r| crate::rbac::ScopedRule::new(scope.clone(), r)),
         )
     }
 

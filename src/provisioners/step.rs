@@ -14,10 +14,7 @@ pub struct Step<K> {
     name: String,
     provision: StepFn<K>,
     deprovision: Option<StepFn<K>>,
-    rules: Vec<(
-        crate::rbac::RuleScope,
-        k8s_openapi::api::rbac::v1::PolicyRule,
-    )>,
+    rules: Vec<crate::rbac::ScopedRule>,
 }
 
 fn boxed_fn<K, P, F>(f: P) -> StepFn<K>
@@ -97,7 +94,7 @@ impl<K: 'static> Step<K> {
         scope: crate::rbac::RuleScope,
         rule: k8s_openapi::api::rbac::v1::PolicyRule,
     ) -> Self {
-        self.rules.push((scope, rule));
+        self.rules.push(crate::rbac::ScopedRule::new(scope, rule));
         self
     }
 }
