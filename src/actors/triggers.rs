@@ -378,9 +378,12 @@ pub(crate) async fn watch_related<K, R, S>(
         let m = r.meta();
         (m.namespace.clone(), m.name.clone().unwrap_or_default())
     };
-    let run = |owners: &[ObjectRef<K>]| {
+    // Each object once, whatever number of keys named it.
+    let run = |mut owners: Vec<ObjectRef<K>>| {
+        owners.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        owners.dedup();
         for o in owners {
-            notify(&shared, &manager, o.clone());
+            notify(&shared, &manager, o);
         }
     };
     let echo = |key: &Key, version: &str| {
@@ -409,9 +412,7 @@ pub(crate) async fn watch_related<K, R, S>(
                     owners.extend(before);
                 }
                 if !echo(&key, crate::provisioners::context::OwnWrites::DELETED) {
-                    owners.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-                    owners.dedup();
-                    run(&owners);
+                    run(owners);
                 }
                 continue;
             }
@@ -426,7 +427,7 @@ pub(crate) async fn watch_related<K, R, S>(
                         .collect();
                     for key in gone {
                         if let Some((_, owners)) = known.remove(&key) {
-                            run(&owners);
+                            run(owners);
                         }
                     }
                 }
@@ -452,9 +453,7 @@ pub(crate) async fn watch_related<K, R, S>(
             if let Some((_, was)) = before {
                 all.extend(was);
             }
-            all.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-            all.dedup();
-            run(&all);
+            run(all);
         }
     }
 }
