@@ -3,8 +3,15 @@
 //!
 //! # Where things are
 //!
+//! Follow one watch event: `kind.rs` starts a kind (its watches, its manager), `feeder.rs`
+//! turns the event into a message, `manager.rs` routes it to the object's actor,
+//! `resource.rs` runs the pass, `writes.rs` writes its status.
+//!
 //! | file | what it holds |
 //! |---|---|
+//! | `kind.rs` | one kind's start-up: watches, store, manager, triggers, from what [`Controller`](crate::runtime::Controller) collected |
+//! | `kind_view.rs` | a kind as the reference index sees it: readiness, existence, notification |
+//! | `root.rs` | the root actor, parent of every manager; escalations end there |
 //! | `manager.rs` | the manager supervisor: message handling, supervision, activation |
 //! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
 //! | `restarts.rs` | restart intensity and backoff per object (plain data), [`Escalation`] |
@@ -24,7 +31,8 @@
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
 //! [`crate::policy`], [`crate::provisioners`], [`crate::references`] and [`crate::status`];
-//! none of those imports the actors. [`crate::runtime`] starts them.
+//! none of those imports the actors. [`crate::runtime`] starts them, kind by kind, through
+//! `kind.rs`.
 //!
 //! # Glossary
 //!
@@ -64,13 +72,21 @@
 mod activation_queue;
 mod event_budget;
 mod feeder;
+mod kind;
 pub(crate) mod mailbox;
+pub use kind::HookError;
+pub(crate) use kind::{
+    ConfigSpec, KindSpec, RelatedSpec, ShardClients, Start, StartCx, Started, boxed_hook,
+};
+mod kind_view;
 mod manager;
 mod metrics;
 mod outcome_key;
 mod passive_timers;
 mod resource;
 pub(crate) mod restarts;
+mod root;
+pub(crate) use root::{ManagerFailure, Root};
 mod run_deadline;
 mod run_slots;
 pub(crate) use run_slots::RunSlots;

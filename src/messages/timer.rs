@@ -17,6 +17,8 @@ pub trait TimerMsg: Message {
 /// kind's own when its controller has a limit of its own (`Controller::max_concurrent_runs`).
 /// Dropping it frees both.
 #[derive(Debug)]
+// Held, not read (outside tests and benchmarks): dropping the permits frees the slots.
+#[allow(dead_code)]
 pub struct RunPermit {
     /// The permit of the runtime-wide limit.
     pub runtime: OwnedSemaphorePermit,

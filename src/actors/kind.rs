@@ -1,0 +1,528 @@
+//! One kind's start-up: the path watch → feeder → manager → resource actors, built from a
+//! [`KindSpec`] (what [`Controller`](crate::runtime::Controller) collects) and the runtime's
+//! [`StartCx`]. The runtime ([`crate::runtime`]) starts each kind through [`Start`], its type
+//! erased.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher;
+use ractor::{Actor, ActorCell};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use super::kind_view::KindView;
+use crate::actors::mailbox::Mailbox;
+use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
+use crate::actors::{
+    KindMetrics, KindWatch, Manager, ManagerArgs, Metrics, RunSlots, ShardScope, Shared, Timers,
+    run_feeder,
+};
+use crate::event_recorder::EventRecorder;
+use crate::health::Health;
+use crate::messages::ManagerMsg;
+use crate::policy::SupervisorPolicy;
+use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner};
+use crate::references::{ReferenceApi, ReferenceIndex, Target, referrers_in};
+use crate::sharding::Shards;
+use crate::triggers::SecretRefs;
+use crate::{Error, ManagedResource};
+
+/// One managed kind as the runtime starts it: its provisioner tree and options, as
+/// [`Controller`](crate::runtime::Controller)'s builder methods set them.
+pub(crate) struct KindSpec<K: ManagedResource> {
+    pub(crate) tree: BoxProvisioner<K>,
+    pub(crate) policy: Option<SupervisorPolicy>,
+    pub(crate) watcher: watcher::Config,
+    /// The namespaces it watches, sorted, without repeats (empty: the runtime's, else all).
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) finalizer: bool,
+    pub(crate) status: bool,
+    pub(crate) config: Option<ConfigSpec>,
+    pub(crate) secrets: Option<SecretRefs<K>>,
+    pub(crate) upgrade: Option<Hook>,
+    pub(crate) initialize: Option<Hook>,
+    pub(crate) shard_key: Option<crate::actors::ShardKey<K>>,
+    pub(crate) related: Vec<RelatedSpec<K>>,
+    pub(crate) max_concurrent_runs: Option<usize>,
+}
+
+/// Starts a watch of a related kind in one namespace (`None`: in all): the client, the
+/// namespace, the kind's state, the record of the runtime's own child writes, the manager.
+pub(crate) type StartRelated<K> = Box<
+    dyn Fn(
+            Client,
+            Option<String>,
+            Arc<Shared<K>>,
+            Option<Arc<crate::provisioners::context::OwnWrites>>,
+            Mailbox<ManagerMsg<K>>,
+        ) -> JoinHandle<()>
+        + Send,
+>;
+
+/// A watch of children or related objects, its kind erased ([`Controller::owns`],
+/// [`Controller::watches`]).
+pub(crate) struct RelatedSpec<K: ManagedResource> {
+    /// Children the runtime writes (the echoes of its writes run nothing).
+    pub(crate) owned: bool,
+    /// Whether the related kind is cluster-scoped: one watch, whatever the namespaces.
+    pub(crate) cluster_scoped: bool,
+    pub(crate) rule: k8s_openapi::api::rbac::v1::PolicyRule,
+    pub(crate) start: StartRelated<K>,
+}
+
+/// A controller's start-up hook ([`Controller::on_upgrade`], [`Controller::on_initialize`]).
+pub(crate) type Hook =
+    Box<dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), HookError>> + Send>;
+
+pub(crate) fn boxed_hook<F, Fut>(hook: F) -> Hook
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), HookError>> + Send + 'static,
+{
+    Box::new(move |c| Box::pin(hook(c)))
+}
+
+/// What a hook fails with: any error; its message fails the runtime's start-up.
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Builds a config's view and what starts its watch ([`Controller::config`]).
+pub(crate) type StartConfig =
+    Box<dyn FnOnce(&Client) -> (Arc<dyn ConfigView>, StartConfigWatch) + Send>;
+
+/// A controller's provider config, its type erased ([`Controller::config`]).
+pub(crate) struct ConfigSpec {
+    /// `kind namespace/name`, for errors.
+    pub(crate) described: String,
+    /// What is wrong with it, found when it was given.
+    pub(crate) invalid: Option<String>,
+    pub(crate) rules: Vec<crate::rbac::ScopedRule>,
+    /// Lists the config's kind once: an API server that does not serve it is a start-up error.
+    pub(crate) probe: Box<
+        dyn FnOnce(Client) -> futures::future::BoxFuture<'static, Result<(), kube::Error>> + Send,
+    >,
+    pub(crate) start: StartConfig,
+}
+
+impl<K: ManagedResource> KindSpec<K> {
+    /// The namespaces this controller's objects are watched in, one watch each: its own,
+    /// else the runtime's `default`; `[None]` for every namespace, and always for a
+    /// cluster-scoped kind.
+    pub(crate) fn objects_namespaces(&self, default: Option<&str>) -> Vec<Option<String>> {
+        if crate::object_api::is_cluster_scoped::<K>() {
+            return vec![None];
+        }
+        if self.namespaces.is_empty() {
+            return vec![default.map(str::to_string)];
+        }
+        self.namespaces.iter().cloned().map(Some).collect()
+    }
+}
+
+/// Type-erased controller, started by the runtime.
+#[async_trait]
+pub(crate) trait Start: Send {
+    async fn start(self: Box<Self>, cx: &StartCx) -> Result<Started, Error>;
+    /// What the runtime needs for this controller, with the runtime's namespace `default`.
+    fn rules(&self, default: Option<&str>) -> Vec<crate::rbac::ScopedRule>;
+    /// What its tree's steps need besides, their [`RuleScope::Object`] resolved.
+    ///
+    /// [`RuleScope::Object`]: crate::rbac::RuleScope::Object
+    fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule>;
+    /// The kind, as (apiVersion, kind).
+    fn kind(&self) -> (String, String);
+    /// Whether its settings are valid (the first problem, naming the field).
+    fn validate(&self) -> Result<(), Error>;
+    /// Watch only `ns`, unless the controller names its own namespace.
+    fn default_namespace(&mut self, ns: &str);
+}
+
+pub(crate) struct StartCx {
+    pub(crate) client: Client,
+    pub(crate) policy: SupervisorPolicy,
+    pub(crate) runs: Arc<Semaphore>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) references: Arc<ReferenceIndex>,
+    pub(crate) finalizer: String,
+    pub(crate) field_manager: String,
+    pub(crate) reporter: Option<Reporter>,
+    pub(crate) root: ActorCell,
+    pub(crate) holder: Arc<str>,
+    pub(crate) health: Arc<Health>,
+    /// With sharding: the shards held, a fenced client per shard, and the shard label's key
+    /// when each replica watches only its shards ([`crate::sharding::ShardWatch::HeldShards`]).
+    pub(crate) shards: Option<(Arc<Shards>, ShardClients, Option<Arc<str>>)>,
+}
+
+/// A fenced client per shard, in shard order.
+pub(crate) type ShardClients = Arc<[Arc<Client>]>;
+
+pub(crate) struct Started {
+    pub(crate) kind: String,
+    pub(crate) manager: ActorCell,
+    /// The watch tasks: the kind's feeder, and its triggers' watches.
+    pub(crate) tasks: Vec<JoinHandle<()>>,
+}
+
+#[async_trait]
+impl<K: ManagedResource> Start for KindSpec<K> {
+    fn rules(&self, default: Option<&str>) -> Vec<crate::rbac::ScopedRule> {
+        use crate::rbac::{RuleScope, ScopedRule};
+        let mut rules = Vec::new();
+        if let Some(c) = &self.config {
+            rules.extend(c.rules.iter().cloned());
+        }
+        for ns in self.objects_namespaces(default) {
+            let objects = RuleScope::Object.resolve(ns.as_deref());
+            let in_objects = |rule| ScopedRule::new(objects.clone(), rule);
+            rules.extend(crate::rbac::rules_for::<K>().into_iter().map(in_objects));
+            if self.secrets.is_some() {
+                rules.push(in_objects(crate::rbac::rule_for::<Secret>(&[
+                    "list", "watch",
+                ])));
+            }
+            for r in &self.related {
+                // A cluster-scoped related kind is watched once, cluster-wide.
+                let scope = if r.cluster_scoped {
+                    RuleScope::Cluster
+                } else {
+                    objects.clone()
+                };
+                rules.push(ScopedRule::new(scope, r.rule.clone()));
+            }
+            // Events go to the object's namespace; those of cluster-scoped objects to `default`.
+            let events = if crate::object_api::is_cluster_scoped::<K>() {
+                RuleScope::namespace("default")
+            } else {
+                objects.clone()
+            };
+            rules.extend(
+                crate::rbac::common_rules()
+                    .into_iter()
+                    .map(|r| ScopedRule::new(events.clone(), r)),
+            );
+        }
+        rules
+    }
+
+    fn kind(&self) -> (String, String) {
+        (K::api_version(&()).into_owned(), K::kind(&()).into_owned())
+    }
+
+    fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule> {
+        let mut rules = Vec::new();
+        for r in self.tree.rules() {
+            if r.scope == crate::rbac::RuleScope::Object {
+                // Once in each namespace the objects are in.
+                for ns in self.objects_namespaces(default) {
+                    let mut r = r.clone();
+                    r.scope = crate::rbac::RuleScope::Object.resolve(ns.as_deref());
+                    rules.push(r);
+                }
+            } else {
+                rules.push(r);
+            }
+        }
+        rules
+    }
+
+    fn default_namespace(&mut self, ns: &str) {
+        if self.namespaces.is_empty() && !crate::object_api::is_cluster_scoped::<K>() {
+            self.namespaces = vec![ns.to_string()];
+        }
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        if let Some(p) = &self.policy {
+            p.validate()?;
+        }
+        if let Some(n) = self.max_concurrent_runs
+            && !(1..=crate::policy::MAX_CONCURRENCY).contains(&n)
+        {
+            return Err(Error::Invalid {
+                field: format!("max_concurrent_runs of the {} controller", K::kind(&())),
+                problem: format!("{n}: must be 1 to {}", crate::policy::MAX_CONCURRENCY),
+            });
+        }
+        for ns in &self.namespaces {
+            if crate::object_api::is_cluster_scoped::<K>() {
+                return Err(Error::Invalid {
+                    field: format!("namespace of the {} controller", K::kind(&())),
+                    problem: format!(
+                        "{} is cluster-scoped: its objects are in no namespace",
+                        K::kind(&())
+                    ),
+                });
+            }
+            if !crate::names::is_dns_label(ns) {
+                return Err(Error::Invalid {
+                    field: format!("namespace of the {} controller", K::kind(&())),
+                    problem: format!("{ns:?} is not a valid namespace name"),
+                });
+            }
+        }
+        if let Some(c) = &self.config
+            && let Some(problem) = &c.invalid
+        {
+            return Err(Error::Invalid {
+                field: format!("config of the {} controller", K::kind(&())),
+                problem: format!("{}: {problem}", c.described),
+            });
+        }
+        Ok(())
+    }
+
+    async fn start(mut self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
+        let mut policy = self.policy.take().unwrap_or_else(|| cx.policy.clone());
+        policy.validate()?;
+        for (name, hook) in [
+            ("upgrade", self.upgrade.take()),
+            ("initialize", self.initialize.take()),
+        ] {
+            if let Some(hook) = hook {
+                tracing::info!(controller = %K::kind(&()), hook = name, "running start-up hook");
+                hook(cx.client.clone()).await.map_err(|e| Error::Hook {
+                    controller: K::kind(&()).into_owned(),
+                    hook: name,
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        // The runtime-wide fields are the runtime's, whatever the kind's policy says: one
+        // limit of runs for all kinds, one watch of unmanaged kinds, one shutdown, one set of
+        // Lease timings (the keeper and elector read the runtime's, and so must the feeder).
+        policy.max_concurrent_runs = cx.policy.max_concurrent_runs;
+        policy.dependency_watch_idle = cx.policy.dependency_watch_idle;
+        policy.shutdown_timeout = cx.policy.shutdown_timeout;
+        policy.lease_duration = cx.policy.lease_duration;
+        policy.lease_renew_deadline = cx.policy.lease_renew_deadline;
+        policy.lease_retry_period = cx.policy.lease_retry_period;
+        // One watch, and one store, per namespace (the runtime's default is applied already).
+        let namespaces = self.objects_namespaces(None);
+        let (store, writers) = crate::actors::KindStore::<K>::new(&namespaces);
+        let recorder = cx
+            .reporter
+            .clone()
+            .map(|r| Arc::new(EventRecorder::new(cx.client.clone(), r)));
+        let related = std::mem::take(&mut self.related);
+        let own_writes = related
+            .iter()
+            .any(|r| r.owned)
+            .then(|| Arc::new(crate::provisioners::context::OwnWrites::default()));
+        let parts = Arc::new(ControllerParts {
+            own_writes: own_writes.clone(),
+            recorder,
+            references: Some(cx.references.clone() as Arc<dyn ReferenceApi>),
+            field_manager: Arc::from(cx.field_manager.as_str()),
+            holder: cx.holder.clone(),
+            lock_expiry: policy.lock_expiry,
+        });
+        let kind = K::kind(&()).into_owned();
+        let (config, start_config) = match self.config {
+            Some(spec) => {
+                if let Err(e) = (spec.probe)(cx.client.clone()).await
+                    && matches!(&e, kube::Error::Api(s) if s.code == 404)
+                {
+                    return Err(Error::Invalid {
+                        field: format!("config of the {kind} controller"),
+                        problem: format!("the API server does not serve {}: {e}", spec.described),
+                    });
+                }
+                let (view, start) = (spec.start)(&cx.client);
+                (Some(view), Some(start))
+            }
+            None => (None, None),
+        };
+        let runs = RunSlots::new(cx.runs.clone(), self.max_concurrent_runs);
+        let timers = Timers::with_run_slots(&runs);
+        cx.health.add_task(
+            &format!("the {kind} timers"),
+            crate::health::TaskCheck(Box::new(timers.liveness())),
+        );
+        let kind_metrics = Arc::new(KindMetrics::new(&kind, {
+            let (store, timers) = (store.clone(), timers.gauges());
+            Box::new(move || (store.len() as u64, timers.armed(), timers.waiting()))
+        }));
+        cx.metrics.add_kind(kind_metrics.clone());
+        let shared = Arc::new(Shared {
+            client: Arc::new(cx.client.clone()),
+            tree: self.tree,
+            policy,
+            runs,
+            store,
+            routes: DashMap::default(),
+            finalizer: cx.finalizer.clone(),
+            use_finalizer: self.finalizer,
+            write_status: self.status,
+            metrics: cx.metrics.clone(),
+            kind_metrics: kind_metrics.clone(),
+            event_budget: Default::default(),
+            status_checks: Default::default(),
+            references: cx.references.clone(),
+            timers,
+            parts,
+            config,
+            secrets: self.secrets.map(SecretTrigger::new),
+            shards: cx
+                .shards
+                .as_ref()
+                .map(|(shards, clients, label)| ShardScope {
+                    shards: shards.clone(),
+                    clients: clients.clone(),
+                    key: self.shard_key.take(),
+                    label: label.clone(),
+                }),
+        });
+        let synced = Arc::new(AtomicBool::new(false));
+        // What `/readyz` checks for each watch: whether its first list is in (the kind's, with
+        // one watch), and why the server refuses it; named by the kind, and its namespace with
+        // several watches.
+        let watches: Vec<(Arc<AtomicBool>, crate::health::WatchRefusal)> = namespaces
+            .iter()
+            .map(|ns| {
+                let refused = crate::health::WatchRefusal::default();
+                let (name, listed) = match ns {
+                    Some(ns) if namespaces.len() > 1 => {
+                        (format!("{kind} in {ns}"), Arc::new(AtomicBool::new(false)))
+                    }
+                    _ => (kind.clone(), synced.clone()),
+                };
+                cx.health.add_kind(&name, listed.clone(), refused.clone());
+                (listed, refused)
+            })
+            .collect();
+        let handle = Arc::new(KindView {
+            shared: shared.clone(),
+            synced: synced.clone(),
+            manager: OnceLock::new(),
+        });
+        cx.references
+            .register_kind(&K::api_version(&()), &kind, handle.clone());
+        let (mailbox, rx) = crate::actors::mailbox::channel();
+        let (manager, _) = Actor::spawn_linked(
+            None,
+            Manager {
+                shared: shared.clone(),
+            },
+            ManagerArgs {
+                mailbox: mailbox.clone(),
+                rx,
+            },
+            cx.root.clone(),
+        )
+        .await
+        .map_err(|e| Error::Spawn {
+            actor: format!("{kind} manager"),
+            source: Box::new(e),
+        })?;
+        cx.health.add_supervisor(manager.get_cell());
+        let mailbox = mailbox.bind(manager.clone());
+        let _ = handle.manager.set(mailbox.clone());
+        if let Some((shards, _, _)) = &cx.shards {
+            // A shard acquired: run its objects (the previous holder's work is not known here).
+            let m = mailbox.clone();
+            shards.on_acquired(Box::new(move |shard| {
+                m.send(ManagerMsg::ShardAcquired(shard));
+            }));
+        }
+        let mut tasks = Vec::new();
+        if let Some(start) = start_config {
+            let (listed_tx, listed) = tokio::sync::oneshot::channel();
+            let m = mailbox.clone();
+            tasks.push(start(
+                Arc::new(move || {
+                    m.send(ManagerMsg::Broadcast);
+                }),
+                listed_tx,
+            ));
+            // Passes must see the config as it is, not as missing because it is not listed yet.
+            let _ = listed.await;
+        }
+        for r in related {
+            let scopes = if r.cluster_scoped {
+                &[None][..]
+            } else {
+                &namespaces[..]
+            };
+            for ns in scopes {
+                tasks.push((r.start)(
+                    cx.client.clone(),
+                    ns.clone(),
+                    shared.clone(),
+                    own_writes.clone(),
+                    mailbox.clone(),
+                ));
+            }
+        }
+        if shared.secrets.is_some() {
+            for ns in &namespaces {
+                let api: Api<PartialObjectMeta<Secret>> = match ns {
+                    Some(ns) => Api::namespaced(cx.client.clone(), ns),
+                    None => Api::all(cx.client.clone()),
+                };
+                tasks.push(tokio::spawn(crate::actors::triggers::watch_secrets(
+                    shared.clone(),
+                    api,
+                    mailbox.clone(),
+                )));
+            }
+        }
+        // Mark the kind synced (and rebuild its part of the reference index from the persisted
+        // annotations) once the first list of every watch is in the store, before references
+        // are trusted.
+        let store = shared.store.clone();
+        let references = cx.references.clone();
+        let mut lists = Vec::new();
+        for ((ns, writer), (flag, refused)) in namespaces.iter().zip(writers).zip(watches) {
+            let api: Api<K> = crate::object_api::kind_api(cx.client.clone(), ns.as_deref());
+            let (listed_tx, listed) = tokio::sync::oneshot::channel::<()>();
+            let several = namespaces.len() > 1;
+            lists.push(async move {
+                let done = listed.await.is_ok();
+                if done && several {
+                    flag.store(true, Ordering::Release);
+                }
+                done
+            });
+            let watch = KindWatch {
+                api,
+                config: self.watcher.clone(),
+                namespace: ns.clone(),
+                refused,
+            };
+            tasks.push(tokio::spawn(run_feeder(
+                shared.clone(),
+                watch,
+                writer,
+                mailbox.clone(),
+                listed_tx,
+            )));
+        }
+        let (api_version, kind_name) = (K::api_version(&()).into_owned(), kind.clone());
+        tokio::spawn(async move {
+            let all_listed = futures::future::join_all(lists).await;
+            if all_listed.into_iter().all(|listed| listed) {
+                for obj in store.state() {
+                    if let Some(a) = obj.meta().annotations.as_ref() {
+                        references.learn(&Target::of(obj.as_ref()), &referrers_in(a));
+                    }
+                }
+                synced.store(true, Ordering::Release);
+                references.kind_synced(&api_version, &kind_name);
+            }
+        });
+        Ok(Started {
+            kind,
+            manager: manager.get_cell(),
+            tasks,
+        })
+    }
+}

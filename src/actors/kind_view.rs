@@ -1,0 +1,94 @@
+//! A kind as the reference index sees it ([`crate::references::KindHandle`]).
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::ObjectRef;
+
+use crate::ManagedResource;
+use crate::actors::Shared;
+use crate::actors::mailbox::Mailbox;
+use crate::messages::{ManagerMsg, ResourceMsg};
+use crate::references::{KindHandle, Readiness, Target, referrers_in};
+use crate::status::ResourceStatus;
+
+/// What the reference index sees of one kind: its store, its routes and its manager.
+pub(crate) struct KindView<K: ManagedResource> {
+    pub(crate) shared: Arc<Shared<K>>,
+    pub(crate) synced: Arc<AtomicBool>,
+    pub(crate) manager: OnceLock<Mailbox<ManagerMsg<K>>>,
+}
+
+fn key_of<K: ManagedResource>(t: &Target) -> ObjectRef<K> {
+    let r = ObjectRef::<K>::new(&t.name);
+    match &t.namespace {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
+impl<K: ManagedResource> KindHandle for KindView<K> {
+    fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+    fn in_view(&self, target: &Target) -> bool {
+        self.shared.in_view(&key_of::<K>(target))
+    }
+    fn readiness(&self, target: &Target) -> Readiness {
+        match self.shared.store.get(&key_of::<K>(target)) {
+            // Not in the store before the kind's first list is complete: it may not be listed
+            // yet. Missing is only said once the list is in (`ReferenceIndex::kind_synced`
+            // wakes the waiters then, so they see it).
+            None if !self.synced() => Readiness::NotReady,
+            None => Readiness::Missing,
+            Some(o) if o.meta().deletion_timestamp.is_some() => Readiness::Deleting,
+            Some(o) => {
+                let status = ResourceStatus::of(o.as_ref());
+                if status.is_ready() {
+                    Readiness::Ready
+                } else if status.phase == Some(crate::status::Phase::Failed) {
+                    Readiness::Failed
+                } else {
+                    Readiness::NotReady
+                }
+            }
+        }
+    }
+    fn exists(&self, target: &Target) -> bool {
+        self.shared.store.get(&key_of::<K>(target)).is_some()
+    }
+    fn deleting(&self, target: &Target) -> bool {
+        self.shared
+            .store
+            .get(&key_of::<K>(target))
+            .is_some_and(|o| o.meta().deletion_timestamp.is_some())
+    }
+    fn referrers(&self, target: &Target) -> Vec<Target> {
+        self.shared
+            .store
+            .get(&key_of::<K>(target))
+            .and_then(|o| o.meta().annotations.as_ref().map(referrers_in))
+            .unwrap_or_default()
+    }
+    fn notify(&self, target: &Target) {
+        let key = key_of::<K>(target);
+        if let Some(a) = self.shared.routes.get(&key)
+            && a.cast(ResourceMsg::Notify).is_ok()
+        {
+            return;
+        }
+        if let Some(m) = self.manager.get() {
+            m.send(ManagerMsg::Notify(key));
+        }
+    }
+    fn dynamic_api(&self, target: &Target) -> Api<DynamicObject> {
+        let ar = ApiResource::erase::<K>(&());
+        match &target.namespace {
+            Some(ns) => Api::namespaced_with(Client::clone(&self.shared.client), ns, &ar),
+            None => Api::all_with(Client::clone(&self.shared.client), &ar),
+        }
+    }
+}

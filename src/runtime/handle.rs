@@ -1,0 +1,199 @@
+//! [`RuntimeHandle`]: a running runtime, observed and shut down.
+
+use std::sync::Arc;
+
+use ractor::{ActorCell, ActorRef};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
+
+#[cfg(feature = "operator")]
+use super::builder::AdminServers;
+use crate::Error;
+use crate::actors::Metrics;
+use crate::actors::{KindMetricsSnapshot, ManagerFailure, MetricsSnapshot, Started};
+use crate::health::Health;
+use crate::references::ReferenceIndex;
+
+/// A running runtime.
+pub struct RuntimeHandle {
+    pub(super) holder: Arc<str>,
+    pub(super) started: Vec<Started>,
+    /// The run slots; closed at shutdown, so no new pass or activation starts.
+    pub(super) runs: Arc<Semaphore>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) escalated: watch::Receiver<Option<ManagerFailure>>,
+    pub(super) references: Arc<ReferenceIndex>,
+    pub(super) root: ActorRef<()>,
+    pub(super) root_task: JoinHandle<()>,
+    pub(super) shutdown_timeout: std::time::Duration,
+    pub(super) health: Arc<Health>,
+    /// With sharding: stops the shard keeper, which hands itself back to release the shards.
+    pub(super) keeper: Option<(
+        watch::Sender<bool>,
+        JoinHandle<crate::sharding::keeper::Keeper>,
+    )>,
+    #[cfg(feature = "operator")]
+    pub(super) admin: AdminServers,
+    #[cfg(feature = "operator")]
+    pub(super) registry: Arc<crate::metrics::Registry>,
+}
+
+/// Stops a runtime at once, from outside its shutdown ([`RuntimeBuilder::run`](super::RuntimeBuilder::run) on a second
+/// signal).
+#[cfg(feature = "operator")]
+pub(super) struct Aborter {
+    managers: Vec<ActorCell>,
+    tasks: Vec<tokio::task::AbortHandle>,
+    root: ActorCell,
+}
+
+#[cfg(feature = "operator")]
+impl Aborter {
+    pub(super) fn abort(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for m in &self.managers {
+            for child in m.get_children() {
+                child.kill();
+            }
+            m.kill();
+        }
+        self.root.kill();
+    }
+}
+
+impl RuntimeHandle {
+    #[cfg(feature = "operator")]
+    pub(super) fn aborter(&self) -> Aborter {
+        Aborter {
+            managers: self.started.iter().map(|s| s.manager.clone()).collect(),
+            tasks: self
+                .started
+                .iter()
+                .flat_map(|s| s.tasks.iter().map(|t| t.abort_handle()))
+                .chain(self.keeper.iter().map(|(_, k)| k.abort_handle()))
+                .collect(),
+            root: self.root.get_cell(),
+        }
+    }
+
+    /// Give a gated runtime (a warm standby) its `slots` run slots: it starts running.
+    #[cfg(feature = "operator")]
+    pub(super) fn lead(&self, slots: usize) {
+        self.runs.add_permits(slots);
+    }
+
+    /// With [sharding](super::RuntimeBuilder::sharding), the shards this replica holds now (runs the
+    /// objects of), in order; without, empty.
+    pub fn shards_held(&self) -> Vec<u32> {
+        self.health.shards_held()
+    }
+
+    /// What the health probes answer ([`crate::health`]).
+    pub fn health(&self) -> Arc<Health> {
+        self.health.clone()
+    }
+
+    /// The address the admin server listens on (with [`RuntimeBuilder::admin`](super::RuntimeBuilder::admin)).
+    #[cfg(feature = "operator")]
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.main.as_ref().map(|a| a.local_addr())
+    }
+
+    /// The address metrics are served on apart (with [`RuntimeBuilder::metrics_addr`](super::RuntimeBuilder::metrics_addr)).
+    #[cfg(feature = "operator")]
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.metrics.as_ref().map(|a| a.local_addr())
+    }
+
+    /// The Prometheus registry with the runtime's metrics (and the operator's own, given
+    /// with [`RuntimeBuilder::metrics_registry`](super::RuntimeBuilder::metrics_registry)), e.g. to serve it elsewhere.
+    #[cfg(feature = "operator")]
+    pub fn metrics_registry(&self) -> Arc<crate::metrics::Registry> {
+        self.registry.clone()
+    }
+
+    /// This runtime's holder id: the holder its guarded steps' locks name
+    /// ([`Context::guard`](crate::provisioners::Context::guard)). Unique per runtime.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Runtime-wide counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    /// Each controller's own figures: passes by result, pass durations, the wait from due to
+    /// start, objects cached, Events.
+    pub fn kind_metrics(&self) -> Vec<KindMetricsSnapshot> {
+        self.metrics.kinds()
+    }
+
+    /// The kinds this runtime does not manage whose objects it watches now, as
+    /// (apiVersion, kind): each started by a provisioner waiting on one of its objects
+    /// ([`Context::require_ready`](crate::provisioners::Context::require_ready)) and stopped
+    /// once nobody waited on it for the policy's `dependency_watch_idle`.
+    pub fn dependency_watches(&self) -> Vec<(String, String)> {
+        self.references.watched_external_kinds()
+    }
+
+    /// Resolves when a manager escalates (restart intensity exceeded with `escalate`).
+    pub async fn escalated(&mut self) -> Error {
+        loop {
+            let failure = self.escalated.borrow().clone();
+            if let Some(failure) = failure {
+                self.health.set_failed();
+                return match failure {
+                    ManagerFailure::Escalated(e) => Error::Escalated(e),
+                    ManagerFailure::Other(e) => Error::ManagerFailed(e),
+                };
+            }
+            if self.escalated.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stop watching, start no new runs, let in-flight runs finish within the policy's shutdown
+    /// timeout (then abort them), stop every actor, and release the controllers (their
+    /// provisioner trees are dropped once nothing of the runtime runs any more).
+    pub async fn shutdown(self) {
+        self.health.set_stopping();
+        for s in &self.started {
+            for task in &s.tasks {
+                task.abort();
+            }
+        }
+        self.runs.close();
+        for s in &self.started {
+            s.manager
+                .stop_children_and_wait(Some("shutdown".into()), Some(self.shutdown_timeout))
+                .await;
+            // Past the timeout (or started while the others stopped): killed, mid-run or not.
+            let left = s.manager.get_children();
+            if !left.is_empty() {
+                tracing::warn!(
+                    kind = %s.kind,
+                    actors = left.len(),
+                    "resource actors had not stopped when shutdown ended their wait; killing them"
+                );
+            }
+            for child in left {
+                child.kill();
+            }
+            let _ = s.manager.stop_and_wait(Some("shutdown".into()), None).await;
+        }
+        // No pass runs any more: give the shards up, so the other replicas take them at once.
+        if let Some((stop, keeper)) = self.keeper {
+            let _ = stop.send(true);
+            if let Ok(keeper) = keeper.await {
+                keeper.release_all().await;
+            }
+        }
+        let _ = self.root.stop_and_wait(None, None).await;
+        let _ = self.root_task.await;
+        self.references.unregister_kinds();
+    }
+}

@@ -1,0 +1,44 @@
+//! The runtime an operator embeds: register controllers, start, shut down gracefully.
+//!
+//! ```no_run
+//! use actorcile::prelude::*;
+//! # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+//! # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+//! # struct AppSpec { replicas: i32 }
+//! # async fn run(client: kube::Client) -> Result<(), actorcile::Error> {
+//! let tree = serial![
+//!     step("validate", |_cx: Context<App>| async { Outcome::Done }),
+//!     step("deploy", |_cx: Context<App>| async { Outcome::Done }),
+//! ];
+//! Runtime::builder(client)
+//!     .policy(SupervisorPolicy::default())
+//!     .controller(Controller::<App>::new(tree))
+//!     .run_until(async { tokio::signal::ctrl_c().await.ok(); })
+//!     .await
+//! # }
+//! ```
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `controller.rs` | [`Controller`]: one kind, its tree and options |
+//! | `builder.rs` | [`Runtime`], [`RuntimeBuilder`]: checks, roles, start, run until a signal |
+//! | `handle.rs` | [`RuntimeHandle`]: metrics, health, shutdown |
+//!
+//! Each kind's start-up (watch → feeder → manager → actors) is in the actors
+//! (`actors/kind.rs`).
+
+mod builder;
+mod controller;
+mod handle;
+
+pub use builder::{Runtime, RuntimeBuilder};
+pub use controller::Controller;
+pub use handle::RuntimeHandle;
+
+pub use crate::actors::HookError;
+pub use crate::actors::{
+    DURATION_BUCKETS, HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult,
+};
+
+/// The finalizer the runtime puts on every object it provisions (configurable).
+pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";
