@@ -9,13 +9,52 @@
 #      conformance suite again on the oldest supported release, then the README's main
 #      command as a user runs it (`cargo run --release -- bench`, small), then the doc tests;
 #   4. runs every fuzz target (fuzz/) for 20 seconds, builds the README example and the guide.
+# The Go builds of step 1 run in the background while step 2 runs: both are CPU-bound, but each
+# spends minutes fetching modules and linking on one core. Every step's time is printed at the end.
+# The tools it needs (cargo-deny, cargo-nextest, cargo-fuzz, mdbook) are built once, unoptimised
+# (they run for seconds: a debug build takes a third of the time), into ~/.cache/actorcile/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p target
 
-step() { printf '\n==> %s\n' "$*"; }
+timings=""
+step_name=""
+step_start=$SECONDS
+suite_start=$SECONDS
+end_step() {
+  if [ -n "$step_name" ]; then
+    timings+="$(printf '%6d s  %s' "$((SECONDS - step_start))" "$step_name")"$'\n'
+  fi
+}
+step() {
+  end_step
+  step_name="$*"
+  step_start=$SECONDS
+  printf '\n==> %s\n' "$*"
+}
+report_timings() {
+  end_step
+  step_name=""
+  printf '\n==> time per step (%d s in all)\n%s' "$((SECONDS - suite_start))" "$timings"
+}
+trap report_timings EXIT
 
-step "installing test dependencies"
-bash scripts/install-test-deps.sh
+# cargo_tool NAME CRATE [VERSION]: NAME from PATH, else built once into the cache.
+cargo_tool() {
+  local name="$1" crate="$2" version="${3:-}" root="$HOME/.cache/actorcile/$2"
+  if command -v "$name" >/dev/null 2>&1; then
+    command -v "$name"
+    return
+  fi
+  if [ ! -x "$root/bin/$name" ]; then
+    cargo install --locked --debug --quiet "$crate" ${version:+--version "$version"} --root "$root" >&2
+  fi
+  echo "$root/bin/$name"
+}
+
+step "installing test dependencies (in the background: target/install-test-deps.log)"
+bash scripts/install-test-deps.sh >target/install-test-deps.log 2>&1 &
+deps_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -27,27 +66,26 @@ step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
 
 step "cargo deny check licenses bans sources (deny.toml)"
-deny_root="$HOME/.cache/actorcile/cargo-deny"
-if [ ! -x "$deny_root/bin/cargo-deny" ]; then
-  cargo install --locked cargo-deny --version 0.20.2 --root "$deny_root"
-fi
+cargo_deny=$(cargo_tool cargo-deny cargo-deny 0.20.2)
 # Offline: the advisories check needs the RustSec database from GitHub, which these machines
 # cannot reach, so it is not run here (deny.toml says so too).
 echo "note: cargo deny check advisories is skipped: its database cannot be fetched on this machine"
 # cargo deny reads the metadata of every target's dependencies; the builds above only fetched
 # this machine's.
 cargo fetch --locked
-"$deny_root/bin/cargo-deny" --offline check licenses bans sources
+"$cargo_deny" --offline check licenses bans sources
 
-# cargo-nextest from PATH, else built once into the cache (as cargo-deny, cargo-fuzz and mdbook).
-nextest_root="$HOME/.cache/actorcile/cargo-nextest"
-if ! command -v cargo-nextest >/dev/null 2>&1; then
-  if [ ! -x "$nextest_root/bin/cargo-nextest" ]; then
-    step "installing cargo-nextest"
-    cargo install --locked cargo-nextest --root "$nextest_root"
-  fi
-  export PATH="$nextest_root/bin:$PATH"
+step "cargo-nextest"
+nextest=$(cargo_tool cargo-nextest cargo-nextest)
+export PATH="$(dirname "$nextest"):$PATH"
+
+step "waiting for the test dependencies"
+if ! wait "$deps_pid"; then
+  cat target/install-test-deps.log
+  echo "scripts/install-test-deps.sh failed (its output is above)"
+  exit 1
 fi
+grep -E '^( *took|    (built|reusing|newest|oldest|podman))' target/install-test-deps.log || true
 
 step "tests (release mode)"
 profile=default
@@ -67,13 +105,11 @@ cargo run --release -- bench --objects 500 --repeat 1 > /dev/null
 cargo run --release -- simulate --list > /dev/null
 
 step "doc tests (the API docs, README and user guide code blocks)"
-cargo test --workspace --all-features --doc
+# In release, with the features of the tests above: the dependencies built for them are reused.
+cargo test --release --workspace --all-features --doc
 
 step "fuzz targets: a short run of each (fuzz/; the long runs are in RELIABILITY.md)"
-fuzz_root="$HOME/.cache/actorcile/cargo-fuzz"
-if [ ! -x "$fuzz_root/bin/cargo-fuzz" ]; then
-  cargo install --locked cargo-fuzz --version 0.13.2 --root "$fuzz_root"
-fi
+fuzz_root=$(dirname "$(cargo_tool cargo-fuzz cargo-fuzz 0.13.2)")/..
 # cargo-fuzz passes nightly-only flags to rustc; RUSTC_BOOTSTRAP lets the machine's one stable
 # toolchain accept them. No sanitizer (-s none): the code under test is safe Rust, and libFuzzer's
 # coverage guidance is what finds inputs; a panic or a failed check is the crash.
@@ -91,12 +127,9 @@ fi
   done
 )
 
-step "the README's embedding example, built as a crate of its own"
+step "the README's embedding example, compiled as a crate of its own"
 bash scripts/check-readme.sh
 
 step "the user guide (mdbook build)"
-mdbook_root="$HOME/.cache/actorcile/mdbook"
-if [ ! -x "$mdbook_root/bin/mdbook" ]; then
-  cargo install --locked mdbook --version 0.4.52 --root "$mdbook_root"
-fi
-"$mdbook_root/bin/mdbook" build docs --dest-dir "$(pwd)/target/guide"
+mdbook=$(cargo_tool mdbook mdbook 0.4.52)
+"$mdbook" build docs --dest-dir "$(pwd)/target/guide"
