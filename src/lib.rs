@@ -17,7 +17,8 @@
 //! - [`policy`]: the [`SupervisorPolicy`](policy::SupervisorPolicy) tunables, loadable from TOML.
 //! - [`status`]: the `Ready` condition, phases and observed generation.
 //! - [`references`]: readiness and references between resources.
-//! - [`cluster`]: an in-process Kubernetes API server for tests, benchmarks and simulation.
+//! - [`cluster`] (feature `cluster`, on by default): an in-process Kubernetes API server for
+//!   tests, benchmarks and simulation, the crate `actorcile-apiserver`.
 //! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests.
 //! - [`rbac`]: the Roles and ClusterRole a runtime needs, and its preflight check.
 //! - [`crds`]: render and install an operator's CustomResourceDefinitions.
@@ -38,7 +39,7 @@
 //! | `object_api.rs` | the typed API calls of one object's namespace |
 //! | `event_recorder.rs` | a controller's Kubernetes Events: kube-runtime's recorder, split by object |
 //!
-//! Dependencies run one way: `cluster` stands alone (it knows nothing of the rest); `status`
+//! Dependencies run one way: `cluster` is a crate of its own that knows nothing of the rest; `status`
 //! depends only on `names`; `references` on `status`; `provisioners` on `status`,
 //! `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`; `messages`
 //! and `policy` are plain data; `actors` use all of those; and `runtime` starts the actors.
@@ -52,7 +53,9 @@ mod actors;
 pub mod admin;
 #[cfg(feature = "operator")]
 pub mod cli;
-pub mod cluster;
+#[cfg(feature = "cluster")]
+#[doc(inline)]
+pub use actorcile_apiserver as cluster;
 pub mod crds;
 #[cfg(feature = "envtest")]
 pub mod envtest;

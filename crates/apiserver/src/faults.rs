@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer};
 /// `"1.5s"`, `"250us"`, `"1m"`), a bare number of milliseconds, or serde's `{ secs, nanos }` table:
 ///
 /// ```
-/// # use actorcile::cluster::Faults;
+/// # use actorcile_apiserver::Faults;
 /// let f: Faults = toml::from_str(r#"
 ///     latency = "5ms"
 ///     latency_jitter = 2

@@ -4,10 +4,11 @@
 //! [`tower::Service`] ([`ApiService`]), so an unmodified [`kube::Client`] — and everything built on it:
 //! `kube::Api`, `Api<DynamicObject>`, kube-runtime's `watcher`, reflectors and controllers — talks to it as
 //! to a real kube-apiserver. It is the default backend for fast tests, for benchmarks and for simulations
-//! under a paused tokio clock. It stands alone: it knows nothing of the rest of actorcile.
+//! under a paused tokio clock. It stands alone: it knows nothing of actorcile's runtime, which
+//! re-exports it as `actorcile::cluster`.
 //!
 //! ```
-//! use actorcile::cluster::ApiServer;
+//! use actorcile_apiserver::ApiServer;
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 //!
@@ -133,7 +134,7 @@
 //!
 //! # What the real server does and this one does not
 //!
-//! The conformance suite (`tests/integration/conformance.rs`) runs the same cases here and on a real
+//! The conformance suite (`tests/integration/conformance.rs` in the actorcile repository) runs the same cases here and on a real
 //! kube-apiserver (v1.37 and v1.34). What a current server does that this one does not, so that a
 //! test relying on it runs against `actorcile::envtest` instead:
 //!
@@ -172,7 +173,7 @@
 //! # Where things are
 //!
 //! For a reader of the source: the HTTP layer parses requests and the store, behind one lock, does the
-//! rest. Each concept has its own file under `src/cluster/`:
+//! rest. Each concept has its own file under `src/`:
 //!
 //! | file | holds |
 //! | --- | --- |
@@ -191,6 +192,10 @@
 //! | `selector.rs` | label and field selectors |
 //! | `error.rs` | `Status` errors and [`ClusterError`] |
 //! | `faults.rs` | fault injection ([`Faults`]) |
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod apply;
 mod crd;
