@@ -219,7 +219,7 @@ impl RunResult {
 }
 
 /// Upper bounds (seconds) of the duration histograms' buckets; a last `+Inf` bucket follows.
-pub const DURATION_BUCKETS: [f64; 16] = [
+pub(crate) const DURATION_BUCKETS: [f64; 16] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
 ];

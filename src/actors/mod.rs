@@ -117,9 +117,7 @@ pub(crate) use feeder::{KindWatch, run_feeder};
 pub(crate) use manager::{Manager, ManagerArgs};
 pub(crate) use metrics::KindMetrics;
 pub(crate) use metrics::Metrics;
-pub use metrics::{
-    DURATION_BUCKETS, HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult,
-};
+pub use metrics::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult};
 #[cfg(feature = "bench-internals")]
 pub use timer::Timers;
 #[cfg(not(feature = "bench-internals"))]

@@ -14,11 +14,11 @@
 //! ([`ClusterStatus::from_nodes`]).
 //!
 //! ```
-//! use actorcile::providers::simulated::{SimulatedProvider, Faults};
+//! use actorcile::providers::simulated::{ProviderFaults, SimulatedProvider};
 //! use actorcile::providers::{ClusterPhase, NodeRole, NodeSpec, Provider};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), actorcile::providers::ProviderError> {
-//! let provider = SimulatedProvider::new(7, Faults::default());
+//! let provider = SimulatedProvider::new(7, ProviderFaults::default());
 //! provider.create_node("dev", &NodeSpec::new("dev-cp-0", NodeRole::ControlPlane, "node:1")).await?;
 //! provider.start_nodes("dev").await?;
 //! let status = provider.cluster_status("dev").await?.expect("the cluster exists");

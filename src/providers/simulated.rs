@@ -4,12 +4,12 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use actorcile::providers::simulated::{Faults, SimulatedProvider};
+//! use actorcile::providers::simulated::{ProviderFaults, SimulatedProvider};
 //! use actorcile::providers::{NodeRole, NodeSpec, NodeState, Provider};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! // every call takes 1–5 ms; one call in ten fails; one started node in four never runs
-//! let faults = Faults {
+//! let faults = ProviderFaults {
 //!     latency: (Duration::from_millis(1), Duration::from_millis(5)),
 //!     failure_rate: 0.1,
 //!     stuck_rate: 0.25,
@@ -29,7 +29,7 @@ use super::{NodeInfo, NodeSpec, NodeState, Provider, ProviderError};
 
 /// The faults a [`SimulatedProvider`] injects.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Faults {
+pub struct ProviderFaults {
     /// Each call takes a duration drawn uniformly from this range (tokio time, so a paused
     /// clock runs it instantly).
     pub latency: (Duration, Duration),
@@ -39,7 +39,7 @@ pub struct Faults {
     pub stuck_rate: f64,
 }
 
-impl Default for Faults {
+impl Default for ProviderFaults {
     fn default() -> Self {
         Self {
             latency: (Duration::ZERO, Duration::ZERO),
@@ -51,7 +51,7 @@ impl Default for Faults {
 
 /// In-memory nodes; see the module docs.
 pub struct SimulatedProvider {
-    faults: Faults,
+    faults: ProviderFaults,
     state: Mutex<State>,
 }
 
@@ -67,7 +67,7 @@ struct State {
 
 impl SimulatedProvider {
     /// A provider whose faults are drawn from `seed`.
-    pub fn new(seed: u64, faults: Faults) -> Self {
+    pub fn new(seed: u64, faults: ProviderFaults) -> Self {
         Self {
             faults,
             state: Mutex::new(State {
@@ -239,8 +239,8 @@ mod tests {
         out
     }
 
-    fn faulty() -> Faults {
-        Faults {
+    fn faulty() -> ProviderFaults {
+        ProviderFaults {
             latency: (Duration::from_millis(1), Duration::from_millis(9)),
             failure_rate: 0.2,
             stuck_rate: 0.3,
@@ -264,7 +264,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_contract_semantics_hold() {
-        let p = SimulatedProvider::new(1, Faults::default());
+        let p = SimulatedProvider::new(1, ProviderFaults::default());
         assert!(matches!(
             p.start_nodes("none").await,
             Err(ProviderError::NoNodes { .. })

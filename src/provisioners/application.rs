@@ -142,23 +142,23 @@ impl ApplicationResolver for Catalog {
 /// `ApplicationHookFailed`; the error goes to logs and Events, not to status.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct HookError(pub String);
+pub struct AppHookError(pub String);
 
-impl From<String> for HookError {
+impl From<String> for AppHookError {
     fn from(s: String) -> Self {
-        HookError(s)
+        AppHookError(s)
     }
 }
 
-impl From<&str> for HookError {
+impl From<&str> for AppHookError {
     fn from(s: &str) -> Self {
-        HookError(s.to_string())
+        AppHookError(s.to_string())
     }
 }
 
 type Of<K, T> = Box<dyn Fn(&K) -> T + Send + Sync>;
-type Hook<K, T> = Box<dyn Fn(&K) -> Result<T, HookError> + Send + Sync>;
-type Customize<K> = Box<dyn Fn(&K, &mut AppSpec) -> Result<(), HookError> + Send + Sync>;
+type Hook<K, T> = Box<dyn Fn(&K) -> Result<T, AppHookError> + Send + Sync>;
+type Customize<K> = Box<dyn Fn(&K, &mut AppSpec) -> Result<(), AppHookError> + Send + Sync>;
 
 /// A CD-managed Helm application; see [`application`].
 pub struct Application<K> {
@@ -244,7 +244,7 @@ impl<K> Application<K> {
     /// Helm parameters (`--set name=value`).
     pub fn parameters(
         mut self,
-        f: impl Fn(&K) -> Result<BTreeMap<String, String>, HookError> + Send + Sync + 'static,
+        f: impl Fn(&K) -> Result<BTreeMap<String, String>, AppHookError> + Send + Sync + 'static,
     ) -> Self {
         self.parameters = Some(Box::new(f));
         self
@@ -253,7 +253,7 @@ impl<K> Application<K> {
     /// Helm values (an object).
     pub fn values(
         mut self,
-        f: impl Fn(&K) -> Result<serde_json::Value, HookError> + Send + Sync + 'static,
+        f: impl Fn(&K) -> Result<serde_json::Value, AppHookError> + Send + Sync + 'static,
     ) -> Self {
         self.values = Some(Box::new(f));
         self
@@ -262,7 +262,7 @@ impl<K> Application<K> {
     /// Change the finished [`AppSpec`] before it is applied.
     pub fn customize(
         mut self,
-        f: impl Fn(&K, &mut AppSpec) -> Result<(), HookError> + Send + Sync + 'static,
+        f: impl Fn(&K, &mut AppSpec) -> Result<(), AppHookError> + Send + Sync + 'static,
     ) -> Self {
         self.customize = Some(Box::new(f));
         self
@@ -367,7 +367,7 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
                 )));
             }
         };
-        let hook = |name: &str, e: HookError| {
+        let hook = |name: &str, e: AppHookError| {
             self.failed("ApplicationHookFailed", &format!("hook {name} failed"), e)
         };
         let parameters = match &self.parameters {

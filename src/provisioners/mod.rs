@@ -122,7 +122,8 @@ mod step;
 use async_trait::async_trait;
 
 pub use application::{
-    AppRef, Application, ApplicationResolver, Catalog, Chart, HookError, ResolveError, application,
+    AppHookError, AppRef, Application, ApplicationResolver, Catalog, Chart, ResolveError,
+    application,
 };
 pub use combinators::{
     Concurrent, Conditional, PerPass, Serial, concurrent, conditional, per_pass, serial,

@@ -74,13 +74,13 @@ pub struct Nodes<K> {
 /// ```
 /// use std::sync::Arc;
 /// use actorcile::prelude::*;
-/// use actorcile::providers::simulated::{Faults, SimulatedProvider};
+/// use actorcile::providers::simulated::{ProviderFaults, SimulatedProvider};
 /// use actorcile::providers::{NodeRole, NodeSpec};
 /// use actorcile::provisioners::{NodeSet, nodes};
 /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
 /// # #[kube(group = "example.com", version = "v1", kind = "DevCluster", namespaced, status = "ResourceStatus")]
 /// # struct DevClusterSpec { workers: usize }
-/// let provider = Arc::new(SimulatedProvider::new(1, Faults::default()));
+/// let provider = Arc::new(SimulatedProvider::new(1, ProviderFaults::default()));
 /// let tree = nodes(provider, |c: &DevCluster| {
 ///     let name = c.metadata.name.clone().unwrap_or_default();
 ///     NodeSet::new(name, 1, c.spec.workers, NodeSpec::new("", NodeRole::Worker, "node:1"))

@@ -10,6 +10,8 @@
 //! started when first needed and stopped when nobody waits, wakes whoever waits on its objects.
 
 mod external;
+#[cfg(test)]
+mod tests;
 
 pub use external::{ReadyWhen, readiness_of};
 
@@ -182,7 +184,7 @@ use crate::status::ReadyReason;
 
 /// Annotation key prefix under which references are persisted on their target. Only
 /// annotations with this prefix count as references: foreign finalizers never do.
-pub const REFERENCE_ANNOTATION_PREFIX: &str = "ref.actorcile.dev/";
+pub(crate) const REFERENCE_ANNOTATION_PREFIX: &str = "ref.actorcile.dev/";
 
 /// The finalizer Kubernetes' garbage collector puts on an owner deleted in the foreground.
 const FOREGROUND_DELETION: &str = "foregroundDeletion";
@@ -220,7 +222,7 @@ pub(crate) struct Blocked {
 type KindEntry = (String, String, Arc<dyn KindHandle>);
 
 /// The runtime-wide reference and readiness index.
-pub struct ReferenceIndex {
+pub(crate) struct ReferenceIndex {
     /// (apiVersion, kind) → handle. A handful of kinds: a scan, and no key to allocate per lookup.
     kinds: std::sync::RwLock<Vec<KindEntry>>,
     /// target → resources waiting for it to become Ready.
@@ -258,15 +260,37 @@ impl std::fmt::Debug for ReferenceIndex {
 }
 
 /// The annotation key persisting `from`'s reference.
-pub fn reference_annotation(from: &Target) -> String {
+pub(crate) fn reference_annotation(from: &Target) -> String {
     // The referrer itself is stored in the value, so the key only needs to be unique; its hash
     // is specified ([`crate::hash`]) so that every version of the operator writes the same key.
     let h = crate::hash::target_hash(from);
     format!("{REFERENCE_ANNOTATION_PREFIX}{h:016x}")
 }
 
+/// Who references `obj`: the referrers persisted on it (a reference taken with
+/// [`Context::add_reference`](crate::provisioners::Context::add_reference),
+/// [`Context::set_references`](crate::provisioners::Context::set_references) or
+/// [`Context::hold_references`](crate::provisioners::Context::hold_references) and not released
+/// yet). An object with referrers is not deprovisioned until they release it or are gone.
+///
+/// ```
+/// use actorcile::references::referrers_of;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+///
+/// assert!(referrers_of(&ConfigMap::default()).is_empty());
+/// ```
+pub fn referrers_of<K: Resource>(obj: &K) -> Vec<Target> {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .map(referrers_in)
+        .unwrap_or_default()
+}
+
 /// The referrers persisted in a set of annotations.
-pub fn referrers_in(annotations: &std::collections::BTreeMap<String, String>) -> Vec<Target> {
+pub(crate) fn referrers_in(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Vec<Target> {
     annotations
         .iter()
         .filter(|(k, _)| k.starts_with(REFERENCE_ANNOTATION_PREFIX))
@@ -276,7 +300,7 @@ pub fn referrers_in(annotations: &std::collections::BTreeMap<String, String>) ->
 
 impl ReferenceIndex {
     /// An empty index whose reference writes carry `field_manager`.
-    pub fn with_field_manager(field_manager: impl Into<String>) -> Self {
+    pub(crate) fn with_field_manager(field_manager: impl Into<String>) -> Self {
         Self {
             kinds: Default::default(),
             waiters: Default::default(),
@@ -846,7 +870,7 @@ impl ReferenceApi for ReferenceIndex {
 }
 
 /// How often a reference write is tried when the target keeps changing under it.
-pub const REFERENCE_WRITE_ATTEMPTS: usize = 10;
+pub(crate) const REFERENCE_WRITE_ATTEMPTS: usize = 10;
 
 impl ReferenceIndex {
     /// One guarded attempt of [`ReferenceApi::add_reference`].

@@ -36,9 +36,7 @@ pub use controller::Controller;
 pub use handle::RuntimeHandle;
 
 pub use crate::actors::HookError;
-pub use crate::actors::{
-    DURATION_BUCKETS, HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult,
-};
+pub use crate::actors::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult};
 
 /// The finalizer the runtime puts on every object it provisions (configurable).
 pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::references::referrers_in;
+use actorcile::references::referrers_of;
 use actorcile::runtime::DEFAULT_FINALIZER;
 use common::{Widget, eventually};
 use kube::ResourceExt;
@@ -76,10 +76,7 @@ async fn persisted_referrers(api: &Ns, name: &str) -> Vec<String> {
         .get(name)
         .await
         .unwrap_or_else(|| panic!("{name} exists"));
-    let mut r: Vec<String> = referrers_in(w.annotations())
-        .into_iter()
-        .map(|t| t.name)
-        .collect();
+    let mut r: Vec<String> = referrers_of(&w).into_iter().map(|t| t.name).collect();
     r.sort();
     r
 }

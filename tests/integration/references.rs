@@ -187,7 +187,7 @@ async fn a_referenced_target_stays_in_use_and_goes_the_moment_the_last_referrer_
     wait_all_ready(&client, 3, LIMIT).await;
     let db = widgets(&client).get("db").await.unwrap();
     assert_eq!(
-        actorcile::references::referrers_in(db.annotations()).len(),
+        actorcile::references::referrers_of(&db).len(),
         2,
         "references persisted on the target: {:?}",
         db.annotations()
@@ -685,7 +685,7 @@ async fn references_follow_the_spec_and_the_one_no_longer_named_is_released() {
         let api = api.clone();
         async move {
             let w = api.get(name).await.unwrap();
-            actorcile::references::referrers_in(w.annotations())
+            actorcile::references::referrers_of(&w)
                 .into_iter()
                 .map(|t| t.name)
                 .collect::<Vec<_>>()

@@ -9,7 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::references::{REFERENCE_ANNOTATION_PREFIX, Selection};
+use actorcile::references::{Selection, referrers_of};
 use common::*;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -139,17 +139,16 @@ async fn a_missing_dependency_is_named_as_not_found() {
     rt.shutdown().await;
 }
 
-/// The names of the widgets that carry `from`'s reference annotation.
+/// The names of the widgets that carry `from`'s reference.
 async fn carriers(client: &kube::Client, from: &str) -> Vec<String> {
-    let key = actorcile::references::reference_annotation(&wt(from));
-    assert!(key.starts_with(REFERENCE_ANNOTATION_PREFIX));
+    let from = wt(from);
     let mut names: Vec<String> = widgets(client)
         .list(&ListParams::default())
         .await
         .unwrap()
         .items
         .iter()
-        .filter(|w| w.annotations().contains_key(&key))
+        .filter(|w| referrers_of(*w).contains(&from))
         .map(|w| w.name_any())
         .collect();
     names.sort();

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::mix;
 use super::scenario::{NodesSpec, Workload};
-use actorcile::providers::simulated::{Faults, SimulatedProvider};
+use actorcile::providers::simulated::{ProviderFaults, SimulatedProvider};
 use actorcile::providers::{NodeRole, NodeSpec};
 use actorcile::provisioners::{NodeSet, nodes as nodes_step};
 
@@ -173,7 +173,7 @@ pub fn tree(behaviour: Arc<Behaviour>, nodes: Option<NodesSpec>) -> impl Provisi
         })
         .collect();
     if let Some(spec) = nodes {
-        let faults = Faults {
+        let faults = ProviderFaults {
             latency: (spec.latency, spec.latency + spec.latency_jitter),
             failure_rate: spec.failure_rate,
             stuck_rate: spec.stuck_rate,

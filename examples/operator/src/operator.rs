@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::providers::simulated::{Faults, SimulatedProvider};
+use actorcile::providers::simulated::{ProviderFaults, SimulatedProvider};
 use actorcile::providers::{NodeRole, NodeSpec, Provider};
 use actorcile::provisioners::{NodeSet, nodes};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -216,7 +216,9 @@ impl ProviderArgs {
     /// The provider the flags name.
     pub fn provider(&self) -> Result<Arc<dyn Provider>, String> {
         Ok(match self.provider {
-            ProviderKind::Simulated => Arc::new(SimulatedProvider::new(7, Faults::default())),
+            ProviderKind::Simulated => {
+                Arc::new(SimulatedProvider::new(7, ProviderFaults::default()))
+            }
             ProviderKind::Docker => Arc::new(
                 actorcile::providers::docker::DockerProvider::connect(
                     &self.docker_socket,

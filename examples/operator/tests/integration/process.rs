@@ -332,7 +332,7 @@ async fn run() {
         let networks = networks.clone();
         async move {
             let n = networks.get(net).await.ok()?;
-            let names: Vec<String> = actorcile::references::referrers_in(n.annotations())
+            let names: Vec<String> = actorcile::references::referrers_of(&n)
                 .into_iter()
                 .map(|t| t.name)
                 .collect();
