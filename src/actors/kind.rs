@@ -40,7 +40,7 @@ use crate::{Error, ManagedResource};
 /// [`Controller`](crate::runtime::Controller)'s builder methods set them.
 pub(crate) struct KindSpec<K: ManagedResource> {
     pub(crate) tree: BoxProvisioner<K>,
-    pub(crate) policy: Option<SupervisorPolicy>,
+    pub(crate) policy: Option<crate::policy::KindPolicy>,
     pub(crate) watcher: watcher::Config,
     /// The namespaces it watches, sorted, without repeats (empty: the runtime's, else all).
     pub(crate) namespaces: Vec<String>,
@@ -113,6 +113,26 @@ pub(crate) struct ConfigSpec {
 }
 
 impl<K: ManagedResource> KindSpec<K> {
+    /// Every object of kind `K`, run by `tree`, with the defaults of
+    /// [`Controller::new`](crate::runtime::Controller::new).
+    pub(crate) fn new(tree: BoxProvisioner<K>) -> Self {
+        Self {
+            tree,
+            policy: None,
+            watcher: watcher::Config::default().streaming_lists(),
+            namespaces: Vec::new(),
+            finalizer: true,
+            status: true,
+            config: None,
+            secrets: None,
+            upgrade: None,
+            initialize: None,
+            shard_key: None,
+            related: Vec::new(),
+            max_concurrent_runs: None,
+        }
+    }
+
     /// The namespaces this controller's objects are watched in, one watch each: its own,
     /// else the runtime's `default`; `[None]` for every namespace, and always for a
     /// cluster-scoped kind.
@@ -281,7 +301,13 @@ impl<K: ManagedResource> Start for KindSpec<K> {
     }
 
     async fn start(mut self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
-        let mut policy = self.policy.take().unwrap_or_else(|| cx.policy.clone());
+        // The kind's knobs, if its controller set them; the runtime-wide ones are always the
+        // runtime's (one limit of runs for all kinds, one watch of unmanaged kinds, one
+        // shutdown, one set of Lease timings, which the keeper and elector read too).
+        let policy = match self.policy.take() {
+            Some(kind) => cx.policy.with_kind(&kind),
+            None => cx.policy.clone(),
+        };
         policy.validate()?;
         for (name, hook) in [
             ("upgrade", self.upgrade.take()),
@@ -296,15 +322,6 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                 })?;
             }
         }
-        // The runtime-wide fields are the runtime's, whatever the kind's policy says: one
-        // limit of runs for all kinds, one watch of unmanaged kinds, one shutdown, one set of
-        // Lease timings (the keeper and elector read the runtime's, and so must the feeder).
-        policy.max_concurrent_runs = cx.policy.max_concurrent_runs;
-        policy.dependency_watch_idle = cx.policy.dependency_watch_idle;
-        policy.shutdown_timeout = cx.policy.shutdown_timeout;
-        policy.lease_duration = cx.policy.lease_duration;
-        policy.lease_renew_deadline = cx.policy.lease_renew_deadline;
-        policy.lease_retry_period = cx.policy.lease_retry_period;
         // One watch, and one store, per namespace (the runtime's default is applied already).
         let namespaces = self.objects_namespaces(None);
         let (store, writers) = crate::actors::KindStore::<K>::new(&namespaces);

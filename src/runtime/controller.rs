@@ -11,7 +11,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::ManagedResource;
 use crate::actors::{ConfigSpec, HookError, KindSpec, RelatedSpec, boxed_hook};
-use crate::policy::SupervisorPolicy;
+use crate::policy::KindPolicy;
 use crate::provisioners::Provisioner;
 
 /// One managed kind: its provisioner tree and options.
@@ -23,21 +23,7 @@ impl<K: ManagedResource> Controller<K> {
     /// Manage every object of kind `K` with `tree`.
     pub fn new(tree: impl Provisioner<K> + 'static) -> Self {
         Self {
-            spec: KindSpec {
-                tree: Arc::new(tree),
-                policy: None,
-                watcher: watcher::Config::default().streaming_lists(),
-                namespaces: Vec::new(),
-                finalizer: true,
-                status: true,
-                config: None,
-                secrets: None,
-                upgrade: None,
-                initialize: None,
-                shard_key: None,
-                related: Vec::new(),
-                max_concurrent_runs: None,
-            },
+            spec: KindSpec::new(Arc::new(tree)),
         }
     }
 
@@ -317,12 +303,26 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
-    /// A policy for this kind (default: the runtime's). Its runtime-wide fields are ignored:
-    /// `max_concurrent_runs` (one limit shared by every kind; a kind's own is
-    /// [`Controller::max_concurrent_runs`]), `dependency_watch_idle`,
-    /// `shutdown_timeout` and the Lease timings (`lease_duration`, `lease_renew_deadline`,
-    /// `lease_retry_period`) are always the runtime's ([`RuntimeBuilder::policy`](super::RuntimeBuilder::policy)).
-    pub fn policy(mut self, policy: SupervisorPolicy) -> Self {
+    /// This kind's restarts, backoffs, wake-ups, passivation and timeouts (default: those of
+    /// the runtime's policy, [`RuntimeBuilder::policy`](super::RuntimeBuilder::policy)). What is
+    /// runtime-wide stays the runtime's: a [`KindPolicy`] cannot hold it. A kind's own limit of
+    /// concurrent passes is [`Controller::max_concurrent_runs`].
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// # let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+    /// use actorcile::policy::KindPolicy;
+    ///
+    /// let runtime = SupervisorPolicy::default();
+    /// let controller = Controller::<App>::new(tree).policy(KindPolicy {
+    ///     idle_timeout: None,
+    ///     ..runtime.kind_policy()
+    /// });
+    /// ```
+    pub fn policy(mut self, policy: KindPolicy) -> Self {
         self.spec.policy = Some(policy);
         self
     }

@@ -442,7 +442,7 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
             .await),
         "policy.max_concurrent_runs"
     );
-    let bad_lock = SupervisorPolicy {
+    let bad_lock = actorcile::policy::KindPolicy {
         lock_expiry: Duration::ZERO,
         ..Default::default()
     };

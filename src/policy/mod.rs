@@ -1,5 +1,12 @@
 //! The supervisor policy: how resource actors are restarted, backed off, woken and limited.
 //!
+//! [`SupervisorPolicy`] is the runtime's ([`RuntimeBuilder::policy`]): every kind's defaults,
+//! and the runtime-wide limits and Lease timings. [`KindPolicy`] is its per-kind part, which a
+//! controller may set for its own kind ([`Controller::policy`]).
+//!
+//! [`RuntimeBuilder::policy`]: crate::runtime::RuntimeBuilder::policy
+//! [`Controller::policy`]: crate::runtime::Controller::policy
+//!
 //! Modelled on OTP supervisors and Akka's backoff supervisor. Every knob has a default and can be
 //! set in code or loaded from TOML, where durations are human-readable (`"250ms"`, `"10s"`,
 //! `"5m"`):
@@ -44,6 +51,10 @@
 //! | `lease_duration` | 15 s | leader election and sharding: how long a Lease whose record stood still blocks candidates (whole seconds) |
 //! | `lease_renew_deadline` | 10 s | leader election and sharding: the leader (a shard's holder) stops every run (of the shard) once it has not renewed for this long (shorter than `lease_duration`: the difference is the fencing margin) |
 //! | `lease_retry_period` | 2 s | leader election and sharding: how often candidates try and holders renew |
+
+mod kind;
+
+pub use kind::KindPolicy;
 
 use std::path::Path;
 use std::time::Duration;
