@@ -80,10 +80,14 @@ pub(crate) use kind::{
 };
 mod kind_view;
 mod manager;
+#[cfg(all(test, feature = "cluster"))]
+mod manager_tests;
 mod metrics;
 mod outcome_key;
 mod passive_timers;
 mod resource;
+#[cfg(all(test, feature = "cluster"))]
+mod resource_tests;
 pub(crate) mod restarts;
 mod root;
 pub(crate) use root::{ManagerFailure, Root};
@@ -91,6 +95,8 @@ mod run_deadline;
 mod run_slots;
 pub(crate) use run_slots::RunSlots;
 mod store;
+#[cfg(all(test, feature = "cluster"))]
+pub(crate) mod testing;
 pub(crate) use store::KindStore;
 mod timer;
 pub(crate) mod triggers;

@@ -1,5 +1,8 @@
-//! The runtime on the in-process cluster: lifecycle, timers, coalescing, supervision,
-//! one-run-at-a-time, bad input, change-only status writes and passivation.
+//! The runtime on the in-process cluster, through `RuntimeBuilder`: lifecycle, supervision
+//! across kinds, one run at a time under load, bad input, change-only status writes, run slots
+//! and passivation at scale. The decisions of one kind's manager and passes (coalescing, the
+//! earliest wake-up, passivation, restart intensity, yield and error delays) are tested beside
+//! their code, in `src/actors/`.
 //!
 //! Timer tests run on a paused tokio clock (auto-advancing), so delays are exact and fast.
 
@@ -94,169 +97,6 @@ async fn lifecycle_provision_ready_delete_gone_without_leaks() {
         (rt.metrics().live_actors == 0).then_some(())
     })
     .await;
-    rt.shutdown().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn yield_delay_is_honoured_and_default_applies() {
-    let (_cluster, client) = cluster();
-    let log = RunLog::default();
-    let l = log.clone();
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let tree = step("yielder", move |cx: Context<Widget>| {
-        let (l, c) = (l.clone(), c.clone());
-        async move {
-            let i = l.start(&cx.object().name_any());
-            l.end(i);
-            match c.fetch_add(1, Ordering::SeqCst) {
-                0 => Outcome::yield_after(
-                    Duration::from_secs(7),
-                    Reason::new("Wait", "seven seconds"),
-                ),
-                1 => Outcome::yield_now(Reason::new("Wait", "default delay")),
-                _ => Outcome::Done,
-            }
-        }
-    });
-    let mut policy = test_policy();
-    policy.yield_delay = Duration::from_secs(3);
-    let rt = start_widgets(&client, policy, tree).await;
-    create(&client, "y", 1).await;
-    wait_ready(&client, "y", LIMIT).await;
-    let s = log.starts("y");
-    assert_eq!(s.len(), 3, "exactly three passes: two yields then done");
-    let gap1 = s[1] - s[0];
-    let gap2 = s[2] - s[1];
-    assert!(
-        gap1 >= Duration::from_secs(7) && gap1 < Duration::from_millis(7100),
-        "{gap1:?}"
-    );
-    assert!(
-        gap2 >= Duration::from_secs(3) && gap2 < Duration::from_millis(3100),
-        "{gap2:?}"
-    );
-    rt.shutdown().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn new_generation_preempts_a_pending_timer() {
-    let (_cluster, client) = cluster();
-    let log = RunLog::default();
-    let l = log.clone();
-    let tree = step("slow", move |cx: Context<Widget>| {
-        let l = l.clone();
-        async move {
-            let i = l.start(&cx.object().name_any());
-            l.end(i);
-            if cx.object().spec.note == "go" {
-                Outcome::Done
-            } else {
-                Outcome::yield_after(Duration::from_secs(3600), Reason::new("Later", "an hour"))
-            }
-        }
-    });
-    let rt = start_widgets(&client, test_policy(), tree).await;
-    create(&client, "g", 1).await;
-    wait_reason(&client, "g", "Later", LIMIT).await;
-    let before = Instant::now();
-    set_note(&client, "g", "go").await;
-    wait_ready(&client, "g", LIMIT).await;
-    assert!(
-        Instant::now() - before < Duration::from_secs(5),
-        "ran on the new generation at once"
-    );
-    assert_eq!(log.count("g"), 2);
-    // the hour-long timer was cancelled: no third run an hour later
-    tokio::time::sleep(Duration::from_secs(7200)).await;
-    assert_eq!(log.count("g"), 2);
-    rt.shutdown().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn events_during_a_run_coalesce_into_one_follow_up_run() {
-    let (_cluster, client) = cluster();
-    let log = RunLog::default();
-    let gate = Arc::new(Notify::new());
-    let entered = Arc::new(Notify::new());
-    let (l, g, e) = (log.clone(), gate.clone(), entered.clone());
-    let tree = step("blocking", move |cx: Context<Widget>| {
-        let (l, g, e) = (l.clone(), g.clone(), e.clone());
-        async move {
-            let n = l.start(&cx.object().name_any());
-            if n == 0 {
-                e.notify_one();
-                g.notified().await;
-            }
-            l.end(n);
-            Outcome::Done
-        }
-    });
-    let rt = start_widgets(&client, test_policy(), tree).await;
-    create(&client, "c", 1).await;
-    entered.notified().await;
-    for i in 0..100 {
-        set_note(&client, "c", &format!("n{i}")).await;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        log.count("c"),
-        1,
-        "no second run while the first is in progress"
-    );
-    gate.notify_one();
-    wait_ready(&client, "c", LIMIT).await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        log.count("c"),
-        2,
-        "100 events during one run give exactly one follow-up run"
-    );
-    rt.shutdown().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn error_backoff_grows_and_resets_on_success() {
-    let (_cluster, client) = cluster();
-    let log = RunLog::default();
-    let calls = Arc::new(AtomicU32::new(0));
-    let (l, c) = (log.clone(), calls.clone());
-    // fail ×4, succeed (yield), then fail ×2, then done
-    let tree = step("flaky", move |cx: Context<Widget>| {
-        let (l, c) = (l.clone(), c.clone());
-        async move {
-            let i = l.start(&cx.object().name_any());
-            l.end(i);
-            match c.fetch_add(1, Ordering::SeqCst) {
-                0..=3 | 5 | 6 => Outcome::failed(
-                    Reason::new("Flaky", "transient"),
-                    std::io::Error::other("boom"),
-                ),
-                4 => Outcome::yield_after(Duration::from_millis(50), Reason::new("Ok", "progress")),
-                _ => Outcome::Done,
-            }
-        }
-    });
-    let mut policy = test_policy();
-    policy.error_backoff.min = Duration::from_millis(100);
-    policy.error_backoff.max = Duration::from_secs(10);
-    let rt = start_widgets(&client, policy, tree).await;
-    create(&client, "f", 1).await;
-    wait_ready(&client, "f", LIMIT).await;
-    let s = log.starts("f");
-    assert_eq!(s.len(), 8);
-    let gaps: Vec<Duration> = s.windows(2).map(|w| w[1] - w[0]).collect();
-    let near =
-        |d: Duration, ms: u64| d >= Duration::from_millis(ms) && d < Duration::from_millis(ms + 60);
-    assert!(
-        near(gaps[0], 100) && near(gaps[1], 200) && near(gaps[2], 400) && near(gaps[3], 800),
-        "{gaps:?}"
-    );
-    assert!(near(gaps[4], 50), "yield delay after success: {gaps:?}");
-    assert!(
-        near(gaps[5], 100) && near(gaps[6], 200),
-        "backoff reset after success: {gaps:?}"
-    );
     rt.shutdown().await;
 }
 
@@ -525,39 +365,6 @@ async fn the_error_backoff_resumes_after_passivation() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn past_restart_intensity_the_resource_is_quarantined_and_others_are_unaffected() {
-    let (_cluster, client) = cluster();
-    let tree = step("sometimes-panics", |cx: Context<Widget>| async move {
-        if cx.object().name_any() == "bad" && cx.object().spec.note != "fixed" {
-            panic!("always fails for bad");
-        }
-        Outcome::Done
-    });
-    let mut policy = test_policy();
-    policy.restart.max_restarts = 2;
-    policy.restart.backoff.min = Duration::from_millis(10);
-    let rt = start_widgets(&client, policy, tree).await;
-    create(&client, "bad", 1).await;
-    for i in 0..5 {
-        create(&client, &format!("good{i}"), 1).await;
-    }
-    let s = wait_reason(&client, "bad", "Quarantined", LIMIT).await;
-    assert_eq!(s.phase, Some(Phase::Failed));
-    for i in 0..5 {
-        wait_ready(&client, &format!("good{i}"), LIMIT).await;
-    }
-    assert_eq!(rt.metrics().restarts, 2);
-    assert_eq!(rt.metrics().quarantined, 1);
-    // no more restarts while quarantined
-    tokio::time::sleep(Duration::from_secs(600)).await;
-    assert_eq!(rt.metrics().restarts, 2);
-    // a spec change lifts the quarantine
-    set_note(&client, "bad", "fixed").await;
-    wait_ready(&client, "bad", LIMIT).await;
-    rt.shutdown().await;
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_deleting_object_past_restart_intensity_is_tried_again_until_its_finalizer_goes() {
     let (_cluster, client) = cluster();
     let calls = Arc::new(AtomicU32::new(0));
@@ -735,40 +542,6 @@ async fn an_idle_rerun_writes_no_status() {
         writes,
         "idle re-run wrote nothing"
     );
-    rt.shutdown().await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn idle_actors_passivate_and_reactivate_on_their_next_event() {
-    let (_cluster, client) = cluster();
-    let log = RunLog::default();
-    let policy = passivating(Duration::from_secs(5));
-    let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
-    for i in 0..10 {
-        create(&client, &format!("z{i}"), 1).await;
-    }
-    wait_all_ready(&client, 10, LIMIT).await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let m = rt.metrics();
-    assert_eq!(m.live_actors, 0, "{m:?}");
-    assert_eq!(m.passivations, 10);
-    assert_eq!(log.total(), 10, "passivation re-ran nothing");
-    set_note(&client, "z3", "wake").await;
-    eventually("z3 re-run", LIMIT, || async {
-        (log.count("z3") == 2).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(log.total(), 11, "only the changed object ran");
-    let m = rt.metrics();
-    assert_eq!(
-        m.live_actors, 0,
-        "nothing due: passive again at once; {m:?}"
-    );
-    assert_eq!(m.activations, 11, "{m:?}");
-    // deletion of a passive object still deprovisions and removes the finalizer
-    delete(&client, "z5").await;
-    wait_gone(&client, "z5", LIMIT).await;
     rt.shutdown().await;
 }
 

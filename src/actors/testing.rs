@@ -1,0 +1,231 @@
+//! What the actors' own tests drive: one kind started through its seam
+//! ([`KindSpec::start`](super::Start::start)) on the in-process API server, without a
+//! `RuntimeBuilder`, and a log of its passes.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResource, CustomResourceExt, ResourceExt};
+use ractor::{Actor, ActorRef};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
+
+use super::{KindSpec, Metrics, MetricsSnapshot, Root, Start, StartCx, Started};
+use crate::cluster::ApiServer;
+use crate::health::Health;
+use crate::policy::SupervisorPolicy;
+use crate::provisioners::Provisioner;
+use crate::references::ReferenceIndex;
+use crate::status::ResourceStatus;
+
+/// The kind the actors' tests manage.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "test.actorcile.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "ResourceStatus"
+)]
+pub(crate) struct WidgetSpec {
+    #[serde(default)]
+    pub note: String,
+}
+
+/// How long a test waits for what must happen (virtual time: the clock is paused).
+pub(crate) const LIMIT: Duration = Duration::from_secs(120);
+
+/// A policy for deterministic tests: seeded, no jitter, no passivation.
+pub(crate) fn test_policy() -> SupervisorPolicy {
+    let mut p = SupervisorPolicy {
+        seed: Some(1),
+        idle_timeout: None,
+        ..Default::default()
+    };
+    p.restart.backoff.jitter = false;
+    p.error_backoff.jitter = false;
+    p
+}
+
+/// One kind, started on its own in-process API server.
+pub(crate) struct Kind {
+    pub(crate) client: Client,
+    metrics: Arc<Metrics>,
+    started: Started,
+    root: ActorRef<()>,
+    references: Arc<ReferenceIndex>,
+    _server: ApiServer,
+}
+
+/// Starts the `Widget` kind with `tree` under `policy`, as the runtime starts each kind.
+pub(crate) async fn start_kind(
+    tree: impl Provisioner<Widget> + 'static,
+    policy: SupervisorPolicy,
+) -> Kind {
+    let server = ApiServer::new();
+    server.install_crd(&Widget::crd()).expect("install the CRD");
+    let client = server.client();
+    let (tx, _) = watch::channel(None);
+    let (root, _) = Actor::spawn(None, Root, tx).await.expect("spawn the root");
+    let metrics = Arc::new(Metrics::default());
+    let references = ReferenceIndex::for_runtime(
+        crate::FIELD_MANAGER,
+        client.clone(),
+        policy.dependency_watch_idle,
+    );
+    let cx = StartCx {
+        client: client.clone(),
+        runs: Arc::new(Semaphore::new(policy.max_concurrent_runs)),
+        policy,
+        metrics: metrics.clone(),
+        references: references.clone(),
+        finalizer: "test.actorcile.dev/finalizer".into(),
+        field_manager: crate::FIELD_MANAGER.into(),
+        reporter: None,
+        root: root.get_cell(),
+        holder: Arc::from("test"),
+        health: Arc::new(Health::default()),
+        shards: None,
+    };
+    let started = Box::new(KindSpec::new(Arc::new(tree)))
+        .start(&cx)
+        .await
+        .expect("start the kind");
+    Kind {
+        client,
+        metrics,
+        started,
+        root,
+        references,
+        _server: server,
+    }
+}
+
+impl Kind {
+    fn api(&self) -> Api<Widget> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    /// The runtime-wide counters.
+    pub(crate) fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    pub(crate) async fn create(&self, name: &str) {
+        let w = Widget::new(name, WidgetSpec::default());
+        self.api()
+            .create(&PostParams::default(), &w)
+            .await
+            .expect("create");
+    }
+
+    /// A new generation of `name`.
+    pub(crate) async fn set_note(&self, name: &str, note: &str) {
+        let patch = serde_json::json!({ "spec": { "note": note } });
+        self.api()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch");
+    }
+
+    pub(crate) async fn delete(&self, name: &str) {
+        self.api()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+
+    /// Waits until `name`'s Ready condition has `reason`; its status then.
+    pub(crate) async fn wait_reason(&self, name: &str, reason: &str) -> ResourceStatus {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(s) = self
+                .api()
+                .get_opt(name)
+                .await
+                .expect("get")
+                .and_then(|w| w.status)
+                && s.ready().is_some_and(|c| c.reason == reason)
+            {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} never had reason {reason}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub(crate) async fn wait_ready(&self, name: &str) {
+        self.wait_reason(name, "Provisioned").await;
+    }
+
+    /// Waits until `name` is gone (its finalizer removed).
+    pub(crate) async fn wait_gone(&self, name: &str) {
+        let deadline = Instant::now() + LIMIT;
+        while self.api().get_opt(name).await.expect("get").is_some() {
+            assert!(Instant::now() < deadline, "{name} was never deleted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops the kind as the runtime's shutdown does.
+    pub(crate) async fn stop(self) {
+        for task in &self.started.tasks {
+            task.abort();
+        }
+        let manager = &self.started.manager;
+        manager.stop_children_and_wait(None, None).await;
+        let _ = manager.stop_and_wait(None, None).await;
+        let _ = self.root.stop_and_wait(None, None).await;
+        self.references.unregister_kinds();
+    }
+}
+
+/// One pass: the object's name, its start and its end in tokio time.
+type Pass = (String, Instant, Option<Instant>);
+
+/// Every pass of the tree.
+#[derive(Clone, Default)]
+pub(crate) struct PassLog(Arc<Mutex<Vec<Pass>>>);
+
+impl PassLog {
+    /// A pass of `obj` starts: its index.
+    pub(crate) fn start(&self, obj: &Widget) -> usize {
+        let mut l = self.0.lock().unwrap();
+        l.push((obj.name_any(), Instant::now(), None));
+        l.len() - 1
+    }
+    pub(crate) fn end(&self, i: usize) {
+        self.0.lock().unwrap()[i].2 = Some(Instant::now());
+    }
+    pub(crate) fn count(&self, name: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.0 == name)
+            .count()
+    }
+    pub(crate) fn starts(&self, name: &str) -> Vec<Instant> {
+        let l = self.0.lock().unwrap();
+        l.iter().filter(|r| r.0 == name).map(|r| r.1).collect()
+    }
+    pub(crate) fn total(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    /// Panics if a pass of `name` started before the one before it ended.
+    pub(crate) fn assert_no_overlap(&self, name: &str) {
+        let l = self.0.lock().unwrap();
+        let mut mine: Vec<_> = l.iter().filter(|r| r.0 == name).cloned().collect();
+        mine.sort_by_key(|r| r.1);
+        for w in mine.windows(2) {
+            let end = w[0].2.expect("pass finished");
+            assert!(end <= w[1].1, "overlapping passes of {name}");
+        }
+    }
+}
