@@ -75,6 +75,9 @@ echo "note: cargo deny check advisories is skipped: its database cannot be fetch
 cargo fetch --locked
 "$cargo_deny" --offline check licenses bans sources
 
+step "cargo package: the published crates package (metadata, license, README, versions)"
+cargo package --quiet --no-verify --allow-dirty -p actorcile-apiserver -p actorcile
+
 step "cargo-nextest"
 nextest=$(cargo_tool cargo-nextest cargo-nextest)
 export PATH="$(dirname "$nextest"):$PATH"
