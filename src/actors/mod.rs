@@ -28,6 +28,7 @@
 //! | `store.rs` | the kind's cache: a reflector store per watched namespace |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
 //! | `metrics.rs` | the runtime's counters |
+//! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the pass, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
 //! [`crate::policy`], [`crate::provisioners`], [`crate::references`] and [`crate::status`];
@@ -72,6 +73,8 @@
 mod activation_queue;
 mod event_budget;
 mod feeder;
+#[cfg(all(test, feature = "cluster"))]
+mod feeder_tests;
 mod kind;
 pub(crate) mod mailbox;
 pub use kind::HookError;
