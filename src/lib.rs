@@ -23,6 +23,8 @@
 //! - [`rbac`]: the Roles and ClusterRole a runtime needs, and its preflight check.
 //! - [`crds`]: render and install an operator's CustomResourceDefinitions.
 //! - [`health`]: what the runtime's liveness and readiness probes answer.
+//! - [`testing`]: helpers for an operator's own tests (a deterministic policy, waits for a
+//!   status).
 //! - Feature `operator`, what an operator binary needs: [`cli`] (flags), [`telemetry`]
 //!   (tracing set-up), [`metrics`] (Prometheus), [`admin`] (`/metrics`, `/healthz`,
 //!   `/readyz`), [`leader`] (leader election on a Lease), and signal handling in
@@ -81,6 +83,7 @@ mod signals;
 pub mod status;
 #[cfg(feature = "operator")]
 pub mod telemetry;
+pub mod testing;
 pub mod triggers;
 
 pub use actors::restarts::Escalation;

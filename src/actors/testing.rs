@@ -38,17 +38,7 @@ pub(crate) struct WidgetSpec {
 /// How long a test waits for what must happen (virtual time: the clock is paused).
 pub(crate) const LIMIT: Duration = Duration::from_secs(120);
 
-/// A policy for deterministic tests: seeded, no jitter, no passivation.
-pub(crate) fn test_policy() -> SupervisorPolicy {
-    let mut p = SupervisorPolicy {
-        seed: Some(1),
-        idle_timeout: None,
-        ..Default::default()
-    };
-    p.restart.backoff.jitter = false;
-    p.error_backoff.jitter = false;
-    p
-}
+pub(crate) use crate::testing::deterministic_policy as test_policy;
 
 /// One kind, started on its own in-process API server.
 pub(crate) struct Kind {
@@ -140,37 +130,16 @@ impl Kind {
 
     /// Waits until `name`'s Ready condition has `reason`; its status then.
     pub(crate) async fn wait_reason(&self, name: &str, reason: &str) -> ResourceStatus {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Some(s) = self
-                .api()
-                .get_opt(name)
-                .await
-                .expect("get")
-                .and_then(|w| w.status)
-                && s.ready().is_some_and(|c| c.reason == reason)
-            {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name} never had reason {reason}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        crate::testing::wait_reason(&self.api(), name, reason, LIMIT).await
     }
 
     pub(crate) async fn wait_ready(&self, name: &str) {
-        self.wait_reason(name, "Provisioned").await;
+        crate::testing::wait_ready(&self.api(), name, LIMIT).await;
     }
 
     /// Waits until `name` is gone (its finalizer removed).
     pub(crate) async fn wait_gone(&self, name: &str) {
-        let deadline = Instant::now() + LIMIT;
-        while self.api().get_opt(name).await.expect("get").is_some() {
-            assert!(Instant::now() < deadline, "{name} was never deleted");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        crate::testing::wait_gone(&self.api(), name, LIMIT).await;
     }
 
     /// Stops the kind as the runtime's shutdown does.

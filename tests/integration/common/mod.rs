@@ -10,7 +10,6 @@ pub mod podman;
 #[cfg(feature = "envtest")]
 pub mod real;
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -127,41 +126,14 @@ pub async fn delete(client: &Client, name: &str) {
     let _ = widgets(client).delete(name, &DeleteParams::default()).await;
 }
 
-/// Poll `check` (every 10 ms of tokio time) until it returns `Some`, or panic after `limit`.
-pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if Instant::now() > deadline {
-            panic!("timed out after {limit:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+pub use actorcile::testing::eventually;
 
 pub async fn status_of(client: &Client, name: &str) -> Option<ResourceStatus> {
-    widgets(client)
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .map(|w| w.status.unwrap_or_default())
+    actorcile::testing::status_of(&widgets(client), name).await
 }
 
 pub async fn wait_ready(client: &Client, name: &str, limit: Duration) {
-    eventually(&format!("{name} Ready"), limit, || async {
-        status_of(client, name)
-            .await
-            .filter(|s| s.is_ready())
-            .map(|_| ())
-    })
-    .await
+    actorcile::testing::wait_ready(&widgets(client), name, limit).await;
 }
 
 pub async fn wait_all_ready(client: &Client, n: usize, limit: Duration) {
@@ -178,10 +150,7 @@ pub async fn wait_all_ready(client: &Client, n: usize, limit: Duration) {
 }
 
 pub async fn wait_gone(client: &Client, name: &str, limit: Duration) {
-    eventually(&format!("{name} gone"), limit, || async {
-        matches!(widgets(client).get_opt(name).await, Ok(None)).then_some(())
-    })
-    .await
+    actorcile::testing::wait_gone(&widgets(client), name, limit).await;
 }
 
 pub async fn wait_reason(
@@ -190,12 +159,7 @@ pub async fn wait_reason(
     reason: &str,
     limit: Duration,
 ) -> ResourceStatus {
-    eventually(&format!("{name} reason {reason}"), limit, || async {
-        status_of(client, name)
-            .await
-            .filter(|s| s.ready().is_some_and(|c| c.reason == reason))
-    })
-    .await
+    actorcile::testing::wait_reason(&widgets(client), name, reason, limit).await
 }
 
 /// Every provision call: (object name, start, end) in tokio time.
@@ -254,14 +218,7 @@ impl RunLog {
 
 /// A policy for fast, deterministic tests.
 pub fn test_policy() -> SupervisorPolicy {
-    let mut p = SupervisorPolicy {
-        seed: Some(1),
-        idle_timeout: None,
-        ..Default::default()
-    };
-    p.restart.backoff.jitter = false;
-    p.error_backoff.jitter = false;
-    p
+    actorcile::testing::deterministic_policy()
 }
 
 /// A runtime managing `Widget`s with `tree` under `policy`.
