@@ -3,20 +3,7 @@
 
 use std::time::Duration;
 
-use super::testing::{PassLog, Widget, start_kind, test_policy};
-use crate::prelude::*;
-
-/// A tree that logs every provision pass.
-fn logging(log: PassLog) -> impl Provisioner<Widget> {
-    step("log", move |cx: Context<Widget>| {
-        let log = log.clone();
-        async move {
-            let i = log.start(cx.object());
-            log.end(i);
-            Outcome::Done
-        }
-    })
-}
+use super::testing::{PassLog, logging, start_kind, test_policy};
 
 #[tokio::test(start_paused = true)]
 async fn the_echoes_of_the_runtimes_own_writes_run_no_pass() {

@@ -9,20 +9,8 @@ use kube::ResourceExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::testing::{PassLog, Widget, start_kind, test_policy};
+use super::testing::{PassLog, Widget, logging, start_kind, test_policy};
 use crate::prelude::*;
-
-/// A tree that logs every pass and ends it with `Done`.
-fn logging(log: PassLog) -> impl Provisioner<Widget> {
-    step("log", move |cx: Context<Widget>| {
-        let log = log.clone();
-        async move {
-            let i = log.start(cx.object());
-            log.end(i);
-            Outcome::Done
-        }
-    })
-}
 
 #[tokio::test(start_paused = true)]
 async fn changes_during_a_pass_coalesce_into_one_follow_up_pass() {

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BackoffPolicy, PolicyError, RestartPolicy, SupervisorPolicy, optional_duration};
+use super::{
+    BackoffPolicy, PolicyError, RestartPolicy, SupervisorPolicy, optional_duration, parse_toml,
+    read_file,
+};
 
 /// The knobs of a [`SupervisorPolicy`] that tune one kind, for
 /// [`Controller::policy`](crate::runtime::Controller::policy): restarts, backoffs, wake-ups,
@@ -79,22 +82,14 @@ impl Default for KindPolicy {
 impl KindPolicy {
     /// Parse a TOML policy of a kind: these fields only; missing ones take their defaults.
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let p: KindPolicy = toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))?;
+        let p: KindPolicy = parse_toml(text)?;
         p.validate()?;
         Ok(p)
     }
 
-    /// Load a TOML policy of a kind from a file.
+    /// Read [`KindPolicy::from_toml`] from a file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, PolicyError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_toml(&text).map_err(|e| match e {
-            PolicyError::Parse(m) => PolicyError::Parse(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        read_file(path.as_ref(), Self::from_toml)
     }
 
     /// Check every field as [`SupervisorPolicy::validate`] does.

@@ -186,6 +186,26 @@ impl Default for SupervisorPolicy {
     }
 }
 
+/// `text` as TOML, its error named as a parse error.
+fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, PolicyError> {
+    toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))
+}
+
+/// `from_toml` of the file at `path`; a parse error names the file.
+fn read_file<T>(
+    path: &Path,
+    from_toml: impl FnOnce(&str) -> Result<T, PolicyError>,
+) -> Result<T, PolicyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    from_toml(&text).map_err(|e| match e {
+        PolicyError::Parse(m) => PolicyError::Parse(format!("{}: {m}", path.display())),
+        other => other,
+    })
+}
+
 /// An optional duration in TOML, which has no null: a humantime string (`"30s"`) or `"none"`.
 mod optional_duration {
     use std::time::Duration;
@@ -412,22 +432,14 @@ impl SupervisorPolicy {
 
     /// Parse and validate a policy from TOML; missing fields take their defaults.
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let p: Self = toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))?;
+        let p: Self = parse_toml(text)?;
         p.validate()?;
         Ok(p)
     }
 
     /// Read [`SupervisorPolicy::from_toml`] from a file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, PolicyError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_toml(&text).map_err(|e| match e {
-            PolicyError::Parse(m) => PolicyError::Parse(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        read_file(path.as_ref(), Self::from_toml)
     }
 
     /// Check values a type cannot express.
