@@ -16,6 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p target
+# Every release build here (the tests, the README's bench, the doc tests) without debug info:
+# they are built once and run, never profiled, and debug info only lengthens build and link.
+# (The release profile keeps them for `cargo run --release` under a profiler.)
+export CARGO_PROFILE_RELEASE_DEBUG=false
 
 timings=""
 step_name=""
@@ -115,12 +119,14 @@ step "fuzz targets: a short run of each (fuzz/; the long runs are in RELIABILITY
 fuzz_root=$(dirname "$(cargo_tool cargo-fuzz cargo-fuzz 0.13.2)")/..
 # cargo-fuzz passes nightly-only flags to rustc; RUSTC_BOOTSTRAP lets the machine's one stable
 # toolchain accept them. No sanitizer (-s none): the code under test is safe Rust, and libFuzzer's
-# coverage guidance is what finds inputs; a panic or a failed check is the crash.
+# coverage guidance is what finds inputs; a panic or a failed check is the crash. A dev build
+# (--dev): overflow checks and debug assertions on, and half the build time of an optimised one;
+# the long optimised runs are in RELIABILITY.md.
 (
   cd fuzz
   for target in $(PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1 cargo fuzz list); do
     log="../target/fuzz-$target.log"
-    if ! PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -O "$target" -- \
+    if ! PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1 cargo fuzz run --dev -s none "$target" -- \
       -max_total_time=20 -print_final_stats=1 >"$log" 2>&1; then
       tail -n 40 "$log"
       echo "fuzz target $target failed (its input is in fuzz/artifacts/$target/)"
