@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use ractor::{ActorCell, ActorRef};
+#[cfg(feature = "operator")]
+use ractor::ActorCell;
+use ractor::ActorRef;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
