@@ -9,10 +9,11 @@
 #      conformance suite again on the oldest supported release, then the README's main
 #      command as a user runs it (`cargo run --release -- bench`, small), then the doc tests;
 #   4. runs every fuzz target (fuzz/) for 20 seconds, builds the README example and the guide.
-# The Go builds of step 1 run in the background while step 2 runs: both are CPU-bound, but each
-# spends minutes fetching modules and linking on one core. Every step's time is printed at the end.
-# The tools it needs (cargo-deny, cargo-nextest, cargo-fuzz, mdbook) are built once, unoptimised
-# (they run for seconds: a debug build takes a third of the time), into ~/.cache/actorcile/.
+# The Go builds of step 1 run in the background while step 2 runs, so that their module
+# downloads and single-threaded links overlap the Rust steps. Every step's time is printed at
+# the end. The tools it needs (cargo-deny, cargo-nextest, cargo-fuzz, mdbook) are built once,
+# unoptimised (they run for seconds; an unoptimised build compiles faster), into
+# ~/.cache/actorcile/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p target
