@@ -86,7 +86,6 @@ pub mod telemetry;
 pub mod testing;
 pub mod triggers;
 
-pub use actors::restarts::Escalation;
 pub use object_api::KindScope;
 
 /// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
@@ -118,7 +117,9 @@ impl<T> ManagedResource for T where
 /// Default field manager for server-side apply and status writes.
 pub const FIELD_MANAGER: &str = "actorcile";
 
-/// Errors of the runtime's public API.
+/// What building, starting and running a [`Runtime`](runtime::Runtime) can fail with.
+///
+/// A step's own calls on its context fail with [`StepError`](provisioners::StepError) instead.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An invalid supervisor policy.
@@ -130,26 +131,10 @@ pub enum Error {
     /// A manager escalated: one object's actor failed past the restart intensity and the
     /// policy says [`Exhausted::Escalate`](policy::Exhausted::Escalate).
     #[error("the {} manager escalated", .0.kind)]
-    Escalated(#[source] Escalation),
+    Escalated(#[source] runtime::Escalation),
     /// A manager failed on its own (a bug in the runtime: a manager only fails by escalating).
     #[error("a manager failed")]
     ManagerFailed(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
-    /// The context has no reference API (a context built outside the runtime).
-    #[error("this context has no reference API (it was not built by the runtime)")]
-    NoReferenceApi,
-    /// A reference to a kind this runtime does not manage.
-    #[error("{0} is not of a kind managed by this runtime")]
-    UnmanagedTarget(references::Target),
-    /// A reference to a target that does not exist.
-    #[error("{0} does not exist")]
-    TargetMissing(references::Target),
-    /// A reference to a target that is being deleted (no new references are accepted).
-    #[error("{0} is being deleted")]
-    TargetDeleting(references::Target),
-    /// A reference write kept conflicting with other writes to the target (the runtime retries
-    /// conflicts; this is what is left after its attempts).
-    #[error("{0} kept changing while the reference was written")]
-    Conflict(references::Target),
     /// The running identity lacks permissions the runtime needs (see [`rbac`]).
     #[error("missing RBAC permissions: {}", .0.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; "))]
     Forbidden(Vec<rbac::MissingPermission>),
@@ -201,9 +186,6 @@ pub enum Error {
     /// aborting the passes still running.
     #[error("interrupted again during shutdown; stopped at once")]
     Interrupted,
-    /// A value the runtime writes (a reference annotation) could not be serialized.
-    #[error("cannot serialize a value the runtime writes")]
-    Serialize(#[from] serde_json::Error),
 }
 
 #[doc = include_str!("../README.md")]

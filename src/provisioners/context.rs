@@ -8,7 +8,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 
 use crate::event_recorder::EventRecorder;
-use crate::provisioners::{Outcome, Reason};
+use crate::provisioners::{Outcome, Reason, StepError};
 use crate::references::{Readiness, ReferenceApi, Selection, Target};
 use crate::status::{ReadyReason, ResourceStatus};
 
@@ -457,27 +457,27 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// referrer released it. Persisted on the target (an annotation), so it survives restarts.
     ///
     /// Conflicting writes (other referrers changing the target at the same moment) are retried
-    /// by the runtime; [`Error::Conflict`](crate::Error::Conflict) means they kept conflicting.
+    /// by the runtime; [`StepError::Conflict`] means they kept conflicting.
     /// A target being deleted refuses new references
-    /// ([`Error::TargetDeleting`](crate::Error::TargetDeleting)).
+    /// ([`StepError::TargetDeleting`]).
     ///
     /// Every reference this resource holds is released automatically once its deprovision is
     /// done (when it is deleted): nothing to do by hand then. A resource that stops needing a
     /// target while it lives releases it with [`Context::release_reference`], or states the
     /// references it holds with [`Context::hold_references`] (which releases the others).
-    pub async fn add_reference(&self, target: &Target) -> Result<(), crate::Error> {
+    pub async fn add_reference(&self, target: &Target) -> Result<(), StepError> {
         match &self.inner.parts.references {
-            Some(r) => r.add_reference(&self.target(), target).await,
-            None => Err(crate::Error::NoReferenceApi),
+            Some(r) => Ok(r.add_reference(&self.target(), target).await?),
+            None => Err(StepError::NoReferenceApi),
         }
     }
 
     /// Make exactly the objects of `selection` named in `names` carry this resource's
     /// reference: the named ones get it ([`Context::add_reference`]), every other selected one
     /// that carries it is released. A name not in the selection is an error naming it
-    /// ([`Error::TargetMissing`](crate::Error::TargetMissing)), and then nothing is written;
+    /// ([`StepError::TargetMissing`]), and then nothing is written;
     /// a target being deleted refuses a new reference
-    /// ([`Error::TargetDeleting`](crate::Error::TargetDeleting)). Every write is idempotent:
+    /// ([`StepError::TargetDeleting`]). Every write is idempotent:
     /// return the error as a failed outcome and the next pass completes what this one did not.
     ///
     /// ```no_run
@@ -495,11 +495,11 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         &self,
         selection: &Selection,
         names: impl IntoIterator<Item = impl Into<String>>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), StepError> {
         let names = names.into_iter().map(Into::into).collect();
         match &self.inner.parts.references {
-            Some(r) => r.set_references(&self.target(), selection, &names).await,
-            None => Err(crate::Error::NoReferenceApi),
+            Some(r) => Ok(r.set_references(&self.target(), selection, &names).await?),
+            None => Err(StepError::NoReferenceApi),
         }
     }
 
@@ -520,26 +520,26 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Outcome::Done
     /// # }
     /// ```
-    pub async fn hold_references(&self, targets: &[Target]) -> Result<(), crate::Error> {
+    pub async fn hold_references(&self, targets: &[Target]) -> Result<(), StepError> {
         match &self.inner.parts.references {
-            Some(r) => r.hold_references(&self.target(), targets).await,
-            None => Err(crate::Error::NoReferenceApi),
+            Some(r) => Ok(r.hold_references(&self.target(), targets).await?),
+            None => Err(StepError::NoReferenceApi),
         }
     }
 
     /// Release this resource's reference from every object of `selection` (the same as
     /// [`Context::set_references`] with no names).
-    pub async fn clear_references(&self, selection: &Selection) -> Result<(), crate::Error> {
+    pub async fn clear_references(&self, selection: &Selection) -> Result<(), StepError> {
         self.set_references(selection, std::iter::empty::<String>())
             .await
     }
 
     /// Release a reference taken with [`Context::add_reference`]. Releasing one that was not
     /// taken is a no-op.
-    pub async fn release_reference(&self, target: &Target) -> Result<(), crate::Error> {
+    pub async fn release_reference(&self, target: &Target) -> Result<(), StepError> {
         match &self.inner.parts.references {
-            Some(r) => r.release_reference(&self.target(), target).await,
-            None => Err(crate::Error::NoReferenceApi),
+            Some(r) => Ok(r.release_reference(&self.target(), target).await?),
+            None => Err(StepError::NoReferenceApi),
         }
     }
 }

@@ -35,11 +35,11 @@ use crate::ManagedResource;
 use crate::status::{Condition, ConditionStatus, ReadyReason, ResourceStatus};
 
 /// The reason of a guard's condition while its task runs.
-pub const LOCKED: &str = "Locked";
+pub(crate) const LOCKED: &str = "Locked";
 /// The reason of a guard's condition once its provision task is done for the generation.
-pub const DONE: &str = "Done";
+pub(crate) const DONE: &str = "Done";
 /// The reason of a guard's condition once its deprovision task is done for the generation.
-pub const DEPROVISIONED: &str = "Deprovisioned";
+pub(crate) const DEPROVISIONED: &str = "Deprovisioned";
 
 /// How often a failed write of a task's result is retried (over about 6 s) before the pass
 /// fails with `LockReleaseFailed` and the task runs again on the next pass.

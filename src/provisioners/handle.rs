@@ -28,12 +28,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::StepError;
 use super::{Context, Reason};
+use crate::ManagedResource;
 use crate::object_api::{ObjectApi, patch_params, version_of};
 use crate::status::{Condition, ConditionStatus, READY, ResourceStatus, is_valid_condition_type};
-use crate::{Error, ManagedResource};
 
-/// Attempts of one optimistic write before it gives up with [`Error::Conflict`].
+/// Attempts of one optimistic write before it gives up with [`StepError::Conflict`](super::StepError::Conflict).
 const CONFLICT_ATTEMPTS: usize = 5;
 
 /// Why an optimistic write of the object did not happen.
@@ -42,7 +43,7 @@ pub(crate) enum WriteError {
     /// The object changed since the pass read it (only when conflicts are not retried).
     Stale,
     /// The write failed (or kept conflicting).
-    Failed(Error),
+    Failed(StepError),
 }
 
 impl<K: ManagedResource> Context<K> {
@@ -84,10 +85,10 @@ impl<K: ManagedResource> Context<K> {
         type_: &str,
         status: impl Into<ConditionStatus>,
         reason: &Reason,
-    ) -> Result<(), Error> {
+    ) -> Result<(), StepError> {
         check_condition_type(type_)?;
         if !reason.has_valid_code() {
-            return Err(Error::Invalid {
+            return Err(StepError::Invalid {
                 field: "reason".into(),
                 problem: format!("{:?} is not a valid condition reason", reason.code()),
             });
@@ -100,7 +101,7 @@ impl<K: ManagedResource> Context<K> {
         .await
         .map(|_| ())
         .map_err(|e| match e {
-            WriteError::Stale => Error::Conflict(self.target()),
+            WriteError::Stale => StepError::Conflict(self.target()),
             WriteError::Failed(e) => e,
         })
     }
@@ -123,9 +124,9 @@ impl<K: ManagedResource> Context<K> {
     /// Outcome::Done
     /// # }
     /// ```
-    pub fn set_status_field(&self, name: &str, value: impl Serialize) -> Result<(), Error> {
+    pub fn set_status_field(&self, name: &str, value: impl Serialize) -> Result<(), StepError> {
         if name.is_empty() || crate::status::RUNTIME_STATUS_FIELDS.contains(&name) {
-            return Err(Error::Invalid {
+            return Err(StepError::Invalid {
                 field: format!("status.{name}"),
                 problem: "is the runtime's own (phase, conditions, observedGeneration) or empty"
                     .into(),
@@ -147,7 +148,7 @@ impl<K: ManagedResource> Context<K> {
     /// Read an object of kind `T` in the context's cluster (a remote's, inside
     /// [`remote`](super::remote())); `None` if it does not exist. `namespace` is ignored for
     /// cluster-scoped kinds.
-    pub async fn get<T>(&self, namespace: Option<&str>, name: &str) -> Result<Option<T>, Error>
+    pub async fn get<T>(&self, namespace: Option<&str>, name: &str) -> Result<Option<T>, StepError>
     where
         T: Resource<DynamicType = ()> + DeserializeOwned,
     {
@@ -164,7 +165,7 @@ impl<K: ManagedResource> Context<K> {
     /// ```no_run
     /// # use actorcile::prelude::*;
     /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// # async fn f<K: ManagedResource>(cx: &Context<K>) -> Result<(), actorcile::Error> {
+    /// # async fn f<K: ManagedResource>(cx: &Context<K>) -> Result<(), actorcile::provisioners::StepError> {
     /// let cm = ConfigMap {
     ///     metadata: kube::api::ObjectMeta { name: Some("settings".into()), ..Default::default() },
     ///     ..Default::default()
@@ -172,14 +173,18 @@ impl<K: ManagedResource> Context<K> {
     /// cx.create_owned(cm).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn create_owned<T>(&self, mut child: T) -> Result<T, Error>
+    pub async fn create_owned<T>(&self, mut child: T) -> Result<T, StepError>
     where
         T: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
     {
-        let name = child.meta().name.clone().ok_or_else(|| Error::Invalid {
-            field: "metadata.name".into(),
-            problem: format!("the {} to create has no name", T::kind(&())),
-        })?;
+        let name = child
+            .meta()
+            .name
+            .clone()
+            .ok_or_else(|| StepError::Invalid {
+                field: "metadata.name".into(),
+                problem: format!("the {} to create has no name", T::kind(&())),
+            })?;
         self.own(&mut child);
         let api = self.child_api::<T>(child.meta().namespace.as_deref());
         let mut body = serde_json::to_value(&child)?;
@@ -193,7 +198,7 @@ impl<K: ManagedResource> Context<K> {
             Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&name).await? {
                 Some(existing) => Ok(existing),
                 // Deleted between the two requests: the next pass creates it again.
-                None => Err(Error::Kube(kube::Error::Api(s))),
+                None => Err(StepError::Kube(kube::Error::Api(s))),
             },
             Err(e) => Err(e.into()),
         }
@@ -202,7 +207,11 @@ impl<K: ManagedResource> Context<K> {
     /// Delete a child of kind `T` (in the object's namespace when `namespace` is `None`).
     /// `Ok(true)` once it is gone (or never existed); `Ok(false)` while it is still being
     /// deleted (finalizers): yield and call again.
-    pub async fn delete_owned<T>(&self, namespace: Option<&str>, name: &str) -> Result<bool, Error>
+    pub async fn delete_owned<T>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<bool, StepError>
     where
         T: Resource<DynamicType = ()> + DeserializeOwned,
     {
@@ -220,7 +229,7 @@ impl<K: ManagedResource> Context<K> {
     /// in its deprovision. Idempotent; conflicts are retried on a fresh read.
     ///
     /// [`remove_finalizer`]: Context::remove_finalizer
-    pub async fn add_finalizer(&self, name: &str) -> Result<(), Error> {
+    pub async fn add_finalizer(&self, name: &str) -> Result<(), StepError> {
         check_finalizer(name)?;
         self.write_finalizers(|fs| {
             (!fs.iter().any(|f| f == name)).then(|| {
@@ -233,7 +242,7 @@ impl<K: ManagedResource> Context<K> {
     }
 
     /// Remove finalizer `name` from the object (a no-op when it does not carry it).
-    pub async fn remove_finalizer(&self, name: &str) -> Result<(), Error> {
+    pub async fn remove_finalizer(&self, name: &str) -> Result<(), StepError> {
         check_finalizer(name)?;
         self.write_finalizers(|fs| {
             fs.iter()
@@ -283,13 +292,13 @@ impl<K: ManagedResource> Context<K> {
     /// A fresh read after a conflict: the newest version. When it is not one the pass's own
     /// steps wrote (concurrent steps conflict with each other too), someone else changed the
     /// object, and the runtime runs it again after the pass.
-    async fn reread(&self) -> Result<Arc<K>, Error> {
+    async fn reread(&self) -> Result<Arc<K>, StepError> {
         let name = self.object().meta().name.clone().unwrap_or_default();
         let fresh = self
             .own_api()
             .get_opt(&name)
             .await?
-            .ok_or_else(|| Error::TargetMissing(self.target()))?;
+            .ok_or_else(|| StepError::TargetMissing(self.target()))?;
         let fresh = Arc::new(fresh);
         let mut w = self.written();
         let ours = version_of(fresh.as_ref()).is_some_and(|v| w.versions.contains(&v));
@@ -333,7 +342,7 @@ impl<K: ManagedResource> Context<K> {
                 Err(e) => return Err(WriteError::Failed(e.into())),
             }
         }
-        Err(WriteError::Failed(Error::Conflict(self.target())))
+        Err(WriteError::Failed(StepError::Conflict(self.target())))
     }
 
     /// Write the object's finalizers to what `change` makes of them (`None`: nothing to
@@ -341,7 +350,7 @@ impl<K: ManagedResource> Context<K> {
     async fn write_finalizers(
         &self,
         change: impl Fn(&[String]) -> Option<Vec<String>>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), StepError> {
         let mut obj = self.latest();
         let params = patch_params(self.field_manager());
         for _ in 0..CONFLICT_ATTEMPTS {
@@ -368,19 +377,19 @@ impl<K: ManagedResource> Context<K> {
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(Error::Conflict(self.target()))
+        Err(StepError::Conflict(self.target()))
     }
 }
 
-fn check_condition_type(type_: &str) -> Result<(), Error> {
+fn check_condition_type(type_: &str) -> Result<(), StepError> {
     if type_ == READY {
-        return Err(Error::Invalid {
+        return Err(StepError::Invalid {
             field: "condition type".into(),
             problem: "Ready is the runtime's condition; name the step's own".into(),
         });
     }
     if !is_valid_condition_type(type_) {
-        return Err(Error::Invalid {
+        return Err(StepError::Invalid {
             field: "condition type".into(),
             problem: format!("{type_:?} is not a valid condition type"),
         });
@@ -389,11 +398,11 @@ fn check_condition_type(type_: &str) -> Result<(), Error> {
 }
 
 /// A finalizer name the API server accepts for a custom finalizer: `prefix/name`.
-pub(crate) fn check_finalizer(name: &str) -> Result<(), Error> {
+pub(crate) fn check_finalizer(name: &str) -> Result<(), StepError> {
     if crate::names::is_prefixed_qualified_name(name) {
         Ok(())
     } else {
-        Err(Error::Invalid {
+        Err(StepError::Invalid {
             field: "finalizer".into(),
             problem: format!(
                 "{name:?} is not a qualified name with a prefix, like example.com/cleanup"
@@ -411,13 +420,13 @@ mod tests {
         assert!(check_condition_type("DnsRecord").is_ok());
         assert!(matches!(
             check_condition_type("Ready"),
-            Err(Error::Invalid { field, .. }) if field == "condition type"
+            Err(StepError::Invalid { field, .. }) if field == "condition type"
         ));
         assert!(check_condition_type("dns record").is_err());
         assert!(check_finalizer("example.com/volume").is_ok());
         assert!(matches!(
             check_finalizer("volume"),
-            Err(Error::Invalid { field, .. }) if field == "finalizer"
+            Err(StepError::Invalid { field, .. }) if field == "finalizer"
         ));
     }
 }

@@ -111,6 +111,7 @@ pub mod argocd;
 pub mod cd;
 mod combinators;
 pub(crate) mod context;
+mod error;
 mod guard;
 mod handle;
 mod nodes;
@@ -130,7 +131,8 @@ pub use combinators::{
 };
 pub use context::{Context, RemoteScope};
 pub(crate) use context::{ControllerParts, new_holder_id};
-pub use guard::{DEPROVISIONED, DONE, DeprovisionTask, Guard, LOCKED, Lock, NoTask, guard};
+pub use error::StepError;
+pub use guard::{DeprovisionTask, Guard, Lock, NoTask, guard};
 pub use nodes::{NodeSet, Nodes, nodes};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use remote::{

@@ -15,6 +15,32 @@ mod tests;
 
 pub use external::{ReadyWhen, readiness_of};
 
+/// What a reference write can fail with ([`ReferenceApi`]); a step sees it as a
+/// [`StepError`](crate::provisioners::StepError).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReferenceError {
+    /// The API server answered with an error (other than the conflicts retried).
+    #[error("kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    /// A reference to a kind this runtime does not manage.
+    #[error("{0} is not of a kind managed by this runtime")]
+    UnmanagedTarget(Target),
+    /// A reference to a target that does not exist.
+    #[error("{0} does not exist")]
+    TargetMissing(Target),
+    /// A reference to a target that is being deleted (no new references are accepted).
+    #[error("{0} is being deleted")]
+    TargetDeleting(Target),
+    /// A reference write kept conflicting with other writes to the target (the runtime
+    /// retries conflicts; this is what is left after its attempts).
+    #[error("{0} kept changing while the reference was written")]
+    Conflict(Target),
+    /// The referrer could not be serialized into the target's annotation.
+    #[error("cannot serialize a reference")]
+    Serialize(#[from] serde_json::Error),
+}
+
 use std::fmt;
 
 use async_trait::async_trait;
@@ -149,20 +175,25 @@ pub trait ReferenceApi: Send + Sync {
         self.readiness(from, target).await
     }
     /// `from` takes a reference on `target`, blocking the target's deletion until released.
-    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error>;
+    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError>;
     /// `from` releases its reference on `target`.
-    async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error>;
+    async fn release_reference(&self, from: &Target, target: &Target)
+    -> Result<(), ReferenceError>;
     /// Exactly the objects of `selection` named in `names` carry `from`'s reference after this.
     async fn set_references(
         &self,
         from: &Target,
         selection: &Selection,
         names: &BTreeSet<String>,
-    ) -> Result<(), crate::Error>;
+    ) -> Result<(), ReferenceError>;
     /// `from` holds references on exactly `targets` after this: it takes the ones it does not
     /// hold yet, and releases every other one it holds. The default only takes them (an
     /// implementation that does not know what `from` holds cannot release).
-    async fn hold_references(&self, from: &Target, targets: &[Target]) -> Result<(), crate::Error> {
+    async fn hold_references(
+        &self,
+        from: &Target,
+        targets: &[Target],
+    ) -> Result<(), ReferenceError> {
         for t in targets {
             self.add_reference(from, t).await?;
         }
@@ -734,9 +765,9 @@ impl ReferenceIndex {
     }
 
     /// Remove `from`'s reference annotation from `target` (a merge patch with `null`).
-    async fn remove_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+    async fn remove_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError> {
         let Some(k) = self.kind(target) else {
-            return Err(crate::Error::UnmanagedTarget(target.clone()));
+            return Err(ReferenceError::UnmanagedTarget(target.clone()));
         };
         let api = k.dynamic_api(target);
         let patch = serde_json::json!({
@@ -748,7 +779,7 @@ impl ReferenceIndex {
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(crate::Error::Kube(e)),
+            Err(e) => Err(ReferenceError::Kube(e)),
         }
     }
 }
@@ -770,9 +801,9 @@ impl ReferenceApi for ReferenceIndex {
 
     /// Retries the guarded write on a conflict (another referrer wrote the target in between:
     /// normal when many objects reference one target), with jittered backoff, up to
-    /// [`REFERENCE_WRITE_ATTEMPTS`] times; [`Error::Conflict`](crate::Error::Conflict) only
+    /// [`REFERENCE_WRITE_ATTEMPTS`] times; [`ReferenceError::Conflict`] only
     /// after that.
-    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError> {
         use backon::Retryable;
         if self.held.get(from).is_some_and(|s| s.contains(target)) {
             return Ok(());
@@ -784,11 +815,15 @@ impl ReferenceApi for ReferenceIndex {
             .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
         (|| self.try_add_reference(from, target))
             .retry(backoff)
-            .when(|e| matches!(e, crate::Error::Conflict(_)))
+            .when(|e| matches!(e, ReferenceError::Conflict(_)))
             .await
     }
 
-    async fn release_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+    async fn release_reference(
+        &self,
+        from: &Target,
+        target: &Target,
+    ) -> Result<(), ReferenceError> {
         self.remove_reference(from, target).await?;
         if let Some(mut s) = self.held.get_mut(from) {
             s.remove(target);
@@ -797,7 +832,11 @@ impl ReferenceApi for ReferenceIndex {
         Ok(())
     }
 
-    async fn hold_references(&self, from: &Target, targets: &[Target]) -> Result<(), crate::Error> {
+    async fn hold_references(
+        &self,
+        from: &Target,
+        targets: &[Target],
+    ) -> Result<(), ReferenceError> {
         // What `from` holds: taken by this runtime, or learned from the targets' annotations
         // when their kind was first listed (so also what an earlier run took).
         let held: Vec<Target> = self
@@ -821,10 +860,10 @@ impl ReferenceApi for ReferenceIndex {
         from: &Target,
         selection: &Selection,
         names: &BTreeSet<String>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), ReferenceError> {
         let probe = selection.target(selection.namespace.as_deref(), "");
         let Some(k) = self.kind(&probe) else {
-            return Err(crate::Error::UnmanagedTarget(probe));
+            return Err(ReferenceError::UnmanagedTarget(probe));
         };
         let params = kube::api::ListParams::default().labels(&selection.labels);
         let selected = k.dynamic_api(&probe).list(&params).await?;
@@ -836,7 +875,7 @@ impl ReferenceApi for ReferenceIndex {
             .collect();
         if let Some(missing) = names.iter().find(|n| !found.contains(n.as_str())) {
             let ns = selection.namespace.as_deref().or(from.namespace.as_deref());
-            return Err(crate::Error::TargetMissing(selection.target(ns, missing)));
+            return Err(ReferenceError::TargetMissing(selection.target(ns, missing)));
         }
         let key = reference_annotation(from);
         // Adds first, then releases: every write is idempotent, so a pass that fails half-way
@@ -874,9 +913,13 @@ pub(crate) const REFERENCE_WRITE_ATTEMPTS: usize = 10;
 
 impl ReferenceIndex {
     /// One guarded attempt of [`ReferenceApi::add_reference`].
-    async fn try_add_reference(&self, from: &Target, target: &Target) -> Result<(), crate::Error> {
+    async fn try_add_reference(
+        &self,
+        from: &Target,
+        target: &Target,
+    ) -> Result<(), ReferenceError> {
         let Some(k) = self.kind(target) else {
-            return Err(crate::Error::UnmanagedTarget(target.clone()));
+            return Err(ReferenceError::UnmanagedTarget(target.clone()));
         };
         let api = k.dynamic_api(target);
         // A merge patch of one annotation: it cannot conflict with other referrers' writes (a
@@ -887,11 +930,11 @@ impl ReferenceIndex {
         // sees the reference (its event comes after the write).
         let current = match api.get_opt(&target.name).await {
             Ok(Some(o)) => o,
-            Ok(None) => return Err(crate::Error::TargetMissing(target.clone())),
-            Err(e) => return Err(crate::Error::Kube(e)),
+            Ok(None) => return Err(ReferenceError::TargetMissing(target.clone())),
+            Err(e) => return Err(ReferenceError::Kube(e)),
         };
         if current.metadata.deletion_timestamp.is_some() {
-            return Err(crate::Error::TargetDeleting(target.clone()));
+            return Err(ReferenceError::TargetDeleting(target.clone()));
         }
         let patch = serde_json::json!({
             "metadata": { "annotations": { reference_annotation(from): serde_json::to_string(from)? } }
@@ -902,18 +945,18 @@ impl ReferenceIndex {
         {
             Ok(o) => o,
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                return Err(crate::Error::TargetMissing(target.clone()));
+                return Err(ReferenceError::TargetMissing(target.clone()));
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Err(crate::Error::Conflict(target.clone()));
+                return Err(ReferenceError::Conflict(target.clone()));
             }
-            Err(e) => return Err(crate::Error::Kube(e)),
+            Err(e) => return Err(ReferenceError::Kube(e)),
         };
         if written.metadata.deletion_timestamp.is_some() {
             if let Err(e) = self.remove_reference(from, target).await {
                 tracing::warn!(from = %from, target = %target, error = %e, "could not take back a reference to a target being deleted");
             }
-            return Err(crate::Error::TargetDeleting(target.clone()));
+            return Err(ReferenceError::TargetDeleting(target.clone()));
         }
         self.held
             .entry(from.clone())

@@ -405,7 +405,7 @@ mod writes {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, crate::Error::TargetDeleting(ref t) if *t == cm("a")),
+            matches!(err, ReferenceError::TargetDeleting(ref t) if *t == cm("a")),
             "{err}"
         );
         assert_eq!(referrers_of(&api.get("a").await.unwrap()), vec![]);
@@ -414,7 +414,7 @@ mod writes {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, crate::Error::TargetMissing(ref t) if *t == cm("none")),
+            matches!(err, ReferenceError::TargetMissing(ref t) if *t == cm("none")),
             "{err}"
         );
         assert!(!index.holds_any());

@@ -36,6 +36,7 @@ pub use controller::Controller;
 pub use handle::RuntimeHandle;
 
 pub use crate::actors::HookError;
+pub use crate::actors::restarts::Escalation;
 pub use crate::actors::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult};
 
 /// The finalizer the runtime puts on every object it provisions (configurable).

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::provisioners::{DONE, LOCKED, Lock, guard};
+use actorcile::provisioners::{Lock, guard};
 use actorcile::status::Condition;
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -154,7 +154,9 @@ async fn bad_names_are_typed_errors_in_the_status_not_panics() {
             .set_condition("Ready", true, &Reason::new("Mine", "no"))
             .await
             .expect_err("Ready is the runtime's");
-        assert!(matches!(&e, actorcile::Error::Invalid { field, .. } if field == "condition type"));
+        assert!(
+            matches!(&e, actorcile::provisioners::StepError::Invalid { field, .. } if field == "condition type")
+        );
         let e = cx
             .add_finalizer("no-prefix")
             .await
@@ -200,7 +202,7 @@ async fn a_guard_runs_its_task_once_per_generation_and_records_the_result() {
     assert_eq!(counts.lock().unwrap()["w"], 1);
     let w = widgets(&client).get("w").await.unwrap();
     let c = condition(&w, "External").unwrap();
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", DONE));
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Done"));
     assert_eq!(c.observed_generation, Some(1));
     // A new generation is a new intent.
     widgets(&client)
@@ -251,7 +253,7 @@ async fn a_lock_held_elsewhere_yields_until_it_expires() {
     // Another holder took the lock a moment ago, for 2 s, and went away.
     let until = chrono::Utc::now() + chrono::Duration::seconds(2);
     let lock = serde_json::json!({"status": {"conditions": [{
-        "type": "External", "status": "Unknown", "reason": LOCKED,
+        "type": "External", "status": "Unknown", "reason": "Locked",
         "message": format!("held by gone-replica until {}", until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1,
     }]}});
@@ -284,7 +286,7 @@ async fn a_lock_held_elsewhere_yields_until_it_expires() {
         "ran at {ran_at}, the lock held until {until}"
     );
     let c = widgets(&client).get("w").await.unwrap();
-    assert_eq!(condition(&c, "External").unwrap().reason, DONE);
+    assert_eq!(condition(&c, "External").unwrap().reason, "Done");
     drop(counts);
     rt.shutdown().await;
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::provisioners::{DONE, Lock, guard};
+use actorcile::provisioners::{Lock, guard};
 use common::Widget;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
@@ -98,7 +98,7 @@ async fn an_object_made_stale_between_read_and_guard_does_not_run_the_task() {
             "the task ran on version {ran_on}, older than the other writer's {touched}"
         );
         let c = w.status.as_ref().unwrap().condition("External").unwrap();
-        assert_eq!(c.reason, DONE);
+        assert_eq!(c.reason, "Done");
         rt.shutdown().await;
     })
     .await;

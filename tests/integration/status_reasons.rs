@@ -176,7 +176,7 @@ async fn set_references_makes_exactly_the_named_objects_carry_the_reference() {
         };
         match result {
             Ok(()) => Outcome::Done,
-            Err(e @ actorcile::Error::TargetMissing(_)) => {
+            Err(e @ actorcile::provisioners::StepError::TargetMissing(_)) => {
                 Outcome::Terminal(Reason::new("GroupMissing", e.to_string()))
             }
             Err(e) => Outcome::failed(Reason::new("References", "cannot reference"), e),

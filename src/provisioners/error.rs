@@ -1,0 +1,74 @@
+//! What the calls a step makes on its [`Context`](super::Context) can fail with.
+
+use crate::references::{ReferenceError, Target};
+
+/// What a step's calls on its [`Context`](super::Context) can fail with: its writes to the
+/// object (conditions, finalizers, owned children) and its references.
+///
+/// Conflicts with other writers are retried by the runtime before any of these is returned.
+/// Every such call is idempotent: a step returns the error as a failed outcome
+/// ([`Outcome::failed`](super::Outcome::failed)) and the next pass completes what this one did
+/// not.
+///
+/// ```no_run
+/// # use actorcile::prelude::*;
+/// use actorcile::provisioners::StepError;
+///
+/// # async fn f<K: ManagedResource>(cx: &Context<K>, network: Target) -> Outcome {
+/// match cx.add_reference(&network).await {
+///     Ok(()) => Outcome::Done,
+///     Err(StepError::TargetMissing(t)) => {
+///         Outcome::waiting(Reason::new("NetworkMissing", format!("{t} does not exist")))
+///     }
+///     Err(e) => Outcome::failed(Reason::new("NetworkReference", "cannot reference the network"), e),
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// The API server answered with an error (other than the conflicts the runtime retries).
+    #[error("kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    /// Something the step passed is malformed: `field` names it (a condition type, a reason
+    /// code, a finalizer, a child without a name).
+    #[error("invalid {field}: {problem}")]
+    Invalid {
+        /// What is invalid, e.g. `finalizer` or `condition type`.
+        field: String,
+        /// Why.
+        problem: String,
+    },
+    /// The context has no reference API (a context built outside the runtime).
+    #[error("this context has no reference API (it was not built by the runtime)")]
+    NoReferenceApi,
+    /// A reference to a kind this runtime does not manage.
+    #[error("{0} is not of a kind managed by this runtime")]
+    UnmanagedTarget(Target),
+    /// The object written or referenced does not exist (any more).
+    #[error("{0} does not exist")]
+    TargetMissing(Target),
+    /// A reference to a target that is being deleted (no new references are accepted).
+    #[error("{0} is being deleted")]
+    TargetDeleting(Target),
+    /// A write kept conflicting with other writes to the object (the runtime retries
+    /// conflicts; this is what is left after its attempts).
+    #[error("{0} kept changing while it was written")]
+    Conflict(Target),
+    /// A value the runtime writes could not be serialized.
+    #[error("cannot serialize a value the runtime writes")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl From<ReferenceError> for StepError {
+    fn from(e: ReferenceError) -> Self {
+        match e {
+            ReferenceError::Kube(e) => StepError::Kube(e),
+            ReferenceError::UnmanagedTarget(t) => StepError::UnmanagedTarget(t),
+            ReferenceError::TargetMissing(t) => StepError::TargetMissing(t),
+            ReferenceError::TargetDeleting(t) => StepError::TargetDeleting(t),
+            ReferenceError::Conflict(t) => StepError::Conflict(t),
+            ReferenceError::Serialize(e) => StepError::Serialize(e),
+        }
+    }
+}
