@@ -81,7 +81,7 @@ cargo fetch --locked
 "$cargo_deny" --offline check licenses bans sources
 
 step "cargo package: the published crates package (metadata, license, README, versions)"
-cargo package --quiet --no-verify --allow-dirty -p actorcile-apiserver -p actorcile
+cargo package --quiet --no-verify --allow-dirty -p actorcile-apiserver -p actorcile-envtest -p actorcile
 
 step "cargo-nextest"
 nextest=$(cargo_tool cargo-nextest cargo-nextest)

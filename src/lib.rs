@@ -19,7 +19,8 @@
 //! - [`references`]: readiness and references between resources.
 //! - [`cluster`] (feature `cluster`, on by default): an in-process Kubernetes API server for
 //!   tests, benchmarks and simulation, the crate `actorcile-apiserver`.
-//! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests.
+//! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests, the crate
+//!   `actorcile-envtest`.
 //! - [`rbac`]: the Roles and ClusterRole a runtime needs, and its preflight check.
 //! - [`crds`]: render and install an operator's CustomResourceDefinitions.
 //! - [`health`]: what the runtime's liveness and readiness probes answer.
@@ -41,14 +42,13 @@
 //! | `object_api.rs` | the typed API calls of one object's namespace |
 //! | `event_recorder.rs` | a controller's Kubernetes Events: kube-runtime's recorder, split by object |
 //!
-//! Dependencies run one way: `cluster` is a crate of its own that knows nothing of the rest; `status`
+//! Dependencies run one way: `cluster` and `envtest` are crates of their own that know nothing
+//! of the rest; `status`
 //! depends only on `names`; `references` on `status`; `provisioners` on `status`,
 //! `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`; `messages`
 //! and `policy` are plain data; `actors` use all of those; and `runtime` starts the actors.
 //! The library never imports its command line.
-// No unsafe code, but envtest's control of its own child processes (kill, pidfd, atexit),
-// each allowed where it is, with its SAFETY note.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod actors;
 #[cfg(feature = "operator")]
@@ -60,7 +60,8 @@ pub mod cli;
 pub use actorcile_apiserver as cluster;
 pub mod crds;
 #[cfg(feature = "envtest")]
-pub mod envtest;
+#[doc(inline)]
+pub use actorcile_envtest as envtest;
 mod event_recorder;
 mod hash;
 pub mod health;

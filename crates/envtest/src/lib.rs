@@ -1,5 +1,8 @@
-//! A real control plane for tests: etcd + kube-apiserver (+ kube-controller-manager) as child
-//! processes.
+//! A real Kubernetes control plane for tests: etcd + kube-apiserver (+ kube-controller-manager)
+//! as child processes of the test.
+//!
+//! It knows nothing of the actorcile runtime: any kube-rs user can start one. The runtime
+//! re-exports it as `actorcile::envtest` (feature `envtest`).
 //!
 //! [`Envtest`] starts an `etcd` and a `kube-apiserver` on free loopback ports, in a fresh temporary
 //! directory that holds the etcd data, the apiserver's self-signed serving certificate, a generated
@@ -28,7 +31,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use actorcile::envtest::Envtest;
+//! use actorcile_envtest::Envtest;
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::{Api, PostParams};
 //!
@@ -48,6 +51,10 @@
 //! For a control plane that outlives the process (the `actorcile envtest up` command), see
 //! [`EnvtestBuilder::start_detached`] and [`DetachedEnvtest`].
 
+// No unsafe code, but the control of its own child processes (kill, pidfd, atexit), each
+// allowed where it is, with its SAFETY note.
+#![deny(unsafe_code)]
+
 mod builder;
 mod control_plane;
 mod crds;
@@ -61,7 +68,7 @@ use std::time::Duration;
 
 pub use builder::EnvtestBuilder;
 pub use control_plane::Envtest;
-pub use crds::{crds_from_yaml, install_crds, wait_for_openapi};
+pub use crds::{FIELD_MANAGER, crds_from_yaml, install_crds, wait_for_openapi};
 pub use detached::{DetachedEnvtest, STATE_FILE};
 pub use error::EnvtestError;
 pub use lookup::{
@@ -87,3 +94,7 @@ pub(crate) struct Ports {
 
 #[cfg(test)]
 mod real_tests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -4,26 +4,60 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
+use kube::api::{Api, Patch, PatchParams};
+
 use super::EnvtestError;
 
-/// Creates or updates (server-side apply, field manager `actorcile-envtest`) each CRD with `client`,
-/// then waits up to `timeout` for each to be Established. Works against any cluster.
+/// The field manager of the CRDs [`install_crds`] applies.
+pub const FIELD_MANAGER: &str = "actorcile-envtest";
+
+/// Creates or updates (server-side apply, field manager [`FIELD_MANAGER`]) each CRD with
+/// `client`, then waits up to `timeout` until the API server serves each: discovery lists its
+/// resource in every served version (as controller-runtime's envtest waits, since a CRD can be
+/// Established a moment before its resource is served). Works against any cluster.
 pub async fn install_crds(
     client: kube::Client,
     crds: &[CustomResourceDefinition],
     timeout: Duration,
 ) -> Result<(), EnvtestError> {
-    use crate::crds::CrdError;
-    crate::crds::install(client, crds, "actorcile-envtest", timeout)
-        .await
-        .map_err(|e| match e {
-            CrdError::WithoutName => EnvtestError::CrdWithoutName,
-            CrdError::Apply { source, .. } => EnvtestError::from(source),
-            CrdError::Wait { name, source } => EnvtestError::CrdWait { name, source },
-            CrdError::NotEstablished { name, timeout } => {
-                EnvtestError::CrdNotEstablished { name, timeout }
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for crd in crds {
+        let name = crd
+            .metadata
+            .name
+            .as_deref()
+            .ok_or(EnvtestError::CrdWithoutName)?;
+        let mut body = crd.clone();
+        body.metadata.resource_version = None;
+        body.metadata.managed_fields = None;
+        body.status = None;
+        api.patch(name, &params, &Patch::Apply(&body)).await?;
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    for crd in crds {
+        let plural = &crd.spec.names.plural;
+        for version in crd.spec.versions.iter().filter(|v| v.served) {
+            let group_version = format!("{}/{}", crd.spec.group, version.name);
+            loop {
+                match client.list_api_group_resources(&group_version).await {
+                    Ok(list) if list.resources.iter().any(|r| &r.name == plural) => break,
+                    Ok(_) => {}
+                    // The group is not served yet.
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(EnvtestError::CrdNotEstablished {
+                        name: crd.metadata.name.clone().unwrap_or_default(),
+                        timeout,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        })
+        }
+    }
+    Ok(())
 }
 
 /// Waits up to `timeout` until the API server's OpenAPI document (`GET /openapi/v2`) lists the
@@ -34,13 +68,13 @@ pub async fn install_crds(
 /// the API server wait for it first, so that work does not overlap what they measure.
 ///
 /// ```no_run
-/// # async fn demo(env: &actorcile::envtest::Envtest,
+/// # async fn demo(env: &actorcile_envtest::Envtest,
 /// #     crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition)
-/// #     -> Result<(), actorcile::envtest::EnvtestError> {
+/// #     -> Result<(), actorcile_envtest::EnvtestError> {
 /// use std::time::Duration;
 ///
 /// env.install_crds(&[crd.clone()]).await?;
-/// actorcile::envtest::wait_for_openapi(env.client(), &[crd], Duration::from_secs(30)).await?;
+/// actorcile_envtest::wait_for_openapi(env.client(), &[crd], Duration::from_secs(30)).await?;
 /// # Ok(())
 /// # }
 /// ```
@@ -105,7 +139,7 @@ pub fn crds_from_yaml(text: &str) -> Result<Vec<CustomResourceDefinition>, Envte
     for (index, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
         let invalid = |e| EnvtestError::Yaml {
             document: index + 1,
-            source: crate::rbac::YamlError::new(e),
+            source: Box::new(e),
         };
         let value = serde_norway::Value::deserialize(doc).map_err(invalid)?;
         if value.is_null() {

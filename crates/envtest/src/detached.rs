@@ -14,8 +14,8 @@ use super::{EnvtestError, KubeVersion, Ports};
 /// process exits. The state is recorded in `<dir>/state.json`.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), actorcile::envtest::EnvtestError> {
-/// use actorcile::envtest::{DetachedEnvtest, Envtest};
+/// # async fn demo() -> Result<(), actorcile_envtest::EnvtestError> {
+/// use actorcile_envtest::{DetachedEnvtest, Envtest};
 /// let dir = std::path::PathBuf::from("/tmp/my-envtest");
 /// match DetachedEnvtest::load(&dir)? {
 ///     Some(running) if running.is_running() => println!("already up: {}", running.kubeconfig.display()),

@@ -190,7 +190,7 @@ pub(crate) fn kubeconfig_yaml(
         "current-context": "actorcile-envtest",
     });
     serde_norway::to_string(&doc).map_err(|e| EnvtestError::KubeconfigYaml {
-        source: crate::rbac::YamlError::new(e),
+        source: Box::new(e),
     })
 }
 

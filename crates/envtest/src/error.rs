@@ -58,9 +58,9 @@ pub enum EnvtestError {
     /// A kubeconfig could not be serialized.
     #[error("serializing a kubeconfig: {source}")]
     KubeconfigYaml {
-        /// The YAML error.
+        /// The YAML library's error (boxed, so that this enum does not name the library).
         #[source]
-        source: crate::rbac::YamlError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A client configuration could not be read or loaded from a kubeconfig file.
     #[error("client configuration from {path}: {source}")]
@@ -74,8 +74,9 @@ pub enum EnvtestError {
     /// A Kubernetes API call failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    /// A CustomResourceDefinition did not become Established in time.
-    #[error("CustomResourceDefinition {name} did not become Established within {timeout:?}")]
+    /// A CustomResourceDefinition was not served (its resource listed by discovery in each
+    /// served version) in time.
+    #[error("CustomResourceDefinition {name} was not served within {timeout:?}")]
     CrdNotEstablished {
         /// The CRD's name.
         name: String,
@@ -90,15 +91,6 @@ pub enum EnvtestError {
         /// How long was waited.
         timeout: Duration,
     },
-    /// Waiting for a CustomResourceDefinition to become Established failed (before the timeout).
-    #[error("waiting for CustomResourceDefinition {name}: {source}")]
-    CrdWait {
-        /// The CRD's name.
-        name: String,
-        /// kube's error.
-        #[source]
-        source: kube::runtime::wait::Error,
-    },
     /// A CustomResourceDefinition has no `metadata.name`.
     #[error("a CustomResourceDefinition has no metadata.name")]
     CrdWithoutName,
@@ -107,9 +99,9 @@ pub enum EnvtestError {
     Yaml {
         /// Which `---`-separated document, counting from 1 (empty documents count).
         document: usize,
-        /// The YAML error.
+        /// The YAML library's error (boxed, so that this enum does not name the library).
         #[source]
-        source: crate::rbac::YamlError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The state file of a detached control plane could not be read or written as JSON.
     #[error("detached control plane state {path}: {source}")]
