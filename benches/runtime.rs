@@ -198,7 +198,7 @@ fn scale(c: &mut Criterion) {
                         let started = Instant::now();
                         let handle = Runtime::builder(client)
                             .policy(SupervisorPolicy {
-                                max_concurrent_runs: 256,
+                                max_concurrent_reconciles: 256,
                                 ..Default::default()
                             })
                             .controller(Controller::<Thing>::new(step(
@@ -208,7 +208,7 @@ fn scale(c: &mut Criterion) {
                             .start()
                             .await
                             .unwrap();
-                        while handle.metrics().provision_runs < n {
+                        while handle.metrics().provision_reconciles < n {
                             tokio::time::sleep(Duration::from_millis(1)).await;
                         }
                         let took = started.elapsed();

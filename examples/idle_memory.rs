@@ -141,7 +141,7 @@ async fn run() {
     let n = u64::from(args.objects);
     loop {
         let m = handle.metrics();
-        if m.provision_runs >= n && m.live_actors == 0 && m.passivations >= n {
+        if m.provision_reconciles >= n && m.live_actors == 0 && m.passivations >= n {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -102,7 +102,7 @@ async fn main() {
     let api: Api<Database> = Api::namespaced(client.clone(), "default");
 
     let policy = SupervisorPolicy {
-        max_concurrent_runs: args.concurrency,
+        max_concurrent_reconciles: args.concurrency,
         ..SupervisorPolicy::default()
     };
     let rt = Runtime::builder(client.clone())

@@ -101,9 +101,14 @@ pub struct RuntimeArgs {
     #[arg(long, env = "ACTORCILE_POLICY", value_name = "PATH")]
     pub policy: Option<PathBuf>,
 
-    /// Most passes running at once, over every kind [default: the policy's]
-    #[arg(long, env = "ACTORCILE_MAX_CONCURRENT_RUNS", value_name = "N")]
-    pub max_concurrent_runs: Option<usize>,
+    /// Most reconciles running at once, over every kind [default: the policy's]
+    #[arg(
+        long,
+        alias = "max-concurrent-runs",
+        env = "ACTORCILE_MAX_CONCURRENT_RECONCILES",
+        value_name = "N"
+    )]
+    pub max_concurrent_reconciles: Option<usize>,
 
     /// Check at start-up that the running identity has every permission the runtime needs
     #[arg(long, env = "ACTORCILE_PREFLIGHT_RBAC")]
@@ -220,8 +225,8 @@ impl RuntimeArgs {
             Some(path) => SupervisorPolicy::from_file(path)?,
             None => SupervisorPolicy::default(),
         };
-        if let Some(n) = self.max_concurrent_runs {
-            policy.max_concurrent_runs = n;
+        if let Some(n) = self.max_concurrent_reconciles {
+            policy.max_concurrent_reconciles = n;
         }
         policy.validate()?;
         Ok(policy)
@@ -303,7 +308,7 @@ mod tests {
             "json",
             "--log",
             "debug",
-            "--max-concurrent-runs",
+            "--max-concurrent-reconciles",
             "8",
         ])
         .unwrap()
@@ -311,7 +316,7 @@ mod tests {
         assert_eq!(a.namespace.as_deref(), Some("tenants"));
         assert_eq!(a.admin_addr.port(), 9000);
         assert_eq!(a.log_format, LogFormat::Json);
-        assert_eq!(a.policy().unwrap().max_concurrent_runs, 8);
+        assert_eq!(a.policy().unwrap().max_concurrent_reconciles, 8);
     }
 
     /// The OTLP flags, and an endpoint that is no URL refused by `init_tracing` before any
@@ -340,7 +345,7 @@ mod tests {
     fn bad_values_are_errors_naming_the_flag() {
         let e = Args::try_parse_from(["op", "--admin-addr", "nowhere"]).unwrap_err();
         assert!(e.to_string().contains("--admin-addr"), "{e}");
-        let a = Args::try_parse_from(["op", "--max-concurrent-runs", "0"])
+        let a = Args::try_parse_from(["op", "--max-concurrent-reconciles", "0"])
             .unwrap()
             .runtime;
         assert!(a.policy().is_err(), "zero run slots is not a policy");
@@ -358,7 +363,7 @@ mod tests {
             "ACTORCILE_LOG_FORMAT",
             "ACTORCILE_LOG",
             "ACTORCILE_POLICY",
-            "ACTORCILE_MAX_CONCURRENT_RUNS",
+            "ACTORCILE_MAX_CONCURRENT_RECONCILES",
             "ACTORCILE_PREFLIGHT_RBAC",
             "ACTORCILE_LEADER_ELECT",
             "ACTORCILE_LEADER_ELECT_LEASE",

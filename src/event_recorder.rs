@@ -5,7 +5,7 @@
 //! of creating another Event; and on every publish it drops the expired entries by walking its
 //! whole cache. kube-runtime means a recorder to live for one reconcile, where that cache holds
 //! a few entries. A runtime keeps one per controller for its whole life (a repeat must find the
-//! earlier Event whatever pass published it), so one recorder's cache would hold an entry per
+//! earlier Event whatever reconcile published it), so one recorder's cache would hold an entry per
 //! object with an Event in the last six minutes, and each publish would walk all of them:
 //! quadratic in the objects (at 10 000 objects, about a fifth of a replica's CPU in the
 //! example operator).

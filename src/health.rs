@@ -18,7 +18,7 @@ pub struct Health {
     kinds: Mutex<Vec<(String, Arc<AtomicBool>, WatchRefusal)>>,
     /// The supervisors: root first, then each manager.
     supervisors: Mutex<Vec<ractor::ActorCell>>,
-    /// Tasks every pass depends on (each kind's timers), by name, and whether each runs.
+    /// Tasks every reconcile depends on (each kind's timers), by name, and whether each runs.
     tasks: Mutex<Vec<(String, TaskCheck)>>,
     started: AtomicBool,
     /// A candidate waiting for the leader's Lease: ready (it holds what it should: nothing).

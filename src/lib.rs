@@ -10,7 +10,7 @@
 //!
 //! - [`prelude`]: the usual imports, in one.
 //! - [`provisioners`]: the [`Provisioner`](provisioners::Provisioner) trait, its
-//!   [`Outcome`](provisioners::Outcome), the [`Context`](provisioners::Context) a pass gets, and
+//!   [`Outcome`](provisioners::Outcome), the [`Context`](provisioners::Context) a reconcile gets, and
 //!   the combinators.
 //! - [`runtime`]: the [`Runtime`](runtime::Runtime) an operator embeds, its controllers and
 //!   metrics.
@@ -30,7 +30,7 @@
 //!   (tracing set-up), [`metrics`] (Prometheus), [`admin`] (`/metrics`, `/healthz`,
 //!   `/readyz`), [`leader`] (leader election on a Lease), and signal handling in
 //!   [`RuntimeBuilder::run`](runtime::RuntimeBuilder::run).
-//! - Feature `otel` (with `operator`): the passes' spans exported over OTLP
+//! - Feature `otel` (with `operator`): the reconciles' spans exported over OTLP
 //!   (`telemetry::Otlp`, `--otlp-endpoint`).
 //!
 //! # Inside (private; read the source)
@@ -184,7 +184,7 @@ pub enum Error {
     #[error("leadership lost: the Lease was not renewed in time")]
     LeadershipLost,
     /// A second SIGTERM or SIGINT came during graceful shutdown: the runtime stopped at once,
-    /// aborting the passes still running.
+    /// aborting the reconciles still running.
     #[error("interrupted again during shutdown; stopped at once")]
     Interrupted,
 }

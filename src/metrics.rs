@@ -20,16 +20,16 @@
 //!
 //! | name | type | labels | what it counts | controller-runtime's |
 //! |---|---|---|---|---|
-//! | `actorcile_runs_total` | counter | `controller`, `result` | passes that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
-//! | `actorcile_run_duration_seconds` | histogram | `controller` | how long a pass took | `controller_runtime_reconcile_time_seconds` |
-//! | `actorcile_run_wait_seconds` | histogram | `controller` | from a pass becoming due to its start (waiting for a run slot) | `workqueue_queue_duration_seconds` |
+//! | `actorcile_reconciles_total` | counter | `controller`, `result` | reconciles that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
+//! | `actorcile_reconcile_duration_seconds` | histogram | `controller` | how long a reconcile took | `controller_runtime_reconcile_time_seconds` |
+//! | `actorcile_reconcile_wait_seconds` | histogram | `controller` | from a reconcile becoming due to its start (waiting for a run slot) | `workqueue_queue_duration_seconds` |
 //! | `actorcile_objects` | gauge | `controller` | objects in the runtime's cache | — |
 //! | `actorcile_wake_ups` | gauge | `controller` | wake-ups armed by live actors (yields, backoffs, polls) | `workqueue_depth` counts these too, once due |
-//! | `actorcile_runs_waiting` | gauge | `controller` | due passes and activations waiting for a run slot | `workqueue_depth` |
+//! | `actorcile_reconciles_waiting` | gauge | `controller` | due reconciles and activations waiting for a run slot | `workqueue_depth` |
 //! | `actorcile_events_total` | counter | `controller` | Kubernetes Events published | — |
 //! | `actorcile_events_dropped_total` | counter | `controller` | Events not published: the object's Event budget was spent | — |
-//! | `actorcile_runs_in_flight` | gauge | | passes running now | `controller_runtime_active_workers` |
-//! | `actorcile_max_concurrent_runs` | gauge | | the run slots | `controller_runtime_max_concurrent_reconciles` |
+//! | `actorcile_reconciles_in_flight` | gauge | | reconciles running now | `controller_runtime_active_workers` |
+//! | `actorcile_max_concurrent_reconciles` | gauge | | the run slots | `controller_runtime_max_concurrent_reconciles` |
 //! | `actorcile_leader` | gauge | | 1 while this replica runs the controllers (it leads, or there is no election) | `leader_election_master_status` |
 //! | `actorcile_shards` | gauge | | with sharding: how many shards there are | |
 //! | `actorcile_shards_held` | gauge | | with sharding: the shards this replica holds | |
@@ -44,7 +44,7 @@
 //! | `actorcile_write_timeouts_total` | counter | | writes of the runtime's own (status, finalizer, Event…) abandoned unanswered at the policy's `write_timeout`, each retried | — |
 //! | `actorcile_api_requests_total` | counter | `verb`, `code` | API requests of a client built with [`ApiMetrics`] | `rest_client_requests_total` (`method`, `code`) |
 //!
-//! `controller_runtime_reconcile_errors_total` is `actorcile_runs_total{result="failed"}`.
+//! `controller_runtime_reconcile_errors_total` is `actorcile_reconciles_total{result="failed"}`.
 //! Passive objects (no live actor) are `actorcile_objects` minus `actorcile_actors_live`.
 //!
 //! [`RuntimeBuilder::metrics_registry`]: crate::runtime::RuntimeBuilder::metrics_registry
@@ -68,7 +68,7 @@ use crate::actors::{KindMetricsSnapshot, Metrics, MetricsSnapshot};
 pub(crate) struct RuntimeCollector {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) health: Arc<crate::health::Health>,
-    pub(crate) max_concurrent_runs: u64,
+    pub(crate) max_concurrent_reconciles: u64,
 }
 
 fn counter(
@@ -121,13 +121,13 @@ impl Collector for RuntimeCollector {
         let e = &mut encoder;
         {
             let mut family = e.encode_descriptor(
-                "actorcile_runs",
-                "Provisioner passes that ended, by controller and result",
+                "actorcile_reconciles",
+                "Reconciles that ended, by controller and result",
                 None,
                 MetricType::Counter,
             )?;
             for k in &kinds {
-                for (result, n) in &k.runs {
+                for (result, n) in &k.reconciles {
                     let labels = [("controller", k.kind.as_str()), ("result", result.as_str())];
                     ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
                 }
@@ -135,13 +135,13 @@ impl Collector for RuntimeCollector {
         }
         for (name, help, pick) in [
             (
-                "actorcile_run_duration_seconds",
-                "How long a provisioner pass took",
-                (|k: &KindMetricsSnapshot| &k.run_duration) as fn(&_) -> &_,
+                "actorcile_reconcile_duration_seconds",
+                "How long a reconcile took",
+                (|k: &KindMetricsSnapshot| &k.reconcile_duration) as fn(&_) -> &_,
             ),
             (
-                "actorcile_run_wait_seconds",
-                "From a pass becoming due to its start (waiting for a run slot)",
+                "actorcile_reconcile_wait_seconds",
+                "From a reconcile becoming due to its start (waiting for a run slot)",
                 |k: &KindMetricsSnapshot| &k.due_to_start,
             ),
         ] {
@@ -178,8 +178,8 @@ impl Collector for RuntimeCollector {
         per_kind(
             e,
             &kinds,
-            "actorcile_runs_waiting",
-            "Due passes and activations waiting for a run slot",
+            "actorcile_reconciles_waiting",
+            "Due reconciles and activations waiting for a run slot",
             MetricType::Gauge,
             |k| k.waiting,
         )?;
@@ -202,7 +202,7 @@ impl Collector for RuntimeCollector {
         let m: MetricsSnapshot = self.metrics.snapshot();
         gauge(
             e,
-            "actorcile_runs_in_flight",
+            "actorcile_reconciles_in_flight",
             "Passes running now",
             m.in_flight,
         )?;
@@ -228,9 +228,9 @@ impl Collector for RuntimeCollector {
         }
         gauge(
             e,
-            "actorcile_max_concurrent_runs",
-            "Run slots: the most passes running at once",
-            self.max_concurrent_runs,
+            "actorcile_max_concurrent_reconciles",
+            "Run slots: the most reconciles running at once",
+            self.max_concurrent_reconciles,
         )?;
         gauge(
             e,

@@ -22,7 +22,7 @@
 //! }
 //! ```
 //!
-//! The status a provision pass leaves (`ResourceStatus::after_provision`) is defined beside
+//! The status a provision reconcile leaves (`ResourceStatus::after_provision`) is defined beside
 //! [`Outcome`](crate::provisioners::Outcome), in `provisioners/outcome.rs`, so that this module
 //! depends on nothing else of the crate but the name rules of [`crate::names`].
 
@@ -116,12 +116,12 @@ pub enum ReadyReason {
     /// A guarded step waits for a lock another holder has (see
     /// [`Context::guard`](crate::provisioners::Context::guard)).
     Locked,
-    /// The object changed while a pass ran; it runs again on the newest version.
+    /// The object changed while a reconcile ran; it runs again on the newest version.
     Conflict,
     /// The controller's provider config does not exist; provisioning waits for it.
     ConfigMissing,
-    /// A pass ran past the policy's `run_timeout` and was stopped; retried with backoff.
-    RunTimeout,
+    /// A reconcile ran past the policy's `reconcile_timeout` and was stopped; retried with backoff.
+    ReconcileTimeout,
 }
 
 impl ReadyReason {
@@ -144,7 +144,7 @@ impl ReadyReason {
             ReadyReason::Locked => "Locked",
             ReadyReason::Conflict => "Conflict",
             ReadyReason::ConfigMissing => "ConfigMissing",
-            ReadyReason::RunTimeout => "RunTimeout",
+            ReadyReason::ReconcileTimeout => "ReconcileTimeout",
         }
     }
 }
@@ -388,7 +388,7 @@ impl ResourceStatus {
         Some(next)
     }
 
-    /// The status a deprovision pass that is not done yet should leave.
+    /// The status a deprovision reconcile that is not done yet should leave.
     pub fn while_deprovisioning(
         &self,
         reason: impl fmt::Display,

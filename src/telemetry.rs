@@ -1,15 +1,15 @@
 //! Tracing set-up for an operator binary (feature `operator`): plain or JSON lines on stderr,
 //! filtered like `RUST_LOG`. Optional: an operator with its own subscriber skips it.
 //!
-//! Every pass runs in a span `run` with the fields `kind`, `namespace`, `name`, `generation` and
-//! (once it ended) `outcome`, so each log line of a pass names its object.
+//! Every reconcile runs in a span `reconcile` with the fields `kind`, `namespace`, `name`, `generation` and
+//! (once it ended) `outcome`, so each log line of a reconcile names its object.
 //!
 //! ```no_run
 //! use actorcile::telemetry::{LogFormat, init_tracing};
 //! init_tracing(LogFormat::Json, "info,actorcile=debug").expect("a valid filter");
 //! ```
 //!
-//! With the feature `otel`, the same spans are exported over OTLP ([`Otlp`]): one span per pass,
+//! With the feature `otel`, the same spans are exported over OTLP ([`Otlp`]): one span per reconcile,
 //! with those fields as attributes, to an OpenTelemetry collector.
 
 use tracing_subscriber::EnvFilter;

@@ -8,13 +8,13 @@
 //! | Secrets | [`Controller::secrets`](crate::runtime::Controller::secrets) | only the objects that reference the Secret that changed |
 //! | owned children | [`Controller::owns`](crate::runtime::Controller::owns) | the owners (by owner reference) of a child that changed or went, unless the runtime's own write made the change |
 //! | related objects | [`Controller::watches`](crate::runtime::Controller::watches) | the objects a function of the related object names |
-//! | poll | the policy's `poll_interval` (with `poll_jitter`), or [`ConfigRef::poll_interval_from`] | each Ready object, that long after its last done pass |
-//! | [`IGNORE_ANNOTATION`] | on an object | nothing: the object's passes are skipped while it is set |
+//! | poll | the policy's `poll_interval` (with `poll_jitter`), or [`ConfigRef::poll_interval_from`] | each Ready object, that long after its last done reconcile |
+//! | [`IGNORE_ANNOTATION`] | on an object | nothing: the object's reconciles are skipped while it is set |
 //!
-//! A config change fans out through the same queue as every other wake-up: each object's pass
-//! waits for a run slot (the policy's `max_concurrent_runs`), and passive objects get a live
+//! A config change fans out through the same queue as every other wake-up: each object's reconcile
+//! waits for a run slot (the policy's `max_concurrent_reconciles`), and passive objects get a live
 //! actor only when a slot is free. So 10 000 objects re-run at the pace the slots allow, with
-//! at most `max_concurrent_runs` passes in flight and no burst of actors or API requests — not
+//! at most `max_concurrent_reconciles` reconciles in flight and no burst of actors or API requests — not
 //! all at once as `kube_runtime::Controller::reconcile_all_on` enqueues them.
 //!
 //! ```no_run
@@ -50,7 +50,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::ObjectRef;
 
-/// The annotation that makes the runtime skip an object's passes while it is `"true"`: no
+/// The annotation that makes the runtime skip an object's reconciles while it is `"true"`: no
 /// provision, no deprovision, no finalizer or status write. Its finalizer and status stay as
 /// they are; removing the annotation (or setting it to anything else) resumes the object at
 /// once. An operator's emergency brake for one object. A deleted object that carries it waits

@@ -4,10 +4,10 @@
 //! activations wait here for a run slot, in three first-in-first-out queues:
 //!
 //! - *Again*: objects that ran before and are re-activated (a change, a notification, a due
-//!   wake-up, a restart after a failure) come first. They are making progress, like the passes
+//!   wake-up, a restart after a failure) come first. They are making progress, like the reconciles
 //!   of live actors, and a burst of new objects would otherwise delay each step of the ones
 //!   already going by the whole burst (a readiness hop down a dependency chain waited for
-//!   every first pass queued before it). While new objects wait too, every
+//!   every first reconcile queued before it). While new objects wait too, every
 //!   [`NEW_OBJECT_EVERY`]-th of these starts goes to a new object.
 //! - *New*: objects created while the runtime runs (their first activation).
 //! - *Listed*: the first activation of every object found by the start-up list (or in a shard

@@ -91,7 +91,7 @@ fn route_gone<K: ManagedResource>(
 /// as soon as it is listed: its actor can run while later pages are still being fetched and
 /// decoded. kube-runtime's `reflector` (and so its `Controller`) buffers every list and swaps it
 /// into the store only at `InitDone`, which on a large first list means all pages before the
-/// first pass. Buffering is what a re-list needs (objects missing from it are gone, and the store
+/// first reconcile. Buffering is what a re-list needs (objects missing from it are gone, and the store
 /// must not show a half-listed mix meanwhile), but the first list has nothing to replace: the
 /// store is empty. So only a first list is applied as `Apply` events; if it is interrupted, every
 /// later list (including its retry) is buffered as usual and replaces the store at its end, and

@@ -52,7 +52,7 @@ pub(crate) struct KindSpec<K: ManagedResource> {
     pub(crate) initialize: Option<Hook>,
     pub(crate) shard_key: Option<crate::actors::ShardKey<K>>,
     pub(crate) related: Vec<RelatedSpec<K>>,
-    pub(crate) max_concurrent_runs: Option<usize>,
+    pub(crate) max_concurrent_reconciles: Option<usize>,
 }
 
 /// Starts a watch of a related kind in one namespace (`None`: in all): the client, the
@@ -129,7 +129,7 @@ impl<K: ManagedResource> KindSpec<K> {
             initialize: None,
             shard_key: None,
             related: Vec::new(),
-            max_concurrent_runs: None,
+            max_concurrent_reconciles: None,
         }
     }
 
@@ -264,11 +264,14 @@ impl<K: ManagedResource> Start for KindSpec<K> {
         if let Some(p) = &self.policy {
             p.validate()?;
         }
-        if let Some(n) = self.max_concurrent_runs
+        if let Some(n) = self.max_concurrent_reconciles
             && !(1..=crate::policy::MAX_CONCURRENCY).contains(&n)
         {
             return Err(Error::Invalid {
-                field: format!("max_concurrent_runs of the {} controller", K::kind(&())),
+                field: format!(
+                    "max_concurrent_reconciles of the {} controller",
+                    K::kind(&())
+                ),
                 problem: format!("{n}: must be 1 to {}", crate::policy::MAX_CONCURRENCY),
             });
         }
@@ -358,7 +361,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             }
             None => (None, None),
         };
-        let runs = RunSlots::new(cx.runs.clone(), self.max_concurrent_runs);
+        let runs = RunSlots::new(cx.runs.clone(), self.max_concurrent_reconciles);
         let timers = Timers::with_run_slots(&runs);
         cx.health.add_task(
             &format!("the {kind} timers"),

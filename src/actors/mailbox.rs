@@ -4,7 +4,7 @@
 //! serial actor. Through ractor's message port each message is one receive, and tokio's
 //! cooperative budget lets a task make only 128 receives per scheduler turn before it must yield
 //! to every other runnable task. A manager with a backlog then handled 128 messages and waited for
-//! every pass, API request and watch stream of the runtime to have its turn, so a readiness
+//! every reconcile, API request and watch stream of the runtime to have its turn, so a readiness
 //! notification waited behind the whole backlog while the manager itself was mostly idle
 //! (BENCHMARKS.md has the `chain` figures). The timer task met the same limit and runs
 //! `tokio::task::unconstrained`; the manager cannot, because ractor spawns its task.

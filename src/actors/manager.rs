@@ -7,8 +7,8 @@
 //! writes are in [`writes`].
 //!
 //! An object gets a live actor only when it can run: activations wait in the
-//! [`ActivationQueue`] for a run slot, which the actor's first pass then uses. Many new objects
-//! so make at most `max_concurrent_runs` actors that are waiting to run, not one each; with
+//! [`ActivationQueue`] for a run slot, which the actor's first reconcile then uses. Many new objects
+//! so make at most `max_concurrent_reconciles` actors that are waiting to run, not one each; with
 //! passivation the live actors are about those that have work. Live actors are capped too
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
 //! past the cap, activations wait for a live actor to passivate, and one still starts every
@@ -19,7 +19,7 @@
 //! is one: it *adopts* the activation. An actor is spawned only when none is idle and none is on
 //! its way back (a hand-back waiting in the mailbox: the activation waits for it). Spawning and
 //! stopping an actor per activation (allocations, a task, the link, and two supervision events
-//! through this one serial mailbox) made the manager the bottleneck of the first passes;
+//! through this one serial mailbox) made the manager the bottleneck of the first reconciles;
 //! adopting costs two mailbox messages. At most [`Manager::idle_bound`] idle actors are kept;
 //! one past it is stopped.
 //!
@@ -160,7 +160,7 @@ impl<K: ManagedResource> Manager<K> {
     }
 
     /// Start queued activations while run slots are free; when none is, ask the timer task for
-    /// the next ([`ManagerMsg::Permit`]). Passes of live actors wait for slots there too, and
+    /// the next ([`ManagerMsg::Permit`]). Reconciles of live actors wait for slots there too, and
     /// come first, but activations get a bounded share of the slots
     /// ([`RunSlotQueue`](super::run_slots::RunSlotQueue)).
     fn drain(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>) {
@@ -246,7 +246,7 @@ impl<K: ManagedResource> Manager<K> {
         })
     }
 
-    /// Spawn the actor of a queued key; its first pass runs on `permit`.
+    /// Spawn the actor of a queued key; its first reconcile runs on `permit`.
     fn start(
         &self,
         myself: &ActorRef<MailWaiting>,
@@ -327,7 +327,7 @@ impl<K: ManagedResource> Manager<K> {
     fn idle_bound(&self) -> usize {
         let policy = &self.shared.policy;
         policy
-            .max_concurrent_runs
+            .max_concurrent_reconciles
             .min(policy.max_live_actors.unwrap_or(usize::MAX))
     }
 
@@ -416,7 +416,7 @@ impl<K: ManagedResource> Manager<K> {
 
     /// Passive or stopped actor: decide from the store whether to re-activate now.
     /// `notified`: a notification came while the actor was passivating; the next actor must run
-    /// a pass for it (the store shows nothing new for a dependency turning Ready).
+    /// a reconcile for it (the store shows nothing new for a dependency turning Ready).
     fn passivate_or_reactivate(
         &self,
         myself: &ActorRef<MailWaiting>,
@@ -670,7 +670,7 @@ impl<K: ManagedResource> Manager<K> {
         Ok(())
     }
 
-    /// Wake `key`: its live actor runs a pass, a passive one is re-activated (through the
+    /// Wake `key`: its live actor runs a reconcile, a passive one is re-activated (through the
     /// activation queue, so it waits for a run slot).
     fn notify(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>, key: ObjectRef<K>) {
         if let Some(entry) = st.objects.get_mut(&key) {

@@ -1,5 +1,5 @@
 //! The manager's decisions, on one kind started through its seam under a paused clock: one
-//! pass at a time per object, changes coalesced, the earliest wake-up kept, passivation and
+//! reconcile at a time per object, changes coalesced, the earliest wake-up kept, passivation and
 //! re-activation, restart intensity.
 
 use std::sync::Arc;

@@ -14,8 +14,8 @@ pub(crate) struct Metrics {
     // Every pass touches these from whichever worker runs it: no `runs` counter of its own (it
     // is the sum of the two below), and peaks are read before they are raised, so a pass makes
     // as few read-modify-writes of these shared cache lines as it can.
-    pub(super) provision_runs: AtomicU64,
-    pub(super) deprovision_runs: AtomicU64,
+    pub(super) provision_reconciles: AtomicU64,
+    pub(super) deprovision_reconciles: AtomicU64,
     pub(super) restarts: AtomicU64,
     pub(super) quarantined: AtomicU64,
     pub(super) status_writes: AtomicU64,
@@ -37,21 +37,21 @@ pub(crate) struct Metrics {
 /// A point-in-time copy of the runtime's counters ([`RuntimeHandle::metrics`](crate::runtime::RuntimeHandle::metrics)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MetricsSnapshot {
-    /// Provisioner passes started (provision + deprovision).
-    pub runs: u64,
-    /// Provision passes.
-    pub provision_runs: u64,
-    /// Deprovision passes.
-    pub deprovision_runs: u64,
+    /// Reconciles started (provision + deprovision).
+    pub reconciles: u64,
+    /// Provision reconciles.
+    pub provision_reconciles: u64,
+    /// Deprovision reconciles.
+    pub deprovision_reconciles: u64,
     /// Resource actors restarted after a failure or panic.
     pub restarts: u64,
     /// Resources quarantined past the restart intensity.
     pub quarantined: u64,
     /// Status patches sent (only when status changed).
     pub status_writes: u64,
-    /// Passes running right now.
+    /// Reconciles running right now.
     pub in_flight: u64,
-    /// Most passes ever running at once.
+    /// Most reconciles ever running at once.
     pub peak_in_flight: u64,
     /// Resource actors alive right now.
     pub live_actors: u64,
@@ -66,7 +66,7 @@ pub struct MetricsSnapshot {
     /// Resource actors spawned. Most activations spawn none: an actor that passivated, or whose
     /// object was deleted, adopts the next activation.
     pub spawns: u64,
-    /// Status patches refused because the object changed since the pass read it (the object
+    /// Status patches refused because the object changed since the reconcile read it (the object
     /// runs again on the newer version).
     pub status_conflicts: u64,
     /// Status patches refused as invalid (`422`: a CRD validation rule or the schema); each is
@@ -75,7 +75,7 @@ pub struct MetricsSnapshot {
     /// Writes of the runtime's own abandoned unanswered at the policy's `write_timeout` (each
     /// retried).
     pub write_timeouts: u64,
-    /// Passes skipped because the object carries the ignore annotation
+    /// Reconciles skipped because the object carries the ignore annotation
     /// ([`IGNORE_ANNOTATION`](crate::triggers::IGNORE_ANNOTATION)).
     pub ignored: u64,
 }
@@ -85,9 +85,9 @@ impl Metrics {
     pub(crate) fn snapshot(&self) -> MetricsSnapshot {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MetricsSnapshot {
-            runs: l(&self.provision_runs) + l(&self.deprovision_runs),
-            provision_runs: l(&self.provision_runs),
-            deprovision_runs: l(&self.deprovision_runs),
+            reconciles: l(&self.provision_reconciles) + l(&self.deprovision_reconciles),
+            provision_reconciles: l(&self.provision_reconciles),
+            deprovision_reconciles: l(&self.deprovision_reconciles),
             restarts: l(&self.restarts),
             quarantined: l(&self.quarantined),
             status_writes: l(&self.status_writes),
@@ -121,9 +121,9 @@ impl Metrics {
 
     pub(super) fn run_started(&self, deleting: bool) -> InFlight<'_> {
         if deleting {
-            self.deprovision_runs.fetch_add(1, Ordering::Relaxed);
+            self.deprovision_reconciles.fetch_add(1, Ordering::Relaxed);
         } else {
-            self.provision_runs.fetch_add(1, Ordering::Relaxed);
+            self.provision_reconciles.fetch_add(1, Ordering::Relaxed);
         }
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         raise_peak(&self.peak_in_flight, now);
@@ -153,7 +153,7 @@ fn raise_peak(peak: &AtomicU64, value: u64) {
     }
 }
 
-/// Decrements the in-flight gauge when a pass ends, even by panic.
+/// Decrements the in-flight gauge when a reconcile ends, even by panic.
 pub(super) struct InFlight<'a>(&'a Metrics);
 
 impl Drop for InFlight<'_> {
@@ -162,10 +162,10 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// How a pass ended: the `result` label of `actorcile_runs_total`.
+/// How a reconcile ended: the `result` label of `actorcile_reconciles_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RunResult {
+pub enum ReconcileResult {
     /// [`Outcome::Done`](crate::provisioners::Outcome::Done), or a deprovision that finished.
     Done,
     /// [`Outcome::Yield`](crate::provisioners::Outcome::Yield).
@@ -181,39 +181,39 @@ pub enum RunResult {
     UserActionRequired,
 }
 
-impl RunResult {
+impl ReconcileResult {
     /// Every result, in label order.
-    pub const ALL: [RunResult; 6] = [
-        RunResult::Done,
-        RunResult::Yield,
-        RunResult::Waiting,
-        RunResult::Failed,
-        RunResult::Terminal,
-        RunResult::UserActionRequired,
+    pub const ALL: [ReconcileResult; 6] = [
+        ReconcileResult::Done,
+        ReconcileResult::Yield,
+        ReconcileResult::Waiting,
+        ReconcileResult::Failed,
+        ReconcileResult::Terminal,
+        ReconcileResult::UserActionRequired,
     ];
 
     /// The label value (`done`, `yield`, `waiting`, `failed`, `terminal`,
     /// `user_action_required`).
     pub fn as_str(self) -> &'static str {
         match self {
-            RunResult::Done => "done",
-            RunResult::Yield => "yield",
-            RunResult::Waiting => "waiting",
-            RunResult::Failed => "failed",
-            RunResult::Terminal => "terminal",
-            RunResult::UserActionRequired => "user_action_required",
+            ReconcileResult::Done => "done",
+            ReconcileResult::Yield => "yield",
+            ReconcileResult::Waiting => "waiting",
+            ReconcileResult::Failed => "failed",
+            ReconcileResult::Terminal => "terminal",
+            ReconcileResult::UserActionRequired => "user_action_required",
         }
     }
 
     pub(crate) fn of(outcome: &crate::provisioners::Outcome) -> Self {
         use crate::provisioners::Outcome;
         match outcome {
-            Outcome::Done => RunResult::Done,
-            Outcome::Yield { .. } => RunResult::Yield,
-            Outcome::Waiting { .. } => RunResult::Waiting,
-            Outcome::Failed { .. } => RunResult::Failed,
-            Outcome::Terminal(_) => RunResult::Terminal,
-            Outcome::UserActionRequired(_) => RunResult::UserActionRequired,
+            Outcome::Done => ReconcileResult::Done,
+            Outcome::Yield { .. } => ReconcileResult::Yield,
+            Outcome::Waiting { .. } => ReconcileResult::Waiting,
+            Outcome::Failed { .. } => ReconcileResult::Failed,
+            Outcome::Terminal(_) => ReconcileResult::Terminal,
+            Outcome::UserActionRequired(_) => ReconcileResult::UserActionRequired,
         }
     }
 }
@@ -224,11 +224,11 @@ pub(crate) const DURATION_BUCKETS: [f64; 16] = [
     60.0,
 ];
 
-/// Figures written by every worker thread on each pass and read rarely: each thread adds to a
+/// Figures written by every worker thread on each reconcile and read rarely: each thread adds to a
 /// copy of its own, on a cache line of its own, and a read sums the copies. One atomic shared
 /// by every thread moves its cache line between cores on each write. (Measured with
 /// `bench --workload yield`, alternating builds: these cells take about 3 % off a yield's CPU;
-/// removing every per-pass figure would take about 8 %.)
+/// removing every per-reconcile figure would take about 8 %.)
 /// `thread_local` gives a new thread the slot (and counts) of one that exited, so the copies
 /// do not grow with threads that come and go, and nothing counted is lost.
 #[derive(Debug, Default)]
@@ -325,14 +325,14 @@ pub struct HistogramSnapshot {
     pub buckets: Vec<(f64, u64)>,
 }
 
-/// Reads a kind's gauges: objects cached, wake-ups armed, passes waiting for a run slot.
+/// Reads a kind's gauges: objects cached, wake-ups armed, reconciles waiting for a run slot.
 pub(crate) type ReadGauges = Box<dyn Fn() -> (u64, u64, u64) + Send + Sync>;
 
 /// One controller's own figures (the runtime-wide ones are in [`MetricsSnapshot`]).
 pub(crate) struct KindMetrics {
     pub(crate) kind: String,
     gauges: ReadGauges,
-    results: PerThread<[AtomicU64; RunResult::ALL.len()]>,
+    results: PerThread<[AtomicU64; ReconcileResult::ALL.len()]>,
     pub(crate) run_duration: Histogram,
     pub(crate) due_to_start: Histogram,
     pub(crate) events: AtomicU64,
@@ -360,7 +360,7 @@ impl KindMetrics {
         }
     }
 
-    pub(crate) fn ran(&self, result: RunResult, took: std::time::Duration) {
+    pub(crate) fn ran(&self, result: ReconcileResult, took: std::time::Duration) {
         bump(&self.results.local()[result as usize], 1);
         self.run_duration.observe(took);
     }
@@ -372,11 +372,11 @@ impl KindMetrics {
             wake_ups,
             waiting,
             kind: self.kind.clone(),
-            runs: RunResult::ALL
+            reconciles: ReconcileResult::ALL
                 .iter()
                 .map(|&r| (r, results[r as usize]))
                 .collect(),
-            run_duration: self.run_duration.snapshot(),
+            reconcile_duration: self.run_duration.snapshot(),
             due_to_start: self.due_to_start.snapshot(),
             objects,
             events: self.events.load(Ordering::Relaxed),
@@ -391,18 +391,18 @@ impl KindMetrics {
 pub struct KindMetricsSnapshot {
     /// The controller's kind.
     pub kind: String,
-    /// Passes that ended, by how they ended (every [`RunResult`], zeros included).
-    pub runs: Vec<(RunResult, u64)>,
-    /// How long passes took.
-    pub run_duration: HistogramSnapshot,
-    /// From a pass becoming due in the object's actor (a watch event with news, a
+    /// Reconciles that ended, by how they ended (every [`ReconcileResult`], zeros included).
+    pub reconciles: Vec<(ReconcileResult, u64)>,
+    /// How long reconciles took.
+    pub reconcile_duration: HistogramSnapshot,
+    /// From a reconcile becoming due in the object's actor (a watch event with news, a
     /// notification, a wake-up, an activation) to its start: the wait for a run slot.
     pub due_to_start: HistogramSnapshot,
     /// Objects of the kind in the runtime's cache.
     pub objects: u64,
     /// Wake-ups armed and not yet due (yields, backoffs, polls) of live actors.
     pub wake_ups: u64,
-    /// Due passes and activations waiting for a run slot.
+    /// Due reconciles and activations waiting for a run slot.
     pub waiting: u64,
     /// Kubernetes Events published for the kind's objects.
     pub events: u64,
@@ -411,9 +411,9 @@ pub struct KindMetricsSnapshot {
 }
 
 impl KindMetricsSnapshot {
-    /// Passes that ended with `result`.
-    pub fn runs_with(&self, result: RunResult) -> u64 {
-        self.runs
+    /// Reconciles that ended with `result`.
+    pub fn reconciles_with(&self, result: ReconcileResult) -> u64 {
+        self.reconciles
             .iter()
             .find(|(r, _)| *r == result)
             .map_or(0, |(_, n)| *n)
@@ -463,9 +463,9 @@ mod tests {
                 let k = k.clone();
                 std::thread::spawn(move || {
                     for _ in 0..10 {
-                        k.ran(RunResult::Yield, Duration::from_millis(1));
+                        k.ran(ReconcileResult::Yield, Duration::from_millis(1));
                     }
-                    k.ran(RunResult::Failed, Duration::from_millis(1));
+                    k.ran(ReconcileResult::Failed, Duration::from_millis(1));
                 })
             })
             .collect();
@@ -473,10 +473,10 @@ mod tests {
             t.join().unwrap();
         }
         let snap = k.snapshot();
-        let runs: std::collections::HashMap<_, _> = snap.runs.into_iter().collect();
-        assert_eq!(runs[&RunResult::Yield], 30);
-        assert_eq!(runs[&RunResult::Failed], 3);
-        assert_eq!(runs[&RunResult::Done], 0);
-        assert_eq!(snap.run_duration.count, 33);
+        let runs: std::collections::HashMap<_, _> = snap.reconciles.into_iter().collect();
+        assert_eq!(runs[&ReconcileResult::Yield], 30);
+        assert_eq!(runs[&ReconcileResult::Failed], 3);
+        assert_eq!(runs[&ReconcileResult::Done], 0);
+        assert_eq!(snap.reconcile_duration.count, 33);
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! Follow one watch event: `kind.rs` starts a kind (its watches, its manager), `feeder.rs`
 //! turns the event into a message, `manager.rs` routes it to the object's actor,
-//! `resource.rs` runs the pass, `writes.rs` writes its status.
+//! `resource.rs` runs the reconcile, `writes.rs` writes its status.
 //!
 //! | file | what it holds |
 //! |---|---|
@@ -17,8 +17,8 @@
 //! | `restarts.rs` | restart intensity and backoff per object (plain data), [`Escalation`] |
 //! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
-//! | `resource.rs` | the resource actor: one pass at a time, coalescing, passivation |
-//! | `outcome_key.rs` | what the last pass left, to skip status work that cannot change |
+//! | `resource.rs` | the resource actor: one reconcile at a time, coalescing, passivation |
+//! | `outcome_key.rs` | what the last reconcile left, to skip status work that cannot change |
 //! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
 //! | `timer.rs` | the timer task: delivers wake-ups, hands out run slots |
 //! | `run_slots.rs` | who gets the next run slot, and the lateness heuristic (plain data) |
@@ -28,7 +28,7 @@
 //! | `store.rs` | the kind's cache: a reflector store per watched namespace |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
 //! | `metrics.rs` | the runtime's counters |
-//! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the pass, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
+//! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the reconcile, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
 //! [`crate::policy`], [`crate::provisioners`], [`crate::references`] and [`crate::status`];
@@ -37,15 +37,15 @@
 //!
 //! # Glossary
 //!
-//! - **Pass**: one run of the provisioner tree (provision, or deprovision when deleting) for one
-//!   object. One object never has two passes at once.
-//! - **Run slot**: a permit of the runtime's `max_concurrent_runs` semaphore; every pass runs on
+//! - **Reconcile**: one run of the provisioner tree (provision, or deprovision when deleting) for one
+//!   object. One object never has two reconciles at once.
+//! - **Run slot**: a permit of the runtime's `max_concurrent_reconciles` semaphore; every reconcile runs on
 //!   one. Due wake-ups and activations wait for slots in the timer task (`run_slots.rs`).
 //! - **Wake-up**: a resource actor's scheduled self-message (a yield, an error backoff, a poll,
 //!   a dependency's fallback re-check). At most one is pending; the earliest wins.
 //! - **Activation**: an object gets a live actor to serve it (its first, after passivation, or
 //!   after a restart). It waits in the manager's activation queue for a run slot, and its first
-//!   pass runs on that slot.
+//!   reconcile runs on that slot.
 //! - **Passivation**: an actor with nothing due within the policy's `idle_timeout` hands its
 //!   object back to the manager (the object stays in the reflector store; its pending wake-up
 //!   and what it has already handled are kept by the manager as a `PassiveState`). The next
@@ -56,19 +56,19 @@
 //!   message instead of a spawn, a stop and two supervision events). The manager keeps at most
 //!   one idle actor per run slot. To users it is still one actor per resource; the metrics tell
 //!   activations from spawns.
-//! - **Held back**: while passes start well after they were due (the runtime is CPU-bound),
+//! - **Held back**: while reconciles start well after they were due (the runtime is CPU-bound),
 //!   activations get a smaller share of the run slots (`run_slots.rs`).
 //! - **Mailbox, mail waiting**: the manager's messages go through a batching channel; the one
 //!   ractor message it receives, `MailWaiting`, says that the mailbox has mail (`mailbox.rs`).
 //! - **Route**: the feeder's map from object key to the actor serving it. A passive object has no
 //!   route; its events go to the manager.
 //! - **Shard, owned** (with [`crate::sharding`]): an object is *owned* while this replica
-//!   holds its shard. The manager keeps nothing of objects it does not own (it only passes
-//!   their readiness to the reference index); a pass starts only on an owned object, runs
+//!   holds its shard. The manager keeps nothing of objects it does not own (it only reconciles
+//!   their readiness to the reference index); a reconcile starts only on an owned object, runs
 //!   through its shard's fenced client, and is abandoned (dropped) the moment the shard is
 //!   lost. A shard acquired runs all its objects ([`ManagerMsg::ShardAcquired`](crate::messages::ManagerMsg)).
 //! - **Own writes, echo**: the resource versions produced by the actor's own writes. Their watch
-//!   events (echoes) are not news and run no pass.
+//!   events (echoes) are not news and run no reconcile.
 
 mod activation_queue;
 mod event_budget;
@@ -126,7 +126,7 @@ pub(crate) use feeder::{KindWatch, run_feeder};
 pub(crate) use manager::{Manager, ManagerArgs};
 pub(crate) use metrics::KindMetrics;
 pub(crate) use metrics::Metrics;
-pub use metrics::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, RunResult};
+pub use metrics::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, ReconcileResult};
 #[cfg(feature = "bench-internals")]
 pub use timer::Timers;
 #[cfg(not(feature = "bench-internals"))]
@@ -258,7 +258,7 @@ impl<K: ManagedResource> Shared<K> {
         )
     }
 
-    /// The client a pass of `obj` talks through: with sharding, its shard's, which refuses
+    /// The client a reconcile of `obj` talks through: with sharding, its shard's, which refuses
     /// writes once this replica does not hold the shard.
     pub(crate) fn client_for(&self, obj: &K) -> &Arc<Client> {
         match &self.shards {

@@ -1,5 +1,5 @@
-//! What the last pass left, as a key: a pass whose outcome and object version match it needs
-//! no status work (a yield loop's passes, an idle re-run).
+//! What the last reconcile left, as a key: a reconcile whose outcome and object version match it needs
+//! no status work (a yield loop's reconciles, an idle re-run).
 
 use crate::provisioners::{Outcome, Reason};
 
@@ -14,12 +14,12 @@ fn variant_of(o: &Outcome) -> u8 {
     }
 }
 
-/// Everything the status of a pass depends on besides the object's current status.
+/// Everything the status of a reconcile depends on besides the object's current status.
 ///
 /// It keeps the outcome's [`Reason`] itself, not copies of its strings: a reason built from
-/// string literals (the usual case, e.g. every pass of a yield loop) is then compared by address
+/// string literals (the usual case, e.g. every reconcile of a yield loop) is then compared by address
 /// in [`OutcomeKey::matches`], without reading the strings. Copies were two heap strings per live
-/// actor, cold by the next pass, and comparing them was a visible share of a yield pass.
+/// actor, cold by the next reconcile, and comparing them was a visible share of a yield reconcile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct OutcomeKey {
     variant: u8,

@@ -1,8 +1,8 @@
 //! The resource actor: serves one managed object at a time, running its provisioner tree one
-//! pass at a time.
+//! reconcile at a time.
 //!
 //! Passivation: an actor that has nothing to do for at least the policy's `idle_timeout` — no
-//! pass due and no wake-up due sooner — hands its object back at once rather than idling (a live
+//! reconcile due and no wake-up due sooner — hands its object back at once rather than idling (a live
 //! ractor actor holds a task and its state). It first removes its route, so the feeder and the reference index
 //! send anything new to the manager, then sends itself [`ResourceMsg::Passivate`]: what was
 //! routed here before is handled first. Then it sends the object's [`PassiveState`] to the
@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::mailbox::Mailbox;
-use super::metrics::RunResult;
+use super::metrics::ReconcileResult;
 use super::outcome_key::OutcomeKey;
 use super::wake_up::PendingWakeUp;
 use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
@@ -56,22 +56,22 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     key: ObjectRef<K>,
     /// Newest version known (observed, or returned by our own write).
     object: Option<Arc<K>>,
-    /// Version the last pass ran on.
+    /// Version the last reconcile ran on.
     last_run_version: Option<u64>,
     /// Versions our own writes produced: their watch echoes do not trigger a run.
     own_writes: Vec<u64>,
-    /// Status fields the last pass's steps set, for its status write.
+    /// Status fields the last reconcile's steps set, for its status write.
     status_fields: serde_json::Map<String, serde_json::Value>,
-    /// A pass is due.
+    /// A reconcile is due.
     dirty: bool,
-    /// Since when a pass is due (for the due-to-start histogram).
+    /// Since when a reconcile is due (for the due-to-start histogram).
     due_since: Option<Instant>,
     /// A `Run` self-message is queued.
     run_pending: bool,
-    /// A pass found no free run slot and asked the timer task for one ([`ResourceMsg::Slot`]).
+    /// A reconcile found no free run slot and asked the timer task for one ([`ResourceMsg::Slot`]).
     queued: bool,
     wake: PendingWakeUp,
-    /// The run slot the manager handed over for the first pass (dropped if no pass follows).
+    /// The run slot the manager handed over for the first reconcile (dropped if no reconcile follows).
     permit: Option<RunPermit>,
     /// The route is removed and [`ResourceMsg::Passivate`] is on its way.
     passivating: bool,
@@ -86,11 +86,11 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     target: Arc<Target>,
     /// The parsed actorcile status of one object version.
     status_cache: Option<(Option<u64>, Arc<ResourceStatus>)>,
-    /// The last pass's outcome key: the same outcome on the same version needs no status work.
+    /// The last reconcile's outcome key: the same outcome on the same version needs no status work.
     last_outcome: Option<OutcomeKey>,
     /// Readiness last reported to the reference index (`None`: not yet by this actor).
     was_ready: Option<bool>,
-    /// The last provision pass's context, kept while a wake-up is pending.
+    /// The last provision reconcile's context, kept while a wake-up is pending.
     cx: Option<Context<K>>,
     /// The uid of the object whose deprovision this actor completed (its finalizer removed).
     /// Any later event of it that still shows the finalizer is stale (nothing can add one to
@@ -112,12 +112,12 @@ impl<K: ManagedResource> ResourceState<K> {
         }
     }
 
-    /// A pass is due (from now, unless it already was).
+    /// A reconcile is due (from now, unless it already was).
     fn mark_due(&mut self) {
         self.mark_due_since(Instant::now);
     }
 
-    /// A pass is due since `since()` (read only if it was not due already).
+    /// A reconcile is due since `since()` (read only if it was not due already).
     fn mark_due_since(&mut self, since: impl FnOnce() -> Instant) {
         if !self.dirty {
             self.dirty = true;
@@ -187,7 +187,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
-    /// The next delay of the object's error backoff (a failed pass, or a failed status write);
+    /// The next delay of the object's error backoff (a failed reconcile, or a failed status write);
     /// a success resets it.
     fn next_error_backoff(&self, st: &mut ResourceState<K>) -> Duration {
         st.error_attempts += 1;
@@ -215,7 +215,7 @@ impl<K: ManagedResource> ResourceActor<K> {
     }
 
     /// Passivate if there is nothing to do for at least the idle timeout (see the module
-    /// docs): no pass due, no wake-up due sooner.
+    /// docs): no reconcile due, no wake-up due sooner.
     fn maybe_passivate(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         let Some(idle) = self.shared.policy.idle_timeout else {
             return;
@@ -313,7 +313,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st
     }
 
-    /// An activation's first pass, if its object has news (or a pass was pending), then
+    /// An activation's first reconcile, if its object has news (or a reconcile was pending), then
     /// passivation if nothing is due soon. An object gone meanwhile vacates the actor.
     async fn first_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         match &st.object {
@@ -410,7 +410,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         Context::with_parts(obj, client, status, self.shared.parts.clone(), config)
     }
 
-    /// What the pass's steps wrote to the object: their versions are the pass's own writes,
+    /// What the reconcile's steps wrote to the object: their versions are the reconcile's own writes,
     /// and the newest is where the runtime's status write builds on. `true` if a step met a
     /// write by someone else (the object runs again).
     fn take_written(st: &mut ResourceState<K>, cx: &Context<K>) -> bool {
@@ -423,8 +423,8 @@ impl<K: ManagedResource> ResourceActor<K> {
         written.saw_others
     }
 
-    /// Run a pass if one is due, on `slot` (delivered with the message), the slot the manager
-    /// handed over for the first pass, or a free one. With none free, the pass stays due and the
+    /// Run a reconcile if one is due, on `slot` (delivered with the message), the slot the manager
+    /// handed over for the first reconcile, or a free one. With none free, the reconcile stays due and the
     /// timer task is asked for a slot: the actor does not wait in its handler, where it could
     /// take no other message.
     async fn run_if_dirty(
@@ -472,7 +472,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 .observe(started.saturating_duration_since(due));
         }
         let span = tracing::info_span!(
-            "run",
+            "reconcile",
             kind = %self.shared.kind_metrics.kind,
             namespace = st.key.namespace.as_deref().unwrap_or(""),
             name = %st.key.name,
@@ -498,7 +498,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         drop(fence);
         let Some(result) = ran else {
-            tracing::info!(object = %st.key, "shard lost: pass abandoned");
+            tracing::info!(object = %st.key, "shard lost: reconcile abandoned");
             self.abandon(myself, st);
             return;
         };
@@ -520,17 +520,17 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
-    /// One provision or deprovision pass over the newest known object.
+    /// One provision or deprovision reconcile over the newest known object.
     ///
-    /// The hot path (a provision pass whose status does not change, e.g. every pass of a yield
+    /// The hot path (a provision reconcile whose status does not change, e.g. every reconcile of a yield
     /// loop) makes no API request and allocates little; the cold parts (deletion, finalizer, status
-    /// write) are boxed so they do not bloat the pass's future.
+    /// write) are boxed so they do not bloat the reconcile's future.
     async fn run_pass(
         &self,
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
         _slot: RunPermit,
-    ) -> Option<RunResult> {
+    ) -> Option<ReconcileResult> {
         let shared = &self.shared;
         let mut obj = st.object.clone()?;
         if crate::triggers::is_ignored(obj.meta()) {
@@ -563,7 +563,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             match Box::pin(self.deletion_pass(st, &obj, &status, config.flatten())).await {
                 Some(pass) => pass,
                 // deprovisioned; the object disappears and the feeder reports it
-                None => return Some(RunResult::Done),
+                None => return Some(ReconcileResult::Done),
             }
         } else {
             let mut pre_failure = None;
@@ -610,9 +610,11 @@ impl<K: ManagedResource> ResourceActor<K> {
                         .take()
                         .filter(|cx| cx.has_parts(&obj, &status) && cx.has_config(&config))
                         .unwrap_or_else(|| self.context(obj.clone(), status.clone(), config));
-                    let outcome =
-                        run_deadline::within(shared.policy.run_timeout, shared.tree.provision(&cx))
-                            .await;
+                    let outcome = run_deadline::within(
+                        shared.policy.reconcile_timeout,
+                        shared.tree.provision(&cx),
+                    )
+                    .await;
                     saw_others = Self::take_written(st, &cx);
                     st.cx = Some(cx);
                     outcome
@@ -736,12 +738,12 @@ impl<K: ManagedResource> ResourceActor<K> {
         if st.wake.deadline().is_none() {
             st.cx = None; // nothing due soon: an idle actor keeps no context
         }
-        Some(RunResult::of(&outcome))
+        Some(ReconcileResult::of(&outcome))
     }
 }
 
 impl<K: ManagedResource> ResourceActor<K> {
-    /// A deprovision pass: `None` once deprovisioned and the finalizer is gone.
+    /// A deprovision reconcile: `None` once deprovisioned and the finalizer is gone.
     async fn deletion_pass(
         &self,
         st: &mut ResourceState<K>,
@@ -769,8 +771,11 @@ impl<K: ManagedResource> ResourceActor<K> {
             });
         }
         let cx = self.context(obj.clone(), status.clone(), config);
-        let outcome =
-            run_deadline::within(shared.policy.run_timeout, shared.tree.deprovision(&cx)).await;
+        let outcome = run_deadline::within(
+            shared.policy.reconcile_timeout,
+            shared.tree.deprovision(&cx),
+        )
+        .await;
         if Self::take_written(st, &cx) {
             st.mark_due(); // a step's write met someone else's: run again on theirs
         }
@@ -936,18 +941,18 @@ impl<K: ManagedResource> ResourceActor<K> {
     }
 }
 
-/// What became of a pass's status write.
+/// What became of a reconcile's status write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StatusWrite {
     /// Written, or nothing to write (unchanged, or the object is gone).
     Written,
-    /// Refused with a conflict: the object changed since the pass read it.
+    /// Refused with a conflict: the object changed since the reconcile read it.
     Conflicted,
     /// Failed otherwise (the API server refused it, or did not answer).
     Failed,
 }
 
-/// What a pass produced, and the status it computed on the way (deletion computes its own).
+/// What a reconcile produced, and the status it computed on the way (deletion computes its own).
 struct Pass {
     outcome: Outcome,
     desired: Option<ResourceStatus>,

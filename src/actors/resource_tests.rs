@@ -1,4 +1,4 @@
-//! One object's passes, on one kind started through its seam under a paused clock: a yield
+//! One object's reconciles, on one kind started through its seam under a paused clock: a yield
 //! becomes a wake-up after its delay, and errors back off, growing, until a success resets it.
 
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::testing::{PassLog, Widget, start_kind, test_policy};
 use crate::prelude::*;
 
-/// A tree that logs every pass and answers the `n`th with `outcome(n)`.
+/// A tree that logs every reconcile and answers the `n`th with `outcome(n)`.
 fn counting(
     log: PassLog,
     outcome: impl Fn(u32) -> Outcome + Send + Sync + 'static,
@@ -24,7 +24,7 @@ fn counting(
     })
 }
 
-/// The gaps between the passes of `name`.
+/// The gaps between the reconciles of `name`.
 fn gaps(log: &PassLog, name: &str) -> Vec<Duration> {
     log.starts(name).windows(2).map(|w| w[1] - w[0]).collect()
 }

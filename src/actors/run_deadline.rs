@@ -1,9 +1,9 @@
-//! The policy's `run_timeout`: a pass still running after it is stopped and becomes a
+//! The policy's `reconcile_timeout`: a reconcile still running after it is stopped and becomes a
 //! transient failure, so a hung provisioner holds its run slot (and its object) for a bounded
 //! time.
 //!
-//! The clock is only armed when the pass does not finish at its first poll: a pass that makes no
-//! request (every pass of a yield loop) pays nothing for it.
+//! The clock is only armed when the reconcile does not finish at its first poll: a reconcile that makes no
+//! request (every reconcile of a yield loop) pays nothing for it.
 
 use std::future::Future;
 use std::pin::pin;
@@ -13,12 +13,12 @@ use std::time::Duration;
 use crate::provisioners::{Outcome, Reason};
 use crate::status::ReadyReason;
 
-/// The error a stopped pass fails with (in logs and the failure's errors, never in status).
+/// The error a stopped reconcile fails with (in logs and the failure's errors, never in status).
 #[derive(Debug, thiserror::Error)]
-#[error("the pass ran for {0:?} (the policy's run_timeout) and was stopped")]
+#[error("the reconcile ran for {0:?} (the policy's reconcile_timeout) and was stopped")]
 pub(crate) struct RunTimedOut(pub(crate) Duration);
 
-/// `pass`, or a `RunTimeout` failure once it has run for `limit`.
+/// `reconcile`, or a `ReconcileTimeout` failure once it has run for `limit`.
 pub(crate) async fn within(
     limit: Option<Duration>,
     pass: impl Future<Output = Outcome>,
@@ -36,9 +36,9 @@ pub(crate) async fn within(
         match clock.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Outcome::failed(
                 Reason::new(
-                    ReadyReason::RunTimeout.as_str(),
+                    ReadyReason::ReconcileTimeout.as_str(),
                     format!(
-                        "a pass ran for {} and was stopped; retried with backoff",
+                        "a reconcile ran for {} and was stopped; retried with backoff",
                         humantime_serde::re::humantime::format_duration(limit)
                     ),
                 ),
@@ -62,7 +62,7 @@ mod tests {
         let Outcome::Failed { reason, errors } = outcome else {
             panic!("expected a failure, got {outcome:?}");
         };
-        assert_eq!(reason.code(), "RunTimeout");
+        assert_eq!(reason.code(), "ReconcileTimeout");
         assert_eq!(errors.len(), 1);
     }
 

@@ -1,18 +1,18 @@
 //! Run-slot admission: what a run slot is ([`RunSlots`]), and who gets the next free one, as
 //! plain data.
 //!
-//! A *run slot* is a permit of the runtime's `max_concurrent_runs` semaphore, plus one of the
-//! kind's own when its controller sets `Controller::max_concurrent_runs`; every pass runs on
+//! A *run slot* is a permit of the runtime's `max_concurrent_reconciles` semaphore, plus one of the
+//! kind's own when its controller sets `Controller::max_concurrent_reconciles`; every reconcile runs on
 //! one. The timer task hands them out in the order this module decides:
 //!
-//! - Passes of live actors (due wake-ups, passes that found no free slot) wait in one
+//! - Reconciles of live actors (due wake-ups, reconciles that found no free slot) wait in one
 //!   first-in-first-out queue, and come first: objects already in progress finish before many
 //!   more start (each live actor costs memory, and at many new objects that was most of the
 //!   time).
 //! - Activations (an object getting a live actor, see the glossary in `mod.rs`) get a bounded
-//!   share: one slot in [`ACTIVATION_EVERY`], or every slot while no pass waits, so new objects
+//!   share: one slot in [`ACTIVATION_EVERY`], or every slot while no reconcile waits, so new objects
 //!   never starve behind objects that yield forever.
-//! - While the runtime is CPU-bound ([`Lateness`]: passes start well after they were due), the
+//! - While the runtime is CPU-bound ([`Lateness`]: reconciles start well after they were due), the
 //!   activations' share shrinks to one in [`HELD_ACTIVATION_EVERY`] (they are *held back*):
 //!   starting more objects would add memory and lateness, not throughput.
 
@@ -28,8 +28,8 @@ use tokio_util::sync::PollSemaphore;
 
 use crate::messages::RunPermit;
 
-/// The run slots of one kind's passes: the runtime's semaphore, shared by every kind, and the
-/// kind's own when its controller has a limit of its own. A pass holds a permit of each.
+/// The run slots of one kind's reconciles: the runtime's semaphore, shared by every kind, and the
+/// kind's own when its controller has a limit of its own. A reconcile holds a permit of each.
 #[derive(Clone, Debug)]
 pub struct RunSlots {
     runtime: Arc<Semaphore>,
@@ -56,7 +56,7 @@ impl RunSlots {
         Ok(RunPermit { runtime, kind })
     }
 
-    /// Whether the runtime's slots are closed: it shuts down and no pass may start.
+    /// Whether the runtime's slots are closed: it shuts down and no reconcile may start.
     pub fn is_closed(&self) -> bool {
         self.runtime.is_closed()
     }
@@ -72,7 +72,7 @@ impl RunSlots {
 }
 
 /// [`RunSlots`] polled for the next free slot: the kind's permit first, kept while the
-/// runtime's is awaited (other kinds' passes never wait behind it).
+/// runtime's is awaited (other kinds' reconciles never wait behind it).
 #[derive(Debug)]
 pub struct PollRunSlots {
     runtime: PollSemaphore,
@@ -101,21 +101,21 @@ impl PollRunSlots {
     }
 }
 
-/// When passes of live actors and activations both wait for run slots, one slot in this many
+/// When reconciles of live actors and activations both wait for run slots, one slot in this many
 /// goes to an activation.
 pub const ACTIVATION_EVERY: u32 = 4;
 
-/// A wake-up whose pass starts later than this after its deadline, on a moving average, says
+/// A wake-up whose reconcile starts later than this after its deadline, on a moving average, says
 /// the runtime is saturated (CPU-bound): the live actors already have more work than the
 /// workers get through. Activations are then held back to one slot in [`HELD_ACTIVATION_EVERY`]
-/// until passes start on time again. Passes that wait on I/O leave the workers idle and their
+/// until reconciles start on time again. Reconciles that wait on I/O leave the workers idle and their
 /// wake-ups on time, so they are never held back (nor under the simulator's virtual clock,
 /// where no wake-up is late).
 pub const SATURATED_LATENESS: Duration = Duration::from_millis(5);
 
 /// While wake-ups run late ([`SATURATED_LATENESS`]), one slot in this many still goes to an
 /// activation, so new objects are never starved by live ones that stay busy. A share of the
-/// passes, not a rate: a fixed rate could start objects faster than a slow runtime finishes
+/// reconciles, not a rate: a fixed rate could start objects faster than a slow runtime finishes
 /// them.
 pub const HELD_ACTIVATION_EVERY: u32 = 32;
 
@@ -126,20 +126,20 @@ pub const HELD_FOR: Duration = Duration::from_millis(10);
 /// Weight of a new lateness sample in the moving average: 1 / this.
 const LATENESS_SMOOTHING: u64 = 8;
 
-/// The two queues that wait for run slots: passes (`P`) and activations (`A`), each oldest
+/// The two queues that wait for run slots: reconciles (`P`) and activations (`A`), each oldest
 /// first.
 #[derive(Debug)]
 pub struct RunSlotQueue<P, A> {
     passes: VecDeque<P>,
     activations: VecDeque<A>,
-    /// Slots given to passes since an activation last got one.
+    /// Slots given to reconciles since an activation last got one.
     since_activation: u32,
 }
 
 /// Who a run slot goes to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Next<P, A> {
-    /// The oldest waiting pass.
+    /// The oldest waiting reconcile.
     Pass(P),
     /// The oldest waiting activation.
     Activation(A),
@@ -156,7 +156,7 @@ impl<P, A> Default for RunSlotQueue<P, A> {
 }
 
 impl<P, A> RunSlotQueue<P, A> {
-    /// A pass waits for a slot.
+    /// A reconcile waits for a slot.
     pub fn push_pass(&mut self, pass: P) {
         self.passes.push_back(pass);
     }
@@ -166,12 +166,12 @@ impl<P, A> RunSlotQueue<P, A> {
         self.activations.push_back(activation);
     }
 
-    /// Whether a pass waits.
+    /// Whether a reconcile waits.
     pub fn passes_wait(&self) -> bool {
         !self.passes.is_empty()
     }
 
-    /// Passes and activations waiting.
+    /// Reconciles and activations waiting.
     pub fn len(&self) -> usize {
         self.passes.len() + self.activations.len()
     }
@@ -196,7 +196,7 @@ impl<P, A> RunSlotQueue<P, A> {
     }
 
     /// Take who gets the slot acquired now: the next activation if `activation` (its turn, see
-    /// [`RunSlotQueue::activation_turn`]), else the next pass.
+    /// [`RunSlotQueue::activation_turn`]), else the next reconcile.
     pub fn next(&mut self, activation: bool) -> Option<Next<P, A>> {
         if activation && let Some(a) = self.activations.pop_front() {
             self.since_activation = 0;
@@ -223,7 +223,7 @@ pub struct Lateness {
     /// Milliseconds from `epoch` to the last sample, plus one (0: no sample yet), in the high
     /// half; the moving average of lateness in microseconds in the low half.
     state: AtomicU64,
-    /// Whether passes wait for run slots in the timer task (written by the task when that
+    /// Whether reconciles wait for run slots in the timer task (written by the task when that
     /// changes).
     pub passes_wait: AtomicBool,
 }
@@ -238,7 +238,7 @@ impl Lateness {
         }
     }
 
-    /// A wake-up sent at `sent` started its pass at `now`.
+    /// A wake-up sent at `sent` started its reconcile at `now`.
     pub fn woke(&self, sent: Instant, now: Instant) {
         let late_us = u64::try_from(now.saturating_duration_since(sent).as_micros())
             .unwrap_or(u64::MAX)
@@ -275,7 +275,7 @@ impl Lateness {
 mod tests {
     use super::*;
 
-    /// A kind's own limit bounds its passes and leaves the runtime's other slots to other
+    /// A kind's own limit bounds its reconciles and leaves the runtime's other slots to other
     /// kinds; polled, the kind's slot is kept while the runtime's is awaited.
     #[tokio::test]
     async fn a_kinds_limit_bounds_its_slots_within_the_runtimes() {

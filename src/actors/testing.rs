@@ -1,6 +1,6 @@
 //! What the actors' own tests drive: one kind started through its seam
 //! ([`KindSpec::start`](super::Start::start)) on the in-process API server, without a
-//! `RuntimeBuilder`, and a log of its passes.
+//! `RuntimeBuilder`, and a log of its reconciles.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,7 +68,7 @@ pub(crate) async fn start_kind(
     );
     let cx = StartCx {
         client: client.clone(),
-        runs: Arc::new(Semaphore::new(policy.max_concurrent_runs)),
+        runs: Arc::new(Semaphore::new(policy.max_concurrent_reconciles)),
         policy,
         metrics: metrics.clone(),
         references: references.clone(),
@@ -155,7 +155,7 @@ impl Kind {
     }
 }
 
-/// A tree that logs every pass in `log` and is done.
+/// A tree that logs every reconcile in `log` and is done.
 pub(crate) fn logging(log: PassLog) -> impl Provisioner<Widget> {
     use crate::provisioners::{Context, Outcome, step};
     step("log", move |cx: Context<Widget>| {
@@ -168,15 +168,15 @@ pub(crate) fn logging(log: PassLog) -> impl Provisioner<Widget> {
     })
 }
 
-/// One pass: the object's name, its start and its end in tokio time.
+/// One reconcile: the object's name, its start and its end in tokio time.
 type Pass = (String, Instant, Option<Instant>);
 
-/// Every pass of the tree.
+/// Every reconcile of the tree.
 #[derive(Clone, Default)]
 pub(crate) struct PassLog(Arc<Mutex<Vec<Pass>>>);
 
 impl PassLog {
-    /// A pass of `obj` starts: its index.
+    /// A reconcile of `obj` starts: its index.
     pub(crate) fn start(&self, obj: &Widget) -> usize {
         let mut l = self.0.lock().unwrap();
         l.push((obj.name_any(), Instant::now(), None));
@@ -200,7 +200,7 @@ impl PassLog {
     pub(crate) fn total(&self) -> usize {
         self.0.lock().unwrap().len()
     }
-    /// Panics if a pass of `name` started before the one before it ended.
+    /// Panics if a reconcile of `name` started before the one before it ended.
     pub(crate) fn assert_no_overlap(&self, name: &str) {
         let l = self.0.lock().unwrap();
         let mut mine: Vec<_> = l.iter().filter(|r| r.0 == name).cloned().collect();

@@ -6,8 +6,8 @@
 //! channel send to it. (A spawned `sleep` task per timer, what `ractor::time::send_after` does,
 //! costs a task allocation and an abort on every re-arm, and a live task per idle actor.)
 //!
-//! A due wake-up needs a run slot before its pass can start, so the task acquires one and
-//! delivers it with the wake-up; an actor whose pass was triggered otherwise and found no free
+//! A due wake-up needs a run slot before its reconcile can start, so the task acquires one and
+//! delivers it with the wake-up; an actor whose reconcile was triggered otherwise and found no free
 //! slot queues here too ([`Timers::queue`]), and so do activations ([`Timers::activation`]). Who
 //! gets the next slot is decided by [`RunSlotQueue`] and [`Lateness`] (`run_slots.rs`). No actor
 //! waits for a slot in its handler.
@@ -39,7 +39,7 @@ enum Cmd<M: Message> {
         to: ActorRef<M>,
         msg: M,
     },
-    /// Hand a run slot to a new actor's first pass (the manager's activation queue).
+    /// Hand a run slot to a new actor's first reconcile (the manager's activation queue).
     Activation(GrantSlot),
 }
 
@@ -49,11 +49,11 @@ pub type GrantSlot = Box<dyn FnOnce(RunPermit) + Send>;
 /// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
 /// actor (arming again replaces it). The task ends when every handle is dropped.
 ///
-/// With run slots, the task is also where passes wait for a slot: due deliveries and
+/// With run slots, the task is also where reconciles wait for a slot: due deliveries and
 /// [`Timers::queue`]d ones wait in one first-in-first-out queue, and each is delivered with a
 /// slot. An actor so never waits for a slot inside its handler (where it could not take other
 /// messages, and where every wait cost it a second poll and a place in the semaphore's waiter
-/// list: most passes of a busy runtime wait for a slot).
+/// list: most reconciles of a busy runtime wait for a slot).
 pub struct Timers<M: Message> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
     lateness: Arc<Lateness>,
@@ -70,7 +70,7 @@ impl TimerGauges {
         self.0.armed.load(Ordering::Relaxed)
     }
 
-    /// Due passes and activations waiting for a run slot.
+    /// Due reconciles and activations waiting for a run slot.
     pub fn waiting(&self) -> u64 {
         self.0.waiting.load(Ordering::Relaxed)
     }
@@ -133,16 +133,16 @@ impl<M: TimerMsg> Timers<M> {
     }
 
     /// A wake-up sent at `sent` (its [`RunSlot::given_at`], or its deadline if it came
-    /// without a slot) is running its pass now: tells the task whether the runtime is saturated
+    /// without a slot) is running its reconcile now: tells the task whether the runtime is saturated
     /// (see [`Lateness`]). Time spent waiting for a run slot does not count: that is the
     /// concurrency limit at work, not the workers falling behind.
     pub fn woke(&self, sent: Instant) {
         self.lateness.woke(sent, Instant::now());
     }
 
-    /// Whether an activation may take a free run slot without asking the task: no pass waits
+    /// Whether an activation may take a free run slot without asking the task: no reconcile waits
     /// for a slot there, and activations are not held back because wake-ups run late (see
-    /// [`Lateness`]). Otherwise a free slot is the next waiting pass's, or held back, and the
+    /// [`Lateness`]). Otherwise a free slot is the next waiting reconcile's, or held back, and the
     /// activation waits for its turn ([`Timers::activation`]).
     pub fn activation_may_skip_queue(&self) -> bool {
         !self.lateness.passes_wait.load(Ordering::Relaxed) && !self.lateness.holding(Instant::now())
@@ -283,7 +283,7 @@ impl<M: TimerMsg> TimerTask<M> {
     }
 
     /// Give `slot` to the next waiting activation if `activation` (its turn), else to the next
-    /// waiting pass, stamped with `now`: the time the task read at the start of this round (no
+    /// waiting reconcile, stamped with `now`: the time the task read at the start of this round (no
     /// clock read per delivery; a round's deliveries take microseconds, and a delivery the task
     /// itself was slow to make counts as late, which it is).
     fn give(&mut self, slot: RunPermit, activation: bool, now: Instant) {
@@ -590,8 +590,8 @@ mod tests {
         assert!(again.is_ok());
     }
 
-    /// Passes of live actors come first, but every [`ACTIVATION_EVERY`]th slot goes to a waiting
-    /// activation, and activations get every slot once no pass waits.
+    /// Reconciles of live actors come first, but every [`ACTIVATION_EVERY`]th slot goes to a waiting
+    /// activation, and activations get every slot once no reconcile waits.
     #[tokio::test(start_paused = true)]
     async fn activations_get_a_bounded_share_of_the_slots() {
         assert_eq!(ACTIVATION_EVERY, 4, "the expected order below assumes 4");
@@ -628,8 +628,8 @@ mod tests {
         assert_eq!(slots.available_permits(), 1);
     }
 
-    /// While passes report that they run late ([`SATURATED_LATENESS`](super::run_slots::SATURATED_LATENESS)), activations may not take
-    /// free slots directly and get one slot in [`HELD_ACTIVATION_EVERY`]; once no late pass has
+    /// While reconciles report that they run late ([`SATURATED_LATENESS`](super::run_slots::SATURATED_LATENESS)), activations may not take
+    /// free slots directly and get one slot in [`HELD_ACTIVATION_EVERY`]; once no late reconcile has
     /// been reported for [`HELD_FOR`], they get free slots again.
     #[tokio::test(start_paused = true)]
     async fn activations_are_held_back_while_passes_run_late() {

@@ -27,7 +27,7 @@ use super::{FastMap, ManagedResource, Shared};
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::triggers::{ConfigRef, PollFrom, SecretIndex, SecretRefs};
 
-/// A controller's provider config as its passes see it (the config's type erased).
+/// A controller's provider config as its reconciles see it (the config's type erased).
 pub(crate) trait ConfigView: Send + Sync {
     /// The config object now (`None`: it does not exist).
     fn current(&self) -> Option<Arc<dyn Any + Send + Sync>>;

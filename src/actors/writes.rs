@@ -1,7 +1,7 @@
 //! Every API write the actors make: the finalizer, the status subresource, and Events.
 //!
-//! Writes that depend on what the pass saw are guarded (a JSON-patch `test` of the
-//! resourceVersion or of the finalizer's index), so a stale pass fails here instead of
+//! Writes that depend on what the reconcile saw are guarded (a JSON-patch `test` of the
+//! resourceVersion or of the finalizer's index), so a stale reconcile fails here instead of
 //! overwriting a newer object; the next event runs it again.
 
 use std::sync::Arc;
@@ -343,7 +343,7 @@ async fn publish<K: ManagedResource>(
 }
 
 /// Add the runtime finalizer (when `finalizer`) and set the shard label (when `label` is given:
-/// key, value), in one write guarded by the resourceVersion the pass saw.
+/// key, value), in one write guarded by the resourceVersion the reconcile saw.
 pub(crate) async fn claim<K: ManagedResource>(
     shared: &Shared<K>,
     obj: &K,

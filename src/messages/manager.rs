@@ -12,7 +12,7 @@ use super::{ResourceMsg, RunPermit};
 /// store): the versions it has already handled, so a re-activation does not redo finished work.
 #[derive(Clone, Debug, Default)]
 pub struct PassiveState {
-    /// `metadata.resourceVersion` of the object the last pass ran on.
+    /// `metadata.resourceVersion` of the object the last reconcile ran on.
     pub last_run_version: Option<u64>,
     /// Resource versions produced by the actor's own writes (their watch echoes do not re-run).
     pub own_writes: Vec<u64>,
@@ -20,7 +20,7 @@ pub struct PassiveState {
     pub error_attempts: u32,
     /// A pending wake-up, as a delay from the moment of passivation.
     pub wake_in: Option<Duration>,
-    /// A pass was due when the actor passivated (re-activate at once).
+    /// A reconcile was due when the actor passivated (re-activate at once).
     pub pending_run: bool,
 }
 
@@ -36,7 +36,7 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// quarantined): activate it if appropriate.
     Event(ObjectRef<K>),
     /// The start-up list found an object without a live actor: activate it behind changes (its
-    /// first pass only confirms it is as it should be).
+    /// first reconcile only confirms it is as it should be).
     Listed(ObjectRef<K>),
     /// An object without a live actor was deleted from the API.
     Gone(ObjectRef<K>),
@@ -48,7 +48,7 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// Wake this key (dependency ready, reference released, or a passive timer fired).
     Notify(ObjectRef<K>),
     /// Re-run every known object (the controller's provider config changed). Each is woken as
-    /// by [`ManagerMsg::Notify`], so their passes wait for run slots like any other.
+    /// by [`ManagerMsg::Notify`], so their reconciles wait for run slots like any other.
     Broadcast,
     /// A passive key's timer fired (token guards against stale timers).
     PassiveWake(ObjectRef<K>, u64),

@@ -14,12 +14,12 @@ pub enum ResourceMsg<K: kube::Resource<DynamicType = ()>> {
     /// The object is gone from the API: keep nothing of it and go back to the manager idle
     /// ([`ManagerMsg::Vacated`](super::ManagerMsg::Vacated)).
     Gone,
-    /// Self-message: run a pass now if one is due (coalesces any number of triggers).
+    /// Self-message: run a reconcile now if one is due (coalesces any number of triggers).
     Run,
     /// The pending timer with this token fired (stale tokens are ignored), with the run slot the
-    /// timer task acquired for the pass.
+    /// timer task acquired for the reconcile.
     Wake(u64, Option<RunSlot>),
-    /// The run slot a pass that found none free asked the timer task for.
+    /// The run slot a reconcile that found none free asked the timer task for.
     Slot(Option<RunSlot>),
     /// A dependency became Ready, or a referrer released this object: run now.
     Notify,
@@ -41,7 +41,7 @@ pub struct Activation<K: kube::Resource<DynamicType = ()>> {
     pub key: ObjectRef<K>,
     /// State handed back at passivation (`None` for a first activation or a restart).
     pub passive: Option<PassiveState>,
-    /// The run slot the manager acquired for the first pass.
+    /// The run slot the manager acquired for the first reconcile.
     pub permit: Option<RunPermit>,
 }
 

@@ -1,20 +1,20 @@
 //! What the timer task delivers: a message of the receiving actor's own type, carrying the run
-//! slot the task acquired for the pass it triggers (see the glossary in `src/actors/mod.rs`).
+//! slot the task acquired for the reconcile it triggers (see the glossary in `src/actors/mod.rs`).
 
 use ractor::Message;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 /// A message the timer task can deliver. With run slots, every delivery carries the run slot
-/// the task acquired for it, so the receiving actor runs its pass at once instead of waiting for
+/// the task acquired for it, so the receiving actor runs its reconcile at once instead of waiting for
 /// a slot inside its handler.
 pub trait TimerMsg: Message {
     /// Attach the run slot acquired for this delivery.
     fn give_slot(&mut self, slot: RunSlot);
 }
 
-/// A run slot: the permit of the runtime's semaphore (`max_concurrent_runs`), and of the
-/// kind's own when its controller has a limit of its own (`Controller::max_concurrent_runs`).
+/// A run slot: the permit of the runtime's semaphore (`max_concurrent_reconciles`), and of the
+/// kind's own when its controller has a limit of its own (`Controller::max_concurrent_reconciles`).
 /// Dropping it frees both.
 #[derive(Debug)]
 // Held, not read (outside tests and benchmarks): dropping the permits frees the slots.

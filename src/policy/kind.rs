@@ -13,7 +13,7 @@ use super::{
 /// The knobs of a [`SupervisorPolicy`] that tune one kind, for
 /// [`Controller::policy`](crate::runtime::Controller::policy): restarts, backoffs, wake-ups,
 /// passivation and timeouts. Each field means what the field of the same name of
-/// [`SupervisorPolicy`] means. What is runtime-wide (`max_concurrent_runs`,
+/// [`SupervisorPolicy`] means. What is runtime-wide (`max_concurrent_reconciles`,
 /// `dependency_watch_idle`, `shutdown_timeout`, the Lease timings) is not here: it is the
 /// runtime's alone, so a controller cannot set it.
 ///
@@ -25,7 +25,7 @@ use super::{
 ///
 /// let runtime = SupervisorPolicy::default();
 /// let slow_kind = KindPolicy {
-///     run_timeout: Some(Duration::from_secs(3600)),
+///     reconcile_timeout: Some(Duration::from_secs(3600)),
 ///     ..runtime.kind_policy()
 /// };
 /// assert_eq!(slow_kind.yield_delay, runtime.yield_delay);
@@ -33,8 +33,8 @@ use super::{
 /// let from_file = KindPolicy::from_toml(r#"idle_timeout = "none""#).unwrap();
 /// assert_eq!(from_file.idle_timeout, None);
 /// // A runtime-wide knob is refused, named.
-/// let err = KindPolicy::from_toml("max_concurrent_runs = 8").unwrap_err();
-/// assert!(err.to_string().contains("max_concurrent_runs"));
+/// let err = KindPolicy::from_toml("max_concurrent_reconciles = 8").unwrap_err();
+/// assert!(err.to_string().contains("max_concurrent_reconciles"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -59,9 +59,9 @@ pub struct KindPolicy {
     /// [`SupervisorPolicy::idle_timeout`].
     #[serde(with = "optional_duration")]
     pub idle_timeout: Option<Duration>,
-    /// [`SupervisorPolicy::run_timeout`].
-    #[serde(with = "optional_duration")]
-    pub run_timeout: Option<Duration>,
+    /// [`SupervisorPolicy::reconcile_timeout`].
+    #[serde(with = "optional_duration", alias = "run_timeout")]
+    pub reconcile_timeout: Option<Duration>,
     /// [`SupervisorPolicy::write_timeout`].
     #[serde(with = "optional_duration")]
     pub write_timeout: Option<Duration>,
@@ -111,7 +111,7 @@ impl SupervisorPolicy {
             dependency_poll: self.dependency_poll,
             max_live_actors: self.max_live_actors,
             idle_timeout: self.idle_timeout,
-            run_timeout: self.run_timeout,
+            reconcile_timeout: self.reconcile_timeout,
             write_timeout: self.write_timeout,
             lock_expiry: self.lock_expiry,
             seed: self.seed,
@@ -129,7 +129,7 @@ impl SupervisorPolicy {
             dependency_poll,
             max_live_actors,
             idle_timeout,
-            run_timeout,
+            reconcile_timeout,
             write_timeout,
             lock_expiry,
             seed,
@@ -143,7 +143,7 @@ impl SupervisorPolicy {
             dependency_poll,
             max_live_actors,
             idle_timeout,
-            run_timeout,
+            reconcile_timeout,
             write_timeout,
             lock_expiry,
             seed,
@@ -159,7 +159,7 @@ mod tests {
     #[test]
     fn a_kinds_policy_round_trips_through_the_runtimes() {
         let runtime = SupervisorPolicy {
-            max_concurrent_runs: 3,
+            max_concurrent_reconciles: 3,
             yield_delay: Duration::from_secs(9),
             ..SupervisorPolicy::default()
         };
@@ -171,7 +171,7 @@ mod tests {
         // The kind's knobs, the runtime's limits.
         assert_eq!(merged.idle_timeout, None);
         assert_eq!(merged.yield_delay, Duration::from_secs(9));
-        assert_eq!(merged.max_concurrent_runs, 3);
+        assert_eq!(merged.max_concurrent_reconciles, 3);
         assert_eq!(merged.kind_policy(), kind);
         assert_eq!(
             KindPolicy::default(),
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn a_kinds_policy_file_refuses_runtime_wide_knobs_and_bad_values_naming_them() {
         for knob in [
-            "max_concurrent_runs = 8",
+            "max_concurrent_reconciles = 8",
             "lease_duration = \"15s\"",
             "shutdown_timeout = \"1s\"",
         ] {

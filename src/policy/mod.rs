@@ -15,7 +15,7 @@
 //! use actorcile::policy::{SupervisorPolicy, Exhausted};
 //! let p = SupervisorPolicy::from_toml(r#"
 //!     yield_delay = "2s"
-//!     max_concurrent_runs = 32
+//!     max_concurrent_reconciles = 32
 //!     [restart]
 //!     max_restarts = 3
 //!     window = "1m"
@@ -24,7 +24,7 @@
 //!     min = "100ms"
 //!     max = "30s"
 //! "#).unwrap();
-//! assert_eq!(p.max_concurrent_runs, 32);
+//! assert_eq!(p.max_concurrent_reconciles, 32);
 //! assert_eq!(p.restart.on_exhausted, Exhausted::Quarantine);
 //!
 //! let err = SupervisorPolicy::from_toml("yield_delay = \"soon\"").unwrap_err();
@@ -36,16 +36,16 @@
 //! | `restart.max_restarts` / `restart.window` | 5 in 60 s | restart intensity: more failures than this within the window and `on_exhausted` applies |
 //! | `restart.on_exhausted` | `quarantine` | `quarantine`: phase Failed, reason Quarantined, no restarts until the object's generation changes (an object being deleted is tried again after `error_backoff.max`, so its finalizer is not left behind); `escalate`: the kind's manager fails and the runtime stops with an error |
 //! | `restart.backoff` | 100 ms … 30 s, ×2, jitter, reset after 60 s | delay before restarting a failed actor |
-//! | `error_backoff` | 200 ms … 5 min, ×2, jitter | per-resource delay after a transient failure (a failed pass, or a failed write of its status); resets on success |
+//! | `error_backoff` | 200 ms … 5 min, ×2, jitter | per-resource delay after a transient failure (a failed reconcile, or a failed write of its status); resets on success |
 //! | `yield_delay` | 5 s | delay after a `Yield` without `after` |
 //! | `poll_interval` | none | re-run Ready resources this often to detect drift (with `poll_jitter`, a fraction) |
 //! | `dependency_poll` | 60 s | slow fallback re-check while waiting on a dependency (covers targets outside this runtime) |
 //! | `dependency_watch_idle` | 5 m | a watch of a kind the runtime does not manage (started by `require_ready` on one of its objects) stops once nobody has waited on its objects for this long |
-//! | `max_concurrent_runs` | 64 | provisioner runs in flight across the runtime |
-//! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to passivate (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while passes run late). Slows bursts whose passes wait on I/O: try it in `actorcile simulate` first |
-//! | `idle_timeout` | 30 s | an actor with nothing due within this long — no pass pending, no wake-up sooner — passivates as soon as its pass ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
+//! | `max_concurrent_reconciles` | 64 | provisioner runs in flight across the runtime |
+//! | `max_live_actors` | none | live resource actors per kind beyond which new activations wait for one to passivate (one still starts every 10 ms, so actors that stay live cannot starve new objects): a hard bound on the memory of a burst of new objects (CPU-bound bursts are held back without it while reconciles run late). Slows bursts whose reconciles wait on I/O: try it in `actorcile simulate` first |
+//! | `idle_timeout` | 30 s | an actor with nothing due within this long — no reconcile pending, no wake-up sooner — passivates as soon as its reconcile ends (hands its object back to the manager, which keeps its timer, and waits idle to serve the next activation; the object is re-activated by its next event, timer or message); `none` never |
 //! | `shutdown_timeout` | 30 s | how long graceful shutdown waits for in-flight runs |
-//! | `run_timeout` | 10 m | a provision or deprovision pass still running after this long is stopped (its future dropped) and counts as a failure, reason `RunTimeout`, retried with `error_backoff`; `none` never |
+//! | `reconcile_timeout` | 10 m | a provision or deprovision reconcile still running after this long is stopped (its future dropped) and counts as a failure, reason `ReconcileTimeout`, retried with `error_backoff`; `none` never |
 //! | `write_timeout` | 60 s | a write of the runtime's own (finalizer, status, shard label, reference release, Event) unanswered after this long is abandoned and retried with `error_backoff`, like any transient failure; `none` never |
 //! | `lock_expiry` | 5 m | how long a guarded step's lock holds: a runtime that dies mid-task holds its object back this long at most; a task running past it is dropped |
 //! | `lease_duration` | 15 s | leader election and sharding: how long a Lease whose record stood still blocks candidates (whole seconds) |
@@ -68,7 +68,7 @@ use serde::{Deserialize, Serialize};
 pub struct SupervisorPolicy {
     /// Restart of failed (erroring or panicking) resource actors.
     pub restart: RestartPolicy,
-    /// Per-resource backoff after a transient failure: a pass that failed, or a status write
+    /// Per-resource backoff after a transient failure: a reconcile that failed, or a status write
     /// that failed (a conflict is retried soon, on the newer object).
     pub error_backoff: BackoffPolicy,
     /// Delay after a `Yield` without an explicit `after`.
@@ -87,8 +87,9 @@ pub struct SupervisorPolicy {
     /// (The runtime's policy applies; a controller's own policy does not.)
     #[serde(with = "humantime_serde")]
     pub dependency_watch_idle: Duration,
-    /// Provisioner runs in flight across the runtime.
-    pub max_concurrent_runs: usize,
+    /// Reconciles in flight across the runtime (`max_concurrent_runs` in older files).
+    #[serde(alias = "max_concurrent_runs")]
+    pub max_concurrent_reconciles: usize,
     /// Live resource actors per kind beyond which activations (new objects, re-activations)
     /// wait in the manager's queue for a live actor to passivate (`None`: no cap). One still
     /// starts every 10 ms while the cap is reached, so actors that stay live (wake-ups due
@@ -97,31 +98,31 @@ pub struct SupervisorPolicy {
     /// serve no object.
     ///
     /// A cap bounds the memory a burst of new objects takes (every live actor holds its
-    /// object and a task) and how many objects are in progress at once. When passes are
-    /// CPU-bound, that is also how long each waits for its turn. When passes wait on I/O, fewer
+    /// object and a task) and how many objects are in progress at once. When reconciles are
+    /// CPU-bound, that is also how long each waits for its turn. When reconciles wait on I/O, fewer
     /// objects in progress means a burst takes longer: compare in `actorcile simulate` before
     /// setting it (BENCHMARKS.md has such a comparison).
     ///
-    /// Without a cap, a CPU-bound burst is still worked through a part at a time: while passes
+    /// Without a cap, a CPU-bound burst is still worked through a part at a time: while reconciles
     /// start late because the workers fall behind, the runtime holds activations back by
     /// itself. Set a cap when memory needs a hard bound.
     pub max_live_actors: Option<usize>,
-    /// Passivation horizon: a resource actor with no pass pending and no wake-up due within
-    /// this long hands its object back as soon as its pass ends, instead of idling with it
+    /// Passivation horizon: a resource actor with no reconcile pending and no wake-up due within
+    /// this long hands its object back as soon as its reconcile ends, instead of idling with it
     /// (`None`: never; `"none"` in TOML); the actor then adopts the next activation of its kind.
-    /// An actor in a yield loop shorter than this stays live between passes.
+    /// An actor in a yield loop shorter than this stays live between reconciles.
     #[serde(with = "optional_duration")]
     pub idle_timeout: Option<Duration>,
     /// How long graceful shutdown waits for in-flight runs.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// A provision or deprovision pass still running after this long is stopped (its future is
+    /// A provision or deprovision reconcile still running after this long is stopped (its future is
     /// dropped at its next await point) and counts as a transient failure with reason
-    /// `RunTimeout`, retried with the error backoff (`None`: never; `"none"` in TOML). A
+    /// `ReconcileTimeout`, retried with the error backoff (`None`: never; `"none"` in TOML). A
     /// provisioner that hangs then holds a run slot this long at most. Longer than the longest
-    /// pass: a provisioner that waits on something slow yields instead.
-    #[serde(with = "optional_duration")]
-    pub run_timeout: Option<Duration>,
+    /// reconcile: a provisioner that waits on something slow yields instead.
+    #[serde(with = "optional_duration", alias = "run_timeout")]
+    pub reconcile_timeout: Option<Duration>,
     /// A write the runtime makes itself (the finalizer, the status subresource, the shard
     /// label, a reference's release, an Event) still unanswered after this long is abandoned
     /// and fails as a transient error, retried with the error backoff like any other (`None`:
@@ -171,11 +172,11 @@ impl Default for SupervisorPolicy {
             poll_jitter: 0.1,
             dependency_poll: Duration::from_secs(60),
             dependency_watch_idle: Duration::from_secs(300),
-            max_concurrent_runs: 64,
+            max_concurrent_reconciles: 64,
             max_live_actors: None,
             idle_timeout: Some(Duration::from_secs(30)),
             shutdown_timeout: Duration::from_secs(30),
-            run_timeout: Some(Duration::from_secs(600)),
+            reconcile_timeout: Some(Duration::from_secs(600)),
             write_timeout: Some(Duration::from_secs(60)),
             lock_expiry: Duration::from_secs(300),
             lease_duration: Duration::from_secs(15),
@@ -283,7 +284,7 @@ pub struct BackoffPolicy {
     /// Add random jitter to each delay (up to +100 % of it, as backon does).
     pub jitter: bool,
     /// A quiet period this long resets the backoff to `min` (the restart backoff's; the error
-    /// backoff ignores it and resets when a pass succeeds).
+    /// backoff ignores it and resets when a reconcile succeeds).
     #[serde(with = "humantime_serde")]
     pub reset_after: Duration,
 }
@@ -353,7 +354,7 @@ impl BackoffPolicy {
 /// runtime setting needs more.
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The most runs at once a policy may allow (`max_concurrent_runs`), and live actors
+/// The most runs at once a policy may allow (`max_concurrent_reconciles`), and live actors
 /// (`max_live_actors`).
 pub const MAX_CONCURRENCY: usize = 1 << 20;
 
@@ -454,7 +455,7 @@ impl SupervisorPolicy {
             ("dependency_watch_idle", self.dependency_watch_idle),
             ("idle_timeout", optional(self.idle_timeout)),
             ("shutdown_timeout", self.shutdown_timeout),
-            ("run_timeout", optional(self.run_timeout)),
+            ("reconcile_timeout", optional(self.reconcile_timeout)),
             ("write_timeout", optional(self.write_timeout)),
             ("lock_expiry", self.lock_expiry),
             ("lease_duration", self.lease_duration),
@@ -473,9 +474,9 @@ impl SupervisorPolicy {
                 return Err(PolicyError::invalid(field, "must be longer than zero"));
             }
         }
-        if self.max_concurrent_runs == 0 || self.max_concurrent_runs > MAX_CONCURRENCY {
+        if self.max_concurrent_reconciles == 0 || self.max_concurrent_reconciles > MAX_CONCURRENCY {
             return Err(PolicyError::invalid(
-                "max_concurrent_runs",
+                "max_concurrent_reconciles",
                 format!("must be 1 to {MAX_CONCURRENCY}"),
             ));
         }
@@ -524,9 +525,9 @@ impl SupervisorPolicy {
                 "must be longer than zero (or omitted)",
             ));
         }
-        if self.run_timeout.is_some_and(|d| d.is_zero()) {
+        if self.reconcile_timeout.is_some_and(|d| d.is_zero()) {
             return Err(PolicyError::invalid(
-                "run_timeout",
+                "reconcile_timeout",
                 "must be longer than zero (or \"none\")",
             ));
         }
@@ -564,8 +565,8 @@ mod tests {
             ("yield_delay = \"0s\"", "yield_delay"),
             ("dependency_poll = \"0s\"", "dependency_poll"),
             (
-                "max_concurrent_runs = 9223372036854775807",
-                "max_concurrent_runs",
+                "max_concurrent_reconciles = 9223372036854775807",
+                "max_concurrent_reconciles",
             ),
             ("[error_backoff]\nmin = \"0s\"", "error_backoff.min"),
             ("[restart.backoff]\nmax = \"5000y\"", "restart.backoff.max"),
@@ -596,8 +597,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let e = SupervisorPolicy::from_toml("max_concurrent_runs = 0").unwrap_err();
-        assert!(e.to_string().contains("max_concurrent_runs"), "{e}");
+        let e = SupervisorPolicy::from_toml("max_concurrent_reconciles = 0").unwrap_err();
+        assert!(e.to_string().contains("max_concurrent_reconciles"), "{e}");
         let e = SupervisorPolicy::from_toml("max_live_actors = 0").unwrap_err();
         assert!(e.to_string().contains("max_live_actors"), "{e}");
         let capped = SupervisorPolicy::from_toml("max_live_actors = 2048").unwrap();

@@ -138,7 +138,7 @@ impl ApplicationResolver for Catalog {
     }
 }
 
-/// An error a hook returns: the application fails this pass (retried with backoff) with reason
+/// An error a hook returns: the application fails this reconcile (retried with backoff) with reason
 /// `ApplicationHookFailed`; the error goes to logs and Events, not to status.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -193,7 +193,7 @@ pub struct Application<K> {
 /// deployed, unless [`Application::background_delete`].
 ///
 /// The application is found by its [`AppIdentity`]: the object's kind, namespace and name, this
-/// provisioner's `name`, and the remote cluster. Two applications with one identity fail the pass
+/// provisioner's `name`, and the remote cluster. Two applications with one identity fail the reconcile
 /// with `ApplicationAmbiguous` (retried), never a random pick.
 pub fn application<K>(
     name: impl Into<String>,

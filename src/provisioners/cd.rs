@@ -324,7 +324,7 @@ pub enum CdError {
 
 /// A continuous-delivery system that deploys Helm applications into clusters.
 ///
-/// Implementations must be idempotent: every call may be repeated on every pass.
+/// Implementations must be idempotent: every call may be repeated on every reconcile.
 #[async_trait]
 pub trait CdDriver: Send + Sync {
     /// The driver's kind, e.g. `argocd`.

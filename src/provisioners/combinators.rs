@@ -16,7 +16,7 @@ pub struct Serial<K> {
 }
 
 /// Provision `children` in order, stopping at the first that is not done (later children are
-/// not touched in this pass). Deprovision in exact reverse order, stopping at the first that is
+/// not touched in this reconcile). Deprovision in exact reverse order, stopping at the first that is
 /// not done. The [`serial!`](crate::serial) macro builds one from a list.
 pub fn serial<K>(name: impl Into<String>, children: Vec<BoxProvisioner<K>>) -> Serial<K> {
     Serial {
@@ -63,16 +63,16 @@ pub struct Concurrent<K> {
     children: Vec<BoxProvisioner<K>>,
 }
 
-/// Run every child in the same pass, in parallel: each child is a task of its own on the
+/// Run every child in the same reconcile, in parallel: each child is a task of its own on the
 /// runtime's threads, so one that computes or blocks does not hold back its siblings. None
 /// cancels another; the outcomes merge deterministically, in the children's order, with
 /// [`Outcome::merge`] (terminal > failed > user action > waiting/yield with the earliest
 /// wake-up > done), keeping every child's error. A child that panics is that child's failure
-/// (reason `StepPanicked`, the panic's message as its error), not the pass's. When the pass
-/// ends early (its `run_timeout`, the runtime stopping), every child still running is
+/// (reason `StepPanicked`, the panic's message as its error), not the reconcile's. When the reconcile
+/// ends early (its `reconcile_timeout`, the runtime stopping), every child still running is
 /// cancelled with it.
 ///
-/// The children share the pass's [`Context`]: the object as the pass started, the pass's own
+/// The children share the reconcile's [`Context`]: the object as the reconcile started, the reconcile's own
 /// writes (each child's condition, finalizer or status field writes go through the runtime,
 /// which orders them and retries conflicts, so none clobbers another's), and its client.
 pub fn concurrent<K>(name: impl Into<String>, children: Vec<BoxProvisioner<K>>) -> Concurrent<K> {
@@ -220,30 +220,30 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Conditional<K> {
     }
 }
 
-/// Builds a pass's tree from the object ([`per_pass`]).
+/// Builds a reconcile's tree from the object ([`per_reconcile`]).
 type BuildTree<K> = Box<dyn Fn(&K) -> super::BoxProvisioner<K> + Send + Sync>;
 
-/// A tree built for each pass; see [`per_pass`].
-pub struct PerPass<K> {
+/// A tree built for each reconcile; see [`per_reconcile`].
+pub struct PerReconcile<K> {
     name: String,
     build: BuildTree<K>,
     rules: Vec<crate::rbac::StepRule>,
 }
 
-/// Build the tree for each pass from the object (unikorn's `ProvisionerCreateFunc`), where
+/// Build the tree for each reconcile from the object (unikorn's `ProvisionerCreateFunc`), where
 /// what to provision follows the spec in ways [`conditional`] does not cover, such as one step
 /// per add-on the spec lists. Provision and deprovision each build the tree from the object
-/// as their pass sees it: deprovision runs the tree of the object's last spec. A tree's steps
-/// are not known before a pass, so declare what they need with [`PerPass::needs`] for the
+/// as their reconcile sees it: deprovision runs the tree of the object's last spec. A tree's steps
+/// are not known before a reconcile, so declare what they need with [`PerReconcile::needs`] for the
 /// rendered roles and the preflight.
 ///
 /// ```
 /// use actorcile::prelude::*;
-/// use actorcile::provisioners::per_pass;
+/// use actorcile::provisioners::per_reconcile;
 /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
 /// # #[kube(group = "example.com", version = "v1", kind = "Cluster", namespaced, status = "ResourceStatus")]
 /// # struct ClusterSpec { addons: Vec<String> }
-/// let tree = per_pass("addons", |c: &Cluster| {
+/// let tree = per_reconcile("addons", |c: &Cluster| {
 ///     let steps: Vec<BoxProvisioner<Cluster>> = c
 ///         .spec
 ///         .addons
@@ -254,18 +254,18 @@ pub struct PerPass<K> {
 /// });
 /// # let _ = tree;
 /// ```
-pub fn per_pass<K>(
+pub fn per_reconcile<K>(
     name: impl Into<String>,
     build: impl Fn(&K) -> super::BoxProvisioner<K> + Send + Sync + 'static,
-) -> PerPass<K> {
-    PerPass {
+) -> PerReconcile<K> {
+    PerReconcile {
         name: name.into(),
         build: Box::new(build),
         rules: Vec::new(),
     }
 }
 
-impl<K> PerPass<K> {
+impl<K> PerReconcile<K> {
     /// Declare what the trees it builds need ([`Provisioner::rules`]).
     pub fn needs(mut self, rules: Vec<crate::rbac::StepRule>) -> Self {
         self.rules.extend(rules);
@@ -274,7 +274,7 @@ impl<K> PerPass<K> {
 }
 
 #[async_trait]
-impl<K: Send + Sync + 'static> Provisioner<K> for PerPass<K> {
+impl<K: Send + Sync + 'static> Provisioner<K> for PerReconcile<K> {
     fn name(&self) -> &str {
         &self.name
     }

@@ -15,7 +15,7 @@ use crate::status::{ReadyReason, ResourceStatus};
 /// Everything a provisioner may use, passed explicitly (no task-locals, no globals).
 ///
 /// A context is cheap to clone. It carries the object being reconciled (the latest observed
-/// version when the pass started), a [`kube::Client`] (the runtime's; [`Context::with_client`]
+/// version when the reconcile started), a [`kube::Client`] (the runtime's; [`Context::with_client`]
 /// gives a copy that talks to another cluster), the reference / readiness API, the object's
 /// current actorcile status, an event recorder, the controller's provider config
 /// ([`Context::config`]), and the provider handle: conditions of a step's own, guarded side
@@ -23,7 +23,7 @@ use crate::status::{ReadyReason, ResourceStatus};
 /// `provisioners/guard.rs`).
 pub struct Context<K> {
     inner: Arc<Inner<K>>,
-    /// Behind an `Arc`: a context is cloned into every step of every pass, and cloning a
+    /// Behind an `Arc`: a context is cloned into every step of every reconcile, and cloning a
     /// `Client` allocates (its default namespace is a `String`).
     client: Arc<Client>,
     /// The remote cluster `client` talks to (`None`: the runtime's own cluster).
@@ -129,16 +129,16 @@ pub(crate) fn new_holder_id() -> String {
     format!("{}-{:08x}", crate::names::replica_name(), fastrand::u32(..))
 }
 
-/// What the steps of one pass wrote to the object itself (conditions, locks, finalizers): the
+/// What the steps of one reconcile wrote to the object itself (conditions, locks, finalizers): the
 /// newest version they left, and every version they produced (their watch echoes are the
-/// pass's own writes, not news). The resource actor takes it when the pass ends.
+/// reconcile's own writes, not news). The resource actor takes it when the reconcile ends.
 pub(crate) struct Written<K> {
     pub latest: Option<Arc<K>>,
     pub versions: Vec<u64>,
     /// A write conflicted and the object was read again: someone else changed it during the
-    /// pass, and the runtime runs it again.
+    /// reconcile, and the runtime runs it again.
     pub saw_others: bool,
-    /// Status fields the steps set for the pass's status write
+    /// Status fields the steps set for the reconcile's status write
     /// ([`Context::set_status_field`]).
     pub status_fields: serde_json::Map<String, serde_json::Value>,
 }
@@ -160,7 +160,7 @@ struct Inner<K> {
     home: Arc<Client>,
     status: Arc<ResourceStatus>,
     parts: Arc<ControllerParts>,
-    /// The controller's provider config when the pass started (`Controller::config`).
+    /// The controller's provider config when the reconcile started (`Controller::config`).
     config: Option<Arc<dyn Any + Send + Sync>>,
     written: Mutex<Written<K>>,
 }
@@ -226,7 +226,7 @@ impl<K> Context<K> {
         }
     }
 
-    /// What the pass's steps wrote to the object (taken: the next call returns nothing).
+    /// What the reconcile's steps wrote to the object (taken: the next call returns nothing).
     pub(crate) fn take_written(&self) -> Written<K> {
         std::mem::take(&mut *self.written())
     }
@@ -277,10 +277,10 @@ impl<K> Context<K> {
         &self.inner.object
     }
 
-    /// The controller's provider config as it was when the pass started (see
+    /// The controller's provider config as it was when the reconcile started (see
     /// [`Controller::config`](crate::runtime::Controller::config)), or `None` when the
-    /// controller has none or `C` is not its type. Provision passes run only while the config
-    /// exists; a deprovision pass runs without it too, so deprovision steps handle `None`.
+    /// controller has none or `C` is not its type. Provision reconciles run only while the config
+    /// exists; a deprovision reconcile runs without it too, so deprovision steps handle `None`.
     pub fn config<C: Send + Sync + 'static>(&self) -> Option<Arc<C>> {
         self.inner.config.clone()?.downcast::<C>().ok()
     }
@@ -313,7 +313,7 @@ impl<K> Context<K> {
         self.remote.as_deref()
     }
 
-    /// The actorcile-managed status of the object when the pass started.
+    /// The actorcile-managed status of the object when the reconcile started.
     pub fn status(&self) -> &ResourceStatus {
         &self.inner.status
     }
@@ -441,7 +441,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Whether `target` is Ready, not Ready, being deleted, failed or missing, registering this
     /// resource as a waiter when it is not Ready.
     ///
-    /// Passes start while the runtime is still listing a kind's objects at start-up. Until
+    /// Reconciles start while the runtime is still listing a kind's objects at start-up. Until
     /// that list is complete, a target of the kind that is not listed yet reads as not Ready,
     /// never as missing; once it is complete, a resource waiting on a target that does not
     /// exist is woken, and reads it as missing. (The first question about a kind the runtime
@@ -478,7 +478,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// ([`StepError::TargetMissing`]), and then nothing is written;
     /// a target being deleted refuses a new reference
     /// ([`StepError::TargetDeleting`]). Every write is idempotent:
-    /// return the error as a failed outcome and the next pass completes what this one did not.
+    /// return the error as a failed outcome and the next reconcile completes what this one did not.
     ///
     /// ```no_run
     /// # use actorcile::prelude::*;
@@ -503,9 +503,9 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         }
     }
 
-    /// Hold references on exactly `targets` from this pass on: take the ones not held yet
+    /// Hold references on exactly `targets` from this reconcile on: take the ones not held yet
     /// ([`Context::add_reference`]), and release every other one this resource holds, e.g.
-    /// the target its spec named before it changed. State every reference on every pass (an
+    /// the target its spec named before it changed. State every reference on every reconcile (an
     /// empty list releases them all). What a resource holds is known from the targets'
     /// annotations, so a reference taken before a restart is released too; only targets of
     /// kinds this runtime manages are known.

@@ -7,7 +7,7 @@ use crate::references::{ReferenceError, Target};
 ///
 /// Conflicts with other writers are retried by the runtime before any of these is returned.
 /// Every such call is idempotent: a step returns the error as a failed outcome
-/// ([`Outcome::failed`](super::Outcome::failed)) and the next pass completes what this one did
+/// ([`Outcome::failed`](super::Outcome::failed)) and the next reconcile completes what this one did
 /// not.
 ///
 /// ```no_run

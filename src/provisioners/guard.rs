@@ -18,7 +18,7 @@
 //!
 //! The task's result is written under the lock, retried for a few seconds when the API fails;
 //! only a result that cannot be written at all (or a runtime that dies between the task and the
-//! write) lets the task run again, on the next pass or once the lock expires. Write tasks that
+//! write) lets the task run again, on the next reconcile or once the lock expires. Write tasks that
 //! find their effect already there.
 
 use std::future::Future;
@@ -41,8 +41,8 @@ pub(crate) const DONE: &str = "Done";
 /// The reason of a guard's condition once its deprovision task is done for the generation.
 pub(crate) const DEPROVISIONED: &str = "Deprovisioned";
 
-/// How often a failed write of a task's result is retried (over about 6 s) before the pass
-/// fails with `LockReleaseFailed` and the task runs again on the next pass.
+/// How often a failed write of a task's result is retried (over about 6 s) before the reconcile
+/// fails with `LockReleaseFailed` and the task runs again on the next reconcile.
 const RESULT_WRITE_RETRIES: usize = 5;
 
 /// A lock as its condition states it.
@@ -103,15 +103,15 @@ impl<K: ManagedResource> Context<K> {
     ///    [`Outcome::Done`] without running it (at most once per intent).
     /// 2. If another runtime holds the lock and it has not expired, yield (reason `Locked`)
     ///    until it expires; the holder's result write wakes this object sooner. A lock this
-    ///    runtime holds itself (an earlier pass of it could not record its result, or panicked)
+    ///    runtime holds itself (an earlier reconcile of it could not record its result, or panicked)
     ///    is taken again at once.
     /// 3. Take the lock: write the condition (`Locked`, this runtime as the holder, expiry now
-    ///    plus the policy's `lock_expiry`) with the resourceVersion this pass knows as a
+    ///    plus the policy's `lock_expiry`) with the resourceVersion this reconcile knows as a
     ///    precondition. If the object changed since, the write fails, the task does not run,
-    ///    and the pass yields (reason `Conflict`): the runtime runs it again on the newest
+    ///    and the reconcile yields (reason `Conflict`): the runtime runs it again on the newest
     ///    version.
     /// 4. Run the task, for at most what is left of the lock (past the expiry it is dropped
-    ///    and the pass fails with `LockExpired`: another run may hold the lock by then).
+    ///    and the reconcile fails with `LockExpired`: another run may hold the lock by then).
     /// 5. Record its outcome on the condition (`Done`, or the outcome's reason), retrying
     ///    conflicts on fresh reads as long as the lock is still this runtime's; return it.
     ///

@@ -4,20 +4,20 @@
 //! | method | what it does |
 //! |---|---|
 //! | [`Context::set_condition`] | set one named condition of the step's own (change-only) |
-//! | [`Context::condition`] | read a condition as the pass last knows it |
-//! | [`Context::set_status_field`] / [`Context::status_as`] | a field of the object's status, in the pass's one status write; the status read as a type |
+//! | [`Context::condition`] | read a condition as the reconcile last knows it |
+//! | [`Context::set_status_field`] / [`Context::status_as`] | a field of the object's status, in the reconcile's one status write; the status read as a type |
 //! | [`Context::get`] | read any object in the context's cluster |
 //! | [`Context::create_owned`] / [`Context::delete_owned`] | children owned by the object |
 //! | [`Context::add_finalizer`] / [`Context::remove_finalizer`] | an extra finalizer of the step's own |
 //! | [`Context::event`] | a Kubernetes Event on the object |
 //! | [`Context::guard`] | an external side effect, at most once per intent (`guard.rs`) |
 //!
-//! Every write to the object is optimistic: it carries the resourceVersion the pass knows, and
+//! Every write to the object is optimistic: it carries the resourceVersion the reconcile knows, and
 //! a conflict (someone else wrote the object meanwhile) is retried by the runtime on a fresh
-//! read, never handed to the step. Several steps of one pass, even concurrent ones, write
+//! read, never handed to the step. Several steps of one reconcile, even concurrent ones, write
 //! their conditions and finalizers without clobbering each other. The runtime counts what
-//! they write as the pass's own writes (their watch echoes run no pass), and its `Ready`
-//! write at the end of the pass builds on them.
+//! they write as the reconcile's own writes (their watch echoes run no reconcile), and its `Ready`
+//! write at the end of the reconcile builds on them.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -40,14 +40,14 @@ const CONFLICT_ATTEMPTS: usize = 5;
 /// Why an optimistic write of the object did not happen.
 #[derive(Debug)]
 pub(crate) enum WriteError {
-    /// The object changed since the pass read it (only when conflicts are not retried).
+    /// The object changed since the reconcile read it (only when conflicts are not retried).
     Stale,
     /// The write failed (or kept conflicting).
     Failed(StepError),
 }
 
 impl<K: ManagedResource> Context<K> {
-    /// The newest version of the object this pass knows: the one it started on, or the one its
+    /// The newest version of the object this reconcile knows: the one it started on, or the one its
     /// steps' last write to the object returned.
     pub fn latest(&self) -> Arc<K> {
         self.written()
@@ -56,7 +56,7 @@ impl<K: ManagedResource> Context<K> {
             .unwrap_or_else(|| self.object().clone())
     }
 
-    /// The condition of type `type_` on the newest version of the object this pass knows.
+    /// The condition of type `type_` on the newest version of the object this reconcile knows.
     pub fn condition(&self, type_: &str) -> Option<Condition> {
         ResourceStatus::of(self.latest().as_ref())
             .condition(type_)
@@ -106,10 +106,10 @@ impl<K: ManagedResource> Context<K> {
         })
     }
 
-    /// Set field `name` of the object's status to `value`, written by the pass's one status
+    /// Set field `name` of the object's status to `value`, written by the reconcile's one status
     /// write, together with the runtime's `Ready` condition: no request of its own, none at all
-    /// when the status already holds the value, and no pass for its echo. Set it again on every
-    /// pass that should keep it (a status write that conflicts is retried by the next pass,
+    /// when the status already holds the value, and no reconcile for its echo. Set it again on every
+    /// reconcile that should keep it (a status write that conflicts is retried by the next reconcile,
     /// which sets it again); `null` removes the field. The runtime's own fields
     /// ([`RUNTIME_STATUS_FIELDS`](crate::status::RUNTIME_STATUS_FIELDS)) cannot be set, and
     /// nothing is written for a controller [`without_status`](crate::runtime::Controller::without_status).
@@ -137,9 +137,9 @@ impl<K: ManagedResource> Context<K> {
         Ok(())
     }
 
-    /// The object's status as the pass knows it (its newest version), read as `S`: the kind's
+    /// The object's status as the reconcile knows it (its newest version), read as `S`: the kind's
     /// own status type, or any type of the fields a step needs. `None` without a status, or
-    /// when it does not read as `S`. Fields set with [`Context::set_status_field`] in this pass
+    /// when it does not read as `S`. Fields set with [`Context::set_status_field`] in this reconcile
     /// are in it only once written.
     pub fn status_as<S: DeserializeOwned>(&self) -> Option<S> {
         serde_json::from_value(crate::status::status_json(self.latest().as_ref())?).ok()
@@ -269,7 +269,7 @@ impl<K: ManagedResource> Context<K> {
         )
     }
 
-    /// Record an object one of the pass's writes returned.
+    /// Record an object one of the reconcile's writes returned.
     fn record(&self, obj: K) -> Arc<K> {
         let obj = Arc::new(obj);
         let mut w = self.written();
@@ -289,9 +289,9 @@ impl<K: ManagedResource> Context<K> {
         obj
     }
 
-    /// A fresh read after a conflict: the newest version. When it is not one the pass's own
+    /// A fresh read after a conflict: the newest version. When it is not one the reconcile's own
     /// steps wrote (concurrent steps conflict with each other too), someone else changed the
-    /// object, and the runtime runs it again after the pass.
+    /// object, and the runtime runs it again after the reconcile.
     async fn reread(&self) -> Result<Arc<K>, StepError> {
         let name = self.object().meta().name.clone().unwrap_or_default();
         let fresh = self

@@ -1,7 +1,7 @@
 //! Provisioners: idempotent Provision/Deprovision steps and the combinators that compose them.
 //!
 //! A provisioner tree describes *what* a resource needs; the runtime's resource actor decides
-//! *when* to run it. Every step is revisited on every pass, so it must be idempotent, and a step
+//! *when* to run it. Every step is revisited on every reconcile, so it must be idempotent, and a step
 //! that would wait on something external returns [`Outcome::Yield`] instead of blocking.
 //!
 //! Provisioners know nothing of actors: they get an explicit [`Context`] and return an
@@ -127,7 +127,7 @@ pub use application::{
     application,
 };
 pub use combinators::{
-    Concurrent, Conditional, PerPass, Serial, concurrent, conditional, per_pass, serial,
+    Concurrent, Conditional, PerReconcile, Serial, concurrent, conditional, per_reconcile, serial,
 };
 pub use context::{Context, RemoteScope};
 pub(crate) use context::{ControllerParts, new_holder_id};
@@ -144,7 +144,7 @@ pub use step::{Step, step};
 /// One idempotent step of a resource's provisioning.
 ///
 /// `provision` drives the world towards the object's spec; `deprovision` undoes it when the
-/// object is deleted. Both are called again on every pass until they return [`Outcome::Done`].
+/// object is deleted. Both are called again on every reconcile until they return [`Outcome::Done`].
 #[async_trait]
 pub trait Provisioner<K>: Send + Sync {
     /// A short name for the step, for the tree's own diagnostics and logs. Status messages do
@@ -214,7 +214,7 @@ macro_rules! serial {
     };
 }
 
-/// `concurrent![a, b, c]`: run every child in the same pass and merge outcomes. See [`concurrent`].
+/// `concurrent![a, b, c]`: run every child in the same reconcile and merge outcomes. See [`concurrent`].
 #[macro_export]
 macro_rules! concurrent {
     ($($p:expr),* $(,)?) => {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::{Context, Outcome, Provisioner, Reason};
 use crate::providers::{NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError};
 
-/// How long a pass yields while nodes start, are deleted, or the provider does not answer.
+/// How long a reconcile yields while nodes start, are deleted, or the provider does not answer.
 const RECHECK: Duration = Duration::from_secs(1);
 
 /// The nodes a cluster should have: how many of each role, all started.
@@ -68,7 +68,7 @@ pub struct Nodes<K> {
 /// ones, start the stopped ones, delete the extras (other names, or roles no longer wanted);
 /// yield (reason `NodesStarting`) until every desired node runs, and (reason
 /// `ProviderUnavailable`) while the provider does not answer. Deprovision deletes every node of
-/// the cluster and yields (reason `NodesDeleting`) until none is left. A pass makes each call
+/// the cluster and yields (reason `NodesDeleting`) until none is left. A reconcile makes each call
 /// once and never waits for a node to come up.
 ///
 /// ```

@@ -1,4 +1,4 @@
-//! The result of one provision or deprovision pass, and how results of siblings merge.
+//! The result of one provision or deprovision reconcile, and how results of siblings merge.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -112,9 +112,9 @@ impl fmt::Display for Reason {
 /// An internal error carried by [`Outcome::Failed`], for logs and Events only.
 pub type ProvisionError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
-/// What one pass of a provisioner achieved.
+/// What one reconcile of a provisioner achieved.
 ///
-/// Provisioners are revisited on every pass and must be idempotent; a provisioner that would
+/// Provisioners are revisited on every reconcile and must be idempotent; a provisioner that would
 /// block on something external returns [`Outcome::Yield`] instead of waiting.
 #[derive(Clone, Debug)]
 pub enum Outcome {
@@ -272,7 +272,7 @@ impl Outcome {
         }
     }
 
-    /// Deterministically merge the outcomes of siblings that ran in the same pass.
+    /// Deterministically merge the outcomes of siblings that ran in the same reconcile.
     ///
     /// Precedence: `Terminal` > `Failed` > `UserActionRequired` > `Yield`/`Waiting` > `Done`.
     /// Among yields and waits the earliest wake-up wins (a wait on a dependency counts as "as soon
@@ -334,7 +334,7 @@ fn wake_key(o: &Outcome) -> (u8, Duration) {
 /// verbatim; the runtime's own [`ReadyReason`] stands in when the outcome has no reason
 /// ([`Outcome::Done`]) or an invalid code. The phase carries the category.
 impl ResourceStatus {
-    /// The status a provision pass with `outcome` should leave:
+    /// The status a provision reconcile with `outcome` should leave:
     ///
     /// | outcome | phase | Ready | reason (runtime's, if none or invalid) |
     /// |---|---|---|---|
@@ -376,13 +376,13 @@ impl ResourceStatus {
         self.with_ready(phase, ready, reason, message, generation)
     }
 
-    /// Whether [`ResourceStatus::after_provision`] with `outcome` is Ready (only a done pass
+    /// Whether [`ResourceStatus::after_provision`] with `outcome` is Ready (only a done reconcile
     /// is), without building the status.
     pub fn ready_after(outcome: &Outcome) -> bool {
         outcome.is_done()
     }
 
-    /// The status a deprovision pass that is not done yet leaves: phase Terminating, the
+    /// The status a deprovision reconcile that is not done yet leaves: phase Terminating, the
     /// outcome's reason (the runtime's: `Errored`, `Terminal`, `UserActionRequired`,
     /// `DependencyNotReady` or `Deprovisioning`, when it has none or an invalid one).
     pub fn after_deprovision(&self, outcome: &Outcome, generation: Option<i64>) -> Self {

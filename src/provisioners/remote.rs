@@ -156,7 +156,7 @@ pub trait RemoteCluster: Send + Sync {
 ///
 /// A Secret that does not exist (yet) or cannot be read is
 /// [`RemoteClusterError::Unavailable`]; a missing key or a kubeconfig that does not parse is
-/// [`RemoteClusterError::Invalid`]. A rotated Secret takes effect at the next pass.
+/// [`RemoteClusterError::Invalid`]. A rotated Secret takes effect at the next reconcile.
 ///
 /// Whoever can write the Secret chooses the cluster and credentials the operator uses, so the
 /// kubeconfig may hold inline credentials only: an `exec` plugin, an `auth-provider`, a
@@ -397,9 +397,9 @@ pub struct Remote<K> {
 /// remote reads its credentials from the outer remote.
 ///
 /// - Clients are cached per remote id and rebuilt when the credentials change (a rotated
-///   kubeconfig Secret takes effect at the next pass, without a restart).
+///   kubeconfig Secret takes effect at the next reconcile, without a restart).
 /// - With [`Remote::registered_with`], provision registers the remote with the CD driver
-///   **before** any child provisions, in every pass, so no child ever provisions against an
+///   **before** any child provisions, in every reconcile, so no child ever provisions against an
 ///   unregistered remote, whatever its siblings do. Each remote provisioner of each object
 ///   registers as its own user of the registration; deprovision deprovisions the children in
 ///   reverse order first, then removes this user, and the driver removes the registration once

@@ -493,7 +493,7 @@ impl ReferenceIndex {
         }
     }
 
-    /// A kind finished its first list. (Passes start while it is still arriving.) Until then
+    /// A kind finished its first list. (Reconciles start while it is still arriving.) Until then
     /// the store could not say whether an object of the kind exists, so a target not listed yet
     /// read as not Ready rather than missing, and `deletion_blocked` counted every referrer of
     /// the kind as live. For those that do not exist, wake whoever waits for them (to see them
@@ -524,7 +524,7 @@ impl ReferenceIndex {
         }
     }
 
-    /// Set by a resource's own actor after each pass; on Ready, wake every waiter.
+    /// Set by a resource's own actor after each reconcile; on Ready, wake every waiter.
     /// Only Ready is recorded: not Ready reads the same as unknown (the target's kind is asked).
     pub(crate) fn mark_ready(&self, target: &Arc<Target>, ready: bool) {
         if !ready {

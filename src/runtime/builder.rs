@@ -216,7 +216,7 @@ impl RuntimeBuilder {
             registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
                 metrics: metrics.clone(),
                 health: health.clone(),
-                max_concurrent_runs: self.policy.max_concurrent_runs as u64,
+                max_concurrent_reconciles: self.policy.max_concurrent_reconciles as u64,
             }));
             let registry = Arc::new(registry);
             use crate::admin::{AdminLimits, AdminServer, Endpoints};
@@ -475,7 +475,7 @@ impl RuntimeBuilder {
             runs: Arc::new(Semaphore::new(if self.gated {
                 0
             } else {
-                self.policy.max_concurrent_runs
+                self.policy.max_concurrent_reconciles
             })),
             policy: self.policy.clone(),
             metrics: metrics.clone(),
@@ -531,7 +531,7 @@ impl RuntimeBuilder {
     }
 
     /// Start, run until SIGTERM or SIGINT (or a manager escalates), then shut down gracefully
-    /// ([`RuntimeHandle::shutdown`]): no new passes, in-flight passes finish within the
+    /// ([`RuntimeHandle::shutdown`]): no new reconciles, in-flight reconciles finish within the
     /// policy's shutdown timeout, timers and waiters dropped; `Ok(())`. A second signal during
     /// the shutdown stops everything at once and returns [`Error::Interrupted`]. It never
     /// exits the process: `main` decides.
@@ -585,7 +585,7 @@ impl RuntimeBuilder {
         health.set_standby(true);
         self.early = Some(early);
         let warm = election.warm_standby;
-        let slots = self.policy.max_concurrent_runs;
+        let slots = self.policy.max_concurrent_reconciles;
         let mut elector = crate::leader::Elector::new(self.client.clone(), election, &self.policy);
         // A warm standby watches and caches while it waits: its takeover starts with the
         // objects in hand, not with a list.

@@ -201,9 +201,9 @@ impl<K: ManagedResource> Controller<K> {
     /// [`Context::config`](crate::provisioners::Context::config), and its change (a new
     /// generation, or resourceVersion for kinds without one; its creation or deletion)
     /// re-runs every object of this controller, passive ones included, through the run slots
-    /// (see [`crate::triggers`]). While it does not exist, provision passes do not run the tree:
+    /// (see [`crate::triggers`]). While it does not exist, provision reconciles do not run the tree:
     /// the objects say so (phase Failed, reason `ConfigMissing`) and resume when it comes back.
-    /// Deprovision passes run without it. The runtime lists the config before it starts the
+    /// Deprovision reconciles run without it. The runtime lists the config before it starts the
     /// controller; a config kind the API server does not serve fails [`RuntimeBuilder::start`](super::RuntimeBuilder::start).
     ///
     /// The config is watched by name (a field selector) in its namespace, so the operator needs
@@ -297,7 +297,7 @@ impl<K: ManagedResource> Controller<K> {
 
     /// Do not write actorcile's status (Ready condition, phase, observedGeneration) on this
     /// kind — e.g. a built-in kind whose status belongs to someone else. Readiness of its
-    /// objects is then known to this runtime only in memory, from each pass's outcome.
+    /// objects is then known to this runtime only in memory, from each reconcile's outcome.
     pub fn without_status(mut self) -> Self {
         self.spec.status = false;
         self
@@ -306,7 +306,7 @@ impl<K: ManagedResource> Controller<K> {
     /// This kind's restarts, backoffs, wake-ups, passivation and timeouts (default: those of
     /// the runtime's policy, [`RuntimeBuilder::policy`](super::RuntimeBuilder::policy)). What is
     /// runtime-wide stays the runtime's: a [`KindPolicy`] cannot hold it. A kind's own limit of
-    /// concurrent passes is [`Controller::max_concurrent_runs`].
+    /// concurrent reconciles is [`Controller::max_concurrent_reconciles`].
     ///
     /// ```
     /// # use actorcile::prelude::*;
@@ -327,9 +327,9 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
-    /// At most `n` passes of this kind at once, within the runtime's `max_concurrent_runs`
-    /// (default: no limit of its own). A pass then holds a run slot of both limits, so a kind
-    /// whose passes are slow or costly (a remote cluster's API, a cloud quota) cannot take
+    /// At most `n` reconciles of this kind at once, within the runtime's `max_concurrent_reconciles`
+    /// (default: no limit of its own). A reconcile then holds a run slot of both limits, so a kind
+    /// whose reconciles are slow or costly (a remote cluster's API, a cloud quota) cannot take
     /// every run slot of the runtime. Must be 1 to [`MAX_CONCURRENCY`](crate::policy::MAX_CONCURRENCY):
     /// [`RuntimeBuilder::validate`](super::RuntimeBuilder::validate) says so.
     ///
@@ -339,11 +339,11 @@ impl<K: ManagedResource> Controller<K> {
     /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
     /// # struct AppSpec {}
     /// let tree = step("call-the-cloud", |_cx: Context<App>| async { Outcome::Done });
-    /// // Passes of App run at most 4 at a time, whatever the runtime's limit.
-    /// let controller = Controller::<App>::new(tree).max_concurrent_runs(4);
+    /// // Reconciles of App run at most 4 at a time, whatever the runtime's limit.
+    /// let controller = Controller::<App>::new(tree).max_concurrent_reconciles(4);
     /// ```
-    pub fn max_concurrent_runs(mut self, n: usize) -> Self {
-        self.spec.max_concurrent_runs = Some(n);
+    pub fn max_concurrent_reconciles(mut self, n: usize) -> Self {
+        self.spec.max_concurrent_reconciles = Some(n);
         self
     }
 

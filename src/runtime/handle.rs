@@ -20,7 +20,7 @@ use crate::references::ReferenceIndex;
 pub struct RuntimeHandle {
     pub(super) holder: Arc<str>,
     pub(super) started: Vec<Started>,
-    /// The run slots; closed at shutdown, so no new pass or activation starts.
+    /// The run slots; closed at shutdown, so no new reconcile or activation starts.
     pub(super) runs: Arc<Semaphore>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) escalated: watch::Receiver<Option<ManagerFailure>>,
@@ -127,7 +127,7 @@ impl RuntimeHandle {
         self.metrics.snapshot()
     }
 
-    /// Each controller's own figures: passes by result, pass durations, the wait from due to
+    /// Each controller's own figures: reconciles by result, reconcile durations, the wait from due to
     /// start, objects cached, Events.
     pub fn kind_metrics(&self) -> Vec<KindMetricsSnapshot> {
         self.metrics.kinds()

@@ -1,6 +1,6 @@
 //! The fenced clients: one per shard, each refusing writes while this replica does not hold its
-//! shard. The actors give a pass of an object the client of the object's shard (for the
-//! provisioners' context and for the runtime's own writes), so a pass that outlives its shard
+//! shard. The actors give a reconcile of an object the client of the object's shard (for the
+//! provisioners' context and for the runtime's own writes), so a reconcile that outlives its shard
 //! cannot change anything, whatever it runs.
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use kube::client::Body;
 
 use super::Shards;
 
-/// A write of a pass of an object whose shard this replica does not hold (any more): refused
+/// A write of a reconcile of an object whose shard this replica does not hold (any more): refused
 /// before it was sent. It reaches a provisioner as [`kube::Error::Service`].
 #[derive(Debug, thiserror::Error)]
 #[error("shard {0} is not held by this replica: the write was refused")]

@@ -351,7 +351,7 @@ impl Keeper {
         }
     }
 
-    /// Give `shard` up: stop its passes, wait for them, then release its Lease so another
+    /// Give `shard` up: stop its reconciles, wait for them, then release its Lease so another
     /// replica takes it at its next round. A Lease that cannot be released expires instead.
     async fn give_up(&mut self, shard: u32) {
         tracing::info!(
@@ -363,7 +363,7 @@ impl Keeper {
         if !self.shards.drained(shard, self.renew_deadline / 2).await {
             tracing::warn!(
                 shard,
-                "passes of the shard still run; its Lease expires instead of being released"
+                "reconciles of the shard still run; its Lease expires instead of being released"
             );
             return;
         }

@@ -18,10 +18,10 @@
 //! - **Fencing.** A shard is the replica's only while it renewed its Lease within
 //!   `lease_renew_deadline` of sending the renewal (the same rule as [`crate::leader`]): past
 //!   that, or once it sees another holder, or when it gives the shard up, the replica stops
-//!   every pass of the shard's objects (a pass in flight is abandoned), refuses their writes
+//!   every reconcile of the shard's objects (a reconcile in flight is abandoned), refuses their writes
 //!   ([`ShardNotHeld`]), and starts no new one. Another replica cannot take the Lease before
 //!   `lease_duration` after that renewal, so the two never run one object at the same time.
-//!   A shard given up voluntarily is released only once its passes have stopped.
+//!   A shard given up voluntarily is released only once its reconciles have stopped.
 //! - **What a replica watches** ([`ShardWatch`]). By default every replica watches and caches
 //!   every object of its kinds (the others' shards too), so a takeover starts reconciling at
 //!   once, and a waiter on an object of another replica's shard is woken by that object's
@@ -272,15 +272,15 @@ pub(crate) fn held_selector(key: &str, held: &[u32], shards: u32) -> Option<Stri
 }
 
 /// Which shards this replica holds now, shared by the keeper (which changes it) and the actors
-/// (which ask it before every pass).
+/// (which ask it before every reconcile).
 pub(crate) struct Shards {
-    /// Per shard: held (`true`) or not. Passes in flight wait on it to see a loss.
+    /// Per shard: held (`true`) or not. Reconciles in flight wait on it to see a loss.
     held: Vec<watch::Sender<bool>>,
     /// Per shard: the fencing deadline, as nanoseconds since `base` (0: not held). A shard is
     /// held only before it, whatever the keeper has got round to.
     valid_until: Vec<AtomicU64>,
     base: Instant,
-    /// Per shard: passes running now.
+    /// Per shard: reconciles running now.
     in_flight: Vec<AtomicUsize>,
     idle: Vec<Notify>,
     /// Called with a shard's number when this replica acquires it (each manager runs the
@@ -370,17 +370,17 @@ impl Shards {
         }
     }
 
-    /// `shard` is not held any more: its passes in flight are abandoned, no new one starts.
+    /// `shard` is not held any more: its reconciles in flight are abandoned, no new one starts.
     pub(crate) fn lose(&self, shard: u32) {
         let i = shard as usize;
         self.valid_until[i].store(0, Ordering::Release);
         if self.held[i].send_replace(false) {
-            tracing::info!(shard, "shard no longer held: its passes stop");
+            tracing::info!(shard, "shard no longer held: its reconciles stop");
             self.changes.send_modify(|n| *n += 1);
         }
     }
 
-    /// Enter a pass of an object of `shard`: `None` if the shard is not held.
+    /// Enter a reconcile of an object of `shard`: `None` if the shard is not held.
     pub(crate) fn enter(self: &Arc<Self>, shard: u32) -> Option<PassGuard> {
         if !self.holds(shard) {
             return None;
@@ -393,7 +393,7 @@ impl Shards {
         })
     }
 
-    /// Wait until no pass of `shard` runs (at most `limit`); `false` if some still did.
+    /// Wait until no reconcile of `shard` runs (at most `limit`); `false` if some still did.
     pub(crate) async fn drained(&self, shard: u32, limit: Duration) -> bool {
         let i = shard as usize;
         let wait = async {
@@ -418,7 +418,7 @@ impl std::fmt::Debug for Shards {
     }
 }
 
-/// A pass of an object of a held shard; dropped when the pass ends.
+/// A reconcile of an object of a held shard; dropped when the reconcile ends.
 pub(crate) struct PassGuard {
     shards: Arc<Shards>,
     shard: u32,
@@ -426,7 +426,7 @@ pub(crate) struct PassGuard {
 }
 
 impl PassGuard {
-    /// Resolves when the shard is lost (the pass must stop).
+    /// Resolves when the shard is lost (the reconcile must stop).
     pub(crate) async fn lost(&mut self) {
         let _ = self.lost.wait_for(|held| !held).await;
     }

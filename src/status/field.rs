@@ -2,7 +2,7 @@
 //!
 //! [`ResourceStatus::of`](super::ResourceStatus::of) runs on every new object version a resource
 //! actor sees, and the object type is only known to be `Serialize`. Serializing the whole object
-//! to JSON to parse its `status` back cost more than the rest of a no-op pass (spec, metadata and
+//! to JSON to parse its `status` back cost more than the rest of a no-op reconcile (spec, metadata and
 //! labels were written out only to be skipped). [`top_level_field`] drives the object's own
 //! `Serialize` impl with a serializer that ignores every field but the one asked for, and turns
 //! that one into a [`serde_json::Value`]. No crate offers this (serde's `Serializer` has no

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::runtime::RunResult;
+use actorcile::runtime::ReconcileResult;
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Patch, PatchParams};
@@ -228,10 +228,10 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
     assert_eq!(status, 200);
     for line in [
         "myoperator_backups_total 3",
-        r#"actorcile_runs_total{controller="Widget",result="done"} 1"#,
-        r#"actorcile_runs_total{controller="Widget",result="terminal"} 1"#,
+        r#"actorcile_reconciles_total{controller="Widget",result="done"} 1"#,
+        r#"actorcile_reconciles_total{controller="Widget",result="terminal"} 1"#,
         r#"actorcile_objects{controller="Widget"} 2"#,
-        r#"actorcile_run_duration_seconds_count{controller="Widget"} 2"#,
+        r#"actorcile_reconcile_duration_seconds_count{controller="Widget"} 2"#,
         "actorcile_status_writes_total 2",
         "actorcile_write_timeouts_total 0",
         "# EOF",
@@ -239,7 +239,7 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
     }
     let k = &rt.kind_metrics()[0];
-    assert_eq!(k.runs_with(RunResult::Done), 1);
+    assert_eq!(k.reconciles_with(ReconcileResult::Done), 1);
     assert_eq!(k.due_to_start.count, 2, "each pass was due, then started");
 
     // The same address again: a start-up error naming it.

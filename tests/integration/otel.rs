@@ -1,5 +1,5 @@
 //! The runtime's spans exported over OTLP (feature `otel`), to a collector in the test: one
-//! span `run` per pass, with the object's kind, namespace, name and generation, and the
+//! span `reconcile` per reconcile, with the object's kind, namespace, name and generation, and the
 //! pass's outcome, as attributes.
 #![cfg(feature = "otel")]
 
@@ -119,7 +119,7 @@ fn collector() -> (String, Received) {
     (url, received)
 }
 
-/// Each pass is one exported span `run`, its attributes naming the object and the outcome.
+/// Each reconcile is one exported span `reconcile`, its attributes naming the object and the outcome.
 /// The subscriber is this test's thread's only (a current-thread runtime: every task of the
 /// runtime runs on it), so no other test's spans are exported.
 #[tokio::test(flavor = "current_thread")]
@@ -142,7 +142,7 @@ async fn each_pass_is_one_exported_span_naming_the_object_and_its_outcome() {
         .await
         .unwrap()
         .expect("the spans exported");
-    let runs = received.spans("run");
+    let runs = received.spans("reconcile");
     assert_eq!(runs.len(), 1, "one pass, one span: {runs:?}");
     let run = &runs[0];
     assert_eq!(

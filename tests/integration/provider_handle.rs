@@ -198,7 +198,10 @@ async fn a_guard_runs_its_task_once_per_generation_and_records_the_result() {
     wait_ready(&client, "w", LIMIT).await;
     // Polls re-run the object; the task stays done for generation 1.
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert!(rt.metrics().provision_runs >= 4, "polled several times");
+    assert!(
+        rt.metrics().provision_reconciles >= 4,
+        "polled several times"
+    );
     assert_eq!(counts.lock().unwrap()["w"], 1);
     let w = widgets(&client).get("w").await.unwrap();
     let c = condition(&w, "External").unwrap();

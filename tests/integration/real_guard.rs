@@ -149,10 +149,10 @@ async fn two_replicas_racing_on_fifty_objects_run_each_guarded_task_once() {
         ns.wait_all_ready(&names).await;
         // Both replicas ran passes of the objects: the race happened.
         assert!(
-            a.metrics().provision_runs >= 25 && b.metrics().provision_runs >= 25,
+            a.metrics().provision_reconciles >= 25 && b.metrics().provision_reconciles >= 25,
             "both replicas ran: {} and {} passes",
-            a.metrics().provision_runs,
-            b.metrics().provision_runs
+            a.metrics().provision_reconciles,
+            b.metrics().provision_reconciles
         );
         let runs = runs.lock().unwrap().clone();
         let counts: HashMap<&String, usize> = runs.iter().map(|(k, v)| (k, v.len())).collect();

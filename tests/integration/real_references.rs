@@ -197,12 +197,12 @@ async fn deleted_targets_stay_in_use_until_their_referrers_go() {
         // Barrier: a change to each held target makes its actor run a deletion pass (counted
         // as a deprovision run) that finds it still held; none may deprovision.
         let held = ["a", "b", "c", "bottom", "left", "right"];
-        let before = rt.metrics().deprovision_runs;
+        let before = rt.metrics().deprovision_reconciles;
         for n in held {
             api.patch_spec(n, serde_json::json!({"note": "poke"})).await;
         }
         eventually("a deletion pass per held target", CONVERGE, || async {
-            (rt.metrics().deprovision_runs >= before + held.len() as u64).then_some(())
+            (rt.metrics().deprovision_reconciles >= before + held.len() as u64).then_some(())
         })
         .await;
         assert_eq!(

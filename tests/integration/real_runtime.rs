@@ -426,7 +426,7 @@ async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() 
         assert_eq!(neg.finalizers(), [DEFAULT_FINALIZER.to_string()]);
         assert_eq!(passes.of(CLOCK), 16);
         assert_eq!(
-            rt.metrics().provision_runs,
+            rt.metrics().provision_reconciles,
             1 + 16,
             "one run for the terminal object, none for the rejected ones (and the clock's 16)"
         );
@@ -550,7 +550,7 @@ async fn hostile_objects_converge_with_bounded_runs_and_memory() {
                 passes.of(n)
             );
         }
-        let runs = rt.metrics().provision_runs;
+        let runs = rt.metrics().provision_reconciles;
         assert!(
             runs <= 2 * all.len() as u64,
             "{runs} runs for {} objects",

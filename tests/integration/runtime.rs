@@ -156,11 +156,11 @@ async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
         }
     });
     let mut policy = test_policy();
-    policy.run_timeout = Some(Duration::from_secs(3));
+    policy.reconcile_timeout = Some(Duration::from_secs(3));
     policy.error_backoff.min = Duration::from_millis(100);
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "h", 1).await;
-    wait_reason(&client, "h", "RunTimeout", LIMIT).await;
+    wait_reason(&client, "h", "ReconcileTimeout", LIMIT).await;
     wait_ready(&client, "h", LIMIT).await;
     let s = log.starts("h");
     assert_eq!(s.len(), 3, "two stopped passes, then the one that finished");
@@ -628,7 +628,7 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     let log = RunLog::default();
     let gate = Arc::new(Notify::new());
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_runs = 2;
+    policy.max_concurrent_reconciles = 2;
     let (l, g) = (log.clone(), gate.clone());
     let tree = step("blocked", move |cx: Context<Widget>| {
         let (log, gate) = (l.clone(), g.clone());
@@ -698,7 +698,7 @@ impl InFlight {
     }
 }
 
-/// A kind's own limit (`Controller::max_concurrent_runs`) bounds its passes within the
+/// A kind's own limit (`Controller::max_concurrent_reconciles`) bounds its passes within the
 /// runtime's, and the runtime's other slots stay free for other kinds: with widgets limited
 /// to 2 of 4 slots, 2 gadgets still run beside 2 widgets while 4 more widgets wait.
 #[tokio::test(start_paused = true)]
@@ -707,10 +707,12 @@ async fn a_kinds_own_limit_bounds_its_passes_and_leaves_the_rest_to_other_kinds(
     let gate = Arc::new(Notify::new());
     let (widgets_in, gadgets_in) = (InFlight::default(), InFlight::default());
     let mut policy = test_policy();
-    policy.max_concurrent_runs = 4;
+    policy.max_concurrent_reconciles = 4;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
-        .controller(Controller::<Widget>::new(widgets_in.step(gate.clone())).max_concurrent_runs(2))
+        .controller(
+            Controller::<Widget>::new(widgets_in.step(gate.clone())).max_concurrent_reconciles(2),
+        )
         .controller(Controller::<Gadget>::new(gadgets_in.step(gate.clone())))
         .start()
         .await
@@ -946,7 +948,7 @@ async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
     let gate = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
     let mut policy = test_policy();
-    policy.max_concurrent_runs = 1;
+    policy.max_concurrent_reconciles = 1;
     let (s, g, e) = (seen.clone(), gate.clone(), entered.clone());
     let tree = step("record", move |cx: Context<Widget>| {
         let (s, g, e) = (s.clone(), g.clone(), e.clone());
@@ -1237,7 +1239,7 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     let entered = Arc::new(Notify::new());
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(30));
-    policy.max_concurrent_runs = 1;
+    policy.max_concurrent_reconciles = 1;
     policy.dependency_poll = Duration::from_secs(3600);
     let (g, e, l) = (gate.clone(), entered.clone(), log.clone());
     let tree = step("gated", move |cx: Context<Widget>| {
@@ -1306,7 +1308,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(30));
-    policy.max_concurrent_runs = 1;
+    policy.max_concurrent_reconciles = 1;
     let (g, e, h, l) = (gate.clone(), entered.clone(), held.clone(), log.clone());
     let tree = step("gated", move |cx: Context<Widget>| {
         let (g, e, h, l) = (g.clone(), e.clone(), h.clone(), l.clone());
@@ -1347,7 +1349,7 @@ async fn sixty_passive_objects(
     tree: impl Provisioner<Widget> + 'static,
 ) -> RuntimeHandle {
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_runs = 2;
+    policy.max_concurrent_reconciles = 2;
     let rt = start_widgets(client, policy, tree).await;
     for i in 0..60 {
         create(client, &format!("r{i}"), 1).await;
@@ -1460,7 +1462,7 @@ async fn an_adopting_actor_gets_no_timer_of_the_object_it_served_before() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_runs = 1;
+    policy.max_concurrent_reconciles = 1;
     let l = log.clone();
     let tree = step("log", move |cx: Context<Widget>| {
         let log = l.clone();
@@ -1523,7 +1525,7 @@ async fn a_panic_in_an_adopted_actor_restarts_its_object_and_spares_the_others()
         }
     });
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_runs = 1;
+    policy.max_concurrent_reconciles = 1;
     policy.restart.backoff.min = Duration::from_millis(100);
     let rt = start_widgets(&client, policy, tree).await;
     for name in ["a", "b"] {

@@ -100,7 +100,7 @@ async fn one_write_per_pass(client: Client, ns: &str, policy: SupervisorPolicy, 
     assert_eq!(m.status_conflicts, 0);
     let k = &rt.kind_metrics()[0];
     assert_eq!(
-        k.runs_with(actorcile::runtime::RunResult::Done),
+        k.reconciles_with(actorcile::runtime::ReconcileResult::Done),
         n as u64,
         "one pass per object: the status write's echo ran nothing"
     );

@@ -95,7 +95,7 @@ async fn a_config_change_re_runs_every_object_passive_ones_included() {
     let seen = Seen::default();
     let mut policy = test_policy();
     policy.idle_timeout = Some(Duration::from_secs(1));
-    policy.max_concurrent_runs = 4;
+    policy.max_concurrent_reconciles = 4;
     let rt = start_with_config(&client, policy, seen.clone()).await;
     for i in 0..40 {
         create(&client, &format!("w{i}"), 1).await;
@@ -431,7 +431,7 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
         "finalizer"
     );
     let bad = SupervisorPolicy {
-        max_concurrent_runs: 0,
+        max_concurrent_reconciles: 0,
         ..Default::default()
     };
     assert_eq!(
@@ -440,7 +440,7 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
             .controller(Controller::<Widget>::new(noop()))
             .start()
             .await),
-        "policy.max_concurrent_runs"
+        "policy.max_concurrent_reconciles"
     );
     let bad_lock = actorcile::policy::KindPolicy {
         lock_expiry: Duration::ZERO,
@@ -455,10 +455,10 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
     );
     assert_eq!(
         err(b()
-            .controller(Controller::<Widget>::new(noop()).max_concurrent_runs(0))
+            .controller(Controller::<Widget>::new(noop()).max_concurrent_reconciles(0))
             .start()
             .await),
-        "max_concurrent_runs of the Widget controller"
+        "max_concurrent_reconciles of the Widget controller"
     );
     // A namespaced config kind named without a namespace: no way to read it.
     assert_eq!(

@@ -80,7 +80,7 @@ pub async fn start(
         Controller::<BenchObject>::new(bench_tree(recorder))
     };
     let policy = SupervisorPolicy {
-        max_concurrent_runs: usize::from(concurrency),
+        max_concurrent_reconciles: usize::from(concurrency),
         ..Default::default()
     };
     let mut controller = controller

@@ -4,7 +4,7 @@
 //! Its kind, `ChaosItem`, exercises what operators do: a reference to another item it waits to
 //! be Ready (and that cannot be deleted before it), a Secret it reads, an owned child ConfigMap,
 //! and a guarded side effect. Around the whole tree, provisioner bugs are injected: a pass panics
-//! or hangs (past the policy's `run_timeout`) at the rates given. Every pass's start and end,
+//! or hangs (past the policy's `reconcile_timeout`) at the rates given. Every pass's start and end,
 //! every injected fault and every execution of the side effect is recorded (see
 //! [`super::lines`]) for the checker.
 
@@ -89,9 +89,9 @@ pub struct OperatorArgs {
 /// kill's). That is a fault of its own, not one a run without hangs injects.
 pub fn policy(hangs: bool) -> SupervisorPolicy {
     let mut p = SupervisorPolicy {
-        run_timeout: hangs
+        reconcile_timeout: hangs
             .then_some(Duration::from_secs(2))
-            .or(SupervisorPolicy::default().run_timeout),
+            .or(SupervisorPolicy::default().reconcile_timeout),
         lock_expiry: Duration::from_secs(5),
         ..Default::default()
     };

@@ -321,7 +321,7 @@ pub async fn run_one(
             p100: secs(reached[3]),
         },
         virtual_seconds: ms(end - t0),
-        runs: metrics.runs,
+        runs: metrics.reconciles,
         restarts: metrics.restarts,
         quarantined: metrics.quarantined,
         status_writes: metrics.status_writes,

@@ -146,7 +146,7 @@ fn listing() -> String {
             humantime_serde::re::humantime::format_duration(p.restart.backoff.max),
             humantime_serde::re::humantime::format_duration(p.error_backoff.min),
             humantime_serde::re::humantime::format_duration(p.error_backoff.max),
-            p.max_concurrent_runs,
+            p.max_concurrent_reconciles,
         ));
     }
     out

@@ -124,8 +124,8 @@ mod tests {
         assert_eq!(d, SupervisorPolicy::default());
         let a = built_in("aggressive").unwrap();
         let c = built_in("conservative").unwrap();
-        assert!(a.max_concurrent_runs > d.max_concurrent_runs);
-        assert!(c.max_concurrent_runs < d.max_concurrent_runs);
+        assert!(a.max_concurrent_reconciles > d.max_concurrent_reconciles);
+        assert!(c.max_concurrent_reconciles < d.max_concurrent_reconciles);
         assert!(a.restart.backoff.min < d.restart.backoff.min);
         assert!(c.restart.backoff.min > d.restart.backoff.min);
         assert_eq!(built_in("fail-fast").unwrap().restart.max_restarts, 0);
@@ -146,9 +146,9 @@ mod tests {
         std::fs::write(&p, "[restart]\nmax_restartz = 3").unwrap();
         let e = resolve(p.to_str().unwrap()).unwrap_err();
         assert!(e.to_string().contains("max_restartz"), "{e}");
-        std::fs::write(&p, "max_concurrent_runs = 0").unwrap();
+        std::fs::write(&p, "max_concurrent_reconciles = 0").unwrap();
         let e = resolve(p.to_str().unwrap()).unwrap_err();
-        assert!(e.to_string().contains("max_concurrent_runs"), "{e}");
+        assert!(e.to_string().contains("max_concurrent_reconciles"), "{e}");
         std::fs::write(&p, "[error_backoff]\nfactor = 0.5").unwrap();
         let e = resolve(p.to_str().unwrap()).unwrap_err();
         assert!(e.to_string().contains("error_backoff.factor"), "{e}");

@@ -149,14 +149,14 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         args.networks,
         all_ready.as_secs_f64(),
         all_deleted.as_secs_f64(),
-        m.runs,
-        m.deprovision_runs,
+        m.reconciles,
+        m.deprovision_reconciles,
         m.status_writes,
         m.restarts,
     );
     for k in rt.kind_metrics() {
         let runs: Vec<String> = k
-            .runs
+            .reconciles
             .iter()
             .filter(|(_, n)| *n > 0)
             .map(|(r, n)| format!("{}={n}", r.as_str()))

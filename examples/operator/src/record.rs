@@ -1,5 +1,5 @@
 //! `run --record-passes FILE`: a tracing layer that appends, one line each, every pass's start
-//! and end (the runtime's `run` span) and every shard this replica acquires or loses, with the
+//! and end (the runtime's `reconcile` span) and every shard this replica acquires or loses, with the
 //! wall-clock time in microseconds. The sharding process test reads the files of all replicas
 //! to prove that no two passes of one object overlapped and that each replica ran only objects
 //! of shards it held.
@@ -97,7 +97,9 @@ impl Visit for Fields {
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for PassRecorder {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
-        if attrs.metadata().name() != "run" || !attrs.metadata().target().starts_with("actorcile") {
+        if attrs.metadata().name() != "reconcile"
+            || !attrs.metadata().target().starts_with("actorcile")
+        {
             return;
         }
         let mut f = Fields::default();
@@ -110,10 +112,9 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for PassRecorder {
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
-        if ctx
-            .span(&id)
-            .is_some_and(|s| s.name() == "run" && s.metadata().target().starts_with("actorcile"))
-        {
+        if ctx.span(&id).is_some_and(|s| {
+            s.name() == "reconcile" && s.metadata().target().starts_with("actorcile")
+        }) {
             self.line(format_args!("end {}", id.into_u64()));
         }
     }

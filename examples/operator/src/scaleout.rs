@@ -365,7 +365,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         // The work behind it, as each replica counted it.
         let mut work = Vec::new();
         for r in &replicas {
-            let passes = r.counter("actorcile_runs").await?;
+            let passes = r.counter("actorcile_reconciles").await?;
             work.push((passes, r.counter("actorcile_api_requests").await?));
         }
         // A change wave over the existing objects: every Network's spec changes once.
@@ -413,7 +413,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
     if !measured.is_empty() {
         println!();
         println!(
-            "Work per replica to create and converge, from each replica's /metrics: passes (`actorcile_runs_total`), API requests (`actorcile_api_requests_total`, Lease renewals included)"
+            "Work per replica to create and converge, from each replica's /metrics: passes (`actorcile_reconciles_total`), API requests (`actorcile_api_requests_total`, Lease renewals included)"
         );
         println!("| watch | replicas | passes per replica | API requests per replica |");
         println!("|---|---|---|---|");
@@ -766,14 +766,14 @@ mod tests {
 
     #[test]
     fn counters_are_summed_over_their_labels() {
-        let text = "# TYPE actorcile_runs counter\n\
-            actorcile_runs_total{controller=\"Network\",result=\"ready\"} 3300\n\
-            actorcile_runs_total{controller=\"Network\",result=\"waiting\"} 34\n\
-            actorcile_runs_created 1.7e9\n\
-            actorcile_runs_waiting 0\n\
+        let text = "# TYPE actorcile_reconciles counter\n\
+            actorcile_reconciles_total{controller=\"Network\",result=\"ready\"} 3300\n\
+            actorcile_reconciles_total{controller=\"Network\",result=\"waiting\"} 34\n\
+            actorcile_reconciles_created 1.7e9\n\
+            actorcile_reconciles_waiting 0\n\
             actorcile_api_requests_total{verb=\"PATCH\",code=\"200\"} 7\n\
             # EOF\n";
-        assert_eq!(counter_total(text, "actorcile_runs"), 3334.0);
+        assert_eq!(counter_total(text, "actorcile_reconciles"), 3334.0);
         assert_eq!(counter_total(text, "actorcile_api_requests"), 7.0);
         assert_eq!(counter_total(text, "actorcile_restarts"), 0.0);
     }

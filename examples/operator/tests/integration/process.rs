@@ -299,16 +299,16 @@ async fn run() {
     };
     assert_eq!(v(r#"actorcile_objects{controller="Network"}"#), 3.0);
     assert_eq!(v(r#"actorcile_objects{controller="Cluster"}"#), 4.0);
-    assert!(v(r#"actorcile_runs_total{controller="Cluster",result="done"}"#) >= 4.0);
-    assert!(v(r#"actorcile_runs_total{controller="Network",result="done"}"#) >= 2.0);
-    assert!(v(r#"actorcile_runs_total{controller="Network",result="terminal"}"#) >= 1.0);
+    assert!(v(r#"actorcile_reconciles_total{controller="Cluster",result="done"}"#) >= 4.0);
+    assert!(v(r#"actorcile_reconciles_total{controller="Network",result="done"}"#) >= 2.0);
+    assert!(v(r#"actorcile_reconciles_total{controller="Network",result="terminal"}"#) >= 1.0);
     // Each Ready object's status was written at least once (7 objects with a status).
     assert!(v("actorcile_status_writes_total") >= 7.0);
     assert!(
         v(r#"actorcile_events_total{controller="Cluster"}"#) >= 4.0,
         "a Provisioned Event per cluster"
     );
-    assert!(v(r#"actorcile_run_duration_seconds_count{controller="Cluster"}"#) >= 4.0);
+    assert!(v(r#"actorcile_reconcile_duration_seconds_count{controller="Cluster"}"#) >= 4.0);
     assert!(v(r#"actorcile_api_requests_total{verb="patch",code="200"}"#) >= 7.0);
     assert!(v(r#"actorcile_api_requests_total{verb="watch",code="200"}"#) >= 2.0);
     assert_eq!(v("actorcile_restarts_total"), 0.0);
@@ -530,7 +530,7 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
     assert_eq!(sample(&text_b, "actorcile_leader"), Some(0.0), "{text_b}");
     let runs: f64 = text_b
         .lines()
-        .filter(|l| l.starts_with("actorcile_runs_total{"))
+        .filter(|l| l.starts_with("actorcile_reconciles_total{"))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum();
     assert_eq!(runs, 0.0, "the standby ran passes:\n{text_b}");
