@@ -1,4 +1,4 @@
-//! A kind as the reference index sees it ([`crate::references::KindHandle`]).
+//! A kind as the reference index sees it ([`crate::references::IndexedKind`]).
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -12,7 +12,7 @@ use crate::ManagedResource;
 use crate::actors::Shared;
 use crate::actors::mailbox::Mailbox;
 use crate::messages::{ManagerMsg, ResourceMsg};
-use crate::references::{KindHandle, Readiness, Target, referrers_in};
+use crate::references::{IndexedKind, Readiness, Target, referrers_in};
 use crate::status::ResourceStatus;
 
 /// What the reference index sees of one kind: its store, its routes and its manager.
@@ -30,7 +30,7 @@ fn key_of<K: ManagedResource>(t: &Target) -> ObjectRef<K> {
     }
 }
 
-impl<K: ManagedResource> KindHandle for KindView<K> {
+impl<K: ManagedResource> IndexedKind for KindView<K> {
     fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }

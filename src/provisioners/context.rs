@@ -18,8 +18,8 @@ use crate::status::{ReadyReason, ResourceStatus};
 /// version when the reconcile started), a [`kube::Client`] (the runtime's; [`Context::with_client`]
 /// gives a copy that talks to another cluster), the reference / readiness API, the object's
 /// current actorcile status, an event recorder, the controller's provider config
-/// ([`Context::config`]), and the provider handle: conditions of a step's own, guarded side
-/// effects, owned children and extra finalizers (see `provisioners/handle.rs` and
+/// ([`Context::config`]), and the object operations: conditions of a step's own, guarded side
+/// effects, owned children and extra finalizers (see `provisioners/object_ops.rs` and
 /// `provisioners/guard.rs`).
 pub struct Context<K> {
     inner: Arc<Inner<K>>,

@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use super::handle::WriteError;
+use super::object_ops::WriteError;
 use super::{Context, Outcome, Provisioner, Reason};
 use crate::ManagedResource;
 use crate::status::{Condition, ConditionStatus, ReadyReason, ResourceStatus};

@@ -69,13 +69,13 @@
 //! ```
 
 //!
-//! # Side effects outside Kubernetes, and the provider handle
+//! # Side effects outside Kubernetes, and the object operations
 //!
 //! A step that changes something outside Kubernetes (a DNS record, a cloud volume) runs it
 //! under [`guard`](guard()) or [`Context::guard`]: at most once per generation of the object,
 //! never on a stale object, never while another replica holds the lock (which expires, so a
-//! replica that dies mid-task holds nothing forever). The context is also the provider handle
-//! of such steps (sequencer's `ProviderController`): [`Context::set_condition`] for a condition
+//! replica that dies mid-task holds nothing forever). The context's object operations serve
+//! such steps (sequencer's `ProviderController`): [`Context::set_condition`] for a condition
 //! of the step's own, [`Context::add_finalizer`] / [`Context::remove_finalizer`],
 //! [`Context::create_owned`] / [`Context::delete_owned`], [`Context::get`] and
 //! [`Context::event`]. Their writes never clobber each other or the runtime's `Ready`. The
@@ -113,8 +113,8 @@ mod combinators;
 pub(crate) mod context;
 mod error;
 mod guard;
-mod handle;
 mod nodes;
+mod object_ops;
 mod outcome;
 mod remote;
 mod resource;

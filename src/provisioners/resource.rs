@@ -13,13 +13,13 @@ use super::{Context, Outcome, Provisioner, Reason};
 use crate::object_api::ObjectApi;
 
 type Build<K, C> = Box<dyn Fn(&K) -> C + Send + Sync>;
-type ReadyWhen<C> = Box<dyn Fn(&C) -> bool + Send + Sync>;
+type ChildReady<C> = Box<dyn Fn(&C) -> bool + Send + Sync>;
 
 /// A child object applied on provision and deleted on deprovision; see [`resource`].
 pub struct ResourceProvisioner<K, C> {
     name: String,
     build: Build<K, C>,
-    ready_when: Option<ReadyWhen<C>>,
+    ready_when: Option<ChildReady<C>>,
     force: bool,
 }
 

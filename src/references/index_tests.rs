@@ -46,7 +46,7 @@ impl FakeKind {
     }
 }
 
-impl KindHandle for FakeKind {
+impl IndexedKind for FakeKind {
     fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }

@@ -1,4 +1,4 @@
-//! The provider handle: what a step may do to the object it reconciles and around it, without
+//! The object operations: what a step may do to the object it reconciles and around it, without
 //! touching raw status or metadata (the surface of sequencer's `ProviderController`).
 //!
 //! | method | what it does |

@@ -1,4 +1,4 @@
-//! The provider handle on `Context` (conditions of a step's own, extra finalizers, owned
+//! The object operations on `Context` (conditions of a step's own, extra finalizers, owned
 //! children) and guarded side effects, on the in-process cluster with paused time. The guard's
 //! races against a real API server are in `real_guard.rs`.
 

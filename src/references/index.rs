@@ -1,0 +1,739 @@
+//! The runtime's implementation of [`ReferenceApi`]: one index shared by every controller of a
+//! runtime. Readiness of managed targets comes from their actors, of other kinds from
+//! [`external`](super::external) watches; references are persisted as annotations on their
+//! targets and indexed here; deletion waits on live referrers.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Weak};
+
+use dashmap::{DashMap, DashSet};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+
+use crate::status::ReadyReason;
+
+use async_trait::async_trait;
+
+use super::external;
+use super::{
+    Readiness, ReadyWhen, ReferenceApi, ReferenceError, Selection, Target, reference_annotation,
+    referrers_in,
+};
+
+/// The finalizer Kubernetes' garbage collector puts on an owner deleted in the foreground.
+const FOREGROUND_DELETION: &str = "foregroundDeletion";
+
+/// What the index needs from each managed kind (implemented by the runtime per controller).
+pub(crate) trait IndexedKind: Send + Sync {
+    /// Whether the kind's reflector store finished its first list.
+    fn synced(&self) -> bool;
+    /// Whether the store's view of the target is current. Not when the replica watches only
+    /// the shards it holds and the target is in another's: then its readiness and existence
+    /// are read from a watch of its kind, as for a kind this runtime does not manage.
+    fn in_view(&self, target: &Target) -> bool;
+    /// Readiness from the store.
+    fn readiness(&self, target: &Target) -> Readiness;
+    /// Whether the target exists (in any state).
+    fn exists(&self, target: &Target) -> bool;
+    /// Whether the target exists and is being deleted.
+    fn deleting(&self, target: &Target) -> bool;
+    /// The persisted referrers of the target (from its annotations in the store).
+    fn referrers(&self, target: &Target) -> Vec<Target>;
+    /// Wake the target's actor (activating it if passive).
+    fn notify(&self, target: &Target);
+    /// A dynamic API for patching the target's annotations.
+    fn dynamic_api(&self, target: &Target) -> Api<DynamicObject>;
+}
+
+/// Why a deletion cannot proceed yet.
+#[derive(Clone, Debug)]
+pub(crate) struct Blocked {
+    pub reason: ReadyReason,
+    pub message: String,
+}
+
+/// A registered kind: apiVersion, kind, and its handle.
+type KindEntry = (String, String, Arc<dyn IndexedKind>);
+
+/// The runtime-wide reference and readiness index.
+pub(crate) struct ReferenceIndex {
+    /// (apiVersion, kind) → handle. A handful of kinds: a scan, and no key to allocate per lookup.
+    kinds: std::sync::RwLock<Vec<KindEntry>>,
+    /// target → resources waiting for it to become Ready.
+    waiters: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
+    /// Targets whose own actor last reported them Ready (authoritative for managed targets).
+    /// The actors' own `Arc<Target>`s: an entry costs no copy of the target.
+    ready: DashSet<Arc<Target>, ahash::RandomState>,
+    /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
+    held: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
+    /// target → resources that found it missing: re-checked when it appears (waiters of a
+    /// target that exists are woken only when it becomes Ready).
+    missing: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
+    /// The field manager of the reference writes (the runtime's).
+    field_manager: String,
+    /// Watches of kinds the runtime does not manage (`None`: an index without a client, whose
+    /// targets of such kinds read as missing).
+    pub(super) external: Option<external::ExternalKinds>,
+    /// This index, for the watch tasks it starts.
+    me: Weak<ReferenceIndex>,
+}
+
+impl Default for ReferenceIndex {
+    fn default() -> Self {
+        Self::with_field_manager(crate::FIELD_MANAGER)
+    }
+}
+
+impl std::fmt::Debug for ReferenceIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReferenceIndex")
+            .field("kinds", &self.kinds.read().map(|k| k.len()).unwrap_or(0))
+            .field("waiters", &self.waiters.len())
+            .finish()
+    }
+}
+
+impl ReferenceIndex {
+    /// An empty index whose reference writes carry `field_manager`.
+    pub(crate) fn with_field_manager(field_manager: impl Into<String>) -> Self {
+        Self {
+            kinds: Default::default(),
+            waiters: Default::default(),
+            ready: Default::default(),
+            held: Default::default(),
+            missing: Default::default(),
+            field_manager: field_manager.into(),
+            external: None,
+            me: Weak::new(),
+        }
+    }
+
+    /// The runtime's index: reference writes carry `field_manager`; readiness of targets of
+    /// kinds the runtime does not manage is watched through `client`, each kind's watch stopped
+    /// after nobody waited on it for `watch_idle`.
+    pub(crate) fn for_runtime(
+        field_manager: &str,
+        client: kube::Client,
+        watch_idle: std::time::Duration,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            external: Some(external::ExternalKinds::new(client, watch_idle)),
+            me: me.clone(),
+            ..Self::with_field_manager(field_manager)
+        })
+    }
+
+    /// The kinds the runtime does not manage whose objects are watched now, as
+    /// (apiVersion, kind).
+    pub(crate) fn watched_external_kinds(&self) -> Vec<(String, String)> {
+        self.external
+            .as_ref()
+            .map(|e| e.watched())
+            .unwrap_or_default()
+    }
+
+    fn patch_params(&self) -> PatchParams {
+        crate::object_api::patch_params(&self.field_manager)
+    }
+
+    pub(crate) fn register_kind(
+        &self,
+        api_version: &str,
+        kind: &str,
+        handle: Arc<dyn IndexedKind>,
+    ) {
+        let mut kinds = self.kinds.write().unwrap_or_else(|e| e.into_inner());
+        kinds.retain(|(a, k, _)| !(a == api_version && k == kind));
+        kinds.push((api_version.to_string(), kind.to_string(), handle));
+    }
+
+    /// Forget every kind (at shutdown): a kind's handle holds its controller's state, which
+    /// holds this index, and the cycle would keep both alive after the runtime stopped.
+    /// Also stops the watches of kinds the runtime does not manage.
+    pub(crate) fn unregister_kinds(&self) {
+        self.kinds
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        if let Some(e) = &self.external {
+            e.stop_all();
+        }
+    }
+
+    /// Wake (and forget) everyone waiting on `target` or who found it missing: it changed, and
+    /// they ask again (re-registering if they still wait).
+    pub(super) fn wake_waiters_of(&self, target: &Target) {
+        let waiting = self.waiters.remove(target).map(|(_, w)| w);
+        let missed = self.missing.remove(target).map(|(_, w)| w);
+        for w in waiting.into_iter().chain(missed).flatten() {
+            self.wake(&w);
+        }
+    }
+
+    /// Wake everyone waiting on any object of a kind.
+    pub(super) fn wake_waiters_of_kind(&self, api_version: &str, kind: &str) {
+        let of_kind = |t: &Target| t.api_version == api_version && t.kind == kind;
+        let targets: Vec<Target> = self
+            .waiters
+            .iter()
+            .map(|e| e.key().clone())
+            .chain(self.missing.iter().map(|e| e.key().clone()))
+            .filter(|t| of_kind(t))
+            .collect();
+        for t in targets {
+            self.wake_waiters_of(&t);
+        }
+    }
+
+    /// Whether anyone waits on, or found missing, an object of a kind.
+    pub(super) fn waits_on_kind(&self, api_version: &str, kind: &str) -> bool {
+        let of_kind = |t: &Target| t.api_version == api_version && t.kind == kind;
+        self.waiters
+            .iter()
+            .any(|e| of_kind(e.key()) && !e.value().is_empty())
+            || self
+                .missing
+                .iter()
+                .any(|e| of_kind(e.key()) && !e.value().is_empty())
+    }
+
+    /// Readiness of `target` (`when` decides Ready for a kind the runtime does not manage),
+    /// registering `from` as its waiter.
+    async fn readiness_of_target(
+        &self,
+        from: &Target,
+        target: &Target,
+        when: Option<&ReadyWhen<'_>>,
+    ) -> Readiness {
+        // Register first, then check: whoever comes second sees the other (no lost wake-up).
+        self.waiters
+            .entry(target.clone())
+            .or_default()
+            .insert(from.clone());
+        let managed = self.kind(target);
+        let in_view = managed.as_ref().is_some_and(|k| k.in_view(target));
+        let r = if in_view && self.ready.contains(target) {
+            Readiness::Ready
+        } else {
+            match (managed, &self.external) {
+                (Some(k), _) if in_view => k.readiness(target),
+                (_, Some(ext)) => {
+                    let kind = ext.kind_of(&self.me, target);
+                    kind.first_list().await;
+                    kind.readiness(target, when)
+                }
+                (Some(k), None) => k.readiness(target),
+                (None, None) => Readiness::Missing,
+            }
+        };
+        if r == Readiness::Ready
+            && let Some(mut w) = self.waiters.get_mut(target)
+        {
+            w.remove(from);
+        }
+        if r == Readiness::Missing {
+            self.missing
+                .entry(target.clone())
+                .or_default()
+                .insert(from.clone());
+        }
+        r
+    }
+
+    fn kind(&self, t: &Target) -> Option<Arc<dyn IndexedKind>> {
+        self.kind_named(&t.api_version, &t.kind)
+    }
+
+    fn kind_named(&self, api_version: &str, kind: &str) -> Option<Arc<dyn IndexedKind>> {
+        let kinds = self.kinds.read().unwrap_or_else(|e| e.into_inner());
+        kinds
+            .iter()
+            .find(|(a, k, _)| a == api_version && k == kind)
+            .map(|(_, _, h)| h.clone())
+    }
+
+    /// Record what a referrer holds, from a target's persisted annotations (start-up rebuild).
+    pub(crate) fn learn(&self, target: &Target, referrers: &[Target]) {
+        for r in referrers {
+            self.held
+                .entry(r.clone())
+                .or_default()
+                .insert(target.clone());
+        }
+    }
+
+    /// A kind finished its first list. (Reconciles start while it is still arriving.) Until then
+    /// the store could not say whether an object of the kind exists, so a target not listed yet
+    /// read as not Ready rather than missing, and `deletion_blocked` counted every referrer of
+    /// the kind as live. For those that do not exist, wake whoever waits for them (to see them
+    /// missing) and whatever they held (to delete it), now instead of at the next fallback poll.
+    pub(crate) fn kind_synced(&self, api_version: &str, kind: &str) {
+        let Some(handle) = self.kind_named(api_version, kind) else {
+            return;
+        };
+        let absent =
+            |t: &Target| t.api_version == api_version && t.kind == kind && !handle.exists(t);
+        let gone: Vec<Target> = self
+            .held
+            .iter()
+            .map(|e| e.key().clone())
+            .filter(|r| absent(r))
+            .collect();
+        for r in gone {
+            self.notify_held(&r);
+        }
+        let waited_for: Vec<Target> = self
+            .waiters
+            .iter()
+            .filter(|e| absent(e.key()))
+            .flat_map(|e| e.value().iter().cloned().collect::<Vec<_>>())
+            .collect();
+        for w in waited_for {
+            self.wake(&w);
+        }
+    }
+
+    /// Set by a resource's own actor after each reconcile; on Ready, wake every waiter.
+    /// Only Ready is recorded: not Ready reads the same as unknown (the target's kind is asked).
+    pub(crate) fn mark_ready(&self, target: &Arc<Target>, ready: bool) {
+        if !ready {
+            self.ready.remove(&**target);
+            return;
+        }
+        if !self.ready.contains(&**target) {
+            self.ready.insert(target.clone());
+        }
+        if let Some((_, waiters)) = self.waiters.remove(&**target) {
+            for w in waiters {
+                self.wake(&w);
+            }
+        }
+    }
+
+    /// `target`'s actor starts serving it for the first time (it may be new): those that found
+    /// it missing re-check, so a status that said it does not exist says what it is now. (One
+    /// that found it missing just as it appeared keeps that status until it is Ready.)
+    pub(crate) fn appeared(&self, target: &Target) {
+        if let Some((_, waiters)) = self.missing.remove(target) {
+            for w in waiters {
+                self.wake(&w);
+            }
+        }
+    }
+
+    /// The index's shared copy of `target`, if it has one (a re-activated actor reuses it
+    /// rather than keeping a second copy).
+    pub(crate) fn shared_target(&self, target: Target) -> Arc<Target> {
+        match self.ready.get(&target) {
+            Some(entry) => entry.key().clone(),
+            None => Arc::new(target),
+        }
+    }
+
+    /// A resource is gone: forget its readiness and wake those waiting on it (they re-check).
+    pub(crate) fn forget(&self, target: &Target) {
+        self.ready.remove(target);
+        self.held.remove(target);
+    }
+
+    /// Whether deleting `target` (whose object is `obj`) must wait: foreground deletion of
+    /// owned children, or live referrers (a cycle among them is reported as such).
+    pub(crate) fn deletion_blocked<K: kube::Resource>(
+        &self,
+        target: &Target,
+        obj: &K,
+    ) -> Option<Blocked> {
+        if obj
+            .meta()
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FOREGROUND_DELETION))
+        {
+            return Some(Blocked {
+                reason: ReadyReason::Deprovisioning,
+                message: "waiting for owned children to be deleted (foreground deletion)".into(),
+            });
+        }
+        let referrers = obj
+            .meta()
+            .annotations
+            .as_ref()
+            .map(referrers_in)
+            .unwrap_or_default();
+        if referrers.is_empty() {
+            return None;
+        }
+        let mut live = Vec::new();
+        for r in referrers {
+            match self.kind(&r) {
+                // A referrer of a kind this runtime does not manage cannot release: count it,
+                // so nothing is deleted under a user's feet.
+                None => live.push(r),
+                Some(k) if !k.in_view(&r) => {
+                    if self.exists_elsewhere(target, &r) {
+                        live.push(r);
+                    }
+                }
+                Some(k) if !k.synced() || k.exists(&r) => live.push(r),
+                Some(_) => {}
+            }
+        }
+        if live.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = live.iter().map(|t| t.to_string()).collect();
+        let message = match self.find_cycle(target) {
+            Some(cycle) => format!(
+                "reference cycle, deletion cannot proceed: {}",
+                cycle
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            ),
+            None => format!("in use by {}", names.join(", ")),
+        };
+        Some(Blocked {
+            reason: ReadyReason::InUse,
+            message,
+        })
+    }
+
+    /// Whether `referrer`, of a managed kind but not in this replica's view (another
+    /// replica's shard), exists: by the watch of its kind, and counted as existing until that
+    /// watch has listed. `target` is woken when `referrer` changes or goes.
+    fn exists_elsewhere(&self, target: &Target, referrer: &Target) -> bool {
+        let Some(ext) = &self.external else {
+            return true;
+        };
+        self.waiters
+            .entry(referrer.clone())
+            .or_default()
+            .insert(target.clone());
+        ext.kind_of(&self.me, referrer)
+            .exists(referrer)
+            .unwrap_or(true)
+    }
+
+    /// A cycle of deleting resources each held by the next, starting and ending at `start`.
+    fn find_cycle(&self, start: &Target) -> Option<Vec<Target>> {
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((t, path)) = stack.pop() {
+            let Some(k) = self.kind(&t) else { continue };
+            for r in k.referrers(&t) {
+                if &r == start {
+                    let mut p = path.clone();
+                    p.push(r);
+                    return Some(p);
+                }
+                let deleting = self.kind(&r).is_some_and(|k| k.deleting(&r));
+                if deleting && seen.insert(r.clone()) {
+                    let mut p = path.clone();
+                    p.push(r.clone());
+                    stack.push((r, p));
+                }
+            }
+        }
+        None
+    }
+
+    /// The targets `from` holds references on (a copy: callers await while iterating).
+    fn held_by(&self, from: &Target) -> Vec<Target> {
+        self.held
+            .get(from)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Wake every target `from` holds a reference on (their deletion state may depend on
+    /// `from`'s, e.g. a cycle that just closed).
+    pub(crate) fn notify_held(&self, from: &Target) {
+        for t in self.held_by(from) {
+            self.wake(&t);
+        }
+    }
+
+    /// Wake `t`'s actor (through its kind's runtime), if its kind is managed here.
+    fn wake(&self, t: &Target) {
+        if let Some(k) = self.kind(t) {
+            k.notify(t);
+        }
+    }
+
+    /// Take what `from` holds out of the index, before its finalizer is removed: from then on
+    /// its disappearance from the store (whose watch event can come before the removal's
+    /// answer) neither wakes a target early nor forgets references still persisted on them.
+    /// [`release_all`](Self::release_all) writes the releases; if the finalizer removal fails,
+    /// [`restore_held`](Self::restore_held) puts them back.
+    pub(crate) fn take_held(&self, from: &Target) -> BTreeSet<Target> {
+        self.held.remove(from).map(|(_, t)| t).unwrap_or_default()
+    }
+
+    /// Put back what [`take_held`](Self::take_held) took (the finalizer is still on).
+    pub(crate) fn restore_held(&self, from: &Target, targets: BTreeSet<Target>) {
+        if !targets.is_empty() {
+            self.held.entry(from.clone()).or_default().extend(targets);
+        }
+    }
+
+    /// Release the references `from` held (taken by [`take_held`](Self::take_held), once its
+    /// finalizer is removed); each target is woken as its reference goes. A release that still
+    /// fails after a few retries is logged and kept: the target is woken anyway (it proceeds
+    /// if `from` has left the store), and [`gone`](Self::gone) wakes it again when `from`
+    /// leaves the store later.
+    /// Each attempt is abandoned after `timeout` (the policy's `write_timeout`), counted in
+    /// `timeouts`.
+    pub(crate) async fn release_all(
+        &self,
+        from: &Target,
+        targets: BTreeSet<Target>,
+        timeout: Option<std::time::Duration>,
+        timeouts: &std::sync::atomic::AtomicU64,
+    ) {
+        use backon::Retryable;
+        let mut kept = Vec::new();
+        for t in targets {
+            let backoff = backon::ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(50))
+                .with_max_delay(std::time::Duration::from_secs(1))
+                .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
+            if let Err(e) =
+                (|| crate::object_api::bounded(timeout, timeouts, self.release_reference(from, &t)))
+                    .retry(backoff)
+                    .await
+            {
+                tracing::warn!(from = %from, target = %t, error = %e, "could not release reference");
+                kept.push(t);
+            }
+        }
+        self.forget(from);
+        if !kept.is_empty() {
+            self.held
+                .entry(from.clone())
+                .or_default()
+                .extend(kept.iter().cloned());
+            for t in &kept {
+                self.wake(t);
+            }
+        }
+    }
+
+    /// Whether any object holds a reference (known to this runtime).
+    pub(crate) fn holds_any(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// `from` is gone from its kind's store: wake every target it still held (they find it
+    /// missing and proceed), and forget it.
+    pub(crate) fn gone(&self, from: &Target) {
+        if self.held.contains_key(from) {
+            self.notify_held(from);
+            self.forget(from);
+        }
+    }
+
+    /// Remove `from`'s reference annotation from `target` (a merge patch with `null`).
+    async fn remove_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError> {
+        let Some(k) = self.kind(target) else {
+            return Err(ReferenceError::UnmanagedTarget(target.clone()));
+        };
+        let api = k.dynamic_api(target);
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { reference_annotation(from): null } }
+        });
+        match api
+            .patch(&target.name, &self.patch_params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(ReferenceError::Kube(e)),
+        }
+    }
+}
+
+#[async_trait]
+impl ReferenceApi for ReferenceIndex {
+    async fn readiness(&self, from: &Target, target: &Target) -> Readiness {
+        self.readiness_of_target(from, target, None).await
+    }
+
+    async fn readiness_when(
+        &self,
+        from: &Target,
+        target: &Target,
+        when: &ReadyWhen<'_>,
+    ) -> Readiness {
+        self.readiness_of_target(from, target, Some(when)).await
+    }
+
+    /// Retries the guarded write on a conflict (another referrer wrote the target in between:
+    /// normal when many objects reference one target), with jittered backoff, up to
+    /// [`REFERENCE_WRITE_ATTEMPTS`] times; [`ReferenceError::Conflict`] only
+    /// after that.
+    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError> {
+        use backon::Retryable;
+        if self.held.get(from).is_some_and(|s| s.contains(target)) {
+            return Ok(());
+        }
+        let backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(5))
+            .with_max_delay(std::time::Duration::from_millis(500))
+            .with_jitter()
+            .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
+        (|| self.try_add_reference(from, target))
+            .retry(backoff)
+            .when(|e| matches!(e, ReferenceError::Conflict(_)))
+            .await
+    }
+
+    async fn release_reference(
+        &self,
+        from: &Target,
+        target: &Target,
+    ) -> Result<(), ReferenceError> {
+        self.remove_reference(from, target).await?;
+        if let Some(mut s) = self.held.get_mut(from) {
+            s.remove(target);
+        }
+        self.wake(target);
+        Ok(())
+    }
+
+    async fn hold_references(
+        &self,
+        from: &Target,
+        targets: &[Target],
+    ) -> Result<(), ReferenceError> {
+        // What `from` holds: taken by this runtime, or learned from the targets' annotations
+        // when their kind was first listed (so also what an earlier run took).
+        let held: Vec<Target> = self
+            .held
+            .get(from)
+            .map(|h| h.iter().cloned().collect())
+            .unwrap_or_default();
+        for t in targets {
+            if !held.contains(t) {
+                self.add_reference(from, t).await?;
+            }
+        }
+        for t in held.iter().filter(|t| !targets.contains(t)) {
+            self.release_reference(from, t).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_references(
+        &self,
+        from: &Target,
+        selection: &Selection,
+        names: &BTreeSet<String>,
+    ) -> Result<(), ReferenceError> {
+        let probe = selection.target(selection.namespace.as_deref(), "");
+        let Some(k) = self.kind(&probe) else {
+            return Err(ReferenceError::UnmanagedTarget(probe));
+        };
+        let params = kube::api::ListParams::default().labels(&selection.labels);
+        let selected = k.dynamic_api(&probe).list(&params).await?;
+        // Every name must be in the selection before anything is written.
+        let found: BTreeSet<&str> = selected
+            .items
+            .iter()
+            .filter_map(|o| o.metadata.name.as_deref())
+            .collect();
+        if let Some(missing) = names.iter().find(|n| !found.contains(n.as_str())) {
+            let ns = selection.namespace.as_deref().or(from.namespace.as_deref());
+            return Err(ReferenceError::TargetMissing(selection.target(ns, missing)));
+        }
+        let key = reference_annotation(from);
+        // Adds first, then releases: every write is idempotent, so a pass that fails half-way
+        // is completed by the next one.
+        let mut release = Vec::new();
+        for o in &selected.items {
+            let Some(name) = o.metadata.name.as_deref() else {
+                continue;
+            };
+            let target = selection.target(o.metadata.namespace.as_deref(), name);
+            let carries = o
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(&key));
+            if names.contains(name) {
+                if carries {
+                    self.held.entry(from.clone()).or_default().insert(target);
+                } else {
+                    self.add_reference(from, &target).await?;
+                }
+            } else if carries || self.held.get(from).is_some_and(|h| h.contains(&target)) {
+                release.push(target);
+            }
+        }
+        for target in release {
+            self.release_reference(from, &target).await?;
+        }
+        Ok(())
+    }
+}
+
+/// How often a reference write is tried when the target keeps changing under it.
+pub(crate) const REFERENCE_WRITE_ATTEMPTS: usize = 10;
+
+impl ReferenceIndex {
+    /// One guarded attempt of [`ReferenceApi::add_reference`].
+    async fn try_add_reference(
+        &self,
+        from: &Target,
+        target: &Target,
+    ) -> Result<(), ReferenceError> {
+        let Some(k) = self.kind(target) else {
+            return Err(ReferenceError::UnmanagedTarget(target.clone()));
+        };
+        let api = k.dynamic_api(target);
+        // A merge patch of one annotation: it cannot conflict with other referrers' writes (a
+        // resourceVersion-guarded write did, under many referrers of one target). The object
+        // it returns tells whether the target's deletion had begun before the write; if so, the
+        // reference is taken back and refused, so no reference is ever added to a target
+        // whose deprovision may already have started. A deletion that begins after the write
+        // sees the reference (its event comes after the write).
+        let current = match api.get_opt(&target.name).await {
+            Ok(Some(o)) => o,
+            Ok(None) => return Err(ReferenceError::TargetMissing(target.clone())),
+            Err(e) => return Err(ReferenceError::Kube(e)),
+        };
+        if current.metadata.deletion_timestamp.is_some() {
+            return Err(ReferenceError::TargetDeleting(target.clone()));
+        }
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { reference_annotation(from): serde_json::to_string(from)? } }
+        });
+        let written = match api
+            .patch(&target.name, &self.patch_params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(o) => o,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(ReferenceError::TargetMissing(target.clone()));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Err(ReferenceError::Conflict(target.clone()));
+            }
+            Err(e) => return Err(ReferenceError::Kube(e)),
+        };
+        if written.metadata.deletion_timestamp.is_some() {
+            if let Err(e) = self.remove_reference(from, target).await {
+                tracing::warn!(from = %from, target = %target, error = %e, "could not take back a reference to a target being deleted");
+            }
+            return Err(ReferenceError::TargetDeleting(target.clone()));
+        }
+        self.held
+            .entry(from.clone())
+            .or_default()
+            .insert(target.clone());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "index_tests.rs"]
+mod tests;
