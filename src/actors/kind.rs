@@ -159,6 +159,8 @@ pub(crate) trait Start: Send {
     fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule>;
     /// The kind, as (apiVersion, kind).
     fn kind(&self) -> (String, String);
+    /// Whether its controller set a [`KindPolicy`](crate::policy::KindPolicy) of its own.
+    fn has_own_policy(&self) -> bool;
     /// Whether its settings are valid (the first problem, naming the field).
     fn validate(&self) -> Result<(), Error>;
     /// Watch only `ns`, unless the controller names its own namespace.
@@ -237,6 +239,10 @@ impl<K: ManagedResource> Start for KindSpec<K> {
         (K::api_version(&()).into_owned(), K::kind(&()).into_owned())
     }
 
+    fn has_own_policy(&self) -> bool {
+        self.policy.is_some()
+    }
+
     fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule> {
         let mut rules = Vec::new();
         for r in self.tree.rules() {
@@ -304,12 +310,16 @@ impl<K: ManagedResource> Start for KindSpec<K> {
     }
 
     async fn start(mut self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
-        // The kind's knobs, if its controller set them; the runtime-wide ones are always the
-        // runtime's (one limit of runs for all kinds, one watch of unmanaged kinds, one
+        // The kind's knobs, if its controller set them or the policy has a section for the
+        // kind (never both: the builder refuses that); the runtime-wide ones are always the
+        // runtime's (one limit of reconciles for all kinds, one watch of unmanaged kinds, one
         // shutdown, one set of Lease timings, which the keeper and elector read too).
         let policy = match self.policy.take() {
             Some(kind) => cx.policy.with_kind(&kind),
-            None => cx.policy.clone(),
+            None => match cx.policy.kinds.get(K::kind(&()).as_ref()) {
+                Some(section) => cx.policy.with_kind(section),
+                None => cx.policy.clone(),
+            },
         };
         policy.validate()?;
         for (name, hook) in [

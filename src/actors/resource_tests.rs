@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::testing::{PassLog, Widget, start_kind, test_policy};
+use crate::policy::KindPolicy;
 use crate::prelude::*;
 
 /// A tree that logs every reconcile and answers the `n`th with `outcome(n)`.
@@ -50,6 +51,37 @@ async fn a_yield_runs_again_after_its_delay_or_the_policys() {
         d >= Duration::from_secs(s) && d < Duration::from_millis(s * 1000 + 100)
     };
     assert!(near(gaps[0], 7) && near(gaps[1], 3), "{gaps:?}");
+    kind.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kinds_policy_section_tunes_its_reconciles() {
+    let log = PassLog::default();
+    let tree = counting(log.clone(), |n| match n {
+        0 => Outcome::yield_now(Reason::new("Wait", "the kind's delay")),
+        _ => Outcome::Done,
+    });
+    let top = SupervisorPolicy {
+        yield_delay: Duration::from_secs(3),
+        ..test_policy()
+    };
+    let mut policy = top.clone();
+    policy.kinds.insert(
+        "Widget".into(),
+        KindPolicy {
+            yield_delay: Duration::from_secs(11),
+            ..top.kind_policy()
+        },
+    );
+    let kind = start_kind(tree, policy).await;
+    kind.create("k").await;
+    kind.wait_ready("k").await;
+    let gaps = gaps(&log, "k");
+    assert_eq!(gaps.len(), 1, "one yield, then done");
+    assert!(
+        gaps[0] >= Duration::from_secs(11) && gaps[0] < Duration::from_millis(11_100),
+        "the section's yield delay, not the top level's: {gaps:?}"
+    );
     kind.stop().await;
 }
 

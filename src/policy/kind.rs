@@ -1,5 +1,6 @@
 //! [`KindPolicy`]: the part of a [`SupervisorPolicy`] one controller may set for its own kind.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -94,7 +95,7 @@ impl KindPolicy {
 
     /// Check every field as [`SupervisorPolicy::validate`] does.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        SupervisorPolicy::default().with_kind(self).validate()
+        SupervisorPolicy::default().with_kind(self).validate_own()
     }
 }
 
@@ -147,6 +148,7 @@ impl SupervisorPolicy {
             write_timeout,
             lock_expiry,
             seed,
+            kinds: BTreeMap::new(),
             ..self.clone()
         }
     }

@@ -56,6 +56,7 @@ mod kind;
 
 pub use kind::KindPolicy;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -154,6 +155,14 @@ pub struct SupervisorPolicy {
     pub lease_retry_period: Duration,
     /// Seed for jitter (`None`: random). Set it for reproducible simulations.
     pub seed: Option<u64>,
+    /// One kind's own knobs, by the kind's name (`Database`): the `[kinds.Database]` section of
+    /// a policy file. [`SupervisorPolicy::from_toml`] fills a section's missing fields from the
+    /// file's top level. The controllers of that kind run by it, unless their
+    /// [`Controller::policy`](crate::runtime::Controller::policy) sets one in code: then the
+    /// runtime refuses to start (the two would contradict each other), as it does for a
+    /// section that names no controller's kind.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kinds: BTreeMap<String, KindPolicy>,
 }
 
 impl Default for SupervisorPolicy {
@@ -183,6 +192,7 @@ impl Default for SupervisorPolicy {
             lease_renew_deadline: Duration::from_secs(10),
             lease_retry_period: Duration::from_secs(2),
             seed: None,
+            kinds: BTreeMap::new(),
         }
     }
 }
@@ -190,6 +200,68 @@ impl Default for SupervisorPolicy {
 /// `text` as TOML, its error named as a parse error.
 fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, PolicyError> {
     toml::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))
+}
+
+/// A policy from a parsed TOML table, its error named as a parse error.
+fn deserialize<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, PolicyError> {
+    T::deserialize(table).map_err(|e| PolicyError::Parse(e.to_string()))
+}
+
+/// The `[kinds.<Kind>]` sections, each over `base` (the top level's per-kind knobs): a field a
+/// section does not set is the top level's (nested tables such as `restart` field by field).
+fn kind_sections(
+    sections: toml::Value,
+    base: &KindPolicy,
+) -> Result<BTreeMap<String, KindPolicy>, PolicyError> {
+    let toml::Value::Table(sections) = sections else {
+        return Err(PolicyError::Parse(
+            "`kinds` must be a table of [kinds.<Kind>] sections".into(),
+        ));
+    };
+    let base = toml::Table::try_from(base).map_err(|e| PolicyError::Parse(e.to_string()))?;
+    let mut kinds = BTreeMap::new();
+    for (kind, section) in sections {
+        let toml::Value::Table(section) = section else {
+            return Err(PolicyError::Parse(format!(
+                "kinds.{kind} must be a table ([kinds.{kind}])"
+            )));
+        };
+        let mut merged = base.clone();
+        overlay(&mut merged, with_current_names(section));
+        let policy = deserialize(merged).map_err(|e| match e {
+            PolicyError::Parse(m) => PolicyError::Parse(format!("[kinds.{kind}]: {m}")),
+            other => other,
+        })?;
+        kinds.insert(kind, policy);
+    }
+    Ok(kinds)
+}
+
+/// The per-kind keys' names before `reconcile` became the one word (the fields' serde
+/// aliases), and their names now.
+const OLD_NAMES: &[(&str, &str)] = &[("run_timeout", "reconcile_timeout")];
+
+/// `section` with its keys' current names, so that an old name in a section overrides the top
+/// level's field rather than standing beside it.
+fn with_current_names(mut section: toml::Table) -> toml::Table {
+    for (old, new) in OLD_NAMES {
+        if let Some(v) = section.remove(*old) {
+            section.insert((*new).into(), v);
+        }
+    }
+    section
+}
+
+/// `over`'s entries in `under`; tables in both are overlaid key by key.
+fn overlay(under: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (under.get_mut(&key), value) {
+            (Some(toml::Value::Table(u)), toml::Value::Table(o)) => overlay(u, o),
+            (_, value) => {
+                under.insert(key, value);
+            }
+        }
+    }
 }
 
 /// `from_toml` of the file at `path`; a parse error names the file.
@@ -431,9 +503,35 @@ impl SupervisorPolicy {
         Ok(())
     }
 
-    /// Parse and validate a policy from TOML; missing fields take their defaults.
+    /// Parse and validate a policy from TOML; missing fields take their defaults, and a
+    /// `[kinds.<Kind>]` section's missing fields the top level's.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use actorcile::policy::SupervisorPolicy;
+    ///
+    /// let p = SupervisorPolicy::from_toml(r#"
+    ///     yield_delay = "2s"
+    ///     reconcile_timeout = "5m"
+    ///     [kinds.Database]
+    ///     reconcile_timeout = "1h"
+    /// "#).unwrap();
+    /// let db = &p.kinds["Database"];
+    /// assert_eq!(db.reconcile_timeout, Some(Duration::from_secs(3600)));
+    /// assert_eq!(db.yield_delay, Duration::from_secs(2)); // from the top level
+    ///
+    /// // A runtime-wide knob in a kind's section is refused, named.
+    /// let err = SupervisorPolicy::from_toml("[kinds.Database]\nmax_concurrent_reconciles = 8")
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("kinds.Database"), "{err}");
+    /// ```
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let p: Self = parse_toml(text)?;
+        let mut table: toml::Table = parse_toml(text)?;
+        let sections = table.remove("kinds");
+        let mut p: Self = deserialize(table)?;
+        if let Some(sections) = sections {
+            p.kinds = kind_sections(sections, &p.kind_policy())?;
+        }
         p.validate()?;
         Ok(p)
     }
@@ -445,6 +543,20 @@ impl SupervisorPolicy {
 
     /// Check values a type cannot express.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        for (kind, policy) in &self.kinds {
+            self.with_kind(policy).validate_own().map_err(|e| match e {
+                PolicyError::Invalid { field, reason } => PolicyError::Invalid {
+                    field: format!("kinds.{kind}.{field}"),
+                    reason,
+                },
+                other => other,
+            })?;
+        }
+        self.validate_own()
+    }
+
+    /// [`SupervisorPolicy::validate`] without the `kinds` sections.
+    fn validate_own(&self) -> Result<(), PolicyError> {
         self.restart.backoff.validate("restart.backoff")?;
         self.error_backoff.validate("error_backoff")?;
         let optional = |d: Option<Duration>| d.unwrap_or_default();
@@ -586,6 +698,83 @@ mod tests {
         p.validate().unwrap();
         p.lock_expiry = MAX_DURATION + Duration::from_nanos(1);
         assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn a_kinds_section_takes_what_it_does_not_set_from_the_top_level() {
+        let p = SupervisorPolicy::from_toml(
+            r#"
+            yield_delay = "2s"
+            idle_timeout = "none"
+            [restart]
+            max_restarts = 3
+            [kinds.Database]
+            yield_delay = "9s"
+            [kinds.Database.restart]
+            window = "2m"
+            [kinds.Cache]
+            "#,
+        )
+        .unwrap();
+        let db = &p.kinds["Database"];
+        assert_eq!(db.yield_delay, Duration::from_secs(9));
+        assert_eq!(db.idle_timeout, None);
+        assert_eq!(
+            db.restart.max_restarts, 3,
+            "a nested table is overlaid key by key"
+        );
+        assert_eq!(db.restart.window, Duration::from_secs(120));
+        assert_eq!(
+            p.kinds["Cache"],
+            p.kind_policy(),
+            "an empty section is the top level"
+        );
+        assert_eq!(
+            p.yield_delay,
+            Duration::from_secs(2),
+            "the top level keeps its own"
+        );
+    }
+
+    #[test]
+    fn a_kinds_section_refuses_runtime_wide_knobs_and_bad_values_by_name() {
+        let err =
+            SupervisorPolicy::from_toml("[kinds.Database]\nshutdown_timeout = \"1s\"").unwrap_err();
+        let m = err.to_string();
+        assert!(
+            m.contains("[kinds.Database]") && m.contains("shutdown_timeout"),
+            "{m}"
+        );
+        let err =
+            SupervisorPolicy::from_toml("[kinds.Database]\nyield_delay = \"0s\"").unwrap_err();
+        assert!(
+            matches!(&err, PolicyError::Invalid { field, .. } if field == "kinds.Database.yield_delay"),
+            "{err}"
+        );
+        assert!(SupervisorPolicy::from_toml("kinds = 3").is_err());
+        assert!(SupervisorPolicy::from_toml("kinds.Database = 3").is_err());
+    }
+
+    #[test]
+    fn older_files_read_as_before() {
+        // The keys' names before reconcile became the one word.
+        let p = SupervisorPolicy::from_toml(
+            "max_concurrent_runs = 7\nrun_timeout = \"1m\"\n[kinds.Database]\nrun_timeout = \"2m\"",
+        )
+        .unwrap();
+        assert_eq!(p.max_concurrent_reconciles, 7);
+        assert_eq!(p.reconcile_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(
+            p.kinds["Database"].reconcile_timeout,
+            Some(Duration::from_secs(120))
+        );
+        for file in ["aggressive", "conservative"] {
+            let path = format!(
+                "{}/examples/policies/{file}.toml",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            SupervisorPolicy::from_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        }
     }
 
     #[test]

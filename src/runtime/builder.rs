@@ -345,8 +345,9 @@ impl RuntimeBuilder {
     }
 
     /// Check everything given to the builder, without starting anything: the policies, that
-    /// there is a controller and no kind has two, the finalizer name, the field manager, and
-    /// each controller's config. The first problem is an [`Error::Invalid`] naming its field
+    /// there is a controller and no kind has two, that each `[kinds.<Kind>]` section of the
+    /// policy names a controller's kind that sets no policy in code, the finalizer name, the
+    /// field manager, and each controller's config. The first problem is an [`Error::Invalid`] naming its field
     /// (or an [`Error::Policy`] naming the policy's).
     pub fn validate(&self) -> Result<(), Error> {
         self.policy.validate()?;
@@ -383,7 +384,26 @@ impl RuntimeBuilder {
                     ),
                 });
             }
+            if c.has_own_policy() && self.policy.kinds.contains_key(&kind) {
+                return Err(Error::Invalid {
+                    field: format!("policy of the {kind} controller"),
+                    problem: format!(
+                        "set both in code (Controller::policy) and by the policy's [kinds.{kind}] section; keep one"
+                    ),
+                });
+            }
             c.validate()?;
+        }
+        if let Some(kind) = self
+            .policy
+            .kinds
+            .keys()
+            .find(|k| !kinds.iter().any(|(_, kind)| kind == *k))
+        {
+            return Err(Error::Invalid {
+                field: format!("policy section kinds.{kind}"),
+                problem: format!("no controller of kind {kind} is registered"),
+            });
         }
         if let Some(sharding) = &self.sharding {
             sharding.validate(&self.policy)?;

@@ -460,6 +460,35 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
             .await),
         "max_concurrent_reconciles of the Widget controller"
     );
+    // A policy section for a kind no controller runs, or for one whose controller sets its
+    // policy in code: one of the two would be silently ignored.
+    let sections = |kind: &str| {
+        SupervisorPolicy::from_toml(&format!("[kinds.{kind}]\nyield_delay = \"9s\"")).unwrap()
+    };
+    assert_eq!(
+        err(b()
+            .policy(sections("Widgets"))
+            .controller(Controller::<Widget>::new(noop()))
+            .start()
+            .await),
+        "policy section kinds.Widgets"
+    );
+    assert_eq!(
+        err(b()
+            .policy(sections("Widget"))
+            .controller(
+                Controller::<Widget>::new(noop()).policy(actorcile::policy::KindPolicy::default())
+            )
+            .start()
+            .await),
+        "policy of the Widget controller"
+    );
+    assert!(
+        b().policy(sections("Widget"))
+            .controller(Controller::<Widget>::new(noop()))
+            .validate()
+            .is_ok()
+    );
     // A namespaced config kind named without a namespace: no way to read it.
     assert_eq!(
         err(b()
