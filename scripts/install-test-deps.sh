@@ -6,6 +6,8 @@
 #     only), into a versioned cache: ~/.cache/actorcile/k8s/<version>/bin/ (override the cache root
 #     with ACTORCILE_CACHE_DIR). Each folder has controller-runtime's KUBEBUILDER_ASSETS layout
 #     (kube-apiserver and etcd side by side);
+#   * the controller-runtime side of `actorcile bench` (tools/bench-controller-runtime), built the
+#     same way into ~/.cache/actorcile/bench/;
 #   * podman + runc + busybox-static, with a containers.conf / storage.conf that work on these machines
 #     written to ~/.cache/actorcile/podman/ (the service is not started).
 # Idempotent: a cached build whose stamp matches the pinned modules and whose binaries run
@@ -147,10 +149,33 @@ build_control_plane() {
     echo "$want" >"$dir/.stamp"
 }
 
+# build_bench_controller_runtime: the controller-runtime side of `actorcile bench`
+# (tools/bench-controller-runtime) into $CACHE_DIR/bench/, unless a build from the same sources is
+# there.
+build_bench_controller_runtime() {
+    local src="$REPO_DIR/tools/bench-controller-runtime" dir="$CACHE_DIR/bench" want have started
+    want="$(cd "$src" && cat go.mod go.sum ./*.go | sha256sum | awk '{print $1}')"
+    have="$(cat "$dir/.stamp" 2>/dev/null || true)"
+    step "checking the cached controller-runtime bench program in $dir"
+    if [ "$want" = "$have" ] && [ -x "$dir/bench-controller-runtime" ]; then
+        echo "    reusing bench-controller-runtime ($(awk '$1 == "sigs.k8s.io/controller-runtime" {print $2}' "$src/go.mod"))"
+        return 0
+    fi
+    step "building the controller-runtime bench program (tools/bench-controller-runtime)"
+    mkdir -p "$dir"
+    rm -f "$dir/.stamp"
+    started=$SECONDS
+    (cd "$src" && "$GO" build -ldflags="-s -w" -o "$dir/bench-controller-runtime" .)
+    echo "    built bench-controller-runtime ($(awk '$1 == "sigs.k8s.io/controller-runtime" {print $2}' "$src/go.mod"))"
+    echo "    took $((SECONDS - started)) s"
+    echo "$want" >"$dir/.stamp"
+}
+
 NEWEST="$(pinned go.mod k8s.io/kubernetes)"
 OLDEST="$(pinned oldest.mod k8s.io/kubernetes)"
 build_control_plane go.mod kube-apiserver kube-controller-manager etcd
 build_control_plane oldest.mod kube-apiserver
+build_bench_controller_runtime
 # The oldest apiserver runs on the newest etcd (the etcd v3 API is stable across these releases):
 # KUBEBUILDER_ASSETS needs both in one folder.
 ln -sf "$K8S_DIR/$NEWEST/bin/etcd" "$K8S_DIR/$OLDEST/bin/etcd"

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use super::mailbox::Mailbox;
 use futures::StreamExt;
-use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -108,6 +107,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         config,
         namespace,
         refused,
+        prune: pruned,
     } = of;
     let watch = Watch {
         shared: &shared,
@@ -158,13 +158,14 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
             }
             tracing::debug!(kind = %K::kind(&()), selector = ?config.label_selector, "watching the held shards");
         }
-        // managedFields are dropped from the runtime's copy (the kube-rs memory advice): on a
-        // real API server they are often the largest part of a small object, and nothing here
-        // reads them.
         let streams = config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
         let events = watcher::watcher(api.clone(), config)
             .default_backoff()
-            .modify(|o| o.managed_fields_mut().clear());
+            .modify(move |o| {
+                if pruned {
+                    super::store::prune(o)
+                }
+            });
         futures::pin_mut!(events);
         // When this watch ends to follow the held shards.
         let mut follow_at: Option<tokio::time::Instant> = None;
@@ -316,6 +317,8 @@ pub(crate) struct KindWatch<K: ManagedResource> {
     pub namespace: Option<String>,
     /// Why the API server refuses this watch, while it does (for `/readyz`).
     pub refused: crate::health::WatchRefusal,
+    /// Whether the objects are [`pruned`](super::store::prune) before they are cached.
+    pub prune: bool,
 }
 
 /// What one watch of a kind routes to, and where it reports a refusal.

@@ -53,6 +53,9 @@ pub(crate) struct KindSpec<K: ManagedResource> {
     pub(crate) shard_key: Option<crate::actors::ShardKey<K>>,
     pub(crate) related: Vec<RelatedSpec<K>>,
     pub(crate) max_concurrent_reconciles: Option<usize>,
+    /// Whether the cached copies drop what the API server keeps for itself
+    /// ([`Controller::prune_cache`](crate::runtime::Controller::prune_cache)).
+    pub(crate) prune_cache: bool,
 }
 
 /// Starts a watch of a related kind in one namespace (`None`: in all): the client, the
@@ -130,6 +133,7 @@ impl<K: ManagedResource> KindSpec<K> {
             shard_key: None,
             related: Vec::new(),
             max_concurrent_reconciles: None,
+            prune_cache: true,
         }
     }
 
@@ -410,6 +414,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     key: self.shard_key.take(),
                     label: label.clone(),
                 }),
+            prune_cache: self.prune_cache,
         });
         let synced = Arc::new(AtomicBool::new(false));
         // What `/readyz` checks for each watch: whether its first list is in (the kind's, with
@@ -527,6 +532,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                 config: self.watcher.clone(),
                 namespace: ns.clone(),
                 refused,
+                prune: self.prune_cache,
             };
             tasks.push(tokio::spawn(run_feeder(
                 shared.clone(),

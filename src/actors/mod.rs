@@ -171,6 +171,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub secrets: Option<triggers::SecretTrigger<K>>,
     /// With sharding: which objects this replica may run, and their fenced clients.
     pub shards: Option<ShardScope<K>>,
+    /// Whether cached objects are pruned ([`store::prune`]).
+    pub prune_cache: bool,
 }
 
 /// A controller's shard key function ([`Controller::shard_key`](crate::runtime::Controller::shard_key)).

@@ -161,10 +161,14 @@ impl<K: ManagedResource> ResourceState<K> {
         }
     }
 
-    fn record_write(&mut self, obj: K)
+    /// Keeps the answer to our own write, pruned as the cache is (`prune`).
+    fn record_write(&mut self, mut obj: K, prune: bool)
     where
         K: ManagedResource,
     {
+        if prune {
+            super::store::prune(&mut obj);
+        }
         if let Some(v) = version_of(&obj) {
             self.own_writes.push(v);
         }
@@ -576,7 +580,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 let label = label.as_ref().map(|(k, v)| (&**k, v.as_str()));
                 match Box::pin(writes::claim(shared, obj.as_ref(), add_finalizer, label)).await {
                     Ok(o) => {
-                        st.record_write(o);
+                        st.record_write(o, shared.prune_cache);
                         obj = st.object.clone().unwrap_or(obj);
                         version = version_of(obj.as_ref());
                     }
@@ -824,7 +828,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .await
                 {
                     Ok(o) => {
-                        st.record_write(o);
+                        st.record_write(o, shared.prune_cache);
                         if let Some(latest) = st.object.clone() {
                             obj = latest;
                         }
@@ -854,7 +858,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.
                 match left {
-                    Some(o) => st.record_write(o),
+                    Some(o) => st.record_write(o, shared.prune_cache),
                     None => st.object = None,
                 }
                 st.error_backoff = None;
@@ -900,7 +904,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     let names: Vec<&str> = fields.keys().map(String::as_str).collect();
                     tracing::warn!(object = %st.target, fields = ?names, "the API server dropped status fields a step set: declare them in the CRD's status schema");
                 }
-                st.record_write(o);
+                st.record_write(o, shared.prune_cache);
             }
             // The object is gone (nothing to write), or the kind has no status subresource.
             Err(kube::Error::Api(s)) if s.code == 404 => {

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use kube::runtime::reflector::{self, ObjectRef, Store};
 
+use kube::ResourceExt;
+
 use super::ManagedResource;
 
 /// The stores of one kind, by watched namespace (`None`: every namespace, or cluster-scoped).
@@ -59,6 +61,21 @@ impl<K: ManagedResource> KindStore<K> {
     /// How many objects are cached.
     pub(crate) fn len(&self) -> usize {
         self.stores.iter().map(|(_, s)| s.len()).sum()
+    }
+}
+
+/// The annotation `kubectl apply` keeps the whole last-applied object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// `obj` without what the API server and `kubectl` keep for themselves and nothing in a
+/// reconcile reads: `metadata.managedFields` (on a real API server often the largest part of a
+/// small object) and the last-applied annotation (a second copy of the object). kube-rs
+/// advises the same for reflector stores. Applied to what the watch delivers and to the
+/// answers of the actors' own writes, which the actors keep as the newest version.
+pub(crate) fn prune<K: ManagedResource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+    if let Some(annotations) = &mut obj.meta_mut().annotations {
+        annotations.remove(LAST_APPLIED);
     }
 }
 

@@ -55,6 +55,11 @@ pub(crate) async fn start_kind(
     tree: impl Provisioner<Widget> + 'static,
     policy: SupervisorPolicy,
 ) -> Kind {
+    start_spec(KindSpec::new(Arc::new(tree)), policy).await
+}
+
+/// Starts the `Widget` kind as `spec` says, under `policy`.
+pub(crate) async fn start_spec(spec: KindSpec<Widget>, policy: SupervisorPolicy) -> Kind {
     let server = ApiServer::new();
     server.install_crd(&Widget::crd()).expect("install the CRD");
     let client = server.client();
@@ -80,10 +85,7 @@ pub(crate) async fn start_kind(
         health: Arc::new(Health::default()),
         shards: None,
     };
-    let started = Box::new(KindSpec::new(Arc::new(tree)))
-        .start(&cx)
-        .await
-        .expect("start the kind");
+    let started = Box::new(spec).start(&cx).await.expect("start the kind");
     Kind {
         client,
         metrics,

@@ -347,6 +347,18 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
+    /// Whether the runtime's cached copy of each object is pruned (default `true`): without
+    /// `metadata.managedFields` and the `kubectl.kubernetes.io/last-applied-configuration`
+    /// annotation, which the API server and `kubectl` keep for themselves. On a real cluster
+    /// they are often most of a small object's bytes, so the cache of many objects needs
+    /// markedly less memory. Steps then see the object without them
+    /// ([`Context::object`](crate::provisioners::Context::object)); `false` keeps every
+    /// object whole, for a tree that reads them.
+    pub fn prune_cache(mut self, prune: bool) -> Self {
+        self.spec.prune_cache = prune;
+        self
+    }
+
     /// Watch options, e.g. a label selector. The config is used as given: call
     /// `.streaming_lists()` on it to keep streaming lists (see [`Controller::streaming_lists`]).
     pub fn watcher_config(mut self, config: watcher::Config) -> Self {

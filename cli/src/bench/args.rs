@@ -63,6 +63,11 @@ pub enum RuntimeKind {
     #[value(name = "kube-runtime")]
     #[serde(rename = "kube-runtime")]
     KubeRuntime,
+    /// controller-runtime (Go), in a process of its own (`operator` and `status`, on a real API
+    /// server: `--envtest` or `--kubeconfig`).
+    #[value(name = "controller-runtime")]
+    #[serde(rename = "controller-runtime")]
+    ControllerRuntime,
     /// No runtime: actorcile's requests for the workload, sent by a plain loop over one watch
     /// (`operator` and `status` only): the time these requests alone take on the API server.
     #[value(name = "floor")]
@@ -76,6 +81,7 @@ impl RuntimeKind {
         match self {
             RuntimeKind::Actorcile => "actorcile",
             RuntimeKind::KubeRuntime => "kube-runtime",
+            RuntimeKind::ControllerRuntime => "controller-runtime",
             RuntimeKind::Floor => "floor",
         }
     }

@@ -39,6 +39,9 @@ pub struct BenchCluster {
     pub counter: RequestCounter,
     /// Namespace of the bench objects.
     pub namespace: String,
+    /// A kubeconfig of the cluster with the runtime's rights, for a runtime in a process of its
+    /// own (controller-runtime); `None` in process.
+    pub kubeconfig: Option<std::path::PathBuf>,
     owned: Owned,
 }
 
@@ -85,6 +88,7 @@ impl BenchCluster {
                     runtime: runtime_client,
                     counter,
                     namespace,
+                    kubeconfig: Some(path.clone()),
                     owned: Owned::Namespace,
                 })
             }
@@ -103,6 +107,7 @@ impl BenchCluster {
                     runtime: runtime_client,
                     counter,
                     namespace: IN_CLUSTER_NAMESPACE.to_string(),
+                    kubeconfig: None,
                     owned: Owned::InProcess(cluster),
                 })
             }
@@ -125,6 +130,7 @@ impl BenchCluster {
                     runtime: runtime_client,
                     counter,
                     namespace: IN_CLUSTER_NAMESPACE.to_string(),
+                    kubeconfig: Some(envtest.kubeconfig_path().to_path_buf()),
                     owned: Owned::Envtest(Box::new(envtest)),
                 })
             }

@@ -22,7 +22,7 @@ use super::{
     actorcile_rt,
     args::{BenchArgs, RuntimeKind, Workload},
     backend::BenchCluster,
-    floor, kube_rt,
+    controller_rt, floor, kube_rt,
     report::{OperatorPhases, RestartPhases, RunResult},
     stats::{self, millis, percentile},
     workload::{
@@ -160,7 +160,14 @@ async fn measure(
     // `operator`: the idle memory is read at all Ready, and the wait for it is left out of the
     // seconds and CPU time.
     let mut settling = (Duration::ZERO, CpuUsed::default());
-    if operator && let Ok(ready) = tokio::time::timeout_at(deadline, recorder.wait_ready()).await {
+    if operator
+        && let Ok(ready) = running
+            .unless_exited(
+                runtime,
+                tokio::time::timeout_at(deadline, recorder.wait_ready()),
+            )
+            .await?
+    {
         let (at, cpu) = (recorder.elapsed(), CpuReading::now(&server_pids));
         idle_rss = running.settle(args.concurrency).await;
         settling = (
@@ -176,7 +183,12 @@ async fn measure(
         })
         .await?;
     }
-    let waited = tokio::time::timeout_at(deadline, recorder.wait_done()).await;
+    let waited = running
+        .unless_exited(
+            runtime,
+            tokio::time::timeout_at(deadline, recorder.wait_done()),
+        )
+        .await?;
     let cpu = CpuReading::now(&server_pids)
         .since(cpu_at_start)
         .minus(settling.1);
@@ -196,7 +208,7 @@ async fn measure(
         }
         None => None,
     };
-    running.stop().await;
+    let own_report = running.stop().await?;
     let Ok(done) = waited else {
         if operator {
             bail!(
@@ -256,12 +268,30 @@ async fn measure(
         baseline_rss,
         rss_before_objects,
     };
-    Ok(RunResult {
+    let result = RunResult {
         idle_rss_bytes: idle_rss,
         status_writes: status_writes.count,
         status_write_seconds: status_writes.window_seconds(),
         operator: phases,
         ..measured.result(runtime)
+    };
+    Ok(match own_report {
+        // A runtime in a process of its own: what it counted and used itself, besides this
+        // process's observer; all of its memory is the runtime's.
+        Some(own) => RunResult {
+            runs: own.reconciles,
+            runs_per_sec: own.reconciles as f64 / result.seconds.max(f64::MIN_POSITIVE),
+            cpu_seconds: result.cpu_seconds + own.cpu_seconds,
+            api_requests: own.api_requests,
+            peak_rss_bytes: own.peak_rss_bytes,
+            baseline_rss_bytes: 0,
+            rss_before_objects_bytes: 0,
+            rss_per_object_bytes: own.peak_rss_bytes / u64::from(args.objects().max(1)),
+            status_writes: own.status_writes,
+            status_write_seconds: None,
+            ..result
+        },
+        None => result,
     })
 }
 
@@ -359,6 +389,7 @@ impl Measured {
 enum Running {
     Kube(kube_rt::KubeRuntimeRun),
     Actorcile(actorcile_rt::ActorcileRun),
+    ControllerRuntime(controller_rt::ControllerRuntimeRun),
     Floor(floor::FloorRun),
 }
 
@@ -370,6 +401,22 @@ const SETTLE: Duration = Duration::from_millis(300);
 const PASSIVATE_LIMIT: Duration = Duration::from_secs(30);
 
 impl Running {
+    /// Waits for `done`, failing early if the runtime's own process (controller-runtime) exited
+    /// before: no object would converge after that.
+    async fn unless_exited<T>(
+        &self,
+        runtime: RuntimeKind,
+        done: impl Future<Output = T>,
+    ) -> Result<T> {
+        let Running::ControllerRuntime(run) = self else {
+            return Ok(done.await);
+        };
+        tokio::select! {
+            v = done => Ok(v),
+            () = run.exited() => bail!("the {runtime} process exited before the objects converged (its stderr is above)"),
+        }
+    }
+
     /// Lets the runtime go idle (actorcile: its actors passivate), then reads resident memory
     /// as the process stands.
     async fn settle(&self, concurrency: u16) -> Option<u64> {
@@ -377,7 +424,10 @@ impl Running {
             run.wait_passive(concurrency, PASSIVATE_LIMIT).await;
         }
         tokio::time::sleep(SETTLE).await;
-        stats::current_rss_bytes()
+        match self {
+            Running::ControllerRuntime(run) => run.rss_bytes(),
+            _ => stats::current_rss_bytes(),
+        }
     }
 
     /// Starts `runtime` on the bench objects, reconciling through `recorder`.
@@ -388,6 +438,17 @@ impl Running {
         recorder: &Arc<Recorder>,
     ) -> Result<Self> {
         Ok(match runtime {
+            RuntimeKind::ControllerRuntime => {
+                let kubeconfig = target.kubeconfig.as_deref().context(
+                    "controller-runtime needs a real API server: --envtest or --kubeconfig",
+                )?;
+                Running::ControllerRuntime(controller_rt::start(
+                    kubeconfig,
+                    &target.namespace,
+                    args.workload,
+                    args.concurrency,
+                )?)
+            }
             RuntimeKind::KubeRuntime => Running::Kube(kube_rt::start(
                 target.runtime.clone(),
                 &target.namespace,
@@ -424,12 +485,17 @@ impl Running {
         })
     }
 
-    async fn stop(self) {
+    /// Stops the runtime; controller-runtime's process then reports what it measured itself.
+    async fn stop(self) -> Result<Option<controller_rt::Report>> {
         match self {
             Running::Kube(run) => run.stop(Duration::from_secs(5)).await,
             Running::Actorcile(run) => run.stop(Duration::from_secs(15)).await,
+            Running::ControllerRuntime(run) => {
+                return run.stop(Duration::from_secs(15)).await.map(Some);
+            }
             Running::Floor(run) => run.stop(),
         }
+        Ok(None)
     }
 }
 
@@ -464,7 +530,7 @@ async fn measure_restart(
     let first = Recorder::start(config, target.counter.clone());
     let running = Running::start(args, runtime, target, &first).await?;
     let waited = tokio::time::timeout_at(deadline, first.wait_all_seen()).await;
-    running.stop().await;
+    running.stop().await?;
     if waited.is_err() {
         return Err(timed_out("the list alone", &first));
     }
@@ -495,11 +561,11 @@ async fn measure_restart(
     let api_requests = target.counter.get() - requests_before;
     if waited.is_err() {
         driver.abort();
-        running.stop().await;
+        running.stop().await?;
         return Err(timed_out("the restart", &recorder));
     }
     let changes = driver.await.context("restart driver panicked")??;
-    running.stop().await;
+    running.stop().await?;
     let listed = recorder.all_seen().context("every object ran")?;
     let seen = recorder.changes_seen();
     let watching_from = target

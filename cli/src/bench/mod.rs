@@ -1,11 +1,12 @@
-//! `actorcile bench`: the same workload under actorcile and under kube-runtime's `Controller`,
-//! each in its own child process, compared side by side.
+//! `actorcile bench`: the same workload under actorcile, kube-runtime's `Controller` and
+//! controller-runtime, each in its own child process, compared side by side.
 //!
 //! - [`args`]: command-line options and the arguments handed to a child;
 //! - [`child`]: one runtime in one process (set-up, measurement, one JSON line on stdout);
 //! - [`workload`]: the bench resource and the reconcile logic both runtimes share;
 //! - [`actorcile_rt`]: the actorcile runtime side;
 //! - [`kube_rt`]: the kube-runtime `Controller` side;
+//! - [`controller_rt`]: the controller-runtime (Go) side, a process of its own;
 //! - [`floor`]: no runtime, the workload's requests alone;
 //! - [`backend`]: in-process cluster, envtest or kubeconfig;
 //! - [`counting`]: the tower layer that counts API requests;
@@ -17,6 +18,7 @@ pub mod actorcile_rt;
 pub mod args;
 pub mod backend;
 pub mod child;
+pub mod controller_rt;
 pub mod counting;
 pub mod floor;
 pub mod kube_rt;
@@ -46,6 +48,16 @@ pub fn main(args: BenchArgs) -> Result<()> {
     }
     if args.runtimes.contains(&RuntimeKind::Floor) {
         floor::check(args.workload, args.actorcile_defaults)?;
+    }
+    if args.runtimes.contains(&RuntimeKind::ControllerRuntime) {
+        if args.backend() == args::Backend::InProcess {
+            bail!(
+                "controller-runtime runs in a process of its own and needs a real API server: \
+                 add --envtest (or --kubeconfig PATH)"
+            );
+        }
+        controller_rt::check(args.workload)?;
+        controller_rt::binary()?;
     }
     if args.plot.is_some() && args.sizes.len() < 2 {
         bail!("--plot draws a sweep: give --objects several sizes (e.g. 1000,10000,100000)");

@@ -195,6 +195,15 @@ pub struct BenchReport {
     /// its requests alone; `null` unless both ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actorcile_over_floor: Option<f64>,
+    /// With controller-runtime (`--runtimes …,controller-runtime`): its `seconds` ÷
+    /// actorcile's (above 1, actorcile converged faster; `null` unless both ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_controller_runtime: Option<f64>,
+    /// With controller-runtime: actorcile's RSS added (its peak minus the bench process's
+    /// memory before the runtime started) ÷ controller-runtime's (its whole process's peak);
+    /// below 1, actorcile needed less memory (`null` unless both ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_vs_controller_runtime: Option<f64>,
 }
 
 impl BenchReport {
@@ -211,6 +220,10 @@ impl BenchReport {
         let (ac, kr) = (of(RuntimeKind::Actorcile), of(RuntimeKind::KubeRuntime));
         let floor = of(RuntimeKind::Floor).map(|r| r.seconds);
         let speedup_floor = ratio(kr.map(|r| r.seconds), floor);
+        let cr = of(RuntimeKind::ControllerRuntime);
+        let speedup_controller_runtime = ratio(cr.map(|r| r.seconds), ac.map(|r| r.seconds));
+        let added = |r: &RunResult| r.peak_rss_bytes.saturating_sub(r.baseline_rss_bytes) as f64;
+        let memory_vs_controller_runtime = ratio(ac.map(added), cr.map(added));
         let actorcile_over_floor = ratio(ac.map(|r| r.seconds), floor);
         let field = |r: Option<&RunResult>, f: fn(&RunResult) -> Option<f64>| r.and_then(f);
         let speedup = |f: fn(&RunResult) -> Option<f64>| ratio(field(kr, f), field(ac, f));
@@ -243,6 +256,8 @@ impl BenchReport {
             server_cpu_ratio,
             speedup_floor,
             actorcile_over_floor,
+            speedup_controller_runtime,
+            memory_vs_controller_runtime,
         }
     }
 
@@ -371,6 +386,9 @@ impl BenchReport {
         if let Some(floor) = self.floor_line() {
             let _ = writeln!(out, "{floor}");
         }
+        if let Some(cr) = self.controller_runtime_line() {
+            let _ = writeln!(out, "{cr}");
+        }
         out.push('\n');
         out.push_str(LEGEND);
         out
@@ -423,6 +441,31 @@ impl BenchReport {
             );
         }
         line
+    }
+
+    /// With controller-runtime and actorcile: how they compare.
+    pub fn controller_runtime_line(&self) -> Option<String> {
+        let speedup = self.speedup_controller_runtime?;
+        let mut line = format!(
+            "against controller-runtime (its seconds ÷ actorcile seconds; > 1: actorcile faster): {speedup:.2}"
+        );
+        let of = |rt: RuntimeKind| run_of(&self.runs, rt);
+        if let (Some(ac), Some(cr)) = (
+            of(RuntimeKind::Actorcile).and_then(|r| r.operator),
+            of(RuntimeKind::ControllerRuntime).and_then(|r| r.operator),
+        ) && let (Some(ready), Some(deleted)) = (
+            ratio(Some(cr.ready_seconds), Some(ac.ready_seconds)),
+            ratio(Some(cr.deleted_seconds), Some(ac.deleted_seconds)),
+        ) {
+            let _ = write!(
+                line,
+                "; to all Ready {ready:.2}, to all deleted {deleted:.2}"
+            );
+        }
+        if let Some(m) = self.memory_vs_controller_runtime {
+            let _ = write!(line, "; actorcile's RSS added is {m:.2}× its");
+        }
+        Some(line)
     }
 
     /// With the floor run: its time, and how far each runtime is from it.
@@ -490,6 +533,10 @@ speedup = kube-runtime seconds ÷ actorcile seconds (> 1: actorcile converged fa
   the same ratio for each round of --repeat.
 floor (with --runtimes actorcile,kube-runtime,floor; operator and status): no runtime, a plain
   loop over one watch sending actorcile's requests: the time the requests alone take here.
+controller-runtime (with --envtest or --kubeconfig; operator and status): the Go program in
+  tools/bench-controller-runtime, in a process of its own. Its CPU s is that process's plus the
+  bench's observer (as in the other runtimes' processes); its API reqs, runs and peak RSS are its
+  own, and all of its memory counts as RSS added.
 ";
 
 /// `rows` as lines of columns two spaces apart, each as wide as its widest cell: the first

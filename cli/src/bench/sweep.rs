@@ -205,6 +205,7 @@ impl SweepReport {
                 RuntimeKind::Actorcile => Palette99::pick(0),
                 RuntimeKind::KubeRuntime => Palette99::pick(1),
                 RuntimeKind::Floor => Palette99::pick(2),
+                RuntimeKind::ControllerRuntime => Palette99::pick(3),
             }
             .to_rgba();
             let dashed = suffix.contains("idle");

@@ -83,11 +83,21 @@ fn envtest_backend_both_runtimes() {
 }
 
 #[test]
-fn envtest_backend_operator_with_the_floor() {
-    let v = envtest_bench("operator", &["--runtimes", "actorcile,kube-runtime,floor"]);
+fn envtest_backend_operator_with_the_floor_and_controller_runtime() {
+    let v = envtest_bench(
+        "operator",
+        &[
+            "--runtimes",
+            "actorcile,kube-runtime,floor,controller-runtime",
+        ],
+    );
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 3, "{v}");
+    assert_eq!(runs.len(), 4, "{v}");
     assert_eq!(runs[2]["runtime"], "floor");
+    assert_eq!(runs[3]["runtime"], "controller-runtime");
+    // The Go process's own memory and CPU, read by itself.
+    assert!(runs[3]["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{v}");
+    assert!(runs[3]["cpu_seconds"].as_f64().unwrap() > 0.0, "{v}");
     for r in runs {
         // No garbage collector runs in envtest: the children are gone because the runtime
         // deleted them.
@@ -109,6 +119,26 @@ fn envtest_backend_operator_with_the_floor() {
     assert!(v["speedup_deleted"].as_f64().is_some(), "{v}");
     assert!(v["speedup_floor"].as_f64().is_some(), "{v}");
     assert!(v["actorcile_over_floor"].as_f64().is_some(), "{v}");
+    let speedup = v["speedup_controller_runtime"].as_f64().expect("speedup");
+    let expected = runs[3]["seconds"].as_f64().unwrap() / runs[0]["seconds"].as_f64().unwrap();
+    assert!((speedup - expected).abs() < 1e-9 * expected.max(1.0), "{v}");
+    assert!(v["memory_vs_controller_runtime"].as_f64().is_some(), "{v}");
+}
+
+#[test]
+fn controller_runtime_refuses_the_in_process_cluster_and_says_why() {
+    let (ok, _out, err) = run_bounded(
+        &[
+            "bench",
+            "--runtimes",
+            "actorcile,controller-runtime",
+            "--objects",
+            "5",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!ok);
+    assert!(err.contains("--envtest"), "{err}");
 }
 
 #[test]
