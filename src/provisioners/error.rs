@@ -18,7 +18,7 @@ use crate::references::{ReferenceError, Target};
 /// match cx.add_reference(&network).await {
 ///     Ok(()) => Outcome::Done,
 ///     Err(StepError::TargetMissing(t)) => {
-///         Outcome::waiting(Reason::new("NetworkMissing", format!("{t} does not exist")))
+///         Outcome::dependency_not_found(t, "not created yet", std::time::Duration::from_secs(30))
 ///     }
 ///     Err(e) => Outcome::failed(Reason::new("NetworkReference", "cannot reference the network"), e),
 /// }
