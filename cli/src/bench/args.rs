@@ -206,6 +206,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_streaming_lists: bool,
 
+    /// kube-runtime caches its objects pruned as actorcile does by default (without
+    /// `managedFields` and the last-applied annotation: a watcher with `.modify()` into the
+    /// controller's reflector, the kube-rs memory advice): to compare memory like for like.
+    #[arg(long)]
+    pub prune_kube_runtime: bool,
+
     /// Internal: run one runtime in this process and print its result as one JSON line.
     #[arg(long, value_enum, hide = true)]
     pub child: Option<RuntimeKind>,
@@ -289,6 +295,9 @@ impl BenchArgs {
         }
         if self.no_streaming_lists {
             args.push("--no-streaming-lists".into());
+        }
+        if self.prune_kube_runtime {
+            args.push("--prune-kube-runtime".into());
         }
         match self.backend() {
             Backend::InProcess => {}

@@ -454,6 +454,7 @@ impl Running {
                 &target.namespace,
                 args.concurrency,
                 recorder.clone(),
+                args.prune_kube_runtime,
             )?),
             RuntimeKind::Floor => {
                 floor::check(args.workload, args.actorcile_defaults)?;

@@ -125,13 +125,22 @@ impl DependentsIndex {
     }
 }
 
+/// `obj` without `managedFields` and the last-applied annotation, as kube-rs advises for
+/// reflector stores and as actorcile's cache keeps objects by default.
+fn prune(obj: &mut BenchObject) {
+    obj.managed_fields_mut().clear();
+    obj.annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+}
+
 /// Starts a `Controller` over the bench objects of `namespace` with at most `concurrency`
-/// reconciles in flight.
+/// reconciles in flight (`pruned`: its cache keeps the objects [`prune`]d).
 pub fn start(
     client: Client,
     namespace: &str,
     concurrency: u16,
     recorder: Arc<Recorder>,
+    pruned: bool,
 ) -> Result<KubeRuntimeRun> {
     let api: Api<BenchObject> = Api::namespaced(client.clone(), namespace);
     let (shutdown, stop) = oneshot::channel::<()>();
@@ -147,6 +156,11 @@ pub fn start(
         let root = tokio::spawn(
             watcher(api, watcher::Config::default())
                 .default_backoff()
+                .modify(move |o| {
+                    if pruned {
+                        prune(o)
+                    }
+                })
                 .reflect_shared(writer)
                 .for_each(|event| async move {
                     if let Err(err) = event {
@@ -158,6 +172,15 @@ pub fn start(
         let controller = Controller::for_shared_stream(own, reader.clone())
             .watches_shared_stream(related, move |obj: Arc<BenchObject>| index.map(&obj));
         (controller, Some(reader), Some(root))
+    } else if pruned {
+        // As kube-rs documents for pruned stores: the controller over a watch of our own.
+        let (reader, writer) = reflector::store();
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(prune)
+            .reflect(writer)
+            .applied_objects();
+        (Controller::for_stream(stream, reader), None, None)
     } else {
         (Controller::new(api, watcher::Config::default()), None, None)
     };
