@@ -257,7 +257,6 @@ async fn measure(
         }),
         None => None,
     };
-    let status_writes = target.counter.status_writes();
     let measured = Measured {
         objects: args.objects(),
         runs: done.runs,
@@ -267,31 +266,21 @@ async fn measure(
         api_requests: done.api_requests,
         baseline_rss,
         rss_before_objects,
+        peak_rss: None,
     };
-    let result = RunResult {
+    let (measured, status_writes, status_write_seconds) = match own_report {
+        Some(own) => (measured.in_own_process(&own), own.status_writes, None),
+        None => {
+            let writes = target.counter.status_writes();
+            (measured, writes.count, writes.window_seconds())
+        }
+    };
+    Ok(RunResult {
         idle_rss_bytes: idle_rss,
-        status_writes: status_writes.count,
-        status_write_seconds: status_writes.window_seconds(),
+        status_writes,
+        status_write_seconds,
         operator: phases,
         ..measured.result(runtime)
-    };
-    Ok(match own_report {
-        // A runtime in a process of its own: what it counted and used itself, besides this
-        // process's observer; all of its memory is the runtime's.
-        Some(own) => RunResult {
-            runs: own.reconciles,
-            runs_per_sec: own.reconciles as f64 / result.seconds.max(f64::MIN_POSITIVE),
-            cpu_seconds: result.cpu_seconds + own.cpu_seconds,
-            api_requests: own.api_requests,
-            peak_rss_bytes: own.peak_rss_bytes,
-            baseline_rss_bytes: 0,
-            rss_before_objects_bytes: 0,
-            rss_per_object_bytes: own.peak_rss_bytes / u64::from(args.objects().max(1)),
-            status_writes: own.status_writes,
-            status_write_seconds: None,
-            ..result
-        },
-        None => result,
     })
 }
 
@@ -350,12 +339,33 @@ struct Measured {
     api_requests: u64,
     baseline_rss: u64,
     rss_before_objects: u64,
+    /// The runtime's peak RSS when it is not this process's (`None`: read this process's).
+    peak_rss: Option<u64>,
 }
 
 impl Measured {
+    /// A runtime in a process of its own: what it counted and used itself, beside this
+    /// process's observer; all of its memory is the runtime's.
+    fn in_own_process(self, own: &controller_rt::Report) -> Measured {
+        Measured {
+            runs: own.reconciles,
+            api_requests: own.api_requests,
+            cpu: CpuUsed {
+                own: Some(self.cpu.own.unwrap_or(0.0) + own.cpu_seconds),
+                ..self.cpu
+            },
+            baseline_rss: 0,
+            rss_before_objects: 0,
+            peak_rss: Some(own.peak_rss_bytes),
+            ..self
+        }
+    }
+
     /// The result of `runtime`, its peak RSS read now; nothing workload-specific in it.
     fn result(mut self, runtime: RuntimeKind) -> RunResult {
-        let peak_rss = stats::peak_rss_bytes().unwrap_or(0);
+        let peak_rss = self
+            .peak_rss
+            .unwrap_or_else(|| stats::peak_rss_bytes().unwrap_or(0));
         RunResult {
             runtime,
             objects: self.objects,
@@ -588,6 +598,7 @@ async fn measure_restart(
         api_requests,
         baseline_rss,
         rss_before_objects,
+        peak_rss: None,
     };
     Ok(RunResult {
         restart: Some(RestartPhases {
