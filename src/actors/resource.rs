@@ -98,6 +98,12 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     /// removal after the removal's answer, at a higher version. Such an object is never
     /// deprovisioned again, and its actor does not passivate until it is gone.
     released: Option<String>,
+    /// The uid of the object whose deprovision tree this actor ran to its end, while its
+    /// finalizer's removal has not succeeded yet (the removal failed, or its answer was lost
+    /// although it landed). The next reconcile retries the removal alone: the tree is not run
+    /// again for one deletion. Such an actor does not passivate, so this outlives the
+    /// activation only in a restarted process.
+    deprovisioned: Option<String>,
 }
 
 impl<K: ManagedResource> ResourceState<K> {
@@ -224,7 +230,12 @@ impl<K: ManagedResource> ResourceActor<K> {
         let Some(idle) = self.shared.policy.idle_timeout else {
             return;
         };
-        if st.passivating || st.dirty || st.run_pending || st.released.is_some() {
+        if st.passivating
+            || st.dirty
+            || st.run_pending
+            || st.released.is_some()
+            || st.deprovisioned.is_some()
+        {
             return;
         }
         st.permit = None;
@@ -299,6 +310,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             was_ready: None,
             cx: None,
             released: None,
+            deprovisioned: None,
         };
         if passive.is_none() {
             self.shared.references.appeared(&st.target);
@@ -758,6 +770,12 @@ impl<K: ManagedResource> ResourceActor<K> {
         let shared = &self.shared;
         let target = st.target.clone();
         let generation = obj.meta().generation;
+        if st.deprovisioned.is_some() && st.deprovisioned == obj.meta().uid {
+            // The tree ran to its end for this deletion; only the finalizer is left to remove.
+            return self
+                .release(st, obj.clone(), status.clone(), generation)
+                .await;
+        }
         if let Some(blocked) = shared.references.deletion_blocked(&target, obj.as_ref()) {
             let desired =
                 status.while_deprovisioning(blocked.reason, blocked.message.clone(), generation);
@@ -799,6 +817,21 @@ impl<K: ManagedResource> ResourceActor<K> {
                 desired: Some(desired),
             });
         }
+        st.deprovisioned = obj.meta().uid.clone();
+        self.release(st, obj, status, generation).await
+    }
+
+    /// After a deprovision tree that ran to its end: the finalizer's removal, then the
+    /// references' release. `None` once the finalizer is gone.
+    async fn release(
+        &self,
+        st: &mut ResourceState<K>,
+        obj: Arc<K>,
+        status: Arc<ResourceStatus>,
+        generation: Option<i64>,
+    ) -> Option<Pass> {
+        let shared = &self.shared;
+        let target = st.target.clone();
         // The finalizer goes first, the references after: a target this object referenced can
         // only proceed once this object is gone (when ours was its last finalizer), so the API
         // never shows a referenced object vanish before its referrers. A crash in between
@@ -845,6 +878,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         match writes::remove_finalizer(shared, obj.as_ref()).await {
             Ok(left) => {
                 st.released = obj.meta().uid.clone();
+                st.deprovisioned = None;
                 shared
                     .references
                     .release_all(

@@ -189,6 +189,9 @@ enum Fate {
     Hold,
     /// Failed, as a connection error would fail it.
     Refuse,
+    /// Sent to the server, its answer replaced by a failure (the write landed; the client
+    /// cannot know).
+    Lose,
 }
 
 /// A client of `cluster` that does with each request what `fate` says.
@@ -206,6 +209,10 @@ fn client_with(
                 Fate::Pass => svc.oneshot(req).await.map_err(BoxError::from),
                 Fate::Hold => std::future::pending().await,
                 Fate::Refuse => Err("refused by the test".into()),
+                Fate::Lose => {
+                    svc.oneshot(req).await.map_err(BoxError::from)?;
+                    Err("the answer was lost".into())
+                }
             }
         }
     });
@@ -272,6 +279,96 @@ async fn a_runtime_write_left_unanswered_is_abandoned_at_the_write_timeout_and_r
         "both abandoned writes are counted"
     );
     rt.shutdown().await;
+}
+
+/// A deletion's tree runs once although the finalizer's removal fails: refused before it
+/// reached the server, or landed with its answer lost. The next reconcile retries the removal
+/// alone.
+#[tokio::test(start_paused = true)]
+async fn a_failed_finalizer_removal_is_retried_without_deprovisioning_again() {
+    for fate in ["refused", "lost"] {
+        let (cluster, client) = cluster();
+        let failed = Arc::new(AtomicU32::new(0));
+        let f = failed.clone();
+        let runtime_client = client_with(&cluster, move |req| {
+            // The finalizer's removal: the first JSON patch of the object itself.
+            let removal = req.method() == http::Method::PATCH
+                && req.uri().path().ends_with("/widgets/w")
+                && req
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .is_some_and(|t| t == "application/json-patch+json");
+            if removal && f.fetch_add(1, Ordering::SeqCst) == 0 {
+                if fate == "refused" {
+                    Fate::Refuse
+                } else {
+                    Fate::Lose
+                }
+            } else {
+                Fate::Pass
+            }
+        });
+        let deprovisioned = Arc::new(AtomicU32::new(0));
+        let d = deprovisioned.clone();
+        let tree = step("done", |_cx: Context<Widget>| async { Outcome::Done }).on_delete(
+            move |_cx: Context<Widget>| {
+                let d = d.clone();
+                async move {
+                    d.fetch_add(1, Ordering::SeqCst);
+                    Outcome::Done
+                }
+            },
+        );
+        let rt = start_widgets(&runtime_client, test_policy(), tree).await;
+        create(&client, "w", 1).await;
+        wait_ready(&client, "w", LIMIT).await;
+        // Another finalizer keeps the object after ours goes, so a removal that landed leaves
+        // it in the API for the runtime to look at again.
+        let patch = serde_json::json!({"metadata": {"finalizers": ["actorcile.dev/finalizer", "test/keep"]}});
+        widgets(&client)
+            .patch(
+                "w",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        delete(&client, "w").await;
+        eventually("our finalizer removed", LIMIT, || async {
+            let w = widgets(&client).get("w").await.ok()?;
+            (w.finalizers() == ["test/keep"]).then_some(())
+        })
+        .await;
+        assert!(
+            failed.load(Ordering::SeqCst) >= 1,
+            "{fate}: the removal was failed once"
+        );
+        // A refused removal is retried, so ours going proves the retry ran. A lost answer's
+        // failed reconcile schedules a retry one error backoff later: give it (paused) time.
+        eventually("the failed reconcile counted", LIMIT, || async {
+            let failed =
+                rt.kind_metrics()[0].reconciles_with(actorcile::runtime::ReconcileResult::Failed);
+            (failed >= 1).then_some(())
+        })
+        .await;
+        tokio::time::sleep(test_policy().error_backoff.max * 2).await;
+        assert_eq!(
+            deprovisioned.load(Ordering::SeqCst),
+            1,
+            "{fate}: the tree ran once for one deletion"
+        );
+        let clear = serde_json::json!({"metadata": {"finalizers": null}});
+        widgets(&client)
+            .patch(
+                "w",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&clear),
+            )
+            .await
+            .unwrap();
+        wait_gone(&client, "w", LIMIT).await;
+        rt.shutdown().await;
+    }
 }
 
 /// A client of `cluster` that fails every status write while `refuse` is set, counting them
