@@ -1,16 +1,27 @@
 //! Faults injected into the operator's own API client: a tower layer under kube's client that
-//! answers some requests itself, the way a loaded or flaky apiserver does, before they reach the
-//! network.
+//! answers some requests itself, the way a loaded or flaky apiserver does, loses the answers of
+//! some writes that did land, and breaks some watch streams.
 //!
-//! Watches pass untouched (their breaks come from restarting the control plane). Every other
-//! request may be delayed, and may be answered with a `500 InternalError`, a
-//! `429 TooManyRequests` with `Retry-After: 1`, or (writes to existing objects: PUT and PATCH)
-//! a `409 Conflict`, each without reaching the apiserver. Decisions come from one generator
-//! seeded by `--seed`, in the order requests are made.
+//! A request that is not a watch may be delayed, and may be answered with a `500
+//! InternalError`, a `429 TooManyRequests` with `Retry-After: 1`, or (writes to existing
+//! objects: PUT and PATCH) a `409 Conflict`, each without reaching the apiserver. A write (POST,
+//! PUT, PATCH, DELETE) may instead reach the apiserver and have its answer lost: held past the
+//! operator's write timeout ([`super::operator::WRITE_TIMEOUT`]), then answered `504` — the
+//! write landed, the client cannot know.
+//!
+//! A watch stream may be cut in the middle of an event (half of one of its first data frames,
+//! then an error); a resumed watch (one from a resourceVersion) may be answered with the
+//! `410 Expired` error event kube-apiserver sends when that version is too old, so the watcher
+//! lists again; and a watch may stall: a bookmark at the version it resumes from, then nothing
+//! for a few seconds, then the apiserver's events as they came, in order.
+//!
+//! Decisions come from one generator seeded by `--seed`, in the order requests are made.
 //!
 //! The in-process cluster has its own fault injection (`actorcile::cluster::Faults`); this layer
 //! is for a real apiserver, where only the client can be made to fail on purpose.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -37,6 +48,67 @@ pub struct ApiFaultRates {
     /// Most latency added to a non-watch request, in milliseconds (uniform in [0, this])
     #[arg(long, default_value_t = 20)]
     pub api_latency_ms: u64,
+    /// Fraction of writes that reach the apiserver and whose answer is lost (held past the
+    /// operator's write timeout, then `504`)
+    #[arg(long, default_value_t = 0.02, value_parser = super::fraction)]
+    pub api_lost_answer_rate: f64,
+    /// Fraction of watch streams cut in the middle of an event
+    #[arg(long, default_value_t = 0.3, value_parser = super::fraction)]
+    pub watch_cut_rate: f64,
+    /// Fraction of resumed watches answered `410 Expired` (the watcher lists again)
+    #[arg(long, default_value_t = 0.3, value_parser = super::fraction)]
+    pub watch_expire_rate: f64,
+    /// Fraction of watch streams that stall: a bookmark, then nothing for 2–8 s, then their
+    /// events
+    #[arg(long, default_value_t = 0.2, value_parser = super::fraction)]
+    pub watch_stall_rate: f64,
+}
+
+impl ApiFaultRates {
+    /// The same rates as command-line arguments (for the operator's process).
+    pub fn to_args(&self) -> Vec<String> {
+        [
+            ("--api-error-rate", self.api_error_rate.to_string()),
+            ("--api-conflict-rate", self.api_conflict_rate.to_string()),
+            ("--api-throttle-rate", self.api_throttle_rate.to_string()),
+            ("--api-latency-ms", self.api_latency_ms.to_string()),
+            (
+                "--api-lost-answer-rate",
+                self.api_lost_answer_rate.to_string(),
+            ),
+            ("--watch-cut-rate", self.watch_cut_rate.to_string()),
+            ("--watch-expire-rate", self.watch_expire_rate.to_string()),
+            ("--watch-stall-rate", self.watch_stall_rate.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect()
+    }
+}
+
+/// What the layer does with one request.
+#[derive(Debug, Clone, PartialEq)]
+enum Fate {
+    /// Answered with this status after the delay, without reaching the apiserver.
+    Answer(Duration, StatusCode),
+    /// A watch answered with a `410 Expired` error event at once.
+    Expire,
+    /// Sent to the apiserver.
+    Through(Through),
+}
+
+/// What the layer does with a request it sends.
+#[derive(Debug, Clone, PartialEq)]
+enum Through {
+    /// Sent after the delay, its answer passed on.
+    Pass(Duration),
+    /// Sent after the delay; its answer held past the write timeout, then a `504`.
+    Lose(Duration),
+    /// A watch whose stream is cut in the middle of its data frame number `n` (from 0).
+    Cut(usize),
+    /// A watch whose stream starts with a bookmark at this resourceVersion (none if empty),
+    /// then is silent for the duration before its events flow.
+    Stall(String, Duration),
 }
 
 /// The layer; see the module docs.
@@ -64,35 +136,64 @@ impl ApiFaults {
         self
     }
 
-    /// The decision for one request: a delay, and an answer in place of the apiserver's.
-    fn decide<B>(&self, req: &Request<B>) -> (Duration, Option<StatusCode>) {
-        let watch = req
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
-        let write = matches!(*req.method(), http::Method::PUT | http::Method::PATCH);
-        if watch {
-            return (Duration::ZERO, None);
-        }
-        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-        let delay = Duration::from_millis(rng.u64(0..=self.rates.api_latency_ms));
-        let roll = rng.f64();
-        let (e, t) = (self.rates.api_error_rate, self.rates.api_throttle_rate);
-        let answer = if roll < e {
-            Some(StatusCode::INTERNAL_SERVER_ERROR)
-        } else if roll < e + t {
-            Some(StatusCode::TOO_MANY_REQUESTS)
-        } else if write && rng.f64() < self.rates.api_conflict_rate {
-            Some(StatusCode::CONFLICT)
-        } else {
-            None
+    /// The fate of one request (recorded when it is a fault).
+    fn decide<B>(&self, req: &Request<B>) -> Fate {
+        let query = req.uri().query().unwrap_or("");
+        let param = |name: &str| {
+            query
+                .split('&')
+                .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
         };
-        if let (Some(code), Some(record)) = (answer, &self.record) {
-            record
-                .0
-                .write(format_args!("fault api-{} {}", code.as_u16(), record.1));
+        let watch = matches!(param("watch"), Some("true" | "1"));
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let r = &self.rates;
+        let fate = if watch {
+            let resumes = param("resourceVersion").filter(|v| !v.is_empty() && *v != "0");
+            let roll = rng.f64();
+            if roll < r.watch_cut_rate {
+                Fate::Through(Through::Cut(rng.usize(0..4)))
+            } else if roll < r.watch_cut_rate + r.watch_expire_rate && resumes.is_some() {
+                Fate::Expire
+            } else if roll < r.watch_cut_rate + r.watch_expire_rate + r.watch_stall_rate {
+                let stall = Duration::from_millis(rng.u64(2000..=8000));
+                Fate::Through(Through::Stall(
+                    resumes.unwrap_or_default().to_string(),
+                    stall,
+                ))
+            } else {
+                Fate::Through(Through::Pass(Duration::ZERO))
+            }
+        } else {
+            let method = req.method();
+            let update = matches!(*method, http::Method::PUT | http::Method::PATCH);
+            let write = update || matches!(*method, http::Method::POST | http::Method::DELETE);
+            let delay = Duration::from_millis(rng.u64(0..=r.api_latency_ms));
+            let roll = rng.f64();
+            let (e, t) = (r.api_error_rate, r.api_throttle_rate);
+            if roll < e {
+                Fate::Answer(delay, StatusCode::INTERNAL_SERVER_ERROR)
+            } else if roll < e + t {
+                Fate::Answer(delay, StatusCode::TOO_MANY_REQUESTS)
+            } else if update && rng.f64() < r.api_conflict_rate {
+                Fate::Answer(delay, StatusCode::CONFLICT)
+            } else if write && rng.f64() < r.api_lost_answer_rate {
+                Fate::Through(Through::Lose(delay))
+            } else {
+                Fate::Through(Through::Pass(delay))
+            }
+        };
+        let kind = match &fate {
+            Fate::Through(Through::Pass(_)) => None,
+            Fate::Answer(_, code) => Some(format!("api-{}", code.as_u16())),
+            Fate::Expire => Some("watch-expired".to_string()),
+            Fate::Through(Through::Lose(_)) => Some("lost-answer".to_string()),
+            Fate::Through(Through::Cut(_)) => Some("watch-cut".to_string()),
+            Fate::Through(Through::Stall(..)) => Some("watch-stalled".to_string()),
+        };
+        if let (Some(kind), Some(record)) = (kind, &self.record) {
+            record.0.write(format_args!("fault {kind} {}", record.1));
         }
-        (delay, answer)
+        fate
     }
 }
 
@@ -106,6 +207,7 @@ fn status_answer(code: StatusCode) -> Response<ResponseBody> {
     let reason = match code {
         StatusCode::CONFLICT => "Conflict",
         StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+        StatusCode::GATEWAY_TIMEOUT => "Timeout",
         _ => "InternalError",
     };
     let body = serde_json::json!({
@@ -124,11 +226,115 @@ fn status_answer(code: StatusCode) -> Response<ResponseBody> {
         answer = answer.header(http::header::RETRY_AFTER, "1");
     }
     answer
-        .body(Box::new(
-            http_body_util::Full::new(Bytes::from(body.to_string()))
-                .map_err(|never| -> BoxError { match never {} }),
-        ) as ResponseBody)
+        .body(full(body.to_string()))
         .expect("a static status answer is a valid response")
+}
+
+/// A whole body of `text`.
+fn full(text: String) -> ResponseBody {
+    Box::new(
+        http_body_util::Full::new(Bytes::from(text))
+            .map_err(|never| -> BoxError { match never {} }),
+    )
+}
+
+/// The stream of a watch that kube-apiserver answers when its resourceVersion is too old.
+fn expired_watch() -> Response<ResponseBody> {
+    let event = serde_json::json!({
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "injected by actorcile chaos: too old resource version",
+            "reason": "Expired",
+            "code": 410,
+        },
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(full(format!("{event}\n")))
+        .expect("a static watch answer is a valid response")
+}
+
+/// A watch body cut in the middle of its data frame number `at`: half of that frame, then an
+/// error.
+struct CutBody {
+    inner: ResponseBody,
+    at: usize,
+    /// `None` once cut: the error is due; `Some(true)` once it was given.
+    state: Option<bool>,
+}
+
+impl http_body::Body for CutBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.state {
+            Some(true) => return Poll::Ready(None),
+            None => {
+                self.state = Some(true);
+                return Poll::Ready(Some(Err("watch stream cut by actorcile chaos".into())));
+            }
+            Some(false) => {}
+        }
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) else {
+            return Poll::Ready(Some(Ok(frame)));
+        };
+        if self.at > 0 {
+            self.at -= 1;
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let half = data.slice(..data.len() / 2);
+        self.state = None;
+        Poll::Ready(Some(Ok(http_body::Frame::data(half))))
+    }
+}
+
+/// A watch body that starts with `first` (a bookmark), then is silent until `until`, then is
+/// the apiserver's.
+struct StalledBody {
+    inner: ResponseBody,
+    first: Option<Bytes>,
+    until: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl http_body::Body for StalledBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(first))));
+        }
+        if self.until.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+}
+
+/// A bookmark at `resource_version` (kube's watcher reads only its version; it is where the
+/// watch resumes from, so nothing moves).
+fn bookmark(resource_version: &str) -> Bytes {
+    let event = serde_json::json!({
+        "type": "BOOKMARK",
+        "object": {"apiVersion": "", "kind": "", "metadata": {"resourceVersion": resource_version}},
+    });
+    Bytes::from(format!("{event}\n"))
 }
 
 impl<S> tower::Layer<S> for ApiFaults {
@@ -162,23 +368,49 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let (delay, answer) = self.faults.decide(&req);
         // An injected answer never calls the inner service (its readiness goes unused, which
         // tower allows); a request that goes through is sent when its future is first polled,
         // after the delay.
-        let sent = match answer {
-            Some(_) => None,
-            None => Some(self.inner.call(req)),
+        let sent = match self.faults.decide(&req) {
+            Fate::Answer(delay, code) => Err((delay, status_answer(code))),
+            Fate::Expire => Err((Duration::ZERO, expired_watch())),
+            Fate::Through(through) => Ok((through, self.inner.call(req))),
         };
         Box::pin(async move {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            match (answer, sent) {
-                (_, Some(sent)) => sent.await,
-                (code, None) => Ok(status_answer(
-                    code.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                )),
+            let (through, sent) = match sent {
+                Err((delay, answer)) => {
+                    tokio::time::sleep(delay).await;
+                    return Ok(answer);
+                }
+                Ok(sent) => sent,
+            };
+            match through {
+                Through::Pass(delay) => {
+                    tokio::time::sleep(delay).await;
+                    sent.await
+                }
+                Through::Lose(delay) => {
+                    tokio::time::sleep(delay).await;
+                    // The write lands; whatever the apiserver answered is lost.
+                    drop(sent.await);
+                    tokio::time::sleep(super::operator::WRITE_TIMEOUT + Duration::from_secs(1))
+                        .await;
+                    Ok(status_answer(StatusCode::GATEWAY_TIMEOUT))
+                }
+                Through::Cut(at) => Ok(sent.await?.map(|inner| {
+                    Box::new(CutBody {
+                        inner,
+                        at,
+                        state: Some(false),
+                    }) as ResponseBody
+                })),
+                Through::Stall(version, stall) => Ok(sent.await?.map(|inner| {
+                    Box::new(StalledBody {
+                        inner,
+                        first: (!version.is_empty()).then(|| bookmark(&version)),
+                        until: Box::pin(tokio::time::sleep(stall)),
+                    }) as ResponseBody
+                })),
             }
         })
     }

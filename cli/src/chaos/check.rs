@@ -86,13 +86,17 @@ pub fn overlaps(passes: &[Pass]) -> Vec<(String, u32, u32)> {
     found
 }
 
-/// Executions of the guarded side effect, by intent.
+/// Executions of the guarded side effect, by intent, and of the unguarded teardown step.
 #[derive(Debug, Default)]
 pub struct Effects {
     /// `(uid, generation)` → incarnations that provisioned it, in order.
     pub provisioned: HashMap<(String, i64), Vec<u32>>,
     /// `uid` → incarnations that deprovisioned it, in order.
     pub deprovisioned: HashMap<String, Vec<u32>>,
+    /// `uid` → incarnations that ran its unguarded teardown step (the last of its deprovision
+    /// tree), in order: the runtime runs a deletion's tree to its end once, unless the process
+    /// that did stopped before the finalizer's removal.
+    pub torn_down: HashMap<String, Vec<u32>>,
 }
 
 impl Effects {
@@ -110,6 +114,7 @@ impl Effects {
                         .entry((uid.clone(), generation))
                         .or_default()
                         .push(inc),
+                    "teardown" => e.torn_down.entry(uid.clone()).or_default().push(inc),
                     _ => e.deprovisioned.entry(uid.clone()).or_default().push(inc),
                 }
             }
@@ -119,10 +124,15 @@ impl Effects {
 
     /// Intents run more than once: `(not explained, explained)`, where a repeat is explained
     /// when the incarnation that ran it before was killed (the guard's documented window: the
-    /// effect ran, its holder died before recording it done, and the lock expired).
+    /// effect ran, its holder died before recording it done, and the lock expired; for a
+    /// teardown: its process died before removing the finalizer).
     pub fn repeats(&self, killed: &HashSet<u32>) -> (usize, usize) {
         let (mut unexplained, mut explained) = (0, 0);
-        for runs in self.provisioned.values().chain(self.deprovisioned.values()) {
+        let all = self.provisioned.values();
+        for runs in all
+            .chain(self.deprovisioned.values())
+            .chain(self.torn_down.values())
+        {
             for (i, _) in runs.iter().enumerate().skip(1) {
                 if runs[..i].iter().any(|inc| killed.contains(inc)) {
                     explained += 1;
@@ -181,5 +191,8 @@ mod tests {
         e.provisioned.insert(("v".into(), 1), vec![2, 2]);
         e.deprovisioned.insert("w".into(), vec![3]);
         assert_eq!(e.repeats(&HashSet::from([0])), (1, 1));
+        e.torn_down.insert("w".into(), vec![3, 3]);
+        e.torn_down.insert("x".into(), vec![0, 4]);
+        assert_eq!(e.repeats(&HashSet::from([0])), (2, 2));
     }
 }

@@ -109,12 +109,7 @@ pub(super) async fn drive(
     let args = super::ChaosArgs {
         panic_rate: 0.0,
         hang_rate: 0.0,
-        api: super::ApiFaultRates {
-            api_error_rate: 0.0,
-            api_conflict_rate: 0.0,
-            api_throttle_rate: 0.0,
-            api_latency_ms: 0,
-        },
+        api: super::ApiFaultRates::default(),
         ..args.clone()
     };
     let planted = super::set_up(env, args.seed, records).await?;

@@ -143,9 +143,10 @@ pub struct Violations {
     pub deletion_order: usize,
     /// Pairs of passes of one item that overlapped.
     pub overlapping_passes: usize,
-    /// Intents whose side effect ran more than once, not after a kill of its holder.
+    /// Intents whose side effect ran more than once, and deletions whose teardown ran more
+    /// than once, not after a kill of its holder.
     pub repeated_effects: usize,
-    /// Intents whose side effect never ran.
+    /// Intents whose side effect never ran, and deletions whose teardown never ran.
     pub missing_effects: usize,
     /// Planted secret values found in logs, Events or status.
     pub secret_leaks: usize,
@@ -185,7 +186,9 @@ pub struct Report {
     pub passes: usize,
     /// Side effects run (provision and deprovision).
     pub effects: usize,
-    /// Side effects run again after their holder was killed mid-task.
+    /// Unguarded teardown steps run (the last step of each deletion's deprovision tree).
+    pub teardowns: usize,
+    /// Side effects and teardowns run again after their holder was killed mid-task.
     pub effects_repeated_after_kill: usize,
     /// Faults injected.
     pub faults: FaultCounts,
@@ -232,8 +235,8 @@ pub fn main(args: ChaosArgs) -> Result<()> {
 
 fn print_report(r: &Report) {
     println!(
-        "chaos: seed {}, {} round(s), {} items ({} deleted mid-run), {} passes, {} side effects, {:.1} s",
-        r.seed, r.rounds, r.objects, r.deleted, r.passes, r.effects, r.seconds
+        "chaos: seed {}, {} round(s), {} items ({} deleted mid-run), {} passes, {} side effects, {} teardowns, {:.1} s",
+        r.seed, r.rounds, r.objects, r.deleted, r.passes, r.effects, r.teardowns, r.seconds
     );
     let f = &r.faults;
     println!(
@@ -254,7 +257,7 @@ fn print_report(r: &Report) {
     println!("injected: {}", injected.join(", "));
     if r.effects_repeated_after_kill > 0 {
         println!(
-            "side effects run again after their holder was killed mid-task: {}",
+            "side effects and teardowns run again after their holder was killed mid-task: {}",
             r.effects_repeated_after_kill
         );
     }
@@ -277,8 +280,8 @@ fn print_violations(r: &Report) {
 
 fn print_load_report(r: &Report, l: &load::LoadFigures) {
     println!(
-        "load: {} items, seed {}, {} passes, {} side effects, {:.1} s in all",
-        r.objects, r.seed, r.passes, r.effects, r.seconds
+        "load: {} items, seed {}, {} passes, {} side effects, {} teardowns, {:.1} s in all",
+        r.objects, r.seed, r.passes, r.effects, r.teardowns, r.seconds
     );
     println!(
         "all Ready {:.1} s after the first create (the operator stopped with SIGTERM at {:.1} s, {} passes in flight, and started again); all gone {:.1} s after the first delete",
@@ -617,6 +620,7 @@ async fn check_records(
         .chain(effects.deprovisioned.values())
         .map(Vec::len)
         .sum();
+    report.teardowns = effects.torn_down.values().map(Vec::len).sum();
     let (unexplained, explained) = effects.repeats(killed);
     report.violations.repeated_effects = unexplained;
     report.effects_repeated_after_kill = explained;
@@ -844,7 +848,8 @@ async fn check_children(
     Ok(())
 }
 
-/// Items (all deleted by the end) whose deprovision side effect never ran. (Provision effects
+/// Items (all deleted by the end) whose deprovision side effect, or whose teardown step, never
+/// ran. (Provision effects
 /// of Ready items are checked on their status as each phase converges.)
 fn missing_deprovisions(effects: &check::Effects) -> usize {
     let provisioned: HashSet<&str> = effects
@@ -856,6 +861,10 @@ fn missing_deprovisions(effects: &check::Effects) -> usize {
         .iter()
         .filter(|uid| !effects.deprovisioned.contains_key(**uid))
         .count()
+        + provisioned
+            .iter()
+            .filter(|uid| !effects.torn_down.contains_key(**uid))
+            .count()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //!
 //! Its kind, `ChaosItem`, exercises what operators do: a reference to another item it waits to
 //! be Ready (and that cannot be deleted before it), a Secret it reads, an owned child ConfigMap,
-//! and a guarded side effect. Around the whole tree, provisioner bugs are injected: a pass panics
+//! a guarded side effect, and an unguarded teardown step. Around the whole tree, provisioner bugs are injected: a pass panics
 //! or hangs (past the policy's `reconcile_timeout`) at the rates given. Every pass's start and end,
 //! every injected fault and every execution of the side effect is recorded (see
 //! [`super::lines`]) for the checker.
@@ -79,9 +79,13 @@ pub struct OperatorArgs {
     pub api: ApiFaultRates,
 }
 
-/// The supervisor policy of the chaos operator: short backoffs and lock expiry, so that a run
-/// converges within a bounded time after its faults; a short run timeout only when passes are
-/// made to hang (`hangs`), which it ends.
+/// How long the chaos operator waits for the answer of a write of its own (a lost answer is
+/// held longer).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The supervisor policy of the chaos operator: short backoffs, lock expiry and write timeout,
+/// so that a run converges within a bounded time after its faults; a short run timeout only
+/// when passes are made to hang (`hangs`), which it ends.
 ///
 /// Without injected hangs the run timeout is the default's: on a loaded machine a real pass
 /// can run past 2 s, and a pass stopped after its guarded effect ran but before the guard
@@ -93,6 +97,7 @@ pub fn policy(hangs: bool) -> SupervisorPolicy {
             .then_some(Duration::from_secs(2))
             .or(SupervisorPolicy::default().reconcile_timeout),
         lock_expiry: Duration::from_secs(5),
+        write_timeout: Some(WRITE_TIMEOUT),
         ..Default::default()
     };
     p.error_backoff.max = Duration::from_secs(2);
@@ -191,7 +196,20 @@ fn effect(chaos: &Chaos, cx: &Context<ChaosItem>, intent: &str) {
 
 fn tree(chaos: Arc<Chaos>) -> impl Provisioner<ChaosItem> {
     let (provision, deprovision) = (chaos.clone(), chaos.clone());
+    let teardown = chaos.clone();
     let inner = serial![
+        // Last in deprovision order and unguarded: it runs once per deletion unless the
+        // process stops between it and the finalizer's removal.
+        step("teardown", |_cx: Context<ChaosItem>| async {
+            Outcome::Done
+        })
+        .on_delete(move |cx: Context<ChaosItem>| {
+            let chaos = teardown.clone();
+            async move {
+                effect(&chaos, &cx, "teardown");
+                Outcome::Done
+            }
+        }),
         step("uses", |cx: Context<ChaosItem>| async move {
             let Some(uses) = cx.object().spec.uses.clone() else {
                 return Outcome::Done;

@@ -39,16 +39,7 @@ impl Operator {
             .args(["--seed", &args.seed.to_string()])
             .args(["--panic-rate", &args.panic_rate.to_string()])
             .args(["--hang-rate", &args.hang_rate.to_string()])
-            .args(["--api-error-rate", &args.api.api_error_rate.to_string()])
-            .args([
-                "--api-conflict-rate",
-                &args.api.api_conflict_rate.to_string(),
-            ])
-            .args([
-                "--api-throttle-rate",
-                &args.api.api_throttle_rate.to_string(),
-            ])
-            .args(["--api-latency-ms", &args.api.api_latency_ms.to_string()])
+            .args(args.api.to_args())
             .env("RUST_LOG", "info,kube_client::client::builder=off")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

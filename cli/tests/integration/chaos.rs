@@ -21,12 +21,15 @@ fn a_chaos_round_injects_every_fault_and_breaks_no_invariant() {
     assert_eq!(faults["operator_kills"], 2, "{v}");
     assert_eq!(faults["apiserver_restarts"], 2, "{v}");
     assert_eq!(faults["etcd_restarts"], 1, "{v}");
-    for kind in ["panic", "api-500", "api-409", "api-429"] {
-        assert!(
-            faults["injected"][kind].as_u64().unwrap_or(0) > 0,
-            "no {kind} injected: {v}"
-        );
+    let injected = |kind: &str| faults["injected"][kind].as_u64().unwrap_or(0);
+    for kind in ["panic", "api-500", "api-409", "api-429", "lost-answer"] {
+        assert!(injected(kind) > 0, "no {kind} injected: {v}");
     }
+    // Few watches are made in one round: one kind of break at least.
+    assert!(
+        injected("watch-cut") + injected("watch-expired") + injected("watch-stalled") > 0,
+        "no watch broken: {v}"
+    );
     let violations = v["violations"].as_object().expect("violations");
     assert!(violations.len() >= 11, "{v}");
     for (name, n) in violations {
@@ -71,8 +74,9 @@ fn a_load_run_with_a_graceful_restart_loses_nothing() {
     for (name, n) in violations {
         assert_eq!(n, 0, "{name}: {v}");
     }
-    // Every item provisioned once and deprovisioned once.
+    // Every item provisioned once and deprovisioned once, its tree run to the end once.
     assert_eq!(v["effects"], 400, "{v}");
+    assert_eq!(v["teardowns"], 200, "{v}");
 }
 
 #[test]
