@@ -358,6 +358,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             field_manager: Arc::from(cx.field_manager.as_str()),
             holder: cx.holder.clone(),
             lock_expiry: policy.lock_expiry,
+            locks_seen: Default::default(),
         });
         let kind = K::kind(&()).into_owned();
         let (config, start_config) = match self.config {

@@ -48,6 +48,8 @@ pub(crate) struct ControllerParts {
     pub holder: Arc<str>,
     /// How long a lock taken by [`Context::guard`] holds.
     pub lock_expiry: Duration,
+    /// When this runtime first saw each lock held by another.
+    pub locks_seen: super::guard::LockSightings,
     /// The children this controller wrote, when it watches them
     /// ([`Controller::owns`](crate::runtime::Controller::owns)).
     pub own_writes: Option<Arc<OwnWrites>>,
@@ -118,6 +120,7 @@ impl ControllerParts {
             field_manager: Arc::from(crate::FIELD_MANAGER),
             holder: Arc::from(new_holder_id().as_str()),
             lock_expiry: crate::policy::SupervisorPolicy::default().lock_expiry,
+            locks_seen: Default::default(),
             own_writes: None,
         }
     }

@@ -16,6 +16,14 @@
 //! generation (and provision or deprovision). A guard whose condition says the task is done for
 //! the object's generation returns [`Outcome::Done`] without running it again.
 //!
+//! A lock held by another runtime is judged by this runtime's own clock, not by the time its
+//! holder wrote (as client-go's leader election judges a Lease): it has expired once this
+//! runtime has seen it unchanged for `lock_expiry` (replicas of one operator share their
+//! policy), or once its `until` lies more than `lock_expiry` in the past by this runtime's
+//! wall clock (a lock left long ago, found after a restart). A replica whose clock runs ahead
+//! by less than `lock_expiry` never takes a live lock; one whose clock runs behind waits at most
+//! `lock_expiry` after it first saw the lock.
+//!
 //! The task's result is written under the lock, retried for a few seconds when the API fails;
 //! only a result that cannot be written at all (or a runtime that dies between the task and the
 //! write) lets the task run again, on the next reconcile or once the lock expires. Write tasks that
@@ -28,6 +36,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, SecondsFormat, Utc};
+use std::collections::HashMap;
+use tokio::time::Instant;
 
 use super::object_ops::WriteError;
 use super::{Context, Outcome, Provisioner, Reason};
@@ -80,6 +90,51 @@ impl Lock {
     }
 }
 
+/// When this runtime first saw each lock held by another (see the module docs): object uid and
+/// condition type → the lock's message and the (monotonic) time it was first seen. An entry
+/// goes once its object's lock is seen gone or taken, and entries older than four expiries
+/// go as others arrive (an object deleted meanwhile).
+#[derive(Default)]
+pub(crate) struct LockSightings(std::sync::Mutex<HashMap<(String, String), (String, Instant)>>);
+
+impl LockSightings {
+    /// How long `lock`, held by another runtime, still holds, as this runtime sees it now
+    /// (`None`: expired). `expiry` is the policy's `lock_expiry`.
+    fn left(&self, key: (String, String), lock: &Lock, expiry: Duration) -> Option<Duration> {
+        let now = Instant::now();
+        let message = lock.message();
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() >= 1024 && !seen.contains_key(&key) {
+            seen.retain(|_, (_, at)| now.saturating_duration_since(*at) < expiry * 4);
+        }
+        let first = match seen.get(&key) {
+            Some((m, at)) if *m == message => *at,
+            _ => {
+                seen.insert(key, (message, now));
+                now
+            }
+        };
+        let by_sight = expiry.saturating_sub(now.saturating_duration_since(first));
+        // `until` plus one whole expiry, by this runtime's wall clock.
+        let by_wall = chrono::Duration::from_std(expiry.min(crate::policy::MAX_DURATION))
+            .ok()
+            .and_then(|d| lock.until.checked_add_signed(d))
+            .and_then(|late| (late - Utc::now()).to_std().ok())
+            .unwrap_or_default();
+        let left = by_sight.min(by_wall);
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Unless `held` (the lock of `key` still holds this runtime back), nothing of it is
+    /// remembered: it is gone, expired, or this runtime's own.
+    fn forget_unless(&self, held: bool, key: &(String, String)) {
+        if !held {
+            let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            seen.remove(key);
+        }
+    }
+}
+
 /// Provision or deprovision: the two intents of one generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Intent {
@@ -101,8 +156,9 @@ impl<K: ManagedResource> Context<K> {
     ///
     /// 1. If the condition says the task is done for the object's generation, return
     ///    [`Outcome::Done`] without running it (at most once per intent).
-    /// 2. If another runtime holds the lock and it has not expired, yield (reason `Locked`)
-    ///    until it expires; the holder's result write wakes this object sooner. A lock this
+    /// 2. If another runtime holds the lock and it has not expired (as this runtime sees it:
+    ///    see the [module docs](self)), yield (reason `Locked`) until it expires; the holder's
+    ///    result write wakes this object sooner. A lock this
     ///    runtime holds itself (an earlier reconcile of it could not record its result, or panicked)
     ///    is taken again at once.
     /// 3. Take the lock: write the condition (`Locked`, this runtime as the holder, expiry now
@@ -118,8 +174,8 @@ impl<K: ManagedResource> Context<K> {
     /// A runtime that dies in the middle of a task leaves the lock behind; after its expiry the
     /// next run takes it and runs the task again. So the task must be idempotent, or look
     /// first whether its effect is already there (the DNS record exists), and `lock_expiry`
-    /// must be longer than the task ever runs. Expiry is wall-clock time: replicas' clocks
-    /// must agree to well within it.
+    /// must be longer than the task ever runs. Replicas' clocks may disagree by up to
+    /// `lock_expiry` without one taking another's live lock.
     ///
     /// ```no_run
     /// # use actorcile::prelude::*;
@@ -171,12 +227,26 @@ impl<K: ManagedResource> Context<K> {
         {
             return Outcome::Done;
         }
-        let now = Utc::now();
-        if let Some(lock) = current.as_ref().and_then(Lock::of)
-            && *lock.holder != *holder
-            && lock.until > now
-        {
-            let left = (lock.until - now).to_std().unwrap_or_default();
+        let expiry = self.parts().lock_expiry;
+        let sighting = (
+            self.object().meta().uid.clone().unwrap_or_default(),
+            type_.to_string(),
+        );
+        let foreign = current
+            .as_ref()
+            .and_then(Lock::of)
+            .filter(|lock| *lock.holder != *holder);
+        let held = foreign.as_ref().and_then(|lock| {
+            let left = self
+                .parts()
+                .locks_seen
+                .left(sighting.clone(), lock, expiry)?;
+            Some((lock, left))
+        });
+        self.parts()
+            .locks_seen
+            .forget_unless(held.is_some(), &sighting);
+        if let Some((lock, left)) = held {
             return Outcome::yield_after(
                 left + Duration::from_millis(50),
                 Reason::new(
@@ -185,7 +255,7 @@ impl<K: ManagedResource> Context<K> {
                 ),
             );
         }
-        let expiry = self.parts().lock_expiry;
+        let now = Utc::now();
         let lock = Lock {
             holder: holder.to_string(),
             // The policy holds at most a year (`SupervisorPolicy::validate`); bounded here too,

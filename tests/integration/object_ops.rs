@@ -247,49 +247,68 @@ async fn two_runtimes_racing_on_fifty_objects_run_each_guarded_task_once() {
     b.shutdown().await;
 }
 
-/// Real time: a lock's expiry is wall-clock time, which a paused tokio clock does not move.
-#[tokio::test]
-async fn a_lock_held_elsewhere_yields_until_it_expires() {
-    let (_cluster, client) = cluster();
-    let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    create(&client, "w", 1).await;
-    // Another holder took the lock a moment ago, for 2 s, and went away.
-    let until = chrono::Utc::now() + chrono::Duration::seconds(2);
-    let lock = serde_json::json!({"status": {"conditions": [{
-        "type": "External", "status": "Unknown", "reason": "Locked",
-        "message": format!("held by gone-replica until {}", until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1,
-    }]}});
-    widgets(&client)
-        .patch_status("w", &PatchParams::default(), &Patch::Merge(lock))
-        .await
-        .unwrap();
-    let started = Arc::new(Mutex::new(None));
-    let st = started.clone();
-    let tree = guard("External", move |_cx: Context<Widget>| {
-        let st = st.clone();
-        async move {
-            *st.lock().unwrap() = Some(chrono::Utc::now());
-            Outcome::Done
+/// A lock held by another runtime is judged by this runtime's clock: written by a holder whose
+/// clock runs behind (its `until` already past here) it holds for the whole expiry after this
+/// runtime first saw it; written by one whose clock runs an hour ahead it holds no longer; one
+/// whose `until` lies more than an expiry in the past is taken at once. Paused time: how long a
+/// lock holds is measured on the runtime's monotonic clock.
+#[tokio::test(start_paused = true)]
+async fn a_lock_held_elsewhere_holds_for_its_expiry_by_this_runtimes_clock_not_the_holders() {
+    let expiry = Duration::from_secs(10);
+    for (case, offset, holds) in [
+        (
+            "the holder's clock behind",
+            chrono::Duration::seconds(-2),
+            true,
+        ),
+        (
+            "the holder's clock an hour ahead",
+            chrono::Duration::hours(1),
+            true,
+        ),
+        (
+            "a lock left long ago",
+            chrono::Duration::seconds(-60),
+            false,
+        ),
+    ] {
+        let (_cluster, client) = cluster();
+        create(&client, "w", 1).await;
+        let until = chrono::Utc::now() + offset;
+        let lock = serde_json::json!({"status": {"conditions": [{
+            "type": "External", "status": "Unknown", "reason": "Locked",
+            "message": format!("held by other-replica until {}", until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1,
+        }]}});
+        widgets(&client)
+            .patch_status("w", &PatchParams::default(), &Patch::Merge(lock))
+            .await
+            .unwrap();
+        let ran = Arc::new(Mutex::new(None));
+        let r = ran.clone();
+        let tree = guard("External", move |_cx: Context<Widget>| {
+            let r = r.clone();
+            async move {
+                *r.lock().unwrap() = Some(tokio::time::Instant::now());
+                Outcome::Done
+            }
+        });
+        let mut policy = test_policy();
+        policy.lock_expiry = expiry;
+        let start = tokio::time::Instant::now();
+        let rt = start_widgets(&client, policy, tree).await;
+        wait_ready(&client, "w", LIMIT).await;
+        let waited = ran.lock().unwrap().expect("the task ran") - start;
+        if holds {
+            assert!(
+                waited >= expiry && waited < expiry * 2,
+                "{case}: the task ran {waited:?} after the runtime started"
+            );
+        } else {
+            assert!(waited < expiry, "{case}: the task ran after {waited:?}");
         }
-    });
-    let rt = start_widgets(&client, test_policy(), tree).await;
-    let s = wait_reason(&client, "w", "Locked", LIMIT).await;
-    assert!(
-        chrono::Utc::now() < until,
-        "the lock was seen before its expiry (the check below is not vacuous)"
-    );
-    assert!(s.ready().unwrap().message.contains("gone-replica"));
-    let c = s.condition("External").unwrap();
-    assert_eq!(Lock::of(c).unwrap().holder, "gone-replica");
-    wait_ready(&client, "w", LIMIT).await;
-    let ran_at = started.lock().unwrap().expect("the task ran");
-    assert!(
-        ran_at >= until,
-        "ran at {ran_at}, the lock held until {until}"
-    );
-    let c = widgets(&client).get("w").await.unwrap();
-    assert_eq!(condition(&c, "External").unwrap().reason, "Done");
-    drop(counts);
-    rt.shutdown().await;
+        let w = widgets(&client).get("w").await.unwrap();
+        assert_eq!(condition(&w, "External").unwrap().reason, "Done", "{case}");
+        rt.shutdown().await;
+    }
 }
