@@ -63,6 +63,10 @@ pub mod crds;
 #[doc(inline)]
 pub use actorcile_envtest as envtest;
 mod event_recorder;
+/// Private parsers opened to the fuzz targets (feature `fuzzing`); not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod hash;
 pub mod health;
 #[cfg(feature = "operator")]

@@ -336,7 +336,7 @@ fn same_data(current: &Secret, wanted: &Secret) -> bool {
 }
 
 /// What Argo CD reports of `app`.
-fn health_of(app: &DynamicObject) -> AppHealth {
+pub(crate) fn health_of(app: &DynamicObject) -> AppHealth {
     if app.metadata.deletion_timestamp.is_some() {
         return AppHealth::Deleting;
     }

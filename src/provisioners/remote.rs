@@ -274,7 +274,21 @@ impl RemoteCluster for KubeconfigSecret {
                     .map(|s| s.clone().into_bytes())
             })
             .ok_or_else(|| invalid("has no such key"))?;
-        let text = std::str::from_utf8(&bytes).map_err(|_| invalid("is not UTF-8 text"))?;
+        self.config_from(&bytes).await
+    }
+}
+
+impl KubeconfigSecret {
+    /// The configuration the Secret's value `bytes` gives, refused unless every credential in
+    /// it is inline (unless [`allow_local_credentials`](Self::allow_local_credentials)).
+    pub(crate) async fn config_from(
+        &self,
+        bytes: &[u8],
+    ) -> Result<RemoteAccess, RemoteClusterError> {
+        let invalid = |why: &str| RemoteClusterError::Invalid {
+            what: format!("{} {why}", self.describe()),
+        };
+        let text = std::str::from_utf8(bytes).map_err(|_| invalid("is not UTF-8 text"))?;
         let kubeconfig =
             Kubeconfig::from_yaml(text).map_err(|_| invalid("does not hold a valid kubeconfig"))?;
         if !self.allow_local_credentials

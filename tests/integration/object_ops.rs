@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::provisioners::{Lock, guard};
+use actorcile::provisioners::guard;
 use actorcile::status::Condition;
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
