@@ -70,6 +70,7 @@ use tokio::time::Instant;
 
 pub use fence::ShardNotHeld;
 pub(crate) use fence::fenced_clients;
+pub use keeper::{GROUP_LABEL, ROLE_LABEL};
 
 use crate::Error;
 pub(crate) use crate::hash::fnv1a;

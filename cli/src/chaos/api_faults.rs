@@ -66,7 +66,7 @@ pub struct ApiFaultRates {
 
 impl ApiFaultRates {
     /// The same rates as command-line arguments (for the operator's process).
-    pub fn to_args(&self) -> Vec<String> {
+    pub fn command_line(self) -> Vec<String> {
         [
             ("--api-error-rate", self.api_error_rate.to_string()),
             ("--api-conflict-rate", self.api_conflict_rate.to_string()),

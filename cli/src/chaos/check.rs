@@ -86,60 +86,82 @@ pub fn overlaps(passes: &[Pass]) -> Vec<(String, u32, u32)> {
     found
 }
 
-/// Executions of the guarded side effect, by intent, and of the unguarded teardown step.
+/// Executions of the guarded side effect, by intent, and of the unguarded teardown step: each
+/// by its incarnation, at its time (wall-clock microseconds).
 #[derive(Debug, Default)]
 pub struct Effects {
     /// `(uid, generation)` → incarnations that provisioned it, in order.
-    pub provisioned: HashMap<(String, i64), Vec<u32>>,
+    pub provisioned: HashMap<(String, i64), Vec<(u32, u64)>>,
     /// `uid` → incarnations that deprovisioned it, in order.
-    pub deprovisioned: HashMap<String, Vec<u32>>,
+    pub deprovisioned: HashMap<String, Vec<(u32, u64)>>,
     /// `uid` → incarnations that ran its unguarded teardown step (the last of its deprovision
     /// tree), in order: the runtime runs a deletion's tree to its end once, unless the process
-    /// that did stopped before the finalizer's removal.
-    pub torn_down: HashMap<String, Vec<u32>>,
+    /// that did stopped, or its replica gave up the item's shard, before the finalizer's
+    /// removal.
+    pub torn_down: HashMap<String, Vec<(u32, u64)>>,
+    /// `uid` → the item's `namespace/name`.
+    pub keys: HashMap<String, String>,
 }
 
 impl Effects {
     /// The effects recorded in `dir`.
     pub fn read(dir: &Path) -> std::io::Result<Self> {
         let mut e = Effects::default();
-        for (_, w) in lines::read(&dir.join("effects"))? {
-            if let [tag, inc, uid, generation, intent] = w.as_slice()
+        for (at, w) in lines::read(&dir.join("effects"))? {
+            if let [tag, inc, uid, generation, intent, rest @ ..] = w.as_slice()
                 && tag == "effect"
                 && let (Ok(inc), Ok(generation)) = (inc.parse(), generation.parse())
             {
+                if let Some(key) = rest.first() {
+                    e.keys.insert(uid.clone(), key.clone());
+                }
+                let run = (inc, at);
                 match intent.as_str() {
                     "provision" => e
                         .provisioned
                         .entry((uid.clone(), generation))
                         .or_default()
-                        .push(inc),
-                    "teardown" => e.torn_down.entry(uid.clone()).or_default().push(inc),
-                    _ => e.deprovisioned.entry(uid.clone()).or_default().push(inc),
+                        .push(run),
+                    "teardown" => e.torn_down.entry(uid.clone()).or_default().push(run),
+                    _ => e.deprovisioned.entry(uid.clone()).or_default().push(run),
                 }
             }
         }
         Ok(e)
     }
 
-    /// Intents run more than once: `(not explained, explained)`, where a repeat is explained
-    /// when the incarnation that ran it before was killed (the guard's documented window: the
-    /// effect ran, its holder died before recording it done, and the lock expired; for a
-    /// teardown: its process died before removing the finalizer).
-    pub fn repeats(&self, killed: &HashSet<u32>) -> (usize, usize) {
+    /// Intents run more than once: `(not explained, explained)`. A repeat is explained when an
+    /// incarnation that ran it before was killed (the guard's documented window: the effect
+    /// ran, its holder died before recording it done, and the lock expired; for a teardown: its
+    /// process died before removing the finalizer), or, for a teardown, when another
+    /// incarnation ran it before and the item's shard changed hands in between (`moved(key,
+    /// from, to)`: its replica gave the shard up before the finalizer's removal).
+    pub fn repeats(
+        &self,
+        killed: &HashSet<u32>,
+        moved: impl Fn(&str, u64, u64) -> bool,
+    ) -> (usize, usize) {
         let (mut unexplained, mut explained) = (0, 0);
-        let all = self.provisioned.values();
-        for runs in all
-            .chain(self.deprovisioned.values())
-            .chain(self.torn_down.values())
-        {
-            for (i, _) in runs.iter().enumerate().skip(1) {
-                if runs[..i].iter().any(|inc| killed.contains(inc)) {
+        let mut count = |runs: &[(u32, u64)], key: Option<&str>| {
+            for (i, &(inc, at)) in runs.iter().enumerate().skip(1) {
+                let by_kill = runs[..i].iter().any(|(before, _)| killed.contains(before));
+                let by_move = key.is_some_and(|key| {
+                    runs[..i]
+                        .iter()
+                        .any(|&(before, then)| before != inc && moved(key, then, at))
+                });
+                if by_kill || by_move {
                     explained += 1;
                 } else {
                     unexplained += 1;
                 }
             }
+        };
+        for runs in self.provisioned.values().chain(self.deprovisioned.values()) {
+            count(runs, None);
+        }
+        for (uid, runs) in &self.torn_down {
+            count(runs, self.keys.get(uid).map(String::as_str));
         }
         (unexplained, explained)
     }
@@ -185,14 +207,26 @@ mod tests {
     }
 
     #[test]
-    fn a_repeat_is_explained_only_by_a_killed_incarnation() {
+    fn a_repeat_is_explained_only_by_a_killed_incarnation_or_a_shard_moved_in_between() {
         let mut e = Effects::default();
-        e.provisioned.insert(("u".into(), 1), vec![0, 1]);
-        e.provisioned.insert(("v".into(), 1), vec![2, 2]);
-        e.deprovisioned.insert("w".into(), vec![3]);
-        assert_eq!(e.repeats(&HashSet::from([0])), (1, 1));
-        e.torn_down.insert("w".into(), vec![3, 3]);
-        e.torn_down.insert("x".into(), vec![0, 4]);
-        assert_eq!(e.repeats(&HashSet::from([0])), (2, 2));
+        e.provisioned.insert(("u".into(), 1), vec![(0, 1), (1, 2)]);
+        e.provisioned.insert(("v".into(), 1), vec![(2, 1), (2, 2)]);
+        e.deprovisioned.insert("w".into(), vec![(3, 1)]);
+        let never = |_: &str, _: u64, _: u64| false;
+        assert_eq!(e.repeats(&HashSet::from([0]), never), (1, 1));
+        e.torn_down.insert("w".into(), vec![(3, 10), (3, 20)]);
+        e.torn_down.insert("x".into(), vec![(0, 10), (4, 20)]);
+        e.torn_down
+            .insert("y".into(), vec![(5, 10), (6, 20), (5, 30)]);
+        for (uid, key) in [("w", "ns/w"), ("x", "ns/x"), ("y", "ns/y")] {
+            e.keys.insert(uid.into(), key.into());
+        }
+        assert_eq!(e.repeats(&HashSet::from([0]), never), (4, 2));
+        // y's shard moved at 15 and 25: both of its repeats are explained; w's repeat by the
+        // same incarnation is not, whatever moved.
+        let moved = |key: &str, from: u64, to: u64| {
+            key != "ns/x" && [15, 25].iter().any(|t| from < *t && *t <= to)
+        };
+        assert_eq!(e.repeats(&HashSet::from([0]), moved), (2, 4));
     }
 }

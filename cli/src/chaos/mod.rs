@@ -5,17 +5,23 @@
 //! to be Ready, reference it, and it cannot go before them), changes a quarter of them (a new
 //! generation), then deletes half (a set closed under "is used by", plus items that use nothing
 //! deleted). The operator (`operator.rs`) runs in its own process as a non-admin user bound to
-//! the ClusterRole the runtime generates, behind a client that injects API faults
-//! (`api_faults.rs`), with provisioner panics and hangs injected around its tree. While it
-//! provisions, the driver kills it with SIGKILL and starts it again, restarts kube-apiserver, and
-//! restarts etcd; while it deprovisions, kills it again and restarts kube-apiserver.
+//! the ClusterRole the runtime generates, behind a client that injects API faults, loses the
+//! answers of writes that landed and breaks watches (`api_faults.rs`), with provisioner panics
+//! and hangs injected around its tree. While it provisions, the driver kills it with SIGKILL and
+//! starts it again, restarts kube-apiserver, and restarts etcd; while it deprovisions, kills it
+//! again and restarts kube-apiserver. With `--replicas N`, N operator processes share the items'
+//! shards on Leases: one is killed in each phase, and while they provision another is paused
+//! with SIGSTOP past its Leases and then continued; how long each shard stood without a holder
+//! is measured on the Leases (`shards.rs`).
 //!
 //! Checked, and reported as counts (all must be 0): items not Ready (or not gone once deleted);
 //! stale status (`observedGeneration` behind); leaked finalizers; orphaned or missing child
 //! ConfigMaps; deletion-order violations (an item gone while an item using it still exists, seen
 //! in the order the API reports it); overlapping passes of one item; side effects run more than
 //! once per intent (other than after their holder was killed in the middle, the guard's
-//! documented window) or not at all; planted secrets (the Secret's value, the operator's bearer
+//! documented window) or not at all; an unguarded teardown step run more than once per deletion
+//! (other than after its process was killed, or the item's shard moved, before the finalizer's
+//! removal); planted secrets (the Secret's value, the operator's bearer
 //! token) found in the operator's logs, the Events or any status; an operator that did not stop
 //! on SIGTERM.
 //!
@@ -30,6 +36,7 @@ mod load;
 pub mod operator;
 mod order;
 mod process;
+mod shards;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -72,6 +79,10 @@ pub struct ChaosArgs {
     pub hang_rate: f64,
     #[command(flatten)]
     pub api: ApiFaultRates,
+    /// Operator replicas, sharing the items' shards on Leases (more than one: each round also
+    /// pauses a replica with SIGSTOP past its Leases, then lets it go on)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=5), conflicts_with = "load")]
+    pub replicas: u32,
     /// Print the report as one JSON line
     #[arg(long)]
     pub json: bool,
@@ -85,6 +96,18 @@ pub struct ChaosArgs {
     /// directory here; by default they are removed unless a check fails
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
+}
+
+/// Shards of a run with replicas.
+const SHARDS: u32 = 12;
+/// How long a paused replica stands still: past its Leases' duration (3 s), so its shards move.
+const PAUSE: Duration = Duration::from_secs(5);
+
+impl ChaosArgs {
+    /// The shards each operator process runs with (0: one replica, no sharding).
+    pub fn shards(&self) -> u32 {
+        if self.replicas > 1 { SHARDS } else { 0 }
+    }
 }
 
 /// A number of items: at least one standalone item and two that use it.
@@ -121,6 +144,8 @@ pub struct FaultCounts {
     pub apiserver_restarts: u32,
     /// etcd killed and restarted.
     pub etcd_restarts: u32,
+    /// Replicas paused with SIGSTOP past their Leases, then continued.
+    pub replicas_paused: u32,
     /// Provisioner passes that panicked, hung, and API answers injected (`api-500`, `api-409`,
     /// `api-429`).
     pub injected: BTreeMap<String, u64>,
@@ -188,10 +213,16 @@ pub struct Report {
     pub effects: usize,
     /// Unguarded teardown steps run (the last step of each deletion's deprovision tree).
     pub teardowns: usize,
-    /// Side effects and teardowns run again after their holder was killed mid-task.
+    /// Side effects and teardowns run again after their holder was killed mid-task, and
+    /// teardowns run again after the item's shard moved before its finalizer's removal.
     pub effects_repeated_after_kill: usize,
     /// Faults injected.
     pub faults: FaultCounts,
+    /// Operator replicas.
+    pub replicas: u32,
+    /// With replicas: how the shards changed hands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hand_overs: Option<shards::HandOvers>,
     /// Invariant violations.
     pub violations: Violations,
     /// Wall-clock seconds of the whole run.
@@ -243,6 +274,13 @@ fn print_report(r: &Report) {
         "faults: operator kill -9 ×{} ({} passes in flight), kube-apiserver restart ×{}, etcd restart ×{}",
         f.operator_kills, f.passes_cut_by_kills, f.apiserver_restarts, f.etcd_restarts
     );
+    if r.replicas > 1 {
+        let h = r.hand_overs.clone().unwrap_or_default();
+        println!(
+            "replicas: {} sharing {SHARDS} shards; paused with SIGSTOP past their Leases ×{}; {} shard hand-overs, the longest without a holder {:.1} s ({} longer than twice the lease duration)",
+            r.replicas, f.replicas_paused, h.count, h.longest_gap_seconds, h.too_slow
+        );
+    }
     let phases: Vec<String> = r
         .phases
         .iter()
@@ -257,7 +295,7 @@ fn print_report(r: &Report) {
     println!("injected: {}", injected.join(", "));
     if r.effects_repeated_after_kill > 0 {
         println!(
-            "side effects and teardowns run again after their holder was killed mid-task: {}",
+            "run again after their holder was killed mid-task (or, teardowns, after the shard moved first): {}",
             r.effects_repeated_after_kill
         );
     }
@@ -362,7 +400,8 @@ struct Planted {
     token: String,
 }
 
-async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<Planted> {
+async fn set_up(env: &Envtest, args: &ChaosArgs, records: &std::path::Path) -> Result<Planted> {
+    let seed = args.seed;
     let admin = env.client();
     env.install_crds(&[ChaosItem::crd()])
         .await
@@ -399,6 +438,7 @@ async fn set_up(env: &Envtest, seed: u64, records: &std::path::Path) -> Result<P
         seed,
         panic_rate: 0.0,
         hang_rate: 0.0,
+        shards: args.shards(),
         api: ApiFaultRates::default(),
     };
     let roles = operator::builder(admin.clone(), &probe)?.roles(NAME);
@@ -464,13 +504,25 @@ fn to_delete(items: &[(String, Option<String>)]) -> HashSet<String> {
 }
 
 async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -> Result<Report> {
-    let planted = set_up(env, args.seed, records).await?;
+    let planted = set_up(env, args, records).await?;
     let admin = env.client();
     let items: Api<ChaosItem> = Api::namespaced(admin.clone(), NAMESPACE);
     let watch = order::Watch::start(items.clone());
-    let mut operator = Operator::start(env, args, records, 0)?;
+    let mut operators = Vec::new();
+    let mut next_incarnation = 0;
+    for _ in 0..args.replicas {
+        operators.push(Operator::start(env, args, records, next_incarnation)?);
+        next_incarnation += 1;
+    }
+    let hand_overs = (args.replicas > 1).then(|| {
+        let (namespace, prefix) = operator::SHARD_LEASES;
+        shards::ShardWatch::start(admin.clone(), namespace, prefix)
+    });
+    // When kube-apiserver or etcd was down (wall-clock microseconds).
+    let mut outages = Vec::new();
     let mut report = Report {
         seed: args.seed,
+        replicas: args.replicas,
         ..Default::default()
     };
     let mut killed = HashSet::new();
@@ -498,14 +550,30 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
             create(&items, &item, "creating an item").await?;
         }
         passes_started(records, since, "provision", all.len() / 3, KILL_WAIT).await?;
-        operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
+        let victim = round as usize % operators.len();
+        let mut procs = Procs {
+            operators: &mut operators,
+            next: &mut next_incarnation,
+            killed: &mut killed,
+            deaths: &mut deaths,
+        };
+        procs.kill_and_restart(victim, env, args, records)?;
+        if operators.len() > 1 {
+            // Another replica stands still past its Leases, then goes on: its shards have moved.
+            operators[(victim + 1) % operators.len()].pause(PAUSE).await;
+            report.faults.replicas_paused += 1;
+        }
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        let down = lines::wall_micros();
         env.restart_apiserver()
             .await
             .context("restarting kube-apiserver")?;
+        outages.push((down, lines::wall_micros()));
         report.faults.apiserver_restarts += 1;
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        let down = lines::wall_micros();
         env.restart_etcd().await.context("restarting etcd")?;
+        outages.push((down, lines::wall_micros()));
         report.faults.etcd_restarts += 1;
         let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
         converge(&items, &names, &mut report.violations, &mut statuses).await?;
@@ -540,11 +608,21 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
             delete(&items, name).await?;
         }
         passes_started(records, since, "deprovision", doomed.len() / 3, KILL_WAIT).await?;
-        operator = kill_and_restart(operator, env, args, records, &mut killed, &mut deaths)?;
+        let victim = (round as usize + 1) % operators.len();
+        let mut procs = Procs {
+            operators: &mut operators,
+            next: &mut next_incarnation,
+            killed: &mut killed,
+            deaths: &mut deaths,
+        };
+        // With replicas, kube-apiserver restarts below while the victim's shards move.
+        procs.kill_and_restart(victim, env, args, records)?;
         tokio::time::sleep(Duration::from_millis(1000)).await;
+        let down = lines::wall_micros();
         env.restart_apiserver()
             .await
             .context("restarting kube-apiserver")?;
+        outages.push((down, lines::wall_micros()));
         report.faults.apiserver_restarts += 1;
         let kept: Vec<&str> = names
             .iter()
@@ -573,10 +651,17 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     }
     wait_gone(&items, &left.into_iter().collect(), &mut report.violations).await?;
     check_children(&admin, &items, &mut report.violations).await?;
-    let (incarnation, clean) = operator.stop().await;
-    deaths.insert(incarnation, lines::wall_micros());
-    if !clean {
-        report.violations.unclean_shutdowns += 1;
+    if let Some(watch) = hand_overs {
+        let mut figures = watch.stop().await;
+        figures.measure(&outages, operator::policy(false).lease_duration * 2);
+        report.hand_overs = Some(figures);
+    }
+    for operator in operators {
+        let (incarnation, clean) = operator.stop().await;
+        deaths.insert(incarnation, lines::wall_micros());
+        if !clean {
+            report.violations.unclean_shutdowns += 1;
+        }
     }
     report.violations.deletion_order = watch.stop().await;
 
@@ -621,7 +706,25 @@ async fn check_records(
         .map(Vec::len)
         .sum();
     report.teardowns = effects.torn_down.values().map(Vec::len).sum();
-    let (unexplained, explained) = effects.repeats(killed);
+    let moves = report
+        .hand_overs
+        .as_ref()
+        .map(|h| h.moves.clone())
+        .unwrap_or_default();
+    // Whether the shard of item `key` (`namespace/name`) changed hands in `(from, to]`.
+    let moved = |key: &str, from: u64, to: u64| {
+        let Some((namespace, name)) = key.split_once('/') else {
+            return false;
+        };
+        let shard = actorcile::sharding::shard_of(
+            &actorcile::sharding::object_key(Some(namespace), name),
+            SHARDS,
+        );
+        moves
+            .iter()
+            .any(|&(s, _, at)| s == shard && from < at && at <= to)
+    };
+    let (unexplained, explained) = effects.repeats(killed, moved);
     report.violations.repeated_effects = unexplained;
     report.effects_repeated_after_kill = explained;
     report.violations.missing_effects += missing_deprovisions(&effects);
@@ -712,19 +815,33 @@ async fn passes_started(
     }
 }
 
-/// Kills the operator with SIGKILL, recording when, and starts its next incarnation.
-fn kill_and_restart(
-    operator: Operator,
-    env: &Envtest,
-    args: &ChaosArgs,
-    records: &std::path::Path,
-    killed: &mut HashSet<u32>,
-    deaths: &mut HashMap<u32, u64>,
-) -> Result<Operator> {
-    let (incarnation, at) = operator.kill();
-    killed.insert(incarnation);
-    deaths.insert(incarnation, at);
-    Operator::start(env, args, records, incarnation + 1)
+/// The operator processes of a run, and what their deaths leave for the checks.
+struct Procs<'a> {
+    operators: &'a mut Vec<Operator>,
+    /// The next incarnation's number.
+    next: &'a mut u32,
+    killed: &'a mut HashSet<u32>,
+    deaths: &'a mut HashMap<u32, u64>,
+}
+
+impl Procs<'_> {
+    /// Kills operator `i` with SIGKILL, recording when, and starts a new incarnation in its
+    /// place.
+    fn kill_and_restart(
+        &mut self,
+        i: usize,
+        env: &Envtest,
+        args: &ChaosArgs,
+        records: &std::path::Path,
+    ) -> Result<()> {
+        let (incarnation, at) = self.operators.remove(i).kill();
+        self.killed.insert(incarnation);
+        self.deaths.insert(incarnation, at);
+        let next = Operator::start(env, args, records, *self.next)?;
+        *self.next += 1;
+        self.operators.insert(i, next);
+        Ok(())
+    }
 }
 
 /// Waits until every item in `names` that exists is Ready for its generation; counts those that

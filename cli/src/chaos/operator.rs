@@ -75,9 +75,15 @@ pub struct OperatorArgs {
     /// Fraction of passes that hang until the run timeout stops them
     #[arg(long)]
     pub hang_rate: f64,
+    /// Run as one of several replicas sharing this many shards on Leases (0: alone)
+    #[arg(long, default_value_t = 0)]
+    pub shards: u32,
     #[command(flatten)]
     pub api: ApiFaultRates,
 }
+
+/// The namespace of the shard Leases (the items' own) and their name prefix.
+pub const SHARD_LEASES: (&str, &str) = ("chaos", "chaos-shards");
 
 /// How long the chaos operator waits for the answer of a write of its own (a lost answer is
 /// held longer).
@@ -98,6 +104,10 @@ pub fn policy(hangs: bool) -> SupervisorPolicy {
             .or(SupervisorPolicy::default().reconcile_timeout),
         lock_expiry: Duration::from_secs(5),
         write_timeout: Some(WRITE_TIMEOUT),
+        // Replicas: a shard whose holder died or stopped moves within two lease durations.
+        lease_duration: Duration::from_secs(3),
+        lease_renew_deadline: Duration::from_secs(2),
+        lease_retry_period: Duration::from_millis(250),
         ..Default::default()
     };
     p.error_backoff.max = Duration::from_secs(2);
@@ -187,10 +197,12 @@ impl<P: Provisioner<ChaosItem>> Provisioner<ChaosItem> for Chaotic<P> {
 fn effect(chaos: &Chaos, cx: &Context<ChaosItem>, intent: &str) {
     let o = cx.object();
     chaos.effects.write(format_args!(
-        "effect {} {} {} {intent}",
+        "effect {} {} {} {intent} {}/{}",
         chaos.incarnation,
         o.uid().unwrap_or_default(),
-        o.metadata.generation.unwrap_or_default()
+        o.metadata.generation.unwrap_or_default(),
+        o.namespace().unwrap_or_default(),
+        o.name_any()
     ));
 }
 
@@ -296,12 +308,22 @@ pub fn builder(
         effects: record("effects")?,
         next_pass: AtomicU64::new(0),
     });
-    Ok(Runtime::builder(client)
+    let builder = Runtime::builder(client)
         .policy(policy(args.hang_rate > 0.0))
         .field_manager(NAME)
         .finalizer(format!("chaos.actorcile.dev/{NAME}"))
         .events(NAME)
-        .controller(Controller::<ChaosItem>::new(tree(chaos))))
+        .controller(Controller::<ChaosItem>::new(tree(chaos)));
+    Ok(if args.shards > 0 {
+        let (namespace, prefix) = SHARD_LEASES;
+        builder.sharding(
+            actorcile::sharding::Sharding::new(args.shards, namespace)
+                .lease_prefix(prefix)
+                .identity(format!("chaos-operator-{}", args.incarnation)),
+        )
+    } else {
+        builder
+    })
 }
 
 /// `actorcile chaos-operator`: the operator, until SIGTERM.

@@ -1,5 +1,5 @@
-//! The operator's processes: started as `actorcile chaos-operator`, killed with SIGKILL, or
-//! stopped with SIGTERM.
+//! The operator's processes: started as `actorcile chaos-operator`, killed with SIGKILL, paused
+//! with SIGSTOP, or stopped with SIGTERM.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -39,7 +39,8 @@ impl Operator {
             .args(["--seed", &args.seed.to_string()])
             .args(["--panic-rate", &args.panic_rate.to_string()])
             .args(["--hang-rate", &args.hang_rate.to_string()])
-            .args(args.api.to_args())
+            .args(args.api.command_line())
+            .args(["--shards", &args.shards().to_string()])
             .env("RUST_LOG", "info,kube_client::client::builder=off")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -60,6 +61,17 @@ impl Operator {
         let at = wall_micros();
         let _ = self.child.wait();
         (self.incarnation, at)
+    }
+
+    /// Freezes it (SIGSTOP) for `pause`, then lets it go on (SIGCONT): a replica that stood
+    /// still past its Leases, as a long GC pause or a stalled VM does.
+    pub async fn pause(&self, pause: Duration) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: signals a child process this value owns and has not reaped.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        tokio::time::sleep(pause).await;
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
     }
 
     /// Stops it with SIGTERM: its incarnation, and whether it exited successfully within the

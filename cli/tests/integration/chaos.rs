@@ -40,6 +40,39 @@ fn a_chaos_round_injects_every_fault_and_breaks_no_invariant() {
 }
 
 #[test]
+fn a_chaos_round_with_three_sharded_replicas_one_killed_one_paused_breaks_no_invariant() {
+    let (ok, out, err) = run_bounded(
+        &[
+            "chaos",
+            "--objects",
+            "30",
+            "--seed",
+            "5",
+            "--replicas",
+            "3",
+            "--json",
+        ],
+        Duration::from_secs(220),
+    );
+    assert!(ok, "chaos --replicas 3 failed:\n{out}\n{err}");
+    let v = last_json_line(&out);
+    assert_eq!(v["replicas"], 3, "{v}");
+    let faults = &v["faults"];
+    assert_eq!(faults["operator_kills"], 2, "{v}");
+    assert_eq!(faults["replicas_paused"], 1, "{v}");
+    // The killed and the paused replicas' shards moved to the others.
+    assert!(v["hand_overs"]["count"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert!(
+        v["hand_overs"]["longest_gap_seconds"].as_f64().is_some(),
+        "{v}"
+    );
+    let violations = v["violations"].as_object().expect("violations");
+    for (name, n) in violations {
+        assert_eq!(n, 0, "{name}: {v}");
+    }
+}
+
+#[test]
 fn a_load_run_with_a_graceful_restart_loses_nothing() {
     let (ok, out, err) = run_bounded(
         &[

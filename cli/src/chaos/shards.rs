@@ -1,0 +1,130 @@
+//! Who holds each shard Lease during a run with replicas: the Leases are read every 200 ms, and
+//! every hand-over's gap is measured on the Leases' own times, from the former holder's last
+//! renewal (or its release) to the new holder's acquisition, less the time the control plane
+//! was down. No shard may stand without a holder for longer than twice the lease duration.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actorcile::sharding::{GROUP_LABEL, ROLE_LABEL};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What the hand-overs of a run came to.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct HandOvers {
+    /// Shards that changed holder.
+    pub count: usize,
+    /// The longest time a shard stood without a holder while the control plane was up, in
+    /// seconds.
+    pub longest_gap_seconds: f64,
+    /// Hand-overs whose gap was longer than the limit (twice the lease duration).
+    pub too_slow: usize,
+    /// Every hand-over: the shard, the former holder's last write and the new holder's
+    /// acquisition (wall-clock microseconds).
+    #[serde(skip)]
+    pub moves: Vec<(u32, u64, u64)>,
+}
+
+impl HandOvers {
+    /// The gaps measured without the `outages` (wall-clock microseconds: while kube-apiserver
+    /// or etcd was down, no replica could take a shard), against `limit`.
+    pub fn measure(&mut self, outages: &[(u64, u64)], limit: Duration) {
+        self.count = self.moves.len();
+        self.longest_gap_seconds = 0.0;
+        self.too_slow = 0;
+        for &(_, from, to) in &self.moves {
+            let down: u64 = outages
+                .iter()
+                .map(|&(a, b)| b.min(to).saturating_sub(a.max(from)))
+                .sum();
+            let gap = to.saturating_sub(from).saturating_sub(down) as f64 / 1e6;
+            self.longest_gap_seconds = self.longest_gap_seconds.max(gap);
+            if gap > limit.as_secs_f64() {
+                self.too_slow += 1;
+            }
+        }
+    }
+}
+
+/// The watch of the shard Leases; [`ShardWatch::stop`] gives its figures.
+pub struct ShardWatch {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<HandOvers>,
+}
+
+/// A shard Lease as last read: its holder, and the last time its holder wrote (renewal,
+/// acquisition or release).
+struct Seen {
+    holder: Option<String>,
+    wrote: Option<Timestamp>,
+}
+
+impl ShardWatch {
+    /// Reads the shard Leases of group `prefix` in `namespace` until stopped.
+    pub fn start(client: Client, namespace: &str, prefix: &str) -> Self {
+        let leases: Api<Lease> = Api::namespaced(client, namespace);
+        let lp =
+            ListParams::default().labels(&format!("{GROUP_LABEL}={prefix},{ROLE_LABEL}=shard"));
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut seen: HashMap<String, Seen> = HashMap::new();
+            let mut figures = HandOvers::default();
+            while !*stopped.borrow() {
+                // Reads fail while kube-apiserver restarts: the next one catches up.
+                if let Ok(list) = leases.list(&lp).await {
+                    for lease in list.items {
+                        observe(&mut seen, &mut figures, &lease);
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            figures
+        });
+        Self { stop, task }
+    }
+
+    /// Stops reading; the figures.
+    pub async fn stop(self) -> HandOvers {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// One read of `lease`: a new holder is a hand-over, measured from what the former holder
+/// wrote last.
+fn observe(seen: &mut HashMap<String, Seen>, figures: &mut HandOvers, lease: &Lease) {
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.filter(|h| !h.is_empty());
+    let wrote = spec.renew_time.map(|t| t.0);
+    let acquired = spec.acquire_time.map(|t| t.0).or(wrote);
+    let now = Seen {
+        holder: holder.clone(),
+        wrote,
+    };
+    let Some(before) = seen.insert(lease.name_any(), now) else {
+        return;
+    };
+    if holder.is_none() || holder == before.holder {
+        return;
+    }
+    if let (Some(from), Some(to)) = (before.wrote, acquired)
+        && let Some(shard) = lease
+            .name_any()
+            .rsplit_once("-shard-")
+            .and_then(|(_, n)| n.parse().ok())
+    {
+        let micros = |t: Timestamp| u64::try_from(t.as_microsecond()).unwrap_or_default();
+        figures
+            .moves
+            .push((shard, micros(from), micros(to).max(micros(from))));
+    }
+}
