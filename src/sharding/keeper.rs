@@ -586,6 +586,70 @@ mod tests {
         disjoint_and_complete(&held);
     }
 
+    /// Leases are judged by when this replica saw them change, not by the times their holders
+    /// wrote: a holder whose clock runs an hour behind keeps its shard while it renews, and one
+    /// whose clock runs an hour ahead loses it a lease duration after it stopped renewing, not
+    /// an hour later. Paused time: the keeper's own clock is tokio's.
+    #[tokio::test(start_paused = true)]
+    async fn a_holders_skewed_clock_neither_loses_a_live_shard_nor_keeps_a_dead_one() {
+        let name = Sharding::new(12, "default").shard_lease(0);
+        for skew in [-3600, 3600] {
+            let cluster = ApiServer::new();
+            let client = cluster.client();
+            let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+            let (mut b, _) = keeper(&client, "b");
+            // Another replica holds shard 0 and renews it every 100 ms, its clock `skew` s off.
+            let write = |i: i64| {
+                let renew = k8s_openapi::jiff::Timestamp::now()
+                    + k8s_openapi::jiff::SignedDuration::from_secs(skew)
+                    + k8s_openapi::jiff::SignedDuration::from_millis(i);
+                serde_json::json!({
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": name, "labels": {
+                        GROUP_LABEL: "actorcile-shards", ROLE_LABEL: "shard",
+                    }},
+                    "spec": {
+                        "holderIdentity": "skewed",
+                        "leaseDurationSeconds": 2,
+                        "renewTime": MicroTime(renew),
+                        "acquireTime": MicroTime(renew),
+                    },
+                })
+            };
+            let pp = kube::api::PatchParams::apply("skewed").force();
+            let mut stopped = Instant::now();
+            for i in 0..30 {
+                leases
+                    .patch(&name, &pp, &kube::api::Patch::Apply(write(i)))
+                    .await
+                    .unwrap();
+                stopped = Instant::now();
+                b.round().await;
+                assert!(
+                    !b.state().0.contains(&0),
+                    "skew {skew} s: a renewed shard was taken at round {i}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // It stops renewing: b takes the shard once the record stood still for the lease
+            // duration, as b saw it.
+            while !b.state().0.contains(&0) {
+                assert!(
+                    stopped.elapsed() < Duration::from_secs(3),
+                    "skew {skew} s: a dead holder kept the shard"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                b.round().await;
+            }
+            assert!(
+                stopped.elapsed() >= Duration::from_secs(2),
+                "skew {skew} s: taken {:?} after the last renewal",
+                stopped.elapsed()
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_keeper_whose_writes_fail_drops_its_shards_at_the_renew_deadline() {
         let cluster = ApiServer::new();
