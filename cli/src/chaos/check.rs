@@ -62,8 +62,9 @@ pub fn passes(dir: &Path, deaths: &HashMap<u32, u64>) -> std::io::Result<Vec<Pas
     Ok(done)
 }
 
-/// Pairs of passes of one object that overlap in time, as `(object, incarnations)`.
-pub fn overlaps(passes: &[Pass]) -> Vec<(String, u32, u32)> {
+/// Pairs of passes of one object that overlap in time, as `(object, earlier incarnation, later
+/// incarnation, start of the later pass)`.
+pub fn overlaps(passes: &[Pass]) -> Vec<(String, u32, u32, u64)> {
     let mut by_key: BTreeMap<&str, Vec<&Pass>> = BTreeMap::new();
     for p in passes {
         by_key.entry(&p.key).or_default().push(p);
@@ -76,7 +77,7 @@ pub fn overlaps(passes: &[Pass]) -> Vec<(String, u32, u32)> {
             if let Some(l) = latest
                 && p.start < l.end
             {
-                found.push((key.to_string(), l.incarnation, p.incarnation));
+                found.push((key.to_string(), l.incarnation, p.incarnation, p.start));
             }
             if latest.is_none_or(|l| p.end > l.end) {
                 latest = Some(p);
@@ -133,9 +134,10 @@ impl Effects {
     /// Intents run more than once: `(not explained, explained)`. A repeat is explained when an
     /// incarnation that ran it before was killed (the guard's documented window: the effect
     /// ran, its holder died before recording it done, and the lock expired; for a teardown: its
-    /// process died before removing the finalizer), or, for a teardown, when another
-    /// incarnation ran it before and the item's shard changed hands in between (`moved(key,
-    /// from, to)`: its replica gave the shard up before the finalizer's removal).
+    /// process died before removing the finalizer), or when the item's shard changed hands
+    /// between an earlier run and this one (`moved(key, from, to)`: the replica that ran it lost
+    /// the shard before it recorded the result or removed the finalizer, and its fenced writes
+    /// were refused).
     pub fn repeats(
         &self,
         killed: &HashSet<u32>,
@@ -143,13 +145,10 @@ impl Effects {
     ) -> (usize, usize) {
         let (mut unexplained, mut explained) = (0, 0);
         let mut count = |runs: &[(u32, u64)], key: Option<&str>| {
-            for (i, &(inc, at)) in runs.iter().enumerate().skip(1) {
+            for (i, &(_, at)) in runs.iter().enumerate().skip(1) {
                 let by_kill = runs[..i].iter().any(|(before, _)| killed.contains(before));
-                let by_move = key.is_some_and(|key| {
-                    runs[..i]
-                        .iter()
-                        .any(|&(before, then)| before != inc && moved(key, then, at))
-                });
+                let by_move =
+                    key.is_some_and(|key| runs[..i].iter().any(|&(_, then)| moved(key, then, at)));
                 if by_kill || by_move {
                     explained += 1;
                 } else {
@@ -157,11 +156,12 @@ impl Effects {
                 }
             }
         };
-        for runs in self.provisioned.values().chain(self.deprovisioned.values()) {
-            count(runs, None);
+        let key = |uid: &str| self.keys.get(uid).map(String::as_str);
+        for ((uid, _), runs) in &self.provisioned {
+            count(runs, key(uid));
         }
-        for (uid, runs) in &self.torn_down {
-            count(runs, self.keys.get(uid).map(String::as_str));
+        for (uid, runs) in self.deprovisioned.iter().chain(&self.torn_down) {
+            count(runs, key(uid));
         }
         (unexplained, explained)
     }
@@ -203,7 +203,7 @@ mod tests {
             pass("a", 1, 15, 25),
             pass("b", 1, 31, 40),
         ];
-        assert_eq!(overlaps(&ps), vec![("a".to_string(), 0, 1)]);
+        assert_eq!(overlaps(&ps), vec![("a".to_string(), 0, 1, 15)]);
     }
 
     #[test]
@@ -222,11 +222,14 @@ mod tests {
             e.keys.insert(uid.into(), key.into());
         }
         assert_eq!(e.repeats(&HashSet::from([0]), never), (4, 2));
-        // y's shard moved at 15 and 25: both of its repeats are explained; w's repeat by the
-        // same incarnation is not, whatever moved.
+        // y's shard moved at 15 and 25: both of its repeats are explained, and w's (by the same
+        // incarnation, which lost the shard in between); v's shard never moved.
         let moved = |key: &str, from: u64, to: u64| {
-            key != "ns/x" && [15, 25].iter().any(|t| from < *t && *t <= to)
+            key != "ns/v" && [15, 25].iter().any(|t| from < *t && *t <= to)
         };
-        assert_eq!(e.repeats(&HashSet::from([0]), moved), (2, 4));
+        e.provisioned
+            .insert(("v".into(), 1), vec![(2, 10), (2, 20)]);
+        e.keys.insert("v".into(), "ns/v".into());
+        assert_eq!(e.repeats(&HashSet::from([0]), moved), (1, 5));
     }
 }

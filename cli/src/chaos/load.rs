@@ -199,8 +199,11 @@ pub(super) async fn drive(
     // Nothing was killed: every repeated side effect is a violation.
     super::check_records(
         records,
-        &deaths,
-        &HashSet::new(),
+        super::Fates {
+            deaths: &deaths,
+            killed: &HashSet::new(),
+            pauses: &[],
+        },
         &planted,
         &admin,
         &statuses,

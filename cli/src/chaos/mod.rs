@@ -220,6 +220,9 @@ pub struct Report {
     pub faults: FaultCounts,
     /// Operator replicas.
     pub replicas: u32,
+    /// Passes that began while another pass of their item was frozen with its replica (SIGSTOP):
+    /// the frozen one could not act, and once continued its writes were refused by its fence.
+    pub overlaps_with_frozen_passes: usize,
     /// With replicas: how the shards changed hands.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hand_overs: Option<shards::HandOvers>,
@@ -293,6 +296,12 @@ fn print_report(r: &Report) {
         .map(|(k, v)| format!("{k} ×{v}"))
         .collect();
     println!("injected: {}", injected.join(", "));
+    if r.overlaps_with_frozen_passes > 0 {
+        println!(
+            "passes begun while another pass of their item was frozen with its replica: {}",
+            r.overlaps_with_frozen_passes
+        );
+    }
     if r.effects_repeated_after_kill > 0 {
         println!(
             "run again after their holder was killed mid-task (or, teardowns, after the shard moved first): {}",
@@ -518,8 +527,10 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         let (namespace, prefix) = operator::SHARD_LEASES;
         shards::ShardWatch::start(admin.clone(), namespace, prefix)
     });
-    // When kube-apiserver or etcd was down (wall-clock microseconds).
+    // When kube-apiserver or etcd was down, and which replica was frozen when (wall-clock
+    // microseconds).
     let mut outages = Vec::new();
+    let mut pauses = Vec::new();
     let mut report = Report {
         seed: args.seed,
         replicas: args.replicas,
@@ -560,7 +571,10 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         procs.kill_and_restart(victim, env, args, records)?;
         if operators.len() > 1 {
             // Another replica stands still past its Leases, then goes on: its shards have moved.
-            operators[(victim + 1) % operators.len()].pause(PAUSE).await;
+            let paused = &operators[(victim + 1) % operators.len()];
+            let from = lines::wall_micros();
+            paused.pause(PAUSE).await;
+            pauses.push((paused.incarnation(), from, lines::wall_micros()));
             report.faults.replicas_paused += 1;
         }
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -667,8 +681,11 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
 
     check_records(
         records,
-        &deaths,
-        &killed,
+        Fates {
+            deaths: &deaths,
+            killed: &killed,
+            pauses: &pauses,
+        },
         &planted,
         &admin,
         &statuses,
@@ -678,22 +695,45 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     Ok(report)
 }
 
-/// What the records say, into `report`: passes (and their overlaps), side effects (repeated or
-/// missing; a repeat is explained only by a SIGKILL of its holder, one of `killed`), injected
-/// faults, and the planted secrets in the operator's logs, the Events and `statuses`.
+/// What happened to the operator processes of a run: when each died (killed or stopped), which
+/// were killed, and which was frozen when (incarnation, from, to).
+struct Fates<'a> {
+    deaths: &'a HashMap<u32, u64>,
+    killed: &'a HashSet<u32>,
+    pauses: &'a [(u32, u64, u64)],
+}
+
+/// What the records say, into `report`: passes (and their overlaps: one with a pass of a
+/// replica frozen in `pauses` — incarnation, from, to — when the other started is counted apart),
+/// side effects (repeated or missing; a repeat is explained only by a SIGKILL of its holder, one
+/// of `killed`, or a move of the item's shard in between), injected faults, and the planted
+/// secrets in the operator's logs, the Events and `statuses`.
 async fn check_records(
     records: &std::path::Path,
-    deaths: &HashMap<u32, u64>,
-    killed: &HashSet<u32>,
+    fates: Fates<'_>,
     planted: &Planted,
     admin: &Client,
     statuses: &str,
     report: &mut Report,
 ) -> Result<()> {
+    let Fates {
+        deaths,
+        killed,
+        pauses,
+    } = fates;
     // The records.
     let passes = check::passes(records, deaths)?;
     report.passes = passes.len();
-    report.violations.overlapping_passes = check::overlaps(&passes).len();
+    let frozen = |inc: u32, at: u64| {
+        pauses
+            .iter()
+            .any(|&(i, from, to)| i == inc && from <= at && at < to)
+    };
+    let (with_frozen, overlapping): (Vec<_>, Vec<_>) = check::overlaps(&passes)
+        .into_iter()
+        .partition(|(_, earlier, _, at)| frozen(*earlier, *at));
+    report.violations.overlapping_passes = overlapping.len();
+    report.overlaps_with_frozen_passes = with_frozen.len();
     report.faults.passes_cut_by_kills = passes
         .iter()
         .filter(|p| p.cut && killed.contains(&p.incarnation))

@@ -63,6 +63,11 @@ impl Operator {
         (self.incarnation, at)
     }
 
+    /// Its incarnation.
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+
     /// Freezes it (SIGSTOP) for `pause`, then lets it go on (SIGCONT): a replica that stood
     /// still past its Leases, as a long GC pause or a stalled VM does.
     pub async fn pause(&self, pause: Duration) {
