@@ -26,7 +26,8 @@
 //!
 //! The task's result is written under the lock, retried for a few seconds when the API fails;
 //! only a result that cannot be written at all (or a runtime that dies between the task and the
-//! write) lets the task run again, on the next reconcile or once the lock expires. Write tasks that
+//! write, or a sharded replica that lost the object's shard meanwhile, whose writes its fence
+//! refuses) lets the task run again, on the next reconcile or once the lock expires. Write tasks that
 //! find their effect already there.
 
 use std::future::Future;
