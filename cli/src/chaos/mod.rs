@@ -517,11 +517,10 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     let admin = env.client();
     let items: Api<ChaosItem> = Api::namespaced(admin.clone(), NAMESPACE);
     let watch = order::Watch::start(items.clone());
-    let mut operators = Vec::new();
-    let mut next_incarnation = 0;
+    let mut procs = Procs::default();
     for _ in 0..args.replicas {
-        operators.push(Operator::start(env, args, records, next_incarnation)?);
-        next_incarnation += 1;
+        let operator = procs.start(env, args, records)?;
+        procs.operators.push(operator);
     }
     let hand_overs = (args.replicas > 1).then(|| {
         let (namespace, prefix) = operator::SHARD_LEASES;
@@ -536,8 +535,6 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         replicas: args.replicas,
         ..Default::default()
     };
-    let mut killed = HashSet::new();
-    let mut deaths = HashMap::new();
     let mut statuses = String::new();
     let deadline = args
         .minutes
@@ -561,33 +558,21 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
             create(&items, &item, "creating an item").await?;
         }
         passes_started(records, since, "provision", all.len() / 3, KILL_WAIT).await?;
-        let victim = round as usize % operators.len();
-        let mut procs = Procs {
-            operators: &mut operators,
-            next: &mut next_incarnation,
-            killed: &mut killed,
-            deaths: &mut deaths,
-        };
+        let victim = round as usize % procs.operators.len();
         procs.kill_and_restart(victim, env, args, records)?;
-        if operators.len() > 1 {
+        if procs.operators.len() > 1 {
             // Another replica stands still past its Leases, then goes on: its shards have moved.
-            let paused = &operators[(victim + 1) % operators.len()];
+            let paused = &procs.operators[(victim + 1) % procs.operators.len()];
             let from = lines::wall_micros();
             paused.pause(PAUSE).await;
             pauses.push((paused.incarnation(), from, lines::wall_micros()));
             report.faults.replicas_paused += 1;
         }
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let down = lines::wall_micros();
-        env.restart_apiserver()
-            .await
-            .context("restarting kube-apiserver")?;
-        outages.push((down, lines::wall_micros()));
+        restart(env, Component::Apiserver, &mut outages).await?;
         report.faults.apiserver_restarts += 1;
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let down = lines::wall_micros();
-        env.restart_etcd().await.context("restarting etcd")?;
-        outages.push((down, lines::wall_micros()));
+        restart(env, Component::Etcd, &mut outages).await?;
         report.faults.etcd_restarts += 1;
         let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
         converge(&items, &names, &mut report.violations, &mut statuses).await?;
@@ -622,21 +607,11 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
             delete(&items, name).await?;
         }
         passes_started(records, since, "deprovision", doomed.len() / 3, KILL_WAIT).await?;
-        let victim = (round as usize + 1) % operators.len();
-        let mut procs = Procs {
-            operators: &mut operators,
-            next: &mut next_incarnation,
-            killed: &mut killed,
-            deaths: &mut deaths,
-        };
+        let victim = (round as usize + 1) % procs.operators.len();
         // With replicas, kube-apiserver restarts below while the victim's shards move.
         procs.kill_and_restart(victim, env, args, records)?;
         tokio::time::sleep(Duration::from_millis(1000)).await;
-        let down = lines::wall_micros();
-        env.restart_apiserver()
-            .await
-            .context("restarting kube-apiserver")?;
-        outages.push((down, lines::wall_micros()));
+        restart(env, Component::Apiserver, &mut outages).await?;
         report.faults.apiserver_restarts += 1;
         let kept: Vec<&str> = names
             .iter()
@@ -656,7 +631,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         }
     }
     report.rounds = round;
-    report.faults.operator_kills = killed.len() as u32;
+    report.faults.operator_kills = procs.killed.len() as u32;
 
     // Clean up: every item deleted and gone, then the operator stopped with SIGTERM.
     let left: Vec<String> = list(&items).await?.iter().map(|i| i.name_any()).collect();
@@ -670,9 +645,9 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         figures.measure(&outages, operator::policy(false).lease_duration * 2);
         report.hand_overs = Some(figures);
     }
-    for operator in operators {
+    for operator in std::mem::take(&mut procs.operators) {
         let (incarnation, clean) = operator.stop().await;
-        deaths.insert(incarnation, lines::wall_micros());
+        procs.deaths.insert(incarnation, lines::wall_micros());
         if !clean {
             report.violations.unclean_shutdowns += 1;
         }
@@ -682,8 +657,8 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     check_records(
         records,
         Fates {
-            deaths: &deaths,
-            killed: &killed,
+            deaths: &procs.deaths,
+            killed: &procs.killed,
             pauses: &pauses,
         },
         &planted,
@@ -855,16 +830,54 @@ async fn passes_started(
     }
 }
 
-/// The operator processes of a run, and what their deaths leave for the checks.
-struct Procs<'a> {
-    operators: &'a mut Vec<Operator>,
-    /// The next incarnation's number.
-    next: &'a mut u32,
-    killed: &'a mut HashSet<u32>,
-    deaths: &'a mut HashMap<u32, u64>,
+/// A component of the control plane.
+enum Component {
+    Apiserver,
+    Etcd,
 }
 
-impl Procs<'_> {
+/// Kills `component` and starts it again with its data, noting when it was down in `outages`
+/// (wall-clock microseconds).
+async fn restart(
+    env: &mut Envtest,
+    component: Component,
+    outages: &mut Vec<(u64, u64)>,
+) -> Result<()> {
+    let down = lines::wall_micros();
+    match component {
+        Component::Apiserver => env
+            .restart_apiserver()
+            .await
+            .context("restarting kube-apiserver")?,
+        Component::Etcd => env.restart_etcd().await.context("restarting etcd")?,
+    }
+    outages.push((down, lines::wall_micros()));
+    Ok(())
+}
+
+/// The operator processes of a run, and what their deaths leave for the checks.
+#[derive(Default)]
+struct Procs {
+    operators: Vec<Operator>,
+    /// The next incarnation's number.
+    next: u32,
+    killed: HashSet<u32>,
+    deaths: HashMap<u32, u64>,
+}
+
+impl Procs {
+    /// Starts the next incarnation.
+    fn start(
+        &mut self,
+        env: &Envtest,
+        args: &ChaosArgs,
+        records: &std::path::Path,
+    ) -> Result<Operator> {
+        let operator = Operator::start(env, args, records, self.next)?;
+        self.next += 1;
+        Ok(operator)
+    }
+
     /// Kills operator `i` with SIGKILL, recording when, and starts a new incarnation in its
     /// place.
     fn kill_and_restart(
@@ -877,8 +890,7 @@ impl Procs<'_> {
         let (incarnation, at) = self.operators.remove(i).kill();
         self.killed.insert(incarnation);
         self.deaths.insert(incarnation, at);
-        let next = Operator::start(env, args, records, *self.next)?;
-        *self.next += 1;
+        let next = self.start(env, args, records)?;
         self.operators.insert(i, next);
         Ok(())
     }
