@@ -58,11 +58,12 @@ pub struct ShardWatch {
     task: JoinHandle<HandOvers>,
 }
 
-/// A shard Lease as last read: its holder, and the last time its holder wrote (renewal,
-/// acquisition or release).
+/// A shard Lease as last read: its holder, the last time its holder wrote (renewal,
+/// acquisition or release), and how many times it changed hands.
 struct Seen {
     holder: Option<String>,
     wrote: Option<Timestamp>,
+    transitions: Option<i32>,
 }
 
 impl ShardWatch {
@@ -106,14 +107,18 @@ fn observe(seen: &mut HashMap<String, Seen>, figures: &mut HandOvers, lease: &Le
     let holder = spec.holder_identity.filter(|h| !h.is_empty());
     let wrote = spec.renew_time.map(|t| t.0);
     let acquired = spec.acquire_time.map(|t| t.0).or(wrote);
+    let transitions = spec.lease_transitions;
     let now = Seen {
         holder: holder.clone(),
         wrote,
+        transitions,
     };
     let Some(before) = seen.insert(lease.name_any(), now) else {
         return;
     };
-    if holder.is_none() || holder == before.holder {
+    // A new holder, or the same one again after a release and a new acquisition between two
+    // reads (the transitions count moved).
+    if holder.is_none() || (holder == before.holder && transitions == before.transitions) {
         return;
     }
     if let (Some(from), Some(to)) = (before.wrote, acquired)
