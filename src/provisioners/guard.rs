@@ -157,9 +157,11 @@ impl<K: ManagedResource> Context<K> {
     ///
     /// 1. If the condition says the task is done for the object's generation, return
     ///    [`Outcome::Done`] without running it (at most once per intent).
-    /// 2. If another runtime holds the lock and it has not expired (as this runtime sees it:
-    ///    see the [module docs](self)), yield (reason `Locked`) until it expires; the holder's
-    ///    result write wakes this object sooner. A lock this
+    /// 2. If another runtime holds the lock and it has not expired, yield (reason `Locked`)
+    ///    until it expires; the holder's result write wakes this object sooner. Expiry is
+    ///    judged by this runtime's clock, not by the time the holder wrote: the lock holds until
+    ///    this runtime has seen it unchanged for `lock_expiry`, or until its `until` lies more
+    ///    than `lock_expiry` in the past. A lock this
     ///    runtime holds itself (an earlier reconcile of it could not record its result, or panicked)
     ///    is taken again at once.
     /// 3. Take the lock: write the condition (`Locked`, this runtime as the holder, expiry now
