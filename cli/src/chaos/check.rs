@@ -135,9 +135,9 @@ impl Effects {
     /// incarnation that ran it before was killed (the guard's documented window: the effect
     /// ran, its holder died before recording it done, and the lock expired; for a teardown: its
     /// process died before removing the finalizer), or when the item's shard changed hands
-    /// between an earlier run and this one (`moved(key, from, to)`: the replica that ran it lost
-    /// the shard before it recorded the result or removed the finalizer, and its fenced writes
-    /// were refused).
+    /// around an earlier run and before this one (`moved(key, from, to)`: the replica that ran
+    /// it lost the shard before it recorded the result or removed the finalizer, and its fenced
+    /// writes were refused).
     pub fn repeats(
         &self,
         killed: &HashSet<u32>,

@@ -726,8 +726,13 @@ async fn check_records(
         .as_ref()
         .map(|h| h.moves.clone())
         .unwrap_or_default();
-    // Whether the shard of item `key` (`namespace/name`) changed hands in `(from, to]`.
+    // Whether the shard of item `key` (`namespace/name`) changed hands in `(from, to]`, or up to
+    // a lock's expiry before `from`: a run starts while its replica holds the shard (its lock or
+    // its pass began then), and what it does outside Kubernetes until its next write is not
+    // fenced (a guarded task runs at most the lock's expiry).
+    let margin = u64::try_from(operator::policy(false).lock_expiry.as_micros()).unwrap_or(0);
     let moved = |key: &str, from: u64, to: u64| {
+        let from = from.saturating_sub(margin);
         let Some((namespace, name)) = key.split_once('/') else {
             return false;
         };
