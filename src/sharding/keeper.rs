@@ -47,9 +47,11 @@ impl Observed {
 
 /// Why a Lease write did not take.
 enum WriteError {
-    /// Someone else wrote it first (or holds it).
+    /// Someone else wrote it since it was listed (another replica, or a write of ours whose
+    /// answer was lost): the next round reads who holds it.
     Conflict,
-    Api(kube::Error),
+    /// The API failed, or did not answer within the write bound.
+    Failed(String),
 }
 
 /// One replica's keeper of its shard Leases.
@@ -64,6 +66,10 @@ pub(crate) struct Keeper {
     observed: HashMap<String, Observed>,
     /// Held shards, with when their last successful write was sent.
     held: BTreeMap<u32, Instant>,
+    /// Shards this replica gave up, and when: it does not take them back as orphans for two
+    /// lease durations (another replica under its share takes them first; the others see an
+    /// unreleased one expire later than this replica, which wrote it last).
+    given_up: HashMap<u32, Instant>,
     /// Replicas seen alive in the last round (this one included).
     replicas: usize,
     /// Whether a round wrote this replica's member Lease yet.
@@ -86,6 +92,7 @@ impl Keeper {
             retry: policy.lease_retry_period,
             observed: HashMap::new(),
             held: BTreeMap::new(),
+            given_up: HashMap::new(),
             replicas: 1,
             announced: false,
         }
@@ -127,6 +134,13 @@ impl Keeper {
             .map(|sent| *sent + self.renew_deadline)
     }
 
+    /// How long one request of the keeper may wait for its answer: half the renew deadline,
+    /// so that a request that hangs (or whose answer is lost) leaves room for another try
+    /// before the fence, as client-go bounds each renewal by its renew deadline.
+    fn request_bound(&self) -> Duration {
+        self.renew_deadline / 2
+    }
+
     /// Drop every shard whose renewal is older than the renew deadline.
     fn enforce_fences(&mut self) {
         let now = Instant::now();
@@ -154,10 +168,14 @@ impl Keeper {
     async fn round(&mut self) {
         let sent = Instant::now();
         let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.cfg.lease_prefix));
-        let leases = match self.api.list(&lp).await {
-            Ok(list) => list.items,
-            Err(e) => {
+        let leases = match tokio::time::timeout(self.request_bound(), self.api.list(&lp)).await {
+            Ok(Ok(list)) => list.items,
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "sharding: cannot list the Leases; retrying");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("sharding: listing the Leases got no answer in time; retrying");
                 return;
             }
         };
@@ -191,9 +209,45 @@ impl Keeper {
             self.lose(s);
         }
 
+        // The member Lease and every held shard at once: one slow answer must not hold the
+        // others past the fence.
         let member = self.cfg.member_lease();
-        if let Err(WriteError::Api(e)) = self.write(&by_name, &member, "member").await {
-            tracing::warn!(error = %e, "sharding: cannot renew this replica's member Lease");
+        let renewals = self
+            .held
+            .keys()
+            .map(|&s| (Some(s), self.cfg.shard_lease(s)))
+            .chain([(None, member.clone())])
+            .collect::<Vec<_>>();
+        let written = futures::future::join_all(renewals.iter().map(|(s, name)| {
+            let role = if s.is_some() { "shard" } else { "member" };
+            self.write(by_name.get(name), name, role, false)
+        }))
+        .await;
+        for ((shard, name), result) in renewals.into_iter().zip(written) {
+            match (shard, result) {
+                (_, Ok(lease)) => {
+                    self.observe(&name, lease.spec.as_ref(), Instant::now());
+                    if let Some(s) = shard {
+                        self.renewed(s, sent);
+                    }
+                }
+                (None, Err(WriteError::Conflict)) => {}
+                (None, Err(WriteError::Failed(e))) => {
+                    tracing::warn!(error = %e, "sharding: cannot renew this replica's member Lease")
+                }
+                // Not lost yet: the next round reads who holds it (another replica: lost; still
+                // this one, its renewal landed with its answer lost: renewed again). The fence
+                // drops it if no renewal takes within the renew deadline.
+                (Some(s), Err(WriteError::Conflict)) => {
+                    tracing::info!(
+                        shard = s,
+                        "the shard's Lease changed since it was listed; reading it again"
+                    )
+                }
+                (Some(s), Err(WriteError::Failed(e))) => {
+                    tracing::warn!(shard = s, error = %e, "could not renew a shard's Lease; retrying")
+                }
+            }
         }
         // The first round only announces this replica: replicas started together (a new
         // deployment, a restart) count each other before any takes shards, rather than the
@@ -215,44 +269,55 @@ impl Keeper {
         let shards = self.shards.count() as usize;
         let fair = shards.div_ceil(self.replicas);
 
-        for s in self.held.keys().copied().collect::<Vec<_>>() {
+        let excess: Vec<u32> = self
+            .held
+            .keys()
+            .rev()
+            .take(self.held.len().saturating_sub(fair))
+            .copied()
+            .collect();
+        if !excess.is_empty() {
+            // Drained before the fence of this round's renewals.
+            self.give_up(&excess, sent + self.renew_deadline / 2).await;
+        }
+
+        let offset = (fnv1a(&me) % shards as u64) as usize;
+        self.given_up.retain(|_, at| now < *at + 2 * self.duration);
+        for i in 0..shards {
+            let s = ((offset + i) % shards) as u32;
             let name = self.cfg.shard_lease(s);
-            match self.write(&by_name, &name, "shard").await {
-                Ok(()) => self.renewed(s, sent),
-                Err(WriteError::Conflict) => {
-                    tracing::error!(shard = s, "the shard's Lease changed under us: shard lost");
-                    self.lose(s);
-                }
-                Err(WriteError::Api(e)) => {
-                    tracing::warn!(shard = s, error = %e, "could not renew a shard's Lease; retrying")
-                }
+            if self.held.contains_key(&s) {
+                continue;
             }
-        }
-
-        while self.held.len() > fair {
-            let s = *self.held.keys().next_back().expect("held is not empty");
-            self.give_up(s).await;
-        }
-
-        if self.held.len() < fair {
-            let offset = (fnv1a(&me) % shards as u64) as usize;
-            for i in 0..shards {
-                if self.held.len() >= fair {
-                    break;
+            let observed = self.observed.get(&name);
+            if !observed.is_none_or(|o| o.expired(now)) {
+                continue;
+            }
+            // Up to the fair share; past it, orphans too: a shard whose holder stopped
+            // renewing, or one released that nobody took for a lease duration, two retry
+            // periods after that (a replica under its share, which takes it at once, goes
+            // first). Replicas may count each other differently for a few rounds (one just
+            // died, another just started), and a shard without a holder is worse than one
+            // replica holding too many for a round: the excess is given up again once the
+            // counts agree.
+            let orphan = observed.is_some_and(|o| {
+                let free_since = match o.holder {
+                    Some(_) => o.at + o.duration,
+                    None => o.at + self.duration,
+                };
+                free_since + 2 * self.retry <= now
+            }) && !self.given_up.contains_key(&s);
+            if self.held.len() >= fair && !orphan {
+                continue;
+            }
+            match self.write(by_name.get(&name), &name, "shard", true).await {
+                Ok(lease) => {
+                    self.observe(&name, lease.spec.as_ref(), Instant::now());
+                    self.renewed(s, sent);
                 }
-                let s = ((offset + i) % shards) as u32;
-                let name = self.cfg.shard_lease(s);
-                let free = !self.held.contains_key(&s)
-                    && self.observed.get(&name).is_none_or(|o| o.expired(now));
-                if !free {
-                    continue;
-                }
-                match self.write(&by_name, &name, "shard").await {
-                    Ok(()) => self.renewed(s, sent),
-                    Err(WriteError::Conflict) => {}
-                    Err(WriteError::Api(e)) => {
-                        tracing::warn!(shard = s, error = %e, "could not take a shard's Lease")
-                    }
+                Err(WriteError::Conflict) => {}
+                Err(WriteError::Failed(e)) => {
+                    tracing::warn!(shard = s, error = %e, "could not take a shard's Lease")
                 }
             }
         }
@@ -293,98 +358,128 @@ impl Keeper {
         }
     }
 
-    /// Take or renew Lease `name` (as listed in `by_name`, or create it) for this replica.
+    /// Renew Lease `name` (as listed: `current`; `None`: create it) for this replica, or, with
+    /// `acquire`, take it: a new acquisition even if this replica was its last holder (it lost
+    /// the shard meanwhile, and its reconciles stopped), as the Lease's `acquireTime` and
+    /// `leaseTransitions` then say. At most [`Keeper::request_bound`] waiting for the answer.
     async fn write(
-        &mut self,
-        by_name: &HashMap<String, Lease>,
+        &self,
+        current: Option<&Lease>,
         name: &str,
         role: &str,
-    ) -> Result<(), WriteError> {
+        acquire: bool,
+    ) -> Result<Lease, WriteError> {
         let me = self.cfg.identity.clone();
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let seconds = self.duration.as_secs() as i32;
-        let result = match by_name.get(name) {
-            None => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(name.to_string()),
-                        labels: Some(
-                            [
-                                (GROUP_LABEL.to_string(), self.cfg.lease_prefix.clone()),
-                                (ROLE_LABEL.to_string(), role.to_string()),
-                            ]
-                            .into(),
-                        ),
-                        ..Default::default()
-                    },
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(me),
-                        lease_duration_seconds: Some(seconds),
-                        acquire_time: Some(now.clone()),
-                        renew_time: Some(now),
-                        lease_transitions: Some(0),
-                        ..Default::default()
-                    }),
-                };
-                self.api.create(&PostParams::default(), &lease).await
-            }
-            Some(current) => {
-                let mut lease = current.clone();
-                let spec = lease.spec.get_or_insert_with(Default::default);
-                if spec.holder_identity.as_deref() != Some(me.as_str()) {
-                    spec.acquire_time = Some(now.clone());
-                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        let request = async {
+            match current {
+                None => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_string()),
+                            labels: Some(
+                                [
+                                    (GROUP_LABEL.to_string(), self.cfg.lease_prefix.clone()),
+                                    (ROLE_LABEL.to_string(), role.to_string()),
+                                ]
+                                .into(),
+                            ),
+                            ..Default::default()
+                        },
+                        spec: Some(LeaseSpec {
+                            holder_identity: Some(me),
+                            lease_duration_seconds: Some(seconds),
+                            acquire_time: Some(now.clone()),
+                            renew_time: Some(now),
+                            lease_transitions: Some(0),
+                            ..Default::default()
+                        }),
+                    };
+                    self.api.create(&PostParams::default(), &lease).await
                 }
-                spec.holder_identity = Some(me);
-                spec.lease_duration_seconds = Some(seconds);
-                spec.renew_time = Some(now);
-                self.api.replace(name, &PostParams::default(), &lease).await
+                Some(current) => {
+                    let mut lease = current.clone();
+                    let spec = lease.spec.get_or_insert_with(Default::default);
+                    if acquire || spec.holder_identity.as_deref() != Some(me.as_str()) {
+                        spec.acquire_time = Some(now.clone());
+                        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                    }
+                    spec.holder_identity = Some(me);
+                    spec.lease_duration_seconds = Some(seconds);
+                    spec.renew_time = Some(now);
+                    self.api.replace(name, &PostParams::default(), &lease).await
+                }
             }
         };
-        match result {
-            Ok(written) => {
-                self.observe(name, written.spec.as_ref(), Instant::now());
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => Err(WriteError::Conflict),
-            Err(e) => Err(WriteError::Api(e)),
+        match tokio::time::timeout(self.request_bound(), request).await {
+            Ok(Ok(written)) => Ok(written),
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => Err(WriteError::Conflict),
+            Ok(Err(e)) => Err(WriteError::Failed(e.to_string())),
+            Err(_) => Err(WriteError::Failed(format!(
+                "no answer within {:?}",
+                self.request_bound()
+            ))),
         }
     }
 
-    /// Give `shard` up: stop its reconciles, wait for them, then release its Lease so another
-    /// replica takes it at its next round. A Lease that cannot be released expires instead.
-    async fn give_up(&mut self, shard: u32) {
+    /// Give `shards` up: start no new reconcile of theirs and let those in flight finish (until
+    /// `deadline`), then release their Leases so that another replica takes them at its next
+    /// round. A shard whose reconciles did not finish in time is dropped (they are abandoned)
+    /// and its Lease expires instead of being released.
+    async fn give_up(&mut self, shards: &[u32], deadline: Instant) {
         tracing::info!(
-            shard,
+            ?shards,
             replicas = self.replicas,
-            "giving a shard up to rebalance"
+            "giving shards up to rebalance"
         );
-        self.lose(shard);
-        if !self.shards.drained(shard, self.renew_deadline / 2).await {
-            tracing::warn!(
-                shard,
-                "reconciles of the shard still run; its Lease expires instead of being released"
-            );
-            return;
+        for &s in shards {
+            self.shards.drain(s);
         }
-        self.release(&self.cfg.shard_lease(shard)).await;
+        let drained =
+            futures::future::join_all(shards.iter().map(|&s| self.shards.drained(s, deadline)))
+                .await;
+        let now = Instant::now();
+        for (&s, drained) in shards.iter().zip(drained) {
+            self.lose(s);
+            self.given_up.insert(s, now);
+            if drained {
+                self.release(&self.cfg.shard_lease(s)).await;
+            } else {
+                tracing::warn!(
+                    shard = s,
+                    "reconciles of the shard still ran: abandoned; its Lease expires instead of being released"
+                );
+            }
+        }
     }
 
     /// Clear the holder of Lease `name` if it is ours (a duration of 1 s, as client-go's
     /// release).
     async fn release(&self, name: &str) {
-        let Ok(mut lease) = self.api.get(name).await else {
-            return;
+        let release = async {
+            let mut lease = self.api.get(name).await?;
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            if spec.holder_identity.as_deref() != Some(self.cfg.identity.as_str()) {
+                return Ok(());
+            }
+            spec.holder_identity = None;
+            spec.lease_duration_seconds = Some(1);
+            spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+            self.api
+                .replace(name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
         };
-        let spec = lease.spec.get_or_insert_with(Default::default);
-        if spec.holder_identity.as_deref() != Some(self.cfg.identity.as_str()) {
-            return;
-        }
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-        if let Err(e) = self.api.replace(name, &PostParams::default(), &lease).await {
-            tracing::warn!(lease = name, error = %e, "could not release a Lease; it expires instead");
+        match tokio::time::timeout(2 * self.request_bound(), release).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(lease = name, error = %e, "could not release a Lease; it expires instead")
+            }
+            Err(_) => tracing::warn!(
+                lease = name,
+                "releasing a Lease got no answer; it expires instead"
+            ),
         }
     }
 
@@ -396,8 +491,13 @@ impl Keeper {
             self.release(&self.cfg.shard_lease(s)).await;
         }
         let member = self.cfg.member_lease();
-        if let Err(e) = self.api.delete(&member, &DeleteParams::default()).await {
-            tracing::warn!(error = %e, "could not delete this replica's member Lease; it expires");
+        let dp = DeleteParams::default();
+        let delete = self.api.delete(&member, &dp);
+        if !matches!(
+            tokio::time::timeout(self.request_bound(), delete).await,
+            Ok(Ok(_))
+        ) {
+            tracing::warn!("could not delete this replica's member Lease; it expires");
         }
         tracing::info!("released every shard");
     }
@@ -419,7 +519,8 @@ impl Keeper {
                     }),
                     ..Default::default()
                 };
-                let _ = self.api.delete(name, &dp).await;
+                let _ =
+                    tokio::time::timeout(self.request_bound(), self.api.delete(name, &dp)).await;
             }
         }
     }
@@ -479,7 +580,7 @@ mod tests {
         assert_eq!(all, (0..12).collect::<Vec<_>>(), "{held:?}");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn replicas_split_the_shards_fairly_and_rebalance_when_one_joins_or_leaves() {
         let cluster = ApiServer::new();
         let client = cluster.client();
@@ -525,7 +626,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn replicas_started_together_see_each_other_before_they_take_shards() {
         let cluster = ApiServer::new();
         let client = cluster.client();
@@ -546,7 +647,7 @@ mod tests {
         disjoint_and_complete(&[a.state().0, b.state().0, c.state().0]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_shards_of_a_replica_that_stops_renewing_are_taken_only_after_expiry() {
         let cluster = ApiServer::new();
         let client = cluster.client();
@@ -650,7 +751,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_keeper_whose_writes_fail_drops_its_shards_at_the_renew_deadline() {
         let cluster = ApiServer::new();
         let client = cluster.client();
@@ -683,5 +784,213 @@ mod tests {
         stop_tx.send(true).unwrap();
         let keeper = task.await.unwrap();
         assert!(keeper.state().0.is_empty());
+    }
+
+    /// Keepers `a`, `b`, `c` holding four shards each, after their first rounds.
+    async fn three(client: &kube::Client) -> [(Keeper, Arc<Shards>); 3] {
+        let [mut a, mut b, mut c] = ["a", "b", "c"].map(|id| keeper(client, id));
+        rounds(&mut [&mut a.0, &mut b.0, &mut c.0], 2).await;
+        for k in [&a.0, &b.0, &c.0] {
+            assert_eq!(k.state().0.len(), 4);
+        }
+        [a, b, c]
+    }
+
+    /// A replica counted alive that holds nothing cannot keep the shards of a dead one
+    /// without a holder: they are taken past the fair share once expired, and given back
+    /// when the counts settle.
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_replicas_shards_are_taken_past_the_fair_share() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let [(mut a, _), (mut b, _), (c, _)] = three(&client).await;
+        let dead = c.state().0;
+        // c stops renewing its shards, but its member Lease is kept alive by hand (a replica
+        // paused between its member write and its renewals, or one whose shard writes fail):
+        // a and b count three replicas, a fair share of four, which they hold.
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let member = c.cfg.member_lease();
+        let started = Instant::now();
+        while a.state().0.len() + b.state().0.len() != 12 {
+            assert!(
+                started.elapsed() < Duration::from_secs(4),
+                "orphans left without a holder: a {:?}, b {:?}",
+                a.state().0,
+                b.state().0
+            );
+            let mut lease = leases.get(&member).await.unwrap();
+            lease.spec.as_mut().unwrap().renew_time =
+                Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+            leases
+                .replace(&member, &PostParams::default(), &lease)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            rounds(&mut [&mut a, &mut b], 1).await;
+            assert_eq!(a.state().1, 3, "c counted alive");
+        }
+        // Not before they expired (2 s).
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        let held = [a.state().0, b.state().0];
+        disjoint_and_complete(&held);
+        assert!(dead.iter().all(|s| held.iter().any(|h| h.contains(s))));
+    }
+
+    /// A conflict on a renewal (a write of ours whose answer was lost landed, or anyone
+    /// touched the Lease) does not lose the shard: the next round reads it again and renews.
+    /// Only the fence drops a shard whose renewals keep failing.
+    #[tokio::test(start_paused = true)]
+    async fn a_conflicting_renewal_reads_the_lease_again_instead_of_losing_the_shard() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (mut a, sa) = keeper(&client, "a");
+        rounds(&mut [&mut a], 2).await;
+        let mut pass = sa.enter(3).expect("held");
+        let conflicts = |rate| crate::cluster::Faults {
+            conflict_rate: rate,
+            ..Default::default()
+        };
+        // Every renewal conflicts for 1 s (ten rounds), less than the 1.5 s renew deadline.
+        cluster.set_faults(conflicts(1.0));
+        for _ in 0..10 {
+            a.round().await;
+            a.enforce_fences();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(a.state().0.len(), 12, "no shard lost to a conflict");
+        cluster.set_faults(conflicts(0.0));
+        a.round().await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), pass.lost())
+                .await
+                .is_err(),
+            "the pass went on"
+        );
+        // Past the renew deadline of conflicts, the fence drops them.
+        cluster.set_faults(conflicts(1.0));
+        for _ in 0..16 {
+            a.round().await;
+            a.enforce_fences();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(a.state().0.is_empty() && sa.held().is_empty());
+        tokio::time::timeout(Duration::from_millis(1), pass.lost())
+            .await
+            .expect("told of the loss");
+    }
+
+    /// A shard lost to the fence and taken again by the same replica is a new acquisition:
+    /// its reconciles were abandoned, and the Lease says so (`leaseTransitions`,
+    /// `acquireTime`), as it would for another replica.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_taken_back_after_its_fence_lapsed_counts_as_a_transition() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (mut a, sa) = keeper(&client, "a");
+        rounds(&mut [&mut a], 2).await;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let name = a.cfg.shard_lease(5);
+        let first = leases.get(&name).await.unwrap().spec.unwrap();
+        // No renewal for longer than the renew deadline (the API did not answer).
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        a.enforce_fences();
+        assert!(a.state().0.is_empty() && sa.held().is_empty());
+        // Its Leases expire (2 s); then a takes them again.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        a.round().await;
+        assert_eq!(a.state().0.len(), 12);
+        let again = leases.get(&name).await.unwrap().spec.unwrap();
+        assert_eq!(again.holder_identity.as_deref(), Some("a"));
+        assert_eq!(
+            again.lease_transitions,
+            Some(first.lease_transitions.unwrap_or(0) + 1)
+        );
+        assert_ne!(again.acquire_time, first.acquire_time);
+        // A plain renewal is not.
+        a.round().await;
+        let renewed = leases.get(&name).await.unwrap().spec.unwrap();
+        assert_eq!(renewed.lease_transitions, again.lease_transitions);
+        assert_eq!(renewed.acquire_time, again.acquire_time);
+    }
+
+    /// A shard given up to rebalance lets its reconciles in flight finish and is released
+    /// after them; one whose reconcile does not finish by the drain deadline is dropped (the
+    /// reconcile abandoned) and left to expire.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_given_up_is_released_after_its_reconciles_finish() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (mut a, sa) = keeper(&client, "a");
+        rounds(&mut [&mut a], 2).await;
+        let (mut b, _) = keeper(&client, "b");
+        b.round().await; // b announces itself
+        // a gives up the six highest shards (6..=11) at its next round. A reconcile of shard
+        // 11 ends 300 ms into the drain; one of shard 10 never does.
+        let mut finishing = sa.enter(11).expect("held");
+        let mut stuck = sa.enter(10).expect("held");
+        let ended = tokio::spawn(async move {
+            let lost = tokio::time::timeout(Duration::from_millis(300), finishing.lost()).await;
+            (lost.is_err(), finishing)
+        });
+        let round = tokio::spawn(async move {
+            a.round().await;
+            a
+        });
+        let (not_told, finishing) = ended.await.unwrap();
+        assert!(not_told, "a draining reconcile is not abandoned");
+        drop(finishing);
+        let mut a = round.await.unwrap();
+        assert_eq!(a.state().0, (0..6).collect::<Vec<_>>());
+        tokio::time::timeout(Duration::from_millis(1), stuck.lost())
+            .await
+            .expect("the reconcile that ran past the drain deadline is abandoned");
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let holder = |name: String| {
+            let leases = leases.clone();
+            async move {
+                leases
+                    .get(&name)
+                    .await
+                    .unwrap()
+                    .spec
+                    .unwrap()
+                    .holder_identity
+            }
+        };
+        assert_eq!(holder(a.cfg.shard_lease(11)).await, None, "released");
+        assert_eq!(
+            holder(a.cfg.shard_lease(10)).await.as_deref(),
+            Some("a"),
+            "left to expire"
+        );
+        // b takes the released ones at once, and shard 10 once it expired.
+        b.round().await;
+        assert!(b.state().0.contains(&11) && !b.state().0.contains(&10));
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            rounds(&mut [&mut a, &mut b], 1).await;
+        }
+        assert_eq!(a.state().0, (0..6).collect::<Vec<_>>());
+        assert_eq!(b.state().0, (6..12).collect::<Vec<_>>());
+    }
+
+    /// A request that does not answer does not hold the round: it is bounded by half the
+    /// renew deadline, so the next round can renew before the fence.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_without_an_answer_is_bounded_by_half_the_renew_deadline() {
+        let cluster = ApiServer::new();
+        let client = cluster.client();
+        let (mut a, _) = keeper(&client, "a");
+        rounds(&mut [&mut a], 2).await;
+        cluster.set_faults(crate::cluster::Faults {
+            latency: Duration::from_secs(60),
+            ..Default::default()
+        });
+        let started = Instant::now();
+        a.round().await;
+        assert_eq!(started.elapsed(), Duration::from_millis(750));
+        cluster.set_faults(crate::cluster::Faults::default());
+        a.round().await;
+        assert_eq!(a.state().0.len(), 12, "renewed at the next round");
     }
 }

@@ -8,20 +8,34 @@
 //! - Each shard is a Lease, `<lease_prefix>-shard-<n>`. A replica runs the objects of the
 //!   shards whose Lease it holds, and no other.
 //! - Replicas find each other through their member Leases (`<lease_prefix>-member-<hash>`,
-//!   renewed like a shard's). Each holds at most its fair share, ⌈shards / replicas⌉: a replica
+//!   renewed like a shard's). Each aims at its fair share, ⌈shards / replicas⌉: a replica
 //!   that holds more gives the excess up (highest shard numbers first), one that holds fewer
 //!   takes free or expired shards. A replica's first round only writes its member Lease, so
 //!   replicas started together count each other before any takes shards. A replica that joins
 //!   therefore gets its share within a few retry periods, and one that leaves (or dies) has
 //!   its shards taken over once they are free (at once after a graceful release) or expired
-//!   (`lease_duration` after its last renewal, as the others observed it).
+//!   (`lease_duration` after its last renewal, as the others observed it). Replicas may count
+//!   each other differently for a few rounds (one just died, another just started): a shard
+//!   left without a holder is then taken past the fair share, two retry periods after it
+//!   expired (or a lease duration after its release), and given up again once the counts
+//!   agree.
+//! - Each renewal round writes the member Lease and every held shard's at once, each request
+//!   bounded by half the renew deadline, so that a request without an answer leaves time for
+//!   another try. A renewal that conflicts (the Lease changed since it was listed: another
+//!   replica took it, or a renewal of ours landed with its answer lost) is read again at the
+//!   next round; only another holder or the fence ends the hold. A shard that is lost and
+//!   then taken again by the same replica is written as a new acquisition (`acquireTime`,
+//!   `leaseTransitions`).
 //! - **Fencing.** A shard is the replica's only while it renewed its Lease within
 //!   `lease_renew_deadline` of sending the renewal (the same rule as [`crate::leader`]): past
-//!   that, or once it sees another holder, or when it gives the shard up, the replica stops
-//!   every reconcile of the shard's objects (a reconcile in flight is abandoned), refuses their writes
-//!   ([`ShardNotHeld`]), and starts no new one. Another replica cannot take the Lease before
-//!   `lease_duration` after that renewal, so the two never run one object at the same time.
-//!   A shard given up voluntarily is released only once its reconciles have stopped.
+//!   that, or once it sees another holder, the replica stops every reconcile of the shard's
+//!   objects (a reconcile in flight is abandoned), refuses their writes ([`ShardNotHeld`]),
+//!   and starts no new one. Another replica cannot take the Lease before `lease_duration` after
+//!   that renewal, so the two never run one object at the same time.
+//! - **Giving a shard up** to rebalance drains it: no new reconcile of its objects starts,
+//!   those in flight finish (until half the renew deadline after the round's renewals; one
+//!   still running then is abandoned), and the Lease is released only once they have
+//!   finished (otherwise it expires).
 //! - **What a replica watches** ([`ShardWatch`]). By default every replica watches and caches
 //!   every object of its kinds (the others' shards too), so a takeover starts reconciling at
 //!   once, and a waiter on an object of another replica's shard is woken by that object's
@@ -61,10 +75,8 @@
 mod fence;
 pub(crate) mod keeper;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -281,6 +293,8 @@ pub(crate) struct Shards {
     /// held only before it, whatever the keeper has got round to.
     valid_until: Vec<AtomicU64>,
     base: Instant,
+    /// Per shard: being given up ([`Shards::drain`]): held, but no new reconcile starts.
+    draining: Vec<AtomicBool>,
     /// Per shard: reconciles running now.
     in_flight: Vec<AtomicUsize>,
     idle: Vec<Notify>,
@@ -302,6 +316,7 @@ impl Shards {
             held: (0..n).map(|_| watch::channel(false).0).collect(),
             valid_until: (0..n).map(|_| AtomicU64::new(0)).collect(),
             base: Instant::now(),
+            draining: (0..n).map(|_| AtomicBool::new(false)).collect(),
             in_flight: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             idle: (0..n).map(|_| Notify::new()).collect(),
             listeners: Mutex::new(Vec::new()),
@@ -350,16 +365,21 @@ impl Shards {
             .push(f);
     }
 
-    /// `shard` is held until `until` (acquired or renewed); on an acquisition, the listeners
-    /// run its objects.
+    /// `shard` is held until `until` (acquired or renewed), and runs new reconciles again if
+    /// it was being drained. On an acquisition, or the end of a drain that did not end in a
+    /// give-up, the listeners run its objects (those a drain turned away were handed back).
     pub(crate) fn hold_until(&self, shard: u32, until: Instant) {
         let i = shard as usize;
         self.valid_until[i].store(self.nanos(until).max(1), Ordering::Release);
+        let undrained = self.draining[i].swap(false, Ordering::AcqRel);
         // Only the keeper changes `held`: said before it is so, as a loss is said after.
-        if !*self.held[i].borrow() {
+        let acquired = !*self.held[i].borrow();
+        if acquired {
             tracing::info!(shard, "acquired shard");
             self.held[i].send_replace(true);
             self.changes.send_modify(|n| *n += 1);
+        }
+        if acquired || undrained {
             for f in self
                 .listeners
                 .lock()
@@ -371,19 +391,27 @@ impl Shards {
         }
     }
 
+    /// Start giving `shard` up: it stays held (its reconciles in flight go on, and their writes
+    /// pass the fence), but no new reconcile starts. [`Shards::drained`] waits for the last.
+    pub(crate) fn drain(&self, shard: u32) {
+        self.draining[shard as usize].store(true, Ordering::Release);
+    }
+
     /// `shard` is not held any more: its reconciles in flight are abandoned, no new one starts.
     pub(crate) fn lose(&self, shard: u32) {
         let i = shard as usize;
         self.valid_until[i].store(0, Ordering::Release);
+        self.draining[i].store(false, Ordering::Release);
         if self.held[i].send_replace(false) {
             tracing::info!(shard, "shard no longer held: its reconciles stop");
             self.changes.send_modify(|n| *n += 1);
         }
     }
 
-    /// Enter a reconcile of an object of `shard`: `None` if the shard is not held.
+    /// Enter a reconcile of an object of `shard`: `None` if the shard is not held, or is
+    /// being drained.
     pub(crate) fn enter(self: &Arc<Self>, shard: u32) -> Option<PassGuard> {
-        if !self.holds(shard) {
+        if !self.holds(shard) || self.draining[shard as usize].load(Ordering::Acquire) {
             return None;
         }
         self.in_flight[shard as usize].fetch_add(1, Ordering::AcqRel);
@@ -394,8 +422,9 @@ impl Shards {
         })
     }
 
-    /// Wait until no reconcile of `shard` runs (at most `limit`); `false` if some still did.
-    pub(crate) async fn drained(&self, shard: u32, limit: Duration) -> bool {
+    /// Wait until no reconcile of `shard` runs (at most until `deadline`); `false` if some
+    /// still did.
+    pub(crate) async fn drained(&self, shard: u32, deadline: Instant) -> bool {
         let i = shard as usize;
         let wait = async {
             loop {
@@ -406,7 +435,7 @@ impl Shards {
                 notified.await;
             }
         };
-        tokio::time::timeout(limit, wait).await.is_ok()
+        tokio::time::timeout_at(deadline, wait).await.is_ok()
     }
 }
 
@@ -445,6 +474,7 @@ impl Drop for PassGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn shard_of_is_stable_and_spread() {
@@ -520,7 +550,11 @@ mod tests {
         let mut pass = shards.enter(1).expect("held");
         let drained = {
             let shards = shards.clone();
-            tokio::spawn(async move { shards.drained(1, Duration::from_secs(5)).await })
+            tokio::spawn(async move {
+                shards
+                    .drained(1, Instant::now() + Duration::from_secs(5))
+                    .await
+            })
         };
         shards.lose(1);
         tokio::time::timeout(Duration::from_millis(1), pass.lost())
@@ -528,6 +562,67 @@ mod tests {
             .expect("the pass sees the loss at once");
         drop(pass);
         assert!(drained.await.unwrap(), "drained once the pass ended");
-        assert!(shards.drained(0, Duration::from_millis(1)).await);
+        assert!(
+            shards
+                .drained(0, Instant::now() + Duration::from_millis(1))
+                .await
+        );
+    }
+
+    /// A shard being given up lets its reconciles in flight finish (they are not told of a
+    /// loss) and starts no new one; a drain that ends without a give-up (the keeper renewed the
+    /// shard instead) runs the shard's objects again, since the drain turned them away.
+    #[tokio::test(start_paused = true)]
+    async fn a_draining_shard_lets_its_passes_finish_and_starts_none() {
+        let shards = Arc::new(Shards::new(2));
+        let acquired = Arc::new(Mutex::new(Vec::new()));
+        let a = acquired.clone();
+        shards.on_acquired(Box::new(move |s| a.lock().unwrap().push(s)));
+        shards.hold_until(0, Instant::now() + Duration::from_secs(10));
+        let mut pass = shards.enter(0).expect("held");
+        shards.drain(0);
+        assert!(shards.enter(0).is_none(), "no new reconcile while draining");
+        assert!(
+            shards.holds(0),
+            "still held: the pass's writes pass the fence"
+        );
+        // The pass is not told of a loss; the drain waits for it.
+        let waiting = {
+            let shards = shards.clone();
+            tokio::spawn(async move {
+                shards
+                    .drained(0, Instant::now() + Duration::from_secs(5))
+                    .await
+            })
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), pass.lost())
+                .await
+                .is_err(),
+            "a draining pass is not abandoned"
+        );
+        assert!(!waiting.is_finished());
+        drop(pass);
+        assert!(waiting.await.unwrap());
+        // A drain that times out says so.
+        shards.hold_until(1, Instant::now() + Duration::from_secs(10));
+        let stuck = shards.enter(1).expect("held");
+        shards.drain(1);
+        assert!(
+            !shards
+                .drained(1, Instant::now() + Duration::from_millis(10))
+                .await
+        );
+        drop(stuck);
+        // Renewed instead of given up: reconciles start again and the objects run.
+        assert_eq!(*acquired.lock().unwrap(), vec![0, 1]);
+        shards.hold_until(1, Instant::now() + Duration::from_secs(10));
+        assert!(shards.enter(1).is_some());
+        assert_eq!(*acquired.lock().unwrap(), vec![0, 1, 1]);
+        // Given up: lost, not draining any more.
+        shards.drain(0);
+        shards.lose(0);
+        shards.hold_until(0, Instant::now() + Duration::from_secs(10));
+        assert!(shards.enter(0).is_some());
     }
 }
