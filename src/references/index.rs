@@ -380,6 +380,11 @@ impl ReferenceIndex {
         if live.is_empty() {
             return None;
         }
+        // What blocks the deletion is now known to hold the target, as the annotations say
+        // (this runtime may never have run those referrers: another replica's shard, or a
+        // reference taken after this runtime's start-up rebuild): when one leaves the store,
+        // `gone` wakes the target at once instead of the fallback poll.
+        self.learn(target, &live);
         let names: Vec<String> = live.iter().map(|t| t.to_string()).collect();
         let message = match self.find_cycle(target) {
             Some(cycle) => format!(

@@ -292,6 +292,22 @@ fn a_cycle_of_deleting_resources_is_named_as_a_cycle() {
     assert_eq!(blocked.message, format!("in use by {}", app("shop")));
 }
 
+/// A deletion blocked by a referrer this runtime never ran (another replica's, or one that
+/// took its reference after this runtime started) is woken when that referrer leaves the
+/// store, not at the fallback poll: the annotations that block it also say what to wait for.
+#[test]
+fn a_deletion_blocked_by_a_referrer_is_woken_when_that_referrer_goes() {
+    let (index, dbs, apps) = index();
+    apps.put(&app("shop"), Obj::default());
+    assert!(!index.holds_any());
+    let obj = referenced_by(&[app("shop")], &[]);
+    assert!(index.deletion_blocked(&db("orders"), &obj).is_some());
+    apps.remove(&app("shop"));
+    index.gone(&app("shop"));
+    assert_eq!(dbs.woken(), vec![db("orders")]);
+    assert!(index.deletion_blocked(&db("orders"), &obj).is_none());
+}
+
 #[test]
 fn a_referrer_gone_from_its_store_wakes_what_it_held_and_is_forgotten() {
     let (index, dbs, _apps) = index();
