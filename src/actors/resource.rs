@@ -200,20 +200,12 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// The next delay of the object's error backoff (a failed reconcile, or a failed status write);
     /// a success resets it.
     fn next_error_backoff(&self, st: &mut ResourceState<K>) -> Duration {
-        st.error_attempts += 1;
+        st.error_attempts = st.error_attempts.saturating_add(1);
         let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&st.key));
         let policy = &self.shared.policy.error_backoff;
         let attempts = st.error_attempts;
         st.error_backoff
-            .get_or_insert_with(|| {
-                // After a passivation (which keeps only the count): resume where the object's
-                // backoff was, not at its start. 64 doublings are past any `max`.
-                let mut sequence = policy.sequence(seed);
-                for _ in 1..attempts.min(64) {
-                    sequence.next();
-                }
-                Box::new(sequence)
-            })
+            .get_or_insert_with(|| Box::new(error_backoff(policy, seed, attempts)))
             .next()
             .unwrap_or(policy.max)
     }
@@ -502,15 +494,30 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
         // Boxed: the pass's state machine is large, and inline it would make every idle
         // actor's task that large.
-        let pass = Box::pin(self.run_pass(myself, st, slot)).instrument(span.clone());
-        let ran = match fence.as_mut() {
-            None => Some(pass.await),
-            // The shard is lost mid-pass: the pass is dropped where it is (its writes are
-            // refused from the loss on, by the shard's fenced client).
-            Some(guard) => tokio::select! {
-                result = pass => Some(result),
-                _ = guard.lost() => None,
-            },
+        let ran = {
+            let mut pass = Box::pin(self.run_pass(myself, st, slot)).instrument(span.clone());
+            match fence.as_mut() {
+                None => Some(pass.await),
+                // The shard is lost mid-pass: the pass is dropped where it is (its writes are
+                // refused from the loss on, by the shard's fenced client). The fence is also
+                // checked before every poll of the pass, by the clock: a replica that continues
+                // after a pause past its renew deadline (or starved of CPU as long) runs no more
+                // of the pass's code, outside Kubernetes included, before its keeper has caught up.
+                Some(guard) => {
+                    let held = guard.check();
+                    let fenced = std::future::poll_fn(|cx| {
+                        if !held.holds() {
+                            return std::task::Poll::Ready(None);
+                        }
+                        std::future::Future::poll(std::pin::Pin::new(&mut pass), cx).map(Some)
+                    });
+                    tokio::select! {
+                        biased;
+                        _ = guard.lost() => None,
+                        result = fenced => result,
+                    }
+                }
+            }
         };
         drop(fence);
         let Some(result) = ran else {
@@ -994,6 +1001,21 @@ enum StatusWrite {
 struct Pass {
     outcome: Outcome,
     desired: Option<ResourceStatus>,
+}
+
+/// An object's error backoff after `attempts` failures (the one now included): a fresh
+/// sequence, or, after a passivation (which keeps only the count), one resumed where the
+/// object's backoff was rather than at its start. 64 doublings are past any `max`.
+pub(crate) fn error_backoff(
+    policy: &crate::policy::BackoffPolicy,
+    seed: Option<u64>,
+    attempts: u32,
+) -> ExponentialBackoff {
+    let mut sequence = policy.sequence(seed);
+    for _ in 1..attempts.min(64) {
+        sequence.next();
+    }
+    sequence
 }
 
 pub(crate) fn key_hash<K>(key: &ObjectRef<K>) -> u64

@@ -209,6 +209,9 @@ impl Keeper {
             self.lose(s);
         }
 
+        // A shard whose fence lapsed is lost before it could be renewed: the take below makes
+        // it a new acquisition, as its reconciles have stopped.
+        self.enforce_fences();
         // The member Lease and every held shard at once: one slow answer must not hold the
         // others past the fence.
         let member = self.cfg.member_lease();
@@ -226,9 +229,25 @@ impl Keeper {
         for ((shard, name), result) in renewals.into_iter().zip(written) {
             match (shard, result) {
                 (_, Ok(lease)) => {
-                    self.observe(&name, lease.spec.as_ref(), Instant::now());
-                    if let Some(s) = shard {
-                        self.renewed(s, sent);
+                    let now = Instant::now();
+                    self.observe(&name, lease.spec.as_ref(), now);
+                    match shard {
+                        // Renewed, but after its fence: its reconciles stopped meanwhile (by the
+                        // clock), so this is a loss, and the take below a new acquisition.
+                        Some(s)
+                            if self
+                                .held
+                                .get(&s)
+                                .is_some_and(|at| *at + self.renew_deadline <= now) =>
+                        {
+                            tracing::warn!(
+                                shard = s,
+                                "shard Lease renewed only after the renew deadline: shard lost, taken again"
+                            );
+                            self.lose(s);
+                        }
+                        Some(s) => self.renewed(s, sent),
+                        None => {}
                     }
                 }
                 (None, Err(WriteError::Conflict)) => {}
@@ -290,7 +309,10 @@ impl Keeper {
                 continue;
             }
             let observed = self.observed.get(&name);
-            if !observed.is_none_or(|o| o.expired(now)) {
+            // Free, expired, or still naming this replica (it lost the shard to its fence).
+            let free =
+                observed.is_none_or(|o| o.expired(now) || o.holder.as_deref() == Some(me.as_str()));
+            if !free {
                 continue;
             }
             // Up to the fair share; past it, orphans too: a shard whose holder stopped
@@ -371,7 +393,7 @@ impl Keeper {
     ) -> Result<Lease, WriteError> {
         let me = self.cfg.identity.clone();
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        let seconds = self.duration.as_secs() as i32;
+        let seconds = crate::policy::lease_seconds(self.duration);
         let request = async {
             match current {
                 None => {

@@ -460,6 +460,27 @@ impl PassGuard {
     pub(crate) async fn lost(&mut self) {
         let _ = self.lost.wait_for(|held| !held).await;
     }
+
+    /// What tells, by the clock, whether the shard is still held (see [`Shards::holds`]).
+    pub(crate) fn check(&self) -> HeldCheck {
+        HeldCheck {
+            shards: self.shards.clone(),
+            shard: self.shard,
+        }
+    }
+}
+
+/// Whether one shard is held, asked by the clock ([`PassGuard::check`]).
+pub(crate) struct HeldCheck {
+    shards: Arc<Shards>,
+    shard: u32,
+}
+
+impl HeldCheck {
+    /// [`Shards::holds`] for the shard.
+    pub(crate) fn holds(&self) -> bool {
+        self.shards.holds(self.shard)
+    }
 }
 
 impl Drop for PassGuard {
