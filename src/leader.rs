@@ -239,7 +239,7 @@ impl Elector {
         let sent = Instant::now();
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let me = self.election.identity.clone();
-        let seconds = self.duration.as_secs() as i32;
+        let seconds = crate::policy::lease_seconds(self.duration);
         let Some(mut lease) = self.api.get_opt(&self.election.lease).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {

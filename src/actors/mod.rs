@@ -88,7 +88,7 @@ mod manager_tests;
 mod metrics;
 mod outcome_key;
 mod passive_timers;
-mod resource;
+pub(crate) mod resource;
 #[cfg(all(test, feature = "cluster"))]
 mod resource_tests;
 pub(crate) mod restarts;
@@ -101,7 +101,7 @@ mod store;
 #[cfg(all(test, feature = "cluster"))]
 pub(crate) mod testing;
 pub(crate) use store::KindStore;
-mod timer;
+pub(crate) mod timer;
 pub(crate) mod triggers;
 mod wake_up;
 mod writes;

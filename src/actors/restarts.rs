@@ -64,7 +64,7 @@ impl RestartTracker {
             self.failures.pop_front();
         }
         let failures = self.failures.len();
-        if failures as u32 > policy.max_restarts {
+        if failures > policy.max_restarts as usize {
             return AfterFailure::Exhausted { failures };
         }
         let delay = self

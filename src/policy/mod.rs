@@ -473,6 +473,12 @@ impl PolicyError {
     }
 }
 
+/// A lease duration as a Lease's `leaseDurationSeconds` (whole seconds; a validated policy
+/// holds at most a year, far below the field's `i32`).
+pub(crate) fn lease_seconds(duration: Duration) -> i32 {
+    i32::try_from(duration.as_secs()).unwrap_or(i32::MAX)
+}
+
 impl SupervisorPolicy {
     /// Check that the policy's lease timings fit together (leader election and sharding share
     /// them): the failing field and why.
