@@ -410,6 +410,13 @@ impl<K: ManagedResource> Watch<'_, K> {
                     existing,
                     self.namespace.map(str::to_string),
                 ));
+                // A relist drops from the store what was deleted while the watch was down,
+                // without a delete event: those of them that held references (objects of other
+                // replicas' shards included, which the manager has no entry for) wake what
+                // they held, and waiters on them see them missing, as for a deletion seen.
+                shared
+                    .references
+                    .kind_synced(&K::api_version(&()), &K::kind(&()));
             }
             Err(e) => match refusal::<K>(&e) {
                 Some(why) => {

@@ -261,11 +261,13 @@ impl ReferenceIndex {
         }
     }
 
-    /// A kind finished its first list. (Reconciles start while it is still arriving.) Until then
-    /// the store could not say whether an object of the kind exists, so a target not listed yet
-    /// read as not Ready rather than missing, and `deletion_blocked` counted every referrer of
-    /// the kind as live. For those that do not exist, wake whoever waits for them (to see them
-    /// missing) and whatever they held (to delete it), now instead of at the next fallback poll.
+    /// A kind finished a list: its first (reconciles start while it is still arriving), or a
+    /// relist after its watch broke, which drops from the store what was deleted meanwhile
+    /// without a delete event. Until the first, the store could not say whether an object of
+    /// the kind exists, so a target not listed yet read as not Ready rather than missing, and
+    /// `deletion_blocked` counted every referrer of the kind as live. For those that do not
+    /// exist, wake whoever waits for them (to see them missing) and whatever they held (to
+    /// delete it), now instead of at the next fallback poll.
     pub(crate) fn kind_synced(&self, api_version: &str, kind: &str) {
         let Some(handle) = self.kind_named(api_version, kind) else {
             return;
