@@ -359,6 +359,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             holder: cx.holder.clone(),
             lock_expiry: policy.lock_expiry,
             locks_seen: Default::default(),
+            unrecorded: Default::default(),
         });
         let kind = K::kind(&()).into_owned();
         let (config, start_config) = match self.config {

@@ -50,6 +50,8 @@ pub(crate) struct ControllerParts {
     pub lock_expiry: Duration,
     /// When this runtime first saw each lock held by another.
     pub locks_seen: super::guard::LockSightings,
+    /// The guarded tasks this runtime ran to `Done` and has not recorded yet.
+    pub unrecorded: super::guard::UnrecordedResults,
     /// The children this controller wrote, when it watches them
     /// ([`Controller::owns`](crate::runtime::Controller::owns)).
     pub own_writes: Option<Arc<OwnWrites>>,
@@ -121,6 +123,7 @@ impl ControllerParts {
             holder: Arc::from(new_holder_id().as_str()),
             lock_expiry: crate::policy::SupervisorPolicy::default().lock_expiry,
             locks_seen: Default::default(),
+            unrecorded: Default::default(),
             own_writes: None,
         }
     }

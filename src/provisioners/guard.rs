@@ -24,11 +24,13 @@
 //! by less than `lock_expiry` never takes a live lock; one whose clock runs behind waits at most
 //! `lock_expiry` after it first saw the lock.
 //!
-//! The task's result is written under the lock, retried for a few seconds when the API fails;
-//! only a result that cannot be written at all (or a runtime that dies between the task and the
-//! write, or a sharded replica that lost the object's shard meanwhile, whose writes its fence
-//! refuses) lets the task run again, on the next reconcile or once the lock expires. Write tasks that
-//! find their effect already there.
+//! The task's result is written under the lock, retried for a few seconds when the API fails.
+//! A reconcile cut before the result is recorded (the policy's `reconcile_timeout`, a write
+//! that kept failing, a sharded replica's shard lost and taken back) leaves the lock behind, and
+//! the runtime remembers that the task is done: its next reconcile of the object records the
+//! result instead of running the task again. Only a process that stops between the task and the
+//! record (killed, or a replica whose shard another replica then takes) lets the task run
+//! again, once the lock expires. Write tasks that find their effect already there.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -136,6 +138,35 @@ impl LockSightings {
     }
 }
 
+/// Tasks this runtime ran to `Done` whose result it has not recorded yet: object uid, condition
+/// type, generation and intent. A reconcile cut between the task and the record (by the
+/// policy's `reconcile_timeout`, or a result write that kept failing) leaves its lock behind;
+/// the next reconcile finds it here and records the result instead of running the task again.
+/// An entry goes once the result is recorded, or the condition is seen done or held by another;
+/// only a process that stops in between forgets it.
+#[derive(Default)]
+pub(crate) struct UnrecordedResults(std::sync::Mutex<std::collections::HashSet<ResultKey>>);
+
+/// Object uid, condition type, generation, and whether the intent is deprovision.
+type ResultKey = (String, String, Option<i64>, bool);
+
+impl UnrecordedResults {
+    fn insert(&self, key: ResultKey) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+    }
+
+    fn remove(&self, key: &ResultKey) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+
+    fn contains(&self, key: &ResultKey) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(key)
+    }
+}
+
 /// Provision or deprovision: the two intents of one generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Intent {
@@ -161,9 +192,10 @@ impl<K: ManagedResource> Context<K> {
     ///    until it expires; the holder's result write wakes this object sooner. Expiry is
     ///    judged by this runtime's clock, not by the time the holder wrote: the lock holds until
     ///    this runtime has seen it unchanged for `lock_expiry`, or until its `until` lies more
-    ///    than `lock_expiry` in the past. A lock this
-    ///    runtime holds itself (an earlier reconcile of it could not record its result, or panicked)
-    ///    is taken again at once.
+    ///    than `lock_expiry` in the past. A lock this runtime holds itself is taken again at
+    ///    once, unless the task ran to `Done` under it and only its result is missing (the
+    ///    reconcile was cut before recording it): then the result is recorded and the task does
+    ///    not run again.
     /// 3. Take the lock: write the condition (`Locked`, this runtime as the holder, expiry now
     ///    plus the policy's `lock_expiry`) with the resourceVersion this reconcile knows as a
     ///    precondition. If the object changed since, the write fails, the task does not run,
@@ -223,12 +255,33 @@ impl<K: ManagedResource> Context<K> {
         let generation = self.object().meta().generation;
         let current = self.condition(type_);
         let (done_status, done_reason) = intent.done();
+        let result_key: ResultKey = (
+            self.object().meta().uid.clone().unwrap_or_default(),
+            type_.to_string(),
+            generation,
+            intent == Intent::Deprovision,
+        );
         if let Some(c) = &current
             && c.status == done_status.as_str()
             && c.reason == done_reason
             && c.observed_generation == generation
         {
+            self.parts().unrecorded.remove(&result_key);
             return Outcome::Done;
+        }
+        let own_lock = current
+            .as_ref()
+            .and_then(Lock::of)
+            .is_some_and(|lock| *lock.holder == *holder);
+        if own_lock && self.parts().unrecorded.contains(&result_key) {
+            // This runtime ran the task to `Done` under this lock, and the reconcile was cut
+            // before its result was recorded: record it now, do not run the task again.
+            return self
+                .record_result(type_, intent, generation, Outcome::Done, &result_key)
+                .await;
+        }
+        if !own_lock {
+            self.parts().unrecorded.remove(&result_key);
         }
         let expiry = self.parts().lock_expiry;
         let sighting = (
@@ -310,6 +363,26 @@ impl<K: ManagedResource> Context<K> {
                 elapsed,
             ),
         };
+        if matches!(outcome, Outcome::Done) {
+            self.parts().unrecorded.insert(result_key.clone());
+        }
+        self.record_result(type_, intent, generation, outcome, &result_key)
+            .await
+    }
+
+    /// Record `outcome`, the task's, on the condition `type_` (only over this runtime's own
+    /// lock: one taken by another runtime after ours expired is theirs), retried for a few
+    /// seconds when the API fails; return it.
+    async fn record_result(
+        &self,
+        type_: &str,
+        intent: Intent,
+        generation: Option<i64>,
+        outcome: Outcome,
+        result_key: &ResultKey,
+    ) -> Outcome {
+        let holder = self.parts().holder.clone();
+        let (done_status, done_reason) = intent.done();
         let (status, reason, msg) = match &outcome {
             Outcome::Done => (done_status, done_reason.to_string(), String::new()),
             o => {
@@ -324,7 +397,6 @@ impl<K: ManagedResource> Context<K> {
                 )
             }
         };
-        // Only over our own lock: one taken by another runtime after ours expired is theirs.
         let record = |st: &ResourceStatus| {
             let ours = st
                 .condition(type_)
@@ -348,8 +420,10 @@ impl<K: ManagedResource> Context<K> {
             .when(|e| matches!(e, WriteError::Failed(_)))
             .await;
         match recorded {
-            Ok(_) => outcome,
-            Err(WriteError::Stale) => outcome,
+            Ok(_) | Err(WriteError::Stale) => {
+                self.parts().unrecorded.remove(result_key);
+                outcome
+            }
             Err(WriteError::Failed(e)) => Outcome::failed(
                 Reason::new(
                     "LockReleaseFailed",

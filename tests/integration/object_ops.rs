@@ -225,6 +225,44 @@ async fn a_guard_runs_its_task_once_per_generation_and_records_the_result() {
     rt.shutdown().await;
 }
 
+/// A reconcile cut between a guarded task that finished and the record of its result (here:
+/// every write fails until the reconcile timeout stops the retries) leaves its lock behind. The
+/// next reconcile of the same runtime records the result; it does not run the task again.
+#[tokio::test(start_paused = true)]
+async fn a_guarded_task_whose_result_write_was_cut_is_recorded_not_run_again() {
+    let (cluster, client) = cluster();
+    let runs = Arc::new(AtomicU32::new(0));
+    let tree = {
+        let (runs, cluster) = (runs.clone(), cluster.clone());
+        guard("External", move |_cx: Context<Widget>| {
+            let (runs, cluster) = (runs.clone(), cluster.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                // The API fails from now on, for 5 s: longer than the reconcile may run.
+                cluster.set_faults(actorcile::cluster::Faults {
+                    error_rate: 1.0,
+                    ..Default::default()
+                });
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    cluster.set_faults(actorcile::cluster::Faults::default());
+                });
+                Outcome::Done
+            }
+        })
+    };
+    let mut policy = test_policy();
+    policy.reconcile_timeout = Some(Duration::from_secs(1));
+    let rt = start_widgets(&client, policy, tree).await;
+    create(&client, "w", 1).await;
+    wait_ready(&client, "w", LIMIT).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the task ran once");
+    let w = widgets(&client).get("w").await.unwrap();
+    let c = condition(&w, "External").unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Done"));
+    rt.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn two_runtimes_racing_on_fifty_objects_run_each_guarded_task_once() {
     let (_cluster, client) = cluster();

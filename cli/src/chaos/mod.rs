@@ -178,6 +178,9 @@ pub struct Violations {
     /// Operator processes that did not exit within the shutdown timeout of a SIGTERM, or
     /// exited with an error.
     pub unclean_shutdowns: usize,
+    /// With replicas: shard hand-overs that left the shard without a holder for longer than
+    /// twice the lease duration while the control plane was up.
+    pub unowned_shards: usize,
 }
 
 impl Violations {
@@ -193,6 +196,7 @@ impl Violations {
             + self.missing_effects
             + self.secret_leaks
             + self.unclean_shutdowns
+            + self.unowned_shards
     }
 }
 
@@ -643,6 +647,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     if let Some(watch) = hand_overs {
         let mut figures = watch.stop().await;
         figures.measure(&outages, operator::policy(false).lease_duration * 2);
+        report.violations.unowned_shards = figures.too_slow;
         report.hand_overs = Some(figures);
     }
     for operator in std::mem::take(&mut procs.operators) {

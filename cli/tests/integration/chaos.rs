@@ -31,7 +31,7 @@ fn a_chaos_round_injects_every_fault_and_breaks_no_invariant() {
         "no watch broken: {v}"
     );
     let violations = v["violations"].as_object().expect("violations");
-    assert!(violations.len() >= 11, "{v}");
+    assert!(violations.len() >= 12, "{v}");
     for (name, n) in violations {
         assert_eq!(n, 0, "{name}: {v}");
     }
@@ -39,9 +39,10 @@ fn a_chaos_round_injects_every_fault_and_breaks_no_invariant() {
     assert!(v["effects"].as_u64().unwrap() >= 60, "{v}");
 }
 
-/// Replicas under fire: every invariant at 0 but one. A guarded effect or a teardown can run
-/// again without a kill or a shard hand-over the checker can place between the two runs (one in
-/// ten rounds of 60 items: RELIABILITY.md), so that count is printed here, not required to be 0.
+/// Replicas under fire: every invariant at 0, unexplained repeated side effects included. How
+/// long a shard stood without a holder is printed, not required: that bound is wall-clock time
+/// (twice a 3 s lease) a loaded 2-core machine running three operators, etcd and kube-apiserver
+/// can miss; the long runs in RELIABILITY.md report it.
 #[test]
 fn a_chaos_round_with_three_sharded_replicas_one_killed_one_paused() {
     let (_, out, err) = run_bounded(
@@ -69,10 +70,13 @@ fn a_chaos_round_with_three_sharded_replicas_one_killed_one_paused() {
         "{v}"
     );
     let violations = v["violations"].as_object().expect("violations");
-    assert!(violations.len() >= 11, "{v}");
+    assert!(violations.len() >= 12, "{v}");
     for (name, n) in violations {
-        if name == "repeated_effects" {
-            eprintln!("side effects repeated with 3 replicas, unexplained: {n}");
+        if name == "unowned_shards" {
+            eprintln!(
+                "shard hand-overs longer than twice the lease: {n}; the longest {} s",
+                v["hand_overs"]["longest_gap_seconds"]
+            );
         } else {
             assert_eq!(n, 0, "{name}: {v}");
         }
