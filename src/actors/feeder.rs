@@ -398,9 +398,9 @@ impl<K: ManagedResource> Watch<'_, K> {
                     }
                 }
                 *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                if let Some(listed) = listed.take() {
-                    let _ = listed.send(());
-                }
+                // The first list: the kind's start-up rebuilds the references and wakes what
+                // waited once every namespace has listed (`ReferenceIndex::kind_synced`).
+                let first = listed.take().map(|listed| listed.send(())).is_some();
                 let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
                     l.keys.into_iter().collect();
                 if let Some(secrets) = &shared.secrets {
@@ -414,9 +414,11 @@ impl<K: ManagedResource> Watch<'_, K> {
                 // without a delete event: those of them that held references (objects of other
                 // replicas' shards included, which the manager has no entry for) wake what
                 // they held, and waiters on them see them missing, as for a deletion seen.
-                shared
-                    .references
-                    .kind_synced(&K::api_version(&()), &K::kind(&()));
+                if !first {
+                    shared
+                        .references
+                        .kind_synced(&K::api_version(&()), &K::kind(&()));
+                }
             }
             Err(e) => match refusal::<K>(&e) {
                 Some(why) => {

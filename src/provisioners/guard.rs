@@ -159,6 +159,14 @@ impl UnrecordedResults {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 
+    /// [`remove`](Self::remove) the key `key` makes, made only if anything is remembered.
+    fn remove_with(&self, key: impl FnOnce() -> ResultKey) {
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !keys.is_empty() {
+            keys.remove(&key());
+        }
+    }
+
     fn contains(&self, key: &ResultKey) -> bool {
         self.0
             .lock()
@@ -255,33 +263,37 @@ impl<K: ManagedResource> Context<K> {
         let generation = self.object().meta().generation;
         let current = self.condition(type_);
         let (done_status, done_reason) = intent.done();
-        let result_key: ResultKey = (
-            self.object().meta().uid.clone().unwrap_or_default(),
-            type_.to_string(),
-            generation,
-            intent == Intent::Deprovision,
-        );
+        // Built only when needed: most reconciles find the task done and nothing unrecorded.
+        let result_key = || -> ResultKey {
+            (
+                self.object().meta().uid.clone().unwrap_or_default(),
+                type_.to_string(),
+                generation,
+                intent == Intent::Deprovision,
+            )
+        };
+        let unrecorded = &self.parts().unrecorded;
         if let Some(c) = &current
             && c.status == done_status.as_str()
             && c.reason == done_reason
             && c.observed_generation == generation
         {
-            self.parts().unrecorded.remove(&result_key);
+            unrecorded.remove_with(result_key);
             return Outcome::Done;
         }
         let own_lock = current
             .as_ref()
             .and_then(Lock::of)
             .is_some_and(|lock| *lock.holder == *holder);
-        if own_lock && self.parts().unrecorded.contains(&result_key) {
+        if own_lock && unrecorded.contains(&result_key()) {
             // This runtime ran the task to `Done` under this lock, and the reconcile was cut
             // before its result was recorded: record it now, do not run the task again.
             return self
-                .record_result(type_, intent, generation, Outcome::Done, &result_key)
+                .record_result(type_, intent, generation, Outcome::Done, &result_key())
                 .await;
         }
         if !own_lock {
-            self.parts().unrecorded.remove(&result_key);
+            unrecorded.remove_with(result_key);
         }
         let expiry = self.parts().lock_expiry;
         let sighting = (
@@ -363,8 +375,9 @@ impl<K: ManagedResource> Context<K> {
                 elapsed,
             ),
         };
+        let result_key = result_key();
         if matches!(outcome, Outcome::Done) {
-            self.parts().unrecorded.insert(result_key.clone());
+            unrecorded.insert(result_key.clone());
         }
         self.record_result(type_, intent, generation, outcome, &result_key)
             .await
