@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::mailbox::Mailbox;
 use futures::StreamExt;
@@ -16,7 +17,7 @@ use kube::runtime::watcher::{self, Event};
 
 use super::{ManagedResource, Shared};
 use crate::messages::{ManagerMsg, ResourceMsg};
-use crate::sharding::held_selector;
+use crate::sharding::{held_selector, server_side};
 
 /// The object's key, without `extra` (resource version, uid): the manager keeps a key per object
 /// for as long as the object exists and clones it into every message about it, and nothing reads
@@ -115,12 +116,19 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         namespace: namespace.as_deref(),
         refused: &refused,
     };
-    // With `ShardWatch::HeldShards`: the held shards, and the shard label's key.
-    let view = shared
-        .shards
-        .as_ref()
-        .and_then(|s| Some((s.shards.clone(), s.label.clone()?)));
+    // With `ShardWatch::HeldShards` or `ServerSide`: the held shards, and how the watch
+    // selects theirs.
+    let view = shared.shards.as_ref().and_then(|s| {
+        let by = match (&s.label, &s.by_uid) {
+            (Some(key), _) => Selects::Label(key.clone()),
+            (None, Some(leases)) => Selects::Server(leases.clone()),
+            (None, None) => return None,
+        };
+        Some((s.shards.clone(), by))
+    });
     let mut changes = view.as_ref().map(|(shards, _)| shards.changes());
+    // With `ServerSide`: whether the server applies shard selectors, once a list said so.
+    let mut server_applies: Option<bool> = None;
     let mut listed = Some(listed);
     let mut list: Option<List<K>> = None;
     let mut first_list = true;
@@ -146,26 +154,70 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         let mut watched: Vec<u32> = Vec::new();
         // Per shard, whether this watch selects its objects (with `ShardWatch::HeldShards`).
         let mut selects: Option<Vec<bool>> = None;
-        if let (Some((shards, key)), Some(changes)) = (&view, &mut changes) {
+        let mut round_api = api.clone();
+        // With `ServerSide` and no shard held: nothing to watch this round.
+        let mut nothing = false;
+        if let (Some((shards, by)), Some(changes)) = (&view, &mut changes) {
             changes.borrow_and_update();
             watched = shards.claimed();
-            selects = Some((0..shards.count()).map(|s| watched.contains(&s)).collect());
-            if let Some(sel) = held_selector(key, &watched, shards.count()) {
-                config.label_selector = Some(match config.label_selector.take() {
-                    Some(user) => format!("{user},{sel}"),
-                    None => sel,
-                });
+            match by {
+                Selects::Label(key) => {
+                    selects = Some((0..shards.count()).map(|s| watched.contains(&s)).collect());
+                    if let Some(sel) = held_selector(key, &watched, shards.count()) {
+                        config.label_selector = Some(match config.label_selector.take() {
+                            Some(user) => format!("{user},{sel}"),
+                            None => sel,
+                        });
+                    }
+                    tracing::debug!(kind = %K::kind(&()), selector = ?config.label_selector, "watching the held shards");
+                }
+                Selects::Server(leases) => match server_side::selector(&watched, shards.count()) {
+                    None if watched.is_empty() => nothing = true,
+                    None => {}
+                    Some(sel) => {
+                        let client = api.clone().into_client();
+                        if server_applies.is_none() {
+                            server_applies = probe_server(&client, leases, &sel).await;
+                        }
+                        if server_applies == Some(false) {
+                            // Every replica places objects by uid all the same: watch them all.
+                            tracing::warn!(kind = %K::kind(&()), "the API server does not apply shard selectors (Kubernetes 1.36+ with the ShardedListAndWatch feature gate): this replica watches every object of the kind");
+                        } else {
+                            tracing::debug!(kind = %K::kind(&()), selector = %sel, "watching the held shards (server-side)");
+                            round_api = crate::object_api::kind_api(
+                                server_side::selecting_client(&client, sel),
+                                namespace.as_deref(),
+                            );
+                        }
+                    }
+                },
             }
-            tracing::debug!(kind = %K::kind(&()), selector = ?config.label_selector, "watching the held shards");
+        }
+        if server_applies == Some(false) {
+            changes = None; // no relist when the held shards change
+        }
+        if let Some(scope) = &shared.shards {
+            scope.server_selects.store(
+                scope.by_uid.is_some() && server_applies != Some(false),
+                Ordering::Release,
+            );
         }
         let streams = config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
-        let events = watcher::watcher(api.clone(), config)
-            .default_backoff()
-            .modify(move |o| {
-                if pruned {
-                    super::store::prune(o)
-                }
-            });
+        let events = if nothing {
+            // An empty list: the store drops what it held, and the kind counts as listed.
+            futures::stream::iter([Ok(Event::Init), Ok(Event::InitDone)])
+                .chain(futures::stream::pending())
+                .boxed()
+        } else {
+            watcher::watcher(round_api, config)
+                .default_backoff()
+                .modify(move |o| {
+                    if pruned {
+                        super::store::prune(o)
+                    }
+                })
+                .boxed()
+        };
         futures::pin_mut!(events);
         // When this watch ends to follow the held shards.
         let mut follow_at: Option<tokio::time::Instant> = None;
@@ -258,6 +310,30 @@ fn unplaced_elsewhere<K: ManagedResource>(
     };
     let selected = |s: u32| selects.get(s as usize).copied().unwrap_or(false);
     !scope.labelled_shard(obj).is_some_and(selected) && !selected(scope.shard_of(obj))
+}
+
+/// How a watch of a replica's held shards selects their objects.
+enum Selects {
+    /// By the shard label with this key ([`ShardWatch::HeldShards`](crate::sharding::ShardWatch::HeldShards)).
+    Label(Arc<str>),
+    /// By the API server ([`ShardWatch::ServerSide`](crate::sharding::ShardWatch::ServerSide));
+    /// the shard Leases' collection, which tells whether it does.
+    Server(Arc<str>),
+}
+
+/// Whether the API server applies shard selectors, asked once by listing `url` (the shard
+/// Leases: the server's answers for custom resources do not say, its answers for built-in
+/// kinds do) with `selector`: `None` when the list failed (asked again next round). Either
+/// answer is safe: an object's shard does not depend on it, only what this replica receives
+/// and caches.
+async fn probe_server(client: &kube::Client, url: &str, selector: &str) -> Option<bool> {
+    match server_side::probe(client, url, selector).await {
+        Ok(applies) => Some(applies),
+        Err(e) => {
+            tracing::debug!(error = %e, "could not ask whether the API server applies shard selectors");
+            None
+        }
+    }
 }
 
 /// Whether a watcher error is an API server's refusal of a streaming list: a watch with

@@ -32,7 +32,7 @@ use crate::messages::ManagerMsg;
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner};
 use crate::references::{ReferenceApi, ReferenceIndex, Target, referrers_in};
-use crate::sharding::Shards;
+use crate::sharding::{ShardWatch, Sharding, Shards};
 use crate::triggers::SecretRefs;
 use crate::{Error, ManagedResource};
 
@@ -165,6 +165,8 @@ pub(crate) trait Start: Send {
     fn kind(&self) -> (String, String);
     /// Whether its controller set a [`KindPolicy`](crate::policy::KindPolicy) of its own.
     fn has_own_policy(&self) -> bool;
+    /// Whether its controller set a shard key of its own.
+    fn has_shard_key(&self) -> bool;
     /// Whether its settings are valid (the first problem, naming the field).
     fn validate(&self) -> Result<(), Error>;
     /// Watch only `ns`, unless the controller names its own namespace.
@@ -183,9 +185,9 @@ pub(crate) struct StartCx {
     pub(crate) root: ActorCell,
     pub(crate) holder: Arc<str>,
     pub(crate) health: Arc<Health>,
-    /// With sharding: the shards held, a fenced client per shard, and the shard label's key
-    /// when each replica watches only its shards ([`crate::sharding::ShardWatch::HeldShards`]).
-    pub(crate) shards: Option<(Arc<Shards>, ShardClients, Option<Arc<str>>)>,
+    /// With sharding: the shards held, a fenced client per shard, what each replica watches,
+    /// and the shard label's key (used with [`crate::sharding::ShardWatch::HeldShards`]).
+    pub(crate) shards: Option<(Arc<Shards>, ShardClients, Arc<Sharding>)>,
 }
 
 /// A fenced client per shard, in shard order.
@@ -245,6 +247,10 @@ impl<K: ManagedResource> Start for KindSpec<K> {
 
     fn has_own_policy(&self) -> bool {
         self.policy.is_some()
+    }
+
+    fn has_shard_key(&self) -> bool {
+        self.shard_key.is_some()
     }
 
     fn step_rules(&self, default: Option<&str>) -> Vec<crate::rbac::StepRule> {
@@ -410,11 +416,15 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             shards: cx
                 .shards
                 .as_ref()
-                .map(|(shards, clients, label)| ShardScope {
+                .map(|(shards, clients, sharding)| ShardScope {
                     shards: shards.clone(),
                     clients: clients.clone(),
                     key: self.shard_key.take(),
-                    label: label.clone(),
+                    label: (sharding.watch == ShardWatch::HeldShards)
+                        .then(|| Arc::from(sharding.label_key())),
+                    by_uid: (sharding.watch == ShardWatch::ServerSide)
+                        .then(|| Arc::from(sharding.leases_url())),
+                    server_selects: Default::default(),
                 }),
             prune_cache: self.prune_cache,
         });
@@ -463,7 +473,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
         cx.health.add_supervisor(manager.get_cell());
         let mailbox = mailbox.bind(manager.clone());
         let _ = handle.manager.set(mailbox.clone());
-        if let Some((shards, _, _)) = &cx.shards {
+        if let Some((shards, ..)) = &cx.shards {
             // A shard acquired: run its objects (the previous holder's work is not known here).
             let m = mailbox.clone();
             shards.on_acquired(Box::new(move |shard| {

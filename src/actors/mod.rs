@@ -187,12 +187,23 @@ pub(crate) struct ShardScope<K> {
     /// The shard label's key, when this replica watches only its shards
     /// ([`crate::sharding::ShardWatch::HeldShards`]).
     pub label: Option<Arc<str>>,
+    /// When objects are placed by their uid and the API server selects them
+    /// ([`crate::sharding::ShardWatch::ServerSide`]): the shard Leases' collection, whose list
+    /// answer tells whether the server applies shard selectors (its answers for custom
+    /// resources do not say).
+    pub by_uid: Option<Arc<str>>,
+    /// With `by_uid`: whether the server applies the shard selector (its list answers say so),
+    /// so that this replica's view holds only the objects of its shards. Set by the feeder.
+    pub server_selects: std::sync::atomic::AtomicBool,
 }
 
 impl<K: ManagedResource> ShardScope<K> {
     /// The shard of `obj`.
     pub(crate) fn shard_of(&self, obj: &K) -> u32 {
         let n = self.shards.count();
+        if self.by_uid.is_some() {
+            return crate::sharding::shard_of_uid(obj.meta().uid.as_deref().unwrap_or(""), n);
+        }
         match &self.key {
             Some(f) => crate::sharding::shard_of(&f(obj), n),
             None => crate::sharding::shard_of(
@@ -208,6 +219,9 @@ impl<K: ManagedResource> ShardScope<K> {
     /// The shard of the object at `key`, when it can be told without the object (the default
     /// shard key); else from `obj` if given.
     pub(crate) fn shard_of_key(&self, key: &ObjectRef<K>, obj: Option<&K>) -> Option<u32> {
+        if self.by_uid.is_some() {
+            return obj.map(|o| self.shard_of(o));
+        }
         match (&self.key, obj) {
             (None, _) => Some(crate::sharding::shard_of(
                 &crate::sharding::object_key(key.namespace.as_deref(), &key.name),
@@ -229,6 +243,20 @@ impl<K: ManagedResource> ShardScope<K> {
             let value = crate::sharding::label_value(right, self.shards.count());
             (shard, key.clone(), value)
         })
+    }
+
+    /// Whether an object's shard can be told only from the object (not from its key).
+    pub(crate) fn needs_object(&self) -> bool {
+        self.by_uid.is_some() || self.key.is_some()
+    }
+
+    /// Whether this replica's watches select only the objects of its shards (by label, or by
+    /// the server).
+    pub(crate) fn selective(&self) -> bool {
+        self.label.is_some()
+            || self
+                .server_selects
+                .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The shard `obj`'s shard label names, when it carries one written under this shard
@@ -276,7 +304,7 @@ impl<K: ManagedResource> Shared<K> {
         let Some(scope) = &self.shards else {
             return true;
         };
-        let obj = scope.key.as_ref().and_then(|_| self.store.get(key));
+        let obj = scope.needs_object().then(|| self.store.get(key)).flatten();
         match scope.shard_of_key(key, obj.as_deref()) {
             Some(shard) => scope.shards.holds(shard),
             None => true,
@@ -287,10 +315,10 @@ impl<K: ManagedResource> Shared<K> {
     /// watches only its shards ([`crate::sharding::ShardWatch::HeldShards`]) and does not
     /// hold the object's shard (then readiness and existence are asked elsewhere).
     pub(crate) fn in_view(&self, key: &ObjectRef<K>) -> bool {
-        let Some(scope) = self.shards.as_ref().filter(|s| s.label.is_some()) else {
+        let Some(scope) = self.shards.as_ref().filter(|s| s.selective()) else {
             return true;
         };
-        let obj = scope.key.as_ref().and_then(|_| self.store.get(key));
+        let obj = scope.needs_object().then(|| self.store.get(key)).flatten();
         scope
             .shard_of_key(key, obj.as_deref())
             .is_some_and(|s| scope.shards.holds(s))

@@ -407,6 +407,14 @@ impl RuntimeBuilder {
         }
         if let Some(sharding) = &self.sharding {
             sharding.validate(&self.policy)?;
+            if sharding.watch == crate::sharding::ShardWatch::ServerSide
+                && let Some(c) = self.controllers.iter().find(|c| c.has_shard_key())
+            {
+                return Err(Error::Invalid {
+                    field: format!("shard key of the {} controller", c.kind().1),
+                    problem: "ShardWatch::ServerSide places objects by their uid (the API server's selection); a shard key cannot be used with it".into(),
+                });
+            }
             #[cfg(feature = "operator")]
             if self.leader.is_some() {
                 return Err(Error::Invalid {
@@ -485,9 +493,7 @@ impl RuntimeBuilder {
             let clients: ShardClients =
                 crate::sharding::fenced_clients(&self.client, &shards).into();
             health.set_shards(shards.clone());
-            let label = (s.watch == crate::sharding::ShardWatch::HeldShards)
-                .then(|| Arc::from(s.label_key()));
-            (shards, clients, label)
+            (shards, clients, Arc::new(s.clone()))
         });
         let cx = StartCx {
             client: self.client,
@@ -536,7 +542,7 @@ impl RuntimeBuilder {
             }
         }
         // The keeper starts once every manager listens for the shards it acquires.
-        if let (Some(sharding), Some((shards, _, _))) = (self.sharding, &cx.shards) {
+        if let (Some(sharding), Some((shards, ..))) = (self.sharding, &cx.shards) {
             let keeper = crate::sharding::keeper::Keeper::new(
                 cx.client.clone(),
                 sharding,

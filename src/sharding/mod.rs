@@ -50,7 +50,12 @@
 //!   of the held shards whenever the set of held shards changes (a takeover starts once that
 //!   list is in), and readiness of objects in other replicas' shards is
 //!   read from a watch of their kind that runs only while someone waits on such an object
-//!   (as for kinds this runtime does not manage).
+//!   (as for kinds this runtime does not manage). With [`ShardWatch::ServerSide`] the API
+//!   server selects (Kubernetes 1.36+, feature gate `ShardedListAndWatch`): an object's shard
+//!   is the range of the hash space its uid's FNV-1a hash falls in ([`shard_of_uid`]), and
+//!   each replica's lists and watches carry a `shardSelector` naming its shards' ranges, so
+//!   an object reaches only the replica of its shard and no label is written; the same relist
+//!   on a change of the held shards.
 //!
 //! The policy's `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the
 //! timings (defaults 15 s / 10 s / 2 s, as client-go's leader election).
@@ -74,6 +79,7 @@
 
 mod fence;
 pub(crate) mod keeper;
+pub(crate) mod server_side;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -83,6 +89,7 @@ use tokio::time::Instant;
 pub use fence::ShardNotHeld;
 pub(crate) use fence::fenced_clients;
 pub use keeper::{GROUP_LABEL, ROLE_LABEL};
+pub use server_side::shard_of_uid;
 
 use crate::Error;
 pub(crate) use crate::hash::fnv1a;
@@ -117,6 +124,16 @@ pub enum ShardWatch {
     /// yet (selected by the shard label the holder writes): watch CPU and cache memory split
     /// across replicas; a takeover relists first (cold).
     HeldShards,
+    /// Only the objects of the shards this replica holds, selected by the API server itself
+    /// (Kubernetes 1.36+ with the `ShardedListAndWatch` feature gate): no label is written, and
+    /// an object reaches only the replica that holds its shard, from its first version. An
+    /// object's shard is then the range its uid's hash falls in ([`shard_of_uid`]), not the
+    /// hash of its shard key, so every replica must use this mode, and
+    /// [`Controller::shard_key`](crate::runtime::Controller::shard_key) cannot be combined
+    /// with it. On a server without the option (it answers a sharded list unfiltered), the
+    /// replica says so in its log and watches every object, as with
+    /// [`ShardWatch::Everything`]. A takeover relists first (cold).
+    ServerSide,
 }
 
 /// The prefix of the shard label's key (the key is this followed by the Leases' prefix).
@@ -228,6 +245,15 @@ impl Sharding {
             ));
         }
         policy.check_lease_timings().map_err(|(f, p)| invalid(f, p))
+    }
+
+    /// The path of the Leases' collection (what [`ShardWatch::ServerSide`] lists to learn
+    /// whether the server applies shard selectors).
+    pub(crate) fn leases_url(&self) -> String {
+        format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{}/leases",
+            self.namespace
+        )
     }
 
     pub(crate) fn shard_lease(&self, shard: u32) -> String {

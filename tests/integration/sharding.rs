@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::sharding::{ShardWatch, Sharding, object_key, shard_of};
+use actorcile::sharding::{ShardWatch, Sharding, object_key, shard_of, shard_of_uid};
 use common::*;
 use kube::ResourceExt;
 use kube::api::PostParams;
@@ -547,6 +547,132 @@ async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards()
     a.shutdown().await;
 }
 
+/// With `ShardWatch::ServerSide` on a server that does not apply shard selectors (the
+/// in-process one ignores the option, as a real one without the feature gate does): objects are
+/// placed by their uid all the same, each replica watches every object, and the split holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_shards_on_a_server_without_selectors_watch_everything() {
+    let (_cluster, client) = cluster();
+    server_side_split(&client, false, LIMIT).await;
+}
+
+/// `ShardWatch::ServerSide` on kube-apiserver with `ShardedListAndWatch`: each replica receives
+/// and caches only the objects of its shards, no object is labelled, readiness crosses replicas
+/// through the kind's dependency watch, and a takeover relists.
+#[cfg(feature = "envtest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_shards_on_kube_apiserver_receive_only_their_objects() {
+    crate::common::real::bounded("server-side shards", server_side_on_kube_apiserver()).await;
+}
+
+#[cfg(feature = "envtest")]
+async fn server_side_on_kube_apiserver() {
+    use actorcile::envtest::{Envtest, KubeVersion, binaries};
+    let binaries = binaries().expect("kube-apiserver (run scripts/install-test-deps.sh)");
+    let version = KubeVersion::of_binary(&binaries.kube_apiserver).unwrap();
+    assert!(
+        version.at_least(1, 36),
+        "server-side sharding needs kube-apiserver 1.36+, found {version}"
+    );
+    let env = Envtest::builder()
+        .binaries(binaries)
+        .crds(vec![crate::common::real::crd_for_v1_20::<Widget>()])
+        .feature_gates("ShardedListAndWatch=true")
+        .start()
+        .await
+        .expect("start etcd + kube-apiserver with ShardedListAndWatch");
+    server_side_split(&env.client(), true, Duration::from_secs(90)).await;
+}
+
+async fn server_side_split(client: &kube::Client, server_selects: bool, limit: Duration) {
+    let passes = Passes::default();
+    let a = replica_watching(client, "a", &passes, Duration::ZERO, ShardWatch::ServerSide).await;
+    let b = replica_watching(client, "b", &passes, Duration::ZERO, ShardWatch::ServerSide).await;
+    let held = balanced(&[&a, &b]).await;
+    // A chain w0 → … → w23, created dependents first: it converges only if waiters are woken
+    // across replicas.
+    let n = 24;
+    for i in 0..n {
+        let mut w = widget(&format!("w{i}"), 1);
+        if i + 1 < n {
+            w.spec.needs = vec![format!("w{}", i + 1)];
+        }
+        widgets(client)
+            .create(&PostParams::default(), &w)
+            .await
+            .unwrap();
+    }
+    wait_all_ready(client, n, limit).await;
+    let listed = widgets(client).list(&Default::default()).await.unwrap();
+    let shard_of = |name: &str| {
+        let w = listed.items.iter().find(|w| w.name_any() == name).unwrap();
+        shard_of_uid(w.uid().as_deref().unwrap(), SHARDS)
+    };
+    for w in &listed.items {
+        assert!(
+            !w.labels()
+                .keys()
+                .any(|k| k.starts_with(actorcile::sharding::SHARD_LABEL_PREFIX)),
+            "{} was labelled: {:?}",
+            w.name_any(),
+            w.labels()
+        );
+    }
+    let p = passes.lock().unwrap().clone();
+    for (replica, name, _, _) in &p {
+        let mine = if replica == "a" { &held[0] } else { &held[1] };
+        assert!(
+            mine.contains(&shard_of(name)),
+            "{replica} ran {name} of shard {} but holds {mine:?}",
+            shard_of(name)
+        );
+    }
+    assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
+    assert_no_overlap(&passes);
+    let mine = |shards: &Vec<u32>| {
+        (0..n)
+            .filter(|i| shards.contains(&shard_of(&format!("w{i}"))))
+            .count() as u64
+    };
+    let want = if server_selects {
+        [mine(&held[0]), mine(&held[1])]
+    } else {
+        [n as u64; 2]
+    };
+    let cached = || [&a, &b].map(|r| r.kind_metrics()[0].objects);
+    let what = format!("each replica caching {want:?} (shards {held:?})");
+    let _ = tokio::time::timeout(limit, async {
+        while cached() != want {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(cached(), want, "{what}");
+
+    // b stops: a takes its shards, relists (with the server's selection) and runs a new object
+    // of any shard.
+    b.shutdown().await;
+    eventually("a holds every shard", limit, || async {
+        (a.shards_held().len() == SHARDS as usize).then_some(())
+    })
+    .await;
+    create(client, "late", 1).await;
+    wait_ready(client, "late", limit).await;
+    eventually("a caches every object", limit, || async {
+        (a.kind_metrics()[0].objects == n as u64 + 1).then_some(())
+    })
+    .await;
+    assert!(
+        passes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.0 == "a" && r.1 == "late")
+    );
+    assert_no_overlap(&passes);
+    a.shutdown().await;
+}
+
 #[tokio::test]
 async fn sharding_and_its_settings_are_checked_at_start() {
     let (_cluster, client) = cluster();
@@ -570,6 +696,18 @@ async fn sharding_and_its_settings_are_checked_at_start() {
         .err()
         .expect("a renew deadline as long as the lease is refused");
     assert!(e.to_string().contains("lease_renew_deadline"), "{e}");
+    // The server places objects by uid: a shard key of the controller's cannot apply.
+    let e = Runtime::builder(client.clone())
+        .controller(Controller::<Widget>::new(tree()).shard_key(|w| w.name_any()))
+        .sharding(Sharding::new(4, "default").watch(ShardWatch::ServerSide))
+        .start()
+        .await
+        .err()
+        .expect("a shard key with server-side sharding is refused");
+    assert!(
+        e.to_string().contains("shard key of the Widget controller"),
+        "{e}"
+    );
     // The roles include the Leases, in a Role in the Leases' namespace only.
     let roles = Runtime::builder(client)
         .controller(Controller::<Widget>::new(tree()))

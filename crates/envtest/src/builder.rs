@@ -20,6 +20,7 @@ pub struct EnvtestBuilder {
     binaries: Option<Binaries>,
     controller_manager: bool,
     startup_timeout: Duration,
+    feature_gates: String,
 }
 
 impl Default for EnvtestBuilder {
@@ -31,6 +32,7 @@ impl Default for EnvtestBuilder {
             binaries: None,
             controller_manager: false,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            feature_gates: String::new(),
         }
     }
 }
@@ -69,6 +71,23 @@ impl EnvtestBuilder {
     /// [`EnvtestError::BinaryNotFound`].
     pub fn controller_manager(mut self, run: bool) -> Self {
         self.controller_manager = run;
+        self
+    }
+
+    /// kube-apiserver's `--feature-gates` (e.g. `"ShardedListAndWatch=true"`, several joined by
+    /// commas); default none. A gate the binary does not know makes its start-up fail with
+    /// [`EnvtestError::Startup`] and the server's own message.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), actorcile_envtest::EnvtestError> {
+    /// let env = actorcile_envtest::Envtest::builder()
+    ///     .feature_gates("ShardedListAndWatch=true")
+    ///     .start()
+    ///     .await?;
+    /// # drop(env); Ok(()) }
+    /// ```
+    pub fn feature_gates(mut self, gates: impl Into<String>) -> Self {
+        self.feature_gates = gates.into();
         self
     }
 
@@ -115,6 +134,7 @@ impl EnvtestBuilder {
                 self.controller_manager,
                 mode,
                 self.startup_timeout,
+                &self.feature_gates,
             );
             match launched.await {
                 Ok(env) => break env,

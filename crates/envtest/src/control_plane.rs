@@ -30,6 +30,7 @@ pub struct Envtest {
     config: kube::Config,
     user_config: kube::Config,
     startup_timeout: Duration,
+    feature_gates: String,
 }
 
 impl Envtest {
@@ -69,6 +70,7 @@ impl Envtest {
         controller_manager: bool,
         mode: SpawnMode,
         startup_timeout: Duration,
+        feature_gates: &str,
     ) -> Result<Envtest, EnvtestError> {
         let [etcd_client, etcd_peer, apiserver] = process::free_ports::<3>()?;
         let ports = Ports {
@@ -84,7 +86,7 @@ impl Envtest {
         let mut api = Proc::spawn(
             Component::KubeApiserver,
             &binaries.kube_apiserver,
-            &process::apiserver_args(&work, &ports, version),
+            &process::apiserver_args(&work, &ports, version, feature_gates),
             &work,
             mode,
         )?;
@@ -128,6 +130,7 @@ impl Envtest {
             config,
             user_config,
             startup_timeout,
+            feature_gates: feature_gates.to_string(),
         })
     }
 
@@ -213,7 +216,7 @@ impl Envtest {
         let mut api = Proc::spawn(
             Component::KubeApiserver,
             &self.binaries.kube_apiserver,
-            &process::apiserver_args(&self.work, &self.ports, self.version),
+            &process::apiserver_args(&self.work, &self.ports, self.version, &self.feature_gates),
             &self.work,
             self.mode,
         )?;
@@ -299,6 +302,7 @@ impl Envtest {
             user_kubeconfig: self.work.user_kubeconfig_path().to_path_buf(),
             etcd_binary: self.binaries.etcd.clone(),
             apiserver_binary: self.binaries.kube_apiserver.clone(),
+            feature_gates: self.feature_gates.clone(),
         };
         state.save()?;
         Ok(state)

@@ -67,6 +67,10 @@ pub struct DetachedEnvtest {
     /// The kube-controller-manager binary, when one was started.
     #[serde(default)]
     pub controller_manager_binary: Option<PathBuf>,
+    /// kube-apiserver's `--feature-gates`, empty for none
+    /// ([`EnvtestBuilder::feature_gates`](super::EnvtestBuilder::feature_gates)).
+    #[serde(default)]
+    pub feature_gates: String,
 }
 
 /// Name of the state file inside the directory.
@@ -223,7 +227,7 @@ impl DetachedEnvtest {
                     Some(v) => v,
                     None => KubeVersion::of_binary(&self.apiserver_binary)?,
                 };
-                process::apiserver_args(&work, &ports, version)
+                process::apiserver_args(&work, &ports, version, &self.feature_gates)
             }
         };
         let mut proc = Proc::spawn(component, &binary, &args, &work, SpawnMode::Detached)?;
@@ -457,6 +461,7 @@ mod tests {
             version: "v1.37.2".into(),
             controller_manager_pid: None,
             controller_manager_binary: None,
+            feature_gates: "ShardedListAndWatch=true".into(),
         };
         s.save().unwrap();
         assert_eq!(DetachedEnvtest::load(dir.path()).unwrap(), Some(s));

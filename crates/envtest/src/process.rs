@@ -128,7 +128,12 @@ fn path_flag(flag: &str, p: PathBuf) -> OsString {
 ///
 /// An unversioned build (`v0.0.0-master`, a `go build` without version stamping) is taken to be
 /// a current release.
-pub(crate) fn apiserver_args(work: &WorkDir, ports: &Ports, version: KubeVersion) -> Vec<OsString> {
+pub(crate) fn apiserver_args(
+    work: &WorkDir,
+    ports: &Ports,
+    version: KubeVersion,
+    feature_gates: &str,
+) -> Vec<OsString> {
     let mut args = vec![
         format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client).into(),
         format!("--secure-port={}", ports.apiserver).into(),
@@ -151,6 +156,9 @@ pub(crate) fn apiserver_args(work: &WorkDir, ports: &Ports, version: KubeVersion
         // Up to v1.23 the server also serves plain HTTP on 127.0.0.1:8080 unless told not to, and
         // two control planes would clash there; v1.24 removed the flag (and refuses it).
         args.push("--insecure-port=0".into());
+    }
+    if !feature_gates.is_empty() {
+        args.push(format!("--feature-gates={feature_gates}").into());
     }
     args
 }
