@@ -166,6 +166,16 @@ pub struct RuntimeArgs {
     /// labelled with its shard; a takeover relists first)
     #[arg(long, env = "ACTORCILE_SHARDS_HELD_ONLY")]
     pub shards_held_only: bool,
+
+    /// Have the API server send each replica only the objects of the shards it holds (no label
+    /// written; objects placed by their uid; Kubernetes 1.36+ with the ShardedListAndWatch
+    /// feature gate, else every object is watched). Every replica must use it
+    #[arg(
+        long,
+        env = "ACTORCILE_SHARDS_SERVER_SIDE",
+        conflicts_with = "shards_held_only"
+    )]
+    pub shards_server_side: bool,
 }
 
 impl RuntimeArgs {
@@ -256,6 +266,9 @@ impl RuntimeArgs {
                 .lease_prefix(&self.shards_lease_prefix);
             if self.shards_held_only {
                 sharding = sharding.watch(crate::sharding::ShardWatch::HeldShards);
+            }
+            if self.shards_server_side {
+                sharding = sharding.watch(crate::sharding::ShardWatch::ServerSide);
             }
             if let Some(id) = &self.identity {
                 sharding = sharding.identity(id);

@@ -43,6 +43,7 @@
 //! | `actorcile_status_rejected_total` | counter | | status patches refused as invalid (422: a CRD validation rule or the schema), retried with backoff | — |
 //! | `actorcile_write_timeouts_total` | counter | | writes of the runtime's own (status, finalizer, Event…) abandoned unanswered at the policy's `write_timeout`, each retried | — |
 //! | `actorcile_api_requests_total` | counter | `verb`, `code` | API requests of a client built with [`ApiMetrics`] | `rest_client_requests_total` (`method`, `code`) |
+//! | `actorcile_api_response_bytes_total` | counter | `verb` | bytes of the answers' bodies (watch streams included) of a client built with [`ApiMetrics`] | `rest_client_response_size_bytes` (a histogram, watches not counted) |
 //!
 //! `controller_runtime_reconcile_errors_total` is `actorcile_reconciles_total{result="failed"}`.
 //! Passive objects (no live actor) are `actorcile_objects` minus `actorcile_actors_live`.
@@ -315,13 +316,25 @@ pub struct ApiLabels {
 ///     .build();
 /// # Ok(()) }
 /// ```
+///
+/// It also counts the bytes of the answers' bodies, watch streams included, by verb, as
+/// `actorcile_api_response_bytes_total` (what the API server sent this client, before TLS).
 #[derive(Clone, Debug)]
 pub struct ApiMetrics {
     requests: Family<ApiLabels, Counter>,
+    bytes: Family<VerbLabel, Counter>,
+}
+
+/// The label of `actorcile_api_response_bytes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabel {
+    /// As [`ApiLabels::verb`].
+    pub verb: String,
 }
 
 impl ApiMetrics {
-    /// Register `actorcile_api_requests_total` in `registry`.
+    /// Register `actorcile_api_requests_total` and `actorcile_api_response_bytes_total` in
+    /// `registry`.
     pub fn new(registry: &mut Registry) -> Self {
         let requests = Family::<ApiLabels, Counter>::default();
         registry.register(
@@ -329,7 +342,20 @@ impl ApiMetrics {
             "Kubernetes API requests, by verb and status code",
             requests.clone(),
         );
-        Self { requests }
+        let bytes = Family::<VerbLabel, Counter>::default();
+        registry.register(
+            "actorcile_api_response_bytes",
+            "Bytes of the Kubernetes API's answer bodies (watch streams included), by verb",
+            bytes.clone(),
+        );
+        Self { requests, bytes }
+    }
+
+    /// Answer bytes counted for `verb` so far.
+    pub fn response_bytes(&self, verb: &str) -> u64 {
+        self.bytes
+            .get_or_create(&VerbLabel { verb: verb.into() })
+            .get()
     }
 
     /// Requests counted with `verb` and `code` so far.
@@ -349,6 +375,7 @@ impl<S> tower::Layer<S> for ApiMetrics {
         ApiMetricsService {
             inner,
             requests: self.requests.clone(),
+            bytes: self.bytes.clone(),
         }
     }
 }
@@ -358,24 +385,31 @@ impl<S> tower::Layer<S> for ApiMetrics {
 pub struct ApiMetricsService<S> {
     inner: S,
     requests: Family<ApiLabels, Counter>,
+    bytes: Family<VerbLabel, Counter>,
 }
+
+/// An answer's body as [`ApiMetricsService`] passes it on: counted as it is read.
+pub type CountedBody<E> = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, E>;
 
 impl<S, B, R> tower::Service<http::Request<B>> for ApiMetricsService<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
+    R: http_body::Body<Data = bytes::Bytes> + Send + 'static,
 {
-    type Response = S::Response;
+    type Response = http::Response<CountedBody<R::Error>>;
     type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        use http_body_util::BodyExt;
         let verb = verb_of(req.method(), req.uri());
         let requests = self.requests.clone();
+        let bytes = self.bytes.clone();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let res = fut.await;
@@ -383,8 +417,21 @@ where
                 Ok(r) => r.status().as_u16().to_string(),
                 Err(_) => "error".to_string(),
             };
+            let counter = bytes
+                .get_or_create(&VerbLabel { verb: verb.clone() })
+                .clone();
             requests.get_or_create(&ApiLabels { verb, code }).inc();
-            res
+            res.map(|r| {
+                r.map(|body| {
+                    body.map_frame(move |frame| {
+                        if let Some(data) = frame.data_ref() {
+                            counter.inc_by(data.len() as u64);
+                        }
+                        frame
+                    })
+                    .boxed_unsync()
+                })
+            })
         })
     }
 }
@@ -460,5 +507,28 @@ mod tests {
             let u: http::Uri = uri.parse().unwrap();
             assert_eq!(verb_of(&m, &u), verb, "{method} {uri}");
         }
+    }
+
+    #[tokio::test]
+    async fn answer_bytes_are_counted_by_verb_as_they_are_read() {
+        let cluster = crate::cluster::ApiServer::new();
+        let mut registry = Registry::default();
+        let metrics = ApiMetrics::new(&mut registry);
+        let service = tower::ServiceBuilder::new()
+            .layer(&metrics)
+            .service(cluster.service());
+        let client = kube::Client::new(service, "default");
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client.clone(), "default");
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.name = Some("a".into());
+        api.create(&Default::default(), &cm).await.unwrap();
+        assert!(metrics.response_bytes("create") > 0);
+        let req = http::Request::get("/api/v1/namespaces/default/configmaps")
+            .body(Vec::new())
+            .unwrap();
+        let text = client.request_text(req).await.unwrap();
+        assert_eq!(metrics.response_bytes("list"), text.len() as u64);
+        assert_eq!(metrics.count("list", "200"), 1);
     }
 }

@@ -60,15 +60,17 @@ pub struct ScaleoutArgs {
     shards: u32,
     /// What the replicas of the CPU-split rounds watch: `everything` (every object), `held`
     /// (only their shards', `--shards-held-only`), `held-labelled` (the same, with every
-    /// Network created already labelled with its shard, `Sharding::label`), or several.
+    /// Network created already labelled with its shard, `Sharding::label`), `server` (only
+    /// their shards', selected by the API server, `--shards-server-side`, on a control plane
+    /// with the `ShardedListAndWatch` feature gate), or several.
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "everything,held,held-labelled"
     )]
     watch: Vec<String>,
-    /// Failover modes: `sharded`, `sharded-held` (`--shards-held-only`), `leader-warm`,
-    /// `leader-cold`.
+    /// Failover modes: `sharded`, `sharded-held` (`--shards-held-only`), `sharded-server`
+    /// (`--shards-server-side`), `leader-warm`, `leader-cold`.
     #[arg(
         long,
         value_delimiter = ',',
@@ -174,10 +176,17 @@ fn counter_total(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// A real etcd + kube-apiserver with the example's CRDs.
-async fn control_plane() -> Result<actorcile::envtest::Envtest, String> {
+/// A real etcd + kube-apiserver with the example's CRDs, and the server-side sharding gate
+/// when `server_side`.
+async fn control_plane(server_side: bool) -> Result<actorcile::envtest::Envtest, String> {
+    let gates = if server_side {
+        "ShardedListAndWatch=true"
+    } else {
+        ""
+    };
     actorcile::envtest::Envtest::builder()
         .crds(vec![Network::crd(), Cluster::crd()])
+        .feature_gates(gates)
         .start()
         .await
         .map_err(|e| e.to_string())
@@ -300,19 +309,20 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         .collect();
     let mut measured: Vec<Split> = Vec::new();
     for (watch, round, n) in modes {
-        let (held_only, labelled) = match watch {
-            "everything" => (false, false),
-            "held" => (true, false),
-            "held-labelled" => (true, true),
+        let (flag, labelled) = match watch {
+            "everything" => (None, false),
+            "held" => (Some("--shards-held-only"), false),
+            "held-labelled" => (Some("--shards-held-only"), true),
+            "server" => (Some("--shards-server-side"), false),
             other => {
                 return Err(format!(
-                    "--watch {other}: not `everything`, `held` or `held-labelled`"
+                    "--watch {other}: not `everything`, `held`, `held-labelled` or `server`"
                 ));
             }
         };
         // Each round on a control plane of its own: one that kept the earlier rounds' objects
         // and Events serves later rounds more slowly, which would favour the first rounds.
-        let env = control_plane().await?;
+        let env = control_plane(watch == "server").await?;
         let client = env.client();
         let kubeconfig = env.kubeconfig_path().to_path_buf();
         let ns = format!("split-{watch}-{n}");
@@ -334,8 +344,8 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
                     ]
                     .map(String::from)
                     .to_vec();
-                    if held_only {
-                        a.push("--shards-held-only".into());
+                    if let Some(flag) = flag {
+                        a.push(flag.into());
                     }
                     spawn(&kubeconfig, &split_policy, &a)
                 })
@@ -366,8 +376,19 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let mut work = Vec::new();
         for r in &replicas {
             let passes = r.counter("actorcile_reconciles").await?;
-            work.push((passes, r.counter("actorcile_api_requests").await?));
+            let requests = r.counter("actorcile_api_requests").await?;
+            let received = r.counter("actorcile_api_response_bytes").await? / (1024.0 * 1024.0);
+            work.push((passes, requests, received));
         }
+        let labelled_by_replicas = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter(|o| o.labels().contains_key(&sharding.label_key()))
+            .count()
+            - if labelled { args.objects } else { 0 };
         // A change wave over the existing objects: every Network's spec changes once.
         change_every_spec(&api, args.objects, 0).await?;
         all_current(&api, args.objects, Duration::from_secs(900)).await?;
@@ -394,6 +415,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
             replicas: n,
             phases: [cpu, wave, backlog],
             work,
+            labelled: labelled_by_replicas,
         };
         let [cpu, wave, backlog] = &split.phases;
         println!(
@@ -413,18 +435,24 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
     if !measured.is_empty() {
         println!();
         println!(
-            "Work per replica to create and converge, from each replica's /metrics: passes (`actorcile_reconciles_total`), API requests (`actorcile_api_requests_total`, Lease renewals included)"
+            "Work per replica to create and converge, from each replica's /metrics: passes (`actorcile_reconciles_total`), API requests (`actorcile_api_requests_total`, Lease renewals included), MiB received (`actorcile_api_response_bytes_total`: the API server's answers and watch events); and the Networks the replicas labelled with their shard"
         );
-        println!("| watch | replicas | passes per replica | API requests per replica |");
-        println!("|---|---|---|---|");
+        println!(
+            "| watch | replicas | passes per replica | API requests per replica | MiB received per replica | labelled by the replicas |"
+        );
+        println!("|---|---|---|---|---|---|");
         for m in &measured {
-            let (passes, requests): (Vec<f64>, Vec<f64>) = m.work.iter().copied().unzip();
+            let passes: Vec<f64> = m.work.iter().map(|w| w.0).collect();
+            let requests: Vec<f64> = m.work.iter().map(|w| w.1).collect();
+            let read: Vec<f64> = m.work.iter().map(|w| w.2).collect();
             println!(
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} |",
                 m.label(args.rounds),
                 m.replicas,
                 joined(&passes, 0),
-                joined(&requests, 0)
+                joined(&requests, 0),
+                joined(&read, 1),
+                m.labelled
             );
         }
     }
@@ -447,7 +475,8 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
 
     if args.kills > 0 {
         // The failover rounds share one control plane.
-        let env = control_plane().await?;
+        let server_side = args.failover.iter().any(|m| m == "sharded-server");
+        let env = control_plane(server_side).await?;
         let client = env.client();
         let kubeconfig = env.kubeconfig_path().to_path_buf();
         println!();
@@ -470,13 +499,15 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
 }
 
 /// One CPU-split measurement: per phase (create and converge, change wave, backlog), each
-/// replica's CPU seconds; and each replica's passes and API requests to create and converge.
+/// replica's CPU seconds; each replica's passes, API requests and MiB received to create and
+/// converge; and how many objects the replicas labelled with their shard.
 struct Split {
     watch: String,
     round: usize,
     replicas: usize,
     phases: [Vec<f64>; 3],
-    work: Vec<(f64, f64)>,
+    work: Vec<(f64, f64, f64)>,
+    labelled: usize,
 }
 
 impl Split {
@@ -593,7 +624,15 @@ async fn failover(
     shards: &str,
     kills: usize,
 ) -> Result<Vec<(f64, f64)>, String> {
-    if !["sharded", "sharded-held", "leader-warm", "leader-cold"].contains(&mode) {
+    if ![
+        "sharded",
+        "sharded-held",
+        "sharded-server",
+        "leader-warm",
+        "leader-cold",
+    ]
+    .contains(&mode)
+    {
         return Err(format!("--failover {mode}: not a failover mode"));
     }
     let ns = format!("failover-{mode}");
@@ -614,13 +653,17 @@ async fn failover(
             "sharded" => {
                 a.extend(["--shards", shards, "--shards-namespace", &ns].map(String::from))
             }
-            "sharded-held" => a.extend(
+            "sharded-held" | "sharded-server" => a.extend(
                 [
                     "--shards",
                     shards,
                     "--shards-namespace",
                     &ns,
-                    "--shards-held-only",
+                    if mode == "sharded-held" {
+                        "--shards-held-only"
+                    } else {
+                        "--shards-server-side"
+                    },
                 ]
                 .map(String::from),
             ),
@@ -651,10 +694,18 @@ async fn failover(
     all_ready(&api, cached, Duration::from_secs(300)).await?;
     let mut times = Vec::new();
     for k in 0..kills {
-        let probe = format!("probe-{k}");
+        let mut probe = format!("probe-{k}");
         // Who runs the probe: the holder of its shard, or the leader; wait until the two
         // replicas are settled (both hold shards, or one leads) so a kill hits a busy one.
-        let lease_name = match mode {
+        // With server-side sharding the probe's shard comes from its uid, known once it is
+        // created: the first replica is killed, and probes are created until one is of a shard
+        // it held.
+        let mut lease_name = match mode {
+            "sharded-server" => {
+                let ids: Vec<&str> = running.iter().map(|(id, _)| id.as_str()).collect();
+                wait_spread(client, &ns, ids.len(), shards.parse().unwrap()).await?;
+                String::new()
+            }
             "sharded" | "sharded-held" => {
                 let ids: Vec<&str> = running.iter().map(|(id, _)| id.as_str()).collect();
                 wait_spread(client, &ns, ids.len(), shards.parse().unwrap()).await?;
@@ -667,6 +718,9 @@ async fn failover(
             _ => "actorcile-leader".to_string(),
         };
         let holder = loop {
+            if mode == "sharded-server" {
+                break running[0].0.clone();
+            }
             let h = leases
                 .get_opt(&lease_name)
                 .await
@@ -678,15 +732,43 @@ async fn failover(
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
+        let victim_shards: Vec<u32> = leases
+            .list(&ListParams::default().labels("sharding.actorcile.dev/role=shard"))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .iter()
+            .filter(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_ref()) == Some(&holder))
+            .filter_map(|l| l.name_any().rsplit_once('-')?.1.parse().ok())
+            .collect();
         let i = running.iter().position(|(id, _)| *id == holder).unwrap();
         let (_, victim) = running.remove(i);
         // SAFETY: signalling a child process we own.
         unsafe { libc::kill(victim.0.id() as i32, libc::SIGKILL) };
         let killed = Instant::now();
         drop(victim);
-        api.create(&PostParams::default(), &network(&probe, cached + k))
-            .await
-            .map_err(|e| e.to_string())?;
+        for j in 0.. {
+            let name = if mode == "sharded-server" {
+                format!("probe-{k}-{j}")
+            } else {
+                probe.clone()
+            };
+            let created = api
+                .create(&PostParams::default(), &network(&name, cached + k))
+                .await
+                .map_err(|e| e.to_string())?;
+            if mode != "sharded-server" {
+                break;
+            }
+            let shard = actorcile::sharding::shard_of_uid(
+                created.uid().as_deref().unwrap_or(""),
+                shards.parse().unwrap(),
+            );
+            if victim_shards.contains(&shard) {
+                (probe, lease_name) = (name, format!("actorcile-shards-shard-{shard}"));
+                break;
+            }
+        }
         let mut taken = None;
         loop {
             if taken.is_none() {
@@ -734,6 +816,7 @@ mod tests {
                 cpu.to_vec(),
             ],
             work: Vec::new(),
+            labelled: 0,
         }
     }
 
