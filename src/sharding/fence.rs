@@ -1,7 +1,8 @@
 //! The fenced clients: one per shard, each refusing writes while this replica does not hold its
 //! shard. The actors give a reconcile of an object the client of the object's shard (for the
 //! provisioners' context and for the runtime's own writes), so a reconcile that outlives its shard
-//! cannot change anything, whatever it runs.
+//! cannot change anything, whatever it runs. Also the rewriting client both they and the
+//! server-side shard selection are built on.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,15 +20,30 @@ use super::Shards;
 #[error("shard {0} is not held by this replica: the write was refused")]
 pub struct ShardNotHeld(pub u32);
 
-/// A tower service in front of the runtime's client that refuses writes for one shard.
-#[derive(Clone)]
-struct Fenced {
-    inner: Client,
-    shards: Arc<Shards>,
-    shard: u32,
+/// A client that passes each request through `rewrite` (which may change it, or refuse it with
+/// an error the caller sees as [`kube::Error::Service`]) and then sends it with `base`.
+pub(crate) fn rewriting_client<F>(base: &Client, rewrite: F) -> Client
+where
+    F: Fn(Request<Body>) -> Result<Request<Body>, tower::BoxError> + Clone + Send + 'static,
+{
+    let rewriting = Rewriting {
+        inner: base.clone(),
+        rewrite,
+    };
+    Client::new(rewriting, base.default_namespace())
 }
 
-impl tower::Service<Request<Body>> for Fenced {
+/// The service of [`rewriting_client`].
+#[derive(Clone)]
+struct Rewriting<F> {
+    inner: Client,
+    rewrite: F,
+}
+
+impl<F> tower::Service<Request<Body>> for Rewriting<F>
+where
+    F: Fn(Request<Body>) -> Result<Request<Body>, tower::BoxError> + Clone + Send + 'static,
+{
     type Response = Response<Body>;
     type Error = tower::BoxError;
     type Future = BoxFuture<'static, Result<Response<Body>, tower::BoxError>>;
@@ -37,27 +53,27 @@ impl tower::Service<Request<Body>> for Fenced {
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        // Checked as the request leaves, not when the pass started.
-        let reads = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-        if !reads && !self.shards.holds(self.shard) {
-            let refused = ShardNotHeld(self.shard);
-            return Box::pin(async move { Err(Box::new(refused) as tower::BoxError) });
-        }
+        let req = (self.rewrite)(req);
         let inner = self.inner.clone();
-        Box::pin(async move { inner.send(req).await.map_err(Into::into) })
+        Box::pin(async move { inner.send(req?).await.map_err(Into::into) })
     }
 }
 
-/// One client per shard, in shard order, each in front of `base`.
+/// One client per shard, in shard order, each in front of `base`, each refusing writes while
+/// this replica does not hold its shard (checked as the request leaves, not when the reconcile
+/// started).
 pub(crate) fn fenced_clients(base: &Client, shards: &Arc<Shards>) -> Vec<Arc<Client>> {
     (0..shards.count())
         .map(|shard| {
-            let fenced = Fenced {
-                inner: base.clone(),
-                shards: shards.clone(),
-                shard,
-            };
-            Arc::new(Client::new(fenced, base.default_namespace()))
+            let shards = shards.clone();
+            let fenced = rewriting_client(base, move |req| {
+                let reads = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+                if !reads && !shards.holds(shard) {
+                    return Err(Box::new(ShardNotHeld(shard)));
+                }
+                Ok(req)
+            });
+            Arc::new(fenced)
         })
         .collect()
 }

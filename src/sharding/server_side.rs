@@ -14,12 +14,8 @@
 //! object. kube's `watcher::Config` has no field for the option, so [`selecting_client`] puts it
 //! on every read request of the client the watch uses.
 
-use std::task::{Context, Poll};
-
-use futures::future::BoxFuture;
-use http::{Method, Request, Response, Uri};
+use http::{Method, Uri};
 use kube::Client;
-use kube::client::Body;
 
 /// The shard of an object whose uid is `uid`, of `shards`: which of `shards` equal ranges of
 /// the 64-bit space its FNV-1a hash falls in (the ranges [`selector`] asks the server for).
@@ -85,34 +81,6 @@ pub(crate) fn server_applies(list: &serde_json::Value) -> bool {
         .is_some_and(|s| !s.is_empty())
 }
 
-/// A tower service in front of a client that adds `shardSelector` to every read request.
-#[derive(Clone)]
-struct Selecting {
-    inner: Client,
-    selector: String,
-}
-
-impl tower::Service<Request<Body>> for Selecting {
-    type Response = Response<Body>;
-    type Error = tower::BoxError;
-    type Future = BoxFuture<'static, Result<Response<Body>, tower::BoxError>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
-        if *req.method() == Method::GET {
-            match with_selector(req.uri(), &self.selector) {
-                Ok(uri) => *req.uri_mut() = uri,
-                Err(e) => return Box::pin(async move { Err(e) }),
-            }
-        }
-        let inner = self.inner.clone();
-        Box::pin(async move { inner.send(req).await.map_err(Into::into) })
-    }
-}
-
 /// `uri` with `shardSelector=<selector>` added to its query.
 fn with_selector(uri: &Uri, selector: &str) -> Result<Uri, tower::BoxError> {
     let param: String = form_urlencoded::Serializer::new(String::new())
@@ -130,11 +98,12 @@ fn with_selector(uri: &Uri, selector: &str) -> Result<Uri, tower::BoxError> {
 
 /// A client whose lists and watches (every `GET`) ask the server for `selector`'s objects only.
 pub(crate) fn selecting_client(base: &Client, selector: String) -> Client {
-    let selecting = Selecting {
-        inner: base.clone(),
-        selector,
-    };
-    Client::new(selecting, base.default_namespace())
+    super::fence::rewriting_client(base, move |mut req| {
+        if *req.method() == Method::GET {
+            *req.uri_mut() = with_selector(req.uri(), &selector)?;
+        }
+        Ok(req)
+    })
 }
 
 /// Asks the server for one object of `url` (a collection of a built-in kind) through `client`

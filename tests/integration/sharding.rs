@@ -122,6 +122,22 @@ async fn balanced(replicas: &[&RuntimeHandle]) -> Vec<Vec<u32>> {
     .await
 }
 
+/// Every pass of replicas `a` and `b` (holding `held[0]` and `held[1]`) ran an object of its
+/// shards (`shard` of its name), both ran some, and none overlapped.
+fn assert_split(passes: &Passes, held: &[Vec<u32>], shard: impl Fn(&str) -> u32) {
+    let p = passes.lock().unwrap().clone();
+    for (replica, name, _, _) in &p {
+        let mine = if replica == "a" { &held[0] } else { &held[1] };
+        assert!(
+            mine.contains(&shard(name)),
+            "{replica} ran {name} of shard {} but holds {mine:?}",
+            shard(name)
+        );
+    }
+    assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
+    assert_no_overlap(passes);
+}
+
 /// No two passes of one object overlap, on any replica.
 fn assert_no_overlap(passes: &Passes) {
     let mut p = passes.lock().unwrap().clone();
@@ -189,18 +205,7 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
         "the chain crosses replicas {crossings} times"
     );
 
-    // Every pass ran on the replica holding the object's shard, and both ran some.
-    let p = passes.lock().unwrap().clone();
-    for (replica, name, _, _) in &p {
-        let mine = if replica == "a" { &held[0] } else { &held[1] };
-        assert!(
-            mine.contains(&shard(name)),
-            "{replica} ran {name} of shard {} but holds {mine:?}",
-            shard(name)
-        );
-    }
-    assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
-    assert_no_overlap(&passes);
+    assert_split(&passes, &held, shard);
     if watch == ShardWatch::HeldShards {
         // Every object carries its shard's label (as `Sharding::label` tells a program that
         // creates objects), and each replica caches only its shards'.
@@ -618,17 +623,7 @@ async fn server_side_split(client: &kube::Client, server_selects: bool, limit: D
             w.labels()
         );
     }
-    let p = passes.lock().unwrap().clone();
-    for (replica, name, _, _) in &p {
-        let mine = if replica == "a" { &held[0] } else { &held[1] };
-        assert!(
-            mine.contains(&shard_of(name)),
-            "{replica} ran {name} of shard {} but holds {mine:?}",
-            shard_of(name)
-        );
-    }
-    assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
-    assert_no_overlap(&passes);
+    assert_split(&passes, &held, shard_of);
     let mine = |shards: &Vec<u32>| {
         (0..n)
             .filter(|i| shards.contains(&shard_of(&format!("w{i}"))))
