@@ -18,7 +18,8 @@ use http::{Method, Uri};
 use kube::Client;
 
 /// The shard of an object whose uid is `uid`, of `shards`: which of `shards` equal ranges of
-/// the 64-bit space its FNV-1a hash falls in (the ranges [`selector`] asks the server for).
+/// the 64-bit space its FNV-1a hash falls in (the ranges a replica asks the server for with
+/// [`ShardWatch::ServerSide`](super::ShardWatch::ServerSide)).
 ///
 /// ```
 /// use actorcile::sharding::shard_of_uid;
