@@ -119,7 +119,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     // With `ShardWatch::HeldShards` or `ServerSide`: the held shards, and how the watch
     // selects theirs.
     let view = shared.shards.as_ref().and_then(|s| {
-        let by = match (&s.label, &s.by_uid) {
+        let by = match (&s.label, &s.server_side_leases) {
             (Some(key), _) => Selects::Label(key.clone()),
             (None, Some(leases)) => Selects::Server(leases.clone()),
             (None, None) => return None,
@@ -198,7 +198,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         }
         if let Some(scope) = &shared.shards {
             scope.server_selects.store(
-                scope.by_uid.is_some() && server_applies != Some(false),
+                scope.server_side_leases.is_some() && server_applies != Some(false),
                 Ordering::Release,
             );
         }

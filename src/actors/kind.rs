@@ -185,8 +185,8 @@ pub(crate) struct StartCx {
     pub(crate) root: ActorCell,
     pub(crate) holder: Arc<str>,
     pub(crate) health: Arc<Health>,
-    /// With sharding: the shards held, a fenced client per shard, what each replica watches,
-    /// and the shard label's key (used with [`crate::sharding::ShardWatch::HeldShards`]).
+    /// With sharding: the shards held, a fenced client per shard, and the settings (what each
+    /// replica watches, the label key and the Leases' namespace).
     pub(crate) shards: Option<(Arc<Shards>, ShardClients, Arc<Sharding>)>,
 }
 
@@ -422,7 +422,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     key: self.shard_key.take(),
                     label: (sharding.watch == ShardWatch::HeldShards)
                         .then(|| Arc::from(sharding.label_key())),
-                    by_uid: (sharding.watch == ShardWatch::ServerSide)
+                    server_side_leases: (sharding.watch == ShardWatch::ServerSide)
                         .then(|| Arc::from(sharding.leases_url())),
                     server_selects: Default::default(),
                 }),

@@ -191,9 +191,10 @@ pub(crate) struct ShardScope<K> {
     /// ([`crate::sharding::ShardWatch::ServerSide`]): the shard Leases' collection, whose list
     /// answer tells whether the server applies shard selectors (its answers for custom
     /// resources do not say).
-    pub by_uid: Option<Arc<str>>,
-    /// With `by_uid`: whether the server applies the shard selector (its list answers say so),
-    /// so that this replica's view holds only the objects of its shards. Set by the feeder.
+    pub server_side_leases: Option<Arc<str>>,
+    /// With `server_side_leases`: whether the server applies the shard selector (its list
+    /// answers say so), so that this replica's view holds only the objects of its shards. Set
+    /// by the feeder.
     pub server_selects: std::sync::atomic::AtomicBool,
 }
 
@@ -201,7 +202,7 @@ impl<K: ManagedResource> ShardScope<K> {
     /// The shard of `obj`.
     pub(crate) fn shard_of(&self, obj: &K) -> u32 {
         let n = self.shards.count();
-        if self.by_uid.is_some() {
+        if self.server_side_leases.is_some() {
             return crate::sharding::shard_of_uid(obj.meta().uid.as_deref().unwrap_or(""), n);
         }
         match &self.key {
@@ -219,7 +220,7 @@ impl<K: ManagedResource> ShardScope<K> {
     /// The shard of the object at `key`, when it can be told without the object (the default
     /// shard key); else from `obj` if given.
     pub(crate) fn shard_of_key(&self, key: &ObjectRef<K>, obj: Option<&K>) -> Option<u32> {
-        if self.by_uid.is_some() {
+        if self.server_side_leases.is_some() {
             return obj.map(|o| self.shard_of(o));
         }
         match (&self.key, obj) {
@@ -247,7 +248,7 @@ impl<K: ManagedResource> ShardScope<K> {
 
     /// Whether an object's shard can be told only from the object (not from its key).
     pub(crate) fn needs_object(&self) -> bool {
-        self.by_uid.is_some() || self.key.is_some()
+        self.server_side_leases.is_some() || self.key.is_some()
     }
 
     /// Whether this replica's watches select only the objects of its shards (by label, or by
@@ -312,8 +313,9 @@ impl<K: ManagedResource> Shared<K> {
     }
 
     /// Whether this replica's view of the object at `key` is current: always, unless it
-    /// watches only its shards ([`crate::sharding::ShardWatch::HeldShards`]) and does not
-    /// hold the object's shard (then readiness and existence are asked elsewhere).
+    /// watches only its shards (by label, [`crate::sharding::ShardWatch::HeldShards`], or
+    /// selected by the server, [`crate::sharding::ShardWatch::ServerSide`]) and does not hold
+    /// the object's shard (then readiness and existence are asked elsewhere).
     pub(crate) fn in_view(&self, key: &ObjectRef<K>) -> bool {
         let Some(scope) = self.shards.as_ref().filter(|s| s.selective()) else {
             return true;
