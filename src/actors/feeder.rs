@@ -12,7 +12,7 @@ use super::mailbox::Mailbox;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 
 use super::{ManagedResource, Shared};
@@ -80,7 +80,7 @@ fn route_gone<K: ManagedResource>(
 }
 
 /// Run one watch of a kind (of `namespace`, or of every namespace) until the task is
-/// aborted. Applies each event to its reflector store in `shared.store` (through `writer`)
+/// aborted. Applies each event to its cache in `shared.store` (through `writer`)
 /// before routing it, so actors always find the object there. Sets `refused` while the API
 /// server refuses the watch, and clears it once a list is in. Sends on `listed` once the first list is complete. With
 /// [`ShardWatch::HeldShards`](crate::sharding::ShardWatch::HeldShards) the watch selects the
@@ -99,7 +99,7 @@ fn route_gone<K: ManagedResource>(
 pub(crate) async fn run_feeder<K: ManagedResource>(
     shared: Arc<Shared<K>>,
     of: KindWatch<K>,
-    mut writer: reflector::store::Writer<K>,
+    mut writer: super::store::Writer<K>,
     manager: Mailbox<ManagerMsg<K>>,
     listed: tokio::sync::oneshot::Sender<()>,
 ) {
@@ -410,7 +410,7 @@ impl<K: ManagedResource> Watch<'_, K> {
     /// Apply one watch event to the store and route it.
     fn apply(
         &self,
-        writer: &mut reflector::store::Writer<K>,
+        writer: &mut super::store::Writer<K>,
         event: Result<Event<K>, watcher::Error>,
         list: &mut Option<List<K>>,
         first_list: &mut bool,
@@ -420,18 +420,18 @@ impl<K: ManagedResource> Watch<'_, K> {
         match event {
             Ok(Event::Apply(obj)) => {
                 let key = key_of(&obj);
-                writer.apply_watcher_event(&Event::Apply(obj));
+                writer.apply_watcher_event(Event::Apply(obj));
                 route(shared, manager, key, false);
             }
             Ok(Event::Delete(obj)) => {
                 let key = key_of(&obj);
-                writer.apply_watcher_event(&Event::Delete(obj));
+                writer.apply_watcher_event(Event::Delete(obj));
                 route_gone(shared, manager, key);
             }
             Ok(Event::Init) => {
                 let direct = std::mem::take(first_list);
                 if !direct {
-                    writer.apply_watcher_event(&Event::Init);
+                    writer.apply_watcher_event(Event::Init);
                 }
                 *list = Some(List {
                     keys: Vec::new(),
@@ -444,7 +444,7 @@ impl<K: ManagedResource> Watch<'_, K> {
                 match list {
                     Some(l) if l.direct => {
                         l.keys.push(key.clone());
-                        writer.apply_watcher_event(&Event::Apply(obj));
+                        writer.apply_watcher_event(Event::Apply(obj));
                         route(shared, manager, key, true);
                     }
                     Some(l) => {
@@ -454,19 +454,19 @@ impl<K: ManagedResource> Watch<'_, K> {
                             l.changed.push(key.clone());
                         }
                         l.keys.push(key);
-                        writer.apply_watcher_event(&Event::InitApply(obj));
+                        writer.apply_watcher_event(Event::InitApply(obj));
                     }
                     // The watcher always starts a list with `Init`; buffer to be safe.
-                    None => writer.apply_watcher_event(&Event::InitApply(obj)),
+                    None => writer.apply_watcher_event(Event::InitApply(obj)),
                 }
             }
             Ok(Event::InitDone) => {
                 let Some(l) = list.take() else {
-                    writer.apply_watcher_event(&Event::InitDone);
+                    writer.apply_watcher_event(Event::InitDone);
                     return;
                 };
                 if !l.direct {
-                    writer.apply_watcher_event(&Event::InitDone);
+                    writer.apply_watcher_event(Event::InitDone);
                     // A buffered list is in the store only now: route what is new in it, in list
                     // order.
                     for key in l.changed {

@@ -57,6 +57,12 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
             }
         }
     }
+    fn said_ready(&self, target: &Target) -> bool {
+        self.shared.store.is_ready(&key_of::<K>(target))
+    }
+    fn set_said_ready(&self, target: &Target, ready: bool) {
+        self.shared.store.set_ready(&key_of::<K>(target), ready);
+    }
     fn exists(&self, target: &Target) -> bool {
         self.shared.store.get(&key_of::<K>(target)).is_some()
     }

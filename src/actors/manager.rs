@@ -36,6 +36,8 @@ use tokio::time::Instant;
 
 use super::activation_queue::ActivationQueue;
 use super::mailbox::{self, MailWaiting, Mailbox};
+use super::object_map::ObjectMap;
+use super::passive_state::Kept;
 use super::passive_timers::PassiveTimers;
 use super::resource::{ResourceActor, ResourceArgs, key_hash};
 use super::restarts::{AfterFailure, Escalation, RestartTracker};
@@ -64,15 +66,15 @@ enum Life {
     /// In the activation queue, waiting for a run slot; with the state a passivated actor left.
     /// `listed`: queued behind changes, as a listed object (see [`ActivationQueue`]).
     Queued {
-        passive: Option<PassiveState>,
+        passive: Option<Box<PassiveState>>,
         listed: bool,
     },
     /// A live actor. `notified`: a notification found no route because the actor is
     /// passivating; it re-activates at once when it has stopped.
     Live { id: ActorId, notified: bool },
-    /// No actor; its state kept here, and the token of its pending wake-up, if any (held by
+    /// No actor; its state kept here, with the token of its pending wake-up, if any (held by
     /// [`PassiveTimers`]).
-    Passive(PassiveState, Option<u64>),
+    Passive(Kept),
     /// Failed; a restart is scheduled.
     Restarting,
     /// Past the restart intensity; no restarts until the generation changes or it is deleted.
@@ -97,7 +99,7 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     me: Mailbox<ManagerMsg<K>>,
     /// The pending wake-ups of passive objects.
     passive_timers: PassiveTimers<K>,
-    objects: FastMap<ObjectRef<K>, Entry>,
+    objects: ObjectMap<K, Entry>,
     /// The actors serving an object, by actor.
     ids: FastMap<ActorId, ObjectRef<K>>,
     /// Actors that passivated and serve no object, ready to adopt the next activation (at most
@@ -141,11 +143,13 @@ impl<K: ManagedResource> Manager<K> {
             let additional = self.shared.store.len().saturating_sub(st.objects.len());
             st.objects.reserve(additional.max(1));
         }
-        let entry = st.objects.entry(key.clone()).or_insert_with(|| Entry {
+        let entry = st.objects.get_or_insert_with(&key, || Entry {
             life: Life::Restarting,
             restarts: None,
         });
-        if let Life::Passive(_, Some(_)) = &entry.life {
+        if let Life::Passive(kept) = &entry.life
+            && kept.timer().is_some()
+        {
             st.passive_timers.cancel(key.clone());
         }
         if listed {
@@ -155,7 +159,10 @@ impl<K: ManagedResource> Manager<K> {
         } else {
             st.activations.push_new(key);
         }
-        entry.life = Life::Queued { passive, listed };
+        entry.life = Life::Queued {
+            passive: passive.map(Box::new),
+            listed,
+        };
         self.drain(myself, st);
     }
 
@@ -259,7 +266,7 @@ impl<K: ManagedResource> Manager<K> {
             return;
         }
         let passive = match st.objects.get_mut(&key).map(|s| &mut s.life) {
-            Some(Life::Queued { passive, .. }) => passive.take(),
+            Some(Life::Queued { passive, .. }) => passive.take().map(|ps| *ps),
             _ => return,
         };
         if self.shared.store.get(&key).is_none() {
@@ -444,7 +451,7 @@ impl<K: ManagedResource> Manager<K> {
             st.wake_token
         });
         if let Some(entry) = st.objects.get_mut(&key) {
-            entry.life = Life::Passive(ps, timer);
+            entry.life = Life::Passive(Kept::keep(ps, version_of(obj.as_ref()), timer));
         }
     }
 
@@ -453,7 +460,8 @@ impl<K: ManagedResource> Manager<K> {
     /// its status says, so those here that wait on it are woken by its watch events.
     fn unowned(&self, st: &mut ManagerState<K>, key: ObjectRef<K>) {
         if let Some(entry) = st.objects.remove(&key)
-            && let Life::Passive(_, Some(_)) = entry.life
+            && let Life::Passive(kept) = entry.life
+            && kept.timer().is_some()
         {
             st.passive_timers.cancel(key.clone());
         }
@@ -476,15 +484,12 @@ impl<K: ManagedResource> Manager<K> {
             }
             let ready = obj.meta().deletion_timestamp.is_none()
                 && crate::status::ResourceStatus::of(obj.as_ref()).is_ready();
-            let target = self
-                .shared
-                .references
-                .shared_target(crate::references::Target::new(
-                    K::api_version(&()),
-                    K::kind(&()),
-                    key.namespace.as_deref(),
-                    key.name.clone(),
-                ));
+            let target = crate::references::Target::new(
+                K::api_version(&()),
+                K::kind(&()),
+                key.namespace.as_deref(),
+                key.name.clone(),
+            );
             self.shared.references.mark_ready(&target, ready);
         }
     }
@@ -556,7 +561,7 @@ impl<K: ManagedResource> Manager<K> {
                     // store when it has stopped.
                     self.forward(&key, ResourceMsg::Gone);
                 }
-                Life::Passive(_, Some(_)) => {
+                Life::Passive(kept) if kept.timer().is_some() => {
                     st.objects.remove(&key);
                     st.passive_timers.cancel(key);
                 }
@@ -584,7 +589,7 @@ impl<K: ManagedResource> Manager<K> {
     ) -> Result<(), ActorProcessingErr> {
         let policy = &self.shared.policy.restart;
         let now = Instant::now();
-        let entry = st.objects.entry(key.clone()).or_insert_with(|| Entry {
+        let entry = st.objects.get_or_insert_with(&key, || Entry {
             life: Life::Restarting,
             restarts: None,
         });
@@ -680,8 +685,8 @@ impl<K: ManagedResource> Manager<K> {
                         *notified = true; // passivating: run again once stopped
                     }
                 }
-                Life::Passive(ps, _) => {
-                    let mut ps = std::mem::take(ps);
+                Life::Passive(kept) => {
+                    let mut ps = kept.take();
                     ps.pending_run = true;
                     self.activate(myself, st, key, Some(ps), false);
                 }
@@ -723,7 +728,7 @@ impl<K: ManagedResource> Manager<K> {
                             self.forward(&key, ResourceMsg::Observed(obj));
                         }
                     }
-                    Life::Passive(ps, _) => {
+                    Life::Passive(kept) => {
                         // Most such events are the watch echoes of the actor's own last writes:
                         // nothing to run, and its timer stays armed as it was (settling again
                         // would re-arm it later, and leave the old timer task sleeping).
@@ -731,9 +736,9 @@ impl<K: ManagedResource> Manager<K> {
                             .shared
                             .store
                             .get(&key)
-                            .is_none_or(|obj| is_news(ps, version_of(obj.as_ref())));
+                            .is_none_or(|obj| kept.is_news(version_of(obj.as_ref())));
                         if news {
-                            let ps = std::mem::take(ps);
+                            let ps = kept.take();
                             self.passivate_or_reactivate(myself, st, key, ps, false);
                         }
                     }
@@ -770,8 +775,7 @@ impl<K: ManagedResource> Manager<K> {
                 let gone: Vec<ObjectRef<K>> = st
                     .objects
                     .keys()
-                    .filter(|k| listed(k) && !existing.contains(*k))
-                    .cloned()
+                    .filter(|k| listed(k) && !existing.contains(k))
                     .collect();
                 for key in gone {
                     self.gone(st, key);
@@ -792,22 +796,18 @@ impl<K: ManagedResource> Manager<K> {
             }
             ManagerMsg::Notify(key) => self.notify(myself, st, key),
             ManagerMsg::Broadcast => {
-                let keys: Vec<ObjectRef<K>> = st.objects.keys().cloned().collect();
+                let keys: Vec<ObjectRef<K>> = st.objects.keys().collect();
                 for key in keys {
                     self.notify(myself, st, key);
                 }
             }
             ManagerMsg::PassiveWake(key, token) => {
                 if let Some(Entry {
-                    life: Life::Passive(ps, timer @ Some(_)),
+                    life: Life::Passive(kept),
                     ..
                 }) = st.objects.get_mut(&key)
-                    && *timer == Some(token)
+                    && let Some(ps) = kept.fired(token)
                 {
-                    *timer = None; // fired: nothing to cancel
-                    let mut ps = std::mem::take(ps);
-                    ps.pending_run = true;
-                    ps.wake_in = None;
                     self.activate(myself, st, key, Some(ps), false);
                 }
             }
@@ -847,7 +847,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
             rx: args.rx,
             passive_timers: PassiveTimers::start(me.clone()),
             me,
-            objects: FastMap::default(),
+            objects: ObjectMap::default(),
             ids: FastMap::default(),
             idle: Vec::new(),
             wake_token: 0,

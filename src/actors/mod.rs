@@ -15,6 +15,8 @@
 //! | `manager.rs` | the manager supervisor: message handling, supervision, activation |
 //! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
 //! | `restarts.rs` | restart intensity and backoff per object (plain data), [`Escalation`] |
+//! | `object_map.rs` | the manager's entry per known object, by name and namespace |
+//! | `passive_state.rs` | what the manager keeps of a passive object, small when nothing is pending (plain data) |
 //! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
 //! | `resource.rs` | the resource actor: one reconcile at a time, coalescing, passivation |
@@ -25,7 +27,7 @@
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `event_budget.rs` | how many Events each object may still publish (plain data) |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
-//! | `store.rs` | the kind's cache: a reflector store per watched namespace |
+//! | `store.rs` | the kind's cache: one table of objects per watched namespace |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
 //! | `metrics.rs` | the runtime's counters |
 //! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the reconcile, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
@@ -47,7 +49,7 @@
 //!   after a restart). It waits in the manager's activation queue for a run slot, and its first
 //!   reconcile runs on that slot.
 //! - **Passivation**: an actor with nothing due within the policy's `idle_timeout` hands its
-//!   object back to the manager (the object stays in the reflector store; its pending wake-up
+//!   object back to the manager (the object stays in the kind's cache; its pending wake-up
 //!   and what it has already handled are kept by the manager as a `PassiveState`). The next
 //!   event, wake-up or notification activates it again (the virtual-actor idea of Orleans and
 //!   Akka cluster sharding).
@@ -86,7 +88,9 @@ mod manager;
 #[cfg(all(test, feature = "cluster"))]
 mod manager_tests;
 mod metrics;
+mod object_map;
 mod outcome_key;
+mod passive_state;
 mod passive_timers;
 pub(crate) mod resource;
 #[cfg(all(test, feature = "cluster"))]

@@ -273,7 +273,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         // in a passivation that removes it.
         self.shared.routes.insert(key.clone(), myself.clone());
         let object = self.shared.store.get(&key);
-        let target = self.shared.references.shared_target(Target::new(
+        let target = Arc::new(Target::new(
             K::api_version(&()),
             K::kind(&()),
             key.namespace.as_deref(),

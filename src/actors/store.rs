@@ -1,29 +1,199 @@
-//! A kind's cache: the reflector store of each namespace the controller watches (one for a
+//! A kind's cache: the objects of each namespace the controller watches (one table for a
 //! controller that watches one namespace or all). Each watch's re-list replaces its own store
 //! only, so a namespace whose watch restarts leaves the others' objects in place.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use kube::runtime::reflector::{self, ObjectRef, Store};
-
+use hashbrown::HashTable;
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::Event;
 
 use super::ManagedResource;
 
+/// One cached object, and whether its actor last reported it Ready (for the reference index:
+/// kept here, where it costs a byte, rather than in a set of its own keyed by a copy of the
+/// object's name; the same name keeps the flag across versions and re-lists).
+struct Slot<K> {
+    obj: Arc<K>,
+    ready: AtomicBool,
+}
+
+/// One watch's objects, found by namespace and name.
+///
+/// Written here rather than taken from kube's `reflector::Store`: that store keys every object by
+/// an `ObjectRef` holding its own copies of the name, namespace, resource version and uid beside
+/// the object that already holds them (about 250 bytes per object, a sixth of an idle object's
+/// whole cost), and its writer clones each object it is given. This table holds only the shared
+/// object and finds it by hashing the name and namespace in the object itself.
+struct Objects<K> {
+    table: HashTable<Slot<K>>,
+    hasher: ahash::RandomState,
+}
+
+impl<K: ManagedResource> Objects<K> {
+    fn new(hasher: ahash::RandomState, capacity: usize) -> Self {
+        Self {
+            table: HashTable::with_capacity(capacity),
+            hasher,
+        }
+    }
+
+    fn hash(hasher: &ahash::RandomState, namespace: Option<&str>, name: &str) -> u64 {
+        hasher.hash_one((namespace, name))
+    }
+
+    fn hash_obj(hasher: &ahash::RandomState, obj: &K) -> u64 {
+        let meta = obj.meta();
+        Self::hash(
+            hasher,
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or(""),
+        )
+    }
+
+    fn is(obj: &K, namespace: Option<&str>, name: &str) -> bool {
+        let meta = obj.meta();
+        meta.name.as_deref().unwrap_or("") == name && meta.namespace.as_deref() == namespace
+    }
+
+    fn get(&self, key: &ObjectRef<K>) -> Option<&Slot<K>> {
+        self.find(key.namespace.as_deref(), &key.name)
+    }
+
+    fn find(&self, ns: Option<&str>, name: &str) -> Option<&Slot<K>> {
+        self.table.find(Self::hash(&self.hasher, ns, name), |s| {
+            Self::is(&s.obj, ns, name)
+        })
+    }
+
+    /// Caches `obj`, keeping the Ready flag of the version it replaces.
+    fn insert(&mut self, obj: Arc<K>, ready: bool) {
+        let hasher = &self.hasher;
+        let hash = Self::hash_obj(hasher, &obj);
+        // The probe borrows the names while `obj` moves into the table: one more reference.
+        let probe = obj.clone();
+        let meta = probe.meta();
+        let (ns, name) = (
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or(""),
+        );
+        match self.table.entry(
+            hash,
+            |s| Self::is(&s.obj, ns, name),
+            |s| Self::hash_obj(hasher, &s.obj),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(mut e) => e.get_mut().obj = obj,
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert(Slot {
+                    obj,
+                    ready: AtomicBool::new(ready),
+                });
+            }
+        }
+    }
+
+    fn remove(&mut self, obj: &K) {
+        let meta = obj.meta();
+        let (ns, name) = (
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or(""),
+        );
+        if let Ok(e) = self
+            .table
+            .find_entry(Self::hash(&self.hasher, ns, name), |s| {
+                Self::is(&s.obj, ns, name)
+            })
+        {
+            e.remove();
+        }
+    }
+}
+
+/// One watch's cache: what its [`Writer`] last applied.
+struct Cache<K>(Arc<RwLock<Objects<K>>>);
+
+impl<K> Clone for Cache<K> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<K: ManagedResource> Cache<K> {
+    fn read(&self) -> RwLockReadGuard<'_, Objects<K>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Objects<K>> {
+        self.0.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Fills one watch's cache from its events, as kube's reflector writer does: changes at once,
+/// a re-list (`Init` … `InitDone`) buffered and swapped in whole when it is complete, so the
+/// cache never shows half a list.
+pub(crate) struct Writer<K> {
+    cache: Cache<K>,
+    relist: Option<Vec<Arc<K>>>,
+}
+
+impl<K: ManagedResource> Writer<K> {
+    /// Applies one watch event.
+    pub(crate) fn apply_watcher_event(&mut self, event: Event<K>) {
+        match event {
+            Event::Apply(obj) => self.cache.write().insert(Arc::new(obj), false),
+            Event::Delete(obj) => self.cache.write().remove(&obj),
+            Event::Init => self.relist = Some(Vec::new()),
+            Event::InitApply(obj) => self.relist.get_or_insert_default().push(Arc::new(obj)),
+            Event::InitDone => {
+                let listed = self.relist.take().unwrap_or_default();
+                let mut cache = self.cache.write();
+                let mut objects = Objects::new(cache.hasher.clone(), listed.len());
+                for obj in listed {
+                    let meta = obj.meta();
+                    let ready = cache
+                        .find(
+                            meta.namespace.as_deref(),
+                            meta.name.as_deref().unwrap_or(""),
+                        )
+                        .is_some_and(|s| s.ready.load(Ordering::Relaxed));
+                    objects.insert(obj, ready);
+                }
+                *cache = objects;
+            }
+        }
+    }
+}
+
 /// The stores of one kind, by watched namespace (`None`: every namespace, or cluster-scoped).
-#[derive(Clone)]
 pub(crate) struct KindStore<K: ManagedResource> {
-    stores: Arc<[(Option<String>, Store<K>)]>,
+    stores: Arc<[(Option<String>, Cache<K>)]>,
+}
+
+impl<K: ManagedResource> Clone for KindStore<K> {
+    fn clone(&self) -> Self {
+        Self {
+            stores: self.stores.clone(),
+        }
+    }
 }
 
 impl<K: ManagedResource> KindStore<K> {
     /// One store per entry of `namespaces`, with the writer each watch fills it through.
-    pub(crate) fn new(namespaces: &[Option<String>]) -> (Self, Vec<reflector::store::Writer<K>>) {
+    pub(crate) fn new(namespaces: &[Option<String>]) -> (Self, Vec<Writer<K>>) {
         let (stores, writers): (Vec<_>, Vec<_>) = namespaces
             .iter()
             .map(|ns| {
-                let (store, writer) = reflector::store::<K>();
-                ((ns.clone(), store), writer)
+                let cache = Cache(Arc::new(RwLock::new(Objects::new(
+                    ahash::RandomState::new(),
+                    0,
+                ))));
+                let writer = Writer {
+                    cache: cache.clone(),
+                    relist: None,
+                };
+                ((ns.clone(), cache), writer)
             })
             .unzip();
         (
@@ -35,7 +205,7 @@ impl<K: ManagedResource> KindStore<K> {
     }
 
     /// The store that holds `key`'s namespace.
-    fn store_of(&self, key: &ObjectRef<K>) -> Option<&Store<K>> {
+    fn store_of(&self, key: &ObjectRef<K>) -> Option<&Cache<K>> {
         match &*self.stores {
             [(_, only)] => Some(only),
             stores => stores
@@ -47,20 +217,48 @@ impl<K: ManagedResource> KindStore<K> {
 
     /// The object at `key`, if cached.
     pub(crate) fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
-        self.store_of(key)?.get(key)
+        self.store_of(key)?.read().get(key).map(|s| s.obj.clone())
+    }
+
+    /// Records whether `key`'s actor last reported it Ready (nothing if it is not cached: then
+    /// it has been deleted, and its flag with it).
+    pub(crate) fn set_ready(&self, key: &ObjectRef<K>, ready: bool) {
+        if let Some(store) = self.store_of(key)
+            && let Some(slot) = store.read().get(key)
+        {
+            slot.ready.store(ready, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `key` is cached and its actor last reported it Ready.
+    pub(crate) fn is_ready(&self, key: &ObjectRef<K>) -> bool {
+        self.store_of(key)
+            .and_then(|store| {
+                store
+                    .read()
+                    .get(key)
+                    .map(|s| s.ready.load(Ordering::Relaxed))
+            })
+            .unwrap_or(false)
     }
 
     /// Every cached object.
     pub(crate) fn state(&self) -> Vec<Arc<K>> {
-        match &*self.stores {
-            [(_, only)] => only.state(),
-            stores => stores.iter().flat_map(|(_, s)| s.state()).collect(),
-        }
+        self.stores
+            .iter()
+            .flat_map(|(_, s)| {
+                s.read()
+                    .table
+                    .iter()
+                    .map(|s| s.obj.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// How many objects are cached.
     pub(crate) fn len(&self) -> usize {
-        self.stores.iter().map(|(_, s)| s.len()).sum()
+        self.stores.iter().map(|(_, s)| s.read().table.len()).sum()
     }
 }
 
@@ -83,7 +281,6 @@ pub(crate) fn prune<K: ManagedResource>(obj: &mut K) {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::runtime::watcher::Event;
 
     fn cm(ns: &str, name: &str) -> ConfigMap {
         let mut c = ConfigMap::default();
@@ -98,9 +295,9 @@ mod tests {
     fn each_namespace_relists_its_own_store_only() {
         let (store, mut writers) =
             KindStore::<ConfigMap>::new(&[Some("a".into()), Some("b".into())]);
-        writers[0].apply_watcher_event(&Event::Apply(cm("a", "x")));
-        writers[1].apply_watcher_event(&Event::Apply(cm("b", "x")));
-        writers[1].apply_watcher_event(&Event::Apply(cm("b", "y")));
+        writers[0].apply_watcher_event(Event::Apply(cm("a", "x")));
+        writers[1].apply_watcher_event(Event::Apply(cm("b", "x")));
+        writers[1].apply_watcher_event(Event::Apply(cm("b", "y")));
         assert_eq!(store.len(), 3);
         assert!(store.get(&ObjectRef::new("x").within("a")).is_some());
         assert!(
@@ -112,9 +309,9 @@ mod tests {
             "c is not watched"
         );
         // b re-lists with y only.
-        writers[1].apply_watcher_event(&Event::Init);
-        writers[1].apply_watcher_event(&Event::InitApply(cm("b", "y")));
-        writers[1].apply_watcher_event(&Event::InitDone);
+        writers[1].apply_watcher_event(Event::Init);
+        writers[1].apply_watcher_event(Event::InitApply(cm("b", "y")));
+        writers[1].apply_watcher_event(Event::InitDone);
         let mut names: Vec<String> = store
             .state()
             .iter()
@@ -128,5 +325,49 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, ["a/x", "b/y"]);
+    }
+
+    /// A change replaces the object at its name, a deletion removes it, and a re-list shows
+    /// nothing of itself until it is complete; then it is the whole store.
+    #[test]
+    fn changes_apply_at_once_and_a_relist_when_complete() {
+        let (store, mut writers) = KindStore::<ConfigMap>::new(&[None]);
+        let w = &mut writers[0];
+        let version = |name: &str, ns: &str| {
+            store
+                .get(&ObjectRef::new(name).within(ns))
+                .and_then(|c| c.metadata.resource_version.clone())
+        };
+        let at = |ns: &str, name: &str, rv: &str| {
+            let mut c = cm(ns, name);
+            c.metadata.resource_version = Some(rv.into());
+            c
+        };
+        for i in 0..100 {
+            w.apply_watcher_event(Event::Apply(at("a", &format!("o{i}"), "1")));
+        }
+        w.apply_watcher_event(Event::Apply(at("a", "o7", "2")));
+        w.apply_watcher_event(Event::Apply(at("b", "o7", "3")));
+        assert_eq!(store.len(), 101);
+        assert_eq!(version("o7", "a").as_deref(), Some("2"));
+        assert_eq!(version("o7", "b").as_deref(), Some("3"));
+        w.apply_watcher_event(Event::Delete(at("a", "o7", "4")));
+        assert_eq!(version("o7", "a"), None);
+        assert_eq!(store.len(), 100);
+
+        w.apply_watcher_event(Event::Init);
+        w.apply_watcher_event(Event::InitApply(at("a", "o1", "5")));
+        w.apply_watcher_event(Event::InitApply(at("c", "new", "6")));
+        assert_eq!(store.len(), 100, "half a list is not shown");
+        assert_eq!(version("o1", "a").as_deref(), Some("1"));
+        w.apply_watcher_event(Event::InitDone);
+        assert_eq!(store.len(), 2);
+        assert_eq!(version("o1", "a").as_deref(), Some("5"));
+        assert_eq!(version("new", "c").as_deref(), Some("6"));
+        assert_eq!(
+            version("o7", "b"),
+            None,
+            "gone from the list, gone from the store"
+        );
     }
 }

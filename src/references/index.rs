@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 
-use dashmap::{DashMap, DashSet};
+use dashmap::DashMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 
 use crate::status::ReadyReason;
@@ -24,7 +24,7 @@ const FOREGROUND_DELETION: &str = "foregroundDeletion";
 
 /// What the index needs from each managed kind (implemented by the runtime per controller).
 pub(crate) trait IndexedKind: Send + Sync {
-    /// Whether the kind's reflector store finished its first list.
+    /// Whether the kind's cache finished its first list.
     fn synced(&self) -> bool;
     /// Whether the store's view of the target is current. Not when the replica watches only
     /// the shards it holds and the target is in another's: then its readiness and existence
@@ -32,6 +32,12 @@ pub(crate) trait IndexedKind: Send + Sync {
     fn in_view(&self, target: &Target) -> bool;
     /// Readiness from the store.
     fn readiness(&self, target: &Target) -> Readiness;
+    /// Whether the target's own actor last reported it Ready (authoritative for a target in
+    /// view: its status may not say so yet).
+    fn said_ready(&self, target: &Target) -> bool;
+    /// Records what the target's actor last reported (kept with the target's cached object,
+    /// and gone with it).
+    fn set_said_ready(&self, target: &Target, ready: bool);
     /// Whether the target exists (in any state).
     fn exists(&self, target: &Target) -> bool;
     /// Whether the target exists and is being deleted.
@@ -60,9 +66,6 @@ pub(crate) struct ReferenceIndex {
     kinds: std::sync::RwLock<Vec<KindEntry>>,
     /// target → resources waiting for it to become Ready.
     waiters: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
-    /// Targets whose own actor last reported them Ready (authoritative for managed targets).
-    /// The actors' own `Arc<Target>`s: an entry costs no copy of the target.
-    ready: DashSet<Arc<Target>, ahash::RandomState>,
     /// referrer → targets it references (rebuilt from annotations; kept up to date on writes).
     held: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
     /// target → resources that found it missing: re-checked when it appears (waiters of a
@@ -98,7 +101,6 @@ impl ReferenceIndex {
         Self {
             kinds: Default::default(),
             waiters: Default::default(),
-            ready: Default::default(),
             held: Default::default(),
             missing: Default::default(),
             field_manager: field_manager.into(),
@@ -211,7 +213,7 @@ impl ReferenceIndex {
             .insert(from.clone());
         let managed = self.kind(target);
         let in_view = managed.as_ref().is_some_and(|k| k.in_view(target));
-        let r = if in_view && self.ready.contains(target) {
+        let r = if in_view && managed.as_ref().is_some_and(|k| k.said_ready(target)) {
             Readiness::Ready
         } else {
             match (managed, &self.external) {
@@ -296,15 +298,14 @@ impl ReferenceIndex {
 
     /// Set by a resource's own actor after each reconcile; on Ready, wake every waiter.
     /// Only Ready is recorded: not Ready reads the same as unknown (the target's kind is asked).
-    pub(crate) fn mark_ready(&self, target: &Arc<Target>, ready: bool) {
+    pub(crate) fn mark_ready(&self, target: &Target, ready: bool) {
+        if let Some(k) = self.kind(target) {
+            k.set_said_ready(target, ready);
+        }
         if !ready {
-            self.ready.remove(&**target);
             return;
         }
-        if !self.ready.contains(&**target) {
-            self.ready.insert(target.clone());
-        }
-        if let Some((_, waiters)) = self.waiters.remove(&**target) {
+        if let Some((_, waiters)) = self.waiters.remove(target) {
             for w in waiters {
                 self.wake(&w);
             }
@@ -322,18 +323,11 @@ impl ReferenceIndex {
         }
     }
 
-    /// The index's shared copy of `target`, if it has one (a re-activated actor reuses it
-    /// rather than keeping a second copy).
-    pub(crate) fn shared_target(&self, target: Target) -> Arc<Target> {
-        match self.ready.get(&target) {
-            Some(entry) => entry.key().clone(),
-            None => Arc::new(target),
-        }
-    }
-
     /// A resource is gone: forget its readiness and wake those waiting on it (they re-check).
     pub(crate) fn forget(&self, target: &Target) {
-        self.ready.remove(target);
+        if let Some(k) = self.kind(target) {
+            k.set_said_ready(target, false);
+        }
         self.held.remove(target);
     }
 

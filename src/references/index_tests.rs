@@ -25,6 +25,8 @@ struct FakeKind {
     synced: AtomicBool,
     objects: Mutex<HashMap<Target, Obj>>,
     woken: Mutex<Vec<Target>>,
+    /// What the targets' actors last said (only of objects in `objects`, as the store keeps it).
+    said_ready: Mutex<std::collections::HashSet<Target>>,
     client: Option<kube::Client>,
 }
 
@@ -39,6 +41,7 @@ impl FakeKind {
     }
     fn remove(&self, t: &Target) {
         self.objects.lock().unwrap().remove(t);
+        self.said_ready.lock().unwrap().remove(t);
     }
     /// The wake-ups since the last call.
     fn woken(&self) -> Vec<Target> {
@@ -60,6 +63,17 @@ impl IndexedKind for FakeKind {
             Some(o) if o.deleting => Readiness::Deleting,
             Some(o) if o.ready => Readiness::Ready,
             Some(_) => Readiness::NotReady,
+        }
+    }
+    fn said_ready(&self, t: &Target) -> bool {
+        self.said_ready.lock().unwrap().contains(t)
+    }
+    fn set_said_ready(&self, t: &Target, ready: bool) {
+        let mut said = self.said_ready.lock().unwrap();
+        if !ready {
+            said.remove(t);
+        } else if self.exists(t) {
+            said.insert(t.clone());
         }
     }
     fn exists(&self, t: &Target) -> bool {
