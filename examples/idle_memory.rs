@@ -3,10 +3,10 @@
 //! Creates N objects on the in-process cluster, reads RSS (baseline: cluster and objects only),
 //! starts the runtime (noop tree, idle timeout 1 s), waits until every object has run once and
 //! every actor has passivated, then reads RSS again. Prints the added RSS per object — the
-//! runtime's own cost for an idle managed object: reflector store copy, manager slot, passive
-//! state, reference index entry. The allocator (mimalloc) keeps freed pages resident after the
-//! actors stop, so the figure is read after every worker thread ran `mi_collect` (the figure
-//! before the collect is printed too).
+//! runtime's own cost for an idle managed object: its cached copy and the cache's slot for it,
+//! the manager's entry and the passive state in it. The allocator (mimalloc) keeps freed pages
+//! resident after the actors stop, so the figure is read after every worker thread ran
+//! `mi_collect` (the figure before the collect is printed too).
 //!
 //! With `--poll-secs S` every object also re-runs every S seconds, so each idle object keeps a
 //! pending wake-up while passive (held by the manager's passive timers).

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hashbrown::HashTable;
-use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
@@ -142,10 +141,10 @@ impl<K: ManagedResource> Writer<K> {
     /// Applies one watch event.
     pub(crate) fn apply_watcher_event(&mut self, event: Event<K>) {
         match event {
-            Event::Apply(obj) => self.cache.write().insert(Arc::new(obj), false),
+            Event::Apply(obj) => self.cache.write().insert(compact(obj), false),
             Event::Delete(obj) => self.cache.write().remove(&obj),
             Event::Init => self.relist = Some(Vec::new()),
-            Event::InitApply(obj) => self.relist.get_or_insert_default().push(Arc::new(obj)),
+            Event::InitApply(obj) => self.relist.get_or_insert_default().push(compact(obj)),
             Event::InitDone => {
                 let listed = self.relist.take().unwrap_or_default();
                 let mut cache = self.cache.write();
@@ -164,6 +163,13 @@ impl<K: ManagedResource> Writer<K> {
             }
         }
     }
+}
+
+/// `obj` as it is cached: a copy, which holds no spare capacity. The JSON decoder leaves some in
+/// every list it fills (a list of one status condition has room for four: a few hundred bytes
+/// per object), and a cached object lives as long as its object.
+fn compact<K: Clone>(obj: K) -> Arc<K> {
+    Arc::new(obj.clone())
 }
 
 /// The stores of one kind, by watched namespace (`None`: every namespace, or cluster-scoped).
@@ -271,7 +277,8 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// advises the same for reflector stores. Applied to what the watch delivers and to the
 /// answers of the actors' own writes, which the actors keep as the newest version.
 pub(crate) fn prune<K: ManagedResource>(obj: &mut K) {
-    obj.managed_fields_mut().clear();
+    // `None`, not an empty list: that keeps the list's memory.
+    obj.meta_mut().managed_fields = None;
     if let Some(annotations) = &mut obj.meta_mut().annotations {
         annotations.remove(LAST_APPLIED);
     }
