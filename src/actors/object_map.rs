@@ -44,13 +44,15 @@ impl<K, V> Default for ObjectMap<K, V> {
     }
 }
 
-fn hash(hasher: &ahash::RandomState, namespace: Option<&str>, name: &str) -> u64 {
+/// The hash of an object's namespace and name: how the manager's entries and the kind's cache
+/// find an object.
+pub(super) fn name_hash(hasher: &ahash::RandomState, namespace: Option<&str>, name: &str) -> u64 {
     hasher.hash_one((namespace, name))
 }
 
 impl<K: ManagedResource, V> ObjectMap<K, V> {
     fn hash_key(&self, key: &ObjectRef<K>) -> u64 {
-        hash(&self.hasher, key.namespace.as_deref(), &key.name)
+        name_hash(&self.hasher, key.namespace.as_deref(), &key.name)
     }
 
     /// How many entries there are.
@@ -67,7 +69,7 @@ impl<K: ManagedResource, V> ObjectMap<K, V> {
     pub(crate) fn reserve(&mut self, additional: usize) {
         let hasher = &self.hasher;
         self.table.reserve(additional, |e| {
-            hash(hasher, e.namespace.as_deref(), &e.name)
+            name_hash(hasher, e.namespace.as_deref(), &e.name)
         });
     }
 
@@ -109,7 +111,7 @@ impl<K: ManagedResource, V> ObjectMap<K, V> {
         match self.table.entry(
             h,
             |e| e.is(key),
-            |e| hash(hasher, e.namespace.as_deref(), &e.name),
+            |e| name_hash(hasher, e.namespace.as_deref(), &e.name),
         ) {
             Slot::Occupied(e) => &mut e.into_mut().value,
             Slot::Vacant(e) => {

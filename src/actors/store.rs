@@ -10,6 +10,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
 use super::ManagedResource;
+use super::object_map::name_hash;
 
 /// One cached object, and whether its actor last reported it Ready (for the reference index:
 /// kept here, where it costs a byte, rather than in a set of its own keyed by a copy of the
@@ -31,6 +32,15 @@ struct Objects<K> {
     hasher: ahash::RandomState,
 }
 
+/// An object's namespace and name, as its slot is found by.
+fn names<K: ManagedResource>(obj: &K) -> (Option<&str>, &str) {
+    let meta = obj.meta();
+    (
+        meta.namespace.as_deref(),
+        meta.name.as_deref().unwrap_or(""),
+    )
+}
+
 impl<K: ManagedResource> Objects<K> {
     fn new(hasher: ahash::RandomState, capacity: usize) -> Self {
         Self {
@@ -39,22 +49,13 @@ impl<K: ManagedResource> Objects<K> {
         }
     }
 
-    fn hash(hasher: &ahash::RandomState, namespace: Option<&str>, name: &str) -> u64 {
-        hasher.hash_one((namespace, name))
-    }
-
     fn hash_obj(hasher: &ahash::RandomState, obj: &K) -> u64 {
-        let meta = obj.meta();
-        Self::hash(
-            hasher,
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or(""),
-        )
+        let (ns, name) = names(obj);
+        name_hash(hasher, ns, name)
     }
 
     fn is(obj: &K, namespace: Option<&str>, name: &str) -> bool {
-        let meta = obj.meta();
-        meta.name.as_deref().unwrap_or("") == name && meta.namespace.as_deref() == namespace
+        names(obj) == (namespace, name)
     }
 
     fn get(&self, key: &ObjectRef<K>) -> Option<&Slot<K>> {
@@ -62,46 +63,34 @@ impl<K: ManagedResource> Objects<K> {
     }
 
     fn find(&self, ns: Option<&str>, name: &str) -> Option<&Slot<K>> {
-        self.table.find(Self::hash(&self.hasher, ns, name), |s| {
+        self.table.find(name_hash(&self.hasher, ns, name), |s| {
             Self::is(&s.obj, ns, name)
         })
     }
 
     /// Caches `obj`, keeping the Ready flag of the version it replaces.
-    fn insert(&mut self, obj: Arc<K>, ready: bool) {
+    fn insert(&mut self, obj: Arc<K>) {
         let hasher = &self.hasher;
         let hash = Self::hash_obj(hasher, &obj);
-        // The probe borrows the names while `obj` moves into the table: one more reference.
-        let probe = obj.clone();
-        let meta = probe.meta();
-        let (ns, name) = (
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or(""),
-        );
-        match self.table.entry(
-            hash,
-            |s| Self::is(&s.obj, ns, name),
-            |s| Self::hash_obj(hasher, &s.obj),
-        ) {
-            hashbrown::hash_table::Entry::Occupied(mut e) => e.get_mut().obj = obj,
-            hashbrown::hash_table::Entry::Vacant(e) => {
-                e.insert(Slot {
+        let (ns, name) = names(obj.as_ref());
+        match self.table.find_mut(hash, |s| Self::is(&s.obj, ns, name)) {
+            Some(slot) => slot.obj = obj,
+            None => {
+                let slot = Slot {
                     obj,
-                    ready: AtomicBool::new(ready),
-                });
+                    ready: AtomicBool::new(false),
+                };
+                self.table
+                    .insert_unique(hash, slot, |s| Self::hash_obj(hasher, &s.obj));
             }
         }
     }
 
     fn remove(&mut self, obj: &K) {
-        let meta = obj.meta();
-        let (ns, name) = (
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or(""),
-        );
+        let (ns, name) = names(obj);
         if let Ok(e) = self
             .table
-            .find_entry(Self::hash(&self.hasher, ns, name), |s| {
+            .find_entry(name_hash(&self.hasher, ns, name), |s| {
                 Self::is(&s.obj, ns, name)
             })
         {
@@ -134,34 +123,46 @@ impl<K: ManagedResource> Cache<K> {
 /// cache never shows half a list.
 pub(crate) struct Writer<K> {
     cache: Cache<K>,
-    relist: Option<Vec<Arc<K>>>,
+    /// The re-list in progress, built as it arrives (outside the cache's lock).
+    relist: Option<Objects<K>>,
 }
 
 impl<K: ManagedResource> Writer<K> {
     /// Applies one watch event.
     pub(crate) fn apply_watcher_event(&mut self, event: Event<K>) {
         match event {
-            Event::Apply(obj) => self.cache.write().insert(compact(obj), false),
+            Event::Apply(obj) => self.cache.write().insert(compact(obj)),
             Event::Delete(obj) => self.cache.write().remove(&obj),
-            Event::Init => self.relist = Some(Vec::new()),
-            Event::InitApply(obj) => self.relist.get_or_insert_default().push(compact(obj)),
-            Event::InitDone => {
-                let listed = self.relist.take().unwrap_or_default();
-                let mut cache = self.cache.write();
-                let mut objects = Objects::new(cache.hasher.clone(), listed.len());
-                for obj in listed {
-                    let meta = obj.meta();
-                    let ready = cache
-                        .find(
-                            meta.namespace.as_deref(),
-                            meta.name.as_deref().unwrap_or(""),
-                        )
-                        .is_some_and(|s| s.ready.load(Ordering::Relaxed));
-                    objects.insert(obj, ready);
+            Event::Init => self.relist = Some(self.fresh()),
+            Event::InitApply(obj) => {
+                if self.relist.is_none() {
+                    self.relist = Some(self.fresh());
                 }
-                *cache = objects;
+                if let Some(listed) = &mut self.relist {
+                    listed.insert(compact(obj));
+                }
+            }
+            Event::InitDone => {
+                let listed = self.relist.take().unwrap_or_else(|| self.fresh());
+                let mut cache = self.cache.write();
+                // The Ready flags carry over by name, under the lock: none set meanwhile is lost.
+                for slot in listed.table.iter() {
+                    let (ns, name) = names(slot.obj.as_ref());
+                    if cache
+                        .find(ns, name)
+                        .is_some_and(|s| s.ready.load(Ordering::Relaxed))
+                    {
+                        slot.ready.store(true, Ordering::Relaxed);
+                    }
+                }
+                *cache = listed;
             }
         }
+    }
+
+    /// An empty table, hashed as the cache is.
+    fn fresh(&self) -> Objects<K> {
+        Objects::new(self.cache.read().hasher.clone(), 0)
     }
 }
 
@@ -362,13 +363,29 @@ mod tests {
         assert_eq!(version("o7", "a"), None);
         assert_eq!(store.len(), 100);
 
+        let key = |ns: &str, name: &str| ObjectRef::new(name).within(ns);
+        store.set_ready(&key("a", "o1"), true);
         w.apply_watcher_event(Event::Init);
         w.apply_watcher_event(Event::InitApply(at("a", "o1", "5")));
+        w.apply_watcher_event(Event::InitApply(at("a", "o2", "5")));
         w.apply_watcher_event(Event::InitApply(at("c", "new", "6")));
         assert_eq!(store.len(), 100, "half a list is not shown");
         assert_eq!(version("o1", "a").as_deref(), Some("1"));
+        // Said while the list arrives: kept too.
+        store.set_ready(&key("a", "o2"), true);
         w.apply_watcher_event(Event::InitDone);
-        assert_eq!(store.len(), 2);
+        assert!(
+            store.is_ready(&key("a", "o1")),
+            "a flag carries over by name"
+        );
+        assert!(store.is_ready(&key("a", "o2")));
+        assert!(!store.is_ready(&key("c", "new")));
+        store.set_ready(&key("c", "gone"), true);
+        assert!(
+            !store.is_ready(&key("c", "gone")),
+            "no flag without its object"
+        );
+        assert_eq!(store.len(), 3);
         assert_eq!(version("o1", "a").as_deref(), Some("5"));
         assert_eq!(version("new", "c").as_deref(), Some("6"));
         assert_eq!(
