@@ -21,6 +21,8 @@ mkdir -p target
 # they are built once and run, never profiled, and debug info only lengthens build and link.
 # (The release profile keeps them for `cargo run --release` under a profiler.)
 export CARGO_PROFILE_RELEASE_DEBUG=false
+# The tests' builds: the workspace's crates at opt-level 1 (scripts/test-build.toml says why).
+test_build=(--config scripts/test-build.toml)
 
 timings=""
 step_name=""
@@ -103,12 +105,12 @@ unset KUBEBUILDER_ASSETS ACTORCILE_KUBE_ASSETS
 # --tests: the library's, the binaries' and the integration tests; not the examples, which
 # clippy --all-targets has checked above and which cargo would otherwise link in release (a
 # quarter of the whole test build) without running them.
-cargo nextest run --release --workspace --all-features --tests --profile "$profile"
+cargo nextest run "${test_build[@]}" --release --workspace --all-features --tests --profile "$profile"
 
 oldest="$(cat "${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/oldest")"
 step "the conformance suite on the oldest supported Kubernetes release ($oldest)"
 ACTORCILE_KUBE_ASSETS="${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/$oldest/bin" \
-  cargo nextest run --release --all-features --profile "$profile" --test integration \
+  cargo nextest run "${test_build[@]}" --release --all-features --profile "$profile" --test integration \
   -E 'test(/^conformance::real_apiserver::/)'
 
 step "the README's main command, as a user runs it (small): cargo run --release -- bench"
@@ -117,7 +119,7 @@ cargo run --release -- simulate --list > /dev/null
 
 step "doc tests (the API docs, README and user guide code blocks)"
 # In release, with the features of the tests above: the dependencies built for them are reused.
-cargo test --release --workspace --all-features --doc
+cargo test "${test_build[@]}" --release --workspace --all-features --doc
 
 step "fuzz targets: a short run of each (fuzz/; the long runs are in RELIABILITY.md)"
 fuzz_root=$(dirname "$(cargo_tool cargo-fuzz cargo-fuzz 0.13.2)")/..
