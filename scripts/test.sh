@@ -46,7 +46,8 @@ report_timings() {
 }
 trap report_timings EXIT
 
-# cargo_tool NAME CRATE [VERSION]: NAME from PATH, else built once into the cache.
+# cargo_tool NAME CRATE VERSION [ARGS...]: NAME from PATH, else built once into the cache (ARGS
+# go to cargo install: the features a tool needs here, not the ones it has for daily use).
 cargo_tool() {
   local name="$1" crate="$2" version="${3:-}" root="$HOME/.cache/actorcile/$2"
   if command -v "$name" >/dev/null 2>&1; then
@@ -54,7 +55,8 @@ cargo_tool() {
     return
   fi
   if [ ! -x "$root/bin/$name" ]; then
-    cargo install --locked --debug --quiet "$crate" ${version:+--version "$version"} --root "$root" >&2
+    cargo install --locked --debug --quiet "$crate" ${version:+--version "$version"} "${@:4}" \
+      --root "$root" >&2
   fi
   echo "$root/bin/$name"
 }
@@ -86,7 +88,8 @@ step "cargo package: the published crates package (metadata, license, README, ve
 cargo package --quiet --no-verify --allow-dirty -p actorcile-apiserver -p actorcile-envtest -p actorcile
 
 step "cargo-nextest"
-nextest=$(cargo_tool cargo-nextest cargo-nextest)
+# Without its self-update (an HTTP client and an archive reader nobody runs here).
+nextest=$(cargo_tool cargo-nextest cargo-nextest 0.9.151 --no-default-features --features default-no-update)
 export PATH="$(dirname "$nextest"):$PATH"
 
 step "waiting for the test dependencies"
@@ -164,5 +167,6 @@ step "the README's embedding example, compiled as a crate of its own"
 bash scripts/check-readme.sh
 
 step "the user guide (mdbook build)"
-mdbook=$(cargo_tool mdbook mdbook 0.4.52)
+# Only `mdbook build`: without the server, the file watcher and the search index.
+mdbook=$(cargo_tool mdbook mdbook 0.4.52 --no-default-features)
 "$mdbook" build docs --dest-dir "$(pwd)/target/guide"
