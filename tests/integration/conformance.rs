@@ -4,9 +4,9 @@
 //! (`ACTORCILE_KUBE_ASSETS` names its folder).
 //!
 //! Every case asserts what the real server does. A case failing only under `in_process` is a
-//! difference of the in-process cluster. Under `cargo test` the real cases share one control plane
-//! (`Envtest::shared`, ~15 s for the whole file); under nextest each test is its own process and
-//! starts its own (~10 s each).
+//! difference of the in-process cluster. The real cases run as one test, `real_apiserver::every_case`,
+//! on one control plane (`Envtest::shared`), a few at a time, each in its own namespace; its output
+//! names every case that failed.
 #![cfg(feature = "envtest")]
 
 use crate::common::envtest_support;
@@ -50,7 +50,8 @@ struct WidgetStatus {
 
 const FINALIZER: &str = "conformance.actorcile.dev/hold";
 
-/// Generates `in_process::NAME` and `real_apiserver::NAME` tests from `async fn NAME(cx: Ctx)`.
+/// Generates `in_process::NAME` tests, one per case, and `real_apiserver::every_case`, which runs
+/// every case on one real control plane (`envtest_support::run_real_cases`).
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod in_process {
@@ -68,18 +69,14 @@ macro_rules! conformance {
             )*
         }
         mod real_apiserver {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::envtest_support::run(
-                        super::Backend::Real,
-                        stringify!($name),
-                        vec![<super::Widget as super::CustomResourceExt>::crd()],
-                        super::$name,
-                    )
-                    .await;
-                }
-            )*
+            #[tokio::test]
+            async fn every_case() {
+                super::envtest_support::run_real_cases(
+                    vec![<super::Widget as super::CustomResourceExt>::crd()],
+                    vec![$((stringify!($name), super::envtest_support::case(super::$name))),*],
+                )
+                .await;
+            }
         }
     };
 }

@@ -1,6 +1,8 @@
 //! Runs one API-behaviour case against the in-process cluster or a real kube-apiserver.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
 use std::time::Duration;
 
 use actorcile::cluster::ApiServer;
@@ -15,7 +17,7 @@ use kube::api::{Api, PostParams};
 pub enum Backend {
     /// `actorcile::cluster::ApiServer`.
     InProcess,
-    /// etcd + kube-apiserver (`Envtest::shared`, one per test process).
+    /// etcd + kube-apiserver (`Envtest::shared`: one per test process, shared by its cases).
     Real,
 }
 
@@ -34,6 +36,64 @@ pub const CASE_LIMIT: Duration = Duration::from_secs(90);
 
 /// How many events the in-process cluster keeps for watch resumption (small, so that 410 is reachable).
 pub const IN_PROCESS_HISTORY: usize = 64;
+
+/// How many cases [`run_real_cases`] runs at once on its one control plane.
+pub const REAL_CASES_AT_ONCE: usize = 4;
+
+/// One case, boxed so that a list of different `async fn`s has one type (see [`case`]).
+pub type Case = Box<dyn FnOnce(Ctx) -> Pin<Box<dyn Future<Output = ()>>>>;
+
+/// Boxes `async fn NAME(cx: Ctx)` as a [`Case`].
+pub fn case<F, Fut>(f: F) -> Case
+where
+    F: FnOnce(Ctx) -> Fut + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    Box::new(move |cx| Box::pin(f(cx)))
+}
+
+/// Runs every case against one real control plane ([`Backend::Real`]), each in its own namespace
+/// as [`run`] prepares it, [`REAL_CASES_AT_ONCE`] at a time, and fails naming every case that
+/// failed (each one's panic is printed as it happens). Under nextest every test is a process of
+/// its own, and a control plane per case (~3 s to start) would cost more than the cases.
+pub async fn run_real_cases(crds: Vec<CustomResourceDefinition>, cases: Vec<(&'static str, Case)>) {
+    let local = tokio::task::LocalSet::new();
+    let failed = local
+        .run_until(async move {
+            let limit = Rc::new(tokio::sync::Semaphore::new(REAL_CASES_AT_ONCE));
+            let tasks: Vec<_> = cases
+                .into_iter()
+                .map(|(name, case)| {
+                    let limit = limit.clone();
+                    let crds = crds.clone();
+                    let task = tokio::task::spawn_local(async move {
+                        let _turn = limit
+                            .acquire()
+                            .await
+                            .expect("the semaphore is never closed");
+                        run(Backend::Real, name, crds, case).await;
+                    });
+                    (name, task)
+                })
+                .collect();
+            let mut failed = Vec::new();
+            for (name, task) in tasks {
+                match task.await {
+                    Ok(()) => eprintln!("conformance case {name}: passed"),
+                    Err(e) => {
+                        eprintln!("conformance case {name}: FAILED ({e})");
+                        failed.push(name);
+                    }
+                }
+            }
+            failed
+        })
+        .await;
+    assert!(
+        failed.is_empty(),
+        "conformance cases failed on the real API server: {failed:?} (each one's panic is above)"
+    );
+}
 
 /// Prepares `backend` (CRDs installed, namespace created) and runs `case`, bounded by [`CASE_LIMIT`].
 pub async fn run<F, Fut>(backend: Backend, test: &str, crds: Vec<CustomResourceDefinition>, case: F)
