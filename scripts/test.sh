@@ -120,13 +120,16 @@ ACTORCILE_KUBE_ASSETS="${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/$oldes
 
 step "the README's main command (small): its build checked, then run from the tests' build"
 # `cargo run --release -- bench` builds the CLI with the default members' features at the release
-# profile: a build of its own (two minutes on 2 cores) that compiles nothing the tests' build has
-# not, apart from the feature set. So that build is checked as a user's (`cargo check`: the
-# default members, their default features; the dependencies were checked by clippy above), and
-# the command runs from the tests' build of the same binary.
+# profile: a build of its own (two minutes on 2 cores) that differs from the tests' build of the
+# CLI only in features (the library's `docker`, `fuzzing` and `bench-internals`, and those the
+# tests' dev-dependencies turn on in shared dependencies) and in the workspace crates' opt-level.
+# So that build is checked as a user's (`cargo check`: the default members, their default
+# features; the dependencies were checked by clippy above), and the command runs from the tests'
+# build of the CLI.
 cargo check --quiet
-target/release/actorcile bench --objects 500 --repeat 1 > /dev/null
-target/release/actorcile simulate --list > /dev/null
+cli="${CARGO_TARGET_DIR:-target}/release/actorcile"
+"$cli" bench --objects 500 --repeat 1 > /dev/null
+"$cli" simulate --list > /dev/null
 
 step "doc tests (the API docs, README and user guide code blocks)"
 # In release, with the features of the tests above: the dependencies built for them are reused.
