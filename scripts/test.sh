@@ -3,18 +3,20 @@
 #   1. installs what the tests need (the newest Kubernetes control plane and the oldest supported
 #      kube-apiserver, built from Go modules once and cached under ~/.cache/actorcile/k8s/, and
 #      Podman) via scripts/install-test-deps.sh;
-#   2. checks formatting, lints, docs and the dependencies' licenses and sources (cargo deny);
+#   2. checks formatting, lints, docs and that the published crates package;
 #   3. runs every test (unit, in-process cluster, real control plane of the newest release) in
 #      release mode with cargo-nextest (per-test time limit in .config/nextest.toml), the
 #      conformance suite again on the oldest supported release, then the README's main
 #      command (`cargo run --release -- bench`, small: its build checked, the tests' build run),
 #      then the doc tests;
-#   4. runs every fuzz target (fuzz/) for 20 seconds, builds the README example and the guide.
+#   4. checks the dependencies' licenses and sources (cargo deny), runs every fuzz target (fuzz/)
+#      for 20 seconds, builds the README example and the guide.
 # The Go builds of step 1 run in the background while step 2 runs, so that their module
-# downloads and single-threaded links overlap the Rust steps. Every step's time is printed at
-# the end. The tools it needs (cargo-deny, cargo-nextest, cargo-fuzz, mdbook) are built once,
-# unoptimised and without debug info (they run for seconds; such a build compiles faster), into
-# ~/.cache/actorcile/.
+# downloads and single-threaded links overlap the Rust steps; the fuzz targets and the tools
+# needed only after the tests are built, and the fuzz targets run, beside the tests at the lowest
+# CPU priority (`beside_tests` says why). Every step's time is printed at the end. The tools it
+# needs (cargo-deny, cargo-nextest, cargo-fuzz, mdbook) are built once, unoptimised and without
+# debug info (they run for seconds; such a build compiles faster), into ~/.cache/actorcile/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p target
@@ -45,7 +47,14 @@ report_timings() {
   step_name=""
   printf '\n==> time per step (%d s in all)\n%s' "$((SECONDS - suite_start))" "$timings"
 }
-trap report_timings EXIT
+on_exit() {
+  local pid
+  for pid in "${background_pids[@]}"; do
+    kill_tree "$pid"
+  done
+  report_timings
+}
+trap on_exit EXIT
 
 # cargo_tool NAME CRATE VERSION [ARGS...]: NAME from PATH, else built once into the cache (ARGS
 # go to cargo install: the features a tool needs here, not the ones it has for daily use).
@@ -63,6 +72,82 @@ cargo_tool() {
   echo "$root/bin/$name"
 }
 
+# fuzz_short: every fuzz target (fuzz/) built, then run for 20 seconds each; the long runs are in
+# RELIABILITY.md. cargo-fuzz passes nightly-only flags to rustc; RUSTC_BOOTSTRAP lets the
+# machine's one stable toolchain accept them. No sanitizer (-s none): the code under test is safe
+# Rust, and libFuzzer's coverage guidance is what finds inputs; a panic or a failed check is the
+# crash. A dev build (--dev): overflow checks and debug assertions on, and half the build time of
+# an optimised one. The targets run one per core (libFuzzer runs on one thread).
+fuzz_short() {
+  local fuzz_root
+  fuzz_root=$(dirname "$(cargo_tool cargo-fuzz cargo-fuzz 0.13.2)")/..
+  (
+    cd fuzz
+    export PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1
+    cargo fuzz build --dev -s none
+    fuzz_one() {
+      local target="$1" log="../target/fuzz-$1.log"
+      if ! cargo fuzz run --dev -s none "$target" -- \
+        -max_total_time=20 -print_final_stats=1 >"$log" 2>&1; then
+        tail -n 40 "$log"
+        echo "fuzz target $target failed (its input is in fuzz/artifacts/$target/)"
+        return 1
+      fi
+      echo "fuzz target $target: $(grep -E '^Done' "$log")"
+    }
+    running=0
+    failed=0
+    for target in $(cargo fuzz list); do
+      if [ "$running" -ge "$(nproc)" ]; then
+        wait -n || failed=1
+        running=$((running - 1))
+      fi
+      fuzz_one "$target" &
+      running=$((running + 1))
+    done
+    while [ "$running" -gt 0 ]; do
+      wait -n || failed=1
+      running=$((running - 1))
+    done
+    exit "$failed"
+  )
+}
+
+# beside_tests LOG COMMAND...: COMMAND in the background at the lowest CPU priority, its output in
+# LOG; its pid in `beside_pid`. The test run leaves most of the CPU idle (its tests wait on API servers,
+# processes and timers: 63 % idle on 2 cores at two tests at a time, 54 % at four), and a niced
+# process gets only what the tests leave, so work that needs no result before the tests' end runs
+# there instead of after them.
+beside_tests() {
+  local log="$1"
+  shift
+  ( renice -n 19 -p "$BASHPID" >/dev/null; "$@" ) >"$log" 2>&1 &
+  beside_pid=$!
+  background_pids+=("$beside_pid")
+}
+# kill_tree PID: PID and every process under it.
+kill_tree() {
+  local child
+  for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+    kill_tree "$child"
+  done
+  kill "$1" 2>/dev/null || true
+}
+# wait_beside NAME PID LOG: waits for a job of beside_tests; on failure prints its log and fails.
+wait_beside() {
+  if ! wait "$2"; then
+    tail -n 60 "$3"
+    echo "$1 failed (its whole output: $3)"
+    exit 1
+  fi
+}
+background_pids=()
+# build_tools: the tools needed only after the tests.
+build_tools() {
+  cargo_tool cargo-deny cargo-deny 0.20.2
+  cargo_tool mdbook mdbook 0.4.52 --no-default-features
+}
+
 step "installing test dependencies (in the background: target/install-test-deps.log)"
 bash scripts/install-test-deps.sh >target/install-test-deps.log 2>&1 &
 deps_pid=$!
@@ -75,16 +160,6 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
-
-step "cargo deny check licenses bans sources (deny.toml)"
-cargo_deny=$(cargo_tool cargo-deny cargo-deny 0.20.2)
-# Offline: the advisories check needs the RustSec database from GitHub, which these machines
-# cannot reach, so it is not run here (deny.toml says so too).
-echo "note: cargo deny check advisories is skipped: its database cannot be fetched on this machine"
-# cargo deny reads the metadata of every target's dependencies; the builds above only fetched
-# this machine's.
-cargo fetch --locked
-"$cargo_deny" --offline check licenses bans sources
 
 step "cargo package: the published crates package (metadata, license, README, versions)"
 cargo package --quiet --no-verify --allow-dirty -p actorcile-apiserver -p actorcile-envtest -p actorcile
@@ -102,7 +177,11 @@ if ! wait "$deps_pid"; then
 fi
 grep -E '^( *took|    (built|reusing|newest|oldest|podman))' target/install-test-deps.log || true
 
-step "tests (release mode)"
+step "tests (release mode; beside them, niced: the fuzz targets, cargo-deny and mdbook built, fuzzing)"
+beside_tests target/fuzz.log fuzz_short
+fuzz_pid=$beside_pid
+beside_tests target/tools.log build_tools
+tools_pid=$beside_pid
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 # The binaries come from the cache (the newest release), whatever the caller's environment says.
@@ -110,7 +189,10 @@ unset KUBEBUILDER_ASSETS ACTORCILE_KUBE_ASSETS
 # --tests: the library's, the binaries' and the integration tests; not the examples, which
 # clippy --all-targets has checked above and which cargo would otherwise link in release (a
 # quarter of the whole test build) without running them.
-cargo nextest run "${test_build[@]}" --release --workspace --all-features --tests --profile "$profile"
+# Two tests per core: they spend most of their time waiting (see beside_tests); the chaos, sharding
+# and process tests still run alone (.config/nextest.toml).
+cargo nextest run "${test_build[@]}" --release --workspace --all-features --tests --profile "$profile" \
+  --test-threads "$(($(nproc) * 2))"
 
 oldest="$(cat "${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/oldest")"
 step "the conformance suite on the oldest supported Kubernetes release ($oldest)"
@@ -135,44 +217,20 @@ step "doc tests (the API docs, README and user guide code blocks)"
 # In release, with the features of the tests above: the dependencies built for them are reused.
 cargo test "${test_build[@]}" --release --workspace --all-features --doc
 
-step "fuzz targets: a short run of each (fuzz/; the long runs are in RELIABILITY.md)"
-fuzz_root=$(dirname "$(cargo_tool cargo-fuzz cargo-fuzz 0.13.2)")/..
-# cargo-fuzz passes nightly-only flags to rustc; RUSTC_BOOTSTRAP lets the machine's one stable
-# toolchain accept them. No sanitizer (-s none): the code under test is safe Rust, and libFuzzer's
-# coverage guidance is what finds inputs; a panic or a failed check is the crash. A dev build
-# (--dev): overflow checks and debug assertions on, and half the build time of an optimised one;
-# the long optimised runs are in RELIABILITY.md. Every target is built at once, then run one per
-# core (libFuzzer runs on one thread): the same 20 seconds each, in less time on the clock.
-(
-  cd fuzz
-  export PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1
-  cargo fuzz build --dev -s none
-  fuzz_one() {
-    local target="$1" log="../target/fuzz-$1.log"
-    if ! cargo fuzz run --dev -s none "$target" -- \
-      -max_total_time=20 -print_final_stats=1 >"$log" 2>&1; then
-      tail -n 40 "$log"
-      echo "fuzz target $target failed (its input is in fuzz/artifacts/$target/)"
-      return 1
-    fi
-    echo "$target: $(grep -E '^Done' "$log")"
-  }
-  running=0
-  failed=0
-  for target in $(cargo fuzz list); do
-    if [ "$running" -ge "$(nproc)" ]; then
-      wait -n || failed=1
-      running=$((running - 1))
-    fi
-    fuzz_one "$target" &
-    running=$((running + 1))
-  done
-  while [ "$running" -gt 0 ]; do
-    wait -n || failed=1
-    running=$((running - 1))
-  done
-  exit "$failed"
-)
+step "cargo deny check licenses bans sources (deny.toml)"
+wait_beside "building cargo-deny and mdbook" "$tools_pid" target/tools.log
+cargo_deny=$(cargo_tool cargo-deny cargo-deny 0.20.2)
+# Offline: the advisories check needs the RustSec database from GitHub, which these machines
+# cannot reach, so it is not run here (deny.toml says so too).
+echo "note: cargo deny check advisories is skipped: its database cannot be fetched on this machine"
+# cargo deny reads the metadata of every target's dependencies; the builds above only fetched
+# this machine's.
+cargo fetch --locked
+"$cargo_deny" --offline check licenses bans sources
+
+step "fuzz targets: a short run of each (fuzz/; built and run beside the tests)"
+wait_beside "fuzzing" "$fuzz_pid" target/fuzz.log
+grep -E '^fuzz target ' target/fuzz.log
 
 step "the README's embedding example, compiled as a crate of its own"
 bash scripts/check-readme.sh
