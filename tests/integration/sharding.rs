@@ -257,6 +257,9 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
         .await
         .unwrap();
     wait_ready(&client, &user, LIMIT).await;
+    // `used` Ready: a has run it and put its finalizer on it. Deleted before that, the API
+    // server removes it at once (nothing holds it), references or not.
+    wait_ready(&client, &used, LIMIT).await;
     delete(&client, &used).await;
     let held_back = wait_reason(&client, &used, "InUse", LIMIT).await;
     assert!(
