@@ -85,6 +85,7 @@ fuzz_short() {
     cd fuzz
     export PATH="$fuzz_root/bin:$PATH" RUSTC_BOOTSTRAP=1
     cargo fuzz build --dev -s none
+    touch ../target/fuzz-built
     fuzz_one() {
       local target="$1" log="../target/fuzz-$1.log"
       if ! cargo fuzz run --dev -s none "$target" -- \
@@ -144,8 +145,13 @@ wait_beside() {
   fi
 }
 background_pids=()
-# build_tools: the tools needed only after the tests.
+# build_tools FUZZ_PID: the tools needed only after the tests, built once the fuzz targets are (or
+# their job ended): the fuzz runs take 20 s each on the clock whatever CPU they get, so their build
+# goes first and they run while the tools build.
 build_tools() {
+  while [ ! -e target/fuzz-built ] && kill -0 "$1" 2>/dev/null; do
+    sleep 1
+  done
   cargo_tool cargo-deny cargo-deny 0.20.2
   cargo_tool mdbook mdbook 0.4.52 --no-default-features
 }
@@ -189,9 +195,10 @@ cargo nextest run "${tests[@]}" --no-run
 step "tests (beside them, on idle CPU: the fuzz targets, cargo-deny and mdbook built, fuzzing)"
 # Only once the build is done: the build keeps both cores busy (beside it, at nice 19, they
 # lengthened it by about two minutes).
+rm -f target/fuzz-built
 beside_tests target/fuzz.log fuzz_short
 fuzz_pid=$beside_pid
-beside_tests target/tools.log build_tools
+beside_tests target/tools.log build_tools "$fuzz_pid"
 tools_pid=$beside_pid
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
