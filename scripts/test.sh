@@ -116,7 +116,7 @@ fuzz_short() {
 
 # beside_tests LOG COMMAND...: COMMAND in the background under the idle scheduling policy, its
 # output in LOG; its pid in `beside_pid`. The test run leaves most of the CPU idle (its tests wait
-# on API servers, processes and timers: 63 % idle on 2 cores at two tests at a time, 54 % at four),
+# on API servers, processes and timers: 63 % idle on 2 cores, one test per core),
 # so work that needs no result before the tests' end runs there instead of after them. SCHED_IDLE
 # (`chrt --idle`), not `nice`: a process under it runs only on a CPU nothing else wants, and gives
 # way at once when a test wakes. Two busy loops at nice 19 made a chaos round take 115 s instead
@@ -204,9 +204,7 @@ profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 # The binaries come from the cache (the newest release), whatever the caller's environment says.
 unset KUBEBUILDER_ASSETS ACTORCILE_KUBE_ASSETS
-# Two tests per core: they spend most of their time waiting (see beside_tests); the chaos, sharding
-# and process tests still run alone (.config/nextest.toml).
-cargo nextest run "${tests[@]}" --profile "$profile" --test-threads "$(($(nproc) * 2))"
+cargo nextest run "${tests[@]}" --profile "$profile"
 
 oldest="$(cat "${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/oldest")"
 step "the conformance suite on the oldest supported Kubernetes release ($oldest)"

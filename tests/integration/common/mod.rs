@@ -281,6 +281,17 @@ impl Requests {
             .count()
     }
 
+    /// Every request whose path contains `path`, in order (for a failed assertion's message).
+    pub fn matching(&self, path: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.contains(path))
+            .cloned()
+            .collect()
+    }
+
     /// Requests whose path contains `path` and whose query has `watch=true`.
     pub fn watches(&self, path: &str) -> usize {
         self.0
