@@ -270,18 +270,8 @@ impl Requests {
             .build()
     }
 
-    /// How many requests of `method` had a path containing `path`.
-    pub fn count(&self, method: &str, path: &str) -> usize {
-        let prefix = format!("{method} ");
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.starts_with(&prefix) && r.contains(path))
-            .count()
-    }
-
-    /// Every request whose path contains `path`, in order (for a failed assertion's message).
+    /// Every request whose path contains `path`, in order (also for a failed assertion's
+    /// message).
     pub fn matching(&self, path: &str) -> Vec<String> {
         self.0
             .lock()
@@ -292,13 +282,20 @@ impl Requests {
             .collect()
     }
 
+    /// How many requests of `method` had a path containing `path`.
+    pub fn count(&self, method: &str, path: &str) -> usize {
+        let prefix = format!("{method} ");
+        self.matching(path)
+            .iter()
+            .filter(|r| r.starts_with(&prefix))
+            .count()
+    }
+
     /// Requests whose path contains `path` and whose query has `watch=true`.
     pub fn watches(&self, path: &str) -> usize {
-        self.0
-            .lock()
-            .unwrap()
+        self.matching(path)
             .iter()
-            .filter(|r| r.contains(path) && r.contains("watch=true"))
+            .filter(|r| r.contains("watch=true"))
             .count()
     }
 }
