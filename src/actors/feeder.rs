@@ -269,7 +269,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
             }
             if let Ok(Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = &event
                 && unplaced_elsewhere(&shared, selects.as_deref(), obj)
-                && shared.store.get(&key_of(obj)).is_none()
+                && !shared.store.contains(&key_of(obj))
             {
                 match event {
                     Ok(Event::Delete(obj)) => unplaced.remove(&key_of(&obj)),
@@ -448,9 +448,8 @@ impl<K: ManagedResource> Watch<'_, K> {
                         route(shared, manager, key, true);
                     }
                     Some(l) => {
-                        let seen = shared.store.get(&key);
-                        let version = |o: &K| o.meta().resource_version.clone();
-                        if seen.is_none_or(|s| version(&s) != version(&obj)) {
+                        let seen = shared.store.resource_version(&key);
+                        if seen.is_none_or(|v| v != obj.meta().resource_version) {
                             l.changed.push(key.clone());
                         }
                         l.keys.push(key);

@@ -56,6 +56,9 @@ pub(crate) struct KindSpec<K: ManagedResource> {
     /// Whether the cached copies drop what the API server keeps for itself
     /// ([`Controller::prune_cache`](crate::runtime::Controller::prune_cache)).
     pub(crate) prune_cache: bool,
+    /// Whether passive objects' cached copies are held encoded
+    /// ([`Controller::encode_passive`](crate::runtime::Controller::encode_passive)).
+    pub(crate) encode_passive: bool,
 }
 
 /// Starts a watch of a related kind in one namespace (`None`: in all): the client, the
@@ -134,6 +137,7 @@ impl<K: ManagedResource> KindSpec<K> {
             related: Vec::new(),
             max_concurrent_reconciles: None,
             prune_cache: true,
+            encode_passive: true,
         }
     }
 
@@ -198,6 +202,9 @@ pub(crate) struct Started {
     pub(crate) manager: ActorCell,
     /// The watch tasks: the kind's feeder, and its triggers' watches.
     pub(crate) tasks: Vec<JoinHandle<()>>,
+    /// How many cached objects are held encoded (for the tests beside the actors).
+    #[cfg(test)]
+    pub(crate) encoded: Box<dyn Fn() -> usize + Send + Sync>,
 }
 
 #[async_trait]
@@ -427,6 +434,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     server_selects: Default::default(),
                 }),
             prune_cache: self.prune_cache,
+            encode_passive: self.encode_passive,
         });
         let synced = Arc::new(AtomicBool::new(false));
         // What `/readyz` checks for each watch: whether its first list is in (the kind's, with
@@ -526,6 +534,8 @@ impl<K: ManagedResource> Start for KindSpec<K> {
         // annotations) once the first list of every watch is in the store, before references
         // are trusted.
         let store = shared.store.clone();
+        #[cfg(test)]
+        let shared_store = store.clone();
         let references = cx.references.clone();
         let mut lists = Vec::new();
         for ((ns, writer), (flag, refused)) in namespaces.iter().zip(writers).zip(watches) {
@@ -571,6 +581,11 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             kind,
             manager: manager.get_cell(),
             tasks,
+            #[cfg(test)]
+            encoded: {
+                let store = shared_store;
+                Box::new(move || store.encoded_len())
+            },
         })
     }
 }

@@ -64,7 +64,7 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
         self.shared.store.set_ready(&key_of::<K>(target), ready);
     }
     fn exists(&self, target: &Target) -> bool {
-        self.shared.store.get(&key_of::<K>(target)).is_some()
+        self.shared.store.contains(&key_of::<K>(target))
     }
     fn deleting(&self, target: &Target) -> bool {
         self.shared

@@ -115,6 +115,10 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     over_cap_at: Option<Instant>,
     /// A [`ManagerMsg::Drain`] is scheduled for the next activation past the cap.
     drain_scheduled: bool,
+    /// Objects that went passive in this batch of messages, as the manager saw them: their
+    /// cached copies are encoded ([`KindStore::encode`](super::KindStore::encode)) by a task
+    /// after the batch, off the manager's mailbox.
+    to_encode: Vec<(ObjectRef<K>, Arc<K>)>,
 }
 
 fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
@@ -269,7 +273,7 @@ impl<K: ManagedResource> Manager<K> {
             Some(Life::Queued { passive, .. }) => passive.take().map(|ps| *ps),
             _ => return,
         };
-        if self.shared.store.get(&key).is_none() {
+        if !self.shared.store.contains(&key) {
             st.objects.remove(&key); // deleted while it waited
             return;
         }
@@ -384,7 +388,7 @@ impl<K: ManagedResource> Manager<K> {
             ) {
                 st.objects.remove(&key);
             }
-            if !st.objects.contains_key(&key) && self.shared.store.get(&key).is_some() {
+            if !st.objects.contains_key(&key) && self.shared.store.contains(&key) {
                 self.activate(myself, st, key, None, false);
             }
         }
@@ -452,7 +456,31 @@ impl<K: ManagedResource> Manager<K> {
         });
         if let Some(entry) = st.objects.get_mut(&key) {
             entry.life = Life::Passive(Kept::keep(ps, version_of(obj.as_ref()), timer));
+            self.encode_later(st, key, obj);
         }
+    }
+
+    /// `key` is passive with `obj` cached: have its cached copy encoded after this batch.
+    fn encode_later(&self, st: &mut ManagerState<K>, key: ObjectRef<K>, obj: Arc<K>) {
+        if self.shared.encode_passive {
+            st.to_encode.push((key, obj));
+        }
+    }
+
+    /// Encode the cached copies of the objects that went passive in this batch, in a task of
+    /// its own (a few microseconds each, which the manager's mailbox need not wait for). One
+    /// that changed meanwhile stays whole: [`KindStore::encode`](super::KindStore::encode)
+    /// encodes only the version given.
+    fn encode_passive(&self, st: &mut ManagerState<K>) {
+        if st.to_encode.is_empty() {
+            return;
+        }
+        let (store, batch) = (self.shared.store.clone(), std::mem::take(&mut st.to_encode));
+        tokio::spawn(async move {
+            for (key, obj) in batch {
+                store.encode(&key, &obj);
+            }
+        });
     }
 
     /// `key` is in a shard another replica runs ([`crate::sharding`]): keep nothing of it (the
@@ -732,14 +760,14 @@ impl<K: ManagedResource> Manager<K> {
                         // Most such events are the watch echoes of the actor's own last writes:
                         // nothing to run, and its timer stays armed as it was (settling again
                         // would re-arm it later, and leave the old timer task sleeping).
-                        let news = self
-                            .shared
-                            .store
-                            .get(&key)
-                            .is_none_or(|obj| kept.is_news(version_of(obj.as_ref())));
-                        if news {
-                            let ps = kept.take();
-                            self.passivate_or_reactivate(myself, st, key, ps, false);
+                        match self.shared.store.get(&key) {
+                            Some(obj) if !kept.is_news(version_of(obj.as_ref())) => {
+                                self.encode_later(st, key, obj);
+                            }
+                            _ => {
+                                let ps = kept.take();
+                                self.passivate_or_reactivate(myself, st, key, ps, false);
+                            }
                         }
                     }
                     // Changed while it waited behind changes as a listed object: it is a change
@@ -786,7 +814,7 @@ impl<K: ManagedResource> Manager<K> {
                     st.objects.get(&key).map(|s| &s.life),
                     Some(Life::Restarting)
                 ) {
-                    if self.shared.store.get(&key).is_some() {
+                    if self.shared.store.contains(&key) {
                         Metrics::inc(&self.shared.metrics.restarts);
                         self.activate(myself, st, key, None, false);
                     } else {
@@ -855,6 +883,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
             awaiting_permit: false,
             over_cap_at: None,
             drain_scheduled: false,
+            to_encode: Vec::new(),
         })
     }
 
@@ -872,10 +901,12 @@ impl<K: ManagedResource> Actor for Manager<K> {
             handled += 1;
             if let Err(e) = self.handle_msg(&myself, msg, st) {
                 st.passive_timers.flush();
+                self.encode_passive(st);
                 return Err(e);
             }
         }
         st.passive_timers.flush();
+        self.encode_passive(st);
         if handled == mailbox::BATCH {
             // More may be queued: signal again, so supervision events queued meanwhile go first.
             st.me.signal();
@@ -894,6 +925,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
         // one hop sooner than through the permit waiter.
         self.drain(&myself, st);
         st.passive_timers.flush();
+        self.encode_passive(st);
         result
     }
 }

@@ -156,3 +156,47 @@ async fn past_restart_intensity_an_object_is_quarantined_until_its_spec_changes(
     kind.wait_ready("bad").await;
     kind.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_passive_object_is_cached_encoded_and_its_wake_up_reads_it_whole() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let tree = step("wakes-once", move |cx: Context<Widget>| {
+        let s = s.clone();
+        async move {
+            let o = cx.object();
+            let mut seen = s.lock().unwrap();
+            seen.push((
+                o.uid(),
+                o.spec.note.clone(),
+                o.metadata.generation,
+                o.metadata.creation_timestamp.clone(),
+            ));
+            if seen.len() == 1 {
+                Outcome::yield_after(Duration::from_secs(3600), Reason::new("Later", "an hour"))
+            } else {
+                Outcome::Done
+            }
+        }
+    });
+    let policy = SupervisorPolicy {
+        idle_timeout: Some(Duration::from_secs(5)),
+        ..test_policy()
+    };
+    let kind = start_kind(tree, policy).await;
+    kind.create("p").await;
+    kind.wait_reason("p", "Later").await;
+    // Passive with its wake-up an hour away; under the paused clock this sleep ends only once
+    // every task is idle, the encoding task included.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(kind.metrics().live_actors, 0);
+    assert_eq!(kind.encoded(), 1, "the passive object is held encoded");
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    kind.wait_ready("p").await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], seen[1], "the wake-up read the object as it was");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(kind.encoded(), 1, "passive again, and encoded again");
+    kind.stop().await;
+}

@@ -177,6 +177,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub shards: Option<ShardScope<K>>,
     /// Whether cached objects are pruned ([`store::prune`]).
     pub prune_cache: bool,
+    /// Whether passive objects' cached copies are held encoded ([`KindStore::encode`]).
+    pub encode_passive: bool,
 }
 
 /// A controller's shard key function ([`Controller::shard_key`](crate::runtime::Controller::shard_key)).

@@ -101,6 +101,11 @@ impl Kind {
         Api::namespaced(self.client.clone(), "default")
     }
 
+    /// How many of the kind's cached objects are held encoded.
+    pub(crate) fn encoded(&self) -> usize {
+        (self.started.encoded)()
+    }
+
     /// The runtime-wide counters.
     pub(crate) fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()

@@ -359,6 +359,29 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
+    /// Whether the cached copy of an object whose actor is passive is held encoded (default
+    /// `true`): as its JSON, a third to a half of the memory of the decoded object, decoded
+    /// again when its actor re-activates (by a timer or a message; an event brings a new
+    /// version, held whole until the actor is passive again). It costs an encoding and a
+    /// check that it decodes each time an actor passivates, a few microseconds for a small
+    /// object. An object that does not decode from its own encoding is held whole, and so is
+    /// every object of its kind after it (with a warning in the log). Turn it off for a type
+    /// whose `Serialize` drops what its `Deserialize` would fill in (a field skipped when
+    /// serialized), since a re-activated actor would see that field's default.
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// let tree = step("noop", |_cx: Context<App>| async { Outcome::Done });
+    /// let controller = Controller::<App>::new(tree).encode_passive(false);
+    /// ```
+    pub fn encode_passive(mut self, encode: bool) -> Self {
+        self.spec.encode_passive = encode;
+        self
+    }
+
     /// Watch options, e.g. a label selector. The config is used as given: call
     /// `.streaming_lists()` on it to keep streaming lists (see [`Controller::streaming_lists`]).
     pub fn watcher_config(mut self, config: watcher::Config) -> Self {
