@@ -46,6 +46,7 @@ const SETUP_FIELD_MANAGER: &str = "actorcile-bench-setup";
 pub fn run(args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_park(stats::on_worker_park)
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(run_async(args, runtime))
@@ -118,6 +119,8 @@ async fn measure(
         yield_interval: args.yield_interval(),
     };
     let operator = args.workload == Workload::Operator;
+    target.prime(&api).await?;
+    stats::return_freed_memory().await;
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
     // `operator`: each object counts once Ready and once deleted.
     let phases = if operator { 2 } else { 1 };
@@ -434,6 +437,7 @@ impl Running {
             run.wait_passive(concurrency, PASSIVATE_LIMIT).await;
         }
         tokio::time::sleep(SETTLE).await;
+        stats::return_freed_memory().await;
         match self {
             Running::ControllerRuntime(run) => run.rss_bytes(),
             _ => stats::current_rss_bytes(),

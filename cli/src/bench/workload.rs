@@ -232,8 +232,9 @@ struct ObjectState {
     /// `operator`: the observer has seen the object Ready.
     ready: bool,
     /// Latency samples taken on this object (kept per object, under the map's shard lock, so
-    /// the runtime with more threads does not also contend on one global lock).
-    latencies: Vec<Duration>,
+    /// the runtime with more threads does not also contend on one global lock; the first one
+    /// inline, so that the memory read per object is the runtime's, not the harness's).
+    latencies: smallvec::SmallVec<[Duration; 1]>,
     /// `restart`: the stamps of changes written to this object and not yet seen by a run.
     pending: Vec<u64>,
     /// `restart`: changes seen by a run: (written, seen), wall-clock microseconds.
