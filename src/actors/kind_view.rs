@@ -13,7 +13,6 @@ use crate::actors::Shared;
 use crate::actors::mailbox::Mailbox;
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::references::{IndexedKind, Readiness, Target, referrers_in};
-use crate::status::ResourceStatus;
 
 /// What the reference index sees of one kind: its store, its routes and its manager.
 pub(crate) struct KindView<K: ManagedResource> {
@@ -38,15 +37,14 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
         self.shared.in_view(&key_of::<K>(target))
     }
     fn readiness(&self, target: &Target) -> Readiness {
-        match self.shared.store.get(&key_of::<K>(target)) {
+        match self.shared.store.readiness(&key_of::<K>(target)) {
             // Not in the store before the kind's first list is complete: it may not be listed
             // yet. Missing is only said once the list is in (`ReferenceIndex::kind_synced`
             // wakes the waiters then, so they see it).
             None if !self.synced() => Readiness::NotReady,
             None => Readiness::Missing,
-            Some(o) if o.meta().deletion_timestamp.is_some() => Readiness::Deleting,
-            Some(o) => {
-                let status = ResourceStatus::of(o.as_ref());
+            Some((true, _)) => Readiness::Deleting,
+            Some((false, status)) => {
                 if status.is_ready() {
                     Readiness::Ready
                 } else if status.phase == Some(crate::status::Phase::Failed) {
@@ -69,8 +67,8 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
     fn deleting(&self, target: &Target) -> bool {
         self.shared
             .store
-            .get(&key_of::<K>(target))
-            .is_some_and(|o| o.meta().deletion_timestamp.is_some())
+            .readiness(&key_of::<K>(target))
+            .is_some_and(|(deleting, _)| deleting)
     }
     fn referrers(&self, target: &Target) -> Vec<Target> {
         self.shared

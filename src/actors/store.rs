@@ -11,6 +11,7 @@ use kube::runtime::watcher::Event;
 
 use super::ManagedResource;
 use super::object_map::name_hash;
+use crate::status::ResourceStatus;
 
 /// One cached object, and whether its actor last reported it Ready (for the reference index:
 /// kept here, where it costs a byte, rather than in a set of its own keyed by a copy of the
@@ -58,6 +59,7 @@ impl<K: ManagedResource> Slot<K> {
 /// a timer or a message, a reference check); a watch event brings a new version, held whole.
 /// The layout is this module's own: no crate encodes a value behind a search key in one
 /// allocation, and the key must be readable without a decoder.
+#[derive(Clone)]
 struct Encoded(Box<[u8]>);
 
 impl Encoded {
@@ -145,8 +147,22 @@ impl Encoded {
         })
     }
 
-    /// The object's `metadata.resourceVersion`, read without decoding the rest (the JSON
-    /// without its type prefix is still an object's members, after its `{`).
+    /// Some fields of the object, read into `T` without decoding the rest (the JSON without
+    /// its type prefix is still the object's members, after its `{`).
+    fn read<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        let json = self.json();
+        if !self.type_stripped() {
+            return serde_json::from_slice(json).ok();
+        }
+        SCRATCH.with_borrow_mut(|buf| {
+            buf.clear();
+            buf.push(b'{');
+            buf.extend_from_slice(json);
+            serde_json::from_slice(buf).ok()
+        })
+    }
+
+    /// The object's `metadata.resourceVersion`.
     fn resource_version(&self) -> Option<String> {
         #[derive(serde::Deserialize)]
         struct Object {
@@ -157,18 +173,30 @@ impl Encoded {
         struct Metadata {
             resource_version: Option<String>,
         }
-        let json = self.json();
-        let parsed = if self.type_stripped() {
-            SCRATCH.with_borrow_mut(|buf| {
-                buf.clear();
-                buf.push(b'{');
-                buf.extend_from_slice(json);
-                serde_json::from_slice::<Object>(buf).ok()
-            })
-        } else {
-            serde_json::from_slice::<Object>(json).ok()
-        };
-        parsed?.metadata.resource_version
+        self.read::<Object>()?.metadata.resource_version
+    }
+
+    /// Whether the object is being deleted, and its status as [`ResourceStatus::of`] reads it.
+    fn readiness(&self) -> Option<(bool, ResourceStatus)> {
+        #[derive(serde::Deserialize)]
+        struct Object {
+            #[serde(default)]
+            metadata: Metadata,
+            #[serde(default)]
+            status: Option<serde_json::Value>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct Metadata {
+            #[serde(default)]
+            deletion_timestamp: Option<serde::de::IgnoredAny>,
+        }
+        let o = self.read::<Object>()?;
+        let status = o
+            .status
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        Some((o.metadata.deletion_timestamp.is_some(), status))
     }
 }
 
@@ -241,14 +269,22 @@ impl<K: ManagedResource> Objects<K> {
 
     /// Caches `obj`, keeping the Ready flag of the version it replaces.
     fn insert(&mut self, obj: Arc<K>) {
+        self.insert_held(Held::Whole(obj));
+    }
+
+    /// Caches `held`, keeping the Ready flag of the version it replaces.
+    fn insert_held(&mut self, held: Held<K>) {
         let hasher = &self.hasher;
-        let (ns, name) = names(obj.as_ref());
+        let (ns, name) = match &held {
+            Held::Whole(obj) => names(obj.as_ref()),
+            Held::Encoded(e) => e.names(),
+        };
         let hash = name_hash(hasher, ns, name);
         match self.table.find_mut(hash, |s| s.names() == (ns, name)) {
-            Some(slot) => slot.obj = Held::Whole(obj),
+            Some(slot) => slot.obj = held,
             None => {
                 let slot = Slot {
-                    obj: Held::Whole(obj),
+                    obj: held,
                     ready: AtomicBool::new(false),
                 };
                 self.table
@@ -309,8 +345,14 @@ impl<K: ManagedResource> Writer<K> {
                 if self.relist.is_none() {
                     self.relist = Some(self.fresh());
                 }
+                // An object the re-list finds unchanged stays as it is held: a passive one
+                // encoded (its actor is not told of it, so nothing would encode it again).
+                let kept = self.unchanged_encoded(&obj);
                 if let Some(listed) = &mut self.relist {
-                    listed.insert(compact(obj));
+                    match kept {
+                        Some(encoded) => listed.insert_held(Held::Encoded(encoded)),
+                        None => listed.insert(compact(obj)),
+                    }
                 }
             }
             Event::InitDone => {
@@ -328,6 +370,17 @@ impl<K: ManagedResource> Writer<K> {
                 }
                 *cache = listed;
             }
+        }
+    }
+
+    /// A copy of `obj`'s cached encoding, if it is held encoded at the same resource version.
+    fn unchanged_encoded(&self, obj: &K) -> Option<Encoded> {
+        let version = obj.meta().resource_version.as_ref()?;
+        let (ns, name) = names(obj);
+        let cache = self.cache.read();
+        match &cache.find(ns, name)?.obj {
+            Held::Encoded(e) if e.resource_version().as_ref() == Some(version) => Some(e.clone()),
+            _ => None,
         }
     }
 
@@ -418,6 +471,20 @@ impl<K: ManagedResource> KindStore<K> {
             Held::Whole(obj) => obj.meta().resource_version.clone(),
             Held::Encoded(e) => e.resource_version(),
         })
+    }
+
+    /// Whether the object at `key` is being deleted, and its status as [`ResourceStatus::of`]
+    /// reads it, if it is cached (an encoded object is read without decoding it whole: the
+    /// reference index asks this of passive objects).
+    pub(crate) fn readiness(&self, key: &ObjectRef<K>) -> Option<(bool, ResourceStatus)> {
+        let store = self.store_of(key)?.read();
+        match &store.get(key)?.obj {
+            Held::Whole(obj) => Some((
+                obj.meta().deletion_timestamp.is_some(),
+                ResourceStatus::of(obj.as_ref()),
+            )),
+            Held::Encoded(e) => e.readiness(),
+        }
     }
 
     /// Holds the object at `key` encoded, if the cache still holds `obj` there whole: called
@@ -660,7 +727,10 @@ mod tests {
             .read()
             .get(&key)
             .is_some_and(|s| matches!(&s.obj, Held::Encoded(e) if e.type_stripped()));
-        assert!(stripped, "a ConfigMap's JSON begins with its apiVersion and kind");
+        assert!(
+            stripped,
+            "a ConfigMap's JSON begins with its apiVersion and kind"
+        );
         assert!(!store.encode(&key, &cached), "already encoded");
         drop(cached);
 
@@ -715,6 +785,77 @@ mod tests {
         w.apply_watcher_event(Event::InitApply(c.clone()));
         w.apply_watcher_event(Event::InitDone);
         assert!(store.is_ready(&key));
+    }
+
+    /// A re-list keeps an unchanged object as it is held (encoded), and a changed one whole.
+    #[test]
+    fn a_relist_keeps_unchanged_objects_encoded() {
+        let (store, mut writers) = KindStore::<ConfigMap>::new(&[None]);
+        let w = &mut writers[0];
+        let at = |name: &str, rv: &str| {
+            let mut c = cm("ns", name);
+            c.metadata.resource_version = Some(rv.into());
+            c
+        };
+        for name in ["same", "changed"] {
+            w.apply_watcher_event(Event::Apply(at(name, "1")));
+            let key = ObjectRef::new(name).within("ns");
+            assert!(store.encode(&key, &store.get(&key).expect("cached")));
+        }
+        w.apply_watcher_event(Event::Init);
+        w.apply_watcher_event(Event::InitApply(at("same", "1")));
+        w.apply_watcher_event(Event::InitApply(at("changed", "2")));
+        w.apply_watcher_event(Event::InitDone);
+        assert_eq!(store.encoded_len(), 1);
+        let version = |name: &str| store.resource_version(&ObjectRef::new(name).within("ns"));
+        assert_eq!(version("same"), Some(Some("1".into())));
+        assert_eq!(version("changed"), Some(Some("2".into())));
+        assert_eq!(
+            store.get(&ObjectRef::new("same").within("ns")).as_deref(),
+            Some(&at("same", "1"))
+        );
+    }
+
+    /// What the reference index reads of an encoded object (deletion, status) is what it reads
+    /// of the whole object.
+    #[test]
+    fn an_encoded_object_s_readiness_is_read_as_the_whole_object_s() {
+        use crate::actors::testing::{Widget, WidgetSpec};
+        use crate::status::{Phase, ReadyReason};
+        let (store, mut writers) = KindStore::<Widget>::new(&[None]);
+        let ready = ResourceStatus::default().with_ready(
+            Phase::Ready,
+            true,
+            ReadyReason::Provisioned,
+            "all done",
+            Some(3),
+        );
+        let mut objects = Vec::new();
+        for (name, status, deleting) in [
+            ("ready", Some(ready), false),
+            ("bare", None, false),
+            ("leaving", None, true),
+        ] {
+            let mut w = Widget::new(name, WidgetSpec::default());
+            w.metadata.namespace = Some("ns".into());
+            w.status = status;
+            if deleting {
+                w.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+                );
+            }
+            writers[0].apply_watcher_event(Event::Apply(w));
+            objects.push(ObjectRef::new(name).within("ns"));
+        }
+        for key in &objects {
+            let whole = store.readiness(key).expect("cached");
+            assert!(store.encode(key, &store.get(key).expect("cached")));
+            assert_eq!(store.readiness(key), Some(whole), "{key}");
+        }
+        let read = |name: &str| store.readiness(&ObjectRef::new(name).within("ns"));
+        assert!(read("ready").is_some_and(|(d, s)| !d && s.is_ready()));
+        assert!(read("bare").is_some_and(|(d, s)| !d && !s.is_ready()));
+        assert!(read("leaving").is_some_and(|(d, _)| d));
     }
 
     /// A kind whose `Deserialize` refuses what its `Serialize` writes.
