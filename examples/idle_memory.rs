@@ -3,8 +3,9 @@
 //! Creates N objects on the in-process cluster, reads RSS (baseline: cluster and objects only),
 //! starts the runtime (noop tree, idle timeout 1 s), waits until every object has run once and
 //! every actor has passivated, then reads RSS again. Prints the added RSS per object — the
-//! runtime's own cost for an idle managed object: its cached copy and the cache's slot for it,
-//! the manager's entry and the passive state in it. The allocator (mimalloc) keeps freed pages
+//! runtime's own cost for an idle managed object: its cached copy (held encoded while passive,
+//! unless `--encode-passive false`) and the cache's slot for it, the manager's entry and the
+//! passive state in it. The allocator (mimalloc) keeps freed pages
 //! resident after the actors stop, so the figure is read after every worker thread ran
 //! `mi_collect` (the figure before the collect is printed too).
 //!
@@ -14,6 +15,7 @@
 //! ```text
 //! cargo run --release --example idle_memory -- --objects 100000
 //! cargo run --release --example idle_memory -- --objects 100000 --poll-secs 3600
+//! cargo run --release --example idle_memory -- --objects 100000 --encode-passive false
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,6 +52,9 @@ struct Args {
     /// pending wake-up while passive.
     #[arg(long)]
     poll_secs: Option<u64>,
+    /// Hold passive objects' cached copies encoded (`Controller::encode_passive`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    encode_passive: bool,
 }
 
 fn rss_bytes() -> u64 {
@@ -133,7 +138,8 @@ async fn run() {
         .controller(
             Controller::<Idle>::new(step("noop", |_cx: Context<Idle>| async { Outcome::Done }))
                 .without_finalizer()
-                .without_status(),
+                .without_status()
+                .encode_passive(args.encode_passive),
         )
         .start()
         .await
@@ -147,7 +153,8 @@ async fn run() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let settle = started.elapsed();
-    // let freed memory settle, then read the resident set
+    // Let freed memory settle and the passive objects' copies be encoded, then read the
+    // resident set.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_untrimmed = rss_bytes();
     collect_everywhere().await;

@@ -119,6 +119,7 @@ async fn measure(
         yield_interval: args.yield_interval(),
     };
     let operator = args.workload == Workload::Operator;
+    let recorder = Recorder::prepared(config, target.counter.clone());
     target.prime(&api).await?;
     stats::return_freed_memory().await;
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
@@ -128,7 +129,7 @@ async fn measure(
 
     let server_pids = target.server_pids();
     let cpu_at_start = CpuReading::now(&server_pids);
-    let recorder = Recorder::start(config, target.counter.clone());
+    recorder.start_clock();
     let running = Running::start(args, runtime, target, &recorder).await?;
     let driver = (args.workload == Workload::Churn).then(|| {
         tokio::spawn(churn_driver(
@@ -407,7 +408,8 @@ enum Running {
 }
 
 /// After the runtime converged: how long resident memory is left to settle before it is read
-/// (freed memory returned, background tasks done), alike for both runtimes.
+/// (freed memory returned, background tasks done: actorcile encodes passive objects' cached
+/// copies), alike for both runtimes.
 const SETTLE: Duration = Duration::from_millis(300);
 
 /// The longest wait for actorcile's actors to passivate before the idle memory is read.

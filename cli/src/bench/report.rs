@@ -528,7 +528,8 @@ Columns (each runtime's median run of --repeat, by seconds):
              comparable with a raw write loop (examples/write_ceiling.rs)
   peak RSS   peak resident memory of the runtime's process (with the in-process cluster and its
              objects, alike for both)
-  RSS added  peak RSS minus the resident memory just before the runtime started
+  RSS added  peak RSS minus the resident memory just before the runtime started (the bench's own
+             state per object in place, free allocator pages returned)
 speedup = kube-runtime seconds ÷ actorcile seconds (> 1: actorcile converged faster); rounds:
   the same ratio for each round of --repeat.
 floor (with --runtimes actorcile,kube-runtime,floor; operator and status): no runtime, a plain

@@ -254,11 +254,13 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
 pub const SWEEP_LEGEND: &str = "\
 Sweep columns:
   CPU µs/run      CPU s ÷ runs
-  peak added/obj  (peak RSS − RSS with the objects created, before the runtime) ÷ objects
-  idle/obj        (RSS once idle − the same baseline) ÷ objects, as the process stands: actorcile
-                  read after its actors passivated, both 0.3 s after converging
-  stored/obj      (RSS with the objects created − RSS before) ÷ objects: the in-process cluster's
-                  own cost per object (it lives in the runtime's process; alike for both)
+  peak added/obj  (peak RSS − the baseline) ÷ objects; the baseline is the RSS just before the
+                  runtime starts: the objects created (in process, and one full list served),
+                  the bench's own state per object in place, free allocator pages returned
+  idle/obj        (RSS once idle − the baseline) ÷ objects, free allocator pages returned
+                  again: actorcile read after its actors passivated, both 0.3 s after converging
+  stored/obj      (the baseline − RSS before the objects were created) ÷ objects: the in-process
+                  cluster's own cost per object and the bench's (alike for both)
 ";
 
 #[cfg(test)]

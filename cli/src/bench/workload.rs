@@ -256,7 +256,8 @@ pub struct DoneSnapshot {
 #[derive(Debug)]
 pub struct Recorder {
     config: WorkloadConfig,
-    start: Instant,
+    /// When the runtime started (set by [`Recorder::start_clock`], or at the first use).
+    start: std::sync::OnceLock<Instant>,
     requests: RequestCounter,
     runs: AtomicU64,
     seen: AtomicUsize,
@@ -276,9 +277,39 @@ pub struct Recorder {
 impl Recorder {
     /// Starts measuring now; `requests` is the runtime client's request counter.
     pub fn start(config: WorkloadConfig, requests: RequestCounter) -> Arc<Self> {
+        let recorder = Self::new(config, requests);
+        recorder.start_clock();
+        recorder
+    }
+
+    /// A recorder with the state of every bench object (`object_name(0..objects)`) in place,
+    /// whose clock starts at [`Recorder::start_clock`]: made before the memory is read that the
+    /// runtime's is measured from, so that the harness's own memory per object is not counted
+    /// as the runtime's.
+    pub fn prepared(config: WorkloadConfig, requests: RequestCounter) -> Arc<Self> {
+        let recorder = Self::new(config, requests);
+        for i in 0..config.objects {
+            recorder
+                .objects
+                .insert(object_name(i), ObjectState::default());
+        }
+        recorder
+    }
+
+    /// Starts the clock that runs and latencies are measured from (once: later calls do
+    /// nothing).
+    pub fn start_clock(&self) {
+        let _ = self.start.set(Instant::now());
+    }
+
+    fn t0(&self) -> Instant {
+        *self.start.get_or_init(Instant::now)
+    }
+
+    fn new(config: WorkloadConfig, requests: RequestCounter) -> Arc<Self> {
         Arc::new(Self {
             config,
-            start: Instant::now(),
+            start: std::sync::OnceLock::new(),
             requests,
             runs: AtomicU64::new(0),
             seen: AtomicUsize::new(0),
@@ -325,7 +356,7 @@ impl Recorder {
 
     /// Time since the measurement started.
     pub fn elapsed(&self) -> Duration {
-        self.start.elapsed()
+        self.t0().elapsed()
     }
 
     /// Latency samples so far (grouped by object, in no particular order).
@@ -408,7 +439,7 @@ impl Recorder {
 
     fn snapshot(&self) -> DoneSnapshot {
         DoneSnapshot {
-            elapsed: self.start.elapsed(),
+            elapsed: self.t0().elapsed(),
             runs: self.runs(),
             api_requests: self.requests.get(),
         }
@@ -471,7 +502,7 @@ impl Recorder {
         // `Err(step)`: the reconcile is done with this step; `Ok(write)`: whether to write status.
         let next = self.with_state(name, |state| {
             if self.note_seen(state) && self.config.workload == Workload::Noop {
-                state.latencies.push(now - self.start);
+                state.latencies.push(now - self.t0());
             }
             match self.config.workload {
                 Workload::Noop => {
@@ -626,7 +657,7 @@ impl Recorder {
         self.with_state(name, |state| {
             if workload == Workload::Operator {
                 if !state.ready {
-                    state.latencies.push(now - self.start);
+                    state.latencies.push(now - self.t0());
                     self.mark_ready(state);
                 }
                 return;
@@ -641,7 +672,7 @@ impl Recorder {
                         state.latencies.push(now.saturating_duration_since(at));
                     }
                 }
-                _ => state.latencies.push(now - self.start),
+                _ => state.latencies.push(now - self.t0()),
             }
             self.mark_done(state);
         });
