@@ -78,7 +78,11 @@ impl Encoded {
                 .ok()
                 .filter(|l| *l != Self::NO_NAMESPACE)?,
         };
-        let name_len = u16::try_from(name.len()).ok()?;
+        // Kubernetes names are at most 253 bytes; a longer one (not from an API server) stays
+        // whole rather than reach the flag bit.
+        let name_len = u16::try_from(name.len())
+            .ok()
+            .filter(|l| *l < Self::TYPE_STRIPPED)?;
         let encoded = SCRATCH.with_borrow_mut(|json| {
             json.clear();
             serde_json::to_writer(&mut *json, obj).ok()?;
