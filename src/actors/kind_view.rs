@@ -67,8 +67,8 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
     fn deleting(&self, target: &Target) -> bool {
         self.shared
             .store
-            .readiness(&key_of::<K>(target))
-            .is_some_and(|(deleting, _)| deleting)
+            .deleting(&key_of::<K>(target))
+            .unwrap_or(false)
     }
     fn referrers(&self, target: &Target) -> Vec<Target> {
         self.shared

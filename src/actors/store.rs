@@ -27,12 +27,18 @@ enum Held<K> {
     Encoded(Encoded),
 }
 
-impl<K: ManagedResource> Slot<K> {
+impl<K: ManagedResource> Held<K> {
     fn names(&self) -> (Option<&str>, &str) {
-        match &self.obj {
+        match self {
             Held::Whole(obj) => names(obj.as_ref()),
             Held::Encoded(e) => e.names(),
         }
+    }
+}
+
+impl<K: ManagedResource> Slot<K> {
+    fn names(&self) -> (Option<&str>, &str) {
+        self.obj.names()
     }
 
     /// The object, decoded if it is held encoded.
@@ -140,44 +146,36 @@ impl Encoded {
     /// The object. Checked when it was encoded, so `None` only for a type whose decoding is
     /// not a function of its bytes.
     fn decode<K: ManagedResource>(&self) -> Option<K> {
-        if !self.type_stripped() {
-            return serde_json::from_slice(self.json()).ok();
-        }
-        SCRATCH.with_borrow_mut(|json| {
-            json.clear();
-            json.extend_from_slice(type_prefix::<K>().as_bytes());
-            json.extend_from_slice(self.json());
-            serde_json::from_slice(json).ok()
-        })
+        self.parse(type_prefix::<K>().as_bytes())
     }
 
     /// Some fields of the object, read into `T` without decoding the rest (the JSON without
     /// its type prefix is still the object's members, after its `{`).
     fn read<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
-        let json = self.json();
+        self.parse(b"{")
+    }
+
+    /// The JSON parsed into `T`, `prefix` put back first if the type prefix was stripped.
+    fn parse<T: serde::de::DeserializeOwned>(&self, prefix: &[u8]) -> Option<T> {
         if !self.type_stripped() {
-            return serde_json::from_slice(json).ok();
+            return serde_json::from_slice(self.json()).ok();
         }
         SCRATCH.with_borrow_mut(|buf| {
             buf.clear();
-            buf.push(b'{');
-            buf.extend_from_slice(json);
+            buf.extend_from_slice(prefix);
+            buf.extend_from_slice(self.json());
             serde_json::from_slice(buf).ok()
         })
     }
 
-    /// The object's `metadata.resourceVersion`.
-    fn resource_version(&self) -> Option<String> {
+    /// The object's metadata fields that the cache reads without decoding it.
+    fn metadata(&self) -> Option<PartialMeta> {
         #[derive(serde::Deserialize)]
         struct Object {
-            metadata: Metadata,
+            #[serde(default)]
+            metadata: PartialMeta,
         }
-        #[derive(serde::Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Metadata {
-            resource_version: Option<String>,
-        }
-        self.read::<Object>()?.metadata.resource_version
+        Some(self.read::<Object>()?.metadata)
     }
 
     /// Whether the object is being deleted, and its status as [`ResourceStatus::of`] reads it.
@@ -185,15 +183,9 @@ impl Encoded {
         #[derive(serde::Deserialize)]
         struct Object {
             #[serde(default)]
-            metadata: Metadata,
+            metadata: PartialMeta,
             #[serde(default)]
             status: Option<serde_json::Value>,
-        }
-        #[derive(serde::Deserialize, Default)]
-        #[serde(rename_all = "camelCase")]
-        struct Metadata {
-            #[serde(default)]
-            deletion_timestamp: Option<serde::de::IgnoredAny>,
         }
         let o = self.read::<Object>()?;
         let status = o
@@ -202,6 +194,16 @@ impl Encoded {
             .unwrap_or_default();
         Some((o.metadata.deletion_timestamp.is_some(), status))
     }
+}
+
+/// What the cache reads of an encoded object's metadata.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PartialMeta {
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    deletion_timestamp: Option<serde::de::IgnoredAny>,
 }
 
 thread_local! {
@@ -279,10 +281,7 @@ impl<K: ManagedResource> Objects<K> {
     /// Caches `held`, keeping the Ready flag of the version it replaces.
     fn insert_held(&mut self, held: Held<K>) {
         let hasher = &self.hasher;
-        let (ns, name) = match &held {
-            Held::Whole(obj) => names(obj.as_ref()),
-            Held::Encoded(e) => e.names(),
-        };
+        let (ns, name) = held.names();
         let hash = name_hash(hasher, ns, name);
         match self.table.find_mut(hash, |s| s.names() == (ns, name)) {
             Some(slot) => slot.obj = held,
@@ -383,7 +382,11 @@ impl<K: ManagedResource> Writer<K> {
         let (ns, name) = names(obj);
         let cache = self.cache.read();
         match &cache.find(ns, name)?.obj {
-            Held::Encoded(e) if e.resource_version().as_ref() == Some(version) => Some(e.clone()),
+            Held::Encoded(e)
+                if e.metadata().and_then(|m| m.resource_version).as_ref() == Some(version) =>
+            {
+                Some(e.clone())
+            }
             _ => None,
         }
     }
@@ -473,7 +476,17 @@ impl<K: ManagedResource> KindStore<K> {
         let store = self.store_of(key)?.read();
         Some(match &store.get(key)?.obj {
             Held::Whole(obj) => obj.meta().resource_version.clone(),
-            Held::Encoded(e) => e.resource_version(),
+            Held::Encoded(e) => e.metadata().and_then(|m| m.resource_version),
+        })
+    }
+
+    /// Whether the object at `key` is being deleted, if it is cached (an encoded object is read
+    /// without decoding it whole).
+    pub(crate) fn deleting(&self, key: &ObjectRef<K>) -> Option<bool> {
+        let store = self.store_of(key)?.read();
+        Some(match &store.get(key)?.obj {
+            Held::Whole(obj) => obj.meta().deletion_timestamp.is_some(),
+            Held::Encoded(e) => e.metadata().is_some_and(|m| m.deletion_timestamp.is_some()),
         })
     }
 
@@ -853,13 +866,23 @@ mod tests {
         }
         for key in &objects {
             let whole = store.readiness(key).expect("cached");
+            let deleting = store.deleting(key).expect("cached");
             assert!(store.encode(key, &store.get(key).expect("cached")));
             assert_eq!(store.readiness(key), Some(whole), "{key}");
+            assert_eq!(store.deleting(key), Some(deleting), "{key}");
         }
         let read = |name: &str| store.readiness(&ObjectRef::new(name).within("ns"));
         assert!(read("ready").is_some_and(|(d, s)| !d && s.is_ready()));
         assert!(read("bare").is_some_and(|(d, s)| !d && !s.is_ready()));
         assert!(read("leaving").is_some_and(|(d, _)| d));
+        assert_eq!(
+            store.deleting(&ObjectRef::new("leaving").within("ns")),
+            Some(true)
+        );
+        assert_eq!(
+            store.deleting(&ObjectRef::new("ready").within("ns")),
+            Some(false)
+        );
     }
 
     /// A kind whose `Deserialize` refuses what its `Serialize` writes.
