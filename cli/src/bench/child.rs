@@ -123,6 +123,7 @@ async fn measure(
     target.prime(&api).await?;
     stats::return_freed_memory().await;
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
+    reset_peak(runtime);
     // `operator`: each object counts once Ready and once deleted.
     let phases = if operator { 2 } else { 1 };
     let bar = progress_bar(u64::from(args.objects()) * phases, runtime, "done");
@@ -286,6 +287,20 @@ async fn measure(
         operator: phases,
         ..measured.result(runtime)
     })
+}
+
+/// Makes the peak RSS read at the end the runtime's: the peak since the baseline, not the
+/// set-up's (creating the objects can take more than the runtime).
+fn reset_peak(runtime: RuntimeKind) {
+    let set_up_peak = stats::peak_rss_bytes();
+    if stats::reset_peak_rss() {
+        tracing::debug!(?set_up_peak, "{runtime}: peak RSS reset at the baseline");
+    } else {
+        tracing::warn!(
+            "{runtime}: cannot reset the peak RSS (/proc/self/clear_refs): its peak includes \
+             the set-up's"
+        );
+    }
 }
 
 /// CPU time read at one moment: this process's, and the control plane's where the bench can
@@ -555,6 +570,7 @@ async fn measure_restart(
 
     // The restart, changes coming in until every listed object has run.
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
+    reset_peak(runtime);
     let requests_before = target.counter.get();
     let server_pids = target.server_pids();
     let cpu_at_start = CpuReading::now(&server_pids);
