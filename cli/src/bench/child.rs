@@ -10,6 +10,7 @@ use std::{io::IsTerminal, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream, stream::BoxStream};
+use http_body_util::BodyExt as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -181,12 +182,7 @@ async fn measure(
         );
         let started = recorder.elapsed();
         deletion = Some((ready, started));
-        crate::retry::idempotent("deleting the bench objects", None, || async {
-            api.delete_collection(&DeleteParams::default(), &ListParams::default())
-                .await
-                .map(drop)
-        })
-        .await?;
+        crate::retry::idempotent("deleting the bench objects", None, || delete_all(&api)).await?;
     }
     let waited = running
         .unless_exited(
@@ -727,6 +723,32 @@ async fn observe_events(mut events: WatchEvents, recorder: Arc<Recorder>) {
             Err(err) => tracing::debug!(error = %err, "observer watch error"),
         }
     }
+}
+
+/// Deletes every bench object with one `DELETE` of the collection, reading its answer (every
+/// deleted object) piece by piece without keeping it: `Api::delete_collection` would decode the
+/// whole list in this process, the runtime's, and its peak memory would be the bench's.
+async fn delete_all(api: &Api<BenchObject>) -> Result<(), kube::Error> {
+    let request = kube::core::Request::new(api.resource_url())
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    let client: Client = api.clone().into_client();
+    let response = client.send(request.map(kube::client::Body::from)).await?;
+    let status = response.status();
+    let mut body = response.into_body();
+    if !status.is_success() {
+        let text = body.collect().await?.to_bytes();
+        let text = String::from_utf8_lossy(&text);
+        let status = serde_json::from_str::<kube::core::Status>(&text).unwrap_or_else(|_| {
+            kube::core::Status::failure(text.trim(), "deleting the bench objects")
+                .with_code(status.as_u16())
+        });
+        return Err(kube::Error::Api(status.boxed()));
+    }
+    while let Some(frame) = body.frame().await {
+        frame?;
+    }
+    Ok(())
 }
 
 fn setup_post_params() -> PostParams {
