@@ -3,11 +3,12 @@
 //! virtual time), `envtest` (a real etcd + kube-apiserver), `chaos` (faults injected on a real
 //! control plane, invariants counted).
 
-/// mimalloc: see BENCHMARKS.md (allocation-heavy actor spawning; memory returned to the OS).
-#[cfg(feature = "mimalloc")]
+/// mimalloc unless `ACTORCILE_ALLOCATOR=system` (see `allocator.rs` and BENCHMARKS.md:
+/// allocation-heavy actor spawning; memory returned to the OS).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: allocator::Chosen = allocator::Chosen;
 
+mod allocator;
 mod bench;
 mod chaos;
 mod envtest_cmd;
@@ -66,7 +67,7 @@ const DEFAULT_LOG_FILTER: &str = "warn,kube_client::client::builder=off";
 /// mimalloc may do the same. An explicit `MIMALLOC_PURGE_DELAY` in the environment wins.
 #[cfg(feature = "mimalloc")]
 fn purge_freed_memory_soon() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+    if !allocator::is_mimalloc() || std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;
     }
     // `mi_option_purge_delay` in mimalloc.h (v2 and v3); libmimalloc-sys names no constant.

@@ -93,6 +93,25 @@ impl fmt::Display for RuntimeKind {
     }
 }
 
+/// The memory allocator of the runtimes' child processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Allocator {
+    /// mimalloc, its freed pages returned after 100 ms.
+    Mimalloc,
+    /// The system's (glibc).
+    System,
+}
+
+impl Allocator {
+    /// The name `ACTORCILE_ALLOCATOR` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Allocator::Mimalloc => "mimalloc",
+            Allocator::System => "system",
+        }
+    }
+}
+
 /// Where the objects live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -211,6 +230,13 @@ pub struct BenchArgs {
     /// controller's reflector, the kube-rs memory advice): to compare memory like for like.
     #[arg(long)]
     pub prune_kube_runtime: bool,
+
+    /// The memory allocator of the runtimes' processes (both Rust runtimes alike;
+    /// controller-runtime is Go's): `mimalloc` returns freed memory to the OS soon, so idle
+    /// figures are low, but keeps more resident at a peak of many threads' allocations; `system`
+    /// is glibc's, the reverse.
+    #[arg(long, value_enum, default_value_t = Allocator::Mimalloc)]
+    pub allocator: Allocator,
 
     /// Internal: run one runtime in this process and print its result as one JSON line.
     #[arg(long, value_enum, hide = true)]
@@ -341,6 +367,7 @@ mod tests {
         assert_eq!(args.objects(), 10_000);
         assert_eq!(args.sizes, vec![10_000]);
         assert_eq!(args.plot, None);
+        assert_eq!(args.allocator, Allocator::Mimalloc);
         assert_eq!(args.concurrency, 64);
         assert!(!args.json);
         assert_eq!(args.backend(), Backend::InProcess);
@@ -388,6 +415,11 @@ mod tests {
         let args = parse(&["bench", "--kubeconfig", "/tmp/kc", "--workload", "churn"]).unwrap();
         assert_eq!(args.backend(), Backend::Kubeconfig("/tmp/kc".into()));
         assert_eq!(args.workload, Workload::Churn);
+
+        let args = parse(&["bench", "--allocator", "system"]).unwrap();
+        assert_eq!(args.allocator, Allocator::System);
+        assert_eq!(args.allocator.as_str(), "system");
+        assert!(parse(&["bench", "--allocator", "jemalloc"]).is_err());
 
         let args = parse(&["bench", "--workload", "chain", "--chain-length", "4"]).unwrap();
         assert_eq!(args.workload, Workload::Chain);

@@ -119,11 +119,12 @@ pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
         for (runs, &runtime) in per_runtime.iter_mut().zip(&args.runtimes) {
             if !args.json {
                 eprintln!(
-                    "running {runtime} ({round}/{}): workload {}, {} objects, backend {}…",
+                    "running {runtime} ({round}/{}): workload {}, {} objects, backend {}, allocator {}…",
                     args.repeat,
                     args.workload,
                     args.objects(),
-                    args.backend().name()
+                    args.backend().name(),
+                    args.allocator.as_str()
                 );
             }
             runs.push(run_child(&exe, args, runtime)?);
@@ -146,6 +147,7 @@ pub fn run_all(args: &BenchArgs) -> Result<BenchReport> {
 fn run_child(exe: &std::path::Path, args: &BenchArgs, runtime: RuntimeKind) -> Result<RunResult> {
     let output = Command::new(exe)
         .args(args.child_args(runtime))
+        .env(crate::allocator::VAR, args.allocator.as_str())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -16,11 +16,7 @@ pub fn on_worker_park() {
 }
 
 fn collect_this_thread() {
-    // SAFETY: mi_collect only returns the calling thread's free allocator memory to the OS.
-    #[cfg(feature = "mimalloc")]
-    unsafe {
-        libmimalloc_sys::mi_collect(true)
-    }
+    crate::allocator::return_free_memory();
 }
 
 /// Returns the pages the allocator holds free to the OS, on every worker thread (mimalloc keeps
