@@ -116,17 +116,63 @@ pub fn return_free_memory() {
 mod tests {
     use super::*;
 
+    /// Whether mimalloc gave the block at `p`.
+    #[cfg(feature = "mimalloc")]
+    fn from_mimalloc(p: *const u8) -> bool {
+        // SAFETY: only asks whether an address lies in mimalloc's reserved memory.
+        unsafe { libmimalloc_sys::mi_is_in_heap_region(p.cast()) }
+    }
+
+    #[cfg(not(feature = "mimalloc"))]
+    fn from_mimalloc(_: *const u8) -> bool {
+        false
+    }
+
+    /// The allocator the environment names serves every allocation, grown ones too; run again
+    /// with `ACTORCILE_ALLOCATOR=system` it is glibc's (the name checked below is the one
+    /// `getenv` reads).
     #[test]
-    fn the_choice_is_made_once_and_serves_every_allocation() {
-        let first = is_mimalloc();
-        let v: Vec<u64> = (0..10_000).collect();
-        let mut s = String::with_capacity(3);
-        s.push_str("grown past its capacity");
-        assert_eq!(v.iter().sum::<u64>(), 49_995_000);
-        assert_eq!(is_mimalloc(), first);
-        assert_eq!(
-            is_mimalloc(),
-            cfg!(feature = "mimalloc") && std::env::var(VAR).as_deref() != Ok("system")
+    fn the_named_allocator_serves_every_allocation() {
+        let wanted = cfg!(feature = "mimalloc") && std::env::var(VAR).as_deref() != Ok("system");
+        assert_eq!(is_mimalloc(), wanted);
+        let small = Box::new(7u64);
+        let mut grown = Vec::with_capacity(1);
+        grown.extend(0..100_000u64);
+        let zeroed = vec![0u8; 1 << 20];
+        for p in [
+            (&*small as *const u64).cast::<u8>(),
+            grown.as_ptr().cast(),
+            zeroed.as_ptr(),
+        ] {
+            assert_eq!(from_mimalloc(p), wanted, "a block from the other allocator");
+        }
+        assert_eq!(VAR, "ACTORCILE_ALLOCATOR");
+    }
+
+    /// The test above, in a process of its own started with `ACTORCILE_ALLOCATOR=system`.
+    #[test]
+    fn a_process_started_with_the_system_allocator_uses_it() {
+        if std::env::var(VAR).is_ok() {
+            return; // the run below itself
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "allocator::tests::the_named_allocator_serves_every_allocation",
+                "--nocapture",
+            ])
+            .env(VAR, "system")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("1 passed"),
+            "the test did not run: {stdout}"
         );
     }
 }

@@ -103,6 +103,13 @@ pub enum Allocator {
 }
 
 impl Allocator {
+    /// mimalloc where this binary is built with it (feature `mimalloc`), else the system's.
+    pub const DEFAULT: Allocator = if cfg!(feature = "mimalloc") {
+        Allocator::Mimalloc
+    } else {
+        Allocator::System
+    };
+
     /// The name `ACTORCILE_ALLOCATOR` takes.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -235,7 +242,7 @@ pub struct BenchArgs {
     /// controller-runtime is Go's): `mimalloc` returns freed memory to the OS soon, so idle
     /// figures are low, but keeps more resident at a peak of many threads' allocations; `system`
     /// is glibc's, the reverse.
-    #[arg(long, value_enum, default_value_t = Allocator::Mimalloc)]
+    #[arg(long, value_enum, default_value_t = Allocator::DEFAULT)]
     pub allocator: Allocator,
 
     /// Internal: run one runtime in this process and print its result as one JSON line.
@@ -367,7 +374,7 @@ mod tests {
         assert_eq!(args.objects(), 10_000);
         assert_eq!(args.sizes, vec![10_000]);
         assert_eq!(args.plot, None);
-        assert_eq!(args.allocator, Allocator::Mimalloc);
+        assert_eq!(args.allocator, Allocator::DEFAULT);
         assert_eq!(args.concurrency, 64);
         assert!(!args.json);
         assert_eq!(args.backend(), Backend::InProcess);

@@ -564,13 +564,16 @@ async fn measure_restart(
     }
     let alone = first.all_seen().context("every object ran")?;
 
-    // The restart, changes coming in until every listed object has run.
+    // The restart, changes coming in until every listed object has run; memory read as in
+    // `measure`: the harness's state in place, the first runtime's freed pages returned.
+    let recorder = Recorder::prepared(config, target.counter.clone());
+    stats::return_freed_memory().await;
     let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
     reset_peak(runtime);
     let requests_before = target.counter.get();
     let server_pids = target.server_pids();
     let cpu_at_start = CpuReading::now(&server_pids);
-    let recorder = Recorder::start(config, target.counter.clone());
+    recorder.start_clock();
     let running = Running::start(args, runtime, target, &recorder).await?;
     let driver = tokio::spawn(restart_driver(
         api.clone(),
@@ -727,7 +730,8 @@ async fn observe_events(mut events: WatchEvents, recorder: Arc<Recorder>) {
 
 /// Deletes every bench object with one `DELETE` of the collection, reading its answer (every
 /// deleted object) piece by piece without keeping it: `Api::delete_collection` would decode the
-/// whole list in this process, the runtime's, and its peak memory would be the bench's.
+/// whole list in this process, the runtime's, and its peak memory would be the bench's. (The
+/// in-process API server, which shares the process, still builds the answer whole.)
 async fn delete_all(api: &Api<BenchObject>) -> Result<(), kube::Error> {
     let request = kube::core::Request::new(api.resource_url())
         .delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -739,11 +743,14 @@ async fn delete_all(api: &Api<BenchObject>) -> Result<(), kube::Error> {
     if !status.is_success() {
         let text = body.collect().await?.to_bytes();
         let text = String::from_utf8_lossy(&text);
-        let status = serde_json::from_str::<kube::core::Status>(&text).unwrap_or_else(|_| {
+        let mut answer = serde_json::from_str::<kube::core::Status>(&text).unwrap_or_else(|_| {
             kube::core::Status::failure(text.trim(), "deleting the bench objects")
-                .with_code(status.as_u16())
         });
-        return Err(kube::Error::Api(status.boxed()));
+        // Any JSON object parses as a `Status`; the HTTP status decides whether it is retried.
+        if answer.code == 0 {
+            answer.code = status.as_u16();
+        }
+        return Err(kube::Error::Api(answer.boxed()));
     }
     while let Some(frame) = body.frame().await {
         frame?;

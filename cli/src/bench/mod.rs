@@ -32,7 +32,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, Result, bail};
 
 pub use args::BenchArgs;
-use args::RuntimeKind;
+use args::{Allocator, RuntimeKind};
 use report::{BenchReport, RunResult};
 use sweep::SweepReport;
 
@@ -45,6 +45,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
             serde_json::to_string(&result).context("encoding the result")?
         );
         return Ok(());
+    }
+    if args.allocator == Allocator::Mimalloc && !cfg!(feature = "mimalloc") {
+        bail!("--allocator mimalloc: this binary is built without mimalloc (feature `mimalloc`)");
     }
     if args.runtimes.contains(&RuntimeKind::Floor) {
         floor::check(args.workload, args.actorcile_defaults)?;

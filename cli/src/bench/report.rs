@@ -84,7 +84,8 @@ pub struct RunResult {
     pub latency_samples: u64,
     /// HTTP requests the runtime's client sent from the start until every object was done.
     pub api_requests: u64,
-    /// Peak resident set size of the child process (`VmHWM`), in bytes.
+    /// Peak resident set size of the child process (`VmHWM`) since the runtime started (reset
+    /// at the baseline), in bytes; controller-runtime's: its own process's peak.
     pub peak_rss_bytes: u64,
     /// Resident set size just before the runtime started (objects created), in bytes.
     pub baseline_rss_bytes: u64,
