@@ -122,9 +122,7 @@ async fn measure(
     let operator = args.workload == Workload::Operator;
     let recorder = Recorder::prepared(config, target.counter.clone());
     target.prime(&api).await?;
-    stats::return_freed_memory().await;
-    let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
-    reset_peak(runtime);
+    let baseline_rss = baseline(runtime).await;
     // `operator`: each object counts once Ready and once deleted.
     let phases = if operator { 2 } else { 1 };
     let bar = progress_bar(u64::from(args.objects()) * phases, runtime, "done");
@@ -285,9 +283,13 @@ async fn measure(
     })
 }
 
-/// Makes the peak RSS read at the end the runtime's: the peak since the baseline, not the
-/// set-up's (creating the objects can take more than the runtime).
-fn reset_peak(runtime: RuntimeKind) {
+/// The resident memory just before the runtime starts, which its memory is measured from:
+/// read once every thread's free allocator pages are returned. The peak is reset there, so
+/// the peak read at the end is the runtime's, not the set-up's (creating the objects can take
+/// more than the runtime).
+async fn baseline(runtime: RuntimeKind) -> u64 {
+    stats::return_freed_memory().await;
+    let rss = stats::current_rss_bytes().unwrap_or(0);
     let set_up_peak = stats::peak_rss_bytes();
     if stats::reset_peak_rss() {
         tracing::debug!(?set_up_peak, "{runtime}: peak RSS reset at the baseline");
@@ -297,6 +299,7 @@ fn reset_peak(runtime: RuntimeKind) {
              the set-up's"
         );
     }
+    rss
 }
 
 /// CPU time read at one moment: this process's, and the control plane's where the bench can
@@ -567,9 +570,7 @@ async fn measure_restart(
     // The restart, changes coming in until every listed object has run; memory read as in
     // `measure`: the harness's state in place, the first runtime's freed pages returned.
     let recorder = Recorder::prepared(config, target.counter.clone());
-    stats::return_freed_memory().await;
-    let baseline_rss = stats::current_rss_bytes().unwrap_or(0);
-    reset_peak(runtime);
+    let baseline_rss = baseline(runtime).await;
     let requests_before = target.counter.get();
     let server_pids = target.server_pids();
     let cpu_at_start = CpuReading::now(&server_pids);

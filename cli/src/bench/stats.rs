@@ -4,38 +4,36 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Set while [`return_freed_memory`] runs: each tokio worker returns its allocator's free pages
-/// when it parks ([`on_worker_park`]).
+/// Set while [`return_freed_memory`] wakes the workers: each tokio worker returns its
+/// allocator's free pages when it parks ([`on_worker_park`]).
 static RETURN_FREED: AtomicBool = AtomicBool::new(false);
 
 /// Called by every tokio worker of a bench child when it parks (`on_thread_park`).
 pub fn on_worker_park() {
     if RETURN_FREED.load(Ordering::Relaxed) {
-        collect_this_thread();
+        crate::allocator::return_free_memory();
     }
 }
 
-fn collect_this_thread() {
-    crate::allocator::return_free_memory();
-}
-
-/// Returns the pages the allocator holds free to the OS, on every worker thread (mimalloc keeps
-/// a heap per thread, and only the thread itself returns its free pages), so that the resident
-/// memory read next is the memory in use: read so before the runtime starts and when it is
-/// idle, it does not count, for or against a runtime, what the set-up freed and the runtime
-/// reused, or what the runtime freed and a parked thread has not returned yet.
+/// Returns the pages the allocator holds free to the OS, so that the resident memory read next
+/// is the memory in use: read so before the runtime starts and when it is idle, it does not
+/// count, for or against a runtime, what the set-up freed and the runtime reused, or what the
+/// runtime freed and a parked thread has not returned yet. mimalloc keeps a heap per thread,
+/// and only the thread itself returns its free pages: every worker is woken so that it parks
+/// again and collects. glibc's `malloc_trim` trims every arena at once: one call.
 pub async fn return_freed_memory() {
-    RETURN_FREED.store(true, Ordering::SeqCst);
-    for _ in 0..3 {
-        // Wake every worker, so that each parks again and collects.
-        let tasks: Vec<_> = (0..64).map(|_| tokio::spawn(async {})).collect();
-        for t in tasks {
-            let _ = t.await;
+    if crate::allocator::is_mimalloc() {
+        RETURN_FREED.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            let tasks: Vec<_> = (0..64).map(|_| tokio::spawn(async {})).collect();
+            for t in tasks {
+                let _ = t.await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        RETURN_FREED.store(false, Ordering::SeqCst);
     }
-    collect_this_thread();
-    RETURN_FREED.store(false, Ordering::SeqCst);
+    crate::allocator::return_free_memory();
 }
 
 /// The `p`-th percentile (0 < p ≤ 100) of `samples` by the nearest-rank method, or `None` when
