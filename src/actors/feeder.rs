@@ -245,14 +245,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                             watch.apply(&mut writer, event, list, first, &mut listed);
                         }
                     }
-                    let now = tokio::time::Instant::now();
-                    follow_at = if held.iter().any(|s| !watched.contains(s)) {
-                        Some(now + SETTLE)
-                    } else if watched.iter().any(|s| !held.contains(s)) {
-                        Some(follow_at.map_or(now + narrow_after, |f| f.min(now + narrow_after)))
-                    } else {
-                        None
-                    };
+                    follow_at = self::follow_at(&watched, &held, follow_at, narrow_after);
                     continue;
                 }
                 () = sleep_until(follow_at) => break,
@@ -363,9 +356,29 @@ struct List<K: ManagedResource> {
 /// keeper round that takes several shards makes one relist, not one per shard).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// When a watch of the `watched` shards ends to follow the `held` ones (`at`: when it was to
+/// end before this change): after [`SETTLE`] when a shard is held that it does not select, after
+/// `narrow_after` (or sooner, as before) when it only selects shards no longer held, never when
+/// the two agree.
+pub(super) fn follow_at(
+    watched: &[u32],
+    held: &[u32],
+    at: Option<tokio::time::Instant>,
+    narrow_after: std::time::Duration,
+) -> Option<tokio::time::Instant> {
+    let now = tokio::time::Instant::now();
+    if held.iter().any(|s| !watched.contains(s)) {
+        Some(now + SETTLE)
+    } else if watched.iter().any(|s| !held.contains(s)) {
+        Some(at.map_or(now + narrow_after, |f| f.min(now + narrow_after)))
+    } else {
+        None
+    }
+}
+
 /// Resolves on the next change of the held set; never without a receiver (no
 /// `ShardWatch::HeldShards`) or once its sender is gone. Cancel-safe (`changed` is).
-async fn next_change(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+pub(super) async fn next_change(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
     let changed = match changes {
         Some(rx) => rx.changed().await.is_ok(),
         None => false,
@@ -376,7 +389,7 @@ async fn next_change(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
 }
 
 /// Resolves at `at`; never without one.
-async fn sleep_until(at: Option<tokio::time::Instant>) {
+pub(super) async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

@@ -432,6 +432,9 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     server_side_leases: (sharding.watch == ShardWatch::ServerSide)
                         .then(|| Arc::from(sharding.leases_url())),
                     server_selects: Default::default(),
+                    child_label: sharding
+                        .splits_watches()
+                        .then(|| Arc::from(sharding.owner_label_key())),
                 }),
             prune_cache: self.prune_cache,
             encode_passive: self.encode_passive,

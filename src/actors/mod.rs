@@ -107,6 +107,8 @@ pub(crate) mod testing;
 pub(crate) use store::KindStore;
 pub(crate) mod timer;
 pub(crate) mod triggers;
+#[cfg(all(test, feature = "cluster"))]
+mod triggers_tests;
 mod wake_up;
 mod writes;
 
@@ -202,6 +204,9 @@ pub(crate) struct ShardScope<K> {
     /// answers say so), so that this replica's view holds only the objects of its shards. Set
     /// by the feeder.
     pub server_selects: std::sync::atomic::AtomicBool,
+    /// The owner shard label's key, when the children's watches select by it
+    /// ([`crate::sharding::Sharding::owner_label_key`]).
+    pub child_label: Option<Arc<str>>,
 }
 
 impl<K: ManagedResource> ShardScope<K> {
@@ -270,9 +275,15 @@ impl<K: ManagedResource> ShardScope<K> {
     /// count (`None` without labels, or for a label of another count: not placed).
     pub(crate) fn labelled_shard(&self, obj: &K) -> Option<u32> {
         let labelled = obj.meta().labels.as_ref()?.get(&**self.label.as_ref()?)?;
-        let (shard, of) = labelled.split_once("-of-")?;
-        let (shard, of) = (shard.parse::<u32>().ok()?, of.parse::<u32>().ok()?);
-        (of == self.shards.count()).then_some(shard)
+        crate::sharding::parse_label_value(labelled, self.shards.count())
+    }
+
+    /// The owner shard label (key, value) the children of `obj` carry, when the children's
+    /// watches select by it ([`crate::sharding::Sharding::owner_label_key`]).
+    pub(crate) fn child_label_of(&self, obj: &K) -> Option<(Arc<str>, String)> {
+        let key = self.child_label.clone()?;
+        let value = crate::sharding::label_value(self.shard_of(obj), self.shards.count());
+        Some((key, value))
     }
 
     /// The shard label `obj` must carry and does not yet (key, value), when replicas watch

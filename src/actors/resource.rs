@@ -415,7 +415,19 @@ impl<K: ManagedResource> ResourceActor<K> {
         config: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Context<K> {
         let client = self.shared.client_for(&obj).clone();
-        Context::with_parts(obj, client, status, self.shared.parts.clone(), config)
+        let child_label = self
+            .shared
+            .shards
+            .as_ref()
+            .and_then(|s| s.child_label_of(&obj));
+        Context::with_parts(
+            obj,
+            client,
+            status,
+            self.shared.parts.clone(),
+            config,
+            child_label,
+        )
     }
 
     /// What the reconcile's steps wrote to the object: their versions are the reconcile's own writes,

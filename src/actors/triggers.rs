@@ -373,87 +373,312 @@ pub(crate) async fn watch_related<K, R, S>(
     R: Resource<DynamicType = ()>,
     S: futures::Stream<Item = Result<Event<R>, watcher::Error>>,
 {
-    type Key = (Option<String>, String);
-    let key_of = |r: &R| -> Key {
-        let m = r.meta();
-        (m.namespace.clone(), m.name.clone().unwrap_or_default())
+    let mut related = Related::new(shared, map, echoes, manager, None);
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        related.handle(event);
+    }
+}
+
+/// The watch of a controller's children ([`Controller::owns`]), metadata only: a change of a
+/// child re-runs its owners, as [`watch_related`] does.
+///
+/// With sharding that splits the objects' watches across replicas
+/// ([`ShardWatch::HeldShards`] or [`ShardWatch::ServerSide`]), the runtime labels every child
+/// it writes with its owner's shard ([`Sharding::owner_label_key`]), and this watch selects the
+/// children of the shards this replica holds, and children without the label (written before,
+/// or by someone else), by a label selector the API server applies: a replica receives and
+/// keeps its share of the children only. When the held shards change the watch starts again
+/// with the new selector, when the objects' watch does (an acquisition after a short settling
+/// time, a loss after twice the lease duration): its list re-runs the owners of the children
+/// that changed meanwhile; of a shard just acquired (whose objects all run anyway), only those
+/// of the children the runtime wrote since and someone changed or deleted before the list.
+///
+/// [`Controller::owns`]: crate::runtime::Controller::owns
+/// [`ShardWatch::HeldShards`]: crate::sharding::ShardWatch::HeldShards
+/// [`ShardWatch::ServerSide`]: crate::sharding::ShardWatch::ServerSide
+/// [`Sharding::owner_label_key`]: crate::sharding::Sharding::owner_label_key
+pub(crate) async fn watch_owned<K, C>(
+    shared: Arc<Shared<K>>,
+    api: Api<PartialObjectMeta<C>>,
+    namespace: Option<String>,
+    echoes: Option<Arc<crate::provisioners::context::OwnWrites>>,
+    manager: Mailbox<ManagerMsg<K>>,
+) where
+    K: ManagedResource,
+    C: ManagedResource,
+{
+    let map: RelatedMap<K, PartialObjectMeta<C>> = Arc::new(owners_of::<K, PartialObjectMeta<C>>);
+    let by_shard = shared
+        .shards
+        .as_ref()
+        .and_then(|s| Some((s.shards.clone(), s.child_label.clone()?)));
+    let Some((shards, key)) = by_shard else {
+        let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+        return watch_related(shared, events, map, echoes, manager).await;
     };
-    // Each object once, whatever number of keys named it.
-    let run = |mut owners: Vec<ObjectRef<K>>| {
+    let narrow_after = shared.policy.lease_duration * 2;
+    let count = shards.count();
+    let shard_of = {
+        let key = key.clone();
+        move |child: &PartialObjectMeta<C>| {
+            let value = child.meta().labels.as_ref()?.get(&*key)?;
+            crate::sharding::parse_label_value(value, count)
+        }
+    };
+    let mut related = Related::new(shared, map, echoes, manager, Some(Box::new(shard_of)));
+    related.namespace = namespace;
+    let mut changes = Some(shards.changes());
+    loop {
+        if let Some(changes) = &mut changes {
+            changes.borrow_and_update();
+        }
+        let watched = shards.claimed();
+        let mut config = watcher::Config::default();
+        if let Some(selector) = crate::sharding::held_selector(&key, &watched, count) {
+            config = config.labels(&selector);
+        }
+        // Children of shards no longer watched leave the view without running anyone.
+        related.restart(|shard| shard.is_none_or(|s| watched.contains(&s)));
+        let events = watcher::watcher(api.clone(), config).default_backoff();
+        futures::pin_mut!(events);
+        let mut follow_at: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => related.handle(event),
+                    None => return,
+                },
+                () = super::feeder::next_change(&mut changes) => {
+                    follow_at = super::feeder::follow_at(&watched, &shards.claimed(), follow_at, narrow_after);
+                }
+                () = super::feeder::sleep_until(follow_at) => break,
+            }
+        }
+    }
+}
+
+/// What a test feeds [`Related`] ([`drive_related`]): a watch event, or a new watch of the
+/// children of the `held` shards.
+#[cfg(test)]
+pub(crate) enum TestInput<R> {
+    Event(Event<R>),
+    Restart(Vec<u32>),
+}
+
+/// [`Related`] driven by a test: every child is of shard 0.
+#[cfg(test)]
+pub(crate) async fn drive_related<K, R>(
+    shared: Arc<Shared<K>>,
+    mut inputs: tokio::sync::mpsc::UnboundedReceiver<TestInput<R>>,
+    map: RelatedMap<K, R>,
+    echoes: Option<Arc<crate::provisioners::context::OwnWrites>>,
+    manager: Mailbox<ManagerMsg<K>>,
+) where
+    K: ManagedResource,
+    R: Resource<DynamicType = ()> + 'static,
+{
+    let mut related = Related::new(
+        shared,
+        map,
+        echoes,
+        manager,
+        Some(Box::new(|_: &R| Some(0))),
+    );
+    related.namespace = Some("default".into());
+    while let Some(input) = inputs.recv().await {
+        match input {
+            TestInput::Event(event) => related.handle(Ok(event)),
+            TestInput::Restart(held) => related.restart(|s| s.is_none_or(|s| held.contains(&s))),
+        }
+    }
+}
+
+/// A related object as [`Related`] last saw it: its resourceVersion, whom it maps to (for its
+/// deletion while the watch was down), and the shard its owner label names.
+struct Seen<K: ManagedResource> {
+    version: String,
+    owners: Vec<ObjectRef<K>>,
+    shard: Option<u32>,
+}
+
+/// What a watch of related objects keeps to tell a change from an echo or a re-list's repeat
+/// ([`watch_related`], [`watch_owned`]).
+struct Related<K: ManagedResource, R> {
+    shared: Arc<Shared<K>>,
+    map: RelatedMap<K, R>,
+    echoes: Option<Arc<crate::provisioners::context::OwnWrites>>,
+    manager: Mailbox<ManagerMsg<K>>,
+    /// The shard a related object's owner label names ([`watch_owned`] with sharding).
+    shard_of: Option<ChildShard<R>>,
+    known: FastMap<(Option<String>, String), Seen<K>>,
+    /// Before the first list is in: nothing re-runs.
+    first: bool,
+    /// During the first list after a [`Related::restart`]: an object not seen before runs
+    /// nothing (it is of a shard just acquired, whose objects all run anyway).
+    restarted: bool,
+    /// The keys a list delivered, while one is coming in.
+    seen: Option<HashSet<(Option<String>, String), ahash::RandomState>>,
+    /// The namespace the watch lists (`None`: every namespace).
+    namespace: Option<String>,
+}
+
+/// The shard a child's owner label names, if any.
+type ChildShard<R> = Box<dyn Fn(&R) -> Option<u32> + Send>;
+
+impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
+    fn new(
+        shared: Arc<Shared<K>>,
+        map: RelatedMap<K, R>,
+        echoes: Option<Arc<crate::provisioners::context::OwnWrites>>,
+        manager: Mailbox<ManagerMsg<K>>,
+        shard_of: Option<ChildShard<R>>,
+    ) -> Self {
+        Self {
+            shared,
+            map,
+            echoes,
+            manager,
+            shard_of,
+            known: FastMap::default(),
+            first: true,
+            restarted: false,
+            seen: None,
+            namespace: None,
+        }
+    }
+
+    /// A new watch (another selector) starts: forget the objects `keep` does not keep (by the
+    /// shard their owner label names), and let the new list run nothing for objects not seen
+    /// before.
+    fn restart(&mut self, keep: impl Fn(Option<u32>) -> bool) {
+        self.known.retain(|_, seen| keep(seen.shard));
+        self.restarted = !self.first;
+        self.seen = None;
+    }
+
+    /// Each object once, whatever number of keys named it.
+    fn run(&self, mut owners: Vec<ObjectRef<K>>) {
         owners.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         owners.dedup();
         for o in owners {
-            notify(&shared, &manager, o);
+            notify(&self.shared, &self.manager, o);
         }
-    };
-    let echo = |key: &Key, version: &str| {
-        echoes
+    }
+
+    fn echo(&self, key: &(Option<String>, String), version: &str) -> bool {
+        self.echoes
             .as_ref()
             .is_some_and(|e| e.is_echo::<R>(key.0.as_deref(), &key.1, version))
-    };
-    futures::pin_mut!(events);
-    // What each related object was last seen at, and whom it maps to (for its deletion while
-    // the watch was down).
-    let mut known: FastMap<Key, (String, Vec<ObjectRef<K>>)> = FastMap::default();
-    let mut first = true;
-    let mut seen: Option<HashSet<Key, ahash::RandomState>> = None;
-    while let Some(event) = events.next().await {
+    }
+
+    fn handle(&mut self, event: Result<Event<R>, watcher::Error>) {
+        let key_of = |r: &R| {
+            let m = r.meta();
+            (m.namespace.clone(), m.name.clone().unwrap_or_default())
+        };
         let (obj, listing) = match event {
             Ok(Event::Init) => {
-                seen = Some(HashSet::default());
-                continue;
+                self.seen = Some(HashSet::default());
+                return;
             }
             Ok(Event::InitApply(o)) => (o, true),
             Ok(Event::Apply(o)) => (o, false),
             Ok(Event::Delete(o)) => {
                 let key = key_of(&o);
-                let mut owners = map(&o);
-                if let Some((_, before)) = known.remove(&key) {
-                    owners.extend(before);
+                let mut owners = (self.map)(&o);
+                if let Some(before) = self.known.remove(&key) {
+                    owners.extend(before.owners);
                 }
-                if !echo(&key, crate::provisioners::context::OwnWrites::DELETED) {
-                    run(owners);
+                if !self.echo(&key, crate::provisioners::context::OwnWrites::DELETED) {
+                    self.run(owners);
                 }
-                continue;
+                return;
             }
             Ok(Event::InitDone) => {
-                if let Some(seen) = seen.take()
-                    && !first
+                if let Some(seen) = &self.seen
+                    && self.restarted
+                    && let Some(echoes) = &self.echoes
                 {
-                    let gone: Vec<Key> = known
+                    // A child written for an object of a shard just acquired, before this
+                    // list, and not in it: someone deleted it since (the watch before did not
+                    // select it).
+                    let owners = echoes
+                        .take_unlisted::<R>(|k| {
+                            seen.contains(k)
+                                || self
+                                    .namespace
+                                    .as_ref()
+                                    .is_some_and(|ns| k.0.as_ref() != Some(ns))
+                        })
+                        .into_iter()
+                        .map(|(ns, name)| {
+                            let o = ObjectRef::<K>::new(&name);
+                            match ns {
+                                Some(ns) => o.within(&ns),
+                                None => o,
+                            }
+                        })
+                        .collect();
+                    self.run(owners);
+                }
+                if let Some(seen) = self.seen.take()
+                    && !self.first
+                {
+                    let gone: Vec<_> = self
+                        .known
                         .keys()
                         .filter(|k| !seen.contains(*k))
                         .cloned()
                         .collect();
                     for key in gone {
-                        if let Some((_, owners)) = known.remove(&key) {
-                            run(owners);
+                        if let Some(before) = self.known.remove(&key) {
+                            self.run(before.owners);
                         }
                     }
                 }
-                first = false;
-                continue;
+                self.first = false;
+                self.restarted = false;
+                return;
             }
             Err(e) => {
                 tracing::warn!(kind = %R::kind(&()), error = %e, "watch error; retrying with backoff");
-                continue;
+                return;
             }
         };
         let key = key_of(&obj);
-        if listing && let Some(seen) = &mut seen {
+        if listing && let Some(seen) = &mut self.seen {
             seen.insert(key.clone());
         }
-        let rv = obj.meta().resource_version.clone().unwrap_or_default();
-        let owners = map(&obj);
-        let before = known.insert(key.clone(), (rv.clone(), owners.clone()));
-        let changed = before.as_ref().is_none_or(|(v, _)| *v != rv);
-        if !(listing && first) && changed && !echo(&key, &rv) {
+        let version = obj.meta().resource_version.clone().unwrap_or_default();
+        let owners = (self.map)(&obj);
+        let shard = self.shard_of.as_ref().and_then(|f| f(&obj));
+        let before = self.known.insert(
+            key.clone(),
+            Seen {
+                version: version.clone(),
+                owners: owners.clone(),
+                shard,
+            },
+        );
+        let changed = match &before {
+            // In the first list after a restart, an object not seen before is of a shard just
+            // acquired, whose objects all run: it runs its owners only if the runtime wrote it
+            // and it changed since (its echo is checked below).
+            None if listing && self.restarted => self
+                .echoes
+                .as_ref()
+                .is_some_and(|e| e.pending::<R>(key.0.as_deref(), &key.1)),
+            None => true,
+            Some(b) => b.version != version,
+        };
+        if !(listing && self.first) && changed && !self.echo(&key, &version) {
             // The objects it mapped to before too: a child whose owner reference moved.
             let mut all = owners;
-            if let Some((_, was)) = before {
-                all.extend(was);
+            if let Some(before) = before {
+                all.extend(before.owners);
             }
-            run(all);
+            self.run(all);
         }
     }
 }

@@ -60,11 +60,22 @@ pub(crate) struct ControllerParts {
 /// What the runtime last wrote of each child it owns, so that the watch of the children
 /// ([`Controller::owns`](crate::runtime::Controller::owns)) runs nothing for the echo of the
 /// runtime's own write, as the watch of the objects does not for theirs: (apiVersion, kind,
-/// namespace, name) → the resourceVersion written, or [`OwnWrites::DELETED`].
+/// namespace, name) → the resourceVersion written (or [`OwnWrites::DELETED`]) and the owner
+/// that wrote it, until the echo is seen.
 #[derive(Default)]
-pub(crate) struct OwnWrites(dashmap::DashMap<OwnKey, String, ahash::RandomState>);
+pub(crate) struct OwnWrites(dashmap::DashMap<OwnKey, OwnWrite, ahash::RandomState>);
 
 type OwnKey = (String, String, Option<String>, String);
+
+/// The namespace and name of an object.
+pub(crate) type NameKey = (Option<String>, String);
+
+/// A child's write by the runtime: the version it left (or [`OwnWrites::DELETED`]), and the
+/// owner whose reconcile wrote it.
+struct OwnWrite {
+    version: String,
+    owner: Option<NameKey>,
+}
 
 impl OwnWrites {
     /// Marks a child the runtime deleted.
@@ -79,12 +90,17 @@ impl OwnWrites {
         )
     }
 
-    /// `obj` as the runtime's write left it.
-    pub(crate) fn wrote<T: Resource<DynamicType = ()>>(&self, obj: &T) {
+    /// `obj` as the runtime's write for `owner` left it.
+    pub(crate) fn wrote<T: Resource<DynamicType = ()>>(&self, obj: &T, owner: NameKey) {
         let m = obj.meta();
         if let (Some(name), Some(rv)) = (&m.name, &m.resource_version) {
-            self.0
-                .insert(Self::key::<T>(m.namespace.as_deref(), name), rv.clone());
+            self.0.insert(
+                Self::key::<T>(m.namespace.as_deref(), name),
+                OwnWrite {
+                    version: rv.clone(),
+                    owner: Some(owner),
+                },
+            );
         }
     }
 
@@ -94,8 +110,48 @@ impl OwnWrites {
         namespace: Option<&str>,
         name: &str,
     ) {
-        self.0
-            .insert(Self::key::<T>(namespace, name), Self::DELETED.to_string());
+        self.0.insert(
+            Self::key::<T>(namespace, name),
+            OwnWrite {
+                version: Self::DELETED.to_string(),
+                owner: None,
+            },
+        );
+    }
+
+    /// Whether the runtime wrote (or deleted) child `namespace/name` of kind `T` and has not
+    /// seen the echo yet.
+    pub(crate) fn pending<T: Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> bool {
+        self.0.contains_key(&Self::key::<T>(namespace, name))
+    }
+
+    /// The owners of the children of kind `T` the runtime wrote (not deleted) whose echo it has
+    /// not seen, and that `listed` says a list did not hold: someone deleted them after the
+    /// write. Their records are forgotten.
+    pub(crate) fn take_unlisted<T: Resource<DynamicType = ()>>(
+        &self,
+        listed: impl Fn(&NameKey) -> bool,
+    ) -> Vec<NameKey> {
+        let (api_version, kind) = (T::api_version(&()), T::kind(&()));
+        let gone: Vec<OwnKey> = self
+            .0
+            .iter()
+            .filter(|e| {
+                let (v, k, ns, name) = e.key();
+                *v == api_version
+                    && *k == kind
+                    && e.value().version != Self::DELETED
+                    && !listed(&(ns.clone(), name.clone()))
+            })
+            .map(|e| e.key().clone())
+            .collect();
+        gone.into_iter()
+            .filter_map(|key| self.0.remove(&key)?.1.owner)
+            .collect()
     }
 
     /// Whether a watch event of child `namespace/name` of kind `T` at `version` (or its
@@ -108,7 +164,9 @@ impl OwnWrites {
         version: &str,
     ) -> bool {
         self.0
-            .remove_if(&Self::key::<T>(namespace, name), |_, v| v == version)
+            .remove_if(&Self::key::<T>(namespace, name), |_, w| {
+                w.version == version
+            })
             .is_some()
     }
 }
@@ -168,6 +226,10 @@ struct Inner<K> {
     parts: Arc<ControllerParts>,
     /// The controller's provider config when the reconcile started (`Controller::config`).
     config: Option<Arc<dyn Any + Send + Sync>>,
+    /// The label (key, value) naming the object's shard that its children carry, when
+    /// replicas watch only their shards' children
+    /// ([`Sharding::owner_label_key`](crate::sharding::Sharding::owner_label_key)).
+    child_label: Option<(Arc<str>, String)>,
     written: Mutex<Written<K>>,
 }
 
@@ -192,6 +254,7 @@ impl<K> Context<K> {
             Arc::default(),
             Arc::new(ControllerParts::standalone()),
             None,
+            None,
         )
     }
 
@@ -210,13 +273,14 @@ impl<K> Context<K> {
     }
 
     /// A context of the runtime: the object's current status, what the controller's contexts
-    /// share, and the provider config.
+    /// share, the provider config, and the owner shard label of the object's children.
     pub(crate) fn with_parts(
         object: Arc<K>,
         client: Arc<Client>,
         status: Arc<ResourceStatus>,
         parts: Arc<ControllerParts>,
         config: Option<Arc<dyn Any + Send + Sync>>,
+        child_label: Option<(Arc<str>, String)>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -225,6 +289,7 @@ impl<K> Context<K> {
                 status,
                 parts,
                 config,
+                child_label,
                 written: Mutex::default(),
             }),
             client,
@@ -247,15 +312,6 @@ impl<K> Context<K> {
 
     pub(crate) fn parts(&self) -> &ControllerParts {
         &self.inner.parts
-    }
-
-    /// Records a child the runtime wrote in the home cluster (see [`OwnWrites`]).
-    pub(crate) fn wrote_child<T: Resource<DynamicType = ()>>(&self, child: &T) {
-        if self.remote().is_none()
-            && let Some(w) = &self.inner.parts.own_writes
-        {
-            w.wrote(child);
-        }
     }
 
     /// Records a child the runtime deleted in the home cluster (see [`OwnWrites`]).
@@ -332,12 +388,15 @@ impl<K> Context<K> {
 
 impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Make the object `child`'s controller owner, so Kubernetes garbage-collects `child` with
-    /// it. Not inside a remote: an owner reference across clusters would name an object the
+    /// it, and label `child` with the object's shard when replicas watch only their shards'
+    /// children ([`Sharding::owner_label_key`](crate::sharding::Sharding::owner_label_key)).
+    /// Not inside a remote: an owner reference across clusters would name an object the
     /// remote's garbage collector cannot find, and it would delete the child.
     pub(crate) fn own<T: Resource>(&self, child: &mut T) {
-        if self.remote().is_none()
-            && let Some(owner) = self.object().controller_owner_ref(&())
-        {
+        if self.remote().is_some() {
+            return;
+        }
+        if let Some(owner) = self.object().controller_owner_ref(&()) {
             let refs = child
                 .meta_mut()
                 .owner_references
@@ -345,6 +404,24 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
             if !refs.iter().any(|r| r.uid == owner.uid) {
                 refs.push(owner);
             }
+            if let Some((key, value)) = &self.inner.child_label {
+                child
+                    .meta_mut()
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(key.to_string(), value.clone());
+            }
+        }
+    }
+
+    /// Records a child the runtime wrote in the home cluster (see [`OwnWrites`]).
+    pub(crate) fn wrote_child<T: Resource<DynamicType = ()>>(&self, child: &T) {
+        if self.remote().is_none()
+            && let Some(w) = &self.inner.parts.own_writes
+        {
+            let m = self.object().meta();
+            let owner = (m.namespace.clone(), m.name.clone().unwrap_or_default());
+            w.wrote(child, owner);
         }
     }
 

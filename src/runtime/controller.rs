@@ -35,7 +35,11 @@ impl<K: ManagedResource> Controller<K> {
     /// Someone deletes or edits a child by hand: its owner runs at once and puts it back,
     /// without waiting for a poll. Passive owners are activated like for any change, within
     /// the run slots. The operator needs `list` and `watch` on `C` where it is watched
-    /// ([`RuntimeBuilder::roles`](super::RuntimeBuilder::roles) includes them).
+    /// ([`RuntimeBuilder::roles`](super::RuntimeBuilder::roles) includes them). With
+    /// [sharding](crate::sharding) where each replica watches only its shards, the runtime
+    /// labels the children it writes with their owner's shard, and each replica watches only
+    /// the children of its shards
+    /// ([`Sharding::owner_label_key`](crate::sharding::Sharding::owner_label_key)).
     ///
     /// ```
     /// # use actorcile::prelude::*;
@@ -61,13 +65,8 @@ impl<K: ManagedResource> Controller<K> {
                 // Metadata only: the children's contents are never held.
                 let api: Api<PartialObjectMeta<C>> =
                     crate::object_api::kind_api(client, namespace.as_deref());
-                let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
-                tokio::spawn(crate::actors::triggers::watch_related(
-                    shared,
-                    events,
-                    Arc::new(crate::actors::triggers::owners_of::<K, PartialObjectMeta<C>>),
-                    echoes,
-                    manager,
+                tokio::spawn(crate::actors::triggers::watch_owned(
+                    shared, api, namespace, echoes, manager,
                 ))
             }),
         });

@@ -56,6 +56,17 @@
 //!   each replica's lists and watches carry a `shardSelector` naming its shards' ranges, so
 //!   an object reaches only the replica of its shard and no label is written; the same relist
 //!   on a change of the held shards.
+//! - **Children** ([`Controller::owns`](crate::runtime::Controller::owns)). With
+//!   `HeldShards` or `ServerSide`, the runtime labels each child it writes with its owner's
+//!   shard (`owner-shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>`, in the child's
+//!   own write: [`Sharding::owner_label_key`]), and each replica's watch of the children
+//!   selects the children of the shards it holds and those without the label (written before,
+//!   or by someone else): a replica receives and keeps its share of the children, as of the
+//!   objects. The label selector is applied by every API server, with or without the
+//!   `ShardedListAndWatch` gate. When the held shards change, the children's watch starts
+//!   again with the new selector, as the objects' does; the children a takeover's reconciles
+//!   wrote before that list are checked against it, so one changed or deleted meanwhile runs
+//!   its owner again.
 //!
 //! The policy's `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the
 //! timings (defaults 15 s / 10 s / 2 s, as client-go's leader election).
@@ -139,6 +150,10 @@ pub enum ShardWatch {
 /// The prefix of the shard label's key (the key is this followed by the Leases' prefix).
 pub const SHARD_LABEL_PREFIX: &str = "shard.actorcile.dev/";
 
+/// The prefix of the owner shard label's key, which the runtime puts on the children it writes
+/// (the key is this followed by the Leases' prefix; see [`Sharding::owner_label_key`]).
+pub const OWNER_SHARD_LABEL_PREFIX: &str = "owner-shard.actorcile.dev/";
+
 impl Sharding {
     /// `shards` shards on Leases in `namespace`, prefix `actorcile-shards`, identity
     /// `$POD_NAME` (else `$HOSTNAME`) and the process id.
@@ -162,6 +177,34 @@ impl Sharding {
     /// ([`ShardWatch::HeldShards`]): `shard.actorcile.dev/<lease_prefix>`.
     pub fn label_key(&self) -> String {
         format!("{SHARD_LABEL_PREFIX}{}", self.lease_prefix)
+    }
+
+    /// The key of the label that names the shard of a child's owner:
+    /// `owner-shard.actorcile.dev/<lease_prefix>`.
+    ///
+    /// When replicas watch only their shards ([`ShardWatch::HeldShards`] or
+    /// [`ShardWatch::ServerSide`]), the runtime writes this label, `<shard>-of-<shards>` of the
+    /// owner, on every child it writes in its own cluster with an owner reference
+    /// ([`resource`](crate::provisioners::resource()),
+    /// [`Context::create_owned`](crate::provisioners::Context::create_owned)), in the same
+    /// write; and the watch of the children
+    /// ([`Controller::owns`](crate::runtime::Controller::owns)) selects the children of the
+    /// shards the replica holds, and children without the label. So each replica receives its
+    /// share of the children's events, with no write of its own for it.
+    ///
+    /// ```
+    /// use actorcile::sharding::Sharding;
+    /// let key = Sharding::new(12, "operators").owner_label_key();
+    /// assert_eq!(key, "owner-shard.actorcile.dev/actorcile-shards");
+    /// ```
+    pub fn owner_label_key(&self) -> String {
+        format!("{OWNER_SHARD_LABEL_PREFIX}{}", self.lease_prefix)
+    }
+
+    /// Whether the objects' watches split across replicas, so that the children's watches do
+    /// too (by [`Sharding::owner_label_key`]).
+    pub(crate) fn splits_watches(&self) -> bool {
+        self.watch != ShardWatch::Everything
     }
 
     /// The shard label (key, value) of an object whose shard key is `shard_key` ([`object_key`]
@@ -232,15 +275,20 @@ impl Sharding {
         if self.identity.is_empty() {
             return Err(invalid("identity", "must not be empty".into()));
         }
-        if self.watch == ShardWatch::HeldShards
-            && !crate::names::is_prefixed_qualified_name(&self.label_key())
+        let keys = match self.watch {
+            ShardWatch::Everything => vec![],
+            ShardWatch::HeldShards => vec![self.label_key(), self.owner_label_key()],
+            ShardWatch::ServerSide => vec![self.owner_label_key()],
+        };
+        if let Some(key) = keys
+            .iter()
+            .find(|k| !crate::names::is_prefixed_qualified_name(k))
         {
             return Err(invalid(
                 "lease_prefix",
                 format!(
-                    "{:?} does not make a valid label key ({:?}; at most 63 characters after the /)",
+                    "{:?} does not make a valid label key ({key:?}; at most 63 characters after the /)",
                     self.lease_prefix,
-                    self.label_key()
                 ),
             ));
         }
@@ -297,6 +345,14 @@ pub fn object_key(namespace: Option<&str>, name: &str) -> String {
 /// that a label written under another shard count is seen as not placed).
 pub(crate) fn label_value(shard: u32, shards: u32) -> String {
     format!("{shard}-of-{shards}")
+}
+
+/// The shard a shard label's value names (`<shard>-of-<shards>`), when it was written for
+/// `shards` shards.
+pub(crate) fn parse_label_value(value: &str, shards: u32) -> Option<u32> {
+    let (shard, of) = value.split_once("-of-")?;
+    let (shard, of) = (shard.parse::<u32>().ok()?, of.parse::<u32>().ok()?);
+    (of == shards && shard < shards).then_some(shard)
 }
 
 /// The label selector of the objects a replica holding `held` (of `shards`) watches with
@@ -576,6 +632,29 @@ mod tests {
             .watch(ShardWatch::HeldShards);
         let e = long.validate(&SupervisorPolicy::default()).unwrap_err();
         assert!(e.to_string().contains("63"), "{e}");
+        // The children's owner label too, also when the server selects the objects.
+        let e = long
+            .clone()
+            .watch(ShardWatch::ServerSide)
+            .validate(&SupervisorPolicy::default())
+            .unwrap_err();
+        assert!(e.to_string().contains("owner-shard.actorcile.dev/"), "{e}");
+        assert!(
+            long.watch(ShardWatch::Everything)
+                .validate(&SupervisorPolicy::default())
+                .is_ok(),
+            "no label is written when every replica watches everything"
+        );
+    }
+
+    #[test]
+    fn a_label_value_names_a_shard_of_its_own_count_only() {
+        assert_eq!(parse_label_value(&label_value(3, 4), 4), Some(3));
+        assert_eq!(parse_label_value("3-of-4", 12), None, "another count");
+        assert_eq!(parse_label_value("4-of-4", 4), None, "out of range");
+        for bad in ["", "3", "-of-4", "x-of-4", "3-of-", "3-of-4-of-4"] {
+            assert_eq!(parse_label_value(bad, 4), None, "{bad:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -404,6 +404,141 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
     a.shutdown().await;
 }
 
+/// Requests' URIs as each replica sent them: (replica, path and query).
+type Sent = Arc<Mutex<Vec<(String, String)>>>;
+
+/// A client of `cluster` that records in `sent` the URI of every request, as replica `id`'s.
+fn recording_client(
+    cluster: &actorcile::cluster::ApiServer,
+    id: &str,
+    sent: &Sent,
+) -> kube::Client {
+    let (id, sent) = (id.to_string(), sent.clone());
+    let service = tower::ServiceBuilder::new()
+        .map_request(move |req: http::Request<kube::client::Body>| {
+            let uri = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            sent.lock().unwrap().push((id.clone(), uri));
+            req
+        })
+        .service(cluster.service());
+    kube::Client::new(service, "default")
+}
+
+/// Waits until replica `id` watches the ConfigMaps with `selector` (`None`: without one): its
+/// watch request is sent once the list before it is in, so from then on every change of a
+/// selected ConfigMap reaches it.
+async fn watching_children(sent: &Sent, id: &str, selector: Option<&str>) {
+    let what = format!("{id} watching the ConfigMaps with {selector:?}");
+    eventually(&what, LIMIT, || async {
+        sent.lock()
+            .unwrap()
+            .iter()
+            .filter(|(r, uri)| r == id && uri.starts_with("/api/v1/configmaps?"))
+            .any(|(_, uri)| {
+                let query = uri.split_once('?').map_or("", |q| q.1);
+                let params: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+                    .into_owned()
+                    .collect();
+                let get = |k: &str| params.iter().find(|p| p.0 == k).map(|p| p.1.as_str());
+                get("watch") == Some("true") && get("labelSelector") == selector
+            })
+            .then_some(())
+    })
+    .await;
+}
+
+/// With replicas watching only their shards, the runtime labels each child it writes with its
+/// owner's shard, and each replica's watch of the children selects the children of its
+/// shards: a child deleted by hand is put back by its owner's replica at once (there is no
+/// poll), and after a takeover the remaining replica watches every child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_watches_the_children_of_its_shards_only() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (cluster, client) = cluster();
+    let (passes, sent) = (Passes::default(), Sent::default());
+    let sharding = Sharding::new(SHARDS, "default").watch(ShardWatch::HeldShards);
+    let key = sharding.owner_label_key();
+    let mut p = policy();
+    p.poll_interval = None;
+    let start = |id: &'static str| {
+        let tree = serial![
+            tree(id, passes.clone(), Duration::ZERO),
+            resource("settings", |w: &Widget| ConfigMap {
+                metadata: kube::api::ObjectMeta {
+                    name: w.metadata.name.clone(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+        ];
+        Runtime::builder(recording_client(&cluster, id, &sent))
+            .policy(p.clone())
+            .controller(Controller::<Widget>::new(tree).owns::<ConfigMap>())
+            .sharding(sharding.clone().identity(id))
+            .start()
+    };
+    let a = start("a").await.expect("start a");
+    let b = start("b").await.expect("start b");
+    let held = balanced(&[&a, &b]).await;
+    let selector = |holds: &Vec<u32>| {
+        let others: Vec<String> = (0..SHARDS)
+            .filter(|s| !holds.contains(s))
+            .map(|s| format!("{s}-of-{SHARDS}"))
+            .collect();
+        format!("{key} notin ({})", others.join(","))
+    };
+    let n = 12;
+    for i in 0..n {
+        create(&client, &format!("w{i}"), 1).await;
+    }
+    wait_all_ready(&client, n, LIMIT).await;
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), "default");
+    for i in 0..n {
+        let name = format!("w{i}");
+        let cm = cms.get(&name).await.unwrap();
+        assert_eq!(
+            cm.labels().get(&key),
+            Some(&format!("{}-of-{SHARDS}", shard(&name))),
+            "{name}'s ConfigMap names its owner's shard"
+        );
+    }
+    watching_children(&sent, "a", Some(&selector(&held[0]))).await;
+    watching_children(&sent, "b", Some(&selector(&held[1]))).await;
+    let of = |holds: &Vec<u32>| {
+        (0..n)
+            .map(|i| format!("w{i}"))
+            .find(|name| holds.contains(&shard(name)))
+            .expect("each replica has an object")
+    };
+    let (of_a, of_b) = (of(&held[0]), of(&held[1]));
+    let back = |name: String| {
+        let cms = cms.clone();
+        async move {
+            cms.delete(&name, &Default::default()).await.unwrap();
+            eventually(&format!("{name}'s ConfigMap back"), LIMIT, || async {
+                cms.get_opt(&name).await.ok()?.map(|_| ())
+            })
+            .await;
+        }
+    };
+    back(of_a.clone()).await;
+    back(of_b.clone()).await;
+
+    // b stops: a takes every shard, and its watch of the children selects all of them.
+    b.shutdown().await;
+    eventually("a holds every shard", LIMIT, || async {
+        (a.shards_held().len() == SHARDS as usize).then_some(())
+    })
+    .await;
+    watching_children(&sent, "a", None).await;
+    back(of_b).await;
+    a.shutdown().await;
+}
+
 /// With replicas watching only their shards and a shard key from a label, an object whose key
 /// changes is moved (relabelled) by the replica that sees it, and run by the replica of its
 /// new shard.

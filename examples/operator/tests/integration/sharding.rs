@@ -243,6 +243,28 @@ async fn run(held_only: bool) {
                 assert_eq!(label, Some(&format!("{shard}-of-{SHARDS}")), "{name}");
             }
         }
+        // Every child they own carries its owner's shard, so that each replica's watch of
+        // the children selects its own.
+        let owner_key = actorcile::sharding::Sharding::new(SHARDS, "default").owner_label_key();
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(client.clone(), "default");
+        let mut children = 0;
+        for cm in config_maps.list(&ListParams::default()).await.unwrap() {
+            let mut owners = cm.metadata.owner_references.iter().flatten();
+            let Some(owner) = owners.find(|o| o.kind == "Network" || o.kind == "Cluster") else {
+                continue;
+            };
+            let shard = shard_of(&object_key(Some("default"), &owner.name), SHARDS);
+            let label = cm.metadata.labels.as_ref().and_then(|l| l.get(&owner_key));
+            assert_eq!(
+                label,
+                Some(&format!("{shard}-of-{SHARDS}")),
+                "{:?}",
+                cm.metadata.name
+            );
+            children += 1;
+        }
+        assert!(children > 0, "the objects own ConfigMaps");
     }
     let killed = HashMap::from([("r1".to_string(), killed_at)]);
     let report = check(&dir, &killed);
