@@ -96,7 +96,7 @@ impl fmt::Display for RuntimeKind {
 /// The memory allocator of the runtimes' child processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Allocator {
-    /// mimalloc, its freed pages returned after 100 ms.
+    /// mimalloc, its freed pages returned after 100 ms, without transparent huge pages.
     Mimalloc,
     /// The system's (glibc).
     System,
