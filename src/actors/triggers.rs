@@ -391,8 +391,10 @@ pub(crate) async fn watch_related<K, R, S>(
 /// keeps its share of the children only. When the held shards change the watch starts again
 /// with the new selector, when the objects' watch does (an acquisition after a short settling
 /// time, a loss after twice the lease duration): its list re-runs the owners of the children
-/// that changed meanwhile; of a shard just acquired (whose objects all run anyway), only those
-/// of the children the runtime wrote since and someone changed or deleted before the list.
+/// that changed meanwhile, except those of shards just acquired (their objects all run anyway)
+/// and those of shards let go. A child of a shard just acquired that someone changes after
+/// the acquisition's reconcile wrote it and before this list runs its owner only at the
+/// owner's next reconcile.
 ///
 /// [`Controller::owns`]: crate::runtime::Controller::owns
 /// [`ShardWatch::HeldShards`]: crate::sharding::ShardWatch::HeldShards
@@ -401,7 +403,6 @@ pub(crate) async fn watch_related<K, R, S>(
 pub(crate) async fn watch_owned<K, C>(
     shared: Arc<Shared<K>>,
     api: Api<PartialObjectMeta<C>>,
-    namespace: Option<String>,
     echoes: Option<Arc<crate::provisioners::context::OwnWrites>>,
     manager: Mailbox<ManagerMsg<K>>,
 ) where
@@ -427,7 +428,6 @@ pub(crate) async fn watch_owned<K, C>(
         }
     };
     let mut related = Related::new(shared, map, echoes, manager, Some(Box::new(shard_of)));
-    related.namespace = namespace;
     let mut changes = Some(shards.changes());
     loop {
         if let Some(changes) = &mut changes {
@@ -438,8 +438,7 @@ pub(crate) async fn watch_owned<K, C>(
         if let Some(selector) = crate::sharding::held_selector(&key, &watched, count) {
             config = config.labels(&selector);
         }
-        // Children of shards no longer watched leave the view without running anyone.
-        related.restart(|shard| shard.is_none_or(|s| watched.contains(&s)));
+        related.restart(&watched);
         let events = watcher::watcher(api.clone(), config).default_backoff();
         futures::pin_mut!(events);
         let mut follow_at: Option<tokio::time::Instant> = None;
@@ -466,7 +465,8 @@ pub(crate) enum TestInput<R> {
     Restart(Vec<u32>),
 }
 
-/// [`Related`] driven by a test: every child is of shard 0.
+/// [`Related`] driven by a test: a child's shard is its label `shard`; the first watch selects
+/// no shard.
 #[cfg(test)]
 pub(crate) async fn drive_related<K, R>(
     shared: Arc<Shared<K>>,
@@ -478,18 +478,13 @@ pub(crate) async fn drive_related<K, R>(
     K: ManagedResource,
     R: Resource<DynamicType = ()> + 'static,
 {
-    let mut related = Related::new(
-        shared,
-        map,
-        echoes,
-        manager,
-        Some(Box::new(|_: &R| Some(0))),
-    );
-    related.namespace = Some("default".into());
+    let shard_of = |r: &R| r.meta().labels.as_ref()?.get("shard")?.parse().ok();
+    let mut related = Related::new(shared, map, echoes, manager, Some(Box::new(shard_of)));
+    related.restart(&[]);
     while let Some(input) = inputs.recv().await {
         match input {
             TestInput::Event(event) => related.handle(Ok(event)),
-            TestInput::Restart(held) => related.restart(|s| s.is_none_or(|s| held.contains(&s))),
+            TestInput::Restart(held) => related.restart(&held),
         }
     }
 }
@@ -514,13 +509,14 @@ struct Related<K: ManagedResource, R> {
     known: FastMap<(Option<String>, String), Seen<K>>,
     /// Before the first list is in: nothing re-runs.
     first: bool,
-    /// During the first list after a [`Related::restart`]: an object not seen before runs
-    /// nothing (it is of a shard just acquired, whose objects all run anyway).
-    restarted: bool,
+    /// The shards the watch selects ([`Related::restart`]; `None` before the first).
+    watched: Option<Vec<u32>>,
+    /// Until the first list after a [`Related::restart`] is in: the shards that restart
+    /// added, whose children's appearance in the list runs nothing (their objects all run as
+    /// the shard is acquired).
+    acquired: Vec<u32>,
     /// The keys a list delivered, while one is coming in.
     seen: Option<HashSet<(Option<String>, String), ahash::RandomState>>,
-    /// The namespace the watch lists (`None`: every namespace).
-    namespace: Option<String>,
 }
 
 /// The shard a child's owner label names, if any.
@@ -542,18 +538,27 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
             shard_of,
             known: FastMap::default(),
             first: true,
-            restarted: false,
+            watched: None,
+            acquired: Vec::new(),
             seen: None,
-            namespace: None,
         }
     }
 
-    /// A new watch (another selector) starts: forget the objects `keep` does not keep (by the
-    /// shard their owner label names), and let the new list run nothing for objects not seen
-    /// before.
-    fn restart(&mut self, keep: impl Fn(Option<u32>) -> bool) {
-        self.known.retain(|_, seen| keep(seen.shard));
-        self.restarted = !self.first;
+    /// A new watch starts, of the children of the `held` shards (and those without a shard):
+    /// forget the children of shards it no longer selects (they left the view; they are not
+    /// gone), and let its list run nothing for children of the shards it adds.
+    fn restart(&mut self, held: &[u32]) {
+        self.known
+            .retain(|_, seen| seen.shard.is_none_or(|s| held.contains(&s)));
+        self.acquired = match &self.watched {
+            Some(before) if !self.first => held
+                .iter()
+                .filter(|s| !before.contains(s))
+                .copied()
+                .collect(),
+            _ => Vec::new(),
+        };
+        self.watched = Some(held.to_vec());
         self.seen = None;
     }
 
@@ -596,32 +601,6 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
                 return;
             }
             Ok(Event::InitDone) => {
-                if let Some(seen) = &self.seen
-                    && self.restarted
-                    && let Some(echoes) = &self.echoes
-                {
-                    // A child written for an object of a shard just acquired, before this
-                    // list, and not in it: someone deleted it since (the watch before did not
-                    // select it).
-                    let owners = echoes
-                        .take_unlisted::<R>(|k| {
-                            seen.contains(k)
-                                || self
-                                    .namespace
-                                    .as_ref()
-                                    .is_some_and(|ns| k.0.as_ref() != Some(ns))
-                        })
-                        .into_iter()
-                        .map(|(ns, name)| {
-                            let o = ObjectRef::<K>::new(&name);
-                            match ns {
-                                Some(ns) => o.within(&ns),
-                                None => o,
-                            }
-                        })
-                        .collect();
-                    self.run(owners);
-                }
                 if let Some(seen) = self.seen.take()
                     && !self.first
                 {
@@ -638,7 +617,7 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
                     }
                 }
                 self.first = false;
-                self.restarted = false;
+                self.acquired.clear();
                 return;
             }
             Err(e) => {
@@ -662,13 +641,8 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
             },
         );
         let changed = match &before {
-            // In the first list after a restart, an object not seen before is of a shard just
-            // acquired, whose objects all run: it runs its owners only if the runtime wrote it
-            // and it changed since (its echo is checked below).
-            None if listing && self.restarted => self
-                .echoes
-                .as_ref()
-                .is_some_and(|e| e.pending::<R>(key.0.as_deref(), &key.1)),
+            // Listed after a restart, of a shard just acquired: its owner runs anyway.
+            None if listing && shard.is_some_and(|s| self.acquired.contains(&s)) => false,
             None => true,
             Some(b) => b.version != version,
         };

@@ -60,22 +60,11 @@ pub(crate) struct ControllerParts {
 /// What the runtime last wrote of each child it owns, so that the watch of the children
 /// ([`Controller::owns`](crate::runtime::Controller::owns)) runs nothing for the echo of the
 /// runtime's own write, as the watch of the objects does not for theirs: (apiVersion, kind,
-/// namespace, name) → the resourceVersion written (or [`OwnWrites::DELETED`]) and the owner
-/// that wrote it, until the echo is seen.
+/// namespace, name) → the resourceVersion written, or [`OwnWrites::DELETED`].
 #[derive(Default)]
-pub(crate) struct OwnWrites(dashmap::DashMap<OwnKey, OwnWrite, ahash::RandomState>);
+pub(crate) struct OwnWrites(dashmap::DashMap<OwnKey, String, ahash::RandomState>);
 
 type OwnKey = (String, String, Option<String>, String);
-
-/// The namespace and name of an object.
-pub(crate) type NameKey = (Option<String>, String);
-
-/// A child's write by the runtime: the version it left (or [`OwnWrites::DELETED`]), and the
-/// owner whose reconcile wrote it.
-struct OwnWrite {
-    version: String,
-    owner: Option<NameKey>,
-}
 
 impl OwnWrites {
     /// Marks a child the runtime deleted.
@@ -90,17 +79,12 @@ impl OwnWrites {
         )
     }
 
-    /// `obj` as the runtime's write for `owner` left it.
-    pub(crate) fn wrote<T: Resource<DynamicType = ()>>(&self, obj: &T, owner: NameKey) {
+    /// `obj` as the runtime's write left it.
+    pub(crate) fn wrote<T: Resource<DynamicType = ()>>(&self, obj: &T) {
         let m = obj.meta();
         if let (Some(name), Some(rv)) = (&m.name, &m.resource_version) {
-            self.0.insert(
-                Self::key::<T>(m.namespace.as_deref(), name),
-                OwnWrite {
-                    version: rv.clone(),
-                    owner: Some(owner),
-                },
-            );
+            self.0
+                .insert(Self::key::<T>(m.namespace.as_deref(), name), rv.clone());
         }
     }
 
@@ -110,48 +94,8 @@ impl OwnWrites {
         namespace: Option<&str>,
         name: &str,
     ) {
-        self.0.insert(
-            Self::key::<T>(namespace, name),
-            OwnWrite {
-                version: Self::DELETED.to_string(),
-                owner: None,
-            },
-        );
-    }
-
-    /// Whether the runtime wrote (or deleted) child `namespace/name` of kind `T` and has not
-    /// seen the echo yet.
-    pub(crate) fn pending<T: Resource<DynamicType = ()>>(
-        &self,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> bool {
-        self.0.contains_key(&Self::key::<T>(namespace, name))
-    }
-
-    /// The owners of the children of kind `T` the runtime wrote (not deleted) whose echo it has
-    /// not seen, and that `listed` says a list did not hold: someone deleted them after the
-    /// write. Their records are forgotten.
-    pub(crate) fn take_unlisted<T: Resource<DynamicType = ()>>(
-        &self,
-        listed: impl Fn(&NameKey) -> bool,
-    ) -> Vec<NameKey> {
-        let (api_version, kind) = (T::api_version(&()), T::kind(&()));
-        let gone: Vec<OwnKey> = self
-            .0
-            .iter()
-            .filter(|e| {
-                let (v, k, ns, name) = e.key();
-                *v == api_version
-                    && *k == kind
-                    && e.value().version != Self::DELETED
-                    && !listed(&(ns.clone(), name.clone()))
-            })
-            .map(|e| e.key().clone())
-            .collect();
-        gone.into_iter()
-            .filter_map(|key| self.0.remove(&key)?.1.owner)
-            .collect()
+        self.0
+            .insert(Self::key::<T>(namespace, name), Self::DELETED.to_string());
     }
 
     /// Whether a watch event of child `namespace/name` of kind `T` at `version` (or its
@@ -164,9 +108,7 @@ impl OwnWrites {
         version: &str,
     ) -> bool {
         self.0
-            .remove_if(&Self::key::<T>(namespace, name), |_, w| {
-                w.version == version
-            })
+            .remove_if(&Self::key::<T>(namespace, name), |_, v| v == version)
             .is_some()
     }
 }
@@ -419,9 +361,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         if self.remote().is_none()
             && let Some(w) = &self.inner.parts.own_writes
         {
-            let m = self.object().meta();
-            let owner = (m.namespace.clone(), m.name.clone().unwrap_or_default());
-            w.wrote(child, owner);
+            w.wrote(child);
         }
     }
 

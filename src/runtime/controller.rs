@@ -66,7 +66,7 @@ impl<K: ManagedResource> Controller<K> {
                 let api: Api<PartialObjectMeta<C>> =
                     crate::object_api::kind_api(client, namespace.as_deref());
                 tokio::spawn(crate::actors::triggers::watch_owned(
-                    shared, api, namespace, echoes, manager,
+                    shared, api, echoes, manager,
                 ))
             }),
         });

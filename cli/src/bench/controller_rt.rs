@@ -89,7 +89,19 @@ pub fn start(
 ) -> Result<ControllerRuntimeRun> {
     check(workload)?;
     let binary = binary()?;
-    let child = Command::new(&binary)
+    let mut command = Command::new(&binary);
+    // As its users run it: with transparent huge pages as the system sets them (this process
+    // turned them off for itself, and the flag is inherited).
+    #[cfg(target_os = "linux")]
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0);
+            Ok(())
+        });
+    }
+    let child = command
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--namespace", namespace])

@@ -222,6 +222,8 @@ impl Proc {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        #[cfg(target_os = "linux")]
+        system_huge_pages(&mut cmd);
         let spawned = match mode {
             SpawnMode::Attached => spawn_attached(cmd),
             SpawnMode::Detached => {
@@ -360,6 +362,23 @@ fn spawn_attached(cmd: Command) -> std::io::Result<Child> {
             .unwrap_or_else(|_| Err(std::io::Error::other("envtest spawner thread is gone"))),
         // The spawner thread could not be started: spawn here (no parent-death guarantee).
         Err(mpsc::SendError((mut cmd, _))) => cmd.spawn(),
+    }
+}
+
+/// Runs the component with transparent huge pages as the system sets them: a parent process
+/// may have turned them off for itself (`PR_SET_THP_DISABLE`, as mimalloc does with
+/// `MIMALLOC_ALLOW_THP=0`), and the flag is inherited across fork and exec.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // prctl(2) in the child before exec
+fn system_huge_pages(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe; a kernel without the flag answers EINVAL, which changes nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0);
+            Ok(())
+        });
     }
 }
 
