@@ -64,9 +64,9 @@
 //!   or by someone else): a replica receives and keeps its share of the children, as of the
 //!   objects. The label selector is applied by every API server, with or without the
 //!   `ShardedListAndWatch` gate. When the held shards change, the children's watch starts
-//!   again with the new selector, as the objects' does; the children a takeover's reconciles
-//!   wrote before that list are checked against it, so one changed or deleted meanwhile runs
-//!   its owner again.
+//!   again with the new selector, as the objects' does; a child of a shard just acquired that
+//!   someone changes after the takeover's reconcile wrote it and before that relist is in is
+//!   repaired at its owner's next reconcile, not at once.
 //!
 //! The policy's `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the
 //! timings (defaults 15 s / 10 s / 2 s, as client-go's leader election).
