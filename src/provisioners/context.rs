@@ -256,6 +256,15 @@ impl<K> Context<K> {
         &self.inner.parts
     }
 
+    /// Records a child the runtime wrote in the home cluster (see [`OwnWrites`]).
+    pub(crate) fn wrote_child<T: Resource<DynamicType = ()>>(&self, child: &T) {
+        if self.remote().is_none()
+            && let Some(w) = &self.inner.parts.own_writes
+        {
+            w.wrote(child);
+        }
+    }
+
     /// Records a child the runtime deleted in the home cluster (see [`OwnWrites`]).
     pub(crate) fn deleted_child<T: Resource<DynamicType = ()>>(
         &self,
@@ -335,10 +344,9 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Not inside a remote: an owner reference across clusters would name an object the
     /// remote's garbage collector cannot find, and it would delete the child.
     pub(crate) fn own<T: Resource>(&self, child: &mut T) {
-        if self.remote().is_some() {
-            return;
-        }
-        if let Some(owner) = self.object().controller_owner_ref(&()) {
+        if self.remote().is_none()
+            && let Some(owner) = self.object().controller_owner_ref(&())
+        {
             let refs = child
                 .meta_mut()
                 .owner_references
@@ -353,15 +361,6 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
                     .get_or_insert_with(Default::default)
                     .insert(key.to_string(), value.clone());
             }
-        }
-    }
-
-    /// Records a child the runtime wrote in the home cluster (see [`OwnWrites`]).
-    pub(crate) fn wrote_child<T: Resource<DynamicType = ()>>(&self, child: &T) {
-        if self.remote().is_none()
-            && let Some(w) = &self.inner.parts.own_writes
-        {
-            w.wrote(child);
         }
     }
 
