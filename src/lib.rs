@@ -221,8 +221,8 @@ pub mod prelude {
     pub use crate::ManagedResource;
     pub use crate::policy::{BackoffPolicy, Exhausted, RestartPolicy, SupervisorPolicy};
     pub use crate::provisioners::{
-        BoxProvisioner, Context, Outcome, Provisioner, Reason, ResourceProvisioner, boxed,
-        concurrent, conditional, guard, resource, serial, step,
+        BoxProvisioner, ChildRules, Context, Outcome, Provisioner, Reason, ResourceProvisioner,
+        boxed, concurrent, conditional, guard, resource, serial, step,
     };
     pub use crate::references::{Readiness, Target};
     pub use crate::runtime::{Controller, Runtime, RuntimeHandle};

@@ -338,15 +338,33 @@ impl<K> Context<K> {
 }
 
 impl<K: Resource<DynamicType = ()>> Context<K> {
-    /// Make the object `child`'s controller owner, so Kubernetes garbage-collects `child` with
-    /// it, and label `child` with the object's shard when replicas watch only their shards'
-    /// children ([`Sharding::owner_label_key`](crate::sharding::Sharding::owner_label_key)).
-    /// Not inside a remote: an owner reference across clusters would name an object the
-    /// remote's garbage collector cannot find, and it would delete the child.
+    /// Put the object's mark on `child` (see [`ChildRules`](super::ChildRules)): a controller
+    /// owner reference, so Kubernetes garbage-collects `child` with the object, and the object's
+    /// shard label when replicas watch only their shards' children
+    /// ([`Sharding::owner_label_key`](crate::sharding::Sharding::owner_label_key)). Where an
+    /// owner reference would not be honoured, the annotation
+    /// [`OWNER_ANNOTATION`](super::OWNER_ANNOTATION) with the object's uid instead: inside a
+    /// remote (an owner reference across clusters names an object the remote's garbage
+    /// collector cannot find, and it would delete the child), and for a namespaced object's
+    /// children in other namespaces or cluster-scoped (the garbage collector deletes, or
+    /// ignores, children whose owner reference crosses namespaces).
     pub(crate) fn own<T: Resource>(&self, child: &mut T) {
-        if self.remote().is_none()
-            && let Some(owner) = self.object().controller_owner_ref(&())
-        {
+        let fits = super::ownership::owner_reference_fits::<K, T>(
+            self.remote().is_some(),
+            self.object().meta().namespace.as_deref(),
+            child.meta().namespace.as_deref(),
+        );
+        if !fits {
+            if let Some(uid) = &self.object().meta().uid {
+                child
+                    .meta_mut()
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(super::OWNER_ANNOTATION.to_string(), uid.clone());
+            }
+            return;
+        }
+        if let Some(owner) = self.object().controller_owner_ref(&()) {
             let refs = child
                 .meta_mut()
                 .owner_references
@@ -361,6 +379,27 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
                     .get_or_insert_with(Default::default)
                     .insert(key.to_string(), value.clone());
             }
+        }
+    }
+
+    /// Who controls `existing`, an object under a child's name, as seen by the object. Inside a
+    /// remote, a child without any mark that the runtime's field manager applied counts as the
+    /// object's: children written into remotes before the mark existed carry none, and a remote
+    /// is reached with the credentials its registration gave, not the operator's own.
+    pub(crate) fn control_of<T: Resource>(&self, existing: &T) -> super::ownership::Control {
+        use super::ownership::{Control, control};
+        let meta = existing.meta();
+        match control(meta, self.object().meta().uid.as_deref()) {
+            Control::Nobody
+                if self.remote().is_some()
+                    && meta.managed_fields.iter().flatten().any(|f| {
+                        f.manager.as_deref() == Some(self.field_manager())
+                            && f.operation.as_deref() == Some("Apply")
+                    }) =>
+            {
+                Control::Ours
+            }
+            c => c,
         }
     }
 

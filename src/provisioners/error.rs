@@ -1,5 +1,6 @@
 //! What the calls a step makes on its [`Context`](super::Context) can fail with.
 
+use super::{Outcome, Reason};
 use crate::references::{ReferenceError, Target};
 
 /// What a step's calls on its [`Context`](super::Context) can fail with: its writes to the
@@ -58,6 +59,57 @@ pub enum StepError {
     /// A value the runtime writes could not be serialized.
     #[error("cannot serialize a value the runtime writes")]
     Serialize(#[from] serde_json::Error),
+    /// An object exists under a child's name that the reconciled object does not control: it is
+    /// neither written nor deleted (see [`ChildRules`](super::ChildRules)).
+    #[error(
+        "{child} exists and is not controlled by this object{}",
+        .controller.as_deref().map(|c| format!(" (it is controlled by {c})")).unwrap_or_default()
+    )]
+    ChildNotOwned {
+        /// The existing object.
+        child: Target,
+        /// What controls it, when something does (`Kind name` of its controller).
+        controller: Option<String>,
+    },
+    /// A child outside the places the step allows (another namespace, or cluster-scoped; see
+    /// [`ChildRules`](super::ChildRules)).
+    #[error("{child} {problem}")]
+    ChildOutOfScope {
+        /// The child as the step built it.
+        child: Target,
+        /// Why it is out of scope.
+        problem: String,
+    },
+}
+
+impl StepError {
+    /// The outcome a step returns for this error: [`Outcome::UserActionRequired`] with reason
+    /// `ChildNotOwned` for [`StepError::ChildNotOwned`] (someone must remove the object, or the
+    /// owner choose another name), [`Outcome::Terminal`] with reason `ChildOutOfScope` for
+    /// [`StepError::ChildOutOfScope`] (only a change of the object can fix it), and otherwise a
+    /// transient failure with `otherwise` as its reason.
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// # async fn f<K: ManagedResource>(cx: &Context<K>, cm: ConfigMap) -> Outcome {
+    /// match cx.create_owned(cm).await {
+    ///     Ok(_) => Outcome::Done,
+    ///     Err(e) => e.outcome(Reason::new("SettingsFailed", "cannot create the settings")),
+    /// }
+    /// # }
+    /// ```
+    pub fn outcome(self, otherwise: Reason) -> Outcome {
+        match &self {
+            StepError::ChildNotOwned { .. } => {
+                Outcome::UserActionRequired(Reason::new("ChildNotOwned", self.to_string()))
+            }
+            StepError::ChildOutOfScope { .. } => {
+                Outcome::Terminal(Reason::new("ChildOutOfScope", self.to_string()))
+            }
+            _ => Outcome::failed(otherwise, self),
+        }
+    }
 }
 
 impl From<ReferenceError> for StepError {

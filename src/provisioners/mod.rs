@@ -116,6 +116,7 @@ mod guard;
 mod nodes;
 mod object_ops;
 mod outcome;
+mod ownership;
 mod remote;
 mod resource;
 mod step;
@@ -135,6 +136,7 @@ pub use error::StepError;
 pub use guard::{DeprovisionTask, Guard, Lock, NoTask, guard};
 pub use nodes::{NodeSet, Nodes, nodes};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
+pub use ownership::{ChildRules, OWNER_ANNOTATION};
 pub use remote::{
     FixedCluster, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster, RemoteClusterError, remote,
 };

@@ -7,7 +7,7 @@
 //! | [`Context::condition`] | read a condition as the reconcile last knows it |
 //! | [`Context::set_status_field`] / [`Context::status_as`] | a field of the object's status, in the reconcile's one status write; the status read as a type |
 //! | [`Context::get`] | read any object in the context's cluster |
-//! | [`Context::create_owned`] / [`Context::delete_owned`] | children owned by the object |
+//! | [`Context::create_owned`] / [`Context::delete_owned`] | children owned by the object, never another's (`ownership.rs`) |
 //! | [`Context::add_finalizer`] / [`Context::remove_finalizer`] | an extra finalizer of the step's own |
 //! | [`Context::event`] | a Kubernetes Event on the object |
 //! | [`Context::guard`] | an external side effect, at most once per intent (`guard.rs`) |
@@ -23,15 +23,17 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use kube::Resource;
-use kube::api::{DeleteParams, Patch};
+use kube::api::{DeleteParams, Patch, Preconditions};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::StepError;
-use super::{Context, Reason};
+use super::ownership::{Control, check_scope, not_owned};
+use super::{ChildRules, Context, Reason};
 use crate::ManagedResource;
-use crate::object_api::{ObjectApi, patch_params, version_of};
+use crate::object_api::{ObjectApi, is_cluster_scoped, patch_params, version_of};
+use crate::references::Target;
 use crate::status::{Condition, ConditionStatus, READY, ResourceStatus, is_valid_condition_type};
 
 /// Attempts of one optimistic write before it gives up with [`StepError::Conflict`](super::StepError::Conflict).
@@ -158,9 +160,14 @@ impl<K: ManagedResource> Context<K> {
     }
 
     /// Create `child` in the context's cluster, owned by the object (a controller owner
-    /// reference, so Kubernetes garbage-collects it with the object; none inside a remote,
-    /// where the owner would not exist). A namespaced child without a namespace goes to the
-    /// object's. Idempotent: a child that exists already is returned as it is.
+    /// reference, so Kubernetes garbage-collects it with the object; the annotation
+    /// [`OWNER_ANNOTATION`](super::OWNER_ANNOTATION) where an owner reference cannot be used,
+    /// see [`ChildRules`]). A namespaced child without a namespace goes to the object's.
+    /// Idempotent: a child of the object's that exists already is returned as it is.
+    ///
+    /// An existing object under the name that the object does not control is
+    /// [`StepError::ChildNotOwned`]; a child in another namespace or cluster-scoped is
+    /// [`StepError::ChildOutOfScope`]. [`Context::create_owned_with`] allows either.
     ///
     /// ```no_run
     /// # use actorcile::prelude::*;
@@ -173,7 +180,21 @@ impl<K: ManagedResource> Context<K> {
     /// cx.create_owned(cm).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn create_owned<T>(&self, mut child: T) -> Result<T, StepError>
+    pub async fn create_owned<T>(&self, child: T) -> Result<T, StepError>
+    where
+        T: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+    {
+        self.create_owned_with(child, ChildRules::default()).await
+    }
+
+    /// [`Context::create_owned`] under `rules`: children in other namespaces or cluster-scoped,
+    /// and taking over an existing object that no owner controls ([`ChildRules::adopt`]: the
+    /// object gets the object's mark, with its resourceVersion as a precondition).
+    pub async fn create_owned_with<T>(
+        &self,
+        mut child: T,
+        rules: ChildRules,
+    ) -> Result<T, StepError>
     where
         T: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
     {
@@ -185,6 +206,13 @@ impl<K: ManagedResource> Context<K> {
                 field: "metadata.name".into(),
                 problem: format!("the {} to create has no name", T::kind(&())),
             })?;
+        let owner_ns = self.object().meta().namespace.as_deref();
+        let child_ns = if is_cluster_scoped::<T>() {
+            None
+        } else {
+            child.meta().namespace.as_deref().or(owner_ns)
+        };
+        check_scope::<K, T>(owner_ns, child_ns, &name, &rules)?;
         self.own(&mut child);
         let api = self.child_api::<T>(child.meta().namespace.as_deref());
         let mut body = serde_json::to_value(&child)?;
@@ -196,7 +224,11 @@ impl<K: ManagedResource> Context<K> {
                 Ok(created)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&name).await? {
-                Some(existing) => Ok(existing),
+                Some(existing) => match self.control_of(&existing) {
+                    Control::Ours => Ok(existing),
+                    Control::Nobody if rules.adopts() => self.adopt(&api, existing).await,
+                    by => Err(not_owned(&existing, by)),
+                },
                 // Deleted between the two requests: the next pass creates it again.
                 None => Err(StepError::Kube(kube::Error::Api(s))),
             },
@@ -204,9 +236,41 @@ impl<K: ManagedResource> Context<K> {
         }
     }
 
+    /// Put the object's mark on `existing`, an object no owner controls, with its
+    /// resourceVersion as a precondition (a conflict is returned: the next pass looks again).
+    async fn adopt<T>(&self, api: &ObjectApi<T>, mut existing: T) -> Result<T, StepError>
+    where
+        T: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+    {
+        self.own(&mut existing);
+        let meta = existing.meta();
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": meta.resource_version,
+                "ownerReferences": meta.owner_references,
+                "annotations": meta.annotations,
+                "labels": meta.labels,
+            },
+        });
+        let name = existing.meta().name.clone().unwrap_or_default();
+        let adopted = api
+            .patch(
+                &name,
+                &patch_params(self.field_manager()),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.wrote_child(&adopted);
+        Ok(adopted)
+    }
+
     /// Delete a child of kind `T` (in the object's namespace when `namespace` is `None`).
     /// `Ok(true)` once it is gone (or never existed); `Ok(false)` while it is still being
     /// deleted (finalizers): yield and call again.
+    ///
+    /// Only a child the object controls is deleted, with its uid as a precondition: an object
+    /// under the name that is not the object's (someone else's, made after ours was deleted) is
+    /// left alone, and the answer is `Ok(true)`, since the object's own child is gone.
     pub async fn delete_owned<T>(
         &self,
         namespace: Option<&str>,
@@ -216,10 +280,29 @@ impl<K: ManagedResource> Context<K> {
         T: Resource<DynamicType = ()> + DeserializeOwned,
     {
         let api = self.child_api::<T>(namespace);
-        match api.delete(name, &DeleteParams::background()).await {
+        let Some(existing) = api.get_opt(name).await? else {
+            return Ok(true);
+        };
+        let by = self.control_of(&existing);
+        if by != Control::Ours {
+            tracing::warn!(
+                child = %Target::of(&existing), controller = ?by,
+                "not deleting a child the object does not control"
+            );
+            return Ok(true);
+        }
+        let uid = existing.meta().uid.clone();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &params).await {
             Ok(true) => Ok(true),
-            Ok(false) => Ok(api.get_opt(name).await?.is_none()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(true),
+            Ok(false) => Ok(api.get_opt(name).await?.is_none_or(|o| o.meta().uid != uid)),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
             Err(e) => Err(e.into()),
         }
     }

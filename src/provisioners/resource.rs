@@ -4,13 +4,14 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Context, Outcome, Provisioner, Reason};
-use crate::object_api::ObjectApi;
+use super::ownership::{Control, check_scope, not_owned};
+use super::{ChildRules, Context, Outcome, Provisioner, Reason};
+use crate::object_api::{ObjectApi, is_cluster_scoped};
 
 type Build<K, C> = Box<dyn Fn(&K) -> C + Send + Sync>;
 type ChildReady<C> = Box<dyn Fn(&C) -> bool + Send + Sync>;
@@ -21,6 +22,7 @@ pub struct ResourceProvisioner<K, C> {
     build: Build<K, C>,
     ready_when: Option<ChildReady<C>>,
     force: bool,
+    rules: ChildRules,
 }
 
 /// Server-side apply the object `build(parent)` returns, with an owner reference (controller)
@@ -35,7 +37,17 @@ pub struct ResourceProvisioner<K, C> {
 /// the error backoff; the author who wants the runtime to take the fields over says so with
 /// [`ResourceProvisioner::force_conflicts`].
 ///
-/// Deprovision deletes the child and yields until it is gone (when the delete's answer says the
+/// The child must be the parent's (see [`ChildRules`]): before the apply, the runtime reads the
+/// object under the child's name, and one that the parent does not control (made by someone
+/// else, or another owner's) is neither written nor taken over: the step ends with reason
+/// `ChildNotOwned` ([`Outcome::UserActionRequired`]) naming it, unless
+/// [`ChildRules::adopt`] allows taking over one that no owner controls. A namespaced parent's
+/// child in another namespace, or cluster-scoped, ends with `ChildOutOfScope`
+/// ([`Outcome::Terminal`]) unless [`ResourceProvisioner::rules`] allow it.
+///
+/// Deprovision deletes the child, only when it carries the parent's mark and with its uid as a
+/// precondition (an object someone else made under the name is left alone), and yields until it
+/// is gone (when the delete's answer says the
 /// child is gone, as kube-apiserver's does for most kinds deleted at once, it makes no further
 /// request). Add
 /// [`ResourceProvisioner::ready_when`] to yield until the applied child reports ready.
@@ -65,6 +77,7 @@ pub fn resource<K, C>(
         build: Box::new(build),
         ready_when: None,
         force: false,
+        rules: ChildRules::default(),
     }
 }
 
@@ -72,6 +85,13 @@ impl<K, C> ResourceProvisioner<K, C> {
     /// Yield (reason `ChildNotReady`) until `ready(child)` holds for the applied child.
     pub fn ready_when(mut self, ready: impl Fn(&C) -> bool + Send + Sync + 'static) -> Self {
         self.ready_when = Some(Box::new(ready));
+        self
+    }
+
+    /// Where the child may live and whether an existing object may be taken over (default: the
+    /// parent's namespace, and only a child the parent controls).
+    pub fn rules(mut self, rules: ChildRules) -> Self {
+        self.rules = rules;
         self
     }
 
@@ -127,6 +147,23 @@ where
     ObjectApi::new(cx.client().clone(), ns.as_deref())
 }
 
+/// The namespace `child` goes to: its own, else the parent's; `None` for a cluster-scoped kind.
+fn child_ns<'a, K, C>(cx: &'a Context<K>, child: &'a C) -> Option<&'a str>
+where
+    K: Resource<DynamicType = ()>,
+    C: Resource<DynamicType = ()>,
+{
+    if is_cluster_scoped::<C>() {
+        None
+    } else {
+        child
+            .meta()
+            .namespace
+            .as_deref()
+            .or(cx.object().meta().namespace.as_deref())
+    }
+}
+
 #[async_trait]
 impl<K, C> Provisioner<K> for ResourceProvisioner<K, C>
 where
@@ -162,8 +199,34 @@ where
                 format!("step {}: the child object has no name", self.name),
             ));
         };
-        cx.own(&mut child);
         let api = child_api(cx, &child);
+        let owner_ns = cx.object().meta().namespace.as_deref();
+        if let Err(e) =
+            check_scope::<K, C>(owner_ns, child_ns::<K, C>(cx, &child), &name, &self.rules)
+        {
+            return e.outcome(Reason::new("ChildOutOfScope", "the child is out of scope"));
+        }
+        match api.get_opt(&name).await {
+            Ok(None) => {}
+            Ok(Some(existing)) => match cx.control_of(&existing) {
+                Control::Ours => {}
+                Control::Nobody if self.rules.adopts() => {}
+                by => {
+                    return not_owned(&existing, by)
+                        .outcome(Reason::new("ChildNotOwned", "the child is not ours"));
+                }
+            },
+            Err(e) => {
+                return Outcome::failed(
+                    Reason::new(
+                        "ApplyFailed",
+                        format!("could not read {} {name}", C::kind(&())),
+                    ),
+                    e,
+                );
+            }
+        }
+        cx.own(&mut child);
         let mut value = match serde_json::to_value(&child) {
             Ok(v) => v,
             Err(e) => {
@@ -214,42 +277,60 @@ where
             return Outcome::Done;
         };
         let api = child_api(cx, &child);
-        let namespace = if crate::object_api::is_cluster_scoped::<C>() {
-            None
-        } else {
-            child
-                .meta()
-                .namespace
-                .clone()
-                .or_else(|| cx.object().meta().namespace.clone())
+        let namespace = child_ns::<K, C>(cx, &child);
+        let kind = C::kind(&());
+        let uid = match api.get_opt(&name).await {
+            Ok(None) => return Outcome::Done,
+            Ok(Some(existing)) => match cx.control_of(&existing) {
+                Control::Ours => existing.meta().uid.clone(),
+                by => {
+                    // Not the parent's (ours is gone, someone else made one under the name):
+                    // left alone, and the step is done.
+                    tracing::warn!(
+                        step = %self.name, child = %crate::references::Target::of(&existing),
+                        controller = ?by,
+                        "not deleting a child the object does not control"
+                    );
+                    return Outcome::Done;
+                }
+            },
+            Err(e) => {
+                return Outcome::failed(
+                    Reason::new("DeleteFailed", format!("could not read {kind} {name}")),
+                    e,
+                );
+            }
         };
-        cx.deleted_child::<C>(namespace.as_deref(), &name);
-        match api.delete(&name, &DeleteParams::background()).await {
+        cx.deleted_child::<C>(namespace, &name);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&name, &params).await {
             Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Done,
+            // The uid precondition failed: the name holds another object now, ours is gone.
+            Err(kube::Error::Api(s)) if s.code == 409 => Outcome::Done,
             Err(e) => Outcome::failed(
-                Reason::new(
-                    "DeleteFailed",
-                    format!("could not delete {} {name}", C::kind(&())),
-                ),
+                Reason::new("DeleteFailed", format!("could not delete {kind} {name}")),
                 e,
             ),
             // The server says it is gone: no need to look.
             Ok(true) => Outcome::Done,
             // Marked for deletion, or gone but answered with the object: look until gone.
             Ok(false) => match api.get_opt(&name).await {
-                Ok(None) => Outcome::Done,
-                Ok(Some(_)) => Outcome::yield_after(
+                Ok(Some(o)) if o.meta().uid == uid => Outcome::yield_after(
                     Duration::from_millis(500),
                     Reason::new(
                         "ChildDeleting",
-                        format!("waiting for {} {name} to be deleted", C::kind(&())),
+                        format!("waiting for {kind} {name} to be deleted"),
                     ),
                 ),
+                Ok(_) => Outcome::Done,
                 Err(e) => Outcome::failed(
-                    Reason::new(
-                        "DeleteFailed",
-                        format!("could not read {} {name}", C::kind(&())),
-                    ),
+                    Reason::new("DeleteFailed", format!("could not read {kind} {name}")),
                     e,
                 ),
             },

@@ -23,6 +23,7 @@ mod real_rbac;
 mod real_references;
 mod real_remote;
 mod real_runtime;
+mod real_tenancy;
 mod references;
 mod references_prop;
 mod remote_application;

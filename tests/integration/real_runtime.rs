@@ -1070,6 +1070,7 @@ async fn a_child_field_owned_by_another_manager_is_a_typed_outcome_until_it_is_r
             }
         };
         apply_theirs(serde_json::json!({"size": "theirs"})).await;
+        // Their ConfigMap is nobody's child: the step takes it over (adopt), field by field.
         let tree = resource("child", |w: &Widget| ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: Some(format!("{}-child", w.name_any())),
@@ -1077,7 +1078,8 @@ async fn a_child_field_owned_by_another_manager_is_a_typed_outcome_until_it_is_r
             },
             data: Some([("size".to_string(), w.spec.size.to_string())].into()),
             ..Default::default()
-        });
+        })
+        .rules(ChildRules::default().adopt());
         let rt = start(&api.client, &api.ns, tree).await;
         api.create_widget("w", 1).await;
         let s = api.wait_reason("w", "ChildFieldConflict").await;
