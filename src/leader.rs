@@ -274,7 +274,7 @@ impl Elector {
         let spec = lease.spec.get_or_insert_with(Default::default);
         if !ours {
             spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            spec.lease_transitions = Some(next_lease_transitions(spec.lease_transitions));
         }
         spec.holder_identity = Some(me);
         spec.lease_duration_seconds = Some(seconds);
@@ -317,9 +317,28 @@ impl Elector {
     }
 }
 
+/// `leaseTransitions` after a change of holder: one more, from 0 again past `i32::MAX` (the API
+/// server refuses a negative count, and a Lease's fields are anyone's to write: an overflow must
+/// not make every later write of the Lease fail, nor panic).
+pub(crate) fn next_lease_transitions(current: Option<i32>) -> i32 {
+    current
+        .filter(|n| *n >= 0)
+        .unwrap_or(0)
+        .checked_add(1)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lease_transitions_count_on_without_overflowing() {
+        assert_eq!(next_lease_transitions(None), 1);
+        assert_eq!(next_lease_transitions(Some(4)), 5);
+        assert_eq!(next_lease_transitions(Some(i32::MAX)), 0);
+        assert_eq!(next_lease_transitions(Some(-3)), 1);
+    }
     use crate::cluster::ApiServer;
 
     fn policy() -> SupervisorPolicy {

@@ -425,7 +425,9 @@ impl Keeper {
                     let spec = lease.spec.get_or_insert_with(Default::default);
                     if acquire || spec.holder_identity.as_deref() != Some(me.as_str()) {
                         spec.acquire_time = Some(now.clone());
-                        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                        spec.lease_transitions = Some(crate::leader::next_lease_transitions(
+                            spec.lease_transitions,
+                        ));
                     }
                     spec.holder_identity = Some(me);
                     spec.lease_duration_seconds = Some(seconds);
