@@ -212,7 +212,9 @@ impl<K: ManagedResource> Context<K> {
         } else {
             child.meta().namespace.as_deref().or(owner_ns)
         };
-        check_scope::<K, T>(owner_ns, child_ns, &name, &rules)?;
+        if self.remote().is_none() {
+            check_scope::<K, T>(owner_ns, child_ns, &name, &rules)?;
+        }
         self.own(&mut child);
         let api = self.child_api::<T>(child.meta().namespace.as_deref());
         let mut body = serde_json::to_value(&child)?;

@@ -18,7 +18,8 @@
 //! - a namespaced object's children live in its namespace: another namespace needs
 //!   [`ChildRules::other_namespaces`], a cluster-scoped child [`ChildRules::cluster_scoped`]
 //!   ([`StepError::ChildOutOfScope`] otherwise). A cluster-scoped object has no namespace of its
-//!   own, so its children may be anywhere.
+//!   own, so its children may be anywhere; inside a [`remote`](super::remote()) the object's
+//!   namespace means nothing, and the remote's credentials bound where children may be.
 //!
 //! Between the read that finds no child and the write that creates it, an object created by
 //! someone else under the name would be adopted: server-side apply has no create-only

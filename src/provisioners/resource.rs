@@ -43,7 +43,8 @@ pub struct ResourceProvisioner<K, C> {
 /// `ChildNotOwned` ([`Outcome::UserActionRequired`]) naming it, unless
 /// [`ChildRules::adopt`] allows taking over one that no owner controls. A namespaced parent's
 /// child in another namespace, or cluster-scoped, ends with `ChildOutOfScope`
-/// ([`Outcome::Terminal`]) unless [`ResourceProvisioner::rules`] allow it.
+/// ([`Outcome::Terminal`]) unless [`ResourceProvisioner::rules`] allow it (not inside a
+/// [`remote`](super::remote()), whose credentials bound where its children may be).
 ///
 /// Deprovision deletes the child, only when it carries the parent's mark and with its uid as a
 /// precondition (an object someone else made under the name is left alone), and yields until it
@@ -201,8 +202,11 @@ where
         };
         let api = child_api(cx, &child);
         let owner_ns = cx.object().meta().namespace.as_deref();
-        if let Err(e) =
-            check_scope::<K, C>(owner_ns, child_ns::<K, C>(cx, &child), &name, &self.rules)
+        // Inside a remote the parent's namespace means nothing: the remote's credentials bound
+        // where the child may be.
+        if cx.remote().is_none()
+            && let Err(e) =
+                check_scope::<K, C>(owner_ns, child_ns::<K, C>(cx, &child), &name, &self.rules)
         {
             return e.outcome(Reason::new("ChildOutOfScope", "the child is out of scope"));
         }
