@@ -61,7 +61,13 @@ pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 /// The annotation on a cluster Secret that lists its users (a JSON array of strings).
 pub const USERS_ANNOTATION: &str = "app.actorcile.dev/users";
 
-/// Argo CD's name for the cluster it runs in.
+/// The annotation on a cluster Secret that holds the exact id of the registration it is: with
+/// the cluster label ([`labels::CLUSTER`](super::cd::labels::CLUSTER)) it marks the Secrets this
+/// driver wrote, the only ones it updates or deletes.
+pub const CLUSTER_ID_ANNOTATION: &str = "app.actorcile.dev/cluster-id";
+
+/// Argo CD's name for the cluster it runs in. Registrations of it (and of the other names of
+/// the same Service) are refused: they would replace Argo CD's own.
 pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
 
 /// How often a registration update is retried when another user changed the Secret meanwhile.
@@ -189,8 +195,19 @@ impl ArgoCd {
         })
     }
 
-    /// The name of the Secret that registers cluster `id`.
+    /// The name of the Secret that registers cluster `id`: `cluster-`, a readable part of the
+    /// id, and a hash of the exact id ([`sip13`](crate::hash) of `argocd-cluster` and the id, 16
+    /// hex digits), so ids that read alike (`team/a-x` and `team-a/x`) never share a Secret.
     pub fn cluster_secret_name(id: &str) -> String {
+        let readable = dns_label(id);
+        let readable = readable[..readable.len().min(40)].trim_end_matches('-');
+        let hash = crate::hash::sip13(&["argocd-cluster", id]);
+        format!("cluster-{readable}-{hash:016x}")
+    }
+
+    /// The name earlier versions gave the Secret of `id` (without the hash); a registration
+    /// found there is moved to [`ArgoCd::cluster_secret_name`].
+    fn legacy_secret_name(id: &str) -> String {
         format!("cluster-{}", dns_label(id))
     }
 
@@ -212,14 +229,48 @@ impl ArgoCd {
         registration: Option<&ClusterRegistration>,
         change: impl Fn(&mut BTreeSet<String>),
     ) -> Result<(), CdError> {
+        if let Some(r) = registration {
+            refuse_in_cluster(id, &r.server)?;
+        }
         let name = Self::cluster_secret_name(id);
         let api = self.secrets();
         let mut last = None;
         for _ in 0..CONFLICT_RETRIES {
-            let current = api.get_opt(&name).await?;
-            let mut users = current.as_ref().map(users_of).unwrap_or_default();
+            let mut current = api.get_opt(&name).await?;
+            if let Some(s) = &current
+                && !is_registration_of(s, id)
+            {
+                if registration.is_none() {
+                    // Nothing of ours is there to unregister; theirs is left alone.
+                    return Ok(());
+                }
+                return Err(CdError::NotOurs {
+                    object: format!("Secret {}/{name}", self.namespace),
+                    why: format!("it does not carry the registration marks of cluster {id}"),
+                });
+            }
+            // A registration under the name earlier versions used: its users move here.
+            let legacy = match current {
+                Some(_) => None,
+                None => self.legacy_registration(id).await?,
+            };
+            let mut users = current
+                .as_ref()
+                .or(legacy.as_ref())
+                .map(users_of)
+                .unwrap_or_default();
             let before = users.clone();
             change(&mut users);
+            if let Some(r) = registration
+                && current.as_ref().is_none_or(|s| !same_server(s, &r.server))
+            {
+                self.refuse_taken_server(id, &name, &r.server).await?;
+            }
+            if current.is_none() && legacy.is_some() && registration.is_none() {
+                // Unregistering a registration kept under its old name: it is updated there, as
+                // the Secret it is.
+                current = legacy.clone();
+            }
             let result = match (current, registration) {
                 // Unregistering what is not registered.
                 (None, None) => return Ok(()),
@@ -231,13 +282,17 @@ impl ArgoCd {
                         }),
                         ..DeleteParams::default()
                     };
-                    api.delete(&name, &dp).await.map(|_| ())
+                    api.delete(&s.name_any(), &dp).await.map(|_| ())
                 }
                 (None, Some(r)) => {
                     let secret = registration_secret(&name, id, r, &users)?;
-                    api.create(&PostParams::default(), &secret)
-                        .await
-                        .map(|_| ())
+                    match api.create(&PostParams::default(), &secret).await {
+                        Ok(_) => match &legacy {
+                            Some(old) => self.delete_exactly(old).await,
+                            None => Ok(()),
+                        },
+                        Err(e) => Err(e),
+                    }
                 }
                 (Some(mut s), r) => {
                     // Only a registration rewrites the data; an unregistration keeps it.
@@ -256,7 +311,7 @@ impl ArgoCd {
                     }
                     s.annotations_mut()
                         .insert(USERS_ANNOTATION.into(), users_value(&users));
-                    api.replace(&name, &PostParams::default(), &s)
+                    api.replace(&s.name_any(), &PostParams::default(), &s)
                         .await
                         .map(|_| ())
                 }
@@ -273,6 +328,128 @@ impl ArgoCd {
             .map(CdError::Api)
             .unwrap_or_else(|| CdError::Invalid(format!("registration {name} kept changing"))))
     }
+}
+
+impl ArgoCd {
+    /// The registration of `id` under the name earlier versions used, when it is one: the
+    /// cluster label and the exact id in its data (the old name was shared by ids that read
+    /// alike; only the one whose data names this id is taken).
+    async fn legacy_registration(&self, id: &str) -> Result<Option<Secret>, CdError> {
+        let old = self
+            .secrets()
+            .get_opt(&Self::legacy_secret_name(id))
+            .await?;
+        Ok(old.filter(|s| is_legacy_of(s, id)))
+    }
+
+    /// Delete `secret`, and only that object (its uid and resourceVersion as preconditions).
+    async fn delete_exactly(&self, secret: &Secret) -> Result<(), kube::Error> {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: secret.resource_version(),
+                uid: secret.uid(),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.secrets().delete(&secret.name_any(), &dp).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Refuse registering `server` for `id` when another cluster Secret than `ours` registers it
+    /// already (Argo CD keys clusters by server: a second registration would take it over).
+    async fn refuse_taken_server(&self, id: &str, ours: &str, server: &str) -> Result<(), CdError> {
+        let lp = ListParams::default().labels(&format!("{SECRET_TYPE_LABEL}=cluster"));
+        let legacy = Self::legacy_secret_name(id);
+        for s in self.secrets().list(&lp).await? {
+            let name = s.name_any();
+            if name == ours || (name == legacy && is_legacy_of(&s, id)) {
+                continue;
+            }
+            if same_server(&s, server) {
+                // The other registration's name stays in the log: the message reaches the
+                // status of an object whose author may not know of it.
+                tracing::warn!(
+                    cluster = id, secret = %format!("{}/{name}", self.namespace),
+                    "refusing a registration of a server another Secret registers"
+                );
+                return Err(CdError::NotRegistrable {
+                    id: id.to_string(),
+                    why: "its server is registered already by another cluster Secret".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `s` is a registration of exactly `id` that this driver wrote.
+fn is_registration_of(s: &Secret, id: &str) -> bool {
+    s.labels().get(super::cd::labels::CLUSTER) == Some(&label_value(id))
+        && s.annotations()
+            .get(CLUSTER_ID_ANNOTATION)
+            .map(String::as_str)
+            == Some(id)
+}
+
+/// Whether `s`, under the old name, registers exactly `id` (its data names it) and has no id
+/// annotation (a Secret with one is a current registration, never a legacy one).
+fn is_legacy_of(s: &Secret, id: &str) -> bool {
+    s.labels().get(super::cd::labels::CLUSTER) == Some(&label_value(id))
+        && !s.annotations().contains_key(CLUSTER_ID_ANNOTATION)
+        && s.data
+            .as_ref()
+            .and_then(|d| d.get("name"))
+            .is_some_and(|n| n.0 == id.as_bytes())
+}
+
+/// Whether cluster Secret `s` registers `server` (trailing slashes aside).
+fn same_server(s: &Secret, server: &str) -> bool {
+    let norm = |v: &str| v.trim_end_matches('/').to_ascii_lowercase();
+    let stored = s
+        .data
+        .as_ref()
+        .and_then(|d| d.get("server"))
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .or_else(|| {
+            s.string_data
+                .as_ref()
+                .and_then(|d| d.get("server"))
+                .cloned()
+        });
+    stored.is_some_and(|v| norm(&v) == norm(server))
+}
+
+/// Refuse Argo CD's own in-cluster address (any name of the `kubernetes` Service of the
+/// `default` namespace): a registration of it would replace Argo CD's own cluster.
+fn refuse_in_cluster(id: &str, server: &str) -> Result<(), CdError> {
+    let host = server
+        .trim()
+        .to_ascii_lowercase()
+        .trim_start_matches("https://")
+        .trim_start_matches("http://")
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('.')
+        .to_string();
+    let in_cluster = ["kubernetes.default.svc", "kubernetes.default", "kubernetes"]
+        .iter()
+        .any(|n| {
+            host == *n
+                || host.strip_prefix(n).is_some_and(|rest| {
+                    rest.starts_with(".cluster.local") || rest == ".svc.cluster.local"
+                })
+        });
+    if in_cluster {
+        return Err(CdError::NotRegistrable {
+            id: id.to_string(),
+            why: format!("its server is Argo CD's own in-cluster address ({IN_CLUSTER_SERVER})"),
+        });
+    }
+    Ok(())
 }
 
 /// `v` as a DNS label: lowercase alphanumerics and `-`, at most 63 characters (a longer value is
@@ -309,10 +486,10 @@ fn registration_secret(
                 (SECRET_TYPE_LABEL.to_string(), "cluster".to_string()),
                 (super::cd::labels::CLUSTER.to_string(), label_value(id)),
             ])),
-            annotations: Some(BTreeMap::from([(
-                USERS_ANNOTATION.to_string(),
-                users_value(users),
-            )])),
+            annotations: Some(BTreeMap::from([
+                (USERS_ANNOTATION.to_string(), users_value(users)),
+                (CLUSTER_ID_ANNOTATION.to_string(), id.to_string()),
+            ])),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".into()),
@@ -377,7 +554,8 @@ impl CdDriver for ArgoCd {
     fn rules(&self) -> Vec<crate::rbac::ScopedRule> {
         // Applications are found by their identity's labels (list), created, replaced when
         // their spec changes (update), asked to refresh (patch) and deleted; cluster Secrets
-        // are read, written and deleted by name.
+        // are read, written and deleted by name, and listed by their type label (a server
+        // registered by another Secret is refused).
         let here = crate::rbac::RuleScope::namespace(&self.namespace);
         let verbs = |v: &[&str]| v.iter().map(|v| v.to_string()).collect();
         vec![
@@ -392,7 +570,7 @@ impl CdDriver for ArgoCd {
             ),
             crate::rbac::ScopedRule::new(
                 here,
-                crate::rbac::rule_for::<Secret>(&["get", "create", "update", "delete"]),
+                crate::rbac::rule_for::<Secret>(&["get", "list", "create", "update", "delete"]),
             ),
         ]
     }
@@ -540,7 +718,11 @@ mod tests {
         argo.register_cluster(&reg, "b").await.unwrap();
         argo.register_cluster(&reg, "b").await.unwrap();
         argo.unregister_cluster("edge", "a").await.unwrap();
-        let secret = argo.secrets().get("cluster-edge").await.unwrap();
+        let secret = argo
+            .secrets()
+            .get(&ArgoCd::cluster_secret_name("edge"))
+            .await
+            .unwrap();
         assert_eq!(users_of(&secret), BTreeSet::from(["b".to_string()]));
         let data = secret.data.unwrap_or_default();
         assert_eq!(data["name"].0, b"edge");
@@ -552,7 +734,7 @@ mod tests {
         argo.unregister_cluster("edge", "b").await.unwrap();
         assert!(
             argo.secrets()
-                .get_opt("cluster-edge")
+                .get_opt(&ArgoCd::cluster_secret_name("edge"))
                 .await
                 .unwrap()
                 .is_none()
@@ -582,9 +764,157 @@ mod tests {
         assert!(!long.ends_with("--"), "{long}");
     }
 
+    fn registration(id: &str, server: &str, token: &str) -> ClusterRegistration {
+        ClusterRegistration {
+            id: id.into(),
+            server: server.into(),
+            config: json!({ "bearerToken": token }),
+        }
+    }
+
+    fn token_of(secret: &Secret) -> String {
+        let config = &secret.data.as_ref().unwrap()["config"].0;
+        serde_json::from_slice::<Value>(config).unwrap()["bearerToken"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn ids_that_read_alike_keep_registrations_of_their_own() {
+        let cluster = crate::cluster::ApiServer::new();
+        let argo = ArgoCd::new(cluster.client(), "default");
+        let (a, b) = ("team/a-x", "team-a/x");
+        assert_ne!(
+            ArgoCd::cluster_secret_name(a),
+            ArgoCd::cluster_secret_name(b)
+        );
+        argo.register_cluster(&registration(a, "https://a:6443", "ta"), "u")
+            .await
+            .unwrap();
+        argo.register_cluster(&registration(b, "https://b:6443", "tb"), "u")
+            .await
+            .unwrap();
+        for (id, token) in [(a, "ta"), (b, "tb")] {
+            let s = argo
+                .secrets()
+                .get(&ArgoCd::cluster_secret_name(id))
+                .await
+                .unwrap();
+            assert_eq!(token_of(&s), token, "{id}");
+            assert_eq!(s.annotations()[CLUSTER_ID_ANNOTATION], id);
+        }
+    }
+
+    #[tokio::test]
+    async fn secrets_the_driver_did_not_write_are_neither_overwritten_nor_deleted() {
+        let cluster = crate::cluster::ApiServer::new();
+        let argo = ArgoCd::new(cluster.client(), "default");
+        let name = ArgoCd::cluster_secret_name("edge");
+        // Someone's own cluster Secret under the name: refused, untouched.
+        let hand_made = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([(
+                    SECRET_TYPE_LABEL.to_string(),
+                    "cluster".to_string(),
+                )])),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([(
+                "server".to_string(),
+                "https://theirs:6443".to_string(),
+            )])),
+            ..Default::default()
+        };
+        argo.secrets()
+            .create(&PostParams::default(), &hand_made)
+            .await
+            .unwrap();
+        let reg = registration("edge", "https://edge:6443", "t");
+        let e = argo.register_cluster(&reg, "u").await.unwrap_err();
+        assert!(
+            matches!(&e, CdError::NotOurs { object, .. } if object.contains(&name)),
+            "{e}"
+        );
+        // Unregistering leaves it alone: nothing of ours is there.
+        argo.unregister_cluster("edge", "u").await.unwrap();
+        let s = argo.secrets().get(&name).await.unwrap();
+        assert_eq!(s.data.unwrap()["server"].0, b"https://theirs:6443");
+        // Another registration of a server registered already by someone else: refused.
+        let e = argo
+            .register_cluster(&registration("other", "https://theirs:6443/", "t"), "u")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, CdError::NotRegistrable { why, .. } if why.contains("registered already")),
+            "{e}"
+        );
+        // Argo CD's own cluster, under any of its names: refused.
+        for server in [
+            IN_CLUSTER_SERVER,
+            "https://kubernetes.default.svc/",
+            "https://kubernetes.default.svc.cluster.local:443",
+            "https://KUBERNETES.default",
+        ] {
+            let e = argo
+                .register_cluster(&registration("inside", server, "t"), "u")
+                .await
+                .unwrap_err();
+            assert!(matches!(e, CdError::NotRegistrable { .. }), "{server}: {e}");
+        }
+        assert!(
+            argo.secrets()
+                .get_opt(&ArgoCd::cluster_secret_name("inside"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_registration_under_the_old_name_moves_with_its_users() {
+        let cluster = crate::cluster::ApiServer::new();
+        let argo = ArgoCd::new(cluster.client(), "default");
+        let reg = registration("edge", "https://edge:6443", "t");
+        let mut old = registration_secret(
+            "cluster-edge",
+            "edge",
+            &reg,
+            &BTreeSet::from(["a".to_string()]),
+        )
+        .unwrap();
+        old.annotations_mut().remove(CLUSTER_ID_ANNOTATION);
+        argo.secrets()
+            .create(&PostParams::default(), &old)
+            .await
+            .unwrap();
+        argo.register_cluster(&reg, "b").await.unwrap();
+        assert!(
+            argo.secrets()
+                .get_opt("cluster-edge")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let moved = argo
+            .secrets()
+            .get(&ArgoCd::cluster_secret_name("edge"))
+            .await
+            .unwrap();
+        assert_eq!(
+            users_of(&moved),
+            BTreeSet::from(["a".to_string(), "b".to_string()])
+        );
+    }
+
     #[test]
     fn cluster_secret_names_are_valid_names() {
-        assert_eq!(ArgoCd::cluster_secret_name("edge"), "cluster-edge");
+        let edge = ArgoCd::cluster_secret_name("edge");
+        assert!(
+            edge.starts_with("cluster-edge-") && edge.len() == "cluster-edge-".len() + 16,
+            "{edge}"
+        );
         let n = ArgoCd::cluster_secret_name("Team_A.Edge/west");
         assert!(
             n.chars()

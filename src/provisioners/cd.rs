@@ -314,6 +314,15 @@ pub enum CdError {
         /// Why.
         why: String,
     },
+    /// An object of the CD system's under a name the driver writes is not one it wrote: it is
+    /// neither updated nor deleted.
+    #[error("{object} is not the driver's: {why}")]
+    NotOurs {
+        /// The object, `Kind namespace/name`.
+        object: String,
+        /// What it lacks.
+        why: String,
+    },
     /// The CD system's API failed.
     #[error("CD API request failed: {0}")]
     Api(#[from] kube::Error),
