@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::cd::{CdDriver, ClusterRegistration};
+use super::cd::{CdDriver, CdError, ClusterRegistration};
 use super::context::RemoteScope;
 use super::{BoxProvisioner, Context, Outcome, Provisioner, Reason, Serial, serial};
 
@@ -164,7 +164,15 @@ pub trait RemoteCluster: Send + Sync {
 /// field (as Flux refuses them), unless [`KubeconfigSecret::allow_local_credentials`] opts in.
 /// And the Secret must be in the reconciled object's own namespace (for a namespaced object),
 /// unless [`KubeconfigSecret::from_any_namespace`] says otherwise.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// The Secret also chooses the server the operator connects to. A server at a link-local
+/// address (`169.254.0.0/16`, `fe80::/10`: the cloud metadata services live there) or a cloud
+/// metadata name (`metadata.google.internal`, `metadata`) is refused by default; authors add
+/// their own rule with [`KubeconfigSecret::refuse_servers`] (their networks, a list of allowed
+/// hosts). Only the address as written is checked: a name that resolves to such an address is
+/// the authors' rule to refuse. Every request to the remote is bounded: 10 s to connect, 30 s
+/// to read or write.
+#[derive(Clone)]
 pub struct KubeconfigSecret {
     namespace: String,
     name: String,
@@ -172,6 +180,54 @@ pub struct KubeconfigSecret {
     context: Option<String>,
     allow_local_credentials: bool,
     any_namespace: bool,
+    refuse: Option<ServerRule>,
+}
+
+/// An author's rule on the servers kubeconfigs may name: `Some(why)` refuses.
+type ServerRule = Arc<dyn Fn(&http::Uri) -> Option<String> + Send + Sync>;
+
+/// How long a connection to a remote's server may take.
+const REMOTE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a remote's server may take to answer a request, or to take one.
+const REMOTE_IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl std::fmt::Debug for KubeconfigSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeconfigSecret")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("context", &self.context)
+            .field("allow_local_credentials", &self.allow_local_credentials)
+            .field("any_namespace", &self.any_namespace)
+            .field("refuse_servers", &self.refuse.is_some())
+            .finish()
+    }
+}
+
+/// Why the server `uri` is refused by default, if it is: a link-local address, or a cloud
+/// metadata service's name.
+pub(crate) fn default_server_refusal(uri: &http::Uri) -> Option<String> {
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if [
+        "metadata.google.internal",
+        "metadata",
+        "metadata.azure.internal",
+    ]
+    .contains(&host.as_str())
+    {
+        return Some(format!("{host} is a cloud metadata service"));
+    }
+    let link_local = match host.parse::<std::net::IpAddr>().ok()? {
+        std::net::IpAddr::V4(v4) => v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => {
+            (v6.segments()[0] & 0xffc0) == 0xfe80
+                || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
+                || v6 == std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
+        }
+    };
+    link_local.then(|| format!("{host} is a link-local or metadata address"))
 }
 
 impl KubeconfigSecret {
@@ -184,7 +240,27 @@ impl KubeconfigSecret {
             context: None,
             allow_local_credentials: false,
             any_namespace: false,
+            refuse: None,
         }
+    }
+
+    /// Refuse kubeconfigs whose server `rule` refuses (it returns why), besides the default
+    /// refusals (link-local and metadata addresses). The rule sees the server as written.
+    ///
+    /// ```
+    /// use actorcile::provisioners::KubeconfigSecret;
+    /// let secret = KubeconfigSecret::new("tenant-a", "edge-kubeconfig").refuse_servers(|uri| {
+    ///     (!uri.host().is_some_and(|h| h.ends_with(".clusters.example.com")))
+    ///         .then(|| "only servers under clusters.example.com".to_string())
+    /// });
+    /// # let _ = secret;
+    /// ```
+    pub fn refuse_servers(
+        mut self,
+        rule: impl Fn(&http::Uri) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.refuse = Some(Arc::new(rule));
+        self
     }
 
     /// The Cluster API convention: key `value` of Secret `<cluster>-kubeconfig` in `namespace`.
@@ -304,9 +380,20 @@ impl KubeconfigSecret {
             context: self.context.clone(),
             ..Default::default()
         };
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
             .map_err(|_| invalid("does not hold a usable kubeconfig"))?;
+        let refusal = default_server_refusal(&config.cluster_url).or_else(|| {
+            self.refuse
+                .as_ref()
+                .and_then(|rule| rule(&config.cluster_url))
+        });
+        if let Some(why) = refusal {
+            return Err(invalid(&format!("names a server that is refused: {why}")));
+        }
+        config.connect_timeout = Some(REMOTE_CONNECT_TIMEOUT);
+        config.read_timeout = Some(REMOTE_IO_TIMEOUT);
+        config.write_timeout = Some(REMOTE_IO_TIMEOUT);
         let version = crate::hash::fnv1a(text);
         Ok(RemoteAccess::config(config, version))
     }
@@ -630,7 +717,7 @@ where
         if let Some(driver) = &self.driver {
             let registration = match access.kube_config() {
                 Some(config) => ClusterRegistration::from_config(&id, config),
-                None => Err(super::cd::CdError::NotRegistrable {
+                None => Err(CdError::NotRegistrable {
                     id: id.clone(),
                     why: "it is reached through a client, not a configuration".into(),
                 }),
@@ -648,6 +735,17 @@ where
                 }
             };
             if let Err(e) = driver.register_cluster(&registration, &self.user(cx)).await {
+                if let CdError::NotOurs { .. } | CdError::NotRegistrable { .. } = e {
+                    // Retrying cannot help: someone must remove what is in the way, or the
+                    // owner name another cluster.
+                    return Outcome::UserActionRequired(Reason::new(
+                        "RemoteNotRegistrable",
+                        format!(
+                            "remote cluster {id} cannot be registered with {}: {e}",
+                            driver.kind()
+                        ),
+                    ));
+                }
                 return Outcome::failed(
                     Reason::new(
                         "RemoteRegistrationFailed",
@@ -731,6 +829,46 @@ current-context: remote
             .await
             .unwrap();
         remote.access(&cluster.client()).await
+    }
+
+    #[tokio::test]
+    async fn link_local_metadata_and_the_authors_refused_servers_are_refused() {
+        let with_server = |server: &str| {
+            kubeconfig("    token: abc", "").replace("https://127.0.0.1:6443", server)
+        };
+        let remote = || KubeconfigSecret::new("default", "remote-kubeconfig");
+        for server in [
+            "http://169.254.169.254",
+            "https://169.254.10.1:6443",
+            "https://[fe80::1]:6443",
+            "https://[fd00:ec2::254]",
+            "https://metadata.google.internal.",
+            "https://[::ffff:169.254.169.254]",
+        ] {
+            let e = access_with(&with_server(server), remote())
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, RemoteClusterError::Invalid { what } if what.contains("refused")),
+                "{server}: {e:?}"
+            );
+        }
+        let access = access_with(&with_server("https://10.0.0.7:6443"), remote())
+            .await
+            .expect("a private address is the author's to refuse");
+        let config = access.kube_config().unwrap();
+        assert_eq!(config.read_timeout, Some(REMOTE_IO_TIMEOUT));
+        assert_eq!(config.connect_timeout, Some(REMOTE_CONNECT_TIMEOUT));
+        let only_example = remote().refuse_servers(|uri| {
+            (uri.host() != Some("edge.example.com")).then(|| "not edge.example.com".into())
+        });
+        let e = access_with(&with_server("https://10.0.0.7:6443"), only_example.clone())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("not edge.example.com"), "{e}");
+        access_with(&with_server("https://edge.example.com"), only_example)
+            .await
+            .expect("the author's rule lets it through");
     }
 
     #[tokio::test]
