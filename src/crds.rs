@@ -46,6 +46,18 @@ pub enum CrdError {
         #[source]
         source: kube::runtime::wait::Error,
     },
+    /// The installed CRD is newer than the operator's: replacing it would downgrade the schema
+    /// (an older replica starting during a rollout). Nothing is written.
+    #[error(
+        "CustomResourceDefinition {name} is newer in the cluster than this operator's: {why}; \
+         not replacing it (run the operator version that installed it, or delete the CRD first)"
+    )]
+    Older {
+        /// The CRD's name.
+        name: String,
+        /// What makes the installed one newer.
+        why: String,
+    },
     /// It did not become Established in time.
     #[error("CustomResourceDefinition {name} did not become Established within {timeout:?}")]
     NotEstablished {
@@ -56,8 +68,55 @@ pub enum CrdError {
     },
 }
 
+/// The annotation with which an operator numbers the revisions of a CRD it ships (a decimal
+/// integer, raised with every schema change): an installed CRD of a higher revision is not
+/// replaced ([`CrdError::Older`]).
+pub const SCHEMA_REVISION_ANNOTATION: &str = "crds.actorcile.dev/schema-revision";
+
+/// Why `installed` is newer than `shipped`, if it is: it serves a version `shipped` does not
+/// have, or both carry a [`SCHEMA_REVISION_ANNOTATION`] and `installed`'s is higher.
+pub fn newer_installed(
+    installed: &CustomResourceDefinition,
+    shipped: &CustomResourceDefinition,
+) -> Option<String> {
+    let known: Vec<&str> = shipped
+        .spec
+        .versions
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
+    if let Some(v) = installed
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.served && !known.contains(&v.name.as_str()))
+    {
+        return Some(format!(
+            "it serves version {}, which this operator does not have",
+            v.name
+        ));
+    }
+    let revision = |c: &CustomResourceDefinition| {
+        c.metadata
+            .annotations
+            .as_ref()?
+            .get(SCHEMA_REVISION_ANNOTATION)?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
+    match (revision(installed), revision(shipped)) {
+        (Some(i), Some(s)) if i > s => Some(format!(
+            "its schema revision is {i}, this operator's is {s}"
+        )),
+        _ => None,
+    }
+}
+
 /// Create or update each CRD (server-side apply as `field_manager`, forced: the operator owns
-/// its CRDs), then wait up to `timeout` for each to be Established.
+/// its CRDs), then wait up to `timeout` for each to be Established. An installed CRD that is newer
+/// than the operator's ([`newer_installed`]) is not replaced: the error is
+/// [`CrdError::Older`], and no CRD is written.
 pub async fn install(
     client: kube::Client,
     crds: &[CustomResourceDefinition],
@@ -67,6 +126,17 @@ pub async fn install(
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let pp = PatchParams::apply(field_manager).force();
     let mut names = Vec::with_capacity(crds.len());
+    // Every CRD is checked before any is written: a refused install leaves the cluster as it was.
+    for crd in crds {
+        let name = crd.metadata.name.clone().ok_or(CrdError::WithoutName)?;
+        let installed = api.get_opt(&name).await.map_err(|source| CrdError::Apply {
+            name: name.clone(),
+            source,
+        })?;
+        if let Some(why) = installed.and_then(|i| newer_installed(&i, crd)) {
+            return Err(CrdError::Older { name, why });
+        }
+    }
     for crd in crds {
         let name = crd.metadata.name.clone().ok_or(CrdError::WithoutName)?;
         let mut body = crd.clone();

@@ -306,9 +306,9 @@ impl RuntimeBuilder {
             .flat_map(|c| c.rules(default))
             .collect();
         if !self.crds.is_empty() {
-            // Applied by name (server-side apply: a patch, which Kubernetes authorizes as a
-            // `create` of that name when the CRD does not exist yet), then watched by name until
-            // Established.
+            // Read by name (an installed CRD newer than the operator's is not replaced), applied
+            // by name (server-side apply: a patch, which Kubernetes authorizes as a `create` of
+            // that name when the CRD does not exist yet), then watched by name until Established.
             let names: Vec<&str> = self
                 .crds
                 .iter()
@@ -317,7 +317,7 @@ impl RuntimeBuilder {
             rules.push(ScopedRule::new(
                 RuleScope::Cluster,
                 named_rule_for::<CustomResourceDefinition>(
-                    &["create", "patch", "list", "watch"],
+                    &["get", "create", "patch", "list", "watch"],
                     &names,
                 ),
             ));

@@ -195,3 +195,112 @@ async fn adoption_and_children_outside_the_namespace_are_opt_in() {
     })
     .await;
 }
+
+/// A CRD of group `tenancy.actorcile.dev` serving `versions` (the first the storage version),
+/// with a schema revision when given.
+fn doohickey_crd(
+    versions: &[&str],
+    revision: Option<u32>,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    let versions: Vec<_> = versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::json!({
+                "name": v, "served": true, "storage": i == 0,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}},
+            })
+        })
+        .collect();
+    let mut crd = serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "doohickeys.tenancy.actorcile.dev"},
+        "spec": {
+            "group": "tenancy.actorcile.dev",
+            "scope": "Namespaced",
+            "names": {"plural": "doohickeys", "singular": "doohickey", "kind": "Doohickey"},
+            "versions": versions,
+        },
+    });
+    if let Some(r) = revision {
+        crd["metadata"]["annotations"] = serde_json::json!({
+            actorcile::crds::SCHEMA_REVISION_ANNOTATION: r.to_string()
+        });
+    }
+    serde_json::from_value(crd).unwrap()
+}
+
+#[tokio::test]
+async fn an_older_operator_does_not_downgrade_an_installed_crd() {
+    use actorcile::crds::{CrdError, install};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    bounded("CRD downgrade", async {
+        let env = shared_env().await;
+        let client = env.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let limit = std::time::Duration::from_secs(60);
+        let served = || async {
+            let c = crds.get("doohickeys.tenancy.actorcile.dev").await.unwrap();
+            let names: Vec<String> = c.spec.versions.iter().map(|v| v.name.clone()).collect();
+            let revision = c
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get(actorcile::crds::SCHEMA_REVISION_ANNOTATION)
+                .cloned();
+            (names, revision)
+        };
+        // The newer operator installed v1 and v2, revision 3.
+        install(
+            client.clone(),
+            &[doohickey_crd(&["v1", "v2"], Some(3))],
+            "newer",
+            limit,
+        )
+        .await
+        .unwrap();
+        // An older replica, knowing v1 only: refused, the CRD as it was.
+        let e = install(
+            client.clone(),
+            &[doohickey_crd(&["v1"], Some(2))],
+            "older",
+            limit,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&e, CrdError::Older { why, .. } if why.contains("v2")),
+            "{e}"
+        );
+        assert_eq!(
+            served().await,
+            (vec!["v1".into(), "v2".into()], Some("3".into()))
+        );
+        // The same versions at a lower revision: refused too.
+        let e = install(
+            client.clone(),
+            &[doohickey_crd(&["v1", "v2"], Some(2))],
+            "older",
+            limit,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&e, CrdError::Older { why, .. } if why.contains("revision is 3")),
+            "{e}"
+        );
+        // A newer revision goes in.
+        install(
+            client.clone(),
+            &[doohickey_crd(&["v1", "v2"], Some(4))],
+            "newer",
+            limit,
+        )
+        .await
+        .unwrap();
+        assert_eq!(served().await.1, Some("4".into()));
+    })
+    .await;
+}
