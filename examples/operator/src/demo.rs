@@ -63,6 +63,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     let rt = operator::register(
         Runtime::builder(client.clone()),
         args.infrastructure.provider()?,
+        &args.infrastructure.allowed_images,
     )
     .start()
     .await

@@ -123,9 +123,13 @@ async fn run(
     if install_crds {
         builder = builder.install_crds([Network::crd(), Cluster::crd()]);
     }
-    operator::register(builder, infrastructure.provider()?)
-        .metrics_registry(registry)
-        .run()
-        .await
-        .map_err(|e| e.to_string())
+    operator::register(
+        builder,
+        infrastructure.provider()?,
+        &infrastructure.allowed_images,
+    )
+    .metrics_registry(registry)
+    .run()
+    .await
+    .map_err(|e| e.to_string())
 }

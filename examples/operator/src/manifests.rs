@@ -15,10 +15,15 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
         0,
         Default::default(),
     ));
-    let builder =
-        operator::register(actorcile::runtime::Runtime::builder(client), provider).leader_election(
-            actorcile::leader::LeaderElection::new("actorcile-leader", namespace),
-        );
+    let builder = operator::register(
+        actorcile::runtime::Runtime::builder(client),
+        provider,
+        &[operator::DEFAULT_IMAGE_PREFIX.into()],
+    )
+    .leader_election(actorcile::leader::LeaderElection::new(
+        "actorcile-leader",
+        namespace,
+    ));
     let roles = builder.roles(operator::NAME);
     let bindings = roles.bindings(actorcile::rbac::service_account(namespace, operator::NAME));
     let mut docs = vec![json!({

@@ -46,12 +46,19 @@ pub struct NetworkSpec {
 pub struct ClusterSpec {
     /// The Network (same namespace) the cluster's nodes attach to.
     pub network: String,
-    /// Worker nodes.
+    /// Worker nodes, at most [`MAX_WORKERS`].
+    #[schemars(range(max = 16))]
     pub workers: usize,
-    /// The node image.
+    /// The node image: one the operator allows (`--allowed-image-prefix`).
     #[serde(default = "default_image")]
     pub image: String,
 }
+
+/// The most workers a Cluster may ask for: the spec is a tenant's, the nodes the operator's.
+pub const MAX_WORKERS: usize = 16;
+
+/// The image prefix the operator allows by default: its own node images.
+pub const DEFAULT_IMAGE_PREFIX: &str = "example/node:";
 
 /// A Cluster's status: the runtime's part (Ready, phase, conditions) and where the cluster is
 /// reached, which its tree writes.
@@ -113,18 +120,55 @@ fn network_of(c: &Cluster) -> Target {
     )
 }
 
-/// The name of a Cluster's node set on the provider.
+/// The name of a Cluster's node set on the provider: `<namespace>.<name>`. A namespace holds no
+/// `.`, so two Clusters never share a node set (with `-`, `a-b/c` and `a/b-c` did).
 fn node_set_of(c: &Cluster) -> String {
-    format!("{}-{}", c.namespace().unwrap_or_default(), c.name_any())
+    format!("{}.{}", c.namespace().unwrap_or_default(), c.name_any())
+}
+
+/// Why the Cluster's spec is refused, if it is: too many workers, or an image outside the
+/// allowed prefixes.
+fn refused_spec(c: &ClusterSpec, allowed_images: &[String]) -> Option<Reason> {
+    if c.workers > MAX_WORKERS {
+        return Some(Reason::new(
+            "TooManyWorkers",
+            format!("spec.workers is {}; at most {MAX_WORKERS}", c.workers),
+        ));
+    }
+    if !allowed_images
+        .iter()
+        .any(|p| c.image.starts_with(p.as_str()))
+    {
+        return Some(Reason::new(
+            "ImageNotAllowed",
+            format!(
+                "spec.image is not one this operator runs (allowed: {})",
+                allowed_images.join(", ")
+            ),
+        ));
+    }
+    None
 }
 
 /// Cluster: wait for its Network to be Ready and hold a reference on it (so the Network cannot
 /// be deleted while the cluster uses it), start its nodes on the provider, write where it is
 /// reached into its status (`status.endpoint`), then write its connection details as a
 /// ConfigMap `<name>-cluster`.
-pub fn cluster_tree(provider: Arc<dyn Provider>) -> impl Provisioner<Cluster> {
+pub fn cluster_tree(
+    provider: Arc<dyn Provider>,
+    allowed_images: Arc<[String]>,
+) -> impl Provisioner<Cluster> {
     let nodes_provider = provider.clone();
     serial![
+        step("validate", move |cx: Context<Cluster>| {
+            let allowed = allowed_images.clone();
+            async move {
+                match refused_spec(&cx.object().spec, &allowed) {
+                    Some(reason) => Outcome::Terminal(reason),
+                    None => Outcome::Done,
+                }
+            }
+        }),
         step("network", |cx: Context<Cluster>| async move {
             let network = network_of(cx.object());
             if let Some(wait) = cx.require_ready(&network).await {
@@ -201,6 +245,15 @@ pub struct ProviderArgs {
         default_value = "/var/run/docker.sock"
     )]
     pub docker_socket: String,
+    /// An image prefix Clusters' nodes may use (repeat for several); a Cluster naming another
+    /// image is refused (`ImageNotAllowed`)
+    #[arg(
+        long = "allowed-image-prefix",
+        env = "EXAMPLE_OPERATOR_ALLOWED_IMAGE_PREFIXES",
+        value_delimiter = ',',
+        default_value = DEFAULT_IMAGE_PREFIX
+    )]
+    pub allowed_images: Vec<String>,
 }
 
 /// The infrastructure providers the example knows.
@@ -233,10 +286,12 @@ impl ProviderArgs {
 /// The runtime's name: Events' reporting controller, field manager.
 pub const NAME: &str = "example-operator";
 
-/// Register both kinds on `builder`, the clusters' nodes on `provider`.
+/// Register both kinds on `builder`, the clusters' nodes on `provider`, with images under
+/// `allowed_images` only.
 pub fn register(
     builder: actorcile::runtime::RuntimeBuilder,
     provider: Arc<dyn Provider>,
+    allowed_images: &[String],
 ) -> actorcile::runtime::RuntimeBuilder {
     let check = provider.clone();
     builder
@@ -247,7 +302,7 @@ pub fn register(
         // at once.
         .controller(Controller::<Network>::new(network_tree()).owns::<ConfigMap>())
         .controller(
-            Controller::<Cluster>::new(cluster_tree(provider))
+            Controller::<Cluster>::new(cluster_tree(provider, allowed_images.into()))
                 .owns::<ConfigMap>()
                 .on_initialize(
                     // Start-up fails at once if the provider does not answer, not object by object.
@@ -276,5 +331,42 @@ mod tests {
         assert!(!valid_cidr("10.0.0.0"));
         assert!(!valid_cidr("10.0.0.0/33"));
         assert!(!valid_cidr("banana/8"));
+    }
+
+    #[test]
+    fn tenants_choose_neither_the_node_count_nor_the_image_beyond_the_bounds() {
+        let allowed = [DEFAULT_IMAGE_PREFIX.to_string()];
+        let spec = |workers, image: &str| ClusterSpec {
+            network: "n".into(),
+            workers,
+            image: image.into(),
+        };
+        assert!(refused_spec(&spec(MAX_WORKERS, &default_image()), &allowed).is_none());
+        let r = refused_spec(&spec(MAX_WORKERS + 1, &default_image()), &allowed).unwrap();
+        assert_eq!(r.code(), "TooManyWorkers");
+        let r = refused_spec(&spec(1, "evil/miner:latest"), &allowed).unwrap();
+        assert_eq!(r.code(), "ImageNotAllowed");
+        let schema = serde_json::to_value(schemars::schema_for!(ClusterSpec)).unwrap();
+        assert_eq!(schema["properties"]["workers"]["maximum"], MAX_WORKERS);
+    }
+
+    #[test]
+    fn node_sets_of_clusters_in_different_namespaces_never_collide() {
+        let cluster = |ns: &str, name: &str| {
+            let mut c = Cluster::new(
+                name,
+                ClusterSpec {
+                    network: "n".into(),
+                    workers: 1,
+                    image: default_image(),
+                },
+            );
+            c.metadata.namespace = Some(ns.into());
+            c
+        };
+        assert_ne!(
+            node_set_of(&cluster("a-b", "c")),
+            node_set_of(&cluster("a", "b-c"))
+        );
     }
 }

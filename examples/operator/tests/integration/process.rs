@@ -57,6 +57,7 @@ async fn grant_roles(env: &Envtest) {
             .namespace("default")
             .install_crds([Network::crd(), Cluster::crd()]),
         provider,
+        &[operator::DEFAULT_IMAGE_PREFIX.into()],
     );
     let roles = builder.roles(operator::NAME);
     let cluster_wide: Vec<String> = roles
