@@ -1,4 +1,13 @@
-//! The Kubernetes Events of one controller: kube-runtime's [`Recorder`], split by object.
+//! The Kubernetes Events of one controller: kube-runtime's [`Recorder`], split by object, with
+//! each object's Event budget ([`EventBudget`]) and notes that are bounded and sanitised.
+//!
+//! Every Event of a controller goes through here, the runtime's and a step's
+//! ([`Context::event`](crate::provisioners::Context::event)) alike: it takes one of the object's
+//! budget (a flapping object cannot flood the API server), and its note is cut to what the API
+//! server accepts. Text the runtime did not write itself (error chains, panic messages, a step's
+//! note) is [sanitised](sanitise) by the caller first: quoted text (where serde and the API
+//! server put the values they could not take, so a Secret's content could otherwise reach an
+//! Event) and control characters are masked. The raw error chain goes to the logs only.
 //!
 //! A [`Recorder`] keeps every Event it published in the last six minutes, so that a repeat
 //! (same object, type, reason and action) patches the first one's `series` count instead
@@ -23,6 +32,11 @@ use kube::Client;
 use kube::runtime::events::{Event, Recorder, Reporter};
 use tokio::time::Instant;
 
+use crate::event_budget::EventBudget;
+
+/// An Event's note holds at most 1 KiB (bytes, not characters).
+pub(crate) const MAX_EVENT_NOTE: usize = 1024;
+
 /// How many recorders a controller's Events are split across. At a million objects with an
 /// Event each in six minutes, a publish walks about 4 000 entries.
 pub(crate) const SHARDS: usize = 256;
@@ -43,6 +57,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 pub(crate) struct EventRecorder {
     shards: Arc<[Mutex<Shard>]>,
     hasher: ahash::RandomState,
+    /// Each object's Event budget, by namespace and name.
+    budget: EventBudget<(Option<String>, String)>,
 }
 
 struct Shard {
@@ -67,7 +83,27 @@ impl EventRecorder {
         Self {
             shards,
             hasher: ahash::RandomState::new(),
+            budget: EventBudget::default(),
         }
+    }
+
+    fn budget_key(regarding: &ObjectReference) -> (Option<String>, String) {
+        (
+            regarding.namespace.clone(),
+            regarding.name.clone().unwrap_or_default(),
+        )
+    }
+
+    /// Take one Event of the budget of the object `regarding` refers to: `false` when it has
+    /// none left now (publish nothing then).
+    pub(crate) fn admit(&self, regarding: &ObjectReference) -> bool {
+        self.budget
+            .take(&Self::budget_key(regarding), Instant::now())
+    }
+
+    /// The object is gone: its budget starts full if it comes back.
+    pub(crate) fn forget(&self, regarding: &ObjectReference) {
+        self.budget.forget(&Self::budget_key(regarding));
     }
 
     /// The recorder of the object `regarding` refers to.
@@ -76,12 +112,28 @@ impl EventRecorder {
         (self.hasher.hash_one(key) % SHARDS as u64) as usize
     }
 
-    /// Publish `ev` about the object `regarding` refers to ([`Recorder::publish`]).
+    /// Publish `ev` about the object `regarding` refers to ([`Recorder::publish`]), its note
+    /// cut to [`MAX_EVENT_NOTE`] bytes. The budget is the caller's to check first
+    /// ([`EventRecorder::admit`]), and text the runtime did not write its to [`sanitise`].
     pub(crate) async fn publish(
         &self,
         ev: &Event,
         regarding: &ObjectReference,
     ) -> Result<(), kube::Error> {
+        let clean;
+        let ev = match &ev.note {
+            Some(note) if note.len() > MAX_EVENT_NOTE => {
+                clean = Event {
+                    type_: ev.type_,
+                    reason: ev.reason.clone(),
+                    note: Some(crate::status::prefix_within(note, MAX_EVENT_NOTE).to_string()),
+                    action: ev.action.clone(),
+                    secondary: ev.secondary.clone(),
+                };
+                &clean
+            }
+            _ => ev,
+        };
         let recorder = {
             let mut shard = lock(&self.shards[self.shard(regarding)]);
             shard.last = Some(Instant::now());
@@ -89,6 +141,41 @@ impl EventRecorder {
         };
         recorder.publish(ev, regarding).await
     }
+}
+
+/// `text` as an Event may carry it: every quoted span (`"…"`, `'…'`, `` `…` ``) masked as `"…"`,
+/// control characters as spaces, and at most [`MAX_EVENT_NOTE`] bytes (cut on a character
+/// boundary). serde's errors quote the value they could not decode, and the API server's the
+/// value it refused: in an Event, readable by everyone who can read the object's namespace, that
+/// value could be a Secret's. The names the runtime's own messages quote are masked too; the
+/// logs keep the whole text.
+pub(crate) fn sanitise(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_EVENT_NOTE));
+    let mut quote: Option<char> = None;
+    let mut prev = ' ';
+    for c in text.chars() {
+        match quote {
+            Some(q) if c == q => {
+                quote = None;
+                out.push_str("\"…\"");
+            }
+            Some(_) => {}
+            // A quote opens a span only at a word's start: "don't" keeps its apostrophe.
+            None if matches!(c, '"' | '`') || (c == '\'' && !prev.is_alphanumeric()) => {
+                quote = Some(c);
+            }
+            None if c.is_control() => out.push(' '),
+            None => out.push(c),
+        }
+        prev = c;
+        if out.len() >= MAX_EVENT_NOTE {
+            break;
+        }
+    }
+    if quote.is_some() {
+        out.push_str("\"…");
+    }
+    crate::status::prefix_within(&out, MAX_EVENT_NOTE).to_string()
 }
 
 fn lock(shard: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
@@ -119,6 +206,25 @@ async fn sweep(shards: Weak<[Mutex<Shard>]>, fresh: impl Fn() -> Recorder) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_values_and_control_characters_are_masked_and_notes_bounded() {
+        let serde = serde_json::from_str::<i32>("\"s3cr3t\"")
+            .unwrap_err()
+            .to_string();
+        assert!(serde.contains("s3cr3t"), "serde quotes the value: {serde}");
+        let clean = sanitise(&format!("decoding failed: {serde}"));
+        assert!(!clean.contains("s3cr3t"), "{clean}");
+        assert!(
+            clean.starts_with("decoding failed: invalid type: string"),
+            "{clean}"
+        );
+        assert_eq!(sanitise("a `b` and 'c' here"), "a \"…\" and \"…\" here");
+        assert_eq!(sanitise("don't\nstop"), "don't stop");
+        assert_eq!(sanitise("open \"tail"), "open \"…");
+        let long = sanitise(&"é".repeat(2000));
+        assert!(long.len() <= MAX_EVENT_NOTE && long.len() > MAX_EVENT_NOTE - 2);
+    }
     use crate::cluster::ApiServer;
     use k8s_openapi::api::events::v1::Event as K8sEvent;
     use kube::runtime::events::EventType;

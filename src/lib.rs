@@ -62,6 +62,7 @@ pub mod crds;
 #[cfg(feature = "envtest")]
 #[doc(inline)]
 pub use actorcile_envtest as envtest;
+mod event_budget;
 mod event_recorder;
 /// Private parsers opened to the fuzz targets (feature `fuzzing`); not part of the API.
 #[cfg(feature = "fuzzing")]

@@ -413,7 +413,6 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             write_status: self.status,
             metrics: cx.metrics.clone(),
             kind_metrics: kind_metrics.clone(),
-            event_budget: Default::default(),
             status_checks: Default::default(),
             references: cx.references.clone(),
             timers,

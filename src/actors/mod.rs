@@ -25,7 +25,6 @@
 //! | `timer.rs` | the timer task: delivers wake-ups, hands out run slots |
 //! | `run_slots.rs` | who gets the next run slot, and the lateness heuristic (plain data) |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
-//! | `event_budget.rs` | how many Events each object may still publish (plain data) |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `store.rs` | the kind's cache: one table of objects per watched namespace |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
@@ -73,7 +72,6 @@
 //!   events (echoes) are not news and run no reconcile.
 
 mod activation_queue;
-mod event_budget;
 mod feeder;
 #[cfg(all(test, feature = "cluster"))]
 mod feeder_tests;
@@ -160,8 +158,6 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub metrics: Arc<Metrics>,
     /// This controller's own figures (runs by result, durations, Events).
     pub kind_metrics: Arc<KindMetrics>,
-    /// Each object's Event budget.
-    pub event_budget: event_budget::EventBudget<ObjectRef<K>>,
     /// What the runtime found out about the kind's status subresource (served at all, and
     /// keeping what the runtime writes).
     pub status_checks: writes::StatusChecks,

@@ -17,9 +17,6 @@ use crate::object_api::bounded;
 use crate::provisioners::{InvalidReason, Outcome};
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
-/// The longest note an Event may carry, in bytes.
-const MAX_EVENT_NOTE: usize = 1024;
-
 /// Patch the status subresource of `obj` to `status` and the steps' `fields`, with `obj`'s resourceVersion as a
 /// precondition: the status is computed from `obj`, and writing it over a newer version would
 /// drop what someone else wrote meanwhile (another step's condition, a guard's lock) — a
@@ -242,11 +239,14 @@ pub(crate) async fn publish_transition<K: ManagedResource>(
             EventType::Warning,
             Some(format!(
                 "{reason}; {}",
-                errors
-                    .iter()
-                    .map(|e| e.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                // The errors' own text may quote what they could not take: sanitised.
+                crate::event_recorder::sanitise(
+                    &errors
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
             )),
         ),
         Outcome::Terminal(r) | Outcome::UserActionRequired(r) => {
@@ -268,9 +268,9 @@ pub(crate) async fn publish_transition<K: ManagedResource>(
 pub(crate) async fn publish_released<K: ManagedResource>(shared: &Shared<K>, obj: &K) {
     let note = "deprovisioned; the finalizer is removed".to_string();
     publish(shared, obj, EventType::Normal, "Released", Some(note)).await;
-    shared
-        .event_budget
-        .forget(&kube::runtime::reflector::ObjectRef::from_obj(obj));
+    if let Some(recorder) = &shared.parts.recorder {
+        recorder.forget(&obj.object_ref(&()));
+    }
 }
 
 /// The object's actor failed and restarts (`Restarted`), or will not be restarted any more
@@ -281,6 +281,8 @@ pub(crate) async fn publish_restarted<K: ManagedResource>(
     failures: usize,
     error: &str,
 ) {
+    // A panic's message is whatever the panicking code wrote: sanitised.
+    let error = crate::event_recorder::sanitise(error);
     let note =
         format!("the resource's actor failed ({failures} in the window): {error}; restarting");
     publish(shared, obj, EventType::Warning, "Restarted", Some(note)).await;
@@ -313,7 +315,8 @@ async fn publish<K: ManagedResource>(
         return;
     };
     let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
-    if !shared.event_budget.take(&key, tokio::time::Instant::now()) {
+    let regarding = obj.object_ref(&());
+    if !recorder.admit(&regarding) {
         Metrics::inc(&shared.kind_metrics.events_dropped);
         tracing::debug!(object = %key, reason, "Event budget spent; not published");
         return;
@@ -327,12 +330,11 @@ async fn publish<K: ManagedResource>(
     let ev = kube::runtime::events::Event {
         type_,
         reason: reason.into(),
-        // An Event's note holds at most 1 KiB (bytes, not characters).
-        note: note.map(|n| crate::status::prefix_within(&n, MAX_EVENT_NOTE).to_string()),
+        // Cut and sanitised by the recorder.
+        note,
         action: action.into(),
         secondary: None,
     };
-    let regarding = obj.object_ref(&());
     let published = recorder.publish(&ev, &regarding);
     if let Err(e) = bounded_write(shared, published).await {
         // Not retried: the status already says what the Event would. Refused Events are worth

@@ -408,19 +408,27 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         Target::of(self.object().as_ref())
     }
 
-    /// Publish a Kubernetes Event about the object (best effort: failures are logged, not returned).
+    /// Publish a Kubernetes Event about the object (best effort: failures are logged, not
+    /// returned). It takes from the object's Event budget, as the runtime's own Events do (25 at
+    /// once, then one every 5 minutes: a spent budget publishes nothing), and its note is cut to
+    /// 1 KiB with quoted text and control characters masked (a note that embeds an error's text
+    /// would otherwise carry the values it quotes).
     pub async fn event(&self, type_: EventType, reason: &str, action: &str, note: Option<String>) {
         let Some(recorder) = &self.inner.parts.recorder else {
             return;
         };
+        let reference = self.object().object_ref(&());
+        if !recorder.admit(&reference) {
+            tracing::debug!(object = %self.target(), reason, "Event budget spent; not published");
+            return;
+        }
         let ev = Event {
             type_,
             reason: reason.to_string(),
-            note,
+            note: note.map(|n| crate::event_recorder::sanitise(&n)),
             action: action.to_string(),
             secondary: None,
         };
-        let reference = self.object().object_ref(&());
         if let Err(e) = recorder.publish(&ev, &reference).await {
             tracing::debug!(error = %e, "could not publish event");
         }

@@ -341,3 +341,76 @@ async fn an_object_another_finalizer_holds_says_it_is_deprovisioned_not_ready() 
     );
     rt.shutdown().await;
 }
+
+#[tokio::test]
+async fn events_carry_no_value_an_error_or_a_panic_quotes_and_a_steps_events_keep_the_budget() {
+    let (_cluster, client) = cluster();
+    let tree = step("leaky", |cx: Context<Widget>| async move {
+        match cx.object().spec.size {
+            0 => {
+                let e = serde_json::from_str::<i32>("\"s3cr3t-error\"").unwrap_err();
+                Outcome::failed(Reason::new("Decode", "cannot decode the settings"), e)
+            }
+            1 => panic!("the password is 's3cr3t-panic'"),
+            _ => {
+                // A step that publishes many Events of its own: the object's budget holds.
+                for _ in 0..40 {
+                    cx.event(
+                        kube::runtime::events::EventType::Normal,
+                        "Chatty",
+                        "Provision",
+                        Some("token \"s3cr3t-note\" seen".into()),
+                    )
+                    .await;
+                }
+                Outcome::Done
+            }
+        }
+    });
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(Controller::<Widget>::new(tree))
+        .events("widget-operator")
+        .start()
+        .await
+        .expect("start");
+    create(&client, "failing", 0).await;
+    create(&client, "panicking", 1).await;
+    create(&client, "chatty", 2).await;
+    wait_reason(&client, "chatty", "Provisioned", LIMIT).await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let all = eventually("the failure's and the restart's Events", LIMIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?.items;
+        let has = |r: &str| list.iter().any(|e| e.reason.as_deref() == Some(r));
+        (has("Decode") && has("Restarted")).then_some(list)
+    })
+    .await;
+    for e in &all {
+        let note = e.note.clone().unwrap_or_default();
+        assert!(!note.contains("s3cr3t"), "{:?}: {note}", e.reason);
+    }
+    let restarted = all
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Restarted"))
+        .unwrap();
+    assert!(
+        restarted
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("the password is"),
+        "{restarted:?}"
+    );
+    // At most the budget's burst of the step's own Events (of one object), counted as a series
+    // of repeats.
+    let chatty: i32 = all
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("Chatty")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("chatty")
+        })
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum();
+    assert!((1..=25).contains(&chatty), "{chatty} Chatty Events");
+    rt.shutdown().await;
+}
