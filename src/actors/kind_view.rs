@@ -43,16 +43,8 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
             // wakes the waiters then, so they see it).
             None if !self.synced() => Readiness::NotReady,
             None => Readiness::Missing,
-            Some((true, _)) => Readiness::Deleting,
-            Some((false, status)) => {
-                if status.is_ready() {
-                    Readiness::Ready
-                } else if status.phase == Some(crate::status::Phase::Failed) {
-                    Readiness::Failed
-                } else {
-                    Readiness::NotReady
-                }
-            }
+            Some((true, _, _)) => Readiness::Deleting,
+            Some((false, status, generation)) => status_readiness(&status, generation),
         }
     }
     fn said_ready(&self, target: &Target) -> bool {
@@ -94,5 +86,47 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
             Some(ns) => Api::namespaced_with(Client::clone(&self.shared.client), ns, &ar),
             None => Api::all_with(Client::clone(&self.shared.client), &ar),
         }
+    }
+}
+
+/// The readiness a cached object's status says, for an object at `generation`: Ready only when
+/// its status is of that generation (a Ready of an older one is not Ready: the spec changed
+/// since), Failed by the phase, else not Ready.
+fn status_readiness(status: &crate::status::ResourceStatus, generation: Option<i64>) -> Readiness {
+    let current = generation.is_none()
+        || status.observed_generation.is_none()
+        || status.observed_generation == generation;
+    if status.is_ready() && current {
+        Readiness::Ready
+    } else if status.phase == Some(crate::status::Phase::Failed) {
+        Readiness::Failed
+    } else {
+        Readiness::NotReady
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{Phase, ReadyReason, ResourceStatus};
+
+    #[test]
+    fn a_ready_status_of_an_older_generation_is_not_ready() {
+        let ready_at = |g| {
+            ResourceStatus::default().with_ready(
+                Phase::Ready,
+                true,
+                ReadyReason::Provisioned,
+                "done",
+                Some(g),
+            )
+        };
+        assert_eq!(status_readiness(&ready_at(2), Some(2)), Readiness::Ready);
+        assert_eq!(status_readiness(&ready_at(1), Some(2)), Readiness::NotReady);
+        assert_eq!(status_readiness(&ready_at(2), None), Readiness::Ready);
+        assert_eq!(
+            status_readiness(&ResourceStatus::default(), Some(1)),
+            Readiness::NotReady
+        );
     }
 }

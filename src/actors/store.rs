@@ -34,6 +34,17 @@ impl<K: ManagedResource> Held<K> {
             Held::Encoded(e) => e.names(),
         }
     }
+
+    /// The object's uid and generation: a Ready flag holds for one version of one object only.
+    fn identity(&self) -> (Option<String>, Option<i64>) {
+        match self {
+            Held::Whole(obj) => (obj.meta().uid.clone(), obj.meta().generation),
+            Held::Encoded(e) => e
+                .metadata()
+                .map(|m| (m.uid, m.generation))
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl<K: ManagedResource> Slot<K> {
@@ -178,8 +189,9 @@ impl Encoded {
         Some(self.read::<Object>()?.metadata)
     }
 
-    /// Whether the object is being deleted, and its status as [`ResourceStatus::of`] reads it.
-    fn readiness(&self) -> Option<(bool, ResourceStatus)> {
+    /// Whether the object is being deleted, its status as [`ResourceStatus::of`] reads it, and
+    /// its generation.
+    fn readiness(&self) -> Option<(bool, ResourceStatus, Option<i64>)> {
         #[derive(serde::Deserialize)]
         struct Object {
             #[serde(default)]
@@ -192,7 +204,11 @@ impl Encoded {
             .status
             .and_then(|s| serde_json::from_value(s).ok())
             .unwrap_or_default();
-        Some((o.metadata.deletion_timestamp.is_some(), status))
+        Some((
+            o.metadata.deletion_timestamp.is_some(),
+            status,
+            o.metadata.generation,
+        ))
     }
 }
 
@@ -204,6 +220,10 @@ struct PartialMeta {
     resource_version: Option<String>,
     #[serde(default)]
     deletion_timestamp: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
 }
 
 thread_local! {
@@ -278,13 +298,20 @@ impl<K: ManagedResource> Objects<K> {
         self.insert_held(Held::Whole(obj));
     }
 
-    /// Caches `held`, keeping the Ready flag of the version it replaces.
+    /// Caches `held`, keeping the Ready flag of the version it replaces when it is the same
+    /// object at the same generation (not one deleted and created again under the name, nor a
+    /// changed spec: its actor says Ready again once it reconciled it).
     fn insert_held(&mut self, held: Held<K>) {
         let hasher = &self.hasher;
         let (ns, name) = held.names();
         let hash = name_hash(hasher, ns, name);
         match self.table.find_mut(hash, |s| s.names() == (ns, name)) {
-            Some(slot) => slot.obj = held,
+            Some(slot) => {
+                if *slot.ready.get_mut() && slot.obj.identity() != held.identity() {
+                    *slot.ready.get_mut() = false;
+                }
+                slot.obj = held;
+            }
             None => {
                 let slot = Slot {
                     obj: held,
@@ -493,12 +520,16 @@ impl<K: ManagedResource> KindStore<K> {
     /// Whether the object at `key` is being deleted, and its status as [`ResourceStatus::of`]
     /// reads it, if it is cached (an encoded object is read without decoding it whole: the
     /// reference index asks this of passive objects).
-    pub(crate) fn readiness(&self, key: &ObjectRef<K>) -> Option<(bool, ResourceStatus)> {
+    pub(crate) fn readiness(
+        &self,
+        key: &ObjectRef<K>,
+    ) -> Option<(bool, ResourceStatus, Option<i64>)> {
         let store = self.store_of(key)?.read();
         match &store.get(key)?.obj {
             Held::Whole(obj) => Some((
                 obj.meta().deletion_timestamp.is_some(),
                 ResourceStatus::of(obj.as_ref()),
+                obj.meta().generation,
             )),
             Held::Encoded(e) => e.readiness(),
         }
@@ -833,6 +864,43 @@ mod tests {
         );
     }
 
+    /// The Ready flag an object's actor set holds for that object at that generation only:
+    /// another generation (a changed spec) or another uid (deleted and created again under the
+    /// name) clears it, whole or encoded; a new version of the same (its status) keeps it.
+    #[test]
+    fn the_ready_flag_is_of_one_generation_of_one_object() {
+        use crate::actors::testing::{Widget, WidgetSpec};
+        let (store, mut writers) = KindStore::<Widget>::new(&[None]);
+        let key = ObjectRef::new("w").within("ns");
+        let version = |uid: &str, generation: i64, rv: &str| {
+            let mut w = Widget::new("w", WidgetSpec::default());
+            w.metadata.namespace = Some("ns".into());
+            w.metadata.uid = Some(uid.into());
+            w.metadata.generation = Some(generation);
+            w.metadata.resource_version = Some(rv.into());
+            w
+        };
+        writers[0].apply_watcher_event(Event::Apply(version("u1", 1, "1")));
+        store.set_ready(&key, true);
+        writers[0].apply_watcher_event(Event::Apply(version("u1", 1, "2")));
+        assert!(store.is_ready(&key), "a status write keeps it");
+        for encoded in [false, true] {
+            if encoded {
+                store.set_ready(&key, true);
+                assert!(store.encode(&key, &store.get(&key).unwrap()));
+            }
+            let next = if encoded { ("u1", 3) } else { ("u1", 2) };
+            writers[0].apply_watcher_event(Event::Apply(version(next.0, next.1, "3")));
+            assert!(
+                !store.is_ready(&key),
+                "a new generation clears it (encoded: {encoded})"
+            );
+        }
+        store.set_ready(&key, true);
+        writers[0].apply_watcher_event(Event::Apply(version("u2", 3, "9")));
+        assert!(!store.is_ready(&key), "another object under the name");
+    }
+
     /// What the reference index reads of an encoded object (deletion, status) is what it reads
     /// of the whole object.
     #[test]
@@ -872,9 +940,9 @@ mod tests {
             assert_eq!(store.deleting(key), Some(deleting), "{key}");
         }
         let read = |name: &str| store.readiness(&ObjectRef::new(name).within("ns"));
-        assert!(read("ready").is_some_and(|(d, s)| !d && s.is_ready()));
-        assert!(read("bare").is_some_and(|(d, s)| !d && !s.is_ready()));
-        assert!(read("leaving").is_some_and(|(d, _)| d));
+        assert!(read("ready").is_some_and(|(d, s, _)| !d && s.is_ready()));
+        assert!(read("bare").is_some_and(|(d, s, _)| !d && !s.is_ready()));
+        assert!(read("leaving").is_some_and(|(d, _, _)| d));
         assert_eq!(
             store.deleting(&ObjectRef::new("leaving").within("ns")),
             Some(true)
