@@ -102,7 +102,21 @@ impl<K: ManagedResource> Controller<K> {
         mut self,
         map: impl Fn(&R) -> Vec<ObjectRef<K>> + Send + Sync + 'static,
     ) -> Self {
-        let map: crate::actors::triggers::RelatedMap<K, R> = Arc::new(map);
+        // The mapper reads objects anyone who can write `R` wrote: a panic in it on one such
+        // object maps that object to nothing (an error log names it) instead of ending the
+        // watch for every other.
+        let map: crate::actors::triggers::RelatedMap<K, R> = Arc::new(move |r: &R| {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| map(r))) {
+                Ok(owners) => owners,
+                Err(_) => {
+                    tracing::error!(
+                        kind = %R::kind(&()), object = %kube::ResourceExt::name_any(r),
+                        "the watch's mapper panicked on this object; it runs no owner"
+                    );
+                    Vec::new()
+                }
+            }
+        });
         self.spec.related.push(RelatedSpec {
             owned: false,
             cluster_scoped: crate::object_api::is_cluster_scoped::<R>(),

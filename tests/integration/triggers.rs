@@ -922,3 +922,55 @@ async fn a_config_from_another_cluster_re_runs_the_objects_and_stays_out_of_thei
     .await;
     rt.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
+    let (_cluster, client) = cluster();
+    let passes = PassCounts::default();
+    let p = passes.clone();
+    let tree = step("count", move |cx: Context<Widget>| {
+        let p = p.clone();
+        async move {
+            *p.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.poll_interval = None;
+    let rt = Runtime::builder(client.clone())
+        .policy(policy)
+        .controller(Controller::<Widget>::new(tree).watches(|s: &Secret| {
+            let widget = s.labels().get("widget").cloned().unwrap_or_default();
+            assert!(widget != "boom", "a mapper that trusts its input");
+            vec![ObjectRef::new(&widget).within("default")]
+        }))
+        .start()
+        .await
+        .unwrap();
+    create(&client, "a", 1).await;
+    wait_ready(&client, "a", LIMIT).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let secret = |name: &str, widget: &str| {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.labels = Some([("widget".to_string(), widget.to_string())].into());
+        s
+    };
+    // The hostile Secret first, then one for `a`: the watch events come in this order, so
+    // `a` running proves the watch outlived the panic.
+    secrets
+        .create(&PostParams::default(), &secret("hostile", "boom"))
+        .await
+        .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret("creds", "a"))
+        .await
+        .unwrap();
+    eventually(
+        "a runs for the Secret after the hostile one",
+        LIMIT,
+        || async { (passes_of(&passes, "a") == 2).then_some(()) },
+    )
+    .await;
+    rt.shutdown().await;
+}
