@@ -7,8 +7,11 @@
 //!
 //! Whoever can reach the address is untrusted: a client has [`AdminLimits::header_read_timeout`]
 //! to send its request's headers, a connection lives at most
-//! [`AdminLimits::connection_lifetime`], and at most [`AdminLimits::max_connections`] are open
-//! at once (one more is closed at once), so slow or many clients cannot hold the server.
+//! [`AdminLimits::connection_lifetime`], at most [`AdminLimits::max_connections`] are open at
+//! once, and at most [`AdminLimits::max_connections_per_peer`] from one address (one more is
+//! closed at once), so slow or many clients cannot hold the server, and one peer crowding it
+//! (a metrics scraper gone wrong, or anyone who reaches the port) leaves room for the kubelet's
+//! probes.
 //!
 //! - `/healthz`: 200 while the runtime's supervisors are alive (the root and every
 //!   controller's manager), 503 once one stopped or escalated.
@@ -50,6 +53,9 @@ pub struct AdminLimits {
     pub connection_lifetime: Duration,
     /// How many connections are served at once (default 64); one more is closed at once.
     pub max_connections: usize,
+    /// How many of them one peer address may hold (default 4); one more from it is closed at
+    /// once.
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for AdminLimits {
@@ -58,6 +64,7 @@ impl Default for AdminLimits {
             header_read_timeout: Duration::from_secs(5),
             connection_lifetime: Duration::from_secs(60),
             max_connections: 64,
+            max_connections_per_peer: 4,
         }
     }
 }
@@ -119,15 +126,21 @@ impl AdminServer {
         };
         tracing::info!(%addr, paths, "admin server listening");
         let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+        let peers = PeerSlots::new(limits.max_connections_per_peer.max(1));
         let task = tokio::spawn(async move {
             loop {
-                let stream = match listener.accept().await {
-                    Ok((stream, _)) => stream,
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         tracing::warn!(error = %e, "admin server: accept failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
+                };
+                let Some(peer_slot) = peers.take(peer.ip()) else {
+                    tracing::debug!(peer = %peer.ip(), "admin server: too many connections from one peer; one closed");
+                    drop(stream);
+                    continue;
                 };
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     tracing::debug!("admin server: too many connections; one closed");
@@ -136,7 +149,7 @@ impl AdminServer {
                 };
                 let (registry, health) = (registry.clone(), health.clone());
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    let _slots = (slot, peer_slot);
                     let service = hyper::service::service_fn(move |req| {
                         let answer = answer(&req, endpoints, &registry, &health);
                         async move { Ok::<_, Infallible>(answer) }
@@ -161,6 +174,53 @@ impl AdminServer {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+}
+
+/// How many connections each peer address holds, capped.
+#[derive(Clone)]
+struct PeerSlots {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    cap: usize,
+}
+
+/// One connection of a peer's; gives its slot back when dropped.
+struct PeerSlot {
+    peers: PeerSlots,
+    ip: std::net::IpAddr,
+}
+
+impl PeerSlots {
+    fn new(cap: usize) -> Self {
+        Self {
+            open: Default::default(),
+            cap,
+        }
+    }
+
+    fn take(&self, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
     }
 }
 

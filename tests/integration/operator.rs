@@ -88,6 +88,7 @@ async fn slow_or_crowding_clients_cannot_hold_the_admin_server() {
             header_read_timeout: Duration::from_secs(3600),
             connection_lifetime: Duration::from_secs(3600),
             max_connections: 2,
+            max_connections_per_peer: 4,
         },
     )
     .await
@@ -124,6 +125,7 @@ async fn slow_or_crowding_clients_cannot_hold_the_admin_server() {
             header_read_timeout: Duration::from_millis(100),
             connection_lifetime: Duration::from_millis(500),
             max_connections: 64,
+            ..AdminLimits::default()
         },
     )
     .await
@@ -139,6 +141,40 @@ async fn slow_or_crowding_clients_cannot_hold_the_admin_server() {
         .unwrap();
     let answered = String::from_utf8(closed(kept).await).unwrap();
     assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+
+    // One peer crowding the server (connections from 127.0.0.2 that never finish a request)
+    // holds its share only: a probe from another address is answered.
+    let shared_server = AdminServer::bind_with(
+        "0.0.0.0:0".parse().unwrap(),
+        Arc::new(actorcile::metrics::Registry::default()),
+        Arc::new(actorcile::health::Health::default()),
+        Endpoints::All,
+        AdminLimits {
+            header_read_timeout: Duration::from_secs(3600),
+            connection_lifetime: Duration::from_secs(3600),
+            max_connections: 8,
+            max_connections_per_peer: 4,
+        },
+    )
+    .await
+    .unwrap();
+    let port = shared_server.local_addr().port();
+    let mut crowd = Vec::new();
+    for _ in 0..12 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(([127, 0, 0, 2], port).into()).await.unwrap();
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n").await;
+        crowd.push(s);
+    }
+    let mut probe = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answered = String::from_utf8(closed(probe).await).unwrap();
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+    drop(crowd);
 }
 
 #[tokio::test]
