@@ -645,20 +645,25 @@ fn passes_of(p: &PassCounts, name: &str) -> u32 {
     p.lock().unwrap().get(name).copied().unwrap_or(0)
 }
 
+/// Counts each widget's passes in `passes`.
+fn counting_step(passes: PassCounts) -> impl Provisioner<Widget> {
+    step("count", move |cx: Context<Widget>| {
+        let passes = passes.clone();
+        async move {
+            *passes
+                .lock()
+                .unwrap()
+                .entry(cx.object().name_any())
+                .or_default() += 1;
+            Outcome::Done
+        }
+    })
+}
+
 /// Counts each widget's passes, then applies a ConfigMap named after it holding its size.
 fn owning_tree(passes: PassCounts) -> impl Provisioner<Widget> {
     serial![
-        step("count", move |cx: Context<Widget>| {
-            let passes = passes.clone();
-            async move {
-                *passes
-                    .lock()
-                    .unwrap()
-                    .entry(cx.object().name_any())
-                    .or_default() += 1;
-                Outcome::Done
-            }
-        }),
+        counting_step(passes),
         resource("settings", |w: &Widget| ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: w.metadata.name.clone(),
@@ -736,14 +741,7 @@ async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtime
 async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or_goes() {
     let (_cluster, client) = cluster();
     let passes = PassCounts::default();
-    let p = passes.clone();
-    let tree = step("count", move |cx: Context<Widget>| {
-        let p = p.clone();
-        async move {
-            *p.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
-            Outcome::Done
-        }
-    });
+    let tree = counting_step(passes.clone());
     let mut policy = test_policy();
     policy.poll_interval = None;
     // A Secret labelled `widget: <name>` belongs to that widget.
@@ -819,14 +817,7 @@ async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
         secrets.create(&PostParams::default(), &s).await.unwrap();
     }
     let passes = PassCounts::default();
-    let p = passes.clone();
-    let tree = step("count", move |cx: Context<Widget>| {
-        let p = p.clone();
-        async move {
-            *p.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
-            Outcome::Done
-        }
-    });
+    let tree = counting_step(passes.clone());
     let mut policy = test_policy();
     policy.poll_interval = None;
     let rt = Runtime::builder(client.clone())
@@ -927,14 +918,7 @@ async fn a_config_from_another_cluster_re_runs_the_objects_and_stays_out_of_thei
 async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
     let (_cluster, client) = cluster();
     let passes = PassCounts::default();
-    let p = passes.clone();
-    let tree = step("count", move |cx: Context<Widget>| {
-        let p = p.clone();
-        async move {
-            *p.lock().unwrap().entry(cx.object().name_any()).or_default() += 1;
-            Outcome::Done
-        }
-    });
+    let tree = counting_step(passes.clone());
     let mut policy = test_policy();
     policy.poll_interval = None;
     let rt = Runtime::builder(client.clone())

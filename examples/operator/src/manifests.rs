@@ -7,6 +7,10 @@ use serde_json::json;
 use crate::operator;
 
 /// Every manifest, as YAML documents.
+/// The label of the namespaces whose Pods may scrape the operator's metrics (the NetworkPolicy
+/// admits them on the metrics port).
+pub const SCRAPER_LABEL: &str = "example.actorcile.dev/metrics-scraper";
+
 pub fn render(image: &str, namespace: &str) -> Result<String, String> {
     // A client is needed to build the runtime's builder; the roles are derived from it
     // without contacting anything.
@@ -82,6 +86,24 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
             },
         },
     }));
+    // Only the two admin ports take connections: the probes' from anywhere (the kubelet comes
+    // from the node's address, which a policy cannot name portably), the metrics' from
+    // namespaces labelled as scrapers. The operator makes no connection that comes in otherwise.
+    docs.push(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": operator::NAME, "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": operator::NAME}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": "probes"}]},
+                {
+                    "ports": [{"protocol": "TCP", "port": "metrics"}],
+                    "from": [{"namespaceSelector": {"matchLabels": {SCRAPER_LABEL: "true"}}}],
+                },
+            ],
+        },
+    }));
     let mut yaml = Vec::with_capacity(docs.len() + 1);
     for d in &docs {
         yaml.push(serde_norway::to_string(d).map_err(|e| e.to_string())?);
@@ -106,6 +128,8 @@ mod tests {
             "kind: Role\n",
             "kind: RoleBinding",
             "kind: ClusterRoleBinding",
+            "kind: NetworkPolicy",
+            super::SCRAPER_LABEL,
         ] {
             assert!(yaml.contains(needed), "{needed} missing:\n{yaml}");
         }

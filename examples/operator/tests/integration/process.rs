@@ -163,6 +163,22 @@ async fn manifests_are_admitted_by_pod_security_restricted(client: &kube::Client
         .find(|d| d.contains("kind: Deployment"))
         .map(|d| serde_norway::from_str(d).expect("the Deployment parses"))
         .expect("a Deployment among the manifests");
+    // The NetworkPolicy is one the API server admits.
+    let policy: k8s_openapi::api::networking::v1::NetworkPolicy = yaml
+        .split("\n---\n")
+        .find(|d| d.contains("kind: NetworkPolicy"))
+        .map(|d| serde_norway::from_str(d).expect("the NetworkPolicy parses"))
+        .expect("a NetworkPolicy among the manifests");
+    Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &policy,
+        )
+        .await
+        .expect("the NetworkPolicy is admitted");
     let template = deployment.spec.expect("spec").template;
     let pod = Pod {
         metadata: kube::api::ObjectMeta {
