@@ -5,10 +5,10 @@
 //! kube-runtime.
 //!
 //! - `status`: an object seen without its Ready status gets one status write;
-//! - `operator`: an object seen without the finalizer gets three requests, one after the other:
-//!   the finalizer, the child (server-side apply, [`operator_child`]) and the Ready status; an
-//!   object seen deleted with the finalizer gets two: delete the child, then remove the
-//!   finalizer.
+//! - `operator`: an object seen without the finalizer gets four requests, one after the other:
+//!   the finalizer, a read of the child (actorcile writes only a child its owner controls), the
+//!   child (server-side apply, [`operator_child`]) and the Ready status; an object seen deleted
+//!   with the finalizer gets three: read the child, delete it, then remove the finalizer.
 //!
 //! These are the requests actorcile makes, sent as it sends them (see [`send`]), under its field
 //! manager and finalizer. Nothing is queued or deduplicated: the loop recognises the echo of
@@ -239,6 +239,10 @@ async fn send(
             };
             let child = operator_child(obj);
             let child_name = child.name_any();
+            idempotent("reading the child", None, || async {
+                configmaps.get_opt(&child_name).await.map(drop)
+            })
+            .await?;
             idempotent("applying the child", None, || async {
                 configmaps
                     .patch(
@@ -256,6 +260,10 @@ async fn send(
         }
         Action::Deprovision => {
             let child_name = operator_child(obj).name_any();
+            idempotent("reading the child", None, || async {
+                configmaps.get_opt(&child_name).await.map(drop)
+            })
+            .await?;
             idempotent("deleting the child", Some(404), || async {
                 configmaps
                     .delete(&child_name, &DeleteParams::background())
