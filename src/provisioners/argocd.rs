@@ -196,8 +196,9 @@ impl ArgoCd {
     }
 
     /// The name of the Secret that registers cluster `id`: `cluster-`, a readable part of the
-    /// id, and a hash of the exact id ([`sip13`](crate::hash) of `argocd-cluster` and the id, 16
-    /// hex digits), so ids that read alike (`team/a-x` and `team-a/x`) never share a Secret.
+    /// id, and a hash of the exact id (SipHash-1-3 with zero keys over `argocd-cluster` and the id,
+    /// each followed by a `0xff` byte, as 16 hex digits), so ids that read alike (`team/a-x` and
+    /// `team-a/x`) never share a Secret.
     pub fn cluster_secret_name(id: &str) -> String {
         let readable = dns_label(id);
         let readable = readable[..readable.len().min(40)].trim_end_matches('-');
