@@ -266,49 +266,6 @@ impl<K: ManagedResource> Context<K> {
         Ok(adopted)
     }
 
-    /// Delete a child of kind `T` (in the object's namespace when `namespace` is `None`).
-    /// `Ok(true)` once it is gone (or never existed); `Ok(false)` while it is still being
-    /// deleted (finalizers): yield and call again.
-    ///
-    /// Only a child the object controls is deleted, with its uid as a precondition: an object
-    /// under the name that is not the object's (someone else's, made after ours was deleted) is
-    /// left alone, and the answer is `Ok(true)`, since the object's own child is gone.
-    pub async fn delete_owned<T>(
-        &self,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Result<bool, StepError>
-    where
-        T: Resource<DynamicType = ()> + DeserializeOwned,
-    {
-        let api = self.child_api::<T>(namespace);
-        let Some(existing) = api.get_opt(name).await? else {
-            return Ok(true);
-        };
-        let by = self.control_of(&existing);
-        if by != Control::Ours {
-            tracing::warn!(
-                child = %Target::of(&existing), controller = ?by,
-                "not deleting a child the object does not control"
-            );
-            return Ok(true);
-        }
-        let uid = existing.meta().uid.clone();
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        match api.delete(name, &params).await {
-            Ok(true) => Ok(true),
-            Ok(false) => Ok(api.get_opt(name).await?.is_none_or(|o| o.meta().uid != uid)),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     /// Put finalizer `name` (a qualified name with a prefix, `example.com/volume`) on the
     /// object, so its deletion also waits for this step to [`remove_finalizer`] it, typically
     /// in its deprovision. Idempotent; conflicts are retried on a fresh read.
@@ -335,15 +292,6 @@ impl<K: ManagedResource> Context<K> {
                 .then(|| fs.iter().filter(|f| *f != name).cloned().collect())
         })
         .await
-    }
-
-    /// The API of kind `T` in the context's cluster, in `namespace` or else the object's.
-    fn child_api<T>(&self, namespace: Option<&str>) -> ObjectApi<T>
-    where
-        T: Resource<DynamicType = ()> + DeserializeOwned,
-    {
-        let ns = namespace.or(self.object().meta().namespace.as_deref());
-        ObjectApi::new(self.client().clone(), ns)
     }
 
     /// The object's own API, in the cluster it lives in.
@@ -463,6 +411,68 @@ impl<K: ManagedResource> Context<K> {
             }
         }
         Err(StepError::Conflict(self.target()))
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Context<K> {
+    /// Delete a child of kind `T` (in the object's namespace when `namespace` is `None`).
+    /// `Ok(true)` once it is gone (or never existed); `Ok(false)` while it is still being
+    /// deleted (finalizers): yield and call again.
+    ///
+    /// Only a child the object controls is deleted, with its uid as a precondition: an object
+    /// under the name that is not the object's (someone else's, made after ours was deleted) is
+    /// left alone, and the answer is `Ok(true)`, since the object's own child is gone.
+    /// [`resource`](super::resource())'s deprovision deletes its child through here.
+    pub async fn delete_owned<T>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<bool, StepError>
+    where
+        T: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let api = self.child_api::<T>(namespace);
+        let Some(existing) = api.get_opt(name).await? else {
+            return Ok(true);
+        };
+        let by = self.control_of(&existing);
+        if by != Control::Ours {
+            tracing::warn!(
+                child = %Target::of(&existing), controller = ?by,
+                "not deleting a child the object does not control"
+            );
+            return Ok(true);
+        }
+        let uid = existing.meta().uid.clone();
+        // Its deletion's watch echo runs nothing (see `OwnWrites`).
+        let recorded_ns = if is_cluster_scoped::<T>() {
+            None
+        } else {
+            namespace.or(self.object().meta().namespace.as_deref())
+        };
+        self.deleted_child::<T>(recorded_ns, name);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &params).await {
+            Ok(true) => Ok(true),
+            Ok(false) => Ok(api.get_opt(name).await?.is_none_or(|o| o.meta().uid != uid)),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The API of kind `T` in the context's cluster, in `namespace` or else the object's.
+    fn child_api<T>(&self, namespace: Option<&str>) -> ObjectApi<T>
+    where
+        T: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let ns = namespace.or(self.object().meta().namespace.as_deref());
+        ObjectApi::new(self.client().clone(), ns)
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -280,64 +280,23 @@ where
         let Some(name) = child.meta().name.clone() else {
             return Outcome::Done;
         };
-        let api = child_api(cx, &child);
-        let namespace = child_ns::<K, C>(cx, &child);
         let kind = C::kind(&());
-        let uid = match api.get_opt(&name).await {
-            Ok(None) => return Outcome::Done,
-            Ok(Some(existing)) => match cx.control_of(&existing) {
-                Control::Ours => existing.meta().uid.clone(),
-                by => {
-                    // Not the parent's (ours is gone, someone else made one under the name):
-                    // left alone, and the step is done.
-                    tracing::warn!(
-                        step = %self.name, child = %crate::references::Target::of(&existing),
-                        controller = ?by,
-                        "not deleting a child the object does not control"
-                    );
-                    return Outcome::Done;
-                }
-            },
-            Err(e) => {
-                return Outcome::failed(
-                    Reason::new("DeleteFailed", format!("could not read {kind} {name}")),
-                    e,
-                );
-            }
-        };
-        cx.deleted_child::<C>(namespace, &name);
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        match api.delete(&name, &params).await {
-            Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Done,
-            // The uid precondition failed: the name holds another object now, ours is gone.
-            Err(kube::Error::Api(s)) if s.code == 409 => Outcome::Done,
+        match cx
+            .delete_owned::<C>(child.meta().namespace.as_deref(), &name)
+            .await
+        {
+            Ok(true) => Outcome::Done,
+            Ok(false) => Outcome::yield_after(
+                Duration::from_millis(500),
+                Reason::new(
+                    "ChildDeleting",
+                    format!("waiting for {kind} {name} to be deleted"),
+                ),
+            ),
             Err(e) => Outcome::failed(
                 Reason::new("DeleteFailed", format!("could not delete {kind} {name}")),
                 e,
             ),
-            // The server says it is gone: no need to look.
-            Ok(true) => Outcome::Done,
-            // Marked for deletion, or gone but answered with the object: look until gone.
-            Ok(false) => match api.get_opt(&name).await {
-                Ok(Some(o)) if o.meta().uid == uid => Outcome::yield_after(
-                    Duration::from_millis(500),
-                    Reason::new(
-                        "ChildDeleting",
-                        format!("waiting for {kind} {name} to be deleted"),
-                    ),
-                ),
-                Ok(_) => Outcome::Done,
-                Err(e) => Outcome::failed(
-                    Reason::new("DeleteFailed", format!("could not read {kind} {name}")),
-                    e,
-                ),
-            },
         }
     }
 }
