@@ -276,14 +276,7 @@ impl ArgoCd {
                 // Unregistering what is not registered.
                 (None, None) => return Ok(()),
                 (Some(s), _) if users.is_empty() => {
-                    let dp = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            resource_version: s.resource_version(),
-                            uid: s.uid(),
-                        }),
-                        ..DeleteParams::default()
-                    };
-                    api.delete(&s.name_any(), &dp).await.map(|_| ())
+                    api.delete(&s.name_any(), &exactly(&s)).await.map(|_| ())
                 }
                 (None, Some(r)) => {
                     let secret = registration_secret(&name, id, r, &users)?;
@@ -345,14 +338,11 @@ impl ArgoCd {
 
     /// Delete `secret`, and only that object (its uid and resourceVersion as preconditions).
     async fn delete_exactly(&self, secret: &Secret) -> Result<(), kube::Error> {
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: secret.resource_version(),
-                uid: secret.uid(),
-            }),
-            ..DeleteParams::default()
-        };
-        match self.secrets().delete(&secret.name_any(), &dp).await {
+        match self
+            .secrets()
+            .delete(&secret.name_any(), &exactly(secret))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(e) => Err(e),
@@ -383,6 +373,18 @@ impl ArgoCd {
             }
         }
         Ok(())
+    }
+}
+
+/// Delete parameters that delete `secret` as read and nothing else (its uid and
+/// resourceVersion as preconditions).
+fn exactly(secret: &Secret) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: secret.resource_version(),
+            uid: secret.uid(),
+        }),
+        ..DeleteParams::default()
     }
 }
 
