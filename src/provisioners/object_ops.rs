@@ -29,10 +29,10 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::StepError;
-use super::ownership::{Control, check_scope, not_owned};
+use super::ownership::{Control, check_scope, child_namespace, not_owned};
 use super::{ChildRules, Context, Reason};
 use crate::ManagedResource;
-use crate::object_api::{ObjectApi, is_cluster_scoped, patch_params, version_of};
+use crate::object_api::{ObjectApi, patch_params, version_of};
 use crate::references::Target;
 use crate::status::{Condition, ConditionStatus, READY, ResourceStatus, is_valid_condition_type};
 
@@ -207,11 +207,7 @@ impl<K: ManagedResource> Context<K> {
                 problem: format!("the {} to create has no name", T::kind(&())),
             })?;
         let owner_ns = self.object().meta().namespace.as_deref();
-        let child_ns = if is_cluster_scoped::<T>() {
-            None
-        } else {
-            child.meta().namespace.as_deref().or(owner_ns)
-        };
+        let child_ns = child_namespace::<T>(child.meta().namespace.as_deref(), owner_ns);
         if self.remote().is_none() {
             check_scope::<K, T>(owner_ns, child_ns, &name, &rules)?;
         }
@@ -445,11 +441,8 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
         }
         let uid = existing.meta().uid.clone();
         // Its deletion's watch echo runs nothing (see `OwnWrites`).
-        let recorded_ns = if is_cluster_scoped::<T>() {
-            None
-        } else {
-            namespace.or(self.object().meta().namespace.as_deref())
-        };
+        let recorded_ns =
+            child_namespace::<T>(namespace, self.object().meta().namespace.as_deref());
         self.deleted_child::<T>(recorded_ns, name);
         let params = DeleteParams {
             preconditions: Some(Preconditions {

@@ -135,6 +135,19 @@ fn excerpt(s: &str) -> String {
     s.chars().take(64).collect()
 }
 
+/// The namespace a child of kind `C` goes to: `given` (its own), else its owner's `owner_ns`;
+/// `None` for a cluster-scoped kind.
+pub(crate) fn child_namespace<'a, C: Resource>(
+    given: Option<&'a str>,
+    owner_ns: Option<&'a str>,
+) -> Option<&'a str> {
+    if is_cluster_scoped::<C>() {
+        None
+    } else {
+        given.or(owner_ns)
+    }
+}
+
 /// Whether a child of kind `C` in `child_ns` (its namespace after defaulting) may be written for
 /// an owner of kind `K` in `owner_ns` under `rules`.
 pub(crate) fn check_scope<K: Resource, C: Resource<DynamicType = ()>>(

@@ -9,9 +9,9 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::ownership::{Control, check_scope, not_owned};
+use super::ownership::{Control, check_scope, child_namespace, not_owned};
 use super::{ChildRules, Context, Outcome, Provisioner, Reason};
-use crate::object_api::{ObjectApi, is_cluster_scoped};
+use crate::object_api::ObjectApi;
 
 type Build<K, C> = Box<dyn Fn(&K) -> C + Send + Sync>;
 type ChildReady<C> = Box<dyn Fn(&C) -> bool + Send + Sync>;
@@ -148,23 +148,6 @@ where
     ObjectApi::new(cx.client().clone(), ns.as_deref())
 }
 
-/// The namespace `child` goes to: its own, else the parent's; `None` for a cluster-scoped kind.
-fn child_ns<'a, K, C>(cx: &'a Context<K>, child: &'a C) -> Option<&'a str>
-where
-    K: Resource<DynamicType = ()>,
-    C: Resource<DynamicType = ()>,
-{
-    if is_cluster_scoped::<C>() {
-        None
-    } else {
-        child
-            .meta()
-            .namespace
-            .as_deref()
-            .or(cx.object().meta().namespace.as_deref())
-    }
-}
-
 #[async_trait]
 impl<K, C> Provisioner<K> for ResourceProvisioner<K, C>
 where
@@ -205,8 +188,12 @@ where
         // Inside a remote the parent's namespace means nothing: the remote's credentials bound
         // where the child may be.
         if cx.remote().is_none()
-            && let Err(e) =
-                check_scope::<K, C>(owner_ns, child_ns::<K, C>(cx, &child), &name, &self.rules)
+            && let Err(e) = check_scope::<K, C>(
+                owner_ns,
+                child_namespace::<C>(child.meta().namespace.as_deref(), owner_ns),
+                &name,
+                &self.rules,
+            )
         {
             return e.outcome(Reason::new("ChildOutOfScope", "the child is out of scope"));
         }
