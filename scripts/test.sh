@@ -166,6 +166,16 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets --all-features -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "the library's feature sets, each checked on its own"
+# clippy above sees every feature at once; an item used outside its feature's gate shows only
+# in a build without that feature (as a user's, or the fuzz targets'). The Kubernetes version is
+# the binary's choice: here the oldest the crate supports.
+for features in "" "--no-default-features" "--no-default-features --features operator" \
+  "--no-default-features --features docker" "--no-default-features --features fuzzing"; do
+  # shellcheck disable=SC2086 # the feature flags split into words on purpose
+  K8S_OPENAPI_ENABLED_VERSION=1.33 cargo check --quiet -p actorcile --lib $features
+done
+
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
 

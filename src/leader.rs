@@ -31,6 +31,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+use crate::lease::{Observed, next_lease_transitions};
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::time::Instant;
 
@@ -115,14 +117,6 @@ fn timings(p: &SupervisorPolicy) -> (Duration, Duration, Duration) {
         p.lease_renew_deadline,
         p.lease_retry_period,
     )
-}
-
-/// The Lease record as last observed, and when (by this replica's clock).
-struct Observed {
-    holder: Option<String>,
-    renew: Option<MicroTime>,
-    duration: Duration,
-    at: Instant,
 }
 
 /// One replica's side of the election.
@@ -265,11 +259,13 @@ impl Elector {
         self.observe(&spec);
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         let ours = holder.as_deref() == Some(me.as_str());
-        if let (Some(_), false) = (&holder, ours) {
-            let o = self.observed.as_ref().expect("observed above");
-            if o.at + o.duration > Instant::now() {
-                return Ok(false); // held by another, not expired as far as we saw
-            }
+        if !ours
+            && self
+                .observed
+                .as_ref()
+                .is_some_and(|o| !o.expired(Instant::now()))
+        {
+            return Ok(false); // held by another, not expired as far as we saw
         }
         let spec = lease.spec.get_or_insert_with(Default::default);
         if !ours {
@@ -298,47 +294,18 @@ impl Elector {
 
     /// Note the record; its observation time moves only when it changed.
     fn observe(&mut self, spec: &LeaseSpec) {
-        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        let renew = spec.renew_time.clone();
-        let changed = self
-            .observed
-            .as_ref()
-            .is_none_or(|o| o.holder != holder || o.renew != renew);
-        if changed {
-            self.observed = Some(Observed {
-                holder,
-                renew,
-                duration: Duration::from_secs(
-                    spec.lease_duration_seconds.unwrap_or(1).max(1) as u64
-                ),
-                at: Instant::now(),
-            });
-        }
+        self.observed = Some(Observed::update(
+            self.observed.as_ref(),
+            Some(spec),
+            Instant::now(),
+        ));
     }
-}
-
-/// `leaseTransitions` after a change of holder: one more, from 0 again past `i32::MAX` (the API
-/// server refuses a negative count, and a Lease's fields are anyone's to write: an overflow must
-/// not make every later write of the Lease fail, nor panic).
-pub(crate) fn next_lease_transitions(current: Option<i32>) -> i32 {
-    current
-        .filter(|n| *n >= 0)
-        .unwrap_or(0)
-        .checked_add(1)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn lease_transitions_count_on_without_overflowing() {
-        assert_eq!(next_lease_transitions(None), 1);
-        assert_eq!(next_lease_transitions(Some(4)), 5);
-        assert_eq!(next_lease_transitions(Some(i32::MAX)), 0);
-        assert_eq!(next_lease_transitions(Some(-3)), 1);
-    }
     use crate::cluster::ApiServer;
 
     fn policy() -> SupervisorPolicy {

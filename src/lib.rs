@@ -72,6 +72,7 @@ mod hash;
 pub mod health;
 #[cfg(feature = "operator")]
 pub mod leader;
+mod lease;
 mod messages;
 #[cfg(feature = "operator")]
 pub mod metrics;

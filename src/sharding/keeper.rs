@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+use crate::lease::Observed;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -30,20 +32,6 @@ use crate::policy::SupervisorPolicy;
 pub const GROUP_LABEL: &str = "sharding.actorcile.dev/group";
 /// The label saying what a Lease is: `shard` or `member`.
 pub const ROLE_LABEL: &str = "sharding.actorcile.dev/role";
-
-/// A Lease's record as last observed, and when it last changed (by this replica's clock).
-struct Observed {
-    holder: Option<String>,
-    renew: Option<MicroTime>,
-    duration: Duration,
-    at: Instant,
-}
-
-impl Observed {
-    fn expired(&self, now: Instant) -> bool {
-        self.holder.is_none() || self.at + self.duration <= now
-    }
-}
 
 /// Why a Lease write did not take.
 enum WriteError {
@@ -354,30 +342,8 @@ impl Keeper {
 
     /// Note a Lease's record; its observation time moves only when it changed.
     fn observe(&mut self, name: &str, spec: Option<&LeaseSpec>, now: Instant) {
-        let holder = spec
-            .and_then(|s| s.holder_identity.clone())
-            .filter(|h| !h.is_empty());
-        let renew = spec.and_then(|s| s.renew_time.clone());
-        let duration = Duration::from_secs(
-            spec.and_then(|s| s.lease_duration_seconds)
-                .unwrap_or(1)
-                .max(1) as u64,
-        );
-        let changed = self
-            .observed
-            .get(name)
-            .is_none_or(|o| o.holder != holder || o.renew != renew);
-        if changed {
-            self.observed.insert(
-                name.to_string(),
-                Observed {
-                    holder,
-                    renew,
-                    duration,
-                    at: now,
-                },
-            );
-        }
+        let observed = Observed::update(self.observed.get(name), spec, now);
+        self.observed.insert(name.to_string(), observed);
     }
 
     /// Renew Lease `name` (as listed: `current`; `None`: create it) for this replica, or, with
@@ -425,9 +391,8 @@ impl Keeper {
                     let spec = lease.spec.get_or_insert_with(Default::default);
                     if acquire || spec.holder_identity.as_deref() != Some(me.as_str()) {
                         spec.acquire_time = Some(now.clone());
-                        spec.lease_transitions = Some(crate::leader::next_lease_transitions(
-                            spec.lease_transitions,
-                        ));
+                        spec.lease_transitions =
+                            Some(crate::lease::next_lease_transitions(spec.lease_transitions));
                     }
                     spec.holder_identity = Some(me);
                     spec.lease_duration_seconds = Some(seconds);
