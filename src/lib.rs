@@ -73,6 +73,7 @@ pub mod health;
 #[cfg(feature = "operator")]
 pub mod leader;
 mod lease;
+mod lenient;
 mod messages;
 #[cfg(feature = "operator")]
 pub mod metrics;

@@ -113,6 +113,10 @@ pub enum ReadyReason {
     UserActionRequired,
     /// The supervisor stopped restarting this resource's actor (restart intensity exceeded).
     Quarantined,
+    /// The object holds a value the operator's type for its kind cannot hold (the CRD's schema
+    /// allows it, or the object was stored under another schema); it is not reconciled until
+    /// it changes. The message names the field, never its value.
+    Undecodable,
     /// A guarded step waits for a lock another holder has (see
     /// [`Context::guard`](crate::provisioners::Context::guard)).
     Locked,
@@ -141,6 +145,7 @@ impl ReadyReason {
             ReadyReason::Terminal => "Terminal",
             ReadyReason::UserActionRequired => "UserActionRequired",
             ReadyReason::Quarantined => "Quarantined",
+            ReadyReason::Undecodable => "Undecodable",
             ReadyReason::Locked => "Locked",
             ReadyReason::Conflict => "Conflict",
             ReadyReason::ConfigMissing => "ConfigMissing",

@@ -16,15 +16,17 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 
 use super::{ManagedResource, Shared};
+use crate::lenient::Lenient;
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::sharding::{held_selector, server_side};
 
 /// The object's key, without `extra` (resource version, uid): the manager keeps a key per object
 /// for as long as the object exists and clones it into every message about it, and nothing reads
 /// those fields from a key (equality and hashing ignore them).
-fn key_of<K: ManagedResource>(obj: &K) -> ObjectRef<K> {
-    let mut key = ObjectRef::from_obj(obj);
-    key.extra = Default::default();
+fn key_of<K: ManagedResource>(obj: &Lenient<K>) -> ObjectRef<K> {
+    let meta = kube::Resource::meta(obj);
+    let mut key = ObjectRef::new(meta.name.as_deref().unwrap_or(""));
+    key.namespace = meta.namespace.clone();
     key
 }
 
@@ -37,6 +39,9 @@ fn route<K: ManagedResource>(
     listed: bool,
 ) {
     let Some(obj) = shared.store.get(&key) else {
+        if shared.store.contains(&key) {
+            route_undecodable(shared, manager, key, listed);
+        }
         return;
     };
     if let Some(secrets) = &shared.secrets {
@@ -44,6 +49,29 @@ fn route<K: ManagedResource>(
     }
     if let Some(actor) = shared.routes.get(&key)
         && actor.cast(ResourceMsg::Observed(obj)).is_ok()
+    {
+        return;
+    }
+    if listed {
+        manager.send_low(ManagerMsg::Listed(key));
+    } else {
+        manager.send(ManagerMsg::Event(key));
+    }
+}
+
+/// Route an object that the kind's type cannot hold (cached as undecodable) to its actor, which
+/// reads it from the store, or to the manager.
+fn route_undecodable<K: ManagedResource>(
+    shared: &Shared<K>,
+    manager: &Mailbox<ManagerMsg<K>>,
+    key: ObjectRef<K>,
+    listed: bool,
+) {
+    if let Some(u) = shared.store.undecodable(&key) {
+        tracing::warn!(kind = %K::kind(&()), object = %key, field = %u.field, "an object of the kind cannot be decoded as the operator's type; it is kept, and not reconciled until it changes");
+    }
+    if let Some(actor) = shared.routes.get(&key)
+        && actor.cast(ResourceMsg::Undecodable).is_ok()
     {
         return;
     }
@@ -104,12 +132,16 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     listed: tokio::sync::oneshot::Sender<()>,
 ) {
     let KindWatch {
-        api,
+        api: typed,
         config,
         namespace,
         refused,
         prune: pruned,
     } = of;
+    // Each object decoded on its own: one the type cannot hold is kept as undecodable instead of
+    // failing the list (or, streamed, going missing from it).
+    let api: Api<Lenient<K>> =
+        crate::object_api::kind_api(typed.into_client(), namespace.as_deref());
     let watch = Watch {
         shared: &shared,
         manager: &manager,
@@ -143,7 +175,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     // renewal is late: a late renewal must not narrow the watch.
     let narrow_after = shared.policy.lease_duration * 2;
     // Objects this watch skipped ([`unplaced_elsewhere`]), kept aside, out of the store.
-    let mut unplaced: std::collections::HashMap<ObjectRef<K>, K, ahash::RandomState> =
+    let mut unplaced: std::collections::HashMap<ObjectRef<K>, Lenient<K>, ahash::RandomState> =
         Default::default();
     loop {
         unplaced.clear(); // the next list delivers them again
@@ -212,7 +244,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
             watcher::watcher(round_api, config)
                 .default_backoff()
                 .modify(move |o| {
-                    if pruned {
+                    if pruned && let Lenient::Decoded(o) = o {
                         super::store::prune(o)
                     }
                 })
@@ -235,7 +267,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                     // Set-aside objects of a shard just acquired run at once, before the relist.
                     let taken: Vec<ObjectRef<K>> = unplaced
                         .iter()
-                        .filter(|(_, o)| held.contains(&scope.shard_of(o)))
+                        .filter(|(_, o)| held.contains(&scope.shard_of_lenient(o)))
                         .map(|(k, _)| k.clone())
                         .collect();
                     for key in taken {
@@ -296,13 +328,16 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
 fn unplaced_elsewhere<K: ManagedResource>(
     shared: &Shared<K>,
     selects: Option<&[bool]>,
-    obj: &K,
+    obj: &Lenient<K>,
 ) -> bool {
     let (Some(scope), Some(selects)) = (&shared.shards, selects) else {
         return false;
     };
     let selected = |s: u32| selects.get(s as usize).copied().unwrap_or(false);
-    !scope.labelled_shard(obj).is_some_and(selected) && !selected(scope.shard_of(obj))
+    !scope
+        .labelled_shard_of(kube::Resource::meta(obj))
+        .is_some_and(selected)
+        && !selected(scope.shard_of_lenient(obj))
 }
 
 /// How a watch of a replica's held shards selects their objects.
@@ -424,7 +459,7 @@ impl<K: ManagedResource> Watch<'_, K> {
     fn apply(
         &self,
         writer: &mut super::store::Writer<K>,
-        event: Result<Event<K>, watcher::Error>,
+        event: Result<Event<Lenient<K>>, watcher::Error>,
         list: &mut Option<List<K>>,
         first_list: &mut bool,
         listed: &mut Option<tokio::sync::oneshot::Sender<()>>,
@@ -433,18 +468,18 @@ impl<K: ManagedResource> Watch<'_, K> {
         match event {
             Ok(Event::Apply(obj)) => {
                 let key = key_of(&obj);
-                writer.apply_watcher_event(Event::Apply(obj));
+                writer.apply_lenient(Event::Apply(obj));
                 route(shared, manager, key, false);
             }
             Ok(Event::Delete(obj)) => {
                 let key = key_of(&obj);
-                writer.apply_watcher_event(Event::Delete(obj));
+                writer.apply_lenient(Event::Delete(obj));
                 route_gone(shared, manager, key);
             }
             Ok(Event::Init) => {
                 let direct = std::mem::take(first_list);
                 if !direct {
-                    writer.apply_watcher_event(Event::Init);
+                    writer.apply_lenient(Event::Init);
                 }
                 *list = Some(List {
                     keys: Vec::new(),
@@ -457,28 +492,28 @@ impl<K: ManagedResource> Watch<'_, K> {
                 match list {
                     Some(l) if l.direct => {
                         l.keys.push(key.clone());
-                        writer.apply_watcher_event(Event::Apply(obj));
+                        writer.apply_lenient(Event::Apply(obj));
                         route(shared, manager, key, true);
                     }
                     Some(l) => {
                         let seen = shared.store.resource_version(&key);
-                        if seen.is_none_or(|v| v != obj.meta().resource_version) {
+                        if seen.is_none_or(|v| v != kube::Resource::meta(&obj).resource_version) {
                             l.changed.push(key.clone());
                         }
                         l.keys.push(key);
-                        writer.apply_watcher_event(Event::InitApply(obj));
+                        writer.apply_lenient(Event::InitApply(obj));
                     }
                     // The watcher always starts a list with `Init`; buffer to be safe.
-                    None => writer.apply_watcher_event(Event::InitApply(obj)),
+                    None => writer.apply_lenient(Event::InitApply(obj)),
                 }
             }
             Ok(Event::InitDone) => {
                 let Some(l) = list.take() else {
-                    writer.apply_watcher_event(Event::InitDone);
+                    writer.apply_lenient(Event::InitDone);
                     return;
                 };
                 if !l.direct {
-                    writer.apply_watcher_event(Event::InitDone);
+                    writer.apply_lenient(Event::InitDone);
                     // A buffered list is in the store only now: route what is new in it, in list
                     // order.
                     for key in l.changed {

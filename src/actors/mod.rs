@@ -270,8 +270,49 @@ impl<K: ManagedResource> ShardScope<K> {
     /// The shard `obj`'s shard label names, when it carries one written under this shard
     /// count (`None` without labels, or for a label of another count: not placed).
     pub(crate) fn labelled_shard(&self, obj: &K) -> Option<u32> {
-        let labelled = obj.meta().labels.as_ref()?.get(&**self.label.as_ref()?)?;
+        self.labelled_shard_of(obj.meta())
+    }
+
+    /// [`ShardScope::labelled_shard`] of an object's metadata.
+    pub(crate) fn labelled_shard_of(
+        &self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Option<u32> {
+        let labelled = meta.labels.as_ref()?.get(&**self.label.as_ref()?)?;
         crate::sharding::parse_label_value(labelled, self.shards.count())
+    }
+
+    /// The shard of an object as a watch received it. One that the kind's type cannot hold
+    /// has no `K` for a shard key function: it is placed by its shard label if it has one, else
+    /// by `namespace/name` (as without a key function), so that one replica answers for it.
+    pub(crate) fn shard_of_lenient(&self, obj: &crate::lenient::Lenient<K>) -> u32 {
+        match obj {
+            crate::lenient::Lenient::Decoded(obj) => self.shard_of(obj),
+            crate::lenient::Lenient::Undecodable(u) => self.shard_of_undecodable(&u.meta),
+        }
+    }
+
+    /// The shard of an object the kind's type cannot hold (see [`ShardScope::shard_of_lenient`]).
+    pub(crate) fn shard_of_undecodable(
+        &self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> u32 {
+        let n = self.shards.count();
+        if self.server_side_leases.is_some() {
+            return crate::sharding::shard_of_uid(meta.uid.as_deref().unwrap_or(""), n);
+        }
+        if self.key.is_some()
+            && let Some(labelled) = self.labelled_shard_of(meta)
+        {
+            return labelled;
+        }
+        crate::sharding::shard_of(
+            &crate::sharding::object_key(
+                meta.namespace.as_deref(),
+                meta.name.as_deref().unwrap_or(""),
+            ),
+            n,
+        )
     }
 
     /// The owner shard label (key, value) the children of `obj` carry, when the children's

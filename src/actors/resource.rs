@@ -36,7 +36,7 @@ use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;
-use crate::status::{ReadyReason, ResourceStatus};
+use crate::status::{Phase, ReadyReason, ResourceStatus};
 
 /// The actor behaviour; all per-object data is in [`ResourceState`].
 pub(crate) struct ResourceActor<K: ManagedResource> {
@@ -56,6 +56,9 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     key: ObjectRef<K>,
     /// Newest version known (observed, or returned by our own write).
     object: Option<Arc<K>>,
+    /// The newest version is one the kind's type cannot hold: what was read of it. Such an
+    /// object is not reconciled; its status says why ([`ResourceActor::undecodable_pass`]).
+    undecodable: Option<Arc<crate::lenient::Undecodable>>,
     /// Version the last reconcile ran on.
     last_run_version: Option<u64>,
     /// Versions our own writes produced: their watch echoes do not trigger a run.
@@ -273,6 +276,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         // in a passivation that removes it.
         self.shared.routes.insert(key.clone(), myself.clone());
         let object = self.shared.store.get(&key);
+        let undecodable = match object {
+            None => self.shared.store.undecodable(&key),
+            Some(_) => None,
+        };
         let target = Arc::new(Target::new(
             K::api_version(&()),
             K::kind(&()),
@@ -282,6 +289,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let mut st = ResourceState {
             key,
             object,
+            undecodable,
             last_run_version: None,
             own_writes: Vec::new(),
             status_fields: serde_json::Map::new(),
@@ -324,18 +332,21 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// An activation's first reconcile, if its object has news (or a reconcile was pending), then
     /// passivation if nothing is due soon. An object gone meanwhile vacates the actor.
     async fn first_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
-        match &st.object {
-            None => self.vacate(myself, st),
-            Some(obj) => {
-                if st.dirty || st.is_news(version_of(obj.as_ref())) {
-                    // The first pass runs right here, on the manager's run slot (no `Run` hop);
-                    // what arrives meanwhile coalesces into one follow-up run.
-                    st.mark_due();
-                    self.run_if_dirty(myself, st, None).await;
-                }
-                self.maybe_passivate(myself, st);
+        let version = match (&st.object, &st.undecodable) {
+            (_, Some(u)) => undecodable_version(u),
+            (Some(obj), None) => version_of(obj.as_ref()),
+            (None, None) => {
+                self.vacate(myself, st);
+                return;
             }
+        };
+        if st.dirty || st.is_news(version) {
+            // The first pass runs right here, on the manager's run slot (no `Run` hop); what
+            // arrives meanwhile coalesces into one follow-up run.
+            st.mark_due();
+            self.run_if_dirty(myself, st, None).await;
         }
+        self.maybe_passivate(myself, st);
     }
 
     /// The object's shard is not held here any more ([`crate::sharding`]): drop what is due and
@@ -400,6 +411,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.serving = false;
         st.dirty = false;
         st.object = None;
+        st.undecodable = None;
         st.cx = None;
         st.status_cache = None;
         st.last_outcome = None;
@@ -472,8 +484,13 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         // With sharding: only while this replica holds the object's shard (see `fenced`).
         let mut fence = None;
-        if let (Some(scope), Some(obj)) = (&self.shared.shards, &st.object) {
-            match scope.shards.enter(scope.shard_of(obj)) {
+        let shard = match (&self.shared.shards, &st.undecodable, &st.object) {
+            (Some(scope), Some(u), _) => Some((scope, scope.shard_of_undecodable(&u.meta))),
+            (Some(scope), None, Some(obj)) => Some((scope, scope.shard_of(obj))),
+            _ => None,
+        };
+        if let Some((scope, shard)) = shard {
+            match scope.shards.enter(shard) {
                 Some(guard) => fence = Some(guard),
                 None => {
                     drop(slot);
@@ -567,6 +584,9 @@ impl<K: ManagedResource> ResourceActor<K> {
         _slot: RunPermit,
     ) -> Option<ReconcileResult> {
         let shared = &self.shared;
+        if let Some(u) = st.undecodable.clone() {
+            return Box::pin(self.undecodable_pass(st, u)).await;
+        }
         let mut obj = st.object.clone()?;
         if crate::triggers::is_ignored(obj.meta()) {
             // The operator's brake: no pass, no write, until the annotation goes.
@@ -630,10 +650,19 @@ impl<K: ManagedResource> ResourceActor<K> {
                 (Some(o), _) => o,
                 (None, Some(None)) => Outcome::UserActionRequired(Reason::new(
                     ReadyReason::ConfigMissing.as_str(),
-                    format!(
-                        "the provider config {} does not exist; provisioning resumes when it does",
-                        shared.config.as_ref().map_or("", |c| c.describe())
-                    ),
+                    match shared
+                        .config
+                        .as_ref()
+                        .map(|c| (c.describe(), c.unreadable()))
+                    {
+                        Some((config, Some(field))) => format!(
+                            "the provider config {config} cannot be read: the value at `{field}` does not fit its type; provisioning resumes when it can"
+                        ),
+                        config => format!(
+                            "the provider config {} does not exist; provisioning resumes when it does",
+                            config.map_or("", |(c, _)| c)
+                        ),
+                    },
                 )),
                 (None, config) => {
                     // A yield loop runs on the same object and status pass after pass: reuse
@@ -937,6 +966,86 @@ impl<K: ManagedResource> ResourceActor<K> {
 
     /// Patch the status subresource to `desired`; on a reason change, publish an Event (and
     /// a Warning Event when the outcome's reason code was invalid and the runtime's stood in).
+    /// The pass of an object that the kind's type cannot hold: no provisioner runs (they need
+    /// the spec), and its status says why: phase Failed, Ready `False` with reason
+    /// `Undecodable` and a message naming the field (never its value), written when it is not
+    /// already so, with a Warning Event on the transition. Deleting, it keeps its finalizer and
+    /// says so: deprovisioning needs the spec, and removing the finalizer without it would
+    /// abandon what the object provisioned. It stays a referrer all along (what it holds stays
+    /// held). The object's next change runs it again: a decodable one as usual.
+    async fn undecodable_pass(
+        &self,
+        st: &mut ResourceState<K>,
+        u: Arc<crate::lenient::Undecodable>,
+    ) -> Option<ReconcileResult> {
+        let shared = &self.shared;
+        let version = u
+            .meta
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok());
+        st.last_run_version = version;
+        st.own_writes.clear();
+        st.cx = None;
+        st.last_outcome = None;
+        if crate::triggers::is_ignored(&u.meta) {
+            Metrics::inc(&shared.metrics.ignored);
+            return None;
+        }
+        let deleting = u.meta.deletion_timestamp.is_some();
+        let ours = u
+            .meta
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == &shared.finalizer);
+        if deleting && !ours {
+            return None; // never provisioned by us: nothing of ours to undo
+        }
+        if st.was_ready != Some(false) {
+            shared.references.mark_ready(&st.target, false);
+            shared.store.set_ready(&st.key, false);
+            st.was_ready = Some(false);
+        }
+        let mut message = u.message();
+        if deleting {
+            message.push_str(&format!(
+                "; its deletion waits: deprovisioning needs the object's spec (change the object to one the operator can read, or remove the finalizer {} by hand to abandon what it provisioned)",
+                shared.finalizer
+            ));
+        }
+        let current = u.status.clone().unwrap_or_default();
+        let desired = current.with_ready(
+            Phase::Failed,
+            false,
+            ReadyReason::Undecodable,
+            message.clone(),
+            u.meta.generation,
+        );
+        let transition =
+            current.ready().map(|c| c.reason.as_str()) != Some(ReadyReason::Undecodable.as_str());
+        if shared.write_status && desired != current {
+            match writes::patch_undecodable_status(shared, &u, &desired).await {
+                Ok(written) => {
+                    if let Some(v) = version_of(&written) {
+                        st.own_writes.push(v);
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    // Changed (its event runs it again) or gone.
+                    return Some(ReconcileResult::Terminal);
+                }
+                Err(e) => {
+                    tracing::warn!(object = %st.target, error = %e, "could not write the status of an object the operator cannot read");
+                }
+            }
+        }
+        if transition {
+            writes::publish_undecodable(shared, &u, message).await;
+        }
+        Some(ReconcileResult::Terminal)
+    }
+
     async fn write_status(
         &self,
         st: &mut ResourceState<K>,
@@ -1007,6 +1116,11 @@ enum StatusWrite {
     Conflicted,
     /// Failed otherwise (the API server refused it, or did not answer).
     Failed,
+}
+
+/// The resourceVersion of an object the kind's type cannot hold, as [`version_of`] reads one.
+fn undecodable_version(u: &crate::lenient::Undecodable) -> Option<u64> {
+    u.meta.resource_version.as_deref()?.parse().ok()
 }
 
 /// What a reconcile produced, and the status it computed on the way (deletion computes its own).
@@ -1108,9 +1222,24 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         match msg {
             ResourceMsg::Observed(obj) => {
                 let news = st.is_news(version_of(obj.as_ref()));
+                st.undecodable = None;
                 st.remember(obj);
                 if news {
                     st.trigger_run(&myself);
+                }
+            }
+            ResourceMsg::Undecodable => {
+                if let Some(u) = self.shared.store.undecodable(&st.key) {
+                    let version = u
+                        .meta
+                        .resource_version
+                        .as_deref()
+                        .and_then(|v| v.parse().ok());
+                    let news = st.is_news(version);
+                    st.undecodable = Some(u);
+                    if news {
+                        st.trigger_run(&myself);
+                    }
                 }
             }
             ResourceMsg::Gone => {

@@ -9,8 +9,11 @@ use hashbrown::HashTable;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::ManagedResource;
 use super::object_map::name_hash;
+use crate::lenient::{Lenient, Undecodable};
 use crate::status::ResourceStatus;
 
 /// One cached object, and whether its actor last reported it Ready (for the reference index:
@@ -21,10 +24,12 @@ struct Slot<K> {
     ready: AtomicBool,
 }
 
-/// A cached object as it is held: whole, or encoded while its actor is passive.
+/// A cached object as it is held: whole, encoded while its actor is passive, or, when the
+/// kind's type cannot hold it, as what was read of it ([`Undecodable`]: present, but no `K`).
 enum Held<K> {
     Whole(Arc<K>),
     Encoded(Encoded),
+    Undecodable(Arc<Undecodable>),
 }
 
 impl<K: ManagedResource> Held<K> {
@@ -32,6 +37,7 @@ impl<K: ManagedResource> Held<K> {
         match self {
             Held::Whole(obj) => names(obj.as_ref()),
             Held::Encoded(e) => e.names(),
+            Held::Undecodable(u) => meta_names(&u.meta),
         }
     }
 
@@ -43,6 +49,7 @@ impl<K: ManagedResource> Held<K> {
                 .metadata()
                 .map(|m| (m.uid, m.generation))
                 .unwrap_or_default(),
+            Held::Undecodable(u) => (u.meta.uid.clone(), u.meta.generation),
         }
     }
 }
@@ -57,6 +64,7 @@ impl<K: ManagedResource> Slot<K> {
         match &self.obj {
             Held::Whole(obj) => Some(obj.clone()),
             Held::Encoded(e) => e.decode().map(Arc::new),
+            Held::Undecodable(_) => None,
         }
     }
 
@@ -256,7 +264,10 @@ struct Objects<K> {
 
 /// An object's namespace and name, as its slot is found by.
 fn names<K: ManagedResource>(obj: &K) -> (Option<&str>, &str) {
-    let meta = obj.meta();
+    meta_names(obj.meta())
+}
+
+fn meta_names(meta: &ObjectMeta) -> (Option<&str>, &str) {
     (
         meta.namespace.as_deref(),
         meta.name.as_deref().unwrap_or(""),
@@ -324,7 +335,10 @@ impl<K: ManagedResource> Objects<K> {
     }
 
     fn remove(&mut self, obj: &K) {
-        let (ns, name) = names(obj);
+        self.remove_at(names(obj));
+    }
+
+    fn remove_at(&mut self, (ns, name): (Option<&str>, &str)) {
         if let Ok(e) = self
             .table
             .find_entry(name_hash(&self.hasher, ns, name), |s| {
@@ -400,6 +414,33 @@ impl<K: ManagedResource> Writer<K> {
                 }
                 *cache = listed;
             }
+        }
+    }
+
+    /// Applies one event of a lenient watch ([`Lenient`]): a decoded object as
+    /// [`Writer::apply_watcher_event`] does, an undecodable one held as what was read of it.
+    pub(crate) fn apply_lenient(&mut self, event: Event<Lenient<K>>) {
+        match event {
+            Event::Apply(Lenient::Decoded(obj)) => self.apply_watcher_event(Event::Apply(obj)),
+            Event::InitApply(Lenient::Decoded(obj)) => {
+                self.apply_watcher_event(Event::InitApply(obj))
+            }
+            Event::Delete(Lenient::Decoded(obj)) => self.apply_watcher_event(Event::Delete(obj)),
+            Event::Apply(Lenient::Undecodable(u)) => self
+                .cache
+                .write()
+                .insert_held(Held::Undecodable(Arc::from(u))),
+            Event::InitApply(Lenient::Undecodable(u)) => {
+                let fresh = self.fresh();
+                self.relist
+                    .get_or_insert(fresh)
+                    .insert_held(Held::Undecodable(Arc::from(u)));
+            }
+            Event::Delete(Lenient::Undecodable(u)) => {
+                self.cache.write().remove_at(meta_names(&u.meta))
+            }
+            Event::Init => self.apply_watcher_event(Event::Init),
+            Event::InitDone => self.apply_watcher_event(Event::InitDone),
         }
     }
 
@@ -504,6 +545,7 @@ impl<K: ManagedResource> KindStore<K> {
         Some(match &store.get(key)?.obj {
             Held::Whole(obj) => obj.meta().resource_version.clone(),
             Held::Encoded(e) => e.metadata().and_then(|m| m.resource_version),
+            Held::Undecodable(u) => u.meta.resource_version.clone(),
         })
     }
 
@@ -514,6 +556,7 @@ impl<K: ManagedResource> KindStore<K> {
         Some(match &store.get(key)?.obj {
             Held::Whole(obj) => obj.meta().deletion_timestamp.is_some(),
             Held::Encoded(e) => e.metadata().is_some_and(|m| m.deletion_timestamp.is_some()),
+            Held::Undecodable(u) => u.meta.deletion_timestamp.is_some(),
         })
     }
 
@@ -532,6 +575,20 @@ impl<K: ManagedResource> KindStore<K> {
                 obj.meta().generation,
             )),
             Held::Encoded(e) => e.readiness(),
+            Held::Undecodable(u) => Some((
+                u.meta.deletion_timestamp.is_some(),
+                u.status.clone().unwrap_or_default(),
+                u.meta.generation,
+            )),
+        }
+    }
+
+    /// What was read of the object at `key`, if it is cached and its kind's type cannot hold
+    /// it ([`Undecodable`]).
+    pub(crate) fn undecodable(&self, key: &ObjectRef<K>) -> Option<Arc<Undecodable>> {
+        match &self.store_of(key)?.read().get(key)?.obj {
+            Held::Undecodable(u) => Some(u.clone()),
+            _ => None,
         }
     }
 
@@ -586,7 +643,7 @@ impl<K: ManagedResource> KindStore<K> {
             .unwrap_or(false)
     }
 
-    /// Every cached object.
+    /// Every cached object the kind's type holds.
     pub(crate) fn state(&self) -> Vec<Arc<K>> {
         self.stores
             .iter()

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 
 use super::mailbox::Mailbox;
 use super::{FastMap, ManagedResource, Shared};
+use crate::lenient::Lenient;
 use crate::messages::{ManagerMsg, ResourceMsg};
 use crate::triggers::{ConfigRef, PollFrom, SecretIndex, SecretRefs};
 
@@ -35,6 +36,9 @@ pub(crate) trait ConfigView: Send + Sync {
     fn poll_interval(&self) -> Option<Duration>;
     /// `namespace/name` of the config, for status messages.
     fn describe(&self) -> &str;
+    /// The field at which the config could not be decoded as its type, while it cannot (then
+    /// [`ConfigView::current`] is `None`: provisioning waits as for a missing config).
+    fn unreadable(&self) -> Option<String>;
 }
 
 struct ConfigState<C: Resource<DynamicType = ()> + 'static> {
@@ -44,6 +48,9 @@ struct ConfigState<C: Resource<DynamicType = ()> + 'static> {
     described: String,
     /// The last out-of-range poll interval the config gave that was logged.
     warned: std::sync::Mutex<Option<Duration>>,
+    /// Set while the config's newest version cannot be decoded as `C`: the field the decoder
+    /// named ([`Undecodable::field`](crate::lenient::Undecodable)).
+    unreadable: std::sync::Mutex<Option<String>>,
 }
 
 /// The shortest poll interval a config object may give: shorter ones (`pollSeconds: 0`) would
@@ -55,6 +62,9 @@ where
     C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     fn current(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        if self.unreadable().is_some() {
+            return None;
+        }
         self.store
             .get(&self.key)
             .map(|c| c as Arc<dyn Any + Send + Sync>)
@@ -79,6 +89,12 @@ where
     }
     fn describe(&self) -> &str {
         &self.described
+    }
+    fn unreadable(&self) -> Option<String> {
+        self.unreadable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -106,10 +122,12 @@ where
         poll_from: cref.poll_from.clone(),
         described: cref.describe(),
         warned: Default::default(),
+        unreadable: Default::default(),
     });
     // By name in its namespace: what RBAC can grant by `resourceNames`.
     let fields = format!("metadata.name={}", cref.name);
-    let api: Api<C> = crate::object_api::kind_api(client.clone(), cref.namespace.as_deref());
+    let api: Api<Lenient<C>> =
+        crate::object_api::kind_api(client.clone(), cref.namespace.as_deref());
     let config = watcher::Config::default().fields(&fields);
     let secrets = cref.secrets_from.clone().map(|refs| {
         let api: Api<PartialObjectMeta<Secret>> = match &cref.namespace {
@@ -118,17 +136,10 @@ where
         };
         (api, refs)
     });
+    let state = view.clone();
     let start: StartConfigWatch = Box::new(move |broadcast, listed| {
         tokio::spawn(async move {
-            let config_watch = watch_config(
-                api,
-                config,
-                writer,
-                store.clone(),
-                key.clone(),
-                broadcast.clone(),
-                listed,
-            );
+            let config_watch = watch_config(api, config, writer, state, broadcast.clone(), listed);
             match secrets {
                 None => config_watch.await,
                 Some((api, refs)) => {
@@ -163,11 +174,10 @@ fn config_version<C: Resource>(c: &C) -> (Option<String>, Option<String>) {
 }
 
 async fn watch_config<C>(
-    api: Api<C>,
+    api: Api<Lenient<C>>,
     config: watcher::Config,
     mut writer: reflector::store::Writer<C>,
-    store: Store<C>,
-    key: ObjectRef<C>,
+    state: Arc<ConfigState<C>>,
     broadcast: Arc<dyn Fn() + Send + Sync>,
     listed: oneshot::Sender<()>,
 ) where
@@ -177,30 +187,70 @@ async fn watch_config<C>(
     futures::pin_mut!(events);
     let mut listed = Some(listed);
     let mut last = None;
+    let key = &state.key;
+    let set_unreadable = |field: Option<String>| {
+        *state.unreadable.lock().unwrap_or_else(|e| e.into_inner()) = field;
+    };
     while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => {
-                writer.apply_watcher_event(&event);
-                // Mid-list the store still shows the previous list: decide at its end.
-                if matches!(event, Event::Init | Event::InitApply(_)) {
-                    continue;
-                }
-                let now = store.get(&key).map(|c| config_version(c.as_ref()));
-                if let Some(listed) = listed.take() {
-                    last = now;
-                    let _ = listed.send(());
-                    continue;
-                }
-                if now != last {
-                    last = now;
-                    tracing::info!(config = %key, "provider config changed; re-running every object");
-                    broadcast();
-                }
-            }
+        let event = match event {
+            Ok(event) => event,
             // The store keeps the config it had: a transient error drops nothing.
             Err(e) => {
-                tracing::warn!(error = %e, config = %key, "config watch error; retrying with backoff")
+                tracing::warn!(error = %e, config = %key, "config watch error; retrying with backoff");
+                continue;
             }
+        };
+        // A version the type cannot hold reads as no config (provisioning waits, and its
+        // status says why) until a version it can hold comes.
+        let typed = match event {
+            Event::Apply(Lenient::Undecodable(u)) | Event::InitApply(Lenient::Undecodable(u)) => {
+                tracing::error!(config = %key, field = %u.field, "the provider config cannot be decoded as its type; provisioning waits until it can");
+                set_unreadable(Some(u.field.clone()));
+                None
+            }
+            Event::Delete(Lenient::Undecodable(_)) => {
+                set_unreadable(None);
+                state.store.get(key).map(|c| Event::Delete(C::clone(&c)))
+            }
+            Event::Apply(Lenient::Decoded(c)) => {
+                set_unreadable(None);
+                Some(Event::Apply(c))
+            }
+            Event::InitApply(Lenient::Decoded(c)) => {
+                set_unreadable(None);
+                Some(Event::InitApply(c))
+            }
+            Event::Delete(Lenient::Decoded(c)) => {
+                set_unreadable(None);
+                Some(Event::Delete(c))
+            }
+            Event::Init => {
+                set_unreadable(None);
+                Some(Event::Init)
+            }
+            Event::InitDone => Some(Event::InitDone),
+        };
+        let mid_list = matches!(typed, Some(Event::Init | Event::InitApply(_)));
+        if let Some(typed) = &typed {
+            writer.apply_watcher_event(typed);
+        }
+        // Mid-list the store still shows the previous list: decide at its end.
+        if mid_list {
+            continue;
+        }
+        let now = (
+            state.store.get(key).map(|c| config_version(c.as_ref())),
+            state.unreadable(),
+        );
+        if let Some(listed) = listed.take() {
+            last = Some(now);
+            let _ = listed.send(());
+            continue;
+        }
+        if last.as_ref() != Some(&now) {
+            last = Some(now);
+            tracing::info!(config = %key, "provider config changed; re-running every object");
+            broadcast();
         }
     }
 }

@@ -13,6 +13,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::{ManagedResource, Metrics, Shared};
+use crate::lenient::{Lenient, Undecodable};
 use crate::object_api::bounded;
 use crate::provisioners::{InvalidReason, Outcome};
 use crate::status::{Phase, ReadyReason, ResourceStatus};
@@ -42,6 +43,45 @@ pub(crate) async fn patch_status<K: ManagedResource>(
     .await?;
     Metrics::inc(&shared.metrics.status_writes);
     Ok(written)
+}
+
+/// Patch the status subresource of an object the kind's type cannot hold ([`Undecodable`]) to
+/// `status`, with its resourceVersion as a precondition, as [`patch_status`] does. Returns the
+/// object as the server left it (decoded leniently: most likely still undecodable).
+pub(crate) async fn patch_undecodable_status<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &Undecodable,
+    status: &ResourceStatus,
+) -> Result<Lenient<K>, kube::Error> {
+    let mut patch = status.patch();
+    patch["metadata"] = json!({"resourceVersion": obj.meta.resource_version});
+    let client = match &shared.shards {
+        Some(scope) => &scope.clients[scope.shard_of_undecodable(&obj.meta) as usize],
+        None => &shared.client,
+    };
+    let api = crate::object_api::ObjectApi::<Lenient<K>>::new(
+        kube::Client::clone(client),
+        obj.meta.namespace.as_deref(),
+    );
+    let name = obj.meta.name.as_deref().unwrap_or_default();
+    let written = bounded_write(
+        shared,
+        api.patch_status(name, &shared.patch_params(), &Patch::Merge(patch)),
+    )
+    .await?;
+    Metrics::inc(&shared.metrics.status_writes);
+    Ok(written)
+}
+
+/// Publish the Warning Event `Undecodable` of an object the kind's type cannot hold.
+pub(crate) async fn publish_undecodable<K: ManagedResource>(
+    shared: &Shared<K>,
+    obj: &Undecodable,
+    message: String,
+) {
+    let obj = Lenient::<K>::Undecodable(Box::new(obj.clone()));
+    let reason = ReadyReason::Undecodable.as_str();
+    publish(shared, &obj, EventType::Warning, reason, Some(message)).await;
 }
 
 /// `write` within the policy's `write_timeout`, an abandoned one counted ([`bounded`]).
@@ -304,9 +344,9 @@ pub(crate) async fn publish_invalid_reason<K: ManagedResource>(
     publish(shared, obj, EventType::Warning, "InvalidReason", Some(note)).await;
 }
 
-async fn publish<K: ManagedResource>(
+async fn publish<K: ManagedResource, R: kube::Resource<DynamicType = ()>>(
     shared: &Shared<K>,
-    obj: &K,
+    obj: &R,
     type_: EventType,
     reason: &str,
     note: Option<String>,

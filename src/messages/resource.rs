@@ -11,6 +11,9 @@ use super::{PassiveState, RunPermit, RunSlot, TimerMsg};
 pub enum ResourceMsg<K: kube::Resource<DynamicType = ()>> {
     /// The watch feeder observed a new version of the object.
     Observed(Arc<K>),
+    /// The watch feeder observed a new version of the object that the kind's type cannot hold
+    /// (cached as undecodable: the actor reads it from the store).
+    Undecodable,
     /// The object is gone from the API: keep nothing of it and go back to the manager idle
     /// ([`ManagerMsg::Vacated`](super::ManagerMsg::Vacated)).
     Gone,

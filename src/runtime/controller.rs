@@ -122,8 +122,12 @@ impl<K: ManagedResource> Controller<K> {
             cluster_scoped: crate::object_api::is_cluster_scoped::<R>(),
             rule: crate::rbac::rule_for::<R>(&["list", "watch"]),
             start: Box::new(move |client, namespace, shared, _echoes, manager| {
-                let api: Api<R> = crate::object_api::kind_api(client, namespace.as_deref());
-                let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+                // Leniently: one `R` its type cannot hold is left out, not the whole list.
+                let api: Api<crate::lenient::Lenient<R>> =
+                    crate::object_api::kind_api(client, namespace.as_deref());
+                let events = crate::lenient::decoded_only(
+                    watcher::watcher(api, watcher::Config::default()).default_backoff(),
+                );
                 tokio::spawn(crate::actors::triggers::watch_related(
                     shared,
                     events,

@@ -24,6 +24,7 @@ mod real_references;
 mod real_remote;
 mod real_runtime;
 mod real_tenancy;
+mod real_undecodable;
 mod references;
 mod references_prop;
 mod remote_application;
