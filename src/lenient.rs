@@ -293,9 +293,10 @@ mod tests {
     #[tokio::test]
     async fn a_watch_for_typed_consumers_leaves_out_only_what_does_not_decode() {
         use futures::StreamExt;
-        let good = || decode::<Widget>(&widget(serde_json::json!({"replicas": 1}))).unwrap();
-        let bad = || decode::<Widget>(&widget(serde_json::json!({"replicas": "x"}))).unwrap();
-        let events: Vec<Result<Event<Lenient<Widget>>, ()>> = vec![
+        let good = || decode::<ConfigMap>(r#"{"metadata":{"name":"a"},"data":{"k":"v"}}"#).unwrap();
+        let bad = || decode::<ConfigMap>(r#"{"metadata":{"name":"b"},"data":{"k":5}}"#).unwrap();
+        assert!(matches!(bad(), Lenient::Undecodable(u) if u.field == "data.k"));
+        let events: Vec<Result<Event<Lenient<ConfigMap>>, ()>> = vec![
             Ok(Event::Init),
             Ok(Event::InitApply(bad())),
             Ok(Event::InitApply(good())),

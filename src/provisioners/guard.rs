@@ -334,6 +334,10 @@ impl<K: ManagedResource> Context<K> {
                 .unwrap_or(now),
         };
         let message = lock.message();
+        // Others count the lock's expiry from when they first see it, at the earliest when
+        // its write lands, which is before its answer comes back: the task's time counts from
+        // the send, so that a slow answer cannot make it outlive the lock as others see it.
+        let sent = tokio::time::Instant::now();
         let locked = self
             .write_conditions(false, |st| {
                 st.with_condition(
@@ -365,7 +369,7 @@ impl<K: ManagedResource> Context<K> {
                 );
             }
         }
-        let outcome = match tokio::time::timeout(expiry, task()).await {
+        let outcome = match tokio::time::timeout_at(sent + expiry, task()).await {
             Ok(o) => o,
             Err(elapsed) => Outcome::failed(
                 Reason::new(

@@ -350,3 +350,65 @@ async fn a_lock_held_elsewhere_holds_for_its_expiry_by_this_runtimes_clock_not_t
         rt.shutdown().await;
     }
 }
+
+/// The lock's expiry counts from when its write was sent, not answered: others first see the
+/// lock when it lands, so a task that ran for the whole expiry after a slow answer would still
+/// run after they take the lock. With every status write answered 4 s after it lands and a lock
+/// of 10 s, a task of 8 s is cut (6 s after the answer) and recorded as such.
+#[tokio::test(start_paused = true)]
+async fn a_guarded_tasks_time_counts_from_the_lock_writes_send() {
+    use tower::ServiceExt;
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let (cluster, _) = cluster();
+    let svc = cluster.service();
+    let slow = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let svc = svc.clone();
+        let status_patch =
+            req.method() == http::Method::PATCH && req.uri().path().ends_with("/status");
+        async move {
+            let answer = svc.oneshot(req).await.map_err(BoxError::from)?;
+            if status_patch {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+            }
+            Ok::<_, BoxError>(answer)
+        }
+    });
+    let client = kube::Client::new(slow, "default");
+    let ran = Arc::new(AtomicU32::new(0));
+    let tree = {
+        let ran = ran.clone();
+        guard("External", move |_cx: Context<Widget>| {
+            let ran = ran.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                ran.fetch_add(1, Ordering::SeqCst);
+                Outcome::Done
+            }
+        })
+    };
+    let mut policy = test_policy();
+    policy.lock_expiry = Duration::from_secs(10);
+    policy.reconcile_timeout = None;
+    let rt = start_widgets(&client, policy, tree).await;
+    create(&client, "w", 1).await;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    let c = loop {
+        let w = widgets(&client).get("w").await.unwrap();
+        if let Some(c) = condition(&w, "External").filter(|c| c.reason != "Locked") {
+            break c;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no result recorded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "LockExpired"),
+        "{c:?}"
+    );
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the task was cut before it finished"
+    );
+    rt.shutdown().await;
+}
