@@ -27,6 +27,9 @@ pub struct Health {
     failed: AtomicBool,
     /// With sharding, the shards this replica holds.
     shards: OnceLock<Arc<Shards>>,
+    /// Watch tasks that stopped and wait for their restart ([`crate::watch_tasks`]), by name,
+    /// with why they stopped.
+    watches_down: Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 /// Whether a task runs ([`Health::add_task`]).
@@ -65,6 +68,22 @@ impl Health {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((name.to_string(), alive));
+    }
+
+    /// The watch task `name` stopped (`why`): `/readyz` fails until [`Health::watch_up`].
+    pub(crate) fn watch_down(&self, name: &str, why: &str) {
+        self.watches_down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), why.to_string());
+    }
+
+    /// The watch task `name` runs again.
+    pub(crate) fn watch_up(&self, name: &str) {
+        self.watches_down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
     }
 
     pub(crate) fn add_kind(&self, kind: &str, synced: Arc<AtomicBool>, refused: WatchRefusal) {
@@ -155,7 +174,7 @@ impl Health {
         }
     }
 
-    /// `/readyz`: started, every kind listed, not shutting down.
+    /// `/readyz`: started, every kind listed, no watch task down, not shutting down.
     pub fn ready(&self) -> Probe {
         if self.stopping.load(Ordering::Acquire) {
             return Probe {
@@ -174,6 +193,17 @@ impl Health {
                 ok: false,
                 detail: "starting".into(),
             };
+        }
+        {
+            let down = self.watches_down.lock().unwrap_or_else(|e| e.into_inner());
+            if !down.is_empty() {
+                let list: Vec<String> =
+                    down.iter().map(|(n, why)| format!("{n} ({why})")).collect();
+                return Probe {
+                    ok: false,
+                    detail: format!("watch tasks restarting: {}", list.join(", ")),
+                };
+            }
         }
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
         let listing: Vec<String> = kinds

@@ -93,6 +93,7 @@ pub mod status;
 pub mod telemetry;
 pub mod testing;
 pub mod triggers;
+mod watch_tasks;
 
 pub use object_api::KindScope;
 

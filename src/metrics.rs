@@ -40,6 +40,7 @@
 //! | `actorcile_quarantined_total` | counter | | objects past the restart intensity | — |
 //! | `actorcile_status_writes_total` | counter | | status patches sent | — |
 //! | `actorcile_status_conflicts_total` | counter | | status patches refused with 409 (the object runs again) | — |
+//! | `actorcile_watch_restarts_total` | counter | | watch tasks started again after they stopped (a panic, or their stream ended); `/readyz` fails until each runs again | — |
 //! | `actorcile_status_rejected_total` | counter | | status patches refused as invalid (422: a CRD validation rule or the schema), retried with backoff | — |
 //! | `actorcile_write_timeouts_total` | counter | | writes of the runtime's own (status, finalizer, Event…) abandoned unanswered at the policy's `write_timeout`, each retried | — |
 //! | `actorcile_api_requests_total` | counter | `verb`, `code` | API requests of a client built with [`ApiMetrics`] | `rest_client_requests_total` (`method`, `code`) |
@@ -268,6 +269,12 @@ impl Collector for RuntimeCollector {
             "actorcile_status_writes",
             "Status patches sent",
             m.status_writes,
+        )?;
+        counter(
+            e,
+            "actorcile_watch_restarts",
+            "Watch tasks started again after they stopped (a panic, or their stream ended)",
+            m.watch_restarts,
         )?;
         counter(
             e,

@@ -129,7 +129,8 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     of: KindWatch<K>,
     mut writer: super::store::Writer<K>,
     manager: Mailbox<ManagerMsg<K>>,
-    listed: tokio::sync::oneshot::Sender<()>,
+    listed: Listed,
+    first_run: bool,
 ) {
     let KindWatch {
         api: typed,
@@ -161,9 +162,10 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     let mut changes = view.as_ref().map(|(shards, _)| shards.changes());
     // With `ServerSide`: whether the server applies shard selectors, once a list said so.
     let mut server_applies: Option<bool> = None;
-    let mut listed = Some(listed);
     let mut list: Option<List<K>> = None;
-    let mut first_list = true;
+    // Only a first run's first list goes straight to the store: a restarted feeder's store
+    // holds what its last run left.
+    let mut first_list = first_run;
     // Whether lists may stream (`sendInitialEvents`), when the config asks for it: until the API
     // server refuses them once.
     let mut streaming = true;
@@ -274,7 +276,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                         if let Some(obj) = unplaced.remove(&key) {
                             let event = Ok(Event::Apply(obj));
                             let (list, first) = (&mut list, &mut first_list);
-                            watch.apply(&mut writer, event, list, first, &mut listed);
+                            watch.apply(&mut writer, event, list, first, &listed);
                         }
                     }
                     follow_at = self::follow_at(&watched, &held, follow_at, narrow_after);
@@ -305,7 +307,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                 };
                 continue;
             }
-            watch.apply(&mut writer, event, &mut list, &mut first_list, &mut listed);
+            watch.apply(&mut writer, event, &mut list, &mut first_list, &listed);
         }
     }
 }
@@ -431,7 +433,11 @@ pub(super) async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
+/// Told once the kind's first list is in the store (kept across a restarted feeder's runs).
+pub(crate) type Listed = Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>>;
+
 /// One watch of a kind, for [`run_feeder`].
+#[derive(Clone)]
 pub(crate) struct KindWatch<K: ManagedResource> {
     /// The kind's API, in `namespace` or in all.
     pub api: Api<K>,
@@ -462,7 +468,7 @@ impl<K: ManagedResource> Watch<'_, K> {
         event: Result<Event<Lenient<K>>, watcher::Error>,
         list: &mut Option<List<K>>,
         first_list: &mut bool,
-        listed: &mut Option<tokio::sync::oneshot::Sender<()>>,
+        listed: &Listed,
     ) {
         let (shared, manager) = (self.shared, self.manager);
         match event {
@@ -523,7 +529,12 @@ impl<K: ManagedResource> Watch<'_, K> {
                 *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 // The first list: the kind's start-up rebuilds the references and wakes what
                 // waited once every namespace has listed (`ReferenceIndex::kind_synced`).
-                let first = listed.take().map(|listed| listed.send(())).is_some();
+                let first = listed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .map(|listed| listed.send(()))
+                    .is_some();
                 let existing: HashSet<ObjectRef<K>, ahash::RandomState> =
                     l.keys.into_iter().collect();
                 if let Some(secrets) = &shared.secrets {

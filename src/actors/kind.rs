@@ -34,6 +34,7 @@ use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner};
 use crate::references::{ReferenceApi, ReferenceIndex, Target, referrers_in};
 use crate::sharding::{ShardWatch, Sharding, Shards};
 use crate::triggers::SecretRefs;
+use crate::watch_tasks::supervise;
 use crate::{Error, ManagedResource};
 
 /// One managed kind as the runtime starts it: its provisioner tree and options, as
@@ -63,7 +64,7 @@ pub(crate) struct KindSpec<K: ManagedResource> {
 
 /// Starts a watch of a related kind in one namespace (`None`: in all): the client, the
 /// namespace, the kind's state, the record of the runtime's own child writes, the manager.
-pub(crate) type StartRelated<K> = Box<
+pub(crate) type StartRelated<K> = Arc<
     dyn Fn(
             Client,
             Option<String>,
@@ -71,7 +72,8 @@ pub(crate) type StartRelated<K> = Box<
             Option<Arc<crate::provisioners::context::OwnWrites>>,
             Mailbox<ManagerMsg<K>>,
         ) -> JoinHandle<()>
-        + Send,
+        + Send
+        + Sync,
 >;
 
 /// A watch of children or related objects, its kind erased ([`Controller::owns`],
@@ -82,6 +84,8 @@ pub(crate) struct RelatedSpec<K: ManagedResource> {
     /// Whether the related kind is cluster-scoped: one watch, whatever the namespaces.
     pub(crate) cluster_scoped: bool,
     pub(crate) rule: k8s_openapi::api::rbac::v1::PolicyRule,
+    /// The related kind's name (for logs and probes).
+    pub(crate) kind: String,
     pub(crate) start: StartRelated<K>,
 }
 
@@ -491,6 +495,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             }));
         }
         let mut tasks = Vec::new();
+        let restarts = cx.metrics.watch_restarts.clone();
         if let Some(start) = start_config {
             let (listed_tx, listed) = tokio::sync::oneshot::channel();
             let m = mailbox.clone();
@@ -510,12 +515,28 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                 &namespaces[..]
             };
             for ns in scopes {
-                tasks.push((r.start)(
+                let (client, ns, shared, own_writes, mailbox) = (
                     cx.client.clone(),
                     ns.clone(),
                     shared.clone(),
                     own_writes.clone(),
                     mailbox.clone(),
+                );
+                let name = format!("the {} watch of {kind}{}", r.kind, in_namespace(&ns));
+                let start = r.start.clone();
+                tasks.push(supervise(
+                    name,
+                    cx.health.clone(),
+                    restarts.clone(),
+                    move |_| {
+                        start(
+                            client.clone(),
+                            ns.clone(),
+                            shared.clone(),
+                            own_writes.clone(),
+                            mailbox.clone(),
+                        )
+                    },
                 ));
             }
         }
@@ -525,11 +546,20 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     Some(ns) => Api::namespaced(cx.client.clone(), ns),
                     None => Api::all(cx.client.clone()),
                 };
-                tasks.push(tokio::spawn(crate::actors::triggers::watch_secrets(
-                    shared.clone(),
-                    api,
-                    mailbox.clone(),
-                )));
+                let (shared, mailbox) = (shared.clone(), mailbox.clone());
+                let name = format!("the Secret watch of {kind}{}", in_namespace(ns));
+                tasks.push(supervise(
+                    name,
+                    cx.health.clone(),
+                    restarts.clone(),
+                    move |_| {
+                        tokio::spawn(crate::actors::triggers::watch_secrets(
+                            shared.clone(),
+                            api.clone(),
+                            mailbox.clone(),
+                        ))
+                    },
+                ));
             }
         }
         // Mark the kind synced (and rebuild its part of the reference index from the persisted
@@ -540,7 +570,9 @@ impl<K: ManagedResource> Start for KindSpec<K> {
         let shared_store = store.clone();
         let references = cx.references.clone();
         let mut lists = Vec::new();
-        for ((ns, writer), (flag, refused)) in namespaces.iter().zip(writers).zip(watches) {
+        for (((ns, writer), (flag, refused)), at) in
+            namespaces.iter().zip(writers).zip(watches).zip(0..)
+        {
             let api: Api<K> = crate::object_api::kind_api(cx.client.clone(), ns.as_deref());
             let (listed_tx, listed) = tokio::sync::oneshot::channel::<()>();
             let several = namespaces.len() > 1;
@@ -558,13 +590,28 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                 refused,
                 prune: self.prune_cache,
             };
-            tasks.push(tokio::spawn(run_feeder(
-                shared.clone(),
-                watch,
-                writer,
-                mailbox.clone(),
-                listed_tx,
-            )));
+            // A restarted feeder fills the same store, and says the kind is listed if its first
+            // run ended before it could.
+            let listed_tx = Arc::new(std::sync::Mutex::new(Some(listed_tx)));
+            let (shared, mailbox) = (shared.clone(), mailbox.clone());
+            let mut writer = Some(writer);
+            let name = format!("the {kind} watch{}", in_namespace(ns));
+            tasks.push(supervise(
+                name,
+                cx.health.clone(),
+                restarts.clone(),
+                move |run| {
+                    let writer = writer.take().unwrap_or_else(|| shared.store.writer_at(at));
+                    tokio::spawn(run_feeder(
+                        shared.clone(),
+                        watch.clone(),
+                        writer,
+                        mailbox.clone(),
+                        listed_tx.clone(),
+                        run == 0,
+                    ))
+                },
+            ));
         }
         let (api_version, kind_name) = (K::api_version(&()).into_owned(), kind.clone());
         tokio::spawn(async move {
@@ -590,4 +637,11 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             },
         })
     }
+}
+
+/// ` in <namespace>` for a watch of one namespace, nothing for one of all.
+fn in_namespace(ns: &Option<String>) -> String {
+    ns.as_ref()
+        .map(|ns| format!(" in {ns}"))
+        .unwrap_or_default()
 }

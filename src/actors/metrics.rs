@@ -30,6 +30,8 @@ pub(crate) struct Metrics {
     pub(super) status_rejected: AtomicU64,
     pub(super) write_timeouts: AtomicU64,
     pub(super) ignored: AtomicU64,
+    /// Watch tasks started again after they stopped ([`crate::watch_tasks`]).
+    pub(crate) watch_restarts: std::sync::Arc<AtomicU64>,
     /// Every controller's own figures, in registration order.
     kinds: std::sync::Mutex<Vec<std::sync::Arc<KindMetrics>>>,
 }
@@ -78,6 +80,9 @@ pub struct MetricsSnapshot {
     /// Reconciles skipped because the object carries the ignore annotation
     /// ([`IGNORE_ANNOTATION`](crate::triggers::IGNORE_ANNOTATION)).
     pub ignored: u64,
+    /// Watch tasks started again after they stopped (a panic, or their stream ended); each
+    /// failed `/readyz` until it ran again.
+    pub watch_restarts: u64,
 }
 
 impl Metrics {
@@ -102,6 +107,7 @@ impl Metrics {
             status_rejected: l(&self.status_rejected),
             write_timeouts: l(&self.write_timeouts),
             ignored: l(&self.ignored),
+            watch_restarts: l(&self.watch_restarts),
         }
     }
 

@@ -530,6 +530,15 @@ impl<K: ManagedResource> KindStore<K> {
         )
     }
 
+    /// A writer of the `at`th store (as [`KindStore::new`] handed out), for a watch started
+    /// again: it fills the store as it is, its next list replacing it whole.
+    pub(crate) fn writer_at(&self, at: usize) -> Writer<K> {
+        Writer {
+            cache: self.stores[at].1.clone(),
+            relist: None,
+        }
+    }
+
     /// The store that holds `key`'s namespace.
     fn store_of(&self, key: &ObjectRef<K>) -> Option<&Cache<K>> {
         match &*self.stores {

@@ -51,7 +51,8 @@ async fn started(log: PassLog) -> (super::testing::Kind, mpsc::UnboundedSender<I
         owned: true,
         cluster_scoped: false,
         rule: crate::rbac::rule_for::<ConfigMap>(&["list", "watch"]),
-        start: Box::new(move |_client, _namespace, shared, echoes, manager| {
+        kind: "ConfigMap".into(),
+        start: Arc::new(move |_client, _namespace, shared, echoes, manager| {
             let inputs = rx.lock().unwrap().take().expect("one watch");
             tokio::spawn(drive_related(
                 shared,

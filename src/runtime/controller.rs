@@ -61,7 +61,8 @@ impl<K: ManagedResource> Controller<K> {
             owned: true,
             cluster_scoped: crate::object_api::is_cluster_scoped::<C>(),
             rule: crate::rbac::rule_for::<C>(&["list", "watch"]),
-            start: Box::new(|client, namespace, shared, echoes, manager| {
+            kind: C::kind(&()).into_owned(),
+            start: std::sync::Arc::new(|client, namespace, shared, echoes, manager| {
                 // Metadata only: the children's contents are never held.
                 let api: Api<PartialObjectMeta<C>> =
                     crate::object_api::kind_api(client, namespace.as_deref());
@@ -121,7 +122,8 @@ impl<K: ManagedResource> Controller<K> {
             owned: false,
             cluster_scoped: crate::object_api::is_cluster_scoped::<R>(),
             rule: crate::rbac::rule_for::<R>(&["list", "watch"]),
-            start: Box::new(move |client, namespace, shared, _echoes, manager| {
+            kind: R::kind(&()).into_owned(),
+            start: std::sync::Arc::new(move |client, namespace, shared, _echoes, manager| {
                 // Leniently: one `R` its type cannot hold is left out, not the whole list.
                 let api: Api<crate::lenient::Lenient<R>> =
                     crate::object_api::kind_api(client, namespace.as_deref());
@@ -158,7 +160,17 @@ impl<K: ManagedResource> Controller<K> {
     ///     .shard_key(|app: &App| app.labels().get("tenant").cloned().unwrap_or_default());
     /// ```
     pub fn shard_key(mut self, key: impl Fn(&K) -> String + Send + Sync + 'static) -> Self {
-        self.spec.shard_key = Some(Arc::new(key));
+        // Called on objects anyone who can write `K` wrote: a panic on one places that object
+        // by `namespace/name` (an error log names it) instead of ending its kind's watch.
+        self.spec.shard_key = Some(Arc::new(move |obj: &K| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| key(obj))).unwrap_or_else(
+                |_| {
+                    let (ns, name) = (obj.meta().namespace.as_deref(), obj.meta().name.as_deref());
+                    tracing::error!(kind = %K::kind(&()), namespace = ns.unwrap_or(""), name = name.unwrap_or(""), "the shard key function panicked on this object; it is placed by namespace/name");
+                    crate::sharding::object_key(ns, name.unwrap_or(""))
+                },
+            )
+        }));
         self
     }
 
@@ -300,7 +312,16 @@ impl<K: ManagedResource> Controller<K> {
         mut self,
         refs: impl Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync + 'static,
     ) -> Self {
-        self.spec.secrets = Some(Box::new(refs));
+        // Called on objects anyone who can write `K` wrote: a panic on one says it references
+        // nothing (an error log names it) instead of ending its kind's watch.
+        self.spec.secrets = Some(Box::new(move |obj: &K| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| refs(obj))).unwrap_or_else(
+                |_| {
+                    tracing::error!(kind = %K::kind(&()), object = %kube::ResourceExt::name_any(obj), "the Secrets function panicked on this object; it re-runs on no Secret");
+                    Vec::new()
+                },
+            )
+        }));
         self
     }
 

@@ -958,3 +958,35 @@ async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
     .await;
     rt.shutdown().await;
 }
+
+/// The controller's own functions over objects (which Secrets one references, its shard key)
+/// run on what anyone who can write the kind wrote: a panic on one object does not stop the
+/// kind's watch, nor make it restart.
+#[tokio::test(start_paused = true)]
+async fn a_secrets_function_that_panics_on_one_object_does_not_stop_its_kind() {
+    let (_cluster, client) = cluster();
+    let passes = PassCounts::default();
+    let rt = Runtime::builder(client.clone())
+        .policy(test_policy())
+        .controller(
+            Controller::<Widget>::new(counting_step(passes.clone())).secrets(|w: &Widget| {
+                assert!(w.spec.note != "boom", "a function that trusts its input");
+                vec![]
+            }),
+        )
+        .start()
+        .await
+        .unwrap();
+    let api = widgets(&client);
+    let mut hostile = widget("hostile", 1);
+    hostile.spec.note = "boom".into();
+    api.create(&PostParams::default(), &hostile).await.unwrap();
+    api.create(&PostParams::default(), &widget("after", 1))
+        .await
+        .unwrap();
+    wait_ready(&client, "after", LIMIT).await;
+    wait_ready(&client, "hostile", LIMIT).await;
+    assert_eq!(rt.metrics().watch_restarts, 0, "the watch never stopped");
+    assert!(rt.health().ready().ok, "{:?}", rt.health().ready());
+    rt.shutdown().await;
+}
