@@ -171,7 +171,7 @@ pub trait RemoteCluster: Send + Sync {
 /// their own rule with [`KubeconfigSecret::refuse_servers`] (their networks, a list of allowed
 /// hosts). Only the address as written is checked: a name that resolves to such an address is
 /// the authors' rule to refuse. Every request to the remote is bounded: 10 s to connect, 30 s
-/// to read or write.
+/// to read or write, and an error answer's body is read to 64 KiB at most.
 #[derive(Clone)]
 pub struct KubeconfigSecret {
     namespace: String,
@@ -571,7 +571,7 @@ impl<K> Remote<K> {
         }
         let client = match &access.connection {
             Connection::Client(c, _) => c.clone(),
-            Connection::Config(config) => Client::try_from((**config).clone())
+            Connection::Config(config) => bounded_client((**config).clone())
                 .map_err(|_| format!("no client can be built for remote cluster {id}"))?,
         };
         clients.insert(id.to_string(), (access.version, client.clone()));
@@ -584,6 +584,28 @@ impl<K> Remote<K> {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
     }
+}
+
+/// The most of a remote server's error answer that is read: kube reads an error's whole body
+/// to decode its `Status`, and a server of a tenant's choosing could send any amount.
+pub(crate) const REMOTE_ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// A client for a remote cluster's `config` whose error answers are read to
+/// [`REMOTE_ERROR_BODY_LIMIT`] at most (a longer one fails as a body error); successful ones
+/// (lists, watches) are not cut.
+fn bounded_client(config: kube::Config) -> Result<Client, kube::Error> {
+    let bound =
+        tower::util::MapResponseLayer::new(|answer: http::Response<Box<kube::client::DynBody>>| {
+            let limit = if answer.status().is_client_error() || answer.status().is_server_error() {
+                REMOTE_ERROR_BODY_LIMIT
+            } else {
+                usize::MAX
+            };
+            answer.map(|body| http_body_util::Limited::new(body, limit))
+        });
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&bound)
+        .build())
 }
 
 impl<K: Resource<DynamicType = ()>> Remote<K> {
@@ -929,5 +951,46 @@ current-context: remote
             !matches!(&opted_in, Err(RemoteClusterError::Invalid { what }) if what.contains("refused")),
             "{opted_in:?}"
         );
+    }
+
+    /// A remote server that answers an error with a body of any length: the runtime reads 64 KiB
+    /// of it at most, and the error it reports carries none of the rest.
+    #[tokio::test]
+    async fn a_remote_servers_error_body_is_read_to_a_bound() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        const BODY: usize = 16 * 1024 * 1024;
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = conn.read(&mut request).await;
+            let head = format!(
+                "HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\ncontent-length: {BODY}\r\n\r\n"
+            );
+            conn.write_all(head.as_bytes()).await.unwrap();
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut sent = 0;
+            while sent < BODY {
+                if conn.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent += chunk.len();
+            }
+            sent
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let client = bounded_client(config).unwrap();
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
+        let e = api.get("x").await.unwrap_err();
+        assert!(!matches!(e, kube::Error::Api(_)), "{e}");
+        assert!(
+            e.to_string().len() < REMOTE_ERROR_BODY_LIMIT,
+            "the error holds the body"
+        );
+        drop(api);
+        let sent = server.await.unwrap();
+        assert!(sent < BODY, "the whole body was read ({sent} bytes)");
     }
 }
