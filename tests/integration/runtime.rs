@@ -1725,3 +1725,86 @@ async fn escalation_stops_the_runtime_with_the_object_and_its_last_failure() {
     assert!(last.to_string().contains("the disk is on fire"), "{last}");
     rt.shutdown().await;
 }
+
+/// No status the runtime writes speaks of an older generation than the object it is written
+/// on: a reconcile of generation 1 that is still running when the spec changes (generation 2)
+/// does not land its status on generation 2 (its write carries the resourceVersion it read, and
+/// conflicts); generation 2's reconcile writes the status that stays. Every version of the
+/// object the watch shows whose status changed carries `observedGeneration` (and the Ready
+/// condition's) equal to its own generation.
+#[tokio::test(start_paused = true)]
+async fn no_status_of_an_old_generation_is_written_on_a_newer_one() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let (_cluster, client) = cluster();
+    let started = Arc::new(Notify::new());
+    let tree = {
+        let started = started.clone();
+        step("slow", move |cx: Context<Widget>| {
+            let started = started.clone();
+            async move {
+                if cx.object().spec.size == 1 {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+                Outcome::Done
+            }
+        })
+    };
+    // Every version of the widget, as the watch shows them.
+    let seen: Arc<Mutex<Vec<Widget>>> = Arc::default();
+    let recorder = {
+        let (api, seen) = (widgets(&client), seen.clone());
+        tokio::spawn(async move {
+            let events = watcher::watcher(api, watcher::Config::default());
+            futures::pin_mut!(events);
+            while let Some(e) = events.next().await {
+                if let Ok(watcher::Event::Apply(w) | watcher::Event::InitApply(w)) = e {
+                    seen.lock().unwrap().push(w);
+                }
+            }
+        })
+    };
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    create(&client, "w", 1).await;
+    started.notified().await;
+    // Generation 2 while generation 1's reconcile runs.
+    let patch = kube::api::Patch::Merge(serde_json::json!({"spec": {"size": 2}}));
+    widgets(&client)
+        .patch("w", &kube::api::PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    eventually("Ready at generation 2", LIMIT, || async {
+        let w = widgets(&client).get("w").await.ok()?;
+        let s = w.status.as_ref()?;
+        (s.is_ready() && s.observed_generation == Some(2) && w.metadata.generation == Some(2))
+            .then_some(())
+    })
+    .await;
+    // Long past generation 1's reconcile: its status had its chance to land.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    rt.shutdown().await;
+    recorder.abort();
+    let seen = seen.lock().unwrap().clone();
+    let mut last_status = None;
+    let mut changes = 0;
+    for w in &seen {
+        let status = w.status.clone().unwrap_or_default();
+        if last_status.as_ref() != Some(&status) && w.status.is_some() {
+            changes += 1;
+            assert_eq!(
+                status.observed_generation, w.metadata.generation,
+                "a status of another generation was written: {status:?} on generation {:?}",
+                w.metadata.generation
+            );
+            if let Some(c) = status.ready() {
+                assert_eq!(c.observed_generation, w.metadata.generation, "{c:?}");
+            }
+        }
+        last_status = Some(status);
+    }
+    assert!(changes >= 1, "the statuses were seen: {seen:?}");
+    let last = seen.last().unwrap();
+    assert_eq!(last.metadata.generation, Some(2));
+    assert_eq!(last.status.as_ref().unwrap().observed_generation, Some(2));
+}
