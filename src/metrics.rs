@@ -40,6 +40,10 @@
 //! | `actorcile_quarantined_total` | counter | | objects past the restart intensity | — |
 //! | `actorcile_status_writes_total` | counter | | status patches sent | — |
 //! | `actorcile_status_conflicts_total` | counter | | status patches refused with 409 (the object runs again) | — |
+//! | `actorcile_reference_index_waited_on` | gauge | | targets resources wait on to become Ready | — |
+//! | `actorcile_reference_index_missing` | gauge | | targets resources found missing (re-checked when they appear) | — |
+//! | `actorcile_reference_index_waiting` | gauge | | resources waiting on a target (each remembers at most 64 targets; older waits fall back to the dependency poll) | — |
+//! | `actorcile_reference_index_holding` | gauge | | resources holding references | — |
 //! | `actorcile_watch_restarts_total` | counter | | watch tasks started again after they stopped (a panic, or their stream ended); `/readyz` fails until each runs again | — |
 //! | `actorcile_status_rejected_total` | counter | | status patches refused as invalid (422: a CRD validation rule or the schema), retried with backoff | — |
 //! | `actorcile_write_timeouts_total` | counter | | writes of the runtime's own (status, finalizer, Event…) abandoned unanswered at the policy's `write_timeout`, each retried | — |
@@ -226,6 +230,38 @@ impl Collector for RuntimeCollector {
                 "actorcile_shards_held",
                 "Shards this replica holds and runs the objects of (with sharding)",
                 self.health.shards_held().len() as u64,
+            )?;
+        }
+        if let Some(index) = self
+            .metrics
+            .reference_index
+            .get()
+            .and_then(std::sync::Weak::upgrade)
+        {
+            let sizes: crate::references::IndexSizes = index.sizes();
+            gauge(
+                e,
+                "actorcile_reference_index_waited_on",
+                "Targets resources wait on to become Ready",
+                sizes.waited_on as u64,
+            )?;
+            gauge(
+                e,
+                "actorcile_reference_index_missing",
+                "Targets resources found missing (re-checked when they appear)",
+                sizes.missing as u64,
+            )?;
+            gauge(
+                e,
+                "actorcile_reference_index_waiting",
+                "Resources waiting on a target (each remembers at most 64 targets)",
+                sizes.waiting as u64,
+            )?;
+            gauge(
+                e,
+                "actorcile_reference_index_holding",
+                "Resources holding references",
+                sizes.holding as u64,
             )?;
         }
         gauge(

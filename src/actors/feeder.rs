@@ -90,8 +90,8 @@ fn route_gone<K: ManagedResource>(
     if let Some(secrets) = &shared.secrets {
         secrets.forget(&key);
     }
-    // Most deletions are of objects that hold nothing: no target is built for them.
-    if shared.references.holds_any() {
+    // Most deletions are of objects that hold and wait on nothing: no target is built for them.
+    if shared.references.holds_or_waits_any() {
         shared.references.gone(&crate::references::Target::new(
             K::api_version(&()),
             K::kind(&()),

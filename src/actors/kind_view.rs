@@ -36,6 +36,9 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
     fn in_view(&self, target: &Target) -> bool {
         self.shared.in_view(&key_of::<K>(target))
     }
+    fn watches_every_namespace(&self) -> bool {
+        self.shared.store.every_namespace()
+    }
     fn readiness(&self, target: &Target) -> Readiness {
         match self.shared.store.readiness(&key_of::<K>(target)) {
             // Not in the store before the kind's first list is complete: it may not be listed

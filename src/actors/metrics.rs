@@ -30,6 +30,9 @@ pub(crate) struct Metrics {
     pub(super) status_rejected: AtomicU64,
     pub(super) write_timeouts: AtomicU64,
     pub(super) ignored: AtomicU64,
+    /// The runtime's reference index, read for its size gauges.
+    pub(crate) reference_index:
+        std::sync::OnceLock<std::sync::Weak<crate::references::ReferenceIndex>>,
     /// Watch tasks started again after they stopped ([`crate::watch_tasks`]).
     pub(crate) watch_restarts: std::sync::Arc<AtomicU64>,
     /// Every controller's own figures, in registration order.

@@ -539,6 +539,11 @@ impl<K: ManagedResource> KindStore<K> {
         }
     }
 
+    /// Whether one store holds every namespace (a watch of all, or a cluster-scoped kind).
+    pub(crate) fn every_namespace(&self) -> bool {
+        self.stores.iter().any(|(ns, _)| ns.is_none())
+    }
+
     /// The store that holds `key`'s namespace.
     fn store_of(&self, key: &ObjectRef<K>) -> Option<&Cache<K>> {
         match &*self.stores {

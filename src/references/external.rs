@@ -95,9 +95,12 @@ pub(crate) struct ExternalKinds {
     client: Client,
     /// Stop a watch nobody has waited on for this long.
     idle: Duration,
-    /// (apiVersion, kind) → its watch. A handful of kinds.
-    kinds: Mutex<HashMap<(String, String), Arc<ExternalKind>>>,
+    /// (apiVersion, kind, namespace) → its watch. A handful of kinds.
+    kinds: Mutex<HashMap<WatchKey, Arc<ExternalKind>>>,
 }
+
+/// A watch's kind (apiVersion, kind) and the one namespace it watches (`None`: all).
+type WatchKey = (String, String, Option<String>);
 
 /// (namespace, name) of an object of the kind.
 type ObjectKey = (Option<String>, String);
@@ -106,6 +109,8 @@ type ObjectKey = (Option<String>, String);
 pub(crate) struct ExternalKind {
     api_version: String,
     kind: String,
+    /// The one namespace watched (`None`: every namespace, or a cluster-scoped kind).
+    namespace: Option<String>,
     /// The stripped objects, once the first list is in.
     objects: DashMap<ObjectKey, Arc<DynamicObject>, ahash::RandomState>,
     /// The first list is in (or the kind turned out not to be served: then every object of it
@@ -125,20 +130,26 @@ impl ExternalKinds {
         }
     }
 
-    /// The watch of `target`'s kind, started now if there is none.
+    /// The watch of `target`'s kind, started now if there is none: in `target`'s namespace
+    /// only with `in_namespace` (a kind this runtime manages in some namespaces only, asked
+    /// about an object of another replica's shard: the operator's roles grant the watch there,
+    /// not cluster-wide), else in every namespace.
     pub(crate) fn kind_of(
         &self,
         index: &Weak<ReferenceIndex>,
         target: &Target,
+        in_namespace: bool,
     ) -> Arc<ExternalKind> {
         let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (target.api_version.clone(), target.kind.clone());
+        let namespace = target.namespace.clone().filter(|_| in_namespace);
+        let key = (target.api_version.clone(), target.kind.clone(), namespace);
         if let Some(k) = kinds.get(&key) {
             return k.clone();
         }
         let kind = Arc::new(ExternalKind {
             api_version: key.0.clone(),
             kind: key.1.clone(),
+            namespace: key.2.clone(),
             objects: DashMap::default(),
             synced: tokio::sync::watch::Sender::new(false),
             unknown: AtomicBool::new(false),
@@ -159,8 +170,12 @@ impl ExternalKinds {
     /// The kinds watched now (apiVersion, kind).
     pub(crate) fn watched(&self) -> Vec<(String, String)> {
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
-        let mut v: Vec<_> = kinds.keys().cloned().collect();
+        let mut v: Vec<_> = kinds
+            .keys()
+            .map(|(a, k, _)| (a.clone(), k.clone()))
+            .collect();
         v.sort();
+        v.dedup();
         v
     }
 
@@ -172,7 +187,11 @@ impl ExternalKinds {
         if index.waits_on_kind(&kind.api_version, &kind.kind) {
             return false;
         }
-        kinds.remove(&(kind.api_version.clone(), kind.kind.clone()));
+        kinds.remove(&(
+            kind.api_version.clone(),
+            kind.kind.clone(),
+            kind.namespace.clone(),
+        ));
         tracing::debug!(api_version = %kind.api_version, kind = %kind.kind, "stopped watching: nobody waits on it");
         true
     }
@@ -311,7 +330,10 @@ async fn watch_kind(
         // It is served now: the objects are listed before anyone reads them as missing again.
         kind.synced.send_replace(false);
     }
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let api: Api<DynamicObject> = match &kind.namespace {
+        Some(ns) => Api::namespaced_with(client, ns, &ar),
+        None => Api::all_with(client, &ar),
+    };
     let events = watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(events);
     let mut listing: Option<HashMap<ObjectKey, Arc<DynamicObject>>> = None;

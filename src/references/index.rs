@@ -48,6 +48,12 @@ pub(crate) trait IndexedKind: Send + Sync {
     fn notify(&self, target: &Target);
     /// A dynamic API for patching the target's annotations.
     fn dynamic_api(&self, target: &Target) -> Api<DynamicObject>;
+    /// Whether the kind is watched in every namespace (or is cluster-scoped): then a watch of
+    /// it for targets out of view may be cluster-wide; else it is of the target's namespace,
+    /// where the operator's roles grant it.
+    fn watches_every_namespace(&self) -> bool {
+        true
+    }
 }
 
 /// Why a deletion cannot proceed yet.
@@ -60,6 +66,19 @@ pub(crate) struct Blocked {
 /// A registered kind: apiVersion, kind, and its handle.
 type KindEntry = (String, String, Arc<dyn IndexedKind>);
 
+/// At most this many targets are remembered per waiting resource: a spec that names many
+/// missing objects, or changes its names over and over, cannot grow the index without bound.
+pub(crate) const MAX_WAITS_PER_RESOURCE: usize = 64;
+
+/// How many entries the reference index holds ([`ReferenceIndex::sizes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct IndexSizes {
+    pub(crate) waited_on: usize,
+    pub(crate) missing: usize,
+    pub(crate) waiting: usize,
+    pub(crate) holding: usize,
+}
+
 /// The runtime-wide reference and readiness index.
 pub(crate) struct ReferenceIndex {
     /// (apiVersion, kind) → handle. A handful of kinds: a scan, and no key to allocate per lookup.
@@ -71,6 +90,10 @@ pub(crate) struct ReferenceIndex {
     /// target → resources that found it missing: re-checked when it appears (waiters of a
     /// target that exists are woken only when it becomes Ready).
     missing: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
+    /// resource → the targets it registered on in `waiters` and `missing`, oldest first, at
+    /// most [`MAX_WAITS_PER_RESOURCE`]: what its deletion takes out of them, so that those
+    /// maps hold no more than the live resources' waits, whatever names they give.
+    waits: DashMap<Target, std::collections::VecDeque<Target>, ahash::RandomState>,
     /// The field manager of the reference writes (the runtime's).
     field_manager: String,
     /// Watches of kinds the runtime does not manage (`None`: an index without a client, whose
@@ -103,6 +126,7 @@ impl ReferenceIndex {
             waiters: Default::default(),
             held: Default::default(),
             missing: Default::default(),
+            waits: Default::default(),
             field_manager: field_manager.into(),
             external: None,
             me: Weak::new(),
@@ -211,6 +235,7 @@ impl ReferenceIndex {
             .entry(target.clone())
             .or_default()
             .insert(from.clone());
+        self.note_wait(from, target);
         let managed = self.kind(target);
         let in_view = managed.as_ref().is_some_and(|k| k.in_view(target));
         let r = if in_view && managed.as_ref().is_some_and(|k| k.said_ready(target)) {
@@ -218,8 +243,9 @@ impl ReferenceIndex {
         } else {
             match (managed, &self.external) {
                 (Some(k), _) if in_view => k.readiness(target),
-                (_, Some(ext)) => {
-                    let kind = ext.kind_of(&self.me, target);
+                (managed, Some(ext)) => {
+                    let in_namespace = managed.is_some_and(|k| !k.watches_every_namespace());
+                    let kind = ext.kind_of(&self.me, target, in_namespace);
                     kind.first_list().await;
                     kind.readiness(target, when)
                 }
@@ -239,6 +265,47 @@ impl ReferenceIndex {
                 .insert(from.clone());
         }
         r
+    }
+
+    /// Remember that `from` registered on `target`; past [`MAX_WAITS_PER_RESOURCE`] targets
+    /// its oldest registration is dropped (its wake-up is then the fallback poll's).
+    fn note_wait(&self, from: &Target, target: &Target) {
+        let dropped = {
+            let mut waits = self.waits.entry(from.clone()).or_default();
+            if waits.contains(target) {
+                return;
+            }
+            waits.push_back(target.clone());
+            if waits.len() > MAX_WAITS_PER_RESOURCE {
+                waits.pop_front()
+            } else {
+                None
+            }
+        };
+        if let Some(old) = dropped {
+            self.unregister(from, &old);
+        }
+    }
+
+    /// Take `from` out of what waits on `target` (an emptied set goes).
+    fn unregister(&self, from: &Target, target: &Target) {
+        for map in [&self.waiters, &self.missing] {
+            map.remove_if_mut(target, |_, set| {
+                set.remove(from);
+                set.is_empty()
+            });
+        }
+    }
+
+    /// How many entries the index's maps hold (targets waited on or found missing, resources
+    /// waiting, referrers holding).
+    pub(crate) fn sizes(&self) -> IndexSizes {
+        IndexSizes {
+            waited_on: self.waiters.len(),
+            missing: self.missing.len(),
+            waiting: self.waits.len(),
+            holding: self.held.len(),
+        }
     }
 
     fn kind(&self, t: &Target) -> Option<Arc<dyn IndexedKind>> {
@@ -410,7 +477,11 @@ impl ReferenceIndex {
             .entry(referrer.clone())
             .or_default()
             .insert(target.clone());
-        ext.kind_of(&self.me, referrer)
+        self.note_wait(target, referrer);
+        let in_namespace = self
+            .kind(referrer)
+            .is_some_and(|k| !k.watches_every_namespace());
+        ext.kind_of(&self.me, referrer, in_namespace)
             .exists(referrer)
             .unwrap_or(true)
     }
@@ -519,11 +590,6 @@ impl ReferenceIndex {
         }
     }
 
-    /// Whether any object holds a reference (known to this runtime).
-    pub(crate) fn holds_any(&self) -> bool {
-        !self.held.is_empty()
-    }
-
     /// `from` is gone from its kind's store: wake every target it still held (they find it
     /// missing and proceed), and forget it.
     pub(crate) fn gone(&self, from: &Target) {
@@ -531,6 +597,23 @@ impl ReferenceIndex {
             self.notify_held(from);
             self.forget(from);
         }
+        if let Some((_, targets)) = self.waits.remove(from) {
+            for t in targets {
+                self.unregister(from, &t);
+            }
+        }
+    }
+
+    /// Whether any object holds a reference (known to this runtime).
+    #[cfg(test)]
+    pub(crate) fn holds_any(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Whether any resource holds references or waits on a target: what a deletion has to
+    /// tell the index.
+    pub(crate) fn holds_or_waits_any(&self) -> bool {
+        !self.held.is_empty() || !self.waits.is_empty()
     }
 
     /// Remove `from`'s reference annotation from `target` (a merge patch with `null`).

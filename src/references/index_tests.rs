@@ -450,3 +450,34 @@ mod writes {
         assert!(!index.holds_any());
     }
 }
+
+#[tokio::test]
+async fn what_a_resource_waits_on_is_bounded_and_goes_with_it() {
+    let (index, dbs, apps) = index();
+    // A spec that names ever new missing targets: only the newest registrations are kept.
+    for i in 0..1000 {
+        assert_eq!(
+            index.readiness(&app("shop"), &db(&format!("n{i}"))).await,
+            Readiness::Missing
+        );
+    }
+    let sizes = index.sizes();
+    assert_eq!(sizes.waiting, 1);
+    assert_eq!(sizes.missing, MAX_WAITS_PER_RESOURCE, "{sizes:?}");
+    assert_eq!(sizes.waited_on, MAX_WAITS_PER_RESOURCE, "{sizes:?}");
+    // The newest still wake it; the oldest were let go.
+    index.appeared(&db("n999"));
+    assert_eq!(apps.woken(), vec![app("shop")]);
+    index.appeared(&db("n0"));
+    assert_eq!(apps.woken(), vec![]);
+    // Another waits on a target that exists; the waiter's deletion takes its waits out.
+    dbs.put(&db("orders"), Obj::default());
+    assert_eq!(
+        index.readiness(&app("cart"), &db("orders")).await,
+        Readiness::NotReady
+    );
+    index.gone(&app("shop"));
+    index.gone(&app("cart"));
+    assert_eq!(index.sizes(), IndexSizes::default());
+    assert!(!index.holds_or_waits_any());
+}

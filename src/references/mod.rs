@@ -19,7 +19,7 @@ mod external;
 mod index;
 
 pub use external::{ReadyWhen, readiness_of};
-pub(crate) use index::{IndexedKind, ReferenceIndex};
+pub(crate) use index::{IndexSizes, IndexedKind, ReferenceIndex};
 
 /// What a reference write can fail with ([`ReferenceApi`]); a step sees it as a
 /// [`StepError`](crate::provisioners::StepError).

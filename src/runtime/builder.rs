@@ -488,6 +488,7 @@ impl RuntimeBuilder {
             self.client.clone(),
             self.policy.dependency_watch_idle,
         );
+        let _ = metrics.reference_index.set(Arc::downgrade(&references));
         let shards = self.sharding.as_ref().map(|s| {
             let shards = Arc::new(Shards::new(s.shards));
             let clients: ShardClients =

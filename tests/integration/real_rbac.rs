@@ -567,3 +567,86 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
     })
     .await;
 }
+
+/// `needs` → `require_ready` on the sibling widgets.
+fn needs_tree() -> impl Provisioner<Widget> {
+    step("needs", |cx: Context<Widget>| async move {
+        let ns = cx.object().namespace();
+        for n in &cx.object().spec.needs {
+            let target = Target::for_kind::<Widget>(ns.as_deref(), n);
+            if let Some(wait) = cx.require_ready(&target).await {
+                return wait;
+            }
+        }
+        Outcome::Done
+    })
+}
+
+/// Two replicas of a namespaced controller that watch only their shards' objects: an object
+/// waiting on one in the other replica's shard reads it through a watch of its own, which the
+/// namespaced roles must grant (a watch of the target's namespace, not a cluster-wide one).
+#[tokio::test]
+async fn a_namespaced_controller_waiting_on_another_replicas_shard_runs_on_its_roles() {
+    use actorcile::sharding::{ShardWatch, Sharding, object_key, shard_of};
+    bounded("rbac: readiness across shards", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rbac-cross-shard").await;
+        let ns = api.ns.clone();
+        let build = |client: Client, id: &str| {
+            Runtime::builder(client)
+                .policy(real_policy())
+                .controller(Controller::<Widget>::new(needs_tree()).namespace(&ns))
+                .sharding(
+                    Sharding::new(2, &ns)
+                        .watch(ShardWatch::HeldShards)
+                        .identity(id),
+                )
+                .events("realapi-rbac")
+        };
+        prove(
+            env,
+            "cross-shard",
+            |c| build(c, "one"),
+            async |builder| {
+                let one = builder
+                    .start()
+                    .await
+                    .expect("start with the rendered roles");
+                let user = Client::try_from(env.user_config()).unwrap();
+                let two = build(user, "two")
+                    .preflight_rbac(true)
+                    .start()
+                    .await
+                    .expect("start the second replica with the rendered roles");
+                eventually("each replica holds a shard", CONVERGE, || async {
+                    (one.health().shards_held().len() == 1 && two.health().shards_held().len() == 1)
+                        .then_some(())
+                })
+                .await;
+                // A chain, each widget needing the next: some links cross the shards.
+                let names: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+                let shard = |n: &str| shard_of(&object_key(Some(&ns), n), 2);
+                assert!(
+                    names.windows(2).any(|p| shard(&p[0]) != shard(&p[1])),
+                    "the chain crosses the shards"
+                );
+                for (i, n) in names.iter().enumerate() {
+                    let needs: Vec<&str> =
+                        names.get(i + 1).map(|s| s.as_str()).into_iter().collect();
+                    api.create_with(n, &needs, &[]).await;
+                }
+                api.wait_all_ready(&names).await;
+                for n in &names {
+                    api.delete(n).await;
+                }
+                for n in &names {
+                    api.wait_gone(n).await;
+                }
+                two.shutdown().await;
+                one.shutdown().await;
+            },
+        )
+        .await;
+    })
+    .await;
+}
