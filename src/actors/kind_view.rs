@@ -56,6 +56,11 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
     fn set_said_ready(&self, target: &Target, ready: bool) {
         self.shared.store.set_ready(&key_of::<K>(target), ready);
     }
+    fn set_said_ready_at(&self, target: &Target, generation: Option<i64>) -> bool {
+        self.shared
+            .store
+            .set_ready_at(&key_of::<K>(target), generation)
+    }
     fn exists(&self, target: &Target) -> bool {
         self.shared.store.contains(&key_of::<K>(target))
     }

@@ -518,7 +518,13 @@ impl<K: ManagedResource> Manager<K> {
                 key.namespace.as_deref(),
                 key.name.clone(),
             );
-            self.shared.references.mark_ready(&target, ready);
+            if ready {
+                self.shared
+                    .references
+                    .mark_ready_at(&target, obj.meta().generation);
+            } else {
+                self.shared.references.mark_ready(&target, false);
+            }
         }
     }
 

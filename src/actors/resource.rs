@@ -738,8 +738,17 @@ impl<K: ManagedResource> ResourceActor<K> {
             // write); not Ready at once.
             let written = write == StatusWrite::Written;
             if st.was_ready != Some(ready) && (written || !ready) {
-                shared.references.mark_ready(&st.target, ready);
-                st.was_ready = Some(ready);
+                // Ready is of the generation this pass reconciled: not recorded over a newer
+                // one cached meanwhile (its own pass follows, and says so).
+                let recorded = if ready {
+                    shared.references.mark_ready_at(&st.target, generation)
+                } else {
+                    shared.references.mark_ready(&st.target, false);
+                    true
+                };
+                if recorded {
+                    st.was_ready = Some(ready);
+                }
             }
             // Key the cache on the version the pass ended with (our own status write, if any).
             // A write that did not land is not cached: the next pass computes and writes again,

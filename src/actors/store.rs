@@ -660,6 +660,23 @@ impl<K: ManagedResource> KindStore<K> {
         }
     }
 
+    /// Records that `key`'s actor reported it Ready for `generation`, if the cached object is
+    /// of that generation (not a newer one cached since the reconcile read it). Whether it was
+    /// recorded.
+    pub(crate) fn set_ready_at(&self, key: &ObjectRef<K>, generation: Option<i64>) -> bool {
+        let Some(store) = self.store_of(key) else {
+            return false;
+        };
+        let objects = store.read();
+        match objects.get(key) {
+            Some(slot) if slot.obj.identity().1 == generation => {
+                slot.ready.store(true, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether `key` is cached and its actor last reported it Ready.
     pub(crate) fn is_ready(&self, key: &ObjectRef<K>) -> bool {
         self.store_of(key)
@@ -1115,6 +1132,27 @@ mod tests {
         let obj = store.get(&key).expect("cached");
         assert!(store.encode(&key, &obj));
         assert_eq!(store.get(&key).unwrap().as_ref(), &c);
+    }
+
+    /// Ready is recorded for the generation a reconcile ran on only: a newer generation cached
+    /// since then is not Ready until its own reconcile says so.
+    #[test]
+    fn ready_is_recorded_for_the_generation_reconciled_only() {
+        let (store, mut writers) = KindStore::<ConfigMap>::new(&[None]);
+        let at = |generation: i64| {
+            let mut c = cm("ns", "t");
+            c.metadata.generation = Some(generation);
+            c
+        };
+        let key = ObjectRef::new("t").within("ns");
+        writers[0].apply_watcher_event(Event::Apply(at(1)));
+        // Generation 2 arrives while generation 1's reconcile ends Ready.
+        writers[0].apply_watcher_event(Event::Apply(at(2)));
+        assert!(!store.set_ready_at(&key, Some(1)));
+        assert!(!store.is_ready(&key));
+        assert!(store.set_ready_at(&key, Some(2)));
+        assert!(store.is_ready(&key));
+        assert!(!store.set_ready_at(&ObjectRef::new("gone").within("ns"), Some(1)));
     }
 
     /// An object that does not decode from its own encoding stays whole, and so does every

@@ -38,6 +38,14 @@ pub(crate) trait IndexedKind: Send + Sync {
     /// Records what the target's actor last reported (kept with the target's cached object,
     /// and gone with it).
     fn set_said_ready(&self, target: &Target, ready: bool);
+    /// Records that the target's actor reported it Ready for `generation`: only while the
+    /// cached object is of that generation (a newer one is not Ready until its own reconcile
+    /// says so). Whether it was recorded.
+    fn set_said_ready_at(&self, target: &Target, generation: Option<i64>) -> bool {
+        let _ = generation;
+        self.set_said_ready(target, true);
+        true
+    }
     /// Whether the target exists (in any state).
     fn exists(&self, target: &Target) -> bool;
     /// Whether the target exists and is being deleted.
@@ -377,6 +385,23 @@ impl ReferenceIndex {
                 self.wake(&w);
             }
         }
+    }
+
+    /// Set by a resource's own actor when a reconcile of `generation` ended Ready: recorded,
+    /// and its waiters woken, only while the cached object is of that generation (a newer
+    /// one's reconcile says so for itself). Whether it was recorded.
+    pub(crate) fn mark_ready_at(&self, target: &Target, generation: Option<i64>) -> bool {
+        if let Some(k) = self.kind(target)
+            && !k.set_said_ready_at(target, generation)
+        {
+            return false;
+        }
+        if let Some((_, waiters)) = self.waiters.remove(target) {
+            for w in waiters {
+                self.wake(&w);
+            }
+        }
+        true
     }
 
     /// `target`'s actor starts serving it for the first time (it may be new): those that found
