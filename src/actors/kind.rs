@@ -622,6 +622,18 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                         references.learn(&Target::of(obj.as_ref()), &referrers_in(a));
                     }
                 }
+                // A target its type cannot hold is held by its referrers all the same.
+                for u in store.undecodable_all() {
+                    if let Some(a) = u.meta.annotations.as_ref() {
+                        let target = Target::new(
+                            &*api_version,
+                            &*kind_name,
+                            u.meta.namespace.as_deref(),
+                            u.meta.name.clone().unwrap_or_default(),
+                        );
+                        references.learn(&target, &referrers_in(a));
+                    }
+                }
                 synced.store(true, Ordering::Release);
                 references.kind_synced(&api_version, &kind_name);
             }

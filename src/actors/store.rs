@@ -703,6 +703,23 @@ impl<K: ManagedResource> KindStore<K> {
             .collect()
     }
 
+    /// Every cached object the kind's type cannot hold, as read ([`Undecodable`]).
+    pub(crate) fn undecodable_all(&self) -> Vec<Arc<Undecodable>> {
+        self.stores
+            .iter()
+            .flat_map(|(_, s)| {
+                s.read()
+                    .table
+                    .iter()
+                    .filter_map(|slot| match &slot.obj {
+                        Held::Undecodable(u) => Some(u.clone()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// How many objects are cached.
     pub(crate) fn len(&self) -> usize {
         self.stores.iter().map(|(_, s)| s.read().table.len()).sum()
