@@ -173,8 +173,14 @@ async fn one_undecodable_object(streaming: bool) {
     assert_eq!(c.status, "False");
     assert_eq!(s.phase, Some(Phase::Failed));
     assert!(!c.message.contains("hunter2"), "{c:?}");
-    let events = events_in(&client, &ns, "Undecodable").await;
-    assert!(!events.is_empty(), "a Warning Event says so");
+    // The Event is published after the status is written: wait for it.
+    let events = loop {
+        let events = events_in(&client, &ns, "Undecodable").await;
+        if !events.is_empty() {
+            break events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     assert!(events.iter().all(|e| e.type_.as_deref() == Some("Warning")
         && !e.note.as_deref().unwrap_or("").contains("hunter2")));
 
