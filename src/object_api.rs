@@ -22,7 +22,14 @@ use serde::de::DeserializeOwned;
 /// real server (etcd revisions) and the in-process cluster use integers; the runtime only uses
 /// this to tell its own writes' echoes from newer changes and never fails when it is not one.
 pub(crate) fn version_of<K: Resource>(obj: &K) -> Option<u64> {
-    obj.meta().resource_version.as_deref()?.parse().ok()
+    meta_version(obj.meta())
+}
+
+/// [`version_of`] of an object's metadata (an object the kind's type cannot hold has no `K`).
+pub(crate) fn meta_version(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<u64> {
+    meta.resource_version.as_deref()?.parse().ok()
 }
 
 /// Patch parameters that name `field_manager`: every write of the runtime carries its own.

@@ -346,8 +346,13 @@ impl<K: ManagedResource> Shared<K> {
     /// The client a reconcile of `obj` talks through: with sharding, its shard's, which refuses
     /// writes once this replica does not hold the shard.
     pub(crate) fn client_for(&self, obj: &K) -> &Arc<Client> {
+        self.client_where(|scope| scope.shard_of(obj))
+    }
+
+    /// The client of the shard `shard` names (with sharding; else the runtime's).
+    pub(crate) fn client_where(&self, shard: impl FnOnce(&ShardScope<K>) -> u32) -> &Arc<Client> {
         match &self.shards {
-            Some(scope) => &scope.clients[scope.shard_of(obj) as usize],
+            Some(scope) => &scope.clients[shard(scope) as usize],
             None => &self.client,
         }
     }

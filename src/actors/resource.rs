@@ -333,7 +333,7 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// passivation if nothing is due soon. An object gone meanwhile vacates the actor.
     async fn first_pass(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         let version = match (&st.object, &st.undecodable) {
-            (_, Some(u)) => undecodable_version(u),
+            (_, Some(u)) => crate::object_api::meta_version(&u.meta),
             (Some(obj), None) => version_of(obj.as_ref()),
             (None, None) => {
                 self.vacate(myself, st);
@@ -973,8 +973,6 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
-    /// Patch the status subresource to `desired`; on a reason change, publish an Event (and
-    /// a Warning Event when the outcome's reason code was invalid and the runtime's stood in).
     /// The pass of an object that the kind's type cannot hold: no provisioner runs (they need
     /// the spec), and its status says why: phase Failed, Ready `False` with reason
     /// `Undecodable` and a message naming the field (never its value), written when it is not
@@ -988,12 +986,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         u: Arc<crate::lenient::Undecodable>,
     ) -> Option<ReconcileResult> {
         let shared = &self.shared;
-        let version = u
-            .meta
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse().ok());
-        st.last_run_version = version;
+        st.last_run_version = crate::object_api::meta_version(&u.meta);
         st.own_writes.clear();
         st.cx = None;
         st.last_outcome = None;
@@ -1055,6 +1048,8 @@ impl<K: ManagedResource> ResourceActor<K> {
         Some(ReconcileResult::Terminal)
     }
 
+    /// Patch the status subresource to `desired`; on a reason change, publish an Event (and
+    /// a Warning Event when the outcome's reason code was invalid and the runtime's stood in).
     async fn write_status(
         &self,
         st: &mut ResourceState<K>,
@@ -1125,11 +1120,6 @@ enum StatusWrite {
     Conflicted,
     /// Failed otherwise (the API server refused it, or did not answer).
     Failed,
-}
-
-/// The resourceVersion of an object the kind's type cannot hold, as [`version_of`] reads one.
-fn undecodable_version(u: &crate::lenient::Undecodable) -> Option<u64> {
-    u.meta.resource_version.as_deref()?.parse().ok()
 }
 
 /// What a reconcile produced, and the status it computed on the way (deletion computes its own).
@@ -1239,12 +1229,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             }
             ResourceMsg::Undecodable => {
                 if let Some(u) = self.shared.store.undecodable(&st.key) {
-                    let version = u
-                        .meta
-                        .resource_version
-                        .as_deref()
-                        .and_then(|v| v.parse().ok());
-                    let news = st.is_news(version);
+                    let news = st.is_news(crate::object_api::meta_version(&u.meta));
                     st.undecodable = Some(u);
                     if news {
                         st.trigger_run(&myself);

@@ -93,9 +93,10 @@ impl Encoded {
     const TYPE_STRIPPED: u16 = 1 << 15;
     const HEADER: usize = 4;
 
-    /// `obj` encoded, if it encodes and its encoding decodes again (a type whose
-    /// `Deserialize` refuses what its `Serialize` writes stays whole).
+    /// `obj` encoded, if it encodes and its encoding decodes to the same object again (a type
+    /// whose `Deserialize` refuses or changes what its `Serialize` writes stays whole).
     fn new<K: ManagedResource>(obj: &K) -> Option<Self> {
+        let prefix = type_prefix::<K>();
         let (ns, name) = names(obj);
         let ns_len = match ns {
             None => Self::NO_NAMESPACE,
@@ -113,7 +114,7 @@ impl Encoded {
             serde_json::to_writer(&mut *json, obj).ok()?;
             // Most types write their `apiVersion` and `kind` first: the same for every object
             // of the kind, so not kept (decoding puts them back).
-            let rest = json.strip_prefix(type_prefix::<K>().as_bytes());
+            let rest = json.strip_prefix(prefix.as_bytes());
             let (flag, body) = match rest {
                 Some(rest) => (Self::TYPE_STRIPPED, rest),
                 None => (0, &json[..]),
@@ -130,16 +131,16 @@ impl Encoded {
         // Decoding must give back the object itself, not only some object: a type whose
         // `Deserialize` drops or changes what its `Serialize` wrote (a defaulted field, a
         // lossy number) would hand a reconcile another object than the one cached.
-        let again = serde_json::to_vec(&encoded.decode::<K>()?).ok()?;
+        let again = serde_json::to_vec(&encoded.parse::<K>(prefix.as_bytes())?).ok()?;
         let body = encoded.json();
-        let same_bytes = match again.strip_prefix(type_prefix::<K>().as_bytes()) {
+        let same_bytes = match again.strip_prefix(prefix.as_bytes()) {
             Some(rest) if encoded.type_stripped() => rest == body,
             _ => !encoded.type_stripped() && again == body,
         };
         // Maps whose order is not fixed (a `HashMap` field) write the same object in another
         // order: compared as JSON values then.
         let same = same_bytes || {
-            let original: Option<serde_json::Value> = encoded.parse(type_prefix::<K>().as_bytes());
+            let original: Option<serde_json::Value> = encoded.parse(prefix.as_bytes());
             original.is_some()
                 && serde_json::from_slice::<serde_json::Value>(&again).ok() == original
         };

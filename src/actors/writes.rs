@@ -55,10 +55,7 @@ pub(crate) async fn patch_undecodable_status<K: ManagedResource>(
 ) -> Result<Lenient<K>, kube::Error> {
     let mut patch = status.patch();
     patch["metadata"] = json!({"resourceVersion": obj.meta.resource_version});
-    let client = match &shared.shards {
-        Some(scope) => &scope.clients[scope.shard_of_undecodable(&obj.meta) as usize],
-        None => &shared.client,
-    };
+    let client = shared.client_where(|scope| scope.shard_of_undecodable(&obj.meta));
     let api = crate::object_api::ObjectApi::<Lenient<K>>::new(
         kube::Client::clone(client),
         obj.meta.namespace.as_deref(),

@@ -377,9 +377,13 @@ impl ReferenceIndex {
         if let Some(k) = self.kind(target) {
             k.set_said_ready(target, ready);
         }
-        if !ready {
-            return;
+        if ready {
+            self.wake_on_ready(target);
         }
+    }
+
+    /// `target` is Ready: wake (and forget) everyone waiting for that.
+    fn wake_on_ready(&self, target: &Target) {
         if let Some((_, waiters)) = self.waiters.remove(target) {
             for w in waiters {
                 self.wake(&w);
@@ -396,11 +400,7 @@ impl ReferenceIndex {
         {
             return false;
         }
-        if let Some((_, waiters)) = self.waiters.remove(target) {
-            for w in waiters {
-                self.wake(&w);
-            }
-        }
+        self.wake_on_ready(target);
         true
     }
 

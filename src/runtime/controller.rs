@@ -107,16 +107,13 @@ impl<K: ManagedResource> Controller<K> {
         // object maps that object to nothing (an error log names it) instead of ending the
         // watch for every other.
         let map: crate::actors::triggers::RelatedMap<K, R> = Arc::new(move |r: &R| {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| map(r))) {
-                Ok(owners) => owners,
-                Err(_) => {
-                    tracing::error!(
-                        kind = %R::kind(&()), object = %kube::ResourceExt::name_any(r),
-                        "the watch's mapper panicked on this object; it runs no owner"
-                    );
-                    Vec::new()
-                }
-            }
+            on_untrusted(
+                r,
+                "the watch's mapper",
+                "it runs no owner",
+                || map(r),
+                Vec::new,
+            )
         });
         self.spec.related.push(RelatedSpec {
             owned: false,
@@ -163,12 +160,20 @@ impl<K: ManagedResource> Controller<K> {
         // Called on objects anyone who can write `K` wrote: a panic on one places that object
         // by `namespace/name` (an error log names it) instead of ending its kind's watch.
         self.spec.shard_key = Some(Arc::new(move |obj: &K| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| key(obj))).unwrap_or_else(
-                |_| {
-                    let (ns, name) = (obj.meta().namespace.as_deref(), obj.meta().name.as_deref());
-                    tracing::error!(kind = %K::kind(&()), namespace = ns.unwrap_or(""), name = name.unwrap_or(""), "the shard key function panicked on this object; it is placed by namespace/name");
-                    crate::sharding::object_key(ns, name.unwrap_or(""))
-                },
+            let by_name = || {
+                let meta = obj.meta();
+                crate::sharding::object_key(
+                    meta.namespace.as_deref(),
+                    meta.name.as_deref().unwrap_or(""),
+                )
+            };
+            let what = "the shard key function";
+            on_untrusted(
+                obj,
+                what,
+                "it is placed by namespace/name",
+                || key(obj),
+                by_name,
             )
         }));
         self
@@ -315,12 +320,8 @@ impl<K: ManagedResource> Controller<K> {
         // Called on objects anyone who can write `K` wrote: a panic on one says it references
         // nothing (an error log names it) instead of ending its kind's watch.
         self.spec.secrets = Some(Box::new(move |obj: &K| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| refs(obj))).unwrap_or_else(
-                |_| {
-                    tracing::error!(kind = %K::kind(&()), object = %kube::ResourceExt::name_any(obj), "the Secrets function panicked on this object; it re-runs on no Secret");
-                    Vec::new()
-                },
-            )
+            let what = "the Secrets function";
+            on_untrusted(obj, what, "it re-runs on no Secret", || refs(obj), Vec::new)
         }));
         self
     }
@@ -473,4 +474,26 @@ impl<K: ManagedResource> Controller<K> {
         self.spec.namespaces = namespaces;
         self
     }
+}
+
+/// `call`'s answer for `obj`, an object anyone who can write its kind wrote: if `call`
+/// (`what`, the controller's own function) panics on it, an error log names the object and
+/// says `instead`, and `fallback` answers, so one hostile object cannot end a watch.
+fn on_untrusted<R: kube::Resource<DynamicType = ()>, T>(
+    obj: &R,
+    what: &str,
+    instead: &str,
+    call: impl FnOnce() -> T,
+    fallback: impl FnOnce() -> T,
+) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
+        let meta = obj.meta();
+        tracing::error!(
+            kind = %R::kind(&()),
+            namespace = meta.namespace.as_deref().unwrap_or(""),
+            name = meta.name.as_deref().unwrap_or(""),
+            "{what} panicked on this object; {instead}"
+        );
+        fallback()
+    })
 }
