@@ -169,11 +169,12 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "the library's feature sets, each checked on its own"
 # clippy above sees every feature at once; an item used outside its feature's gate shows only
 # in a build without that feature (as a user's, or the fuzz targets'). The Kubernetes version is
-# the binary's choice: here the oldest the crate supports.
+# the binary's choice: here the oldest the crate supports. Warnings are errors here too (an
+# item only one feature uses is dead code without it).
 for features in "" "--no-default-features" "--no-default-features --features operator" \
   "--no-default-features --features docker" "--no-default-features --features fuzzing"; do
   # shellcheck disable=SC2086 # the feature flags split into words on purpose
-  K8S_OPENAPI_ENABLED_VERSION=1.33 cargo check --quiet -p actorcile --lib $features
+  RUSTFLAGS="-D warnings" K8S_OPENAPI_ENABLED_VERSION=1.33 cargo check --quiet -p actorcile --lib $features
 done
 
 step "cargo doc (warnings are errors)"

@@ -116,6 +116,9 @@ impl LabelScheme {
     }
 }
 
+/// How long to wait before listing again when a container's state did not decode.
+const TRANSIENT_STATE_RETRY: Duration = Duration::from_millis(100);
+
 /// Containers as nodes; see the module docs.
 pub struct DockerProvider {
     docker: Docker,
@@ -210,12 +213,25 @@ impl DockerProvider {
             filters: Some(HashMap::from([("label".to_string(), vec![filter])])),
             ..Default::default()
         };
+        // Podman's compat list can name a transient state outside the Engine API's set
+        // (`stopped`, `stopping`: containers/podman#28359), and bollard then fails the whole
+        // list. The state passes once Podman cleans up after the container, so the list is
+        // asked again, under the same deadline, until every state decodes.
+        let deadline = Instant::now() + self.timeout;
+        let listing = async {
+            loop {
+                match self.docker.list_containers(Some(options.clone())).await {
+                    Err(EngineError::JsonDataError { .. })
+                        if Instant::now() + TRANSIENT_STATE_RETRY < deadline =>
+                    {
+                        tokio::time::sleep(TRANSIENT_STATE_RETRY).await;
+                    }
+                    answer => return answer,
+                }
+            }
+        };
         let list = self
-            .engine(
-                "list",
-                cluster.unwrap_or("*"),
-                self.docker.list_containers(Some(options)),
-            )
+            .engine_until("list", cluster.unwrap_or("*"), deadline, listing)
             .await?;
         let mut nodes: Vec<NodeInfo> = list
             .into_iter()

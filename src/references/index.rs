@@ -78,7 +78,8 @@ type KindEntry = (String, String, Arc<dyn IndexedKind>);
 /// missing objects, or changes its names over and over, cannot grow the index without bound.
 pub(crate) const MAX_WAITS_PER_RESOURCE: usize = 64;
 
-/// How many entries the reference index holds ([`ReferenceIndex::sizes`]).
+/// How many entries the reference index holds ([`ReferenceIndex::sizes`]), for the metrics.
+#[cfg(any(feature = "operator", test))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct IndexSizes {
     pub(crate) waited_on: usize,
@@ -307,6 +308,7 @@ impl ReferenceIndex {
 
     /// How many entries the index's maps hold (targets waited on or found missing, resources
     /// waiting, referrers holding).
+    #[cfg(any(feature = "operator", test))]
     pub(crate) fn sizes(&self) -> IndexSizes {
         IndexSizes {
             waited_on: self.waiters.len(),

@@ -19,7 +19,9 @@ mod external;
 mod index;
 
 pub use external::{ReadyWhen, readiness_of};
-pub(crate) use index::{IndexSizes, IndexedKind, ReferenceIndex};
+#[cfg(any(feature = "operator", test))]
+pub(crate) use index::IndexSizes;
+pub(crate) use index::{IndexedKind, ReferenceIndex};
 
 /// What a reference write can fail with ([`ReferenceApi`]); a step sees it as a
 /// [`StepError`](crate::provisioners::StepError).
