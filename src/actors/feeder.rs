@@ -153,9 +153,9 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     // selects theirs.
     let view = shared.shards.as_ref().and_then(|s| {
         let by = match (&s.label, &s.server_side_leases) {
-            (Some(key), _) => Selects::Label(key.clone()),
-            (None, Some(leases)) => Selects::Server(leases.clone()),
-            (None, None) => return None,
+            (Some(key), _) if s.selects_by_label => Selects::Label(key.clone()),
+            (_, Some(leases)) => Selects::Server(leases.clone()),
+            _ => return None,
         };
         Some((s.shards.clone(), by))
     });

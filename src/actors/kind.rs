@@ -405,6 +405,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             Box::new(move || (store.len() as u64, timers.armed(), timers.waiting()))
         }));
         cx.metrics.add_kind(kind_metrics.clone());
+        let keyed = self.shard_key.is_some();
         let shared = Arc::new(Shared {
             client: Arc::new(cx.client.clone()),
             tree: self.tree,
@@ -430,8 +431,10 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     shards: shards.clone(),
                     clients: clients.clone(),
                     key: self.shard_key.take(),
-                    label: (sharding.watch == ShardWatch::HeldShards)
+                    label: (sharding.watch == ShardWatch::HeldShards
+                        || (sharding.watch == ShardWatch::Everything && keyed))
                         .then(|| Arc::from(sharding.label_key())),
+                    selects_by_label: sharding.watch == ShardWatch::HeldShards,
                     server_side_leases: (sharding.watch == ShardWatch::ServerSide)
                         .then(|| Arc::from(sharding.leases_url())),
                     server_selects: Default::default(),

@@ -529,13 +529,14 @@ impl<K: ManagedResource> Manager<K> {
     }
 
     /// Run every object of `shard`, just acquired: each is activated (or woken, if it has a
-    /// live actor) as by a notification.
+    /// live actor) as by a notification. An object labelled for the shard whose key moved it
+    /// to another is moved there (through [`Manager::unowned`]).
     fn shard_acquired(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>, shard: u32) {
         let Some(scope) = &self.shared.shards else {
             return;
         };
         for obj in self.shared.store.state() {
-            if scope.shard_of(&obj) != shard {
+            if scope.shard_of(&obj) != shard && scope.labelled_shard_of(obj.meta()) != Some(shard) {
                 continue;
             }
             let mut key = ObjectRef::from_obj(obj.as_ref());

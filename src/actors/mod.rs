@@ -188,9 +188,13 @@ pub(crate) struct ShardScope<K> {
     pub shards: Arc<Shards>,
     pub clients: Arc<[Arc<Client>]>,
     pub key: Option<ShardKey<K>>,
-    /// The shard label's key, when this replica watches only its shards
-    /// ([`crate::sharding::ShardWatch::HeldShards`]).
+    /// The shard label's key, when objects carry the shard that runs them: when this replica
+    /// watches only its shards ([`crate::sharding::ShardWatch::HeldShards`]), and when a shard
+    /// key function can move an object to another shard (so that the replica of its new shard
+    /// waits for the old one to let it go: [`ShardScope::runnable_shard`]).
     pub label: Option<Arc<str>>,
+    /// Whether this replica's watches select by `label` (`HeldShards`).
+    pub selects_by_label: bool,
     /// When objects are placed by their uid and the API server selects them
     /// ([`crate::sharding::ShardWatch::ServerSide`]): the shard Leases' collection, whose list
     /// answer tells whether the server applies shard selectors (its answers for custom
@@ -240,9 +244,22 @@ impl<K: ManagedResource> ShardScope<K> {
         }
     }
 
+    /// The shard whose holder may reconcile `obj`: its shard, unless its shard label names
+    /// another (its shard key changed since it last ran): then none, until the holder of the
+    /// labelled shard moves it ([`ShardScope::misplaced`]). That holder does so once it no
+    /// longer runs the object (a reconcile in flight finishes first), so the replicas of the
+    /// old and the new shard never reconcile the object at once.
+    pub(crate) fn runnable_shard(&self, obj: &K) -> Option<u32> {
+        let shard = self.shard_of(obj);
+        match self.labelled_shard(obj) {
+            Some(labelled) if labelled != shard => None,
+            _ => Some(shard),
+        }
+    }
+
     /// When `obj` is labelled for a shard this replica holds but belongs to another (its shard
     /// key changed): that shard, and the label value it must carry. Only the holder of the
-    /// labelled shard sees such an object, so it moves it.
+    /// labelled shard moves it.
     pub(crate) fn misplaced(&self, obj: &K) -> Option<(u32, Arc<str>, String)> {
         let key = self.label.as_ref()?;
         let shard = self.labelled_shard(obj)?;
@@ -261,7 +278,7 @@ impl<K: ManagedResource> ShardScope<K> {
     /// Whether this replica's watches select only the objects of its shards (by label, or by
     /// the server).
     pub(crate) fn selective(&self) -> bool {
-        self.label.is_some()
+        self.selects_by_label
             || self
                 .server_selects
                 .load(std::sync::atomic::Ordering::Acquire)
@@ -323,8 +340,8 @@ impl<K: ManagedResource> ShardScope<K> {
         Some((key, value))
     }
 
-    /// The shard label `obj` must carry and does not yet (key, value), when replicas watch
-    /// only their shards; `None` when it carries it, or labels are not used.
+    /// The shard label `obj` must carry and does not yet (key, value), when objects are labelled
+    /// ([`ShardScope::label`]); `None` when it carries it, or labels are not used.
     pub(crate) fn missing_label(&self, obj: &K) -> Option<(Arc<str>, String)> {
         let key = self.label.as_ref()?;
         let value = crate::sharding::label_value(self.shard_of(obj), self.shards.count());
@@ -365,7 +382,12 @@ impl<K: ManagedResource> Shared<K> {
             return true;
         };
         let obj = scope.needs_object().then(|| self.store.get(key)).flatten();
-        match scope.shard_of_key(key, obj.as_deref()) {
+        if let Some(obj) = &obj {
+            return scope
+                .runnable_shard(obj)
+                .is_some_and(|s| scope.shards.holds(s));
+        }
+        match scope.shard_of_key(key, None) {
             Some(shard) => scope.shards.holds(shard),
             None => true,
         }

@@ -485,12 +485,12 @@ impl<K: ManagedResource> ResourceActor<K> {
         // With sharding: only while this replica holds the object's shard (see `fenced`).
         let mut fence = None;
         let shard = match (&self.shared.shards, &st.undecodable, &st.object) {
-            (Some(scope), Some(u), _) => Some((scope, scope.shard_of_undecodable(&u.meta))),
-            (Some(scope), None, Some(obj)) => Some((scope, scope.shard_of(obj))),
+            (Some(scope), Some(u), _) => Some((scope, Some(scope.shard_of_undecodable(&u.meta)))),
+            (Some(scope), None, Some(obj)) => Some((scope, scope.runnable_shard(obj))),
             _ => None,
         };
         if let Some((scope, shard)) = shard {
-            match scope.shards.enter(shard) {
+            match shard.and_then(|shard| scope.shards.enter(shard)) {
                 Some(guard) => fence = Some(guard),
                 None => {
                     drop(slot);

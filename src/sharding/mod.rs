@@ -36,6 +36,14 @@
 //!   those in flight finish (until half the renew deadline after the round's renewals; one
 //!   still running then is abandoned), and the Lease is released only once they have
 //!   finished (otherwise it expires).
+//! - **A shard key that changes** ([`Controller::shard_key`](crate::runtime::Controller::shard_key),
+//!   e.g. a tenant label edited) moves its object to another shard, perhaps another replica's.
+//!   The object carries the shard that last ran it, in the label
+//!   `shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>` (written with the finalizer, with
+//!   a shard key or [`ShardWatch::HeldShards`]). An object whose label names another shard than
+//!   its key's is run by nobody until the holder of the labelled shard, once its reconcile in
+//!   flight has finished, writes the new shard into the label: then the new shard's replica
+//!   runs it. The two replicas never reconcile the object at once.
 //! - **What a replica watches** ([`ShardWatch`]). By default every replica watches and caches
 //!   every object of its kinds (the others' shards too), so a takeover starts reconciling at
 //!   once, and a waiter on an object of another replica's shard is woken by that object's

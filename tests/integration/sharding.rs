@@ -612,6 +612,113 @@ async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard
     b.shutdown().await;
 }
 
+/// A shard key that changes while the replica of the old shard is reconciling the object: the
+/// replica of the new shard sees the change at once (with `ShardWatch::Everything`) but starts
+/// no reconcile of it until the old one's has finished and that replica has moved the object
+/// (relabelled it); then it runs it. Whichever way the replicas watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_key_change_with_a_reconcile_in_flight_is_run_by_one_replica_at_a_time() {
+    key_change_in_flight(ShardWatch::Everything).await;
+    key_change_in_flight(ShardWatch::HeldShards).await;
+}
+
+async fn key_change_in_flight(watch: ShardWatch) {
+    let (_cluster, client) = cluster();
+    let passes = Passes::default();
+    // Replica a's reconciles of `gated` wait until the gate opens.
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let tenant = |w: &Widget| w.labels().get("tenant").cloned().unwrap_or_default();
+    let start = |id: &'static str| {
+        let (passes, gate) = (passes.clone(), gate.clone());
+        let tree = step("record", move |cx: Context<Widget>| {
+            let (passes, mut gate) = (passes.clone(), gate.clone());
+            async move {
+                let name = cx.object().name_any();
+                let i = {
+                    let mut p = passes.lock().unwrap();
+                    p.push((id.to_string(), name.clone(), Instant::now(), None));
+                    p.len() - 1
+                };
+                let _end = Dropped(passes, i);
+                if id == "a" && name == "gated" {
+                    let _ = gate.wait_for(|open| *open).await;
+                }
+                Outcome::Done
+            }
+        });
+        Runtime::builder(client.clone())
+            .policy(policy())
+            .controller(Controller::<Widget>::new(tree).shard_key(tenant))
+            .sharding(Sharding::new(SHARDS, "default").identity(id).watch(watch))
+            .start()
+    };
+    let a = start("a").await.unwrap();
+    let b = start("b").await.unwrap();
+    let held = balanced(&[&a, &b]).await;
+    let tenant_in = |shards: &[u32], n: usize| {
+        (0..)
+            .map(|i| format!("tenant-{i}"))
+            .filter(|t| shards.contains(&shard_of(t, SHARDS)))
+            .nth(n)
+            .unwrap()
+    };
+    let (ta, tb) = (tenant_in(&held[0], 0), tenant_in(&held[1], 0));
+    let started = |replica: &str, name: &str| {
+        passes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|p| p.0 == replica && p.1 == name)
+    };
+    let create = |name: &'static str, tenant: String| {
+        let mut w = widget(name, 1);
+        w.metadata.labels = Some([("tenant".to_string(), tenant)].into());
+        let api = widgets(&client);
+        async move { api.create(&PostParams::default(), &w).await.unwrap() }
+    };
+    create("gated", ta).await;
+    eventually("a reconciling gated", LIMIT, || async {
+        started("a", "gated").then_some(())
+    })
+    .await;
+
+    let patch = serde_json::json!({"metadata": {"labels": {"tenant": &tb}}, "spec": {"size": 2}});
+    widgets(&client)
+        .patch(
+            "gated",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+    // Barrier: b's watch delivers the change before the creation of an object of b's shard that
+    // follows it, and b's manager takes them in that order; once b runs the later object, it
+    // has had its chance to run `gated`.
+    create("after", tenant_in(&held[1], 1)).await;
+    eventually("b running the later object", LIMIT, || async {
+        started("b", "after").then_some(())
+    })
+    .await;
+    assert!(
+        !started("b", "gated"),
+        "b started gated while a's reconcile of it is in flight ({watch:?})"
+    );
+
+    open.send_replace(true);
+    let key = Sharding::new(SHARDS, "default").label_key();
+    let want = format!("{}-of-{SHARDS}", shard_of(&tb, SHARDS));
+    eventually("moved and run by b", LIMIT, || async {
+        let w = widgets(&client).get("gated").await.ok()?;
+        let moved = w.labels().get(&key) == Some(&want);
+        let observed = w.status.as_ref()?.ready()?.observed_generation == w.metadata.generation;
+        (moved && observed && started("b", "gated")).then_some(())
+    })
+    .await;
+    assert_no_overlap(&passes);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards() {
     let (cluster, client) = cluster();
