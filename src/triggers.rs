@@ -136,11 +136,25 @@ impl<C> ConfigRef<C> {
     /// );
     /// # let _ = config;
     /// ```
+    ///
+    /// The config is input: if `f` panics on a version of it, an error log says so and that
+    /// version names no Secret.
     pub fn secrets_from(
         mut self,
         f: impl Fn(&C) -> Vec<ObjectRef<Secret>> + Send + Sync + 'static,
-    ) -> Self {
-        self.secrets_from = Some(Arc::new(f));
+    ) -> Self
+    where
+        C: kube::Resource<DynamicType = ()>,
+    {
+        self.secrets_from = Some(Arc::new(move |config: &C| {
+            on_untrusted(
+                config,
+                "the provider config's Secrets function",
+                "it names no Secret",
+                || f(config),
+                Vec::new,
+            )
+        }));
         self
     }
 
@@ -299,4 +313,26 @@ mod tests {
         meta.annotations = Some([(IGNORE_ANNOTATION.to_string(), "true".to_string())].into());
         assert!(is_ignored(&meta));
     }
+}
+
+/// `call`'s answer for `obj`, an object anyone who can write its kind wrote: if `call`
+/// (`what`, the controller's own function) panics on it, an error log names the object and
+/// says `instead`, and `fallback` answers, so one hostile object cannot end a watch.
+pub(crate) fn on_untrusted<R: kube::Resource<DynamicType = ()>, T>(
+    obj: &R,
+    what: &str,
+    instead: &str,
+    call: impl FnOnce() -> T,
+    fallback: impl FnOnce() -> T,
+) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
+        let meta = obj.meta();
+        tracing::error!(
+            kind = %R::kind(&()),
+            namespace = meta.namespace.as_deref().unwrap_or(""),
+            name = meta.name.as_deref().unwrap_or(""),
+            "{what} panicked on this object; {instead}"
+        );
+        fallback()
+    })
 }

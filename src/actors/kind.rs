@@ -500,16 +500,20 @@ impl<K: ManagedResource> Start for KindSpec<K> {
         let mut tasks = Vec::new();
         let restarts = cx.metrics.watch_restarts.clone();
         if let Some(start) = start_config {
-            let (listed_tx, listed) = tokio::sync::oneshot::channel();
+            let (listed_tx, mut listed) = tokio::sync::watch::channel(false);
+            let listed_tx = Arc::new(listed_tx);
             let m = mailbox.clone();
-            tasks.push(start(
-                Arc::new(move || {
-                    m.send(ManagerMsg::Broadcast);
-                }),
-                listed_tx,
+            let broadcast: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+                m.send(ManagerMsg::Broadcast);
+            });
+            tasks.push(supervise(
+                format!("the provider config watch of {kind}"),
+                cx.health.clone(),
+                restarts.clone(),
+                move |_| start(broadcast.clone(), listed_tx.clone()),
             ));
             // Passes must see the config as it is, not as missing because it is not listed yet.
-            let _ = listed.await;
+            let _ = listed.wait_for(|listed| *listed).await;
         }
         for r in related {
             let scopes = if r.cluster_scoped {

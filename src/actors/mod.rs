@@ -106,6 +106,8 @@ pub(crate) use store::KindStore;
 pub(crate) mod timer;
 pub(crate) mod triggers;
 #[cfg(all(test, feature = "cluster"))]
+mod triggers_config_tests;
+#[cfg(all(test, feature = "cluster"))]
 mod triggers_tests;
 mod wake_up;
 mod writes;

@@ -16,10 +16,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::mailbox::Mailbox;
@@ -41,8 +41,17 @@ pub(crate) trait ConfigView: Send + Sync {
     fn unreadable(&self) -> Option<String>;
 }
 
+/// The config as the reconciles read it, and what its watch decides by. It outlives the watch:
+/// a watch that is started again (after a panic) goes on from it, so the config does not read
+/// as missing meanwhile and a change made while no watch ran still re-runs every object.
 struct ConfigState<C: Resource<DynamicType = ()> + 'static> {
-    store: Store<C>,
+    /// The config object as last listed or watched. One object by name, so a slot rather than a
+    /// reflector's store: a store has one writer, which a watch task that panicked takes with
+    /// it.
+    slot: std::sync::RwLock<Option<Arc<C>>>,
+    /// What the last list or event showed (its version and unreadable field): a list after a
+    /// restart that shows something else re-runs every object. `None` until the first list.
+    last: std::sync::Mutex<Option<ConfigSeen>>,
     key: ObjectRef<C>,
     poll_from: Option<PollFrom<C>>,
     described: String,
@@ -51,6 +60,20 @@ struct ConfigState<C: Resource<DynamicType = ()> + 'static> {
     /// Set while the config's newest version cannot be decoded as `C`: the field the decoder
     /// named ([`Undecodable::field`](crate::lenient::Undecodable)).
     unreadable: std::sync::Mutex<Option<String>>,
+}
+
+/// A config's version ([`config_version`], `None` without one) and the field at which it could
+/// not be decoded.
+type ConfigSeen = (Option<(Option<String>, Option<String>)>, Option<String>);
+
+impl<C: Resource<DynamicType = ()> + 'static> ConfigState<C> {
+    fn get(&self) -> Option<Arc<C>> {
+        self.slot.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, config: Option<C>) {
+        *self.slot.write().unwrap_or_else(|e| e.into_inner()) = config.map(Arc::new);
+    }
 }
 
 /// The shortest poll interval a config object may give: shorter ones (`pollSeconds: 0`) would
@@ -65,13 +88,11 @@ where
         if self.unreadable().is_some() {
             return None;
         }
-        self.store
-            .get(&self.key)
-            .map(|c| c as Arc<dyn Any + Send + Sync>)
+        self.get().map(|c| c as Arc<dyn Any + Send + Sync>)
     }
     fn poll_interval(&self) -> Option<Duration> {
         let f = self.poll_from.as_ref()?;
-        let given = f(self.store.get(&self.key)?.as_ref())?;
+        let given = f(self.get()?.as_ref())?;
         let bounded = given.clamp(MIN_CONFIG_POLL, crate::policy::MAX_DURATION);
         if bounded != given {
             let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
@@ -98,10 +119,10 @@ where
     }
 }
 
-/// Starts the config watch once the manager exists: `broadcast` re-runs every object, `listed`
-/// is sent once the first list is in.
+/// Starts the config watch once the manager exists (again, after a panic, from where the last
+/// left off): `broadcast` re-runs every object, `listed` is set once a first list is in.
 pub(crate) type StartConfigWatch =
-    Box<dyn FnOnce(Arc<dyn Fn() + Send + Sync>, oneshot::Sender<()>) -> JoinHandle<()> + Send>;
+    Box<dyn Fn(Arc<dyn Fn() + Send + Sync>, Arc<watch::Sender<bool>>) -> JoinHandle<()> + Send>;
 
 /// The view of the config `cref` names, and what starts its watch.
 pub(crate) fn config_trigger<C>(
@@ -111,13 +132,13 @@ pub(crate) fn config_trigger<C>(
 where
     C: ManagedResource,
 {
-    let (store, writer) = reflector::store::<C>();
     let key = match &cref.namespace {
         Some(ns) => ObjectRef::new(&cref.name).within(ns),
         None => ObjectRef::new(&cref.name),
     };
     let view = Arc::new(ConfigState {
-        store: store.clone(),
+        slot: Default::default(),
+        last: Default::default(),
         key: key.clone(),
         poll_from: cref.poll_from.clone(),
         described: cref.describe(),
@@ -138,15 +159,22 @@ where
     });
     let state = view.clone();
     let start: StartConfigWatch = Box::new(move |broadcast, listed| {
+        let (api, config, state, secrets, key) = (
+            api.clone(),
+            config.clone(),
+            state.clone(),
+            secrets.clone(),
+            key.clone(),
+        );
         tokio::spawn(async move {
-            let config_watch = watch_config(api, config, writer, state, broadcast.clone(), listed);
+            let config_watch = watch_config(api, config, state.clone(), broadcast.clone(), listed);
             match secrets {
                 None => config_watch.await,
                 Some((api, refs)) => {
                     // A Secret the config names now: every object runs again.
                     let changed = move |secret: &ObjectRef<Secret>| {
-                        if store
-                            .get(&key)
+                        if state
+                            .get()
                             .is_some_and(|c| refs(c.as_ref()).contains(secret))
                         {
                             tracing::info!(config = %key, secret = %secret, "a Secret of the provider config changed; re-running every object");
@@ -176,17 +204,16 @@ fn config_version<C: Resource>(c: &C) -> (Option<String>, Option<String>) {
 async fn watch_config<C>(
     api: Api<Lenient<C>>,
     config: watcher::Config,
-    mut writer: reflector::store::Writer<C>,
     state: Arc<ConfigState<C>>,
     broadcast: Arc<dyn Fn() + Send + Sync>,
-    listed: oneshot::Sender<()>,
+    listed: Arc<watch::Sender<bool>>,
 ) where
     C: ManagedResource,
 {
     let events = watcher::watcher(api, config).default_backoff();
     futures::pin_mut!(events);
-    let mut listed = Some(listed);
-    let mut last = None;
+    // The config a list in progress found (`None` outside a list).
+    let mut listing: Option<Option<C>> = None;
     let key = &state.key;
     let set_unreadable = |field: Option<String>| {
         *state.unreadable.lock().unwrap_or_else(|e| e.into_inner()) = field;
@@ -202,53 +229,51 @@ async fn watch_config<C>(
         };
         // A version the type cannot hold reads as no config (provisioning waits, and its
         // status says why) until a version it can hold comes.
-        let typed = match event {
-            Event::Apply(Lenient::Undecodable(u)) | Event::InitApply(Lenient::Undecodable(u)) => {
-                tracing::error!(config = %key, field = %u.field, "the provider config cannot be decoded as its type; provisioning waits until it can");
-                set_unreadable(Some(u.field.clone()));
-                None
-            }
-            Event::Delete(Lenient::Undecodable(_)) => {
+        match event {
+            Event::Init => {
                 set_unreadable(None);
-                state.store.get(key).map(|c| Event::Delete(C::clone(&c)))
-            }
-            Event::Apply(Lenient::Decoded(c)) => {
-                set_unreadable(None);
-                Some(Event::Apply(c))
+                listing = Some(None);
+                continue;
             }
             Event::InitApply(Lenient::Decoded(c)) => {
                 set_unreadable(None);
-                Some(Event::InitApply(c))
+                listing = Some(Some(c));
+                continue;
             }
-            Event::Delete(Lenient::Decoded(c)) => {
+            Event::InitApply(Lenient::Undecodable(u)) => {
+                tracing::error!(config = %key, field = %u.field, "the provider config cannot be decoded as its type; provisioning waits until it can");
+                set_unreadable(Some(u.field.clone()));
+                listing = Some(None);
+                continue;
+            }
+            Event::InitDone => state.set(listing.take().flatten()),
+            Event::Apply(Lenient::Decoded(c)) => {
                 set_unreadable(None);
-                Some(Event::Delete(c))
+                state.set(Some(c));
             }
-            Event::Init => {
+            Event::Apply(Lenient::Undecodable(u)) => {
+                tracing::error!(config = %key, field = %u.field, "the provider config cannot be decoded as its type; provisioning waits until it can");
+                set_unreadable(Some(u.field.clone()));
+            }
+            Event::Delete(_) => {
                 set_unreadable(None);
-                Some(Event::Init)
+                state.set(None);
             }
-            Event::InitDone => Some(Event::InitDone),
-        };
-        let mid_list = matches!(typed, Some(Event::Init | Event::InitApply(_)));
-        if let Some(typed) = &typed {
-            writer.apply_watcher_event(typed);
-        }
-        // Mid-list the store still shows the previous list: decide at its end.
-        if mid_list {
-            continue;
         }
         let now = (
-            state.store.get(key).map(|c| config_version(c.as_ref())),
+            state.get().map(|c| config_version(c.as_ref())),
             state.unreadable(),
         );
-        if let Some(listed) = listed.take() {
-            last = Some(now);
-            let _ = listed.send(());
-            continue;
-        }
-        if last.as_ref() != Some(&now) {
-            last = Some(now);
+        let before = state
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(now.clone());
+        listed.send_replace(true);
+        // The first list ever only tells what there is; after it, a list or event that shows
+        // another version (a change meanwhile, when the watch started again) re-runs every
+        // object.
+        if before.is_some_and(|before| before != now) {
             tracing::info!(config = %key, "provider config changed; re-running every object");
             broadcast();
         }

@@ -13,6 +13,7 @@ use crate::ManagedResource;
 use crate::actors::{ConfigSpec, HookError, KindSpec, RelatedSpec, boxed_hook};
 use crate::policy::KindPolicy;
 use crate::provisioners::Provisioner;
+use crate::triggers::on_untrusted;
 
 /// One managed kind: its provisioner tree and options.
 pub struct Controller<K: ManagedResource> {
@@ -474,26 +475,4 @@ impl<K: ManagedResource> Controller<K> {
         self.spec.namespaces = namespaces;
         self
     }
-}
-
-/// `call`'s answer for `obj`, an object anyone who can write its kind wrote: if `call`
-/// (`what`, the controller's own function) panics on it, an error log names the object and
-/// says `instead`, and `fallback` answers, so one hostile object cannot end a watch.
-fn on_untrusted<R: kube::Resource<DynamicType = ()>, T>(
-    obj: &R,
-    what: &str,
-    instead: &str,
-    call: impl FnOnce() -> T,
-    fallback: impl FnOnce() -> T,
-) -> T {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
-        let meta = obj.meta();
-        tracing::error!(
-            kind = %R::kind(&()),
-            namespace = meta.namespace.as_deref().unwrap_or(""),
-            name = meta.name.as_deref().unwrap_or(""),
-            "{what} panicked on this object; {instead}"
-        );
-        fallback()
-    })
 }
