@@ -8,6 +8,7 @@
 #     (kube-apiserver and etcd side by side);
 #   * the controller-runtime side of `actorcile bench` (tools/bench-controller-runtime), built the
 #     same way into ~/.cache/actorcile/bench/;
+#   * libfaketime, with which the chaos suite sets the operator processes' wall clocks apart;
 #   * podman + runc + busybox-static, with a containers.conf / storage.conf that work on these machines
 #     written to ~/.cache/actorcile/podman/ (the service is not started).
 # Idempotent: a cached build whose stamp matches the pinned modules and whose binaries run
@@ -21,7 +22,7 @@ K8S_DIR="$CACHE_DIR/k8s"
 REPO_DIR="$(cd "$(dirname "$0")/.." && pwd)"
 CONTROL_PLANE_SRC="$REPO_DIR/tools/control-plane"
 
-APT_PACKAGES=(podman runc busybox-static)
+APT_PACKAGES=(podman runc busybox-static libfaketime)
 
 CURRENT_STEP="start"
 step() {

@@ -9,13 +9,28 @@ use std::fs::File;
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Microseconds since the Unix epoch.
+/// How far this process's wall clock is set off on purpose ([`super::process::skew_of`]), in
+/// microseconds: subtracted from every record, so that records of processes whose clocks
+/// disagree still compare.
+static SKEW_MICROS: AtomicI64 = AtomicI64::new(0);
+
+/// Tell the records that this process's wall clock runs `skew_seconds` ahead (behind, if
+/// negative).
+pub fn set_skew(skew_seconds: i64) {
+    SKEW_MICROS.store(skew_seconds.saturating_mul(1_000_000), Ordering::Relaxed);
+}
+
+/// Microseconds since the Unix epoch, on the machine's clock (the process's, less its skew).
 pub fn wall_micros() -> u64 {
-    SystemTime::now()
+    let micros = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
+        .map_or(0, |d| d.as_micros() as i64);
+    micros
+        .saturating_sub(SKEW_MICROS.load(Ordering::Relaxed))
+        .max(0) as u64
 }
 
 /// An append-only file of timestamped lines.

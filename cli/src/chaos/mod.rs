@@ -83,6 +83,13 @@ pub struct ChaosArgs {
     /// pauses a replica with SIGSTOP past its Leases, then lets it go on)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=5), conflicts_with = "load")]
     pub replicas: u32,
+    /// Set the operator processes' wall clocks this many seconds apart (0: not at all): each
+    /// incarnation's clock runs on time, this far ahead or this far behind, in turn, through
+    /// libfaketime (`apt-get install libfaketime`); their monotonic clocks stay true. At most
+    /// 2 s: the clocks of two processes then disagree by less than the lock expiry (5 s), the
+    /// guard's bound, and by more than the Leases' duration (3 s), which no lease may depend on
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=2))]
+    pub clock_skew: u32,
     /// Print the report as one JSON line
     #[arg(long)]
     pub json: bool,
@@ -146,6 +153,9 @@ pub struct FaultCounts {
     pub etcd_restarts: u32,
     /// Replicas paused with SIGSTOP past their Leases, then continued.
     pub replicas_paused: u32,
+    /// How far apart the operator processes' wall clocks were set: each one on time, this many
+    /// seconds ahead, or as many behind.
+    pub clock_skew_seconds: u32,
     /// Provisioner passes that panicked, hung, and API answers injected (`api-500`, `api-409`,
     /// `api-429`).
     pub injected: BTreeMap<String, u64>,
@@ -281,6 +291,12 @@ fn print_report(r: &Report) {
         "faults: operator kill -9 ×{} ({} passes in flight), kube-apiserver restart ×{}, etcd restart ×{}",
         f.operator_kills, f.passes_cut_by_kills, f.apiserver_restarts, f.etcd_restarts
     );
+    if f.clock_skew_seconds > 0 {
+        println!(
+            "clocks: each operator process's wall clock on time, {0} s ahead or {0} s behind",
+            f.clock_skew_seconds
+        );
+    }
     if r.replicas > 1 {
         let h = r.hand_overs.clone().unwrap_or_default();
         println!(
@@ -452,6 +468,7 @@ async fn set_up(env: &Envtest, args: &ChaosArgs, records: &std::path::Path) -> R
         panic_rate: 0.0,
         hang_rate: 0.0,
         shards: args.shards(),
+        clock_skew: 0,
         api: ApiFaultRates::default(),
     };
     let roles = operator::builder(admin.clone(), &probe)?.roles(NAME);
@@ -528,7 +545,10 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     }
     let hand_overs = (args.replicas > 1).then(|| {
         let (namespace, prefix) = operator::SHARD_LEASES;
-        shards::ShardWatch::start(admin.clone(), namespace, prefix)
+        let skew = args.clock_skew;
+        shards::ShardWatch::start(admin.clone(), namespace, prefix, move |holder| {
+            process::skew_of_holder(holder, skew)
+        })
     });
     // When kube-apiserver or etcd was down, and which replica was frozen when (wall-clock
     // microseconds).
@@ -539,6 +559,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         replicas: args.replicas,
         ..Default::default()
     };
+    report.faults.clock_skew_seconds = args.clock_skew;
     let mut statuses = String::new();
     let deadline = args
         .minutes

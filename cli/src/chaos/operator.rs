@@ -78,9 +78,16 @@ pub struct OperatorArgs {
     /// Run as one of several replicas sharing this many shards on Leases (0: alone)
     #[arg(long, default_value_t = 0)]
     pub shards: u32,
+    /// How far the driver set this process's wall clock off (seconds; the records take it
+    /// out, the runtime is not told)
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub clock_skew: i64,
     #[command(flatten)]
     pub api: ApiFaultRates,
 }
+
+/// A replica's identity on the shard Leases: this and its incarnation.
+pub const IDENTITY_PREFIX: &str = "chaos-operator-";
 
 /// The namespace of the shard Leases (the items' own) and their name prefix.
 pub const SHARD_LEASES: (&str, &str) = ("chaos", "chaos-shards");
@@ -319,7 +326,7 @@ pub fn builder(
         builder.sharding(
             actorcile::sharding::Sharding::new(args.shards, namespace)
                 .lease_prefix(prefix)
-                .identity(format!("chaos-operator-{}", args.incarnation)),
+                .identity(format!("{IDENTITY_PREFIX}{}", args.incarnation)),
         )
     } else {
         builder
@@ -328,6 +335,7 @@ pub fn builder(
 
 /// `actorcile chaos-operator`: the operator, until SIGTERM.
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    super::lines::set_skew(args.clock_skew);
     let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
         .with_context(|| format!("reading {}", args.kubeconfig.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())

@@ -11,6 +11,34 @@ use anyhow::{Context as _, Result};
 use super::ChaosArgs;
 use super::lines::wall_micros;
 
+/// How far incarnation `incarnation`'s wall clock is set off, in seconds, for a skew of `skew`:
+/// on time, `skew` ahead, `skew` behind, in turn (so replicas started together disagree, and
+/// an incarnation started after a kill reads its predecessor's records on another clock).
+pub fn skew_of(incarnation: u32, skew: u32) -> i64 {
+    [0, i64::from(skew), -i64::from(skew)][incarnation as usize % 3]
+}
+
+/// [`skew_of`] the incarnation whose Lease holder identity is `holder` (0 for any other).
+pub fn skew_of_holder(holder: &str, skew: u32) -> i64 {
+    holder
+        .strip_prefix(super::operator::IDENTITY_PREFIX)
+        .and_then(|n| n.parse().ok())
+        .map_or(0, |incarnation| skew_of(incarnation, skew))
+}
+
+/// The libfaketime library that sets a process's wall clock off (Debian's `libfaketime`).
+fn libfaketime() -> Result<&'static str> {
+    const PLACES: [&str; 3] = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ];
+    PLACES
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .context("skewing the operators' clocks needs libfaketime (apt-get install libfaketime), or --clock-skew 0")
+}
+
 /// One incarnation of the operator.
 pub struct Operator {
     child: Child,
@@ -29,7 +57,17 @@ impl Operator {
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;
         let exe = std::env::current_exe().context("finding the actorcile binary")?;
-        let child = Command::new(exe)
+        let skew = skew_of(incarnation, args.clock_skew);
+        let mut command = Command::new(exe);
+        if skew != 0 {
+            // The wall clock only: timers and timeouts run on the monotonic clock, which a
+            // skewed machine keeps true as well.
+            command
+                .env("LD_PRELOAD", libfaketime()?)
+                .env("FAKETIME", format!("{skew:+}"))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = command
             .arg("chaos-operator")
             .arg("--kubeconfig")
             .arg(env.user_kubeconfig_path())
@@ -41,6 +79,7 @@ impl Operator {
             .args(["--hang-rate", &args.hang_rate.to_string()])
             .args(args.api.command_line())
             .args(["--shards", &args.shards().to_string()])
+            .arg(format!("--clock-skew={skew}"))
             .env("RUST_LOG", "info,kube_client::client::builder=off")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use actorcile::sharding::{GROUP_LABEL, ROLE_LABEL};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
@@ -68,7 +68,14 @@ struct Seen {
 
 impl ShardWatch {
     /// Reads the shard Leases of group `prefix` in `namespace` until stopped.
-    pub fn start(client: Client, namespace: &str, prefix: &str) -> Self {
+    /// The times a holder writes are taken on its clock; `skew_of` (a holder's identity) says
+    /// how far ahead it runs, in seconds, so that gaps are measured on one clock.
+    pub fn start(
+        client: Client,
+        namespace: &str,
+        prefix: &str,
+        skew_of: impl Fn(&str) -> i64 + Send + 'static,
+    ) -> Self {
         let leases: Api<Lease> = Api::namespaced(client, namespace);
         let lp =
             ListParams::default().labels(&format!("{GROUP_LABEL}={prefix},{ROLE_LABEL}=shard"));
@@ -80,7 +87,7 @@ impl ShardWatch {
                 // Reads fail while kube-apiserver restarts: the next one catches up.
                 if let Ok(list) = leases.list(&lp).await {
                     for lease in list.items {
-                        observe(&mut seen, &mut figures, &lease);
+                        observe(&mut seen, &mut figures, &lease, &skew_of);
                     }
                 }
                 tokio::select! {
@@ -102,11 +109,23 @@ impl ShardWatch {
 
 /// One read of `lease`: a new holder is a hand-over, measured from what the former holder
 /// wrote last.
-fn observe(seen: &mut HashMap<String, Seen>, figures: &mut HandOvers, lease: &Lease) {
+fn observe(
+    seen: &mut HashMap<String, Seen>,
+    figures: &mut HandOvers,
+    lease: &Lease,
+    skew_of: &impl Fn(&str) -> i64,
+) {
     let spec = lease.spec.clone().unwrap_or_default();
     let holder = spec.holder_identity.filter(|h| !h.is_empty());
-    let wrote = spec.renew_time.map(|t| t.0);
-    let acquired = spec.acquire_time.map(|t| t.0).or(wrote);
+    // On the machine's clock: less the writer's skew (a release is written by the holder
+    // before).
+    let writer = holder
+        .clone()
+        .or_else(|| seen.get(&lease.name_any()).and_then(|s| s.holder.clone()));
+    let skew = SignedDuration::from_secs(writer.as_deref().map_or(0, skew_of));
+    let on_time = |t: Timestamp| t.checked_sub(skew).unwrap_or(t);
+    let wrote = spec.renew_time.map(|t| on_time(t.0));
+    let acquired = spec.acquire_time.map(|t| on_time(t.0)).or(wrote);
     let transitions = spec.lease_transitions;
     let now = Seen {
         holder: holder.clone(),

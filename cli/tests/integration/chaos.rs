@@ -21,6 +21,8 @@ fn a_chaos_round_injects_every_fault_and_breaks_no_invariant() {
     assert_eq!(faults["operator_kills"], 2, "{v}");
     assert_eq!(faults["apiserver_restarts"], 2, "{v}");
     assert_eq!(faults["etcd_restarts"], 1, "{v}");
+    // Each incarnation ran on its own clock: on time, 2 s ahead, 2 s behind.
+    assert_eq!(faults["clock_skew_seconds"], 2, "{v}");
     let injected = |kind: &str| faults["injected"][kind].as_u64().unwrap_or(0);
     for kind in ["panic", "api-500", "api-409", "api-429", "lost-answer"] {
         assert!(injected(kind) > 0, "no {kind} injected: {v}");
@@ -63,6 +65,8 @@ fn a_chaos_round_with_three_sharded_replicas_one_killed_one_paused() {
     let faults = &v["faults"];
     assert_eq!(faults["operator_kills"], 2, "{v}");
     assert_eq!(faults["replicas_paused"], 1, "{v}");
+    // The replicas ran on clocks 2 s apart.
+    assert_eq!(faults["clock_skew_seconds"], 2, "{v}");
     // The killed and the paused replicas' shards moved to the others.
     assert!(v["hand_overs"]["count"].as_u64().unwrap_or(0) > 0, "{v}");
     assert!(
