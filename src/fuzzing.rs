@@ -64,7 +64,7 @@ pub fn error_backoff(
 /// When a wake-up `delay` from now fires, as the runtime's timers hold it (a yield's delay, a
 /// poll interval, a lock's time left): `None` if the clock cannot hold it.
 pub fn wake_deadline(delay: std::time::Duration) -> Option<tokio::time::Instant> {
-    tokio::time::Instant::now().checked_add(crate::actors::timer::bounded_delay(delay))
+    tokio::time::Instant::now().checked_add(crate::scheduling::bounded_delay(delay))
 }
 
 /// `leaseDurationSeconds` as the leader election and the shard keeper write it for `policy`.

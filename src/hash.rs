@@ -13,10 +13,15 @@
 //!   marker as 8 little-endian bytes (`0` none, `1` some) followed by the namespace when there is
 //!   one, and its name), again what the first versions wrote.
 //! - [`fnv1a`]: 64-bit FNV-1a over the bytes (the shard of a key).
+//!
+//! Beside them, [`FastMap`], the hash map of per-object data in memory (nothing persisted).
 
 use std::hash::Hasher;
 
 use siphasher::sip::SipHasher13;
+
+/// Hash map of per-object data (ahash: object names are hashed on every event and message).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
 use crate::references::Target;
 

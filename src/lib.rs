@@ -37,7 +37,8 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | `actors/` | the manager supervisor, the resource actor, the watch feeder, the timer task (its `mod.rs` has a file map and a glossary) |
+//! | `actors/` | the manager supervisor, the resource actor, the watch feeder (its `mod.rs` has a file map and a glossary) |
+//! | `scheduling/` | when reconciles start: run slots and who gets the next, the timer task, the activation queue |
 //! | `messages/` | every message the actors exchange, one file per receiver; plain data |
 //! | `object_api.rs` | the typed API calls of one object's namespace |
 //! | `event_recorder.rs` | a controller's Kubernetes Events: kube-runtime's recorder, split by object |
@@ -46,7 +47,8 @@
 //! of the rest; `status`
 //! depends only on `names`; `references` on `status`; `provisioners` on `status`,
 //! `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`; `messages`
-//! and `policy` are plain data; `actors` use all of those; and `runtime` starts the actors.
+//! and `policy` are plain data; `scheduling` on `messages`; `actors` use all of those; and
+//! `runtime` starts the actors.
 //! The library never imports its command line.
 #![forbid(unsafe_code)]
 
@@ -85,6 +87,7 @@ pub mod provisioners;
 pub mod rbac;
 pub mod references;
 pub mod runtime;
+mod scheduling;
 pub mod sharding;
 #[cfg(feature = "operator")]
 mod signals;
@@ -238,5 +241,5 @@ pub mod prelude {
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench_internals {
-    pub use crate::actors::{PendingWakeUp, Timers};
+    pub use crate::scheduling::{PendingWakeUp, Timers};
 }

@@ -198,7 +198,7 @@ impl<C> ConfigRef<C> {
     }
 }
 
-type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+use crate::hash::FastMap;
 
 /// Which Secrets an object references ([`Controller::secrets`](crate::runtime::Controller::secrets)).
 pub(crate) type SecretRefs<K> = Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>;

@@ -34,7 +34,6 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::TryAcquireError;
 use tokio::time::Instant;
 
-use super::activation_queue::ActivationQueue;
 use super::mailbox::{self, MailWaiting, Mailbox};
 use super::object_map::ObjectMap;
 use super::passive_state::Kept;
@@ -44,6 +43,7 @@ use super::restarts::{AfterFailure, Escalation, RestartTracker};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::policy::Exhausted;
+use crate::scheduling::ActivationQueue;
 
 /// Past the live-actor cap, one activation still starts this often (see
 /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
@@ -173,7 +173,7 @@ impl<K: ManagedResource> Manager<K> {
     /// Start queued activations while run slots are free; when none is, ask the timer task for
     /// the next ([`ManagerMsg::Permit`]). Reconciles of live actors wait for slots there too, and
     /// come first, but activations get a bounded share of the slots
-    /// ([`RunSlotQueue`](super::run_slots::RunSlotQueue)).
+    /// (`RunSlotQueue`, [`crate::scheduling`]).
     fn drain(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>) {
         while Self::skip_stale(st) && Self::actor_at_hand(st) && self.admit(st) {
             // A free slot is not enough while passes wait for slots in the timer task (the slot

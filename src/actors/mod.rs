@@ -1,5 +1,6 @@
-//! The actors: a manager supervisor per kind, a resource actor per object, the watch feeder
-//! that turns kube-runtime watch events into messages, and the timer task.
+//! The actors: a manager supervisor per kind, a resource actor per object, and the watch feeder
+//! that turns kube-runtime watch events into messages. When reconciles start (run slots, the
+//! timer task, the activation queue) is [`crate::scheduling`]'s.
 //!
 //! # Where things are
 //!
@@ -13,7 +14,6 @@
 //! | `kind_view.rs` | a kind as the reference index sees it: readiness, existence, notification |
 //! | `root.rs` | the root actor, parent of every manager; escalations end there |
 //! | `manager.rs` | the manager supervisor: message handling, supervision, activation |
-//! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
 //! | `restarts.rs` | restart intensity and backoff per object (plain data), [`Escalation`] |
 //! | `object_map.rs` | the manager's entry per known object, by name and namespace |
 //! | `passive_state.rs` | what the manager keeps of a passive object, small when nothing is pending (plain data) |
@@ -21,9 +21,6 @@
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
 //! | `resource.rs` | the resource actor: one reconcile at a time, coalescing, passivation |
 //! | `outcome_key.rs` | what the last reconcile left, to skip status work that cannot change |
-//! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
-//! | `timer.rs` | the timer task: delivers wake-ups, hands out run slots |
-//! | `run_slots.rs` | who gets the next run slot, and the lateness heuristic (plain data) |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `store.rs` | the kind's cache: one table of objects per watched namespace |
@@ -32,7 +29,7 @@
 //! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the reconcile, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
-//! [`crate::policy`], [`crate::provisioners`], [`crate::references`] and [`crate::status`];
+//! [`crate::scheduling`], [`crate::policy`], [`crate::provisioners`], [`crate::references`] and [`crate::status`];
 //! none of those imports the actors. [`crate::runtime`] starts them, kind by kind, through
 //! `kind.rs`.
 //!
@@ -41,7 +38,7 @@
 //! - **Reconcile**: one run of the provisioner tree (provision, or deprovision when deleting) for one
 //!   object. One object never has two reconciles at once.
 //! - **Run slot**: a permit of the runtime's `max_concurrent_reconciles` semaphore; every reconcile runs on
-//!   one. Due wake-ups and activations wait for slots in the timer task (`run_slots.rs`).
+//!   one. Due wake-ups and activations wait for slots in the timer task ([`crate::scheduling`]).
 //! - **Wake-up**: a resource actor's scheduled self-message (a yield, an error backoff, a poll,
 //!   a dependency's fallback re-check). At most one is pending; the earliest wins.
 //! - **Activation**: an object gets a live actor to serve it (its first, after passivation, or
@@ -58,7 +55,7 @@
 //!   one idle actor per run slot. To users it is still one actor per resource; the metrics tell
 //!   activations from spawns.
 //! - **Held back**: while reconciles start well after they were due (the runtime is CPU-bound),
-//!   activations get a smaller share of the run slots (`run_slots.rs`).
+//!   activations get a smaller share of the run slots ([`crate::scheduling`]).
 //! - **Mailbox, mail waiting**: the manager's messages go through a batching channel; the one
 //!   ractor message it receives, `MailWaiting`, says that the mailbox has mail (`mailbox.rs`).
 //! - **Route**: the feeder's map from object key to the actor serving it. A passive object has no
@@ -71,7 +68,6 @@
 //! - **Own writes, echo**: the resource versions produced by the actor's own writes. Their watch
 //!   events (echoes) are not news and run no reconcile.
 
-mod activation_queue;
 mod feeder;
 #[cfg(all(test, feature = "cluster"))]
 mod feeder_tests;
@@ -97,19 +93,15 @@ pub(crate) mod restarts;
 mod root;
 pub(crate) use root::{ManagerFailure, Root};
 mod run_deadline;
-mod run_slots;
-pub(crate) use run_slots::RunSlots;
 mod store;
 #[cfg(all(test, feature = "cluster"))]
 pub(crate) mod testing;
 pub(crate) use store::KindStore;
-pub(crate) mod timer;
 pub(crate) mod triggers;
 #[cfg(all(test, feature = "cluster"))]
 mod triggers_config_tests;
 #[cfg(all(test, feature = "cluster"))]
 mod triggers_tests;
-mod wake_up;
 mod writes;
 
 use std::sync::Arc;
@@ -128,20 +120,14 @@ use crate::references::ReferenceIndex;
 use crate::sharding::Shards;
 
 pub(crate) use crate::object_api::version_of;
+pub(crate) use crate::scheduling::{RunSlots, Timers};
 pub(crate) use feeder::{KindWatch, run_feeder};
 pub(crate) use manager::{Manager, ManagerArgs};
 pub(crate) use metrics::KindMetrics;
 pub(crate) use metrics::Metrics;
 pub use metrics::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, ReconcileResult};
-#[cfg(feature = "bench-internals")]
-pub use timer::Timers;
-#[cfg(not(feature = "bench-internals"))]
-pub(crate) use timer::Timers;
-#[cfg(feature = "bench-internals")]
-pub use wake_up::PendingWakeUp;
 
-/// Hash map of per-object data (ahash: object names are hashed on every event and message).
-pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+pub(crate) use crate::hash::FastMap;
 
 /// Everything the manager, its resource actors and its feeder share for one kind.
 pub(crate) struct Shared<K: ManagedResource> {
@@ -149,7 +135,7 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub client: Arc<Client>,
     pub tree: BoxProvisioner<K>,
     pub policy: SupervisorPolicy,
-    pub runs: run_slots::RunSlots,
+    pub runs: RunSlots,
     pub store: KindStore<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     pub finalizer: String,

@@ -56,7 +56,7 @@ impl<K: ManagedResource> PassiveTimers<K> {
         self.buffered.push(Cmd::Arm(
             key,
             token,
-            Instant::now() + super::timer::bounded_delay(after),
+            Instant::now() + crate::scheduling::bounded_delay(after),
         ));
     }
 

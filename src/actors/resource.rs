@@ -31,11 +31,11 @@ use tracing::Instrument;
 use super::mailbox::Mailbox;
 use super::metrics::ReconcileResult;
 use super::outcome_key::OutcomeKey;
-use super::wake_up::PendingWakeUp;
 use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;
+use crate::scheduling::PendingWakeUp;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
 /// The actor behaviour; all per-object data is in [`ResourceState`].
@@ -192,7 +192,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st: &mut ResourceState<K>,
         delay: Duration,
     ) {
-        let at = Instant::now() + super::timer::bounded_delay(delay);
+        let at = Instant::now() + crate::scheduling::bounded_delay(delay);
         if let Some(token) = st.wake.schedule(at) {
             self.shared
                 .timers

@@ -1,6 +1,6 @@
 //! A resource actor's pending wake-up: at most one, the earliest wins.
 //!
-//! Plain bookkeeping, no timer: the actor asks the timer task ([`Timers`](super::timer::Timers))
+//! Plain bookkeeping, no timer: the actor asks the timer task ([`Timers`](super::Timers))
 //! to deliver the wake-up, and this tells it whether a delivery is still the pending one.
 
 use tokio::time::Instant;

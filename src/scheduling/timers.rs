@@ -9,7 +9,7 @@
 //! A due wake-up needs a run slot before its reconcile can start, so the task acquires one and
 //! delivers it with the wake-up; an actor whose reconcile was triggered otherwise and found no free
 //! slot queues here too ([`Timers::queue`]), and so do activations ([`Timers::activation`]). Who
-//! gets the next slot is decided by [`RunSlotQueue`] and [`Lateness`] (`run_slots.rs`). No actor
+//! gets the next slot is decided by [`RunSlotQueue`] and [`Lateness`] (`slots.rs`). No actor
 //! waits for a slot in its handler.
 
 use std::future::{Future, poll_fn};
@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use super::FastMap;
-use super::run_slots::{Lateness, Next, PollRunSlots, RunSlotQueue, RunSlots};
+use super::slots::{Lateness, Next, PollRunSlots, RunSlotQueue, RunSlots};
+use crate::hash::FastMap;
 use crate::messages::{RunPermit, RunSlot, TimerMsg};
 
 enum Cmd<M: Message> {
@@ -395,8 +395,8 @@ async fn run<M: TimerMsg>(mut task: TimerTask<M>, mut rx: mpsc::UnboundedReceive
 
 #[cfg(test)]
 mod tests {
+    use super::super::slots::{ACTIVATION_EVERY, HELD_ACTIVATION_EVERY, HELD_FOR};
     use super::*;
-    use crate::actors::run_slots::{ACTIVATION_EVERY, HELD_ACTIVATION_EVERY, HELD_FOR};
     use ractor::{Actor, ActorProcessingErr};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;

@@ -1,0 +1,31 @@
+//! When reconciles start: the run slots every reconcile needs, who gets the next one, the
+//! timer task that delivers wake-ups with their slots, and the manager's activation queue.
+//! Plain data and one tokio task each; nothing here knows an actor's state, only the
+//! [`ActorRef`](ractor::ActorRef) a delivery goes to.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `slots.rs` | what a run slot is ([`RunSlots`]), and who gets the next one, with the lateness heuristic (plain data) |
+//! | `timers.rs` | the timer task: delivers wake-ups at their deadline, hands out run slots ([`Timers`]) |
+//! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
+//! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
+//!
+//! The words (run slot, wake-up, activation, held back) are the glossary's in
+//! [`crate::actors`].
+
+mod activation_queue;
+mod slots;
+mod timers;
+mod wake_up;
+
+pub(crate) use activation_queue::ActivationQueue;
+pub(crate) use slots::RunSlots;
+#[cfg(feature = "bench-internals")]
+pub use timers::Timers;
+#[cfg(not(feature = "bench-internals"))]
+pub(crate) use timers::Timers;
+pub(crate) use timers::bounded_delay;
+#[cfg(feature = "bench-internals")]
+pub use wake_up::PendingWakeUp;
+#[cfg(not(feature = "bench-internals"))]
+pub(crate) use wake_up::PendingWakeUp;
