@@ -23,6 +23,12 @@ use siphasher::sip::SipHasher13;
 /// Hash map of per-object data (ahash: object names are hashed on every event and message).
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
+/// The hash of an object's namespace and name: how the manager's entries and the kind's cache
+/// find an object.
+pub(crate) fn name_hash(hasher: &ahash::RandomState, namespace: Option<&str>, name: &str) -> u64 {
+    hasher.hash_one((namespace, name))
+}
+
 use crate::references::Target;
 
 /// SipHash-1-3 (keys `0`, `0`) of `parts`, each part followed by a `0xff` byte.

@@ -38,6 +38,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | `actors/` | the manager supervisor, the resource actor, the watch feeder (its `mod.rs` has a file map and a glossary) |
+//! | `cache/` | a kind's cache: a table of objects per watched namespace, its writer, the passive objects' encoding |
 //! | `scheduling/` | when reconciles start: run slots and who gets the next, the timer task, the activation queue |
 //! | `messages/` | every message the actors exchange, one file per receiver; plain data |
 //! | `object_api.rs` | the typed API calls of one object's namespace |
@@ -47,7 +48,7 @@
 //! of the rest; `status`
 //! depends only on `names`; `references` on `status`; `provisioners` on `status`,
 //! `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`; `messages`
-//! and `policy` are plain data; `scheduling` on `messages`; `actors` use all of those; and
+//! and `policy` are plain data; `scheduling` on `messages`; `cache` on `status`; `actors` use all of those; and
 //! `runtime` starts the actors.
 //! The library never imports its command line.
 #![forbid(unsafe_code)]
@@ -55,6 +56,7 @@
 mod actors;
 #[cfg(feature = "operator")]
 pub mod admin;
+mod cache;
 #[cfg(feature = "operator")]
 pub mod cli;
 #[cfg(feature = "cluster")]

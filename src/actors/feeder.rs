@@ -127,7 +127,7 @@ fn route_gone<K: ManagedResource>(
 pub(crate) async fn run_feeder<K: ManagedResource>(
     shared: Arc<Shared<K>>,
     of: KindWatch<K>,
-    mut writer: super::store::Writer<K>,
+    mut writer: crate::cache::Writer<K>,
     manager: Mailbox<ManagerMsg<K>>,
     listed: Listed,
     first_run: bool,
@@ -247,7 +247,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                 .default_backoff()
                 .modify(move |o| {
                     if pruned && let Lenient::Decoded(o) = o {
-                        super::store::prune(o)
+                        crate::cache::prune(o)
                     }
                 })
                 .boxed()
@@ -447,7 +447,7 @@ pub(crate) struct KindWatch<K: ManagedResource> {
     pub namespace: Option<String>,
     /// Why the API server refuses this watch, while it does (for `/readyz`).
     pub refused: crate::health::WatchRefusal,
-    /// Whether the objects are [`pruned`](super::store::prune) before they are cached.
+    /// Whether the objects are [`pruned`](crate::cache::prune) before they are cached.
     pub prune: bool,
 }
 
@@ -464,7 +464,7 @@ impl<K: ManagedResource> Watch<'_, K> {
     /// Apply one watch event to the store and route it.
     fn apply(
         &self,
-        writer: &mut super::store::Writer<K>,
+        writer: &mut crate::cache::Writer<K>,
         event: Result<Event<Lenient<K>>, watcher::Error>,
         list: &mut Option<List<K>>,
         first_list: &mut bool,

@@ -23,7 +23,6 @@
 //! | `outcome_key.rs` | what the last reconcile left, to skip status work that cannot change |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
-//! | `store.rs` | the kind's cache: one table of objects per watched namespace |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
 //! | `metrics.rs` | the runtime's counters |
 //! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the reconcile, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
@@ -93,10 +92,9 @@ pub(crate) mod restarts;
 mod root;
 pub(crate) use root::{ManagerFailure, Root};
 mod run_deadline;
-mod store;
 #[cfg(all(test, feature = "cluster"))]
 pub(crate) mod testing;
-pub(crate) use store::KindStore;
+pub(crate) use crate::cache::KindStore;
 pub(crate) mod triggers;
 #[cfg(all(test, feature = "cluster"))]
 mod triggers_config_tests;
@@ -161,7 +159,7 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub secrets: Option<triggers::SecretTrigger<K>>,
     /// With sharding: which objects this replica may run, and their fenced clients.
     pub shards: Option<ShardScope<K>>,
-    /// Whether cached objects are pruned ([`store::prune`]).
+    /// Whether cached objects are pruned ([`crate::cache::prune`]).
     pub prune_cache: bool,
     /// Whether passive objects' cached copies are held encoded ([`KindStore::encode`]).
     pub encode_passive: bool,

@@ -13,6 +13,7 @@ use hashbrown::hash_table::Entry as Slot;
 use kube::runtime::reflector::ObjectRef;
 
 use super::ManagedResource;
+use crate::hash::name_hash;
 
 /// One entry: the key's name and namespace, and the value.
 struct Keyed<V> {
@@ -42,12 +43,6 @@ impl<K, V> Default for ObjectMap<K, V> {
             kind: PhantomData,
         }
     }
-}
-
-/// The hash of an object's namespace and name: how the manager's entries and the kind's cache
-/// find an object.
-pub(super) fn name_hash(hasher: &ahash::RandomState, namespace: Option<&str>, name: &str) -> u64 {
-    hasher.hash_one((namespace, name))
 }
 
 impl<K: ManagedResource, V> ObjectMap<K, V> {

@@ -176,7 +176,7 @@ impl<K: ManagedResource> ResourceState<K> {
         K: ManagedResource,
     {
         if prune {
-            super::store::prune(&mut obj);
+            crate::cache::prune(&mut obj);
         }
         if let Some(v) = version_of(&obj) {
             self.own_writes.push(v);
