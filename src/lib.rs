@@ -38,6 +38,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | `actors/` | the manager supervisor, the resource actor, the watch feeder (its `mod.rs` has a file map and a glossary) |
+//! | `counters.rs` | the runtime's counters: atomics every controller shares, what the metrics and `RuntimeHandle::metrics` read |
 //! | `cache/` | a kind's cache: a table of objects per watched namespace, its writer, the passive objects' encoding |
 //! | `scheduling/` | when reconciles start: run slots and who gets the next, the timer task, the activation queue |
 //! | `messages/` | every message the actors exchange, one file per receiver; plain data |
@@ -59,6 +60,7 @@ pub mod admin;
 mod cache;
 #[cfg(feature = "operator")]
 pub mod cli;
+mod counters;
 #[cfg(feature = "cluster")]
 #[doc(inline)]
 pub use actorcile_apiserver as cluster;

@@ -67,7 +67,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 pub use prometheus_client::registry::Registry;
 
-use crate::actors::{KindMetricsSnapshot, Metrics, MetricsSnapshot};
+use crate::counters::{KindMetricsSnapshot, Metrics, MetricsSnapshot};
 
 /// The runtime's figures, read at each scrape.
 #[derive(Debug)]

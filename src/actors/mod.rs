@@ -24,7 +24,6 @@
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
-//! | `metrics.rs` | the runtime's counters |
 //! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the reconcile, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
@@ -80,7 +79,6 @@ mod kind_view;
 mod manager;
 #[cfg(all(test, feature = "cluster"))]
 mod manager_tests;
-mod metrics;
 mod object_map;
 mod outcome_key;
 mod passive_state;
@@ -117,13 +115,11 @@ use crate::provisioners::{BoxProvisioner, ControllerParts};
 use crate::references::ReferenceIndex;
 use crate::sharding::Shards;
 
+pub(crate) use crate::counters::{KindMetrics, Metrics};
 pub(crate) use crate::object_api::version_of;
 pub(crate) use crate::scheduling::{RunSlots, Timers};
 pub(crate) use feeder::{KindWatch, run_feeder};
 pub(crate) use manager::{Manager, ManagerArgs};
-pub(crate) use metrics::KindMetrics;
-pub(crate) use metrics::Metrics;
-pub use metrics::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, ReconcileResult};
 
 pub(crate) use crate::hash::FastMap;
 

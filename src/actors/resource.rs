@@ -29,9 +29,9 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::mailbox::Mailbox;
-use super::metrics::ReconcileResult;
 use super::outcome_key::OutcomeKey;
 use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
+use crate::counters::ReconcileResult;
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;

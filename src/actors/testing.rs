@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 
-use super::{KindSpec, Metrics, MetricsSnapshot, Root, Start, StartCx, Started};
+use super::{KindSpec, Metrics, Root, Start, StartCx, Started};
 use crate::cluster::ApiServer;
+use crate::counters::MetricsSnapshot;
 use crate::health::Health;
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::Provisioner;

@@ -9,8 +9,8 @@ use ractor::Actor;
 use tokio::sync::{Semaphore, watch};
 
 use super::{Controller, DEFAULT_FINALIZER, RuntimeHandle};
-use crate::actors::Metrics;
 use crate::actors::{Root, ShardClients, Start, StartCx};
+use crate::counters::Metrics;
 use crate::health::Health;
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::new_holder_id;

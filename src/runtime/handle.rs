@@ -11,8 +11,8 @@ use tokio::task::JoinHandle;
 #[cfg(feature = "operator")]
 use super::builder::AdminServers;
 use crate::Error;
-use crate::actors::Metrics;
-use crate::actors::{KindMetricsSnapshot, ManagerFailure, MetricsSnapshot, Started};
+use crate::actors::{ManagerFailure, Started};
+use crate::counters::{KindMetricsSnapshot, Metrics, MetricsSnapshot};
 use crate::health::Health;
 use crate::references::ReferenceIndex;
 

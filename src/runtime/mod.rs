@@ -37,7 +37,9 @@ pub use handle::RuntimeHandle;
 
 pub use crate::actors::HookError;
 pub use crate::actors::restarts::Escalation;
-pub use crate::actors::{HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, ReconcileResult};
+pub use crate::counters::{
+    HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, ReconcileResult,
+};
 
 /// The finalizer the runtime puts on every object it provisions (configurable).
 pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";

@@ -14,22 +14,22 @@ pub(crate) struct Metrics {
     // Every pass touches these from whichever worker runs it: no `runs` counter of its own (it
     // is the sum of the two below), and peaks are read before they are raised, so a pass makes
     // as few read-modify-writes of these shared cache lines as it can.
-    pub(super) provision_reconciles: AtomicU64,
-    pub(super) deprovision_reconciles: AtomicU64,
-    pub(super) restarts: AtomicU64,
-    pub(super) quarantined: AtomicU64,
-    pub(super) status_writes: AtomicU64,
-    pub(super) in_flight: AtomicU64,
-    pub(super) peak_in_flight: AtomicU64,
-    pub(super) live_actors: AtomicU64,
-    pub(super) peak_live_actors: AtomicU64,
-    pub(super) passivations: AtomicU64,
-    pub(super) activations: AtomicU64,
-    pub(super) spawns: AtomicU64,
-    pub(super) status_conflicts: AtomicU64,
-    pub(super) status_rejected: AtomicU64,
-    pub(super) write_timeouts: AtomicU64,
-    pub(super) ignored: AtomicU64,
+    pub(crate) provision_reconciles: AtomicU64,
+    pub(crate) deprovision_reconciles: AtomicU64,
+    pub(crate) restarts: AtomicU64,
+    pub(crate) quarantined: AtomicU64,
+    pub(crate) status_writes: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) peak_in_flight: AtomicU64,
+    pub(crate) live_actors: AtomicU64,
+    pub(crate) peak_live_actors: AtomicU64,
+    pub(crate) passivations: AtomicU64,
+    pub(crate) activations: AtomicU64,
+    pub(crate) spawns: AtomicU64,
+    pub(crate) status_conflicts: AtomicU64,
+    pub(crate) status_rejected: AtomicU64,
+    pub(crate) write_timeouts: AtomicU64,
+    pub(crate) ignored: AtomicU64,
     /// The runtime's reference index, read for its size gauges.
     pub(crate) reference_index:
         std::sync::OnceLock<std::sync::Weak<crate::references::ReferenceIndex>>,
@@ -128,7 +128,7 @@ impl Metrics {
         kinds.iter().map(|k| k.snapshot()).collect()
     }
 
-    pub(super) fn run_started(&self, deleting: bool) -> InFlight<'_> {
+    pub(crate) fn run_started(&self, deleting: bool) -> InFlight<'_> {
         if deleting {
             self.deprovision_reconciles.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -140,17 +140,17 @@ impl Metrics {
     }
 
     /// Every actor start is an activation: counts both, and the peak of live actors.
-    pub(super) fn actor_started(&self) {
+    pub(crate) fn actor_started(&self) {
         Self::inc(&self.activations);
         let live = self.live_actors.fetch_add(1, Ordering::Relaxed) + 1;
         raise_peak(&self.peak_live_actors, live);
     }
 
-    pub(super) fn inc(counter: &AtomicU64) {
+    pub(crate) fn inc(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn dec(counter: &AtomicU64) {
+    pub(crate) fn dec(counter: &AtomicU64) {
         counter.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -163,7 +163,7 @@ fn raise_peak(peak: &AtomicU64, value: u64) {
 }
 
 /// Decrements the in-flight gauge when a reconcile ends, even by panic.
-pub(super) struct InFlight<'a>(&'a Metrics);
+pub(crate) struct InFlight<'a>(&'a Metrics);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
