@@ -51,7 +51,7 @@ pub(crate) struct KindSpec<K: ManagedResource> {
     pub(crate) secrets: Option<SecretRefs<K>>,
     pub(crate) upgrade: Option<Hook>,
     pub(crate) initialize: Option<Hook>,
-    pub(crate) shard_key: Option<crate::actors::ShardKey<K>>,
+    pub(crate) shard_key: Option<crate::sharding::ShardKey<K>>,
     pub(crate) related: Vec<RelatedSpec<K>>,
     pub(crate) max_concurrent_reconciles: Option<usize>,
     /// Whether the cached copies drop what the API server keeps for itself

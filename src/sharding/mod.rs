@@ -98,6 +98,7 @@
 
 mod fence;
 pub(crate) mod keeper;
+mod scope;
 pub(crate) mod server_side;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -108,6 +109,7 @@ use tokio::time::Instant;
 pub use fence::ShardNotHeld;
 pub(crate) use fence::fenced_clients;
 pub use keeper::{GROUP_LABEL, ROLE_LABEL};
+pub(crate) use scope::{ShardKey, ShardScope};
 pub use server_side::shard_of_uid;
 
 use crate::Error;
