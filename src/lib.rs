@@ -38,6 +38,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | `actors/` | the manager supervisor, the resource actor, the watch feeder (its `mod.rs` has a file map and a glossary) |
+//! | `after_reconcile/` | what follows a reconcile, as plain data: the status to write, the readiness to announce, the next wake-up, the backoff's step |
 //! | `counters.rs` | the runtime's counters: atomics every controller shares, what the metrics and `RuntimeHandle::metrics` read |
 //! | `cache/` | a kind's cache: a table of objects per watched namespace, its writer, the passive objects' encoding |
 //! | `scheduling/` | when reconciles start: run slots and who gets the next, the timer task, the activation queue |
@@ -57,6 +58,7 @@
 mod actors;
 #[cfg(feature = "operator")]
 pub mod admin;
+mod after_reconcile;
 mod cache;
 #[cfg(feature = "operator")]
 pub mod cli;

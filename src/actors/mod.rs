@@ -20,7 +20,6 @@
 //! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
 //! | `resource.rs` | the resource actor: one reconcile at a time, coalescing, passivation |
-//! | `outcome_key.rs` | what the last reconcile left, to skip status work that cannot change |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
@@ -80,7 +79,6 @@ mod manager;
 #[cfg(all(test, feature = "cluster"))]
 mod manager_tests;
 mod object_map;
-mod outcome_key;
 mod passive_state;
 mod passive_timers;
 pub(crate) mod resource;

@@ -29,8 +29,10 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::mailbox::Mailbox;
-use super::outcome_key::OutcomeKey;
 use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
+use crate::after_reconcile::{
+    self, At, Backoff, Delays, Ended, OutcomeKey, StatusPlan, StatusWrite, Wake,
+};
 use crate::counters::ReconcileResult;
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::provisioners::{Context, Outcome, Reason};
@@ -706,86 +708,91 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
 
-        // The status this pass leaves. Skipped entirely when the same outcome meets the same
-        // object version as last time (a yield loop, an idle re-run): nothing can have changed.
-        // The steps' status fields count only where the status does not hold them yet.
+        // The status this reconcile leaves, and what follows it: decided in `after_reconcile`,
+        // carried out here. The steps' status fields count only where the status does not hold
+        // them yet.
         let mut fields = std::mem::take(&mut st.status_fields);
         if crate::status::holds_fields(obj.as_ref(), &fields) {
             fields.clear();
         }
-        let unchanged = version.is_some()
-            && fields.is_empty()
-            && st
-                .last_outcome
-                .as_ref()
-                .is_some_and(|k| k.matches(&outcome, generation, deleting, version));
-        let mut write = StatusWrite::Written;
-        if !unchanged {
-            let ready = if shared.write_status {
-                let desired =
-                    desired.unwrap_or_else(|| status.after_provision(&outcome, generation));
-                if desired != *status || !fields.is_empty() {
-                    write =
-                        Box::pin(self.write_status(st, &obj, &status, &desired, &fields, &outcome))
-                            .await;
-                }
-                desired.is_ready()
-            } else {
-                // Status is not ours to write: only its readiness is needed, not the status.
-                desired.map_or_else(|| ResourceStatus::ready_after(&outcome), |d| d.is_ready())
-            };
-            // Ready is announced once the Ready status is in the API (or status is not ours to
-            // write); not Ready at once.
-            let written = write == StatusWrite::Written;
-            if st.was_ready != Some(ready) && (written || !ready) {
-                // Ready is of the generation this pass reconciled: not recorded over a newer
-                // one cached meanwhile (its own pass follows, and says so).
-                let recorded = if ready {
-                    shared.references.mark_ready_at(&st.target, generation)
-                } else {
-                    shared.references.mark_ready(&st.target, false);
-                    true
-                };
-                if recorded {
-                    st.was_ready = Some(ready);
-                }
+        let at = At {
+            generation,
+            deleting,
+            version,
+        };
+        let plan = after_reconcile::plan_status(
+            st.last_outcome.as_ref(),
+            &outcome,
+            at,
+            !fields.is_empty(),
+            &status,
+            desired,
+            shared.write_status,
+        );
+        let ready = plan.ready();
+        let write = match &plan {
+            StatusPlan::Write { desired } => {
+                Box::pin(self.write_status(st, &obj, &status, desired, &fields, &outcome)).await
             }
-            // Key the cache on the version the pass ended with (our own status write, if any).
-            // A write that did not land is not cached: the next pass computes and writes again,
-            // and a retry is scheduled below even if the outcome itself would wait for a change
-            // (after a conflict soon; after a failure with the error backoff).
-            if written {
-                let end_version = st.object.as_deref().and_then(version_of);
-                st.last_outcome = Some(OutcomeKey::of(&outcome, generation, deleting, end_version));
-            } else {
-                st.last_outcome = None;
-            }
-            if write == StatusWrite::Conflicted {
-                let retry = shared
+            StatusPlan::Unchanged | StatusPlan::Leave { .. } => StatusWrite::Written,
+        };
+        let next = after_reconcile::after_write(
+            Ended {
+                outcome: &outcome,
+                ready,
+                write,
+                announced: st.was_ready,
+                saw_others,
+            },
+            Delays {
+                yield_delay: shared.policy.yield_delay,
+                dependency_poll: shared.policy.dependency_poll,
+                conflict_retry: shared
                     .policy
                     .error_backoff
                     .min
-                    .max(Duration::from_millis(10));
-                self.schedule_wake(myself, st, retry);
+                    .max(Duration::from_millis(10)),
+            },
+        );
+        if let Some(ready) = next.announce {
+            // Ready is of the generation this reconcile reconciled: not recorded over a newer
+            // one cached meanwhile (its own reconcile follows, and says so).
+            let recorded = if ready {
+                shared.references.mark_ready_at(&st.target, generation)
+            } else {
+                shared.references.mark_ready(&st.target, false);
+                true
+            };
+            if recorded {
+                st.was_ready = Some(ready);
             }
         }
-
-        // A failed pass backs off, and so does a failed status write, so a write the API server
-        // keeps refusing (an invalid status, a missing permission) is not retried at a fixed
-        // pace. A done or yielding pass whose status landed resets the backoff.
-        // A refused status write waits for the backoff alone: the outcome's own wake-up (a
-        // yield's short delay) would otherwise send the refused write again at the yield's pace.
-        let write_failed = write == StatusWrite::Failed;
-        if write_failed || matches!(outcome, Outcome::Failed { .. }) {
-            let retry = self.next_error_backoff(st);
-            self.schedule_wake(myself, st, retry);
-        } else if matches!(outcome, Outcome::Done | Outcome::Yield { .. }) {
-            st.error_backoff = None;
-            st.error_attempts = 0;
+        // Keyed on the version the reconcile ended with (its own status write, if any).
+        match next.remember {
+            Some(true) => {
+                let end_version = st.object.as_deref().and_then(version_of);
+                st.last_outcome = Some(OutcomeKey::of(&outcome, generation, deleting, end_version));
+            }
+            Some(false) => st.last_outcome = None,
+            None => {}
         }
-        let delay = match &outcome {
-            _ if write_failed => None,
-            Outcome::Done => {
+        if let Some(retry) = next.retry {
+            self.schedule_wake(myself, st, retry);
+        }
+        match next.backoff {
+            Backoff::Grow => {
+                let retry = self.next_error_backoff(st);
+                self.schedule_wake(myself, st, retry);
+            }
+            Backoff::Reset => {
+                st.error_backoff = None;
+                st.error_attempts = 0;
+            }
+            Backoff::Keep => {}
+        }
+        let wake = match next.wake {
+            Some(Wake::After(d)) => Some(d),
+            Some(Wake::Poll) => {
                 let seed = shared
                     .policy
                     .seed
@@ -797,14 +804,12 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .or(shared.policy.poll_interval)
                     .map(|p| jitter(p, shared.policy.poll_jitter, seed))
             }
-            Outcome::Yield { after, .. } => Some(after.unwrap_or(shared.policy.yield_delay)),
-            Outcome::Waiting { .. } => Some(shared.policy.dependency_poll),
-            Outcome::Terminal(_) | Outcome::UserActionRequired(_) | Outcome::Failed { .. } => None,
+            None => None,
         };
-        if let Some(d) = delay {
+        if let Some(d) = wake {
             self.schedule_wake(myself, st, d);
         }
-        if saw_others {
+        if next.run_again {
             // A step's write met someone else's: run again on what they wrote.
             st.trigger_run(myself);
         }
@@ -1109,17 +1114,6 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
         StatusWrite::Written
     }
-}
-
-/// What became of a reconcile's status write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StatusWrite {
-    /// Written, or nothing to write (unchanged, or the object is gone).
-    Written,
-    /// Refused with a conflict: the object changed since the reconcile read it.
-    Conflicted,
-    /// Failed otherwise (the API server refused it, or did not answer).
-    Failed,
 }
 
 /// What a reconcile produced, and the status it computed on the way (deletion computes its own).
