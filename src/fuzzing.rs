@@ -30,7 +30,7 @@ pub fn restart_decisions(
     gaps: &[std::time::Duration],
     seed: u64,
 ) -> Vec<Option<std::time::Duration>> {
-    use crate::actors::restarts::{AfterFailure, RestartTracker};
+    use crate::policy::restarts::{AfterFailure, RestartTracker};
     let mut tracker = RestartTracker::default();
     let mut now = tokio::time::Instant::now();
     let mut decisions = Vec::new();

@@ -39,10 +39,10 @@ use super::object_map::ObjectMap;
 use super::passive_state::Kept;
 use super::passive_timers::PassiveTimers;
 use super::resource::{ResourceActor, ResourceArgs, key_hash};
-use super::restarts::{AfterFailure, Escalation, RestartTracker};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::policy::Exhausted;
+use crate::policy::restarts::{AfterFailure, Escalation, RestartTracker};
 use crate::scheduling::ActivationQueue;
 
 /// Past the live-actor cap, one activation still starts this often (see

@@ -14,7 +14,6 @@
 //! | `kind_view.rs` | a kind as the reference index sees it: readiness, existence, notification |
 //! | `root.rs` | the root actor, parent of every manager; escalations end there |
 //! | `manager.rs` | the manager supervisor: message handling, supervision, activation |
-//! | `restarts.rs` | restart intensity and backoff per object (plain data), [`Escalation`] |
 //! | `object_map.rs` | the manager's entry per known object, by name and namespace |
 //! | `passive_state.rs` | what the manager keeps of a passive object, small when nothing is pending (plain data) |
 //! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
@@ -84,10 +83,8 @@ mod passive_timers;
 pub(crate) mod resource;
 #[cfg(all(test, feature = "cluster"))]
 mod resource_tests;
-pub(crate) mod restarts;
 mod root;
 pub(crate) use root::{ManagerFailure, Root};
-mod run_deadline;
 #[cfg(all(test, feature = "cluster"))]
 pub(crate) mod testing;
 pub(crate) use crate::cache::KindStore;

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::mailbox::Mailbox;
-use super::{ManagedResource, Metrics, Shared, run_deadline, version_of, writes};
+use super::{ManagedResource, Metrics, Shared, version_of, writes};
 use crate::after_reconcile::{
     self, At, Backoff, Delays, Ended, OutcomeKey, StatusPlan, StatusWrite, Wake,
 };
@@ -38,6 +38,7 @@ use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPerm
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;
 use crate::scheduling::PendingWakeUp;
+use crate::scheduling::deadline as run_deadline;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
 /// The actor behaviour; all per-object data is in [`ResourceState`].

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::watch;
 
-use super::restarts::Escalation;
+use crate::policy::restarts::Escalation;
 
 /// Why a manager stopped the runtime.
 #[derive(Clone, Debug)]

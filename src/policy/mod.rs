@@ -53,6 +53,7 @@
 //! | `lease_retry_period` | 2 s | leader election and sharding: how often candidates try and holders renew |
 
 mod kind;
+pub(crate) mod restarts;
 
 pub use kind::KindPolicy;
 

@@ -36,10 +36,10 @@ pub use controller::Controller;
 pub use handle::RuntimeHandle;
 
 pub use crate::actors::HookError;
-pub use crate::actors::restarts::Escalation;
 pub use crate::counters::{
     HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, ReconcileResult,
 };
+pub use crate::policy::restarts::Escalation;
 
 /// The finalizer the runtime puts on every object it provisions (configurable).
 pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";

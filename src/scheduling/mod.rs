@@ -1,5 +1,6 @@
 //! When reconciles start: the run slots every reconcile needs, who gets the next one, the
-//! timer task that delivers wake-ups with their slots, and the manager's activation queue.
+//! timer task that delivers wake-ups with their slots, the manager's activation queue, and a
+//! reconcile's deadline.
 //! Plain data and one tokio task each; nothing here knows an actor's state, only the
 //! [`ActorRef`](ractor::ActorRef) a delivery goes to.
 //!
@@ -9,11 +10,13 @@
 //! | `timers.rs` | the timer task: delivers wake-ups at their deadline, hands out run slots ([`Timers`]) |
 //! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
 //! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
+//! | `deadline.rs` | a reconcile stopped at the policy's `reconcile_timeout` |
 //!
 //! The words (run slot, wake-up, activation, held back) are the glossary's in
 //! [`crate::actors`].
 
 mod activation_queue;
+pub(crate) mod deadline;
 mod slots;
 mod timers;
 mod wake_up;
