@@ -55,7 +55,7 @@ pub fn error_backoff(
     n: usize,
     seed: Option<u64>,
 ) -> Vec<std::time::Duration> {
-    let mut sequence = crate::actors::resource::error_backoff(policy, seed, attempts);
+    let mut sequence = crate::actors::resource_actor::error_backoff(policy, seed, attempts);
     (0..n)
         .map(|_| sequence.next().unwrap_or(policy.max))
         .collect()

@@ -38,7 +38,7 @@ use super::mailbox::{self, MailWaiting, Mailbox};
 use super::object_map::ObjectMap;
 use super::passive_state::Kept;
 use super::passive_timers::PassiveTimers;
-use super::resource::{ResourceActor, ResourceArgs, key_hash};
+use super::resource_actor::{ResourceActor, ResourceArgs, key_hash};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::policy::Exhausted;

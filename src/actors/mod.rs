@@ -6,7 +6,7 @@
 //!
 //! Follow one watch event: `kind.rs` starts a kind (its watches, its manager), `feeder.rs`
 //! turns the event into a message, `manager.rs` routes it to the object's actor,
-//! `resource.rs` runs the reconcile, `writes.rs` writes its status.
+//! `resource_actor/reconcile.rs` runs the reconcile, `writes.rs` writes its status.
 //!
 //! | file | what it holds |
 //! |---|---|
@@ -18,7 +18,7 @@
 //! | `passive_state.rs` | what the manager keeps of a passive object, small when nothing is pending (plain data) |
 //! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
-//! | `resource.rs` | the resource actor: one reconcile at a time, coalescing, passivation |
+//! | `resource_actor/` | the resource actor: its messages (`mod.rs`), activation and passivation (`lifecycle.rs`), one reconcile and its status (`reconcile.rs`), deletion (`deletion.rs`) |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
@@ -80,7 +80,7 @@ mod manager_tests;
 mod object_map;
 mod passive_state;
 mod passive_timers;
-pub(crate) mod resource;
+pub(crate) mod resource_actor;
 #[cfg(all(test, feature = "cluster"))]
 mod resource_tests;
 mod root;
