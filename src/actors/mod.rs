@@ -5,7 +5,7 @@
 //! # Where things are
 //!
 //! Follow one watch event: `kind.rs` starts a kind (its watches, its manager), `feeder.rs`
-//! turns the event into a message, `manager.rs` routes it to the object's actor,
+//! turns the event into a message, `manager/` routes it to the object's actor,
 //! `resource_actor/reconcile.rs` runs the reconcile, `writes.rs` writes its status.
 //!
 //! | file | what it holds |
@@ -13,7 +13,7 @@
 //! | `kind.rs` | one kind's start-up: watches, store, manager, triggers, from what [`Controller`](crate::runtime::Controller) collected |
 //! | `kind_view.rs` | a kind as the reference index sees it: readiness, existence, notification |
 //! | `root.rs` | the root actor, parent of every manager; escalations end there |
-//! | `manager.rs` | the manager supervisor: message handling, supervision, activation |
+//! | `manager/` | the manager supervisor: message handling and routing (`mod.rs`), activation, passivation, supervision |
 //! | `object_map.rs` | the manager's entry per known object, by name and namespace |
 //! | `passive_state.rs` | what the manager keeps of a passive object, small when nothing is pending (plain data) |
 //! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
