@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::kind_view::KindView;
 use crate::actors::mailbox::Mailbox;
-use crate::actors::triggers::{ConfigView, SecretTrigger, StartConfigWatch};
+use crate::actors::watches::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::actors::{
     KindMetrics, KindWatch, Manager, ManagerArgs, Metrics, RunSlots, ShardScope, Shared, Timers,
     run_feeder,
@@ -560,7 +560,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     cx.health.clone(),
                     restarts.clone(),
                     move |_| {
-                        tokio::spawn(crate::actors::triggers::watch_secrets(
+                        tokio::spawn(crate::actors::watches::watch_secrets(
                             shared.clone(),
                             api.clone(),
                             mailbox.clone(),

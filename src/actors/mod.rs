@@ -21,7 +21,7 @@
 //! | `resource_actor/` | the resource actor: its messages (`mod.rs`), activation and passivation (`lifecycle.rs`), one reconcile and its status (`reconcile.rs`), deletion (`deletion.rs`) |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
-//! | `triggers.rs` | the watches of a controller's provider config and of the Secrets its objects reference |
+//! | `watches/` | the watches behind a controller's triggers: its provider config (`config.rs`), the Secrets its objects reference (`secrets.rs`), its children and related objects (`related.rs`) |
 //! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the reconcile, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
@@ -88,11 +88,11 @@ pub(crate) use root::{ManagerFailure, Root};
 #[cfg(all(test, feature = "cluster"))]
 pub(crate) mod testing;
 pub(crate) use crate::cache::KindStore;
-pub(crate) mod triggers;
+pub(crate) mod watches;
 #[cfg(all(test, feature = "cluster"))]
-mod triggers_config_tests;
+mod watches_config_tests;
 #[cfg(all(test, feature = "cluster"))]
-mod triggers_tests;
+mod watches_tests;
 mod writes;
 
 use std::sync::Arc;
@@ -145,9 +145,9 @@ pub(crate) struct Shared<K: ManagedResource> {
     /// and event recorder for the actors' own writes.
     pub parts: Arc<ControllerParts>,
     /// The controller's provider config, if it has one.
-    pub config: Option<Arc<dyn triggers::ConfigView>>,
+    pub config: Option<Arc<dyn watches::ConfigView>>,
     /// The controller's Secrets trigger, if it has one.
-    pub secrets: Option<triggers::SecretTrigger<K>>,
+    pub secrets: Option<watches::SecretTrigger<K>>,
     /// With sharding: which objects this replica may run, and their fenced clients.
     pub shards: Option<ShardScope<K>>,
     /// Whether cached objects are pruned ([`crate::cache::prune`]).

@@ -67,7 +67,7 @@ impl<K: ManagedResource> Controller<K> {
                 // Metadata only: the children's contents are never held.
                 let api: Api<PartialObjectMeta<C>> =
                     crate::object_api::kind_api(client, namespace.as_deref());
-                tokio::spawn(crate::actors::triggers::watch_owned(
+                tokio::spawn(crate::actors::watches::watch_owned(
                     shared, api, echoes, manager,
                 ))
             }),
@@ -107,7 +107,7 @@ impl<K: ManagedResource> Controller<K> {
         // The mapper reads objects anyone who can write `R` wrote: a panic in it on one such
         // object maps that object to nothing (an error log names it) instead of ending the
         // watch for every other.
-        let map: crate::actors::triggers::RelatedMap<K, R> = Arc::new(move |r: &R| {
+        let map: crate::actors::watches::RelatedMap<K, R> = Arc::new(move |r: &R| {
             on_untrusted(
                 r,
                 "the watch's mapper",
@@ -128,7 +128,7 @@ impl<K: ManagedResource> Controller<K> {
                 let events = crate::lenient::decoded_only(
                     watcher::watcher(api, watcher::Config::default()).default_backoff(),
                 );
-                tokio::spawn(crate::actors::triggers::watch_related(
+                tokio::spawn(crate::actors::watches::watch_related(
                     shared,
                     events,
                     map.clone(),
@@ -303,7 +303,7 @@ impl<K: ManagedResource> Controller<K> {
             }),
             start: Box::new(move |client| {
                 let client = config.client.clone().unwrap_or_else(|| client.clone());
-                crate::actors::triggers::config_trigger(&client, config)
+                crate::actors::watches::config_trigger(&client, config)
             }),
         });
         self

@@ -11,7 +11,7 @@ use kube::runtime::watcher::Event;
 use tokio::sync::mpsc;
 
 use super::testing::{PassLog, Widget, logging, start_spec, test_policy};
-use super::triggers::{TestInput, drive_related, owners_of};
+use super::watches::{TestInput, drive_related, owners_of};
 use super::{KindSpec, RelatedSpec};
 use crate::provisioners::resource;
 use crate::serial;

@@ -8,11 +8,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use super::triggers::config_trigger;
+use super::watches::config_trigger;
 use crate::cluster::ApiServer;
 use crate::triggers::ConfigRef;
 
-fn data(view: &dyn super::triggers::ConfigView) -> Option<String> {
+fn data(view: &dyn super::watches::ConfigView) -> Option<String> {
     let current = view.current()?;
     let cm = current.downcast_ref::<ConfigMap>()?;
     cm.data.as_ref()?.get("size").cloned()
