@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::testing::{PassLog, logging, start_kind, test_policy};
+use super::test_kind::{PassLog, logging, start_kind, test_policy};
 
 #[tokio::test(start_paused = true)]
 async fn the_echoes_of_the_runtimes_own_writes_run_no_pass() {
@@ -46,7 +46,7 @@ async fn seen_by_a_step(prune: bool) -> (usize, bool) {
     use kube::api::{Api, Patch, PatchParams};
 
     use super::KindSpec;
-    use super::testing::{Widget, start_spec};
+    use super::test_kind::{Widget, start_spec};
     use crate::provisioners::{Context, Outcome, step};
 
     let seen = Arc::new(Mutex::new(None));

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::testing::{PassLog, Widget, logging, start_kind, test_policy};
+use super::test_kind::{PassLog, Widget, logging, start_kind, test_policy};
 use crate::prelude::*;
 
 #[tokio::test(start_paused = true)]

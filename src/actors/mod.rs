@@ -4,13 +4,13 @@
 //!
 //! # Where things are
 //!
-//! Follow one watch event: `kind.rs` starts a kind (its watches, its manager), `feeder.rs`
+//! Follow one watch event: `kind_start.rs` starts a kind (its watches, its manager), `feeder.rs`
 //! turns the event into a message, `manager/` routes it to the object's actor,
 //! `resource_actor/reconcile.rs` runs the reconcile, `writes.rs` writes its status.
 //!
 //! | file | what it holds |
 //! |---|---|
-//! | `kind.rs` | one kind's start-up: watches, store, manager, triggers, from what [`Controller`](crate::runtime::Controller) collected |
+//! | `kind_start.rs` | one kind's start-up: watches, store, manager, triggers, from what [`Controller`](crate::runtime::Controller) collected |
 //! | `kind_view.rs` | a kind as the reference index sees it: readiness, existence, notification |
 //! | `root.rs` | the root actor, parent of every manager; escalations end there |
 //! | `manager/` | the manager supervisor: message handling and routing (`mod.rs`), activation, passivation, supervision |
@@ -22,12 +22,12 @@
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `watches/` | the watches behind a controller's triggers: its provider config (`config.rs`), the Secrets its objects reference (`secrets.rs`), its children and related objects (`related.rs`) |
-//! | `*_tests.rs`, `testing.rs` | the tests of the feeder, the manager and the reconcile, beside them; `testing.rs` starts one kind through `kind.rs` on the in-process API server |
+//! | `*_tests.rs`, `test_kind.rs` | the tests of the feeder, the manager and the reconcile, beside them; `test_kind.rs` starts one kind through `kind_start.rs` on the in-process API server |
 //!
 //! Dependencies run one way: the actors use [`crate::messages`] (plain data),
 //! [`crate::scheduling`], [`crate::policy`], [`crate::provisioners`], [`crate::references`] and [`crate::status`];
 //! none of those imports the actors. [`crate::runtime`] starts them, kind by kind, through
-//! `kind.rs`.
+//! `kind_start.rs`.
 //!
 //! # Glossary
 //!
@@ -67,10 +67,10 @@
 mod feeder;
 #[cfg(all(test, feature = "cluster"))]
 mod feeder_tests;
-mod kind;
+mod kind_start;
 pub(crate) mod mailbox;
-pub use kind::HookError;
-pub(crate) use kind::{
+pub use kind_start::HookError;
+pub(crate) use kind_start::{
     ConfigSpec, KindSpec, RelatedSpec, ShardClients, Start, StartCx, Started, boxed_hook,
 };
 mod kind_view;
@@ -86,7 +86,7 @@ mod resource_tests;
 mod root;
 pub(crate) use root::{ManagerFailure, Root};
 #[cfg(all(test, feature = "cluster"))]
-pub(crate) mod testing;
+pub(crate) mod test_kind;
 pub(crate) use crate::cache::KindStore;
 pub(crate) mod watches;
 #[cfg(all(test, feature = "cluster"))]

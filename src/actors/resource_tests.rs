@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::testing::{PassLog, Widget, start_kind, test_policy};
+use super::test_kind::{PassLog, Widget, start_kind, test_policy};
 use crate::policy::KindPolicy;
 use crate::prelude::*;
 

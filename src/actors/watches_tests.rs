@@ -10,7 +10,7 @@ use kube::core::PartialObjectMetaExt;
 use kube::runtime::watcher::Event;
 use tokio::sync::mpsc;
 
-use super::testing::{PassLog, Widget, logging, start_spec, test_policy};
+use super::test_kind::{PassLog, Widget, logging, start_spec, test_policy};
 use super::watches::{TestInput, drive_related, owners_of};
 use super::{KindSpec, RelatedSpec};
 use crate::provisioners::resource;
@@ -32,7 +32,7 @@ fn child(cm: &ConfigMap, version: &str) -> PartialObjectMeta<ConfigMap> {
 }
 
 /// Objects that write a ConfigMap child each, whose children's watch is the test's.
-async fn started(log: PassLog) -> (super::testing::Kind, mpsc::UnboundedSender<Input>) {
+async fn started(log: PassLog) -> (super::test_kind::Kind, mpsc::UnboundedSender<Input>) {
     let tree = serial![
         logging(log),
         resource("settings", |w: &Widget| ConfigMap {

@@ -229,7 +229,7 @@ fn a_relist_keeps_unchanged_objects_encoded() {
 /// name) clears it, whole or encoded; a new version of the same (its status) keeps it.
 #[test]
 fn the_ready_flag_is_of_one_generation_of_one_object() {
-    use crate::actors::testing::{Widget, WidgetSpec};
+    use crate::actors::test_kind::{Widget, WidgetSpec};
     let (store, mut writers) = KindStore::<Widget>::new(&[None]);
     let key = ObjectRef::new("w").within("ns");
     let version = |uid: &str, generation: i64, rv: &str| {
@@ -265,7 +265,7 @@ fn the_ready_flag_is_of_one_generation_of_one_object() {
 /// of the whole object.
 #[test]
 fn an_encoded_object_s_readiness_is_read_as_the_whole_object_s() {
-    use crate::actors::testing::{Widget, WidgetSpec};
+    use crate::actors::test_kind::{Widget, WidgetSpec};
     use crate::status::{Phase, ReadyReason};
     let (store, mut writers) = KindStore::<Widget>::new(&[None]);
     let ready = ResourceStatus::default().with_ready(

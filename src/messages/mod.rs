@@ -7,9 +7,9 @@
 //! - [`timer`]: [`TimerMsg`], what the timer task delivers, with its [`RunSlot`].
 
 mod manager;
-mod resource;
+mod resource_actor;
 mod timer;
 
 pub(crate) use manager::{MailWaiting, ManagerMsg, PassiveState};
-pub(crate) use resource::{Activation, ResourceMsg};
+pub(crate) use resource_actor::{Activation, ResourceMsg};
 pub(crate) use timer::{RunPermit, RunSlot, TimerMsg};

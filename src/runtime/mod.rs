@@ -25,7 +25,7 @@
 //! | `handle.rs` | [`RuntimeHandle`]: metrics, health, shutdown |
 //!
 //! Each kind's start-up (watch → feeder → manager → actors) is in the actors
-//! (`actors/kind.rs`).
+//! (`actors/kind_start.rs`).
 
 mod builder;
 mod controller;
