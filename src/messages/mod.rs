@@ -3,7 +3,7 @@
 //!
 //! - [`manager`]: [`ManagerMsg`], what a manager supervisor handles (through its mailbox), and
 //!   [`MailWaiting`], the one ractor message that says its mailbox has mail.
-//! - [`resource`]: [`ResourceMsg`], what a resource actor handles, and [`Activation`].
+//! - [`resource_actor`]: [`ResourceMsg`], what a resource actor handles, and [`Activation`].
 //! - [`timer`]: [`TimerMsg`], what the timer task delivers, with its [`RunSlot`].
 
 mod manager;
