@@ -1,0 +1,182 @@
+//! The reference API the provisioners' contexts call ([`ReferenceApi`]), served by the index.
+
+use super::*;
+
+#[async_trait]
+impl ReferenceApi for ReferenceIndex {
+    async fn readiness(&self, from: &Target, target: &Target) -> Readiness {
+        self.readiness_of_target(from, target, None).await
+    }
+
+    async fn readiness_when(
+        &self,
+        from: &Target,
+        target: &Target,
+        when: &ReadyWhen<'_>,
+    ) -> Readiness {
+        self.readiness_of_target(from, target, Some(when)).await
+    }
+
+    /// Retries the guarded write on a conflict (another referrer wrote the target in between:
+    /// normal when many objects reference one target), with jittered backoff, up to
+    /// [`REFERENCE_WRITE_ATTEMPTS`] times; [`ReferenceError::Conflict`] only
+    /// after that.
+    async fn add_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError> {
+        use backon::Retryable;
+        if self.held.get(from).is_some_and(|s| s.contains(target)) {
+            return Ok(());
+        }
+        let backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(5))
+            .with_max_delay(std::time::Duration::from_millis(500))
+            .with_jitter()
+            .with_max_times(REFERENCE_WRITE_ATTEMPTS - 1);
+        (|| self.try_add_reference(from, target))
+            .retry(backoff)
+            .when(|e| matches!(e, ReferenceError::Conflict(_)))
+            .await
+    }
+
+    async fn release_reference(
+        &self,
+        from: &Target,
+        target: &Target,
+    ) -> Result<(), ReferenceError> {
+        self.remove_reference(from, target).await?;
+        if let Some(mut s) = self.held.get_mut(from) {
+            s.remove(target);
+        }
+        self.wake(target);
+        Ok(())
+    }
+
+    async fn hold_references(
+        &self,
+        from: &Target,
+        targets: &[Target],
+    ) -> Result<(), ReferenceError> {
+        // What `from` holds: taken by this runtime, or learned from the targets' annotations
+        // when their kind was first listed (so also what an earlier run took).
+        let held: Vec<Target> = self
+            .held
+            .get(from)
+            .map(|h| h.iter().cloned().collect())
+            .unwrap_or_default();
+        for t in targets {
+            if !held.contains(t) {
+                self.add_reference(from, t).await?;
+            }
+        }
+        for t in held.iter().filter(|t| !targets.contains(t)) {
+            self.release_reference(from, t).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_references(
+        &self,
+        from: &Target,
+        selection: &Selection,
+        names: &BTreeSet<String>,
+    ) -> Result<(), ReferenceError> {
+        let probe = selection.target(selection.namespace.as_deref(), "");
+        let Some(k) = self.kind(&probe) else {
+            return Err(ReferenceError::UnmanagedTarget(probe));
+        };
+        let params = kube::api::ListParams::default().labels(&selection.labels);
+        let selected = k.dynamic_api(&probe).list(&params).await?;
+        // Every name must be in the selection before anything is written.
+        let found: BTreeSet<&str> = selected
+            .items
+            .iter()
+            .filter_map(|o| o.metadata.name.as_deref())
+            .collect();
+        if let Some(missing) = names.iter().find(|n| !found.contains(n.as_str())) {
+            let ns = selection.namespace.as_deref().or(from.namespace.as_deref());
+            return Err(ReferenceError::TargetMissing(selection.target(ns, missing)));
+        }
+        let key = reference_annotation(from);
+        // Adds first, then releases: every write is idempotent, so a pass that fails half-way
+        // is completed by the next one.
+        let mut release = Vec::new();
+        for o in &selected.items {
+            let Some(name) = o.metadata.name.as_deref() else {
+                continue;
+            };
+            let target = selection.target(o.metadata.namespace.as_deref(), name);
+            let carries = o
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(&key));
+            if names.contains(name) {
+                if carries {
+                    self.held.entry(from.clone()).or_default().insert(target);
+                } else {
+                    self.add_reference(from, &target).await?;
+                }
+            } else if carries || self.held.get(from).is_some_and(|h| h.contains(&target)) {
+                release.push(target);
+            }
+        }
+        for target in release {
+            self.release_reference(from, &target).await?;
+        }
+        Ok(())
+    }
+}
+
+impl ReferenceIndex {
+    /// One guarded attempt of [`ReferenceApi::add_reference`].
+    async fn try_add_reference(
+        &self,
+        from: &Target,
+        target: &Target,
+    ) -> Result<(), ReferenceError> {
+        let Some(k) = self.kind(target) else {
+            return Err(ReferenceError::UnmanagedTarget(target.clone()));
+        };
+        let api = k.dynamic_api(target);
+        // A merge patch of one annotation: it cannot conflict with other referrers' writes (a
+        // resourceVersion-guarded write did, under many referrers of one target). The object
+        // it returns tells whether the target's deletion had begun before the write; if so, the
+        // reference is taken back and refused, so no reference is ever added to a target
+        // whose deprovision may already have started. A deletion that begins after the write
+        // sees the reference (its event comes after the write).
+        let current = match api.get_opt(&target.name).await {
+            Ok(Some(o)) => o,
+            Ok(None) => return Err(ReferenceError::TargetMissing(target.clone())),
+            Err(e) => return Err(ReferenceError::Kube(e)),
+        };
+        if current.metadata.deletion_timestamp.is_some() {
+            return Err(ReferenceError::TargetDeleting(target.clone()));
+        }
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { reference_annotation(from): serde_json::to_string(from)? } }
+        });
+        let written = match api
+            .patch(&target.name, &self.patch_params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(o) => o,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(ReferenceError::TargetMissing(target.clone()));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Err(ReferenceError::Conflict(target.clone()));
+            }
+            Err(e) => return Err(ReferenceError::Kube(e)),
+        };
+        if written.metadata.deletion_timestamp.is_some() {
+            if let Err(e) = self.remove_reference(from, target).await {
+                tracing::warn!(from = %from, target = %target, error = %e, "could not take back a reference to a target being deleted");
+            }
+            return Err(ReferenceError::TargetDeleting(target.clone()));
+        }
+        self.held
+            .entry(from.clone())
+            .or_default()
+            .insert(target.clone());
+        Ok(())
+    }
+}
