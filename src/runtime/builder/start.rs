@@ -1,0 +1,187 @@
+//! Start-up ([`RuntimeBuilder::start`]): the probes and metrics first, then the controllers under one root supervisor.
+
+use super::*;
+
+impl RuntimeBuilder {
+    /// The health state, the metrics and the admin server (bound now: a bind failure is a
+    /// start-up error).
+    pub(super) async fn prepare(&mut self) -> Result<Early, Error> {
+        let health = Arc::new(Health::default());
+        let metrics = Arc::new(Metrics::default());
+        #[cfg(feature = "operator")]
+        let (admin, registry) = {
+            let mut registry = self.registry.take().unwrap_or_default();
+            registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
+                metrics: metrics.clone(),
+                health: health.clone(),
+                max_concurrent_reconciles: self.policy.max_concurrent_reconciles as u64,
+            }));
+            let registry = Arc::new(registry);
+            use crate::admin::{AdminLimits, AdminServer, Endpoints};
+            let bind = |addr, endpoints| {
+                AdminServer::bind_with(
+                    addr,
+                    registry.clone(),
+                    health.clone(),
+                    endpoints,
+                    AdminLimits::default(),
+                )
+            };
+            let main_endpoints = if self.metrics_addr.is_some() {
+                Endpoints::Probes
+            } else {
+                Endpoints::All
+            };
+            let admin = AdminServers {
+                main: match self.admin {
+                    Some(addr) => Some(bind(addr, main_endpoints).await?),
+                    None => None,
+                },
+                metrics: match self.metrics_addr {
+                    Some(addr) => Some(bind(addr, Endpoints::Metrics).await?),
+                    None => None,
+                },
+            };
+            (admin, registry)
+        };
+        Ok(Early {
+            health,
+            metrics,
+            #[cfg(feature = "operator")]
+            admin,
+            #[cfg(feature = "operator")]
+            registry,
+        })
+    }
+
+    /// Start every controller; returns a handle to observe and stop the runtime. Fails
+    /// without starting anything when [`RuntimeBuilder::validate`] does.
+    pub async fn start(mut self) -> Result<RuntimeHandle, Error> {
+        self.validate()?;
+        #[cfg(feature = "operator")]
+        if self.leader.is_some() {
+            return Err(Error::Invalid {
+                field: "leader election".into(),
+                problem: "only RuntimeBuilder::run and run_until elect a leader; start() would run unelected"
+                    .into(),
+            });
+        }
+        if let Some(ns) = &self.namespace {
+            for c in &mut self.controllers {
+                c.default_namespace(ns);
+            }
+        }
+        if self.preflight {
+            let own = self.own_rules();
+            let steps = self.step_rules();
+            let missing = crate::rbac::missing_step_permissions(&self.client, &own, &steps).await?;
+            if !missing.is_empty() {
+                return Err(Error::Forbidden(missing));
+            }
+        }
+        let Early {
+            health,
+            metrics,
+            #[cfg(feature = "operator")]
+            admin,
+            #[cfg(feature = "operator")]
+            registry,
+        } = match self.early.take() {
+            Some(early) => early,
+            None => self.prepare().await?,
+        };
+        if !self.crds.is_empty() {
+            crate::crds::install(
+                self.client.clone(),
+                &self.crds,
+                &self.field_manager,
+                std::time::Duration::from_secs(60),
+            )
+            .await
+            .map_err(|e| Error::Invalid {
+                field: "CRDs".into(),
+                problem: e.to_string(),
+            })?;
+        }
+        let (tx, escalated) = watch::channel(None);
+        let (root, root_task) = Actor::spawn(None, Root, tx)
+            .await
+            .map_err(|e| Error::Spawn {
+                actor: "root supervisor".into(),
+                source: Box::new(e),
+            })?;
+        health.add_supervisor(root.get_cell());
+        let references = ReferenceIndex::for_runtime(
+            &self.field_manager,
+            self.client.clone(),
+            self.policy.dependency_watch_idle,
+        );
+        let _ = metrics.reference_index.set(Arc::downgrade(&references));
+        let shards = self.sharding.as_ref().map(|s| {
+            let shards = Arc::new(Shards::new(s.shards));
+            let clients: ShardClients =
+                crate::sharding::fenced_clients(&self.client, &shards).into();
+            health.set_shards(shards.clone());
+            (shards, clients, Arc::new(s.clone()))
+        });
+        let cx = StartCx {
+            client: self.client,
+            // Gated (a warm standby): no slot, so no pass and no activation, until it leads.
+            runs: Arc::new(Semaphore::new(if self.gated {
+                0
+            } else {
+                self.policy.max_concurrent_reconciles
+            })),
+            policy: self.policy.clone(),
+            metrics: metrics.clone(),
+            references,
+            finalizer: self.finalizer,
+            field_manager: self.field_manager,
+            reporter: self.reporter,
+            root: root.get_cell(),
+            holder: Arc::from(new_holder_id().as_str()),
+            health: health.clone(),
+            shards,
+        };
+        let mut handle = RuntimeHandle {
+            holder: cx.holder.clone(),
+            started: Vec::new(),
+            runs: cx.runs.clone(),
+            metrics,
+            escalated,
+            references: cx.references.clone(),
+            root,
+            root_task,
+            shutdown_timeout: self.policy.shutdown_timeout,
+            health: health.clone(),
+            keeper: None,
+            #[cfg(feature = "operator")]
+            admin,
+            #[cfg(feature = "operator")]
+            registry,
+        };
+        for c in self.controllers {
+            match c.start(&cx).await {
+                Ok(s) => handle.started.push(s),
+                Err(e) => {
+                    // Stop what already started (a hook or a config probe failed).
+                    handle.shutdown().await;
+                    return Err(e);
+                }
+            }
+        }
+        // The keeper starts once every manager listens for the shards it acquires.
+        if let (Some(sharding), Some((shards, ..))) = (self.sharding, &cx.shards) {
+            let keeper = crate::sharding::keeper::Keeper::new(
+                cx.client.clone(),
+                sharding,
+                shards.clone(),
+                &cx.policy,
+            );
+            let (stop, stopped) = watch::channel(false);
+            handle.keeper = Some((stop, tokio::spawn(keeper.run(stopped))));
+        }
+        health.set_started();
+        Ok(handle)
+    }
+}

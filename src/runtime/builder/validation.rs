@@ -1,0 +1,87 @@
+//! [`RuntimeBuilder::validate`]: the settings checked before anything starts, each error naming its field.
+
+use super::*;
+
+impl RuntimeBuilder {
+    /// Check everything given to the builder, without starting anything: the policies, that
+    /// there is a controller and no kind has two, that each `[kinds.<Kind>]` section of the
+    /// policy names a controller's kind that sets no policy in code, the finalizer name, the
+    /// field manager, and each controller's config. The first problem is an [`Error::Invalid`] naming its field
+    /// (or an [`Error::Policy`] naming the policy's).
+    pub fn validate(&self) -> Result<(), Error> {
+        self.policy.validate()?;
+        if self.controllers.is_empty() {
+            return Err(Error::Invalid {
+                field: "controllers".into(),
+                problem: "no controller is registered (add one with RuntimeBuilder::controller)"
+                    .into(),
+            });
+        }
+        if !crate::names::is_prefixed_qualified_name(&self.finalizer) {
+            return Err(Error::Invalid {
+                field: "finalizer".into(),
+                problem: format!(
+                    "{:?} is not a qualified name with a prefix, like example.com/finalizer",
+                    self.finalizer
+                ),
+            });
+        }
+        if self.field_manager.is_empty() || self.field_manager.len() > 128 {
+            return Err(Error::Invalid {
+                field: "field_manager".into(),
+                problem: "must be 1 to 128 characters".into(),
+            });
+        }
+        let mut kinds = std::collections::HashSet::new();
+        for c in &self.controllers {
+            let (api_version, kind) = c.kind();
+            if !kinds.insert((api_version.clone(), kind.clone())) {
+                return Err(Error::Invalid {
+                    field: format!("controller {kind}"),
+                    problem: format!(
+                        "{api_version} {kind} is registered twice; one controller per kind"
+                    ),
+                });
+            }
+            if c.has_own_policy() && self.policy.kinds.contains_key(&kind) {
+                return Err(Error::Invalid {
+                    field: format!("policy of the {kind} controller"),
+                    problem: format!(
+                        "set both in code (Controller::policy) and by the policy's [kinds.{kind}] section; keep one"
+                    ),
+                });
+            }
+            c.validate()?;
+        }
+        if let Some(kind) = self
+            .policy
+            .kinds
+            .keys()
+            .find(|k| !kinds.iter().any(|(_, kind)| kind == *k))
+        {
+            return Err(Error::Invalid {
+                field: format!("policy section kinds.{kind}"),
+                problem: format!("no controller of kind {kind} is registered"),
+            });
+        }
+        if let Some(sharding) = &self.sharding {
+            sharding.validate(&self.policy)?;
+            if sharding.watch == crate::sharding::ShardWatch::ServerSide
+                && let Some(c) = self.controllers.iter().find(|c| c.has_shard_key())
+            {
+                return Err(Error::Invalid {
+                    field: format!("shard key of the {} controller", c.kind().1),
+                    problem: "ShardWatch::ServerSide places objects by their uid (the API server's selection); a shard key cannot be used with it".into(),
+                });
+            }
+            #[cfg(feature = "operator")]
+            if self.leader.is_some() {
+                return Err(Error::Invalid {
+                    field: "sharding".into(),
+                    problem: "sharding and leader election exclude each other (one shard is the same as leading)".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
