@@ -21,7 +21,7 @@
 //! | file | what it holds |
 //! |---|---|
 //! | `controller.rs` | [`Controller`]: one kind, its tree and options |
-//! | `builder.rs` | [`Runtime`], [`RuntimeBuilder`]: checks, roles, start, run until a signal |
+//! | `builder.rs`, `builder/` | [`Runtime`], [`RuntimeBuilder`]: its options (`builder.rs`), the roles it needs (`roles.rs`), the checks (`validation.rs`), start-up (`start.rs`), running until a signal, on standby for the Lease (`standby.rs`) |
 //! | `handle.rs` | [`RuntimeHandle`]: metrics, health, shutdown |
 //!
 //! Each kind's start-up (watch → feeder → manager → actors) is in the actors
