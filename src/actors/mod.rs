@@ -16,7 +16,6 @@
 //! | `manager/` | the manager supervisor: message handling and routing (`mod.rs`), activation, passivation, supervision |
 //! | `object_map.rs` | the manager's entry per known object, by name and namespace |
 //! | `passive_state.rs` | what the manager keeps of a passive object, small when nothing is pending (plain data) |
-//! | `passive_timers.rs` | the wake-ups of passive objects, one task per manager |
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
 //! | `resource_actor/` | the resource actor: its messages (`mod.rs`), activation and passivation (`lifecycle.rs`), one reconcile and its status (`reconcile.rs`), deletion (`deletion.rs`) |
 //! | `writes.rs` | every API write of the actors: finalizer, status, Events |
@@ -79,7 +78,6 @@ mod manager;
 mod manager_tests;
 mod object_map;
 mod passive_state;
-mod passive_timers;
 pub(crate) mod resource_actor;
 #[cfg(all(test, feature = "cluster"))]
 mod resource_tests;

@@ -10,6 +10,7 @@
 //! | `timers.rs` | the timer task: delivers wake-ups at their deadline, hands out run slots ([`Timers`]) |
 //! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
 //! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
+//! | `passive_timers.rs` | the wake-ups of passive objects (no actor), one task per manager |
 //! | `deadline.rs` | a reconcile stopped at the policy's `reconcile_timeout` |
 //!
 //! The words (run slot, wake-up, activation, held back) are the glossary's in
@@ -17,11 +18,13 @@
 
 mod activation_queue;
 pub(crate) mod deadline;
+mod passive_timers;
 mod slots;
 mod timers;
 mod wake_up;
 
 pub(crate) use activation_queue::ActivationQueue;
+pub(crate) use passive_timers::PassiveTimers;
 pub(crate) use slots::RunSlots;
 #[cfg(feature = "bench-internals")]
 pub use timers::Timers;

@@ -38,13 +38,13 @@ use tokio::time::Instant;
 use super::mailbox::{self, MailWaiting, Mailbox};
 use super::object_map::ObjectMap;
 use super::passive_state::Kept;
-use super::passive_timers::PassiveTimers;
 use super::resource_actor::{ResourceActor, ResourceArgs, key_hash};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of, writes};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::policy::Exhausted;
 use crate::policy::restarts::{AfterFailure, Escalation, RestartTracker};
 use crate::scheduling::ActivationQueue;
+use crate::scheduling::PassiveTimers;
 
 mod activation;
 mod passivation;
@@ -394,7 +394,10 @@ impl<K: ManagedResource> Actor for Manager<K> {
         let me = args.mailbox.bind(myself);
         Ok(ManagerState {
             rx: args.rx,
-            passive_timers: PassiveTimers::start(me.clone()),
+            passive_timers: PassiveTimers::start({
+                let me = me.clone();
+                move |key, token| me.send(ManagerMsg::PassiveWake(key, token))
+            }),
             me,
             objects: ObjectMap::default(),
             ids: FastMap::default(),

@@ -1,6 +1,6 @@
 //! The wake-ups of passivated objects (a poll, an error retry, a dependency's fallback re-check):
 //! one task per manager keeps them all in one tokio-util [`DelayQueue`] and tells the manager
-//! ([`ManagerMsg::PassiveWake`]) when one is due.
+//! (through the function it was started with) when one is due.
 //!
 //! A passive object has no actor, so the resource actors' [`Timers`](super::Timers) (keyed by
 //! actor) cannot hold its wake-up. A sleeping task per passive object could, but costs a task's
@@ -17,9 +17,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use super::mailbox::Mailbox;
-use super::{FastMap, ManagedResource};
-use crate::messages::ManagerMsg;
+use crate::ManagedResource;
+use crate::hash::FastMap;
 
 enum Cmd<K: ManagedResource> {
     /// Wake `key` at `at` with `token`, replacing any pending wake-up of `key`.
@@ -38,20 +37,20 @@ pub(crate) struct PassiveTimers<K: ManagedResource> {
 }
 
 impl<K: ManagedResource> PassiveTimers<K> {
-    /// Start the task; due wake-ups go to `manager`. It ends when this handle is dropped.
-    pub(crate) fn start(manager: Mailbox<ManagerMsg<K>>) -> Self {
+    /// Start the task; a due wake-up calls `wake(key, token)`. It ends when this handle is
+    /// dropped, or when `wake` answers `false` (the manager is gone).
+    pub(crate) fn start(wake: impl Fn(ObjectRef<K>, u64) -> bool + Send + 'static) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         // Outside the cooperative budget, like the resource actors' timer task: under load a
         // budgeted task waits a whole scheduler turn per 128 operations.
-        tokio::spawn(tokio::task::unconstrained(run(rx, manager)));
+        tokio::spawn(tokio::task::unconstrained(run(rx, wake)));
         PassiveTimers {
             tx,
             buffered: Vec::new(),
         }
     }
 
-    /// Send [`ManagerMsg::PassiveWake`]`(key, token)` in `after`, unless re-armed or cancelled
-    /// first.
+    /// Call `wake(key, token)` in `after`, unless re-armed or cancelled first.
     pub(crate) fn arm(&mut self, key: ObjectRef<K>, token: u64, after: Duration) {
         self.buffered.push(Cmd::Arm(
             key,
@@ -76,7 +75,7 @@ impl<K: ManagedResource> PassiveTimers<K> {
 
 async fn run<K: ManagedResource>(
     mut rx: mpsc::UnboundedReceiver<Vec<Cmd<K>>>,
-    manager: Mailbox<ManagerMsg<K>>,
+    wake: impl Fn(ObjectRef<K>, u64) -> bool,
 ) {
     let mut queue: DelayQueue<(Arc<ObjectRef<K>>, u64)> = DelayQueue::new();
     let mut pending: FastMap<Arc<ObjectRef<K>>, delay_queue::Key> = FastMap::default();
@@ -111,7 +110,7 @@ async fn run<K: ManagedResource>(
                     pending.shrink_to(2 * pending.len());
                 }
                 let key = Arc::unwrap_or_clone(key);
-                if !manager.send(ManagerMsg::PassiveWake(key, token)) {
+                if !wake(key, token) {
                     return; // the manager is gone
                 }
             }
@@ -122,8 +121,8 @@ async fn run<K: ManagedResource>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actors::mailbox::tests::Sink;
     use k8s_openapi::api::core::v1::ConfigMap;
+    use std::sync::Mutex;
 
     fn key(name: &str) -> ObjectRef<ConfigMap> {
         ObjectRef::new(name).within("default")
@@ -131,9 +130,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn due_wake_ups_arrive_once_with_their_token_and_rearming_or_cancelling_replaces_them() {
-        let sink = Sink::<ManagerMsg<ConfigMap>>::spawn().await;
-        let seen = sink.seen.clone();
-        let mut timers = PassiveTimers::start(sink.mailbox.clone());
+        let seen: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+        let mut timers = PassiveTimers::start({
+            let seen = seen.clone();
+            move |k: ObjectRef<ConfigMap>, t| {
+                seen.lock().unwrap().push((k.name, t));
+                true
+            }
+        });
         timers.arm(key("a"), 1, Duration::from_secs(10));
         timers.arm(key("b"), 2, Duration::from_secs(20));
         timers.arm(key("a"), 3, Duration::from_secs(30)); // replaces a's first
@@ -141,16 +145,7 @@ mod tests {
         timers.arm(key("c"), 4, Duration::from_secs(5));
         timers.cancel(key("never-armed"));
         timers.flush();
-        let woken = || -> Vec<(String, u64)> {
-            seen.lock()
-                .unwrap()
-                .iter()
-                .map(|m| match m {
-                    ManagerMsg::PassiveWake(k, t) => (k.name.clone(), *t),
-                    other => panic!("unexpected {other:?}"),
-                })
-                .collect()
-        };
+        let woken = || -> Vec<(String, u64)> { seen.lock().unwrap().clone() };
         tokio::time::sleep(Duration::from_secs(6)).await;
         assert_eq!(woken(), [("c".to_string(), 4)]);
         tokio::time::sleep(Duration::from_secs(20)).await;
