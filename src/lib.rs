@@ -103,6 +103,7 @@ pub mod telemetry;
 pub mod testing;
 pub mod triggers;
 mod watch_tasks;
+mod writes;
 
 pub use object_api::KindScope;
 

@@ -151,7 +151,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     };
     // With `ShardWatch::HeldShards` or `ServerSide`: the held shards, and how the watch
     // selects theirs.
-    let view = shared.shards.as_ref().and_then(|s| {
+    let view = shared.io.shards.as_ref().and_then(|s| {
         let by = match (&s.label, &s.server_side_leases) {
             (Some(key), _) if s.selects_by_label => Selects::Label(key.clone()),
             (_, Some(leases)) => Selects::Server(leases.clone()),
@@ -230,7 +230,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
         if server_applies == Some(false) {
             changes = None; // no relist when the held shards change
         }
-        if let Some(scope) = &shared.shards {
+        if let Some(scope) = &shared.io.shards {
             scope.server_selects.store(
                 scope.server_side_leases.is_some() && server_applies != Some(false),
                 Ordering::Release,
@@ -262,7 +262,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                     None => return,
                 },
                 () = next_change(&mut changes) => {
-                    let (Some((shards, _)), Some(scope)) = (&view, &shared.shards) else {
+                    let (Some((shards, _)), Some(scope)) = (&view, &shared.io.shards) else {
                         continue;
                     };
                     let held = shards.claimed();
@@ -332,7 +332,7 @@ fn unplaced_elsewhere<K: ManagedResource>(
     selects: Option<&[bool]>,
     obj: &Lenient<K>,
 ) -> bool {
-    let (Some(scope), Some(selects)) = (&shared.shards, selects) else {
+    let (Some(scope), Some(selects)) = (&shared.io.shards, selects) else {
         return false;
     };
     let selected = |s: u32| selects.get(s as usize).copied().unwrap_or(false);

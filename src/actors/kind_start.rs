@@ -406,24 +406,9 @@ impl<K: ManagedResource> Start for KindSpec<K> {
         }));
         cx.metrics.add_kind(kind_metrics.clone());
         let keyed = self.shard_key.is_some();
-        let shared = Arc::new(Shared {
+        let write_timeout = policy.write_timeout;
+        let io = Arc::new(crate::writes::Io {
             client: Arc::new(cx.client.clone()),
-            tree: self.tree,
-            policy,
-            runs,
-            store,
-            routes: DashMap::default(),
-            finalizer: cx.finalizer.clone(),
-            use_finalizer: self.finalizer,
-            write_status: self.status,
-            metrics: cx.metrics.clone(),
-            kind_metrics: kind_metrics.clone(),
-            status_checks: Default::default(),
-            references: cx.references.clone(),
-            timers,
-            parts,
-            config,
-            secrets: self.secrets.map(SecretTrigger::new),
             shards: cx
                 .shards
                 .as_ref()
@@ -442,6 +427,26 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                         .splits_watches()
                         .then(|| Arc::from(sharding.owner_label_key())),
                 }),
+            parts: parts.clone(),
+            metrics: cx.metrics.clone(),
+            kind_metrics: kind_metrics.clone(),
+            finalizer: cx.finalizer.clone(),
+            write_timeout,
+        });
+        let shared = Arc::new(Shared {
+            io,
+            tree: self.tree,
+            policy,
+            runs,
+            store,
+            routes: DashMap::default(),
+            use_finalizer: self.finalizer,
+            write_status: self.status,
+            status_checks: Default::default(),
+            references: cx.references.clone(),
+            timers,
+            config,
+            secrets: self.secrets.map(SecretTrigger::new),
             prune_cache: self.prune_cache,
             encode_passive: self.encode_passive,
         });

@@ -91,8 +91,8 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
     fn dynamic_api(&self, target: &Target) -> Api<DynamicObject> {
         let ar = ApiResource::erase::<K>(&());
         match &target.namespace {
-            Some(ns) => Api::namespaced_with(Client::clone(&self.shared.client), ns, &ar),
-            None => Api::all_with(Client::clone(&self.shared.client), &ar),
+            Some(ns) => Api::namespaced_with(Client::clone(&self.shared.io.client), ns, &ar),
+            None => Api::all_with(Client::clone(&self.shared.io.client), &ar),
         }
     }
 }

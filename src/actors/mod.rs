@@ -6,7 +6,7 @@
 //!
 //! Follow one watch event: `kind_start.rs` starts a kind (its watches, its manager), `feeder.rs`
 //! turns the event into a message, `manager/` routes it to the object's actor,
-//! `resource_actor/reconcile.rs` runs the reconcile, `writes.rs` writes its status.
+//! `resource_actor/reconcile.rs` runs the reconcile, [`crate::writes`] writes its status.
 //!
 //! | file | what it holds |
 //! |---|---|
@@ -18,7 +18,6 @@
 //! | `passive_state.rs` | what the manager keeps of a passive object, small when nothing is pending (plain data) |
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
 //! | `resource_actor/` | the resource actor: its messages (`mod.rs`), activation and passivation (`lifecycle.rs`), one reconcile and its status (`reconcile.rs`), deletion (`deletion.rs`) |
-//! | `writes.rs` | every API write of the actors: finalizer, status, Events |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
 //! | `watches/` | the watches behind a controller's triggers: its provider config (`config.rs`), the Secrets its objects reference (`secrets.rs`), its children and related objects (`related.rs`) |
 //! | `*_tests.rs`, `test_kind.rs` | the tests of the feeder, the manager and the reconcile, beside them; `test_kind.rs` starts one kind through `kind_start.rs` on the in-process API server |
@@ -91,20 +90,17 @@ pub(crate) mod watches;
 mod watches_config_tests;
 #[cfg(all(test, feature = "cluster"))]
 mod watches_tests;
-mod writes;
 
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use kube::Client;
 use kube::runtime::reflector::ObjectRef;
 use ractor::ActorRef;
 
 use crate::ManagedResource;
 use crate::messages::ResourceMsg;
-use crate::object_api::ObjectApi;
 use crate::policy::SupervisorPolicy;
-use crate::provisioners::{BoxProvisioner, ControllerParts};
+use crate::provisioners::BoxProvisioner;
 use crate::references::ReferenceIndex;
 use crate::sharding::ShardScope;
 
@@ -118,36 +114,28 @@ pub(crate) use crate::hash::FastMap;
 
 /// Everything the manager, its resource actors and its feeder share for one kind.
 pub(crate) struct Shared<K: ManagedResource> {
-    /// Shared with every provisioner `Context` the actors build (no `Client` clone per context).
-    pub client: Arc<Client>,
+    /// What the kind's writes go through: clients (with sharding, per shard), field manager,
+    /// event recorder, finalizer, counters.
+    pub io: Arc<crate::writes::Io<K>>,
     pub tree: BoxProvisioner<K>,
     pub policy: SupervisorPolicy,
     pub runs: RunSlots,
     pub store: KindStore<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
-    pub finalizer: String,
     /// Add the runtime finalizer (and so deprovision on deletion).
     pub use_finalizer: bool,
     /// Write the actorcile status (Ready condition, phase, observedGeneration).
     pub write_status: bool,
-    pub metrics: Arc<Metrics>,
-    /// This controller's own figures (runs by result, durations, Events).
-    pub kind_metrics: Arc<KindMetrics>,
     /// What the runtime found out about the kind's status subresource (served at all, and
     /// keeping what the runtime writes).
-    pub status_checks: writes::StatusChecks,
+    pub status_checks: crate::writes::StatusChecks,
     pub references: Arc<ReferenceIndex>,
     /// Every resource actor's wake-up and idle timers.
     pub timers: Timers<ResourceMsg<K>>,
-    /// What every provisioner context of this kind shares; also the runtime's field manager
-    /// and event recorder for the actors' own writes.
-    pub parts: Arc<ControllerParts>,
     /// The controller's provider config, if it has one.
     pub config: Option<Arc<dyn watches::ConfigView>>,
     /// The controller's Secrets trigger, if it has one.
     pub secrets: Option<watches::SecretTrigger<K>>,
-    /// With sharding: which objects this replica may run, and their fenced clients.
-    pub shards: Option<ShardScope<K>>,
     /// Whether cached objects are pruned ([`crate::cache::prune`]).
     pub prune_cache: bool,
     /// Whether passive objects' cached copies are held encoded ([`KindStore::encode`]).
@@ -155,34 +143,11 @@ pub(crate) struct Shared<K: ManagedResource> {
 }
 
 impl<K: ManagedResource> Shared<K> {
-    /// The API for the object's namespace (or cluster scope), through the client of its
-    /// shard ([`Shared::client_for`]).
-    pub(crate) fn api(&self, obj: &K) -> ObjectApi<K> {
-        ObjectApi::new(
-            Client::clone(self.client_for(obj)),
-            obj.meta().namespace.as_deref(),
-        )
-    }
-
-    /// The client a reconcile of `obj` talks through: with sharding, its shard's, which refuses
-    /// writes once this replica does not hold the shard.
-    pub(crate) fn client_for(&self, obj: &K) -> &Arc<Client> {
-        self.client_where(|scope| scope.shard_of(obj))
-    }
-
-    /// The client of the shard `shard` names (with sharding; else the runtime's).
-    pub(crate) fn client_where(&self, shard: impl FnOnce(&ShardScope<K>) -> u32) -> &Arc<Client> {
-        match &self.shards {
-            Some(scope) => &scope.clients[shard(scope) as usize],
-            None => &self.client,
-        }
-    }
-
     /// Whether this replica runs the object at `key` now: always without sharding; with it,
     /// when it holds the object's shard (an object not in the store counts as run here: there
     /// is nothing of it to run, and its removal is handled as usual).
     pub(crate) fn owns(&self, key: &ObjectRef<K>) -> bool {
-        let Some(scope) = &self.shards else {
+        let Some(scope) = &self.io.shards else {
             return true;
         };
         let obj = scope.needs_object().then(|| self.store.get(key)).flatten();
@@ -202,18 +167,13 @@ impl<K: ManagedResource> Shared<K> {
     /// selected by the server, [`crate::sharding::ShardWatch::ServerSide`]) and does not hold
     /// the object's shard (then readiness and existence are asked elsewhere).
     pub(crate) fn in_view(&self, key: &ObjectRef<K>) -> bool {
-        let Some(scope) = self.shards.as_ref().filter(|s| s.selective()) else {
+        let Some(scope) = self.io.shards.as_ref().filter(|s| s.selective()) else {
             return true;
         };
         let obj = scope.needs_object().then(|| self.store.get(key)).flatten();
         scope
             .shard_of_key(key, obj.as_deref())
             .is_some_and(|s| scope.shards.holds(s))
-    }
-
-    /// Patch parameters of every write the actors make: the runtime's field manager.
-    pub(crate) fn patch_params(&self) -> kube::api::PatchParams {
-        crate::object_api::patch_params(&self.parts.field_manager)
     }
 }
 

@@ -39,12 +39,13 @@ use super::mailbox::{self, MailWaiting, Mailbox};
 use super::object_map::ObjectMap;
 use super::passive_state::Kept;
 use super::resource_actor::{ResourceActor, ResourceArgs, key_hash};
-use super::{FastMap, ManagedResource, Metrics, Shared, version_of, writes};
+use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
 use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
 use crate::policy::Exhausted;
 use crate::policy::restarts::{AfterFailure, Escalation, RestartTracker};
 use crate::scheduling::ActivationQueue;
 use crate::scheduling::PassiveTimers;
+use crate::writes;
 
 mod activation;
 mod passivation;
@@ -142,17 +143,17 @@ impl<K: ManagedResource> Manager<K> {
             st.passive_timers.cancel(key.clone());
         }
         if let Some(obj) = self.shared.store.get(&key) {
-            if let Some(scope) = &self.shared.shards
+            if let Some(scope) = &self.shared.io.shards
                 && let Some((held, label, value)) = scope.misplaced(&obj)
             {
                 // Through the labelled shard's client: refused if that shard is lost meanwhile.
                 let client = kube::Client::clone(&scope.clients[held as usize]);
-                let params = self.shared.patch_params();
-                tokio::spawn(super::writes::relabel(
+                let params = self.shared.io.patch_params();
+                tokio::spawn(writes::relabel(
                     client,
                     params,
                     self.shared.policy.write_timeout,
-                    self.shared.metrics.clone(),
+                    self.shared.io.metrics.clone(),
                     obj.clone(),
                     label,
                     value,
@@ -180,7 +181,7 @@ impl<K: ManagedResource> Manager<K> {
     /// live actor) as by a notification. An object labelled for the shard whose key moved it
     /// to another is moved there (through [`Manager::unowned`]).
     fn shard_acquired(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>, shard: u32) {
-        let Some(scope) = &self.shared.shards else {
+        let Some(scope) = &self.shared.io.shards else {
             return;
         };
         for obj in self.shared.store.state() {
@@ -336,7 +337,7 @@ impl<K: ManagedResource> Manager<K> {
                     Some(Life::Restarting)
                 ) {
                     if self.shared.store.contains(&key) {
-                        Metrics::inc(&self.shared.metrics.restarts);
+                        Metrics::inc(&self.shared.io.metrics.restarts);
                         self.activate(myself, st, key, None, false);
                     } else {
                         st.objects.remove(&key);

@@ -34,7 +34,7 @@ impl<K: ManagedResource> Manager<K> {
                 let Some(key) = self.retire(st, cell.get_id()) else {
                     return Ok(());
                 };
-                Metrics::dec(&self.shared.metrics.live_actors);
+                Metrics::dec(&self.shared.io.metrics.live_actors);
                 self.on_failure(st, key, err)?;
             }
             _ => {}
@@ -64,12 +64,12 @@ impl<K: ManagedResource> Manager<K> {
         let delay = match after {
             AfterFailure::Restart { failures, delay } => {
                 tracing::warn!(object = %key, error = %error, failures, "resource actor failed");
-                if self.shared.parts.recorder.is_some()
+                if self.shared.io.parts.recorder.is_some()
                     && let Some(obj) = self.shared.store.get(&key)
                 {
                     let (shared, error) = (self.shared.clone(), error.to_string());
                     tokio::spawn(async move {
-                        writes::publish_restarted(&shared, obj.as_ref(), failures, &error).await;
+                        writes::publish_restarted(&shared.io, obj.as_ref(), failures, &error).await;
                     });
                 }
                 delay
@@ -95,7 +95,7 @@ impl<K: ManagedResource> Manager<K> {
                             generation: obj.as_ref().and_then(|o| o.meta().generation),
                             deleting,
                         };
-                        Metrics::inc(&self.shared.metrics.quarantined);
+                        Metrics::inc(&self.shared.io.metrics.quarantined);
                         // A deleting object cannot change its way out (its deletion is the
                         // change), and waiting forever would leave its finalizer: it is tried
                         // again after the longest error backoff, each time until it fails past
@@ -113,7 +113,7 @@ impl<K: ManagedResource> Manager<K> {
                                     retry.as_secs()
                                 ),
                             };
-                            writes::quarantine_status(self.shared.clone(), obj, message);
+                            writes::quarantine_status(self.shared.io.clone(), obj, message);
                         }
                         let Some(retry) = retry else {
                             return Ok(());

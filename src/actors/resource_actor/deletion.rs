@@ -88,7 +88,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let others: Vec<&String> = obj
             .finalizers()
             .iter()
-            .filter(|f| **f != shared.finalizer)
+            .filter(|f| **f != shared.io.finalizer)
             .collect();
         if shared.write_status && !others.is_empty() {
             let message = format!(
@@ -102,7 +102,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             let desired =
                 status.while_deprovisioning(ReadyReason::Deprovisioned, message, generation);
             if desired != *status {
-                match writes::patch_status(shared, obj.as_ref(), &desired, &Default::default())
+                match writes::patch_status(&shared.io, obj.as_ref(), &desired, &Default::default())
                     .await
                 {
                     Ok(o) => {
@@ -120,7 +120,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
         let held = shared.references.take_held(&target);
-        match writes::remove_finalizer(shared, obj.as_ref()).await {
+        match writes::remove_finalizer(&shared.io, obj.as_ref()).await {
             Ok(left) => {
                 st.released = obj.meta().uid.clone();
                 st.deprovisioned = None;
@@ -130,10 +130,10 @@ impl<K: ManagedResource> ResourceActor<K> {
                         &target,
                         held,
                         shared.policy.write_timeout,
-                        &shared.metrics.write_timeouts,
+                        &shared.io.metrics.write_timeouts,
                     )
                     .await;
-                writes::publish_released(shared, obj.as_ref()).await;
+                writes::publish_released(&shared.io, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a pass deprovision it again.
                 match left {
@@ -179,7 +179,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.cx = None;
         st.last_outcome = None;
         if crate::triggers::is_ignored(&u.meta) {
-            Metrics::inc(&shared.metrics.ignored);
+            Metrics::inc(&shared.io.metrics.ignored);
             return None;
         }
         let deleting = u.meta.deletion_timestamp.is_some();
@@ -188,7 +188,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             .finalizers
             .iter()
             .flatten()
-            .any(|f| f == &shared.finalizer);
+            .any(|f| f == &shared.io.finalizer);
         if deleting && !ours {
             return None; // never provisioned by us: nothing of ours to undo
         }
@@ -201,7 +201,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         if deleting {
             message.push_str(&format!(
                 "; its deletion waits: deprovisioning needs the object's spec (change the object to one the operator can read, or remove the finalizer {} by hand to abandon what it provisioned)",
-                shared.finalizer
+                shared.io.finalizer
             ));
         }
         let current = u.status.clone().unwrap_or_default();
@@ -215,7 +215,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let transition =
             current.ready().map(|c| c.reason.as_str()) != Some(ReadyReason::Undecodable.as_str());
         if shared.write_status && desired != current {
-            match writes::patch_undecodable_status(shared, &u, &desired).await {
+            match writes::patch_undecodable_status(&shared.io, &u, &desired).await {
                 Ok(written) => {
                     if let Some(v) = version_of(&written) {
                         st.own_writes.push(v);
@@ -231,7 +231,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
         if transition {
-            writes::publish_undecodable(shared, &u, message).await;
+            writes::publish_undecodable(&shared.io, &u, message).await;
         }
         Some(ReconcileResult::Terminal)
     }

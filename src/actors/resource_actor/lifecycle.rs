@@ -59,7 +59,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         activation: Activation<K>,
         wake: PendingWakeUp,
     ) -> ResourceState<K> {
-        self.shared.metrics.actor_started();
+        self.shared.io.metrics.actor_started();
         let Activation {
             key,
             passive,
@@ -176,7 +176,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         // The manager keeps the wake-up now (the actor's timer would reach the next object).
         self.let_go(myself, st);
-        Metrics::inc(&self.shared.metrics.passivations);
+        Metrics::inc(&self.shared.io.metrics.passivations);
         if !st
             .manager
             .send_back(ManagerMsg::Passivated(myself.clone(), state))
@@ -214,6 +214,6 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.last_outcome = None;
         st.error_backoff = None;
         st.permit = None;
-        Metrics::dec(&self.shared.metrics.live_actors);
+        Metrics::dec(&self.shared.io.metrics.live_actors);
     }
 }

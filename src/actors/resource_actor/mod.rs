@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::mailbox::Mailbox;
-use super::{ManagedResource, Metrics, Shared, version_of, writes};
+use super::{ManagedResource, Metrics, Shared, version_of};
 use crate::after_reconcile::{
     self, At, Backoff, Delays, Ended, OutcomeKey, StatusPlan, StatusWrite, Wake,
 };
@@ -42,6 +42,7 @@ use crate::references::Target;
 use crate::scheduling::PendingWakeUp;
 use crate::scheduling::deadline as run_deadline;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
+use crate::writes;
 
 mod deletion;
 mod lifecycle;
@@ -281,7 +282,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Metrics::inc(&self.shared.metrics.spawns);
+        Metrics::inc(&self.shared.io.metrics.spawns);
         Ok(self.begin(
             &myself,
             args.manager,
@@ -309,7 +310,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
             self.shared.timers.cancel(myself.get_id());
         }
         if st.serving {
-            Metrics::dec(&self.shared.metrics.live_actors);
+            Metrics::dec(&self.shared.io.metrics.live_actors);
         }
         Ok(())
     }

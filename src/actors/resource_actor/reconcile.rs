@@ -10,9 +10,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         status: Arc<ResourceStatus>,
         config: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Context<K> {
-        let client = self.shared.client_for(&obj).clone();
+        let client = self.shared.io.client_for(&obj).clone();
         let child_label = self
             .shared
+            .io
             .shards
             .as_ref()
             .and_then(|s| s.child_label_of(&obj));
@@ -20,7 +21,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             obj,
             client,
             status,
-            self.shared.parts.clone(),
+            self.shared.io.parts.clone(),
             config,
             child_label,
         )
@@ -68,7 +69,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         // With sharding: only while this replica holds the object's shard (see `fenced`).
         let mut fence = None;
-        let shard = match (&self.shared.shards, &st.undecodable, &st.object) {
+        let shard = match (&self.shared.io.shards, &st.undecodable, &st.object) {
             (Some(scope), Some(u), _) => Some((scope, Some(scope.shard_of_undecodable(&u.meta)))),
             (Some(scope), None, Some(obj)) => Some((scope, scope.runnable_shard(obj))),
             _ => None,
@@ -88,13 +89,14 @@ impl<K: ManagedResource> ResourceActor<K> {
         let started = Instant::now();
         if let Some(due) = st.due_since.take() {
             self.shared
+                .io
                 .kind_metrics
                 .due_to_start
                 .observe(started.saturating_duration_since(due));
         }
         let span = tracing::info_span!(
             "reconcile",
-            kind = %self.shared.kind_metrics.kind,
+            kind = %self.shared.io.kind_metrics.kind,
             namespace = st.key.namespace.as_deref().unwrap_or(""),
             name = %st.key.name,
             generation = tracing::field::Empty,
@@ -140,7 +142,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if let Some(result) = result {
             span.record("outcome", result.as_str());
-            self.shared.kind_metrics.ran(result, started.elapsed());
+            self.shared.io.kind_metrics.ran(result, started.elapsed());
         }
     }
 
@@ -180,11 +182,11 @@ impl<K: ManagedResource> ResourceActor<K> {
             // The operator's brake: no pass, no write, until the annotation goes.
             st.last_run_version = version_of(obj.as_ref());
             st.own_writes.clear();
-            Metrics::inc(&shared.metrics.ignored);
+            Metrics::inc(&shared.io.metrics.ignored);
             return None;
         }
         let deleting = obj.meta().deletion_timestamp.is_some();
-        let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.finalizer);
+        let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.io.finalizer);
         // Parsed once per pass: on a yield loop's pass the string is cold memory.
         let mut version = version_of(obj.as_ref());
         st.last_run_version = version;
@@ -194,7 +196,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             // Never provisioned by us, or already cleaned up: nothing of ours to undo.
             return None;
         }
-        let _in_flight = shared.metrics.run_started(deleting);
+        let _in_flight = shared.io.metrics.run_started(deleting);
         let mut status = Self::status_of(st, obj.as_ref(), version);
         let generation = obj.meta().generation;
         // The provider config as the pass starts (`None` inside: the controller has one, and
@@ -212,12 +214,20 @@ impl<K: ManagedResource> ResourceActor<K> {
             let mut pre_failure = None;
             let add_finalizer = shared.use_finalizer && !has_finalizer;
             let label = shared
+                .io
                 .shards
                 .as_ref()
                 .and_then(|s| s.missing_label(obj.as_ref()));
             if add_finalizer || label.is_some() {
                 let label = label.as_ref().map(|(k, v)| (&**k, v.as_str()));
-                match Box::pin(writes::claim(shared, obj.as_ref(), add_finalizer, label)).await {
+                match Box::pin(writes::claim(
+                    &shared.io,
+                    obj.as_ref(),
+                    add_finalizer,
+                    label,
+                ))
+                .await
+                {
                     Ok(o) => {
                         st.record_write(o, shared.prune_cache);
                         obj = st.object.clone().unwrap_or(obj);
@@ -418,10 +428,10 @@ impl<K: ManagedResource> ResourceActor<K> {
     ) -> StatusWrite {
         let shared = &self.shared;
         let transition = desired.ready().map(|c| &c.reason) != status.ready().map(|c| &c.reason);
-        match writes::patch_status(shared, obj, desired, fields).await {
+        match writes::patch_status(&shared.io, obj, desired, fields).await {
             Ok(o) => {
                 if !shared.status_checks.kept(desired, &o) {
-                    writes::publish_status_pruned(shared, &o).await;
+                    writes::publish_status_pruned(&shared.io, &o).await;
                 }
                 if !crate::status::holds_fields(&o, fields) {
                     let names: Vec<&str> = fields.keys().map(String::as_str).collect();
@@ -431,24 +441,24 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
             // The object is gone (nothing to write), or the kind has no status subresource.
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                if shared.status_checks.served::<K>(&shared.client).await {
+                if shared.status_checks.served::<K>(&shared.io.client).await {
                     return StatusWrite::Written;
                 }
-                writes::publish_status_not_served(shared, obj.as_ref()).await;
+                writes::publish_status_not_served(&shared.io, obj.as_ref()).await;
                 return StatusWrite::Failed;
             }
             // Someone else wrote the object since this pass read it: its watch event runs the
             // object again, and that pass writes on what they wrote instead of over it.
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 tracing::debug!(object = %st.target, "status write conflicted; running again");
-                Metrics::inc(&shared.metrics.status_conflicts);
+                Metrics::inc(&shared.io.metrics.status_conflicts);
                 return StatusWrite::Conflicted;
             }
             // Invalid: a validation rule or the schema refuses it. Writing it again unchanged
             // would be refused again, so it backs off (as any failed write) and says why.
             Err(kube::Error::Api(s)) if s.code == 422 => {
-                Metrics::inc(&shared.metrics.status_rejected);
-                writes::publish_status_rejected(shared, obj.as_ref(), &s.message).await;
+                Metrics::inc(&shared.io.metrics.status_rejected);
+                writes::publish_status_rejected(&shared.io, obj.as_ref(), &s.message).await;
                 return StatusWrite::Failed;
             }
             Err(e) => {
@@ -459,10 +469,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         if transition {
             let reason = desired.ready().map_or("", |c| c.reason.as_str());
             if let Some(r) = outcome.reason().filter(|r| !r.has_valid_code()) {
-                writes::publish_invalid_reason(shared, obj.as_ref(), r.code(), reason).await;
+                writes::publish_invalid_reason(&shared.io, obj.as_ref(), r.code(), reason).await;
             }
             let message = desired.ready().map(|c| c.message.as_str());
-            writes::publish_transition(shared, obj.as_ref(), outcome, reason, message).await;
+            writes::publish_transition(&shared.io, obj.as_ref(), outcome, reason, message).await;
         }
         StatusWrite::Written
     }

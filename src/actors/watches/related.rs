@@ -61,6 +61,7 @@ pub(crate) async fn watch_owned<K, C>(
 {
     let map: RelatedMap<K, PartialObjectMeta<C>> = Arc::new(owners_of::<K, PartialObjectMeta<C>>);
     let by_shard = shared
+        .io
         .shards
         .as_ref()
         .and_then(|s| Some((s.shards.clone(), s.child_label.clone()?)));

@@ -1,4 +1,7 @@
-//! Every API write the actors make: the finalizer, the status subresource, and Events.
+//! Every API write the actors make of their objects: the finalizer, the shard label, the status
+//! subresource, and Events; through [`Io`], what a kind's writes go through (its clients, field
+//! manager, event recorder, finalizer, write timeout and counters), and nothing else of the
+//! actors.
 //!
 //! Writes that depend on what the reconcile saw are guarded (a JSON-patch `test` of the
 //! resourceVersion or of the finalizer's index), so a stale reconcile fails here instead of
@@ -12,11 +15,66 @@ use kube::api::Patch;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::{ManagedResource, Metrics, Shared};
+use kube::Client;
+
+use crate::ManagedResource;
+use crate::counters::{KindMetrics, Metrics};
 use crate::lenient::{Lenient, Undecodable};
+use crate::object_api::ObjectApi;
 use crate::object_api::bounded;
+use crate::provisioners::ControllerParts;
 use crate::provisioners::{InvalidReason, Outcome};
+use crate::sharding::ShardScope;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
+
+/// What a kind's writes go through.
+pub(crate) struct Io<K> {
+    /// Shared with every provisioner `Context` the actors build (no `Client` clone per context).
+    pub(crate) client: Arc<Client>,
+    /// With sharding: which objects this replica may run, and their fenced clients.
+    pub(crate) shards: Option<ShardScope<K>>,
+    /// What every provisioner context of this kind shares; also the runtime's field manager
+    /// and event recorder for the actors' own writes.
+    pub(crate) parts: Arc<ControllerParts>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// This controller's own figures (runs by result, durations, Events).
+    pub(crate) kind_metrics: Arc<KindMetrics>,
+    /// The runtime's finalizer.
+    pub(crate) finalizer: String,
+    /// The policy's `write_timeout`: a write of the runtime's own still unanswered then is
+    /// abandoned.
+    pub(crate) write_timeout: Option<Duration>,
+}
+
+impl<K: ManagedResource> Io<K> {
+    /// The API for the object's namespace (or cluster scope), through the client of its
+    /// shard ([`Io::client_for`]).
+    pub(crate) fn api(&self, obj: &K) -> ObjectApi<K> {
+        ObjectApi::new(
+            Client::clone(self.client_for(obj)),
+            obj.meta().namespace.as_deref(),
+        )
+    }
+
+    /// The client a reconcile of `obj` talks through: with sharding, its shard's, which refuses
+    /// writes once this replica does not hold the shard.
+    pub(crate) fn client_for(&self, obj: &K) -> &Arc<Client> {
+        self.client_where(|scope| scope.shard_of(obj))
+    }
+
+    /// The client of the shard `shard` names (with sharding; else the runtime's).
+    pub(crate) fn client_where(&self, shard: impl FnOnce(&ShardScope<K>) -> u32) -> &Arc<Client> {
+        match &self.shards {
+            Some(scope) => &scope.clients[shard(scope) as usize],
+            None => &self.client,
+        }
+    }
+
+    /// Patch parameters of every write the actors make: the runtime's field manager.
+    pub(crate) fn patch_params(&self) -> kube::api::PatchParams {
+        crate::object_api::patch_params(&self.parts.field_manager)
+    }
+}
 
 /// Patch the status subresource of `obj` to `status` and the steps' `fields`, with `obj`'s resourceVersion as a
 /// precondition: the status is computed from `obj`, and writing it over a newer version would
@@ -24,7 +82,7 @@ use crate::status::{Phase, ReadyReason, ResourceStatus};
 /// conflict instead, and the newer version's event runs the object again. Counts the write.
 /// Returns the object as the server left it.
 pub(crate) async fn patch_status<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &K,
     status: &ResourceStatus,
     fields: &serde_json::Map<String, serde_json::Value>,
@@ -35,13 +93,13 @@ pub(crate) async fn patch_status<K: ManagedResource>(
         patch["status"][k] = v.clone();
     }
     patch["metadata"] = json!({"resourceVersion": obj.meta().resource_version});
-    let (api, params) = (shared.api(obj), shared.patch_params());
+    let (api, params) = (io.api(obj), io.patch_params());
     let written = bounded_write(
-        shared,
+        io,
         api.patch_status(&obj.name_any(), &params, &Patch::Merge(patch)),
     )
     .await?;
-    Metrics::inc(&shared.metrics.status_writes);
+    Metrics::inc(&io.metrics.status_writes);
     Ok(written)
 }
 
@@ -49,49 +107,44 @@ pub(crate) async fn patch_status<K: ManagedResource>(
 /// `status`, with its resourceVersion as a precondition, as [`patch_status`] does. Returns the
 /// object as the server left it (decoded leniently: most likely still undecodable).
 pub(crate) async fn patch_undecodable_status<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &Undecodable,
     status: &ResourceStatus,
 ) -> Result<Lenient<K>, kube::Error> {
     let mut patch = status.patch();
     patch["metadata"] = json!({"resourceVersion": obj.meta.resource_version});
-    let client = shared.client_where(|scope| scope.shard_of_undecodable(&obj.meta));
+    let client = io.client_where(|scope| scope.shard_of_undecodable(&obj.meta));
     let api = crate::object_api::ObjectApi::<Lenient<K>>::new(
         kube::Client::clone(client),
         obj.meta.namespace.as_deref(),
     );
     let name = obj.meta.name.as_deref().unwrap_or_default();
     let written = bounded_write(
-        shared,
-        api.patch_status(name, &shared.patch_params(), &Patch::Merge(patch)),
+        io,
+        api.patch_status(name, &io.patch_params(), &Patch::Merge(patch)),
     )
     .await?;
-    Metrics::inc(&shared.metrics.status_writes);
+    Metrics::inc(&io.metrics.status_writes);
     Ok(written)
 }
 
 /// Publish the Warning Event `Undecodable` of an object the kind's type cannot hold.
 pub(crate) async fn publish_undecodable<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &Undecodable,
     message: String,
 ) {
     let obj = Lenient::<K>::Undecodable(Box::new(obj.clone()));
     let reason = ReadyReason::Undecodable.as_str();
-    publish(shared, &obj, EventType::Warning, reason, Some(message)).await;
+    publish(io, &obj, EventType::Warning, reason, Some(message)).await;
 }
 
 /// `write` within the policy's `write_timeout`, an abandoned one counted ([`bounded`]).
 async fn bounded_write<K: ManagedResource, T>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     write: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
-    bounded(
-        shared.policy.write_timeout,
-        &shared.metrics.write_timeouts,
-        write,
-    )
-    .await
+    bounded(io.write_timeout, &io.metrics.write_timeouts, write).await
 }
 
 /// What the runtime found out about the kind's status subresource, for the two mistakes in a
@@ -175,9 +228,9 @@ fn status_pruned<K: ManagedResource>() -> String {
 
 /// Publish `StatusPruned` (Warning): the object's status write was answered without what was
 /// written.
-pub(crate) async fn publish_status_pruned<K: ManagedResource>(shared: &Shared<K>, obj: &K) {
+pub(crate) async fn publish_status_pruned<K: ManagedResource>(io: &Io<K>, obj: &K) {
     let note = Some(status_pruned::<K>());
-    publish(shared, obj, EventType::Warning, "StatusPruned", note).await;
+    publish(io, obj, EventType::Warning, "StatusPruned", note).await;
 }
 
 /// What to do about a kind without a status subresource (logged, and in a Warning Event).
@@ -194,9 +247,9 @@ fn status_not_served<K: ManagedResource>() -> String {
 
 /// Publish `StatusNotServed` (Warning): the object's status write failed because the kind has
 /// no status subresource.
-pub(crate) async fn publish_status_not_served<K: ManagedResource>(shared: &Shared<K>, obj: &K) {
+pub(crate) async fn publish_status_not_served<K: ManagedResource>(io: &Io<K>, obj: &K) {
     let note = Some(status_not_served::<K>());
-    publish(shared, obj, EventType::Warning, "StatusNotServed", note).await;
+    publish(io, obj, EventType::Warning, "StatusNotServed", note).await;
 }
 
 /// The API server refused a status write as invalid (`422`): a CRD validation rule
@@ -205,7 +258,7 @@ pub(crate) async fn publish_status_not_served<K: ManagedResource>(shared: &Share
 /// operator author, not the object's owner) and in a Warning Event `StatusRejected` on the object
 /// that carries the server's message (which names the rule's message).
 pub(crate) async fn publish_status_rejected<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &K,
     message: &str,
 ) {
@@ -217,22 +270,11 @@ pub(crate) async fn publish_status_rejected<K: ManagedResource>(
          schema); retrying with backoff"
     );
     let note = format!("status write refused by the API server: {message}");
-    publish(
-        shared,
-        obj,
-        EventType::Warning,
-        "StatusRejected",
-        Some(note),
-    )
-    .await;
+    publish(io, obj, EventType::Warning, "StatusRejected", Some(note)).await;
 }
 
 /// Write phase Failed / reason Quarantined (best effort, off the manager's mailbox).
-pub(crate) fn quarantine_status<K: ManagedResource>(
-    shared: Arc<Shared<K>>,
-    obj: Arc<K>,
-    message: String,
-) {
+pub(crate) fn quarantine_status<K: ManagedResource>(io: Arc<Io<K>>, obj: Arc<K>, message: String) {
     tokio::spawn(async move {
         let status = ResourceStatus::of(obj.as_ref()).with_ready(
             Phase::Failed,
@@ -241,18 +283,11 @@ pub(crate) fn quarantine_status<K: ManagedResource>(
             message.clone(),
             obj.meta().generation,
         );
-        if let Err(e) = patch_status(&shared, obj.as_ref(), &status, &Default::default()).await {
+        if let Err(e) = patch_status(&io, obj.as_ref(), &status, &Default::default()).await {
             tracing::warn!(error = %e, "could not write quarantine status");
         }
         let reason = ReadyReason::Quarantined.as_str();
-        publish(
-            &shared,
-            obj.as_ref(),
-            EventType::Warning,
-            reason,
-            Some(message),
-        )
-        .await;
+        publish(&io, obj.as_ref(), EventType::Warning, reason, Some(message)).await;
     });
 }
 
@@ -263,7 +298,7 @@ pub(crate) fn quarantine_status<K: ManagedResource>(
 /// none. A transient failure's note names its errors (Events are for operators; status never
 /// carries them).
 pub(crate) async fn publish_transition<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &K,
     outcome: &Outcome,
     reason: &str,
@@ -297,15 +332,15 @@ pub(crate) async fn publish_transition<K: ManagedResource>(
         }
         _ => return,
     };
-    publish(shared, obj, type_, reason, note).await;
+    publish(io, obj, type_, reason, note).await;
 }
 
 /// The object is deprovisioned and its finalizer removed: publish `Released`, and forget its
 /// Event budget.
-pub(crate) async fn publish_released<K: ManagedResource>(shared: &Shared<K>, obj: &K) {
+pub(crate) async fn publish_released<K: ManagedResource>(io: &Io<K>, obj: &K) {
     let note = "deprovisioned; the finalizer is removed".to_string();
-    publish(shared, obj, EventType::Normal, "Released", Some(note)).await;
-    if let Some(recorder) = &shared.parts.recorder {
+    publish(io, obj, EventType::Normal, "Released", Some(note)).await;
+    if let Some(recorder) = &io.parts.recorder {
         recorder.forget(&obj.object_ref(&()));
     }
 }
@@ -313,7 +348,7 @@ pub(crate) async fn publish_released<K: ManagedResource>(shared: &Shared<K>, obj
 /// The object's actor failed and restarts (`Restarted`), or will not be restarted any more
 /// (`Quarantined`, from [`quarantine_status`]).
 pub(crate) async fn publish_restarted<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &K,
     failures: usize,
     error: &str,
@@ -322,13 +357,13 @@ pub(crate) async fn publish_restarted<K: ManagedResource>(
     let error = crate::event_recorder::sanitise(error);
     let note =
         format!("the resource's actor failed ({failures} in the window): {error}; restarting");
-    publish(shared, obj, EventType::Warning, "Restarted", Some(note)).await;
+    publish(io, obj, EventType::Warning, "Restarted", Some(note)).await;
 }
 
 /// A provisioner gave a reason code that is not a valid condition reason: the runtime wrote its
 /// own reason instead. Logged, and published as a Warning Event for the object's owner.
 pub(crate) async fn publish_invalid_reason<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &K,
     code: &str,
     written: &str,
@@ -338,27 +373,27 @@ pub(crate) async fn publish_invalid_reason<K: ManagedResource>(
     };
     tracing::warn!(object = %obj.name_any(), %error, written, "a provisioner gave an invalid condition reason");
     let note = format!("{error}; the Ready condition says {written} instead");
-    publish(shared, obj, EventType::Warning, "InvalidReason", Some(note)).await;
+    publish(io, obj, EventType::Warning, "InvalidReason", Some(note)).await;
 }
 
 async fn publish<K: ManagedResource, R: kube::Resource<DynamicType = ()>>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &R,
     type_: EventType,
     reason: &str,
     note: Option<String>,
 ) {
-    let Some(recorder) = &shared.parts.recorder else {
+    let Some(recorder) = &io.parts.recorder else {
         return;
     };
     let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
     let regarding = obj.object_ref(&());
     if !recorder.admit(&regarding) {
-        Metrics::inc(&shared.kind_metrics.events_dropped);
+        Metrics::inc(&io.kind_metrics.events_dropped);
         tracing::debug!(object = %key, reason, "Event budget spent; not published");
         return;
     }
-    Metrics::inc(&shared.kind_metrics.events);
+    Metrics::inc(&io.kind_metrics.events);
     let action = if obj.meta().deletion_timestamp.is_some() {
         "Deprovision"
     } else {
@@ -373,7 +408,7 @@ async fn publish<K: ManagedResource, R: kube::Resource<DynamicType = ()>>(
         secondary: None,
     };
     let published = recorder.publish(&ev, &regarding);
-    if let Err(e) = bounded_write(shared, published).await {
+    if let Err(e) = bounded_write(io, published).await {
         // Not retried: the status already says what the Event would. Refused Events are worth
         // an operator's look (RBAC, or a name too long for an Event's `<name>.<time>`).
         let key = kube::runtime::reflector::ObjectRef::from_obj(obj);
@@ -384,19 +419,19 @@ async fn publish<K: ManagedResource, R: kube::Resource<DynamicType = ()>>(
 /// Add the runtime finalizer (when `finalizer`) and set the shard label (when `label` is given:
 /// key, value), in one write guarded by the resourceVersion the reconcile saw.
 pub(crate) async fn claim<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &K,
     finalizer: bool,
     label: Option<(&str, &str)>,
 ) -> Result<K, kube::Error> {
-    let (api, params) = (shared.api(obj), shared.patch_params());
+    let (api, params) = (io.api(obj), io.patch_params());
     let rv = obj.meta().resource_version.clone().unwrap_or_default();
     let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
     if finalizer {
         ops.push(if obj.meta().finalizers.is_none() {
-            json!({"op": "add", "path": "/metadata/finalizers", "value": [&shared.finalizer]})
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [&io.finalizer]})
         } else {
-            json!({"op": "add", "path": "/metadata/finalizers/-", "value": &shared.finalizer})
+            json!({"op": "add", "path": "/metadata/finalizers/-", "value": &io.finalizer})
         });
     }
     if let Some((key, value)) = label {
@@ -411,7 +446,7 @@ pub(crate) async fn claim<K: ManagedResource>(
     let patch: json_patch::Patch =
         serde_json::from_value(serde_json::Value::Array(ops)).expect("static JSON patch shape");
     bounded_write(
-        shared,
+        io,
         api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
     )
     .await
@@ -450,10 +485,10 @@ pub(crate) async fn relabel<K: ManagedResource>(
 /// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
 /// as the server left it (`None` if it is gone).
 pub(crate) async fn remove_finalizer<K: ManagedResource>(
-    shared: &Shared<K>,
+    io: &Io<K>,
     obj: &K,
 ) -> Result<Option<K>, kube::Error> {
-    let (api, params, finalizer) = (shared.api(obj), shared.patch_params(), &shared.finalizer);
+    let (api, params, finalizer) = (io.api(obj), io.patch_params(), &io.finalizer);
     let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
         return Ok(None);
     };
@@ -464,7 +499,7 @@ pub(crate) async fn remove_finalizer<K: ManagedResource>(
     ]))
     .expect("static JSON patch shape");
     match bounded_write(
-        shared,
+        io,
         api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),
     )
     .await
