@@ -18,7 +18,7 @@ use kube::runtime::watcher::{self, Event};
 use super::{ManagedResource, Shared};
 use crate::lenient::Lenient;
 use crate::messages::{ManagerMsg, ResourceMsg};
-use crate::sharding::{held_selector, server_side};
+use crate::sharding::{follow, held_selector, server_side};
 
 /// The object's key, without `extra` (resource version, uid): the manager keeps a key per object
 /// for as long as the object exists and clones it into every message about it, and nothing reads
@@ -261,7 +261,7 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                     Some(event) => event,
                     None => return,
                 },
-                () = next_change(&mut changes) => {
+                () = follow::next_change(&mut changes) => {
                     let (Some((shards, _)), Some(scope)) = (&view, &shared.io.shards) else {
                         continue;
                     };
@@ -279,10 +279,10 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
                             watch.apply(&mut writer, event, list, first, &listed);
                         }
                     }
-                    follow_at = self::follow_at(&watched, &held, follow_at, narrow_after);
+                    follow_at = follow::follow_at(&watched, &held, follow_at, narrow_after);
                     continue;
                 }
-                () = sleep_until(follow_at) => break,
+                () = follow::sleep_until(follow_at) => break,
             };
             if let Err(e) = &event
                 && streams
@@ -387,50 +387,6 @@ struct List<K: ManagedResource> {
     /// Of a buffered list: the keys whose object is new or changed against the store, the only
     /// ones routed when it is in (the others' actors have seen them).
     changed: Vec<ObjectRef<K>>,
-}
-
-/// How long the held shards must stay unchanged before the watch follows an acquisition (a
-/// keeper round that takes several shards makes one relist, not one per shard).
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// When a watch of the `watched` shards ends to follow the `held` ones (`at`: when it was to
-/// end before this change): after [`SETTLE`] when a shard is held that it does not select, after
-/// `narrow_after` (or sooner, as before) when it only selects shards no longer held, never when
-/// the two agree.
-pub(super) fn follow_at(
-    watched: &[u32],
-    held: &[u32],
-    at: Option<tokio::time::Instant>,
-    narrow_after: std::time::Duration,
-) -> Option<tokio::time::Instant> {
-    let now = tokio::time::Instant::now();
-    if held.iter().any(|s| !watched.contains(s)) {
-        Some(now + SETTLE)
-    } else if watched.iter().any(|s| !held.contains(s)) {
-        Some(at.map_or(now + narrow_after, |f| f.min(now + narrow_after)))
-    } else {
-        None
-    }
-}
-
-/// Resolves on the next change of the held set; never without a receiver (no
-/// `ShardWatch::HeldShards`) or once its sender is gone. Cancel-safe (`changed` is).
-pub(super) async fn next_change(changes: &mut Option<tokio::sync::watch::Receiver<u64>>) {
-    let changed = match changes {
-        Some(rx) => rx.changed().await.is_ok(),
-        None => false,
-    };
-    if !changed {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// Resolves at `at`; never without one.
-pub(super) async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Told once the kind's first list is in the store (kept across a restarted feeder's runs).

@@ -25,6 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Precondit
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::follow::sleep_until;
 use super::{Sharding, Shards, fnv1a};
 use crate::policy::SupervisorPolicy;
 
@@ -522,13 +523,6 @@ fn is_role(lease: &Lease, role: &str) -> bool {
         .as_ref()
         .and_then(|l| l.get(ROLE_LABEL))
         .is_some_and(|r| r == role)
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,7 @@
 //! ```
 
 mod fence;
+pub(crate) mod follow;
 pub(crate) mod keeper;
 mod scope;
 pub(crate) mod server_side;

@@ -99,10 +99,10 @@ pub(crate) async fn watch_owned<K, C>(
                     Some(event) => related.handle(event),
                     None => return,
                 },
-                () = crate::actors::feeder::next_change(&mut changes) => {
-                    follow_at = crate::actors::feeder::follow_at(&watched, &shards.claimed(), follow_at, narrow_after);
+                () = crate::sharding::follow::next_change(&mut changes) => {
+                    follow_at = crate::sharding::follow::follow_at(&watched, &shards.claimed(), follow_at, narrow_after);
                 }
-                () = crate::actors::feeder::sleep_until(follow_at) => break,
+                () = crate::sharding::follow::sleep_until(follow_at) => break,
             }
         }
     }
