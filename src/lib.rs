@@ -35,24 +35,27 @@
 //!
 //! # Inside (private; read the source)
 //!
+//! `ARCHITECTURE.md` at the repository's root follows one watch event to a status write, file by
+//! file.
+//!
 //! | module | what it holds |
 //! |---|---|
-//! | `actors/` | the manager supervisor, the resource actor, the watch feeder (its `mod.rs` has a file map and a glossary) |
-//! | `after_reconcile/` | what follows a reconcile, as plain data: the status to write, the readiness to announce, the next wake-up, the backoff's step |
-//! | `counters.rs` | the runtime's counters: atomics every controller shares, what the metrics and `RuntimeHandle::metrics` read |
-//! | `cache/` | a kind's cache: a table of objects per watched namespace, its writer, the passive objects' encoding |
-//! | `scheduling/` | when reconciles start: run slots and who gets the next, the timer task, the activation queue |
+//! | `actors/` | the manager supervisor, the resource actor, the watch feeder, the trigger watches (its `mod.rs` has a file map and a glossary) |
 //! | `messages/` | every message the actors exchange, one file per receiver; plain data |
+//! | `cache/` | a kind's cache: a table of objects per watched namespace, its writer, the passive objects' encoding |
+//! | `scheduling/` | when reconciles start: run slots and who gets the next, the timer task, the activation queue, passive objects' wake-ups, a reconcile's deadline |
+//! | `after_reconcile/` | what follows a reconcile, as plain data: the status to write, the readiness to announce, the next wake-up, the backoff's step |
+//! | `writes/` | the actors' API writes: status, finalizer, shard label, Events |
+//! | `counters.rs` | the runtime's counters: atomics every controller shares, what the metrics and `RuntimeHandle::metrics` read |
 //! | `object_api.rs` | the typed API calls of one object's namespace |
 //! | `event_recorder.rs` | a controller's Kubernetes Events: kube-runtime's recorder, split by object |
 //!
 //! Dependencies run one way: `cluster` and `envtest` are crates of their own that know nothing
-//! of the rest; `status`
-//! depends only on `names`; `references` on `status`; `provisioners` on `status`,
-//! `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`; `messages`
-//! and `policy` are plain data; `scheduling` on `messages`; `cache` on `status`; `actors` use all of those; and
-//! `runtime` starts the actors.
-//! The library never imports its command line.
+//! of the rest; `status` depends only on `names`; `references` on `status`; `provisioners` on
+//! `status`, `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`;
+//! `messages` and `policy` are plain data; `cache`, `scheduling`, `sharding`, `counters`,
+//! `after_reconcile` and `writes` import nothing of the actors; `actors` use all of those; and
+//! `runtime` starts the actors. The library never imports its command line.
 #![forbid(unsafe_code)]
 
 mod actors;
