@@ -277,6 +277,28 @@ impl<K: kube::Resource<DynamicType = ()>> SecretIndex<K> {
     }
 }
 
+/// `call`'s answer for `obj`, an object anyone who can write its kind wrote: if `call`
+/// (`what`, the controller's own function) panics on it, an error log names the object and
+/// says `instead`, and `fallback` answers, so one hostile object cannot end a watch.
+pub(crate) fn on_untrusted<R: kube::Resource<DynamicType = ()>, T>(
+    obj: &R,
+    what: &str,
+    instead: &str,
+    call: impl FnOnce() -> T,
+    fallback: impl FnOnce() -> T,
+) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
+        let meta = obj.meta();
+        tracing::error!(
+            kind = %R::kind(&()),
+            namespace = meta.namespace.as_deref().unwrap_or(""),
+            name = meta.name.as_deref().unwrap_or(""),
+            "{what} panicked on this object; {instead}"
+        );
+        fallback()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,26 +335,4 @@ mod tests {
         meta.annotations = Some([(IGNORE_ANNOTATION.to_string(), "true".to_string())].into());
         assert!(is_ignored(&meta));
     }
-}
-
-/// `call`'s answer for `obj`, an object anyone who can write its kind wrote: if `call`
-/// (`what`, the controller's own function) panics on it, an error log names the object and
-/// says `instead`, and `fallback` answers, so one hostile object cannot end a watch.
-pub(crate) fn on_untrusted<R: kube::Resource<DynamicType = ()>, T>(
-    obj: &R,
-    what: &str,
-    instead: &str,
-    call: impl FnOnce() -> T,
-    fallback: impl FnOnce() -> T,
-) -> T {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
-        let meta = obj.meta();
-        tracing::error!(
-            kind = %R::kind(&()),
-            namespace = meta.namespace.as_deref().unwrap_or(""),
-            name = meta.name.as_deref().unwrap_or(""),
-            "{what} panicked on this object; {instead}"
-        );
-        fallback()
-    })
 }
