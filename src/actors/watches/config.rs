@@ -196,6 +196,10 @@ async fn watch_config<C>(
     let set_unreadable = |field: Option<String>| {
         *state.unreadable.lock().unwrap_or_else(|e| e.into_inner()) = field;
     };
+    let undecodable = |u: &crate::lenient::Undecodable| {
+        tracing::error!(config = %key, field = %u.field, "the provider config cannot be decoded as its type; provisioning waits until it can");
+        set_unreadable(Some(u.field.clone()));
+    };
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
@@ -219,8 +223,7 @@ async fn watch_config<C>(
                 continue;
             }
             Event::InitApply(Lenient::Undecodable(u)) => {
-                tracing::error!(config = %key, field = %u.field, "the provider config cannot be decoded as its type; provisioning waits until it can");
-                set_unreadable(Some(u.field.clone()));
+                undecodable(&u);
                 listing = Some(None);
                 continue;
             }
@@ -230,8 +233,7 @@ async fn watch_config<C>(
                 state.set(Some(c));
             }
             Event::Apply(Lenient::Undecodable(u)) => {
-                tracing::error!(config = %key, field = %u.field, "the provider config cannot be decoded as its type; provisioning waits until it can");
-                set_unreadable(Some(u.field.clone()));
+                undecodable(&u);
             }
             Event::Delete(_) => {
                 set_unreadable(None);
