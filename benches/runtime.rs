@@ -1,4 +1,4 @@
-//! Criterion benchmarks of the runtime's hot paths and of how a first pass scales with the
+//! Criterion benchmarks of the runtime's hot paths and of how a first reconcile scales with the
 //! number of objects.
 //!
 //! ```text
@@ -45,7 +45,7 @@ fn hot_paths(c: &mut Criterion) {
         .unwrap();
     let _guard = rt.enter();
 
-    // One provision pass of a small tree (no I/O): the per-run overhead of the combinators.
+    // One provision reconcile of a small tree (no I/O): the per-run overhead of the combinators.
     let cx = Context::new(Arc::new(ConfigMap::default()), offline_client());
     let tree = serial![
         step("a", |_cx: Context<ConfigMap>| async { Outcome::Done }),
@@ -170,9 +170,9 @@ fn routing(c: &mut Criterion) {
     drop(cluster);
 }
 
-/// First pass over N pre-existing objects (spawning every actor included), noop tree.
+/// First reconcile over N pre-existing objects (spawning every actor included), noop tree.
 fn scale(c: &mut Criterion) {
-    let mut group = c.benchmark_group("scale/noop_first_pass");
+    let mut group = c.benchmark_group("scale/noop_first_reconcile");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(20));
     for n in [1_000u64, 10_000, 100_000] {

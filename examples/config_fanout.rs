@@ -2,7 +2,7 @@
 //! one run on the in-process cluster:
 //!
 //! - `actorcile`: `Controller::config` — the change wakes every object (passive ones included),
-//!   and their passes wait for the runtime's run slots (`max_concurrent_reconciles`, 64 by default);
+//!   and their reconciles wait for the runtime's reconcile slots (`max_concurrent_reconciles`, 64 by default);
 //! - `kube-runtime`: the openmcp way — `Controller::reconcile_all_on` with a stream of the
 //!   config's changes enqueues every object at once (kube-runtime's default concurrency: none);
 //! - `kube-runtime, concurrency 64`: the same with the limit actorcile has, for a like-for-like
@@ -174,7 +174,7 @@ struct Figures {
 /// Change the config to version 2 once every object ran with version 1, and measure until every
 /// object ran with version 2.
 async fn measure(name: &'static str, client: &Client, probe: &Probe) -> Figures {
-    wait("the first passes", Duration::from_secs(600), || {
+    wait("the first reconciles", Duration::from_secs(600), || {
         probe.all_saw(1)
     })
     .await;

@@ -361,7 +361,7 @@ mod tests {
         let a = Args::try_parse_from(["op", "--max-concurrent-reconciles", "0"])
             .unwrap()
             .runtime;
-        assert!(a.policy().is_err(), "zero run slots is not a policy");
+        assert!(a.policy().is_err(), "zero reconcile slots is not a policy");
     }
 
     #[test]

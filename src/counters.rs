@@ -11,8 +11,8 @@ use serde::Serialize;
 /// [`Metrics::snapshot`].
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
-    // Every pass touches these from whichever worker runs it: no `runs` counter of its own (it
-    // is the sum of the two below), and peaks are read before they are raised, so a pass makes
+    // Every reconcile touches these from whichever worker runs it: no `runs` counter of its own (it
+    // is the sum of the two below), and peaks are read before they are raised, so a reconcile makes
     // as few read-modify-writes of these shared cache lines as it can.
     pub(crate) provision_reconciles: AtomicU64,
     pub(crate) deprovision_reconciles: AtomicU64,
@@ -128,7 +128,7 @@ impl Metrics {
         kinds.iter().map(|k| k.snapshot()).collect()
     }
 
-    pub(crate) fn run_started(&self, deleting: bool) -> InFlight<'_> {
+    pub(crate) fn reconcile_started(&self, deleting: bool) -> InFlight<'_> {
         if deleting {
             self.deprovision_reconciles.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -334,7 +334,7 @@ pub struct HistogramSnapshot {
     pub buckets: Vec<(f64, u64)>,
 }
 
-/// Reads a kind's gauges: objects cached, wake-ups armed, reconciles waiting for a run slot.
+/// Reads a kind's gauges: objects cached, wake-ups armed, reconciles waiting for a reconcile slot.
 pub(crate) type ReadGauges = Box<dyn Fn() -> (u64, u64, u64) + Send + Sync>;
 
 /// One controller's own figures (the runtime-wide ones are in [`MetricsSnapshot`]).
@@ -369,7 +369,7 @@ impl KindMetrics {
         }
     }
 
-    pub(crate) fn ran(&self, result: ReconcileResult, took: std::time::Duration) {
+    pub(crate) fn reconciled(&self, result: ReconcileResult, took: std::time::Duration) {
         bump(&self.results.local()[result as usize], 1);
         self.run_duration.observe(took);
     }
@@ -405,13 +405,13 @@ pub struct KindMetricsSnapshot {
     /// How long reconciles took.
     pub reconcile_duration: HistogramSnapshot,
     /// From a reconcile becoming due in the object's actor (a watch event with news, a
-    /// notification, a wake-up, an activation) to its start: the wait for a run slot.
+    /// notification, a wake-up, an activation) to its start: the wait for a reconcile slot.
     pub due_to_start: HistogramSnapshot,
     /// Objects of the kind in the runtime's cache.
     pub objects: u64,
     /// Wake-ups armed and not yet due (yields, backoffs, polls) of live actors.
     pub wake_ups: u64,
-    /// Due reconciles and activations waiting for a run slot.
+    /// Due reconciles and activations waiting for a reconcile slot.
     pub waiting: u64,
     /// Kubernetes Events published for the kind's objects.
     pub events: u64,
@@ -472,9 +472,9 @@ mod tests {
                 let k = k.clone();
                 std::thread::spawn(move || {
                     for _ in 0..10 {
-                        k.ran(ReconcileResult::Yield, Duration::from_millis(1));
+                        k.reconciled(ReconcileResult::Yield, Duration::from_millis(1));
                     }
-                    k.ran(ReconcileResult::Failed, Duration::from_millis(1));
+                    k.reconciled(ReconcileResult::Failed, Duration::from_millis(1));
                 })
             })
             .collect();
@@ -482,10 +482,10 @@ mod tests {
             t.join().unwrap();
         }
         let snap = k.snapshot();
-        let runs: std::collections::HashMap<_, _> = snap.reconciles.into_iter().collect();
-        assert_eq!(runs[&ReconcileResult::Yield], 30);
-        assert_eq!(runs[&ReconcileResult::Failed], 3);
-        assert_eq!(runs[&ReconcileResult::Done], 0);
+        let reconciles: std::collections::HashMap<_, _> = snap.reconciles.into_iter().collect();
+        assert_eq!(reconciles[&ReconcileResult::Yield], 30);
+        assert_eq!(reconciles[&ReconcileResult::Failed], 3);
+        assert_eq!(reconciles[&ReconcileResult::Done], 0);
         assert_eq!(snap.reconcile_duration.count, 33);
     }
 }

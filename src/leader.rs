@@ -19,7 +19,7 @@
 //!   [`Error::LeadershipLost`]: the process exits and restarts
 //!   as a candidate (as controller-runtime's managers do).
 //! - A standby is warm by default ([`LeaderElection::warm_standby`]): its controllers watch and
-//!   cache, with no run slot, so nothing runs and nothing is written until it leads.
+//!   cache, with no reconcile slot, so nothing runs and nothing is written until it leads.
 //! - On a graceful shutdown the holder releases the Lease (no holder, a duration of 1 s), so a
 //!   candidate takes over at its next try instead of after expiry.
 //!

@@ -43,7 +43,7 @@
 //! | `actors/` | the manager supervisor, the resource actor, the watch feeder, the trigger watches (its `mod.rs` has a file map and a glossary) |
 //! | `messages/` | every message the actors exchange, one file per receiver; plain data |
 //! | `cache/` | a kind's cache: a table of objects per watched namespace, its writer, the passive objects' encoding |
-//! | `scheduling/` | when reconciles start: run slots and who gets the next, the timer task, the activation queue, passive objects' wake-ups, a reconcile's deadline |
+//! | `scheduling/` | when reconciles start: reconcile slots and who gets the next, the timer task, the activation queue, passive objects' wake-ups, a reconcile's deadline |
 //! | `after_reconcile/` | what follows a reconcile, as plain data: the status to write, the readiness to announce, the next wake-up, the backoff's step |
 //! | `writes/` | the actors' API writes: status, finalizer, shard label, Events |
 //! | `counters.rs` | the runtime's counters: atomics every controller shares, what the metrics and `RuntimeHandle::metrics` read |

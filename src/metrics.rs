@@ -22,14 +22,14 @@
 //! |---|---|---|---|---|
 //! | `actorcile_reconciles_total` | counter | `controller`, `result` | reconciles that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
 //! | `actorcile_reconcile_duration_seconds` | histogram | `controller` | how long a reconcile took | `controller_runtime_reconcile_time_seconds` |
-//! | `actorcile_reconcile_wait_seconds` | histogram | `controller` | from a reconcile becoming due to its start (waiting for a run slot) | `workqueue_queue_duration_seconds` |
+//! | `actorcile_reconcile_wait_seconds` | histogram | `controller` | from a reconcile becoming due to its start (waiting for a reconcile slot) | `workqueue_queue_duration_seconds` |
 //! | `actorcile_objects` | gauge | `controller` | objects in the runtime's cache | — |
 //! | `actorcile_wake_ups` | gauge | `controller` | wake-ups armed by live actors (yields, backoffs, polls) | `workqueue_depth` counts these too, once due |
-//! | `actorcile_reconciles_waiting` | gauge | `controller` | due reconciles and activations waiting for a run slot | `workqueue_depth` |
+//! | `actorcile_reconciles_waiting` | gauge | `controller` | due reconciles and activations waiting for a reconcile slot | `workqueue_depth` |
 //! | `actorcile_events_total` | counter | `controller` | Kubernetes Events published | — |
 //! | `actorcile_events_dropped_total` | counter | `controller` | Events not published: the object's Event budget was spent | — |
 //! | `actorcile_reconciles_in_flight` | gauge | | reconciles running now | `controller_runtime_active_workers` |
-//! | `actorcile_max_concurrent_reconciles` | gauge | | the run slots | `controller_runtime_max_concurrent_reconciles` |
+//! | `actorcile_max_concurrent_reconciles` | gauge | | the reconcile slots | `controller_runtime_max_concurrent_reconciles` |
 //! | `actorcile_leader` | gauge | | 1 while this replica runs the controllers (it leads, or there is no election) | `leader_election_master_status` |
 //! | `actorcile_shards` | gauge | | with sharding: how many shards there are | |
 //! | `actorcile_shards_held` | gauge | | with sharding: the shards this replica holds | |
@@ -147,7 +147,7 @@ impl Collector for RuntimeCollector {
             ),
             (
                 "actorcile_reconcile_wait_seconds",
-                "From a reconcile becoming due to its start (waiting for a run slot)",
+                "From a reconcile becoming due to its start (waiting for a reconcile slot)",
                 |k: &KindMetricsSnapshot| &k.due_to_start,
             ),
         ] {
@@ -185,7 +185,7 @@ impl Collector for RuntimeCollector {
             e,
             &kinds,
             "actorcile_reconciles_waiting",
-            "Due reconciles and activations waiting for a run slot",
+            "Due reconciles and activations waiting for a reconcile slot",
             MetricType::Gauge,
             |k| k.waiting,
         )?;
@@ -267,7 +267,7 @@ impl Collector for RuntimeCollector {
         gauge(
             e,
             "actorcile_max_concurrent_reconciles",
-            "Run slots: the most reconciles running at once",
+            "Reconcile slots: the most reconciles running at once",
             self.max_concurrent_reconciles,
         )?;
         gauge(
@@ -431,7 +431,7 @@ pub struct ApiMetricsService<S> {
     bytes: Family<VerbLabel, Counter>,
 }
 
-/// An answer's body as [`ApiMetricsService`] passes it on: counted as it is read.
+/// An answer's body as [`ApiMetricsService`] reconciles it on: counted as it is read.
 pub type CountedBody<E> = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, E>;
 
 impl<S, B, R> tower::Service<http::Request<B>> for ApiMetricsService<S>

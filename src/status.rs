@@ -424,7 +424,7 @@ pub(crate) fn holds_fields<K: Serialize>(
     obj: &K,
     fields: &serde_json::Map<String, serde_json::Value>,
 ) -> bool {
-    // Most passes set no field: the status is not read for them.
+    // Most reconciles set no field: the status is not read for them.
     if fields.is_empty() {
         return true;
     }

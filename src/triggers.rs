@@ -12,7 +12,7 @@
 //! | [`IGNORE_ANNOTATION`] | on an object | nothing: the object's reconciles are skipped while it is set |
 //!
 //! A config change fans out through the same queue as every other wake-up: each object's reconcile
-//! waits for a run slot (the policy's `max_concurrent_reconciles`), and passive objects get a live
+//! waits for a reconcile slot (the policy's `max_concurrent_reconciles`), and passive objects get a live
 //! actor only when a slot is free. So 10 000 objects re-run at the pace the slots allow, with
 //! at most `max_concurrent_reconciles` reconciles in flight and no burst of actors or API requests — not
 //! all at once as `kube_runtime::Controller::reconcile_all_on` enqueues them.

@@ -3,18 +3,18 @@
 
 use std::time::Duration;
 
-use super::test_kind::{PassLog, logging, start_kind, test_policy};
+use super::test_kind::{ReconcileLog, logging, start_kind, test_policy};
 
 #[tokio::test(start_paused = true)]
-async fn the_echoes_of_the_runtimes_own_writes_run_no_pass() {
-    let log = PassLog::default();
+async fn the_echoes_of_the_runtimes_own_writes_run_no_reconcile() {
+    let log = ReconcileLog::default();
     let kind = start_kind(logging(log.clone()), test_policy()).await;
     kind.create("a").await;
     kind.wait_ready("a").await;
     // The finalizer and the status were written, and their watch events delivered; under the
     // paused clock this sleep ends only once every task is idle.
     tokio::time::sleep(Duration::from_secs(3600)).await;
-    assert_eq!(log.count("a"), 1, "one pass for one generation");
+    assert_eq!(log.count("a"), 1, "one reconcile for one generation");
     // A change of the user's is news.
     kind.set_note("a", "changed").await;
     tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -24,7 +24,7 @@ async fn the_echoes_of_the_runtimes_own_writes_run_no_pass() {
 
 #[tokio::test(start_paused = true)]
 async fn an_object_deleted_and_created_again_under_its_name_is_run_afresh() {
-    let log = PassLog::default();
+    let log = ReconcileLog::default();
     let kind = start_kind(logging(log.clone()), test_policy()).await;
     kind.create("a").await;
     kind.wait_ready("a").await;
@@ -32,7 +32,7 @@ async fn an_object_deleted_and_created_again_under_its_name_is_run_afresh() {
     kind.wait_gone("a").await;
     kind.create("a").await;
     kind.wait_ready("a").await;
-    assert_eq!(log.count("a"), 2, "the new object's first pass");
+    assert_eq!(log.count("a"), 2, "the new object's first reconcile");
     log.assert_no_overlap("a");
     kind.stop().await;
 }

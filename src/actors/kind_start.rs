@@ -23,8 +23,8 @@ use super::kind_view::KindView;
 use crate::actors::mailbox::Mailbox;
 use crate::actors::watches::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::actors::{
-    KindMetrics, KindWatch, Manager, ManagerArgs, Metrics, RunSlots, ShardScope, Shared, Timers,
-    run_feeder,
+    KindMetrics, KindWatch, Manager, ManagerArgs, Metrics, ReconcileSlots, ShardScope, Shared,
+    Timers, run_feeder,
 };
 use crate::event_recorder::EventRecorder;
 use crate::health::Health;
@@ -184,7 +184,7 @@ pub(crate) trait Start: Send {
 pub(crate) struct StartCx {
     pub(crate) client: Client,
     pub(crate) policy: SupervisorPolicy,
-    pub(crate) runs: Arc<Semaphore>,
+    pub(crate) slots: Arc<Semaphore>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) references: Arc<ReferenceIndex>,
     pub(crate) finalizer: String,
@@ -394,8 +394,8 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             }
             None => (None, None),
         };
-        let runs = RunSlots::new(cx.runs.clone(), self.max_concurrent_reconciles);
-        let timers = Timers::with_run_slots(&runs);
+        let slots = ReconcileSlots::new(cx.slots.clone(), self.max_concurrent_reconciles);
+        let timers = Timers::with_slots(&slots);
         cx.health.add_task(
             &format!("the {kind} timers"),
             crate::health::TaskCheck(Box::new(timers.liveness())),
@@ -437,7 +437,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             io,
             tree: self.tree,
             policy,
-            runs,
+            slots,
             store,
             routes: DashMap::default(),
             use_finalizer: self.finalizer,

@@ -9,12 +9,12 @@ use kube::ResourceExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::test_kind::{PassLog, Widget, logging, start_kind, test_policy};
+use super::test_kind::{ReconcileLog, Widget, logging, start_kind, test_policy};
 use crate::prelude::*;
 
 #[tokio::test(start_paused = true)]
-async fn changes_during_a_pass_coalesce_into_one_follow_up_pass() {
-    let log = PassLog::default();
+async fn changes_during_a_reconcile_coalesce_into_one_follow_up_reconcile() {
+    let log = ReconcileLog::default();
     let (gate, entered) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let (l, g, e) = (log.clone(), gate.clone(), entered.clone());
     let tree = step("blocking", move |cx: Context<Widget>| {
@@ -35,10 +35,14 @@ async fn changes_during_a_pass_coalesce_into_one_follow_up_pass() {
     for i in 0..100 {
         kind.set_note("c", &format!("n{i}")).await;
     }
-    // Every change was written (each patch was answered) while the first pass held its gate;
+    // Every change was written (each patch was answered) while the first reconcile held its gate;
     // under the paused clock this sleep ends only once every task is idle.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(log.count("c"), 1, "no second pass while the first runs");
+    assert_eq!(
+        log.count("c"),
+        1,
+        "no second reconcile while the first runs"
+    );
     gate.notify_one();
     kind.wait_ready("c").await;
     // A wake-up an hour away would have run by now: nothing more is due.
@@ -46,7 +50,7 @@ async fn changes_during_a_pass_coalesce_into_one_follow_up_pass() {
     assert_eq!(
         log.count("c"),
         2,
-        "100 changes during one pass: one follow-up pass"
+        "100 changes during one reconcile: one follow-up reconcile"
     );
     log.assert_no_overlap("c");
     kind.stop().await;
@@ -54,7 +58,7 @@ async fn changes_during_a_pass_coalesce_into_one_follow_up_pass() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_generation_runs_at_once_and_cancels_the_pending_wake_up() {
-    let log = PassLog::default();
+    let log = ReconcileLog::default();
     let l = log.clone();
     let tree = step("slow", move |cx: Context<Widget>| {
         let l = l.clone();
@@ -79,7 +83,7 @@ async fn a_new_generation_runs_at_once_and_cancels_the_pending_wake_up() {
         "ran on the new generation at once"
     );
     assert_eq!(log.count("g"), 2);
-    // The hour-long wake-up was replaced: no third pass an hour later.
+    // The hour-long wake-up was replaced: no third reconcile an hour later.
     tokio::time::sleep(Duration::from_secs(7200)).await;
     assert_eq!(log.count("g"), 2);
     kind.stop().await;
@@ -87,7 +91,7 @@ async fn a_new_generation_runs_at_once_and_cancels_the_pending_wake_up() {
 
 #[tokio::test(start_paused = true)]
 async fn idle_actors_passivate_and_their_next_event_reactivates_them() {
-    let log = PassLog::default();
+    let log = ReconcileLog::default();
     let policy = SupervisorPolicy {
         idle_timeout: Some(Duration::from_secs(5)),
         ..test_policy()

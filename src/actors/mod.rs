@@ -1,5 +1,5 @@
 //! The actors: a manager supervisor per kind, a resource actor per object, and the watch feeder
-//! that turns kube-runtime watch events into messages. When reconciles start (run slots, the
+//! that turns kube-runtime watch events into messages. When reconciles start (reconcile slots, the
 //! timer task, the activation queue) is [`crate::scheduling`]'s.
 //!
 //! # Where things are
@@ -31,12 +31,12 @@
 //!
 //! - **Reconcile**: one run of the provisioner tree (provision, or deprovision when deleting) for one
 //!   object. One object never has two reconciles at once.
-//! - **Run slot**: a permit of the runtime's `max_concurrent_reconciles` semaphore; every reconcile runs on
+//! - **Reconcile slot**: a permit of the runtime's `max_concurrent_reconciles` semaphore; every reconcile runs on
 //!   one. Due wake-ups and activations wait for slots in the timer task ([`crate::scheduling`]).
 //! - **Wake-up**: a resource actor's scheduled self-message (a yield, an error backoff, a poll,
 //!   a dependency's fallback re-check). At most one is pending; the earliest wins.
 //! - **Activation**: an object gets a live actor to serve it (its first, after passivation, or
-//!   after a restart). It waits in the manager's activation queue for a run slot, and its first
+//!   after a restart). It waits in the manager's activation queue for a reconcile slot, and its first
 //!   reconcile runs on that slot.
 //! - **Passivation**: an actor with nothing due within the policy's `idle_timeout` hands its
 //!   object back to the manager (the object stays in the kind's cache; its pending wake-up
@@ -46,10 +46,10 @@
 //! - **Idle actor, adopt**: an actor that passivated is not stopped: it stays linked to the
 //!   manager, serving no object, and *adopts* the next activation of any object of its kind (a
 //!   message instead of a spawn, a stop and two supervision events). The manager keeps at most
-//!   one idle actor per run slot. To users it is still one actor per resource; the metrics tell
+//!   one idle actor per reconcile slot. To users it is still one actor per resource; the metrics tell
 //!   activations from spawns.
 //! - **Held back**: while reconciles start well after they were due (the runtime is CPU-bound),
-//!   activations get a smaller share of the run slots ([`crate::scheduling`]).
+//!   activations get a smaller share of the reconcile slots ([`crate::scheduling`]).
 //! - **Mailbox, mail waiting**: the manager's messages go through a batching channel; the one
 //!   ractor message it receives, `MailWaiting`, says that the mailbox has mail (`mailbox.rs`).
 //! - **Route**: the feeder's map from object key to the actor serving it. A passive object has no
@@ -106,7 +106,7 @@ use crate::sharding::ShardScope;
 
 pub(crate) use crate::counters::{KindMetrics, Metrics};
 pub(crate) use crate::object_api::version_of;
-pub(crate) use crate::scheduling::{RunSlots, Timers};
+pub(crate) use crate::scheduling::{ReconcileSlots, Timers};
 pub(crate) use feeder::{KindWatch, run_feeder};
 pub(crate) use manager::{Manager, ManagerArgs};
 
@@ -119,7 +119,7 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub io: Arc<crate::writes::Io<K>>,
     pub tree: BoxProvisioner<K>,
     pub policy: SupervisorPolicy,
-    pub runs: RunSlots,
+    pub slots: ReconcileSlots,
     pub store: KindStore<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     /// Add the runtime finalizer (and so deprovision on deletion).
@@ -177,11 +177,15 @@ impl<K: ManagedResource> Shared<K> {
     }
 }
 
-/// Whether an object at `version` is news to an actor that last ran on `last_run` and whose own
+/// Whether an object at `version` is news to an actor that last ran on `last_reconciled` and whose own
 /// writes produced `own_writes` (their watch echoes are not news). Unreadable versions always are.
-pub(crate) fn is_news(last_run: Option<u64>, own_writes: &[u64], version: Option<u64>) -> bool {
+pub(crate) fn is_news(
+    last_reconciled: Option<u64>,
+    own_writes: &[u64],
+    version: Option<u64>,
+) -> bool {
     match version {
-        Some(v) => !own_writes.contains(&v) && last_run.is_none_or(|l| v > l),
+        Some(v) => !own_writes.contains(&v) && last_reconciled.is_none_or(|l| v > l),
         None => true,
     }
 }

@@ -10,7 +10,7 @@ pub(crate) enum Kept {
     /// Nothing pending and no failures: the version the last reconcile ran on, and the one own
     /// write whose echo is not news.
     Settled {
-        last_run_version: Option<u64>,
+        last_reconciled_version: Option<u64>,
         own_write: Option<u64>,
     },
     /// Anything else, with the token of its pending wake-up (held by the passive timers).
@@ -20,7 +20,7 @@ pub(crate) enum Kept {
 impl Default for Kept {
     fn default() -> Self {
         Kept::Settled {
-            last_run_version: None,
+            last_reconciled_version: None,
             own_write: None,
         }
     }
@@ -37,12 +37,12 @@ impl Kept {
         }
         let settled = timer.is_none()
             && ps.wake_in.is_none()
-            && !ps.pending_run
+            && !ps.reconcile_due
             && ps.error_attempts == 0
             && ps.own_writes.len() <= 1;
         if settled {
             Kept::Settled {
-                last_run_version: ps.last_run_version,
+                last_reconciled_version: ps.last_reconciled_version,
                 own_write: ps.own_writes.first().copied(),
             }
         } else {
@@ -62,10 +62,12 @@ impl Kept {
     pub(crate) fn is_news(&self, version: Option<u64>) -> bool {
         match self {
             Kept::Settled {
-                last_run_version,
+                last_reconciled_version,
                 own_write,
-            } => super::is_news(*last_run_version, own_write.as_slice(), version),
-            Kept::Other(ps, _) => super::is_news(ps.last_run_version, &ps.own_writes, version),
+            } => super::is_news(*last_reconciled_version, own_write.as_slice(), version),
+            Kept::Other(ps, _) => {
+                super::is_news(ps.last_reconciled_version, &ps.own_writes, version)
+            }
         }
     }
 
@@ -74,11 +76,11 @@ impl Kept {
     pub(crate) fn take(&mut self) -> PassiveState {
         match self {
             Kept::Settled {
-                last_run_version,
+                last_reconciled_version,
                 own_write,
             } => {
                 let ps = PassiveState {
-                    last_run_version: *last_run_version,
+                    last_reconciled_version: *last_reconciled_version,
                     own_writes: own_write.iter().copied().collect(),
                     ..PassiveState::default()
                 };
@@ -95,7 +97,7 @@ impl Kept {
         (self.timer() == Some(token)).then(|| {
             let mut ps = self.take();
             *self = Kept::default();
-            ps.pending_run = true;
+            ps.reconcile_due = true;
             ps.wake_in = None;
             ps
         })
@@ -109,7 +111,7 @@ mod tests {
 
     fn ps(last: u64, own: &[u64]) -> PassiveState {
         PassiveState {
-            last_run_version: Some(last),
+            last_reconciled_version: Some(last),
             own_writes: own.to_vec(),
             ..PassiveState::default()
         }
@@ -134,13 +136,13 @@ mod tests {
         assert!(k.is_news(None), "an unreadable version is news");
         assert_eq!(k.timer(), None);
         let back = k.take();
-        assert_eq!(back.last_run_version, Some(10));
+        assert_eq!(back.last_reconciled_version, Some(10));
         assert_eq!(back.own_writes, [11]);
-        assert!(!back.pending_run);
+        assert!(!back.reconcile_due);
         assert!(matches!(
             k,
             Kept::Settled {
-                last_run_version: None,
+                last_reconciled_version: None,
                 own_write: None
             }
         ));
@@ -174,9 +176,9 @@ mod tests {
         assert_eq!(k.timer(), Some(7));
         assert!(k.fired(6).is_none(), "a stale token");
         let run = k.fired(7).expect("its own token");
-        assert!(run.pending_run);
+        assert!(run.reconcile_due);
         assert_eq!(run.wake_in, None);
-        assert_eq!(run.last_run_version, Some(5));
+        assert_eq!(run.last_reconciled_version, Some(5));
         assert_eq!(k.timer(), None, "fired once");
     }
 }

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::test_kind::{PassLog, Widget, start_kind, test_policy};
+use super::test_kind::{ReconcileLog, Widget, start_kind, test_policy};
 use crate::policy::KindPolicy;
 use crate::prelude::*;
 
 /// A tree that logs every reconcile and answers the `n`th with `outcome(n)`.
 fn counting(
-    log: PassLog,
+    log: ReconcileLog,
     outcome: impl Fn(u32) -> Outcome + Send + Sync + 'static,
 ) -> impl Provisioner<Widget> {
     let (calls, outcome) = (Arc::new(AtomicU32::new(0)), Arc::new(outcome));
@@ -26,13 +26,13 @@ fn counting(
 }
 
 /// The gaps between the reconciles of `name`.
-fn gaps(log: &PassLog, name: &str) -> Vec<Duration> {
+fn gaps(log: &ReconcileLog, name: &str) -> Vec<Duration> {
     log.starts(name).windows(2).map(|w| w[1] - w[0]).collect()
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_yield_runs_again_after_its_delay_or_the_policys() {
-    let log = PassLog::default();
+    let log = ReconcileLog::default();
     let tree = counting(log.clone(), |n| match n {
         0 => Outcome::yield_after(Duration::from_secs(7), Reason::new("Wait", "seven seconds")),
         1 => Outcome::yield_now(Reason::new("Wait", "the policy's delay")),
@@ -56,7 +56,7 @@ async fn a_yield_runs_again_after_its_delay_or_the_policys() {
 
 #[tokio::test(start_paused = true)]
 async fn a_kinds_policy_section_tunes_its_reconciles() {
-    let log = PassLog::default();
+    let log = ReconcileLog::default();
     let tree = counting(log.clone(), |n| match n {
         0 => Outcome::yield_now(Reason::new("Wait", "the kind's delay")),
         _ => Outcome::Done,
@@ -87,7 +87,7 @@ async fn a_kinds_policy_section_tunes_its_reconciles() {
 
 #[tokio::test(start_paused = true)]
 async fn errors_back_off_growing_and_a_success_resets_the_backoff() {
-    let log = PassLog::default();
+    let log = ReconcileLog::default();
     // Four failures, a success (a yield), two failures, done.
     let tree = counting(log.clone(), |n| match n {
         0..=3 | 5 | 6 => Outcome::failed(

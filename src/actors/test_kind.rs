@@ -74,7 +74,7 @@ pub(crate) async fn start_spec(spec: KindSpec<Widget>, policy: SupervisorPolicy)
     );
     let cx = StartCx {
         client: client.clone(),
-        runs: Arc::new(Semaphore::new(policy.max_concurrent_reconciles)),
+        slots: Arc::new(Semaphore::new(policy.max_concurrent_reconciles)),
         policy,
         metrics: metrics.clone(),
         references: references.clone(),
@@ -164,7 +164,7 @@ impl Kind {
 }
 
 /// A tree that logs every reconcile in `log` and is done.
-pub(crate) fn logging(log: PassLog) -> impl Provisioner<Widget> {
+pub(crate) fn logging(log: ReconcileLog) -> impl Provisioner<Widget> {
     use crate::provisioners::{Context, Outcome, step};
     step("log", move |cx: Context<Widget>| {
         let log = log.clone();
@@ -181,9 +181,9 @@ type Pass = (String, Instant, Option<Instant>);
 
 /// Every reconcile of the tree.
 #[derive(Clone, Default)]
-pub(crate) struct PassLog(Arc<Mutex<Vec<Pass>>>);
+pub(crate) struct ReconcileLog(Arc<Mutex<Vec<Pass>>>);
 
-impl PassLog {
+impl ReconcileLog {
     /// A reconcile of `obj` starts: its index.
     pub(crate) fn start(&self, obj: &Widget) -> usize {
         let mut l = self.0.lock().unwrap();
@@ -214,8 +214,8 @@ impl PassLog {
         let mut mine: Vec<_> = l.iter().filter(|r| r.0 == name).cloned().collect();
         mine.sort_by_key(|r| r.1);
         for w in mine.windows(2) {
-            let end = w[0].2.expect("pass finished");
-            assert!(end <= w[1].1, "overlapping passes of {name}");
+            let end = w[0].2.expect("reconcile finished");
+            assert!(end <= w[1].1, "overlapping reconciles of {name}");
         }
     }
 }

@@ -10,7 +10,7 @@ use kube::core::PartialObjectMetaExt;
 use kube::runtime::watcher::Event;
 use tokio::sync::mpsc;
 
-use super::test_kind::{PassLog, Widget, logging, start_spec, test_policy};
+use super::test_kind::{ReconcileLog, Widget, logging, start_spec, test_policy};
 use super::watches::{TestInput, drive_related, owners_of};
 use super::{KindSpec, RelatedSpec};
 use crate::provisioners::resource;
@@ -32,7 +32,7 @@ fn child(cm: &ConfigMap, version: &str) -> PartialObjectMeta<ConfigMap> {
 }
 
 /// Objects that write a ConfigMap child each, whose children's watch is the test's.
-async fn started(log: PassLog) -> (super::test_kind::Kind, mpsc::UnboundedSender<Input>) {
+async fn started(log: ReconcileLog) -> (super::test_kind::Kind, mpsc::UnboundedSender<Input>) {
     let tree = serial![
         logging(log),
         resource("settings", |w: &Widget| ConfigMap {
@@ -79,7 +79,7 @@ fn list(tx: &mpsc::UnboundedSender<Input>, children: Vec<PartialObjectMeta<Confi
 #[tokio::test(start_paused = true)]
 async fn a_new_watch_runs_the_owners_of_children_changed_meanwhile_but_not_of_shards_acquired_or_let_go()
  {
-    let log = PassLog::default();
+    let log = ReconcileLog::default();
     let (kind, tx) = started(log.clone()).await;
     // The first watch selects no shard; its list is empty.
     list(&tx, vec![]);

@@ -168,7 +168,7 @@ pub(crate) struct Next {
     /// The wake-up the outcome asks for.
     pub(crate) wake: Option<Wake>,
     /// Run again at once (a step's write met someone else's: on what they wrote).
-    pub(crate) run_again: bool,
+    pub(crate) reconcile_again: bool,
 }
 
 /// What follows a reconcile that `ended` so, with the delays of `delays`.
@@ -200,6 +200,6 @@ pub(crate) fn after_write(ended: Ended<'_>, delays: Delays) -> Next {
         retry: (planned && ended.write == StatusWrite::Conflicted).then_some(delays.conflict_retry),
         backoff,
         wake,
-        run_again: ended.saw_others,
+        reconcile_again: ended.saw_others,
     }
 }

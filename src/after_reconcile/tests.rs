@@ -221,6 +221,6 @@ fn a_step_that_met_someone_elses_write_runs_again() {
         saw_others: true,
         ..ended(&o, None, StatusWrite::Written)
     };
-    assert!(after_write(met, DELAYS).run_again);
-    assert!(!after_write(ended(&o, None, StatusWrite::Written), DELAYS).run_again);
+    assert!(after_write(met, DELAYS).reconcile_again);
+    assert!(!after_write(ended(&o, None, StatusWrite::Written), DELAYS).reconcile_again);
 }

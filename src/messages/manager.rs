@@ -6,14 +6,14 @@ use std::time::Duration;
 use kube::runtime::reflector::ObjectRef;
 use ractor::ActorRef;
 
-use super::{ResourceMsg, RunPermit};
+use super::{ReconcilePermit, ResourceMsg};
 
 /// What a resource actor remembers across passivation (everything else is in the reflector
 /// store): the versions it has already handled, so a re-activation does not redo finished work.
 #[derive(Clone, Debug, Default)]
 pub struct PassiveState {
     /// `metadata.resourceVersion` of the object the last reconcile ran on.
-    pub last_run_version: Option<u64>,
+    pub last_reconciled_version: Option<u64>,
     /// Resource versions produced by the actor's own writes (their watch echoes do not re-run).
     pub own_writes: Vec<u64>,
     /// Consecutive transient failures (the error backoff position).
@@ -21,7 +21,7 @@ pub struct PassiveState {
     /// A pending wake-up, as a delay from the moment of passivation.
     pub wake_in: Option<Duration>,
     /// A reconcile was due when the actor passivated (re-activate at once).
-    pub pending_run: bool,
+    pub reconcile_due: bool,
 }
 
 /// The only ractor message of a manager: its mailbox has mail (see `src/actors/mailbox.rs`).
@@ -48,13 +48,13 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// Wake this key (dependency ready, reference released, or a passive timer fired).
     Notify(ObjectRef<K>),
     /// Re-run every known object (the controller's provider config changed). Each is woken as
-    /// by [`ManagerMsg::Notify`], so their reconciles wait for run slots like any other.
+    /// by [`ManagerMsg::Notify`], so their reconciles wait for reconcile slots like any other.
     Broadcast,
     /// A passive key's timer fired (token guards against stale timers).
     PassiveWake(ObjectRef<K>, u64),
-    /// A run slot for the next queued activation (an object gets a live actor only once it can
+    /// A reconcile slot for the next queued activation (an object gets a live actor only once it can
     /// run: see the manager's activation queue).
-    Permit(RunPermit),
+    Permit(ReconcilePermit),
     /// A resource actor passivated: it serves no object now, and hands back what its object's
     /// next activation needs. The manager re-activates the object if anything came in
     /// meanwhile, and gives the actor the next activation (or keeps it idle, or stops it).

@@ -4,7 +4,7 @@
 //! - [`manager`]: [`ManagerMsg`], what a manager supervisor handles (through its mailbox), and
 //!   [`MailWaiting`], the one ractor message that says its mailbox has mail.
 //! - [`resource_actor`]: [`ResourceMsg`], what a resource actor handles, and [`Activation`].
-//! - [`timer`]: [`TimerMsg`], what the timer task delivers, with its [`RunSlot`].
+//! - [`timer`]: [`TimerMsg`], what the timer task delivers, with its [`ReconcileSlot`].
 
 mod manager;
 mod resource_actor;
@@ -12,4 +12,4 @@ mod timer;
 
 pub(crate) use manager::{MailWaiting, ManagerMsg, PassiveState};
 pub(crate) use resource_actor::{Activation, ResourceMsg};
-pub(crate) use timer::{RunPermit, RunSlot, TimerMsg};
+pub(crate) use timer::{ReconcilePermit, ReconcileSlot, TimerMsg};

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::{PassiveState, RunPermit, RunSlot, TimerMsg};
+use super::{PassiveState, ReconcilePermit, ReconcileSlot, TimerMsg};
 
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
@@ -18,12 +18,12 @@ pub enum ResourceMsg<K: kube::Resource<DynamicType = ()>> {
     /// ([`ManagerMsg::Vacated`](super::ManagerMsg::Vacated)).
     Gone,
     /// Self-message: run a reconcile now if one is due (coalesces any number of triggers).
-    Run,
-    /// The pending timer with this token fired (stale tokens are ignored), with the run slot the
+    Reconcile,
+    /// The pending timer with this token fired (stale tokens are ignored), with the reconcile slot the
     /// timer task acquired for the reconcile.
-    Wake(u64, Option<RunSlot>),
-    /// The run slot a reconcile that found none free asked the timer task for.
-    Slot(Option<RunSlot>),
+    Wake(u64, Option<ReconcileSlot>),
+    /// The reconcile slot a reconcile that found none free asked the timer task for.
+    Slot(Option<ReconcileSlot>),
     /// A dependency became Ready, or a referrer released this object: run now.
     Notify,
     /// Self-message, sent once the actor has removed its route (so nothing new is routed here):
@@ -44,17 +44,17 @@ pub struct Activation<K: kube::Resource<DynamicType = ()>> {
     pub key: ObjectRef<K>,
     /// State handed back at passivation (`None` for a first activation or a restart).
     pub passive: Option<PassiveState>,
-    /// The run slot the manager acquired for the first reconcile.
-    pub permit: Option<RunPermit>,
+    /// The reconcile slot the manager acquired for the first reconcile.
+    pub permit: Option<ReconcilePermit>,
 }
 
-/// Timer deliveries ([`ResourceMsg::Wake`]) and run slots asked for ([`ResourceMsg::Slot`])
-/// carry the run slot the timer task acquired.
+/// Timer deliveries ([`ResourceMsg::Wake`]) and reconcile slots asked for ([`ResourceMsg::Slot`])
+/// carry the reconcile slot the timer task acquired.
 impl<K> TimerMsg for ResourceMsg<K>
 where
     K: kube::Resource<DynamicType = ()> + std::fmt::Debug + Send + Sync + 'static,
 {
-    fn give_slot(&mut self, slot: RunSlot) {
+    fn give_slot(&mut self, slot: ReconcileSlot) {
         if let ResourceMsg::Wake(_, s) | ResourceMsg::Slot(s) = self {
             *s = Some(slot);
         }

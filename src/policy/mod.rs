@@ -96,7 +96,7 @@ pub struct SupervisorPolicy {
     /// wait in the manager's queue for a live actor to passivate (`None`: no cap). One still
     /// starts every 10 ms while the cap is reached, so actors that stay live (wake-ups due
     /// within the idle timeout) slow new objects down but cannot starve them. Idle actors kept
-    /// for adoption (at most one per run slot, never more than the cap) are not live: they
+    /// for adoption (at most one per reconcile slot, never more than the cap) are not live: they
     /// serve no object.
     ///
     /// A cap bounds the memory a burst of new objects takes (every live actor holds its
@@ -121,7 +121,7 @@ pub struct SupervisorPolicy {
     /// A provision or deprovision reconcile still running after this long is stopped (its future is
     /// dropped at its next await point) and counts as a transient failure with reason
     /// `ReconcileTimeout`, retried with the error backoff (`None`: never; `"none"` in TOML). A
-    /// provisioner that hangs then holds a run slot this long at most. Longer than the longest
+    /// provisioner that hangs then holds a reconcile slot this long at most. Longer than the longest
     /// reconcile: a provisioner that waits on something slow yields instead.
     #[serde(with = "optional_duration", alias = "run_timeout")]
     pub reconcile_timeout: Option<Duration>,

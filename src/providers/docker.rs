@@ -336,7 +336,7 @@ impl Provider for DockerProvider {
                 state: NodeState::Created,
                 endpoints: Vec::new(),
             }),
-            // The name may be taken by the node itself, created by an earlier pass (Docker
+            // The name may be taken by the node itself, created by an earlier reconcile (Docker
             // answers 409, Podman 500): then it is the node.
             Err(ProviderError::Refused { message, .. }) => self
                 .containers(Some(cluster))

@@ -92,7 +92,7 @@ enum Half {
 impl<K: Send + Sync + 'static> Concurrent<K> {
     /// Every child's `half` as a task of its own; their outcomes merged in child order.
     async fn run_all(&self, cx: &Context<K>, half: Half) -> Outcome {
-        // Dropping the set (the pass cancelled) aborts every child still running.
+        // Dropping the set (the reconcile cancelled) aborts every child still running.
         let mut tasks = tokio::task::JoinSet::new();
         let mut index = std::collections::HashMap::new();
         for (i, child) in self.children.iter().enumerate() {

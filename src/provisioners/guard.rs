@@ -425,7 +425,7 @@ impl<K: ManagedResource> Context<K> {
                 None
             }
         };
-        // The task ran: a transient API error must not lose its result (the next pass would
+        // The task ran: a transient API error must not lose its result (the next reconcile would
         // run it again), so the write is retried for a few seconds before giving up.
         let recorded = (|| self.write_conditions(true, record))
             .retry(

@@ -227,7 +227,7 @@ impl<K: ManagedResource> Context<K> {
                     Control::Nobody if rules.adopts() => self.adopt(&api, existing).await,
                     by => Err(not_owned(&existing, by)),
                 },
-                // Deleted between the two requests: the next pass creates it again.
+                // Deleted between the two requests: the next reconcile creates it again.
                 None => Err(StepError::Kube(kube::Error::Api(s))),
             },
             Err(e) => Err(e.into()),
@@ -235,7 +235,7 @@ impl<K: ManagedResource> Context<K> {
     }
 
     /// Put the object's mark on `existing`, an object no owner controls, with its
-    /// resourceVersion as a precondition (a conflict is returned: the next pass looks again).
+    /// resourceVersion as a precondition (a conflict is returned: the next reconcile looks again).
     async fn adopt<T>(&self, api: &ObjectApi<T>, mut existing: T) -> Result<T, StepError>
     where
         T: Resource<DynamicType = ()> + Serialize + DeserializeOwned,

@@ -100,7 +100,7 @@ impl<K: 'static> Step<K> {
 }
 
 // Written out rather than with `#[async_trait]`: the closure's future is already boxed, and the
-// macro would box it again (and move it into the second box) on every pass.
+// macro would box it again (and move it into the second box) on every reconcile.
 impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
     fn name(&self) -> &str {
         &self.name

@@ -44,7 +44,7 @@ pub struct RuntimeBuilder {
     leader: Option<crate::leader::LeaderElection>,
     /// What [`RuntimeBuilder::run`] sets up before it waits for the Lease.
     early: Option<Early>,
-    /// Start with no run slot: watch and cache, run nothing ([`RuntimeHandle::lead`]).
+    /// Start with no reconcile slot: watch and cache, run nothing ([`RuntimeHandle::lead`]).
     gated: bool,
     sharding: Option<Sharding>,
 }

@@ -35,7 +35,7 @@ impl<K: ManagedResource> Controller<K> {
     /// or [`Context::create_owned`](crate::provisioners::Context::create_owned)) runs nothing.
     /// Someone deletes or edits a child by hand: its owner runs at once and puts it back,
     /// without waiting for a poll. Passive owners are activated like for any change, within
-    /// the run slots. The operator needs `list` and `watch` on `C` where it is watched
+    /// the reconcile slots. The operator needs `list` and `watch` on `C` where it is watched
     /// ([`RuntimeBuilder::roles`](super::RuntimeBuilder::roles) includes them). With
     /// [sharding](crate::sharding) where each replica watches only its shards, the runtime
     /// labels the children it writes with their owner's shard, and each replica watches only
@@ -235,7 +235,7 @@ impl<K: ManagedResource> Controller<K> {
     /// Read the provider config from the object `config` names: steps get it with
     /// [`Context::config`](crate::provisioners::Context::config), and its change (a new
     /// generation, or resourceVersion for kinds without one; its creation or deletion)
-    /// re-runs every object of this controller, passive ones included, through the run slots
+    /// re-runs every object of this controller, passive ones included, through the reconcile slots
     /// (see [`crate::triggers`]). While it does not exist, provision reconciles do not run the tree:
     /// the objects say so (phase Failed, reason `ConfigMissing`) and resume when it comes back.
     /// Deprovision reconciles run without it. The runtime lists the config before it starts the
@@ -368,9 +368,9 @@ impl<K: ManagedResource> Controller<K> {
     }
 
     /// At most `n` reconciles of this kind at once, within the runtime's `max_concurrent_reconciles`
-    /// (default: no limit of its own). A reconcile then holds a run slot of both limits, so a kind
+    /// (default: no limit of its own). A reconcile then holds a reconcile slot of both limits, so a kind
     /// whose reconciles are slow or costly (a remote cluster's API, a cloud quota) cannot take
-    /// every run slot of the runtime. Must be 1 to [`MAX_CONCURRENCY`](crate::policy::MAX_CONCURRENCY):
+    /// every reconcile slot of the runtime. Must be 1 to [`MAX_CONCURRENCY`](crate::policy::MAX_CONCURRENCY):
     /// [`RuntimeBuilder::validate`](super::RuntimeBuilder::validate) says so.
     ///
     /// ```

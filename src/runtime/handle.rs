@@ -20,8 +20,8 @@ use crate::references::ReferenceIndex;
 pub struct RuntimeHandle {
     pub(super) holder: Arc<str>,
     pub(super) started: Vec<Started>,
-    /// The run slots; closed at shutdown, so no new reconcile or activation starts.
-    pub(super) runs: Arc<Semaphore>,
+    /// The reconcile slots; closed at shutdown, so no new reconcile or activation starts.
+    pub(super) slots: Arc<Semaphore>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) escalated: watch::Receiver<Option<ManagerFailure>>,
     pub(super) references: Arc<ReferenceIndex>,
@@ -80,10 +80,10 @@ impl RuntimeHandle {
         }
     }
 
-    /// Give a gated runtime (a warm standby) its `slots` run slots: it starts running.
+    /// Give a gated runtime (a warm standby) its `slots` reconcile slots: it starts running.
     #[cfg(feature = "operator")]
     pub(super) fn lead(&self, slots: usize) {
-        self.runs.add_permits(slots);
+        self.slots.add_permits(slots);
     }
 
     /// With [sharding](super::RuntimeBuilder::sharding), the shards this replica holds now (runs the
@@ -168,7 +168,7 @@ impl RuntimeHandle {
                 task.abort();
             }
         }
-        self.runs.close();
+        self.slots.close();
         for s in &self.started {
             s.manager
                 .stop_children_and_wait(Some("shutdown".into()), Some(self.shutdown_timeout))
@@ -187,7 +187,7 @@ impl RuntimeHandle {
             }
             let _ = s.manager.stop_and_wait(Some("shutdown".into()), None).await;
         }
-        // No pass runs any more: give the shards up, so the other replicas take them at once.
+        // No reconcile runs any more: give the shards up, so the other replicas take them at once.
         if let Some((stop, keeper)) = self.keeper {
             let _ = stop.send(true);
             if let Ok(keeper) = keeper.await {

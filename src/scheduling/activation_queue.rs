@@ -1,7 +1,7 @@
 //! The manager's activation queue: objects waiting for a live actor, as plain data.
 //!
 //! An object gets a live actor only when it can run (see the glossary in `mod.rs`), so
-//! activations wait here for a run slot, in three first-in-first-out queues:
+//! activations wait here for a reconcile slot, in three first-in-first-out queues:
 //!
 //! - *Again*: objects that ran before and are re-activated (a change, a notification, a due
 //!   wake-up, a restart after a failure) come first. They are making progress, like the reconciles

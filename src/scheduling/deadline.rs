@@ -1,5 +1,5 @@
 //! The policy's `reconcile_timeout`: a reconcile still running after it is stopped and becomes a
-//! transient failure, so a hung provisioner holds its run slot (and its object) for a bounded
+//! transient failure, so a hung provisioner holds its reconcile slot (and its object) for a bounded
 //! time.
 //!
 //! The clock is only armed when the reconcile does not finish at its first poll: a reconcile that makes no
@@ -21,15 +21,15 @@ pub(crate) struct RunTimedOut(pub(crate) Duration);
 /// `reconcile`, or a `ReconcileTimeout` failure once it has run for `limit`.
 pub(crate) async fn within(
     limit: Option<Duration>,
-    pass: impl Future<Output = Outcome>,
+    reconcile: impl Future<Output = Outcome>,
 ) -> Outcome {
     let Some(limit) = limit else {
-        return pass.await;
+        return reconcile.await;
     };
-    let mut pass = pin!(pass);
+    let mut reconcile = pin!(reconcile);
     let mut clock = None;
     std::future::poll_fn(|cx| {
-        if let Poll::Ready(outcome) = pass.as_mut().poll(cx) {
+        if let Poll::Ready(outcome) = reconcile.as_mut().poll(cx) {
             return Poll::Ready(outcome);
         }
         let clock = clock.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
@@ -55,7 +55,7 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_pass_past_the_limit_is_stopped() {
+    async fn a_reconcile_past_the_limit_is_stopped() {
         let start = tokio::time::Instant::now();
         let outcome = within(Some(Duration::from_secs(3)), std::future::pending()).await;
         assert_eq!(start.elapsed(), Duration::from_secs(3));
@@ -67,7 +67,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_pass_within_the_limit_keeps_its_outcome() {
+    async fn a_reconcile_within_the_limit_keeps_its_outcome() {
         let slow = async {
             tokio::time::sleep(Duration::from_secs(2)).await;
             Outcome::Done

@@ -1,4 +1,4 @@
-//! When reconciles start: the run slots every reconcile needs, who gets the next one, the
+//! When reconciles start: the reconcile slots every reconcile needs, who gets the next one, the
 //! timer task that delivers wake-ups with their slots, the manager's activation queue, and a
 //! reconcile's deadline.
 //! Plain data and one tokio task each; nothing here knows an actor's state, only the
@@ -6,14 +6,14 @@
 //!
 //! | file | what it holds |
 //! |---|---|
-//! | `slots.rs` | what a run slot is ([`RunSlots`]), and who gets the next one, with the lateness heuristic (plain data) |
-//! | `timers.rs` | the timer task: delivers wake-ups at their deadline, hands out run slots ([`Timers`]) |
+//! | `slots.rs` | what a reconcile slot is ([`ReconcileSlots`]), and who gets the next one, with the lateness heuristic (plain data) |
+//! | `timers.rs` | the timer task: delivers wake-ups at their deadline, hands out reconcile slots ([`Timers`]) |
 //! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
 //! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
 //! | `passive_timers.rs` | the wake-ups of passive objects (no actor), one task per manager |
 //! | `deadline.rs` | a reconcile stopped at the policy's `reconcile_timeout` |
 //!
-//! The words (run slot, wake-up, activation, held back) are the glossary's in
+//! The words (reconcile slot, wake-up, activation, held back) are the glossary's in
 //! [`crate::actors`].
 
 mod activation_queue;
@@ -25,7 +25,7 @@ mod wake_up;
 
 pub(crate) use activation_queue::ActivationQueue;
 pub(crate) use passive_timers::PassiveTimers;
-pub(crate) use slots::RunSlots;
+pub(crate) use slots::ReconcileSlots;
 #[cfg(feature = "bench-internals")]
 pub use timers::Timers;
 #[cfg(not(feature = "bench-internals"))]

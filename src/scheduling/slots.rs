@@ -1,7 +1,7 @@
-//! Run-slot admission: what a run slot is ([`RunSlots`]), and who gets the next free one, as
+//! Reconcile-slot admission: what a reconcile slot is ([`ReconcileSlots`]), and who gets the next free one, as
 //! plain data.
 //!
-//! A *run slot* is a permit of the runtime's `max_concurrent_reconciles` semaphore, plus one of the
+//! A *reconcile slot* is a permit of the runtime's `max_concurrent_reconciles` semaphore, plus one of the
 //! kind's own when its controller sets `Controller::max_concurrent_reconciles`; every reconcile runs on
 //! one. The timer task hands them out in the order this module decides:
 //!
@@ -26,17 +26,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 use tokio_util::sync::PollSemaphore;
 
-use crate::messages::RunPermit;
+use crate::messages::ReconcilePermit;
 
-/// The run slots of one kind's reconciles: the runtime's semaphore, shared by every kind, and the
+/// The reconcile slots of one kind's reconciles: the runtime's semaphore, shared by every kind, and the
 /// kind's own when its controller has a limit of its own. A reconcile holds a permit of each.
 #[derive(Clone, Debug)]
-pub struct RunSlots {
+pub struct ReconcileSlots {
     runtime: Arc<Semaphore>,
     kind: Option<Arc<Semaphore>>,
 }
 
-impl RunSlots {
+impl ReconcileSlots {
     /// The runtime's slots, and `kind_limit` of the kind's own (`None`: no limit of its own).
     pub fn new(runtime: Arc<Semaphore>, kind_limit: Option<usize>) -> Self {
         Self {
@@ -47,13 +47,13 @@ impl RunSlots {
 
     /// A slot if one is free now: the kind's first, then the runtime's (a kind at its limit
     /// takes nothing from other kinds).
-    pub fn try_acquire(&self) -> Result<RunPermit, TryAcquireError> {
+    pub fn try_acquire(&self) -> Result<ReconcilePermit, TryAcquireError> {
         let kind = match &self.kind {
             Some(kind) => Some(kind.clone().try_acquire_owned()?),
             None => None,
         };
         let runtime = self.runtime.clone().try_acquire_owned()?;
-        Ok(RunPermit { runtime, kind })
+        Ok(ReconcilePermit { runtime, kind })
     }
 
     /// Whether the runtime's slots are closed: it shuts down and no reconcile may start.
@@ -62,8 +62,8 @@ impl RunSlots {
     }
 
     /// The slots as the timer task waits for them.
-    pub fn poller(&self) -> PollRunSlots {
-        PollRunSlots {
+    pub fn poller(&self) -> PollSlots {
+        PollSlots {
             runtime: PollSemaphore::new(self.runtime.clone()),
             kind: self.kind.clone().map(PollSemaphore::new),
             held: None,
@@ -71,18 +71,18 @@ impl RunSlots {
     }
 }
 
-/// [`RunSlots`] polled for the next free slot: the kind's permit first, kept while the
+/// [`ReconcileSlots`] polled for the next free slot: the kind's permit first, kept while the
 /// runtime's is awaited (other kinds' reconciles never wait behind it).
 #[derive(Debug)]
-pub struct PollRunSlots {
+pub struct PollSlots {
     runtime: PollSemaphore,
     kind: Option<PollSemaphore>,
     held: Option<OwnedSemaphorePermit>,
 }
 
-impl PollRunSlots {
+impl PollSlots {
     /// The next slot; `Ready(None)` once the slots are closed.
-    pub fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Option<RunPermit>> {
+    pub fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Option<ReconcilePermit>> {
         if let Some(kind) = &mut self.kind
             && self.held.is_none()
         {
@@ -93,7 +93,7 @@ impl PollRunSlots {
             }
         }
         self.runtime.poll_acquire(cx).map(|runtime| {
-            runtime.map(|runtime| RunPermit {
+            runtime.map(|runtime| ReconcilePermit {
                 runtime,
                 kind: self.held.take(),
             })
@@ -101,7 +101,7 @@ impl PollRunSlots {
     }
 }
 
-/// When reconciles of live actors and activations both wait for run slots, one slot in this many
+/// When reconciles of live actors and activations both wait for reconcile slots, one slot in this many
 /// goes to an activation.
 pub const ACTIVATION_EVERY: u32 = 4;
 
@@ -126,39 +126,39 @@ pub const HELD_FOR: Duration = Duration::from_millis(10);
 /// Weight of a new lateness sample in the moving average: 1 / this.
 const LATENESS_SMOOTHING: u64 = 8;
 
-/// The two queues that wait for run slots: reconciles (`P`) and activations (`A`), each oldest
+/// The two queues that wait for reconcile slots: reconciles (`P`) and activations (`A`), each oldest
 /// first.
 #[derive(Debug)]
-pub struct RunSlotQueue<P, A> {
-    passes: VecDeque<P>,
+pub struct SlotQueue<P, A> {
+    reconciles: VecDeque<P>,
     activations: VecDeque<A>,
     /// Slots given to reconciles since an activation last got one.
     since_activation: u32,
 }
 
-/// Who a run slot goes to.
+/// Who a reconcile slot goes to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Next<P, A> {
     /// The oldest waiting reconcile.
-    Pass(P),
+    Reconcile(P),
     /// The oldest waiting activation.
     Activation(A),
 }
 
-impl<P, A> Default for RunSlotQueue<P, A> {
+impl<P, A> Default for SlotQueue<P, A> {
     fn default() -> Self {
         Self {
-            passes: VecDeque::new(),
+            reconciles: VecDeque::new(),
             activations: VecDeque::new(),
             since_activation: 0,
         }
     }
 }
 
-impl<P, A> RunSlotQueue<P, A> {
+impl<P, A> SlotQueue<P, A> {
     /// A reconcile waits for a slot.
-    pub fn push_pass(&mut self, pass: P) {
-        self.passes.push_back(pass);
+    pub fn push_reconcile(&mut self, reconcile: P) {
+        self.reconciles.push_back(reconcile);
     }
 
     /// An activation waits for a slot.
@@ -167,13 +167,13 @@ impl<P, A> RunSlotQueue<P, A> {
     }
 
     /// Whether a reconcile waits.
-    pub fn passes_wait(&self) -> bool {
-        !self.passes.is_empty()
+    pub fn reconciles_wait(&self) -> bool {
+        !self.reconciles.is_empty()
     }
 
     /// Reconciles and activations waiting.
     pub fn len(&self) -> usize {
-        self.passes.len() + self.activations.len()
+        self.reconciles.len() + self.activations.len()
     }
 
     /// Whether an activation waits.
@@ -192,24 +192,24 @@ impl<P, A> RunSlotQueue<P, A> {
         } else {
             ACTIVATION_EVERY
         };
-        (self.passes.is_empty() && !held) || self.since_activation + 1 >= every
+        (self.reconciles.is_empty() && !held) || self.since_activation + 1 >= every
     }
 
     /// Take who gets the slot acquired now: the next activation if `activation` (its turn, see
-    /// [`RunSlotQueue::activation_turn`]), else the next reconcile.
+    /// [`SlotQueue::activation_turn`]), else the next reconcile.
     pub fn next(&mut self, activation: bool) -> Option<Next<P, A>> {
         if activation && let Some(a) = self.activations.pop_front() {
             self.since_activation = 0;
             return Some(Next::Activation(a));
         }
-        let pass = self.passes.pop_front()?;
+        let reconcile = self.reconciles.pop_front()?;
         self.since_activation += 1;
-        Some(Next::Pass(pass))
+        Some(Next::Reconcile(reconcile))
     }
 
-    /// Drop everything waiting (the run slots are closed: the runtime shuts down).
+    /// Drop everything waiting (the reconcile slots are closed: the runtime shuts down).
     pub fn clear(&mut self) {
-        self.passes.clear();
+        self.reconciles.clear();
         self.activations.clear();
     }
 }
@@ -223,9 +223,9 @@ pub struct Lateness {
     /// Milliseconds from `epoch` to the last sample, plus one (0: no sample yet), in the high
     /// half; the moving average of lateness in microseconds in the low half.
     state: AtomicU64,
-    /// Whether reconciles wait for run slots in the timer task (written by the task when that
+    /// Whether reconciles wait for reconcile slots in the timer task (written by the task when that
     /// changes).
-    pub passes_wait: AtomicBool,
+    pub reconciles_wait: AtomicBool,
 }
 
 impl Lateness {
@@ -234,7 +234,7 @@ impl Lateness {
         Self {
             epoch,
             state: AtomicU64::new(0),
-            passes_wait: AtomicBool::new(false),
+            reconciles_wait: AtomicBool::new(false),
         }
     }
 
@@ -280,8 +280,8 @@ mod tests {
     #[tokio::test]
     async fn a_kinds_limit_bounds_its_slots_within_the_runtimes() {
         let runtime = Arc::new(Semaphore::new(3));
-        let kind = RunSlots::new(runtime.clone(), Some(1));
-        let other = RunSlots::new(runtime.clone(), None);
+        let kind = ReconcileSlots::new(runtime.clone(), Some(1));
+        let other = ReconcileSlots::new(runtime.clone(), None);
         let first = kind.try_acquire().expect("a free slot");
         assert!(matches!(
             kind.try_acquire(),
@@ -323,15 +323,15 @@ mod tests {
     }
 
     /// Take slots one at a time until both queues are empty; `held` for every slot.
-    fn drain(q: &mut RunSlotQueue<u32, u32>, held: bool) -> Vec<u32> {
+    fn drain(q: &mut SlotQueue<u32, u32>, held: bool) -> Vec<u32> {
         let mut order = Vec::new();
-        while q.passes_wait() || q.activations_wait() {
+        while q.reconciles_wait() || q.activations_wait() {
             let activation = q.activation_turn(held);
-            if !activation && !q.passes_wait() {
-                break; // held back with no pass waiting: the slot stays free
+            if !activation && !q.reconciles_wait() {
+                break; // held back with no reconcile waiting: the slot stays free
             }
             match q.next(activation) {
-                Some(Next::Pass(p)) | Some(Next::Activation(p)) => order.push(p),
+                Some(Next::Reconcile(p)) | Some(Next::Activation(p)) => order.push(p),
                 None => break,
             }
         }
@@ -339,14 +339,14 @@ mod tests {
     }
 
     #[test]
-    fn passes_come_first_and_activations_get_every_fourth_slot() {
+    fn reconciles_come_first_and_activations_get_every_fourth_slot() {
         assert_eq!(ACTIVATION_EVERY, 4, "the expected order below assumes 4");
-        let mut q = RunSlotQueue::default();
-        (1..=6).for_each(|p| q.push_pass(p));
+        let mut q = SlotQueue::default();
+        (1..=6).for_each(|p| q.push_reconcile(p));
         [101, 102, 103]
             .into_iter()
             .for_each(|a| q.push_activation(a));
-        // once no pass waits, activations take every slot
+        // once no reconcile waits, activations take every slot
         assert_eq!(drain(&mut q, false), vec![1, 2, 3, 101, 4, 5, 6, 102, 103]);
     }
 
@@ -356,23 +356,23 @@ mod tests {
             HELD_ACTIVATION_EVERY, 32,
             "the expected order below assumes 32"
         );
-        let mut q = RunSlotQueue::default();
-        (1..=40).for_each(|p| q.push_pass(p));
+        let mut q = SlotQueue::default();
+        (1..=40).for_each(|p| q.push_reconcile(p));
         [101, 102].into_iter().for_each(|a| q.push_activation(a));
         let expected: Vec<u32> = (1..=31).chain([101]).chain(32..=40).collect();
         assert_eq!(drain(&mut q, true), expected);
-        // no pass waits, but a held-back activation still does not take a free slot
+        // no reconcile waits, but a held-back activation still does not take a free slot
         assert!(q.activations_wait() && !q.activation_turn(true));
         assert!(q.activation_turn(false), "once the hold ends, it does");
     }
 
     #[test]
     fn a_slot_with_nobody_waiting_goes_to_nobody() {
-        let mut q: RunSlotQueue<u32, u32> = RunSlotQueue::default();
+        let mut q: SlotQueue<u32, u32> = SlotQueue::default();
         assert_eq!(q.next(true), None);
         q.push_activation(7);
         q.clear();
-        assert!(!q.activations_wait() && !q.passes_wait());
+        assert!(!q.activations_wait() && !q.reconciles_wait());
     }
 
     #[test]

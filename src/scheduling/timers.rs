@@ -1,15 +1,15 @@
 //! The timer task: delivers every resource actor's wake-up at its deadline (one pending per
-//! actor, arming again replaces it) and hands out run slots with the deliveries.
+//! actor, arming again replaces it) and hands out reconcile slots with the deliveries.
 //!
 //! A resource actor re-arms its wake-up on every yield, so arming must be cheap: [`Timers`]
 //! keeps every actor's timers in one tokio-util [`DelayQueue`] owned by one task, and arming is a
 //! channel send to it. (A spawned `sleep` task per timer, what `ractor::time::send_after` does,
 //! costs a task allocation and an abort on every re-arm, and a live task per idle actor.)
 //!
-//! A due wake-up needs a run slot before its reconcile can start, so the task acquires one and
+//! A due wake-up needs a reconcile slot before its reconcile can start, so the task acquires one and
 //! delivers it with the wake-up; an actor whose reconcile was triggered otherwise and found no free
 //! slot queues here too ([`Timers::queue`]), and so do activations ([`Timers::activation`]). Who
-//! gets the next slot is decided by [`RunSlotQueue`] and [`Lateness`] (`slots.rs`). No actor
+//! gets the next slot is decided by [`SlotQueue`] and [`Lateness`] (`slots.rs`). No actor
 //! waits for a slot in its handler.
 
 use std::future::{Future, poll_fn};
@@ -23,9 +23,9 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use super::slots::{Lateness, Next, PollRunSlots, RunSlotQueue, RunSlots};
+use super::slots::{Lateness, Next, PollSlots, ReconcileSlots, SlotQueue};
 use crate::hash::FastMap;
-use crate::messages::{RunPermit, RunSlot, TimerMsg};
+use crate::messages::{ReconcilePermit, ReconcileSlot, TimerMsg};
 
 enum Cmd<M: Message> {
     Arm {
@@ -34,22 +34,22 @@ enum Cmd<M: Message> {
         msg: M,
     },
     Cancel(ActorId),
-    /// Deliver as soon as a run slot is free (no deadline).
+    /// Deliver as soon as a reconcile slot is free (no deadline).
     Queue {
         to: ActorRef<M>,
         msg: M,
     },
-    /// Hand a run slot to a new actor's first reconcile (the manager's activation queue).
+    /// Hand a reconcile slot to a new actor's first reconcile (the manager's activation queue).
     Activation(GrantSlot),
 }
 
-/// What receives a run slot for an activation (the manager's callback).
-pub type GrantSlot = Box<dyn FnOnce(RunPermit) + Send>;
+/// What receives a reconcile slot for an activation (the manager's callback).
+pub type GrantSlot = Box<dyn FnOnce(ReconcilePermit) + Send>;
 
 /// Handle to a timer task that delivers messages to actors at deadlines; one pending timer per
 /// actor (arming again replaces it). The task ends when every handle is dropped.
 ///
-/// With run slots, the task is also where reconciles wait for a slot: due deliveries and
+/// With reconcile slots, the task is also where reconciles wait for a slot: due deliveries and
 /// [`Timers::queue`]d ones wait in one first-in-first-out queue, and each is delivered with a
 /// slot. An actor so never waits for a slot inside its handler (where it could not take other
 /// messages, and where every wait cost it a second poll and a place in the semaphore's waiter
@@ -70,7 +70,7 @@ impl TimerGauges {
         self.0.armed.load(Ordering::Relaxed)
     }
 
-    /// Due reconciles and activations waiting for a run slot.
+    /// Due reconciles and activations waiting for a reconcile slot.
     pub fn waiting(&self) -> u64 {
         self.0.waiting.load(Ordering::Relaxed)
     }
@@ -84,7 +84,7 @@ struct Gauges {
 }
 
 impl<M: TimerMsg> Timers<M> {
-    /// Spawns the timer task on the current tokio runtime; it delivers without run slots.
+    /// Spawns the timer task on the current tokio runtime; it delivers without reconcile slots.
     #[cfg(any(test, feature = "bench-internals"))]
     pub fn start() -> Self {
         Self::spawn(None)
@@ -92,11 +92,11 @@ impl<M: TimerMsg> Timers<M> {
 
     /// Spawns the timer task on the current tokio runtime; every delivery waits for, and
     /// carries, a permit of `slots`.
-    pub fn with_run_slots(slots: &RunSlots) -> Self {
+    pub fn with_slots(slots: &ReconcileSlots) -> Self {
         Self::spawn(Some(slots.poller()))
     }
 
-    fn spawn(slots: Option<PollRunSlots>) -> Self {
+    fn spawn(slots: Option<PollSlots>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let lateness = Arc::new(Lateness::new(Instant::now()));
         let gauges = Arc::new(Gauges::default());
@@ -104,7 +104,7 @@ impl<M: TimerMsg> Timers<M> {
             gauges: gauges.clone(),
             queue: DelayQueue::new(),
             actors: FastMap::default(),
-            waiting: RunSlotQueue::default(),
+            waiting: SlotQueue::default(),
             hold_back: HoldBack {
                 lateness: lateness.clone(),
                 timer: None,
@@ -120,7 +120,7 @@ impl<M: TimerMsg> Timers<M> {
         }
     }
 
-    /// Whether the task runs: it ends only if it fails (a panic), or once every holder of
+    /// Whether the task slots: it ends only if it fails (a panic), or once every holder of
     /// these timers is gone. Holding the check keeps nothing alive.
     pub fn liveness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
         let weak = self.tx.downgrade();
@@ -132,20 +132,21 @@ impl<M: TimerMsg> Timers<M> {
         TimerGauges(self.gauges.clone())
     }
 
-    /// A wake-up sent at `sent` (its [`RunSlot::given_at`], or its deadline if it came
+    /// A wake-up sent at `sent` (its [`ReconcileSlot::given_at`], or its deadline if it came
     /// without a slot) is running its reconcile now: tells the task whether the runtime is saturated
-    /// (see [`Lateness`]). Time spent waiting for a run slot does not count: that is the
+    /// (see [`Lateness`]). Time spent waiting for a reconcile slot does not count: that is the
     /// concurrency limit at work, not the workers falling behind.
     pub fn woke(&self, sent: Instant) {
         self.lateness.woke(sent, Instant::now());
     }
 
-    /// Whether an activation may take a free run slot without asking the task: no reconcile waits
+    /// Whether an activation may take a free reconcile slot without asking the task: no reconcile waits
     /// for a slot there, and activations are not held back because wake-ups run late (see
     /// [`Lateness`]). Otherwise a free slot is the next waiting reconcile's, or held back, and the
     /// activation waits for its turn ([`Timers::activation`]).
     pub fn activation_may_skip_queue(&self) -> bool {
-        !self.lateness.passes_wait.load(Ordering::Relaxed) && !self.lateness.holding(Instant::now())
+        !self.lateness.reconciles_wait.load(Ordering::Relaxed)
+            && !self.lateness.holding(Instant::now())
     }
 
     /// Deliver `msg` to `to` at `at`, replacing the actor's pending timer, if any.
@@ -158,12 +159,12 @@ impl<M: TimerMsg> Timers<M> {
     }
 
     /// Drop the actor's pending timer, if any (also when it stopped or failed). A delivery that
-    /// is already due and waiting for a run slot still arrives.
+    /// is already due and waiting for a reconcile slot still arrives.
     pub fn cancel(&self, id: ActorId) {
         let _ = self.tx.send(Cmd::Cancel(id));
     }
 
-    /// Deliver `msg` to `to` with a run slot, as soon as one is free (in turn with due timers).
+    /// Deliver `msg` to `to` with a reconcile slot, as soon as one is free (in turn with due timers).
     pub fn queue(&self, to: &ActorRef<M>, msg: M) {
         let _ = self.tx.send(Cmd::Queue {
             to: to.clone(),
@@ -171,8 +172,8 @@ impl<M: TimerMsg> Timers<M> {
         });
     }
 
-    /// Call `give` with a run slot for an activation, as soon as one is free and it is the
-    /// activations' turn (see [`RunSlotQueue`]). Only with run slots: without, or once they
+    /// Call `give` with a reconcile slot for an activation, as soon as one is free and it is the
+    /// activations' turn (see [`SlotQueue`]). Only with reconcile slots: without, or once they
     /// are closed, `give` is never called.
     pub fn activation(&self, give: GrantSlot) {
         let _ = self.tx.send(Cmd::Activation(give));
@@ -186,14 +187,14 @@ struct Armed<M: Message> {
     msg: M,
 }
 
-/// The task's state: armed wake-ups by actor, and who waits for a run slot.
+/// The task's state: armed wake-ups by actor, and who waits for a reconcile slot.
 struct TimerTask<M: Message> {
     queue: DelayQueue<ActorId>,
     actors: FastMap<ActorId, Armed<M>>,
-    /// Due deliveries and activations waiting for a run slot (only with `slots`).
-    waiting: RunSlotQueue<(ActorRef<M>, M), GrantSlot>,
+    /// Due deliveries and activations waiting for a reconcile slot (only with `slots`).
+    waiting: SlotQueue<(ActorRef<M>, M), GrantSlot>,
     hold_back: HoldBack,
-    slots: Option<PollRunSlots>,
+    slots: Option<PollSlots>,
     gauges: Arc<Gauges>,
 }
 
@@ -273,10 +274,10 @@ impl<M: TimerMsg> TimerTask<M> {
             .store(self.waiting.len() as u64, Ordering::Relaxed);
     }
 
-    /// Deliver now, or queue for a run slot.
+    /// Deliver now, or queue for a reconcile slot.
     fn due(&mut self, to: ActorRef<M>, msg: M) {
         if self.slots.is_some() {
-            self.waiting.push_pass((to, msg));
+            self.waiting.push_reconcile((to, msg));
         } else {
             let _ = to.cast(msg);
         }
@@ -286,11 +287,11 @@ impl<M: TimerMsg> TimerTask<M> {
     /// waiting reconcile, stamped with `now`: the time the task read at the start of this round (no
     /// clock read per delivery; a round's deliveries take microseconds, and a delivery the task
     /// itself was slow to make counts as late, which it is).
-    fn give(&mut self, slot: RunPermit, activation: bool, now: Instant) {
+    fn give(&mut self, slot: ReconcilePermit, activation: bool, now: Instant) {
         match self.waiting.next(activation) {
             Some(Next::Activation(give)) => give(slot),
-            Some(Next::Pass((to, mut msg))) => {
-                msg.give_slot(RunSlot {
+            Some(Next::Reconcile((to, mut msg))) => {
+                msg.give_slot(ReconcileSlot {
                     permit: slot,
                     given_at: now,
                 });
@@ -300,7 +301,7 @@ impl<M: TimerMsg> TimerTask<M> {
         }
     }
 
-    /// One turn of the task: takes commands, collects expiries and hands out run slots until
+    /// One turn of the task: takes commands, collects expiries and hands out reconcile slots until
     /// none of them can progress (`Pending`, wakers registered) or [`TURN`] items were handled
     /// (`Ready(false)`: the caller yields). `Ready(true)` once every handle is dropped.
     ///
@@ -336,7 +337,7 @@ impl<M: TimerMsg> TimerTask<M> {
             while left > 0 && self.slots.is_some() {
                 let held = self.hold_back.lateness.holding(now);
                 let activation = self.waiting.activation_turn(held);
-                if !activation && !self.waiting.passes_wait() {
+                if !activation && !self.waiting.reconciles_wait() {
                     if self.waiting.activations_wait() {
                         self.hold_back.wake_when_over(now, cx);
                     }
@@ -345,7 +346,7 @@ impl<M: TimerMsg> TimerTask<M> {
                 let Some(slots) = &mut self.slots else { break };
                 match slots.poll_acquire(cx) {
                     Poll::Ready(Some(slot)) => self.give(slot, activation, now),
-                    // Closed: the runtime is shutting down and no pass may start.
+                    // Closed: the runtime is shutting down and no reconcile may start.
                     Poll::Ready(None) => {
                         self.waiting.clear();
                     }
@@ -353,11 +354,17 @@ impl<M: TimerMsg> TimerTask<M> {
                 }
                 left -= 1;
             }
-            let waiting = self.waiting.passes_wait();
-            if waiting != self.hold_back.lateness.passes_wait.load(Ordering::Relaxed) {
+            let waiting = self.waiting.reconciles_wait();
+            if waiting
+                != self
+                    .hold_back
+                    .lateness
+                    .reconciles_wait
+                    .load(Ordering::Relaxed)
+            {
                 self.hold_back
                     .lateness
-                    .passes_wait
+                    .reconciles_wait
                     .store(waiting, Ordering::Relaxed);
             }
             if left == 0 {

@@ -88,7 +88,7 @@ mod tests {
     use tokio::time::Instant;
 
     #[tokio::test]
-    async fn writes_are_refused_while_the_shard_is_not_held_reads_pass() {
+    async fn writes_are_refused_while_the_shard_is_not_held_reads_reconcile() {
         let cluster = ApiServer::new();
         let shards = Arc::new(Shards::new(2));
         let clients = fenced_clients(&cluster.client(), &shards);

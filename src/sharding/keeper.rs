@@ -260,7 +260,7 @@ impl Keeper {
         // The first round only announces this replica: replicas started together (a new
         // deployment, a restart) count each other before any takes shards, rather than the
         // first taking every shard and handing most of them on a round later, after it
-        // started their passes and listed their objects.
+        // started their reconciles and listed their objects.
         if !std::mem::replace(&mut self.announced, true) {
             return;
         }

@@ -503,12 +503,12 @@ impl Shards {
 
     /// Enter a reconcile of an object of `shard`: `None` if the shard is not held, or is
     /// being drained.
-    pub(crate) fn enter(self: &Arc<Self>, shard: u32) -> Option<PassGuard> {
+    pub(crate) fn enter(self: &Arc<Self>, shard: u32) -> Option<ReconcileGuard> {
         if !self.holds(shard) || self.draining[shard as usize].load(Ordering::Acquire) {
             return None;
         }
         self.in_flight[shard as usize].fetch_add(1, Ordering::AcqRel);
-        Some(PassGuard {
+        Some(ReconcileGuard {
             lost: self.held[shard as usize].subscribe(),
             shards: self.clone(),
             shard,
@@ -542,13 +542,13 @@ impl std::fmt::Debug for Shards {
 }
 
 /// A reconcile of an object of a held shard; dropped when the reconcile ends.
-pub(crate) struct PassGuard {
+pub(crate) struct ReconcileGuard {
     shards: Arc<Shards>,
     shard: u32,
     lost: watch::Receiver<bool>,
 }
 
-impl PassGuard {
+impl ReconcileGuard {
     /// Resolves when the shard is lost (the reconcile must stop).
     pub(crate) async fn lost(&mut self) {
         let _ = self.lost.wait_for(|held| !held).await;
@@ -563,7 +563,7 @@ impl PassGuard {
     }
 }
 
-/// Whether one shard is held, asked by the clock ([`PassGuard::check`]).
+/// Whether one shard is held, asked by the clock ([`ReconcileGuard::check`]).
 pub(crate) struct HeldCheck {
     shards: Arc<Shards>,
     shard: u32,
@@ -576,7 +576,7 @@ impl HeldCheck {
     }
 }
 
-impl Drop for PassGuard {
+impl Drop for ReconcileGuard {
     fn drop(&mut self) {
         let i = self.shard as usize;
         if self.shards.in_flight[i].fetch_sub(1, Ordering::AcqRel) == 1 {

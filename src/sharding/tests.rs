@@ -82,7 +82,7 @@ fn a_label_value_names_a_shard_of_its_own_count_only() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_shard_is_held_until_its_deadline_and_a_loss_ends_its_passes() {
+async fn a_shard_is_held_until_its_deadline_and_a_loss_ends_its_reconciles() {
     let shards = Arc::new(Shards::new(2));
     let acquired = Arc::new(Mutex::new(Vec::new()));
     let a = acquired.clone();
@@ -97,7 +97,7 @@ async fn a_shard_is_held_until_its_deadline_and_a_loss_ends_its_passes() {
     assert!(!shards.holds(1));
 
     shards.hold_until(1, Instant::now() + Duration::from_secs(10));
-    let mut pass = shards.enter(1).expect("held");
+    let mut reconcile = shards.enter(1).expect("held");
     let drained = {
         let shards = shards.clone();
         tokio::spawn(async move {
@@ -107,11 +107,11 @@ async fn a_shard_is_held_until_its_deadline_and_a_loss_ends_its_passes() {
         })
     };
     shards.lose(1);
-    tokio::time::timeout(Duration::from_millis(1), pass.lost())
+    tokio::time::timeout(Duration::from_millis(1), reconcile.lost())
         .await
-        .expect("the pass sees the loss at once");
-    drop(pass);
-    assert!(drained.await.unwrap(), "drained once the pass ended");
+        .expect("the reconcile sees the loss at once");
+    drop(reconcile);
+    assert!(drained.await.unwrap(), "drained once the reconcile ended");
     assert!(
         shards
             .drained(0, Instant::now() + Duration::from_millis(1))
@@ -123,20 +123,20 @@ async fn a_shard_is_held_until_its_deadline_and_a_loss_ends_its_passes() {
 /// loss) and starts no new one; a drain that ends without a give-up (the keeper renewed the
 /// shard instead) runs the shard's objects again, since the drain turned them away.
 #[tokio::test(start_paused = true)]
-async fn a_draining_shard_lets_its_passes_finish_and_starts_none() {
+async fn a_draining_shard_lets_its_reconciles_finish_and_starts_none() {
     let shards = Arc::new(Shards::new(2));
     let acquired = Arc::new(Mutex::new(Vec::new()));
     let a = acquired.clone();
     shards.on_acquired(Box::new(move |s| a.lock().unwrap().push(s)));
     shards.hold_until(0, Instant::now() + Duration::from_secs(10));
-    let mut pass = shards.enter(0).expect("held");
+    let mut reconcile = shards.enter(0).expect("held");
     shards.drain(0);
     assert!(shards.enter(0).is_none(), "no new reconcile while draining");
     assert!(
         shards.holds(0),
-        "still held: the pass's writes pass the fence"
+        "still held: the reconcile's writes pass the fence"
     );
-    // The pass is not told of a loss; the drain waits for it.
+    // The reconcile is not told of a loss; the drain waits for it.
     let waiting = {
         let shards = shards.clone();
         tokio::spawn(async move {
@@ -146,13 +146,13 @@ async fn a_draining_shard_lets_its_passes_finish_and_starts_none() {
         })
     };
     assert!(
-        tokio::time::timeout(Duration::from_secs(1), pass.lost())
+        tokio::time::timeout(Duration::from_secs(1), reconcile.lost())
             .await
             .is_err(),
-        "a draining pass is not abandoned"
+        "a draining reconcile is not abandoned"
     );
     assert!(!waiting.is_finished());
-    drop(pass);
+    drop(reconcile);
     assert!(waiting.await.unwrap());
     // A drain that times out says so.
     shards.hold_until(1, Instant::now() + Duration::from_secs(10));

@@ -131,7 +131,7 @@ async fn a_dependency_of_another_operator_wakes_its_waiter_through_one_watch() {
 
     create_gadget(&client, "db").await;
     wait_reason(&client, "app", "DependencyNotReady", LIMIT).await;
-    // An hour passes with the gadget not Ready: nothing reads it again.
+    // An hour reconciles with the gadget not Ready: nothing reads it again.
     let waiting = gadget_reads(&requests);
     tokio::time::sleep(Duration::from_secs(3000)).await;
     assert_eq!(

@@ -112,8 +112,8 @@ async fn steps_write_their_own_conditions_finalizers_and_children_without_clobbe
         w.uid().unwrap(),
         "the child is owned by the widget"
     );
-    // The steps' writes are the pass's own: their echoes ran no further pass.
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "one pass");
+    // The steps' writes are the reconcile's own: their echoes ran no further reconcile.
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one reconcile");
 
     // A new generation: Alpha changes (change-only: Beta's write is skipped), Ready stays.
     set_note(&client, "w", "again").await;
@@ -180,7 +180,7 @@ fn counting_guard(counts: Arc<Mutex<HashMap<String, u32>>>) -> impl Provisioner<
                 .unwrap()
                 .entry(cx.object().name_any())
                 .or_default() += 1;
-            // long enough for another replica's pass to meet the lock
+            // long enough for another replica's reconcile to meet the lock
             tokio::time::sleep(Duration::from_millis(200)).await;
             Outcome::Done
         }

@@ -186,7 +186,7 @@ async fn hooks_run_in_order_before_the_watch_and_a_failing_hook_fails_start() {
     let tree = step("run", move |_cx: Context<Widget>| {
         let o = o3.clone();
         async move {
-            o.lock().unwrap().push("pass".into());
+            o.lock().unwrap().push("reconcile".into());
             Outcome::Done
         }
     });
@@ -207,7 +207,11 @@ async fn hooks_run_in_order_before_the_watch_and_a_failing_hook_fails_start() {
         .unwrap();
     wait_ready(&client, "w0", LIMIT).await;
     let seen = order.lock().unwrap().clone();
-    assert_eq!(seen[..3], ["upgrade", "initialize", "pass"], "{seen:?}");
+    assert_eq!(
+        seen[..3],
+        ["upgrade", "initialize", "reconcile"],
+        "{seen:?}"
+    );
     rt.shutdown().await;
 
     let failed = Runtime::builder(client.clone())
@@ -276,7 +280,10 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
     }
     let k = &rt.kind_metrics()[0];
     assert_eq!(k.reconciles_with(ReconcileResult::Done), 1);
-    assert_eq!(k.due_to_start.count, 2, "each pass was due, then started");
+    assert_eq!(
+        k.due_to_start.count, 2,
+        "each reconcile was due, then started"
+    );
 
     // The same address again: a start-up error naming it.
     let taken = Runtime::builder(client.clone())
@@ -443,7 +450,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `run()` on a SIGTERM: a graceful shutdown that lets the pass in flight finish (`Ok`); on a
+/// `run()` on a SIGTERM: a graceful shutdown that lets the reconcile in flight finish (`Ok`); on a
 /// second signal during it: everything stops at once (`Error::Interrupted`), long before the
 /// shutdown timeout. The process signals itself: tokio's handler, registered by `run()` before
 /// it starts, takes the signals (nextest runs each test in a process of its own).
@@ -455,13 +462,13 @@ async fn run_shuts_down_gracefully_on_sigterm_and_at_once_on_a_second_signal() {
         let started = Arc::new(tokio::sync::Notify::new());
         let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (s, f) = (started.clone(), finished.clone());
-        // The pass takes 2 s when only one signal comes (it must finish), 120 s otherwise.
-        let pass = if second_signal { 120 } else { 2 };
+        // The reconcile takes 2 s when only one signal comes (it must finish), 120 s otherwise.
+        let reconcile = if second_signal { 120 } else { 2 };
         let tree = step("slow", move |_cx: Context<Widget>| {
             let (s, f) = (s.clone(), f.clone());
             async move {
                 s.notify_one();
-                tokio::time::sleep(Duration::from_secs(pass)).await;
+                tokio::time::sleep(Duration::from_secs(reconcile)).await;
                 f.store(true, std::sync::atomic::Ordering::SeqCst);
                 Outcome::Done
             }
@@ -481,7 +488,7 @@ async fn run_shuts_down_gracefully_on_sigterm_and_at_once_on_a_second_signal() {
         );
         tokio::time::timeout(LIMIT, started.notified())
             .await
-            .expect("the pass started");
+            .expect("the reconcile started");
         unsafe { libc::raise(libc::SIGTERM) };
         // The runtime took the first signal once it reports shutting down.
         eventually("shutting down", LIMIT, || async {
@@ -498,18 +505,21 @@ async fn run_shuts_down_gracefully_on_sigterm_and_at_once_on_a_second_signal() {
             .await
             .expect("run() returned within 20 s")
             .unwrap();
-        let pass_finished = finished.load(std::sync::atomic::Ordering::SeqCst);
+        let reconcile_finished = finished.load(std::sync::atomic::Ordering::SeqCst);
         if second_signal {
             assert!(
                 matches!(result, Err(actorcile::Error::Interrupted)),
                 "{result:?}"
             );
-            assert!(!pass_finished, "the 120 s pass was stopped, not awaited");
+            assert!(
+                !reconcile_finished,
+                "the 120 s reconcile was stopped, not awaited"
+            );
         } else {
             assert!(result.is_ok(), "{result:?}");
             assert!(
-                pass_finished,
-                "the pass in flight finished before run() returned"
+                reconcile_finished,
+                "the reconcile in flight finished before run() returned"
             );
         }
     }

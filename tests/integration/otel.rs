@@ -1,6 +1,6 @@
 //! The runtime's spans exported over OTLP (feature `otel`), to a collector in the test: one
 //! span `reconcile` per reconcile, with the object's kind, namespace, name and generation, and the
-//! pass's outcome, as attributes.
+//! reconcile's outcome, as attributes.
 #![cfg(feature = "otel")]
 
 use crate::common;
@@ -19,7 +19,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use tracing_subscriber::layer::SubscriberExt;
 
-/// How long the pass may take at most (real time: the exporter runs on a thread of its own;
+/// How long the reconcile may take at most (real time: the exporter runs on a thread of its own;
 /// a bound against a hang, not a speed goal).
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -143,7 +143,7 @@ async fn each_pass_is_one_exported_span_naming_the_object_and_its_outcome() {
         .unwrap()
         .expect("the spans exported");
     let runs = received.spans("reconcile");
-    assert_eq!(runs.len(), 1, "one pass, one span: {runs:?}");
+    assert_eq!(runs.len(), 1, "one reconcile, one span: {runs:?}");
     let run = &runs[0];
     assert_eq!(
         run.get("kind").map(String::as_str),

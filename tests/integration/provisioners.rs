@@ -78,7 +78,7 @@ async fn serial_stops_at_the_first_non_done_child_both_ways() {
     ];
     let o = tree.provision(&cx("")).await;
     assert_eq!(o.reason().unwrap().code(), "B");
-    assert_eq!(taken(&t), ["+a", "+b"], "c untouched this pass");
+    assert_eq!(taken(&t), ["+a", "+b"], "c untouched this reconcile");
     let o = tree.deprovision(&cx("")).await;
     assert_eq!(o.reason().unwrap().code(), "B");
     assert_eq!(taken(&t), ["-c", "-b"], "a untouched while b is not done");
@@ -145,7 +145,7 @@ async fn concurrent_runs_every_child_even_when_one_yields_and_merges_determinist
 }
 
 #[tokio::test]
-async fn concurrent_children_interleave_in_one_pass() {
+async fn concurrent_children_interleave_in_one_reconcile() {
     // both children must be in flight at once: each waits for the other to have started
     let a_started = Arc::new(tokio::sync::Notify::new());
     let b_started = Arc::new(tokio::sync::Notify::new());

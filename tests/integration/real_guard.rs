@@ -57,7 +57,7 @@ async fn an_object_made_stale_between_read_and_guard_does_not_run_the_task() {
         let (r, t, other) = (runs.clone(), touched.clone(), env.client());
         let namespace = ns.ns.clone();
         let tree = serial![
-            // On the first pass only: someone else changes the object after the pass read it.
+            // On the first reconcile only: someone else changes the object after the reconcile read it.
             step("someone-else-writes", move |cx: Context<Widget>| {
                 let (t, other, namespace) = (t.clone(), other.clone(), namespace.clone());
                 async move {
@@ -91,7 +91,7 @@ async fn an_object_made_stale_between_read_and_guard_does_not_run_the_task() {
         let runs = runs.lock().unwrap().get("w").cloned().unwrap_or_default();
         assert_eq!(runs.len(), 1, "the task ran once: {runs:?}");
         // ...on a version at or after the other writer's (etcd revisions only grow), never on
-        // the stale one the first pass read.
+        // the stale one the first reconcile read.
         let ran_on: u64 = runs[0].1.parse().unwrap();
         assert!(
             ran_on >= touched,
@@ -147,10 +147,10 @@ async fn two_replicas_racing_on_fifty_objects_run_each_guarded_task_once() {
             ns.create_widget(n, 1).await;
         }
         ns.wait_all_ready(&names).await;
-        // Both replicas ran passes of the objects: the race happened.
+        // Both replicas ran reconciles of the objects: the race happened.
         assert!(
             a.metrics().provision_reconciles >= 25 && b.metrics().provision_reconciles >= 25,
-            "both replicas ran: {} and {} passes",
+            "both replicas ran: {} and {} reconciles",
             a.metrics().provision_reconciles,
             b.metrics().provision_reconciles
         );

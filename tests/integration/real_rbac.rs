@@ -121,12 +121,12 @@ fn catalog() -> Arc<actorcile::provisioners::Catalog> {
     )
 }
 
-/// Counts each widget's passes.
-fn counting(passes: Passes) -> impl Provisioner<Widget> {
+/// Counts each widget's reconciles.
+fn counting(reconciles: Reconciles) -> impl Provisioner<Widget> {
     step("count", move |cx: Context<Widget>| {
-        let passes = passes.clone();
+        let reconciles = reconciles.clone();
         async move {
-            passes.bump(&cx.object().name_any());
+            reconciles.bump(&cx.object().name_any());
             Outcome::Done
         }
     })
@@ -192,7 +192,7 @@ async fn a_namespaced_controller_with_triggers_and_owned_children_runs_on_its_ro
             .create(&PostParams::default(), &secret("1"))
             .await
             .unwrap();
-        let passes = Passes::default();
+        let reconciles = Reconciles::default();
         let build = |client: Client| {
             let ns = ns.clone();
             Runtime::builder(client)
@@ -200,7 +200,7 @@ async fn a_namespaced_controller_with_triggers_and_owned_children_runs_on_its_ro
                 .namespace(&ns)
                 .controller(
                     Controller::<Widget>::new(serial![
-                        counting(passes.clone()),
+                        counting(reconciles.clone()),
                         resource("child", child)
                     ])
                     .owns::<ConfigMap>()
@@ -221,7 +221,7 @@ async fn a_namespaced_controller_with_triggers_and_owned_children_runs_on_its_ro
             api.create_widget("a", 1).await;
             api.wait_ready("a").await;
             // The Secret it references changes: it runs again.
-            let before = passes.of("a");
+            let before = reconciles.of("a");
             secrets
                 .replace("creds", &PostParams::default(), &{
                     let mut s = secrets.get("creds").await.unwrap();
@@ -231,11 +231,11 @@ async fn a_namespaced_controller_with_triggers_and_owned_children_runs_on_its_ro
                 .await
                 .unwrap();
             eventually("a runs for the Secret", CONVERGE, || async {
-                (passes.of("a") > before).then_some(())
+                (reconciles.of("a") > before).then_some(())
             })
             .await;
             // The config changes: it runs again.
-            let before = passes.of("a");
+            let before = reconciles.of("a");
             configs
                 .patch(
                     "settings",
@@ -245,7 +245,7 @@ async fn a_namespaced_controller_with_triggers_and_owned_children_runs_on_its_ro
                 .await
                 .unwrap();
             eventually("a runs for the config", CONVERGE, || async {
-                (passes.of("a") > before).then_some(())
+                (reconciles.of("a") > before).then_some(())
             })
             .await;
             // Its child deleted by hand: back at once (no poll in this policy).
@@ -324,7 +324,9 @@ async fn sharding_runs_on_its_roles() {
         let build = |client: Client| {
             Runtime::builder(client)
                 .policy(real_policy())
-                .controller(Controller::<Widget>::new(counting(Passes::default())).namespace(&ns))
+                .controller(
+                    Controller::<Widget>::new(counting(Reconciles::default())).namespace(&ns),
+                )
                 .sharding(actorcile::sharding::Sharding::new(2, &ns))
                 .events("realapi-rbac")
         };
@@ -353,7 +355,7 @@ async fn a_controller_of_two_namespaces_runs_on_a_role_in_each() {
             Runtime::builder(client)
                 .policy(real_policy())
                 .controller(
-                    Controller::<Widget>::new(counting(Passes::default()))
+                    Controller::<Widget>::new(counting(Reconciles::default()))
                         .namespaces(namespaces.clone()),
                 )
                 .events("realapi-rbac")
@@ -392,7 +394,9 @@ async fn leader_election_runs_on_its_roles() {
         let build = |client: Client| {
             Runtime::builder(client)
                 .policy(real_policy())
-                .controller(Controller::<Widget>::new(counting(Passes::default())).namespace(&ns))
+                .controller(
+                    Controller::<Widget>::new(counting(Reconciles::default())).namespace(&ns),
+                )
                 .leader_election(actorcile::leader::LeaderElection::new("rbac-leader", &ns))
                 .events("realapi-rbac")
         };
@@ -494,7 +498,7 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
         // The roles of a controller confined to the namespace...
         let confined = |client: Client| {
             Runtime::builder(client).policy(real_policy()).controller(
-                Controller::<Widget>::new(counting(Passes::default())).namespace(&api.ns),
+                Controller::<Widget>::new(counting(Reconciles::default())).namespace(&api.ns),
             )
         };
         let roles = confined(user.clone()).roles("rbac-refused");
@@ -512,7 +516,7 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
         // /readyz says why it is not ready.
         let everywhere = Runtime::builder(user.clone())
             .policy(real_policy())
-            .controller(Controller::<Widget>::new(counting(Passes::default())))
+            .controller(Controller::<Widget>::new(counting(Reconciles::default())))
             .start()
             .await
             .expect("start without preflight");
@@ -544,7 +548,7 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
         let rt = Runtime::builder(user)
             .policy(real_policy())
             .controller(
-                Controller::<Widget>::new(counting(Passes::default()))
+                Controller::<Widget>::new(counting(Reconciles::default()))
                     .namespaces([api.ns.clone(), other.ns.clone()]),
             )
             .start()

@@ -194,14 +194,14 @@ async fn deleted_targets_stay_in_use_until_their_referrers_go() {
                 assert!(msg.contains(r), "{target} names its referrer {r}: {msg}");
             }
         }
-        // Barrier: a change to each held target makes its actor run a deletion pass (counted
+        // Barrier: a change to each held target makes its actor run a deletion reconcile (counted
         // as a deprovision run) that finds it still held; none may deprovision.
         let held = ["a", "b", "c", "bottom", "left", "right"];
         let before = rt.metrics().deprovision_reconciles;
         for n in held {
             api.patch_spec(n, serde_json::json!({"note": "poke"})).await;
         }
-        eventually("a deletion pass per held target", CONVERGE, || async {
+        eventually("a deletion reconcile per held target", CONVERGE, || async {
             (rt.metrics().deprovision_reconciles >= before + held.len() as u64).then_some(())
         })
         .await;
@@ -273,8 +273,8 @@ async fn a_foreign_finalizer_on_a_target_does_not_count_as_a_reference() {
         );
         // Nothing more of ours runs on it, and the foreign finalizer stays until its owner goes.
         // Barrier: a change to `t`, then a new widget provisioned. The watch delivers the change
-        // first, so the runtime took it in before it provisioned `sentinel` (a pass on `t` would
-        // be one message to its actor; `sentinel` takes a finalizer write, a pass and a status
+        // first, so the runtime took it in before it provisioned `sentinel` (a reconcile on `t` would
+        // be one message to its actor; `sentinel` takes a finalizer write, a reconcile and a status
         // write).
         api.patch_spec("t", serde_json::json!({"note": "poke"}))
             .await;

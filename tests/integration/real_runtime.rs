@@ -29,13 +29,13 @@ fn name_of(cx: &Context<Widget>) -> String {
 }
 
 /// The sample operator: negative sizes are Terminal; provisioning yields until the object has
-/// had `passes_needed` passes; deprovision is logged as `-name`.
+/// had `reconciles_needed` reconciles; deprovision is logged as `-name`.
 fn sample_tree(
-    passes: Passes,
+    reconciles: Reconciles,
     deprovisions: Log,
-    passes_needed: impl Fn(&str) -> u32 + Send + Sync + 'static,
+    reconciles_needed: impl Fn(&str) -> u32 + Send + Sync + 'static,
 ) -> impl Provisioner<Widget> {
-    let passes_needed = Arc::new(passes_needed);
+    let reconciles_needed = Arc::new(reconciles_needed);
     serial![
         step("validate", |cx: Context<Widget>| async move {
             if cx.object().spec.size < 0 {
@@ -45,14 +45,14 @@ fn sample_tree(
             }
         }),
         step("build", move |cx: Context<Widget>| {
-            let (passes, needed) = (passes.clone(), passes_needed.clone());
+            let (reconciles, needed) = (reconciles.clone(), reconciles_needed.clone());
             async move {
                 let name = name_of(&cx);
-                let n = passes.bump(&name);
+                let n = reconciles.bump(&name);
                 if n < needed(&name) {
                     Outcome::yield_after(
                         Duration::from_millis(150),
-                        Reason::new("Building", format!("pass {n}")),
+                        Reason::new("Building", format!("reconcile {n}")),
                     )
                 } else {
                     Outcome::Done
@@ -136,11 +136,11 @@ async fn lifecycle_on_a_real_apiserver_status_finalizer_and_clean_deletion() {
     bounded("lifecycle", async {
         let env = shared_env().await;
         let api = Ns::create(env.client(), "rt-lifecycle").await;
-        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
         let rt = start(
             &api.client,
             &api.ns,
-            sample_tree(passes.clone(), deprovisions.clone(), |_| 3),
+            sample_tree(reconciles.clone(), deprovisions.clone(), |_| 3),
         )
         .await;
         let all = names("w", 5);
@@ -152,7 +152,7 @@ async fn lifecycle_on_a_real_apiserver_status_finalizer_and_clean_deletion() {
         assert_eq!(s.phase, Some(Phase::Progressing), "{s:?}");
         let c = s.ready().unwrap();
         assert_eq!(c.status, "False");
-        assert!(c.message.starts_with("pass "), "{c:?}");
+        assert!(c.message.starts_with("reconcile "), "{c:?}");
 
         api.wait_all_ready(&all).await;
         for n in &all {
@@ -161,7 +161,11 @@ async fn lifecycle_on_a_real_apiserver_status_finalizer_and_clean_deletion() {
             assert_eq!(w.metadata.generation, Some(1));
         }
         for n in &all {
-            assert_eq!(passes.of(n), 3, "{n}: two yields and one done pass");
+            assert_eq!(
+                reconciles.of(n),
+                3,
+                "{n}: two yields and one done reconcile"
+            );
         }
 
         // A spec change: a new generation is provisioned and observed. It is also the barrier
@@ -177,9 +181,9 @@ async fn lifecycle_on_a_real_apiserver_status_finalizer_and_clean_deletion() {
             assert_eq!(w.metadata.generation, Some(2));
             assert_provisioned(&w);
             assert_eq!(
-                passes.of(n),
+                reconciles.of(n),
                 4,
-                "{n}: one pass for the change, none for the echoes of its own writes"
+                "{n}: one reconcile for the change, none for the echoes of its own writes"
             );
         }
 
@@ -202,14 +206,14 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
     bounded("operator restart", async {
         let env = shared_env().await;
         let api = Ns::create(env.client(), "rt-operator-restart").await;
-        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
         // `slow*` objects cannot finish before the restart: they yield until `allow` is set.
         let allow = Arc::new(AtomicBool::new(false));
-        // Passes a runtime's tree runs once its `stopped` flag is set go to `late`.
+        // Reconciles a runtime's tree runs once its `stopped` flag is set go to `late`.
         let late = Log::default();
         let tree = |allow: Arc<AtomicBool>, stopped: Arc<AtomicBool>| {
             let late = late.clone();
-            sample_tree(passes.clone(), deprovisions.clone(), move |name| {
+            sample_tree(reconciles.clone(), deprovisions.clone(), move |name| {
                 if stopped.load(Ordering::SeqCst) {
                     late.push(name);
                 }
@@ -235,14 +239,14 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
         }
         for n in &slow {
             eventually(&format!("{n} yielded twice"), CONVERGE, || async {
-                (passes.of(n) >= 2).then_some(())
+                (reconciles.of(n) >= 2).then_some(())
             })
             .await;
             api.wait_reason(n, "Building").await;
         }
         rt.shutdown().await;
         stopped.store(true, Ordering::SeqCst);
-        let before = passes.snapshot();
+        let before = reconciles.snapshot();
         for n in &slow {
             let s = api.status_of(n).await.unwrap();
             assert!(
@@ -256,14 +260,14 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
         let rt = start(&api.client, &api.ns, tree(allow.clone(), Arc::default())).await;
         // Barrier for the old runtime: every wake-up it had armed was due at most 150 ms after
         // its shutdown returned. A widget new to the new runtime yields twice, 150 ms apart,
-        // before it is Ready: by then the old runtime would have run its passes.
+        // before it is Ready: by then the old runtime would have run its reconciles.
         api.create_widget(CLOCK, 1).await;
         api.wait_ready(CLOCK).await;
-        assert_eq!(passes.of(CLOCK), 3);
+        assert_eq!(reconciles.of(CLOCK), 3);
         assert_eq!(
             late.entries(),
             Vec::<String>::new(),
-            "no pass of the old runtime after its shutdown returned"
+            "no reconcile of the old runtime after its shutdown returned"
         );
         let all: Vec<String> = [CLOCK.to_string()]
             .into_iter()
@@ -283,16 +287,16 @@ async fn operator_restart_mid_provisioning_converges_without_reprovisioning_read
         }
         for n in &early {
             api.wait_ready_at(n, 2).await;
-            let extra = passes.of(n) - before[n];
+            let extra = reconciles.of(n) - before[n];
             assert!(
                 extra <= 2,
-                "{n} was Ready before the restart but ran {extra} more passes (at most one at \
+                "{n} was Ready before the restart but ran {extra} more reconciles (at most one at \
                  start-up and one for the change)"
             );
         }
         for n in &slow {
             assert!(
-                passes.of(n) > before[n],
+                reconciles.of(n) > before[n],
                 "{n} was provisioned by the new runtime"
             );
         }
@@ -309,15 +313,15 @@ async fn apiserver_restart_mid_provisioning_watches_recover_and_everything_conve
         // Restarting the apiserver would disturb other tests: this one has its own.
         let mut env = own_env().await;
         let api = Ns::create(env.client(), "rt-apiserver-restart").await;
-        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
         // `a*` objects yield (150 ms) until `finish` is set, which happens while the apiserver
-        // is down: their last passes, and the status writes of those, fall into the outage.
+        // is down: their last reconciles, and the status writes of those, fall into the outage.
         let finish = Arc::new(AtomicBool::new(false));
         let f = finish.clone();
         let rt = start(
             &api.client,
             &api.ns,
-            sample_tree(passes.clone(), deprovisions.clone(), move |name| {
+            sample_tree(reconciles.clone(), deprovisions.clone(), move |name| {
                 if name.starts_with('a') && !f.load(Ordering::SeqCst) {
                     u32::MAX
                 } else {
@@ -366,7 +370,7 @@ async fn apiserver_restart_mid_provisioning_watches_recover_and_everything_conve
     .await;
 }
 
-/// A widget created as a barrier: its passes, 150 ms apart, mark time on the runtime's own timers.
+/// A widget created as a barrier: its reconciles, 150 ms apart, mark time on the runtime's own timers.
 const CLOCK: &str = "clock";
 
 #[tokio::test]
@@ -374,11 +378,11 @@ async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() 
     bounded("validation", async {
         let env = shared_env().await;
         let api = Ns::create(env.client(), "rt-invalid").await;
-        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
         let rt = start(
             &api.client,
             &api.ns,
-            sample_tree(passes.clone(), deprovisions.clone(), |name| {
+            sample_tree(reconciles.clone(), deprovisions.clone(), |name| {
                 if name == CLOCK { 16 } else { 1 }
             }),
         )
@@ -419,18 +423,18 @@ async fn schema_invalid_objects_are_rejected_and_semantic_errors_end_terminal() 
         assert_eq!(s.observed_generation, Some(1));
         // Terminal: no retries (the policy's yield and backoff delays are ≤ 2 s). The barrier:
         // a widget created now yields 15 times, 150 ms apart, on the runtime's own timers, so
-        // its last pass comes more than 2 s later; a retry of `neg` would have been due before.
+        // its last reconcile comes more than 2 s later; a retry of `neg` would have been due before.
         api.create_widget(CLOCK, 1).await;
         api.wait_ready(CLOCK).await;
         let neg = api.get("neg").await.unwrap();
         assert_eq!(neg.finalizers(), [DEFAULT_FINALIZER.to_string()]);
-        assert_eq!(passes.of(CLOCK), 16);
+        assert_eq!(reconciles.of(CLOCK), 16);
         assert_eq!(
             rt.metrics().provision_reconciles,
             1 + 16,
             "one run for the terminal object, none for the rejected ones (and the clock's 16)"
         );
-        assert_eq!(passes.of("bad-type") + passes.of("bad-missing"), 0);
+        assert_eq!(reconciles.of("bad-type") + reconciles.of("bad-missing"), 0);
 
         // The object changed: provisioning resumes and succeeds.
         api.patch_spec("neg", serde_json::json!({"size": 3})).await;
@@ -462,13 +466,13 @@ async fn hostile_objects_converge_with_bounded_runs_and_memory() {
     bounded("hostile input", async {
         let env = shared_env().await;
         let api = Ns::create(env.client(), "rt-hostile").await;
-        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
         let rt = Runtime::builder(api.client.clone())
             .policy(real_policy())
             .controller(
                 Controller::<Widget>::new(serial![
                     referencing(),
-                    sample_tree(passes.clone(), deprovisions.clone(), |_| 1)
+                    sample_tree(reconciles.clone(), deprovisions.clone(), |_| 1)
                 ])
                 .namespace(&api.ns),
             )
@@ -540,14 +544,14 @@ async fn hostile_objects_converge_with_bounded_runs_and_memory() {
         );
         let annotated = api.get("annotated").await.unwrap();
         assert_eq!(annotated.annotations().len(), 3001);
-        // One pass each (the tree is done at its first), plus at most a re-run when a
+        // One reconcile each (the tree is done at its first), plus at most a re-run when a
         // reference written onto it met its status write (409): bounded, no loop.
         for n in &all {
             assert!(
-                passes.of(n) <= 2,
+                reconciles.of(n) <= 2,
                 "{}: {}",
                 &n[..20.min(n.len())],
-                passes.of(n)
+                reconciles.of(n)
             );
         }
         let runs = rt.metrics().provision_reconciles;
@@ -782,14 +786,14 @@ async fn the_runtimes_roles_suffice_for_a_non_admin_are_minimal_and_preflight_na
         let used = Used::default();
         let user = recorded_user_client(env, &used);
         let api = Ns::create(admin.clone(), "rt-rbac").await;
-        let (passes, deprovisions) = (Passes::default(), Log::default());
+        let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
         let builder = || {
             Runtime::builder(user.clone())
                 .policy(real_policy())
                 .controller(
                     Controller::<Widget>::new(serial![
                         referencing(),
-                        sample_tree(passes.clone(), deprovisions.clone(), |_| 2)
+                        sample_tree(reconciles.clone(), deprovisions.clone(), |_| 2)
                     ])
                     .namespace(&api.ns),
                 )
@@ -846,7 +850,7 @@ async fn the_runtimes_roles_suffice_for_a_non_admin_are_minimal_and_preflight_na
             }
         }
 
-        // The full role: preflight passes and the whole lifecycle works as the non-admin.
+        // The full role: preflight reconciles and the whole lifecycle works as the non-admin.
         full.apply(&admin, subject, "realapi-test")
             .await
             .expect("apply the roles");
@@ -1017,7 +1021,7 @@ async fn cel_rules_refusing_status_writes_are_reported_and_backed_off_and_ratche
             "{note}"
         );
         assert_eq!(events[0].type_.as_deref(), Some("Warning"));
-        // Backed off, not hot: the yield asks for a pass every 150 ms, the error backoff
+        // Backed off, not hot: the yield asks for a reconcile every 150 ms, the error backoff
         // (100 ms doubling to 2 s) allows about 7 writes in 8 s. A busier machine makes fewer.
         let before = rt.metrics().status_rejected;
         assert!(before >= 1);

@@ -431,18 +431,18 @@ static WINDOW: std::sync::OnceLock<Window> = std::sync::OnceLock::new();
 
 #[derive(Default)]
 struct Window {
-    /// The task of the waiter's actor, set by its tree when its pass ends waiting.
+    /// The task of the waiter's actor, set by its tree when its reconcile ends waiting.
     waiter_task: Mutex<Option<tokio::task::Id>>,
-    /// Lets the dependency's pass finish.
+    /// Lets the dependency's reconcile finish.
     release: tokio::sync::Notify,
-    /// The dependency's pass ended and its actor passivated (after it announced Ready).
+    /// The dependency's reconcile ended and its actor passivated (after it announced Ready).
     dependency_done: std::sync::atomic::AtomicBool,
     /// The hook ran (once).
     opened: std::sync::atomic::AtomicBool,
 }
 
 impl Window {
-    /// The first `Waiter` dropped on the waiter actor's task after its waiting pass ended: the
+    /// The first `Waiter` dropped on the waiter actor's task after its waiting reconcile ended: the
     /// copy of the object its own status write returned, dropped when the actor hands the object
     /// back (or takes the watch echo of that write in), which it does only after it removed its
     /// route. The actor is passivating now: hold it here until the dependency turned Ready, so
@@ -519,7 +519,7 @@ async fn readiness_reaches_dependents_that_are_passivating() {
     );
     w.metadata.namespace = Some("default".into());
     waiters.create(&PostParams::default(), &w).await.unwrap();
-    // Real time here, every wait bounded. The dependency's pass is held until the waiter's actor
+    // Real time here, every wait bounded. The dependency's reconcile is held until the waiter's actor
     // is in its window; the first passivation is then the dependency's, which comes after it
     // announced Ready.
     eventually("the dependency passivated", QUICK, || async {
@@ -545,7 +545,7 @@ async fn readiness_reaches_dependents_that_are_passivating() {
     rt.shutdown().await;
 }
 
-/// Passes start while the first list is still arriving, before the store can say whether a
+/// Reconciles start while the first list is still arriving, before the store can say whether a
 /// referrer exists; a deletion checked then counts every referrer as live. Once the list is in,
 /// a deletion whose referrer went away while no operator ran goes on at once, not at the next
 /// fallback poll (an hour here).
@@ -627,7 +627,7 @@ async fn a_target_not_listed_yet_is_not_ready_and_a_missing_one_is_told_once_lis
     let rt = Runtime::builder(client.clone())
         .policy(no_polling())
         .controller(
-            // No finalizer to add first: each pass runs as soon as its object is listed.
+            // No finalizer to add first: each reconcile runs as soon as its object is listed.
             Controller::<Widget>::new(tree)
                 .without_finalizer()
                 .watcher_config(pages_of(1)),

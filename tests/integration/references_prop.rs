@@ -122,7 +122,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
 #[derive(Default)]
 struct Observed {
     running: HashSet<String>,
-    passes: HashMap<String, u32>,
+    reconciles: HashMap<String, u32>,
     holds: HashSet<(String, String)>,
     /// Deprovisioned objects, with the runtime incarnation that did it.
     released: HashMap<String, u32>,
@@ -153,12 +153,12 @@ where
         async move {
             let me = cx.object().name_any();
             let i: usize = me[1..].parse().unwrap();
-            let pass = {
+            let reconcile = {
                 let mut o = obs.lock().unwrap();
                 if !o.running.insert(me.clone()) {
                     o.violations.push(format!("two runs of {me} at once"));
                 }
-                let p = o.passes.entry(me.clone()).or_insert(0);
+                let p = o.reconciles.entry(me.clone()).or_insert(0);
                 *p += 1;
                 *p
             };
@@ -167,19 +167,19 @@ where
             async {
                 // let other actors interleave with this run
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                if pass <= node.yields {
+                if reconcile <= node.yields {
                     return Outcome::yield_after(
                         Duration::from_millis(5),
                         Reason::new("Y", "yield"),
                     );
                 }
-                if pass <= node.yields + node.failures {
+                if reconcile <= node.yields + node.failures {
                     return Outcome::failed(
                         Reason::new("F", "fail"),
                         std::io::Error::other("injected"),
                     );
                 }
-                if pass <= node.yields + node.failures + node.panics {
+                if reconcile <= node.yields + node.failures + node.panics {
                     panic!("injected panic in {me}");
                 }
                 for &d in &node.needs {

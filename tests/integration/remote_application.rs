@@ -275,7 +275,7 @@ async fn registration_comes_before_every_child_and_goes_after_the_last_user_depr
     let cd = Arc::new(MemoryCd::default());
     let release_b = Arc::new(AtomicBool::new(false));
     // Two remote provisioners of one object share the remote "edge"; a sibling of the first
-    // yields on its first pass and the second fails on its first pass: children must still only
+    // yields on its first reconcile and the second fails on its first reconcile: children must still only
     // ever run with "edge" registered.
     let child = |name: &'static str, cd: Arc<MemoryCd>, gate: Option<Arc<AtomicBool>>| {
         let cd2 = cd.clone();
@@ -508,7 +508,7 @@ async fn an_application_progresses_until_healthy_and_degraded_only_counts_when_a
         AppHealth::Degraded("a pod crash-loops".into()),
     );
     wait_ready(&client, "b", LIMIT).await;
-    // a's application turns Degraded: a's next pass (its spec changed) yields on it.
+    // a's application turns Degraded: a's next reconcile (its spec changed) yields on it.
     cd.set_health(
         &identity("a"),
         AppHealth::Degraded("a pod crash-loops".into()),

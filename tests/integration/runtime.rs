@@ -1,6 +1,6 @@
 //! The runtime on the in-process cluster, through `RuntimeBuilder`: lifecycle, supervision
-//! across kinds, one run at a time under load, bad input, change-only status writes, run slots
-//! and passivation at scale. The decisions of one kind's manager and passes (coalescing, the
+//! across kinds, one run at a time under load, bad input, change-only status writes, reconcile slots
+//! and passivation at scale. The decisions of one kind's manager and reconciles (coalescing, the
 //! earliest wake-up, passivation, restart intensity, yield and error delays) are tested beside
 //! their code, in `src/actors/`.
 //!
@@ -144,7 +144,7 @@ async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
     let log = RunLog::default();
     let calls = Arc::new(AtomicU32::new(0));
     let (l, c) = (log.clone(), calls.clone());
-    // The first two passes hang; the third finishes.
+    // The first two reconciles hang; the third finishes.
     let tree = step("hangs", move |cx: Context<Widget>| {
         let (l, c) = (l.clone(), c.clone());
         async move {
@@ -163,7 +163,11 @@ async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
     wait_reason(&client, "h", "ReconcileTimeout", LIMIT).await;
     wait_ready(&client, "h", LIMIT).await;
     let s = log.starts("h");
-    assert_eq!(s.len(), 3, "two stopped passes, then the one that finished");
+    assert_eq!(
+        s.len(),
+        3,
+        "two stopped reconciles, then the one that finished"
+    );
     let gaps: Vec<Duration> = s.windows(2).map(|w| w[1] - w[0]).collect();
     // 3 s of hanging, then the error backoff (100 ms, then 200 ms).
     assert!(
@@ -425,7 +429,7 @@ async fn a_status_write_that_keeps_failing_is_retried_with_the_error_backoff() {
 async fn the_error_backoff_resumes_after_passivation() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
-    // Fails every pass: a dependency that stays down.
+    // Fails every reconcile: a dependency that stays down.
     let tree = logging_step_with(log.clone(), |_| {
         Outcome::failed(
             Reason::new("Down", "the dependency is down"),
@@ -643,7 +647,7 @@ async fn an_idle_rerun_writes_no_status() {
 }
 
 /// The idle timeout is a horizon: an actor whose next wake-up is due sooner stays live between
-/// passes; one whose next wake-up is further away passivates and its timer is kept by the
+/// reconciles; one whose next wake-up is further away passivates and its timer is kept by the
 /// manager.
 #[tokio::test(start_paused = true)]
 async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout() {
@@ -680,7 +684,7 @@ async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout
     );
     wait_ready(&client, "near", LIMIT).await;
     assert_eq!(log.count("near"), 4);
-    eventually("near passive after its last pass", LIMIT, || async {
+    eventually("near passive after its last reconcile", LIMIT, || async {
         (rt.metrics().live_actors == 0).then_some(())
     })
     .await;
@@ -688,7 +692,7 @@ async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout
     assert_eq!(
         (m.activations, m.passivations),
         (1, 1),
-        "one activation for four passes; {m:?}"
+        "one activation for four reconciles; {m:?}"
     );
 
     create(&client, "far", 1).await;
@@ -704,7 +708,7 @@ async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout
     );
     wait_ready(&client, "far", Duration::from_secs(60)).await;
     assert_eq!(log.count("far"), 4);
-    eventually("far passive after its last pass", LIMIT, || async {
+    eventually("far passive after its last reconcile", LIMIT, || async {
         (rt.metrics().live_actors == 0).then_some(())
     })
     .await;
@@ -712,12 +716,12 @@ async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout
     assert_eq!(
         (m.activations, m.passivations),
         (5, 5),
-        "far passivated between its passes and its timers woke it; {m:?}"
+        "far passivated between its reconciles and its timers woke it; {m:?}"
     );
     rt.shutdown().await;
 }
 
-/// An object gets a live actor only when it gets a run slot: with passes blocked, new objects
+/// An object gets a live actor only when it gets a reconcile slot: with reconciles blocked, new objects
 /// wait in the manager's queue, not as live actors.
 #[tokio::test(start_paused = true)]
 async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
@@ -740,7 +744,7 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     for i in 0..20 {
         create(&client, &format!("q{i}"), 1).await;
     }
-    eventually("two passes blocked", LIMIT, || async {
+    eventually("two reconciles blocked", LIMIT, || async {
         (log.total() == 2).then_some(())
     })
     .await;
@@ -748,7 +752,7 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     let m = rt.metrics();
     assert_eq!(log.total(), 2, "{m:?}");
     assert_eq!(m.live_actors, 2, "18 objects wait without an actor; {m:?}");
-    // Let every pass through: all converge, one actor at a time per run slot.
+    // Let every pass through: all converge, one actor at a time per reconcile slot.
     let opener = tokio::spawn(async move {
         loop {
             gate.notify_waiters();
@@ -758,13 +762,13 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     wait_all_ready(&client, 20, LIMIT).await;
     opener.abort();
     let m = rt.metrics();
-    assert_eq!(log.total(), 20, "one pass each");
+    assert_eq!(log.total(), 20, "one reconcile each");
     assert!(m.peak_in_flight <= 2, "{m:?}");
     assert_eq!(m.activations, 20, "{m:?}");
     rt.shutdown().await;
 }
 
-/// Passes of one step, blocked on `gate`: how many run at once now, and at most.
+/// Reconciles of one step, blocked on `gate`: how many run at once now, and at most.
 #[derive(Clone, Default)]
 struct InFlight(Arc<(AtomicU32, AtomicU32, AtomicU32)>);
 
@@ -795,7 +799,7 @@ impl InFlight {
     }
 }
 
-/// A kind's own limit (`Controller::max_concurrent_reconciles`) bounds its passes within the
+/// A kind's own limit (`Controller::max_concurrent_reconciles`) bounds its reconciles within the
 /// runtime's, and the runtime's other slots stay free for other kinds: with widgets limited
 /// to 2 of 4 slots, 2 gadgets still run beside 2 widgets while 4 more widgets wait.
 #[tokio::test(start_paused = true)]
@@ -831,7 +835,7 @@ async fn a_kinds_own_limit_bounds_its_passes_and_leaves_the_rest_to_other_kinds(
         (widgets_in.now() == 2 && gadgets_in.now() == 2).then_some(())
     })
     .await;
-    // Paused clock: the runtime is idle before the clock moves, so every pass that could
+    // Paused clock: the runtime is idle before the clock moves, so every reconcile that could
     // start has.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -847,7 +851,7 @@ async fn a_kinds_own_limit_bounds_its_passes_and_leaves_the_rest_to_other_kinds(
     });
     wait_all_ready(&client, 6, LIMIT).await;
     opener.abort();
-    assert_eq!(widgets_in.total(), 6, "one pass each");
+    assert_eq!(widgets_in.total(), 6, "one reconcile each");
     assert_eq!(widgets_in.peak(), 2, "never more than the kind's limit");
     rt.shutdown().await;
 }
@@ -981,10 +985,10 @@ async fn live_actors_stay_at_the_cap_and_every_object_finishes() {
     rt.shutdown().await;
 }
 
-/// A burst of 300 CPU-bound objects (each pass keeps the only worker busy for 250 µs, then
+/// A burst of 300 CPU-bound objects (each reconcile keeps the only worker busy for 250 µs, then
 /// yields for 1 ms) on real time: every object is activated exactly once and ends Ready, with
 /// fewer actors live at once than there are objects. That the runtime was saturated, and that it
-/// held activations back to a share of the run slots, is not checked here (the timer's unit
+/// held activations back to a share of the reconcile slots, is not checked here (the timer's unit
 /// tests check the order); this test checks that under such a load no object starves.
 #[tokio::test]
 async fn a_saturated_runtime_still_starts_and_finishes_every_object() {
@@ -1023,7 +1027,7 @@ async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
     wait_all_ready(&client, 8, LIMIT).await;
     let m = rt.metrics();
     assert_eq!((m.live_actors, m.activations), (8, 8), "{m:?}");
-    // Each object's first pass runs as its actor starts: past the cap of two, one start per
+    // Each object's first reconcile runs as its actor starts: past the cap of two, one start per
     // 10 ms (paused clock: exactly).
     let mut firsts: Vec<Instant> = (0..8).map(|i| log.starts(&format!("s{i}"))[0]).collect();
     firsts.sort();
@@ -1035,9 +1039,9 @@ async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
     rt.shutdown().await;
 }
 
-/// A pass that finds every run slot taken waits without blocking its actor: events that arrive
-/// meanwhile are taken in, and the pass that runs once a slot is free runs once, on the newest
-/// version (not one pass per event, not on the version that first asked for a slot).
+/// A reconcile that finds every reconcile slot taken waits without blocking its actor: events that arrive
+/// meanwhile are taken in, and the reconcile that runs once a slot is free runs once, on the newest
+/// version (not one reconcile per event, not on the version that first asked for a slot).
 #[tokio::test(start_paused = true)]
 async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
     let (_cluster, client) = cluster();
@@ -1065,7 +1069,7 @@ async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
     wait_ready(&client, "waiter", LIMIT).await;
     create(&client, "holder", 1).await;
     entered.notified().await;
-    // The one slot is held: each update makes the waiter's pass due, with no slot to run on.
+    // The one slot is held: each update makes the waiter's reconcile due, with no slot to run on.
     for note in ["v2", "v3", "v4"] {
         set_note(&client, "waiter", note).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1078,14 +1082,14 @@ async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
             .map(|(_, note)| note.clone())
             .collect()
     };
-    assert_eq!(runs_of("waiter"), vec![""], "no pass without a slot");
+    assert_eq!(runs_of("waiter"), vec![""], "no reconcile without a slot");
     gate.notify_one();
     wait_ready(&client, "holder", LIMIT).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         runs_of("waiter"),
         vec!["", "v4"],
-        "one pass once the slot is free, on the newest version"
+        "one reconcile once the slot is free, on the newest version"
     );
     assert!(rt.metrics().peak_in_flight <= 1);
     rt.shutdown().await;
@@ -1242,7 +1246,7 @@ async fn failed_status_writes_are_retried_until_they_land() {
     rt.shutdown().await;
 }
 
-/// A runtime logging every pass (no finalizer, no status: passes make no writes) whose watcher
+/// A runtime logging every reconcile (no finalizer, no status: reconciles make no writes) whose watcher
 /// lists `page` objects per request.
 async fn start_logging_listed_in_pages(
     client: &kube::Client,
@@ -1262,7 +1266,7 @@ async fn start_logging_listed_in_pages(
         .unwrap()
 }
 
-/// The first list goes into the store as it arrives: an object's first pass runs while later
+/// The first list goes into the store as it arrives: an object's first reconcile runs while later
 /// pages are still being listed. (kube-runtime's reflector makes a list visible only once every
 /// page is in, which is when its `Controller` starts.)
 #[tokio::test(start_paused = true)]
@@ -1283,7 +1287,7 @@ async fn first_passes_start_while_the_first_list_is_still_arriving() {
     let first = log.0.lock().unwrap().iter().map(|r| r.1).min().unwrap() - t0;
     assert!(
         first < Duration::from_secs(3),
-        "the first pass came {first:?} after start: it waited for the whole list"
+        "the first reconcile came {first:?} after start: it waited for the whole list"
     );
     assert_eq!(rt.metrics().activations, 10);
     rt.shutdown().await;
@@ -1369,7 +1373,7 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
         (rt.metrics().passivations == 1).then_some(())
     })
     .await;
-    // The one run slot is held while `db` and a burst of new objects queue behind it.
+    // The one reconcile slot is held while `db` and a burst of new objects queue behind it.
     create(&client, "holder", 1).await;
     entered.notified().await;
     create(&client, "db", 1).await;
@@ -1384,14 +1388,14 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     let app_at = after_db.iter().position(|n| n == "app").unwrap();
     assert!(
         app_at <= 2,
-        "app ran again only after {app_at} later passes: {order:?}"
+        "app ran again only after {app_at} later reconciles: {order:?}"
     );
     let news = after_db.iter().filter(|n| n.starts_with('n')).count();
     assert_eq!(news, 12, "every new object ran: {order:?}");
     rt.shutdown().await;
 }
 
-/// A restart with many objects: every listed object is queued for its first pass, and a change
+/// A restart with many objects: every listed object is queued for its first reconcile, and a change
 /// that comes meanwhile (an object changed, an object created) runs ahead of the rest of the
 /// list, which still gets every second start and finishes.
 #[tokio::test(start_paused = true)]
@@ -1411,7 +1415,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
         let (g, e, h, l) = (g.clone(), e.clone(), h.clone(), l.clone());
         async move {
             l.start(&cx.object().name_any());
-            // The first pass holds the one run slot while the rest of the list queues.
+            // The first reconcile holds the one reconcile slot while the rest of the list queues.
             if !h.swap(true, Ordering::SeqCst) {
                 e.notify_one();
                 g.notified().await;
@@ -1427,7 +1431,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     create(&client, "created", 1).await;
     // Paused clock: it advances only once every task is idle, so the runtime has seen both.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(log.total(), 1, "the run slot was held");
+    assert_eq!(log.total(), 1, "the reconcile slot was held");
     gate.notify_one();
     wait_all_ready(&client, 41, LIMIT).await;
     let order: Vec<String> = log.0.lock().unwrap().iter().map(|r| r.0.clone()).collect();
@@ -1440,7 +1444,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     rt.shutdown().await;
 }
 
-/// A runtime with two run slots over sixty objects `r0`…`r59`, each Ready and passive.
+/// A runtime with two reconcile slots over sixty objects `r0`…`r59`, each Ready and passive.
 async fn sixty_passive_objects(
     client: &kube::Client,
     tree: impl Provisioner<Widget> + 'static,
@@ -1460,7 +1464,7 @@ async fn sixty_passive_objects(
 }
 
 /// Passivated actors adopt the next activations instead of new actors being spawned: sixty
-/// objects through two run slots spawn a handful of actors, every object still runs once per
+/// objects through two reconcile slots spawn a handful of actors, every object still runs once per
 /// change, and no two runs of one object overlap.
 #[tokio::test(start_paused = true)]
 async fn passivated_actors_adopt_the_next_objects() {
@@ -1498,7 +1502,7 @@ async fn passivated_actors_adopt_the_next_objects() {
 }
 
 /// A deleted object's actor goes back to the manager idle instead of stopping: sixty objects
-/// deleted through two run slots are deprovisioned once each by a handful of actors, and an
+/// deleted through two reconcile slots are deprovisioned once each by a handful of actors, and an
 /// object created again under a deleted one's name runs as a new object.
 #[tokio::test(start_paused = true)]
 async fn deleted_objects_hand_their_actors_back_to_the_next_activations() {

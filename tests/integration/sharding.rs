@@ -1,6 +1,6 @@
 //! Sharding on the in-process cluster: two runtimes (replicas) split the shards, each runs only
 //! the objects of its shards, readiness crosses shards by watch, a graceful stop hands the
-//! shards over at once, and a replica cut off from the API stops its passes before another
+//! shards over at once, and a replica cut off from the API stops its reconciles before another
 //! takes its shards. (The same with separate OS processes on a real kube-apiserver is in the
 //! example operator's process test.)
 
@@ -30,13 +30,13 @@ fn policy() -> SupervisorPolicy {
     p
 }
 
-/// One pass: replica, object, start, end (`None` while running, or if it was abandoned and
+/// One reconcile: replica, object, start, end (`None` while running, or if it was abandoned and
 /// `Dropped` recorded its end).
-type Passes = Arc<Mutex<Vec<(String, String, Instant, Option<Instant>)>>>;
+type Reconciles = Arc<Mutex<Vec<(String, String, Instant, Option<Instant>)>>>;
 
-/// Records the end of a pass when the step's future is dropped, whether it finished or was
+/// Records the end of a reconcile when the step's future is dropped, whether it finished or was
 /// abandoned.
-struct Dropped(Passes, usize);
+struct Dropped(Reconciles, usize);
 
 impl Drop for Dropped {
     fn drop(&mut self) {
@@ -45,18 +45,18 @@ impl Drop for Dropped {
 }
 
 /// Waits for `needs`; holds objects named `slow-*` for `hold`.
-fn tree(replica: &str, passes: Passes, hold: Duration) -> impl Provisioner<Widget> + use<> {
+fn tree(replica: &str, reconciles: Reconciles, hold: Duration) -> impl Provisioner<Widget> + use<> {
     let replica = replica.to_string();
     step("record", move |cx: Context<Widget>| {
-        let (replica, passes) = (replica.clone(), passes.clone());
+        let (replica, reconciles) = (replica.clone(), reconciles.clone());
         async move {
             let name = cx.object().name_any();
             let i = {
-                let mut p = passes.lock().unwrap();
+                let mut p = reconciles.lock().unwrap();
                 p.push((replica, name.clone(), Instant::now(), None));
                 p.len() - 1
             };
-            let _end = Dropped(passes, i);
+            let _end = Dropped(reconciles, i);
             if name.starts_with("slow-") {
                 tokio::time::sleep(hold).await;
             }
@@ -83,22 +83,26 @@ fn tree(replica: &str, passes: Passes, hold: Duration) -> impl Provisioner<Widge
 async fn replica(
     client: &kube::Client,
     id: &str,
-    passes: &Passes,
+    reconciles: &Reconciles,
     hold: Duration,
 ) -> RuntimeHandle {
-    replica_watching(client, id, passes, hold, ShardWatch::Everything).await
+    replica_watching(client, id, reconciles, hold, ShardWatch::Everything).await
 }
 
 async fn replica_watching(
     client: &kube::Client,
     id: &str,
-    passes: &Passes,
+    reconciles: &Reconciles,
     hold: Duration,
     watch: ShardWatch,
 ) -> RuntimeHandle {
     Runtime::builder(client.clone())
         .policy(policy())
-        .controller(Controller::<Widget>::new(tree(id, passes.clone(), hold)))
+        .controller(Controller::<Widget>::new(tree(
+            id,
+            reconciles.clone(),
+            hold,
+        )))
         .sharding(Sharding::new(SHARDS, "default").identity(id).watch(watch))
         .start()
         .await
@@ -122,10 +126,10 @@ async fn balanced(replicas: &[&RuntimeHandle]) -> Vec<Vec<u32>> {
     .await
 }
 
-/// Every pass of replicas `a` and `b` (holding `held[0]` and `held[1]`) ran an object of its
+/// Every reconcile of replicas `a` and `b` (holding `held[0]` and `held[1]`) ran an object of its
 /// shards (`shard` of its name), both ran some, and none overlapped.
-fn assert_split(passes: &Passes, held: &[Vec<u32>], shard: impl Fn(&str) -> u32) {
-    let p = passes.lock().unwrap().clone();
+fn assert_split(reconciles: &Reconciles, held: &[Vec<u32>], shard: impl Fn(&str) -> u32) {
+    let p = reconciles.lock().unwrap().clone();
     for (replica, name, _, _) in &p {
         let mine = if replica == "a" { &held[0] } else { &held[1] };
         assert!(
@@ -135,19 +139,19 @@ fn assert_split(passes: &Passes, held: &[Vec<u32>], shard: impl Fn(&str) -> u32)
         );
     }
     assert!(p.iter().any(|r| r.0 == "a") && p.iter().any(|r| r.0 == "b"));
-    assert_no_overlap(passes);
+    assert_no_overlap(reconciles);
 }
 
-/// No two passes of one object overlap, on any replica.
-fn assert_no_overlap(passes: &Passes) {
-    let mut p = passes.lock().unwrap().clone();
+/// No two reconciles of one object overlap, on any replica.
+fn assert_no_overlap(reconciles: &Reconciles) {
+    let mut p = reconciles.lock().unwrap().clone();
     p.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
     for w in p.windows(2) {
         if w[0].1 == w[1].1 {
-            let end = w[0].3.expect("every pass ended");
+            let end = w[0].3.expect("every reconcile ended");
             assert!(
                 end <= w[1].2,
-                "passes of {} overlap: {} until {:?}, {} from {:?}",
+                "reconciles of {} overlap: {} until {:?}, {} from {:?}",
                 w[0].1,
                 w[0].0,
                 end,
@@ -173,9 +177,9 @@ async fn the_same_when_each_replica_watches_only_the_shards_it_holds() {
 
 async fn split_run_and_hand_over(watch: ShardWatch) {
     let (_cluster, client) = cluster();
-    let passes = Passes::default();
-    let a = replica_watching(&client, "a", &passes, Duration::ZERO, watch).await;
-    let b = replica_watching(&client, "b", &passes, Duration::ZERO, watch).await;
+    let reconciles = Reconciles::default();
+    let a = replica_watching(&client, "a", &reconciles, Duration::ZERO, watch).await;
+    let b = replica_watching(&client, "b", &reconciles, Duration::ZERO, watch).await;
     let held = balanced(&[&a, &b]).await;
     assert_eq!((held[0].len(), held[1].len()), (2, 2), "{held:?}");
 
@@ -205,7 +209,7 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
         "the chain crosses replicas {crossings} times"
     );
 
-    assert_split(&passes, &held, shard);
+    assert_split(&reconciles, &held, shard);
     if watch == ShardWatch::HeldShards {
         // Every object carries its shard's label (as `Sharding::label` tells a program that
         // creates objects), and each replica caches only its shards'.
@@ -291,13 +295,13 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
     create(&client, &name, 1).await;
     wait_ready(&client, &name, LIMIT).await;
     assert!(
-        passes
+        reconciles
             .lock()
             .unwrap()
             .iter()
             .any(|r| r.0 == "a" && r.1 == name)
     );
-    assert_no_overlap(&passes);
+    assert_no_overlap(&reconciles);
     a.shutdown().await;
 }
 
@@ -309,7 +313,7 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     let (_cluster, client) = cluster();
-    let passes = Passes::default();
+    let reconciles = Reconciles::default();
     // A holder that is no replica keeps the shard of `unplaced` for an hour: nobody labels
     // its objects.
     let kept = shard("unplaced");
@@ -340,7 +344,7 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
     let a = replica_watching(
         &client,
         "a",
-        &passes,
+        &reconciles,
         Duration::ZERO,
         ShardWatch::HeldShards,
     )
@@ -384,7 +388,7 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
         2,
         "only the probe and the placed object are cached"
     );
-    let ran = |name: &str| passes.lock().unwrap().iter().any(|p| p.1 == name);
+    let ran = |name: &str| reconciles.lock().unwrap().iter().any(|p| p.1 == name);
     assert!(!ran("unplaced"));
     let unplaced = widgets(&client).get("unplaced").await.unwrap();
     assert!(!unplaced.labels().contains_key(&sharding.label_key()));
@@ -460,14 +464,14 @@ async fn watching_children(sent: &Sent, from: usize, id: &str, selector: Option<
 async fn each_replica_watches_the_children_of_its_shards_only() {
     use k8s_openapi::api::core::v1::ConfigMap;
     let (cluster, client) = cluster();
-    let (passes, sent) = (Passes::default(), Sent::default());
+    let (reconciles, sent) = (Reconciles::default(), Sent::default());
     let sharding = Sharding::new(SHARDS, "default").watch(ShardWatch::HeldShards);
     let key = sharding.owner_label_key();
     let mut p = policy();
     p.poll_interval = None;
     let start = |id: &'static str| {
         let tree = serial![
-            tree(id, passes.clone(), Duration::ZERO),
+            tree(id, reconciles.clone(), Duration::ZERO),
             resource("settings", |w: &Widget| ConfigMap {
                 metadata: kube::api::ObjectMeta {
                     name: w.metadata.name.clone(),
@@ -547,13 +551,13 @@ async fn each_replica_watches_the_children_of_its_shards_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard() {
     let (_cluster, client) = cluster();
-    let passes = Passes::default();
+    let reconciles = Reconciles::default();
     let tenant = |w: &Widget| w.labels().get("tenant").cloned().unwrap_or_default();
     let start = |id: &'static str| {
         Runtime::builder(client.clone())
             .policy(policy())
             .controller(
-                Controller::<Widget>::new(tree(id, passes.clone(), Duration::ZERO))
+                Controller::<Widget>::new(tree(id, reconciles.clone(), Duration::ZERO))
                     .shard_key(tenant),
             )
             .sharding(
@@ -581,7 +585,7 @@ async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard
         .unwrap();
     wait_ready(&client, "moving", LIMIT).await;
     let ran_on = |replica: &str| {
-        passes
+        reconciles
             .lock()
             .unwrap()
             .iter()
@@ -607,7 +611,7 @@ async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard
         (moved && observed && ran_on("b")).then_some(())
     })
     .await;
-    assert_no_overlap(&passes);
+    assert_no_overlap(&reconciles);
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -624,22 +628,22 @@ async fn a_shard_key_change_with_a_reconcile_in_flight_is_run_by_one_replica_at_
 
 async fn key_change_in_flight(watch: ShardWatch) {
     let (_cluster, client) = cluster();
-    let passes = Passes::default();
+    let reconciles = Reconciles::default();
     // Replica a's reconciles of `gated` wait until the gate opens.
     let (open, gate) = tokio::sync::watch::channel(false);
     let tenant = |w: &Widget| w.labels().get("tenant").cloned().unwrap_or_default();
     let start = |id: &'static str| {
-        let (passes, gate) = (passes.clone(), gate.clone());
+        let (reconciles, gate) = (reconciles.clone(), gate.clone());
         let tree = step("record", move |cx: Context<Widget>| {
-            let (passes, mut gate) = (passes.clone(), gate.clone());
+            let (reconciles, mut gate) = (reconciles.clone(), gate.clone());
             async move {
                 let name = cx.object().name_any();
                 let i = {
-                    let mut p = passes.lock().unwrap();
+                    let mut p = reconciles.lock().unwrap();
                     p.push((id.to_string(), name.clone(), Instant::now(), None));
                     p.len() - 1
                 };
-                let _end = Dropped(passes, i);
+                let _end = Dropped(reconciles, i);
                 if id == "a" && name == "gated" {
                     let _ = gate.wait_for(|open| *open).await;
                 }
@@ -664,7 +668,7 @@ async fn key_change_in_flight(watch: ShardWatch) {
     };
     let (ta, tb) = (tenant_in(&held[0], 0), tenant_in(&held[1], 0));
     let started = |replica: &str, name: &str| {
-        passes
+        reconciles
             .lock()
             .unwrap()
             .iter()
@@ -714,7 +718,7 @@ async fn key_change_in_flight(watch: ShardWatch) {
         (moved && observed && started("b", "gated")).then_some(())
     })
     .await;
-    assert_no_overlap(&passes);
+    assert_no_overlap(&reconciles);
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -722,7 +726,7 @@ async fn key_change_in_flight(watch: ShardWatch) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards() {
     let (cluster, client) = cluster();
-    let passes = Passes::default();
+    let reconciles = Reconciles::default();
     // a talks to the cluster through a link the test can cut.
     let cut = Arc::new(AtomicBool::new(false));
     let link = {
@@ -739,15 +743,15 @@ async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards()
     };
     let a_client = kube::Client::new(link, "default");
     let hold = Duration::from_secs(30);
-    let a = replica(&a_client, "a", &passes, hold).await;
+    let a = replica(&a_client, "a", &reconciles, hold).await;
     eventually("a holds every shard", LIMIT, || async {
         (a.shards_held().len() == SHARDS as usize).then_some(())
     })
     .await;
-    // A pass that runs long on a.
+    // A reconcile that runs long on a.
     create(&client, "slow-1", 1).await;
     eventually("a runs slow-1", LIMIT, || async {
-        passes
+        reconciles
             .lock()
             .unwrap()
             .iter()
@@ -755,15 +759,15 @@ async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards()
             .then_some(())
     })
     .await;
-    let b = replica(&client, "b", &passes, Duration::ZERO).await;
+    let b = replica(&client, "b", &reconciles, Duration::ZERO).await;
 
-    // Cut a off: it cannot renew. Its fence lapses at the renew deadline (1.5 s) and its pass
+    // Cut a off: it cannot renew. Its fence lapses at the renew deadline (1.5 s) and its reconcile
     // is abandoned; b may take the shards only once their Leases stood still for the lease
     // duration (2 s), and then runs slow-1 (in no more than 30 s, its hold).
     let cut_at = Instant::now();
     cut.store(true, Ordering::Release);
     eventually("b runs slow-1", LIMIT, || async {
-        passes
+        reconciles
             .lock()
             .unwrap()
             .iter()
@@ -771,20 +775,20 @@ async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards()
             .then_some(())
     })
     .await;
-    let p = passes.lock().unwrap().clone();
+    let p = reconciles.lock().unwrap().clone();
     let on_a = p.iter().find(|r| r.0 == "a" && r.1 == "slow-1").unwrap();
     let on_b = p.iter().find(|r| r.0 == "b" && r.1 == "slow-1").unwrap();
-    let a_end = on_a.3.expect("a's pass was abandoned");
+    let a_end = on_a.3.expect("a's reconcile was abandoned");
     assert!(
         a_end < on_b.2,
-        "a's pass ended {:?} after b's started",
+        "a's reconcile ended {:?} after b's started",
         a_end - on_b.2
     );
-    // a's pass was abandoned (it would have held slow-1 for 30 s), and b ran it before that
-    // pass could have ended: a stopped because its fence lapsed, not because the pass was done.
+    // a's reconcile was abandoned (it would have held slow-1 for 30 s), and b ran it before that
+    // reconcile could have ended: a stopped because its fence lapsed, not because the reconcile was done.
     assert!(
         a_end.duration_since(on_a.2) < hold,
-        "a's pass ran its whole hold: {:?}",
+        "a's reconcile ran its whole hold: {:?}",
         a_end.duration_since(on_a.2)
     );
     assert!(
@@ -793,7 +797,7 @@ async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards()
         on_b.2.duration_since(cut_at)
     );
     assert!(a.shards_held().is_empty());
-    assert_no_overlap(&passes);
+    assert_no_overlap(&reconciles);
     b.shutdown().await;
     cut.store(false, Ordering::Release);
     a.shutdown().await;
@@ -837,9 +841,23 @@ async fn server_side_on_kube_apiserver() {
 }
 
 async fn server_side_split(client: &kube::Client, server_selects: bool, limit: Duration) {
-    let passes = Passes::default();
-    let a = replica_watching(client, "a", &passes, Duration::ZERO, ShardWatch::ServerSide).await;
-    let b = replica_watching(client, "b", &passes, Duration::ZERO, ShardWatch::ServerSide).await;
+    let reconciles = Reconciles::default();
+    let a = replica_watching(
+        client,
+        "a",
+        &reconciles,
+        Duration::ZERO,
+        ShardWatch::ServerSide,
+    )
+    .await;
+    let b = replica_watching(
+        client,
+        "b",
+        &reconciles,
+        Duration::ZERO,
+        ShardWatch::ServerSide,
+    )
+    .await;
     let held = balanced(&[&a, &b]).await;
     // A chain w0 → … → w23, created dependents first: it converges only if waiters are woken
     // across replicas.
@@ -870,7 +888,7 @@ async fn server_side_split(client: &kube::Client, server_selects: bool, limit: D
             w.labels()
         );
     }
-    assert_split(&passes, &held, shard_of);
+    assert_split(&reconciles, &held, shard_of);
     let mine = |shards: &Vec<u32>| {
         (0..n)
             .filter(|i| shards.contains(&shard_of(&format!("w{i}"))))
@@ -905,13 +923,13 @@ async fn server_side_split(client: &kube::Client, server_selects: bool, limit: D
     })
     .await;
     assert!(
-        passes
+        reconciles
             .lock()
             .unwrap()
             .iter()
             .any(|r| r.0 == "a" && r.1 == "late")
     );
-    assert_no_overlap(&passes);
+    assert_no_overlap(&reconciles);
     a.shutdown().await;
 }
 

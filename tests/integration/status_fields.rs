@@ -1,5 +1,5 @@
 //! Status fields of a kind's own, set by steps (`Context::set_status_field`) and written in the
-//! pass's one status write: on the in-process cluster under a paused clock, and on the real
+//! reconcile's one status write: on the in-process cluster under a paused clock, and on the real
 //! API server (which prunes what the CRD's schema does not declare).
 
 use crate::common;
@@ -42,7 +42,7 @@ pub struct GizmoStatus {
     endpoint: Option<String>,
 }
 
-/// Sets the endpoint from the spec's port; records the endpoint each pass read before.
+/// Sets the endpoint from the spec's port; records the endpoint each reconcile read before.
 fn publishing(seen: Arc<Mutex<Vec<Option<String>>>>) -> impl Provisioner<Gizmo> {
     step("publish", move |cx: Context<Gizmo>| {
         let seen = seen.clone();
@@ -68,9 +68,14 @@ async fn endpoint_of(api: &Api<Gizmo>, name: &str) -> Option<String> {
     api.get_opt(name).await.ok()??.status?.endpoint
 }
 
-/// Creates `n` gizmos through `client`'s runtime and checks that each pass wrote its status,
+/// Creates `n` gizmos through `client`'s runtime and checks that each reconcile wrote its status,
 /// endpoint included, in one request; then a changed port moves the endpoint with one more.
-async fn one_write_per_pass(client: Client, ns: &str, policy: SupervisorPolicy, limit: Duration) {
+async fn one_write_per_reconcile(
+    client: Client,
+    ns: &str,
+    policy: SupervisorPolicy,
+    limit: Duration,
+) {
     let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
     let rt = Runtime::builder(client.clone())
         .policy(policy)
@@ -102,10 +107,10 @@ async fn one_write_per_pass(client: Client, ns: &str, policy: SupervisorPolicy, 
     assert_eq!(
         k.reconciles_with(actorcile::runtime::ReconcileResult::Done),
         n as u64,
-        "one pass per object: the status write's echo ran nothing"
+        "one reconcile per object: the status write's echo ran nothing"
     );
 
-    // The port changes: the endpoint moves, in the pass's one write; the pass read the old one.
+    // The port changes: the endpoint moves, in the reconcile's one write; the reconcile read the old one.
     api.patch(
         "g0",
         &PatchParams::default(),
@@ -122,7 +127,7 @@ async fn one_write_per_pass(client: Client, ns: &str, policy: SupervisorPolicy, 
         seen.lock()
             .unwrap()
             .contains(&Some("10.0.0.7:6443".to_string())),
-        "the second pass read the first endpoint with cx.status_as()"
+        "the second reconcile read the first endpoint with cx.status_as()"
     );
     rt.shutdown().await;
 }
@@ -133,7 +138,7 @@ async fn a_steps_status_field_is_written_with_the_runtimes_in_one_request() {
     cluster.install_crd(&Gizmo::crd()).unwrap();
     let mut policy = test_policy();
     policy.poll_interval = None;
-    one_write_per_pass(cluster.client(), "default", policy, LIMIT).await;
+    one_write_per_reconcile(cluster.client(), "default", policy, LIMIT).await;
 }
 
 #[tokio::test]
@@ -142,7 +147,7 @@ async fn a_steps_status_field_is_written_with_the_runtimes_in_one_request_on_a_r
         let env = real::shared_env().await;
         env.install_crds(&[Gizmo::crd()]).await.unwrap();
         let api = real::Ns::create(env.client(), "status-fields").await;
-        one_write_per_pass(env.client(), &api.ns, real::real_policy(), real::CONVERGE).await;
+        one_write_per_reconcile(env.client(), &api.ns, real::real_policy(), real::CONVERGE).await;
     })
     .await;
 }
@@ -168,7 +173,7 @@ async fn a_field_the_status_already_holds_writes_nothing() {
         endpoint_of(&api, "g").await.map(|_| ())
     })
     .await;
-    // A label change runs a pass (a new version) that sets the same endpoint: no write.
+    // A label change runs a reconcile (a new version) that sets the same endpoint: no write.
     api.patch(
         "g",
         &PatchParams::default(),
@@ -176,11 +181,11 @@ async fn a_field_the_status_already_holds_writes_nothing() {
     )
     .await
     .unwrap();
-    eventually("the second pass ran", LIMIT, || async {
+    eventually("the second reconcile ran", LIMIT, || async {
         (seen.lock().unwrap().len() == 2).then_some(())
     })
     .await;
-    // Until the runtime is idle (paused time moves only then): the pass's write, if any, is in.
+    // Until the runtime is idle (paused time moves only then): the reconcile's write, if any, is in.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(rt.metrics().status_writes, 1, "nothing new to write");
     assert_eq!(api.get("g").await.unwrap().labels().len(), 1);

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// Every provision pass, by object: how many, and what it saw.
+/// Every provision reconcile, by object: how many, and what it saw.
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<HashMap<String, Vec<String>>>>);
 
@@ -61,7 +61,7 @@ async fn put_config(client: &Client, value: &str) {
         .expect("apply the config");
 }
 
-/// A tree that records the config's `value` each pass sees.
+/// A tree that records the config's `value` each reconcile sees.
 fn config_tree(seen: Seen) -> impl Provisioner<Widget> {
     step("read-config", move |cx: Context<Widget>| {
         let seen = seen.clone();
@@ -122,13 +122,13 @@ async fn a_config_change_re_runs_every_object_passive_ones_included() {
         assert_eq!(
             seen.runs(&format!("w{i}")),
             2,
-            "w{i}: one pass per config version"
+            "w{i}: one reconcile per config version"
         );
     }
     let after = rt.metrics();
     assert!(
         after.peak_in_flight <= 4,
-        "the fan-out waits for run slots: {} in flight at most",
+        "the fan-out waits for reconcile slots: {} in flight at most",
         after.peak_in_flight
     );
     assert_eq!(
@@ -216,7 +216,10 @@ async fn one_changed_secret_re_runs_exactly_the_object_that_references_it() {
     wait_all_ready(&client, 1000, LIMIT).await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     let before = seen.counts();
-    assert!(before.values().all(|&n| n == 1), "one pass each so far");
+    assert!(
+        before.values().all(|&n| n == 1),
+        "one reconcile each so far"
+    );
 
     // A Secret nobody references: nothing runs.
     let patch = Patch::Merge(serde_json::json!({"stringData": {"k": "v2"}}));
@@ -254,7 +257,7 @@ async fn one_changed_secret_re_runs_exactly_the_object_that_references_it() {
     rt.shutdown().await;
 }
 
-/// The poll passes of `n` objects, as seconds after the earliest one, with `jitter`.
+/// The poll reconciles of `n` objects, as seconds after the earliest one, with `jitter`.
 async fn poll_times(n: usize, jitter: f64) -> Vec<f64> {
     let (_cluster, client) = cluster();
     let starts: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
@@ -352,7 +355,7 @@ async fn the_ignore_annotation_skips_every_pass_until_it_is_removed() {
         Patch::Merge(serde_json::json!({"metadata": {"annotations": {IGNORE_ANNOTATION: v}}}))
     };
 
-    // Ignored from birth: no pass, no finalizer, no status.
+    // Ignored from birth: no reconcile, no finalizer, no status.
     let mut w = widget("a", 1);
     w.metadata.annotations = Some([(IGNORE_ANNOTATION.to_string(), "true".to_string())].into());
     api.create(&PostParams::default(), &w).await.unwrap();
@@ -376,7 +379,7 @@ async fn the_ignore_annotation_skips_every_pass_until_it_is_removed() {
     set_note(&client, "a", "changed").await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     let w = api.get("a").await.unwrap();
-    assert_eq!(seen.runs("a"), 1, "no pass while ignored");
+    assert_eq!(seen.runs("a"), 1, "no reconcile while ignored");
     assert_eq!(w.status.unwrap().observed_generation, Some(1));
 
     // Deleted while ignored: it waits, finalizer kept, until the annotation goes.
@@ -527,9 +530,9 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
     );
 }
 
-/// The gaps between one object's passes when the config's `pollSeconds` is `value` (the
-/// policy's poll interval an hour, no jitter), over `passes` passes.
-async fn poll_gaps(value: &str, passes: usize) -> Vec<Duration> {
+/// The gaps between one object's reconciles when the config's `pollSeconds` is `value` (the
+/// policy's poll interval an hour, no jitter), over `reconciles` reconciles.
+async fn poll_gaps(value: &str, reconciles: usize) -> Vec<Duration> {
     let (_cluster, client) = cluster();
     let mut cm = ConfigMap::default();
     cm.metadata.name = Some("provider".into());
@@ -564,8 +567,8 @@ async fn poll_gaps(value: &str, passes: usize) -> Vec<Duration> {
         .await
         .unwrap();
     create(&client, "a", 1).await;
-    eventually("the passes", LIMIT, || async {
-        (starts.lock().unwrap().len() >= passes).then_some(())
+    eventually("the reconciles", LIMIT, || async {
+        (starts.lock().unwrap().len() >= reconciles).then_some(())
     })
     .await;
     rt.shutdown().await;
@@ -597,8 +600,8 @@ async fn a_config_poll_interval_of_zero_is_taken_as_one_second_not_a_hot_loop() 
 #[tokio::test(start_paused = true)]
 async fn a_yield_of_an_absurd_length_does_not_stop_the_other_objects_timers() {
     let (_cluster, client) = cluster();
-    let passes: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let p = passes.clone();
+    let reconciles: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let p = reconciles.clone();
     let tree = step("yield", move |cx: Context<Widget>| {
         let p = p.clone();
         async move {
@@ -626,31 +629,31 @@ async fn a_yield_of_an_absurd_length_does_not_stop_the_other_objects_timers() {
         .unwrap();
     create(&client, "huge", 1).await;
     eventually("huge yielded", LIMIT, || async {
-        (passes.lock().unwrap().get("huge") == Some(&1)).then_some(())
+        (reconciles.lock().unwrap().get("huge") == Some(&1)).then_some(())
     })
     .await;
     // The timers took the huge wake-up; the small object's yields still come back.
     create(&client, "small", 1).await;
     eventually("small done after three yields", LIMIT, || async {
-        (passes.lock().unwrap().get("small") == Some(&4)).then_some(())
+        (reconciles.lock().unwrap().get("small") == Some(&4)).then_some(())
     })
     .await;
     rt.shutdown().await;
 }
 
-/// Passes per object.
+/// Reconciles per object.
 type PassCounts = Arc<Mutex<HashMap<String, u32>>>;
 
-fn passes_of(p: &PassCounts, name: &str) -> u32 {
+fn reconciles_of(p: &PassCounts, name: &str) -> u32 {
     p.lock().unwrap().get(name).copied().unwrap_or(0)
 }
 
-/// Counts each widget's passes in `passes`.
-fn counting_step(passes: PassCounts) -> impl Provisioner<Widget> {
+/// Counts each widget's reconciles in `reconciles`.
+fn counting_step(reconciles: PassCounts) -> impl Provisioner<Widget> {
     step("count", move |cx: Context<Widget>| {
-        let passes = passes.clone();
+        let reconciles = reconciles.clone();
         async move {
-            *passes
+            *reconciles
                 .lock()
                 .unwrap()
                 .entry(cx.object().name_any())
@@ -660,10 +663,10 @@ fn counting_step(passes: PassCounts) -> impl Provisioner<Widget> {
     })
 }
 
-/// Counts each widget's passes, then applies a ConfigMap named after it holding its size.
-fn owning_tree(passes: PassCounts) -> impl Provisioner<Widget> {
+/// Counts each widget's reconciles, then applies a ConfigMap named after it holding its size.
+fn owning_tree(reconciles: PassCounts) -> impl Provisioner<Widget> {
     serial![
-        counting_step(passes),
+        counting_step(reconciles),
         resource("settings", |w: &Widget| ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: w.metadata.name.clone(),
@@ -684,12 +687,12 @@ async fn settle() {
 async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtimes_own_writes_run_nothing()
  {
     let (_cluster, client) = cluster();
-    let passes = PassCounts::default();
+    let reconciles = PassCounts::default();
     let mut policy = test_policy();
     policy.poll_interval = None;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
-        .controller(Controller::<Widget>::new(owning_tree(passes.clone())).owns::<ConfigMap>())
+        .controller(Controller::<Widget>::new(owning_tree(reconciles.clone())).owns::<ConfigMap>())
         .start()
         .await
         .unwrap();
@@ -699,7 +702,10 @@ async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtime
     wait_ready(&client, "b", LIMIT).await;
     settle().await;
     assert_eq!(
-        (passes_of(&passes, "a"), passes_of(&passes, "b")),
+        (
+            reconciles_of(&reconciles, "a"),
+            reconciles_of(&reconciles, "b")
+        ),
         (1, 1),
         "the runtime's own creation of the ConfigMaps ran nothing"
     );
@@ -730,9 +736,12 @@ async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtime
     cms.create(&PostParams::default(), &loose).await.unwrap();
     settle().await;
     assert_eq!(
-        (passes_of(&passes, "a"), passes_of(&passes, "b")),
+        (
+            reconciles_of(&reconciles, "a"),
+            reconciles_of(&reconciles, "b")
+        ),
         (2, 2),
-        "one pass each for the hand-made change; the echo of the repair ran nothing"
+        "one reconcile each for the hand-made change; the echo of the repair ran nothing"
     );
     rt.shutdown().await;
 }
@@ -740,8 +749,8 @@ async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtime
 #[tokio::test(start_paused = true)]
 async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or_goes() {
     let (_cluster, client) = cluster();
-    let passes = PassCounts::default();
-    let tree = counting_step(passes.clone());
+    let reconciles = PassCounts::default();
+    let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
     policy.poll_interval = None;
     // A Secret labelled `widget: <name>` belongs to that widget.
@@ -767,7 +776,7 @@ async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or
     s.metadata.labels = Some([("widget".to_string(), "a".to_string())].into());
     secrets.create(&PostParams::default(), &s).await.unwrap();
     eventually("a runs for the new Secret", LIMIT, || async {
-        (passes_of(&passes, "a") == 2).then_some(())
+        (reconciles_of(&reconciles, "a") == 2).then_some(())
     })
     .await;
     // Relabelled to b: both run (b gains it, a loses it).
@@ -780,7 +789,7 @@ async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or
         .await
         .unwrap();
     eventually("both run for the relabel", LIMIT, || async {
-        (passes_of(&passes, "a") == 3 && passes_of(&passes, "b") == 2).then_some(())
+        (reconciles_of(&reconciles, "a") == 3 && reconciles_of(&reconciles, "b") == 2).then_some(())
     })
     .await;
     secrets
@@ -788,12 +797,15 @@ async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or
         .await
         .unwrap();
     eventually("b runs for the deletion", LIMIT, || async {
-        (passes_of(&passes, "b") == 3).then_some(())
+        (reconciles_of(&reconciles, "b") == 3).then_some(())
     })
     .await;
     settle().await;
     assert_eq!(
-        (passes_of(&passes, "a"), passes_of(&passes, "b")),
+        (
+            reconciles_of(&reconciles, "a"),
+            reconciles_of(&reconciles, "b")
+        ),
         (3, 3),
         "nothing else ran"
     );
@@ -816,8 +828,8 @@ async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
         s.metadata.name = Some(name.into());
         secrets.create(&PostParams::default(), &s).await.unwrap();
     }
-    let passes = PassCounts::default();
-    let tree = counting_step(passes.clone());
+    let reconciles = PassCounts::default();
+    let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
     policy.poll_interval = None;
     let rt = Runtime::builder(client.clone())
@@ -856,11 +868,17 @@ async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
     // A Secret the config does not name: nothing runs.
     touch("other").await;
     settle().await;
-    assert_eq!((passes_of(&passes, "a"), passes_of(&passes, "b")), (1, 1));
+    assert_eq!(
+        (
+            reconciles_of(&reconciles, "a"),
+            reconciles_of(&reconciles, "b")
+        ),
+        (1, 1)
+    );
     // The one it names: every object runs again.
     touch("creds").await;
     eventually("both run for the config's Secret", LIMIT, || async {
-        (passes_of(&passes, "a") == 2 && passes_of(&passes, "b") == 2).then_some(())
+        (reconciles_of(&reconciles, "a") == 2 && reconciles_of(&reconciles, "b") == 2).then_some(())
     })
     .await;
     rt.shutdown().await;
@@ -917,8 +935,8 @@ async fn a_config_from_another_cluster_re_runs_the_objects_and_stays_out_of_thei
 #[tokio::test(start_paused = true)]
 async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
     let (_cluster, client) = cluster();
-    let passes = PassCounts::default();
-    let tree = counting_step(passes.clone());
+    let reconciles = PassCounts::default();
+    let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
     policy.poll_interval = None;
     let rt = Runtime::builder(client.clone())
@@ -953,7 +971,7 @@ async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
     eventually(
         "a runs for the Secret after the hostile one",
         LIMIT,
-        || async { (passes_of(&passes, "a") == 2).then_some(()) },
+        || async { (reconciles_of(&reconciles, "a") == 2).then_some(()) },
     )
     .await;
     rt.shutdown().await;
@@ -965,11 +983,11 @@ async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
 #[tokio::test(start_paused = true)]
 async fn a_secrets_function_that_panics_on_one_object_does_not_stop_its_kind() {
     let (_cluster, client) = cluster();
-    let passes = PassCounts::default();
+    let reconciles = PassCounts::default();
     let rt = Runtime::builder(client.clone())
         .policy(test_policy())
         .controller(
-            Controller::<Widget>::new(counting_step(passes.clone())).secrets(|w: &Widget| {
+            Controller::<Widget>::new(counting_step(reconciles.clone())).secrets(|w: &Widget| {
                 assert!(w.spec.note != "boom", "a function that trusts its input");
                 vec![]
             }),

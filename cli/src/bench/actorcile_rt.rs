@@ -6,8 +6,8 @@
 //! (where the kube-runtime reconcile writes the same status). `--actorcile-defaults` measures it
 //! as an operator runs it by default: finalizer on every object, status in every workload.
 //!
-//! `chain` writes status too (the kube-runtime reconcile writes the same), and each object's pass
-//! first asks `cx.require_ready(dependency)`: while the dependency is not Ready the pass ends
+//! `chain` writes status too (the kube-runtime reconcile writes the same), and each object's reconcile
+//! first asks `cx.require_ready(dependency)`: while the dependency is not Ready the reconcile ends
 //! `Waiting` and the object's actor is woken by a message when the dependency's actor records
 //! it Ready (no polling).
 //!
@@ -38,7 +38,7 @@ pub struct Writes {
     pub status: bool,
 }
 
-/// `operator`: the child ConfigMap as a [`resource`] step, each provision and deprovision pass
+/// `operator`: the child ConfigMap as a [`resource`] step, each provision and deprovision reconcile
 /// counted as one run.
 fn operator_tree(recorder: Arc<Recorder>) -> impl Provisioner<BenchObject> {
     let child = Arc::new(resource("config", operator_child));
@@ -146,7 +146,7 @@ fn bench_tree(recorder: Arc<Recorder>) -> impl Provisioner<BenchObject> {
 
 impl ActorcileRun {
     /// Waits (at most `limit`) until every object's actor has passivated: no more live actors
-    /// than the idle ones kept for the next activations (one per run slot, `concurrency`).
+    /// than the idle ones kept for the next activations (one per reconcile slot, `concurrency`).
     pub async fn wait_passive(&self, concurrency: u16, limit: Duration) {
         let _ = tokio::time::timeout(limit, async {
             while self.handle.metrics().live_actors > u64::from(concurrency) {

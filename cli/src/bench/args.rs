@@ -1,4 +1,4 @@
-//! Command-line arguments of `actorcile bench`, and how the parent passes them on to its children.
+//! Command-line arguments of `actorcile bench`, and how the parent reconciles them on to its children.
 
 use std::{fmt, path::PathBuf, time::Duration};
 

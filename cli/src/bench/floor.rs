@@ -100,7 +100,7 @@ pub fn check(workload: Workload, actorcile_defaults: bool) -> Result<()> {
     Ok(())
 }
 
-/// Starts the loop over the bench objects of `namespace` (for a run [`check`] lets pass).
+/// Starts the loop over the bench objects of `namespace` (for a run [`check`] lets through).
 pub fn start(
     client: Client,
     namespace: &str,

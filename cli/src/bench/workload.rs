@@ -132,7 +132,7 @@ pub fn dependency_target(obj: &BenchObject) -> Option<Target> {
     ))
 }
 
-/// `chain`: the outcome of a pass that waits for `target`, with the reason
+/// `chain`: the outcome of a reconcile that waits for `target`, with the reason
 /// `Context::require_ready` gives, so the status written while waiting is the same whichever
 /// runtime writes it.
 pub fn waiting_outcome(target: Target) -> Outcome {
@@ -571,7 +571,7 @@ impl Recorder {
         Ok(Step::Done)
     }
 
-    /// Counts one run of `obj` (`operator`: each runtime calls this once per reconcile or pass;
+    /// Counts one run of `obj` (`operator`: each runtime calls this once per reconcile or reconcile;
     /// the floor once per object version it sends requests for).
     pub fn count_run(&self, obj: &BenchObject) {
         self.runs.fetch_add(1, Ordering::Relaxed);
@@ -710,7 +710,7 @@ pub fn status_is_current(obj: &BenchObject) -> bool {
         && status.is_ready()
 }
 
-/// The status actorcile's runtime writes after a provision pass that is done: `obj`'s status
+/// The status actorcile's runtime writes after a provision reconcile that is done: `obj`'s status
 /// with phase Ready, the `Ready` condition true and observedGeneration its generation.
 pub fn ready_status(obj: &BenchObject) -> ResourceStatus {
     obj.status.clone().unwrap_or_default().with_ready(

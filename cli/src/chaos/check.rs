@@ -1,4 +1,4 @@
-//! What a chaos run checks from its records: passes of one object never overlap, and the guarded
+//! What a chaos run checks from its records: reconciles of one object never overlap, and the guarded
 //! side effect ran once per intent.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -6,9 +6,9 @@ use std::path::Path;
 
 use super::lines;
 
-/// One pass as recorded: object, start and end (microseconds).
+/// One reconcile as recorded: object, start and end (microseconds).
 #[derive(Debug, Clone)]
-pub struct Pass {
+pub struct Reconcile {
     /// `namespace/name`.
     pub key: String,
     /// The operator incarnation that ran it.
@@ -21,12 +21,12 @@ pub struct Pass {
     pub cut: bool,
 }
 
-/// The passes recorded in `dir`, an unfinished one ending when its process died (`deaths`:
+/// The reconciles recorded in `dir`, an unfinished one ending when its process died (`deaths`:
 /// incarnation → when it was killed or exited).
-pub fn passes(dir: &Path, deaths: &HashMap<u32, u64>) -> std::io::Result<Vec<Pass>> {
+pub fn reconciles(dir: &Path, deaths: &HashMap<u32, u64>) -> std::io::Result<Vec<Reconcile>> {
     let mut open: HashMap<(u32, u64), (String, u64)> = HashMap::new();
     let mut done = Vec::new();
-    for (at, words) in lines::read(&dir.join("passes"))? {
+    for (at, words) in lines::read(&dir.join("reconciles"))? {
         let w: Vec<&str> = words.iter().map(String::as_str).collect();
         match w.as_slice() {
             ["start", inc, id, key, ..] => {
@@ -38,7 +38,7 @@ pub fn passes(dir: &Path, deaths: &HashMap<u32, u64>) -> std::io::Result<Vec<Pas
                 if let (Ok(inc), Ok(id)) = (inc.parse(), id.parse())
                     && let Some((key, start)) = open.remove(&(inc, id))
                 {
-                    done.push(Pass {
+                    done.push(Reconcile {
                         key,
                         incarnation: inc,
                         start,
@@ -51,7 +51,7 @@ pub fn passes(dir: &Path, deaths: &HashMap<u32, u64>) -> std::io::Result<Vec<Pas
         }
     }
     for ((inc, _), (key, start)) in open {
-        done.push(Pass {
+        done.push(Reconcile {
             key,
             incarnation: inc,
             start,
@@ -62,17 +62,17 @@ pub fn passes(dir: &Path, deaths: &HashMap<u32, u64>) -> std::io::Result<Vec<Pas
     Ok(done)
 }
 
-/// Pairs of passes of one object that overlap in time, as `(object, earlier incarnation, later
-/// incarnation, start of the later pass)`.
-pub fn overlaps(passes: &[Pass]) -> Vec<(String, u32, u32, u64)> {
-    let mut by_key: BTreeMap<&str, Vec<&Pass>> = BTreeMap::new();
-    for p in passes {
+/// Pairs of reconciles of one object that overlap in time, as `(object, earlier incarnation, later
+/// incarnation, start of the later reconcile)`.
+pub fn overlaps(reconciles: &[Reconcile]) -> Vec<(String, u32, u32, u64)> {
+    let mut by_key: BTreeMap<&str, Vec<&Reconcile>> = BTreeMap::new();
+    for p in reconciles {
         by_key.entry(&p.key).or_default().push(p);
     }
     let mut found = Vec::new();
     for (key, mut ps) in by_key {
         ps.sort_by_key(|p| (p.start, p.end));
-        let mut latest: Option<&Pass> = None;
+        let mut latest: Option<&Reconcile> = None;
         for p in ps {
             if let Some(l) = latest
                 && p.start < l.end
@@ -184,8 +184,8 @@ pub fn faults(dir: &Path, file: &str) -> std::io::Result<BTreeMap<String, u64>> 
 mod tests {
     use super::*;
 
-    fn pass(key: &str, inc: u32, start: u64, end: u64) -> Pass {
-        Pass {
+    fn reconcile(key: &str, inc: u32, start: u64, end: u64) -> Reconcile {
+        Reconcile {
             key: key.into(),
             incarnation: inc,
             start,
@@ -197,11 +197,11 @@ mod tests {
     #[test]
     fn overlapping_passes_of_one_object_are_found_and_others_are_not() {
         let ps = [
-            pass("a", 0, 0, 10),
-            pass("a", 0, 10, 20),
-            pass("b", 0, 5, 30),
-            pass("a", 1, 15, 25),
-            pass("b", 1, 31, 40),
+            reconcile("a", 0, 0, 10),
+            reconcile("a", 0, 10, 20),
+            reconcile("b", 0, 5, 30),
+            reconcile("a", 1, 15, 25),
+            reconcile("b", 1, 31, 40),
         ];
         assert_eq!(overlaps(&ps), vec![("a".to_string(), 0, 1, 15)]);
     }

@@ -27,8 +27,8 @@ pub struct LoadFigures {
     pub ready_seconds: f64,
     /// Seconds from the first create to the SIGTERM.
     pub sigterm_at_seconds: f64,
-    /// Passes running when the SIGTERM came.
-    pub passes_in_flight_at_sigterm: usize,
+    /// Reconciles running when the SIGTERM came.
+    pub reconciles_in_flight_at_sigterm: usize,
     /// Seconds from the first delete until every item was gone.
     pub deleted_seconds: f64,
     /// The highest peak resident memory of the operator's processes (`VmHWM`), in bytes.
@@ -149,8 +149,8 @@ pub(super) async fn drive(
         .try_collect::<()>()
         .await?;
 
-    // Once half the items started a pass: SIGTERM, and a new process.
-    super::passes_started(records, since, "provision", all.len() / 2, limit(all.len())).await?;
+    // Once half the items started a reconcile: SIGTERM, and a new process.
+    super::reconciles_started(records, since, "provision", all.len() / 2, limit(all.len())).await?;
     let old_pid = operator.pid();
     rss.switch(old_pid, old_pid);
     figures.sigterm_at_seconds = first_create.elapsed().as_secs_f64();
@@ -210,7 +210,7 @@ pub(super) async fn drive(
         &mut report,
     )
     .await?;
-    figures.passes_in_flight_at_sigterm = check::passes(records, &deaths)?
+    figures.reconciles_in_flight_at_sigterm = check::reconciles(records, &deaths)?
         .iter()
         .filter(|p| p.incarnation == 0 && p.start < sigterm_at && p.end >= sigterm_at)
         .count();

@@ -17,7 +17,7 @@
 //! Checked, and reported as counts (all must be 0): items not Ready (or not gone once deleted);
 //! stale status (`observedGeneration` behind); leaked finalizers; orphaned or missing child
 //! ConfigMaps; deletion-order violations (an item gone while an item using it still exists, seen
-//! in the order the API reports it); overlapping passes of one item; side effects run more than
+//! in the order the API reports it); overlapping reconciles of one item; side effects run more than
 //! once per intent (other than after their holder was killed in the middle, the guard's
 //! documented window) or not at all; an unguarded teardown step run more than once per deletion
 //! (other than after its process was killed, or the item's shard moved, before the finalizer's
@@ -26,7 +26,7 @@
 //! on SIGTERM.
 //!
 //! Faults are drawn from `--seed`: the same seed injects the same faults at the same points of
-//! each process's request and pass sequence; the interleaving of real processes is not
+//! each process's request and reconcile sequence; the interleaving of real processes is not
 //! repeatable.
 
 mod api_faults;
@@ -71,10 +71,10 @@ pub struct ChaosArgs {
     /// round
     #[arg(long, value_parser = parse_minutes)]
     pub minutes: Option<f64>,
-    /// Fraction of provisioner passes that panic
+    /// Fraction of reconciles whose provisioner steps panic
     #[arg(long, default_value_t = 0.05, value_parser = fraction)]
     pub panic_rate: f64,
-    /// Fraction of provisioner passes that hang until the run timeout (2 s) stops them
+    /// Fraction of reconciles whose provisioner steps hang until the reconcile timeout (2 s) stops them
     #[arg(long, default_value_t = 0.02, value_parser = fraction)]
     pub hang_rate: f64,
     #[command(flatten)]
@@ -94,12 +94,12 @@ pub struct ChaosArgs {
     #[arg(long)]
     pub json: bool,
     /// A load run instead of rounds of faults: `--objects` items (e.g. 10000) created at
-    /// once; the operator stopped with SIGTERM once half of them started a pass, and started
+    /// once; the operator stopped with SIGTERM once half of them started a reconcile, and started
     /// again; every item deleted once all are Ready. No other fault is injected. Reports the
     /// time to all Ready and to all gone, and the operator's peak RSS
     #[arg(long, conflicts_with = "minutes")]
     pub load: bool,
-    /// Keep the records (passes, effects, faults, operator logs) and the control plane's
+    /// Keep the records (reconciles, effects, faults, operator logs) and the control plane's
     /// directory here; by default they are removed unless a check fails
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
@@ -135,7 +135,7 @@ pub fn fraction(s: &str) -> Result<f64, String> {
 
 /// How long a phase may take to converge before the run fails.
 const CONVERGE: Duration = Duration::from_secs(120);
-/// How long a kill waits for the passes it should land among.
+/// How long a kill waits for the reconciles it should land among.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 /// The namespace of the workload.
 const NAMESPACE: &str = "chaos";
@@ -143,10 +143,10 @@ const NAMESPACE: &str = "chaos";
 /// Faults injected, by kind.
 #[derive(Debug, Default, Serialize)]
 pub struct FaultCounts {
-    /// Operator processes killed with SIGKILL while passes ran (and started again).
+    /// Operator processes killed with SIGKILL while reconciles ran (and started again).
     pub operator_kills: u32,
-    /// Passes in flight at those kills, in all.
-    pub passes_cut_by_kills: usize,
+    /// Reconciles in flight at those kills, in all.
+    pub reconciles_cut_by_kills: usize,
     /// kube-apiserver killed and restarted.
     pub apiserver_restarts: u32,
     /// etcd killed and restarted.
@@ -156,7 +156,7 @@ pub struct FaultCounts {
     /// How far apart the operator processes' wall clocks were set: each one on time, this many
     /// seconds ahead, or as many behind.
     pub clock_skew_seconds: u32,
-    /// Provisioner passes that panicked, hung, and API answers injected (`api-500`, `api-409`,
+    /// Provisioner reconciles that panicked, hung, and API answers injected (`api-500`, `api-409`,
     /// `api-429`).
     pub injected: BTreeMap<String, u64>,
 }
@@ -176,8 +176,8 @@ pub struct Violations {
     pub missing_children: usize,
     /// An item gone while an item using it still existed.
     pub deletion_order: usize,
-    /// Pairs of passes of one item that overlapped.
-    pub overlapping_passes: usize,
+    /// Pairs of reconciles of one item that overlapped.
+    pub overlapping_reconciles: usize,
     /// Intents whose side effect ran more than once, and deletions whose teardown ran more
     /// than once, not after a kill of its holder.
     pub repeated_effects: usize,
@@ -201,7 +201,7 @@ impl Violations {
             + self.orphaned_children
             + self.missing_children
             + self.deletion_order
-            + self.overlapping_passes
+            + self.overlapping_reconciles
             + self.repeated_effects
             + self.missing_effects
             + self.secret_leaks
@@ -221,8 +221,8 @@ pub struct Report {
     pub objects: usize,
     /// Items deleted over all rounds (the rest are deleted at the end).
     pub deleted: usize,
-    /// Provisioner passes recorded.
-    pub passes: usize,
+    /// Provisioner reconciles recorded.
+    pub reconciles: usize,
     /// Side effects run (provision and deprovision).
     pub effects: usize,
     /// Unguarded teardown steps run (the last step of each deletion's deprovision tree).
@@ -234,9 +234,9 @@ pub struct Report {
     pub faults: FaultCounts,
     /// Operator replicas.
     pub replicas: u32,
-    /// Passes that began while another pass of their item was frozen with its replica (SIGSTOP):
+    /// Reconciles that began while another reconcile of their item was frozen with its replica (SIGSTOP):
     /// the frozen one could not act, and once continued its writes were refused by its fence.
-    pub overlaps_with_frozen_passes: usize,
+    pub overlaps_with_frozen_reconciles: usize,
     /// With replicas: how the shards changed hands.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hand_overs: Option<shards::HandOvers>,
@@ -283,13 +283,13 @@ pub fn main(args: ChaosArgs) -> Result<()> {
 
 fn print_report(r: &Report) {
     println!(
-        "chaos: seed {}, {} round(s), {} items ({} deleted mid-run), {} passes, {} side effects, {} teardowns, {:.1} s",
-        r.seed, r.rounds, r.objects, r.deleted, r.passes, r.effects, r.teardowns, r.seconds
+        "chaos: seed {}, {} round(s), {} items ({} deleted mid-run), {} reconciles, {} side effects, {} teardowns, {:.1} s",
+        r.seed, r.rounds, r.objects, r.deleted, r.reconciles, r.effects, r.teardowns, r.seconds
     );
     let f = &r.faults;
     println!(
-        "faults: operator kill -9 ×{} ({} passes in flight), kube-apiserver restart ×{}, etcd restart ×{}",
-        f.operator_kills, f.passes_cut_by_kills, f.apiserver_restarts, f.etcd_restarts
+        "faults: operator kill -9 ×{} ({} reconciles in flight), kube-apiserver restart ×{}, etcd restart ×{}",
+        f.operator_kills, f.reconciles_cut_by_kills, f.apiserver_restarts, f.etcd_restarts
     );
     if f.clock_skew_seconds > 0 {
         println!(
@@ -316,10 +316,10 @@ fn print_report(r: &Report) {
         .map(|(k, v)| format!("{k} ×{v}"))
         .collect();
     println!("injected: {}", injected.join(", "));
-    if r.overlaps_with_frozen_passes > 0 {
+    if r.overlaps_with_frozen_reconciles > 0 {
         println!(
-            "passes begun while another pass of their item was frozen with its replica: {}",
-            r.overlaps_with_frozen_passes
+            "reconciles begun while another reconcile of their item was frozen with its replica: {}",
+            r.overlaps_with_frozen_reconciles
         );
     }
     if r.effects_repeated_after_kill > 0 {
@@ -347,12 +347,12 @@ fn print_violations(r: &Report) {
 
 fn print_load_report(r: &Report, l: &load::LoadFigures) {
     println!(
-        "load: {} items, seed {}, {} passes, {} side effects, {} teardowns, {:.1} s in all",
-        r.objects, r.seed, r.passes, r.effects, r.teardowns, r.seconds
+        "load: {} items, seed {}, {} reconciles, {} side effects, {} teardowns, {:.1} s in all",
+        r.objects, r.seed, r.reconciles, r.effects, r.teardowns, r.seconds
     );
     println!(
-        "all Ready {:.1} s after the first create (the operator stopped with SIGTERM at {:.1} s, {} passes in flight, and started again); all gone {:.1} s after the first delete",
-        l.ready_seconds, l.sigterm_at_seconds, l.passes_in_flight_at_sigterm, l.deleted_seconds
+        "all Ready {:.1} s after the first create (the operator stopped with SIGTERM at {:.1} s, {} reconciles in flight, and started again); all gone {:.1} s after the first delete",
+        l.ready_seconds, l.sigterm_at_seconds, l.reconciles_in_flight_at_sigterm, l.deleted_seconds
     );
     println!(
         "operator peak RSS: {:.1} MiB (highest of its processes)",
@@ -582,7 +582,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
             );
             create(&items, &item, "creating an item").await?;
         }
-        passes_started(records, since, "provision", all.len() / 3, KILL_WAIT).await?;
+        reconciles_started(records, since, "provision", all.len() / 3, KILL_WAIT).await?;
         let victim = round as usize % procs.operators.len();
         procs.kill_and_restart(victim, env, args, records)?;
         if procs.operators.len() > 1 {
@@ -631,7 +631,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
         for name in &doomed {
             delete(&items, name).await?;
         }
-        passes_started(records, since, "deprovision", doomed.len() / 3, KILL_WAIT).await?;
+        reconciles_started(records, since, "deprovision", doomed.len() / 3, KILL_WAIT).await?;
         let victim = (round as usize + 1) % procs.operators.len();
         // With replicas, kube-apiserver restarts below while the victim's shards move.
         procs.kill_and_restart(victim, env, args, records)?;
@@ -704,7 +704,7 @@ struct Fates<'a> {
     pauses: &'a [(u32, u64, u64)],
 }
 
-/// What the records say, into `report`: passes (and their overlaps: one with a pass of a
+/// What the records say, into `report`: reconciles (and their overlaps: one with a reconcile of a
 /// replica frozen in `pauses` — incarnation, from, to — when the other started is counted apart),
 /// side effects (repeated or missing; a repeat is explained only by a SIGKILL of its holder, one
 /// of `killed`, or a move of the item's shard in between), injected faults, and the planted
@@ -723,19 +723,19 @@ async fn check_records(
         pauses,
     } = fates;
     // The records.
-    let passes = check::passes(records, deaths)?;
-    report.passes = passes.len();
+    let reconciles = check::reconciles(records, deaths)?;
+    report.reconciles = reconciles.len();
     let frozen = |inc: u32, at: u64| {
         pauses
             .iter()
             .any(|&(i, from, to)| i == inc && from <= at && at < to)
     };
-    let (with_frozen, overlapping): (Vec<_>, Vec<_>) = check::overlaps(&passes)
+    let (with_frozen, overlapping): (Vec<_>, Vec<_>) = check::overlaps(&reconciles)
         .into_iter()
         .partition(|(_, earlier, _, at)| frozen(*earlier, *at));
-    report.violations.overlapping_passes = overlapping.len();
-    report.overlaps_with_frozen_passes = with_frozen.len();
-    report.faults.passes_cut_by_kills = passes
+    report.violations.overlapping_reconciles = overlapping.len();
+    report.overlaps_with_frozen_reconciles = with_frozen.len();
+    report.faults.reconciles_cut_by_kills = reconciles
         .iter()
         .filter(|p| p.cut && killed.contains(&p.incarnation))
         .count();
@@ -754,7 +754,7 @@ async fn check_records(
         .unwrap_or_default();
     // Whether the shard of item `key` (`namespace/name`) changed hands in `(from, to]`, or up to
     // a lock's expiry before `from`: a run starts while its replica holds the shard (its lock or
-    // its pass began then), and what it does outside Kubernetes until its next write is not
+    // its reconcile began then), and what it does outside Kubernetes until its next write is not
     // fenced (a guarded task runs at most the lock's expiry).
     let margin = u64::try_from(operator::policy(false).lock_expiry.as_micros()).unwrap_or(0);
     let moved = |key: &str, from: u64, to: u64| {
@@ -774,7 +774,7 @@ async fn check_records(
     report.violations.repeated_effects = unexplained;
     report.effects_repeated_after_kill = explained;
     report.violations.missing_effects += missing_deprovisions(&effects);
-    let mut injected = check::faults(records, "passes")?;
+    let mut injected = check::faults(records, "reconciles")?;
     injected.extend(check::faults(records, "api-faults")?);
     report.faults.injected = injected;
 
@@ -830,9 +830,9 @@ fn base64_forms(secret: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits (`limit` at most) until `what` passes of `count` items started since `since`: the
+/// Waits (`limit` at most) until `what` reconciles of `count` items started since `since`: the
 /// kill that follows lands in the middle of the phase.
-async fn passes_started(
+async fn reconciles_started(
     records: &std::path::Path,
     since: u64,
     what: &str,
@@ -840,11 +840,11 @@ async fn passes_started(
     limit: Duration,
 ) -> Result<()> {
     let deadline = Instant::now() + limit;
-    let mut passes = lines::Tail::open(&records.join("passes"))?;
+    let mut reconciles = lines::Tail::open(&records.join("reconciles"))?;
     let mut started = HashSet::new();
     loop {
         started.extend(
-            passes
+            reconciles
                 .new_lines()?
                 .into_iter()
                 .filter(|(at, w)| {

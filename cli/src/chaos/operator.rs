@@ -3,8 +3,8 @@
 //!
 //! Its kind, `ChaosItem`, exercises what operators do: a reference to another item it waits to
 //! be Ready (and that cannot be deleted before it), a Secret it reads, an owned child ConfigMap,
-//! a guarded side effect, and an unguarded teardown step. Around the whole tree, provisioner bugs are injected: a pass panics
-//! or hangs (past the policy's `reconcile_timeout`) at the rates given. Every pass's start and end,
+//! a guarded side effect, and an unguarded teardown step. Around the whole tree, provisioner bugs are injected: a reconcile panics
+//! or hangs (past the policy's `reconcile_timeout`) at the rates given. Every reconcile's start and end,
 //! every injected fault and every execution of the side effect is recorded (see
 //! [`super::lines`]) for the checker.
 
@@ -60,7 +60,7 @@ pub struct OperatorArgs {
     /// The kubeconfig of the user the operator runs as
     #[arg(long)]
     pub kubeconfig: PathBuf,
-    /// Where the records are appended (passes, effects, faults)
+    /// Where the records are appended (reconciles, effects, faults)
     #[arg(long)]
     pub dir: PathBuf,
     /// This process's number among the operator's incarnations
@@ -69,10 +69,10 @@ pub struct OperatorArgs {
     /// Seed of the injected faults
     #[arg(long)]
     pub seed: u64,
-    /// Fraction of passes that panic
+    /// Fraction of reconciles that panic
     #[arg(long)]
     pub panic_rate: f64,
-    /// Fraction of passes that hang until the run timeout stops them
+    /// Fraction of reconciles that hang until the run timeout stops them
     #[arg(long)]
     pub hang_rate: f64,
     /// Run as one of several replicas sharing this many shards on Leases (0: alone)
@@ -98,10 +98,10 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The supervisor policy of the chaos operator: short backoffs, lock expiry and write timeout,
 /// so that a run converges within a bounded time after its faults; a short run timeout only
-/// when passes are made to hang (`hangs`), which it ends.
+/// when reconciles are made to hang (`hangs`), which it ends.
 ///
-/// Without injected hangs the run timeout is the default's: on a loaded machine a real pass
-/// can run past 2 s, and a pass stopped after its guarded effect ran but before the guard
+/// Without injected hangs the run timeout is the default's: on a loaded machine a real reconcile
+/// can run past 2 s, and a reconcile stopped after its guarded effect ran but before the guard
 /// recorded it runs the effect again on its retry (the guard's at-least-once window, like a
 /// kill's). That is a fault of its own, not one a run without hangs injects.
 pub fn policy(hangs: bool) -> SupervisorPolicy {
@@ -122,60 +122,62 @@ pub fn policy(hangs: bool) -> SupervisorPolicy {
     p
 }
 
-/// What the checker reads of one pass and what a pass injects.
+/// What the checker reads of one reconcile and what a reconcile injects.
 struct Chaos {
     incarnation: u32,
     seed: u64,
     panic_rate: f64,
     hang_rate: f64,
-    passes: Lines,
+    reconciles: Lines,
     effects: Lines,
-    next_pass: AtomicU64,
+    next_reconcile: AtomicU64,
 }
 
-/// Writes a pass's `end` line when dropped: at its end, its panic, or when the run timeout drops
+/// Writes a reconcile's `end` line when dropped: at its end, its panic, or when the run timeout drops
 /// it.
-struct PassEnd<'a>(&'a Chaos, u64);
+struct ReconcileEnd<'a>(&'a Chaos, u64);
 
-impl Drop for PassEnd<'_> {
+impl Drop for ReconcileEnd<'_> {
     fn drop(&mut self) {
         self.0
-            .passes
+            .reconciles
             .write(format_args!("end {} {}", self.0.incarnation, self.1));
     }
 }
 
-/// The tree, with passes recorded and bugs injected around it.
+/// The tree, with reconciles recorded and bugs injected around it.
 struct Chaotic<P> {
     chaos: Arc<Chaos>,
     inner: P,
 }
 
 impl<P> Chaotic<P> {
-    /// Records the pass's start and rolls its bug: the returned guard ends it.
-    async fn enter(&self, cx: &Context<ChaosItem>, what: &str) -> PassEnd<'_> {
+    /// Records the reconcile's start and rolls its bug: the returned guard ends it.
+    async fn enter(&self, cx: &Context<ChaosItem>, what: &str) -> ReconcileEnd<'_> {
         let c = &self.chaos;
-        let pass = c.next_pass.fetch_add(1, Ordering::Relaxed);
+        let reconcile = c.next_reconcile.fetch_add(1, Ordering::Relaxed);
         let key = format!(
             "{}/{}",
             cx.object().namespace().unwrap_or_default(),
             cx.object().name_any()
         );
-        c.passes
-            .write(format_args!("start {} {pass} {key} {what}", c.incarnation));
-        let end = PassEnd(c, pass);
+        c.reconciles.write(format_args!(
+            "start {} {reconcile} {key} {what}",
+            c.incarnation
+        ));
+        let end = ReconcileEnd(c, reconcile);
         let mut rng = fastrand::Rng::with_seed(
-            c.seed ^ u64::from(c.incarnation).rotate_left(32) ^ pass.wrapping_mul(0x9e37_79b9),
+            c.seed ^ u64::from(c.incarnation).rotate_left(32) ^ reconcile.wrapping_mul(0x9e37_79b9),
         );
         let roll = rng.f64();
         if roll < c.panic_rate {
-            c.passes
-                .write(format_args!("fault panic {} {pass}", c.incarnation));
+            c.reconciles
+                .write(format_args!("fault panic {} {reconcile}", c.incarnation));
             panic!("chaos: an injected provisioner bug in {key}");
         }
         if roll < c.panic_rate + c.hang_rate {
-            c.passes
-                .write(format_args!("fault hang {} {pass}", c.incarnation));
+            c.reconciles
+                .write(format_args!("fault hang {} {reconcile}", c.incarnation));
             std::future::pending::<()>().await;
         }
         end
@@ -311,9 +313,9 @@ pub fn builder(
         seed: args.seed,
         panic_rate: args.panic_rate,
         hang_rate: args.hang_rate,
-        passes: record("passes")?,
+        reconciles: record("reconciles")?,
         effects: record("effects")?,
-        next_pass: AtomicU64::new(0),
+        next_reconcile: AtomicU64::new(0),
     });
     let builder = Runtime::builder(client)
         .policy(policy(args.hang_rate > 0.0))

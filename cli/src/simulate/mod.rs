@@ -10,7 +10,7 @@
 //! the scenario says, under the API faults it names. Every run is on its own current-thread tokio
 //! runtime with a paused clock that advances by itself when nothing is runnable, so an hour of
 //! behaviour takes seconds, and every random choice is seeded (provisioner behaviour per object
-//! name and pass, the policy's `seed` — set from the scenario's when the policy has none — and
+//! name and reconcile, the policy's `seed` — set from the scenario's when the policy has none — and
 //! the cluster's fault seed): the same scenario and policies give the same report.
 //!
 //! Reported per policy: virtual time until 50/90/99/100 % of the objects were Ready, runs,

@@ -34,7 +34,7 @@ pub struct PolicyResult {
     pub time_to_ready: Percentiles,
     /// Virtual seconds the run lasted.
     pub virtual_seconds: f64,
-    /// Provisioner passes started.
+    /// Provisioner reconciles started.
     pub runs: u64,
     /// Resource actors restarted after a panic.
     pub restarts: u64,
@@ -42,7 +42,7 @@ pub struct PolicyResult {
     pub quarantined: u64,
     /// Status patches the runtime sent.
     pub status_writes: u64,
-    /// Most provisioner passes in flight at once.
+    /// Most reconciles in flight at once.
     pub peak_in_flight: u64,
     /// Most resource actors alive at once (bounded by the policy's `max_live_actors`).
     pub peak_live_actors: u64,

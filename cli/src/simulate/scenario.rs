@@ -162,7 +162,7 @@ impl Default for Scenario {
 }
 
 /// The provisioner tree of every object: `steps` steps in series, whose behaviour on each visit
-/// is drawn from a generator seeded by (scenario seed, object name, pass number, step).
+/// is drawn from a generator seeded by (scenario seed, object name, reconcile number, step).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Workload {

@@ -2,11 +2,11 @@
 //! scenario, reproducibly.
 //!
 //! Each object's tree is `steps` steps in series. On every visit a step draws from a generator
-//! seeded by (scenario seed, object name, pass number, step index):
+//! seeded by (scenario seed, object name, reconcile number, step index):
 //! it takes `latency + U[0, latency_jitter]` of virtual time, then panics with probability
 //! `panic_rate`, fails transiently with probability `failure_rate`, and otherwise makes progress:
 //! it yields until it has yielded its quota (drawn per object and step from
-//! `[min_yields, max_yields]`), then it is done. Progress and pass counts live outside the actors
+//! `[min_yields, max_yields]`), then it is done. Progress and reconcile counts live outside the actors
 //! (they model the external system), so nothing is lost when an actor is restarted.
 
 use std::sync::Arc;
@@ -43,16 +43,16 @@ pub struct SimObjectSpec {
 
 /// An injected transient failure (what a real provisioner's error would be).
 #[derive(Debug, thiserror::Error)]
-#[error("injected failure of step {step} on pass {pass}")]
+#[error("injected failure of step {step} on reconcile {reconcile}")]
 pub struct InjectedFailure {
     step: u32,
-    pass: u64,
+    reconcile: u64,
 }
 
 /// Per-object progress, held outside the actors.
 #[derive(Debug)]
 struct Progress {
-    pass: u64,
+    reconcile: u64,
     yields_done: Vec<u32>,
 }
 
@@ -73,7 +73,7 @@ fn name_hash(s: &str) -> u64 {
     h
 }
 
-/// Pass number used to draw an object's yield quotas (never a real pass).
+/// Reconcile number used to draw an object's yield quotas (never a real reconcile).
 const QUOTA_PASS: u64 = u64::MAX;
 
 impl Behaviour {
@@ -97,33 +97,33 @@ impl Behaviour {
     /// One visit of `step` on the object named `name`.
     pub async fn visit(&self, step: u32, name: &str) -> Outcome {
         let w = &self.workload;
-        let pass = {
+        let reconcile = {
             let mut p = self
                 .progress
                 .entry(name.to_string())
                 .or_insert_with(|| Progress {
-                    pass: 0,
+                    reconcile: 0,
                     yields_done: vec![0; w.steps as usize],
                 });
             if step == 0 {
-                p.pass += 1;
+                p.reconcile += 1;
             }
-            p.pass
+            p.reconcile
         };
         let mut rng =
-            fastrand::Rng::with_seed(mix(&[self.seed, name_hash(name), pass, step.into()]));
+            fastrand::Rng::with_seed(mix(&[self.seed, name_hash(name), reconcile, step.into()]));
         let work = w.latency + w.latency_jitter.mul_f64(rng.f64());
         if !work.is_zero() {
             tokio::time::sleep(work).await;
         }
         let r = rng.f64();
         if r < w.panic_rate {
-            panic!("{PANIC_MARKER} in step {step} of {name} on pass {pass}");
+            panic!("{PANIC_MARKER} in step {step} of {name} on reconcile {reconcile}");
         }
         if r < w.panic_rate + w.failure_rate {
             return Outcome::failed(
                 Reason::new("SimulatedFailure", format!("step {} failed", step + 1)),
-                InjectedFailure { step, pass },
+                InjectedFailure { step, reconcile },
             );
         }
         let quota = self.quota(name, step);
@@ -149,10 +149,10 @@ impl Behaviour {
         Outcome::Done
     }
 
-    /// Passes the object named `name` has started so far.
+    /// Reconciles the object named `name` has started so far.
     #[cfg(test)]
-    pub fn passes(&self, name: &str) -> u64 {
-        self.progress.get(name).map_or(0, |p| p.pass)
+    pub fn reconciles(&self, name: &str) -> u64 {
+        self.progress.get(name).map_or(0, |p| p.reconcile)
     }
 }
 
@@ -233,9 +233,9 @@ mod tests {
         }
     }
 
-    async fn outcomes(b: &Behaviour, name: &str, passes: usize) -> Vec<String> {
+    async fn outcomes(b: &Behaviour, name: &str, reconciles: usize) -> Vec<String> {
         let mut v = Vec::new();
-        for _ in 0..passes {
+        for _ in 0..reconciles {
             for step in 0..2 {
                 let o = b.visit(step, name).await;
                 let done = o.is_done();
@@ -252,7 +252,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn behaviour_is_a_function_of_seed_name_and_pass() {
+    async fn behaviour_is_a_function_of_seed_name_and_reconcile() {
         let a = outcomes(&Behaviour::new(5, workload()), "obj-1", 30).await;
         let b = outcomes(&Behaviour::new(5, workload()), "obj-1", 30).await;
         assert_eq!(a, b);
@@ -286,7 +286,7 @@ mod tests {
         .map(Outcome::is_done)
         .collect();
         assert_eq!(o, vec![false, false, true]);
-        assert_eq!(b.passes("x"), 3);
+        assert_eq!(b.reconciles("x"), 3);
         let spent = t0.elapsed();
         assert!(
             spent >= Duration::from_millis(300) && spent <= Duration::from_millis(450),

@@ -213,7 +213,7 @@ fn the_floor_sends_the_operator_requests_with_no_runtime_and_frames_both_runtime
     let floor = &runs[2];
     assert_eq!(floor["operator"]["objects_left"], 0, "{floor}");
     assert_eq!(floor["operator"]["children_left"], 0, "{floor}");
-    // One pass to Ready and one to gone per object, and every object's Ready status.
+    // One reconcile to Ready and one to gone per object, and every object's Ready status.
     assert!(floor["runs"].as_u64().unwrap() >= 100, "{floor}");
     check_status_writes(floor, 50);
     // actorcile's requests: finalizer, child, status, child's deletion, finalizer's removal;

@@ -146,7 +146,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     let m = rt.metrics();
     println!(
         "summary: {} networks and {total_clusters} clusters Ready in {:.2}s, deleted in {:.2}s; \
-         {} passes ({} deprovision), {} status writes, {} restarts",
+         {} reconciles ({} deprovision), {} status writes, {} restarts",
         args.networks,
         all_ready.as_secs_f64(),
         all_deleted.as_secs_f64(),
@@ -163,7 +163,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
             .map(|(r, n)| format!("{}={n}", r.as_str()))
             .collect();
         println!(
-            "  {}: passes {}; Events {}",
+            "  {}: reconciles {}; Events {}",
             k.kind,
             runs.join(" "),
             k.events

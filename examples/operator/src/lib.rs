@@ -1,5 +1,5 @@
 //! The example operator's parts, as a library: its kinds and trees (`operator`), its manifests,
-//! and the demo, pass recording and scale-out harnesses its binary runs. Its tests build the
+//! and the demo, reconcile recording and scale-out harnesses its binary runs. Its tests build the
 //! same runtime the binary runs from here (the roles it needs, for one).
 
 pub mod demo;

@@ -39,10 +39,10 @@ enum Command {
         /// Install (or update) the CRDs at start-up.
         #[arg(long, env = "EXAMPLE_OPERATOR_INSTALL_CRDS")]
         install_crds: bool,
-        /// Append every pass's start and end, and every shard acquired or lost, to this file
+        /// Append every reconcile's start and end, and every shard acquired or lost, to this file
         /// (see `record.rs`; for tests).
         #[arg(long, hide = true, value_name = "PATH")]
-        record_passes: Option<std::path::PathBuf>,
+        record_reconciles: Option<std::path::PathBuf>,
     },
     /// Print the CRDs as YAML.
     Crds,
@@ -70,8 +70,8 @@ async fn main() -> ExitCode {
             runtime,
             infrastructure,
             install_crds,
-            record_passes,
-        } => run(*runtime, infrastructure, install_crds, record_passes).await,
+            record_reconciles,
+        } => run(*runtime, infrastructure, install_crds, record_reconciles).await,
         Command::Crds => actorcile::crds::to_yaml(&[Network::crd(), Cluster::crd()])
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),
@@ -94,9 +94,9 @@ async fn run(
     args: RuntimeArgs,
     infrastructure: operator::ProviderArgs,
     install_crds: bool,
-    record_passes: Option<std::path::PathBuf>,
+    record_reconciles: Option<std::path::PathBuf>,
 ) -> Result<(), String> {
-    match record_passes {
+    match record_reconciles {
         None => args.init_tracing().map_err(|e| e.to_string())?,
         Some(path) => {
             use tracing_subscriber::layer::SubscriberExt;

@@ -206,7 +206,7 @@ pub fn cluster_tree(
                     );
                 };
                 let endpoint = first.endpoints.first().unwrap_or(&first.name).clone();
-                // Written with the pass's one status write, and only when it changed.
+                // Written with the reconcile's one status write, and only when it changed.
                 if let Err(e) = cx.set_status_field("endpoint", endpoint) {
                     return Outcome::Terminal(Reason::new("StatusFieldInvalid", e.to_string()));
                 }

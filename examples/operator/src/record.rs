@@ -1,7 +1,7 @@
-//! `run --record-passes FILE`: a tracing layer that appends, one line each, every pass's start
+//! `run --record-reconciles FILE`: a tracing layer that appends, one line each, every reconcile's start
 //! and end (the runtime's `reconcile` span) and every shard this replica acquires or loses, with the
 //! wall-clock time in microseconds. The sharding process test reads the files of all replicas
-//! to prove that no two passes of one object overlapped and that each replica ran only objects
+//! to prove that no two reconciles of one object overlapped and that each replica ran only objects
 //! of shards it held.
 //!
 //! ```text
@@ -54,7 +54,7 @@ impl PassRecorder {
     }
 }
 
-/// The fields of a pass span or a shard event, as text.
+/// The fields of a reconcile span or a shard event, as text.
 #[derive(Default)]
 struct Fields {
     kind: String,

@@ -375,10 +375,10 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         // The work behind it, as each replica counted it.
         let mut work = Vec::new();
         for r in &replicas {
-            let passes = r.counter("actorcile_reconciles").await?;
+            let reconciles = r.counter("actorcile_reconciles").await?;
             let requests = r.counter("actorcile_api_requests").await?;
             let received = r.counter("actorcile_api_response_bytes").await? / (1024.0 * 1024.0);
-            work.push((passes, requests, received));
+            work.push((reconciles, requests, received));
         }
         let labelled_by_replicas = api
             .list(&ListParams::default())
@@ -435,21 +435,21 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
     if !measured.is_empty() {
         println!();
         println!(
-            "Work per replica to create and converge, from each replica's /metrics: passes (`actorcile_reconciles_total`), API requests (`actorcile_api_requests_total`, Lease renewals included), MiB received (`actorcile_api_response_bytes_total`: the API server's answers and watch events); and the Networks the replicas labelled with their shard"
+            "Work per replica to create and converge, from each replica's /metrics: reconciles (`actorcile_reconciles_total`), API requests (`actorcile_api_requests_total`, Lease renewals included), MiB received (`actorcile_api_response_bytes_total`: the API server's answers and watch events); and the Networks the replicas labelled with their shard"
         );
         println!(
-            "| watch | replicas | passes per replica | API requests per replica | MiB received per replica | labelled by the replicas |"
+            "| watch | replicas | reconciles per replica | API requests per replica | MiB received per replica | labelled by the replicas |"
         );
         println!("|---|---|---|---|---|---|");
         for m in &measured {
-            let passes: Vec<f64> = m.work.iter().map(|w| w.0).collect();
+            let reconciles: Vec<f64> = m.work.iter().map(|w| w.0).collect();
             let requests: Vec<f64> = m.work.iter().map(|w| w.1).collect();
             let read: Vec<f64> = m.work.iter().map(|w| w.2).collect();
             println!(
                 "| {} | {} | {} | {} | {} | {} |",
                 m.label(args.rounds),
                 m.replicas,
-                joined(&passes, 0),
+                joined(&reconciles, 0),
                 joined(&requests, 0),
                 joined(&read, 1),
                 m.labelled
@@ -499,7 +499,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
 }
 
 /// One CPU-split measurement: per phase (create and converge, change wave, backlog), each
-/// replica's CPU seconds; each replica's passes, API requests and MiB received to create and
+/// replica's CPU seconds; each replica's reconciles, API requests and MiB received to create and
 /// converge; and how many objects the replicas labelled with their shard.
 struct Split {
     watch: String,

@@ -1,4 +1,4 @@
-//! Activation: an object queued for a live actor, admitted as run slots allow, and served by an
+//! Activation: an object queued for a live actor, admitted as reconcile slots allow, and served by an
 //! idle actor adopted or a new one spawned.
 
 use super::*;
@@ -48,16 +48,16 @@ impl<K: ManagedResource> Manager<K> {
         self.drain(myself, st);
     }
 
-    /// Start queued activations while run slots are free; when none is, ask the timer task for
+    /// Start queued activations while reconcile slots are free; when none is, ask the timer task for
     /// the next ([`ManagerMsg::Permit`]). Reconciles of live actors wait for slots there too, and
     /// come first, but activations get a bounded share of the slots
-    /// (`RunSlotQueue`, [`crate::scheduling`]).
+    /// (`SlotQueue`, [`crate::scheduling`]).
     pub(super) fn drain(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>) {
         while Self::skip_stale(st) && Self::actor_at_hand(st) && self.admit(st) {
-            // A free slot is not enough while passes wait for slots in the timer task (the slot
+            // A free slot is not enough while reconciles wait for slots in the timer task (the slot
             // is theirs) or activations are held back there because wake-ups run late.
             let free = if self.shared.timers.activation_may_skip_queue() {
-                self.shared.runs.try_acquire()
+                self.shared.slots.try_acquire()
             } else {
                 Err(TryAcquireError::NoPermits)
             };
@@ -141,9 +141,9 @@ impl<K: ManagedResource> Manager<K> {
         myself: &ActorRef<MailWaiting>,
         st: &mut ManagerState<K>,
         key: ObjectRef<K>,
-        permit: RunPermit,
+        permit: ReconcilePermit,
     ) {
-        if self.shared.runs.is_closed() {
+        if self.shared.slots.is_closed() {
             // Shutting down: a slot handed out before the runs closed starts nothing new.
             return;
         }
@@ -211,7 +211,7 @@ impl<K: ManagedResource> Manager<K> {
         st.ids.insert(id, key);
     }
 
-    /// How many idle actors are kept for the next activations: one per run slot (more could not
+    /// How many idle actors are kept for the next activations: one per reconcile slot (more could not
     /// run at once), and never past the live-actor cap.
     pub(super) fn idle_bound(&self) -> usize {
         let policy = &self.shared.policy;

@@ -8,7 +8,7 @@
 //! writes are in [`writes`].
 //!
 //! An object gets a live actor only when it can run: activations wait in the
-//! [`ActivationQueue`] for a run slot, which the actor's first reconcile then uses. Many new objects
+//! [`ActivationQueue`] for a reconcile slot, which the actor's first reconcile then uses. Many new objects
 //! so make at most `max_concurrent_reconciles` actors that are waiting to run, not one each; with
 //! passivation the live actors are about those that have work. Live actors are capped too
 //! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
@@ -40,7 +40,7 @@ use super::object_map::ObjectMap;
 use super::passive_state::Kept;
 use super::resource_actor::{ResourceActor, ResourceArgs, key_hash};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
-use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
+use crate::messages::{Activation, ManagerMsg, PassiveState, ReconcilePermit, ResourceMsg};
 use crate::policy::Exhausted;
 use crate::policy::restarts::{AfterFailure, Escalation, RestartTracker};
 use crate::scheduling::ActivationQueue;
@@ -69,7 +69,7 @@ pub(crate) struct ManagerArgs<K: ManagedResource> {
 
 /// Where one object's actor is in its life.
 enum Life {
-    /// In the activation queue, waiting for a run slot; with the state a passivated actor left.
+    /// In the activation queue, waiting for a reconcile slot; with the state a passivated actor left.
     /// `listed`: queued behind changes, as a listed object (see [`ActivationQueue`]).
     Queued {
         passive: Option<Box<PassiveState>>,
@@ -101,7 +101,7 @@ struct Entry {
 pub(crate) struct ManagerState<K: ManagedResource> {
     /// Where every [`ManagerMsg`] arrives (a [`MailWaiting`] says it has some).
     rx: mailbox::Receiver<ManagerMsg<K>>,
-    /// Sends to this manager (timers, restarts, run slots for activations).
+    /// Sends to this manager (timers, restarts, reconcile slots for activations).
     me: Mailbox<ManagerMsg<K>>,
     /// The pending wake-ups of passive objects.
     passive_timers: PassiveTimers<K>,
@@ -112,10 +112,10 @@ pub(crate) struct ManagerState<K: ManagedResource> {
     /// [`Manager::idle_bound`]); the last one in is the first out.
     idle: Vec<ActorRef<ResourceMsg<K>>>,
     wake_token: u64,
-    /// Objects waiting for a run slot to get a live actor; an entry whose object is no longer
+    /// Objects waiting for a reconcile slot to get a live actor; an entry whose object is no longer
     /// `Queued` is skipped.
     activations: ActivationQueue<ObjectRef<K>>,
-    /// The timer task was asked for a run slot for the queue's head.
+    /// The timer task was asked for a reconcile slot for the queue's head.
     awaiting_permit: bool,
     /// When the last activation past the live-actor cap started.
     over_cap_at: Option<Instant>,
@@ -128,7 +128,7 @@ pub(crate) struct ManagerState<K: ManagedResource> {
 }
 
 fn is_news(ps: &PassiveState, version: Option<u64>) -> bool {
-    super::is_news(ps.last_run_version, &ps.own_writes, version)
+    super::is_news(ps.last_reconciled_version, &ps.own_writes, version)
 }
 
 impl<K: ManagedResource> Manager<K> {
@@ -226,7 +226,7 @@ impl<K: ManagedResource> Manager<K> {
     }
 
     /// Wake `key`: its live actor runs a reconcile, a passive one is re-activated (through the
-    /// activation queue, so it waits for a run slot).
+    /// activation queue, so it waits for a reconcile slot).
     fn notify(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>, key: ObjectRef<K>) {
         if let Some(entry) = st.objects.get_mut(&key) {
             match &mut entry.life {
@@ -237,13 +237,13 @@ impl<K: ManagedResource> Manager<K> {
                 }
                 Life::Passive(kept) => {
                     let mut ps = kept.take();
-                    ps.pending_run = true;
+                    ps.reconcile_due = true;
                     self.activate(myself, st, key, Some(ps), false);
                 }
                 // A first activation runs anyway; a re-activation is told to.
                 Life::Queued { passive, .. } => {
                     if let Some(ps) = passive {
-                        ps.pending_run = true;
+                        ps.reconcile_due = true;
                     }
                 }
                 Life::Restarting | Life::Quarantined { .. } => {}
@@ -446,7 +446,7 @@ impl<K: ManagedResource> Actor for Manager<K> {
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let result = self.supervise(event, st);
-        // A stopped actor's run slot is free now: start the next queued activation on it here,
+        // A stopped actor's reconcile slot is free now: start the next queued activation on it here,
         // one hop sooner than through the permit waiter.
         self.drain(&myself, st);
         st.passive_timers.flush();

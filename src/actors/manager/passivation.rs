@@ -106,8 +106,8 @@ impl<K: ManagedResource> Manager<K> {
             self.unowned(st, key);
             return;
         }
-        ps.pending_run |= notified;
-        if ps.pending_run || is_news(&ps, version_of(obj.as_ref())) {
+        ps.reconcile_due |= notified;
+        if ps.reconcile_due || is_news(&ps, version_of(obj.as_ref())) {
             self.activate(myself, st, key, Some(ps), false);
             return;
         }

@@ -5,13 +5,13 @@ use super::*;
 
 impl<K: ManagedResource> ResourceActor<K> {
     /// A deprovision reconcile: `None` once deprovisioned and the finalizer is gone.
-    pub(super) async fn deletion_pass(
+    pub(super) async fn deletion_reconcile(
         &self,
         st: &mut ResourceState<K>,
         obj: &Arc<K>,
         status: &Arc<ResourceStatus>,
         config: Option<Arc<dyn std::any::Any + Send + Sync>>,
-    ) -> Option<Pass> {
+    ) -> Option<Reconciled> {
         let shared = &self.shared;
         let target = st.target.clone();
         let generation = obj.meta().generation;
@@ -29,7 +29,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 // closed): let those targets re-check. Only on change, so it settles.
                 shared.references.notify_held(&target);
             }
-            return Some(Pass {
+            return Some(Reconciled {
                 outcome: Outcome::Waiting {
                     target: (*target).clone(),
                     reason: Reason::new("InUse", blocked.message),
@@ -38,7 +38,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             });
         }
         let cx = self.context(obj.clone(), status.clone(), config);
-        let outcome = run_deadline::within(
+        let outcome = deadline::within(
             shared.policy.reconcile_timeout,
             shared.tree.deprovision(&cx),
         )
@@ -57,7 +57,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if !outcome.is_done() {
             let desired = status.after_deprovision(&outcome, generation);
-            return Some(Pass {
+            return Some(Reconciled {
                 outcome,
                 desired: Some(desired),
             });
@@ -74,7 +74,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         obj: Arc<K>,
         status: Arc<ResourceStatus>,
         generation: Option<i64>,
-    ) -> Option<Pass> {
+    ) -> Option<Reconciled> {
         let shared = &self.shared;
         let target = st.target.clone();
         // The finalizer goes first, the references after: a target this object referenced can
@@ -135,7 +135,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .await;
                 writes::publish_released(&shared.io, obj.as_ref()).await;
                 // Remember the object without our finalizer (and its version as our own write),
-                // so no later event or notification can make a pass deprovision it again.
+                // so no later event or notification can make a reconcile deprovision it again.
                 match left {
                     Some(o) => st.record_write(o, shared.prune_cache),
                     None => st.object = None,
@@ -146,7 +146,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
             Err(e) => {
                 shared.references.restore_held(&target, held);
-                Some(Pass {
+                Some(Reconciled {
                     outcome: Outcome::failed(
                         Reason::new("FinalizerRemovalFailed", "could not remove the finalizer"),
                         e,
@@ -161,20 +161,20 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
     }
 
-    /// The pass of an object that the kind's type cannot hold: no provisioner runs (they need
+    /// The reconcile of an object that the kind's type cannot hold: no provisioner runs (they need
     /// the spec), and its status says why: phase Failed, Ready `False` with reason
     /// `Undecodable` and a message naming the field (never its value), written when it is not
     /// already so, with a Warning Event on the transition. Deleting, it keeps its finalizer and
     /// says so: deprovisioning needs the spec, and removing the finalizer without it would
     /// abandon what the object provisioned. It stays a referrer all along (what it holds stays
     /// held). The object's next change runs it again: a decodable one as usual.
-    pub(super) async fn undecodable_pass(
+    pub(super) async fn undecodable_reconcile(
         &self,
         st: &mut ResourceState<K>,
         u: Arc<crate::lenient::Undecodable>,
     ) -> Option<ReconcileResult> {
         let shared = &self.shared;
-        st.last_run_version = crate::object_api::meta_version(&u.meta);
+        st.last_reconciled_version = crate::object_api::meta_version(&u.meta);
         st.own_writes.clear();
         st.cx = None;
         st.last_outcome = None;

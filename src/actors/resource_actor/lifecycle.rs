@@ -16,7 +16,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if st.passivating
             || st.dirty
-            || st.run_pending
+            || st.reconcile_queued
             || st.released.is_some()
             || st.deprovisioned.is_some()
         {
@@ -65,7 +65,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             passive,
             permit,
         } = activation;
-        // The actor's own route, not the manager's: it must exist before the first pass can end
+        // The actor's own route, not the manager's: it must exist before the first reconcile can end
         // in a passivation that removes it.
         self.shared.routes.insert(key.clone(), myself.clone());
         let object = self.shared.store.get(&key);
@@ -83,12 +83,12 @@ impl<K: ManagedResource> ResourceActor<K> {
             key,
             object,
             undecodable,
-            last_run_version: None,
+            last_reconciled_version: None,
             own_writes: Vec::new(),
             status_fields: serde_json::Map::new(),
             dirty: false,
             due_since: None,
-            run_pending: false,
+            reconcile_queued: false,
             queued: false,
             wake,
             permit,
@@ -109,10 +109,10 @@ impl<K: ManagedResource> ResourceActor<K> {
             self.shared.references.appeared(&st.target);
         }
         if let Some(p) = passive {
-            if p.pending_run {
+            if p.reconcile_due {
                 st.mark_due();
             }
-            st.last_run_version = p.last_run_version;
+            st.last_reconciled_version = p.last_reconciled_version;
             st.own_writes = p.own_writes;
             st.error_attempts = p.error_attempts;
             if let Some(d) = p.wake_in {
@@ -124,7 +124,7 @@ impl<K: ManagedResource> ResourceActor<K> {
 
     /// An activation's first reconcile, if its object has news (or a reconcile was pending), then
     /// passivation if nothing is due soon. An object gone meanwhile vacates the actor.
-    pub(super) async fn first_pass(
+    pub(super) async fn first_reconcile(
         &self,
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
@@ -138,10 +138,10 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         };
         if st.dirty || st.is_news(version) {
-            // The first pass runs right here, on the manager's run slot (no `Run` hop); what
+            // The first reconcile runs right here, on the manager's reconcile slot (no `Reconcile` hop); what
             // arrives meanwhile coalesces into one follow-up run.
             st.mark_due();
-            self.run_if_dirty(myself, st, None).await;
+            self.reconcile_if_due(myself, st, None).await;
         }
         self.maybe_passivate(myself, st);
     }
@@ -165,14 +165,14 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// tokens, ready to adopt the next activation the manager gives it.
     pub(super) fn hand_back(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
         let state = PassiveState {
-            last_run_version: st.last_run_version,
+            last_reconciled_version: st.last_reconciled_version,
             own_writes: std::mem::take(&mut st.own_writes),
             error_attempts: st.error_attempts,
             wake_in: st
                 .wake
                 .deadline()
                 .map(|at| at.saturating_duration_since(Instant::now())),
-            pending_run: st.dirty || st.run_pending,
+            reconcile_due: st.dirty || st.reconcile_queued,
         };
         // The manager keeps the wake-up now (the actor's timer would reach the next object).
         self.let_go(myself, st);

@@ -36,11 +36,11 @@ use crate::after_reconcile::{
     self, At, Backoff, Delays, Ended, OutcomeKey, StatusPlan, StatusWrite, Wake,
 };
 use crate::counters::ReconcileResult;
-use crate::messages::{Activation, ManagerMsg, PassiveState, ResourceMsg, RunPermit};
+use crate::messages::{Activation, ManagerMsg, PassiveState, ReconcilePermit, ResourceMsg};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;
 use crate::scheduling::PendingWakeUp;
-use crate::scheduling::deadline as run_deadline;
+use crate::scheduling::deadline;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 use crate::writes;
 
@@ -67,10 +67,10 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     /// Newest version known (observed, or returned by our own write).
     object: Option<Arc<K>>,
     /// The newest version is one the kind's type cannot hold: what was read of it. Such an
-    /// object is not reconciled; its status says why ([`ResourceActor::undecodable_pass`]).
+    /// object is not reconciled; its status says why ([`ResourceActor::undecodable_reconcile`]).
     undecodable: Option<Arc<crate::lenient::Undecodable>>,
     /// Version the last reconcile ran on.
-    last_run_version: Option<u64>,
+    last_reconciled_version: Option<u64>,
     /// Versions our own writes produced: their watch echoes do not trigger a run.
     own_writes: Vec<u64>,
     /// Status fields the last reconcile's steps set, for its status write.
@@ -79,13 +79,13 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     dirty: bool,
     /// Since when a reconcile is due (for the due-to-start histogram).
     due_since: Option<Instant>,
-    /// A `Run` self-message is queued.
-    run_pending: bool,
-    /// A reconcile found no free run slot and asked the timer task for one ([`ResourceMsg::Slot`]).
+    /// A `Reconcile` self-message is queued.
+    reconcile_queued: bool,
+    /// A reconcile found no free reconcile slot and asked the timer task for one ([`ResourceMsg::Slot`]).
     queued: bool,
     wake: PendingWakeUp,
-    /// The run slot the manager handed over for the first reconcile (dropped if no reconcile follows).
-    permit: Option<RunPermit>,
+    /// The reconcile slot the manager handed over for the first reconcile (dropped if no reconcile follows).
+    permit: Option<ReconcilePermit>,
     /// The route is removed and [`ResourceMsg::Passivate`] is on its way.
     passivating: bool,
     error_attempts: u32,
@@ -120,14 +120,14 @@ pub(crate) struct ResourceState<K: ManagedResource> {
 }
 
 impl<K: ManagedResource> ResourceState<K> {
-    fn trigger_run(&mut self, myself: &ActorRef<ResourceMsg<K>>)
+    fn trigger_reconcile(&mut self, myself: &ActorRef<ResourceMsg<K>>)
     where
         K: ManagedResource,
     {
         self.mark_due();
-        if !self.run_pending {
-            self.run_pending = true;
-            let _ = myself.cast(ResourceMsg::Run);
+        if !self.reconcile_queued {
+            self.reconcile_queued = true;
+            let _ = myself.cast(ResourceMsg::Reconcile);
         }
     }
 
@@ -146,7 +146,7 @@ impl<K: ManagedResource> ResourceState<K> {
 
     /// Whether a version we have not handled yet (and did not write ourselves).
     fn is_news(&self, version: Option<u64>) -> bool {
-        super::is_news(self.last_run_version, &self.own_writes, version)
+        super::is_news(self.last_reconciled_version, &self.own_writes, version)
     }
 
     /// Keep the newer of the known and the given object. Of two with the same version, one we
@@ -231,7 +231,7 @@ impl<K: ManagedResource> ResourceActor<K> {
 }
 
 /// What a reconcile produced, and the status it computed on the way (deletion computes its own).
-struct Pass {
+struct Reconciled {
     outcome: Outcome,
     desired: Option<ResourceStatus>,
 }
@@ -296,7 +296,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         myself: ActorRef<Self::Msg>,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        self.first_pass(&myself, st).await;
+        self.first_reconcile(&myself, st).await;
         Ok(())
     }
 
@@ -332,7 +332,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                 st.undecodable = None;
                 st.remember(obj);
                 if news {
-                    st.trigger_run(&myself);
+                    st.trigger_reconcile(&myself);
                 }
             }
             ResourceMsg::Undecodable => {
@@ -340,7 +340,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                     let news = st.is_news(crate::object_api::meta_version(&u.meta));
                     st.undecodable = Some(u);
                     if news {
-                        st.trigger_run(&myself);
+                        st.trigger_reconcile(&myself);
                     }
                 }
             }
@@ -348,14 +348,14 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                 self.vacate(&myself, st);
                 return Ok(());
             }
-            ResourceMsg::Run => {
-                st.run_pending = false;
-                self.run_if_dirty(&myself, st, None).await;
+            ResourceMsg::Reconcile => {
+                st.reconcile_queued = false;
+                self.reconcile_if_due(&myself, st, None).await;
             }
             ResourceMsg::Wake(token, slot) => {
-                // A due timer runs the pass at once, on the slot it brought (no extra `Run`
+                // A due timer runs the reconcile at once, on the slot it brought (no extra `Reconcile`
                 // hop); anything that arrives meanwhile still coalesces into one follow-up run.
-                // A stale timer's slot still serves a pass that is due.
+                // A stale timer's slot still serves a reconcile that is due.
                 let due = st.wake.deadline();
                 if st.wake.fire(token) {
                     if let Some(due) = due {
@@ -364,13 +364,15 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                     }
                     st.mark_due_since(|| due.unwrap_or_else(Instant::now));
                 }
-                self.run_if_dirty(&myself, st, slot.map(|s| s.permit)).await;
+                self.reconcile_if_due(&myself, st, slot.map(|s| s.permit))
+                    .await;
             }
             ResourceMsg::Slot(slot) => {
                 st.queued = false;
-                self.run_if_dirty(&myself, st, slot.map(|s| s.permit)).await;
+                self.reconcile_if_due(&myself, st, slot.map(|s| s.permit))
+                    .await;
             }
-            ResourceMsg::Notify => st.trigger_run(&myself),
+            ResourceMsg::Notify => st.trigger_reconcile(&myself),
             ResourceMsg::Passivate => {
                 self.hand_back(&myself, st);
                 return Ok(());
@@ -379,7 +381,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                 let wake = std::mem::take(&mut st.wake);
                 let manager = st.manager.clone();
                 *st = self.begin(&myself, manager, *activation, wake);
-                self.first_pass(&myself, st).await;
+                self.first_reconcile(&myself, st).await;
                 return Ok(());
             }
         }

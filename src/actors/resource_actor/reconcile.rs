@@ -1,4 +1,4 @@
-//! One reconcile: when it starts (a run slot, the shard's fence), the provisioner tree run over
+//! One reconcile: when it starts (a reconcile slot, the shard's fence), the provisioner tree run over
 //! the newest object, and the status it leaves, decided in [`crate::after_reconcile`].
 
 use super::*;
@@ -44,18 +44,18 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// handed over for the first reconcile, or a free one. With none free, the reconcile stays due and the
     /// timer task is asked for a slot: the actor does not wait in its handler, where it could
     /// take no other message.
-    pub(super) async fn run_if_dirty(
+    pub(super) async fn reconcile_if_due(
         &self,
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
-        slot: Option<RunPermit>,
+        slot: Option<ReconcilePermit>,
     ) {
         if !st.dirty {
             return;
         }
         let slot = match slot.or_else(|| st.permit.take()) {
             Some(slot) => slot,
-            None => match self.shared.runs.try_acquire() {
+            None => match self.shared.slots.try_acquire() {
                 Ok(slot) => slot,
                 Err(TryAcquireError::NoPermits) => {
                     if !st.queued {
@@ -107,24 +107,24 @@ impl<K: ManagedResource> ResourceActor<K> {
         {
             span.record("generation", g);
         }
-        // Boxed: the pass's state machine is large, and inline it would make every idle
+        // Boxed: the reconcile's state machine is large, and inline it would make every idle
         // actor's task that large.
         let ran = {
-            let mut pass = Box::pin(self.run_pass(myself, st, slot)).instrument(span.clone());
+            let mut reconcile = Box::pin(self.reconcile(myself, st, slot)).instrument(span.clone());
             match fence.as_mut() {
-                None => Some(pass.await),
-                // The shard is lost mid-pass: the pass is dropped where it is (its writes are
+                None => Some(reconcile.await),
+                // The shard is lost mid-reconcile: the reconcile is dropped where it is (its writes are
                 // refused from the loss on, by the shard's fenced client). The fence is also
-                // checked before every poll of the pass, by the clock: a replica that continues
+                // checked before every poll of the reconcile, by the clock: a replica that continues
                 // after a pause past its renew deadline (or starved of CPU as long) runs no more
-                // of the pass's code, outside Kubernetes included, before its keeper has caught up.
+                // of the reconcile's code, outside Kubernetes included, before its keeper has caught up.
                 Some(guard) => {
                     let held = guard.check();
                     let fenced = std::future::poll_fn(|cx| {
                         if !held.holds() {
                             return std::task::Poll::Ready(None);
                         }
-                        std::future::Future::poll(std::pin::Pin::new(&mut pass), cx).map(Some)
+                        std::future::Future::poll(std::pin::Pin::new(&mut reconcile), cx).map(Some)
                     });
                     tokio::select! {
                         biased;
@@ -142,7 +142,10 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if let Some(result) = result {
             span.record("outcome", result.as_str());
-            self.shared.io.kind_metrics.ran(result, started.elapsed());
+            self.shared
+                .io
+                .kind_metrics
+                .reconciled(result, started.elapsed());
         }
     }
 
@@ -167,46 +170,46 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// The hot path (a provision reconcile whose status does not change, e.g. every reconcile of a yield
     /// loop) makes no API request and allocates little; the cold parts (deletion, finalizer, status
     /// write) are boxed so they do not bloat the reconcile's future.
-    pub(super) async fn run_pass(
+    pub(super) async fn reconcile(
         &self,
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
-        _slot: RunPermit,
+        _slot: ReconcilePermit,
     ) -> Option<ReconcileResult> {
         let shared = &self.shared;
         if let Some(u) = st.undecodable.clone() {
-            return Box::pin(self.undecodable_pass(st, u)).await;
+            return Box::pin(self.undecodable_reconcile(st, u)).await;
         }
         let mut obj = st.object.clone()?;
         if crate::triggers::is_ignored(obj.meta()) {
-            // The operator's brake: no pass, no write, until the annotation goes.
-            st.last_run_version = version_of(obj.as_ref());
+            // The operator's brake: no reconcile, no write, until the annotation goes.
+            st.last_reconciled_version = version_of(obj.as_ref());
             st.own_writes.clear();
             Metrics::inc(&shared.io.metrics.ignored);
             return None;
         }
         let deleting = obj.meta().deletion_timestamp.is_some();
         let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.io.finalizer);
-        // Parsed once per pass: on a yield loop's pass the string is cold memory.
+        // Parsed once per reconcile: on a yield loop's reconcile the string is cold memory.
         let mut version = version_of(obj.as_ref());
-        st.last_run_version = version;
+        st.last_reconciled_version = version;
         st.own_writes.clear();
         let released = || st.released.is_some() && st.released == obj.meta().uid;
         if deleting && (!has_finalizer || released()) {
             // Never provisioned by us, or already cleaned up: nothing of ours to undo.
             return None;
         }
-        let _in_flight = shared.io.metrics.run_started(deleting);
+        let _in_flight = shared.io.metrics.reconcile_started(deleting);
         let mut status = Self::status_of(st, obj.as_ref(), version);
         let generation = obj.meta().generation;
-        // The provider config as the pass starts (`None` inside: the controller has one, and
+        // The provider config as the reconcile starts (`None` inside: the controller has one, and
         // it does not exist).
         let config = shared.config.as_ref().map(|c| c.current());
         let mut saw_others = false;
 
-        let Pass { outcome, desired } = if deleting {
-            match Box::pin(self.deletion_pass(st, &obj, &status, config.flatten())).await {
-                Some(pass) => pass,
+        let Reconciled { outcome, desired } = if deleting {
+            match Box::pin(self.deletion_reconcile(st, &obj, &status, config.flatten())).await {
+                Some(reconcile) => reconcile,
                 // deprovisioned; the object disappears and the feeder reports it
                 None => return Some(ReconcileResult::Done),
             }
@@ -263,7 +266,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     },
                 )),
                 (None, config) => {
-                    // A yield loop runs on the same object and status pass after pass: reuse
+                    // A yield loop runs on the same object and status reconcile after reconcile: reuse
                     // the context (building one clones the client and three Arcs). A config
                     // change re-runs every object with a new context.
                     let config = config.flatten();
@@ -272,7 +275,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                         .take()
                         .filter(|cx| cx.has_parts(&obj, &status) && cx.has_config(&config))
                         .unwrap_or_else(|| self.context(obj.clone(), status.clone(), config));
-                    let outcome = run_deadline::within(
+                    let outcome = deadline::within(
                         shared.policy.reconcile_timeout,
                         shared.tree.provision(&cx),
                     )
@@ -282,7 +285,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     outcome
                 }
             };
-            Pass {
+            Reconciled {
                 outcome,
                 desired: None,
             }
@@ -351,7 +354,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             },
         );
         if let Some(ready) = next.announce {
-            // Ready is of the generation this reconcile reconciled: not recorded over a newer
+            // Ready is of the generation this reconcile read: not recorded over a newer
             // one cached meanwhile (its own reconcile follows, and says so).
             let recorded = if ready {
                 shared.references.mark_ready_at(&st.target, generation)
@@ -392,7 +395,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 let seed = shared
                     .policy
                     .seed
-                    .map(|s| s ^ key_hash(&st.key) ^ st.last_run_version.unwrap_or(0));
+                    .map(|s| s ^ key_hash(&st.key) ^ st.last_reconciled_version.unwrap_or(0));
                 shared
                     .config
                     .as_ref()
@@ -405,9 +408,9 @@ impl<K: ManagedResource> ResourceActor<K> {
         if let Some(d) = wake {
             self.schedule_wake(myself, st, d);
         }
-        if next.run_again {
+        if next.reconcile_again {
             // A step's write met someone else's: run again on what they wrote.
-            st.trigger_run(myself);
+            st.trigger_reconcile(myself);
         }
         if st.wake.deadline().is_none() {
             st.cx = None; // nothing due soon: an idle actor keeps no context
@@ -447,8 +450,8 @@ impl<K: ManagedResource> ResourceActor<K> {
                 writes::publish_status_not_served(&shared.io, obj.as_ref()).await;
                 return StatusWrite::Failed;
             }
-            // Someone else wrote the object since this pass read it: its watch event runs the
-            // object again, and that pass writes on what they wrote instead of over it.
+            // Someone else wrote the object since this reconcile read it: its watch event runs the
+            // object again, and that reconcile writes on what they wrote instead of over it.
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 tracing::debug!(object = %st.target, "status write conflicted; running again");
                 Metrics::inc(&shared.io.metrics.status_conflicts);

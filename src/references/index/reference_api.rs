@@ -96,7 +96,7 @@ impl ReferenceApi for ReferenceIndex {
             return Err(ReferenceError::TargetMissing(selection.target(ns, missing)));
         }
         let key = reference_annotation(from);
-        // Adds first, then releases: every write is idempotent, so a pass that fails half-way
+        // Adds first, then releases: every write is idempotent, so a reconcile that fails half-way
         // is completed by the next one.
         let mut release = Vec::new();
         for o in &selected.items {

@@ -126,8 +126,8 @@ impl RuntimeBuilder {
         });
         let cx = StartCx {
             client: self.client,
-            // Gated (a warm standby): no slot, so no pass and no activation, until it leads.
-            runs: Arc::new(Semaphore::new(if self.gated {
+            // Gated (a warm standby): no slot, so no reconcile and no activation, until it leads.
+            slots: Arc::new(Semaphore::new(if self.gated {
                 0
             } else {
                 self.policy.max_concurrent_reconciles
@@ -146,7 +146,7 @@ impl RuntimeBuilder {
         let mut handle = RuntimeHandle {
             holder: cx.holder.clone(),
             started: Vec::new(),
-            runs: cx.runs.clone(),
+            slots: cx.slots.clone(),
             metrics,
             escalated,
             references: cx.references.clone(),

@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 /// What a [`Recorder`] received, each with the (virtual) time it arrived.
 type Log<M> = Arc<Mutex<Vec<(M, Instant)>>>;
 
-/// Records what it receives (a delivery's run slot included, so a test decides when slots
+/// Records what it receives (a delivery's reconcile slot included, so a test decides when slots
 /// are released).
 struct Recorder<M>(Log<M>);
 
@@ -120,12 +120,12 @@ async fn cancel_drops_the_pending_timer_and_only_that_actors() {
     );
 }
 
-/// A delivery that carries the run slot it was given (held until the actor drops it).
+/// A delivery that carries the reconcile slot it was given (held until the actor drops it).
 #[derive(Debug)]
-struct Slotted(u32, Option<RunSlot>);
+struct Slotted(u32, Option<ReconcileSlot>);
 
 impl TimerMsg for Slotted {
-    fn give_slot(&mut self, slot: RunSlot) {
+    fn give_slot(&mut self, slot: ReconcileSlot) {
         self.1 = Some(slot);
     }
 }
@@ -136,7 +136,7 @@ type SlotLog = Log<Slotted>;
 fn log_activation(timers: &Timers<Slotted>, log: &SlotLog, n: u32) {
     let log = log.clone();
     timers.activation(Box::new(move |permit| {
-        let slot = RunSlot {
+        let slot = ReconcileSlot {
             permit,
             given_at: Instant::now(),
         };
@@ -146,12 +146,12 @@ fn log_activation(timers: &Timers<Slotted>, log: &SlotLog, n: u32) {
     }));
 }
 
-/// Due deliveries and queued ones wait for a run slot in one first-in-first-out queue, and
+/// Due deliveries and queued ones wait for a reconcile slot in one first-in-first-out queue, and
 /// each arrives with its slot; a cancelled timer takes none.
 #[tokio::test(start_paused = true)]
 async fn deliveries_wait_for_a_run_slot_in_order_and_carry_it() {
     let slots = Arc::new(Semaphore::new(1));
-    let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
     let log = SlotLog::default();
     let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
     let (b, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
@@ -196,7 +196,7 @@ async fn deliveries_wait_for_a_run_slot_in_order_and_carry_it() {
 async fn activations_get_a_bounded_share_of_the_slots() {
     assert_eq!(ACTIVATION_EVERY, 4, "the expected order below assumes 4");
     let slots = Arc::new(Semaphore::new(1));
-    let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
     let log = SlotLog::default();
     let held = slots.clone().acquire_owned().await.unwrap();
     let mut actors = Vec::new();
@@ -228,17 +228,17 @@ async fn activations_get_a_bounded_share_of_the_slots() {
     assert_eq!(slots.available_permits(), 1);
 }
 
-/// While reconciles report that they run late ([`SATURATED_LATENESS`](super::run_slots::SATURATED_LATENESS)), activations may not take
+/// While reconciles report that they run late ([`SATURATED_LATENESS`](crate::scheduling::slots::SATURATED_LATENESS)), activations may not take
 /// free slots directly and get one slot in [`HELD_ACTIVATION_EVERY`]; once no late reconcile has
 /// been reported for [`HELD_FOR`], they get free slots again.
 #[tokio::test(start_paused = true)]
-async fn activations_are_held_back_while_passes_run_late() {
+async fn activations_are_held_back_while_reconciles_run_late() {
     assert_eq!(
         HELD_ACTIVATION_EVERY, 32,
         "the expected order below assumes 32"
     );
     let slots = Arc::new(Semaphore::new(1));
-    let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
     assert!(timers.activation_may_skip_queue());
     let run_late = || {
         for _ in 0..8 {
@@ -258,7 +258,7 @@ async fn activations_are_held_back_while_passes_run_late() {
     }
     tokio::time::sleep(Duration::from_millis(1)).await;
     drop(held);
-    // The slot goes round one at a time while passes keep running late.
+    // The slot goes round one at a time while reconciles keep running late.
     for given in 1..=41 {
         run_late();
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -268,7 +268,7 @@ async fn activations_are_held_back_while_passes_run_late() {
     }
     let expected: Vec<u32> = (1..=31).chain([101]).chain(32..=40).collect();
     assert_eq!(order(&log.lock().unwrap()), expected);
-    // No pass waits, but activations are still held back until no late pass was reported
+    // No reconcile waits, but activations are still held back until no late reconcile was reported
     // for a while.
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(log.lock().unwrap().len(), 41, "still held back");
@@ -281,12 +281,12 @@ fn order(log: &[(Slotted, Instant)]) -> Vec<u32> {
     log.iter().map(|(Slotted(n, _), _)| *n).collect()
 }
 
-/// Once the run slots are closed (shutdown), nothing waiting is delivered and the task still
+/// Once the reconcile slots are closed (shutdown), nothing waiting is delivered and the task still
 /// takes commands and ends with its handles.
 #[tokio::test(start_paused = true)]
 async fn closed_run_slots_deliver_nothing() {
     let slots = Arc::new(Semaphore::new(0));
-    let timers = Timers::with_run_slots(&RunSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
     let log = SlotLog::default();
     let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
     timers.queue(&a, Slotted(1, None));

@@ -219,16 +219,16 @@ async fn a_keeper_whose_writes_fail_drops_its_shards_at_the_renew_deadline() {
         assert!(start.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // A pass of shard 0 in flight: it must see the loss.
-    let mut pass = sa.enter(0).expect("held");
+    // A reconcile of shard 0 in flight: it must see the loss.
+    let mut reconcile = sa.enter(0).expect("held");
     cluster.set_faults(crate::cluster::Faults {
         error_rate: 1.0,
         ..Default::default()
     });
     let failing = Instant::now();
-    tokio::time::timeout(Duration::from_secs(5), pass.lost())
+    tokio::time::timeout(Duration::from_secs(5), reconcile.lost())
         .await
-        .expect("the pass is told of the loss");
+        .expect("the reconcile is told of the loss");
     let dropped = failing.elapsed();
     // Within the renew deadline of the last renewal (at most one retry period before the
     // faults), and before the 2 s lease could expire elsewhere.
@@ -301,7 +301,7 @@ async fn a_conflicting_renewal_reads_the_lease_again_instead_of_losing_the_shard
     let client = cluster.client();
     let (mut a, sa) = keeper(&client, "a");
     rounds(&mut [&mut a], 2).await;
-    let mut pass = sa.enter(3).expect("held");
+    let mut reconcile = sa.enter(3).expect("held");
     let conflicts = |rate| crate::cluster::Faults {
         conflict_rate: rate,
         ..Default::default()
@@ -317,10 +317,10 @@ async fn a_conflicting_renewal_reads_the_lease_again_instead_of_losing_the_shard
     cluster.set_faults(conflicts(0.0));
     a.round().await;
     assert!(
-        tokio::time::timeout(Duration::from_millis(10), pass.lost())
+        tokio::time::timeout(Duration::from_millis(10), reconcile.lost())
             .await
             .is_err(),
-        "the pass went on"
+        "the reconcile went on"
     );
     // Past the renew deadline of conflicts, the fence drops them.
     cluster.set_faults(conflicts(1.0));
@@ -330,7 +330,7 @@ async fn a_conflicting_renewal_reads_the_lease_again_instead_of_losing_the_shard
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(a.state().0.is_empty() && sa.held().is_empty());
-    tokio::time::timeout(Duration::from_millis(1), pass.lost())
+    tokio::time::timeout(Duration::from_millis(1), reconcile.lost())
         .await
         .expect("told of the loss");
 }

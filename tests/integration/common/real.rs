@@ -139,19 +139,19 @@ pub fn widget_in(ns: &str, name: &str, size: i32) -> Widget {
     w
 }
 
-/// Passes per object name, shared by a provisioner tree and the test.
+/// Reconciles per object name, shared by a provisioner tree and the test.
 #[derive(Clone, Default)]
-pub struct Passes(pub Arc<Mutex<HashMap<String, u32>>>);
+pub struct Reconciles(pub Arc<Mutex<HashMap<String, u32>>>);
 
-impl Passes {
-    /// Count one more pass of `name`; returns the new count.
+impl Reconciles {
+    /// Count one more reconcile of `name`; returns the new count.
     pub fn bump(&self, name: &str) -> u32 {
         let mut m = self.0.lock().unwrap();
         let n = m.entry(name.to_string()).or_default();
         *n += 1;
         *n
     }
-    /// Passes of `name` so far.
+    /// Reconciles of `name` so far.
     pub fn of(&self, name: &str) -> u32 {
         self.0.lock().unwrap().get(name).copied().unwrap_or(0)
     }

@@ -544,7 +544,7 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
     assert!(body.contains("standby"), "{body}");
     cluster_ready(clusters, "elected-1", "net-b", 1).await;
     // Only the leader runs. The warm standby (the default) watches and caches every cluster
-    // but has run no pass.
+    // but has run no reconcile.
     let text_b = eventually("the warm standby's cache has every cluster", || async {
         let (_, text) = get(port_b, "/metrics").await?;
         let cached = sample(&text, r#"actorcile_objects{controller="Cluster"}"#)?;
@@ -557,7 +557,7 @@ async fn leader_election(env: &Envtest, clusters: &Api<DynamicObject>) {
         .filter(|l| l.starts_with("actorcile_reconciles_total{"))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum();
-    assert_eq!(runs, 0.0, "the standby ran passes:\n{text_b}");
+    assert_eq!(runs, 0.0, "the standby ran reconciles:\n{text_b}");
     let (_, text_a) = get(port_a, "/metrics").await.unwrap();
     assert_eq!(sample(&text_a, "actorcile_leader"), Some(1.0), "{text_a}");
 

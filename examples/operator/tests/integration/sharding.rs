@@ -3,9 +3,9 @@
 //! shards and make 300 objects Ready (Clusters need and reference their Network, often in
 //! another replica's shard); `kill -9` of one mid-load hands its shards over within 2 × the
 //! lease duration; a fourth joins and the shards rebalance; one stops gracefully and its
-//! shards are taken at once. Every replica records its passes and shard changes to a file
-//! (`--record-passes`); the checker at the end proves that no two passes of one object
-//! overlapped, across replicas, and that each pass started while its replica held the
+//! shards are taken at once. Every replica records its reconciles and shard changes to a file
+//! (`--record-reconciles`); the checker at the end proves that no two reconciles of one object
+//! overlapped, across replicas, and that each reconcile started while its replica held the
 //! object's shard. The same again with every replica watching only its own shards
 //! (`--shards-held-only`): objects carry their shard's label, and a takeover relists.
 
@@ -26,8 +26,8 @@ use serde_json::json;
 const LEASE: Duration = Duration::from_secs(4);
 
 const SHARDS: u32 = 12;
-/// The slack allowed between a shard change and a pass start in the record: the gate and the
-/// pass's span are a few instructions apart in one task, but the shard change is logged by
+/// The slack allowed between a shard change and a reconcile start in the record: the gate and the
+/// reconcile's span are a few instructions apart in one task, but the shard change is logged by
 /// another.
 const SLACK_MICROS: u64 = 20_000;
 
@@ -62,7 +62,7 @@ struct Replicas {
 
 impl Replicas {
     fn spawn(&mut self, id: &str, extra: &[&str]) {
-        let record = self.dir.join(format!("{id}.passes"));
+        let record = self.dir.join(format!("{id}.reconciles"));
         let mut args = vec![
             "--shards",
             "12",
@@ -74,7 +74,7 @@ impl Replicas {
             "info",
         ];
         let (policy, record) = (self.policy.to_str().unwrap(), record.to_str().unwrap());
-        args.extend(["--policy", policy, "--record-passes", record]);
+        args.extend(["--policy", policy, "--record-reconciles", record]);
         args.extend(extra);
         if self.held_only {
             args.push("--shards-held-only");
@@ -272,24 +272,24 @@ async fn run(held_only: bool) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// One pass as recorded: replica, object key, start, end (µs since the epoch).
-struct Pass {
+/// One reconcile as recorded: replica, object key, start, end (µs since the epoch).
+struct Reconcile {
     replica: String,
     key: String,
     start: u64,
     end: u64,
 }
 
-/// Reads every replica's record and checks it; panics on an overlap or a pass outside its
+/// Reads every replica's record and checks it; panics on an overlap or a reconcile outside its
 /// replica's holding of the object's shard. `killed`: replicas killed, and when (their open
-/// passes and holdings end then).
+/// reconciles and holdings end then).
 fn check(dir: &Path, killed: &HashMap<String, u64>) -> String {
-    let mut passes = Vec::new();
+    let mut reconciles = Vec::new();
     // (replica, shard) → [from, to)
     let mut holdings: HashMap<(String, u32), Vec<(u64, u64)>> = HashMap::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "passes") {
+        if path.extension().is_none_or(|e| e != "reconciles") {
             continue;
         }
         let replica = path.file_stem().unwrap().to_string_lossy().to_string();
@@ -305,7 +305,7 @@ fn check(dir: &Path, killed: &HashMap<String, u64>) -> String {
                 }
                 "end" => {
                     let (key, start) = open.remove(&f[2].parse().unwrap()).expect("started");
-                    passes.push(Pass {
+                    reconciles.push(Reconcile {
                         replica: replica.clone(),
                         key,
                         start,
@@ -327,7 +327,7 @@ fn check(dir: &Path, killed: &HashMap<String, u64>) -> String {
             }
         }
         for (key, start) in open.into_values() {
-            passes.push(Pass {
+            reconciles.push(Reconcile {
                 replica: replica.clone(),
                 key,
                 start,
@@ -341,11 +341,11 @@ fn check(dir: &Path, killed: &HashMap<String, u64>) -> String {
                 .push((from, until));
         }
     }
-    assert!(!passes.is_empty(), "nothing recorded");
+    assert!(!reconciles.is_empty(), "nothing recorded");
 
-    // Each pass started while its replica held the object's shard.
+    // Each reconcile started while its replica held the object's shard.
     let mut outside = Vec::new();
-    for p in &passes {
+    for p in &reconciles {
         let (_, ns_name) = p.key.split_once(' ').unwrap();
         let (ns, name) = ns_name.split_once('/').unwrap();
         let shard = shard_of(&object_key(Some(ns), name), SHARDS);
@@ -363,12 +363,12 @@ fn check(dir: &Path, killed: &HashMap<String, u64>) -> String {
     }
     assert!(
         outside.is_empty(),
-        "passes outside their shard's holding: {outside:#?}"
+        "reconciles outside their shard's holding: {outside:#?}"
     );
 
-    // No two passes of one object overlap.
-    let mut by_key: BTreeMap<&str, Vec<&Pass>> = BTreeMap::new();
-    for p in &passes {
+    // No two reconciles of one object overlap.
+    let mut by_key: BTreeMap<&str, Vec<&Reconcile>> = BTreeMap::new();
+    for p in &reconciles {
         by_key.entry(&p.key).or_default().push(p);
     }
     let mut overlaps = Vec::new();
@@ -387,19 +387,19 @@ fn check(dir: &Path, killed: &HashMap<String, u64>) -> String {
             }
         }
     }
-    assert!(overlaps.is_empty(), "overlapping passes: {overlaps:#?}");
+    assert!(overlaps.is_empty(), "overlapping reconciles: {overlaps:#?}");
     let mut per_replica: BTreeMap<&str, usize> = BTreeMap::new();
-    for p in &passes {
+    for p in &reconciles {
         *per_replica.entry(&p.replica).or_default() += 1;
     }
     assert!(
         per_replica.len() == 4,
-        "every replica ran passes: {per_replica:?}"
+        "every replica ran reconciles: {per_replica:?}"
     );
     assert!(moved > 0, "some object was run by two replicas in turn");
     format!(
-        "{} passes of {} objects ({per_replica:?}), {moved} hand-overs of an object between replicas, 0 overlaps, 0 passes outside their shard",
-        passes.len(),
+        "{} reconciles of {} objects ({per_replica:?}), {moved} hand-overs of an object between replicas, 0 overlaps, 0 reconciles outside their shard",
+        reconciles.len(),
         by_key.len()
     )
 }
