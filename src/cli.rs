@@ -200,7 +200,7 @@ impl RuntimeArgs {
     /// there ([`ApiMetrics`]).
     pub async fn client(&self, registry: Option<&mut Registry>) -> Result<Client, Error> {
         let invalid = |problem: String| Error::Invalid {
-            field: "kubeconfig".into(),
+            field: crate::runtime::Setting::Kubeconfig,
             problem,
         };
         let options = KubeConfigOptions {

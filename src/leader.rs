@@ -80,8 +80,8 @@ impl LeaderElection {
 
     /// Check the names and that the policy's lease timings fit together.
     pub fn validate(&self, policy: &SupervisorPolicy) -> Result<(), Error> {
-        let invalid = |field: &str, problem: String| Error::Invalid {
-            field: format!("leader election {field}"),
+        let invalid = |option: &'static str, problem: String| Error::Invalid {
+            field: crate::runtime::Setting::LeaderElection { option },
             problem,
         };
         if !crate::names::is_dns_subdomain(&self.lease) {

@@ -109,6 +109,7 @@ mod watch_tasks;
 mod writes;
 
 pub use object_api::KindScope;
+pub use runtime::Error;
 
 /// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
 /// `#[derive(CustomResource)]` type or a k8s-openapi type).
@@ -138,77 +139,6 @@ impl<T> ManagedResource for T where
 
 /// Default field manager for server-side apply and status writes.
 pub const FIELD_MANAGER: &str = "actorcile";
-
-/// What building, starting and running a [`Runtime`](runtime::Runtime) can fail with.
-///
-/// A step's own calls on its context fail with [`StepError`](provisioners::StepError) instead.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// An invalid supervisor policy.
-    #[error(transparent)]
-    Policy(#[from] policy::PolicyError),
-    /// A Kubernetes API error.
-    #[error("kubernetes API error: {0}")]
-    Kube(#[from] kube::Error),
-    /// A manager escalated: one object's actor failed past the restart intensity and the
-    /// policy says [`Exhausted::Escalate`](policy::Exhausted::Escalate).
-    #[error("the {} manager escalated", .0.kind)]
-    Escalated(#[source] runtime::Escalation),
-    /// A manager failed on its own (a bug in the runtime: a manager only fails by escalating).
-    #[error("a manager failed")]
-    ManagerFailed(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
-    /// The running identity lacks permissions the runtime needs (see [`rbac`]).
-    #[error("missing RBAC permissions: {}", .0.iter().map(|m| m.to_string()).collect::<Vec<_>>().join("; "))]
-    Forbidden(Vec<rbac::MissingPermission>),
-    /// The runtime could not start one of its actors.
-    #[error("cannot start the {actor}")]
-    Spawn {
-        /// Which actor (for example `Database manager`).
-        actor: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// Something given to the runtime (a builder's setting, a name a step passed to its
-    /// context) is missing, malformed or contradicts another: `field` names it.
-    #[error("invalid {field}: {problem}")]
-    Invalid {
-        /// What is invalid, e.g. `finalizer` or `controller App`.
-        field: String,
-        /// Why.
-        problem: String,
-    },
-    /// A controller's initialize or upgrade hook failed
-    /// ([`Controller::on_initialize`](runtime::Controller::on_initialize),
-    /// [`Controller::on_upgrade`](runtime::Controller::on_upgrade)).
-    #[error("the {hook} hook of the {controller} controller failed: {message}")]
-    Hook {
-        /// The controller's kind.
-        controller: String,
-        /// `initialize` or `upgrade`.
-        hook: &'static str,
-        /// The hook's error, as it said it.
-        message: String,
-    },
-    /// The admin server could not listen on its address.
-    #[error("the admin server cannot listen on {addr}: {source}")]
-    Admin {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// This replica led (see [`leader`]) and could not renew its Lease within the renew
-    /// deadline, or another replica took it: every run was stopped at once. Exit and start
-    /// again as a candidate.
-    #[error("leadership lost: the Lease was not renewed in time")]
-    LeadershipLost,
-    /// A second SIGTERM or SIGINT came during graceful shutdown: the runtime stopped at once,
-    /// aborting the reconciles still running.
-    #[error("interrupted again during shutdown; stopped at once")]
-    Interrupted,
-}
 
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -16,7 +16,7 @@ impl Signals {
     pub(crate) fn new() -> Result<Self, Error> {
         let listen = |kind: SignalKind, name: &str| {
             signal(kind).map_err(|e| Error::Invalid {
-                field: "signal handling".into(),
+                field: crate::runtime::Setting::SignalHandling,
                 problem: format!("cannot listen for {name}: {e}"),
             })
         };

@@ -48,7 +48,7 @@ where
     let filter = EnvFilter::builder()
         .parse(filter)
         .map_err(|e| Error::Invalid {
-            field: "log filter".into(),
+            field: crate::runtime::Setting::LogFilter,
             problem: format!("{filter:?}: {e}"),
         })?;
     let registry = tracing_subscriber::registry().with(filter).with(extra);
@@ -67,7 +67,7 @@ where
             .try_init(),
     };
     result.map_err(|e| Error::Invalid {
-        field: "tracing subscriber".into(),
+        field: crate::runtime::Setting::TracingSubscriber,
         problem: e.to_string(),
     })
 }
@@ -100,7 +100,7 @@ impl Otlp {
     pub fn new(endpoint: &str, service_name: &str) -> Result<Self, Error> {
         use opentelemetry_otlp::{Protocol, WithExportConfig};
         let invalid = |problem: String| Error::Invalid {
-            field: "OTLP endpoint".into(),
+            field: crate::runtime::Setting::OtlpEndpoint,
             problem,
         };
         let url = url::Url::parse(endpoint).map_err(|e| invalid(format!("{endpoint:?}: {e}")))?;
@@ -144,7 +144,7 @@ impl Otlp {
     /// out; from async code, call it in `spawn_blocking`).
     pub fn flush(&self) -> Result<(), Error> {
         self.provider.force_flush().map_err(|e| Error::Invalid {
-            field: "OTLP export".into(),
+            field: crate::runtime::Setting::OtlpExport,
             problem: e.to_string(),
         })
     }
@@ -152,7 +152,7 @@ impl Otlp {
     /// Export what is buffered and stop the exporter's thread (blocks like [`Otlp::flush`]).
     pub fn shutdown(self) -> Result<(), Error> {
         self.provider.shutdown().map_err(|e| Error::Invalid {
-            field: "OTLP export".into(),
+            field: crate::runtime::Setting::OtlpExport,
             problem: e.to_string(),
         })
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::runtime::{ControllerPart, Setting};
 use async_trait::async_trait;
 use dashmap::DashMap;
 use k8s_openapi::api::core::v1::Secret;
@@ -295,17 +296,20 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             && !(1..=crate::policy::MAX_CONCURRENCY).contains(&n)
         {
             return Err(Error::Invalid {
-                field: format!(
-                    "max_concurrent_reconciles of the {} controller",
-                    K::kind(&())
-                ),
+                field: Setting::Controller {
+                    kind: K::kind(&()).into_owned(),
+                    part: ControllerPart::MaxConcurrentReconciles,
+                },
                 problem: format!("{n}: must be 1 to {}", crate::policy::MAX_CONCURRENCY),
             });
         }
         for ns in &self.namespaces {
             if crate::object_api::is_cluster_scoped::<K>() {
                 return Err(Error::Invalid {
-                    field: format!("namespace of the {} controller", K::kind(&())),
+                    field: Setting::Controller {
+                        kind: K::kind(&()).into_owned(),
+                        part: ControllerPart::Namespace,
+                    },
                     problem: format!(
                         "{} is cluster-scoped: its objects are in no namespace",
                         K::kind(&())
@@ -314,7 +318,10 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             }
             if !crate::names::is_dns_label(ns) {
                 return Err(Error::Invalid {
-                    field: format!("namespace of the {} controller", K::kind(&())),
+                    field: Setting::Controller {
+                        kind: K::kind(&()).into_owned(),
+                        part: ControllerPart::Namespace,
+                    },
                     problem: format!("{ns:?} is not a valid namespace name"),
                 });
             }
@@ -323,7 +330,10 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             && let Some(problem) = &c.invalid
         {
             return Err(Error::Invalid {
-                field: format!("config of the {} controller", K::kind(&())),
+                field: Setting::Controller {
+                    kind: K::kind(&()).into_owned(),
+                    part: ControllerPart::Config,
+                },
                 problem: format!("{}: {problem}", c.described),
             });
         }
@@ -385,7 +395,10 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     && matches!(&e, kube::Error::Api(s) if s.code == 404)
                 {
                     return Err(Error::Invalid {
-                        field: format!("config of the {kind} controller"),
+                        field: Setting::Controller {
+                            kind: kind.clone(),
+                            part: ControllerPart::Config,
+                        },
                         problem: format!("the API server does not serve {}: {e}", spec.described),
                     });
                 }

@@ -526,9 +526,10 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// referrer released it. Persisted on the target (an annotation), so it survives restarts.
     ///
     /// Conflicting writes (other referrers changing the target at the same moment) are retried
-    /// by the runtime; [`StepError::Conflict`] means they kept conflicting.
-    /// A target being deleted refuses new references
-    /// ([`StepError::TargetDeleting`]).
+    /// by the runtime;
+    /// [`ReferenceError::Conflict`](crate::references::ReferenceError::Conflict) means they kept
+    /// conflicting. A target being deleted refuses new references
+    /// ([`ReferenceError::TargetDeleting`](crate::references::ReferenceError::TargetDeleting)).
     ///
     /// Every reference this resource holds is released automatically once its deprovision is
     /// done (when it is deleted): nothing to do by hand then. A resource that stops needing a
@@ -544,9 +545,9 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Make exactly the objects of `selection` named in `names` carry this resource's
     /// reference: the named ones get it ([`Context::add_reference`]), every other selected one
     /// that carries it is released. A name not in the selection is an error naming it
-    /// ([`StepError::TargetMissing`]), and then nothing is written;
+    /// ([`ReferenceError::TargetMissing`](crate::references::ReferenceError::TargetMissing)), and then nothing is written;
     /// a target being deleted refuses a new reference
-    /// ([`StepError::TargetDeleting`]). Every write is idempotent:
+    /// ([`ReferenceError::TargetDeleting`](crate::references::ReferenceError::TargetDeleting)). Every write is idempotent:
     /// return the error as a failed outcome and the next reconcile completes what this one did not.
     ///
     /// ```no_run

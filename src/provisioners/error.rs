@@ -14,11 +14,12 @@ use crate::references::{ReferenceError, Target};
 /// ```no_run
 /// # use actorcile::prelude::*;
 /// use actorcile::provisioners::StepError;
+/// use actorcile::references::ReferenceError;
 ///
 /// # async fn f<K: ManagedResource>(cx: &Context<K>, network: Target) -> Outcome {
 /// match cx.add_reference(&network).await {
 ///     Ok(()) => Outcome::Done,
-///     Err(StepError::TargetMissing(t)) => {
+///     Err(StepError::Reference(ReferenceError::TargetMissing(t))) => {
 ///         Outcome::dependency_not_found(t, "not created yet", std::time::Duration::from_secs(30))
 ///     }
 ///     Err(e) => Outcome::failed(Reason::new("NetworkReference", "cannot reference the network"), e),
@@ -31,27 +32,23 @@ pub enum StepError {
     /// The API server answered with an error (other than the conflicts the runtime retries).
     #[error("kubernetes API error: {0}")]
     Kube(#[from] kube::Error),
-    /// Something the step passed is malformed: `field` names it (a condition type, a reason
-    /// code, a finalizer, a child without a name).
+    /// Something the step passed is malformed: `field` names it.
     #[error("invalid {field}: {problem}")]
     Invalid {
-        /// What is invalid, e.g. `finalizer` or `condition type`.
-        field: String,
+        /// What is invalid.
+        field: Field,
         /// Why.
         problem: String,
     },
     /// The context has no reference API (a context built outside the runtime).
     #[error("this context has no reference API (it was not built by the runtime)")]
     NoReferenceApi,
-    /// A reference to a kind this runtime does not manage.
-    #[error("{0} is not of a kind managed by this runtime")]
-    UnmanagedTarget(Target),
-    /// The object written or referenced does not exist (any more).
+    /// A reference could not be added, released or read.
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    /// The object written does not exist (any more).
     #[error("{0} does not exist")]
     TargetMissing(Target),
-    /// A reference to a target that is being deleted (no new references are accepted).
-    #[error("{0} is being deleted")]
-    TargetDeleting(Target),
     /// A write kept conflicting with other writes to the object (the runtime retries
     /// conflicts; this is what is left after its attempts).
     #[error("{0} kept changing while it was written")]
@@ -112,15 +109,32 @@ impl StepError {
     }
 }
 
-impl From<ReferenceError> for StepError {
-    fn from(e: ReferenceError) -> Self {
-        match e {
-            ReferenceError::Kube(e) => StepError::Kube(e),
-            ReferenceError::UnmanagedTarget(t) => StepError::UnmanagedTarget(t),
-            ReferenceError::TargetMissing(t) => StepError::TargetMissing(t),
-            ReferenceError::TargetDeleting(t) => StepError::TargetDeleting(t),
-            ReferenceError::Conflict(t) => StepError::Conflict(t),
-            ReferenceError::Serialize(e) => StepError::Serialize(e),
+/// What a [`StepError::Invalid`] names: the part of a step's call that is malformed. Its
+/// `Display` is how the error message names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Field {
+    /// A condition type ([`Context::set_condition`](super::Context::set_condition)).
+    ConditionType,
+    /// A condition's reason code.
+    Reason,
+    /// A finalizer name.
+    Finalizer,
+    /// A field of the status ([`Context::set_status_field`](super::Context::set_status_field)),
+    /// by its name.
+    StatusField(String),
+    /// The name of a child to create (`metadata.name`).
+    ChildName,
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Field::ConditionType => f.write_str("condition type"),
+            Field::Reason => f.write_str("reason"),
+            Field::Finalizer => f.write_str("finalizer"),
+            Field::StatusField(name) => write!(f, "status.{name}"),
+            Field::ChildName => f.write_str("metadata.name"),
         }
     }
 }

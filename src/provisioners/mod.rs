@@ -132,7 +132,7 @@ pub use combinators::{
 };
 pub use context::{Context, RemoteScope};
 pub(crate) use context::{ControllerParts, new_holder_id};
-pub use error::StepError;
+pub use error::{Field, StepError};
 pub use guard::{DeprovisionTask, Guard, Lock, NoTask, guard};
 pub use nodes::{NodeSet, Nodes, nodes};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};

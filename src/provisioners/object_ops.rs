@@ -28,9 +28,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::StepError;
 use super::ownership::{Control, check_scope, child_namespace, not_owned};
 use super::{ChildRules, Context, Reason};
+use super::{Field, StepError};
 use crate::ManagedResource;
 use crate::object_api::{ObjectApi, patch_params, version_of};
 use crate::references::Target;
@@ -91,7 +91,7 @@ impl<K: ManagedResource> Context<K> {
         check_condition_type(type_)?;
         if !reason.has_valid_code() {
             return Err(StepError::Invalid {
-                field: "reason".into(),
+                field: Field::Reason,
                 problem: format!("{:?} is not a valid condition reason", reason.code()),
             });
         }
@@ -129,7 +129,7 @@ impl<K: ManagedResource> Context<K> {
     pub fn set_status_field(&self, name: &str, value: impl Serialize) -> Result<(), StepError> {
         if name.is_empty() || crate::status::RUNTIME_STATUS_FIELDS.contains(&name) {
             return Err(StepError::Invalid {
-                field: format!("status.{name}"),
+                field: Field::StatusField(name.to_string()),
                 problem: "is the runtime's own (phase, conditions, observedGeneration) or empty"
                     .into(),
             });
@@ -203,7 +203,7 @@ impl<K: ManagedResource> Context<K> {
             .name
             .clone()
             .ok_or_else(|| StepError::Invalid {
-                field: "metadata.name".into(),
+                field: Field::ChildName,
                 problem: format!("the {} to create has no name", T::kind(&())),
             })?;
         let owner_ns = self.object().meta().namespace.as_deref();
@@ -472,13 +472,13 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
 fn check_condition_type(type_: &str) -> Result<(), StepError> {
     if type_ == READY {
         return Err(StepError::Invalid {
-            field: "condition type".into(),
+            field: Field::ConditionType,
             problem: "Ready is the runtime's condition; name the step's own".into(),
         });
     }
     if !is_valid_condition_type(type_) {
         return Err(StepError::Invalid {
-            field: "condition type".into(),
+            field: Field::ConditionType,
             problem: format!("{type_:?} is not a valid condition type"),
         });
     }
@@ -491,7 +491,7 @@ pub(crate) fn check_finalizer(name: &str) -> Result<(), StepError> {
         Ok(())
     } else {
         Err(StepError::Invalid {
-            field: "finalizer".into(),
+            field: Field::Finalizer,
             problem: format!(
                 "{name:?} is not a qualified name with a prefix, like example.com/cleanup"
             ),
@@ -508,13 +508,19 @@ mod tests {
         assert!(check_condition_type("DnsRecord").is_ok());
         assert!(matches!(
             check_condition_type("Ready"),
-            Err(StepError::Invalid { field, .. }) if field == "condition type"
+            Err(StepError::Invalid {
+                field: Field::ConditionType,
+                ..
+            })
         ));
         assert!(check_condition_type("dns record").is_err());
         assert!(check_finalizer("example.com/volume").is_ok());
         assert!(matches!(
             check_finalizer("volume"),
-            Err(StepError::Invalid { field, .. }) if field == "finalizer"
+            Err(StepError::Invalid {
+                field: Field::Finalizer,
+                ..
+            })
         ));
     }
 }

@@ -23,16 +23,19 @@
 //! | `controller.rs` | [`Controller`]: one kind, its tree and options |
 //! | `builder.rs`, `builder/` | [`Runtime`], [`RuntimeBuilder`]: its options (`builder.rs`), the roles it needs (`roles.rs`), the checks (`validation.rs`), start-up (`start.rs`), running until a signal, on standby for the Lease (`standby.rs`) |
 //! | `handle.rs` | [`RuntimeHandle`]: metrics, health, shutdown |
+//! | `error.rs` | [`Error`], and the [`Setting`] an invalid one names |
 //!
 //! Each kind's start-up (watch → feeder → manager → actors) is in the actors
 //! (`actors/kind_start.rs`).
 
 mod builder;
 mod controller;
+mod error;
 mod handle;
 
 pub use builder::{Runtime, RuntimeBuilder};
 pub use controller::Controller;
+pub use error::{ControllerPart, Error, Setting};
 pub use handle::RuntimeHandle;
 
 pub use crate::actors::HookError;

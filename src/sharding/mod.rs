@@ -256,8 +256,8 @@ impl Sharding {
 
     /// Check the shard count, the names and that the policy's lease timings fit together.
     pub fn validate(&self, policy: &SupervisorPolicy) -> Result<(), Error> {
-        let invalid = |field: &str, problem: String| Error::Invalid {
-            field: format!("sharding {field}"),
+        let invalid = |option: &'static str, problem: String| Error::Invalid {
+            field: crate::runtime::Setting::Sharding { option },
             problem,
         };
         if !(1..=MAX_SHARDS).contains(&self.shards) {

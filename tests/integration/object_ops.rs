@@ -154,9 +154,13 @@ async fn bad_names_are_typed_errors_in_the_status_not_panics() {
             .set_condition("Ready", true, &Reason::new("Mine", "no"))
             .await
             .expect_err("Ready is the runtime's");
-        assert!(
-            matches!(&e, actorcile::provisioners::StepError::Invalid { field, .. } if field == "condition type")
-        );
+        assert!(matches!(
+            &e,
+            actorcile::provisioners::StepError::Invalid {
+                field: actorcile::provisioners::Field::ConditionType,
+                ..
+            }
+        ));
         let e = cx
             .add_finalizer("no-prefix")
             .await

@@ -176,9 +176,11 @@ async fn set_references_makes_exactly_the_named_objects_carry_the_reference() {
         };
         match result {
             Ok(()) => Outcome::Done,
-            Err(e @ actorcile::provisioners::StepError::TargetMissing(_)) => {
-                Outcome::Terminal(Reason::new("GroupMissing", e.to_string()))
-            }
+            Err(
+                e @ actorcile::provisioners::StepError::Reference(
+                    actorcile::references::ReferenceError::TargetMissing(_),
+                ),
+            ) => Outcome::Terminal(Reason::new("GroupMissing", e.to_string())),
             Err(e) => Outcome::failed(Reason::new("References", "cannot reference"), e),
         }
     });

@@ -402,7 +402,7 @@ fn noop() -> impl Provisioner<Widget> {
 /// The field an invalid-setting error names.
 fn field_of(e: actorcile::Error) -> String {
     match e {
-        actorcile::Error::Invalid { field, .. } => field,
+        actorcile::Error::Invalid { field, .. } => field.to_string(),
         actorcile::Error::Policy(actorcile::policy::PolicyError::Invalid { field, .. }) => {
             format!("policy.{field}")
         }
@@ -520,6 +520,19 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
         .err()
         .expect("refused");
     assert!(e.to_string().contains("does not serve"), "{e}");
+    assert!(
+        matches!(
+            &e,
+            actorcile::Error::Invalid {
+                field: actorcile::runtime::Setting::Controller {
+                    part: actorcile::runtime::ControllerPart::Config,
+                    kind,
+                },
+                ..
+            } if kind == "Widget"
+        ),
+        "{e:?}"
+    );
     assert_eq!(field_of(e), "config of the Widget controller");
     // And validate() says the same without starting anything.
     assert!(b().validate().is_err());

@@ -61,7 +61,7 @@ impl RuntimeBuilder {
         #[cfg(feature = "operator")]
         if self.leader.is_some() {
             return Err(Error::Invalid {
-                field: "leader election".into(),
+                field: crate::runtime::Setting::LeaderElection { option: "" },
                 problem: "only RuntimeBuilder::run and run_until elect a leader; start() would run unelected"
                     .into(),
             });
@@ -99,7 +99,7 @@ impl RuntimeBuilder {
             )
             .await
             .map_err(|e| Error::Invalid {
-                field: "CRDs".into(),
+                field: crate::runtime::Setting::Crds,
                 problem: e.to_string(),
             })?;
         }

@@ -1,6 +1,7 @@
 //! [`RuntimeBuilder::validate`]: the settings checked before anything starts, each error naming its field.
 
 use super::*;
+use crate::runtime::{ControllerPart, Setting};
 
 impl RuntimeBuilder {
     /// Check everything given to the builder, without starting anything: the policies, that
@@ -12,14 +13,14 @@ impl RuntimeBuilder {
         self.policy.validate()?;
         if self.controllers.is_empty() {
             return Err(Error::Invalid {
-                field: "controllers".into(),
+                field: Setting::Controllers,
                 problem: "no controller is registered (add one with RuntimeBuilder::controller)"
                     .into(),
             });
         }
         if !crate::names::is_prefixed_qualified_name(&self.finalizer) {
             return Err(Error::Invalid {
-                field: "finalizer".into(),
+                field: Setting::Finalizer,
                 problem: format!(
                     "{:?} is not a qualified name with a prefix, like example.com/finalizer",
                     self.finalizer
@@ -28,7 +29,7 @@ impl RuntimeBuilder {
         }
         if self.field_manager.is_empty() || self.field_manager.len() > 128 {
             return Err(Error::Invalid {
-                field: "field_manager".into(),
+                field: Setting::FieldManager,
                 problem: "must be 1 to 128 characters".into(),
             });
         }
@@ -37,7 +38,10 @@ impl RuntimeBuilder {
             let (api_version, kind) = c.kind();
             if !kinds.insert((api_version.clone(), kind.clone())) {
                 return Err(Error::Invalid {
-                    field: format!("controller {kind}"),
+                    field: Setting::Controller {
+                        kind: kind.clone(),
+                        part: ControllerPart::Whole,
+                    },
                     problem: format!(
                         "{api_version} {kind} is registered twice; one controller per kind"
                     ),
@@ -45,7 +49,10 @@ impl RuntimeBuilder {
             }
             if c.has_own_policy() && self.policy.kinds.contains_key(&kind) {
                 return Err(Error::Invalid {
-                    field: format!("policy of the {kind} controller"),
+                    field: Setting::Controller {
+                        kind: kind.clone(),
+                        part: ControllerPart::Policy,
+                    },
                     problem: format!(
                         "set both in code (Controller::policy) and by the policy's [kinds.{kind}] section; keep one"
                     ),
@@ -60,7 +67,7 @@ impl RuntimeBuilder {
             .find(|k| !kinds.iter().any(|(_, kind)| kind == *k))
         {
             return Err(Error::Invalid {
-                field: format!("policy section kinds.{kind}"),
+                field: Setting::PolicySection { kind: kind.clone() },
                 problem: format!("no controller of kind {kind} is registered"),
             });
         }
@@ -70,14 +77,17 @@ impl RuntimeBuilder {
                 && let Some(c) = self.controllers.iter().find(|c| c.has_shard_key())
             {
                 return Err(Error::Invalid {
-                    field: format!("shard key of the {} controller", c.kind().1),
+                    field: Setting::Controller {
+                        kind: c.kind().1,
+                        part: ControllerPart::ShardKey,
+                    },
                     problem: "ShardWatch::ServerSide places objects by their uid (the API server's selection); a shard key cannot be used with it".into(),
                 });
             }
             #[cfg(feature = "operator")]
             if self.leader.is_some() {
                 return Err(Error::Invalid {
-                    field: "sharding".into(),
+                    field: Setting::Sharding { option: "" },
                     problem: "sharding and leader election exclude each other (one shard is the same as leading)".into(),
                 });
             }
