@@ -198,7 +198,10 @@ fn scale(c: &mut Criterion) {
                         let started = Instant::now();
                         let handle = Runtime::builder(client)
                             .policy(SupervisorPolicy {
-                                max_concurrent_reconciles: 256,
+                                runtime: actorcile::policy::RuntimePolicy {
+                                    max_concurrent_reconciles: 256,
+                                    ..Default::default()
+                                },
                                 ..Default::default()
                             })
                             .controller(Controller::<Thing>::new(step(

@@ -93,7 +93,10 @@ async fn run(
 ) -> Duration {
     let api: Api<Link> = Api::namespaced(client.clone(), ns);
     let policy = SupervisorPolicy {
-        yield_delay,
+        kind: actorcile::policy::KindPolicy {
+            yield_delay,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let handle = Runtime::builder(client.clone())

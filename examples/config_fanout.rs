@@ -208,7 +208,10 @@ async fn actorcile_side(args: &Args) -> Figures {
         }
     });
     let policy = SupervisorPolicy {
-        idle_timeout: Some(Duration::from_millis(100)),
+        kind: actorcile::policy::KindPolicy {
+            idle_timeout: Some(Duration::from_millis(100)),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let rt = Runtime::builder(client.clone())

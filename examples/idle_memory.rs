@@ -129,8 +129,11 @@ async fn run() {
     let baseline = rss_bytes();
     let started = Instant::now();
     let policy = SupervisorPolicy {
-        idle_timeout: Some(Duration::from_secs(1)),
-        poll_interval: args.poll_secs.map(Duration::from_secs),
+        kind: actorcile::policy::KindPolicy {
+            idle_timeout: Some(Duration::from_secs(1)),
+            poll_interval: args.poll_secs.map(Duration::from_secs),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let handle = Runtime::builder(client)

@@ -102,7 +102,10 @@ async fn main() {
     let api: Api<Database> = Api::namespaced(client.clone(), "default");
 
     let policy = SupervisorPolicy {
-        max_concurrent_reconciles: args.concurrency,
+        runtime: actorcile::policy::RuntimePolicy {
+            max_concurrent_reconciles: args.concurrency,
+            ..Default::default()
+        },
         ..SupervisorPolicy::default()
     };
     let rt = Runtime::builder(client.clone())

@@ -148,7 +148,10 @@ async fn main() {
     let argo = Arc::new(ArgoCd::new(mgmt.clone(), "argocd"));
     // Argo CD syncs in its own time: look again after a second, not the default 5 s.
     let policy = SupervisorPolicy {
-        yield_delay: Duration::from_secs(1),
+        kind: actorcile::policy::KindPolicy {
+            yield_delay: Duration::from_secs(1),
+            ..Default::default()
+        },
         ..SupervisorPolicy::default()
     };
     let runtime = Runtime::builder(mgmt.clone())

@@ -236,7 +236,7 @@ impl RuntimeArgs {
             None => SupervisorPolicy::default(),
         };
         if let Some(n) = self.max_concurrent_reconciles {
-            policy.max_concurrent_reconciles = n;
+            policy.runtime.max_concurrent_reconciles = n;
         }
         policy.validate()?;
         Ok(policy)
@@ -329,7 +329,7 @@ mod tests {
         assert_eq!(a.namespace.as_deref(), Some("tenants"));
         assert_eq!(a.admin_addr.port(), 9000);
         assert_eq!(a.log_format, LogFormat::Json);
-        assert_eq!(a.policy().unwrap().max_concurrent_reconciles, 8);
+        assert_eq!(a.policy().unwrap().runtime.max_concurrent_reconciles, 8);
     }
 
     /// The OTLP flags, and an endpoint that is no URL refused by `init_tracing` before any

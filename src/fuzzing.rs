@@ -69,12 +69,5 @@ pub fn wake_deadline(delay: std::time::Duration) -> Option<tokio::time::Instant>
 
 /// `leaseDurationSeconds` as the leader election and the shard keeper write it for `policy`.
 pub fn lease_seconds(policy: &crate::policy::SupervisorPolicy) -> i32 {
-    crate::policy::lease_seconds(policy.lease_duration)
-}
-
-/// The policy each `[kinds.<Kind>]` section makes: what that kind's actors run by.
-pub fn kind_policies(
-    policy: &crate::policy::SupervisorPolicy,
-) -> Vec<crate::policy::SupervisorPolicy> {
-    policy.kinds.values().map(|k| policy.with_kind(k)).collect()
+    crate::policy::lease_seconds(policy.lease.duration)
 }

@@ -100,7 +100,8 @@ impl LeaderElection {
             return Err(invalid("identity", "must not be empty".into()));
         }
         policy
-            .check_lease_timings()
+            .lease
+            .check_timings()
             .map_err(|(field, problem)| invalid(field, problem))
     }
 }
@@ -113,9 +114,9 @@ pub fn default_identity() -> String {
 
 fn timings(p: &SupervisorPolicy) -> (Duration, Duration, Duration) {
     (
-        p.lease_duration,
-        p.lease_renew_deadline,
-        p.lease_retry_period,
+        p.lease.duration,
+        p.lease.renew_deadline,
+        p.lease.retry_period,
     )
 }
 
@@ -310,9 +311,11 @@ mod tests {
 
     fn policy() -> SupervisorPolicy {
         SupervisorPolicy {
-            lease_duration: Duration::from_secs(2),
-            lease_renew_deadline: Duration::from_millis(1500),
-            lease_retry_period: Duration::from_millis(200),
+            lease: crate::policy::LeasePolicy {
+                duration: Duration::from_secs(2),
+                renew_deadline: Duration::from_millis(1500),
+                retry_period: Duration::from_millis(200),
+            },
             ..SupervisorPolicy::default()
         }
     }
@@ -410,7 +413,10 @@ mod tests {
         let e = LeaderElection::new("op", "default");
         assert!(e.validate(&SupervisorPolicy::default()).is_ok());
         let bad = SupervisorPolicy {
-            lease_renew_deadline: Duration::from_secs(15),
+            lease: crate::policy::LeasePolicy {
+                renew_deadline: Duration::from_secs(15),
+                ..Default::default()
+            },
             ..SupervisorPolicy::default()
         };
         assert!(
@@ -420,7 +426,10 @@ mod tests {
                 .contains("lease_renew_deadline")
         );
         let bad = SupervisorPolicy {
-            lease_duration: Duration::from_millis(1500),
+            lease: crate::policy::LeasePolicy {
+                duration: Duration::from_millis(1500),
+                ..Default::default()
+            },
             ..SupervisorPolicy::default()
         };
         assert!(

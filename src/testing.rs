@@ -51,13 +51,11 @@ const POLL: Duration = Duration::from_millis(10);
 /// passivation (`idle_timeout: None`), so that delays are exact and an actor's counters do not
 /// depend on when it passivated.
 pub fn deterministic_policy() -> SupervisorPolicy {
-    let mut p = SupervisorPolicy {
-        seed: Some(1),
-        idle_timeout: None,
-        ..SupervisorPolicy::default()
-    };
-    p.restart.backoff.jitter = false;
-    p.error_backoff.jitter = false;
+    let mut p = SupervisorPolicy::default();
+    p.kind.seed = Some(1);
+    p.kind.idle_timeout = None;
+    p.kind.restart.backoff.jitter = false;
+    p.kind.error_backoff.jitter = false;
     p
 }
 

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use actorcile::fuzzing;
-use actorcile::policy::SupervisorPolicy;
+use actorcile::policy::{KindPolicy, SupervisorPolicy};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (&str, Vec<(bool, u32)>, u32, u64)| {
@@ -18,14 +18,27 @@ fuzz_target!(|input: (&str, Vec<(bool, u32)>, u32, u64)| {
     };
     let again = toml_round_trip(&policy);
     assert_eq!(again.as_ref(), Some(&policy), "{text:?}");
-    in_use(&policy, &gaps, attempts, seed);
-    for kind in fuzzing::kind_policies(&policy) {
-        in_use(&kind, &gaps, attempts, seed);
+    in_use(&policy.kind, &gaps, attempts, seed);
+    for kind in policy.kinds.values() {
+        in_use(kind, &gaps, attempts, seed);
     }
+    for d in [
+        policy.runtime.dependency_watch_idle,
+        policy.runtime.shutdown_timeout,
+        policy.lease.retry_period,
+    ] {
+        assert!(fuzzing::wake_deadline(d).is_some(), "a timer cannot hold {d:?}");
+    }
+    assert_eq!(
+        u64::try_from(fuzzing::lease_seconds(&policy)).ok(),
+        Some(policy.lease.duration.as_secs()),
+        "leaseDurationSeconds of {:?}",
+        policy.lease.duration
+    );
 });
 
-/// What the runtime computes from `policy`'s durations, checked.
-fn in_use(policy: &SupervisorPolicy, gaps: &[(bool, u32)], attempts: u32, seed: u64) {
+/// What the runtime computes from a kind's durations, checked.
+fn in_use(policy: &KindPolicy, gaps: &[(bool, u32)], attempts: u32, seed: u64) {
     // Failures of one object's actor, `gaps` apart (seconds or milliseconds).
     let gaps: Vec<Duration> = gaps
         .iter()
@@ -72,10 +85,7 @@ fn in_use(policy: &SupervisorPolicy, gaps: &[(bool, u32)], attempts: u32, seed: 
     for d in [
         Some(policy.yield_delay),
         Some(policy.dependency_poll),
-        Some(policy.dependency_watch_idle),
-        Some(policy.shutdown_timeout),
         Some(policy.lock_expiry),
-        Some(policy.lease_retry_period),
         policy.poll_interval,
         policy.idle_timeout,
         policy.reconcile_timeout,
@@ -88,12 +98,6 @@ fn in_use(policy: &SupervisorPolicy, gaps: &[(bool, u32)], attempts: u32, seed: 
     {
         assert!(fuzzing::wake_deadline(d).is_some(), "a timer cannot hold {d:?}");
     }
-    assert_eq!(
-        u64::try_from(fuzzing::lease_seconds(policy)).ok(),
-        Some(policy.lease_duration.as_secs()),
-        "leaseDurationSeconds of {:?}",
-        policy.lease_duration
-    );
 }
 
 /// The policy written as TOML and read back.

@@ -175,7 +175,11 @@ pub(crate) async fn run_feeder<K: ManagedResource>(
     // round watches with the new selector (its list replaces the store, and the manager
     // forgets what it no longer lists). Held here means what the keeper holds, not whether a
     // renewal is late: a late renewal must not narrow the watch.
-    let narrow_after = shared.policy.lease_duration * 2;
+    let narrow_after = shared
+        .io
+        .shards
+        .as_ref()
+        .map_or(std::time::Duration::ZERO, |s| s.narrow_after);
     // Objects this watch skipped ([`unplaced_elsewhere`]), kept aside, out of the store.
     let mut unplaced: std::collections::HashMap<ObjectRef<K>, Lenient<K>, ahash::RandomState> =
         Default::default();

@@ -341,16 +341,12 @@ impl<K: ManagedResource> Start for KindSpec<K> {
     }
 
     async fn start(mut self: Box<Self>, cx: &StartCx) -> Result<Started, Error> {
-        // The kind's knobs, if its controller set them or the policy has a section for the
-        // kind (never both: the builder refuses that); the runtime-wide ones are always the
-        // runtime's (one limit of reconciles for all kinds, one watch of unmanaged kinds, one
-        // shutdown, one set of Lease timings, which the keeper and elector read too).
+        // The kind's knobs: its controller's, or the policy's section for the kind, or the
+        // policy's top level (never a controller's and a section: the builder refuses that).
+        // Its actors run by these only; the runtime-wide parts stay the runtime's.
         let policy = match self.policy.take() {
-            Some(kind) => cx.policy.with_kind(&kind),
-            None => match cx.policy.kinds.get(K::kind(&()).as_ref()) {
-                Some(section) => cx.policy.with_kind(section),
-                None => cx.policy.clone(),
-            },
+            Some(kind) => kind,
+            None => cx.policy.for_kind(&K::kind(&())).clone(),
         };
         policy.validate()?;
         for (name, hook) in [
@@ -407,7 +403,11 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             }
             None => (None, None),
         };
-        let slots = ReconcileSlots::new(cx.slots.clone(), self.max_concurrent_reconciles);
+        let slots = ReconcileSlots::new(
+            cx.slots.clone(),
+            cx.policy.runtime.max_concurrent_reconciles,
+            self.max_concurrent_reconciles,
+        );
         let timers = Timers::with_slots(&slots);
         cx.health.add_task(
             &format!("the {kind} timers"),
@@ -439,6 +439,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                     child_label: sharding
                         .splits_watches()
                         .then(|| Arc::from(sharding.owner_label_key())),
+                    narrow_after: cx.policy.lease.duration * 2,
                 }),
             parts: parts.clone(),
             metrics: cx.metrics.clone(),

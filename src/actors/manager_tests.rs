@@ -93,7 +93,10 @@ async fn a_new_generation_runs_at_once_and_cancels_the_pending_wake_up() {
 async fn idle_actors_passivate_and_their_next_event_reactivates_them() {
     let log = ReconcileLog::default();
     let policy = SupervisorPolicy {
-        idle_timeout: Some(Duration::from_secs(5)),
+        kind: crate::policy::KindPolicy {
+            idle_timeout: Some(Duration::from_secs(5)),
+            ..test_policy().kind
+        },
         ..test_policy()
     };
     let kind = start_kind(logging(log.clone()), policy).await;
@@ -136,8 +139,8 @@ async fn past_restart_intensity_an_object_is_quarantined_until_its_spec_changes(
         Outcome::Done
     });
     let mut policy = test_policy();
-    policy.restart.max_restarts = 2;
-    policy.restart.backoff.min = Duration::from_millis(10);
+    policy.kind.restart.max_restarts = 2;
+    policy.kind.restart.backoff.min = Duration::from_millis(10);
     let kind = start_kind(tree, policy).await;
     kind.create("bad").await;
     for i in 0..5 {
@@ -184,7 +187,10 @@ async fn a_passive_object_is_cached_encoded_and_its_wake_up_reads_it_whole() {
         }
     });
     let policy = SupervisorPolicy {
-        idle_timeout: Some(Duration::from_secs(5)),
+        kind: crate::policy::KindPolicy {
+            idle_timeout: Some(Duration::from_secs(5)),
+            ..test_policy().kind
+        },
         ..test_policy()
     };
     let kind = start_kind(tree, policy).await;

@@ -99,7 +99,7 @@ use ractor::ActorRef;
 
 use crate::ManagedResource;
 use crate::messages::ResourceMsg;
-use crate::policy::SupervisorPolicy;
+use crate::policy::KindPolicy;
 use crate::provisioners::BoxProvisioner;
 use crate::references::ReferenceIndex;
 use crate::sharding::ShardScope;
@@ -118,7 +118,7 @@ pub(crate) struct Shared<K: ManagedResource> {
     /// event recorder, finalizer, counters.
     pub io: Arc<crate::writes::Io<K>>,
     pub tree: BoxProvisioner<K>,
-    pub policy: SupervisorPolicy,
+    pub policy: KindPolicy,
     pub slots: ReconcileSlots,
     pub store: KindStore<K>,
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,

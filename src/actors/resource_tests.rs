@@ -39,7 +39,10 @@ async fn a_yield_runs_again_after_its_delay_or_the_policys() {
         _ => Outcome::Done,
     });
     let policy = SupervisorPolicy {
-        yield_delay: Duration::from_secs(3),
+        kind: crate::policy::KindPolicy {
+            yield_delay: Duration::from_secs(3),
+            ..test_policy().kind
+        },
         ..test_policy()
     };
     let kind = start_kind(tree, policy).await;
@@ -62,7 +65,10 @@ async fn a_kinds_policy_section_tunes_its_reconciles() {
         _ => Outcome::Done,
     });
     let top = SupervisorPolicy {
-        yield_delay: Duration::from_secs(3),
+        kind: crate::policy::KindPolicy {
+            yield_delay: Duration::from_secs(3),
+            ..test_policy().kind
+        },
         ..test_policy()
     };
     let mut policy = top.clone();
@@ -70,7 +76,7 @@ async fn a_kinds_policy_section_tunes_its_reconciles() {
         "Widget".into(),
         KindPolicy {
             yield_delay: Duration::from_secs(11),
-            ..top.kind_policy()
+            ..top.kind.clone()
         },
     );
     let kind = start_kind(tree, policy).await;
@@ -98,8 +104,8 @@ async fn errors_back_off_growing_and_a_success_resets_the_backoff() {
         _ => Outcome::Done,
     });
     let mut policy = test_policy();
-    policy.error_backoff.min = Duration::from_millis(100);
-    policy.error_backoff.max = Duration::from_secs(10);
+    policy.kind.error_backoff.min = Duration::from_millis(100);
+    policy.kind.error_backoff.max = Duration::from_secs(10);
     let kind = start_kind(tree, policy).await;
     kind.create("f").await;
     kind.wait_ready("f").await;

@@ -70,11 +70,11 @@ pub(crate) async fn start_spec(spec: KindSpec<Widget>, policy: SupervisorPolicy)
     let references = ReferenceIndex::for_runtime(
         crate::FIELD_MANAGER,
         client.clone(),
-        policy.dependency_watch_idle,
+        policy.runtime.dependency_watch_idle,
     );
     let cx = StartCx {
         client: client.clone(),
-        slots: Arc::new(Semaphore::new(policy.max_concurrent_reconciles)),
+        slots: Arc::new(Semaphore::new(policy.runtime.max_concurrent_reconciles)),
         policy,
         metrics: metrics.clone(),
         references: references.clone(),

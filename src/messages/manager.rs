@@ -64,7 +64,7 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// stops it), as after [`ManagerMsg::Passivated`].
     Vacated(ActorRef<ResourceMsg<K>>),
     /// Self-message: the live-actor cap lets the next queued activation start now (see
-    /// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
+    /// [`KindPolicy::max_live_actors`](crate::policy::KindPolicy::max_live_actors)).
     Drain,
     /// This replica acquired shard `n` ([`crate::sharding`]): run every object of the shard.
     ShardAcquired(u32),

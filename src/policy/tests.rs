@@ -5,8 +5,8 @@ use super::*;
 #[test]
 fn optional_durations_accept_none() {
     let p = SupervisorPolicy::from_toml("idle_timeout = \"none\"\npoll_interval = \"5m\"").unwrap();
-    assert_eq!(p.idle_timeout, None);
-    assert_eq!(p.poll_interval, Some(Duration::from_secs(300)));
+    assert_eq!(p.kind.idle_timeout, None);
+    assert_eq!(p.kind.poll_interval, Some(Duration::from_secs(300)));
     let e = SupervisorPolicy::from_toml("idle_timeout = \"sometimes\"").unwrap_err();
     assert!(e.to_string().contains("idle_timeout"), "{e}");
 }
@@ -36,11 +36,14 @@ fn absurd_numbers_from_a_policy_file_are_typed_errors_naming_the_field() {
     }
     // The bound itself is accepted.
     let mut p = SupervisorPolicy {
-        lock_expiry: MAX_DURATION,
+        kind: crate::policy::KindPolicy {
+            lock_expiry: MAX_DURATION,
+            ..Default::default()
+        },
         ..Default::default()
     };
     p.validate().unwrap();
-    p.lock_expiry = MAX_DURATION + Duration::from_nanos(1);
+    p.kind.lock_expiry = MAX_DURATION + Duration::from_nanos(1);
     assert!(p.validate().is_err());
 }
 
@@ -70,11 +73,11 @@ fn a_kinds_section_takes_what_it_does_not_set_from_the_top_level() {
     assert_eq!(db.restart.window, Duration::from_secs(120));
     assert_eq!(
         p.kinds["Cache"],
-        p.kind_policy(),
+        p.kind.clone(),
         "an empty section is the top level"
     );
     assert_eq!(
-        p.yield_delay,
+        p.kind.yield_delay,
         Duration::from_secs(2),
         "the top level keeps its own"
     );
@@ -105,8 +108,8 @@ fn older_files_read_as_before() {
         "max_concurrent_runs = 7\nrun_timeout = \"1m\"\n[kinds.Database]\nrun_timeout = \"2m\"",
     )
     .unwrap();
-    assert_eq!(p.max_concurrent_reconciles, 7);
-    assert_eq!(p.reconcile_timeout, Some(Duration::from_secs(60)));
+    assert_eq!(p.runtime.max_concurrent_reconciles, 7);
+    assert_eq!(p.kind.reconcile_timeout, Some(Duration::from_secs(60)));
     assert_eq!(
         p.kinds["Database"].reconcile_timeout,
         Some(Duration::from_secs(120))
@@ -134,13 +137,13 @@ fn errors_name_the_field() {
     let e = SupervisorPolicy::from_toml("max_live_actors = 0").unwrap_err();
     assert!(e.to_string().contains("max_live_actors"), "{e}");
     let capped = SupervisorPolicy::from_toml("max_live_actors = 2048").unwrap();
-    assert_eq!(capped.max_live_actors, Some(2048));
+    assert_eq!(capped.kind.max_live_actors, Some(2048));
     let e = SupervisorPolicy::from_toml("[restart.backoff]\nfactor = 0.5").unwrap_err();
     assert!(e.to_string().contains("restart.backoff.factor"), "{e}");
     let e = SupervisorPolicy::from_toml("write_timeout = \"0s\"").unwrap_err();
     assert!(e.to_string().contains("write_timeout"), "{e}");
     let unbounded = SupervisorPolicy::from_toml("write_timeout = \"none\"").unwrap();
-    assert_eq!(unbounded.write_timeout, None);
+    assert_eq!(unbounded.kind.write_timeout, None);
     let e = SupervisorPolicy::from_toml("bogus_knob = 1").unwrap_err();
     assert!(e.to_string().contains("bogus_knob"), "{e}");
     let e = SupervisorPolicy::from_toml("[restart]\nmax_restarts = \"many\"").unwrap_err();
@@ -168,4 +171,40 @@ fn backoff_grows_to_max_and_is_reproducible_with_a_seed() {
     let a: Vec<Duration> = j.sequence(Some(7)).take(5).collect();
     let c: Vec<Duration> = j.sequence(Some(7)).take(5).collect();
     assert_eq!(a, c);
+}
+
+#[test]
+fn unknown_keys_are_refused_by_name_at_the_top_level_in_sections_and_in_kind_files() {
+    for (text, key) in [
+        ("yeld_delay = \"2s\"", "yeld_delay"),
+        ("[kinds.Database]\nidle_timeot = \"1s\"", "idle_timeot"),
+        ("[restart]\nmax_restart = 3", "max_restart"),
+    ] {
+        let err = SupervisorPolicy::from_toml(text).unwrap_err().to_string();
+        assert!(err.contains(key), "{text}: {err}");
+    }
+    // serde alone (a policy embedded in a file of the operator's own) refuses them too.
+    let err = toml::from_str::<SupervisorPolicy>("lease_duraton = \"15s\"").unwrap_err();
+    assert!(err.to_string().contains("lease_duraton"), "{err}");
+    let err = toml::from_str::<SupervisorPolicy>("[kinds.Database]\nshutdown_timeout = \"1s\"")
+        .unwrap_err();
+    assert!(err.to_string().contains("shutdown_timeout"), "{err}");
+    let err = KindPolicy::from_toml("seeed = 1").unwrap_err();
+    assert!(err.to_string().contains("seeed"), "{err}");
+}
+
+#[test]
+fn the_three_parts_read_and_write_the_same_flat_file() {
+    let text = "yield_delay = \"2s\"\nmax_concurrent_reconciles = 7\nlease_duration = \"30s\"\n";
+    let p = SupervisorPolicy::from_toml(text).unwrap();
+    assert_eq!(p.kind.yield_delay, Duration::from_secs(2));
+    assert_eq!(p.runtime.max_concurrent_reconciles, 7);
+    assert_eq!(p.lease.duration, Duration::from_secs(30));
+    let written = toml::to_string(&p).unwrap();
+    assert!(
+        written.contains("lease_duration = \"30s\"") && !written.contains("[kind"),
+        "{written}"
+    );
+    assert_eq!(SupervisorPolicy::from_toml(&written).unwrap(), p);
+    assert_eq!(p.for_kind("Database"), &p.kind);
 }

@@ -121,7 +121,7 @@ impl ControllerParts {
             references: None,
             field_manager: Arc::from(crate::FIELD_MANAGER),
             holder: Arc::from(new_holder_id().as_str()),
-            lock_expiry: crate::policy::SupervisorPolicy::default().lock_expiry,
+            lock_expiry: crate::policy::KindPolicy::default().lock_expiry,
             locks_seen: Default::default(),
             unrecorded: Default::default(),
             own_writes: None,

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// What building, starting and running a [`Runtime`] can fail with.
+/// What building, starting and running a [`Runtime`](super::Runtime) can fail with.
 ///
 /// A step's own calls on its context fail with [`StepError`](crate::provisioners::StepError) instead.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ pub enum Setting {
         /// The section's kind.
         kind: String,
     },
-    /// Sharding ([`ShardingOptions`](crate::sharding::ShardingOptions)): `option` names its
+    /// Sharding ([`Sharding`](crate::sharding::Sharding)): `option` names its
     /// field, or the policy's Lease timing; empty for sharding as a whole.
     Sharding {
         /// The field.

@@ -34,15 +34,27 @@ use crate::messages::ReconcilePermit;
 pub struct ReconcileSlots {
     runtime: Arc<Semaphore>,
     kind: Option<Arc<Semaphore>>,
+    capacity: usize,
 }
 
 impl ReconcileSlots {
-    /// The runtime's slots, and `kind_limit` of the kind's own (`None`: no limit of its own).
-    pub fn new(runtime: Arc<Semaphore>, kind_limit: Option<usize>) -> Self {
+    /// The runtime's slots (`runtime_capacity` of them once it runs), and `kind_limit` of the
+    /// kind's own (`None`: no limit of its own).
+    pub fn new(
+        runtime: Arc<Semaphore>,
+        runtime_capacity: usize,
+        kind_limit: Option<usize>,
+    ) -> Self {
         Self {
             runtime,
             kind: kind_limit.map(|n| Arc::new(Semaphore::new(n))),
+            capacity: kind_limit.map_or(runtime_capacity, |n| n.min(runtime_capacity)),
         }
+    }
+
+    /// The most reconciles of the kind that can run at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// A slot if one is free now: the kind's first, then the runtime's (a kind at its limit
@@ -280,8 +292,8 @@ mod tests {
     #[tokio::test]
     async fn a_kinds_limit_bounds_its_slots_within_the_runtimes() {
         let runtime = Arc::new(Semaphore::new(3));
-        let kind = ReconcileSlots::new(runtime.clone(), Some(1));
-        let other = ReconcileSlots::new(runtime.clone(), None);
+        let kind = ReconcileSlots::new(runtime.clone(), 4, Some(1));
+        let other = ReconcileSlots::new(runtime.clone(), 4, None);
         let first = kind.try_acquire().expect("a free slot");
         assert!(matches!(
             kind.try_acquire(),

@@ -303,7 +303,7 @@ impl Sharding {
                 ),
             ));
         }
-        policy.check_lease_timings().map_err(|(f, p)| invalid(f, p))
+        policy.lease.check_timings().map_err(|(f, p)| invalid(f, p))
     }
 
     /// The path of the Leases' collection (what [`ShardWatch::ServerSide`] lists to learn

@@ -37,6 +37,10 @@ pub(crate) struct ShardScope<K> {
     /// The owner shard label's key, when the children's watches select by it
     /// ([`crate::sharding::Sharding::owner_label_key`]).
     pub child_label: Option<Arc<str>>,
+    /// How long after this replica gave shards up its watches narrow their selector to the
+    /// shards it still holds: twice the Lease duration (a shard lost and soon taken again, as
+    /// when renewals run late, costs no relist).
+    pub narrow_after: std::time::Duration,
 }
 
 impl<K: ManagedResource> ShardScope<K> {

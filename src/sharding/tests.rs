@@ -32,7 +32,10 @@ fn validation_names_the_field() {
         .unwrap_err();
     assert!(e.to_string().contains("namespace"), "{e}");
     let bad = SupervisorPolicy {
-        lease_renew_deadline: Duration::from_secs(20),
+        lease: crate::policy::LeasePolicy {
+            renew_deadline: Duration::from_secs(20),
+            ..p.lease
+        },
         ..p
     };
     assert!(Sharding::new(4, "default").validate(&bad).is_err());

@@ -27,9 +27,9 @@ fn gadget_target(name: &str) -> Target {
 /// No polling, and a watch nobody waits on stops after a minute.
 fn policy() -> SupervisorPolicy {
     let mut p = test_policy();
-    p.dependency_poll = Duration::from_secs(3600);
-    p.yield_delay = Duration::from_secs(3600);
-    p.dependency_watch_idle = Duration::from_secs(60);
+    p.kind.dependency_poll = Duration::from_secs(3600);
+    p.kind.yield_delay = Duration::from_secs(3600);
+    p.runtime.dependency_watch_idle = Duration::from_secs(60);
     p
 }
 

@@ -196,7 +196,7 @@ async fn a_guard_runs_its_task_once_per_generation_and_records_the_result() {
     let (_cluster, client) = cluster();
     let counts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let mut policy = test_policy();
-    policy.poll_interval = Some(Duration::from_secs(10));
+    policy.kind.poll_interval = Some(Duration::from_secs(10));
     let rt = start_widgets(&client, policy, counting_guard(counts.clone())).await;
     create(&client, "w", 1).await;
     wait_ready(&client, "w", LIMIT).await;
@@ -256,7 +256,7 @@ async fn a_guarded_task_whose_result_write_was_cut_is_recorded_not_run_again() {
         })
     };
     let mut policy = test_policy();
-    policy.reconcile_timeout = Some(Duration::from_secs(1));
+    policy.kind.reconcile_timeout = Some(Duration::from_secs(1));
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "w", 1).await;
     wait_ready(&client, "w", LIMIT).await;
@@ -336,7 +336,7 @@ async fn a_lock_held_elsewhere_holds_for_its_expiry_by_this_runtimes_clock_not_t
             }
         });
         let mut policy = test_policy();
-        policy.lock_expiry = expiry;
+        policy.kind.lock_expiry = expiry;
         let start = tokio::time::Instant::now();
         let rt = start_widgets(&client, policy, tree).await;
         wait_ready(&client, "w", LIMIT).await;
@@ -391,8 +391,8 @@ async fn a_guarded_tasks_time_counts_from_the_lock_writes_send() {
         })
     };
     let mut policy = test_policy();
-    policy.lock_expiry = Duration::from_secs(10);
-    policy.reconcile_timeout = None;
+    policy.kind.lock_expiry = Duration::from_secs(10);
+    policy.kind.reconcile_timeout = None;
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "w", 1).await;
     let deadline = tokio::time::Instant::now() + LIMIT;

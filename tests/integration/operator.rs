@@ -476,7 +476,10 @@ async fn run_shuts_down_gracefully_on_sigterm_and_at_once_on_a_second_signal() {
         let port = free_port();
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let policy = SupervisorPolicy {
-            shutdown_timeout: Duration::from_secs(60),
+            runtime: actorcile::policy::RuntimePolicy {
+                shutdown_timeout: Duration::from_secs(60),
+                ..Default::default()
+            },
             ..SupervisorPolicy::default()
         };
         let run = tokio::spawn(
@@ -538,8 +541,8 @@ async fn restarts_and_quarantine_are_events() {
         Outcome::Done
     });
     let mut policy = SupervisorPolicy::default();
-    policy.restart.max_restarts = 2;
-    policy.restart.backoff.min = Duration::from_millis(10);
+    policy.kind.restart.max_restarts = 2;
+    policy.kind.restart.backoff.min = Duration::from_millis(10);
     let rt = Runtime::builder(client.clone())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree))

@@ -173,8 +173,8 @@ async fn a_replica_stopped_mid_task_holds_the_object_until_the_lock_expires() {
         let env = shared_env().await;
         let ns = Ns::create(env.client(), "guard-expiry").await;
         let mut policy = real_policy();
-        policy.lock_expiry = Duration::from_secs(4);
-        policy.shutdown_timeout = Duration::from_millis(200);
+        policy.kind.lock_expiry = Duration::from_secs(4);
+        policy.runtime.shutdown_timeout = Duration::from_millis(200);
         // Replica A: its task starts and never finishes.
         let started = Arc::new(tokio::sync::Notify::new());
         let s = started.clone();

@@ -202,7 +202,7 @@ async fn twenty_objects_with_three_nodes_each_converge_on_podman_and_leave_nothi
     });
     let (_cluster, client) = cluster();
     let mut policy = test_policy();
-    policy.yield_delay = Duration::from_millis(200);
+    policy.kind.yield_delay = Duration::from_millis(200);
     let rt = start_widgets(&client, policy, tree).await;
     let t = Instant::now();
     for i in 0..20 {

@@ -25,7 +25,7 @@ use real::*;
 /// No polling: the fallback dependency poll is an hour.
 fn no_polling() -> SupervisorPolicy {
     let mut p = real_policy();
-    p.dependency_poll = Duration::from_secs(3600);
+    p.kind.dependency_poll = Duration::from_secs(3600);
     p
 }
 

@@ -23,8 +23,8 @@ type Events = Arc<Mutex<Vec<String>>>;
 
 fn no_polling() -> SupervisorPolicy {
     let mut p = test_policy();
-    p.dependency_poll = Duration::from_secs(3600);
-    p.yield_delay = Duration::from_secs(3600);
+    p.kind.dependency_poll = Duration::from_secs(3600);
+    p.kind.yield_delay = Duration::from_secs(3600);
     p
 }
 
@@ -500,7 +500,7 @@ async fn readiness_reaches_dependents_that_are_passivating() {
         }
     });
     let mut policy = no_polling();
-    policy.idle_timeout = SupervisorPolicy::default().idle_timeout;
+    policy.kind.idle_timeout = SupervisorPolicy::default().kind.idle_timeout;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
         .controller(Controller::<Widget>::new(dependency_tree))

@@ -313,11 +313,11 @@ fn run_case(case: Case, restart: bool) -> Result<(), TestCaseError> {
         let nodes = Arc::new(case.nodes.clone());
         let obs: Shared = Arc::default();
         let mut policy = test_policy();
-        policy.restart.max_restarts = 100;
-        policy.restart.backoff.min = Duration::from_millis(5);
-        policy.error_backoff.min = Duration::from_millis(5);
-        policy.dependency_poll = Duration::from_secs(3600);
-        policy.idle_timeout = Some(Duration::from_millis(200));
+        policy.kind.restart.max_restarts = 100;
+        policy.kind.restart.backoff.min = Duration::from_millis(5);
+        policy.kind.error_backoff.min = Duration::from_millis(5);
+        policy.kind.dependency_poll = Duration::from_secs(3600);
+        policy.kind.idle_timeout = Some(Duration::from_millis(200));
         let start = || {
             Runtime::builder(client.clone())
                 .policy(policy.clone())

@@ -183,7 +183,7 @@ fn edge_config() -> kube::Config {
 
 fn policy() -> SupervisorPolicy {
     let mut p = test_policy();
-    p.yield_delay = Duration::from_millis(100);
+    p.kind.yield_delay = Duration::from_millis(100);
     p
 }
 

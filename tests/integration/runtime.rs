@@ -24,7 +24,10 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// [`test_policy`] with passivation after `idle` (tests' default is never).
 fn passivating(idle: Duration) -> SupervisorPolicy {
     SupervisorPolicy {
-        idle_timeout: Some(idle),
+        kind: actorcile::policy::KindPolicy {
+            idle_timeout: Some(idle),
+            ..test_policy().kind
+        },
         ..test_policy()
     }
 }
@@ -117,8 +120,8 @@ async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
         }
     });
     let mut policy = test_policy();
-    policy.restart.max_restarts = 5;
-    policy.restart.backoff.min = Duration::from_millis(100);
+    policy.kind.restart.max_restarts = 5;
+    policy.kind.restart.backoff.min = Duration::from_millis(100);
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "p", 1).await;
     wait_ready(&client, "p", LIMIT).await;
@@ -156,8 +159,8 @@ async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
         }
     });
     let mut policy = test_policy();
-    policy.reconcile_timeout = Some(Duration::from_secs(3));
-    policy.error_backoff.min = Duration::from_millis(100);
+    policy.kind.reconcile_timeout = Some(Duration::from_secs(3));
+    policy.kind.error_backoff.min = Duration::from_millis(100);
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "h", 1).await;
     wait_reason(&client, "h", "ReconcileTimeout", LIMIT).await;
@@ -248,7 +251,7 @@ async fn a_runtime_write_left_unanswered_is_abandoned_at_the_write_timeout_and_r
     let held = Arc::new(Mutex::new(vec!["PATCH /widgets/w/status"]));
     let runtime_client = holding_client(&cluster, held.clone());
     let mut policy = test_policy();
-    policy.write_timeout = Some(Duration::from_secs(5));
+    policy.kind.write_timeout = Some(Duration::from_secs(5));
     let tree = step("done", |_cx: Context<Widget>| async { Outcome::Done });
     let rt = start_widgets(&runtime_client, policy, tree).await;
 
@@ -355,7 +358,7 @@ async fn a_failed_finalizer_removal_is_retried_without_deprovisioning_again() {
             (failed >= 1).then_some(())
         })
         .await;
-        tokio::time::sleep(test_policy().error_backoff.max * 2).await;
+        tokio::time::sleep(test_policy().kind.error_backoff.max * 2).await;
         assert_eq!(
             deprovisioned.load(Ordering::SeqCst),
             1,
@@ -401,9 +404,9 @@ async fn a_status_write_that_keeps_failing_is_retried_with_the_error_backoff() {
     let refused = Arc::new(AtomicU32::new(0));
     let runtime_client = refusing_client(&cluster, refuse.clone(), refused.clone());
     let mut policy = test_policy();
-    policy.error_backoff.min = Duration::from_millis(200);
-    policy.error_backoff.max = Duration::from_secs(300);
-    policy.error_backoff.factor = 2.0;
+    policy.kind.error_backoff.min = Duration::from_millis(200);
+    policy.kind.error_backoff.max = Duration::from_secs(300);
+    policy.kind.error_backoff.factor = 2.0;
     let tree = step("done", |_cx: Context<Widget>| async { Outcome::Done });
     let rt = start_widgets(&runtime_client, policy, tree).await;
     create(&client, "w", 1).await;
@@ -438,9 +441,9 @@ async fn the_error_backoff_resumes_after_passivation() {
     });
     // Backoffs past a second passivate the actor between attempts.
     let mut policy = passivating(Duration::from_secs(1));
-    policy.error_backoff.min = Duration::from_millis(200);
-    policy.error_backoff.max = Duration::from_secs(60);
-    policy.error_backoff.factor = 2.0;
+    policy.kind.error_backoff.min = Duration::from_millis(200);
+    policy.kind.error_backoff.max = Duration::from_secs(60);
+    policy.kind.error_backoff.factor = 2.0;
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "f", 1).await;
     wait_reason(&client, "f", "Down", LIMIT).await;
@@ -483,9 +486,9 @@ async fn a_deleting_object_past_restart_intensity_is_tried_again_until_its_final
         },
     );
     let mut policy = test_policy();
-    policy.restart.max_restarts = 2;
-    policy.restart.backoff.min = Duration::from_millis(10);
-    policy.error_backoff.max = Duration::from_secs(30);
+    policy.kind.restart.max_restarts = 2;
+    policy.kind.restart.backoff.min = Duration::from_millis(10);
+    policy.kind.error_backoff.max = Duration::from_secs(30);
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "d", 1).await;
     wait_ready(&client, "d", LIMIT).await;
@@ -729,7 +732,7 @@ async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
     let log = RunLog::default();
     let gate = Arc::new(Notify::new());
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_reconciles = 2;
+    policy.runtime.max_concurrent_reconciles = 2;
     let (l, g) = (log.clone(), gate.clone());
     let tree = step("blocked", move |cx: Context<Widget>| {
         let (log, gate) = (l.clone(), g.clone());
@@ -808,7 +811,7 @@ async fn a_kinds_own_limit_bounds_its_passes_and_leaves_the_rest_to_other_kinds(
     let gate = Arc::new(Notify::new());
     let (widgets_in, gadgets_in) = (InFlight::default(), InFlight::default());
     let mut policy = test_policy();
-    policy.max_concurrent_reconciles = 4;
+    policy.runtime.max_concurrent_reconciles = 4;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
         .controller(
@@ -970,7 +973,7 @@ fn yielding(times: u32, every: Duration) -> impl Provisioner<Widget> {
 async fn live_actors_stay_at_the_cap_and_every_object_finishes() {
     let (_cluster, client) = cluster();
     let mut policy = passivating(Duration::from_secs(30));
-    policy.max_live_actors = Some(4);
+    policy.kind.max_live_actors = Some(4);
     let rt = start_widgets(&client, policy, yielding(3, Duration::from_millis(1))).await;
     for i in 0..40 {
         create(&client, &format!("b{i}"), 1).await;
@@ -1017,8 +1020,11 @@ async fn a_saturated_runtime_still_starts_and_finishes_every_object() {
 async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
     let (_cluster, client) = cluster();
     let mut policy = test_policy();
-    assert_eq!(policy.idle_timeout, None, "actors never passivate here");
-    policy.max_live_actors = Some(2);
+    assert_eq!(
+        policy.kind.idle_timeout, None,
+        "actors never passivate here"
+    );
+    policy.kind.max_live_actors = Some(2);
     let log = RunLog::default();
     let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     for i in 0..8 {
@@ -1049,7 +1055,7 @@ async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
     let gate = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
     let mut policy = test_policy();
-    policy.max_concurrent_reconciles = 1;
+    policy.runtime.max_concurrent_reconciles = 1;
     let (s, g, e) = (seen.clone(), gate.clone(), entered.clone());
     let tree = step("record", move |cx: Context<Widget>| {
         let (s, g, e) = (s.clone(), g.clone(), e.clone());
@@ -1111,7 +1117,7 @@ async fn graceful_shutdown_lets_an_in_flight_run_finish() {
         }
     });
     let mut policy = test_policy();
-    policy.shutdown_timeout = Duration::from_secs(10);
+    policy.runtime.shutdown_timeout = Duration::from_secs(10);
     let rt = start_widgets(&client, policy, tree).await;
     create(&client, "s", 1).await;
     entered.notified().await;
@@ -1143,8 +1149,8 @@ async fn poll_timers_survive_passivation() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(1));
-    policy.poll_interval = Some(Duration::from_secs(10));
-    policy.poll_jitter = 0.0;
+    policy.kind.poll_interval = Some(Duration::from_secs(10));
+    policy.kind.poll_jitter = 0.0;
     let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     create(&client, "poll", 1).await;
     wait_ready(&client, "poll", LIMIT).await;
@@ -1167,8 +1173,8 @@ async fn a_relist_does_not_postpone_a_passive_objects_poll() {
     let (cluster, client) = with_crds(actorcile::cluster::ApiServer::builder().history(10).build());
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(1));
-    policy.poll_interval = Some(Duration::from_secs(600));
-    policy.poll_jitter = 0.0;
+    policy.kind.poll_interval = Some(Duration::from_secs(600));
+    policy.kind.poll_jitter = 0.0;
     let mut watcher = kube::runtime::watcher::Config::default().timeout(30);
     watcher.bookmarks = false; // a bookmark would move the watch past the other kinds' writes
     let rt = Runtime::builder(client.clone())
@@ -1340,8 +1346,8 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     let entered = Arc::new(Notify::new());
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(30));
-    policy.max_concurrent_reconciles = 1;
-    policy.dependency_poll = Duration::from_secs(3600);
+    policy.runtime.max_concurrent_reconciles = 1;
+    policy.kind.dependency_poll = Duration::from_secs(3600);
     let (g, e, l) = (gate.clone(), entered.clone(), log.clone());
     let tree = step("gated", move |cx: Context<Widget>| {
         let (g, e, l) = (g.clone(), e.clone(), l.clone());
@@ -1409,7 +1415,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(30));
-    policy.max_concurrent_reconciles = 1;
+    policy.runtime.max_concurrent_reconciles = 1;
     let (g, e, h, l) = (gate.clone(), entered.clone(), held.clone(), log.clone());
     let tree = step("gated", move |cx: Context<Widget>| {
         let (g, e, h, l) = (g.clone(), e.clone(), h.clone(), l.clone());
@@ -1450,7 +1456,7 @@ async fn sixty_passive_objects(
     tree: impl Provisioner<Widget> + 'static,
 ) -> RuntimeHandle {
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_reconciles = 2;
+    policy.runtime.max_concurrent_reconciles = 2;
     let rt = start_widgets(client, policy, tree).await;
     for i in 0..60 {
         create(client, &format!("r{i}"), 1).await;
@@ -1563,7 +1569,7 @@ async fn an_adopting_actor_gets_no_timer_of_the_object_it_served_before() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_reconciles = 1;
+    policy.runtime.max_concurrent_reconciles = 1;
     let l = log.clone();
     let tree = step("log", move |cx: Context<Widget>| {
         let log = l.clone();
@@ -1626,8 +1632,8 @@ async fn a_panic_in_an_adopted_actor_restarts_its_object_and_spares_the_others()
         }
     });
     let mut policy = passivating(Duration::from_secs(5));
-    policy.max_concurrent_reconciles = 1;
-    policy.restart.backoff.min = Duration::from_millis(100);
+    policy.runtime.max_concurrent_reconciles = 1;
+    policy.kind.restart.backoff.min = Duration::from_millis(100);
     let rt = start_widgets(&client, policy, tree).await;
     for name in ["a", "b"] {
         create(&client, name, 1).await;
@@ -1708,9 +1714,9 @@ async fn escalation_stops_the_runtime_with_the_object_and_its_last_failure() {
         panic!("the disk is on fire")
     });
     let mut policy = test_policy();
-    policy.restart.max_restarts = 1;
-    policy.restart.on_exhausted = Exhausted::Escalate;
-    policy.restart.backoff.min = Duration::from_millis(10);
+    policy.kind.restart.max_restarts = 1;
+    policy.kind.restart.on_exhausted = Exhausted::Escalate;
+    policy.kind.restart.backoff.min = Duration::from_millis(10);
     let mut rt = start_widgets(&client, policy, tree).await;
     create(&client, "doomed", 1).await;
     let err = tokio::time::timeout(LIMIT, rt.escalated())

@@ -23,10 +23,10 @@ const LIMIT: Duration = Duration::from_secs(20);
 fn policy() -> SupervisorPolicy {
     let mut p = test_policy();
     // Only messages wake a waiter: a chain across shards converges by watch events, not polls.
-    p.dependency_poll = Duration::from_secs(3600);
-    p.lease_duration = Duration::from_secs(2);
-    p.lease_renew_deadline = Duration::from_millis(1500);
-    p.lease_retry_period = Duration::from_millis(100);
+    p.kind.dependency_poll = Duration::from_secs(3600);
+    p.lease.duration = Duration::from_secs(2);
+    p.lease.renew_deadline = Duration::from_millis(1500);
+    p.lease.retry_period = Duration::from_millis(100);
     p
 }
 
@@ -283,7 +283,7 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
     .await;
     // Sooner than b's last Lease renewal could have expired: taken because released.
     assert!(
-        stopped.elapsed() < policy().lease_duration,
+        stopped.elapsed() < policy().lease.duration,
         "taken over {:?} after the release",
         stopped.elapsed()
     );
@@ -468,7 +468,7 @@ async fn each_replica_watches_the_children_of_its_shards_only() {
     let sharding = Sharding::new(SHARDS, "default").watch(ShardWatch::HeldShards);
     let key = sharding.owner_label_key();
     let mut p = policy();
-    p.poll_interval = None;
+    p.kind.poll_interval = None;
     let start = |id: &'static str| {
         let tree = serial![
             tree(id, reconciles.clone(), Duration::ZERO),
@@ -946,7 +946,7 @@ async fn sharding_and_its_settings_are_checked_at_start() {
         .expect("zero shards is refused");
     assert!(e.to_string().contains("sharding shards"), "{e}");
     let mut p = test_policy();
-    p.lease_renew_deadline = p.lease_duration;
+    p.lease.renew_deadline = p.lease.duration;
     let e = Runtime::builder(client.clone())
         .policy(p)
         .controller(Controller::<Widget>::new(tree()))

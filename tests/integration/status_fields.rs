@@ -137,7 +137,7 @@ async fn a_steps_status_field_is_written_with_the_runtimes_in_one_request() {
     let (cluster, _) = common::cluster();
     cluster.install_crd(&Gizmo::crd()).unwrap();
     let mut policy = test_policy();
-    policy.poll_interval = None;
+    policy.kind.poll_interval = None;
     one_write_per_reconcile(cluster.client(), "default", policy, LIMIT).await;
 }
 
@@ -157,7 +157,7 @@ async fn a_field_the_status_already_holds_writes_nothing() {
     let (cluster, client) = common::cluster();
     cluster.install_crd(&Gizmo::crd()).unwrap();
     let mut policy = test_policy();
-    policy.poll_interval = None;
+    policy.kind.poll_interval = None;
     let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
     let rt = Runtime::builder(client.clone())
         .policy(policy)

@@ -94,8 +94,8 @@ async fn a_config_change_re_runs_every_object_passive_ones_included() {
     put_config(&client, "one").await;
     let seen = Seen::default();
     let mut policy = test_policy();
-    policy.idle_timeout = Some(Duration::from_secs(1));
-    policy.max_concurrent_reconciles = 4;
+    policy.kind.idle_timeout = Some(Duration::from_secs(1));
+    policy.runtime.max_concurrent_reconciles = 4;
     let rt = start_with_config(&client, policy, seen.clone()).await;
     for i in 0..40 {
         create(&client, &format!("w{i}"), 1).await;
@@ -274,9 +274,9 @@ async fn poll_times(n: usize, jitter: f64) -> Vec<f64> {
         }
     });
     let mut policy = test_policy();
-    policy.poll_interval = Some(Duration::from_secs(60));
-    policy.poll_jitter = jitter;
-    policy.idle_timeout = Some(Duration::from_secs(5));
+    policy.kind.poll_interval = Some(Duration::from_secs(60));
+    policy.kind.poll_jitter = jitter;
+    policy.kind.idle_timeout = Some(Duration::from_secs(5));
     let rt = start_widgets(&client, policy, tree).await;
     let api = widgets(&client);
     for i in 0..n {
@@ -434,7 +434,10 @@ async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
         "finalizer"
     );
     let bad = SupervisorPolicy {
-        max_concurrent_reconciles: 0,
+        runtime: actorcile::policy::RuntimePolicy {
+            max_concurrent_reconciles: 0,
+            ..Default::default()
+        },
         ..Default::default()
     };
     assert_eq!(
@@ -564,8 +567,8 @@ async fn poll_gaps(value: &str, reconciles: usize) -> Vec<Duration> {
         }
     });
     let mut policy = test_policy();
-    policy.poll_interval = Some(Duration::from_secs(3600));
-    policy.poll_jitter = 0.0;
+    policy.kind.poll_interval = Some(Duration::from_secs(3600));
+    policy.kind.poll_jitter = 0.0;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).config(
@@ -702,7 +705,7 @@ async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtime
     let (_cluster, client) = cluster();
     let reconciles = PassCounts::default();
     let mut policy = test_policy();
-    policy.poll_interval = None;
+    policy.kind.poll_interval = None;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
         .controller(Controller::<Widget>::new(owning_tree(reconciles.clone())).owns::<ConfigMap>())
@@ -765,7 +768,7 @@ async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or
     let reconciles = PassCounts::default();
     let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
-    policy.poll_interval = None;
+    policy.kind.poll_interval = None;
     // A Secret labelled `widget: <name>` belongs to that widget.
     let rt = Runtime::builder(client.clone())
         .policy(policy)
@@ -844,7 +847,7 @@ async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
     let reconciles = PassCounts::default();
     let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
-    policy.poll_interval = None;
+    policy.kind.poll_interval = None;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).config(
@@ -951,7 +954,7 @@ async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
     let reconciles = PassCounts::default();
     let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
-    policy.poll_interval = None;
+    policy.kind.poll_interval = None;
     let rt = Runtime::builder(client.clone())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).watches(|s: &Secret| {

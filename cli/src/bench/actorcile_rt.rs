@@ -80,7 +80,10 @@ pub async fn start(
         Controller::<BenchObject>::new(bench_tree(recorder))
     };
     let policy = SupervisorPolicy {
-        max_concurrent_reconciles: usize::from(concurrency),
+        runtime: actorcile::policy::RuntimePolicy {
+            max_concurrent_reconciles: usize::from(concurrency),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mut controller = controller

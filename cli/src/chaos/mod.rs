@@ -667,7 +667,7 @@ async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -
     check_children(&admin, &items, &mut report.violations).await?;
     if let Some(watch) = hand_overs {
         let mut figures = watch.stop().await;
-        figures.measure(&outages, operator::policy(false).lease_duration * 2);
+        figures.measure(&outages, operator::policy(false).lease.duration * 2);
         report.violations.unowned_shards = figures.too_slow;
         report.hand_overs = Some(figures);
     }
@@ -756,7 +756,7 @@ async fn check_records(
     // a lock's expiry before `from`: a run starts while its replica holds the shard (its lock or
     // its reconcile began then), and what it does outside Kubernetes until its next write is not
     // fenced (a guarded task runs at most the lock's expiry).
-    let margin = u64::try_from(operator::policy(false).lock_expiry.as_micros()).unwrap_or(0);
+    let margin = u64::try_from(operator::policy(false).kind.lock_expiry.as_micros()).unwrap_or(0);
     let moved = |key: &str, from: u64, to: u64| {
         let from = from.saturating_sub(margin);
         let Some((namespace, name)) = key.split_once('/') else {

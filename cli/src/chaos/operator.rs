@@ -106,19 +106,24 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// kill's). That is a fault of its own, not one a run without hangs injects.
 pub fn policy(hangs: bool) -> SupervisorPolicy {
     let mut p = SupervisorPolicy {
-        reconcile_timeout: hangs
-            .then_some(Duration::from_secs(2))
-            .or(SupervisorPolicy::default().reconcile_timeout),
-        lock_expiry: Duration::from_secs(5),
-        write_timeout: Some(WRITE_TIMEOUT),
+        kind: actorcile::policy::KindPolicy {
+            reconcile_timeout: hangs
+                .then_some(Duration::from_secs(2))
+                .or(SupervisorPolicy::default().kind.reconcile_timeout),
+            lock_expiry: Duration::from_secs(5),
+            write_timeout: Some(WRITE_TIMEOUT),
+            ..Default::default()
+        },
         // Replicas: a shard whose holder died or stopped moves within two lease durations.
-        lease_duration: Duration::from_secs(3),
-        lease_renew_deadline: Duration::from_secs(2),
-        lease_retry_period: Duration::from_millis(250),
+        lease: actorcile::policy::LeasePolicy {
+            duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(250),
+        },
         ..Default::default()
     };
-    p.error_backoff.max = Duration::from_secs(2);
-    p.restart.backoff.max = Duration::from_secs(2);
+    p.kind.error_backoff.max = Duration::from_secs(2);
+    p.kind.restart.backoff.max = Duration::from_secs(2);
     p
 }
 

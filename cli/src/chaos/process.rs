@@ -121,7 +121,8 @@ impl Operator {
     /// Stops it with SIGTERM: its incarnation, and whether it exited successfully within the
     /// policy's shutdown timeout and 5 s (else it is killed).
     pub async fn stop(mut self) -> (u32, bool) {
-        let timeout = super::operator::policy(false).shutdown_timeout + Duration::from_secs(5);
+        let timeout =
+            super::operator::policy(false).runtime.shutdown_timeout + Duration::from_secs(5);
         // SAFETY: signals a child process this value owns and has not reaped.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let deadline = std::time::Instant::now() + timeout;

@@ -192,7 +192,10 @@ fn minus(a: ApiServerStats, b: ApiServerStats) -> ApiServerStats {
 
 /// The seed a policy runs with: its own, else one derived from the scenario's.
 pub fn policy_seed(policy: &SupervisorPolicy, scenario: &Scenario) -> u64 {
-    policy.seed.unwrap_or_else(|| mix(&[scenario.seed, 0x5EED]))
+    policy
+        .kind
+        .seed
+        .unwrap_or_else(|| mix(&[scenario.seed, 0x5EED]))
 }
 
 /// Run `scenario` under `policy` (reported as `name`). Call on a current-thread tokio runtime
@@ -205,7 +208,7 @@ pub async fn run_one(
     let wall = std::time::Instant::now();
     let n = scenario.objects;
     let mut policy = policy.clone();
-    policy.seed = Some(policy_seed(&policy, scenario));
+    policy.kind.seed = Some(policy_seed(&policy, scenario));
     // The runtime draws a few things (poll jitter, kube's watch backoff jitter) from fastrand's
     // thread-local generator: seed it, so those draws repeat too.
     fastrand::seed(mix(&[scenario.seed, 0x7EAD]));

@@ -140,13 +140,13 @@ fn listing() -> String {
         let p = policies::built_in(name).expect("built-in");
         out.push_str(&format!(
             "  {name:<14} max_restarts {} in {}, restart backoff {}..{}, error backoff {}..{}, {} runs in flight\n",
-            p.restart.max_restarts,
-            humantime_serde::re::humantime::format_duration(p.restart.window),
-            humantime_serde::re::humantime::format_duration(p.restart.backoff.min),
-            humantime_serde::re::humantime::format_duration(p.restart.backoff.max),
-            humantime_serde::re::humantime::format_duration(p.error_backoff.min),
-            humantime_serde::re::humantime::format_duration(p.error_backoff.max),
-            p.max_concurrent_reconciles,
+            p.kind.restart.max_restarts,
+            humantime_serde::re::humantime::format_duration(p.kind.restart.window),
+            humantime_serde::re::humantime::format_duration(p.kind.restart.backoff.min),
+            humantime_serde::re::humantime::format_duration(p.kind.restart.backoff.max),
+            humantime_serde::re::humantime::format_duration(p.kind.error_backoff.min),
+            humantime_serde::re::humantime::format_duration(p.kind.error_backoff.max),
+            p.runtime.max_concurrent_reconciles,
         ));
     }
     out
@@ -310,9 +310,9 @@ mod tests {
         s.faults = Default::default();
         let strict = policies::built_in("fail-fast").unwrap();
         let mut lenient = SupervisorPolicy::default();
-        lenient.restart.max_restarts = 1000;
-        lenient.restart.backoff.min = Duration::from_millis(10);
-        lenient.restart.backoff.max = Duration::from_millis(100);
+        lenient.kind.restart.max_restarts = 1000;
+        lenient.kind.restart.backoff.min = Duration::from_millis(10);
+        lenient.kind.restart.backoff.max = Duration::from_millis(100);
         let policies = vec![named("strict", strict), named("lenient", lenient)];
         let c = bounded(LIMIT, move || compare(&s, &policies, |_| {}).unwrap());
         let (strict, lenient) = (&c.results[0], &c.results[1]);
@@ -343,8 +343,8 @@ mod tests {
         s.objects = 20;
         s.duration = Duration::from_secs(1800);
         let mut p = SupervisorPolicy::default();
-        p.restart.max_restarts = 0;
-        p.restart.on_exhausted = Exhausted::Escalate;
+        p.kind.restart.max_restarts = 0;
+        p.kind.restart.on_exhausted = Exhausted::Escalate;
         let policies = vec![named("escalate", p)];
         let c = bounded(LIMIT, move || compare(&s, &policies, |_| {}).unwrap());
         let r = &c.results[0];

@@ -124,18 +124,21 @@ mod tests {
         assert_eq!(d, SupervisorPolicy::default());
         let a = built_in("aggressive").unwrap();
         let c = built_in("conservative").unwrap();
-        assert!(a.max_concurrent_reconciles > d.max_concurrent_reconciles);
-        assert!(c.max_concurrent_reconciles < d.max_concurrent_reconciles);
-        assert!(a.restart.backoff.min < d.restart.backoff.min);
-        assert!(c.restart.backoff.min > d.restart.backoff.min);
-        assert_eq!(built_in("fail-fast").unwrap().restart.max_restarts, 0);
+        assert!(a.runtime.max_concurrent_reconciles > d.runtime.max_concurrent_reconciles);
+        assert!(c.runtime.max_concurrent_reconciles < d.runtime.max_concurrent_reconciles);
+        assert!(a.kind.restart.backoff.min < d.kind.restart.backoff.min);
+        assert!(c.kind.restart.backoff.min > d.kind.restart.backoff.min);
+        assert_eq!(built_in("fail-fast").unwrap().kind.restart.max_restarts, 0);
         assert_eq!(
-            built_in("fail-fast").unwrap().restart.on_exhausted,
+            built_in("fail-fast").unwrap().kind.restart.on_exhausted,
             Exhausted::Quarantine
         );
         let p = built_in("polling").unwrap();
-        assert_eq!(p.poll_interval, Some(std::time::Duration::from_secs(60)));
-        assert!(p.idle_timeout > p.poll_interval);
+        assert_eq!(
+            p.kind.poll_interval,
+            Some(std::time::Duration::from_secs(60))
+        );
+        assert!(p.kind.idle_timeout > p.kind.poll_interval);
     }
 
     #[test]
@@ -155,7 +158,10 @@ mod tests {
         std::fs::write(&p, "yield_delay = \"3s\"").unwrap();
         let ok = resolve(p.to_str().unwrap()).unwrap();
         assert_eq!(ok.name, "broken");
-        assert_eq!(ok.policy.yield_delay, std::time::Duration::from_secs(3));
+        assert_eq!(
+            ok.policy.kind.yield_delay,
+            std::time::Duration::from_secs(3)
+        );
         std::fs::remove_dir_all(&dir).unwrap();
         let e = resolve("nonexistent").unwrap_err();
         assert!(

@@ -214,9 +214,6 @@ impl<K: ManagedResource> Manager<K> {
     /// How many idle actors are kept for the next activations: one per reconcile slot (more could not
     /// run at once), and never past the live-actor cap.
     pub(super) fn idle_bound(&self) -> usize {
-        let policy = &self.shared.policy;
-        policy
-            .max_concurrent_reconciles
-            .min(policy.max_live_actors.unwrap_or(usize::MAX))
+        (self.shared.slots.capacity()).min(self.shared.policy.max_live_actors.unwrap_or(usize::MAX))
     }
 }

@@ -1,6 +1,6 @@
 //! The manager supervisor: one per managed kind. Gives each object that has work a linked
 //! resource actor, restarts failed ones per the
-//! [`SupervisorPolicy`](crate::policy::SupervisorPolicy), keeps the state of passivated objects,
+//! [`KindPolicy`](crate::policy::KindPolicy), keeps the state of passivated objects,
 //! and forgets deleted objects. This file is the message handling and routing; `activation.rs`,
 //! `passivation.rs` and `supervision.rs` hold those steps. The decisions it applies are
 //! plain data beside it: [`ActivationQueue`] (who gets a live actor next), [`RestartTracker`]
@@ -11,7 +11,7 @@
 //! [`ActivationQueue`] for a reconcile slot, which the actor's first reconcile then uses. Many new objects
 //! so make at most `max_concurrent_reconciles` actors that are waiting to run, not one each; with
 //! passivation the live actors are about those that have work. Live actors are capped too
-//! ([`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)):
+//! ([`KindPolicy::max_live_actors`](crate::policy::KindPolicy::max_live_actors)):
 //! past the cap, activations wait for a live actor to passivate, and one still starts every
 //! [`OVER_CAP_EVERY`] so that actors which stay live cannot starve new objects.
 //!
@@ -52,7 +52,7 @@ mod passivation;
 mod supervision;
 
 /// Past the live-actor cap, one activation still starts this often (see
-/// [`SupervisorPolicy::max_live_actors`](crate::policy::SupervisorPolicy::max_live_actors)).
+/// [`KindPolicy::max_live_actors`](crate::policy::KindPolicy::max_live_actors)).
 const OVER_CAP_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The manager behaviour.

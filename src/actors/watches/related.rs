@@ -69,7 +69,11 @@ pub(crate) async fn watch_owned<K, C>(
         let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
         return watch_related(shared, events, map, echoes, manager).await;
     };
-    let narrow_after = shared.policy.lease_duration * 2;
+    let narrow_after = shared
+        .io
+        .shards
+        .as_ref()
+        .map_or(Duration::ZERO, |s| s.narrow_after);
     let count = shards.count();
     let shard_of = {
         let key = key.clone();

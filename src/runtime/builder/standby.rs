@@ -58,7 +58,7 @@ impl RuntimeBuilder {
         health.set_standby(true);
         self.early = Some(early);
         let warm = election.warm_standby;
-        let slots = self.policy.max_concurrent_reconciles;
+        let slots = self.policy.runtime.max_concurrent_reconciles;
         let mut elector = crate::leader::Elector::new(self.client.clone(), election, &self.policy);
         // A warm standby watches and caches while it waits: its takeover starts with the
         // objects in hand, not with a list.

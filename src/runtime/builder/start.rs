@@ -14,7 +14,7 @@ impl RuntimeBuilder {
             registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
                 metrics: metrics.clone(),
                 health: health.clone(),
-                max_concurrent_reconciles: self.policy.max_concurrent_reconciles as u64,
+                max_concurrent_reconciles: self.policy.runtime.max_concurrent_reconciles as u64,
             }));
             let registry = Arc::new(registry);
             use crate::admin::{AdminLimits, AdminServer, Endpoints};
@@ -114,7 +114,7 @@ impl RuntimeBuilder {
         let references = ReferenceIndex::for_runtime(
             &self.field_manager,
             self.client.clone(),
-            self.policy.dependency_watch_idle,
+            self.policy.runtime.dependency_watch_idle,
         );
         let _ = metrics.reference_index.set(Arc::downgrade(&references));
         let shards = self.sharding.as_ref().map(|s| {
@@ -130,7 +130,7 @@ impl RuntimeBuilder {
             slots: Arc::new(Semaphore::new(if self.gated {
                 0
             } else {
-                self.policy.max_concurrent_reconciles
+                self.policy.runtime.max_concurrent_reconciles
             })),
             policy: self.policy.clone(),
             metrics: metrics.clone(),
@@ -152,7 +152,7 @@ impl RuntimeBuilder {
             references: cx.references.clone(),
             root,
             root_task,
-            shutdown_timeout: self.policy.shutdown_timeout,
+            shutdown_timeout: self.policy.runtime.shutdown_timeout,
             health: health.clone(),
             keeper: None,
             #[cfg(feature = "operator")]

@@ -151,7 +151,11 @@ fn log_activation(timers: &Timers<Slotted>, log: &SlotLog, n: u32) {
 #[tokio::test(start_paused = true)]
 async fn deliveries_wait_for_a_run_slot_in_order_and_carry_it() {
     let slots = Arc::new(Semaphore::new(1));
-    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(
+        slots.clone(),
+        slots.available_permits(),
+        None,
+    ));
     let log = SlotLog::default();
     let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
     let (b, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
@@ -196,7 +200,11 @@ async fn deliveries_wait_for_a_run_slot_in_order_and_carry_it() {
 async fn activations_get_a_bounded_share_of_the_slots() {
     assert_eq!(ACTIVATION_EVERY, 4, "the expected order below assumes 4");
     let slots = Arc::new(Semaphore::new(1));
-    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(
+        slots.clone(),
+        slots.available_permits(),
+        None,
+    ));
     let log = SlotLog::default();
     let held = slots.clone().acquire_owned().await.unwrap();
     let mut actors = Vec::new();
@@ -238,7 +246,11 @@ async fn activations_are_held_back_while_reconciles_run_late() {
         "the expected order below assumes 32"
     );
     let slots = Arc::new(Semaphore::new(1));
-    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(
+        slots.clone(),
+        slots.available_permits(),
+        None,
+    ));
     assert!(timers.activation_may_skip_queue());
     let run_late = || {
         for _ in 0..8 {
@@ -286,7 +298,11 @@ fn order(log: &[(Slotted, Instant)]) -> Vec<u32> {
 #[tokio::test(start_paused = true)]
 async fn closed_run_slots_deliver_nothing() {
     let slots = Arc::new(Semaphore::new(0));
-    let timers = Timers::with_slots(&ReconcileSlots::new(slots.clone(), None));
+    let timers = Timers::with_slots(&ReconcileSlots::new(
+        slots.clone(),
+        slots.available_permits(),
+        None,
+    ));
     let log = SlotLog::default();
     let (a, _) = Actor::spawn(None, Recorder(log.clone()), ()).await.unwrap();
     timers.queue(&a, Slotted(1, None));

@@ -5,9 +5,11 @@ use crate::cluster::ApiServer;
 
 fn policy() -> SupervisorPolicy {
     SupervisorPolicy {
-        lease_duration: Duration::from_secs(2),
-        lease_renew_deadline: Duration::from_millis(1500),
-        lease_retry_period: Duration::from_millis(100),
+        lease: crate::policy::LeasePolicy {
+            duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_millis(1500),
+            retry_period: Duration::from_millis(100),
+        },
         ..SupervisorPolicy::default()
     }
 }

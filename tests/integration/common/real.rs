@@ -104,23 +104,29 @@ pub async fn create_namespace(client: &Client, name: &str) {
 /// A policy for real-time tests: short yields and backoffs, no passivation, reproducible jitter.
 pub fn real_policy() -> SupervisorPolicy {
     let mut p = SupervisorPolicy {
-        seed: Some(1),
-        idle_timeout: None,
-        yield_delay: Duration::from_millis(100),
-        dependency_poll: Duration::from_secs(2),
-        shutdown_timeout: Duration::from_secs(10),
-        // Shorter than the tests' waits: a restarting apiserver answers 503 with `Retry-After:
-        // 10`, which kube's client retries itself, longer each time; a write caught in that is
-        // abandoned and sent again within them.
-        write_timeout: Some(Duration::from_secs(10)),
+        kind: actorcile::policy::KindPolicy {
+            seed: Some(1),
+            idle_timeout: None,
+            yield_delay: Duration::from_millis(100),
+            dependency_poll: Duration::from_secs(2),
+            // Shorter than the tests' waits: a restarting apiserver answers 503 with `Retry-After:
+            // 10`, which kube's client retries itself, longer each time; a write caught in that is
+            // abandoned and sent again within them.
+            write_timeout: Some(Duration::from_secs(10)),
+            ..Default::default()
+        },
+        runtime: actorcile::policy::RuntimePolicy {
+            shutdown_timeout: Duration::from_secs(10),
+            ..Default::default()
+        },
         ..Default::default()
     };
-    p.restart.backoff.jitter = false;
-    p.restart.backoff.min = Duration::from_millis(50);
-    p.restart.backoff.max = Duration::from_secs(1);
-    p.error_backoff.jitter = false;
-    p.error_backoff.min = Duration::from_millis(100);
-    p.error_backoff.max = Duration::from_secs(2);
+    p.kind.restart.backoff.jitter = false;
+    p.kind.restart.backoff.min = Duration::from_millis(50);
+    p.kind.restart.backoff.max = Duration::from_secs(1);
+    p.kind.error_backoff.jitter = false;
+    p.kind.error_backoff.min = Duration::from_millis(100);
+    p.kind.error_backoff.max = Duration::from_secs(2);
     p
 }
 
