@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 #[cfg(doc)]
 use super::SupervisorPolicy;
 use super::{
-    BackoffPolicy, MAX_CONCURRENCY, PolicyError, RestartPolicy, Strict, at_most_a_year,
-    optional_duration, parse_toml, read_file,
+    BackoffPolicy, MAX_CONCURRENCY, PolicyError, RestartPolicy, at_most_a_year, optional_duration,
+    parse_toml, read_file, strict_kind,
 };
 
 /// The knobs that tune one kind: restarts, backoffs, wake-ups, passivation and timeouts. A
@@ -141,7 +141,7 @@ impl Default for KindPolicy {
 impl KindPolicy {
     /// Parse a TOML policy of a kind: these fields only; missing ones take their defaults.
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let p = parse_toml::<Strict<KindPolicy>>(text)?.known_or_parse_error()?;
+        let p = strict_kind(parse_toml(text)?)?;
         p.validate()?;
         Ok(p)
     }

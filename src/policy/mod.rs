@@ -209,12 +209,10 @@ fn kind_sections(
         };
         let mut merged = base.clone();
         overlay(&mut merged, with_current_names(section));
-        let policy = deserialize::<Strict<KindPolicy>>(merged)
-            .and_then(Strict::known_or_parse_error)
-            .map_err(|e| match e {
-                PolicyError::Parse(m) => PolicyError::Parse(format!("[kinds.{kind}]: {m}")),
-                other => other,
-            })?;
+        let policy = strict_kind(merged).map_err(|e| match e {
+            PolicyError::Parse(m) => PolicyError::Parse(format!("[kinds.{kind}]: {m}")),
+            other => other,
+        })?;
         kinds.insert(kind, policy);
     }
     Ok(kinds)
@@ -233,6 +231,13 @@ fn with_current_names(mut section: toml::Table) -> toml::Table {
         }
     }
     section
+}
+
+/// A [`KindPolicy`] from `table`, refusing keys it does not know: read on its own first, so
+/// that a bad value's error names its key (see [`SupervisorPolicy::from_toml`]).
+pub(crate) fn strict_kind(table: toml::Table) -> Result<KindPolicy, PolicyError> {
+    deserialize::<KindPolicy>(table.clone())?;
+    deserialize::<Strict<KindPolicy>>(table).and_then(Strict::known_or_parse_error)
 }
 
 /// `over`'s entries in `under`; tables in both are overlaid key by key.
@@ -372,6 +377,11 @@ impl SupervisorPolicy {
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
         let mut table: toml::Table = parse_toml(text)?;
         let sections = table.remove("kinds");
+        // Each part read on its own first: a bad value's error then names its key (serde's
+        // `flatten`, which reads the parts together, loses the key from the message).
+        deserialize::<KindPolicy>(table.clone())?;
+        deserialize::<RuntimePolicy>(table.clone())?;
+        deserialize::<LeasePolicy>(table.clone())?;
         let mut p: Self = deserialize(table)?;
         if let Some(sections) = sections {
             p.kinds = kind_sections(sections, &p.kind)?;
