@@ -14,7 +14,8 @@
 //!   the combinators.
 //! - [`runtime`]: the [`Runtime`](runtime::Runtime) an operator embeds, its controllers and
 //!   metrics.
-//! - [`policy`]: the [`SupervisorPolicy`](policy::SupervisorPolicy) tunables, loadable from TOML.
+//! - [`policy`]: the [`SupervisorPolicy`](policy::SupervisorPolicy) tunables, per kind, runtime-wide
+//!   and for the Leases, loadable from TOML.
 //! - [`status`]: the `Ready` condition, phases and observed generation.
 //! - [`references`]: readiness and references between resources.
 //! - [`cluster`] (feature `cluster`, on by default): an in-process Kubernetes API server for
@@ -55,7 +56,8 @@
 //! `status`, `references`, `rbac`, `policy`, `object_api`, `event_recorder` and `providers`;
 //! `messages` and `policy` are plain data; `cache`, `scheduling`, `sharding`, `counters`,
 //! `after_reconcile` and `writes` import nothing of the actors; `actors` use all of those; and
-//! `runtime` starts the actors. The library never imports its command line.
+//! `runtime` starts the actors. Every layer may fail with the crate's [`Error`] (`runtime/error.rs`,
+//! which imports only the types its variants carry). The library never imports its command line.
 #![forbid(unsafe_code)]
 
 mod actors;
