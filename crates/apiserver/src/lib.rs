@@ -206,6 +206,7 @@ mod gc;
 mod kinds;
 mod list;
 mod object;
+mod routing;
 mod schema;
 mod selector;
 mod service;
