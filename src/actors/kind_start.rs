@@ -24,8 +24,8 @@ use super::kind_view::KindView;
 use crate::actors::mailbox::Mailbox;
 use crate::actors::watches::{ConfigView, SecretTrigger, StartConfigWatch};
 use crate::actors::{
-    KindMetrics, KindWatch, Manager, ManagerArgs, Metrics, ReconcileSlots, ShardScope, Shared,
-    Timers, run_feeder,
+    KindMetrics, KindRules, KindWatch, Manager, ManagerArgs, Metrics, ReconcileSlots, ShardScope,
+    Shared, Timers, run_feeder,
 };
 use crate::event_recorder::EventRecorder;
 use crate::health::Health;
@@ -448,21 +448,23 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             write_timeout,
         });
         let shared = Arc::new(Shared {
+            rules: KindRules {
+                tree: self.tree,
+                policy,
+                use_finalizer: self.finalizer,
+                write_status: self.status,
+                prune_cache: self.prune_cache,
+                encode_passive: self.encode_passive,
+            },
             io,
-            tree: self.tree,
-            policy,
             slots,
             store,
             routes: DashMap::default(),
-            use_finalizer: self.finalizer,
-            write_status: self.status,
             status_checks: Default::default(),
             references: cx.references.clone(),
             timers,
             config,
             secrets: self.secrets.map(SecretTrigger::new),
-            prune_cache: self.prune_cache,
-            encode_passive: self.encode_passive,
         });
         let synced = Arc::new(AtomicBool::new(false));
         // What `/readyz` checks for each watch: whether its first list is in (the kind's, with

@@ -112,20 +112,36 @@ pub(crate) use manager::{Manager, ManagerArgs};
 
 pub(crate) use crate::hash::FastMap;
 
-/// Everything the manager, its resource actors and its feeder share for one kind.
-pub(crate) struct Shared<K: ManagedResource> {
-    /// What the kind's writes go through: clients (with sharding, per shard), field manager,
-    /// event recorder, finalizer, counters.
-    pub io: Arc<crate::writes::Io<K>>,
+/// What a kind runs by, fixed when it starts: its tree and policy, and what the runtime keeps
+/// for it (finalizer, status, cache).
+pub(crate) struct KindRules<K: ManagedResource> {
     pub tree: BoxProvisioner<K>,
+    /// The kind's part of the policy: the actors and their manager run by it alone.
     pub policy: KindPolicy,
-    pub slots: ReconcileSlots,
-    pub store: KindStore<K>,
-    pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     /// Add the runtime finalizer (and so deprovision on deletion).
     pub use_finalizer: bool,
     /// Write the actorcile status (Ready condition, phase, observedGeneration).
     pub write_status: bool,
+    /// Whether cached objects are pruned ([`crate::cache::prune`]).
+    pub prune_cache: bool,
+    /// Whether passive objects' cached copies are held encoded ([`KindStore::encode`]).
+    pub encode_passive: bool,
+}
+
+/// Everything the manager, its resource actors and its feeder share for one kind, in three
+/// parts: the rules it runs by (fixed at start), what its writes go through, and its state.
+pub(crate) struct Shared<K: ManagedResource> {
+    /// What the kind runs by.
+    pub rules: KindRules<K>,
+    /// What the kind's writes go through: clients (with sharding, per shard), field manager,
+    /// event recorder, finalizer, counters.
+    pub io: Arc<crate::writes::Io<K>>,
+    /// The kind's share of the reconcile slots.
+    pub slots: ReconcileSlots,
+    /// The kind's objects as last seen.
+    pub store: KindStore<K>,
+    /// The live actors, by object.
+    pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     /// What the runtime found out about the kind's status subresource (served at all, and
     /// keeping what the runtime writes).
     pub status_checks: crate::writes::StatusChecks,
@@ -136,10 +152,6 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub config: Option<Arc<dyn watches::ConfigView>>,
     /// The controller's Secrets trigger, if it has one.
     pub secrets: Option<watches::SecretTrigger<K>>,
-    /// Whether cached objects are pruned ([`crate::cache::prune`]).
-    pub prune_cache: bool,
-    /// Whether passive objects' cached copies are held encoded ([`KindStore::encode`]).
-    pub encode_passive: bool,
 }
 
 impl<K: ManagedResource> Shared<K> {

@@ -96,6 +96,7 @@ impl<K: ManagedResource> Manager<K> {
     pub(super) fn admit(&self, st: &mut ManagerState<K>) -> bool {
         if self
             .shared
+            .rules
             .policy
             .max_live_actors
             .is_none_or(|cap| st.ids.len() < cap)
@@ -214,6 +215,12 @@ impl<K: ManagedResource> Manager<K> {
     /// How many idle actors are kept for the next activations: one per reconcile slot (more could not
     /// run at once), and never past the live-actor cap.
     pub(super) fn idle_bound(&self) -> usize {
-        (self.shared.slots.capacity()).min(self.shared.policy.max_live_actors.unwrap_or(usize::MAX))
+        (self.shared.slots.capacity()).min(
+            self.shared
+                .rules
+                .policy
+                .max_live_actors
+                .unwrap_or(usize::MAX),
+        )
     }
 }

@@ -152,7 +152,7 @@ impl<K: ManagedResource> Manager<K> {
                 tokio::spawn(writes::relabel(
                     client,
                     params,
-                    self.shared.policy.write_timeout,
+                    self.shared.rules.policy.write_timeout,
                     self.shared.io.metrics.clone(),
                     obj.clone(),
                     label,

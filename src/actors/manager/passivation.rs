@@ -124,7 +124,7 @@ impl<K: ManagedResource> Manager<K> {
 
     /// `key` is passive with `obj` cached: have its cached copy encoded after this batch.
     pub(super) fn encode_later(&self, st: &mut ManagerState<K>, key: ObjectRef<K>, obj: Arc<K>) {
-        if self.shared.encode_passive {
+        if self.shared.rules.encode_passive {
             st.to_encode.push((key, obj));
         }
     }

@@ -50,13 +50,13 @@ impl<K: ManagedResource> Manager<K> {
         key: ObjectRef<K>,
         error: ActorProcessingErr,
     ) -> Result<(), ActorProcessingErr> {
-        let policy = &self.shared.policy.restart;
+        let policy = &self.shared.rules.policy.restart;
         let now = Instant::now();
         let entry = st.objects.get_or_insert_with(&key, || Entry {
             life: Life::Restarting,
             restarts: None,
         });
-        let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&key));
+        let seed = self.shared.rules.policy.seed.map(|s| s ^ key_hash(&key));
         let after = entry
             .restarts
             .get_or_insert_default()
@@ -100,7 +100,7 @@ impl<K: ManagedResource> Manager<K> {
                         // change), and waiting forever would leave its finalizer: it is tried
                         // again after the longest error backoff, each time until it fails past
                         // the intensity again.
-                        let retry = deleting.then_some(self.shared.policy.error_backoff.max);
+                        let retry = deleting.then_some(self.shared.rules.policy.error_backoff.max);
                         if let Some(obj) = obj {
                             let message = match retry {
                                 None => format!(

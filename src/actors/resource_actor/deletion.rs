@@ -39,8 +39,8 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
         let cx = self.context(obj.clone(), status.clone(), config);
         let outcome = deadline::within(
-            shared.policy.reconcile_timeout,
-            shared.tree.deprovision(&cx),
+            shared.rules.policy.reconcile_timeout,
+            shared.rules.tree.deprovision(&cx),
         )
         .await;
         if Self::take_written(st, &cx) {
@@ -90,7 +90,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             .iter()
             .filter(|f| **f != shared.io.finalizer)
             .collect();
-        if shared.write_status && !others.is_empty() {
+        if shared.rules.write_status && !others.is_empty() {
             let message = format!(
                 "deprovisioned; waiting for the other finalizers: {}",
                 others
@@ -106,7 +106,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .await
                 {
                     Ok(o) => {
-                        st.record_write(o, shared.prune_cache);
+                        st.record_write(o, shared.rules.prune_cache);
                         if let Some(latest) = st.object.clone() {
                             obj = latest;
                         }
@@ -129,7 +129,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .release_all(
                         &target,
                         held,
-                        shared.policy.write_timeout,
+                        shared.rules.policy.write_timeout,
                         &shared.io.metrics.write_timeouts,
                     )
                     .await;
@@ -137,7 +137,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 // Remember the object without our finalizer (and its version as our own write),
                 // so no later event or notification can make a reconcile deprovision it again.
                 match left {
-                    Some(o) => st.record_write(o, shared.prune_cache),
+                    Some(o) => st.record_write(o, shared.rules.prune_cache),
                     None => st.object = None,
                 }
                 st.error_backoff = None;
@@ -214,7 +214,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         );
         let transition =
             current.ready().map(|c| c.reason.as_str()) != Some(ReadyReason::Undecodable.as_str());
-        if shared.write_status && desired != current {
+        if shared.rules.write_status && desired != current {
             match writes::patch_undecodable_status(&shared.io, &u, &desired).await {
                 Ok(written) => {
                     if let Some(v) = version_of(&written) {

@@ -11,7 +11,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
     ) {
-        let Some(idle) = self.shared.policy.idle_timeout else {
+        let Some(idle) = self.shared.rules.policy.idle_timeout else {
             return;
         };
         if st.passivating

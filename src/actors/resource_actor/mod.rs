@@ -214,8 +214,8 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// a success resets it.
     fn next_error_backoff(&self, st: &mut ResourceState<K>) -> Duration {
         st.error_attempts = st.error_attempts.saturating_add(1);
-        let seed = self.shared.policy.seed.map(|s| s ^ key_hash(&st.key));
-        let policy = &self.shared.policy.error_backoff;
+        let seed = self.shared.rules.policy.seed.map(|s| s ^ key_hash(&st.key));
+        let policy = &self.shared.rules.policy.error_backoff;
         let attempts = st.error_attempts;
         st.error_backoff
             .get_or_insert_with(|| Box::new(error_backoff(policy, seed, attempts)))

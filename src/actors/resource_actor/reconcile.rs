@@ -215,7 +215,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         } else {
             let mut pre_failure = None;
-            let add_finalizer = shared.use_finalizer && !has_finalizer;
+            let add_finalizer = shared.rules.use_finalizer && !has_finalizer;
             let label = shared
                 .io
                 .shards
@@ -232,7 +232,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                 .await
                 {
                     Ok(o) => {
-                        st.record_write(o, shared.prune_cache);
+                        st.record_write(o, shared.rules.prune_cache);
                         obj = st.object.clone().unwrap_or(obj);
                         version = version_of(obj.as_ref());
                     }
@@ -276,8 +276,8 @@ impl<K: ManagedResource> ResourceActor<K> {
                         .filter(|cx| cx.has_parts(&obj, &status) && cx.has_config(&config))
                         .unwrap_or_else(|| self.context(obj.clone(), status.clone(), config));
                     let outcome = deadline::within(
-                        shared.policy.reconcile_timeout,
-                        shared.tree.provision(&cx),
+                        shared.rules.policy.reconcile_timeout,
+                        shared.rules.tree.provision(&cx),
                     )
                     .await;
                     saw_others = Self::take_written(st, &cx);
@@ -326,7 +326,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             !fields.is_empty(),
             &status,
             desired,
-            shared.write_status,
+            shared.rules.write_status,
         );
         let ready = plan.ready();
         let write = match &plan {
@@ -344,9 +344,10 @@ impl<K: ManagedResource> ResourceActor<K> {
                 saw_others,
             },
             Delays {
-                yield_delay: shared.policy.yield_delay,
-                dependency_poll: shared.policy.dependency_poll,
+                yield_delay: shared.rules.policy.yield_delay,
+                dependency_poll: shared.rules.policy.dependency_poll,
                 conflict_retry: shared
+                    .rules
                     .policy
                     .error_backoff
                     .min
@@ -393,6 +394,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             Some(Wake::After(d)) => Some(d),
             Some(Wake::Poll) => {
                 let seed = shared
+                    .rules
                     .policy
                     .seed
                     .map(|s| s ^ key_hash(&st.key) ^ st.last_reconciled_version.unwrap_or(0));
@@ -400,8 +402,8 @@ impl<K: ManagedResource> ResourceActor<K> {
                     .config
                     .as_ref()
                     .and_then(|c| c.poll_interval())
-                    .or(shared.policy.poll_interval)
-                    .map(|p| jitter(p, shared.policy.poll_jitter, seed))
+                    .or(shared.rules.policy.poll_interval)
+                    .map(|p| jitter(p, shared.rules.policy.poll_jitter, seed))
             }
             None => None,
         };
@@ -440,7 +442,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                     let names: Vec<&str> = fields.keys().map(String::as_str).collect();
                     tracing::warn!(object = %st.target, fields = ?names, "the API server dropped status fields a step set: declare them in the CRD's status schema");
                 }
-                st.record_write(o, shared.prune_cache);
+                st.record_write(o, shared.rules.prune_cache);
             }
             // The object is gone (nothing to write), or the kind has no status subresource.
             Err(kube::Error::Api(s)) if s.code == 404 => {
