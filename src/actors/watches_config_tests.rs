@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use super::watches::config_trigger;
+use crate::actors::ConfigSpec;
 use crate::cluster::ApiServer;
 use crate::triggers::ConfigRef;
 
@@ -28,7 +28,7 @@ async fn a_restarted_config_watch_keeps_the_config_and_reruns_on_a_change_made_m
     cm.data = Some([("size".to_string(), "1".to_string())].into());
     configs.create(&PostParams::default(), &cm).await.unwrap();
 
-    let (view, start) = config_trigger(
+    let (view, start) = ConfigSpec::trigger(
         &client,
         ConfigRef::<ConfigMap>::namespaced("default", "provider"),
     );

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 
 use crate::ManagedResource;
 use crate::actors::{ConfigSpec, HookError, KindSpec, RelatedSpec, boxed_hook};
@@ -58,20 +58,7 @@ impl<K: ManagedResource> Controller<K> {
     /// let controller = Controller::<App>::new(tree).owns::<ConfigMap>();
     /// ```
     pub fn owns<C: ManagedResource>(mut self) -> Self {
-        self.spec.related.push(RelatedSpec {
-            owned: true,
-            cluster_scoped: crate::object_api::is_cluster_scoped::<C>(),
-            rule: crate::rbac::rule_for::<C>(&["list", "watch"]),
-            kind: C::kind(&()).into_owned(),
-            start: std::sync::Arc::new(|client, namespace, shared, echoes, manager| {
-                // Metadata only: the children's contents are never held.
-                let api: Api<PartialObjectMeta<C>> =
-                    crate::object_api::kind_api(client, namespace.as_deref());
-                tokio::spawn(crate::actors::watches::watch_owned(
-                    shared, api, echoes, manager,
-                ))
-            }),
-        });
+        self.spec.related.push(RelatedSpec::owned::<C>());
         self
     }
 
@@ -107,7 +94,7 @@ impl<K: ManagedResource> Controller<K> {
         // The mapper reads objects anyone who can write `R` wrote: a panic in it on one such
         // object maps that object to nothing (an error log names it) instead of ending the
         // watch for every other.
-        let map: crate::actors::watches::RelatedMap<K, R> = Arc::new(move |r: &R| {
+        let map = Arc::new(move |r: &R| {
             on_untrusted(
                 r,
                 "the watch's mapper",
@@ -116,27 +103,7 @@ impl<K: ManagedResource> Controller<K> {
                 Vec::new,
             )
         });
-        self.spec.related.push(RelatedSpec {
-            owned: false,
-            cluster_scoped: crate::object_api::is_cluster_scoped::<R>(),
-            rule: crate::rbac::rule_for::<R>(&["list", "watch"]),
-            kind: R::kind(&()).into_owned(),
-            start: std::sync::Arc::new(move |client, namespace, shared, _echoes, manager| {
-                // Leniently: one `R` its type cannot hold is left out, not the whole list.
-                let api: Api<crate::lenient::Lenient<R>> =
-                    crate::object_api::kind_api(client, namespace.as_deref());
-                let events = crate::lenient::decoded_only(
-                    watcher::watcher(api, watcher::Config::default()).default_backoff(),
-                );
-                tokio::spawn(crate::actors::watches::watch_related(
-                    shared,
-                    events,
-                    map.clone(),
-                    None,
-                    manager,
-                ))
-            }),
-        });
+        self.spec.related.push(RelatedSpec::mapped(map));
         self
     }
 
@@ -303,7 +270,7 @@ impl<K: ManagedResource> Controller<K> {
             }),
             start: Box::new(move |client| {
                 let client = config.client.clone().unwrap_or_else(|| client.clone());
-                crate::actors::watches::config_trigger(&client, config)
+                ConfigSpec::trigger(&client, config)
             }),
         });
         self

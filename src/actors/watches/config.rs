@@ -99,6 +99,17 @@ where
 pub(crate) type StartConfigWatch =
     Box<dyn Fn(Arc<dyn Fn() + Send + Sync>, Arc<watch::Sender<bool>>) -> JoinHandle<()> + Send>;
 
+impl crate::actors::ConfigSpec {
+    /// The view of the config `cref` names, and what starts its watch
+    /// ([`Controller::config`](crate::runtime::Controller::config)).
+    pub(crate) fn trigger<C: ManagedResource>(
+        client: &Client,
+        cref: ConfigRef<C>,
+    ) -> (Arc<dyn ConfigView>, StartConfigWatch) {
+        config_trigger(client, cref)
+    }
+}
+
 /// The view of the config `cref` names, and what starts its watch.
 pub(crate) fn config_trigger<C>(
     client: &Client,

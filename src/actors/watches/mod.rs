@@ -38,8 +38,7 @@ mod config;
 mod related;
 mod secrets;
 
-pub(crate) use config::{ConfigView, StartConfigWatch, config_trigger};
-pub(crate) use related::{RelatedMap, watch_owned, watch_related};
+pub(crate) use config::{ConfigView, StartConfigWatch};
 #[cfg(test)]
 pub(crate) use related::{TestInput, drive_related, owners_of};
 pub(crate) use secrets::{SecretTrigger, watch_secrets};

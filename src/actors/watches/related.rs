@@ -8,6 +8,45 @@ use super::*;
 /// [`Controller::watches`]: crate::runtime::Controller::watches
 pub(crate) type RelatedMap<K, R> = Arc<dyn Fn(&R) -> Vec<ObjectRef<K>> + Send + Sync>;
 
+impl<K: ManagedResource> crate::actors::RelatedSpec<K> {
+    /// The watch of `C`s the kind's objects own ([`Controller::owns`](crate::runtime::Controller::owns)):
+    /// metadata only, each change running its owner.
+    pub(crate) fn owned<C: ManagedResource>() -> Self {
+        Self {
+            owned: true,
+            cluster_scoped: crate::object_api::is_cluster_scoped::<C>(),
+            rule: crate::rbac::rule_for::<C>(&["list", "watch"]),
+            kind: C::kind(&()).into_owned(),
+            start: Arc::new(|client, namespace, shared, echoes, manager| {
+                // Metadata only: the children's contents are never held.
+                let api: Api<PartialObjectMeta<C>> =
+                    crate::object_api::kind_api(client, namespace.as_deref());
+                tokio::spawn(watch_owned(shared, api, echoes, manager))
+            }),
+        }
+    }
+
+    /// The watch of `R`s, each change running the objects `map` names
+    /// ([`Controller::watches`](crate::runtime::Controller::watches)).
+    pub(crate) fn mapped<R: ManagedResource>(map: RelatedMap<K, R>) -> Self {
+        Self {
+            owned: false,
+            cluster_scoped: crate::object_api::is_cluster_scoped::<R>(),
+            rule: crate::rbac::rule_for::<R>(&["list", "watch"]),
+            kind: R::kind(&()).into_owned(),
+            start: Arc::new(move |client, namespace, shared, _echoes, manager| {
+                // Leniently: one `R` its type cannot hold is left out, not the whole list.
+                let api: Api<Lenient<R>> =
+                    crate::object_api::kind_api(client, namespace.as_deref());
+                let events = crate::lenient::decoded_only(
+                    watcher::watcher(api, watcher::Config::default()).default_backoff(),
+                );
+                tokio::spawn(watch_related(shared, events, map.clone(), None, manager))
+            }),
+        }
+    }
+}
+
 /// Re-run the objects `map` names for each change, appearance or deletion that `events` (a
 /// watch of kind `R`) delivers. An echo of the runtime's own write of a child (`echoes`) runs
 /// nothing; nothing re-runs for the first list (every object runs at start-up anyway); a
