@@ -1,4 +1,8 @@
-//! The in-process cluster, driven through a real `kube::Client`.
+//! The in-process cluster, driven through a real `kube::Client`. API behaviour shared with a
+//! real kube-apiserver is tested in `conformance.rs`, against both; this file holds what is the
+//! in-process server's own: fault injection, the tokio clock, determinism from a seed, its
+//! history window, revision and stats, its answers to raw and malformed requests, and behaviour
+//! no conformance case covers (garbage collection, namespaces, CRD versions, kube-runtime on it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -122,390 +126,41 @@ async fn watch_all<K: Clone + serde::de::DeserializeOwned + std::fmt::Debug>(
         .collect()
 }
 
+// Not in conformance: a write that changes nothing stores nothing (same resourceVersion).
 #[tokio::test]
-async fn stale_resource_version_conflicts() {
-    bounded(async {
-        let c = ApiServer::new();
-        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
-        let v1 = cms
-            .create(&PostParams::default(), &cm("a", &[]))
-            .await
-            .unwrap();
-        let mut v2 = v1.clone();
-        v2.data = Some(BTreeMap::from([("k".into(), "changed".into())]));
-        let v2 = cms.replace("a", &PostParams::default(), &v2).await.unwrap();
-        assert_ne!(v1.resource_version(), v2.resource_version());
-        let (code, reason) = api_err(
-            cms.replace("a", &PostParams::default(), &v1)
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!((code, reason.as_str()), (409, "Conflict"));
-        // A merge patch carrying a stale resourceVersion conflicts too.
-        let p = json!({"metadata": {"resourceVersion": v1.resource_version()}, "data": {"x": "y"}});
-        let (code, _) = api_err(
-            cms.patch("a", &PatchParams::default(), &Patch::Merge(&p))
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!(code, 409);
-        // An empty resourceVersion on PUT is unconditional for built-in kinds...
-        let mut v3 = v2.clone();
-        v3.metadata.resource_version = None;
-        v3.data = Some(BTreeMap::from([("k".into(), "third".into())]));
-        let v3 = cms.replace("a", &PostParams::default(), &v3).await.unwrap();
-        assert_eq!(v3.data.unwrap()["k"], "third");
-        // ...and refused for custom resources, as on the real server.
-        c.install_crd(&Widget::crd()).unwrap();
-        let ws: Api<Widget> = Api::default_namespaced(c.client());
-        let mut w = ws
-            .create(&PostParams::default(), &widget("w", 1))
-            .await
-            .unwrap();
-        w.metadata.resource_version = None;
-        let (code, reason) = api_err(
-            ws.replace("w", &PostParams::default(), &w)
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!((code, reason.as_str()), (422, "Invalid"));
-        // Creating twice: AlreadyExists.
-        let (code, reason) = api_err(
-            cms.create(&PostParams::default(), &cm("a", &[]))
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn generation_follows_spec_only() {
+async fn no_op_write_keeps_the_resource_version() {
     bounded(async {
         let c = cluster_with_widgets();
         let ws: Api<Widget> = Api::default_namespaced(c.client());
-        let w = ws
-            .create(&PostParams::default(), &widget("w", 1))
+        ws.create(&PostParams::default(), &widget("w", 1))
             .await
             .unwrap();
-        assert_eq!(w.metadata.generation, Some(1));
         let pp = PatchParams::default();
         let w = ws
             .patch("w", &pp, &Patch::Merge(json!({"spec": {"size": 2}})))
             .await
             .unwrap();
-        assert_eq!(w.metadata.generation, Some(2));
-        let w = ws
-            .patch_status("w", &pp, &Patch::Merge(json!({"status": {"ready": true}})))
-            .await
-            .unwrap();
-        assert_eq!(w.metadata.generation, Some(2));
-        assert_eq!(w.status, Some(WidgetStatus { ready: true }));
-        let w = ws
-            .patch(
-                "w",
-                &pp,
-                &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
-            )
-            .await
-            .unwrap();
-        assert_eq!(w.metadata.generation, Some(2));
-        // A no-op write stores nothing: same resourceVersion.
         let again = ws
             .patch("w", &pp, &Patch::Merge(json!({"spec": {"size": 2}})))
             .await
             .unwrap();
         assert_eq!(again.resource_version(), w.resource_version());
-        let w = ws
-            .patch("w", &pp, &Patch::Merge(json!({"spec": {"size": 3}})))
-            .await
-            .unwrap();
-        assert_eq!(w.metadata.generation, Some(3));
     })
     .await;
 }
 
-#[tokio::test]
-async fn status_subresource_isolation() {
-    bounded(async {
-        let c = cluster_with_widgets();
-        let ws: Api<Widget> = Api::default_namespaced(c.client());
-        let mut w = widget("w", 1);
-        w.status = Some(WidgetStatus { ready: true });
-        let created = ws.create(&PostParams::default(), &w).await.unwrap();
-        assert_eq!(created.status, None, "create drops status");
-        let pp = PatchParams::default();
-        // The main resource ignores status.
-        let w = ws
-            .patch(
-                "w",
-                &pp,
-                &Patch::Merge(json!({"spec": {"size": 5}, "status": {"ready": true}})),
-            )
-            .await
-            .unwrap();
-        assert_eq!((w.spec.size, w.status.clone()), (5, None));
-        // The status subresource ignores everything else.
-        let w = ws
-            .patch_status(
-                "w",
-                &pp,
-                &Patch::Merge(json!({"spec": {"size": 9}, "status": {"ready": true},
-                "metadata": {"labels": {"x": "y"}}})),
-            )
-            .await
-            .unwrap();
-        assert_eq!(w.spec.size, 5);
-        assert_eq!(w.status, Some(WidgetStatus { ready: true }));
-        assert!(w.labels().is_empty());
-        // PUT to /status likewise.
-        let mut w2 = w.clone();
-        w2.spec.size = 100;
-        w2.status = Some(WidgetStatus { ready: false });
-        let w3 = ws
-            .replace_status("w", &PostParams::default(), &w2)
-            .await
-            .unwrap();
-        assert_eq!((w3.spec.size, w3.status.unwrap().ready), (5, false));
-        let got = ws.get_status("w").await.unwrap();
-        assert_eq!(got.spec.size, 5);
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn finalizers_and_deletion_timestamp_lifecycle() {
-    bounded(async {
-        let c = cluster_with_widgets();
-        let ws: Api<Widget> = Api::default_namespaced(c.client());
-        let start = c.revision().to_string();
-        let mut w = widget("w", 1);
-        w.metadata.finalizers = Some(vec!["test/keep".into()]);
-        ws.create(&PostParams::default(), &w).await.unwrap();
-        let deleted = ws.delete("w", &DeleteParams::default()).await.unwrap();
-        let obj = deleted.left().expect("the object is still there");
-        assert!(obj.metadata.deletion_timestamp.is_some());
-        assert_eq!(obj.metadata.deletion_grace_period_seconds, Some(0));
-        let got = ws.get("w").await.unwrap();
-        assert!(got.metadata.deletion_timestamp.is_some());
-        // Deleting again changes nothing.
-        let again = ws
-            .delete("w", &DeleteParams::default())
-            .await
-            .unwrap()
-            .left()
-            .unwrap();
-        assert_eq!(again.resource_version(), got.resource_version());
-        // No new finalizer while deleting.
-        let p = json!({"metadata": {"finalizers": ["test/keep", "test/other"]}});
-        let (code, _) = api_err(
-            ws.patch("w", &PatchParams::default(), &Patch::Merge(&p))
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!(code, 422);
-        // Other edits are fine.
-        ws.patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 2}})),
-        )
-        .await
-        .unwrap();
-        // Removing the last finalizer removes the object.
-        let last = ws.get("w").await.unwrap();
-        let p = json!({"metadata": {"finalizers": null}});
-        let answer = ws
-            .patch("w", &PatchParams::default(), &Patch::Merge(&p))
-            .await
-            .unwrap();
-        // As the real server: the answer is the written state at its old resourceVersion...
-        assert!(answer.finalizers().is_empty());
-        assert_eq!(answer.resource_version(), last.resource_version());
-        let (code, reason) = api_err(ws.get("w").await.unwrap_err());
-        assert_eq!((code, reason.as_str()), (404, "NotFound"));
-
-        let wp = WatchParams::default().timeout(1);
-        let events = watch_all(&ws, &start, &wp).await;
-        let kinds: Vec<String> = events
-            .iter()
-            .map(|e| match e {
-                WatchEvent::Added(o) => {
-                    format!("ADDED {}", o.metadata.deletion_timestamp.is_some())
-                }
-                WatchEvent::Modified(o) => {
-                    format!("MODIFIED {}", o.metadata.deletion_timestamp.is_some())
-                }
-                WatchEvent::Deleted(_) => "DELETED".into(),
-                other => format!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(
-            kinds,
-            ["ADDED false", "MODIFIED true", "MODIFIED true", "DELETED"]
-        );
-        // ...while the DELETED event carries the last stored state, at a new resourceVersion.
-        let Some(WatchEvent::Deleted(gone)) = events.last() else {
-            panic!("no DELETED event")
-        };
-        assert_eq!(gone.finalizers(), ["test/keep"]);
-        let gone_rv: u64 = gone.resource_version().unwrap().parse().unwrap();
-        assert!(gone_rv > last.resource_version().unwrap().parse::<u64>().unwrap());
-        // Marking for deletion bumped the generation (1 → 2), the spec change after it too (→ 3).
-        assert_eq!(gone.metadata.generation, Some(3));
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn label_and_field_selectors() {
-    bounded(async {
-        let c = ApiServer::new();
-        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
-        let pp = PostParams::default();
-        cms.create(&pp, &cm("web", &[("app", "web"), ("tier", "front")]))
-            .await
-            .unwrap();
-        cms.create(&pp, &cm("db", &[("app", "db"), ("tier", "back")]))
-            .await
-            .unwrap();
-        cms.create(&pp, &cm("cache", &[("app", "cache")]))
-            .await
-            .unwrap();
-        cms.create(&pp, &cm("plain", &[])).await.unwrap();
-        let names = |sel: &'static str| {
-            let cms = cms.clone();
-            async move {
-                let l = cms.list(&ListParams::default().labels(sel)).await.unwrap();
-                l.items
-                    .iter()
-                    .map(|c| c.name_any())
-                    .collect::<BTreeSet<_>>()
-            }
-        };
-        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-        assert_eq!(names("app=web").await, set(&["web"]));
-        assert_eq!(names("app==db").await, set(&["db"]));
-        assert_eq!(names("app!=web").await, set(&["db", "cache", "plain"]));
-        assert_eq!(names("app in (web,cache)").await, set(&["web", "cache"]));
-        assert_eq!(names("app notin (web,cache)").await, set(&["db", "plain"]));
-        assert_eq!(names("tier").await, set(&["web", "db"]));
-        assert_eq!(names("!tier").await, set(&["cache", "plain"]));
-        assert_eq!(names("app,tier=back").await, set(&["db"]));
-        let l = cms
-            .list(&ListParams::default().fields("metadata.name=cache"))
-            .await
-            .unwrap();
-        assert_eq!(l.items.len(), 1);
-        let l = cms
-            .list(&ListParams::default().fields("metadata.name!=cache"))
-            .await
-            .unwrap();
-        assert_eq!(l.items.len(), 3);
-        let all: Api<ConfigMap> = Api::all(c.client());
-        let l = all
-            .list(&ListParams::default().fields("metadata.namespace=default"))
-            .await
-            .unwrap();
-        assert_eq!(l.items.len(), 4);
-        let (code, reason) = api_err(
-            cms.list(&ListParams::default().labels("app in (web"))
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!((code, reason.as_str()), (400, "BadRequest"));
-        let (code, _) = api_err(
-            cms.list(&ListParams::default().fields("data.k=v"))
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!(code, 400);
-        // A watch with a selector sees objects entering and leaving it.
-        let start = c.revision().to_string();
-        let pp = PatchParams::default();
-        cms.patch(
-            "plain",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
-        )
-        .await
-        .unwrap();
-        cms.patch(
-            "plain",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"labels": {"app": "db"}}})),
-        )
-        .await
-        .unwrap();
-        cms.patch("db", &pp, &Patch::Merge(json!({"data": {"x": "y"}})))
-            .await
-            .unwrap();
-        let events = watch_all(
-            &cms,
-            &start,
-            &WatchParams::default().labels("app=web").timeout(1),
-        )
-        .await;
-        let seen: Vec<String> = events
-            .iter()
-            .map(|e| match e {
-                WatchEvent::Added(o) => format!("ADDED {}", o.name_any()),
-                WatchEvent::Modified(o) => format!("MODIFIED {}", o.name_any()),
-                WatchEvent::Deleted(o) => format!("DELETED {}", o.name_any()),
-                other => format!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(seen, ["ADDED plain", "DELETED plain"]);
-    })
-    .await;
-}
-
+// Not in conformance: resourceVersion=0 lists ignore limit; lists answer the cluster's revision.
 #[tokio::test]
 async fn list_paging() {
     bounded(async {
         let c = ApiServer::new();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
-        let n = 1234;
-        futures::stream::iter(0..n)
-            .map(|i| {
-                let cms = cms.clone();
-                async move {
-                    cms.create(&PostParams::default(), &cm(&format!("cm-{i:05}"), &[]))
-                        .await
-                }
-            })
-            .buffer_unordered(32)
-            .try_collect::<Vec<_>>()
-            .await
-            .unwrap();
-        // Other namespaces' objects must not leak into the pages.
-        let other: Api<ConfigMap> = Api::namespaced(c.client(), "kube-system");
-        other
-            .create(&PostParams::default(), &cm("elsewhere", &[]))
-            .await
-            .unwrap();
-        let mut names = Vec::new();
-        let mut lp = ListParams::default().limit(100);
-        let mut pages = 0;
-        loop {
-            let page = cms.list(&lp).await.unwrap();
-            assert!(page.items.len() <= 100);
-            pages += 1;
-            names.extend(page.items.iter().map(|c| c.name_any()));
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => lp = lp.continue_token(&token),
-                None => break,
-            }
+        let n = 12;
+        for i in 0..n {
+            cms.create(&PostParams::default(), &cm(&format!("cm-{i:02}"), &[]))
+                .await
+                .unwrap();
         }
-        assert_eq!(pages, 13);
-        assert_eq!(names.len(), n);
-        assert_eq!(names.iter().collect::<BTreeSet<_>>().len(), n);
-        let all: Api<ConfigMap> = Api::all(c.client());
-        assert_eq!(
-            all.list(&ListParams::default()).await.unwrap().items.len(),
-            n + 1
-        );
         // resourceVersion=0 is served whole, as from the real server's cache.
         let (code, whole) = raw(
             &c,
@@ -520,92 +175,17 @@ async fn list_paging() {
         assert!(whole["metadata"].get("continue").is_none());
         let l = cms.list(&ListParams::default().limit(5)).await.unwrap();
         assert_eq!(l.metadata.resource_version, Some(c.revision().to_string()));
-        let (code, _) = api_err(
-            cms.list(&ListParams::default().continue_token("garbage"))
-                .await
-                .unwrap_err(),
-        );
-        assert_eq!(code, 400);
     })
     .await;
 }
 
-#[tokio::test]
-async fn watch_resumes_from_resource_version() {
-    bounded(async {
-        let c = ApiServer::new();
-        let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
-        let pp = PostParams::default();
-        cms.create(&pp, &cm("a", &[])).await.unwrap();
-        let b = cms.create(&pp, &cm("b", &[])).await.unwrap();
-        let rv = b.resource_version().unwrap();
-        cms.create(&pp, &cm("c", &[])).await.unwrap();
-        cms.patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"k": "2"}})),
-        )
-        .await
-        .unwrap();
-        cms.delete("b", &DeleteParams::default()).await.unwrap();
-        let events = watch_all(&cms, &rv, &WatchParams::default().timeout(1)).await;
-        let seen: Vec<String> = events
-            .iter()
-            .map(|e| match e {
-                WatchEvent::Added(o) => format!("ADDED {}", o.name_any()),
-                WatchEvent::Modified(o) => format!("MODIFIED {}", o.name_any()),
-                WatchEvent::Deleted(o) => format!("DELETED {}", o.name_any()),
-                other => format!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(seen, ["ADDED c", "MODIFIED a", "DELETED b"]);
-        // Resource versions increase strictly along the stream.
-        let rvs: Vec<u64> = events
-            .iter()
-            .map(|e| match e {
-                WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
-                    o.resource_version().unwrap().parse().unwrap()
-                }
-                _ => 0,
-            })
-            .collect();
-        assert!(rvs.windows(2).all(|w| w[0] < w[1]) && rvs[0] > rv.parse().unwrap());
-        // "0" gives the current state as synthetic ADDED events.
-        let events = watch_all(&cms, "0", &WatchParams::default().timeout(1)).await;
-        let mut names: Vec<String> = events
-            .iter()
-            .map(|e| match e {
-                WatchEvent::Added(o) => o.name_any(),
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
-        names.sort();
-        assert_eq!(names, ["a", "c"]);
-        // A live watch receives later events.
-        let mut stream = cms
-            .watch(
-                &WatchParams::default().timeout(10),
-                &c.revision().to_string(),
-            )
-            .await
-            .unwrap()
-            .boxed();
-        cms.create(&pp, &cm("d", &[])).await.unwrap();
-        match stream.try_next().await.unwrap() {
-            Some(WatchEvent::Added(o)) => assert_eq!(o.name_any(), "d"),
-            other => panic!("unexpected {other:?}"),
-        }
-    })
-    .await;
-}
-
+// Not in conformance: a watch resumes within `history(5)`; a continue token beyond it is a 410.
 #[tokio::test]
 async fn too_old_resource_version_is_expired() {
     bounded(async {
         let c = ApiServer::builder().history(5).build();
         let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
-        let first = cms
-            .create(&PostParams::default(), &cm("first", &[]))
+        cms.create(&PostParams::default(), &cm("first", &[]))
             .await
             .unwrap();
         cms.create(&PostParams::default(), &cm("second", &[]))
@@ -618,141 +198,17 @@ async fn too_old_resource_version_is_expired() {
                 .await
                 .unwrap();
         }
-        let mut stream = cms
-            .watch(
-                &WatchParams::default().timeout(5),
-                &first.resource_version().unwrap(),
-            )
-            .await
-            .unwrap()
-            .boxed();
-        match stream.next().await {
-            Some(Err(kube::Error::Api(s))) => {
-                assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
-            }
-            Some(Ok(WatchEvent::Error(s))) => assert_eq!(s.code, 410),
-            other => panic!("expected a 410, got {other:?}"),
-        }
         // A recent revision is still fine.
         let recent = (c.revision() - 2).to_string();
         let events = watch_all(&cms, &recent, &WatchParams::default().timeout(1)).await;
         assert_eq!(events.len(), 2);
-        // A continue token older than the history window expires too.
+        // A continue token older than the history window expires.
         let (code, reason) = api_err(
             cms.list(&ListParams::default().continue_token(&token))
                 .await
                 .unwrap_err(),
         );
         assert_eq!((code, reason.as_str()), (410, "Expired"));
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn patches_merge_json_and_apply() {
-    bounded(async {
-        let c = cluster_with_widgets();
-        let client = c.client();
-        let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
-        cms.create(&PostParams::default(), &cm("a", &[]))
-            .await
-            .unwrap();
-        // Merge patch; null removes.
-        let p = json!({"data": {"k": null, "new": "1"}});
-        let got = cms
-            .patch("a", &PatchParams::default(), &Patch::Merge(&p))
-            .await
-            .unwrap();
-        assert_eq!(
-            got.data.unwrap(),
-            BTreeMap::from([("new".to_string(), "1".to_string())])
-        );
-        // JSON patch with a passing and a failing test.
-        let send = |ops: Value| {
-            let req = http::Request::patch("/api/v1/namespaces/default/configmaps/a")
-                .header("content-type", "application/json-patch+json")
-                .body(serde_json::to_vec(&ops).unwrap())
-                .unwrap();
-            client.request_text(req)
-        };
-        let ok = send(json!([{"op": "test", "path": "/data/new", "value": "1"},
-                             {"op": "replace", "path": "/data/new", "value": "2"}]))
-        .await
-        .unwrap();
-        assert_eq!(
-            serde_json::from_str::<Value>(&ok).unwrap()["data"]["new"],
-            "2"
-        );
-        let err = send(json!([{"op": "test", "path": "/data/new", "value": "1"},
-                              {"op": "replace", "path": "/data/new", "value": "3"}]))
-        .await
-        .unwrap_err();
-        assert_eq!(api_err(err), (422, "Invalid".to_string()));
-        assert_eq!(
-            cms.get("a").await.unwrap().data.unwrap()["new"],
-            "2",
-            "a failed test changes nothing"
-        );
-        let err = send(json!({"not": "a patch"})).await.unwrap_err();
-        assert_eq!(api_err(err).0, 400);
-        // Server-side apply creates, then merges.
-        let ws: Api<Widget> = Api::default_namespaced(client.clone());
-        let ap = PatchParams::apply("tester");
-        let w = ws
-            .patch("applied", &ap, &Patch::Apply(widget("applied", 7)))
-            .await
-            .unwrap();
-        assert_eq!((w.spec.size, w.metadata.generation), (7, Some(1)));
-        let w = ws
-            .patch(
-                "applied",
-                &ap,
-                &Patch::Apply(
-                    json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
-                "metadata": {"name": "applied", "labels": {"l": "1"}}, "spec": {"size": 8}}),
-                ),
-            )
-            .await
-            .unwrap();
-        assert_eq!(
-            (w.spec.size, w.labels()["l"].as_str(), w.metadata.generation),
-            (8, "1", Some(2))
-        );
-        let w = ws
-            .patch_status(
-                "applied",
-                &ap,
-                &Patch::Apply(json!({"apiVersion": "test.actorcile.io/v1",
-                "kind": "Widget", "metadata": {"name": "applied"}, "status": {"ready": true}})),
-            )
-            .await
-            .unwrap();
-        assert_eq!(w.status, Some(WidgetStatus { ready: true }));
-        // Strategic merge patch: fine on built-ins, 415 on custom resources.
-        cms.patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Strategic(json!({"data": {"s": "1"}})),
-        )
-        .await
-        .unwrap();
-        let err = ws
-            .patch(
-                "applied",
-                &PatchParams::default(),
-                &Patch::Strategic(json!({"spec": {"size": 1}})),
-            )
-            .await;
-        assert_eq!(
-            api_err(err.unwrap_err()),
-            (415, "UnsupportedMediaType".to_string())
-        );
-        // Patching something missing: 404.
-        let err = cms
-            .patch("missing", &PatchParams::default(), &Patch::Merge(json!({})))
-            .await
-            .unwrap_err();
-        assert_eq!(api_err(err).0, 404);
     })
     .await;
 }
@@ -1538,6 +994,7 @@ async fn bookmarks_keep_quiet_watches_resumable() {
     .expect("bounded (virtual time)");
 }
 
+// Not in conformance: dry runs leave the revision alone; a dryRun other than `All` is a 400.
 #[tokio::test]
 async fn dry_run_changes_nothing() {
     bounded(async {
@@ -1551,28 +1008,17 @@ async fn dry_run_changes_nothing() {
             dry_run: true,
             ..PostParams::default()
         };
-        let would = cms.create(&dry, &cm("ghost", &[])).await.unwrap();
-        assert_eq!(would.name_any(), "ghost");
-        assert!(cms.get_opt("ghost").await.unwrap().is_none());
-        // Dry runs are still checked.
-        assert_eq!(
-            api_err(cms.create(&dry, &cm("real", &[])).await.unwrap_err()).0,
-            409
-        );
+        cms.create(&dry, &cm("ghost", &[])).await.unwrap();
         let pp = PatchParams {
             dry_run: true,
             ..PatchParams::default()
         };
-        let would = cms
-            .patch("real", &pp, &Patch::Merge(json!({"data": {"k": "dry"}})))
+        cms.patch("real", &pp, &Patch::Merge(json!({"data": {"k": "dry"}})))
             .await
             .unwrap();
-        assert_eq!(would.data.unwrap()["k"], "dry");
-        assert_eq!(cms.get("real").await.unwrap().data.unwrap()["k"], "v");
         cms.delete("real", &DeleteParams::default().dry_run())
             .await
             .unwrap();
-        assert!(cms.get_opt("real").await.unwrap().is_some());
         assert_eq!(c.revision(), rev, "nothing was written");
         let (code, _) = raw(
             &c,
@@ -1818,6 +1264,7 @@ async fn crd_versions_share_storage() {
     .await;
 }
 
+// Not in conformance: a repeated apply writes nothing; plain writes add no managedFields entry.
 #[tokio::test]
 async fn server_side_apply_field_ownership() {
     bounded(async {
@@ -1835,55 +1282,27 @@ async fn server_side_apply_field_ownership() {
             .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
             .await
             .unwrap();
-        let managers: Vec<_> = w
-            .managed_fields()
-            .iter()
-            .map(|m| {
-                (
-                    m.manager.clone().unwrap_or_default(),
-                    m.operation.clone().unwrap_or_default(),
-                )
-            })
-            .collect();
-        assert_eq!(managers, [("m1".to_string(), "Apply".to_string())]);
         // Re-applying the same is a no-op: same resourceVersion.
         let again = ws
             .patch("a", &PatchParams::apply("m1"), &Patch::Apply(body(1, true)))
             .await
             .unwrap();
         assert_eq!(again.resource_version(), w.resource_version());
-        // Another manager changing m1's field conflicts, unless forced.
-        let err = ws
-            .patch(
-                "a",
-                &PatchParams::apply("m2"),
-                &Patch::Apply(body(2, false)),
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(api_err(err), (409, "Conflict".to_string()));
-        assert_eq!(ws.get("a").await.unwrap().spec.size, 1);
-        let w = ws
-            .patch(
-                "a",
-                &PatchParams::apply("m2").force(),
-                &Patch::Apply(body(2, false)),
-            )
-            .await
-            .unwrap();
-        assert_eq!(w.spec.size, 2);
-        // m1 no longer owns spec.size; dropping its label removes it.
-        let w = ws
-            .patch(
-                "a",
-                &PatchParams::apply("m1"),
-                &Patch::Apply(body(2, false)),
-            )
-            .await
-            .unwrap();
-        assert!(w.labels().get("l").is_none(), "{:?}", w.labels());
-        assert_eq!(w.spec.size, 2);
-        // Plain writes keep managedFields.
+        ws.patch(
+            "a",
+            &PatchParams::apply("m2").force(),
+            &Patch::Apply(body(2, false)),
+        )
+        .await
+        .unwrap();
+        ws.patch(
+            "a",
+            &PatchParams::apply("m1"),
+            &Patch::Apply(body(2, false)),
+        )
+        .await
+        .unwrap();
+        // A plain write keeps the appliers' entries, m1's and m2's, and records none of its own.
         let w = ws
             .patch(
                 "a",
@@ -1893,32 +1312,6 @@ async fn server_side_apply_field_ownership() {
             .await
             .unwrap();
         assert_eq!(w.managed_fields().len(), 2);
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn unknown_fields_are_pruned() {
-    bounded(async {
-        let c = cluster_with_widgets();
-        let ar = ApiResource::erase::<Widget>(&());
-        let api: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar);
-        let obj = DynamicObject::new("a", &ar)
-            .data(json!({"spec": {"size": 1, "bogus": "x"}, "extra": 1}));
-        let made = api.create(&PostParams::default(), &obj).await.unwrap();
-        assert_eq!(made.data["spec"], json!({"size": 1}), "{:?}", made.data);
-        assert!(made.data.get("extra").is_none(), "{:?}", made.data);
-        let p = json!({"spec": {"other": true}, "status": {"ready": true, "junk": 1}});
-        let w = api
-            .patch("a", &PatchParams::default(), &Patch::Merge(&p))
-            .await
-            .unwrap();
-        assert_eq!(w.data["spec"], json!({"size": 1}));
-        let w = api
-            .patch_status("a", &PatchParams::default(), &Patch::Merge(&p))
-            .await
-            .unwrap();
-        assert_eq!(w.data["status"], json!({"ready": true}));
     })
     .await;
 }

@@ -169,8 +169,8 @@ fn describe(e: WatchEvent<Widget>) -> Option<Ev> {
     }
 }
 
-/// The next `n` non-bookmark events (each within 10 s).
-async fn take_events<S>(stream: &mut S, n: usize) -> Vec<Ev>
+/// The next `n` non-bookmark events (each within 10 s), objects included.
+async fn take_watch_events<S>(stream: &mut S, n: usize) -> Vec<WatchEvent<Widget>>
 where
     S: Stream<Item = Result<WatchEvent<Widget>, kube::Error>> + Unpin,
 {
@@ -181,11 +181,25 @@ where
             .unwrap_or_else(|_| panic!("no watch event after {out:?}"))
             .unwrap_or_else(|| panic!("watch ended after {out:?}"))
             .expect("watch event");
-        if let Some(ev) = describe(next) {
-            out.push(ev);
+        match next {
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(s) => panic!("unexpected watch error {s:?}"),
+            ev => out.push(ev),
         }
     }
     out
+}
+
+/// The next `n` non-bookmark events (each within 10 s), each as (type, name, resourceVersion).
+async fn take_events<S>(stream: &mut S, n: usize) -> Vec<Ev>
+where
+    S: Stream<Item = Result<WatchEvent<Widget>, kube::Error>> + Unpin,
+{
+    take_watch_events(stream, n)
+        .await
+        .into_iter()
+        .filter_map(describe)
+        .collect()
 }
 
 fn kinds_and_names(evs: &[Ev]) -> Vec<(&'static str, &str)> {
@@ -404,11 +418,17 @@ async fn status_subresource_is_isolated(cx: Ctx) {
         .patch_status(
             "a",
             &PatchParams::default(),
-            &merge(json!({"spec": {"size": 99}, "status": {"ready": true}})),
+            &merge(json!({"spec": {"size": 99}, "status": {"ready": true},
+                "metadata": {"labels": {"x": "y"}}})),
         )
         .await
         .unwrap();
     assert_eq!(w.spec.size, 1, "status writes ignore spec");
+    assert!(
+        w.labels().is_empty(),
+        "status writes ignore metadata: {:?}",
+        w.labels()
+    );
     assert_eq!(w.status, Some(WidgetStatus { ready: true }));
 
     let mut main = w.clone();
@@ -433,6 +453,14 @@ async fn status_subresource_is_isolated(cx: Ctx) {
     let got = api.get_status("a").await.unwrap();
     assert_eq!(got.status, Some(WidgetStatus { ready: true }));
     assert_eq!(got.spec.size, 7);
+
+    // A PUT to /status writes the status and ignores the spec.
+    let mut put = got;
+    put.spec.size = 100;
+    put.status = Some(WidgetStatus { ready: false });
+    let w = api.replace_status("a", &pp(), &put).await.unwrap();
+    assert_eq!(w.spec.size, 7, "status writes ignore spec");
+    assert_eq!(w.status, Some(WidgetStatus { ready: false }));
 }
 
 async fn finalizers_hold_deletion_with_a_timestamp(cx: Ctx) {
@@ -457,8 +485,13 @@ async fn finalizers_hold_deletion_with_a_timestamp(cx: Ctx) {
     assert_eq!(got.finalizers(), [FINALIZER]);
 
     // Deleting again answers the object again and changes nothing.
-    let again = api.delete("a", &DeleteParams::default()).await.unwrap();
-    assert!(again.is_left());
+    let again = api
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("DELETE again answers the object");
+    assert_eq!(rv(&again), rv(&got), "deleting again writes nothing");
 
     // No new finalizer while terminating.
     let s = api_error(
@@ -472,13 +505,14 @@ async fn finalizers_hold_deletion_with_a_timestamp(cx: Ctx) {
     assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
 
     // Spec updates still work while terminating.
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &merge(json!({"spec": {"size": 2}})),
-    )
-    .await
-    .unwrap();
+    let stored = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
 
     let last = api
         .patch(
@@ -488,18 +522,37 @@ async fn finalizers_hold_deletion_with_a_timestamp(cx: Ctx) {
         )
         .await
         .unwrap();
+    // The answer is the state written, at the resourceVersion of the last one stored.
     assert!(last.finalizers().is_empty());
+    assert_eq!(rv(&last), rv(&stored));
     assert!(
         api.get_opt("a").await.unwrap().is_none(),
         "gone once finalizers are empty"
     );
 
-    let evs = take_events(&mut stream, 3).await;
+    let evs = take_watch_events(&mut stream, 3).await;
+    let seen: Vec<_> = evs
+        .iter()
+        .map(|e| match e {
+            WatchEvent::Modified(o) => ("MODIFIED", o.metadata.deletion_timestamp.is_some()),
+            WatchEvent::Deleted(o) => ("DELETED", o.metadata.deletion_timestamp.is_some()),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
     assert_eq!(
-        kinds_and_names(&evs),
-        [("MODIFIED", "a"), ("MODIFIED", "a"), ("DELETED", "a")],
+        seen,
+        [("MODIFIED", true), ("MODIFIED", true), ("DELETED", true)],
         "{evs:?}"
     );
+    // The DELETED event carries the last state stored (finalizer still there) at a new
+    // resourceVersion; marking for deletion bumped the generation (1 → 2), the spec change after
+    // it too (→ 3).
+    let WatchEvent::Deleted(gone) = &evs[2] else {
+        unreachable!()
+    };
+    assert_eq!(gone.finalizers(), [FINALIZER]);
+    assert!(rv(gone) > rv(&stored), "{gone:?}");
+    assert_eq!(gone.metadata.generation, Some(3));
 }
 
 async fn delete_without_finalizers_and_what_delete_returns(cx: Ctx) {
@@ -568,8 +621,14 @@ async fn label_selectors_in_lists_and_watches(cx: Ctx) {
     assert_eq!(names(&api, "app=x,tier=web").await, ["w1"]);
     assert_eq!(names(&api, "app=nope").await, Vec::<String>::new());
 
-    let s = api_error(api.list(&ListParams::default().labels("app in x")).await);
-    assert_eq!(s.code, 400, "malformed selector: {s:?}");
+    for malformed in ["app in x", "app in (x"] {
+        let s = api_error(api.list(&ListParams::default().labels(malformed)).await);
+        assert_eq!(
+            (s.code, s.reason.as_str()),
+            (400, "BadRequest"),
+            "{malformed}: {s:?}"
+        );
+    }
 
     let start = api
         .list(&ListParams::default())
@@ -655,7 +714,30 @@ async fn merge_patch_sets_and_removes_fields(cx: Ctx) {
         )
         .await,
     );
-    assert_eq!(s.code, 415, "{s:?}");
+    assert_eq!(
+        (s.code, s.reason.as_str()),
+        (415, "UnsupportedMediaType"),
+        "{s:?}"
+    );
+    // Built-in kinds do.
+    let cms: Api<ConfigMap> = Api::namespaced(cx.client.clone(), &cx.ns);
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("c".into());
+    cm.data = Some([("k".to_string(), "v".to_string())].into());
+    cms.create(&pp(), &cm).await.unwrap();
+    let cm = cms
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"data": {"s": "1"}})),
+        )
+        .await
+        .unwrap();
+    let merged = BTreeMap::from([
+        ("k".to_string(), "v".to_string()),
+        ("s".to_string(), "1".to_string()),
+    ]);
+    assert_eq!(cm.data, Some(merged));
 }
 
 async fn json_patch_with_failing_test_is_rejected(cx: Ctx) {
@@ -701,6 +783,16 @@ async fn json_patch_with_failing_test_is_rejected(cx: Ctx) {
             .await,
     );
     assert_eq!(s.code, 422, "{s:?}");
+
+    // A body that is not a list of operations is a bad request.
+    let group = "/apis/conformance.actorcile.dev/v1";
+    let uri = format!("{group}/namespaces/{}/widgets/a", cx.ns);
+    let req = http::Request::patch(uri)
+        .header("content-type", "application/json-patch+json")
+        .body(serde_json::to_vec(&json!({"not": "a patch"})).unwrap())
+        .unwrap();
+    let s = api_error(cx.client.request_text(req).await);
+    assert_eq!(s.code, 400, "{s:?}");
 }
 
 /// kube-runtime's finalizer helper adds the first finalizer with `test /metadata/finalizers`
@@ -842,6 +934,12 @@ async fn server_side_apply_reports_conflicts_between_managers(cx: Ctx) {
         .await
         .unwrap();
     assert_eq!(w.spec.size, 2, "force takes the field over");
+    // Applying the value another manager set is no conflict: the two share the field.
+    let w = api
+        .patch("a", &PatchParams::apply("m1"), &Patch::Apply(&body(2)))
+        .await
+        .unwrap();
+    assert_eq!(w.spec.size, 2);
 }
 
 async fn server_side_apply_records_managed_fields(cx: Ctx) {
@@ -977,13 +1075,38 @@ async fn unknown_fields_are_pruned(cx: Ctx) {
     let made = api.create(&pp(), &obj).await.unwrap();
     assert_eq!(made.data["spec"], json!({"size": 1}), "{:?}", made.data);
     assert!(made.data.get("extra").is_none(), "{:?}", made.data);
+    // Updates are pruned too, of the main resource and of the status.
+    let p = json!({"spec": {"other": true}, "status": {"ready": true, "junk": 1}});
+    let w = api
+        .patch("a", &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+    assert_eq!(w.data["spec"], json!({"size": 1}), "{:?}", w.data);
+    let w = api
+        .patch_status("a", &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+    assert_eq!(w.data["status"], json!({"ready": true}), "{:?}", w.data);
 }
 
 async fn list_pagination(cx: Ctx) {
+    use k8s_openapi::api::core::v1::Namespace;
     let api = widgets(&cx);
     for name in ["a", "b", "c"] {
         api.create(&pp(), &widget(name, 1)).await.unwrap();
     }
+    // Another namespace's objects stay out of the pages.
+    let other = format!("{}-other", cx.ns);
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(other.clone());
+    Api::<Namespace>::all(cx.client.clone())
+        .create(&pp(), &ns)
+        .await
+        .unwrap();
+    Api::<Widget>::namespaced(cx.client.clone(), &other)
+        .create(&pp(), &widget("elsewhere", 1))
+        .await
+        .unwrap();
     let page1 = api.list(&ListParams::default().limit(2)).await.unwrap();
     let names1: Vec<_> = page1.items.iter().map(|w| w.name_any()).collect();
     assert_eq!(names1, ["a", "b"]);
@@ -1133,6 +1256,9 @@ async fn dry_run_writes_nothing(cx: Ctx) {
         "dry-run create stores nothing"
     );
     api.create(&pp(), &widget("a", 1)).await.unwrap();
+    // A dry run is still checked.
+    let s = api_error(api.create(&dry, &widget("a", 1)).await);
+    assert_eq!(s.code, 409, "{s:?}");
     let pp_dry = PatchParams {
         dry_run: true,
         ..PatchParams::default()
@@ -1146,6 +1272,13 @@ async fn dry_run_writes_nothing(cx: Ctx) {
         api.get("a").await.unwrap().spec.size,
         1,
         "dry-run patch stores nothing"
+    );
+    api.delete("a", &DeleteParams::default().dry_run())
+        .await
+        .unwrap();
+    assert!(
+        api.get_opt("a").await.unwrap().is_some(),
+        "dry-run delete deletes nothing"
     );
 }
 
