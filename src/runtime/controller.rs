@@ -326,7 +326,7 @@ impl<K: ManagedResource> Controller<K> {
     /// let runtime = SupervisorPolicy::default();
     /// let controller = Controller::<App>::new(tree).policy(KindPolicy {
     ///     idle_timeout: None,
-    ///     ..runtime.kind_policy()
+    ///     ..runtime.kind.clone()
     /// });
     /// ```
     pub fn policy(mut self, policy: KindPolicy) -> Self {
