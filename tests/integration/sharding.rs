@@ -3,6 +3,11 @@
 //! shards over at once, and a replica cut off from the API stops its reconciles before another
 //! takes its shards. (The same with separate OS processes on a real kube-apiserver is in the
 //! example operator's process test.)
+//!
+//! The in-process cases run on a paused clock: Lease durations, renew deadlines and held
+//! reconciles are virtual time, so the order they assert (a fence lapses before a Lease can be
+//! taken; a released shard is taken before its Lease could expire) does not depend on how busy
+//! the machine is. The kube-apiserver case talks to real processes and runs on the wall clock.
 
 use crate::common;
 
@@ -162,7 +167,7 @@ fn assert_no_overlap(reconciles: &Reconciles) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn two_replicas_split_the_shards_and_run_only_their_objects_and_readiness_crosses_shards() {
     split_run_and_hand_over(ShardWatch::Everything).await;
 }
@@ -170,7 +175,7 @@ async fn two_replicas_split_the_shards_and_run_only_their_objects_and_readiness_
 /// The same when each replica watches only its shards: objects are labelled with their shard,
 /// each replica caches only its own, readiness and deletion ordering across replicas go
 /// through the dependency watch of the kind, and a takeover relists.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_same_when_each_replica_watches_only_the_shards_it_holds() {
     split_run_and_hand_over(ShardWatch::HeldShards).await;
 }
@@ -308,7 +313,7 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
 /// With replicas watching only their shards, an object nobody has placed yet, of a shard
 /// another holder keeps, is neither cached nor run by a replica; once that replica takes the
 /// shard, its watch relists and it runs the object.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_shard_is_taken() {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -460,7 +465,7 @@ async fn watching_children(sent: &Sent, from: usize, id: &str, selector: Option<
 /// owner's shard, and each replica's watch of the children selects the children of its
 /// shards: a child deleted by hand is put back by its owner's replica at once (there is no
 /// poll), and after a takeover the remaining replica watches every child.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn each_replica_watches_the_children_of_its_shards_only() {
     use k8s_openapi::api::core::v1::ConfigMap;
     let (cluster, client) = cluster();
@@ -548,7 +553,7 @@ async fn each_replica_watches_the_children_of_its_shards_only() {
 /// With replicas watching only their shards and a shard key from a label, an object whose key
 /// changes is moved (relabelled) by the replica that sees it, and run by the replica of its
 /// new shard.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard() {
     let (_cluster, client) = cluster();
     let reconciles = Reconciles::default();
@@ -620,7 +625,7 @@ async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard
 /// replica of the new shard sees the change at once (with `ShardWatch::Everything`) but starts
 /// no reconcile of it until the old one's has finished and that replica has moved the object
 /// (relabelled it); then it runs it. Whichever way the replicas watch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_shard_key_change_with_a_reconcile_in_flight_is_run_by_one_replica_at_a_time() {
     key_change_in_flight(ShardWatch::Everything).await;
     key_change_in_flight(ShardWatch::HeldShards).await;
@@ -723,7 +728,7 @@ async fn key_change_in_flight(watch: ShardWatch) {
     b.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards() {
     let (cluster, client) = cluster();
     let reconciles = Reconciles::default();
@@ -806,7 +811,7 @@ async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards()
 /// With `ShardWatch::ServerSide` on a server that does not apply shard selectors (the
 /// in-process one ignores the option, as a real one without the feature gate does): objects are
 /// placed by their uid all the same, each replica watches every object, and the split holds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn server_side_shards_on_a_server_without_selectors_watch_everything() {
     let (_cluster, client) = cluster();
     server_side_split(&client, false, LIMIT).await;
