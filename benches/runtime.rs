@@ -55,7 +55,7 @@ fn hot_paths(c: &mut Criterion) {
         ],
         step("d", |_cx: Context<ConfigMap>| async { Outcome::Done }),
     ];
-    c.bench_function("tree/one_pass_serial_with_concurrent", |b| {
+    c.bench_function("tree/one_reconcile_serial_with_concurrent", |b| {
         b.iter(|| rt.block_on(tree.provision(&cx)))
     });
 

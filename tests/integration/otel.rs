@@ -123,7 +123,7 @@ fn collector() -> (String, Received) {
 /// The subscriber is this test's thread's only (a current-thread runtime: every task of the
 /// runtime runs on it), so no other test's spans are exported.
 #[tokio::test(flavor = "current_thread")]
-async fn each_pass_is_one_exported_span_naming_the_object_and_its_outcome() {
+async fn each_reconcile_is_one_exported_span_naming_the_object_and_its_outcome() {
     let (url, received) = collector();
     let otlp = Otlp::new(&url, "otel-test").expect("an http endpoint");
     let subscriber = tracing_subscriber::registry().with(otlp.layer());

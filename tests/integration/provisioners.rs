@@ -276,7 +276,7 @@ async fn a_panicking_concurrent_child_is_its_own_failure_and_its_siblings_still_
 }
 
 #[tokio::test]
-async fn a_tree_built_per_pass_follows_the_object() {
+async fn a_tree_built_per_reconcile_follows_the_object() {
     let t = Trace::default();
     let tree = actorcile::provisioners::per_reconcile("addons", {
         let t = t.clone();

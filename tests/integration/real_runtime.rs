@@ -462,7 +462,7 @@ fn peak_rss() -> u64 {
 }
 
 #[tokio::test]
-async fn hostile_objects_converge_with_bounded_runs_and_memory() {
+async fn hostile_objects_converge_with_bounded_reconciles_and_memory() {
     bounded("hostile input", async {
         let env = shared_env().await;
         let api = Ns::create(env.client(), "rt-hostile").await;

@@ -142,7 +142,7 @@ async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_hung_pass_is_stopped_at_the_run_timeout_and_retried_with_backoff() {
+async fn a_hung_reconcile_is_stopped_at_the_reconcile_timeout_and_retried_with_backoff() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
     let calls = Arc::new(AtomicU32::new(0));
@@ -515,7 +515,7 @@ async fn a_deleting_object_past_restart_intensity_is_tried_again_until_its_final
 /// every object's latest run saw its last update, and the updates that arrived during a run were
 /// folded into follow-up runs (more runs than the ten first ones, at most one per event).
 #[tokio::test(start_paused = true)]
-async fn never_two_runs_of_one_object_at_once_under_heavy_event_load() {
+async fn never_two_reconciles_of_one_object_at_once_under_heavy_event_load() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
     // the note each object's latest run saw
@@ -727,7 +727,7 @@ async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout
 /// An object gets a live actor only when it gets a reconcile slot: with reconciles blocked, new objects
 /// wait in the manager's queue, not as live actors.
 #[tokio::test(start_paused = true)]
-async fn objects_get_a_live_actor_only_when_a_run_slot_is_free() {
+async fn objects_get_a_live_actor_only_when_a_reconcile_slot_is_free() {
     let (_cluster, client) = cluster();
     let log = RunLog::default();
     let gate = Arc::new(Notify::new());
@@ -806,7 +806,7 @@ impl InFlight {
 /// runtime's, and the runtime's other slots stay free for other kinds: with widgets limited
 /// to 2 of 4 slots, 2 gadgets still run beside 2 widgets while 4 more widgets wait.
 #[tokio::test(start_paused = true)]
-async fn a_kinds_own_limit_bounds_its_passes_and_leaves_the_rest_to_other_kinds() {
+async fn a_kinds_own_limit_bounds_its_reconciles_and_leaves_the_rest_to_other_kinds() {
     let (_cluster, client) = cluster();
     let gate = Arc::new(Notify::new());
     let (widgets_in, gadgets_in) = (InFlight::default(), InFlight::default());
@@ -1049,7 +1049,7 @@ async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
 /// meanwhile are taken in, and the reconcile that runs once a slot is free runs once, on the newest
 /// version (not one reconcile per event, not on the version that first asked for a slot).
 #[tokio::test(start_paused = true)]
-async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
+async fn a_reconcile_waiting_for_a_slot_is_one_reconcile_of_the_newest_version() {
     let (_cluster, client) = cluster();
     let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let gate = Arc::new(Notify::new());
@@ -1102,7 +1102,7 @@ async fn a_pass_waiting_for_a_run_slot_runs_once_on_the_newest_version() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn graceful_shutdown_lets_an_in_flight_run_finish() {
+async fn graceful_shutdown_lets_an_in_flight_reconcile_finish() {
     let (_cluster, client) = cluster();
     let finished = Arc::new(AtomicU32::new(0));
     let entered = Arc::new(Notify::new());
@@ -1276,7 +1276,7 @@ async fn start_logging_listed_in_pages(
 /// pages are still being listed. (kube-runtime's reflector makes a list visible only once every
 /// page is in, which is when its `Controller` starts.)
 #[tokio::test(start_paused = true)]
-async fn first_passes_start_while_the_first_list_is_still_arriving() {
+async fn first_reconciles_start_while_the_first_list_is_still_arriving() {
     let (cluster, client) = cluster();
     for i in 0..10 {
         create(&client, &format!("p{i}"), 1).await;

@@ -729,7 +729,7 @@ async fn key_change_in_flight(watch: ShardWatch) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_replica_cut_off_abandons_its_passes_before_another_takes_its_shards() {
+async fn a_replica_cut_off_abandons_its_reconciles_before_another_takes_its_shards() {
     let (cluster, client) = cluster();
     let reconciles = Reconciles::default();
     // a talks to the cluster through a link the test can cut.

@@ -89,7 +89,7 @@ async fn start_with_config(client: &Client, policy: SupervisorPolicy, seen: Seen
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_config_change_re_runs_every_object_passive_ones_included() {
+async fn a_config_change_reconciles_every_object_passive_ones_included() {
     let (_cluster, client) = cluster();
     put_config(&client, "one").await;
     let seen = Seen::default();
@@ -174,7 +174,7 @@ async fn a_missing_config_holds_objects_in_config_missing_until_it_exists() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn one_changed_secret_re_runs_exactly_the_object_that_references_it() {
+async fn one_changed_secret_reconciles_exactly_the_object_that_references_it() {
     let (_cluster, client) = cluster();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     for name in ["s7", "unused"] {
@@ -301,7 +301,7 @@ async fn poll_times(n: usize, jitter: f64) -> Vec<f64> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn poll_passes_of_ten_thousand_objects_spread_over_the_jitter() {
+async fn poll_reconciles_of_ten_thousand_objects_spread_over_the_jitter() {
     let n = 10_000;
     let most_in_one_second = |times: &[f64]| {
         let mut buckets: HashMap<u64, usize> = HashMap::new();
@@ -329,7 +329,7 @@ async fn poll_passes_of_ten_thousand_objects_spread_over_the_jitter() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_ignore_annotation_skips_every_pass_until_it_is_removed() {
+async fn the_ignore_annotation_skips_every_reconcile_until_it_is_removed() {
     let (_cluster, client) = cluster();
     let seen = Seen::default();
     let s2 = seen.clone();
@@ -829,7 +829,7 @@ async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
+async fn a_secret_the_config_names_reconciles_every_object_when_it_changes() {
     let (_cluster, client) = cluster();
     let mut cm = ConfigMap::default();
     cm.metadata.name = Some("provider".into());
@@ -905,7 +905,7 @@ async fn a_secret_the_config_names_re_runs_every_object_when_it_changes() {
 /// of the same name in the objects' own cluster is not read, and the rendered roles (for the
 /// objects' cluster) leave it out.
 #[tokio::test(start_paused = true)]
-async fn a_config_from_another_cluster_re_runs_the_objects_and_stays_out_of_their_roles() {
+async fn a_config_from_another_cluster_reconciles_the_objects_and_stays_out_of_their_roles() {
     let (_cluster, client) = cluster();
     let platform = actorcile::cluster::ApiServer::new();
     let platform_client = platform.client();

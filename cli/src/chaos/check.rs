@@ -195,7 +195,7 @@ mod tests {
     }
 
     #[test]
-    fn overlapping_passes_of_one_object_are_found_and_others_are_not() {
+    fn overlapping_reconciles_of_one_object_are_found_and_others_are_not() {
         let ps = [
             reconcile("a", 0, 0, 10),
             reconcile("a", 0, 10, 20),

@@ -149,7 +149,7 @@ fn log_activation(timers: &Timers<Slotted>, log: &SlotLog, n: u32) {
 /// Due deliveries and queued ones wait for a reconcile slot in one first-in-first-out queue, and
 /// each arrives with its slot; a cancelled timer takes none.
 #[tokio::test(start_paused = true)]
-async fn deliveries_wait_for_a_run_slot_in_order_and_carry_it() {
+async fn deliveries_wait_for_a_reconcile_slot_in_order_and_carry_it() {
     let slots = Arc::new(Semaphore::new(1));
     let timers = Timers::with_slots(&ReconcileSlots::new(
         slots.clone(),
