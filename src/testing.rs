@@ -1,5 +1,5 @@
-//! Helpers for an operator's own tests: a deterministic policy, and waits for what the runtime
-//! writes. They use tokio's clock, so under a paused clock
+//! Helpers for an operator's own tests: a deterministic policy, waits for what the runtime
+//! writes, and a log of the reconciles a test's steps ran ([`ReconcileLog`]). They use tokio's clock, so under a paused clock
 //! (`#[tokio::test(start_paused = true)]`) a wait of minutes costs no real time. Each wait
 //! panics with what it waited for once its limit has passed: they are for tests.
 //!
@@ -35,6 +35,7 @@
 //! ```
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::Api;
@@ -134,4 +135,134 @@ pub async fn wait_gone<K: ManagedResource>(api: &Api<K>, name: &str, limit: Dura
         matches!(api.get_opt(name).await, Ok(None)).then_some(())
     })
     .await
+}
+
+/// One reconcile a [`ReconcileLog`] recorded: the object's name, when it started and when it
+/// ended (`None` while it runs), in tokio time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedReconcile {
+    /// The name the step recorded (usually the object's).
+    pub name: String,
+    /// When the reconcile started.
+    pub started: Instant,
+    /// When it ended, or `None` while it runs.
+    pub ended: Option<Instant>,
+}
+
+/// Every reconcile a test's steps record, with its start and end in tokio time: how many ran,
+/// when, and that no two of one object overlapped. Clones share one log.
+///
+/// ```
+/// use actorcile::prelude::*;
+/// use actorcile::testing::ReconcileLog;
+/// use kube::ResourceExt;
+/// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+/// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+/// # struct AppSpec {}
+///
+/// let log = ReconcileLog::default();
+/// let recorded = log.clone();
+/// let tree = step("deploy", move |cx: Context<App>| {
+///     let log = recorded.clone();
+///     async move {
+///         let _reconcile = log.record(&cx.object().name_any());
+///         Outcome::Done
+///     }
+/// });
+/// # let _ = tree;
+/// // … run the runtime, then:
+/// assert_eq!(log.count("web"), 0);
+/// log.assert_no_overlap("web");
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ReconcileLog(Arc<Mutex<Vec<LoggedReconcile>>>);
+
+/// Ends its reconcile in the log when dropped, whether the reconcile finished or was abandoned
+/// (its future dropped at a timeout, a lost shard or a shutdown).
+#[derive(Debug)]
+#[must_use = "the reconcile ends when this is dropped"]
+pub struct Recording {
+    log: ReconcileLog,
+    index: usize,
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        self.log.end(self.index);
+    }
+}
+
+impl ReconcileLog {
+    /// Records that a reconcile of `name` starts; returns its index for [`ReconcileLog::end`].
+    pub fn start(&self, name: &str) -> usize {
+        let mut l = self.lock();
+        l.push(LoggedReconcile {
+            name: name.to_string(),
+            started: Instant::now(),
+            ended: None,
+        });
+        l.len() - 1
+    }
+
+    /// Records that reconcile `index` (from [`ReconcileLog::start`]) ends now.
+    pub fn end(&self, index: usize) {
+        if let Some(r) = self.lock().get_mut(index) {
+            r.ended = Some(Instant::now());
+        }
+    }
+
+    /// Records that a reconcile of `name` starts, and that it ends when the returned guard is
+    /// dropped.
+    pub fn record(&self, name: &str) -> Recording {
+        Recording {
+            log: self.clone(),
+            index: self.start(name),
+        }
+    }
+
+    /// Every reconcile recorded, in the order they started.
+    pub fn entries(&self) -> Vec<LoggedReconcile> {
+        self.lock().clone()
+    }
+
+    /// How many reconciles of `name` started.
+    pub fn count(&self, name: &str) -> usize {
+        self.lock().iter().filter(|r| r.name == name).count()
+    }
+
+    /// When each reconcile of `name` started.
+    pub fn starts(&self, name: &str) -> Vec<Instant> {
+        self.lock()
+            .iter()
+            .filter(|r| r.name == name)
+            .map(|r| r.started)
+            .collect()
+    }
+
+    /// How many reconciles started, of every object.
+    pub fn total(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// # Panics
+    ///
+    /// If a reconcile of `name` started before the one before it ended, or one has not ended.
+    pub fn assert_no_overlap(&self, name: &str) {
+        let mut mine: Vec<LoggedReconcile> = self
+            .lock()
+            .iter()
+            .filter(|r| r.name == name)
+            .cloned()
+            .collect();
+        mine.sort_by_key(|r| r.started);
+        for w in mine.windows(2) {
+            let end = w[0].ended.expect("every reconcile but the last has ended");
+            assert!(end <= w[1].started, "overlapping reconciles of {name}");
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<LoggedReconcile>> {
+        // A panicking test step poisons nothing the log's readers cannot use.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }

@@ -20,7 +20,7 @@ async fn changes_during_a_reconcile_coalesce_into_one_follow_up_reconcile() {
     let tree = step("blocking", move |cx: Context<Widget>| {
         let (l, g, e) = (l.clone(), g.clone(), e.clone());
         async move {
-            let n = l.start(cx.object());
+            let n = l.start(&cx.object().name_any());
             if n == 0 {
                 e.notify_one();
                 g.notified().await;
@@ -63,7 +63,7 @@ async fn a_new_generation_runs_at_once_and_cancels_the_pending_wake_up() {
     let tree = step("slow", move |cx: Context<Widget>| {
         let l = l.clone();
         async move {
-            let i = l.start(cx.object());
+            let i = l.start(&cx.object().name_any());
             l.end(i);
             if cx.object().spec.note == "go" {
                 Outcome::Done

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use kube::ResourceExt;
+
 use super::test_kind::{ReconcileLog, Widget, start_kind, test_policy};
 use crate::policy::KindPolicy;
 use crate::prelude::*;
@@ -18,7 +20,7 @@ fn counting(
     step("counting", move |cx: Context<Widget>| {
         let (log, calls, outcome) = (log.clone(), calls.clone(), outcome.clone());
         async move {
-            let i = log.start(cx.object());
+            let i = log.start(&cx.object().name_any());
             log.end(i);
             outcome(calls.fetch_add(1, Ordering::SeqCst))
         }

@@ -2,7 +2,7 @@
 //! ([`KindSpec::start`](super::Start::start)) on the in-process API server, without a
 //! `RuntimeBuilder`, and a log of its reconciles.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -11,7 +11,8 @@ use ractor::{Actor, ActorRef};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, watch};
-use tokio::time::Instant;
+
+pub(crate) use crate::testing::ReconcileLog;
 
 use super::{KindSpec, Metrics, Root, Start, StartCx, Started};
 use crate::cluster::ApiServer;
@@ -169,53 +170,8 @@ pub(crate) fn logging(log: ReconcileLog) -> impl Provisioner<Widget> {
     step("log", move |cx: Context<Widget>| {
         let log = log.clone();
         async move {
-            let i = log.start(cx.object());
-            log.end(i);
+            let _reconcile = log.record(&cx.object().name_any());
             Outcome::Done
         }
     })
-}
-
-/// One reconcile: the object's name, its start and its end in tokio time.
-type Pass = (String, Instant, Option<Instant>);
-
-/// Every reconcile of the tree.
-#[derive(Clone, Default)]
-pub(crate) struct ReconcileLog(Arc<Mutex<Vec<Pass>>>);
-
-impl ReconcileLog {
-    /// A reconcile of `obj` starts: its index.
-    pub(crate) fn start(&self, obj: &Widget) -> usize {
-        let mut l = self.0.lock().unwrap();
-        l.push((obj.name_any(), Instant::now(), None));
-        l.len() - 1
-    }
-    pub(crate) fn end(&self, i: usize) {
-        self.0.lock().unwrap()[i].2 = Some(Instant::now());
-    }
-    pub(crate) fn count(&self, name: &str) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.0 == name)
-            .count()
-    }
-    pub(crate) fn starts(&self, name: &str) -> Vec<Instant> {
-        let l = self.0.lock().unwrap();
-        l.iter().filter(|r| r.0 == name).map(|r| r.1).collect()
-    }
-    pub(crate) fn total(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-    /// Panics if a reconcile of `name` started before the one before it ended.
-    pub(crate) fn assert_no_overlap(&self, name: &str) {
-        let l = self.0.lock().unwrap();
-        let mut mine: Vec<_> = l.iter().filter(|r| r.0 == name).cloned().collect();
-        mine.sort_by_key(|r| r.1);
-        for w in mine.windows(2) {
-            let end = w[0].2.expect("reconcile finished");
-            assert!(end <= w[1].1, "overlapping reconciles of {name}");
-        }
-    }
 }

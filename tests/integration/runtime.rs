@@ -33,13 +33,13 @@ fn passivating(idle: Duration) -> SupervisorPolicy {
 }
 
 /// A tree that logs every provision call of `Widget`s.
-fn logging_step(log: RunLog) -> impl Provisioner<Widget> {
+fn logging_step(log: ReconcileLog) -> impl Provisioner<Widget> {
     logging_step_with(log, |_| Outcome::Done)
 }
 
 /// A tree that logs every provision call of `Widget`s and ends it with `outcome`.
 fn logging_step_with(
-    log: RunLog,
+    log: ReconcileLog,
     outcome: impl Fn(&Context<Widget>) -> Outcome + Clone + Send + Sync + 'static,
 ) -> impl Provisioner<Widget> {
     step("log", move |cx: Context<Widget>| {
@@ -106,7 +106,7 @@ async fn lifecycle_provision_ready_delete_gone_without_leaks() {
 #[tokio::test(start_paused = true)]
 async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let calls = Arc::new(AtomicU32::new(0));
     let (l, c) = (log.clone(), calls.clone());
     let tree = step("panicky", move |cx: Context<Widget>| {
@@ -144,7 +144,7 @@ async fn panicking_provisioner_is_restarted_with_growing_delay_then_ready() {
 #[tokio::test(start_paused = true)]
 async fn a_hung_reconcile_is_stopped_at_the_reconcile_timeout_and_retried_with_backoff() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let calls = Arc::new(AtomicU32::new(0));
     let (l, c) = (log.clone(), calls.clone());
     // The first two reconciles hang; the third finishes.
@@ -431,7 +431,7 @@ async fn a_status_write_that_keeps_failing_is_retried_with_the_error_backoff() {
 #[tokio::test(start_paused = true)]
 async fn the_error_backoff_resumes_after_passivation() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     // Fails every reconcile: a dependency that stays down.
     let tree = logging_step_with(log.clone(), |_| {
         Outcome::failed(
@@ -517,7 +517,7 @@ async fn a_deleting_object_past_restart_intensity_is_tried_again_until_its_final
 #[tokio::test(start_paused = true)]
 async fn never_two_reconciles_of_one_object_at_once_under_heavy_event_load() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     // the note each object's latest run saw
     let seen: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let (l, s) = (log.clone(), seen.clone());
@@ -580,7 +580,7 @@ async fn never_two_reconciles_of_one_object_at_once_under_heavy_event_load() {
 #[tokio::test(start_paused = true)]
 async fn invalid_spec_is_terminal_with_typed_reason_and_bounded_runs() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let l = log.clone();
     let tree = step("validate", move |cx: Context<Widget>| {
         let l = l.clone();
@@ -616,7 +616,7 @@ async fn invalid_spec_is_terminal_with_typed_reason_and_bounded_runs() {
 #[tokio::test(start_paused = true)]
 async fn an_idle_rerun_writes_no_status() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let rt = start_widgets(&client, test_policy(), logging_step(log.clone())).await;
     create(&client, "i", 1).await;
     wait_ready(&client, "i", LIMIT).await;
@@ -655,7 +655,7 @@ async fn an_idle_rerun_writes_no_status() {
 #[tokio::test(start_paused = true)]
 async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let policy = passivating(Duration::from_secs(5));
     let l = log.clone();
     let tree = step("yield", move |cx: Context<Widget>| {
@@ -729,7 +729,7 @@ async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout
 #[tokio::test(start_paused = true)]
 async fn objects_get_a_live_actor_only_when_a_reconcile_slot_is_free() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let gate = Arc::new(Notify::new());
     let mut policy = passivating(Duration::from_secs(5));
     policy.runtime.max_concurrent_reconciles = 2;
@@ -865,7 +865,7 @@ async fn a_kinds_own_limit_bounds_its_reconciles_and_leaves_the_rest_to_other_ki
 #[tokio::test(start_paused = true)]
 async fn a_controller_of_two_namespaces_runs_the_objects_of_both_and_no_other() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let l = log.clone();
     let tree = step("record", move |cx: Context<Widget>| {
         let log = l.clone();
@@ -1025,7 +1025,7 @@ async fn a_cap_full_of_actors_that_stay_live_does_not_starve_new_objects() {
         "actors never passivate here"
     );
     policy.kind.max_live_actors = Some(2);
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let rt = start_widgets(&client, policy, logging_step(log.clone())).await;
     for i in 0..8 {
         create(&client, &format!("s{i}"), 1).await;
@@ -1135,7 +1135,7 @@ async fn objects_that_exist_before_the_runtime_starts_are_provisioned() {
     for i in 0..5 {
         create(&client, &format!("pre{i}"), 1).await;
     }
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let rt = start_widgets(&client, test_policy(), logging_step(log.clone())).await;
     wait_all_ready(&client, 5, LIMIT).await;
     create(&client, "post", 1).await;
@@ -1147,7 +1147,7 @@ async fn objects_that_exist_before_the_runtime_starts_are_provisioned() {
 #[tokio::test(start_paused = true)]
 async fn poll_timers_survive_passivation() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let mut policy = passivating(Duration::from_secs(1));
     policy.kind.poll_interval = Some(Duration::from_secs(10));
     policy.kind.poll_jitter = 0.0;
@@ -1171,7 +1171,7 @@ async fn a_relist_does_not_postpone_a_passive_objects_poll() {
     // A short watch history: a watch resumed after other kinds' writes filled it answers 410,
     // and the watcher lists again.
     let (cluster, client) = with_crds(actorcile::cluster::ApiServer::builder().history(10).build());
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let mut policy = passivating(Duration::from_secs(1));
     policy.kind.poll_interval = Some(Duration::from_secs(600));
     policy.kind.poll_jitter = 0.0;
@@ -1219,7 +1219,7 @@ async fn a_relist_does_not_postpone_a_passive_objects_poll() {
 #[tokio::test(start_paused = true)]
 async fn failed_status_writes_are_retried_until_they_land() {
     let (cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let rt = Runtime::builder(client.clone())
         .policy(test_policy())
         // no finalizer: the status write is the only write, and its failure must not be final
@@ -1256,7 +1256,7 @@ async fn failed_status_writes_are_retried_until_they_land() {
 /// lists `page` objects per request.
 async fn start_logging_listed_in_pages(
     client: &kube::Client,
-    log: &RunLog,
+    log: &ReconcileLog,
     page: u32,
 ) -> RuntimeHandle {
     Runtime::builder(client.clone())
@@ -1283,14 +1283,14 @@ async fn first_reconciles_start_while_the_first_list_is_still_arriving() {
     }
     // Five pages of two objects, each answered after one second: the list is complete at 5 s.
     cluster.set_faults(one_second_requests());
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let t0 = Instant::now();
     let rt = start_logging_listed_in_pages(&client, &log, 2).await;
     eventually("every object ran", LIMIT, || async {
         (log.total() >= 10).then_some(())
     })
     .await;
-    let first = log.0.lock().unwrap().iter().map(|r| r.1).min().unwrap() - t0;
+    let first = log.entries().iter().map(|r| r.started).min().unwrap() - t0;
     assert!(
         first < Duration::from_secs(3),
         "the first reconcile came {first:?} after start: it waited for the whole list"
@@ -1309,7 +1309,7 @@ async fn an_interrupted_first_list_is_retried_and_forgets_what_went_meanwhile() 
         create(&client, &format!("p{i}"), 1).await;
     }
     cluster.set_faults(one_second_requests());
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let t0 = Instant::now();
     let rt = start_logging_listed_in_pages(&client, &log, 1).await;
     // Pages are asked for at 0, 1, 2 and 3 s (each answered a second later). From 2.5 s every
@@ -1320,7 +1320,12 @@ async fn an_interrupted_first_list_is_retried_and_forgets_what_went_meanwhile() 
         ..one_second_requests()
     });
     tokio::time::sleep_until(t0 + Duration::from_millis(4100)).await;
-    assert_eq!(log.total(), 3, "the three listed objects ran: {:?}", log.0);
+    assert_eq!(
+        log.total(),
+        3,
+        "the three listed objects ran: {:?}",
+        log.entries()
+    );
     // Before the watcher's retry (its backoff starts at 800 ms): `p1` goes.
     cluster.set_faults(Default::default());
     delete(&client, "p1").await;
@@ -1332,7 +1337,7 @@ async fn an_interrupted_first_list_is_retried_and_forgets_what_went_meanwhile() 
         (rt.metrics().live_actors == 3).then_some(())
     })
     .await;
-    assert_eq!(log.total(), 4, "{:?}", log.0);
+    assert_eq!(log.total(), 4, "{:?}", log.entries());
     rt.shutdown().await;
 }
 
@@ -1344,7 +1349,7 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     let (_cluster, client) = cluster();
     let gate = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let mut policy = passivating(Duration::from_secs(30));
     policy.runtime.max_concurrent_reconciles = 1;
     policy.kind.dependency_poll = Duration::from_secs(3600);
@@ -1389,7 +1394,7 @@ async fn a_woken_object_is_activated_before_a_burst_of_new_ones() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     gate.notify_one();
     wait_all_ready(&client, 15, LIMIT).await;
-    let order: Vec<String> = log.0.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    let order: Vec<String> = log.entries().into_iter().map(|r| r.name).collect();
     let after_db = &order[order.iter().position(|n| n == "db").unwrap()..];
     let app_at = after_db.iter().position(|n| n == "app").unwrap();
     assert!(
@@ -1413,7 +1418,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     let gate = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
     let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let mut policy = passivating(Duration::from_secs(30));
     policy.runtime.max_concurrent_reconciles = 1;
     let (g, e, h, l) = (gate.clone(), entered.clone(), held.clone(), log.clone());
@@ -1431,7 +1436,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     });
     let rt = start_widgets(&client, policy, tree).await;
     entered.notified().await;
-    let first = log.0.lock().unwrap()[0].0.clone();
+    let first = log.entries()[0].name.clone();
     let changed = if first == "w39" { "w38" } else { "w39" };
     set_note(&client, changed, "changed while listed").await;
     create(&client, "created", 1).await;
@@ -1440,7 +1445,7 @@ async fn changes_during_the_start_up_list_run_ahead_of_it() {
     assert_eq!(log.total(), 1, "the reconcile slot was held");
     gate.notify_one();
     wait_all_ready(&client, 41, LIMIT).await;
-    let order: Vec<String> = log.0.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    let order: Vec<String> = log.entries().into_iter().map(|r| r.name).collect();
     let at = |name: &str| order.iter().position(|n| n == name).unwrap();
     assert!(
         at(changed) <= 2 && at("created") <= 4,
@@ -1475,7 +1480,7 @@ async fn sixty_passive_objects(
 #[tokio::test(start_paused = true)]
 async fn passivated_actors_adopt_the_next_objects() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let rt = sixty_passive_objects(&client, logging_step(log.clone())).await;
     let m = rt.metrics();
     assert_eq!((m.activations, m.passivations), (60, 60), "{m:?}");
@@ -1515,7 +1520,7 @@ async fn deleted_objects_hand_their_actors_back_to_the_next_activations() {
     let (_cluster, client) = cluster();
     let deprovisioned = Arc::new(AtomicU32::new(0));
     let d = deprovisioned.clone();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let l = log.clone();
     let tree = step("log", move |cx: Context<Widget>| {
         let log = l.clone();
@@ -1567,7 +1572,7 @@ async fn deleted_objects_hand_their_actors_back_to_the_next_activations() {
 #[tokio::test(start_paused = true)]
 async fn an_adopting_actor_gets_no_timer_of_the_object_it_served_before() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let mut policy = passivating(Duration::from_secs(5));
     policy.runtime.max_concurrent_reconciles = 1;
     let l = log.clone();
@@ -1617,7 +1622,7 @@ async fn an_adopting_actor_gets_no_timer_of_the_object_it_served_before() {
 #[tokio::test(start_paused = true)]
 async fn a_panic_in_an_adopted_actor_restarts_its_object_and_spares_the_others() {
     let (_cluster, client) = cluster();
-    let log = RunLog::default();
+    let log = ReconcileLog::default();
     let boom_runs = Arc::new(AtomicU32::new(0));
     let (l, p) = (log.clone(), boom_runs.clone());
     let tree = step("panics-once-on-a-change", move |cx: Context<Widget>| {

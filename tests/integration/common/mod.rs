@@ -19,7 +19,6 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 
 /// The sample kind the runtime tests manage.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
@@ -162,59 +161,7 @@ pub async fn wait_reason(
     actorcile::testing::wait_reason(&widgets(client), name, reason, limit).await
 }
 
-/// Every provision call: (object name, start, end) in tokio time.
-#[derive(Clone, Default)]
-pub struct RunLog(pub Arc<Mutex<Vec<Run>>>);
-
-/// One provision call: object name, start, end.
-pub type Run = (String, Instant, Option<Instant>);
-
-impl RunLog {
-    pub fn start(&self, name: &str) -> usize {
-        let mut l = self.0.lock().unwrap();
-        l.push((name.to_string(), Instant::now(), None));
-        l.len() - 1
-    }
-    pub fn end(&self, i: usize) {
-        self.0.lock().unwrap()[i].2 = Some(Instant::now());
-    }
-    pub fn count(&self, name: &str) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.0 == name)
-            .count()
-    }
-    pub fn starts(&self, name: &str) -> Vec<Instant> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.0 == name)
-            .map(|r| r.1)
-            .collect()
-    }
-    pub fn total(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-    /// Panics if a run of `name` started before its previous run ended.
-    pub fn assert_no_overlap(&self, name: &str) {
-        let mut mine: Vec<Run> = self
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.0 == name)
-            .cloned()
-            .collect();
-        mine.sort_by_key(|r| r.1);
-        for w in mine.windows(2) {
-            let end = w[0].2.expect("run finished");
-            assert!(end <= w[1].1, "overlapping runs of {name}");
-        }
-    }
-}
+pub use actorcile::testing::ReconcileLog;
 
 /// A policy for fast, deterministic tests.
 pub fn test_policy() -> SupervisorPolicy {
