@@ -4,6 +4,7 @@
 //! history window, revision and stats, its answers to raw and malformed requests, and behaviour
 //! no conformance case covers (garbage collection, namespaces, CRD versions, kube-runtime on it).
 
+use crate::common::plain::{Widget, widget};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
@@ -20,28 +21,9 @@ use kube::api::{
     PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{CustomResource, CustomResourceExt, ResourceExt};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use kube::{CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
 use tower::ServiceExt;
-
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, JsonSchema, PartialEq)]
-#[kube(
-    group = "test.actorcile.io",
-    version = "v1",
-    kind = "Widget",
-    namespaced,
-    status = "WidgetStatus"
-)]
-struct WidgetSpec {
-    size: i32,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema, PartialEq)]
-struct WidgetStatus {
-    ready: bool,
-}
 
 /// Every test is bounded.
 async fn bounded<T>(f: impl Future<Output = T>) -> T {
@@ -63,10 +45,6 @@ fn cm(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
     }
     c.data = Some(BTreeMap::from([("k".to_string(), "v".to_string())]));
     c
-}
-
-fn widget(name: &str, size: i32) -> Widget {
-    Widget::new(name, WidgetSpec { size })
 }
 
 fn cluster_with_widgets() -> ApiServer {
@@ -419,7 +397,7 @@ async fn malformed_requests_answer_status() {
         check(raw(&c, "POST", cms, json, "[1,2]").await, 400);
         check(raw(&c, "POST", cms, json, r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x"}}"#).await, 400);
         // Custom resources need apiVersion and kind; built-in kinds take them from the URL.
-        let b = check(raw(&c, "POST", "/apis/test.actorcile.io/v1/namespaces/default/widgets", json,
+        let b = check(raw(&c, "POST", "/apis/conformance.actorcile.dev/v1/namespaces/default/widgets", json,
             r#"{"metadata":{"name":"x"}}"#).await, 400);
         assert!(b["message"].as_str().unwrap().contains("Object 'Kind' is missing"), "{b}");
         let (code, obj) = raw(&c, "POST", cms, json, r#"{"metadata":{"name":"defaulted"}}"#).await;
@@ -465,7 +443,7 @@ async fn malformed_requests_answer_status() {
         for uri in [
             "/apis/nope.io/v1/things",
             "/nonsense",
-            "/apis/test.actorcile.io/v1/namespaces/default/gizmos",
+            "/apis/conformance.actorcile.dev/v1/namespaces/default/gizmos",
         ] {
             assert_eq!(plain_404(&c, uri).await, (404, "404 page not found\n".to_string()), "{uri}");
         }
@@ -480,13 +458,13 @@ async fn malformed_requests_answer_status() {
         let b = check(raw(&c, "POST", "/api/v1/namespaces/ghost/configmaps", json,
             r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#).await, 404);
         assert_eq!(b["details"]["kind"], "namespaces");
-        let widgets = "/apis/test.actorcile.io/v1/namespaces/default/widgets";
-        let w = r#"{"apiVersion":"test.actorcile.io/v1","kind":"Widget","metadata":{"name":"w"},"spec":{"size":1}}"#;
+        let widgets = "/apis/conformance.actorcile.dev/v1/namespaces/default/widgets";
+        let w = r#"{"apiVersion":"conformance.actorcile.dev/v1","kind":"Widget","metadata":{"name":"w"},"spec":{"size":1}}"#;
         assert_eq!(raw(&c, "POST", widgets, json, w).await.0, 201);
         check(raw(&c, "DELETE", &format!("{widgets}/w/status"), json, "").await, 405);
         assert_eq!(raw(&c, "GET", &format!("{widgets}/w"), json, "").await.0, 200, "still there");
         check(raw(&c, "PATCH", &format!("{widgets}/w"), "application/strategic-merge-patch+json", "{}").await, 415);
-        check(raw(&c, "POST", widgets, json, r#"{"apiVersion":"test.actorcile.io/v2","kind":"Widget","metadata":{"name":"w"}}"#).await, 400);
+        check(raw(&c, "POST", widgets, json, r#"{"apiVersion":"conformance.actorcile.dev/v2","kind":"Widget","metadata":{"name":"w"}}"#).await, 400);
         // Through kube's client, the same errors arrive as kube::Error::Api.
         let err = c.client().request_text(http::Request::get("/apis/nope.io/v1/things").body(vec![]).unwrap()).await;
         assert_eq!(api_err(err.unwrap_err()).0, 404);
@@ -576,11 +554,11 @@ async fn crds_by_api_and_dynamic_objects() {
                 .iter()
                 .any(|c| c.type_ == "NamesAccepted" && c.status == "True")
         );
-        let gvk = GroupVersionKind::gvk("test.actorcile.io", "v1", "Widget");
+        let gvk = GroupVersionKind::gvk("conformance.actorcile.dev", "v1", "Widget");
         let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");
         let dy: Api<DynamicObject> = Api::namespaced_with(c.client(), "default", &ar);
         let obj: DynamicObject = serde_json::from_value(
-            json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+            json!({"apiVersion": "conformance.actorcile.dev/v1", "kind": "Widget",
             "metadata": {"name": "d"}, "spec": {"size": 4}}),
         )
         .unwrap();
@@ -593,9 +571,12 @@ async fn crds_by_api_and_dynamic_objects() {
             1
         );
         // Deleting the CRD removes its objects and stops serving the kind.
-        crds.delete("widgets.test.actorcile.io", &DeleteParams::default())
-            .await
-            .unwrap();
+        crds.delete(
+            "widgets.conformance.actorcile.dev",
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(api_err(typed.get("d").await.unwrap_err()).0, 404);
         // A CRD with a wrong name is refused.
         let mut bad = Widget::crd();
@@ -785,7 +766,7 @@ async fn secrets_labels_and_discovery() {
             "v1/configmaps",
             "v1/namespaces",
             "coordination.k8s.io/v1/leases",
-            "test.actorcile.io/v1/widgets",
+            "conformance.actorcile.dev/v1/widgets",
         ] {
             assert!(found.contains(want), "{want} missing from {found:?}");
         }
@@ -1219,14 +1200,14 @@ async fn crd_versions_share_storage() {
         c.install_crd(&crd).unwrap();
         let ar = |v: &str| {
             ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("test.actorcile.io", v, "Widget"),
+                &GroupVersionKind::gvk("conformance.actorcile.dev", v, "Widget"),
                 "widgets",
             )
         };
         let v1: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v1"));
         let v2: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar("v2"));
         let obj: DynamicObject = serde_json::from_value(
-            json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+            json!({"apiVersion": "conformance.actorcile.dev/v1", "kind": "Widget",
             "metadata": {"name": "m"}, "spec": {"size": 1}}),
         )
         .unwrap();
@@ -1234,7 +1215,7 @@ async fn crd_versions_share_storage() {
         let through_v2 = v2.get("m").await.unwrap();
         assert_eq!(
             through_v2.types.unwrap().api_version,
-            "test.actorcile.io/v2"
+            "conformance.actorcile.dev/v2"
         );
         assert_eq!(through_v2.data["spec"]["size"], 1);
         // A watch through v2 sees v1 writes as v2 objects.
@@ -1251,7 +1232,7 @@ async fn crd_versions_share_storage() {
             [WatchEvent::Modified(o)] => {
                 assert_eq!(
                     o.types.as_ref().unwrap().api_version,
-                    "test.actorcile.io/v2"
+                    "conformance.actorcile.dev/v2"
                 );
                 assert_eq!(o.data["spec"]["size"], 2);
             }
@@ -1271,7 +1252,7 @@ async fn server_side_apply_field_ownership() {
         let c = cluster_with_widgets();
         let ws: Api<Widget> = Api::default_namespaced(c.client());
         let body = |size: i32, label: bool| {
-            let mut b = json!({"apiVersion": "test.actorcile.io/v1", "kind": "Widget",
+            let mut b = json!({"apiVersion": "conformance.actorcile.dev/v1", "kind": "Widget",
                 "metadata": {"name": "a"}, "spec": {"size": size}});
             if label {
                 b["metadata"]["labels"] = json!({"l": "1"});

@@ -10,6 +10,7 @@
 #![cfg(feature = "envtest")]
 
 use crate::common::envtest_support;
+use crate::common::plain::{Widget, WidgetStatus, widget};
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -24,29 +25,8 @@ use kube::api::{
     WatchEvent, WatchParams,
 };
 use kube::core::Status;
-use kube::{CustomResource, CustomResourceExt, ResourceExt};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use kube::{CustomResourceExt, ResourceExt};
 use serde_json::json;
-
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, JsonSchema, PartialEq)]
-#[kube(
-    group = "conformance.actorcile.dev",
-    version = "v1",
-    kind = "Widget",
-    namespaced,
-    status = "WidgetStatus"
-)]
-struct WidgetSpec {
-    size: i32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    note: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema, PartialEq)]
-struct WidgetStatus {
-    ready: bool,
-}
 
 const FINALIZER: &str = "conformance.actorcile.dev/hold";
 
@@ -116,10 +96,6 @@ conformance!(
 
 fn widgets(cx: &Ctx) -> Api<Widget> {
     Api::namespaced(cx.client.clone(), &cx.ns)
-}
-
-fn widget(name: &str, size: i32) -> Widget {
-    Widget::new(name, WidgetSpec { size, note: None })
 }
 
 fn labelled(name: &str, labels: &[(&str, &str)]) -> Widget {

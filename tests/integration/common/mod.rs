@@ -5,6 +5,7 @@
 pub mod argo;
 #[cfg(feature = "envtest")]
 pub mod envtest_support;
+pub mod plain;
 #[cfg(feature = "docker")]
 pub mod podman;
 #[cfg(feature = "envtest")]
