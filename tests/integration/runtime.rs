@@ -730,7 +730,7 @@ async fn an_actor_stays_live_only_while_a_wake_up_is_due_within_the_idle_timeout
 async fn objects_get_a_live_actor_only_when_a_reconcile_slot_is_free() {
     let (_cluster, client) = cluster();
     let log = ReconcileLog::default();
-    let gate = Arc::new(Notify::new());
+    let gate = Gate::default();
     let mut policy = passivating(Duration::from_secs(5));
     policy.runtime.max_concurrent_reconciles = 2;
     let (l, g) = (log.clone(), gate.clone());
@@ -738,7 +738,7 @@ async fn objects_get_a_live_actor_only_when_a_reconcile_slot_is_free() {
         let (log, gate) = (l.clone(), g.clone());
         async move {
             let i = log.start(&cx.object().name_any());
-            gate.notified().await;
+            gate.wait().await;
             log.end(i);
             Outcome::Done
         }
@@ -755,15 +755,9 @@ async fn objects_get_a_live_actor_only_when_a_reconcile_slot_is_free() {
     let m = rt.metrics();
     assert_eq!(log.total(), 2, "{m:?}");
     assert_eq!(m.live_actors, 2, "18 objects wait without an actor; {m:?}");
-    // Let every pass through: all converge, one actor at a time per reconcile slot.
-    let opener = tokio::spawn(async move {
-        loop {
-            gate.notify_waiters();
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    });
+    // Let every reconcile through: all converge, one actor at a time per reconcile slot.
+    gate.open();
     wait_all_ready(&client, 20, LIMIT).await;
-    opener.abort();
     let m = rt.metrics();
     assert_eq!(log.total(), 20, "one reconcile each");
     assert!(m.peak_in_flight <= 2, "{m:?}");
@@ -771,12 +765,12 @@ async fn objects_get_a_live_actor_only_when_a_reconcile_slot_is_free() {
     rt.shutdown().await;
 }
 
-/// Reconciles of one step, blocked on `gate`: how many run at once now, and at most.
+/// Reconciles of one step, waiting at `gate`: how many run at once now, and at most.
 #[derive(Clone, Default)]
 struct InFlight(Arc<(AtomicU32, AtomicU32, AtomicU32)>);
 
 impl InFlight {
-    fn step<K: ManagedResource>(&self, gate: Arc<Notify>) -> impl Provisioner<K> + use<K> {
+    fn step<K: ManagedResource>(&self, gate: Gate) -> impl Provisioner<K> + use<K> {
         let me = self.clone();
         step("blocked", move |_cx: Context<K>| {
             let (me, gate) = (me.clone(), gate.clone());
@@ -785,7 +779,7 @@ impl InFlight {
                 let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(n, Ordering::SeqCst);
                 total.fetch_add(1, Ordering::SeqCst);
-                gate.notified().await;
+                gate.wait().await;
                 now.fetch_sub(1, Ordering::SeqCst);
                 Outcome::Done
             }
@@ -808,7 +802,7 @@ impl InFlight {
 #[tokio::test(start_paused = true)]
 async fn a_kinds_own_limit_bounds_its_reconciles_and_leaves_the_rest_to_other_kinds() {
     let (_cluster, client) = cluster();
-    let gate = Arc::new(Notify::new());
+    let gate = Gate::default();
     let (widgets_in, gadgets_in) = (InFlight::default(), InFlight::default());
     let mut policy = test_policy();
     policy.runtime.max_concurrent_reconciles = 4;
@@ -846,14 +840,8 @@ async fn a_kinds_own_limit_bounds_its_reconciles_and_leaves_the_rest_to_other_ki
         (2, 2),
         "4 widgets wait for the kind's slots"
     );
-    let opener = tokio::spawn(async move {
-        loop {
-            gate.notify_waiters();
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    });
+    gate.open();
     wait_all_ready(&client, 6, LIMIT).await;
-    opener.abort();
     assert_eq!(widgets_in.total(), 6, "one reconcile each");
     assert_eq!(widgets_in.peak(), 2, "never more than the kind's limit");
     rt.shutdown().await;

@@ -164,6 +164,29 @@ pub async fn wait_reason(
 
 pub use actorcile::testing::ReconcileLog;
 
+/// A gate that steps wait at until the test opens it; once open it stays open, so every
+/// reconcile that waits there, now or later, goes through. Clones share one gate.
+#[derive(Clone)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+}
+
+impl Gate {
+    /// Waits until the gate is open.
+    pub async fn wait(&self) {
+        let _ = self.0.subscribe().wait_for(|open| *open).await;
+    }
+
+    /// Opens the gate for good.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+}
+
 /// A policy for fast, deterministic tests.
 pub fn test_policy() -> SupervisorPolicy {
     actorcile::testing::deterministic_policy()
