@@ -315,8 +315,49 @@ impl Sharding {
         )
     }
 
-    pub(crate) fn shard_lease(&self, shard: u32) -> String {
+    /// The name of shard `shard`'s Lease, in the namespace given to [`Sharding::new`].
+    ///
+    /// ```
+    /// use actorcile::sharding::Sharding;
+    /// assert_eq!(Sharding::new(4, "ops").shard_lease_name(3), "actorcile-shards-shard-3");
+    /// ```
+    pub fn shard_lease_name(&self, shard: u32) -> String {
         format!("{}-shard-{shard}", self.lease_prefix)
+    }
+
+    pub(crate) fn shard_lease(&self, shard: u32) -> String {
+        self.shard_lease_name(shard)
+    }
+
+    /// The holder each shard's Lease names now, by shard; a shard whose Lease is missing or
+    /// released is absent. What the Leases say, read once: a holder that stopped renewing is
+    /// named until another replica takes its Lease (after the lease duration). For tests,
+    /// dashboards and tools; a runtime's own shards are
+    /// [`RuntimeHandle::shards_held`](crate::runtime::RuntimeHandle::shards_held).
+    ///
+    /// # Errors
+    ///
+    /// The list's error (the caller needs `list` on Leases in the namespace).
+    pub async fn holders(
+        &self,
+        client: &kube::Client,
+    ) -> Result<std::collections::BTreeMap<u32, String>, kube::Error> {
+        use k8s_openapi::api::coordination::v1::Lease;
+        let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &self.namespace);
+        let selector = format!("{ROLE_LABEL}=shard,{GROUP_LABEL}={}", self.lease_prefix);
+        let list = leases
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await?;
+        let prefix = format!("{}-shard-", self.lease_prefix);
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|l| {
+                let shard = l.metadata.name?.strip_prefix(&prefix)?.parse().ok()?;
+                let holder = l.spec?.holder_identity.filter(|h| !h.is_empty())?;
+                Some((shard, holder))
+            })
+            .collect())
     }
 
     pub(crate) fn member_lease(&self) -> String {

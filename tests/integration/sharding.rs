@@ -131,6 +131,20 @@ async fn balanced(replicas: &[&RuntimeHandle]) -> Vec<Vec<u32>> {
     .await
 }
 
+/// The shard Leases name replica `ids[i]` as the holder of `held[i]`'s shards, and no other.
+async fn leases_agree(client: &kube::Client, ids: &[&str], held: &[Vec<u32>]) {
+    let holders = Sharding::new(SHARDS, "default")
+        .holders(client)
+        .await
+        .expect("list the shard Leases");
+    let want: std::collections::BTreeMap<u32, String> = ids
+        .iter()
+        .zip(held)
+        .flat_map(|(id, shards)| shards.iter().map(|&s| (s, id.to_string())))
+        .collect();
+    assert_eq!(holders, want);
+}
+
 /// Every reconcile of replicas `a` and `b` (holding `held[0]` and `held[1]`) ran an object of its
 /// shards (`shard` of its name), both ran some, and none overlapped.
 fn assert_split(reconciles: &Reconciles, held: &[Vec<u32>], shard: impl Fn(&str) -> u32) {
@@ -187,6 +201,7 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
     let b = replica_watching(&client, "b", &reconciles, Duration::ZERO, watch).await;
     let held = balanced(&[&a, &b]).await;
     assert_eq!((held[0].len(), held[1].len()), (2, 2), "{held:?}");
+    leases_agree(&client, &["a", "b"], &held).await;
 
     // A chain w0 → w1 → … → w39 (each needs the next), created dependents first: it converges
     // only if a replica's waiter is woken by the watch event of a dependency the other
@@ -323,7 +338,7 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
     // its objects.
     let kept = shard("unplaced");
     let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), "default");
-    let lease_name = format!("actorcile-shards-shard-{kept}");
+    let lease_name = Sharding::new(SHARDS, "default").shard_lease_name(kept);
     let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
     let mut lease = Lease {
         spec: Some(LeaseSpec {
@@ -338,8 +353,8 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
     lease.metadata.name = Some(lease_name.clone());
     lease.metadata.labels = Some(
         [
-            ("sharding.actorcile.dev/group", "actorcile-shards"),
-            ("sharding.actorcile.dev/role", "shard"),
+            (actorcile::sharding::GROUP_LABEL, "actorcile-shards"),
+            (actorcile::sharding::ROLE_LABEL, "shard"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into(),

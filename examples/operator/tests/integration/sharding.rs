@@ -15,8 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::*;
 use actorcile::envtest::Envtest;
-use actorcile::sharding::{object_key, shard_of};
-use k8s_openapi::api::coordination::v1::Lease;
+use actorcile::sharding::{Sharding, object_key, shard_of};
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
@@ -86,19 +85,10 @@ impl Replicas {
 
 /// Each shard's holder, from the Leases.
 async fn holders(client: &kube::Client) -> BTreeMap<u32, String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let lp = ListParams::default().labels("sharding.actorcile.dev/role=shard");
-    let Ok(list) = leases.list(&lp).await else {
-        return BTreeMap::new();
-    };
-    list.items
-        .into_iter()
-        .filter_map(|l| {
-            let n = l.metadata.name?.rsplit('-').next()?.parse().ok()?;
-            let holder = l.spec?.holder_identity.filter(|h| !h.is_empty())?;
-            Some((n, holder))
-        })
-        .collect()
+    Sharding::new(SHARDS, "default")
+        .holders(client)
+        .await
+        .unwrap_or_default()
 }
 
 /// Wait until exactly `ids` hold every shard, each ⌈12 / n⌉ at most.
