@@ -1,9 +1,8 @@
 //! The example operator's parts, as a library: its kinds and trees (`operator`), its manifests,
-//! and the demo, reconcile recording and scale-out harnesses its binary runs. Its tests build the
+//! and the demo and reconcile recording its binary runs. Its tests build the
 //! same runtime the binary runs from here (the roles it needs, for one).
 
 pub mod demo;
 pub mod manifests;
 pub mod operator;
 pub mod record;
-pub mod scaleout;

@@ -5,10 +5,9 @@
 //! example-operator crds                                    # its CRDs, as YAML
 //! example-operator manifests [--image IMAGE]               # RBAC and a Deployment, as YAML
 //! example-operator demo [--networks N] [--clusters-per-network M] [--envtest]
-//! example-operator scaleout [--objects N] [--replicas 1,2,3] [--kills K]
 //! ```
 
-use example_operator::{demo, manifests, operator, record, scaleout};
+use example_operator::{demo, manifests, operator, record};
 
 use std::process::ExitCode;
 
@@ -57,9 +56,6 @@ enum Command {
     },
     /// Create networks and clusters, show their progress, delete them, print a summary.
     Demo(demo::DemoArgs),
-    /// Measure sharded replicas on a real control plane: the CPU split over 1, 2 and 3
-    /// replicas, and failover after kill -9 (sharded, leader election warm and cold).
-    Scaleout(scaleout::ScaleoutArgs),
 }
 
 #[tokio::main]
@@ -79,7 +75,6 @@ async fn main() -> ExitCode {
             manifests::render(&image, &namespace).map(|y| print!("{y}"))
         }
         Command::Demo(args) => demo::run(args).await,
-        Command::Scaleout(args) => scaleout::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -101,7 +96,7 @@ async fn run(
         Some(path) => {
             use tracing_subscriber::layer::SubscriberExt;
             use tracing_subscriber::util::SubscriberInitExt;
-            let recorder = record::PassRecorder::create(&path)
+            let recorder = record::ReconcileRecorder::create(&path)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             let filter = tracing_subscriber::EnvFilter::builder()
                 .parse(&args.log_filter)

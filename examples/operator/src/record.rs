@@ -31,11 +31,11 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
 /// The layer; see the module docs.
-pub struct PassRecorder {
+pub struct ReconcileRecorder {
     file: Mutex<File>,
 }
 
-impl PassRecorder {
+impl ReconcileRecorder {
     pub fn create(path: &std::path::Path) -> std::io::Result<Self> {
         let file = File::options().create(true).append(true).open(path)?;
         Ok(Self {
@@ -95,7 +95,7 @@ impl Visit for Fields {
     }
 }
 
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for PassRecorder {
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for ReconcileRecorder {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
         if attrs.metadata().name() != "reconcile"
             || !attrs.metadata().target().starts_with("actorcile")

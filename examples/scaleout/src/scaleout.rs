@@ -1,6 +1,6 @@
-//! `scaleout`: the figures of running several replicas, measured on a real etcd +
+//! The figures of running several replicas of the example operator, measured on a real etcd +
 //! kube-apiserver (`actorcile::envtest`), each replica a separate `example-operator run`
-//! process.
+//! process (the binary beside this one, or `--operator PATH`).
 //!
 //! - **CPU split**: N Networks (validate, a ConfigMap, the Ready status) reconciled by 1, 2 and
 //!   3 sharded replicas (12 shards, default lease timings), one round each on a control plane of
@@ -22,7 +22,8 @@
 //!   kill.
 //!
 //! ```text
-//! cargo run --release -p example-operator -- scaleout --objects 10000 --kills 10
+//! cargo build --release -p example-operator
+//! cargo run --release -p operator-scaleout -- --objects 10000 --kills 10
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -32,7 +33,10 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 
-use crate::operator::{Cluster, Network, NetworkSpec};
+use example_operator::operator::{Cluster, Network, NetworkSpec};
+
+/// The example operator's binary the replicas run (set once, at the start of [`run`]).
+static OPERATOR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// The options.
 #[derive(clap::Args)]
@@ -77,6 +81,10 @@ pub struct ScaleoutArgs {
         default_value = "sharded,sharded-held,leader-warm,leader-cold"
     )]
     failover: Vec<String>,
+    /// The example operator's binary (default: `example-operator` beside this program, as
+    /// `cargo build --release -p example-operator` leaves it).
+    #[arg(long, value_name = "PATH")]
+    operator: Option<PathBuf>,
 }
 
 /// A replica process, killed when dropped, and the port of its admin server.
@@ -141,7 +149,9 @@ impl Replica {
 }
 
 fn spawn(kubeconfig: &Path, policy: &Path, args: &[String]) -> Replica {
-    let exe = std::env::current_exe().expect("the example's own path");
+    let exe = OPERATOR
+        .get()
+        .expect("the operator's binary is set at the start");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -271,6 +281,19 @@ async fn wait_until(
 
 /// Run the measurements and print their tables.
 pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
+    let operator = match &args.operator {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("this program's path: {e}"))?
+            .with_file_name("example-operator"),
+    };
+    if !operator.is_file() {
+        return Err(format!(
+            "{} is not there: build it first (cargo build --release -p example-operator), or name it with --operator",
+            operator.display()
+        ));
+    }
+    let _ = OPERATOR.set(operator);
     let dir: PathBuf =
         std::env::temp_dir().join(format!("example-operator-scaleout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
