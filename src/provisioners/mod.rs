@@ -111,7 +111,6 @@ pub mod argocd;
 pub mod cd;
 mod combinators;
 pub(crate) mod context;
-mod error;
 mod guard;
 mod nodes;
 mod object_ops;
@@ -120,6 +119,7 @@ mod ownership;
 mod remote;
 mod resource;
 mod step;
+mod step_error;
 
 use async_trait::async_trait;
 
@@ -132,7 +132,6 @@ pub use combinators::{
 };
 pub use context::{Context, RemoteScope};
 pub(crate) use context::{ControllerParts, new_holder_id};
-pub use error::{Field, StepError};
 pub use guard::{DeprovisionTask, Guard, Lock, NoTask, guard};
 pub use nodes::{NodeSet, Nodes, nodes};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
@@ -142,6 +141,7 @@ pub use remote::{
 };
 pub use resource::{ResourceProvisioner, resource};
 pub use step::{Step, step};
+pub use step_error::{Field, StepError};
 
 /// One idempotent step of a resource's provisioning.
 ///
