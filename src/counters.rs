@@ -342,7 +342,7 @@ pub(crate) struct KindMetrics {
     pub(crate) kind: String,
     gauges: ReadGauges,
     results: PerThread<[AtomicU64; ReconcileResult::ALL.len()]>,
-    pub(crate) run_duration: Histogram,
+    pub(crate) reconcile_duration: Histogram,
     pub(crate) due_to_start: Histogram,
     pub(crate) events: AtomicU64,
     pub(crate) events_dropped: AtomicU64,
@@ -362,7 +362,7 @@ impl KindMetrics {
             kind: kind.to_string(),
             gauges,
             results: Default::default(),
-            run_duration: Histogram::default(),
+            reconcile_duration: Histogram::default(),
             due_to_start: Histogram::default(),
             events: AtomicU64::new(0),
             events_dropped: AtomicU64::new(0),
@@ -371,7 +371,7 @@ impl KindMetrics {
 
     pub(crate) fn reconciled(&self, result: ReconcileResult, took: std::time::Duration) {
         bump(&self.results.local()[result as usize], 1);
-        self.run_duration.observe(took);
+        self.reconcile_duration.observe(took);
     }
 
     pub(crate) fn snapshot(&self) -> KindMetricsSnapshot {
@@ -385,7 +385,7 @@ impl KindMetrics {
                 .iter()
                 .map(|&r| (r, results[r as usize]))
                 .collect(),
-            reconcile_duration: self.run_duration.snapshot(),
+            reconcile_duration: self.reconcile_duration.snapshot(),
             due_to_start: self.due_to_start.snapshot(),
             objects,
             events: self.events.load(Ordering::Relaxed),

@@ -16,7 +16,7 @@ use crate::status::ReadyReason;
 /// The error a stopped reconcile fails with (in logs and the failure's errors, never in status).
 #[derive(Debug, thiserror::Error)]
 #[error("the reconcile ran for {0:?} (the policy's reconcile_timeout) and was stopped")]
-pub(crate) struct RunTimedOut(pub(crate) Duration);
+pub(crate) struct ReconcileTimedOut(pub(crate) Duration);
 
 /// `reconcile`, or a `ReconcileTimeout` failure once it has run for `limit`.
 pub(crate) async fn within(
@@ -42,7 +42,7 @@ pub(crate) async fn within(
                         humantime_serde::re::humantime::format_duration(limit)
                     ),
                 ),
-                RunTimedOut(limit),
+                ReconcileTimedOut(limit),
             )),
             Poll::Pending => Poll::Pending,
         }
