@@ -29,6 +29,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -59,25 +60,42 @@ pub struct RuntimeArgs {
     #[arg(long, env = "ACTORCILE_NAMESPACE", value_name = "NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// Address of the admin server (/metrics, /healthz, /readyz); in a Pod, 0.0.0.0:PORT
-    #[arg(long, env = "ACTORCILE_ADMIN_ADDR", value_name = "ADDR", default_value = DEFAULT_ADMIN_ADDR)]
+    /// Address of the admin server (/metrics, /healthz, /readyz); in a Pod, 0.0.0.0:PORT (or
+    /// :PORT). controller-runtime's name for it, --health-probe-bind-address, is an alias
+    #[arg(
+        long,
+        alias = "health-probe-bind-address",
+        env = "ACTORCILE_ADMIN_ADDR",
+        value_name = "ADDR",
+        default_value = DEFAULT_ADMIN_ADDR,
+        value_parser = parse_addr
+    )]
     pub admin_addr: SocketAddr,
 
     /// Serve /metrics on this address instead of the admin address (which then serves the
-    /// probes only)
-    #[arg(long, env = "ACTORCILE_METRICS_ADDR", value_name = "ADDR")]
+    /// probes only); :PORT is every interface. controller-runtime's name for it,
+    /// --metrics-bind-address, is an alias
+    #[arg(
+        long,
+        alias = "metrics-bind-address",
+        env = "ACTORCILE_METRICS_ADDR",
+        value_name = "ADDR",
+        value_parser = parse_addr
+    )]
     pub metrics_addr: Option<SocketAddr>,
 
     /// Log line format
     #[arg(long, env = "ACTORCILE_LOG_FORMAT", value_enum, default_value_t)]
     pub log_format: LogFormat,
 
-    /// Log filter, in RUST_LOG syntax (e.g. info,actorcile=debug)
+    /// Log filter, in RUST_LOG syntax (e.g. info,actorcile=debug) [default: $RUST_LOG, else
+    /// info]
     #[arg(
         long = "log",
         env = "ACTORCILE_LOG",
         value_name = "FILTER",
-        default_value = "info"
+        default_value_t = default_log_filter(),
+        hide_default_value = true
     )]
     pub log_filter: String,
 
@@ -118,9 +136,11 @@ pub struct RuntimeArgs {
     #[arg(long, env = "ACTORCILE_LEADER_ELECT")]
     pub leader_elect: bool,
 
-    /// The leader election's Lease name
+    /// The leader election's Lease name (controller-runtime's --leader-election-id is an
+    /// alias)
     #[arg(
         long,
+        alias = "leader-election-id",
         env = "ACTORCILE_LEADER_ELECT_LEASE",
         value_name = "NAME",
         default_value = "actorcile-leader"
@@ -128,12 +148,46 @@ pub struct RuntimeArgs {
     pub leader_elect_lease: String,
 
     /// The leader election's Lease namespace [default: $POD_NAMESPACE, else default]
+    /// (controller-runtime's --leader-election-namespace is an alias)
     #[arg(
         long,
+        alias = "leader-election-namespace",
         env = "ACTORCILE_LEADER_ELECT_NAMESPACE",
         value_name = "NAMESPACE"
     )]
     pub leader_elect_namespace: Option<String>,
+
+    /// How long a Lease holds without renewal before another replica may take it, for
+    /// leader election and shards alike (e.g. 15s) [default: the policy's]
+    #[arg(
+        long,
+        alias = "leader-elect-lease-duration",
+        env = "ACTORCILE_LEASE_DURATION",
+        value_name = "DURATION",
+        value_parser = parse_duration
+    )]
+    pub lease_duration: Option<Duration>,
+
+    /// How long a holder keeps trying to renew before it stops acting as the holder (shorter
+    /// than the lease duration) [default: the policy's]
+    #[arg(
+        long,
+        alias = "leader-elect-renew-deadline",
+        env = "ACTORCILE_LEASE_RENEW_DEADLINE",
+        value_name = "DURATION",
+        value_parser = parse_duration
+    )]
+    pub lease_renew_deadline: Option<Duration>,
+
+    /// How often Leases are renewed or tried [default: the policy's]
+    #[arg(
+        long,
+        alias = "leader-elect-retry-period",
+        env = "ACTORCILE_LEASE_RETRY_PERIOD",
+        value_name = "DURATION",
+        value_parser = parse_duration
+    )]
+    pub lease_retry_period: Option<Duration>,
 
     /// This replica's identity in the election or among the shards' holders [default:
     /// $POD_NAME (else $HOSTNAME) and the process id]
@@ -176,6 +230,34 @@ pub struct RuntimeArgs {
         conflicts_with = "shards_held_only"
     )]
     pub shards_server_side: bool,
+}
+
+/// The log filter without `--log` or `ACTORCILE_LOG`: `RUST_LOG`, as in the rest of the Rust
+/// ecosystem, else `info`.
+fn default_log_filter() -> String {
+    log_filter_or_info(std::env::var("RUST_LOG").ok())
+}
+
+fn log_filter_or_info(rust_log: Option<String>) -> String {
+    rust_log
+        .filter(|f| !f.trim().is_empty())
+        .unwrap_or_else(|| "info".into())
+}
+
+/// An address to bind: `HOST:PORT`, or `:PORT` for every interface (controller-runtime's
+/// form, e.g. `--metrics-bind-address=:8080`).
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let full = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_string(),
+    };
+    full.parse()
+        .map_err(|e| format!("{s:?} is not HOST:PORT or :PORT ({e})"))
+}
+
+/// A duration in humantime's form (`15s`, `1m30s`, `500ms`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime_serde::re::humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
 }
 
 impl RuntimeArgs {
@@ -237,6 +319,15 @@ impl RuntimeArgs {
         };
         if let Some(n) = self.max_concurrent_reconciles {
             policy.runtime.max_concurrent_reconciles = n;
+        }
+        if let Some(d) = self.lease_duration {
+            policy.lease.duration = d;
+        }
+        if let Some(d) = self.lease_renew_deadline {
+            policy.lease.renew_deadline = d;
+        }
+        if let Some(d) = self.lease_retry_period {
+            policy.lease.retry_period = d;
         }
         policy.validate()?;
         Ok(policy)
@@ -354,6 +445,69 @@ mod tests {
         assert!(e.to_string().contains("OTLP endpoint"), "{e}");
     }
 
+    /// controller-runtime's flag names and address form, and the Lease timings as flags.
+    #[test]
+    fn controller_runtime_names_and_lease_timings() {
+        let a = Args::try_parse_from([
+            "op",
+            "--health-probe-bind-address",
+            ":8081",
+            "--metrics-bind-address=127.0.0.1:8080",
+            "--leader-elect",
+            "--leader-election-id",
+            "dbs.example.com",
+            "--leader-election-namespace",
+            "ops",
+            "--leader-elect-lease-duration",
+            "30s",
+            "--lease-renew-deadline",
+            "20s",
+            "--leader-elect-retry-period",
+            "500ms",
+        ])
+        .unwrap()
+        .runtime;
+        assert_eq!(a.admin_addr, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(a.metrics_addr, Some("127.0.0.1:8080".parse().unwrap()));
+        assert!(a.leader_elect);
+        assert_eq!(a.leader_elect_lease, "dbs.example.com");
+        assert_eq!(a.leader_elect_namespace.as_deref(), Some("ops"));
+        let lease = a.policy().unwrap().lease;
+        assert_eq!(
+            (lease.duration, lease.renew_deadline, lease.retry_period),
+            (
+                Duration::from_secs(30),
+                Duration::from_secs(20),
+                Duration::from_millis(500)
+            )
+        );
+        // Timings that cannot work are refused at start (leader election and sharding check
+        // them), naming the setting.
+        let a = Args::try_parse_from([
+            "op",
+            "--lease-duration",
+            "5s",
+            "--lease-renew-deadline",
+            "10s",
+        ])
+        .unwrap()
+        .runtime;
+        let (key, _) = a.policy().unwrap().lease.check_timings().unwrap_err();
+        assert_eq!(key, "lease_renew_deadline");
+        let e = Args::try_parse_from(["op", "--lease-duration", "soon"]).unwrap_err();
+        assert!(e.to_string().contains("--lease-duration"), "{e}");
+    }
+
+    #[test]
+    fn the_log_filter_falls_back_to_rust_log_then_info() {
+        assert_eq!(
+            log_filter_or_info(Some("warn,kube=debug".into())),
+            "warn,kube=debug"
+        );
+        assert_eq!(log_filter_or_info(Some(" ".into())), "info");
+        assert_eq!(log_filter_or_info(None), "info");
+    }
+
     #[test]
     fn bad_values_are_errors_naming_the_flag() {
         let e = Args::try_parse_from(["op", "--admin-addr", "nowhere"]).unwrap_err();
@@ -386,6 +540,10 @@ mod tests {
             "ACTORCILE_SHARDS",
             "ACTORCILE_SHARDS_LEASE_PREFIX",
             "ACTORCILE_SHARDS_NAMESPACE",
+            "ACTORCILE_LEASE_DURATION",
+            "ACTORCILE_LEASE_RENEW_DEADLINE",
+            "ACTORCILE_LEASE_RETRY_PERIOD",
+            "RUST_LOG",
         ] {
             assert!(help.contains(var), "{var} missing from --help:\n{help}");
         }
