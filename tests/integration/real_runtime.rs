@@ -613,7 +613,7 @@ struct DefaultedSpec {
     note: String,
 }
 
-/// An operator puts `ResourceStatus` in its CRD's status (as `status.rs` recommends) and installs
+/// An operator puts `ResourceStatus` in its CRD's status (as `actorcile::status` recommends) and installs
 /// the CRD generated from its Rust types: the server accepts it. A generated CRD with a
 /// `default: ""` (what `status::Condition`'s `#[serde(default)]` strings would give if its schema
 /// kept them) installs too on the supported releases; v1.20 refused it (see
