@@ -113,6 +113,33 @@ mod writes;
 pub use object_api::KindScope;
 pub use runtime::Error;
 
+/// The attribute the crate's async traits ([`Provisioner`](provisioners::Provisioner),
+/// [`Provider`](providers::Provider), [`CdDriver`](provisioners::cd::CdDriver), …) are
+/// implemented with, re-exported so an implementation needs no dependency of its own:
+///
+/// ```
+/// use actorcile::prelude::*;
+/// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+/// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+/// # struct AppSpec {}
+///
+/// struct Deploy;
+///
+/// #[actorcile::async_trait]
+/// impl Provisioner<App> for Deploy {
+///     fn name(&self) -> &str {
+///         "deploy"
+///     }
+///     async fn provision(&self, _cx: &Context<App>) -> Outcome {
+///         Outcome::Done
+///     }
+///     async fn deprovision(&self, _cx: &Context<App>) -> Outcome {
+///         Outcome::Done
+///     }
+/// }
+/// ```
+pub use async_trait::async_trait;
+
 /// What a kind must be for actorcile to manage it: a typed Kubernetes resource (a
 /// `#[derive(CustomResource)]` type or a k8s-openapi type).
 pub trait ManagedResource:

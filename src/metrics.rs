@@ -6,9 +6,12 @@
 //! own metrics in it first) and an admin address with [`RuntimeBuilder::admin`]: `/metrics`
 //! serves it in the OpenMetrics text format.
 //!
+//! The crate is re-exported as [`actorcile::metrics::prometheus_client`](prometheus_client), so
+//! an operator's own metrics use the version the runtime registers with, without pinning it:
+//!
 //! ```
-//! use prometheus_client::metrics::counter::Counter;
-//! use prometheus_client::registry::Registry;
+//! use actorcile::metrics::prometheus_client::metrics::counter::Counter;
+//! use actorcile::metrics::prometheus_client::registry::Registry;
 //!
 //! let mut registry = Registry::default();
 //! let backups: Counter = Counter::default();
@@ -59,6 +62,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+pub use prometheus_client;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
