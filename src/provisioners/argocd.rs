@@ -116,6 +116,22 @@ impl ArgoCd {
         self
     }
 
+    /// Create and replace parameters that name the driver's field manager.
+    fn post_params(&self) -> PostParams {
+        PostParams {
+            field_manager: Some(self.field_manager.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// Patch parameters that name the driver's field manager.
+    fn patch_params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.field_manager.clone()),
+            ..Default::default()
+        }
+    }
+
     /// The `Application` API resource.
     pub fn application_resource() -> ApiResource {
         ApiResource::from_gvk_with_plural(
@@ -280,7 +296,7 @@ impl ArgoCd {
                 }
                 (None, Some(r)) => {
                     let secret = registration_secret(&name, id, r, &users)?;
-                    match api.create(&PostParams::default(), &secret).await {
+                    match api.create(&self.post_params(), &secret).await {
                         Ok(_) => match &legacy {
                             Some(old) => self.delete_exactly(old).await,
                             None => Ok(()),
@@ -305,7 +321,7 @@ impl ArgoCd {
                     }
                     s.annotations_mut()
                         .insert(USERS_ANNOTATION.into(), users_value(&users));
-                    api.replace(&s.name_any(), &PostParams::default(), &s)
+                    api.replace(&s.name_any(), &self.post_params(), &s)
                         .await
                         .map(|_| ())
                 }
@@ -600,7 +616,7 @@ impl CdDriver for ArgoCd {
                 obj.metadata.generate_name = Some(Self::application_name_prefix(&app.release));
                 obj.metadata.labels = Some(app.identity.labels().clone());
                 self.applications()
-                    .create(&PostParams::default(), &obj)
+                    .create(&self.post_params(), &obj)
                     .await?;
             }
             Some(current) if current.data.get("spec") == Some(&spec) => {}
@@ -610,7 +626,7 @@ impl CdDriver for ArgoCd {
                 let name = current.name_any();
                 current.data["spec"] = spec;
                 self.applications()
-                    .replace(&name, &PostParams::default(), &current)
+                    .replace(&name, &self.post_params(), &current)
                     .await?;
             }
         }
@@ -631,7 +647,7 @@ impl CdDriver for ArgoCd {
                     "resourceVersion": app.resource_version(),
                     "finalizers": finalizers,
                 }});
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                api.patch(&name, &self.patch_params(), &Patch::Merge(&patch))
                     .await?;
             }
             match api.delete(&name, &DeleteParams::default()).await {

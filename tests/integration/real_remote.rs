@@ -183,6 +183,21 @@ fn catalog() -> Arc<Catalog> {
     Arc::new(Catalog::new().chart("web", "1.0.0", "https://charts.example", "web"))
 }
 
+/// The field manager the test's Argo CD driver writes with.
+const MANAGER: &str = "remote-apps-operator";
+
+/// The managers named in `meta`'s managed fields.
+fn managers(meta: &kube::api::ObjectMeta) -> Vec<String> {
+    let mut m: Vec<String> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|f| f.manager.clone())
+        .collect();
+    m.dedup();
+    m
+}
+
 /// The Applications carrying owner `name`'s identity.
 async fn applications_of(argo_ns: &Api<DynamicObject>, owner: &str) -> Vec<DynamicObject> {
     argo_ns
@@ -215,7 +230,7 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
         let mgmt = Ns::create(env.client(), "remote-apps").await;
         let fake = Arc::new(FakeArgo::default());
         let controller = fake.spawn(env.client(), "argocd");
-        let driver = Arc::new(ArgoCd::new(env.client(), "argocd"));
+        let driver = Arc::new(ArgoCd::new(env.client(), "argocd").field_manager(MANAGER));
 
         // Widgets deploy `web` into the edge; a note `allow-degraded` accepts Degraded. Gadgets
         // do the same, deleting their application in the background.
@@ -283,6 +298,18 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
             app[0].name_any().starts_with("web-healthy-"),
             "generateName"
         );
+        // Every write of the driver names its field manager: the Application's and the
+        // cluster Secret's.
+        assert!(
+            managers(&app[0].metadata).contains(&MANAGER.to_string()),
+            "{:?}",
+            app[0].metadata.managed_fields
+        );
+        assert!(
+            managers(&secrets[0].metadata).contains(&MANAGER.to_string()),
+            "{:?}",
+            secrets[0].metadata.managed_fields
+        );
 
         // Degraded: waits unless the application allows it.
         fake.script("degraded", Script::Health("Degraded"));
@@ -330,6 +357,16 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
                 .iter()
                 .any(|f| f == actorcile::provisioners::argocd::RESOURCES_FINALIZER),
             "the resources finalizer is set before the delete"
+        );
+        assert!(
+            app[0].metadata.managed_fields.iter().flatten().any(|f| {
+                f.manager.as_deref() == Some(MANAGER)
+                    && f.fields_v1
+                        .as_ref()
+                        .is_some_and(|v| v.0.to_string().contains("f:finalizers"))
+            }),
+            "the finalizer patch names the driver's field manager: {:?}",
+            app[0].metadata.managed_fields
         );
         // Background delete: the gadget goes while its Application is still being deleted.
         let gadgets: Api<Gadget> = Api::namespaced(mgmt.client.clone(), &mgmt.ns);
