@@ -164,7 +164,7 @@ pub struct RuntimeArgs {
         alias = "leader-elect-lease-duration",
         env = "ACTORCILE_LEASE_DURATION",
         value_name = "DURATION",
-        value_parser = parse_duration
+        value_parser = humantime_serde::re::humantime::parse_duration
     )]
     pub lease_duration: Option<Duration>,
 
@@ -175,7 +175,7 @@ pub struct RuntimeArgs {
         alias = "leader-elect-renew-deadline",
         env = "ACTORCILE_LEASE_RENEW_DEADLINE",
         value_name = "DURATION",
-        value_parser = parse_duration
+        value_parser = humantime_serde::re::humantime::parse_duration
     )]
     pub lease_renew_deadline: Option<Duration>,
 
@@ -185,7 +185,7 @@ pub struct RuntimeArgs {
         alias = "leader-elect-retry-period",
         env = "ACTORCILE_LEASE_RETRY_PERIOD",
         value_name = "DURATION",
-        value_parser = parse_duration
+        value_parser = humantime_serde::re::humantime::parse_duration
     )]
     pub lease_retry_period: Option<Duration>,
 
@@ -253,11 +253,6 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     };
     full.parse()
         .map_err(|e| format!("{s:?} is not HOST:PORT or :PORT ({e})"))
-}
-
-/// A duration in humantime's form (`15s`, `1m30s`, `500ms`).
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime_serde::re::humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
 }
 
 impl RuntimeArgs {

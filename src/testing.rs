@@ -1,7 +1,8 @@
 //! Helpers for an operator's own tests: a deterministic policy, waits for what the runtime
-//! writes, and a log of the reconciles a test's steps ran ([`ReconcileLog`]). They use tokio's clock, so under a paused clock
-//! (`#[tokio::test(start_paused = true)]`) a wait of minutes costs no real time. Each wait
-//! panics with what it waited for once its limit has passed: they are for tests.
+//! writes, and a log of the reconciles a test's steps ran ([`ReconcileLog`]). They use tokio's
+//! clock, so under a paused clock (`#[tokio::test(start_paused = true)]`) a wait of minutes
+//! costs no real time. Each wait panics with what it waited for once its limit has passed: they
+//! are for tests.
 //!
 //! ```
 //! use std::time::Duration;

@@ -185,7 +185,7 @@ impl Keeper {
             .copied()
             .filter(|s| {
                 let holder = by_name
-                    .get(&self.cfg.shard_lease(*s))
+                    .get(&self.cfg.shard_lease_name(*s))
                     .and_then(|l| l.spec.as_ref()?.holder_identity.clone());
                 holder.as_deref() != Some(me.as_str())
             })
@@ -207,7 +207,7 @@ impl Keeper {
         let renewals = self
             .held
             .keys()
-            .map(|&s| (Some(s), self.cfg.shard_lease(s)))
+            .map(|&s| (Some(s), self.cfg.shard_lease_name(s)))
             .chain([(None, member.clone())])
             .collect::<Vec<_>>();
         let written = futures::future::join_all(renewals.iter().map(|(s, name)| {
@@ -293,7 +293,7 @@ impl Keeper {
         self.given_up.retain(|_, at| now < *at + 2 * self.duration);
         for i in 0..shards {
             let s = ((offset + i) % shards) as u32;
-            let name = self.cfg.shard_lease(s);
+            let name = self.cfg.shard_lease_name(s);
             if self.held.contains_key(&s) {
                 continue;
             }
@@ -434,7 +434,7 @@ impl Keeper {
             self.lose(s);
             self.given_up.insert(s, now);
             if drained {
-                self.release(&self.cfg.shard_lease(s)).await;
+                self.release(&self.cfg.shard_lease_name(s)).await;
             } else {
                 tracing::warn!(
                     shard = s,
@@ -478,7 +478,7 @@ impl Keeper {
     pub(crate) async fn release_all(mut self) {
         for s in self.held.keys().copied().collect::<Vec<_>>() {
             self.lose(s);
-            self.release(&self.cfg.shard_lease(s)).await;
+            self.release(&self.cfg.shard_lease_name(s)).await;
         }
         let member = self.cfg.member_lease();
         let dp = DeleteParams::default();

@@ -325,10 +325,6 @@ impl Sharding {
         format!("{}-shard-{shard}", self.lease_prefix)
     }
 
-    pub(crate) fn shard_lease(&self, shard: u32) -> String {
-        self.shard_lease_name(shard)
-    }
-
     /// The holder each shard's Lease names now, by shard; a shard whose Lease is missing or
     /// released is absent. What the Leases say, read once: a holder that stopped renewing is
     /// named until another replica takes its Lease (after the lease duration). For tests,
@@ -348,12 +344,14 @@ impl Sharding {
         let list = leases
             .list(&kube::api::ListParams::default().labels(&selector))
             .await?;
-        let prefix = format!("{}-shard-", self.lease_prefix);
+        let shards: std::collections::HashMap<String, u32> = (0..self.shards)
+            .map(|s| (self.shard_lease_name(s), s))
+            .collect();
         Ok(list
             .items
             .into_iter()
             .filter_map(|l| {
-                let shard = l.metadata.name?.strip_prefix(&prefix)?.parse().ok()?;
+                let shard = *shards.get(l.metadata.name.as_deref()?)?;
                 let holder = l.spec?.holder_identity.filter(|h| !h.is_empty())?;
                 Some((shard, holder))
             })

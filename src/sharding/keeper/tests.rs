@@ -151,7 +151,7 @@ async fn the_shards_of_a_replica_that_stops_renewing_are_taken_only_after_expiry
 /// an hour later. Paused time: the keeper's own clock is tokio's.
 #[tokio::test(start_paused = true)]
 async fn a_holders_skewed_clock_neither_loses_a_live_shard_nor_keeps_a_dead_one() {
-    let name = Sharding::new(12, "default").shard_lease(0);
+    let name = Sharding::new(12, "default").shard_lease_name(0);
     for skew in [-3600, 3600] {
         let cluster = ApiServer::new();
         let client = cluster.client();
@@ -347,7 +347,7 @@ async fn a_shard_taken_back_after_its_fence_lapsed_counts_as_a_transition() {
     let (mut a, sa) = keeper(&client, "a");
     rounds(&mut [&mut a], 2).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let name = a.cfg.shard_lease(5);
+    let name = a.cfg.shard_lease_name(5);
     let first = leases.get(&name).await.unwrap().spec.unwrap();
     // No renewal for longer than the renew deadline (the API did not answer).
     tokio::time::sleep(Duration::from_millis(1600)).await;
@@ -415,9 +415,9 @@ async fn a_shard_given_up_is_released_after_its_reconciles_finish() {
                 .holder_identity
         }
     };
-    assert_eq!(holder(a.cfg.shard_lease(11)).await, None, "released");
+    assert_eq!(holder(a.cfg.shard_lease_name(11)).await, None, "released");
     assert_eq!(
-        holder(a.cfg.shard_lease(10)).await.as_deref(),
+        holder(a.cfg.shard_lease_name(10)).await.as_deref(),
         Some("a"),
         "left to expire"
     );
