@@ -7,8 +7,10 @@
 //! * a field the manager owned before and no longer sends is removed, unless another manager owns it;
 //! * the body is then merged into the object.
 //!
-//! Only apply managers are tracked: plain updates and patches do not take ownership (the real server
-//! records them as `Update` managers and conflicts with them too).
+//! A plain update or patch ([`update_managed`]) that changes a field another manager owns takes
+//! it, as the real server's does: the field becomes its manager's, in an `Update` entry, so that the
+//! next apply of the manager that owned it conflicts (or, forced, takes it back); fields it removes
+//! are no one's. (A create, and a write of fields nobody owns, record nothing: see there.)
 
 use std::collections::BTreeSet;
 
@@ -135,6 +137,105 @@ fn remove_path(v: &mut Value, path: &[String]) {
 
 fn dotted(path: &[String]) -> String {
     path.iter().map(|k| format!(".{k}")).collect()
+}
+
+/// Who a write's fields belong to, for [`Store::update`](super::store::Store::update).
+pub(crate) enum Ownership<'a> {
+    /// An apply's `managedFields`, as [`apply`] made them.
+    Applied(Value),
+    /// A plain update or patch by `manager` ([`update_managed`]; the store reads its clock
+    /// only for an object that has `managedFields`).
+    Updated { manager: &'a str },
+    /// The server's own writes (garbage collection, finalizers it removes): nothing changes
+    /// hands.
+    Kept,
+}
+
+/// The `managedFields` after a plain update (a PUT, or a merge or JSON patch) by `manager`
+/// turned `current` into `next`: the fields it changed that another entry owned are taken from
+/// that entry and become its own, in its `Update` entry (with `subresource: status` for a write
+/// to `/status`), as on the real server, so that an applier's next apply of them conflicts; the
+/// fields it removed are taken from every entry; entries left without fields go. Simplified: a
+/// field nobody owned is not recorded as the updater's (the real server records it), so an
+/// object no apply touched keeps no `managedFields` and costs nothing here.
+pub(crate) fn update_managed(
+    current: &Value,
+    next: &Value,
+    manager: &str,
+    status_only: bool,
+    skip_status: bool,
+    api_version: &str,
+    now: &str,
+) -> Value {
+    let entries: Vec<Value> = current
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if entries.is_empty() {
+        return Value::Array(entries);
+    }
+    let before = field_set(current, status_only, skip_status);
+    let after = field_set(next, status_only, skip_status);
+    let changed: BTreeSet<Path> = after
+        .iter()
+        .filter(|p| get_path(current, p) != get_path(next, p))
+        .cloned()
+        .collect();
+    let removed: BTreeSet<Path> = before.difference(&after).cloned().collect();
+    if changed.is_empty() && removed.is_empty() {
+        return Value::Array(entries);
+    }
+    let subresource = status_only.then_some("status");
+    let is_mine = |e: &Value| {
+        e.get("manager").and_then(Value::as_str) == Some(manager)
+            && e.get("operation").and_then(Value::as_str) == Some("Update")
+            && e.get("subresource").and_then(Value::as_str) == subresource
+    };
+    let mut mine: Option<(Value, BTreeSet<Path>)> = None;
+    let mut taken: BTreeSet<Path> = BTreeSet::new();
+    let mut managed: Vec<Value> = Vec::new();
+    for mut e in entries {
+        let mut set = e.get("fieldsV1").map(from_fields_v1).unwrap_or_default();
+        let had = set.len();
+        set.retain(|p| !removed.contains(p));
+        if is_mine(&e) {
+            mine = Some((e, set));
+            continue;
+        }
+        taken.extend(set.iter().filter(|p| changed.contains(*p)).cloned());
+        set.retain(|p| !changed.contains(p));
+        if set.is_empty() {
+            continue;
+        }
+        if set.len() != had {
+            e["fieldsV1"] = to_fields_v1(&set);
+        }
+        managed.push(e);
+    }
+    let (entry, mut set) = match mine {
+        Some((e, set)) => (Some(e), set),
+        None => (None, BTreeSet::new()),
+    };
+    let grew = taken.iter().any(|p| !set.contains(p));
+    set.extend(taken);
+    if !set.is_empty() {
+        let mut entry = entry.unwrap_or_else(|| {
+            let mut e = json!({"manager": manager, "operation": "Update", "apiVersion": api_version,
+                "time": now, "fieldsType": "FieldsV1"});
+            if let Some(sub) = subresource {
+                e["subresource"] = json!(sub);
+            }
+            e
+        });
+        if grew {
+            entry["time"] = json!(now);
+        }
+        entry["fieldsV1"] = to_fields_v1(&set);
+        managed.push(entry);
+    }
+    managed.sort_by_key(|e| e.get("manager").and_then(Value::as_str).map(str::to_string));
+    Value::Array(managed)
 }
 
 /// The result of an apply: the object to write and its new `managedFields`.
@@ -293,6 +394,90 @@ mod tests {
         assert_eq!(set, want);
         assert_eq!(from_fields_v1(&to_fields_v1(&set)), set);
         assert_eq!(to_fields_v1(&set)["f:spec"]["."], json!({}));
+    }
+
+    #[test]
+    fn an_update_takes_the_fields_it_changes_from_their_apply_manager() {
+        let b1 = json!({"metadata": {"name": "a"}, "data": {"size": "1", "keep": "k"}});
+        let a1 = apply(None, &req(&b1, "op", false)).unwrap();
+        let mut cur = a1.object.clone();
+        cur["metadata"]["managedFields"] = a1.managed.clone();
+        // kubectl edit changes one field: it is the editor's now, the rest stays the operator's.
+        let mut next = cur.clone();
+        next["data"]["size"] = json!("edited");
+        let managed = update_managed(&cur, &next, "kubectl-edit", false, true, "v1", "t2");
+        let owners = |managed: &Value, path: &[&str]| -> Vec<String> {
+            let path: Path = path.iter().map(|s| s.to_string()).collect();
+            managed
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| from_fields_v1(&e["fieldsV1"]).contains(&path))
+                .map(|e| {
+                    format!(
+                        "{}:{}",
+                        e["manager"].as_str().unwrap(),
+                        e["operation"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(owners(&managed, &["data", "size"]), ["kubectl-edit:Update"]);
+        assert_eq!(owners(&managed, &["data", "keep"]), ["op:Apply"]);
+        next["metadata"]["managedFields"] = managed;
+        // The operator's apply now conflicts with the editor; forced, it takes the field back
+        // and the editor's entry, left with nothing, goes.
+        let err = apply(Some(&next), &req(&b1, "op", false)).err().unwrap();
+        assert_eq!(
+            err.message,
+            "Apply failed with 1 conflict: conflict with \"kubectl-edit\": .data.size"
+        );
+        let forced = apply(Some(&next), &req(&b1, "op", true)).unwrap();
+        assert_eq!(forced.object["data"]["size"], "1");
+        assert_eq!(owners(&forced.managed, &["data", "size"]), ["op:Apply"]);
+        assert_eq!(
+            forced.managed.as_array().unwrap().len(),
+            1,
+            "{}",
+            forced.managed
+        );
+        // A write that changes nothing moves nothing; a removed field is no one's.
+        assert_eq!(
+            update_managed(&next, &next, "x", false, true, "v1", "t3"),
+            next["metadata"]["managedFields"]
+        );
+        let mut gone = next.clone();
+        gone["data"].as_object_mut().unwrap().remove("keep");
+        let managed = update_managed(&next, &gone, "x", false, true, "v1", "t3");
+        assert!(owners(&managed, &["data", "keep"]).is_empty(), "{managed}");
+    }
+
+    #[test]
+    fn an_update_of_fields_nobody_owns_records_nothing() {
+        let cur = json!({"metadata": {"name": "a"}, "spec": {"x": 1}});
+        let mut next = cur.clone();
+        next["status"] = json!({"phase": "Ready"});
+        assert_eq!(
+            update_managed(&cur, &next, "op", true, true, "x/v1", "t"),
+            json!([])
+        );
+        // A status field an applier owns, written to /status by another: its Update entry of
+        // the status subresource.
+        let b = json!({"metadata": {"name": "a"}, "status": {"phase": "Pending"}});
+        let mut status_req = req(&b, "applier", false);
+        status_req.status_only = true;
+        let a = apply(Some(&cur), &status_req).unwrap();
+        let mut cur = a.object.clone();
+        cur["metadata"]["managedFields"] = a.managed.clone();
+        let mut next = cur.clone();
+        next["status"]["phase"] = json!("Ready");
+        let managed = update_managed(&cur, &next, "op", true, true, "x/v1", "t2");
+        assert_eq!(
+            managed,
+            json!([{"manager": "op", "operation": "Update", "apiVersion": "x/v1", "time": "t2",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {".": {}, "f:phase": {}}},
+                "subresource": "status"}])
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::apply::Ownership;
 use super::error::ApiError;
 use super::kinds::{Gr, Kind};
 use super::object::{ObjRef, meta_str};
@@ -240,7 +241,7 @@ impl Store {
                 false,
                 WriteKind::Patch,
                 false,
-                None,
+                Ownership::Kept,
             )?;
         } else {
             self.create(&kind, None, crd, None)?;

@@ -10,8 +10,9 @@ use serde::{Deserialize, Deserializer};
 /// order requests arrive, so the same sequence of requests under the same seed meets the same faults
 /// (under a paused tokio clock the arrival order is itself deterministic).
 ///
-/// Loadable from TOML (or any serde format). Durations accept a string with a unit (`"150ms"`, `"2s"`,
-/// `"1.5s"`, `"250us"`, `"1m"`), a bare number of milliseconds, or serde's `{ secs, nanos }` table:
+/// Loadable from TOML (or any serde format). Durations accept a string in humantime's format
+/// (`"150ms"`, `"2s"`, `"250us"`, `"1m"`, `"1s 500ms"`), a bare number of milliseconds, or serde's
+/// `{ secs, nanos }` table:
 ///
 /// ```
 /// # use actorcile_apiserver::Faults;
@@ -119,22 +120,10 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     }
 }
 
-/// Parses `"150ms"`, `"2s"`, `"1.5s"`, `"250us"`, `"100ns"`, `"1m"`, `"1h"`.
+/// A duration in humantime's format: `"150ms"`, `"2s"`, `"250us"`, `"100ns"`, `"1m"`,
+/// `"1h 30m"` (the scenario files' format too).
 fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let secs = match unit.trim() {
-        "ns" => n / 1e9,
-        "us" | "µs" => n / 1e6,
-        "ms" => n / 1e3,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return None,
-    };
-    Duration::try_from_secs_f64(secs).ok()
+    humantime::parse_duration(s.trim()).ok()
 }
 
 #[cfg(test)]
@@ -144,7 +133,11 @@ mod tests {
     #[test]
     fn durations_parse() {
         assert_eq!(parse_duration("150ms"), Some(Duration::from_millis(150)));
-        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_duration("1s 500ms"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(parse_duration("250us"), Some(Duration::from_micros(250)));
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("5"), None);
         assert_eq!(parse_duration("abc"), None);

@@ -69,10 +69,13 @@
 //!   (server-side apply, `fieldManager` required, `force` honoured) creates the object when missing and
 //!   tracks field ownership among apply managers in `metadata.managedFields` (`operation: Apply`): a field
 //!   another apply manager owns with a different value answers 409 `Conflict` unless forced (which takes
-//!   it over), and a field a manager stops sending is removed unless someone else owns it. Simplified:
-//!   lists are atomic (as for CRDs without list-type markers; built-in kinds' keyed lists are not merged
-//!   by key), and plain updates and patches do not become `Update` managers, so they never conflict. The
-//!   apply body must be JSON (which is YAML; kube always sends JSON).
+//!   it over), and a field a manager stops sending is removed unless someone else owns it. A replace or
+//!   plain patch that changes a field another manager owns takes it, as the real server does: it
+//!   becomes its manager's (`fieldManager`, else the User-Agent up to its first `/`) in an
+//!   `operation: Update` entry, so that manager's next apply conflicts. Simplified: a create, and a
+//!   write of fields nobody owns, record no entry (the real server records those too); lists are atomic (as for CRDs without list-type
+//!   markers; built-in kinds' keyed lists are not merged by key). The apply body must be JSON (which
+//!   is YAML; kube always sends JSON).
 //!
 //! # Semantics
 //!
@@ -81,8 +84,8 @@
 //!   unconditional for built-in kinds and refused (422) for custom resources and CRDs, as on the real
 //!   server. A write that changes nothing stores nothing and sends no watch event.
 //! * `metadata.uid`, `creationTimestamp` are set on create (timestamps follow the tokio clock, so a paused
-//!   clock gives simulated time); `managedFields` are kept as written, and maintained by server-side
-//!   apply only.
+//!   clock gives simulated time); `managedFields` are kept as written when a write sets them, and
+//!   maintained by every other write (see server-side apply above).
 //! * `metadata.generation` (custom resources, CRDs and the `apps` / `batch` kinds) starts at 1 and is
 //!   bumped when anything outside metadata changes — outside metadata and status when the kind has a
 //!   status subresource.

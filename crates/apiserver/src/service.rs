@@ -437,7 +437,9 @@ fn execute_locked(
                 route.status,
                 WriteKind::Put,
                 inject_conflict,
-                None,
+                apply::Ownership::Updated {
+                    manager: update_manager(q, &parts.headers),
+                },
             )?;
             Ok(json_response(200, w.bytes))
         }
@@ -457,7 +459,9 @@ fn execute_locked(
                     .current(kind, ns, name)
                     .ok_or_else(|| ApiError::not_found(kind_subject(kind, name)))
             };
-            let mut managed = None;
+            let mut ownership = apply::Ownership::Updated {
+                manager: update_manager(q, &parts.headers),
+            };
             let patched = match ct.as_str() {
                 "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                     if ct.starts_with("application/strategic") && kind.custom {
@@ -507,7 +511,6 @@ fn execute_locked(
                                 .unwrap_or_default()
                         )));
                     }
-                    let now = store.now();
                     let applied = apply::apply(
                         current.as_ref(),
                         &apply::ApplyRequest {
@@ -520,14 +523,14 @@ fn execute_locked(
                             status_only: route.status,
                             skip_status: kind.status,
                             api_version: &kind.api_version,
-                            now: &now,
+                            now: &store.now(),
                         },
                     )?;
                     if current.is_none() {
                         let w = store.create(kind, ns, applied.object, Some(applied.managed))?;
                         return Ok(json_response(201, w.bytes));
                     }
-                    managed = Some(applied.managed);
+                    ownership = apply::Ownership::Applied(applied.managed);
                     applied.object
                 }
                 _ => return Err(ApiError::unsupported_media_type()),
@@ -540,7 +543,7 @@ fn execute_locked(
                 route.status,
                 WriteKind::Patch,
                 inject_conflict,
-                managed,
+                ownership,
             )?;
             Ok(json_response(200, w.bytes))
         }
@@ -601,3 +604,19 @@ fn is_missing_member(doc: &Value, path: &str) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// The field manager of a plain update or patch: its `fieldManager`, else (as the real server
+/// names it) the client's User-Agent up to the first `/`.
+fn update_manager<'a>(q: &'a HashMap<String, String>, headers: &'a http::HeaderMap) -> &'a str {
+    q.get("fieldManager")
+        .map(String::as_str)
+        .filter(|m| !m.is_empty())
+        .or_else(|| {
+            headers
+                .get(http::header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|ua| ua.split('/').next())
+                .filter(|m| !m.is_empty())
+        })
+        .unwrap_or("unknown")
+}

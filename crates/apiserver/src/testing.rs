@@ -5,6 +5,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::apply::Ownership;
 use super::error::ApiError;
 use super::kinds::Kind;
 use super::store::{Store, WriteKind};
@@ -128,7 +129,7 @@ pub(super) fn put(
         status_only,
         WriteKind::Put,
         false,
-        None,
+        Ownership::Kept,
     )?;
     Ok(parse(&written.bytes))
 }
