@@ -15,6 +15,7 @@ use super::{
 #[derive(Debug, Clone)]
 pub struct EnvtestBuilder {
     crds: Vec<CustomResourceDefinition>,
+    crd_dirs: Vec<PathBuf>,
     keep_dir: bool,
     dir: Option<PathBuf>,
     binaries: Option<Binaries>,
@@ -27,6 +28,7 @@ impl Default for EnvtestBuilder {
     fn default() -> Self {
         EnvtestBuilder {
             crds: Vec::new(),
+            crd_dirs: Vec::new(),
             keep_dir: false,
             dir: None,
             binaries: None,
@@ -41,6 +43,16 @@ impl EnvtestBuilder {
     /// CustomResourceDefinitions to install (and wait Established) once the apiserver is ready.
     pub fn crds(mut self, crds: Vec<CustomResourceDefinition>) -> Self {
         self.crds = crds;
+        self
+    }
+
+    /// Install the CustomResourceDefinitions in the YAML (or JSON) files of `dir` too, as
+    /// controller-runtime's `CRDDirectoryPaths` does (read at start: [`crds_from_dir`]). May be
+    /// given more than once.
+    ///
+    /// [`crds_from_dir`]: crate::crds_from_dir
+    pub fn crd_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.crd_dirs.push(dir.into());
         self
     }
 
@@ -99,7 +111,8 @@ impl EnvtestBuilder {
     }
 
     /// Starts etcd and kube-apiserver, waits until `/readyz` answers `ok` and the `default` namespace
-    /// exists, then installs the CRDs given with [`crds`](Self::crds).
+    /// exists, then installs the CRDs given with [`crds`](Self::crds) and
+    /// [`crd_dir`](Self::crd_dir).
     pub async fn start(self) -> Result<Envtest, EnvtestError> {
         self.launch(SpawnMode::Attached).await
     }
@@ -116,7 +129,11 @@ impl EnvtestBuilder {
         env.into_detached()
     }
 
-    async fn launch(self, mode: SpawnMode) -> Result<Envtest, EnvtestError> {
+    async fn launch(mut self, mode: SpawnMode) -> Result<Envtest, EnvtestError> {
+        // Read before anything starts: a bad file is an error, not a half-set-up cluster.
+        for dir in &self.crd_dirs {
+            self.crds.extend(crate::crds_from_dir(dir)?);
+        }
         let binaries = match self.binaries.clone() {
             Some(b) => b,
             None => binaries()?,

@@ -132,21 +132,49 @@ fn openapi_paths(crd: &CustomResourceDefinition) -> Vec<String> {
 }
 
 /// Reads CustomResourceDefinitions from YAML text holding one or more documents (separated by
-/// `---`); empty documents are skipped.
+/// `---`); empty documents are skipped (and not counted in an error's document number).
 pub fn crds_from_yaml(text: &str) -> Result<Vec<CustomResourceDefinition>, EnvtestError> {
-    use serde::Deserialize;
     let mut out = Vec::new();
-    for (index, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
-        let invalid = |e| EnvtestError::Yaml {
+    let mut reader = text.as_bytes();
+    let docs = serde_saphyr::read::<_, serde_json::Value>(&mut reader);
+    for (index, doc) in docs.enumerate() {
+        let invalid = |source: Box<dyn std::error::Error + Send + Sync>| EnvtestError::Yaml {
             document: index + 1,
-            source: Box::new(e),
+            source,
         };
-        let value = serde_norway::Value::deserialize(doc).map_err(invalid)?;
+        let value = doc.map_err(|e| invalid(Box::new(e)))?;
         if value.is_null() {
             continue;
         }
-        let crd: CustomResourceDefinition = serde_norway::from_value(value).map_err(invalid)?;
+        let crd: CustomResourceDefinition =
+            serde_json::from_value(value).map_err(|e| invalid(Box::new(e)))?;
         out.push(crd);
+    }
+    Ok(out)
+}
+
+/// Reads the CustomResourceDefinitions of every `.yaml`, `.yml` and `.json` file in `dir` (not
+/// its subfolders), in the order of the files' names; other files are skipped.
+pub fn crds_from_dir(
+    dir: impl AsRef<std::path::Path>,
+) -> Result<Vec<CustomResourceDefinition>, EnvtestError> {
+    let dir = dir.as_ref();
+    let reading = |e| EnvtestError::io(format!("reading CRD folder {}", dir.display()), e);
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(reading)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|x| x == "yaml" || x == "yml" || x == "json")
+        })
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| EnvtestError::io(format!("reading {}", file.display()), e))?;
+        out.extend(crds_from_yaml(&text)?);
     }
     Ok(out)
 }
@@ -222,6 +250,39 @@ spec:
     }
 
     #[test]
+    fn a_crd_folder_gives_the_crds_of_its_yaml_and_json_files_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let widget = crds_from_yaml(WIDGET_CRD).unwrap().remove(0);
+        let mut gadget = widget.clone();
+        gadget.metadata.name = Some("gadgets.example.com".into());
+        std::fs::write(dir.path().join("b-widget.yaml"), WIDGET_CRD).unwrap();
+        std::fs::write(
+            dir.path().join("a-gadget.json"),
+            serde_json::to_string(&gadget).unwrap(),
+        )
+        .unwrap();
+        // Neither another file nor a subfolder is read.
+        std::fs::write(dir.path().join("notes.txt"), "not: [yaml").unwrap();
+        std::fs::create_dir(dir.path().join("old")).unwrap();
+        std::fs::write(dir.path().join("old/broken.yaml"), "not: [yaml").unwrap();
+        let names: Vec<_> = crds_from_dir(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|c| c.metadata.name.unwrap())
+            .collect();
+        assert_eq!(names, ["gadgets.example.com", "widgets.example.com"]);
+        std::fs::write(dir.path().join("c.yml"), "metadata: 7").unwrap();
+        assert!(matches!(
+            crds_from_dir(dir.path()),
+            Err(EnvtestError::Yaml { .. })
+        ));
+        assert!(matches!(
+            crds_from_dir(dir.path().join("missing")),
+            Err(EnvtestError::Io { .. })
+        ));
+    }
+
+    #[test]
     fn crds_from_yaml_rejects_garbage() {
         let err = crds_from_yaml("apiVersion: v1\nkind: [unclosed").unwrap_err();
         assert!(
@@ -233,8 +294,9 @@ spec:
             matches!(err, EnvtestError::Yaml { document: 1, .. }),
             "{err:?}"
         );
-        // Empty documents count (the first `---` opens document 1), and the cause is the source.
-        let err = crds_from_yaml("---\n---\nmetadata: 7\n").unwrap_err();
+        // Empty documents do not count, and the cause is the source.
+        let err =
+            crds_from_yaml(&format!("---\n---\n{WIDGET_CRD}\n---\nmetadata: 7\n")).unwrap_err();
         assert!(
             matches!(err, EnvtestError::Yaml { document: 2, .. }),
             "{err:?}"

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::files::{self, WorkDir};
 use super::process::{self, Component, Proc, SpawnMode};
+use super::procs::{PidFd, find_process, pid_alive, process_is};
 use super::{EnvtestError, KubeVersion, Ports};
 
 /// A control plane started by [`EnvtestBuilder::start_detached`](super::EnvtestBuilder::start_detached):
@@ -357,87 +358,6 @@ async fn wait_exited(handle: Option<&PidFd>, pid: u32, limit: Duration) -> bool 
     }
 }
 
-/// A Linux process file descriptor (`pidfd_open(2)`, Linux 5.3+).
-struct PidFd(std::os::fd::OwnedFd);
-
-impl PidFd {
-    /// `None` where the kernel has no pidfds; callers fall back to [`pid_alive`].
-    #[allow(unsafe_code)] // pidfd_open(2), and owning the descriptor it returns
-    fn open(pid: u32) -> Option<PidFd> {
-        use std::os::fd::FromRawFd;
-        let pid = libc::pid_t::try_from(pid).ok()?;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new file descriptor or -1; no
-        // memory is passed.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let fd = libc::c_int::try_from(fd).ok().filter(|fd| *fd >= 0)?;
-        // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
-        Some(PidFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
-    }
-
-    /// Whether the process has exited (all of its threads): the pidfd polls readable.
-    #[allow(unsafe_code)] // poll(2) on the pidfd
-    fn exited(&self) -> bool {
-        use std::os::fd::AsRawFd;
-        let mut pfd = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-        n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
-    }
-}
-
-/// Whether `pid` names a process that has not exited (its `/proc` entry is there and not a
-/// zombie), whatever it runs.
-fn pid_alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].trim_start().chars().next());
-    !matches!(state, Some('Z' | 'X') | None)
-}
-
-/// A live process running `binary` (by file name) with `flag` among its arguments.
-fn find_process(binary: &Path, flag: &str) -> Option<u32> {
-    let entries = std::fs::read_dir("/proc").ok()?;
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|&pid| {
-            process_is(pid, binary)
-                && std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == flag.as_bytes()))
-        })
-}
-
-/// Whether `pid` is a live (not zombie) process running `binary` (compared by file name).
-fn process_is(pid: u32, binary: &Path) -> bool {
-    let Some(name) = binary.file_name() else {
-        return false;
-    };
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // Format: `pid (comm) state ...`; comm may contain spaces or parentheses, so split at the last ')'.
-    let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return false;
-    };
-    if matches!(after.trim_start().chars().next(), Some('Z' | 'X') | None) {
-        return false;
-    }
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-    let argv0 = String::from_utf8_lossy(argv0);
-    Path::new(argv0.as_ref())
-        .file_name()
-        .is_some_and(|f| f == name)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,6 +417,7 @@ mod tests {
         );
     }
 
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn ending_a_process_waits_until_it_has_exited() {
         // A child that ignores SIGTERM: only the SIGKILL after the grace period ends it, and
@@ -538,38 +459,5 @@ mod tests {
         let status = child.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
-    }
-
-    #[test]
-    fn process_is_checks_liveness_and_name() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        // Give the child time to finish exec under load.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !process_is(pid, Path::new("/bin/sleep")) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            process_is(pid, Path::new("/bin/sleep")),
-            "pid {pid} cmdline {:?}",
-            String::from_utf8_lossy(&cmdline)
-        );
-        assert!(
-            !process_is(pid, Path::new("etcd")),
-            "a reused pid with another program is not ours"
-        );
-        child.kill().unwrap();
-        // Killed but not reaped: a zombie counts as gone.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while process_is(pid, Path::new("/bin/sleep")) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(!process_is(pid, Path::new("/bin/sleep")));
-        child.wait().unwrap();
-        assert!(!process_is(pid, Path::new("/bin/sleep")));
     }
 }

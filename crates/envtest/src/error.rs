@@ -97,7 +97,7 @@ pub enum EnvtestError {
     /// A YAML document could not be read as a CustomResourceDefinition.
     #[error("invalid CustomResourceDefinition YAML in document {document}: {source}")]
     Yaml {
-        /// Which `---`-separated document, counting from 1 (empty documents count).
+        /// Which `---`-separated document, counting from 1 (empty documents do not count).
         document: usize,
         /// The YAML library's error (boxed, so that this enum does not name the library).
         #[source]

@@ -189,7 +189,7 @@ pub(crate) fn kubeconfig_yaml(
         }],
         "current-context": "actorcile-envtest",
     });
-    serde_norway::to_string(&doc).map_err(|e| EnvtestError::KubeconfigYaml {
+    serde_saphyr::to_string(&doc).map_err(|e| EnvtestError::KubeconfigYaml {
         source: Box::new(e),
     })
 }

@@ -11,8 +11,9 @@
 //! [`Envtest::client`] and [`Envtest::user_client`] trust the apiserver's own certificate (read from
 //! its `--cert-dir`); TLS verification is not disabled.
 //!
-//! The apiserver's flags are chosen by the version its binary reports ([`Envtest::version`]), so
-//! any release from v1.20 to the newest starts (v1.24 removed `--insecure-port`, for example).
+//! The apiserver's flags are chosen by the version its binary reports ([`Envtest::version`]):
+//! v1.24 removed `--insecure-port`, for example. It is tested with v1.34 and v1.37, the oldest
+//! and newest releases the repository builds.
 //! RBAC is enforced, so a test can check that an operator's ClusterRole suffices by binding it to
 //! [`Envtest::user_name`] and using [`Envtest::user_client`].
 //!
@@ -23,7 +24,9 @@
 //! The binaries come from [`binaries`]: the folder in `$KUBEBUILDER_ASSETS` (controller-runtime's
 //! layout, so `setup-envtest` downloads work), else `$ACTORCILE_KUBE_ASSETS`, else the cache that
 //! the repository's `scripts/install-test-deps.sh` fills by building the newest Kubernetes release
-//! from its Go modules (`~/.cache/actorcile/k8s/<version>/bin`).
+//! from its Go modules (`~/.cache/actorcile/k8s/<version>/bin`), else the newest release in
+//! setup-envtest's own store ([`setup_envtest_store`]). CRDs are installed from values
+//! ([`EnvtestBuilder::crds`]) or from a folder of files ([`EnvtestBuilder::crd_dir`]).
 //!
 //! The child processes die with the test: [`Envtest::stop`] and `Drop` kill them and remove the
 //! directory, and on Linux they also receive `SIGKILL` when the process that started them exits for any
@@ -63,16 +66,18 @@ mod error;
 mod files;
 mod lookup;
 mod process;
+mod procs;
 
 use std::time::Duration;
 
 pub use builder::EnvtestBuilder;
 pub use control_plane::Envtest;
-pub use crds::{FIELD_MANAGER, crds_from_yaml, install_crds, wait_for_openapi};
+pub use crds::{FIELD_MANAGER, crds_from_dir, crds_from_yaml, install_crds, wait_for_openapi};
 pub use detached::{DetachedEnvtest, STATE_FILE};
 pub use error::EnvtestError;
 pub use lookup::{
     ACTORCILE_KUBE_ASSETS, Binaries, KUBEBUILDER_ASSETS, KubeVersion, binaries, cache_dir,
+    setup_envtest_store,
 };
 pub use process::Component;
 

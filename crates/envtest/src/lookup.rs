@@ -67,7 +67,9 @@ pub fn cache_dir() -> Option<PathBuf> {
 ///    `setup-envtest` downloaded work as they are);
 /// 2. the folder in `$ACTORCILE_KUBE_ASSETS`;
 /// 3. the cache that `scripts/install-test-deps.sh` fills: `<cache>/k8s/<version>/bin`, the
-///    version named in `<cache>/k8s/newest` (see [`cache_dir`]).
+///    version named in `<cache>/k8s/newest` (see [`cache_dir`]);
+/// 4. the newest release in setup-envtest's own store ([`setup_envtest_store`]: what
+///    `setup-envtest use` downloaded without `--bin-dir`) for this system and processor.
 ///
 /// A variable that is set wins even when its folder is incomplete (the error says so), so a
 /// mistyped path never silently falls back to another server.
@@ -76,13 +78,62 @@ pub fn binaries() -> Result<Binaries, EnvtestError> {
         std::env::var_os(KUBEBUILDER_ASSETS),
         std::env::var_os(ACTORCILE_KUBE_ASSETS),
         cache_dir(),
+        setup_envtest_store(),
     )
+}
+
+/// setup-envtest's store of downloaded releases, one folder per release
+/// (`<version>-<os>-<arch>`, e.g. `1.34.1-linux-amd64`), where `setup-envtest use` puts them by
+/// default: `$XDG_DATA_HOME/kubebuilder-envtest/k8s` (else `~/.local/share/...`), on macOS
+/// `~/Library/Application Support/io.kubebuilder.envtest/k8s`. `None` without `$HOME`.
+pub fn setup_envtest_store() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from);
+    if cfg!(target_os = "macos") {
+        return home.map(|h| h.join("Library/Application Support/io.kubebuilder.envtest/k8s"));
+    }
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| home.map(|h| h.join(".local/share")))?;
+    Some(data.join("kubebuilder-envtest/k8s"))
+}
+
+/// This system and processor as setup-envtest names its releases' folders: `-<os>-<arch>`, in
+/// Go's names (`linux`, `darwin`; `amd64`, `arm64`).
+fn platform_suffix() -> String {
+    let os = match std::env::consts::OS {
+        "macos" => "darwin",
+        other => other,
+    };
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    format!("-{os}-{arch}")
+}
+
+/// The folder of the newest release in setup-envtest's `store` for this system and processor.
+fn newest_in_store(store: &Path) -> Option<PathBuf> {
+    let suffix = platform_suffix();
+    std::fs::read_dir(store)
+        .ok()?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let version = KubeVersion::parse(name.strip_suffix(&suffix)?)?;
+            Some((version, store.join(name)))
+        })
+        .max_by_key(|(v, _)| *v)
+        .map(|(_, dir)| dir)
 }
 
 fn resolve_binaries(
     kubebuilder_assets: Option<OsString>,
     actorcile_assets: Option<OsString>,
     cache: Option<PathBuf>,
+    store: Option<PathBuf>,
 ) -> Result<Binaries, EnvtestError> {
     let named = [
         (KUBEBUILDER_ASSETS, kubebuilder_assets),
@@ -99,27 +150,34 @@ fn resolve_binaries(
             });
         }
     }
-    let Some(cache) = cache else {
-        return Err(EnvtestError::BinaryNotFound {
-            name: "kube-apiserver",
-            looked: format!(
-                "neither ${KUBEBUILDER_ASSETS}, ${ACTORCILE_KUBE_ASSETS} nor $HOME is set"
-            ),
-        });
-    };
-    let k8s = cache.join("k8s");
-    let newest = std::fs::read_to_string(k8s.join("newest")).unwrap_or_default();
-    let newest = newest.trim();
-    if newest.is_empty() || newest.contains('/') {
-        return Err(EnvtestError::BinaryNotFound {
-            name: "kube-apiserver",
-            looked: format!(
-                "no build recorded in {} (set ${KUBEBUILDER_ASSETS} to use other binaries)",
-                k8s.join("newest").display()
-            ),
-        });
+    // The repository's cache: the build it recorded as the newest (a name that would leave the
+    // cache is refused).
+    let recorded = cache.as_ref().and_then(|c| {
+        let k8s = c.join("k8s");
+        let newest = std::fs::read_to_string(k8s.join("newest")).ok()?;
+        let newest = newest.trim();
+        (!newest.is_empty() && !newest.contains('/')).then(|| k8s.join(newest).join("bin"))
+    });
+    if let Some(bin) = recorded {
+        return Binaries::from_dir(bin);
     }
-    Binaries::from_dir(k8s.join(newest).join("bin"))
+    if let Some(dir) = store.as_deref().and_then(newest_in_store) {
+        return Binaries::from_dir(dir);
+    }
+    let looked = match &cache {
+        None => format!("neither ${KUBEBUILDER_ASSETS}, ${ACTORCILE_KUBE_ASSETS} nor $HOME is set"),
+        Some(c) => format!(
+            "no build recorded in {} and no release in setup-envtest's store{} (set ${KUBEBUILDER_ASSETS} to use other binaries)",
+            c.join("k8s/newest").display(),
+            store
+                .map(|s| format!(" {}", s.display()))
+                .unwrap_or_default(),
+        ),
+    };
+    Err(EnvtestError::BinaryNotFound {
+        name: "kube-apiserver",
+        looked,
+    })
 }
 
 /// A Kubernetes release as a binary reports it (`Kubernetes v1.37.2`).
@@ -226,16 +284,22 @@ mod tests {
             Some(assets.path().into()),
             Some(ours.path().into()),
             Some(cache.path().into()),
+            None,
         )
         .unwrap();
         assert_eq!(all.kube_apiserver, assets.path().join("kube-apiserver"));
         assert_eq!(all.kube_controller_manager, None);
 
-        let no_kubebuilder =
-            resolve_binaries(None, Some(ours.path().into()), Some(cache.path().into())).unwrap();
+        let no_kubebuilder = resolve_binaries(
+            None,
+            Some(ours.path().into()),
+            Some(cache.path().into()),
+            None,
+        )
+        .unwrap();
         assert_eq!(no_kubebuilder.etcd, ours.path().join("etcd"));
 
-        let cache_only = resolve_binaries(None, None, Some(cache.path().into())).unwrap();
+        let cache_only = resolve_binaries(None, None, Some(cache.path().into()), None).unwrap();
         assert_eq!(
             cache_only,
             Binaries {
@@ -253,8 +317,13 @@ mod tests {
         fake_executable(assets.path(), "kube-apiserver");
         // etcd present but not executable: does not count.
         std::fs::write(assets.path().join("etcd"), "x").unwrap();
-        let err = resolve_binaries(Some(assets.path().into()), None, Some(cache.path().into()))
-            .unwrap_err();
+        let err = resolve_binaries(
+            Some(assets.path().into()),
+            None,
+            Some(cache.path().into()),
+            None,
+        )
+        .unwrap_err();
         assert!(
             matches!(err, EnvtestError::BinaryNotFound { name: "etcd", .. }),
             "{err}"
@@ -267,7 +336,7 @@ mod tests {
     #[test]
     fn an_empty_cache_names_the_installer() {
         let cache = tempfile::tempdir().unwrap();
-        let err = resolve_binaries(None, None, Some(cache.path().into())).unwrap_err();
+        let err = resolve_binaries(None, None, Some(cache.path().into()), None).unwrap_err();
         let msg = err.to_string();
         assert!(
             msg.contains("scripts/install-test-deps.sh") && msg.contains("kube-apiserver"),
@@ -276,7 +345,40 @@ mod tests {
         // A recorded name that would leave the cache is refused.
         std::fs::create_dir_all(cache.path().join("k8s")).unwrap();
         std::fs::write(cache.path().join("k8s/newest"), "../../bin").unwrap();
-        assert!(resolve_binaries(None, None, Some(cache.path().into())).is_err());
+        assert!(resolve_binaries(None, None, Some(cache.path().into()), None).is_err());
+    }
+
+    #[test]
+    fn without_a_cached_build_the_newest_release_in_setup_envtests_store_serves() {
+        let cache = tempfile::tempdir().unwrap();
+        let store = tempfile::tempdir().unwrap();
+        let here = |v: &str| store.path().join(format!("{v}{}", platform_suffix()));
+        for dir in [
+            here("1.33.0"),
+            here("1.34.1"),
+            here("1.9.0"),
+            store.path().join("1.99.0-plan9-mips"),
+        ] {
+            fake_executable(&dir, "etcd");
+            fake_executable(&dir, "kube-apiserver");
+        }
+        let resolve = || {
+            resolve_binaries(
+                None,
+                None,
+                Some(cache.path().into()),
+                Some(store.path().into()),
+            )
+            .unwrap()
+            .kube_apiserver
+        };
+        assert_eq!(resolve(), here("1.34.1").join("kube-apiserver"));
+        // A build in the cache comes first.
+        let cached = cache.path().join("k8s/v1.37.2/bin");
+        fake_executable(&cached, "etcd");
+        fake_executable(&cached, "kube-apiserver");
+        std::fs::write(cache.path().join("k8s/newest"), "v1.37.2\n").unwrap();
+        assert_eq!(resolve(), cached.join("kube-apiserver"));
     }
 
     #[test]

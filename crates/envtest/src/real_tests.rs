@@ -19,15 +19,7 @@ fn config_map(name: &str) -> ConfigMap {
 }
 
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
+    crate::procs::pid_alive(pid)
 }
 
 #[tokio::test]
@@ -171,8 +163,15 @@ async fn restarts_keep_data_and_clients_work_again() {
 #[tokio::test]
 async fn builder_installs_crds_waits_established_and_for_openapi() {
     tokio::time::timeout(LIMIT, async {
+        // From a folder of CRD files, as controller-runtime's CRDDirectoryPaths.
+        let folder = tempfile::tempdir().unwrap();
+        std::fs::write(folder.path().join("widget.yaml"), super::crds::WIDGET_CRD).unwrap();
         let crds = crds_from_yaml(super::crds::WIDGET_CRD).unwrap();
-        let env = Envtest::builder().crds(crds.clone()).start().await.unwrap();
+        let env = Envtest::builder()
+            .crd_dir(folder.path())
+            .start()
+            .await
+            .unwrap();
         let got = Api::<CustomResourceDefinition>::all(env.client())
             .get("widgets.example.com")
             .await
