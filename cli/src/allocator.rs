@@ -96,7 +96,7 @@ unsafe impl GlobalAlloc for Chosen {
 
 /// Returns the free memory the allocator holds to the OS, as far as the calling thread can:
 /// mimalloc's free pages of this thread's heap (`mi_collect`), or glibc's free memory of every
-/// arena (`malloc_trim`).
+/// arena (`malloc_trim`; other C libraries have no such call, and their allocator keeps it).
 pub fn return_free_memory() {
     if is_mimalloc() {
         // SAFETY: mi_collect only returns the calling thread's free allocator memory to the OS.
@@ -106,6 +106,7 @@ pub fn return_free_memory() {
         };
     } else {
         // SAFETY: malloc_trim only returns free memory of glibc's arenas to the OS.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
         unsafe {
             libc::malloc_trim(0);
         }

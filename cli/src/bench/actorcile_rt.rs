@@ -29,6 +29,16 @@ use super::{
     },
 };
 
+/// The benchmarked operator's field manager, of its names ([`names`]).
+pub const FIELD_MANAGER: &str = "bench-actorcile";
+/// The benchmarked operator's finalizer, of its names ([`names`]).
+pub const FINALIZER: &str = "bench.actorcile.dev/finalizer";
+
+/// The benchmarked operator's names.
+pub fn names() -> OperatorNames {
+    OperatorNames::new(FIELD_MANAGER, "bench.actorcile.dev")
+}
+
 /// Which of its own writes the runtime makes.
 #[derive(Clone, Copy, Debug)]
 pub struct Writes {
@@ -95,7 +105,7 @@ pub async fn start(
     if !writes.status {
         controller = controller.without_status();
     }
-    let handle = Runtime::builder(client)
+    let handle = Runtime::builder(client, names())
         .policy(policy)
         .controller(controller)
         .start()

@@ -969,6 +969,9 @@ mod tests {
                 "{query}"
             );
         }
-        assert_ne!(SETUP_FIELD_MANAGER, actorcile::FIELD_MANAGER);
+        assert_ne!(
+            SETUP_FIELD_MANAGER,
+            crate::bench::actorcile_rt::FIELD_MANAGER
+        );
     }
 }

@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use actorcile::{FIELD_MANAGER, runtime::DEFAULT_FINALIZER};
+use super::actorcile_rt::{FIELD_MANAGER, FINALIZER as DEFAULT_FINALIZER};
 use anyhow::{Result, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;

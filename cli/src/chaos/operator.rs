@@ -327,9 +327,8 @@ pub fn builder(
         effects: record("effects")?,
         next_reconcile: AtomicU64::new(0),
     });
-    let builder = Runtime::builder(client)
+    let builder = Runtime::builder(client, OperatorNames::new(NAME, "chaos.actorcile.dev"))
         .policy(policy(args.hang_rate > 0.0))
-        .field_manager(NAME)
         .finalizer(format!("chaos.actorcile.dev/{NAME}"))
         .events(NAME)
         .controller(Controller::<ChaosItem>::new(tree(chaos)));

@@ -221,14 +221,17 @@ pub async fn run_one(
     let base = cluster.stats();
     let client = cluster.client();
     let behaviour = Behaviour::new(scenario.seed, scenario.provisioner.clone());
-    let mut rt = Runtime::builder(client)
-        .policy(policy)
-        .controller(Controller::<SimObject>::new(tree(
-            behaviour,
-            scenario.nodes.clone(),
-        )))
-        .start()
-        .await?;
+    let mut rt = Runtime::builder(
+        client,
+        OperatorNames::new("simulate-operator", "simulate.actorcile.dev"),
+    )
+    .policy(policy)
+    .controller(Controller::<SimObject>::new(tree(
+        behaviour,
+        scenario.nodes.clone(),
+    )))
+    .start()
+    .await?;
     // Create nothing before the runtime's initial list is done (its watch request has come), so
     // time 0 is a runtime that is watching.
     let sync_limit = Instant::now() + SYNC_LIMIT;

@@ -2,7 +2,7 @@
 //!
 //! Files are read with [`SupervisorPolicy::from_file`], so a bad file fails with the library's
 //! error naming the field. Built-ins: `default` ([`SupervisorPolicy::default`]), and the files in
-//! `examples/policies/` (compiled in): `aggressive` (short backoffs, high concurrency),
+//! `cli/policies/` (compiled in): `aggressive` (short backoffs, high concurrency),
 //! `conservative` (long backoffs, low concurrency, strict restart intensity) and `fail-fast`
 //! (quarantine on the first failure) and `polling` (re-run Ready resources every minute).
 
@@ -13,22 +13,13 @@ use actorcile::policy::{PolicyError, SupervisorPolicy};
 /// Built-in policies in TOML (`default` is the library's default and has no text).
 pub const BUILT_INS: &[(&str, &str)] = &[
     ("default", ""),
-    (
-        "aggressive",
-        include_str!("../../../examples/policies/aggressive.toml"),
-    ),
+    ("aggressive", include_str!("../../policies/aggressive.toml")),
     (
         "conservative",
-        include_str!("../../../examples/policies/conservative.toml"),
+        include_str!("../../policies/conservative.toml"),
     ),
-    (
-        "fail-fast",
-        include_str!("../../../examples/policies/fail-fast.toml"),
-    ),
-    (
-        "polling",
-        include_str!("../../../examples/policies/polling.toml"),
-    ),
+    ("fail-fast", include_str!("../../policies/fail-fast.toml")),
+    ("polling", include_str!("../../policies/polling.toml")),
 ];
 
 /// The policies compared when none is given.

@@ -37,7 +37,7 @@
 //! # seed = 5              # default: derived from the scenario's seed
 //! ```
 //!
-//! The built-in scenarios are the files in `examples/scenarios/` (compiled in).
+//! The built-in scenarios are the files in `cli/scenarios/` (compiled in).
 
 use std::path::Path;
 use std::time::Duration;
@@ -52,32 +52,14 @@ pub const MAX_OBJECTS: usize = 1_000_000;
 /// The most readiness samples one run may take (`duration / sample_every`).
 pub const MAX_SAMPLES: u128 = 1_000_000;
 
-/// Built-in scenarios: name and TOML text (the files in `examples/scenarios/`).
+/// Built-in scenarios: name and TOML text (the files in `cli/scenarios/`).
 pub const BUILT_INS: &[(&str, &str)] = &[
-    (
-        "steady",
-        include_str!("../../../examples/scenarios/steady.toml"),
-    ),
-    (
-        "flaky",
-        include_str!("../../../examples/scenarios/flaky.toml"),
-    ),
-    (
-        "panicky",
-        include_str!("../../../examples/scenarios/panicky.toml"),
-    ),
-    (
-        "slow-api",
-        include_str!("../../../examples/scenarios/slow-api.toml"),
-    ),
-    (
-        "infra",
-        include_str!("../../../examples/scenarios/infra.toml"),
-    ),
-    (
-        "hour-10k",
-        include_str!("../../../examples/scenarios/hour-10k.toml"),
-    ),
+    ("steady", include_str!("../../scenarios/steady.toml")),
+    ("flaky", include_str!("../../scenarios/flaky.toml")),
+    ("panicky", include_str!("../../scenarios/panicky.toml")),
+    ("slow-api", include_str!("../../scenarios/slow-api.toml")),
+    ("infra", include_str!("../../scenarios/infra.toml")),
+    ("hour-10k", include_str!("../../scenarios/hour-10k.toml")),
 ];
 
 /// A workload plus API faults, run once per compared policy.
