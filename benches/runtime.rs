@@ -145,11 +145,14 @@ fn routing(c: &mut Criterion) {
                 Outcome::Done
             }
         });
-        let handle = Runtime::builder(client)
-            .controller(Controller::<Thing>::new(tree))
-            .start()
-            .await
-            .unwrap();
+        let handle = Runtime::builder(
+            client,
+            OperatorNames::new("bench-operator", "bench.actorcile.dev"),
+        )
+        .controller(Controller::<Thing>::new(tree))
+        .start()
+        .await
+        .unwrap();
         (cluster, handle, api)
     });
     while rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
@@ -196,21 +199,24 @@ fn scale(c: &mut Criterion) {
                             api.create(&PostParams::default(), &t).await.unwrap();
                         }
                         let started = Instant::now();
-                        let handle = Runtime::builder(client)
-                            .policy(SupervisorPolicy {
-                                runtime: actorcile::policy::RuntimePolicy {
-                                    max_concurrent_reconciles: 256,
-                                    ..Default::default()
-                                },
+                        let handle = Runtime::builder(
+                            client,
+                            OperatorNames::new("bench-operator", "bench.actorcile.dev"),
+                        )
+                        .policy(SupervisorPolicy {
+                            runtime: actorcile::policy::RuntimePolicy {
+                                max_concurrent_reconciles: 256,
                                 ..Default::default()
-                            })
-                            .controller(Controller::<Thing>::new(step(
-                                "noop",
-                                |_cx: Context<Thing>| async { Outcome::Done },
-                            )))
-                            .start()
-                            .await
-                            .unwrap();
+                            },
+                            ..Default::default()
+                        })
+                        .controller(Controller::<Thing>::new(step(
+                            "noop",
+                            |_cx: Context<Thing>| async { Outcome::Done },
+                        )))
+                        .start()
+                        .await
+                        .unwrap();
                         while handle.metrics().provision_reconciles < n {
                             tokio::time::sleep(Duration::from_millis(1)).await;
                         }

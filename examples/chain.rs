@@ -99,12 +99,15 @@ async fn run(
         },
         ..Default::default()
     };
-    let handle = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Link>::new(tree(polling)).namespace(ns))
-        .start()
-        .await
-        .expect("start runtime");
+    let handle = Runtime::builder(
+        client.clone(),
+        OperatorNames::new("chain-operator", "chain.actorcile.dev"),
+    )
+    .policy(policy)
+    .controller(Controller::<Link>::new(tree(polling)).namespace(ns))
+    .start()
+    .await
+    .expect("start runtime");
     let started = Instant::now();
     for i in (0..links).rev() {
         let mut l = Link::new(

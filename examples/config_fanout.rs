@@ -214,17 +214,20 @@ async fn actorcile_side(args: &Args) -> Figures {
         },
         ..Default::default()
     };
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(
-            Controller::<Site>::new(tree)
-                .without_finalizer()
-                .without_status()
-                .config(ConfigRef::<ConfigMap>::namespaced("default", "provider")),
-        )
-        .start()
-        .await
-        .expect("start actorcile");
+    let rt = Runtime::builder(
+        client.clone(),
+        OperatorNames::new("config-fanout-operator", "fanout.actorcile.dev"),
+    )
+    .policy(policy)
+    .controller(
+        Controller::<Site>::new(tree)
+            .without_finalizer()
+            .without_status()
+            .config(ConfigRef::<ConfigMap>::namespaced("default", "provider")),
+    )
+    .start()
+    .await
+    .expect("start actorcile");
     let figures = measure("actorcile", &client, &probe).await;
     rt.shutdown().await;
     figures

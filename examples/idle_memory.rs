@@ -136,17 +136,20 @@ async fn run() {
         },
         ..Default::default()
     };
-    let handle = Runtime::builder(client)
-        .policy(policy)
-        .controller(
-            Controller::<Idle>::new(step("noop", |_cx: Context<Idle>| async { Outcome::Done }))
-                .without_finalizer()
-                .without_status()
-                .encode_passive(args.encode_passive),
-        )
-        .start()
-        .await
-        .expect("start");
+    let handle = Runtime::builder(
+        client,
+        OperatorNames::new("idle-memory-operator", "idle.actorcile.dev"),
+    )
+    .policy(policy)
+    .controller(
+        Controller::<Idle>::new(step("noop", |_cx: Context<Idle>| async { Outcome::Done }))
+            .without_finalizer()
+            .without_status()
+            .encode_passive(args.encode_passive),
+    )
+    .start()
+    .await
+    .expect("start");
     let n = u64::from(args.objects);
     loop {
         let m = handle.metrics();

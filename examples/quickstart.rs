@@ -108,12 +108,15 @@ async fn main() {
         },
         ..SupervisorPolicy::default()
     };
-    let rt = Runtime::builder(client.clone())
-        .policy(policy)
-        .controller(Controller::<Database>::new(tree()))
-        .start()
-        .await
-        .expect("start runtime");
+    let rt = Runtime::builder(
+        client.clone(),
+        OperatorNames::new("quickstart-operator", "quickstart.actorcile.dev"),
+    )
+    .policy(policy)
+    .controller(Controller::<Database>::new(tree()))
+    .start()
+    .await
+    .expect("start runtime");
 
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.timeout);

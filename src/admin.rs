@@ -71,6 +71,7 @@ impl Default for AdminLimits {
 
 /// What an admin server serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Endpoints {
     /// `/metrics`, `/healthz` and `/readyz`.
     All,

@@ -2,7 +2,8 @@
 //! [`Args`](clap::Args) struct to flatten into the operator's own parser (or a
 //! [`Parser`](clap::Parser) of its own, for an operator with no flags of its own:
 //! `RuntimeArgs::parse()`). Each flag falls back
-//! to an `ACTORCILE_*` environment variable.
+//! to an `ACTORCILE_*` environment variable ([`RuntimeArgs::env_prefix`] names them after the
+//! operator instead).
 //!
 //! ```no_run
 //! use actorcile::cli::RuntimeArgs;
@@ -22,7 +23,8 @@
 //! args.runtime.init_tracing()?;
 //! let mut registry = actorcile::metrics::Registry::default();
 //! let client = args.runtime.client(Some(&mut registry)).await?;
-//! let builder = args.runtime.builder(client)?.metrics_registry(registry);
+//! let names = actorcile::names::OperatorNames::new("bucket-operator", "buckets.example.com");
+//! let builder = args.runtime.builder(client, names)?.metrics_registry(registry);
 //! // builder.controller(...).run().await
 //! # Ok(()) }
 //! ```
@@ -38,6 +40,7 @@ use crate::Error;
 use crate::admin::DEFAULT_ADMIN_ADDR;
 use crate::leader::LeaderElection;
 use crate::metrics::{ApiMetrics, Registry};
+use crate::names::OperatorNames;
 use crate::policy::SupervisorPolicy;
 use crate::runtime::{Runtime, RuntimeBuilder};
 use crate::sharding::Sharding;
@@ -105,15 +108,11 @@ pub struct RuntimeArgs {
     #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 
-    /// The service name of the exported spans (feature `otel`)
+    /// The service name of the exported spans (feature `otel`) [default: the executable's
+    /// file name]
     #[cfg(feature = "otel")]
-    #[arg(
-        long,
-        env = "OTEL_SERVICE_NAME",
-        value_name = "NAME",
-        default_value = "actorcile"
-    )]
-    pub otlp_service_name: String,
+    #[arg(long, env = "OTEL_SERVICE_NAME", value_name = "NAME")]
+    pub otlp_service_name: Option<String>,
 
     /// Supervisor policy file (TOML) [default: the built-in policy]
     #[arg(long, env = "ACTORCILE_POLICY", value_name = "PATH")]
@@ -137,15 +136,14 @@ pub struct RuntimeArgs {
     pub leader_elect: bool,
 
     /// The leader election's Lease name (controller-runtime's --leader-election-id is an
-    /// alias)
+    /// alias) [default: NAME-leader, of the operator's name]
     #[arg(
         long,
         alias = "leader-election-id",
         env = "ACTORCILE_LEADER_ELECT_LEASE",
-        value_name = "NAME",
-        default_value = "actorcile-leader"
+        value_name = "NAME"
     )]
-    pub leader_elect_lease: String,
+    pub leader_elect_lease: Option<String>,
 
     /// The leader election's Lease namespace [default: $POD_NAMESPACE, else default]
     /// (controller-runtime's --leader-election-namespace is an alias)
@@ -203,14 +201,9 @@ pub struct RuntimeArgs {
     #[arg(long, env = "ACTORCILE_SHARDS", value_name = "N")]
     pub shards: Option<u32>,
 
-    /// The shard Leases' name prefix
-    #[arg(
-        long,
-        env = "ACTORCILE_SHARDS_LEASE_PREFIX",
-        value_name = "PREFIX",
-        default_value = "actorcile-shards"
-    )]
-    pub shards_lease_prefix: String,
+    /// The shard Leases' name prefix [default: NAME-shards, of the operator's name]
+    #[arg(long, env = "ACTORCILE_SHARDS_LEASE_PREFIX", value_name = "PREFIX")]
+    pub shards_lease_prefix: Option<String>,
 
     /// The shard Leases' namespace [default: $POD_NAMESPACE, else default]
     #[arg(long, env = "ACTORCILE_SHARDS_NAMESPACE", value_name = "NAMESPACE")]
@@ -246,6 +239,16 @@ fn log_filter_or_info(rust_log: Option<String>) -> String {
 
 /// An address to bind: `HOST:PORT`, or `:PORT` for every interface (controller-runtime's
 /// form, e.g. `--metrics-bind-address=:8080`).
+/// The file name of the running executable, the service name of exported spans when no flag
+/// names one (OTel's own default is `unknown_service`).
+#[cfg(feature = "otel")]
+fn executable_name() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "unknown_service".into())
+}
+
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     let full = match s.strip_prefix(':') {
         Some(port) => format!("0.0.0.0:{port}"),
@@ -256,6 +259,42 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 impl RuntimeArgs {
+    /// `command` (the operator's parser, with these flags flattened in) with each
+    /// `ACTORCILE_*` environment variable of the flags named `<prefix>_*` instead, so that the
+    /// operator's Deployment sets `BUCKETS_NAMESPACE`, not a variable of the framework's name.
+    /// The flags' names and the `OTEL_*` variables stay.
+    ///
+    /// ```
+    /// use actorcile::cli::RuntimeArgs;
+    /// use clap::{CommandFactory, FromArgMatches, Parser};
+    ///
+    /// #[derive(Parser)]
+    /// struct Args {
+    ///     #[command(flatten)]
+    ///     runtime: RuntimeArgs,
+    /// }
+    ///
+    /// let command = RuntimeArgs::env_prefix(Args::command(), "BUCKETS");
+    /// let namespace = command.get_arguments().find(|a| a.get_id() == "namespace").unwrap();
+    /// assert_eq!(namespace.get_env().unwrap(), "BUCKETS_NAMESPACE");
+    /// let matches = command.try_get_matches_from(["bucket-operator", "--namespace", "team-a"]).unwrap();
+    /// let args = Args::from_arg_matches(&matches).unwrap();
+    /// assert_eq!(args.runtime.namespace.as_deref(), Some("team-a"));
+    /// ```
+    pub fn env_prefix(command: clap::Command, prefix: &str) -> clap::Command {
+        command.mut_args(|arg| {
+            let renamed = arg
+                .get_env()
+                .and_then(|e| e.to_str())
+                .and_then(|e| e.strip_prefix("ACTORCILE_"))
+                .map(|rest| format!("{prefix}_{rest}"));
+            match renamed {
+                Some(name) => arg.env(name),
+                None => arg,
+            }
+        })
+    }
+
     /// Install the tracing subscriber the flags ask for
     /// ([`init_tracing`](crate::telemetry::init_tracing)); with the feature `otel` and
     /// `--otlp-endpoint`, one that also exports the spans
@@ -265,7 +304,11 @@ impl RuntimeArgs {
     pub fn init_tracing(&self) -> Result<(), Error> {
         #[cfg(feature = "otel")]
         if let Some(endpoint) = &self.otlp_endpoint {
-            let otlp = crate::telemetry::Otlp::new(endpoint, &self.otlp_service_name)?;
+            let service = self
+                .otlp_service_name
+                .clone()
+                .unwrap_or_else(executable_name);
+            let otlp = crate::telemetry::Otlp::new(endpoint, &service)?;
             crate::telemetry::init_tracing_with_otlp(self.log_format, &self.log_filter, &otlp)?;
             crate::telemetry::keep_otlp(otlp);
             return Ok(());
@@ -328,11 +371,20 @@ impl RuntimeArgs {
         Ok(policy)
     }
 
-    /// A runtime builder set up as the flags say: policy, admin address, namespace, RBAC
-    /// preflight, leader election or sharding. Register controllers (and a metrics registry)
-    /// on it.
-    pub fn builder(&self, client: Client) -> Result<RuntimeBuilder, Error> {
-        let mut builder = Runtime::builder(client)
+    /// A runtime builder for the operator `names` set up as the flags say: policy, admin
+    /// address, namespace, RBAC preflight, leader election or sharding (their Leases named
+    /// from `names` unless the flags name them). Register controllers (and a metrics
+    /// registry) on it.
+    pub fn builder(&self, client: Client, names: OperatorNames) -> Result<RuntimeBuilder, Error> {
+        let leader_lease = self
+            .leader_elect_lease
+            .clone()
+            .unwrap_or_else(|| names.leader_lease());
+        let shard_prefix = self
+            .shards_lease_prefix
+            .clone()
+            .unwrap_or_else(|| names.shard_lease_prefix());
+        let mut builder = Runtime::builder(client, names)
             .policy(self.policy()?)
             .admin(self.admin_addr)
             .preflight_rbac(self.preflight_rbac);
@@ -348,8 +400,8 @@ impl RuntimeArgs {
                 .unwrap_or_else(|| "default".into())
         };
         if let Some(n) = self.shards {
-            let mut sharding = Sharding::new(n, pod_namespace(&self.shards_namespace))
-                .lease_prefix(&self.shards_lease_prefix);
+            let mut sharding =
+                Sharding::new(n, pod_namespace(&self.shards_namespace)).lease_prefix(&shard_prefix);
             if self.shards_held_only {
                 sharding = sharding.watch(crate::sharding::ShardWatch::HeldShards);
             }
@@ -363,8 +415,8 @@ impl RuntimeArgs {
         }
         if self.leader_elect {
             let namespace = pod_namespace(&self.leader_elect_namespace);
-            let mut election = LeaderElection::new(&self.leader_elect_lease, namespace)
-                .warm_standby(!self.cold_standby);
+            let mut election =
+                LeaderElection::new(&leader_lease, namespace).warm_standby(!self.cold_standby);
             if let Some(id) = &self.identity {
                 election = election.identity(id);
             }
@@ -425,7 +477,7 @@ mod tests {
     fn otlp_flags() {
         let a = Args::try_parse_from(["op"]).unwrap().runtime;
         assert!(a.otlp_endpoint.is_none());
-        assert_eq!(a.otlp_service_name, "actorcile");
+        assert_eq!(a.otlp_service_name, None);
         let a = Args::try_parse_from([
             "op",
             "--otlp-endpoint",
@@ -435,7 +487,7 @@ mod tests {
         ])
         .unwrap()
         .runtime;
-        assert_eq!(a.otlp_service_name, "dbs");
+        assert_eq!(a.otlp_service_name.as_deref(), Some("dbs"));
         let e = a.init_tracing().unwrap_err();
         assert!(e.to_string().contains("OTLP endpoint"), "{e}");
     }
@@ -465,7 +517,7 @@ mod tests {
         assert_eq!(a.admin_addr, "0.0.0.0:8081".parse().unwrap());
         assert_eq!(a.metrics_addr, Some("127.0.0.1:8080".parse().unwrap()));
         assert!(a.leader_elect);
-        assert_eq!(a.leader_elect_lease, "dbs.example.com");
+        assert_eq!(a.leader_elect_lease.as_deref(), Some("dbs.example.com"));
         assert_eq!(a.leader_elect_namespace.as_deref(), Some("ops"));
         let lease = a.policy().unwrap().lease;
         assert_eq!(

@@ -81,7 +81,7 @@ pub struct MetricsSnapshot {
     /// retried).
     pub write_timeouts: u64,
     /// Reconciles skipped because the object carries the ignore annotation
-    /// ([`IGNORE_ANNOTATION`](crate::triggers::IGNORE_ANNOTATION)).
+    /// ([`ignore_annotation`](crate::names::OperatorNames::ignore_annotation)).
     pub ignored: u64,
     /// Watch tasks started again after they stopped (a panic, or their stream ended); each
     /// failed `/readyz` until it ran again.
@@ -174,6 +174,7 @@ impl Drop for InFlight<'_> {
 /// How a reconcile ended: the `result` label of `actorcile_reconciles_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ReconcileResult {
     /// [`Outcome::Done`](crate::provisioners::Outcome::Done), or a deprovision that finished.
     Done,

@@ -24,6 +24,7 @@ use crate::rbac::YamlError;
 
 /// Installing a CustomResourceDefinition failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CrdError {
     /// The CRD has no `metadata.name`.
     #[error("a CustomResourceDefinition has no metadata.name")]
@@ -114,7 +115,7 @@ pub fn newer_installed(
 }
 
 /// Create or update each CRD (server-side apply as `field_manager`, forced: the operator owns
-/// its CRDs), then wait up to `timeout` for each to be Established. An installed CRD that is newer
+/// its CRDs; without the integer formats the API server does not know), then wait up to `timeout` for each to be Established. An installed CRD that is newer
 /// than the operator's ([`newer_installed`]) is not replaced: the error is
 /// [`CrdError::Older`], and no CRD is written.
 pub async fn install(
@@ -139,7 +140,7 @@ pub async fn install(
     }
     for crd in crds {
         let name = crd.metadata.name.clone().ok_or(CrdError::WithoutName)?;
-        let mut body = crd.clone();
+        let mut body = without_unknown_formats(crd);
         body.metadata.resource_version = None;
         body.metadata.managed_fields = None;
         body.status = None;
@@ -162,18 +163,74 @@ pub async fn install(
     Ok(())
 }
 
-/// The CRDs as YAML documents separated by `---`, each with its `apiVersion` and `kind`.
+/// The integer formats schemars writes for Rust's integer types that the API server does not
+/// know (`uint8` of a `u8`, …): `kubectl apply` and the server warn about each. The type stays
+/// `integer` and the bounds schemars writes (`minimum: 0`) stay.
+const UNKNOWN_INTEGER_FORMATS: &[&str] = &[
+    "int8", "int16", "uint", "uint8", "uint16", "uint32", "uint64",
+];
+
+/// `crd` without the integer formats the API server does not know
+/// (`int8`, `int16`, `uint`, `uint8`, `uint16`, `uint32`, `uint64`), which [`install`] and
+/// [`to_yaml`] leave out.
+///
+/// ```
+/// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+/// # #[kube(group = "example.com", version = "v1", kind = "Disk", namespaced)]
+/// # struct DiskSpec { size_gib: u32 }
+/// use kube::CustomResourceExt;
+/// let yaml = actorcile::crds::to_yaml(&[Disk::crd()]).unwrap();
+/// assert!(!yaml.contains("uint32"));
+/// assert!(yaml.contains("minimum: 0"));
+/// ```
+pub fn without_unknown_formats(crd: &CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if m.get("format")
+                    .and_then(|f| f.as_str())
+                    .is_some_and(|f| UNKNOWN_INTEGER_FORMATS.contains(&f))
+                {
+                    m.remove("format");
+                }
+                m.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut crd = crd.clone();
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.take())
+        {
+            let mut value = serde_json::to_value(&schema).unwrap_or_default();
+            walk(&mut value);
+            version
+                .schema
+                .as_mut()
+                .expect("taken from it")
+                .open_api_v3_schema = Some(serde_json::from_value(value).unwrap_or(schema));
+        }
+    }
+    crd
+}
+
+/// The CRDs as YAML documents separated by `---`, each with its `apiVersion` and `kind`
+/// (without the integer formats the API server does not know: [`without_unknown_formats`]).
 pub fn to_yaml(crds: &[CustomResourceDefinition]) -> Result<String, YamlError> {
     let mut out = String::new();
     for (i, crd) in crds.iter().enumerate() {
         if i > 0 {
             out.push_str("---\n");
         }
-        let mut value = serde_json::to_value(crd).unwrap_or_default();
+        let mut value = serde_json::to_value(without_unknown_formats(crd)).unwrap_or_default();
         if let Some(map) = value.as_object_mut() {
             map.remove("status");
         }
-        out.push_str(&serde_norway::to_string(&value).map_err(YamlError::new)?);
+        out.push_str(&serde_saphyr::to_string(&value).map_err(YamlError::new)?);
     }
     Ok(out)
 }

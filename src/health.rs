@@ -112,7 +112,6 @@ impl Health {
         self.started.store(true, Ordering::Release);
     }
 
-    #[cfg(feature = "operator")]
     pub(crate) fn set_standby(&self, standby: bool) {
         self.standby.store(standby, Ordering::Release);
     }

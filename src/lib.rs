@@ -14,12 +14,15 @@
 //!   the combinators.
 //! - [`runtime`]: the [`Runtime`](runtime::Runtime) an operator embeds, its controllers and
 //!   metrics.
+//! - [`names`]: the operator's own names ([`OperatorNames`](names::OperatorNames)), from
+//!   which the runtime names its finalizer, field manager and Leases.
 //! - [`policy`]: the [`SupervisorPolicy`](policy::SupervisorPolicy) tunables, per kind, runtime-wide
 //!   and for the Leases, loadable from TOML.
 //! - [`status`]: the `Ready` condition, phases and observed generation.
 //! - [`references`]: readiness and references between resources.
-//! - [`cluster`] (feature `cluster`, on by default): an in-process Kubernetes API server for
-//!   tests, benchmarks and simulation, the crate `actorcile-apiserver`.
+//! - [`cluster`] (feature `cluster`, a test tool, off by default): an in-process Kubernetes API
+//!   server for tests, benchmarks and simulation, the crate `actorcile-apiserver`. Operators
+//!   take it in `[dev-dependencies]`.
 //! - [`envtest`] (feature `envtest`): a real etcd + kube-apiserver for tests, the crate
 //!   `actorcile-envtest`.
 //! - [`rbac`]: the Roles and ClusterRole a runtime needs, and its preflight check.
@@ -27,12 +30,20 @@
 //! - [`health`]: what the runtime's liveness and readiness probes answer.
 //! - [`testing`]: helpers for an operator's own tests (a deterministic policy, waits for a
 //!   status).
-//! - Feature `operator`, what an operator binary needs: [`cli`] (flags), [`telemetry`]
-//!   (tracing set-up), [`metrics`] (Prometheus), [`admin`] (`/metrics`, `/healthz`,
-//!   `/readyz`), [`leader`] (leader election on a Lease), and signal handling in
+//! - [`leader`]: leader election on a Lease, and signal handling in
 //!   [`RuntimeBuilder::run`](runtime::RuntimeBuilder::run).
-//! - Feature `otel` (with `operator`): the reconciles' spans exported over OTLP
-//!   (`telemetry::Otlp`, `--otlp-endpoint`).
+//! - What an operator binary usually takes, each a feature of its own (feature `operator` is
+//!   all four): [`metrics`] (feature `metrics`, Prometheus), [`admin`] (feature `admin`:
+//!   `/metrics`, `/healthz`, `/readyz`), [`telemetry`] (feature `telemetry`, tracing set-up) and
+//!   [`cli`] (feature `cli`: the flags, with clap; it takes `admin` and `telemetry`).
+//! - Feature `otel`: the reconciles' spans exported over OTLP (`telemetry::Otlp`, and
+//!   `--otlp-endpoint` with `cli`).
+//!
+//! # TLS
+//!
+//! The default features are kube's own, `rustls-tls` and `ring`. The TLS stack is the
+//! binary's choice: with `default-features = false`, take `openssl-tls`, or `rustls-tls` with
+//! `aws-lc-rs` (for FIPS), which are passed through to kube.
 //!
 //! # Inside (private; read the source)
 //!
@@ -59,18 +70,22 @@
 //! `runtime` starts the actors. Every layer may fail with the crate's [`Error`] (`runtime/error.rs`,
 //! which imports only the types its variants carry). The library never imports its command line.
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod actors;
-#[cfg(feature = "operator")]
+#[cfg(feature = "admin")]
 pub mod admin;
 mod after_reconcile;
 mod cache;
-#[cfg(feature = "operator")]
+#[cfg(feature = "cli")]
 pub mod cli;
 mod counters;
 #[cfg(feature = "cluster")]
 #[doc(inline)]
 pub use actorcile_apiserver as cluster;
+// The crate's own unit tests run on the in-process server whatever the features.
+#[cfg(all(test, not(feature = "cluster")))]
+use actorcile_apiserver as cluster;
 pub mod crds;
 #[cfg(feature = "envtest")]
 #[doc(inline)]
@@ -83,12 +98,11 @@ mod event_recorder;
 pub mod fuzzing;
 mod hash;
 pub mod health;
-#[cfg(feature = "operator")]
 pub mod leader;
 mod lease;
 mod lenient;
 mod messages;
-#[cfg(feature = "operator")]
+#[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod names;
 mod object_api;
@@ -100,10 +114,9 @@ pub mod references;
 pub mod runtime;
 mod scheduling;
 pub mod sharding;
-#[cfg(feature = "operator")]
 mod signals;
 pub mod status;
-#[cfg(feature = "operator")]
+#[cfg(feature = "telemetry")]
 pub mod telemetry;
 pub mod testing;
 pub mod triggers;
@@ -166,9 +179,6 @@ impl<T> ManagedResource for T where
 {
 }
 
-/// Default field manager for server-side apply and status writes.
-pub const FIELD_MANAGER: &str = "actorcile";
-
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
@@ -195,6 +205,7 @@ pub mod guide_doctests {
 /// What most users need, in one import.
 pub mod prelude {
     pub use crate::ManagedResource;
+    pub use crate::names::OperatorNames;
     pub use crate::policy::{BackoffPolicy, Exhausted, RestartPolicy, SupervisorPolicy};
     pub use crate::provisioners::{
         BoxProvisioner, ChildRules, Context, Outcome, Provisioner, Reason, ResourceProvisioner,

@@ -16,7 +16,7 @@
 //! let mut registry = Registry::default();
 //! let backups: Counter = Counter::default();
 //! registry.register("myoperator_backups", "Backups taken", backups.clone());
-//! // Runtime::builder(client).metrics_registry(registry).admin(addr) ...
+//! // Runtime::builder(client, names).metrics_registry(registry).admin(addr) ...
 //! ```
 //!
 //! # The metrics

@@ -399,23 +399,23 @@ fn document<K: Resource<DynamicType = ()> + serde::Serialize>(
     let mut v = serde_json::to_value(obj).unwrap_or_default();
     v["apiVersion"] = K::api_version(&()).into_owned().into();
     v["kind"] = K::kind(&()).into_owned().into();
-    serde_norway::to_string(&v).map_err(YamlError::new)
+    serde_saphyr::to_string(&v).map_err(YamlError::new)
 }
 
 /// YAML could not be written or read.
 ///
-/// This crate's own type rather than the YAML library's: the library (today `serde_norway`, a fork
-/// of the deprecated `serde_yaml`) can then be replaced without changing this crate's public API.
+/// This crate's own type rather than the YAML library's: the library (today serde-saphyr, which
+/// kube uses too) can then be replaced without changing this crate's public API.
 /// The library's error is the [`source`](std::error::Error::source), and its message is this one's.
 #[derive(Debug, thiserror::Error)]
 #[error("{source}")]
 pub struct YamlError {
     #[source]
-    source: serde_norway::Error,
+    source: serde_saphyr::SerializeError,
 }
 
 impl YamlError {
-    pub(crate) fn new(source: serde_norway::Error) -> Self {
+    pub(crate) fn new(source: serde_saphyr::SerializeError) -> Self {
         YamlError { source }
     }
 }

@@ -20,7 +20,8 @@ use crate::Error;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "operator", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[non_exhaustive]
 pub enum LogFormat {
     /// Human-readable lines.
     #[default]
@@ -170,7 +171,7 @@ pub fn init_tracing_with_otlp(format: LogFormat, filter: &str, otlp: &Otlp) -> R
 static INSTALLED: std::sync::Mutex<Option<Otlp>> = std::sync::Mutex::new(None);
 
 /// Keep `otlp` until [`shutdown_otlp`].
-#[cfg(feature = "otel")]
+#[cfg(all(feature = "otel", feature = "cli"))]
 pub(crate) fn keep_otlp(otlp: Otlp) {
     *INSTALLED.lock().unwrap_or_else(|e| e.into_inner()) = Some(otlp);
 }

@@ -21,7 +21,7 @@
 //! let cluster = ApiServer::new();
 //! cluster.install_crd(&App::crd()).unwrap();
 //! let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
-//! let runtime = Runtime::builder(cluster.client())
+//! let runtime = Runtime::builder(cluster.client(), OperatorNames::new("app-operator", "example.com"))
 //!     .policy(deterministic_policy())
 //!     .controller(Controller::<App>::new(tree))
 //!     .start()

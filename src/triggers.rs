@@ -9,7 +9,7 @@
 //! | owned children | [`Controller::owns`](crate::runtime::Controller::owns) | the owners (by owner reference) of a child that changed or went, unless the runtime's own write made the change |
 //! | related objects | [`Controller::watches`](crate::runtime::Controller::watches) | the objects a function of the related object names |
 //! | poll | the policy's `poll_interval` (with `poll_jitter`), or [`ConfigRef::poll_interval_from`] | each Ready object, that long after its last done reconcile |
-//! | [`IGNORE_ANNOTATION`] | on an object | nothing: the object's reconciles are skipped while it is set |
+//! | [`ignore_annotation`](crate::names::OperatorNames::ignore_annotation) (`<domain>/ignore: "true"`) | on an object | nothing: the object's reconciles are skipped while it is set |
 //!
 //! A config change fans out through the same queue as every other wake-up: each object's reconcile
 //! waits for a reconcile slot (the policy's `max_concurrent_reconciles`), and passive objects get a live
@@ -49,21 +49,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::ObjectRef;
-
-/// The annotation that makes the runtime skip an object's reconciles while it is `"true"`: no
-/// provision, no deprovision, no finalizer or status write. Its finalizer and status stay as
-/// they are; removing the annotation (or setting it to anything else) resumes the object at
-/// once. An operator's emergency brake for one object. A deleted object that carries it waits
-/// (its finalizer stays) until the annotation is removed.
-pub const IGNORE_ANNOTATION: &str = "actorcile.dev/ignore";
-
-/// Whether `meta` carries [`IGNORE_ANNOTATION`]` = "true"`.
-pub fn is_ignored(meta: &kube::api::ObjectMeta) -> bool {
-    meta.annotations
-        .as_ref()
-        .and_then(|a| a.get(IGNORE_ANNOTATION))
-        .is_some_and(|v| v == "true")
-}
 
 /// Reads a poll interval out of a config object.
 pub(crate) type PollFrom<C> = Arc<dyn Fn(&C) -> Option<Duration> + Send + Sync>;
@@ -324,15 +309,5 @@ mod tests {
         assert!(index.referrers(&secret("s2")).is_empty());
         assert_eq!(index.referrers(&secret("s3")), vec![a]);
         assert!(index.by_secret.len() == 1 && index.by_object.len() == 1);
-    }
-
-    #[test]
-    fn only_the_value_true_ignores_an_object() {
-        let mut meta = kube::api::ObjectMeta::default();
-        assert!(!is_ignored(&meta));
-        meta.annotations = Some([(IGNORE_ANNOTATION.to_string(), "false".to_string())].into());
-        assert!(!is_ignored(&meta));
-        meta.annotations = Some([(IGNORE_ANNOTATION.to_string(), "true".to_string())].into());
-        assert!(is_ignored(&meta));
     }
 }

@@ -32,7 +32,7 @@ use crate::health::Health;
 use crate::messages::ManagerMsg;
 use crate::policy::SupervisorPolicy;
 use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner};
-use crate::references::{ReferenceApi, ReferenceIndex, Target, referrers_in};
+use crate::references::{ReferenceApi, ReferenceIndex, Target};
 use crate::sharding::{ShardWatch, Sharding, Shards};
 use crate::triggers::SecretRefs;
 use crate::watch_tasks::supervise;
@@ -189,6 +189,8 @@ pub(crate) struct StartCx {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) references: Arc<ReferenceIndex>,
     pub(crate) finalizer: String,
+    /// Finalizers of earlier names, the runtime's own too.
+    pub(crate) former_finalizers: Arc<[String]>,
     pub(crate) field_manager: String,
     pub(crate) reporter: Option<Reporter>,
     pub(crate) root: ActorCell,
@@ -379,6 +381,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             recorder,
             references: Some(cx.references.clone() as Arc<dyn ReferenceApi>),
             field_manager: Arc::from(cx.field_manager.as_str()),
+            keys: cx.references.keys().clone().into(),
             holder: cx.holder.clone(),
             lock_expiry: policy.lock_expiry,
             locks_seen: Default::default(),
@@ -444,7 +447,10 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             parts: parts.clone(),
             metrics: cx.metrics.clone(),
             kind_metrics: kind_metrics.clone(),
-            finalizer: cx.finalizer.clone(),
+            finalizers: crate::writes::OwnFinalizers {
+                current: cx.finalizer.clone(),
+                former: cx.former_finalizers.clone(),
+            },
             write_timeout,
         });
         let shared = Arc::new(Shared {
@@ -647,7 +653,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             if all_listed.into_iter().all(|listed| listed) {
                 for obj in store.state() {
                     if let Some(a) = obj.meta().annotations.as_ref() {
-                        references.learn(&Target::of(obj.as_ref()), &referrers_in(a));
+                        references.learn(&Target::of(obj.as_ref()), &references.referrers_in(a));
                     }
                 }
                 // A target its type cannot hold is held by its referrers all the same.
@@ -659,7 +665,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                             u.meta.namespace.as_deref(),
                             u.meta.name.clone().unwrap_or_default(),
                         );
-                        references.learn(&target, &referrers_in(a));
+                        references.learn(&target, &references.referrers_in(a));
                     }
                 }
                 synced.store(true, Ordering::Release);

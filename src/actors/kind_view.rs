@@ -12,7 +12,7 @@ use crate::ManagedResource;
 use crate::actors::Shared;
 use crate::actors::mailbox::Mailbox;
 use crate::messages::{ManagerMsg, ResourceMsg};
-use crate::references::{IndexedKind, Readiness, Target, referrers_in};
+use crate::references::{IndexedKind, Readiness, Target};
 
 /// What the reference index sees of one kind: its store, its routes and its manager.
 pub(crate) struct KindView<K: ManagedResource> {
@@ -50,11 +50,11 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
             Some((false, status, generation)) => status_readiness(&status, generation),
         }
     }
-    fn said_ready(&self, target: &Target) -> bool {
-        self.shared.store.is_ready(&key_of::<K>(target))
+    fn said(&self, target: &Target) -> Option<Readiness> {
+        self.shared.store.said(&key_of::<K>(target))
     }
-    fn set_said_ready(&self, target: &Target, ready: bool) {
-        self.shared.store.set_ready(&key_of::<K>(target), ready);
+    fn set_said(&self, target: &Target, said: Option<Readiness>) {
+        self.shared.store.set_said(&key_of::<K>(target), said);
     }
     fn set_said_ready_at(&self, target: &Target, generation: Option<i64>) -> bool {
         self.shared
@@ -74,7 +74,12 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
         self.shared
             .store
             .get(&key_of::<K>(target))
-            .and_then(|o| o.meta().annotations.as_ref().map(referrers_in))
+            .and_then(|o| {
+                o.meta()
+                    .annotations
+                    .as_ref()
+                    .map(|a| self.shared.references.referrers_in(a))
+            })
             .unwrap_or_default()
     }
     fn notify(&self, target: &Target) {

@@ -63,7 +63,7 @@
 //!   events (echoes) are not news and run no reconcile.
 
 mod feeder;
-#[cfg(all(test, feature = "cluster"))]
+#[cfg(test)]
 mod feeder_tests;
 mod kind_start;
 pub(crate) mod mailbox;
@@ -73,22 +73,22 @@ pub(crate) use kind_start::{
 };
 mod kind_view;
 mod manager;
-#[cfg(all(test, feature = "cluster"))]
+#[cfg(test)]
 mod manager_tests;
 mod object_map;
 mod passive_state;
 pub(crate) mod resource_actor;
-#[cfg(all(test, feature = "cluster"))]
+#[cfg(test)]
 mod resource_tests;
 mod root;
 pub(crate) use root::{ManagerFailure, Root};
-#[cfg(all(test, feature = "cluster"))]
+#[cfg(test)]
 pub(crate) mod test_kind;
 pub(crate) use crate::cache::KindStore;
 pub(crate) mod watches;
-#[cfg(all(test, feature = "cluster"))]
+#[cfg(test)]
 mod watches_config_tests;
-#[cfg(all(test, feature = "cluster"))]
+#[cfg(test)]
 mod watches_tests;
 
 use std::sync::Arc;

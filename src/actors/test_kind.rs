@@ -69,7 +69,8 @@ pub(crate) async fn start_spec(spec: KindSpec<Widget>, policy: SupervisorPolicy)
     let (root, _) = Actor::spawn(None, Root, tx).await.expect("spawn the root");
     let metrics = Arc::new(Metrics::default());
     let references = ReferenceIndex::for_runtime(
-        crate::FIELD_MANAGER,
+        crate::names::STANDALONE_FIELD_MANAGER,
+        Arc::new(crate::names::Keys::standalone()),
         client.clone(),
         policy.runtime.dependency_watch_idle,
     );
@@ -80,7 +81,8 @@ pub(crate) async fn start_spec(spec: KindSpec<Widget>, policy: SupervisorPolicy)
         metrics: metrics.clone(),
         references: references.clone(),
         finalizer: "test.actorcile.dev/finalizer".into(),
-        field_manager: crate::FIELD_MANAGER.into(),
+        former_finalizers: Arc::from([]),
+        field_manager: crate::names::STANDALONE_FIELD_MANAGER.into(),
         reporter: None,
         root: root.get_cell(),
         holder: Arc::from("test"),

@@ -27,6 +27,7 @@ use std::time::Duration;
 pub(crate) use outcome_key::OutcomeKey;
 
 use crate::provisioners::Outcome;
+use crate::references::Readiness;
 use crate::status::ResourceStatus;
 
 /// Where a reconcile ended: the object's generation, whether it is being deleted, and the
@@ -51,6 +52,33 @@ pub(crate) enum StatusPlan {
 }
 
 impl StatusPlan {
+    /// The readiness those waiting on the object (`Context::require_ready`) are woken to once
+    /// this plan's write (`write`) is answered, if they are: when the phase moved from
+    /// `current`'s to one other than Ready (Failed, or Terminating or back to Progressing: not
+    /// Ready). Ready wakes them itself, when it is announced; without this, a waiter would learn
+    /// of a failure only at its next poll.
+    pub(crate) fn wakes_waiters(
+        &self,
+        current: &ResourceStatus,
+        write: StatusWrite,
+    ) -> Option<Readiness> {
+        use crate::status::Phase;
+        match self {
+            StatusPlan::Write { desired }
+                if write == StatusWrite::Written
+                    && desired.phase != current.phase
+                    && desired.phase != Some(Phase::Ready) =>
+            {
+                Some(if desired.phase == Some(Phase::Failed) {
+                    Readiness::Failed
+                } else {
+                    Readiness::NotReady
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the status the reconcile leaves says Ready (`None`: unchanged).
     pub(crate) fn ready(&self) -> Option<bool> {
         match self {

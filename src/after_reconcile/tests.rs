@@ -224,3 +224,38 @@ fn a_step_that_met_someone_elses_write_runs_again() {
     assert!(after_write(met, DELAYS).reconcile_again);
     assert!(!after_write(ended(&o, None, StatusWrite::Written), DELAYS).reconcile_again);
 }
+
+#[test]
+fn a_written_change_of_phase_other_than_to_ready_wakes_the_waiters() {
+    use crate::references::Readiness;
+    use crate::status::Phase;
+    let with = |phase| ResourceStatus {
+        phase,
+        ..Default::default()
+    };
+    let write = |phase| StatusPlan::Write {
+        desired: with(phase),
+    };
+    let progressing = with(Some(Phase::Progressing));
+    let written = StatusWrite::Written;
+    assert_eq!(
+        write(Some(Phase::Failed)).wakes_waiters(&progressing, written),
+        Some(Readiness::Failed)
+    );
+    assert_eq!(
+        write(Some(Phase::Terminating)).wakes_waiters(&progressing, written),
+        Some(Readiness::NotReady)
+    );
+    assert_eq!(
+        write(Some(Phase::Progressing)).wakes_waiters(&with(Some(Phase::Ready)), written),
+        Some(Readiness::NotReady)
+    );
+    // Ready wakes them when it is announced; an unchanged phase, a write not made, no plan: none.
+    let none = |plan: StatusPlan, write| plan.wakes_waiters(&progressing, write).is_none();
+    assert!(none(write(Some(Phase::Ready)), written));
+    assert!(none(write(Some(Phase::Progressing)), written));
+    assert!(none(write(Some(Phase::Failed)), StatusWrite::Conflicted));
+    assert!(none(write(Some(Phase::Failed)), StatusWrite::Failed));
+    assert!(none(StatusPlan::Leave { ready: false }, written));
+    assert!(none(StatusPlan::Unchanged, written));
+}

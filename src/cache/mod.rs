@@ -5,7 +5,7 @@
 //! | file | what it holds |
 //! |---|---|
 //! | `mod.rs` | [`KindStore`]: a kind's stores, by watched namespace; what the actors read; [`prune`] |
-//! | `table.rs` | one watch's table: objects found by namespace and name, each held whole, encoded or undecodable, with its Ready flag |
+//! | `table.rs` | one watch's table: objects found by namespace and name, each held whole, encoded or undecodable, with what its actor said of its readiness |
 //! | `writer.rs` | [`Writer`]: one watch's events into its table, a re-list swapped in whole |
 //! | `encoded.rs` | the encoding of a passive object's copy, its name readable without a decoder |
 
@@ -22,6 +22,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::ManagedResource;
 use crate::lenient::Undecodable;
+use crate::references::Readiness;
 use crate::status::ResourceStatus;
 use encoded::Encoded;
 use table::{Cache, Held, Objects, Slot};
@@ -190,14 +191,21 @@ impl<K: ManagedResource> KindStore<K> {
         }
     }
 
-    /// Records whether `key`'s actor last reported it Ready (nothing if it is not cached: then
-    /// it has been deleted, and its flag with it).
-    pub(crate) fn set_ready(&self, key: &ObjectRef<K>, ready: bool) {
+    /// Records what `key`'s actor last reported of its readiness (`None`: nothing, the status
+    /// says). Nothing is recorded if it is not cached: then it has been deleted, and what was
+    /// said of it with it.
+    pub(crate) fn set_said(&self, key: &ObjectRef<K>, said: Option<Readiness>) {
         if let Some(store) = self.store_of(key)
             && let Some(slot) = store.read().get(key)
         {
-            slot.ready.store(ready, Ordering::Relaxed);
+            slot.said.set(said);
         }
+    }
+
+    /// Records whether `key`'s actor last reported it Ready ([`KindStore::set_said`] with Ready,
+    /// or nothing).
+    pub(crate) fn set_ready(&self, key: &ObjectRef<K>, ready: bool) {
+        self.set_said(key, ready.then_some(Readiness::Ready));
     }
 
     /// Records that `key`'s actor reported it Ready for `generation`, if the cached object is
@@ -210,23 +218,23 @@ impl<K: ManagedResource> KindStore<K> {
         let objects = store.read();
         match objects.get(key) {
             Some(slot) if slot.obj.identity().1 == generation => {
-                slot.ready.store(true, Ordering::Relaxed);
+                slot.said.set(Some(Readiness::Ready));
                 true
             }
             _ => false,
         }
     }
 
-    /// Whether `key` is cached and its actor last reported it Ready.
-    pub(crate) fn is_ready(&self, key: &ObjectRef<K>) -> bool {
+    /// What `key`'s actor last reported of its readiness, if it is cached and said anything.
+    pub(crate) fn said(&self, key: &ObjectRef<K>) -> Option<Readiness> {
         self.store_of(key)
-            .and_then(|store| {
-                store
-                    .read()
-                    .get(key)
-                    .map(|s| s.ready.load(Ordering::Relaxed))
-            })
-            .unwrap_or(false)
+            .and_then(|store| store.read().get(key).and_then(|s| s.said.get()))
+    }
+
+    /// Whether `key` is cached and its actor last reported it Ready.
+    #[cfg(test)]
+    pub(crate) fn is_ready(&self, key: &ObjectRef<K>) -> bool {
+        self.said(key) == Some(Readiness::Ready)
     }
 
     /// Every cached object the kind's type holds.

@@ -1,6 +1,6 @@
 //! One watch's table of objects, found by namespace and name, and how an object is held in it.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hashbrown::HashTable;
@@ -11,13 +11,54 @@ use super::encoded::Encoded;
 use crate::ManagedResource;
 use crate::hash::name_hash;
 use crate::lenient::Undecodable;
+use crate::references::Readiness;
 
-/// One cached object, and whether its actor last reported it Ready (for the reference index:
-/// kept here, where it costs a byte, rather than in a set of its own keyed by a copy of the
-/// object's name; the same name keeps the flag across versions and re-lists).
+/// One cached object, and the readiness its actor last reported ([`SaidCell`], for the reference
+/// index: kept here, where it costs a byte, rather than in a map of its own keyed by a copy of
+/// the object's name; the same name keeps it across versions and re-lists).
 pub(super) struct Slot<K> {
     pub(super) obj: Held<K>,
-    pub(super) ready: AtomicBool,
+    pub(super) said: SaidCell,
+}
+
+/// What an object's actor last reported of its readiness, in one byte: Ready, not Ready or
+/// Failed, or nothing said. It is ahead of the cached status: the actor says it as soon as its
+/// status write is answered, the watch event of that write comes later, and a resource woken in
+/// between reads this instead of the status it replaced. (Deleting and missing are the cache's
+/// own news: they are never held here.)
+#[derive(Default)]
+pub(super) struct SaidCell(AtomicU8);
+
+impl SaidCell {
+    pub(super) fn get(&self) -> Option<Readiness> {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Some(Readiness::Ready),
+            2 => Some(Readiness::NotReady),
+            3 => Some(Readiness::Failed),
+            _ => None,
+        }
+    }
+
+    /// Records `said` (Deleting and Missing record nothing).
+    pub(super) fn set(&self, said: Option<Readiness>) {
+        let v = match said {
+            Some(Readiness::Ready) => 1,
+            Some(Readiness::NotReady) => 2,
+            Some(Readiness::Failed) => 3,
+            Some(Readiness::Deleting | Readiness::Missing) | None => 0,
+        };
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    /// Nothing said any more (through `&mut`: no atomic operation).
+    pub(super) fn clear(&mut self) {
+        *self.0.get_mut() = 0;
+    }
+
+    /// Whether anything is said (through `&mut`).
+    pub(super) fn is_set(&mut self) -> bool {
+        *self.0.get_mut() != 0
+    }
 }
 
 /// A cached object as it is held: whole, encoded while its actor is passive, or, when the
@@ -37,7 +78,7 @@ impl<K: ManagedResource> Held<K> {
         }
     }
 
-    /// The object's uid and generation: a Ready flag holds for one version of one object only.
+    /// The object's uid and generation: what its actor said holds for one version of one object only.
     pub(super) fn identity(&self) -> (Option<String>, Option<i64>) {
         match self {
             Held::Whole(obj) => (obj.meta().uid.clone(), obj.meta().generation),
@@ -138,15 +179,15 @@ impl<K: ManagedResource> Objects<K> {
         let hash = name_hash(hasher, ns, name);
         match self.table.find_mut(hash, |s| s.names() == (ns, name)) {
             Some(slot) => {
-                if *slot.ready.get_mut() && slot.obj.identity() != held.identity() {
-                    *slot.ready.get_mut() = false;
+                if slot.said.is_set() && slot.obj.identity() != held.identity() {
+                    slot.said.clear();
                 }
                 slot.obj = held;
             }
             None => {
                 let slot = Slot {
                     obj: held,
-                    ready: AtomicBool::new(false),
+                    said: SaidCell::default(),
                 };
                 self.table
                     .insert_unique(hash, slot, |s| Self::hash_slot(hasher, s));

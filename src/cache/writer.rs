@@ -1,7 +1,6 @@
 //! Fills one watch's table from its events.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use kube::runtime::watcher::Event;
 
@@ -43,14 +42,12 @@ impl<K: ManagedResource> Writer<K> {
             Event::InitDone => {
                 let listed = self.relist.take().unwrap_or_else(|| self.fresh());
                 let mut cache = self.cache.write();
-                // The Ready flags carry over by name, under the lock: none set meanwhile is lost.
+                // What the actors said carries over by name, under the lock: nothing said
+                // meanwhile is lost.
                 for slot in listed.table.iter() {
                     let (ns, name) = slot.names();
-                    if cache
-                        .find(ns, name)
-                        .is_some_and(|s| s.ready.load(Ordering::Relaxed))
-                    {
-                        slot.ready.store(true, Ordering::Relaxed);
+                    if let Some(said) = cache.find(ns, name).and_then(|s| s.said.get()) {
+                        slot.said.set(Some(said));
                     }
                 }
                 *cache = listed;

@@ -31,6 +31,7 @@ pub struct MailWaiting;
 /// What a manager supervisor handles. Resource actors are its linked children; their failures
 /// reach it as supervision events, not messages.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     /// The feeder has an event for an object without a live actor (new, passive, restarting,
     /// quarantined): activate it if appropriate.

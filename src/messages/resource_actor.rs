@@ -8,6 +8,7 @@ use super::{PassiveState, ReconcilePermit, ReconcileSlot, TimerMsg};
 
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ResourceMsg<K: kube::Resource<DynamicType = ()>> {
     /// The watch feeder observed a new version of the object.
     Observed(Arc<K>),

@@ -37,6 +37,7 @@ impl Default for RestartPolicy {
 /// What the supervisor does when a resource's actor fails more often than the restart intensity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Exhausted {
     /// Phase Failed, reason Quarantined; no restarts until the object's generation changes.
     Quarantine,

@@ -314,6 +314,7 @@ fn at_most_a_year(field: &str, d: Duration) -> Result<(), PolicyError> {
 
 /// An invalid policy.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// The file could not be read.
     #[error("cannot read policy file {path}: {source}")]

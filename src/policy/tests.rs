@@ -115,10 +115,7 @@ fn older_files_read_as_before() {
         Some(Duration::from_secs(120))
     );
     for file in ["aggressive", "conservative"] {
-        let path = format!(
-            "{}/examples/policies/{file}.toml",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = format!("{}/cli/policies/{file}.toml", env!("CARGO_MANIFEST_DIR"));
         SupervisorPolicy::from_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     }
 }

@@ -64,6 +64,7 @@ impl fmt::Display for NodeRole {
 
 /// Where a node is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum NodeState {
     /// Created, never started.
     Created,
@@ -93,6 +94,7 @@ pub struct NodeInfo {
 
 /// A cluster's phase, derived from its nodes' states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClusterPhase {
     /// Every node is running.
     Ready,
@@ -180,6 +182,7 @@ impl NodeSpec {
 
 /// What a provider can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProviderError {
     /// Start or stop of a cluster that has no nodes.
     #[error("no nodes found for cluster {cluster}")]

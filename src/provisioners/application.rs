@@ -63,6 +63,7 @@ pub struct Chart {
 
 /// Why an application reference did not resolve.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ResolveError {
     /// No application of this name.
     #[error("application {0} is not known")]

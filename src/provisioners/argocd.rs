@@ -49,7 +49,7 @@ pub const APPLICATION_CRD: &str = include_str!("argocd-application-crd.yaml");
 /// [`ApiServer::install_crd`](crate::cluster::ApiServer::install_crd) or an envtest's
 /// `install_crds`.
 pub fn application_crd() -> CustomResourceDefinition {
-    serde_norway::from_str(APPLICATION_CRD).expect("the bundled Application CRD is valid YAML")
+    serde_saphyr::from_str(APPLICATION_CRD).expect("the bundled Application CRD is valid YAML")
 }
 
 /// The finalizer with which Argo CD deletes what an Application deployed before the Application.
@@ -80,7 +80,7 @@ const CONFLICT_RETRIES: usize = 5;
 /// use actorcile::provisioners::argocd::ArgoCd;
 ///
 /// # async fn f(client: kube::Client) {
-/// let argo = Arc::new(ArgoCd::new(client, "argocd").project("platform"));
+/// let argo = Arc::new(ArgoCd::new(client, "argocd", "bucket-operator").project("platform"));
 /// # let _ = argo;
 /// # }
 /// ```
@@ -94,25 +94,25 @@ pub struct ArgoCd {
 
 impl ArgoCd {
     /// A driver that keeps Applications and cluster Secrets in `namespace` (where Argo CD
-    /// watches them, usually `argocd`) through `client`, in the project `default`.
-    pub fn new(client: Client, namespace: impl Into<String>) -> Self {
+    /// watches them, usually `argocd`) through `client`, in the project `default`. Its writes
+    /// name `field_manager`: the operator's
+    /// ([`OperatorNames::field_manager`](crate::names::OperatorNames::field_manager)).
+    pub fn new(
+        client: Client,
+        namespace: impl Into<String>,
+        field_manager: impl Into<String>,
+    ) -> Self {
         Self {
             client,
             namespace: namespace.into(),
             project: "default".into(),
-            field_manager: "actorcile".into(),
+            field_manager: field_manager.into(),
         }
     }
 
     /// The Argo CD project the Applications belong to.
     pub fn project(mut self, project: impl Into<String>) -> Self {
         self.project = project.into();
-        self
-    }
-
-    /// The field manager of the driver's writes (default `actorcile`).
-    pub fn field_manager(mut self, manager: impl Into<String>) -> Self {
-        self.field_manager = manager.into();
         self
     }
 

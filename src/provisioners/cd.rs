@@ -177,6 +177,7 @@ pub struct AppSpec {
 
 /// An application's state as the CD system reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AppHealth {
     /// No application has this identity.
     Missing,
@@ -192,6 +193,7 @@ pub enum AppHealth {
 
 /// What a delete request achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Deletion {
     /// No application has this identity any more.
     Gone,
@@ -296,6 +298,7 @@ impl std::fmt::Debug for ClusterRegistration {
 
 /// Why a driver call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CdError {
     /// More than one application carries one identity.
     #[error("{count} applications carry the identity {identity}; expected at most one")]

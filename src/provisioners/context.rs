@@ -44,6 +44,8 @@ pub(crate) struct ControllerParts {
     pub recorder: Option<Arc<EventRecorder>>,
     pub references: Option<Arc<dyn ReferenceApi>>,
     pub field_manager: Arc<str>,
+    /// The annotation keys of the operator's names (the owner mark of children).
+    pub keys: Arc<crate::names::Keys>,
     /// Who holds the locks this runtime takes ([`Context::guard`]): unique per runtime.
     pub holder: Arc<str>,
     /// How long a lock taken by [`Context::guard`] holds.
@@ -119,7 +121,8 @@ impl ControllerParts {
         Self {
             recorder: None,
             references: None,
-            field_manager: Arc::from(crate::FIELD_MANAGER),
+            field_manager: Arc::from(crate::names::STANDALONE_FIELD_MANAGER),
+            keys: Arc::new(crate::names::Keys::standalone()),
             holder: Arc::from(new_holder_id().as_str()),
             lock_expiry: crate::policy::KindPolicy::default().lock_expiry,
             locks_seen: Default::default(),
@@ -343,7 +346,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// shard label when replicas watch only their shards' children
     /// ([`Sharding::owner_label_key`](crate::sharding::Sharding::owner_label_key)). Where an
     /// owner reference would not be honoured, the annotation
-    /// [`OWNER_ANNOTATION`](super::OWNER_ANNOTATION) with the object's uid instead: inside a
+    /// [`owner_annotation`](crate::names::OperatorNames::owner_annotation) with the object's uid instead: inside a
     /// remote (an owner reference across clusters names an object the remote's garbage
     /// collector cannot find, and it would delete the child), and for a namespaced object's
     /// children in other namespaces or cluster-scoped (the garbage collector deletes, or
@@ -360,7 +363,7 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
                     .meta_mut()
                     .annotations
                     .get_or_insert_with(Default::default)
-                    .insert(super::OWNER_ANNOTATION.to_string(), uid.clone());
+                    .insert(self.inner.parts.keys.owner().to_string(), uid.clone());
             }
             return;
         }
@@ -389,7 +392,11 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     pub(crate) fn control_of<T: Resource>(&self, existing: &T) -> super::ownership::Control {
         use super::ownership::{Control, control};
         let meta = existing.meta();
-        match control(meta, self.object().meta().uid.as_deref()) {
+        match control(
+            meta,
+            &self.inner.parts.keys,
+            self.object().meta().uid.as_deref(),
+        ) {
             Control::Nobody
                 if self.remote().is_some()
                     && meta.managed_fields.iter().flatten().any(|f| {

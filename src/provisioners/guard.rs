@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
-use chrono::{DateTime, SecondsFormat, Utc};
+use jiff::{SignedDuration, Timestamp};
 use std::collections::HashMap;
 use tokio::time::Instant;
 
@@ -64,7 +64,7 @@ pub struct Lock {
     /// The runtime holding it ([`RuntimeHandle::holder`](crate::runtime::RuntimeHandle::holder)).
     pub holder: String,
     /// When it expires: after that, another run may take it.
-    pub until: DateTime<Utc>,
+    pub until: Timestamp,
 }
 
 impl Lock {
@@ -75,9 +75,7 @@ impl Lock {
             return None;
         }
         let (holder, until) = c.message.strip_prefix("held by ")?.rsplit_once(" until ")?;
-        let until = DateTime::parse_from_rfc3339(until)
-            .ok()?
-            .with_timezone(&Utc);
+        let until: Timestamp = until.parse().ok()?;
         Some(Lock {
             holder: holder.to_string(),
             until,
@@ -85,11 +83,7 @@ impl Lock {
     }
 
     fn message(&self) -> String {
-        format!(
-            "held by {} until {}",
-            self.holder,
-            self.until.to_rfc3339_opts(SecondsFormat::Millis, true)
-        )
+        format!("held by {} until {:.3}", self.holder, self.until)
     }
 }
 
@@ -119,10 +113,10 @@ impl LockSightings {
         };
         let by_sight = expiry.saturating_sub(now.saturating_duration_since(first));
         // `until` plus one whole expiry, by this runtime's wall clock.
-        let by_wall = chrono::Duration::from_std(expiry.min(crate::policy::MAX_DURATION))
+        let by_wall = SignedDuration::try_from(expiry.min(crate::policy::MAX_DURATION))
             .ok()
-            .and_then(|d| lock.until.checked_add_signed(d))
-            .and_then(|late| (late - Utc::now()).to_std().ok())
+            .and_then(|d| lock.until.checked_add(d).ok())
+            .and_then(|late| Duration::try_from(late.duration_since(Timestamp::now())).ok())
             .unwrap_or_default();
         let left = by_sight.min(by_wall);
         (!left.is_zero()).then_some(left)
@@ -323,14 +317,14 @@ impl<K: ManagedResource> Context<K> {
                 ),
             );
         }
-        let now = Utc::now();
+        let now = Timestamp::now();
         let lock = Lock {
             holder: holder.to_string(),
             // The policy holds at most a year (`SupervisorPolicy::validate`); bounded here too,
             // for a policy nobody validated.
-            until: chrono::Duration::from_std(expiry.min(crate::policy::MAX_DURATION))
+            until: SignedDuration::try_from(expiry.min(crate::policy::MAX_DURATION))
                 .ok()
-                .and_then(|d| now.checked_add_signed(d))
+                .and_then(|d| now.checked_add(d).ok())
                 .unwrap_or(now),
         };
         let message = lock.message();
@@ -574,9 +568,7 @@ mod tests {
     fn a_lock_reads_back_from_the_message_it_writes() {
         let lock = Lock {
             holder: "pod-a-0000beef".into(),
-            until: DateTime::parse_from_rfc3339("2026-11-25T10:00:00.250Z")
-                .unwrap()
-                .with_timezone(&Utc),
+            until: "2026-11-25T10:00:00.250Z".parse().unwrap(),
         };
         let c = Condition {
             type_: "DnsRecord".into(),

@@ -50,7 +50,7 @@
 //! # struct TenantSpec { cluster: String, version: String }
 //!
 //! fn tree(client: kube::Client) -> impl Provisioner<Tenant> {
-//!     let argo = Arc::new(ArgoCd::new(client, "argocd"));
+//!     let argo = Arc::new(ArgoCd::new(client, "argocd", "tenant-operator"));
 //!     let charts = Arc::new(Catalog::new().chart("web", "1.2.0", "https://charts.example.com", "web"));
 //!     remote(
 //!         "workload-cluster",
@@ -135,7 +135,7 @@ pub(crate) use context::{ControllerParts, new_holder_id};
 pub use guard::{DeprovisionTask, Guard, Lock, NoTask, guard};
 pub use nodes::{NodeSet, Nodes, nodes};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
-pub use ownership::{ChildRules, OWNER_ANNOTATION};
+pub use ownership::ChildRules;
 pub use remote::{
     FixedCluster, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster, RemoteClusterError, remote,
 };

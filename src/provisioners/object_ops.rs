@@ -161,7 +161,7 @@ impl<K: ManagedResource> Context<K> {
 
     /// Create `child` in the context's cluster, owned by the object (a controller owner
     /// reference, so Kubernetes garbage-collects it with the object; the annotation
-    /// [`OWNER_ANNOTATION`](super::OWNER_ANNOTATION) where an owner reference cannot be used,
+    /// [`owner_annotation`](crate::names::OperatorNames::owner_annotation) where an owner reference cannot be used,
     /// see [`ChildRules`]). A namespaced child without a namespace goes to the object's.
     /// Idempotent: a child of the object's that exists already is returned as it is.
     ///

@@ -9,7 +9,9 @@
 //! - a child is the object's only when it carries the object's mark: a controller owner
 //!   reference with the object's uid, or, where an owner reference cannot be used (inside a
 //!   [`remote`](super::remote()), a namespaced child of another namespace, a cluster-scoped child
-//!   of a namespaced object), the annotation [`OWNER_ANNOTATION`] holding the object's uid;
+//!   of a namespaced object), the annotation
+//!   [`owner_annotation`](crate::names::OperatorNames::owner_annotation) (`owner.<domain>/uid`)
+//!   holding the object's uid;
 //! - an existing object without the mark is not taken over ([`StepError::ChildNotOwned`]) unless
 //!   the step opts in with [`ChildRules::adopt`], and never when another owner controls it (as
 //!   controller-runtime's `SetControllerReference` refuses an object another controller owns);
@@ -31,10 +33,6 @@ use kube::Resource;
 use super::StepError;
 use crate::object_api::is_cluster_scoped;
 use crate::references::Target;
-
-/// The annotation that marks a child as the object's where an owner reference cannot: its value
-/// is the owner's uid.
-pub const OWNER_ANNOTATION: &str = "owner.actorcile.dev/uid";
 
 /// What a step may do with its children beyond the default: where they may live, and whether an
 /// existing object under a child's name may be taken over.
@@ -104,8 +102,13 @@ pub(crate) enum Control {
     Other(String),
 }
 
-/// Who controls the object with metadata `meta`, for the owner with uid `owner_uid`.
-pub(crate) fn control(meta: &ObjectMeta, owner_uid: Option<&str>) -> Control {
+/// Who controls the object with metadata `meta`, for the owner with uid `owner_uid` (its owner
+/// annotation read under `keys`).
+pub(crate) fn control(
+    meta: &ObjectMeta,
+    keys: &crate::names::Keys,
+    owner_uid: Option<&str>,
+) -> Control {
     let ours = |uid: &str| owner_uid.is_some_and(|o| o == uid);
     let controller = meta
         .owner_references
@@ -119,11 +122,7 @@ pub(crate) fn control(meta: &ObjectMeta, owner_uid: Option<&str>) -> Control {
             Control::Other(format!("{} {}", r.kind, r.name))
         };
     }
-    match meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(OWNER_ANNOTATION))
-    {
+    match meta.annotations.as_ref().and_then(|a| keys.owner_in(a)) {
         Some(uid) if ours(uid) => Control::Ours,
         Some(uid) => Control::Other(format!("the owner with uid {}", excerpt(uid))),
         None => Control::Nobody,
@@ -227,6 +226,8 @@ mod tests {
 
     #[test]
     fn only_the_owners_mark_makes_a_child_ours() {
+        let keys = crate::names::Keys::standalone();
+        let control = |meta: &ObjectMeta, uid| control(meta, &keys, uid);
         let mut meta = ObjectMeta::default();
         assert_eq!(control(&meta, Some("u1")), Control::Nobody);
         // A non-controller owner reference with our uid is not control.
@@ -237,7 +238,7 @@ mod tests {
         assert_eq!(control(&meta, None), Control::Other("App a".into()));
         assert_eq!(control(&meta, Some("u2")), Control::Other("App a".into()));
         // The annotation marks where an owner reference cannot; another controller wins over it.
-        meta.annotations = Some([(OWNER_ANNOTATION.to_string(), "u2".to_string())].into());
+        meta.annotations = Some([(keys.owner().to_string(), "u2".to_string())].into());
         assert_eq!(control(&meta, Some("u2")), Control::Other("App a".into()));
         meta.owner_references = None;
         assert_eq!(control(&meta, Some("u2")), Control::Ours);

@@ -119,6 +119,7 @@ impl std::fmt::Debug for RemoteAccess {
 /// Why a remote cluster cannot be reached. The messages name where the credentials live,
 /// never their content.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RemoteClusterError {
     /// Not reachable now (its Secret is missing, the API failed): retried.
     #[error("{what}")]

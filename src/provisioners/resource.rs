@@ -4,7 +4,9 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -30,12 +32,16 @@ pub struct ResourceProvisioner<K, C> {
 /// [`remote`](super::remote()): the parent is in another cluster there). Namespaced children
 /// without a namespace go to the parent's namespace.
 ///
-/// The apply is not forced: fields the runtime's field manager owns are set, and a field that
-/// another field manager owns with a different value (an autoscaler's `replicas`, a
-/// `kubectl edit`) is left to it. Such a conflict ends the step with the typed reason
-/// `ChildFieldConflict`, whose message names each conflicting field and its manager, retried with
-/// the error backoff; the author who wants the runtime to take the fields over says so with
-/// [`ResourceProvisioner::force_conflicts`].
+/// The apply is forced, as Kubernetes' server-side apply documentation recommends for a
+/// controller's own objects (controller-runtime's `client.ForceOwnership`): a field of the
+/// child that someone else changed (a `kubectl edit`, another controller) is set back and owned
+/// by the runtime's field manager again, and a Warning Event on the parent, reason
+/// `ChildFieldsOverridden`, names the managers whose changes were overridden. A child whose
+/// fields others may own (an autoscaler's `replicas`) says so with
+/// [`ResourceProvisioner::report_conflicts`]: then the apply is not forced, and a field another
+/// manager owns with a different value ends the step with the typed reason
+/// `ChildFieldConflict`, whose message names each field and its manager, retried with the
+/// error backoff.
 ///
 /// The child must be the parent's (see [`ChildRules`]): before the apply, the runtime reads the
 /// object under the child's name, and one that the parent does not control (made by someone
@@ -77,7 +83,7 @@ pub fn resource<K, C>(
         name: name.into(),
         build: Box::new(build),
         ready_when: None,
-        force: false,
+        force: true,
         rules: ChildRules::default(),
     }
 }
@@ -96,10 +102,11 @@ impl<K, C> ResourceProvisioner<K, C> {
         self
     }
 
-    /// Force the apply: take over every field of the child that another field manager owns
-    /// (server-side apply's `force=true`), instead of reporting `ChildFieldConflict`.
-    pub fn force_conflicts(mut self) -> Self {
-        self.force = true;
+    /// Do not force the apply: a field of the child that another field manager owns with a
+    /// different value is left to it, and the step ends with `ChildFieldConflict` naming each
+    /// such field and its manager (retried with the error backoff), instead of taking it back.
+    pub fn report_conflicts(mut self) -> Self {
+        self.force = false;
         self
     }
 }
@@ -132,6 +139,32 @@ fn field_conflict(kind: &str, name: &str, status: &kube::core::Status) -> Reason
              from it (or let the controller force its apply)"
         ),
     )
+}
+
+/// The field managers other than `ours` whose field sets a forced apply took from: their entry
+/// in `applied`'s managed fields differs from the one in `before` (or is gone). Entries are
+/// told apart by manager, operation and subresource.
+fn overridden(before: &ObjectMeta, applied: &ObjectMeta, ours: &str) -> Vec<String> {
+    use std::collections::BTreeSet;
+    let key = |e: &ManagedFieldsEntry| {
+        (
+            e.manager.clone().unwrap_or_default(),
+            e.operation.clone().unwrap_or_default(),
+            e.subresource.clone().unwrap_or_default(),
+        )
+    };
+    let after = applied.managed_fields.as_deref().unwrap_or_default();
+    let mut managers = BTreeSet::new();
+    for e in before.managed_fields.as_deref().unwrap_or_default() {
+        if e.manager.as_deref() == Some(ours) && e.operation.as_deref() == Some("Apply") {
+            continue;
+        }
+        let now = after.iter().find(|a| key(a) == key(e));
+        if now.is_none_or(|a| a.fields_v1 != e.fields_v1) {
+            managers.insert(e.manager.clone().unwrap_or_else(|| "(unnamed)".into()));
+        }
+    }
+    managers.into_iter().collect()
 }
 
 fn child_api<K, C>(cx: &Context<K>, child: &C) -> ObjectApi<C>
@@ -197,11 +230,11 @@ where
         {
             return e.outcome(Reason::new("ChildOutOfScope", "the child is out of scope"));
         }
-        match api.get_opt(&name).await {
-            Ok(None) => {}
+        let before = match api.get_opt(&name).await {
+            Ok(None) => None,
             Ok(Some(existing)) => match cx.control_of(&existing) {
-                Control::Ours => {}
-                Control::Nobody if self.rules.adopts() => {}
+                Control::Ours => Some(existing),
+                Control::Nobody if self.rules.adopts() => Some(existing),
                 by => {
                     return not_owned(&existing, by)
                         .outcome(Reason::new("ChildNotOwned", "the child is not ours"));
@@ -216,7 +249,7 @@ where
                     e,
                 );
             }
-        }
+        };
         cx.own(&mut child);
         let mut value = match serde_json::to_value(&child) {
             Ok(v) => v,
@@ -240,6 +273,22 @@ where
         match api.patch(&name, &params, &Patch::Apply(&value)).await {
             Ok(applied) => {
                 cx.wrote_child(&applied);
+                if let Some(before) = &before {
+                    let managers = overridden(before.meta(), applied.meta(), cx.field_manager());
+                    if !managers.is_empty() {
+                        cx.event(
+                            EventType::Warning,
+                            "ChildFieldsOverridden",
+                            "Apply",
+                            Some(format!(
+                                "{} {name}: set back the fields that {} changed",
+                                C::kind(&()),
+                                managers.join(", ")
+                            )),
+                        )
+                        .await;
+                    }
+                }
                 match &self.ready_when {
                     Some(ready) if !ready(&applied) => Outcome::yield_now(Reason::new(
                         "ChildNotReady",

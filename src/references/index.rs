@@ -9,18 +9,10 @@ use std::sync::{Arc, Weak};
 use dashmap::DashMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 
-use crate::status::ReadyReason;
-
 use async_trait::async_trait;
 
 use super::external;
-use super::{
-    Readiness, ReadyWhen, ReferenceApi, ReferenceError, Selection, Target, reference_annotation,
-    referrers_in,
-};
-
-/// The finalizer Kubernetes' garbage collector puts on an owner deleted in the foreground.
-const FOREGROUND_DELETION: &str = "foregroundDeletion";
+use super::{Readiness, ReadyWhen, ReferenceApi, ReferenceError, Selection, Target, referrers_in};
 
 /// What the index needs from each managed kind (implemented by the runtime per controller).
 pub(crate) trait IndexedKind: Send + Sync {
@@ -32,18 +24,18 @@ pub(crate) trait IndexedKind: Send + Sync {
     fn in_view(&self, target: &Target) -> bool;
     /// Readiness from the store.
     fn readiness(&self, target: &Target) -> Readiness;
-    /// Whether the target's own actor last reported it Ready (authoritative for a target in
-    /// view: its status may not say so yet).
-    fn said_ready(&self, target: &Target) -> bool;
-    /// Records what the target's actor last reported (kept with the target's cached object,
-    /// and gone with it).
-    fn set_said_ready(&self, target: &Target, ready: bool);
+    /// What the target's own actor last reported of its readiness (for a target in view, ahead
+    /// of its cached status: the watch event of its status write may not be in yet).
+    fn said(&self, target: &Target) -> Option<Readiness>;
+    /// Records what the target's actor last reported (`None`: nothing, its status says; kept
+    /// with the target's cached object, and gone with it).
+    fn set_said(&self, target: &Target, said: Option<Readiness>);
     /// Records that the target's actor reported it Ready for `generation`: only while the
     /// cached object is of that generation (a newer one is not Ready until its own reconcile
     /// says so). Whether it was recorded.
     fn set_said_ready_at(&self, target: &Target, generation: Option<i64>) -> bool {
         let _ = generation;
-        self.set_said_ready(target, true);
+        self.set_said(target, Some(Readiness::Ready));
         true
     }
     /// Whether the target exists (in any state).
@@ -64,13 +56,6 @@ pub(crate) trait IndexedKind: Send + Sync {
     }
 }
 
-/// Why a deletion cannot proceed yet.
-#[derive(Clone, Debug)]
-pub(crate) struct Blocked {
-    pub reason: ReadyReason,
-    pub message: String,
-}
-
 /// A registered kind: apiVersion, kind, and its handle.
 type KindEntry = (String, String, Arc<dyn IndexedKind>);
 
@@ -79,7 +64,7 @@ type KindEntry = (String, String, Arc<dyn IndexedKind>);
 pub(crate) const MAX_WAITS_PER_RESOURCE: usize = 64;
 
 /// How many entries the reference index holds ([`ReferenceIndex::sizes`]), for the metrics.
-#[cfg(any(feature = "operator", test))]
+#[cfg(any(feature = "metrics", test))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct IndexSizes {
     pub(crate) waited_on: usize,
@@ -105,6 +90,8 @@ pub(crate) struct ReferenceIndex {
     waits: DashMap<Target, std::collections::VecDeque<Target>, ahash::RandomState>,
     /// The field manager of the reference writes (the runtime's).
     field_manager: String,
+    /// The annotation keys references are persisted under.
+    keys: Arc<crate::names::Keys>,
     /// Watches of kinds the runtime does not manage (`None`: an index without a client, whose
     /// targets of such kinds read as missing).
     pub(super) external: Option<external::ExternalKinds>,
@@ -114,7 +101,10 @@ pub(crate) struct ReferenceIndex {
 
 impl Default for ReferenceIndex {
     fn default() -> Self {
-        Self::with_field_manager(crate::FIELD_MANAGER)
+        Self::new(
+            crate::names::STANDALONE_FIELD_MANAGER,
+            Arc::new(crate::names::Keys::standalone()),
+        )
     }
 }
 
@@ -128,8 +118,8 @@ impl std::fmt::Debug for ReferenceIndex {
 }
 
 impl ReferenceIndex {
-    /// An empty index whose reference writes carry `field_manager`.
-    pub(crate) fn with_field_manager(field_manager: impl Into<String>) -> Self {
+    /// An empty index whose reference writes carry `field_manager`, under `keys`.
+    fn new(field_manager: &str, keys: Arc<crate::names::Keys>) -> Self {
         Self {
             kinds: Default::default(),
             waiters: Default::default(),
@@ -137,24 +127,39 @@ impl ReferenceIndex {
             missing: Default::default(),
             waits: Default::default(),
             field_manager: field_manager.into(),
+            keys,
             external: None,
             me: Weak::new(),
         }
     }
 
-    /// The runtime's index: reference writes carry `field_manager`; readiness of targets of
-    /// kinds the runtime does not manage is watched through `client`, each kind's watch stopped
-    /// after nobody waited on it for `watch_idle`.
+    /// The runtime's index: reference writes carry `field_manager`, under `keys`; readiness
+    /// of targets of kinds the runtime does not manage is watched through `client`, each
+    /// kind's watch stopped after nobody waited on it for `watch_idle`.
     pub(crate) fn for_runtime(
         field_manager: &str,
+        keys: Arc<crate::names::Keys>,
         client: kube::Client,
         watch_idle: std::time::Duration,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             external: Some(external::ExternalKinds::new(client, watch_idle)),
             me: me.clone(),
-            ..Self::with_field_manager(field_manager)
+            ..Self::new(field_manager, keys)
         })
+    }
+
+    /// The annotation keys references are persisted under.
+    pub(crate) fn keys(&self) -> &crate::names::Keys {
+        &self.keys
+    }
+
+    /// The referrers persisted in a target's annotations.
+    pub(crate) fn referrers_in(
+        &self,
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<Target> {
+        referrers_in(&self.keys, annotations)
     }
 
     /// The kinds the runtime does not manage whose objects are watched now, as
@@ -247,11 +252,20 @@ impl ReferenceIndex {
         self.note_wait(from, target);
         let managed = self.kind(target);
         let in_view = managed.as_ref().is_some_and(|k| k.in_view(target));
-        let r = if in_view && managed.as_ref().is_some_and(|k| k.said_ready(target)) {
+        let said = managed
+            .as_ref()
+            .filter(|_| in_view)
+            .and_then(|k| k.said(target));
+        let r = if said == Some(Readiness::Ready) {
             Readiness::Ready
         } else {
             match (managed, &self.external) {
-                (Some(k), _) if in_view => k.readiness(target),
+                // What its actor said of a failure or a step back is ahead of its cached
+                // status; a deletion (the cache's own news) comes first.
+                (Some(k), _) if in_view => match (k.readiness(target), said) {
+                    (r @ (Readiness::Deleting | Readiness::Missing), _) | (r, None) => r,
+                    (_, Some(said)) => said,
+                },
                 (managed, Some(ext)) => {
                     let in_namespace = managed.is_some_and(|k| !k.watches_every_namespace());
                     let kind = ext.kind_of(&self.me, target, in_namespace);
@@ -308,7 +322,7 @@ impl ReferenceIndex {
 
     /// How many entries the index's maps hold (targets waited on or found missing, resources
     /// waiting, referrers holding).
-    #[cfg(any(feature = "operator", test))]
+    #[cfg(any(feature = "metrics", test))]
     pub(crate) fn sizes(&self) -> IndexSizes {
         IndexSizes {
             waited_on: self.waiters.len(),
@@ -373,19 +387,35 @@ impl ReferenceIndex {
         }
     }
 
-    /// Set by a resource's own actor after each reconcile; on Ready, wake every waiter.
-    /// Only Ready is recorded: not Ready reads the same as unknown (the target's kind is asked).
+    /// Set by a resource's own actor after each reconcile; on Ready, wake every waiter. Not
+    /// Ready takes back a Ready said before, and keeps what [`ReferenceIndex::changed`] said
+    /// (else the target's cached status is read).
     pub(crate) fn mark_ready(&self, target: &Target, ready: bool) {
         if let Some(k) = self.kind(target) {
-            k.set_said_ready(target, ready);
+            if ready {
+                k.set_said(target, Some(Readiness::Ready));
+            } else if k.said(target) == Some(Readiness::Ready) {
+                k.set_said(target, None);
+            }
         }
         if ready {
-            self.wake_on_ready(target);
+            self.wake_waiters(target);
         }
     }
 
-    /// `target` is Ready: wake (and forget) everyone waiting for that.
-    fn wake_on_ready(&self, target: &Target) {
+    /// `target`'s actor wrote a status that changes its readiness otherwise than to Ready (to
+    /// `now`: it failed, or went back to progressing, or is being deleted): record it, and wake
+    /// (and forget) everyone waiting on it; each looks again and waits anew if it must. They
+    /// read `now`, not the cached status (which the write's watch event has not changed yet).
+    pub(crate) fn changed(&self, target: &Target, now: Readiness) {
+        if let Some(k) = self.kind(target) {
+            k.set_said(target, Some(now));
+        }
+        self.wake_waiters(target);
+    }
+
+    /// Wake (and forget) everyone waiting on `target`.
+    fn wake_waiters(&self, target: &Target) {
         if let Some((_, waiters)) = self.waiters.remove(target) {
             for w in waiters {
                 self.wake(&w);
@@ -402,7 +432,7 @@ impl ReferenceIndex {
         {
             return false;
         }
-        self.wake_on_ready(target);
+        self.wake_waiters(target);
         true
     }
 
@@ -420,120 +450,10 @@ impl ReferenceIndex {
     /// A resource is gone: forget its readiness and wake those waiting on it (they re-check).
     pub(crate) fn forget(&self, target: &Target) {
         if let Some(k) = self.kind(target) {
-            k.set_said_ready(target, false);
+            k.set_said(target, None);
         }
         self.held.remove(target);
-    }
-
-    /// Whether deleting `target` (whose object is `obj`) must wait: foreground deletion of
-    /// owned children, or live referrers (a cycle among them is reported as such).
-    pub(crate) fn deletion_blocked<K: kube::Resource>(
-        &self,
-        target: &Target,
-        obj: &K,
-    ) -> Option<Blocked> {
-        if obj
-            .meta()
-            .finalizers
-            .as_ref()
-            .is_some_and(|f| f.iter().any(|f| f == FOREGROUND_DELETION))
-        {
-            return Some(Blocked {
-                reason: ReadyReason::Deprovisioning,
-                message: "waiting for owned children to be deleted (foreground deletion)".into(),
-            });
-        }
-        let referrers = obj
-            .meta()
-            .annotations
-            .as_ref()
-            .map(referrers_in)
-            .unwrap_or_default();
-        if referrers.is_empty() {
-            return None;
-        }
-        let mut live = Vec::new();
-        for r in referrers {
-            match self.kind(&r) {
-                // A referrer of a kind this runtime does not manage cannot release: count it,
-                // so nothing is deleted under a user's feet.
-                None => live.push(r),
-                Some(k) if !k.in_view(&r) => {
-                    if self.exists_elsewhere(target, &r) {
-                        live.push(r);
-                    }
-                }
-                Some(k) if !k.synced() || k.exists(&r) => live.push(r),
-                Some(_) => {}
-            }
-        }
-        if live.is_empty() {
-            return None;
-        }
-        // What blocks the deletion is now known to hold the target, as the annotations say
-        // (this runtime may never have run those referrers: another replica's shard, or a
-        // reference taken after this runtime's start-up rebuild): when one leaves the store,
-        // `gone` wakes the target at once instead of the fallback poll.
-        self.learn(target, &live);
-        let names: Vec<String> = live.iter().map(|t| t.to_string()).collect();
-        let message = match self.find_cycle(target) {
-            Some(cycle) => format!(
-                "reference cycle, deletion cannot proceed: {}",
-                cycle
-                    .iter()
-                    .map(|t| t.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" -> ")
-            ),
-            None => format!("in use by {}", names.join(", ")),
-        };
-        Some(Blocked {
-            reason: ReadyReason::InUse,
-            message,
-        })
-    }
-
-    /// Whether `referrer`, of a managed kind but not in this replica's view (another
-    /// replica's shard), exists: by the watch of its kind, and counted as existing until that
-    /// watch has listed. `target` is woken when `referrer` changes or goes.
-    fn exists_elsewhere(&self, target: &Target, referrer: &Target) -> bool {
-        let Some(ext) = &self.external else {
-            return true;
-        };
-        self.waiters
-            .entry(referrer.clone())
-            .or_default()
-            .insert(target.clone());
-        self.note_wait(target, referrer);
-        let in_namespace = self
-            .kind(referrer)
-            .is_some_and(|k| !k.watches_every_namespace());
-        ext.kind_of(&self.me, referrer, in_namespace)
-            .exists(referrer)
-            .unwrap_or(true)
-    }
-
-    /// A cycle of deleting resources each held by the next, starting and ending at `start`.
-    fn find_cycle(&self, start: &Target) -> Option<Vec<Target>> {
-        let mut stack = vec![(start.clone(), vec![start.clone()])];
-        let mut seen = BTreeSet::new();
-        while let Some((t, path)) = stack.pop() {
-            let Some(k) = self.kind(&t) else { continue };
-            for r in k.referrers(&t) {
-                if &r == start {
-                    let mut p = path.clone();
-                    p.push(r);
-                    return Some(p);
-                }
-                let deleting = self.kind(&r).is_some_and(|k| k.deleting(&r));
-                if deleting && seen.insert(r.clone()) {
-                    let mut p = path.clone();
-                    p.push(r.clone());
-                    stack.push((r, p));
-                }
-            }
-        }
-        None
+        self.wake_waiters(target);
     }
 
     /// The targets `from` holds references on (a copy: callers await while iterating).
@@ -552,10 +472,16 @@ impl ReferenceIndex {
         }
     }
 
-    /// Wake `t`'s actor (through its kind's runtime), if its kind is managed here.
-    fn wake(&self, t: &Target) {
-        if let Some(k) = self.kind(t) {
-            k.notify(t);
+    /// Wake `t`'s actor (through its kind's runtime), which runs its reconcile: whether its
+    /// kind is managed here. (Also what [`RuntimeHandle::reconcile`](crate::runtime::RuntimeHandle::reconcile)
+    /// asks from outside.)
+    pub(crate) fn wake(&self, t: &Target) -> bool {
+        match self.kind(t) {
+            Some(k) => {
+                k.notify(t);
+                true
+            }
+            None => false,
         }
     }
 
@@ -617,9 +543,11 @@ impl ReferenceIndex {
         }
     }
 
-    /// `from` is gone from its kind's store: wake every target it still held (they find it
-    /// missing and proceed), and forget it.
+    /// `from` is gone from its kind's store: wake those waiting on it and every target it still
+    /// held (they find it missing and proceed), and forget it.
     pub(crate) fn gone(&self, from: &Target) {
+        // Those waiting on it find it missing now, not at their next poll.
+        self.wake_waiters(from);
         if self.held.contains_key(from) {
             self.notify_held(from);
             self.forget(from);
@@ -643,6 +571,18 @@ impl ReferenceIndex {
         !self.held.is_empty() || !self.waits.is_empty()
     }
 
+    /// The annotations of a merge patch that removes `from`'s reference (its key, and the
+    /// former domain's): each set to `null`.
+    fn released(&self, from: &Target) -> serde_json::Value {
+        let (key, former) = self.keys.reference_annotations(from);
+        let mut released = serde_json::Map::new();
+        released.insert(key, serde_json::Value::Null);
+        if let Some(former) = former {
+            released.insert(former, serde_json::Value::Null);
+        }
+        released.into()
+    }
+
     /// Remove `from`'s reference annotation from `target` (a merge patch with `null`).
     async fn remove_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError> {
         let Some(k) = self.kind(target) else {
@@ -650,7 +590,7 @@ impl ReferenceIndex {
         };
         let api = k.dynamic_api(target);
         let patch = serde_json::json!({
-            "metadata": { "annotations": { reference_annotation(from): null } }
+            "metadata": { "annotations": self.released(from) }
         });
         match api
             .patch(&target.name, &self.patch_params(), &Patch::Merge(patch))
@@ -663,6 +603,7 @@ impl ReferenceIndex {
     }
 }
 
+mod deletion;
 mod reference_api;
 
 /// How often a reference write is tried when the target keeps changing under it.

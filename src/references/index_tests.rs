@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, ObjectMeta};
 
 use super::*;
+use crate::status::ReadyReason;
 
 /// An object of a fake kind: what the kind's store would say of it.
 #[derive(Clone, Default)]
@@ -26,7 +27,7 @@ struct FakeKind {
     objects: Mutex<HashMap<Target, Obj>>,
     woken: Mutex<Vec<Target>>,
     /// What the targets' actors last said (only of objects in `objects`, as the store keeps it).
-    said_ready: Mutex<std::collections::HashSet<Target>>,
+    said: Mutex<HashMap<Target, Readiness>>,
     client: Option<kube::Client>,
 }
 
@@ -41,7 +42,7 @@ impl FakeKind {
     }
     fn remove(&self, t: &Target) {
         self.objects.lock().unwrap().remove(t);
-        self.said_ready.lock().unwrap().remove(t);
+        self.said.lock().unwrap().remove(t);
     }
     /// The wake-ups since the last call.
     fn woken(&self) -> Vec<Target> {
@@ -65,15 +66,18 @@ impl IndexedKind for FakeKind {
             Some(_) => Readiness::NotReady,
         }
     }
-    fn said_ready(&self, t: &Target) -> bool {
-        self.said_ready.lock().unwrap().contains(t)
+    fn said(&self, t: &Target) -> Option<Readiness> {
+        self.said.lock().unwrap().get(t).copied()
     }
-    fn set_said_ready(&self, t: &Target, ready: bool) {
-        let mut said = self.said_ready.lock().unwrap();
-        if !ready {
-            said.remove(t);
-        } else if self.exists(t) {
-            said.insert(t.clone());
+    fn set_said(&self, t: &Target, r: Option<Readiness>) {
+        let mut said = self.said.lock().unwrap();
+        match r {
+            Some(r) if self.exists(t) => {
+                said.insert(t.clone(), r);
+            }
+            _ => {
+                said.remove(t);
+            }
         }
     }
     fn exists(&self, t: &Target) -> bool {
@@ -124,7 +128,10 @@ fn index() -> (ReferenceIndex, Arc<FakeKind>, Arc<FakeKind>) {
 fn referenced_by(referrers: &[Target], finalizers: &[&str]) -> ConfigMap {
     let annotations: BTreeMap<String, String> = referrers
         .iter()
-        .map(|r| (reference_annotation(r), serde_json::to_string(r).unwrap()))
+        .map(|r| {
+            let (key, _) = crate::names::Keys::standalone().reference_annotations(r);
+            (key, serde_json::to_string(r).unwrap())
+        })
         .collect();
     ConfigMap {
         metadata: ObjectMeta {
@@ -162,6 +169,41 @@ async fn a_waiter_is_woken_once_when_its_target_becomes_ready() {
     assert_eq!(
         index.readiness(&app("shop"), &db("orders")).await,
         Readiness::NotReady
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_woken_by_a_failure_reads_it_before_the_store_has_it() {
+    let (index, dbs, apps) = index();
+    dbs.put(&db("orders"), Obj::default());
+    assert_eq!(
+        index.readiness(&app("shop"), &db("orders")).await,
+        Readiness::NotReady
+    );
+    // The target's actor wrote Failed; the store still holds the status before it.
+    index.changed(&db("orders"), Readiness::Failed);
+    assert_eq!(apps.woken(), vec![app("shop")]);
+    assert_eq!(
+        index.readiness(&app("shop"), &db("orders")).await,
+        Readiness::Failed
+    );
+    // A not-Ready announcement keeps it (only Ready, or another change, replaces it).
+    index.mark_ready(&db("orders"), false);
+    assert_eq!(
+        index.readiness(&app("shop"), &db("orders")).await,
+        Readiness::Failed
+    );
+    // The store's news of a deletion comes first.
+    dbs.put(
+        &db("orders"),
+        Obj {
+            deleting: true,
+            ..Obj::default()
+        },
+    );
+    assert_eq!(
+        index.readiness(&app("shop"), &db("orders")).await,
+        Readiness::Deleting
     );
 }
 
@@ -255,7 +297,10 @@ fn a_referrer_of_a_kind_not_managed_here_blocks_and_foreground_deletion_waits_fo
     assert_eq!(blocked.message, format!("in use by {stranger}"));
 
     let blocked = index
-        .deletion_blocked(&db("orders"), &referenced_by(&[], &[FOREGROUND_DELETION]))
+        .deletion_blocked(
+            &db("orders"),
+            &referenced_by(&[], &[deletion::FOREGROUND_DELETION]),
+        )
         .expect("foreground deletion waits for the children");
     assert_eq!(blocked.reason, ReadyReason::Deprovisioning);
 }
@@ -354,7 +399,6 @@ fn what_a_referrer_holds_is_taken_out_before_its_finalizer_goes_and_put_back_if_
     assert_eq!(dbs.woken(), vec![db("orders")]);
 }
 
-#[cfg(feature = "cluster")]
 mod writes {
     use super::*;
     use crate::cluster::ApiServer;
@@ -393,7 +437,7 @@ mod writes {
         obj.metadata
             .annotations
             .as_ref()
-            .map(referrers_in)
+            .map(|a| referrers_in(&crate::names::Keys::standalone(), a))
             .unwrap_or_default()
     }
 
@@ -478,6 +522,9 @@ async fn what_a_resource_waits_on_is_bounded_and_goes_with_it() {
     );
     index.gone(&app("shop"));
     index.gone(&app("cart"));
-    assert_eq!(index.sizes(), IndexSizes::default());
+    assert_eq!(
+        index.sizes(),
+        crate::references::index::IndexSizes::default()
+    );
     assert!(!index.holds_or_waits_any());
 }

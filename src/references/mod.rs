@@ -11,15 +11,17 @@
 //!
 //! | file | what it holds |
 //! |---|---|
-//! | `mod.rs` | the public types: [`Target`], [`Readiness`], [`Selection`], [`ReferenceApi`], [`ReferenceError`]; the annotations references are persisted in ([`referrers_of`]) |
-//! | `index.rs` | the runtime's index: readiness, waiters, references held, deletion blocked by referrers (`index_tests.rs` beside it) |
+//! | `mod.rs` | the public types: [`Target`], [`Readiness`], [`Selection`], [`ReferenceApi`], [`ReferenceError`]; who references an object, read from its annotations ([`referrers_of`]) |
+//! | `index.rs` | the runtime's index: readiness, waiters, references held (`index_tests.rs` beside it) |
+//! | `index/reference_api.rs` | the reference API the contexts call, served by the index |
+//! | `index/deletion.rs` | deletion ordering: foreground deletion, live referrers, cycles |
 //! | `external.rs` | the shared watches of kinds the runtime does not manage, [`readiness_of`] |
 
 mod external;
 mod index;
 
 pub use external::{ReadyWhen, readiness_of};
-#[cfg(any(feature = "operator", test))]
+#[cfg(feature = "metrics")]
 pub(crate) use index::IndexSizes;
 pub(crate) use index::{IndexedKind, ReferenceIndex};
 
@@ -210,45 +212,45 @@ pub trait ReferenceApi: Send + Sync {
     }
 }
 
-/// Annotation key prefix under which references are persisted on their target. Only
-/// annotations with this prefix count as references: foreign finalizers never do.
-pub(crate) const REFERENCE_ANNOTATION_PREFIX: &str = "ref.actorcile.dev/";
-
-/// The annotation key persisting `from`'s reference.
-pub(crate) fn reference_annotation(from: &Target) -> String {
-    // The referrer itself is stored in the value, so the key only needs to be unique; its hash
-    // is specified ([`crate::hash`]) so that every version of the operator writes the same key.
-    let h = crate::hash::target_hash(from);
-    format!("{REFERENCE_ANNOTATION_PREFIX}{h:016x}")
-}
-
-/// Who references `obj`: the referrers persisted on it (a reference taken with
+/// Who references `obj`, for the operator `names`: the referrers persisted on it (a reference taken with
 /// [`Context::add_reference`](crate::provisioners::Context::add_reference),
 /// [`Context::set_references`](crate::provisioners::Context::set_references) or
 /// [`Context::hold_references`](crate::provisioners::Context::hold_references) and not released
 /// yet). An object with referrers is not deprovisioned until they release it or are gone.
+/// References are the annotations under the names'
+/// [`reference_prefix`](crate::names::OperatorNames::reference_prefix) (and their former
+/// domain's): no other annotation, and no finalizer, counts.
 ///
 /// ```
+/// use actorcile::names::OperatorNames;
 /// use actorcile::references::referrers_of;
 /// use k8s_openapi::api::core::v1::ConfigMap;
 ///
-/// assert!(referrers_of(&ConfigMap::default()).is_empty());
+/// let names = OperatorNames::new("bucket-operator", "buckets.example.com");
+/// assert!(referrers_of(&ConfigMap::default(), &names).is_empty());
 /// ```
-pub fn referrers_of<K: Resource>(obj: &K) -> Vec<Target> {
+pub fn referrers_of<K: Resource>(obj: &K, names: &crate::names::OperatorNames) -> Vec<Target> {
     obj.meta()
         .annotations
         .as_ref()
-        .map(referrers_in)
+        .map(|a| referrers_in(&names.keys(), a))
         .unwrap_or_default()
 }
 
-/// The referrers persisted in a set of annotations.
+/// The referrers persisted in a set of annotations, under `keys` (each once: a referrer
+/// upgraded from the former domain holds its reference under both until it releases it).
 pub(crate) fn referrers_in(
+    keys: &crate::names::Keys,
     annotations: &std::collections::BTreeMap<String, String>,
 ) -> Vec<Target> {
-    annotations
+    let mut referrers: Vec<Target> = annotations
         .iter()
-        .filter(|(k, _)| k.starts_with(REFERENCE_ANNOTATION_PREFIX))
+        .filter(|(k, _)| keys.is_reference(k))
         .filter_map(|(_, v)| serde_json::from_str(v).ok())
-        .collect()
+        .collect();
+    if keys.has_former() {
+        referrers.sort_unstable();
+        referrers.dedup();
+    }
+    referrers
 }

@@ -8,7 +8,7 @@ use kube::runtime::events::Reporter;
 use ractor::Actor;
 use tokio::sync::{Semaphore, watch};
 
-use super::{Controller, DEFAULT_FINALIZER, RuntimeHandle};
+use super::{Controller, RuntimeHandle};
 use crate::actors::{Root, ShardClients, Start, StartCx};
 use crate::counters::Metrics;
 use crate::health::Health;
@@ -25,22 +25,25 @@ mod validation;
 
 /// Builds a [`Runtime`].
 pub struct RuntimeBuilder {
-    client: Client,
+    /// `None`: made by [`Runtime::offline_builder`], which renders and validates only.
+    client: Option<Client>,
     policy: SupervisorPolicy,
     controllers: Vec<Box<dyn Start>>,
+    names: crate::names::OperatorNames,
     finalizer: String,
+    /// Finalizers of earlier names, treated as the runtime's own and replaced by `finalizer`.
+    former_finalizers: Vec<String>,
     field_manager: String,
     reporter: Option<Reporter>,
     preflight: bool,
     namespace: Option<String>,
     crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     admin: Option<std::net::SocketAddr>,
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     metrics_addr: Option<std::net::SocketAddr>,
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "metrics")]
     registry: Option<crate::metrics::Registry>,
-    #[cfg(feature = "operator")]
     leader: Option<crate::leader::LeaderElection>,
     /// What [`RuntimeBuilder::run`] sets up before it waits for the Lease.
     early: Option<Early>,
@@ -50,7 +53,6 @@ pub struct RuntimeBuilder {
 }
 
 /// A replica waiting for the Lease: its controllers started and gated, or not yet started.
-#[cfg(feature = "operator")]
 enum Standby {
     Warm(Box<RuntimeHandle>),
     Cold(Box<RuntimeBuilder>),
@@ -58,7 +60,7 @@ enum Standby {
 
 /// The admin servers: the one of [`RuntimeBuilder::admin`], and the one of
 /// [`RuntimeBuilder::metrics_addr`] when metrics are served apart.
-#[cfg(feature = "operator")]
+#[cfg(feature = "admin")]
 #[derive(Default)]
 pub(super) struct AdminServers {
     pub(super) main: Option<crate::admin::AdminServer>,
@@ -69,9 +71,9 @@ pub(super) struct AdminServers {
 struct Early {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     admin: AdminServers,
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "metrics")]
     registry: Arc<crate::metrics::Registry>,
 }
 
@@ -79,25 +81,59 @@ struct Early {
 pub struct Runtime;
 
 impl Runtime {
-    /// Start building a runtime that talks to the cluster through `client`.
-    pub fn builder(client: Client) -> RuntimeBuilder {
+    /// Start building a runtime that talks to the cluster through `client`, for the operator
+    /// `names`: its finalizer and field manager come from them ([`OperatorNames`]).
+    ///
+    /// [`OperatorNames`]: crate::names::OperatorNames
+    pub fn builder(client: Client, names: crate::names::OperatorNames) -> RuntimeBuilder {
+        Self::builder_with(Some(client), names)
+    }
+
+    /// A builder without a client, for what needs none: rendering the RBAC the runtime needs
+    /// ([`RuntimeBuilder::roles`]) and checking its settings ([`RuntimeBuilder::validate`]),
+    /// with no cluster and no Tokio runtime (a `manifests` command, a build script). Starting
+    /// it ([`RuntimeBuilder::start`], `run`) is an [`Error::Invalid`] naming
+    /// [`Setting::Client`](crate::runtime::Setting::Client).
+    ///
+    /// ```
+    /// use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced)]
+    /// # struct AppSpec {}
+    /// let names = OperatorNames::new("app-operator", "example.com");
+    /// let builder = Runtime::offline_builder(names)
+    ///     .controller(Controller::<App>::new(step("noop", |_cx| async { Outcome::Done })));
+    /// let yaml = builder.roles("app-operator").to_yaml().unwrap();
+    /// assert!(yaml.contains("apps"));
+    /// ```
+    pub fn offline_builder(names: crate::names::OperatorNames) -> RuntimeBuilder {
+        Self::builder_with(None, names)
+    }
+
+    fn builder_with(client: Option<Client>, names: crate::names::OperatorNames) -> RuntimeBuilder {
         RuntimeBuilder {
             client,
             policy: SupervisorPolicy::default(),
             controllers: Vec::new(),
-            finalizer: DEFAULT_FINALIZER.to_string(),
-            field_manager: crate::FIELD_MANAGER.to_string(),
+            finalizer: names.finalizer(),
+            // An operator upgraded from another domain owns that domain's finalizer too.
+            former_finalizers: names
+                .former()
+                .map(|d| format!("{d}/finalizer"))
+                .into_iter()
+                .collect(),
+            field_manager: names.field_manager(),
+            names,
             reporter: None,
             preflight: false,
             namespace: None,
             crds: Vec::new(),
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "admin")]
             admin: None,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "admin")]
             metrics_addr: None,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "metrics")]
             registry: None,
-            #[cfg(feature = "operator")]
             leader: None,
             early: None,
             gated: false,
@@ -119,13 +155,42 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The finalizer put on provisioned objects (default [`DEFAULT_FINALIZER`]).
+    /// The finalizer put on provisioned objects (default: the names'
+    /// [`finalizer`](crate::names::OperatorNames::finalizer), `<domain>/finalizer`).
     pub fn finalizer(mut self, name: impl Into<String>) -> Self {
         self.finalizer = name.into();
         self
     }
 
-    /// The field manager for server-side apply (default `actorcile`).
+    /// Treat `finalizer` as the runtime's own on objects that carry it: an operator that used
+    /// to put `finalizer` on its objects (another name, or an earlier release's default,
+    /// [`LEGACY_FINALIZER`](crate::names::LEGACY_FINALIZER)) keeps them. An object that carries
+    /// it is deprovisioned when deleted, and the next write of its finalizer replaces it with the
+    /// current one (in place, guarded by a `test` of its index): no object is left with a
+    /// finalizer nothing removes, and none is provisioned twice. Call it once per former name.
+    ///
+    /// ```
+    /// use actorcile::names::{LEGACY_FINALIZER, OperatorNames};
+    /// use actorcile::runtime::Runtime;
+    ///
+    /// # fn f(client: kube::Client) {
+    /// let builder = Runtime::builder(client, OperatorNames::new("bucket-operator", "buckets.example.com"))
+    ///     .migrate_finalizer(LEGACY_FINALIZER);
+    /// # let _ = builder;
+    /// # }
+    /// ```
+    pub fn migrate_finalizer(mut self, finalizer: impl Into<String>) -> Self {
+        self.former_finalizers.push(finalizer.into());
+        self
+    }
+
+    /// The operator's names the builder was made with.
+    pub fn names(&self) -> &crate::names::OperatorNames {
+        &self.names
+    }
+
+    /// The field manager for server-side apply and every other write (default: the names'
+    /// [`field_manager`](crate::names::OperatorNames::field_manager), the operator's name).
     pub fn field_manager(mut self, name: impl Into<String>) -> Self {
         self.field_manager = name.into();
         self
@@ -164,7 +229,7 @@ impl RuntimeBuilder {
     /// Serve `/metrics`, `/healthz` and `/readyz` on `addr` (see [`crate::admin`]). The
     /// server is bound before any controller starts; an address that cannot be bound fails
     /// [`RuntimeBuilder::start`] with [`Error::Admin`].
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     pub fn admin(mut self, addr: std::net::SocketAddr) -> Self {
         self.admin = Some(addr);
         self
@@ -172,7 +237,7 @@ impl RuntimeBuilder {
 
     /// Serve `/metrics` on `addr` instead of on the [`admin`](RuntimeBuilder::admin) address,
     /// which then serves the probes only. Bound before any controller starts, like it.
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     pub fn metrics_addr(mut self, addr: std::net::SocketAddr) -> Self {
         self.metrics_addr = Some(addr);
         self
@@ -181,7 +246,7 @@ impl RuntimeBuilder {
     /// The Prometheus registry the runtime adds its metrics to and `/metrics` serves (default:
     /// an empty one). Register the operator's own metrics in it first. See [`crate::metrics`]
     /// for the runtime's metric names.
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "metrics")]
     pub fn metrics_registry(mut self, registry: crate::metrics::Registry) -> Self {
         self.registry = Some(registry);
         self
@@ -192,7 +257,6 @@ impl RuntimeBuilder {
     /// Lease, standing by, before they start the controllers); [`RuntimeBuilder::start`]
     /// refuses a builder that has it. The policy's
     /// `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the timings.
-    #[cfg(feature = "operator")]
     pub fn leader_election(mut self, election: crate::leader::LeaderElection) -> Self {
         self.leader = Some(election);
         self

@@ -7,6 +7,7 @@ use std::fmt;
 ///
 /// A step's own calls on its context fail with [`StepError`](crate::provisioners::StepError) instead.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An invalid supervisor policy.
     #[error(transparent)]
@@ -88,8 +89,14 @@ pub enum Error {
 pub enum Setting {
     /// The controllers registered ([`RuntimeBuilder::controller`](super::RuntimeBuilder::controller)).
     Controllers,
+    /// The operator's names ([`OperatorNames`](crate::names::OperatorNames)).
+    OperatorNames,
+    /// The client (none: [`Runtime::offline_builder`](super::Runtime::offline_builder)).
+    Client,
     /// [`RuntimeBuilder::finalizer`](super::RuntimeBuilder::finalizer).
     Finalizer,
+    /// [`RuntimeBuilder::migrate_finalizer`](super::RuntimeBuilder::migrate_finalizer).
+    FormerFinalizer,
     /// [`RuntimeBuilder::field_manager`](super::RuntimeBuilder::field_manager).
     FieldManager,
     /// A part of one controller's setup.
@@ -154,7 +161,10 @@ impl fmt::Display for Setting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Setting::Controllers => f.write_str("controllers"),
+            Setting::OperatorNames => f.write_str("operator names"),
+            Setting::Client => f.write_str("client"),
             Setting::Finalizer => f.write_str("finalizer"),
+            Setting::FormerFinalizer => f.write_str("migrate_finalizer"),
             Setting::FieldManager => f.write_str("field_manager"),
             Setting::Controller { kind, part } => {
                 let part = match part {

@@ -2,13 +2,12 @@
 
 use std::sync::Arc;
 
-#[cfg(feature = "operator")]
 use ractor::ActorCell;
 use ractor::ActorRef;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
-#[cfg(feature = "operator")]
+#[cfg(feature = "admin")]
 use super::builder::AdminServers;
 use crate::Error;
 use crate::actors::{ManagerFailure, Started};
@@ -34,22 +33,22 @@ pub struct RuntimeHandle {
         watch::Sender<bool>,
         JoinHandle<crate::sharding::keeper::Keeper>,
     )>,
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     pub(super) admin: AdminServers,
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "metrics")]
     pub(super) registry: Arc<crate::metrics::Registry>,
+    /// The tasks of [`RuntimeHandle::reconcile_on`], stopped with the runtime.
+    pub(super) external: Vec<JoinHandle<()>>,
 }
 
 /// Stops a runtime at once, from outside its shutdown ([`RuntimeBuilder::run`](super::RuntimeBuilder::run) on a second
 /// signal).
-#[cfg(feature = "operator")]
 pub(super) struct Aborter {
     managers: Vec<ActorCell>,
     tasks: Vec<tokio::task::AbortHandle>,
     root: ActorCell,
 }
 
-#[cfg(feature = "operator")]
 impl Aborter {
     pub(super) fn abort(self) {
         for t in &self.tasks {
@@ -66,7 +65,6 @@ impl Aborter {
 }
 
 impl RuntimeHandle {
-    #[cfg(feature = "operator")]
     pub(super) fn aborter(&self) -> Aborter {
         Aborter {
             managers: self.started.iter().map(|s| s.manager.clone()).collect(),
@@ -75,13 +73,13 @@ impl RuntimeHandle {
                 .iter()
                 .flat_map(|s| s.tasks.iter().map(|t| t.abort_handle()))
                 .chain(self.keeper.iter().map(|(_, k)| k.abort_handle()))
+                .chain(self.external.iter().map(|t| t.abort_handle()))
                 .collect(),
             root: self.root.get_cell(),
         }
     }
 
     /// Give a gated runtime (a warm standby) its `slots` reconcile slots: it starts running.
-    #[cfg(feature = "operator")]
     pub(super) fn lead(&self, slots: usize) {
         self.slots.add_permits(slots);
     }
@@ -98,20 +96,20 @@ impl RuntimeHandle {
     }
 
     /// The address the admin server listens on (with [`RuntimeBuilder::admin`](super::RuntimeBuilder::admin)).
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
         self.admin.main.as_ref().map(|a| a.local_addr())
     }
 
     /// The address metrics are served on apart (with [`RuntimeBuilder::metrics_addr`](super::RuntimeBuilder::metrics_addr)).
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "admin")]
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         self.admin.metrics.as_ref().map(|a| a.local_addr())
     }
 
     /// The Prometheus registry with the runtime's metrics (and the operator's own, given
     /// with [`RuntimeBuilder::metrics_registry`](super::RuntimeBuilder::metrics_registry)), e.g. to serve it elsewhere.
-    #[cfg(feature = "operator")]
+    #[cfg(feature = "metrics")]
     pub fn metrics_registry(&self) -> Arc<crate::metrics::Registry> {
         self.registry.clone()
     }
@@ -158,11 +156,66 @@ impl RuntimeHandle {
         }
     }
 
+    /// Run the reconcile of `target` as a change of the object would (kube-runtime's
+    /// `reconcile_on`): for a trigger from outside Kubernetes, a cloud's webhook or a queue.
+    /// A reconcile in flight runs again once it ends; an object that does not exist, or that
+    /// another replica's shard holds, is not run. Returns whether `target`'s kind is one of
+    /// this runtime's controllers (`false`: nothing is run).
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # fn f(handle: &RuntimeHandle) {
+    /// let db = Target::new("example.com/v1", "Database", Some("team-a"), "orders");
+    /// assert!(handle.reconcile(&db), "Database is managed here");
+    /// # }
+    /// ```
+    #[must_use = "false: the kind is not one of this runtime's controllers"]
+    pub fn reconcile(&self, target: &crate::references::Target) -> bool {
+        self.references.wake(target)
+    }
+
+    /// Run the reconcile of every target `triggers` yields, as [`reconcile`](Self::reconcile)
+    /// does, until the stream ends or the runtime shuts down. A target of a kind this runtime
+    /// does not manage is logged and skipped.
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # fn f(handle: &mut RuntimeHandle) {
+    /// // e.g. the names a cloud's webhook receiver puts on a channel
+    /// let (tx, rx) = futures::channel::mpsc::channel::<Target>(64);
+    /// handle.reconcile_on(rx);
+    /// # drop(tx);
+    /// # }
+    /// ```
+    pub fn reconcile_on<S>(&mut self, triggers: S)
+    where
+        S: futures::Stream<Item = crate::references::Target> + Send + 'static,
+    {
+        use futures::StreamExt;
+        let references = self.references.clone();
+        self.external.retain(|t| !t.is_finished());
+        self.external.push(tokio::spawn(async move {
+            let mut triggers = std::pin::pin!(triggers);
+            while let Some(target) = triggers.next().await {
+                if !references.wake(&target) {
+                    tracing::warn!(
+                        target = %format_args!("{} {}", target.api_version, target.kind),
+                        name = %target.name,
+                        "a reconcile was asked of a kind this runtime does not manage"
+                    );
+                }
+            }
+        }));
+    }
+
     /// Stop watching, start no new runs, let in-flight runs finish within the policy's shutdown
     /// timeout (then abort them), stop every actor, and release the controllers (their
     /// provisioner trees are dropped once nothing of the runtime runs any more).
     pub async fn shutdown(self) {
         self.health.set_stopping();
+        for t in &self.external {
+            t.abort();
+        }
         for s in &self.started {
             for task in &s.tasks {
                 task.abort();

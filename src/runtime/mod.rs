@@ -10,7 +10,7 @@
 //!     step("validate", |_cx: Context<App>| async { Outcome::Done }),
 //!     step("deploy", |_cx: Context<App>| async { Outcome::Done }),
 //! ];
-//! Runtime::builder(client)
+//! Runtime::builder(client, OperatorNames::new("app-operator", "example.com"))
 //!     .policy(SupervisorPolicy::default())
 //!     .controller(Controller::<App>::new(tree))
 //!     .run_until(async { tokio::signal::ctrl_c().await.ok(); })
@@ -43,6 +43,3 @@ pub use crate::counters::{
     HistogramSnapshot, KindMetricsSnapshot, MetricsSnapshot, ReconcileResult,
 };
 pub use crate::policy::restarts::Escalation;
-
-/// The finalizer the runtime puts on every object it provisions (configurable).
-pub const DEFAULT_FINALIZER: &str = "actorcile.dev/finalizer";

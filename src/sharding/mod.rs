@@ -87,7 +87,7 @@
 //! # struct AppSpec {}
 //! # async fn run(client: kube::Client) -> Result<(), actorcile::Error> {
 //! let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
-//! let handle = Runtime::builder(client)
+//! let handle = Runtime::builder(client, OperatorNames::new("app-operator", "example.com"))
 //!     .controller(Controller::<App>::new(tree))
 //!     .sharding(Sharding::new(12, "operators").identity("replica-a"))
 //!     .start()
@@ -137,6 +137,7 @@ pub struct Sharding {
 
 /// What each replica watches (see the [module docs](self)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ShardWatch {
     /// Every object of the runtime's kinds, whichever replica runs it: a takeover starts at
     /// once (warm), and every replica pays for every object's events and cache.

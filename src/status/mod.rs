@@ -39,6 +39,7 @@ pub const READY: &str = "Ready";
 
 /// The lifecycle phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
 pub enum Phase {
     /// Provisioned and Ready.
     Ready,
@@ -84,6 +85,7 @@ impl From<bool> for ConditionStatus {
 
 /// Typed reasons of the `Ready` condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
 pub enum ReadyReason {
     /// Every provisioner is done.
     Provisioned,
@@ -444,7 +446,7 @@ pub fn is_ready<K: Resource + Serialize>(obj: &K) -> bool {
 }
 
 fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    format!("{:.0}", jiff::Timestamp::now())
 }
 
 #[cfg(test)]

@@ -27,6 +27,9 @@ use crate::provisioners::{InvalidReason, Outcome};
 use crate::sharding::ShardScope;
 use crate::status::{Phase, ReadyReason, ResourceStatus};
 
+mod finalizers;
+pub(crate) use finalizers::OwnFinalizers;
+
 /// What a kind's writes go through.
 pub(crate) struct Io<K> {
     /// Shared with every provisioner `Context` the actors build (no `Client` clone per context).
@@ -39,8 +42,8 @@ pub(crate) struct Io<K> {
     pub(crate) metrics: Arc<Metrics>,
     /// This controller's own figures (runs by result, durations, Events).
     pub(crate) kind_metrics: Arc<KindMetrics>,
-    /// The runtime's finalizer.
-    pub(crate) finalizer: String,
+    /// The runtime's finalizer, and the former ones it still owns.
+    pub(crate) finalizers: OwnFinalizers,
     /// The policy's `write_timeout`: a write of the runtime's own still unanswered then is
     /// abandoned.
     pub(crate) write_timeout: Option<Duration>,
@@ -416,8 +419,9 @@ async fn publish<K: ManagedResource, R: kube::Resource<DynamicType = ()>>(
     }
 }
 
-/// Add the runtime finalizer (when `finalizer`) and set the shard label (when `label` is given:
-/// key, value), in one write guarded by the resourceVersion the reconcile saw.
+/// Add the runtime finalizer (when `finalizer`; a former finalizer is replaced by it, see
+/// [`OwnFinalizers`]) and set the shard label (when `label` is given: key, value), in
+/// one write guarded by the resourceVersion the reconcile saw.
 pub(crate) async fn claim<K: ManagedResource>(
     io: &Io<K>,
     obj: &K,
@@ -427,13 +431,10 @@ pub(crate) async fn claim<K: ManagedResource>(
     let (api, params) = (io.api(obj), io.patch_params());
     let rv = obj.meta().resource_version.clone().unwrap_or_default();
     let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
-    if finalizer {
-        ops.push(if obj.meta().finalizers.is_none() {
-            json!({"op": "add", "path": "/metadata/finalizers", "value": [&io.finalizer]})
-        } else {
-            json!({"op": "add", "path": "/metadata/finalizers/-", "value": &io.finalizer})
-        });
-    }
+    ops.extend(
+        io.finalizers
+            .claim_ops(obj.meta().finalizers.as_deref(), finalizer),
+    );
     if let Some((key, value)) = label {
         ops.push(if obj.meta().labels.is_none() {
             json!({"op": "add", "path": "/metadata/labels", "value": {key: value}})
@@ -482,22 +483,19 @@ pub(crate) async fn relabel<K: ManagedResource>(
     }
 }
 
-/// Remove the runtime finalizer by index, guarded by a `test` of that index. Returns the object
-/// as the server left it (`None` if it is gone).
+/// Remove the runtime finalizer (and any former one) by index, each guarded by a `test` of
+/// that index. Returns the object as the server left it (`None` if it is gone).
 pub(crate) async fn remove_finalizer<K: ManagedResource>(
     io: &Io<K>,
     obj: &K,
 ) -> Result<Option<K>, kube::Error> {
-    let (api, params, finalizer) = (io.api(obj), io.patch_params(), &io.finalizer);
-    let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
+    let (api, params) = (io.api(obj), io.patch_params());
+    let ops = io.finalizers.remove_ops(obj.finalizers());
+    if ops.is_empty() {
         return Ok(None);
-    };
-    let path = format!("/metadata/finalizers/{i}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": finalizer},
-        {"op": "remove", "path": path},
-    ]))
-    .expect("static JSON patch shape");
+    }
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).expect("static JSON patch shape");
     match bounded_write(
         io,
         api.patch(&obj.name_any(), &params, &Patch::Json::<()>(patch)),

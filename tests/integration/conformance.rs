@@ -76,6 +76,7 @@ conformance!(
     server_side_apply_creates_and_updates,
     server_side_apply_reports_conflicts_between_managers,
     server_side_apply_records_managed_fields,
+    an_update_takes_ownership_of_the_fields_it_changes,
     not_found_semantics,
     gone_semantics_for_expired_watches,
     already_exists_and_invalid_names,
@@ -941,6 +942,67 @@ async fn server_side_apply_records_managed_fields(cx: Ctx) {
         })
         .collect();
     assert_eq!(managers, [("m1".to_string(), "Apply".to_string())]);
+}
+
+/// A merge patch by another field manager (a `kubectl edit`) owns the field it changed, in an
+/// `Update` entry: the applier's next apply of its own value conflicts with it, and a forced
+/// apply takes the field back, leaving the editor's entry without it.
+async fn an_update_takes_ownership_of_the_fields_it_changes(cx: Ctx) {
+    let api = widgets(&cx);
+    let body = json!({
+        "apiVersion": "conformance.actorcile.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": "a", "labels": {"team": "a"}},
+        "spec": {"size": 1}
+    });
+    api.patch("a", &PatchParams::apply("op"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+    let edit = PatchParams {
+        field_manager: Some("editor".into()),
+        ..Default::default()
+    };
+    let w = api
+        .patch("a", &edit, &merge(json!({"spec": {"size": 2}})))
+        .await
+        .unwrap();
+    let owners = |w: &Widget, pointer: &str| -> Vec<(String, String)> {
+        let mut o: Vec<(String, String)> = w
+            .managed_fields()
+            .iter()
+            .filter(|m| {
+                m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer(pointer).is_some())
+            })
+            .map(|m| {
+                (
+                    m.manager.clone().unwrap_or_default(),
+                    m.operation.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        o.sort();
+        o
+    };
+    let pair = |m: &str, o: &str| (m.to_string(), o.to_string());
+    assert_eq!(owners(&w, "/f:spec/f:size"), [pair("editor", "Update")]);
+    assert_eq!(
+        owners(&w, "/f:metadata/f:labels/f:team"),
+        [pair("op", "Apply")]
+    );
+    let s = api_error(
+        api.patch("a", &PatchParams::apply("op"), &Patch::Apply(&body))
+            .await,
+    );
+    assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"), "{s:?}");
+    assert!(s.message.contains("editor"), "{s:?}");
+    let w = api
+        .patch("a", &PatchParams::apply("op").force(), &Patch::Apply(&body))
+        .await
+        .unwrap();
+    assert_eq!(w.spec.size, 1);
+    assert_eq!(owners(&w, "/f:spec/f:size"), [pair("op", "Apply")]);
 }
 
 async fn not_found_semantics(cx: Ctx) {

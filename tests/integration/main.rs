@@ -33,3 +33,5 @@ mod sharding;
 mod status_fields;
 mod status_reasons;
 mod triggers;
+mod upgrades;
+mod waiters;

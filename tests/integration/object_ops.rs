@@ -101,7 +101,7 @@ async fn steps_write_their_own_conditions_finalizers_and_children_without_clobbe
     assert!(w.finalizers().contains(&EXTRA_FINALIZER.to_string()));
     assert!(
         w.finalizers()
-            .contains(&"actorcile.dev/finalizer".to_string())
+            .contains(&crate::common::FINALIZER.to_string())
     );
     let child = Api::<ConfigMap>::namespaced(client.clone(), "default")
         .get("w-beta")
@@ -300,26 +300,26 @@ async fn a_lock_held_elsewhere_holds_for_its_expiry_by_this_runtimes_clock_not_t
     for (case, offset, holds) in [
         (
             "the holder's clock behind",
-            chrono::Duration::seconds(-2),
+            jiff::SignedDuration::from_secs(-2),
             true,
         ),
         (
             "the holder's clock an hour ahead",
-            chrono::Duration::hours(1),
+            jiff::SignedDuration::from_hours(1),
             true,
         ),
         (
             "a lock left long ago",
-            chrono::Duration::seconds(-60),
+            jiff::SignedDuration::from_secs(-60),
             false,
         ),
     ] {
         let (_cluster, client) = cluster();
         create(&client, "w", 1).await;
-        let until = chrono::Utc::now() + offset;
+        let until = jiff::Timestamp::now() + offset;
         let lock = serde_json::json!({"status": {"conditions": [{
             "type": "External", "status": "Unknown", "reason": "Locked",
-            "message": format!("held by other-replica until {}", until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            "message": format!("held by other-replica until {until:.3}"),
             "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1,
         }]}});
         widgets(&client)

@@ -43,7 +43,7 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 #[tokio::test]
 async fn metrics_on_an_address_of_their_own_leave_the_admin_address_the_probes() {
     let (_cluster, client) = cluster();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .controller(Controller::<Widget>::new(terminal_when_negative()))
         .admin("127.0.0.1:0".parse().unwrap())
         .metrics_addr("127.0.0.1:0".parse().unwrap())
@@ -190,7 +190,7 @@ async fn hooks_run_in_order_before_the_watch_and_a_failing_hook_fails_start() {
             Outcome::Done
         }
     });
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .controller(
             Controller::<Widget>::new(tree)
                 .on_initialize(move |_c| async move {
@@ -214,7 +214,7 @@ async fn hooks_run_in_order_before_the_watch_and_a_failing_hook_fails_start() {
     );
     rt.shutdown().await;
 
-    let failed = Runtime::builder(client.clone())
+    let failed = Runtime::builder(client.clone(), crate::common::names())
         .controller(
             Controller::<Widget>::new(terminal_when_negative())
                 .on_upgrade(|_c| async { Err("the v1 labels cannot be migrated".into()) }),
@@ -242,7 +242,7 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
     let backups = Counter::<u64>::default();
     registry.register("myoperator_backups", "Backups taken", backups.clone());
     backups.inc_by(3);
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .controller(Controller::<Widget>::new(terminal_when_negative()))
         .admin("127.0.0.1:0".parse().unwrap())
         .metrics_registry(registry)
@@ -286,7 +286,7 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
     );
 
     // The same address again: a start-up error naming it.
-    let taken = Runtime::builder(client.clone())
+    let taken = Runtime::builder(client.clone(), crate::common::names())
         .controller(Controller::<Widget>::new(terminal_when_negative()))
         .admin(addr)
         .start()
@@ -304,11 +304,12 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
     assert!(!health.ready().ok, "not ready once shut down");
 }
 
-#[tokio::test]
-async fn the_roles_cover_what_the_tree_touches_naming_steps_each_where_it_is_needed() {
+/// Rendered from an offline builder: no client, no cluster, no Tokio runtime. Starting it is
+/// refused.
+#[test]
+fn the_roles_cover_what_the_tree_touches_naming_steps_each_where_it_is_needed() {
     use actorcile::rbac::{Roles, RuleScope};
     use k8s_openapi::api::core::v1::Namespace;
-    let (_cluster, client) = cluster();
     let tree = || {
         serial![
             resource("config", |w: &Widget| ConfigMap {
@@ -345,7 +346,7 @@ async fn the_roles_cover_what_the_tree_touches_naming_steps_each_where_it_is_nee
     };
 
     // Watching every namespace: all of it cluster-wide.
-    let all = Runtime::builder(client.clone())
+    let all = Runtime::offline_builder(crate::common::names())
         .controller(Controller::<Widget>::new(tree()))
         .roles("op");
     let yaml = all.to_yaml().unwrap();
@@ -370,7 +371,7 @@ async fn the_roles_cover_what_the_tree_touches_naming_steps_each_where_it_is_nee
     );
 
     // Confined to team-a: a Role there, and only what is cluster-scoped in the ClusterRole.
-    let confined = Runtime::builder(client)
+    let confined = Runtime::offline_builder(crate::common::names())
         .namespace("team-a")
         .controller(Controller::<Widget>::new(tree()))
         .roles("op");
@@ -400,12 +401,33 @@ async fn the_roles_cover_what_the_tree_touches_naming_steps_each_where_it_is_nee
         .flat_map(|r| r.rule.resources.unwrap_or_default())
         .collect();
     assert_eq!(cluster_wide, ["namespaces"], "{yaml}");
+
+    let offline = Runtime::offline_builder(crate::common::names())
+        .controller(Controller::<Widget>::new(tree()));
+    offline.validate().expect("an offline builder validates");
+    let refused = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(offline.start())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            actorcile::runtime::Error::Invalid {
+                field: actorcile::runtime::Setting::Client,
+                ..
+            }
+        ),
+        "{refused}"
+    );
 }
 
 #[tokio::test]
 async fn a_flapping_object_publishes_at_most_its_event_budget() {
     let (_cluster, client) = cluster();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .controller(Controller::<Widget>::new(terminal_when_negative()))
         .events("flapper")
         .start()
@@ -483,7 +505,7 @@ async fn run_shuts_down_gracefully_on_sigterm_and_at_once_on_a_second_signal() {
             ..SupervisorPolicy::default()
         };
         let run = tokio::spawn(
-            Runtime::builder(client.clone())
+            Runtime::builder(client.clone(), crate::common::names())
                 .policy(policy)
                 .controller(Controller::<Widget>::new(tree))
                 .admin(addr)
@@ -543,7 +565,7 @@ async fn restarts_and_quarantine_are_events() {
     let mut policy = SupervisorPolicy::default();
     policy.kind.restart.max_restarts = 2;
     policy.kind.restart.backoff.min = Duration::from_millis(10);
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree))
         .events("restarts")
@@ -588,7 +610,7 @@ async fn a_controller_whose_crd_is_missing_waits_says_so_and_starts_when_it_appe
     // A cluster without the Widget CRD.
     let cluster = actorcile::cluster::ApiServer::new();
     let client = cluster.client();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .controller(Controller::<Widget>::new(terminal_when_negative()))
         .start()
         .await

@@ -20,7 +20,7 @@ use kube::api::{Patch, PatchParams};
 use real::*;
 
 /// Every run of a guarded task: object name → (wall-clock start, resourceVersion it ran on).
-type Runs = Arc<Mutex<HashMap<String, Vec<(chrono::DateTime<chrono::Utc>, String)>>>>;
+type Runs = Arc<Mutex<HashMap<String, Vec<(jiff::Timestamp, String)>>>>;
 
 fn record(runs: &Runs, cx: &Context<Widget>) {
     runs.lock()
@@ -28,7 +28,7 @@ fn record(runs: &Runs, cx: &Context<Widget>) {
         .entry(cx.object().name_any())
         .or_default()
         .push((
-            chrono::Utc::now(),
+            jiff::Timestamp::now(),
             cx.object().resource_version().unwrap_or_default(),
         ));
 }
@@ -38,7 +38,7 @@ async fn start(
     policy: SupervisorPolicy,
     tree: impl Provisioner<Widget> + 'static,
 ) -> RuntimeHandle {
-    Runtime::builder(ns.client.clone())
+    Runtime::builder(ns.client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).namespace(&ns.ns))
         .start()
@@ -221,7 +221,7 @@ async fn a_replica_stopped_mid_task_holds_the_object_until_the_lock_expires() {
         .await;
         ns.wait_reason("w", "Locked").await;
         assert!(
-            chrono::Utc::now() < lock.until,
+            jiff::Timestamp::now() < lock.until,
             "B met the lock before it expired (so the check below is not vacuous)"
         );
         assert!(
@@ -238,7 +238,7 @@ async fn a_replica_stopped_mid_task_holds_the_object_until_the_lock_expires() {
             lock.until
         );
         // and not long after it: B's yield ends at the expiry
-        assert!(runs[0].0 - lock.until < chrono::Duration::seconds(3));
+        assert!(runs[0].0.duration_since(lock.until) < jiff::SignedDuration::from_secs(3));
         b.shutdown().await;
     })
     .await;

@@ -195,7 +195,7 @@ async fn a_namespaced_controller_with_triggers_and_owned_children_runs_on_its_ro
         let reconciles = Reconciles::default();
         let build = |client: Client| {
             let ns = ns.clone();
-            Runtime::builder(client)
+            Runtime::builder(client, crate::common::names())
                 .policy(real_policy())
                 .namespace(&ns)
                 .controller(
@@ -272,7 +272,7 @@ async fn installing_crds_runs_on_its_roles() {
         create_namespace(&admin, ns).await;
         let sprockets: Api<Sprocket> = Api::namespaced(admin.clone(), ns);
         let build = |client: Client| {
-            Runtime::builder(client)
+            Runtime::builder(client, crate::common::names())
                 .policy(real_policy())
                 .install_crds([Sprocket::crd()])
                 .controller(
@@ -322,7 +322,7 @@ async fn sharding_runs_on_its_roles() {
         let api = Ns::create(env.client(), "rbac-sharding").await;
         let ns = api.ns.clone();
         let build = |client: Client| {
-            Runtime::builder(client)
+            Runtime::builder(client, crate::common::names())
                 .policy(real_policy())
                 .controller(
                     Controller::<Widget>::new(counting(Reconciles::default())).namespace(&ns),
@@ -352,7 +352,7 @@ async fn a_controller_of_two_namespaces_runs_on_a_role_in_each() {
         let b = Ns::create(env.client(), "rbac-two-b").await;
         let namespaces = [a.ns.clone(), b.ns.clone()];
         let build = |client: Client| {
-            Runtime::builder(client)
+            Runtime::builder(client, crate::common::names())
                 .policy(real_policy())
                 .controller(
                     Controller::<Widget>::new(counting(Reconciles::default()))
@@ -392,7 +392,7 @@ async fn leader_election_runs_on_its_roles() {
         let api = Ns::create(env.client(), "rbac-leader").await;
         let ns = api.ns.clone();
         let build = |client: Client| {
-            Runtime::builder(client)
+            Runtime::builder(client, crate::common::names())
                 .policy(real_policy())
                 .controller(
                     Controller::<Widget>::new(counting(Reconciles::default())).namespace(&ns),
@@ -434,7 +434,11 @@ async fn a_remote_registered_with_argo_cd_runs_on_its_roles() {
         // objects' namespace.
         crate::real_remote::put_kubeconfig(&admin, &ns, "edge", env.kubeconfig_path()).await;
         let build = |client: Client| {
-            let driver = Arc::new(ArgoCd::new(client.clone(), argo_ns));
+            let driver = Arc::new(ArgoCd::new(
+                client.clone(),
+                argo_ns,
+                crate::common::FIELD_MANAGER,
+            ));
             let ns_of = ns.clone();
             let tree = remote(
                 "edge",
@@ -453,7 +457,7 @@ async fn a_remote_registered_with_argo_cd_runs_on_its_roles() {
                 )],
             )
             .registered_with(driver);
-            Runtime::builder(client)
+            Runtime::builder(client, crate::common::names())
                 .policy(real_policy())
                 .controller(Controller::<Widget>::new(tree).namespace(&ns))
                 .events("realapi-rbac")
@@ -497,9 +501,11 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
         let user = Client::try_from(env.user_config()).unwrap();
         // The roles of a controller confined to the namespace...
         let confined = |client: Client| {
-            Runtime::builder(client).policy(real_policy()).controller(
-                Controller::<Widget>::new(counting(Reconciles::default())).namespace(&api.ns),
-            )
+            Runtime::builder(client, crate::common::names())
+                .policy(real_policy())
+                .controller(
+                    Controller::<Widget>::new(counting(Reconciles::default())).namespace(&api.ns),
+                )
         };
         let roles = confined(user.clone()).roles("rbac-refused");
         roles
@@ -514,7 +520,7 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
         .await;
         // ...are not enough to watch every namespace: the runtime starts (no preflight), and
         // /readyz says why it is not ready.
-        let everywhere = Runtime::builder(user.clone())
+        let everywhere = Runtime::builder(user.clone(), crate::common::names())
             .policy(real_policy())
             .controller(Controller::<Widget>::new(counting(Reconciles::default())))
             .start()
@@ -545,7 +551,7 @@ async fn a_watch_the_server_refuses_fails_readiness_naming_the_permission() {
         // With a second namespace it holds no Role in: /readyz names that namespace's watch,
         // and the objects of the first still run.
         let other = Ns::create(admin.clone(), "rbac-unlisted").await;
-        let rt = Runtime::builder(user)
+        let rt = Runtime::builder(user, crate::common::names())
             .policy(real_policy())
             .controller(
                 Controller::<Widget>::new(counting(Reconciles::default()))
@@ -597,7 +603,7 @@ async fn a_namespaced_controller_waiting_on_another_replicas_shard_runs_on_its_r
         let api = Ns::create(env.client(), "rbac-cross-shard").await;
         let ns = api.ns.clone();
         let build = |client: Client, id: &str| {
-            Runtime::builder(client)
+            Runtime::builder(client, crate::common::names())
                 .policy(real_policy())
                 .controller(Controller::<Widget>::new(needs_tree()).namespace(&ns))
                 .sharding(

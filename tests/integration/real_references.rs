@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::common::FINALIZER as DEFAULT_FINALIZER;
 use actorcile::prelude::*;
 use actorcile::references::referrers_of;
-use actorcile::runtime::DEFAULT_FINALIZER;
 use common::{Widget, eventually};
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
@@ -62,7 +62,7 @@ fn widget_tree(log: Log) -> impl Provisioner<Widget> {
 }
 
 async fn start(api: &Ns, log: Log) -> RuntimeHandle {
-    Runtime::builder(api.client.clone())
+    Runtime::builder(api.client.clone(), crate::common::names())
         .policy(no_polling())
         .controller(Controller::<Widget>::new(widget_tree(log)).namespace(&api.ns))
         .start()
@@ -76,7 +76,10 @@ async fn persisted_referrers(api: &Ns, name: &str) -> Vec<String> {
         .get(name)
         .await
         .unwrap_or_else(|| panic!("{name} exists"));
-    let mut r: Vec<String> = referrers_of(&w).into_iter().map(|t| t.name).collect();
+    let mut r: Vec<String> = referrers_of(&w, &crate::common::names())
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
     r.sort();
     r
 }
@@ -327,7 +330,7 @@ async fn two_hundred_referrers_of_one_target_all_succeed_and_writes_name_the_fie
                 Outcome::Done
             }
         });
-        let rt = Runtime::builder(api.client.clone())
+        let rt = Runtime::builder(api.client.clone(), crate::common::names())
             .policy(no_polling())
             .controller(Controller::<Widget>::new(tree).namespace(&api.ns))
             .start()
@@ -352,7 +355,7 @@ async fn two_hundred_referrers_of_one_target_all_succeed_and_writes_name_the_fie
                 .managed_fields
                 .iter()
                 .flatten()
-                .filter(|m| m.manager.as_deref() == Some(actorcile::FIELD_MANAGER))
+                .filter(|m| m.manager.as_deref() == Some(crate::common::FIELD_MANAGER))
                 .map(|m| serde_json::to_string(&m.fields_v1).unwrap())
                 .collect()
         };
@@ -396,7 +399,7 @@ async fn a_dependency_of_another_operator_wakes_its_waiter_by_watch_without_poll
             gadgets.list(&Default::default()).await.ok().map(|_| ())
         })
         .await;
-        let rt = Runtime::builder(runtime_client)
+        let rt = Runtime::builder(runtime_client, crate::common::names())
             .policy(no_polling())
             .controller(Controller::<Widget>::new(tree).namespace(&api.ns))
             .start()

@@ -51,7 +51,7 @@ async fn configmap(client: &Client, ns: &str, name: &str) -> Option<ConfigMap> {
 fn inline_kubeconfig(kubeconfig: &std::path::Path) -> Vec<u8> {
     use base64::Engine as _;
     let text = std::fs::read_to_string(kubeconfig).expect("read the kubeconfig");
-    let mut doc: serde_json::Value = serde_norway::from_str(&text).expect("kubeconfig YAML");
+    let mut doc: serde_json::Value = serde_saphyr::from_str(&text).expect("kubeconfig YAML");
     for cluster in doc["clusters"].as_array_mut().expect("clusters") {
         let c = &mut cluster["cluster"];
         if let Some(path) = c["certificate-authority"].as_str() {
@@ -61,7 +61,7 @@ fn inline_kubeconfig(kubeconfig: &std::path::Path) -> Vec<u8> {
             c.as_object_mut().unwrap().remove("certificate-authority");
         }
     }
-    serde_norway::to_string(&doc).unwrap().into_bytes()
+    serde_saphyr::to_string(&doc).unwrap().into_bytes()
 }
 
 /// Put `kubeconfig` (a file's content, its CA inlined) into Secret `name`, key `value`.
@@ -117,7 +117,7 @@ async fn a_remote_from_a_kubeconfig_secret_waits_for_it_follows_rotation_and_cle
                 ..ConfigMap::default()
             }))],
         );
-        let rt = Runtime::builder(mgmt.client.clone())
+        let rt = Runtime::builder(mgmt.client.clone(), crate::common::names())
             .policy(real_policy())
             .controller(Controller::<Widget>::new(tree).namespace(&mgmt.ns))
             .start()
@@ -230,7 +230,7 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
         let mgmt = Ns::create(env.client(), "remote-apps").await;
         let fake = Arc::new(FakeArgo::default());
         let controller = fake.spawn(env.client(), "argocd");
-        let driver = Arc::new(ArgoCd::new(env.client(), "argocd").field_manager(MANAGER));
+        let driver = Arc::new(ArgoCd::new(env.client(), "argocd", MANAGER));
 
         // Widgets deploy `web` into the edge; a note `allow-degraded` accepts Degraded. Gadgets
         // do the same, deleting their application in the background.
@@ -268,7 +268,7 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
             )
             .registered_with(driver)
         };
-        let rt = Runtime::builder(mgmt.client.clone())
+        let rt = Runtime::builder(mgmt.client.clone(), crate::common::names())
             .policy(real_policy())
             .controller(Controller::<Widget>::new(widget_tree).namespace(&mgmt.ns))
             .controller(Controller::<Gadget>::new(gadget_tree).namespace(&mgmt.ns))

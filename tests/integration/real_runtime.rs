@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::common::FINALIZER as DEFAULT_FINALIZER;
 use actorcile::prelude::*;
 use actorcile::rbac::{MissingPermission, missing_scoped_permissions};
-use actorcile::runtime::DEFAULT_FINALIZER;
 use common::{Widget, eventually};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -74,7 +74,7 @@ async fn start(
     ns: &str,
     tree: impl Provisioner<Widget> + 'static,
 ) -> RuntimeHandle {
-    Runtime::builder(client.clone())
+    Runtime::builder(client.clone(), crate::common::names())
         .policy(real_policy())
         .controller(Controller::<Widget>::new(tree).namespace(ns))
         .start()
@@ -467,7 +467,7 @@ async fn hostile_objects_converge_with_bounded_reconciles_and_memory() {
         let env = shared_env().await;
         let api = Ns::create(env.client(), "rt-hostile").await;
         let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
-        let rt = Runtime::builder(api.client.clone())
+        let rt = Runtime::builder(api.client.clone(), crate::common::names())
             .policy(real_policy())
             .controller(
                 Controller::<Widget>::new(serial![
@@ -682,7 +682,7 @@ async fn a_status_the_kind_cannot_hold_is_reported_on_a_real_apiserver() {
         .await
         .expect("install the CRDs");
         let api = Ns::create(env.client(), "rt-status-set-up").await;
-        let rt = Runtime::builder(api.client.clone())
+        let rt = Runtime::builder(api.client.clone(), crate::common::names())
             .policy(real_policy())
             .controller(
                 Controller::<Bare>::new(step("done", |_cx: Context<Bare>| async { Outcome::Done }))
@@ -788,7 +788,7 @@ async fn the_runtimes_roles_suffice_for_a_non_admin_are_minimal_and_preflight_na
         let api = Ns::create(admin.clone(), "rt-rbac").await;
         let (reconciles, deprovisions) = (Reconciles::default(), Log::default());
         let builder = || {
-            Runtime::builder(user.clone())
+            Runtime::builder(user.clone(), crate::common::names())
                 .policy(real_policy())
                 .controller(
                     Controller::<Widget>::new(serial![
@@ -996,7 +996,7 @@ async fn cel_rules_refusing_status_writes_are_reported_and_backed_off_and_ratche
                 Outcome::Done
             }
         });
-        let rt = Runtime::builder(api.client.clone())
+        let rt = Runtime::builder(api.client.clone(), crate::common::names())
             .policy(real_policy())
             .events("cel-test")
             .controller(Controller::<Widget>::new(tree).namespace(&api.ns))
@@ -1048,6 +1048,18 @@ async fn cel_rules_refusing_status_writes_are_reported_and_backed_off_and_ratche
     );
 }
 
+/// A ConfigMap `<widget>-child` holding the widget's size.
+fn size_child(w: &Widget) -> k8s_openapi::api::core::v1::ConfigMap {
+    k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("{}-child", w.name_any())),
+            ..Default::default()
+        },
+        data: Some([("size".to_string(), w.spec.size.to_string())].into()),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn a_child_field_owned_by_another_manager_is_a_typed_outcome_until_it_is_released() {
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -1074,16 +1086,11 @@ async fn a_child_field_owned_by_another_manager_is_a_typed_outcome_until_it_is_r
             }
         };
         apply_theirs(serde_json::json!({"size": "theirs"})).await;
-        // Their ConfigMap is nobody's child: the step takes it over (adopt), field by field.
-        let tree = resource("child", |w: &Widget| ConfigMap {
-            metadata: kube::api::ObjectMeta {
-                name: Some(format!("{}-child", w.name_any())),
-                ..Default::default()
-            },
-            data: Some([("size".to_string(), w.spec.size.to_string())].into()),
-            ..Default::default()
-        })
-        .rules(ChildRules::default().adopt());
+        // Their ConfigMap is nobody's child: the step takes it over (adopt), field by field,
+        // and leaves the fields others own to them (not forced).
+        let tree = resource("child", size_child)
+            .rules(ChildRules::default().adopt())
+            .report_conflicts();
         let rt = start(&api.client, &api.ns, tree).await;
         api.create_widget("w", 1).await;
         let s = api.wait_reason("w", "ChildFieldConflict").await;
@@ -1102,6 +1109,83 @@ async fn a_child_field_owned_by_another_manager_is_a_typed_outcome_until_it_is_r
         api.wait_ready("w").await;
         let child = cms.get("w-child").await.unwrap();
         assert_eq!(child.data.unwrap()["size"], "1");
+        rt.shutdown().await;
+    })
+    .await;
+}
+
+/// An owned child edited by hand (a merge patch, which the API server records as the editor's
+/// `Update`) is put back at once by the forced apply, and a Warning Event on the parent names
+/// the editor.
+#[tokio::test]
+async fn an_owned_child_edited_by_hand_is_set_back_with_a_warning_naming_the_editor() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    bounded("child drift", async {
+        let env = shared_env().await;
+        let api = Ns::create(env.client(), "rt-child-drift").await;
+        let cms: Api<ConfigMap> = Api::namespaced(api.client.clone(), &api.ns);
+        let tree = resource("child", size_child);
+        let rt = Runtime::builder(api.client.clone(), crate::common::names())
+            .policy(real_policy())
+            .events("drift-test")
+            .controller(
+                Controller::<Widget>::new(tree)
+                    .namespace(&api.ns)
+                    .owns::<ConfigMap>(),
+            )
+            .start()
+            .await
+            .expect("start the runtime");
+        api.create_widget("w", 1).await;
+        api.wait_ready("w").await;
+        let edit = PatchParams {
+            field_manager: Some("kubectl-edit".into()),
+            ..Default::default()
+        };
+        cms.patch(
+            "w-child",
+            &edit,
+            &Patch::Merge(serde_json::json!({"data": {"size": "edited"}})),
+        )
+        .await
+        .unwrap();
+        // The edit runs the owner (an owned child changed), whose forced apply sets it back.
+        eventually("the child set back", CONVERGE, || async {
+            let child = cms.get("w-child").await.ok()?;
+            (child.data?.get("size")? == "1").then_some(())
+        })
+        .await;
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(api.client.clone(), &api.ns);
+        let note = eventually("the ChildFieldsOverridden Event", CONVERGE, || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("w"))
+                .find(|e| e.reason.as_deref() == Some("ChildFieldsOverridden"))
+                .and_then(|e| e.type_.filter(|t| t == "Warning").and(e.note))
+        })
+        .await;
+        assert!(
+            note.contains("ConfigMap w-child") && note.contains("kubectl-edit"),
+            "{note}"
+        );
+        let child = cms.get("w-child").await.unwrap();
+        let size_owner: Vec<&str> = child
+            .managed_fields()
+            .iter()
+            .filter(|m| {
+                m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer("/f:data/f:size").is_some())
+            })
+            .filter_map(|m| m.manager.as_deref())
+            .collect();
+        assert_eq!(
+            size_owner,
+            [crate::common::FIELD_MANAGER],
+            "the runtime owns data.size again"
+        );
         rt.shutdown().await;
     })
     .await;
@@ -1146,7 +1230,7 @@ async fn a_long_non_ascii_event_note_is_cut_to_what_the_server_accepts() {
             let message = message.clone();
             async move { Outcome::Terminal(Reason::new("Unicode", message)) }
         });
-        let rt = Runtime::builder(api.client.clone())
+        let rt = Runtime::builder(api.client.clone(), crate::common::names())
             .policy(real_policy())
             .controller(Controller::<Widget>::new(tree).namespace(&api.ns))
             .events("realapi-event-note")

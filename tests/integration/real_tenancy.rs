@@ -36,7 +36,7 @@ fn named_child(w: &Widget) -> ConfigMap {
 }
 
 async fn start(ns: &Ns, tree: impl Provisioner<Widget> + 'static) -> RuntimeHandle {
-    Runtime::builder(ns.client.clone())
+    Runtime::builder(ns.client.clone(), crate::common::names())
         .policy(real_policy())
         .controller(Controller::<Widget>::new(tree).namespace(&ns.ns))
         .start()

@@ -64,7 +64,7 @@ fn tree() -> impl Provisioner<Lax> {
 }
 
 async fn start(client: kube::Client, ns: &str, streaming: bool) -> RuntimeHandle {
-    Runtime::builder(client)
+    Runtime::builder(client, crate::common::names())
         .policy(real_policy())
         .events("undecodable-test")
         .controller(

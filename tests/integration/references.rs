@@ -63,7 +63,7 @@ fn widget_tree(events: Events) -> impl Provisioner<Widget> {
 }
 
 async fn start(client: &kube::Client, events: Events) -> RuntimeHandle {
-    Runtime::builder(client.clone())
+    Runtime::builder(client.clone(), crate::common::names())
         .policy(no_polling())
         .controller(Controller::<Widget>::new(widget_tree(events)))
         .start()
@@ -115,7 +115,7 @@ async fn readiness_works_across_kinds() {
         }
         Outcome::Done
     });
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(no_polling())
         .controller(Controller::<Widget>::new(widget_tree(Events::default())))
         .controller(Controller::<Gadget>::new(gadget_tree))
@@ -163,7 +163,7 @@ async fn a_missing_target_is_a_typed_readiness_the_tree_can_make_terminal() {
             Readiness::Ready => Outcome::Done,
         }
     });
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(no_polling())
         .controller(Controller::<Widget>::new(tree))
         .start()
@@ -187,7 +187,7 @@ async fn a_referenced_target_stays_in_use_and_goes_the_moment_the_last_referrer_
     wait_all_ready(&client, 3, LIMIT).await;
     let db = widgets(&client).get("db").await.unwrap();
     assert_eq!(
-        actorcile::references::referrers_of(&db).len(),
+        actorcile::references::referrers_of(&db, &crate::common::names()).len(),
         2,
         "references persisted on the target: {:?}",
         db.annotations()
@@ -501,7 +501,7 @@ async fn readiness_reaches_dependents_that_are_passivating() {
     });
     let mut policy = no_polling();
     policy.kind.idle_timeout = SupervisorPolicy::default().kind.idle_timeout;
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(dependency_tree))
         .controller(Controller::<Waiter>::new(waiter_tree))
@@ -573,7 +573,7 @@ async fn a_deletion_held_only_by_a_vanished_referrer_goes_on_once_the_first_list
     // deletion checked) seconds before the list is complete.
     cluster.set_faults(one_second_requests());
     let t0 = Instant::now();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(no_polling())
         .controller(
             Controller::<Widget>::new(widget_tree(events.clone())).watcher_config(pages_of(1)),
@@ -624,7 +624,7 @@ async fn a_target_not_listed_yet_is_not_ready_and_a_missing_one_is_told_once_lis
         }
     });
     let t0 = Instant::now();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(no_polling())
         .controller(
             // No finalizer to add first: each reconcile runs as soon as its object is listed.
@@ -674,7 +674,7 @@ async fn references_follow_the_spec_and_the_one_no_longer_named_is_released() {
             Err(e) => Outcome::failed(Reason::new("References", "cannot hold them"), e),
         }
     });
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(no_polling())
         .controller(Controller::<Widget>::new(tree))
         .start()
@@ -685,7 +685,7 @@ async fn references_follow_the_spec_and_the_one_no_longer_named_is_released() {
         let api = api.clone();
         async move {
             let w = api.get(name).await.unwrap();
-            actorcile::references::referrers_of(&w)
+            actorcile::references::referrers_of(&w, &crate::common::names())
                 .into_iter()
                 .map(|t| t.name)
                 .collect::<Vec<_>>()

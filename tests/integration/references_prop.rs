@@ -319,7 +319,7 @@ fn run_case(case: Case, restart: bool) -> Result<(), TestCaseError> {
         policy.kind.dependency_poll = Duration::from_secs(3600);
         policy.kind.idle_timeout = Some(Duration::from_millis(200));
         let start = || {
-            Runtime::builder(client.clone())
+            Runtime::builder(client.clone(), crate::common::names())
                 .policy(policy.clone())
                 .controller(Controller::<Widget>::new(dag_tree::<Widget>(
                     nodes.clone(),

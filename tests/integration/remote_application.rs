@@ -714,7 +714,7 @@ async fn a_remote_gone_for_good_blocks_deletion_unless_the_author_abandons_it_wi
             Outcome::Done
         }))],
     );
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(Controller::<Widget>::new(widget_tree))
         .controller(Controller::<Gadget>::new(gadget_tree))

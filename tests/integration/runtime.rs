@@ -77,7 +77,7 @@ async fn lifecycle_provision_ready_delete_gone_without_leaks() {
     let w = widgets(&client).get("w0").await.unwrap();
     assert!(
         w.finalizers()
-            .contains(&"actorcile.dev/finalizer".to_string())
+            .contains(&crate::common::FINALIZER.to_string())
     );
     let s = w.status.unwrap();
     assert_eq!(s.phase, Some(Phase::Ready));
@@ -331,7 +331,7 @@ async fn a_failed_finalizer_removal_is_retried_without_deprovisioning_again() {
         wait_ready(&client, "w", LIMIT).await;
         // Another finalizer keeps the object after ours goes, so a removal that landed leaves
         // it in the API for the runtime to look at again.
-        let patch = serde_json::json!({"metadata": {"finalizers": ["actorcile.dev/finalizer", "test/keep"]}});
+        let patch = serde_json::json!({"metadata": {"finalizers": [crate::common::FINALIZER, "test/keep"]}});
         widgets(&client)
             .patch(
                 "w",
@@ -806,7 +806,7 @@ async fn a_kinds_own_limit_bounds_its_reconciles_and_leaves_the_rest_to_other_ki
     let (widgets_in, gadgets_in) = (InFlight::default(), InFlight::default());
     let mut policy = test_policy();
     policy.runtime.max_concurrent_reconciles = 4;
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(
             Controller::<Widget>::new(widgets_in.step(gate.clone())).max_concurrent_reconciles(2),
@@ -867,7 +867,7 @@ async fn a_controller_of_two_namespaces_runs_the_objects_of_both_and_no_other() 
             Outcome::Done
         }
     });
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(Controller::<Widget>::new(tree).namespaces(["b", "a", "b"]))
         .start()
@@ -1165,7 +1165,7 @@ async fn a_relist_does_not_postpone_a_passive_objects_poll() {
     policy.kind.poll_jitter = 0.0;
     let mut watcher = kube::runtime::watcher::Config::default().timeout(30);
     watcher.bookmarks = false; // a bookmark would move the watch past the other kinds' writes
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(
             Controller::<Widget>::new(logging_step(log.clone()))
@@ -1208,7 +1208,7 @@ async fn a_relist_does_not_postpone_a_passive_objects_poll() {
 async fn failed_status_writes_are_retried_until_they_land() {
     let (cluster, client) = cluster();
     let log = ReconcileLog::default();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         // no finalizer: the status write is the only write, and its failure must not be final
         .controller(Controller::<Widget>::new(logging_step(log.clone())).without_finalizer())
@@ -1247,7 +1247,7 @@ async fn start_logging_listed_in_pages(
     log: &ReconcileLog,
     page: u32,
 ) -> RuntimeHandle {
-    Runtime::builder(client.clone())
+    Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(
             Controller::<Widget>::new(logging_step(log.clone()))

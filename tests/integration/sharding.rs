@@ -101,7 +101,7 @@ async fn replica_watching(
     hold: Duration,
     watch: ShardWatch,
 ) -> RuntimeHandle {
-    Runtime::builder(client.clone())
+    Runtime::builder(client.clone(), crate::common::names())
         .policy(policy())
         .controller(Controller::<Widget>::new(tree(
             id,
@@ -500,11 +500,14 @@ async fn each_replica_watches_the_children_of_its_shards_only() {
                 ..Default::default()
             }),
         ];
-        Runtime::builder(recording_client(&cluster, id, &sent))
-            .policy(p.clone())
-            .controller(Controller::<Widget>::new(tree).owns::<ConfigMap>())
-            .sharding(sharding.clone().identity(id))
-            .start()
+        Runtime::builder(
+            recording_client(&cluster, id, &sent),
+            crate::common::names(),
+        )
+        .policy(p.clone())
+        .controller(Controller::<Widget>::new(tree).owns::<ConfigMap>())
+        .sharding(sharding.clone().identity(id))
+        .start()
     };
     let a = start("a").await.expect("start a");
     let b = start("b").await.expect("start b");
@@ -574,7 +577,7 @@ async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard
     let reconciles = Reconciles::default();
     let tenant = |w: &Widget| w.labels().get("tenant").cloned().unwrap_or_default();
     let start = |id: &'static str| {
-        Runtime::builder(client.clone())
+        Runtime::builder(client.clone(), crate::common::names())
             .policy(policy())
             .controller(
                 Controller::<Widget>::new(tree(id, reconciles.clone(), Duration::ZERO))
@@ -670,7 +673,7 @@ async fn key_change_in_flight(watch: ShardWatch) {
                 Outcome::Done
             }
         });
-        Runtime::builder(client.clone())
+        Runtime::builder(client.clone(), crate::common::names())
             .policy(policy())
             .controller(Controller::<Widget>::new(tree).shard_key(tenant))
             .sharding(Sharding::new(SHARDS, "default").identity(id).watch(watch))
@@ -957,7 +960,7 @@ async fn server_side_split(client: &kube::Client, server_selects: bool, limit: D
 async fn sharding_and_its_settings_are_checked_at_start() {
     let (_cluster, client) = cluster();
     let tree = || step("noop", |_cx: Context<Widget>| async { Outcome::Done });
-    let e = Runtime::builder(client.clone())
+    let e = Runtime::builder(client.clone(), crate::common::names())
         .controller(Controller::<Widget>::new(tree()))
         .sharding(Sharding::new(0, "default"))
         .start()
@@ -967,7 +970,7 @@ async fn sharding_and_its_settings_are_checked_at_start() {
     assert!(e.to_string().contains("sharding shards"), "{e}");
     let mut p = test_policy();
     p.lease.renew_deadline = p.lease.duration;
-    let e = Runtime::builder(client.clone())
+    let e = Runtime::builder(client.clone(), crate::common::names())
         .policy(p)
         .controller(Controller::<Widget>::new(tree()))
         .sharding(Sharding::new(4, "default"))
@@ -977,7 +980,7 @@ async fn sharding_and_its_settings_are_checked_at_start() {
         .expect("a renew deadline as long as the lease is refused");
     assert!(e.to_string().contains("lease_renew_deadline"), "{e}");
     // The server places objects by uid: a shard key of the controller's cannot apply.
-    let e = Runtime::builder(client.clone())
+    let e = Runtime::builder(client.clone(), crate::common::names())
         .controller(Controller::<Widget>::new(tree()).shard_key(|w| w.name_any()))
         .sharding(Sharding::new(4, "default").watch(ShardWatch::ServerSide))
         .start()
@@ -989,7 +992,7 @@ async fn sharding_and_its_settings_are_checked_at_start() {
         "{e}"
     );
     // The roles include the Leases, in a Role in the Leases' namespace only.
-    let roles = Runtime::builder(client)
+    let roles = Runtime::builder(client, crate::common::names())
         .controller(Controller::<Widget>::new(tree()))
         .sharding(Sharding::new(4, "shards"))
         .roles("op");

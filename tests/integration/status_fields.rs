@@ -77,7 +77,7 @@ async fn one_write_per_reconcile(
     limit: Duration,
 ) {
     let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Gizmo>::new(publishing(seen.clone())).namespace(ns))
         .start()
@@ -159,7 +159,7 @@ async fn a_field_the_status_already_holds_writes_nothing() {
     let mut policy = test_policy();
     policy.kind.poll_interval = None;
     let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Gizmo>::new(publishing(seen.clone())))
         .start()

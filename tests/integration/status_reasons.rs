@@ -34,7 +34,7 @@ fn reasons_tree() -> impl Provisioner<Widget> {
 
 /// A runtime running [`reasons_tree`] on widgets, publishing Events.
 async fn start_reasons(client: &kube::Client) -> RuntimeHandle {
-    Runtime::builder(client.clone())
+    Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(Controller::<Widget>::new(reasons_tree()))
         .events("widget-operator")
@@ -148,7 +148,7 @@ async fn carriers(client: &kube::Client, from: &str) -> Vec<String> {
         .unwrap()
         .items
         .iter()
-        .filter(|w| referrers_of(*w).contains(&from))
+        .filter(|w| referrers_of(*w, &crate::common::names()).contains(&from))
         .map(|w| w.name_any())
         .collect();
     names.sort();
@@ -327,10 +327,7 @@ async fn an_object_another_finalizer_holds_says_it_is_deprovisioned_not_ready() 
     delete(&client, "held").await;
     let status = eventually("deprovisioned, still held", LIMIT, || async {
         let w = api.get_opt("held").await.ok()??;
-        let ours = w
-            .finalizers()
-            .iter()
-            .any(|f| f == actorcile::runtime::DEFAULT_FINALIZER);
+        let ours = w.finalizers().iter().any(|f| f == crate::common::FINALIZER);
         let status = ResourceStatus::of(&w);
         (!ours && status.ready()?.reason == "Deprovisioned").then_some(status)
     })
@@ -369,7 +366,7 @@ async fn events_carry_no_value_an_error_or_a_panic_quotes_and_a_steps_events_kee
             }
         }
     });
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(Controller::<Widget>::new(tree))
         .events("widget-operator")

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actorcile::prelude::*;
-use actorcile::triggers::{ConfigRef, IGNORE_ANNOTATION};
+use actorcile::triggers::ConfigRef;
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -36,6 +36,17 @@ impl Seen {
     }
     fn last(&self, name: &str) -> Option<String> {
         self.0.lock().unwrap().get(name)?.last().cloned()
+    }
+    /// A step that records each provision reconcile of its object, seeing nothing.
+    fn step(&self) -> actorcile::provisioners::Step<Widget> {
+        let seen = self.clone();
+        step("record", move |cx: Context<Widget>| {
+            let seen = seen.clone();
+            async move {
+                seen.push(cx.object().name_any(), String::new());
+                Outcome::Done
+            }
+        })
     }
     fn counts(&self) -> HashMap<String, usize> {
         let m = self.0.lock().unwrap();
@@ -77,7 +88,7 @@ fn config_tree(seen: Seen) -> impl Provisioner<Widget> {
 }
 
 async fn start_with_config(client: &Client, policy: SupervisorPolicy, seen: Seen) -> RuntimeHandle {
-    Runtime::builder(client.clone())
+    Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(
             Controller::<Widget>::new(config_tree(seen))
@@ -184,15 +195,8 @@ async fn one_changed_secret_reconciles_exactly_the_object_that_references_it() {
         secrets.create(&PostParams::default(), &s).await.unwrap();
     }
     let seen = Seen::default();
-    let s2 = seen.clone();
-    let tree = step("record", move |cx: Context<Widget>| {
-        let seen = s2.clone();
-        async move {
-            seen.push(cx.object().name_any(), String::new());
-            Outcome::Done
-        }
-    });
-    let rt = Runtime::builder(client.clone())
+    let tree = seen.step();
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(Controller::<Widget>::new(tree).secrets(|w: &Widget| {
             // w7 names its Secret in the note; the others name none
@@ -332,17 +336,9 @@ async fn poll_reconciles_of_ten_thousand_objects_spread_over_the_jitter() {
 async fn the_ignore_annotation_skips_every_reconcile_until_it_is_removed() {
     let (_cluster, client) = cluster();
     let seen = Seen::default();
-    let s2 = seen.clone();
     let deprovisioned = Arc::new(Mutex::new(0));
     let d = deprovisioned.clone();
-    let tree = step("record", move |cx: Context<Widget>| {
-        let seen = s2.clone();
-        async move {
-            seen.push(cx.object().name_any(), String::new());
-            Outcome::Done
-        }
-    })
-    .on_delete(move |_cx: Context<Widget>| {
+    let tree = seen.step().on_delete(move |_cx: Context<Widget>| {
         let d = d.clone();
         async move {
             *d.lock().unwrap() += 1;
@@ -351,13 +347,14 @@ async fn the_ignore_annotation_skips_every_reconcile_until_it_is_removed() {
     });
     let rt = start_widgets(&client, test_policy(), tree).await;
     let api = widgets(&client);
+    let ignore = crate::common::names().ignore_annotation();
     let annotate = |v: Option<&str>| {
-        Patch::Merge(serde_json::json!({"metadata": {"annotations": {IGNORE_ANNOTATION: v}}}))
+        Patch::Merge(serde_json::json!({"metadata": {"annotations": {&ignore: v}}}))
     };
 
     // Ignored from birth: no reconcile, no finalizer, no status.
     let mut w = widget("a", 1);
-    w.metadata.annotations = Some([(IGNORE_ANNOTATION.to_string(), "true".to_string())].into());
+    w.metadata.annotations = Some([(ignore.clone(), "true".to_string())].into());
     api.create(&PostParams::default(), &w).await.unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
     let w = api.get("a").await.unwrap();
@@ -413,7 +410,7 @@ fn field_of(e: actorcile::Error) -> String {
 #[tokio::test(start_paused = true)]
 async fn builders_refuse_missing_or_contradictory_settings_naming_the_field() {
     let (_cluster, client) = cluster();
-    let b = || Runtime::builder(client.clone());
+    let b = || Runtime::builder(client.clone(), crate::common::names());
     let err = |r: Result<RuntimeHandle, actorcile::Error>| field_of(r.err().expect("refused"));
 
     assert_eq!(err(b().start().await), "controllers");
@@ -569,7 +566,7 @@ async fn poll_gaps(value: &str, reconciles: usize) -> Vec<Duration> {
     let mut policy = test_policy();
     policy.kind.poll_interval = Some(Duration::from_secs(3600));
     policy.kind.poll_jitter = 0.0;
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).config(
             ConfigRef::<ConfigMap>::namespaced("default", "provider").poll_interval_from(
@@ -637,7 +634,7 @@ async fn a_yield_of_an_absurd_length_does_not_stop_the_other_objects_timers() {
             }
         }
     });
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(Controller::<Widget>::new(tree))
         .start()
@@ -706,7 +703,7 @@ async fn an_owned_child_deleted_or_edited_by_hand_runs_its_owner_and_the_runtime
     let reconciles = PassCounts::default();
     let mut policy = test_policy();
     policy.kind.poll_interval = None;
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(owning_tree(reconciles.clone())).owns::<ConfigMap>())
         .start()
@@ -770,7 +767,7 @@ async fn a_related_object_runs_the_objects_it_maps_to_when_it_changes_appears_or
     let mut policy = test_policy();
     policy.kind.poll_interval = None;
     // A Secret labelled `widget: <name>` belongs to that widget.
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).watches(|s: &Secret| {
             let ns = s.namespace().unwrap_or_default();
@@ -848,7 +845,7 @@ async fn a_secret_the_config_names_reconciles_every_object_when_it_changes() {
     let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
     policy.kind.poll_interval = None;
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).config(
             ConfigRef::<ConfigMap>::namespaced("default", "provider").secrets_from(
@@ -912,7 +909,7 @@ async fn a_config_from_another_cluster_reconciles_the_objects_and_stays_out_of_t
     put_config(&platform_client, "one").await;
     put_config(&client, "local").await;
     let seen = Seen::default();
-    let builder = Runtime::builder(client.clone())
+    let builder = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(
             Controller::<Widget>::new(config_tree(seen.clone())).config(
@@ -955,7 +952,7 @@ async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
     let tree = counting_step(reconciles.clone());
     let mut policy = test_policy();
     policy.kind.poll_interval = None;
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree).watches(|s: &Secret| {
             let widget = s.labels().get("widget").cloned().unwrap_or_default();
@@ -1000,7 +997,7 @@ async fn a_mapper_that_panics_on_one_object_does_not_end_the_watch() {
 async fn a_secrets_function_that_panics_on_one_object_does_not_stop_its_kind() {
     let (_cluster, client) = cluster();
     let reconciles = PassCounts::default();
-    let rt = Runtime::builder(client.clone())
+    let rt = Runtime::builder(client.clone(), crate::common::names())
         .policy(test_policy())
         .controller(
             Controller::<Widget>::new(counting_step(reconciles.clone())).secrets(|w: &Widget| {
@@ -1022,5 +1019,50 @@ async fn a_secrets_function_that_panics_on_one_object_does_not_stop_its_kind() {
     wait_ready(&client, "hostile", LIMIT).await;
     assert_eq!(rt.metrics().watch_restarts, 0, "the watch never stopped");
     assert!(rt.health().ready().ok, "{:?}", rt.health().ready());
+    rt.shutdown().await;
+}
+
+/// A reconcile asked from outside Kubernetes ([`RuntimeHandle::reconcile`] and
+/// [`RuntimeHandle::reconcile_on`]) runs the object once per ask; a kind the runtime does not
+/// manage, or an object that does not exist, runs nothing.
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_asked_from_outside_runs_the_object() {
+    let (_cluster, client) = cluster();
+    let seen = Seen::default();
+    let tree = seen.step();
+    let mut rt = start_widgets(&client, test_policy(), tree).await;
+    create(&client, "a", 1).await;
+    wait_ready(&client, "a", LIMIT).await;
+    assert_eq!(seen.runs("a"), 1);
+    let a = Target::new("test.actorcile.dev/v1", "Widget", Some("default"), "a");
+
+    assert!(rt.reconcile(&a), "Widget is managed here");
+    eventually("the asked reconcile", LIMIT, || async {
+        (seen.runs("a") == 2).then_some(())
+    })
+    .await;
+
+    let other = Target::new("example.com/v1", "Database", Some("default"), "a");
+    assert!(!rt.reconcile(&other), "Database is not managed here");
+    let missing = Target {
+        name: "missing".into(),
+        ..a.clone()
+    };
+    assert!(rt.reconcile(&missing));
+
+    // The stream form: each target it yields is one reconcile.
+    let (mut tx, rx) = futures::channel::mpsc::channel::<Target>(4);
+    rt.reconcile_on(rx);
+    use futures::SinkExt;
+    tx.send(other).await.unwrap();
+    tx.send(a.clone()).await.unwrap();
+    eventually("the streamed reconcile", LIMIT, || async {
+        (seen.runs("a") == 3).then_some(())
+    })
+    .await;
+    // Paused time advances only once every task is idle: by now the asks above have been
+    // handled, and none ran anything more.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(seen.counts(), HashMap::from([("a".to_string(), 3)]));
     rt.shutdown().await;
 }

@@ -61,7 +61,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         (cluster.client(), Box::new(cluster))
     };
     let rt = operator::register(
-        Runtime::builder(client.clone()),
+        Runtime::builder(client.clone(), operator::names()),
         args.infrastructure.provider()?,
         &args.infrastructure.allowed_images,
     )

@@ -114,7 +114,9 @@ async fn run(
         .client(Some(&mut registry))
         .await
         .map_err(|e| e.to_string())?;
-    let mut builder = args.builder(client).map_err(|e| e.to_string())?;
+    let mut builder = args
+        .builder(client, operator::names())
+        .map_err(|e| e.to_string())?;
     if install_crds {
         builder = builder.install_crds([Network::crd(), Cluster::crd()]);
     }

@@ -12,20 +12,18 @@ use crate::operator;
 pub const SCRAPER_LABEL: &str = "example.actorcile.dev/metrics-scraper";
 
 pub fn render(image: &str, namespace: &str) -> Result<String, String> {
-    // A client is needed to build the runtime's builder; the roles are derived from it
-    // without contacting anything.
-    let client = actorcile::cluster::ApiServer::new().client();
+    // The roles are derived from the controllers and their trees: no client, no cluster.
     let provider = std::sync::Arc::new(actorcile::providers::simulated::SimulatedProvider::new(
         0,
         Default::default(),
     ));
     let builder = operator::register(
-        actorcile::runtime::Runtime::builder(client),
+        actorcile::runtime::Runtime::offline_builder(operator::names()),
         provider,
         &[operator::DEFAULT_IMAGE_PREFIX.into()],
     )
     .leader_election(actorcile::leader::LeaderElection::new(
-        "actorcile-leader",
+        operator::names().leader_lease(),
         namespace,
     ));
     let roles = builder.roles(operator::NAME);
@@ -106,7 +104,7 @@ pub fn render(image: &str, namespace: &str) -> Result<String, String> {
     }));
     let mut yaml = Vec::with_capacity(docs.len() + 1);
     for d in &docs {
-        yaml.push(serde_norway::to_string(d).map_err(|e| e.to_string())?);
+        yaml.push(serde_saphyr::to_string(d).map_err(|e| e.to_string())?);
     }
     // After the ServiceAccount, the roles and bindings from the runtime's own renderer.
     yaml.insert(1, bindings.to_yaml().map_err(|e| e.to_string())?);

@@ -286,6 +286,12 @@ impl ProviderArgs {
 /// The runtime's name: Events' reporting controller, field manager.
 pub const NAME: &str = "example-operator";
 
+/// The operator's names: the finalizer `example.actorcile.dev/finalizer`, the field manager
+/// and the Leases from [`NAME`].
+pub fn names() -> actorcile::names::OperatorNames {
+    actorcile::names::OperatorNames::new(NAME, GROUP)
+}
+
 /// Register both kinds on `builder`, the clusters' nodes on `provider`, with images under
 /// `allowed_images` only.
 pub fn register(
@@ -295,8 +301,6 @@ pub fn register(
 ) -> actorcile::runtime::RuntimeBuilder {
     let check = provider.clone();
     builder
-        .field_manager(NAME)
-        .finalizer(format!("{GROUP}/finalizer"))
         .events(NAME)
         // Each kind watches the ConfigMaps it owns: one deleted or edited by hand is put back
         // at once.

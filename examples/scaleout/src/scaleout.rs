@@ -349,7 +349,9 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let client = env.client();
         let kubeconfig = env.kubeconfig_path().to_path_buf();
         let ns = format!("split-{watch}-{n}");
-        let sharding = actorcile::sharding::Sharding::new(args.shards, &ns);
+        // The replicas' sharding: their flags name the Leases from the operator's names.
+        let sharding = actorcile::sharding::Sharding::new(args.shards, &ns)
+            .lease_prefix(example_operator::operator::names().shard_lease_prefix());
         create_namespace(&client, &ns).await?;
         let api: Api<Network> = Api::namespaced(client.clone(), &ns);
         let start_replicas = |generation: usize| -> Vec<Replica> {
@@ -736,9 +738,12 @@ async fn failover(
                     &actorcile::sharding::object_key(Some(&ns), &probe),
                     shards.parse().unwrap(),
                 );
-                format!("actorcile-shards-shard-{shard}")
+                format!(
+                    "{}-shard-{shard}",
+                    example_operator::operator::names().shard_lease_prefix()
+                )
             }
-            _ => "actorcile-leader".to_string(),
+            _ => example_operator::operator::names().leader_lease(),
         };
         let holder = loop {
             if mode == "sharded-server" {
@@ -788,7 +793,13 @@ async fn failover(
                 shards.parse().unwrap(),
             );
             if victim_shards.contains(&shard) {
-                (probe, lease_name) = (name, format!("actorcile-shards-shard-{shard}"));
+                (probe, lease_name) = (
+                    name,
+                    format!(
+                        "{}-shard-{shard}",
+                        example_operator::operator::names().shard_lease_prefix()
+                    ),
+                );
                 break;
             }
         }

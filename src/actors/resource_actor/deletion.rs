@@ -88,7 +88,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         let others: Vec<&String> = obj
             .finalizers()
             .iter()
-            .filter(|f| **f != shared.io.finalizer)
+            .filter(|f| !shared.io.finalizers.owns(f))
             .collect();
         if shared.rules.write_status && !others.is_empty() {
             let message = format!(
@@ -178,7 +178,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         st.own_writes.clear();
         st.cx = None;
         st.last_outcome = None;
-        if crate::triggers::is_ignored(&u.meta) {
+        if shared.references.keys().is_ignored(&u.meta) {
             Metrics::inc(&shared.io.metrics.ignored);
             return None;
         }
@@ -188,7 +188,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             .finalizers
             .iter()
             .flatten()
-            .any(|f| f == &shared.io.finalizer);
+            .any(|f| shared.io.finalizers.owns(f));
         if deleting && !ours {
             return None; // never provisioned by us: nothing of ours to undo
         }
@@ -201,7 +201,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         if deleting {
             message.push_str(&format!(
                 "; its deletion waits: deprovisioning needs the object's spec (change the object to one the operator can read, or remove the finalizer {} by hand to abandon what it provisioned)",
-                shared.io.finalizer
+                shared.io.finalizers.current
             ));
         }
         let current = u.status.clone().unwrap_or_default();

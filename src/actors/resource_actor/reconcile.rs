@@ -181,7 +181,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             return Box::pin(self.undecodable_reconcile(st, u)).await;
         }
         let mut obj = st.object.clone()?;
-        if crate::triggers::is_ignored(obj.meta()) {
+        if shared.references.keys().is_ignored(obj.meta()) {
             // The operator's brake: no reconcile, no write, until the annotation goes.
             st.last_reconciled_version = version_of(obj.as_ref());
             st.own_writes.clear();
@@ -189,7 +189,11 @@ impl<K: ManagedResource> ResourceActor<K> {
             return None;
         }
         let deleting = obj.meta().deletion_timestamp.is_some();
-        let has_finalizer = obj.finalizers().iter().any(|f| f == &shared.io.finalizer);
+        // The current finalizer or a former one (an operator that migrated names).
+        let has_finalizer = obj
+            .finalizers()
+            .iter()
+            .any(|f| shared.io.finalizers.owns(f));
         // Parsed once per reconcile: on a yield loop's reconcile the string is cold memory.
         let mut version = version_of(obj.as_ref());
         st.last_reconciled_version = version;
@@ -215,18 +219,21 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         } else {
             let mut pre_failure = None;
-            let add_finalizer = shared.rules.use_finalizer && !has_finalizer;
+            let claim_finalizer = shared
+                .io
+                .finalizers
+                .needs_claim(obj.finalizers(), shared.rules.use_finalizer);
             let label = shared
                 .io
                 .shards
                 .as_ref()
                 .and_then(|s| s.missing_label(obj.as_ref()));
-            if add_finalizer || label.is_some() {
+            if claim_finalizer || label.is_some() {
                 let label = label.as_ref().map(|(k, v)| (&**k, v.as_str()));
                 match Box::pin(writes::claim(
                     &shared.io,
                     obj.as_ref(),
-                    add_finalizer,
+                    shared.rules.use_finalizer,
                     label,
                 ))
                 .await
@@ -335,6 +342,9 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
             StatusPlan::Unchanged | StatusPlan::Leave { .. } => StatusWrite::Written,
         };
+        if let Some(now) = plan.wakes_waiters(&status, write) {
+            shared.references.changed(&st.target, now);
+        }
         let next = after_reconcile::after_write(
             Ended {
                 outcome: &outcome,

@@ -41,7 +41,7 @@ fn health_needs_the_current_spec_compared_synced_and_healthy() {
 #[tokio::test]
 async fn a_registration_keeps_its_data_until_its_last_user_goes() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default");
+    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
     let reg = ClusterRegistration {
         id: "edge".into(),
         server: "https://edge:6443".into(),
@@ -116,7 +116,7 @@ fn token_of(secret: &Secret) -> String {
 #[tokio::test]
 async fn ids_that_read_alike_keep_registrations_of_their_own() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default");
+    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
     let (a, b) = ("team/a-x", "team-a/x");
     assert_ne!(
         ArgoCd::cluster_secret_name(a),
@@ -142,7 +142,7 @@ async fn ids_that_read_alike_keep_registrations_of_their_own() {
 #[tokio::test]
 async fn secrets_the_driver_did_not_write_are_neither_overwritten_nor_deleted() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default");
+    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
     let name = ArgoCd::cluster_secret_name("edge");
     // Someone's own cluster Secret under the name: refused, untouched.
     let hand_made = Secret {
@@ -208,7 +208,7 @@ async fn secrets_the_driver_did_not_write_are_neither_overwritten_nor_deleted() 
 #[tokio::test]
 async fn a_registration_under_the_old_name_moves_with_its_users() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default");
+    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
     let reg = registration("edge", "https://edge:6443", "t");
     let mut old = registration_secret(
         "cluster-edge",

@@ -95,7 +95,7 @@ impl ReferenceApi for ReferenceIndex {
             let ns = selection.namespace.as_deref().or(from.namespace.as_deref());
             return Err(ReferenceError::TargetMissing(selection.target(ns, missing)));
         }
-        let key = reference_annotation(from);
+        let (key, former) = self.keys().reference_annotations(from);
         // Adds first, then releases: every write is idempotent, so a reconcile that fails half-way
         // is completed by the next one.
         let mut release = Vec::new();
@@ -109,13 +109,23 @@ impl ReferenceApi for ReferenceIndex {
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key(&key));
+            let carries_former = former.as_ref().is_some_and(|f| {
+                o.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(f))
+            });
             if names.contains(name) {
+                // One held under the former domain only is taken under the current one too.
                 if carries {
                     self.held.entry(from.clone()).or_default().insert(target);
                 } else {
                     self.add_reference(from, &target).await?;
                 }
-            } else if carries || self.held.get(from).is_some_and(|h| h.contains(&target)) {
+            } else if carries
+                || carries_former
+                || self.held.get(from).is_some_and(|h| h.contains(&target))
+            {
                 release.push(target);
             }
         }
@@ -151,8 +161,11 @@ impl ReferenceIndex {
         if current.metadata.deletion_timestamp.is_some() {
             return Err(ReferenceError::TargetDeleting(target.clone()));
         }
+        // Under the current domain. One the referrer holds under the former domain stays until
+        // it is released (with this one): taking this one back below must not release it.
+        let (key, _) = self.keys().reference_annotations(from);
         let patch = serde_json::json!({
-            "metadata": { "annotations": { reference_annotation(from): serde_json::to_string(from)? } }
+            "metadata": { "annotations": { key: serde_json::to_string(from)? } }
         });
         let written = match api
             .patch(&target.name, &self.patch_params(), &Patch::Merge(patch))

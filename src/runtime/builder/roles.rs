@@ -61,7 +61,6 @@ impl RuntimeBuilder {
                 ),
             ));
         }
-        #[cfg(feature = "operator")]
         if let Some(election) = &self.leader {
             let here = RuleScope::namespace(&election.namespace);
             rules.push(ScopedRule::new(

@@ -16,14 +16,13 @@ impl RuntimeBuilder {
     /// # struct AppSpec {}
     /// # async fn run(client: kube::Client) -> Result<(), actorcile::Error> {
     /// let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
-    /// Runtime::builder(client)
+    /// Runtime::builder(client, OperatorNames::new("app-operator", "example.com"))
     ///     .controller(Controller::<App>::new(tree))
     ///     .admin("127.0.0.1:8080".parse().unwrap())
     ///     .run()
     ///     .await
     /// # }
     /// ```
-    #[cfg(feature = "operator")]
     pub async fn run(self) -> Result<(), Error> {
         // Listening before the start: a signal during start-up is not lost.
         let signals = crate::signals::Signals::new()?;
@@ -41,7 +40,6 @@ impl RuntimeBuilder {
     }
 
     /// [`RuntimeBuilder::run`], stopped by `signals`.
-    #[cfg(feature = "operator")]
     pub(super) async fn run_stopping_on<F: Future<Output = ()>>(
         mut self,
         mut signals: crate::signals::Stop<F>,
@@ -51,6 +49,7 @@ impl RuntimeBuilder {
             return run_with(handle, &mut signals, None).await;
         };
         self.validate()?;
+        let client = self.client()?;
         election.validate(&self.policy)?;
         // Probes and metrics answer while this replica stands by.
         let early = self.prepare().await?;
@@ -59,7 +58,7 @@ impl RuntimeBuilder {
         self.early = Some(early);
         let warm = election.warm_standby;
         let slots = self.policy.runtime.max_concurrent_reconciles;
-        let mut elector = crate::leader::Elector::new(self.client.clone(), election, &self.policy);
+        let mut elector = crate::leader::Elector::new(client, election, &self.policy);
         // A warm standby watches and caches while it waits: its takeover starts with the
         // objects in hand, not with a list.
         let standby = if warm {
@@ -100,7 +99,6 @@ impl RuntimeBuilder {
     /// [`RuntimeBuilder::run`]: stand by until the Lease is held (`shutdown` ends the wait), run,
     /// and return [`Error::LeadershipLost`] if it is lost.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-        #[cfg(feature = "operator")]
         if self.leader.is_some() {
             let stop = crate::signals::Stop::Until(Some(Box::pin(shutdown)));
             return self.run_stopping_on(stop).await;
@@ -117,7 +115,6 @@ impl RuntimeBuilder {
 
 /// [`RuntimeBuilder::run`] once it runs the controllers: until a signal, an escalation or the
 /// loss of the Lease, then stop.
-#[cfg(feature = "operator")]
 async fn run_with<F: Future<Output = ()>>(
     mut handle: RuntimeHandle,
     signals: &mut crate::signals::Stop<F>,

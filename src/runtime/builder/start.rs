@@ -8,15 +8,18 @@ impl RuntimeBuilder {
     pub(super) async fn prepare(&mut self) -> Result<Early, Error> {
         let health = Arc::new(Health::default());
         let metrics = Arc::new(Metrics::default());
-        #[cfg(feature = "operator")]
-        let (admin, registry) = {
+        #[cfg(feature = "metrics")]
+        let registry = {
             let mut registry = self.registry.take().unwrap_or_default();
             registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
                 metrics: metrics.clone(),
                 health: health.clone(),
                 max_concurrent_reconciles: self.policy.runtime.max_concurrent_reconciles as u64,
             }));
-            let registry = Arc::new(registry);
+            Arc::new(registry)
+        };
+        #[cfg(feature = "admin")]
+        let admin = {
             use crate::admin::{AdminLimits, AdminServer, Endpoints};
             let bind = |addr, endpoints| {
                 AdminServer::bind_with(
@@ -32,7 +35,7 @@ impl RuntimeBuilder {
             } else {
                 Endpoints::All
             };
-            let admin = AdminServers {
+            AdminServers {
                 main: match self.admin {
                     Some(addr) => Some(bind(addr, main_endpoints).await?),
                     None => None,
@@ -41,16 +44,23 @@ impl RuntimeBuilder {
                     Some(addr) => Some(bind(addr, Endpoints::Metrics).await?),
                     None => None,
                 },
-            };
-            (admin, registry)
+            }
         };
         Ok(Early {
             health,
             metrics,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "admin")]
             admin,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "metrics")]
             registry,
+        })
+    }
+
+    /// The client, or why there is none ([`Runtime::offline_builder`]).
+    pub(super) fn client(&self) -> Result<Client, Error> {
+        self.client.clone().ok_or_else(|| Error::Invalid {
+            field: crate::runtime::Setting::Client,
+            problem: "the builder was made without a client (Runtime::offline_builder): it renders roles and validates, it does not start".into(),
         })
     }
 
@@ -58,7 +68,7 @@ impl RuntimeBuilder {
     /// without starting anything when [`RuntimeBuilder::validate`] does.
     pub async fn start(mut self) -> Result<RuntimeHandle, Error> {
         self.validate()?;
-        #[cfg(feature = "operator")]
+        let client = self.client()?;
         if self.leader.is_some() {
             return Err(Error::Invalid {
                 field: crate::runtime::Setting::LeaderElection { option: "" },
@@ -74,7 +84,7 @@ impl RuntimeBuilder {
         if self.preflight {
             let own = self.own_rules();
             let steps = self.step_rules();
-            let missing = crate::rbac::missing_step_permissions(&self.client, &own, &steps).await?;
+            let missing = crate::rbac::missing_step_permissions(&client, &own, &steps).await?;
             if !missing.is_empty() {
                 return Err(Error::Forbidden(missing));
             }
@@ -82,9 +92,9 @@ impl RuntimeBuilder {
         let Early {
             health,
             metrics,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "admin")]
             admin,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "metrics")]
             registry,
         } = match self.early.take() {
             Some(early) => early,
@@ -92,7 +102,7 @@ impl RuntimeBuilder {
         };
         if !self.crds.is_empty() {
             crate::crds::install(
-                self.client.clone(),
+                client.clone(),
                 &self.crds,
                 &self.field_manager,
                 std::time::Duration::from_secs(60),
@@ -113,19 +123,19 @@ impl RuntimeBuilder {
         health.add_supervisor(root.get_cell());
         let references = ReferenceIndex::for_runtime(
             &self.field_manager,
-            self.client.clone(),
+            Arc::new(self.names.keys()),
+            client.clone(),
             self.policy.runtime.dependency_watch_idle,
         );
         let _ = metrics.reference_index.set(Arc::downgrade(&references));
         let shards = self.sharding.as_ref().map(|s| {
             let shards = Arc::new(Shards::new(s.shards));
-            let clients: ShardClients =
-                crate::sharding::fenced_clients(&self.client, &shards).into();
+            let clients: ShardClients = crate::sharding::fenced_clients(&client, &shards).into();
             health.set_shards(shards.clone());
             (shards, clients, Arc::new(s.clone()))
         });
         let cx = StartCx {
-            client: self.client,
+            client,
             // Gated (a warm standby): no slot, so no reconcile and no activation, until it leads.
             slots: Arc::new(Semaphore::new(if self.gated {
                 0
@@ -136,6 +146,7 @@ impl RuntimeBuilder {
             metrics: metrics.clone(),
             references,
             finalizer: self.finalizer,
+            former_finalizers: self.former_finalizers.into(),
             field_manager: self.field_manager,
             reporter: self.reporter,
             root: root.get_cell(),
@@ -155,10 +166,11 @@ impl RuntimeBuilder {
             shutdown_timeout: self.policy.runtime.shutdown_timeout,
             health: health.clone(),
             keeper: None,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "admin")]
             admin,
-            #[cfg(feature = "operator")]
+            #[cfg(feature = "metrics")]
             registry,
+            external: Vec::new(),
         };
         for c in self.controllers {
             match c.start(&cx).await {

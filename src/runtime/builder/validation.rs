@@ -6,8 +6,8 @@ use crate::runtime::{ControllerPart, Setting};
 impl RuntimeBuilder {
     /// Check everything given to the builder, without starting anything: the policies, that
     /// there is a controller and no kind has two, that each `[kinds.<Kind>]` section of the
-    /// policy names a controller's kind that sets no policy in code, the finalizer name, the
-    /// field manager, and each controller's config. The first problem is an [`Error::Invalid`] naming its field
+    /// policy names a controller's kind that sets no policy in code, the operator's names,
+    /// the finalizer and the former ones, the field manager, and each controller's config. The first problem is an [`Error::Invalid`] naming its field
     /// (or an [`Error::Policy`] naming the policy's).
     pub fn validate(&self) -> Result<(), Error> {
         self.policy.validate()?;
@@ -18,6 +18,12 @@ impl RuntimeBuilder {
                     .into(),
             });
         }
+        if let Err(e) = self.names.validate() {
+            return Err(Error::Invalid {
+                field: Setting::OperatorNames,
+                problem: e.to_string(),
+            });
+        }
         if !crate::names::is_prefixed_qualified_name(&self.finalizer) {
             return Err(Error::Invalid {
                 field: Setting::Finalizer,
@@ -25,6 +31,21 @@ impl RuntimeBuilder {
                     "{:?} is not a qualified name with a prefix, like example.com/finalizer",
                     self.finalizer
                 ),
+            });
+        }
+        for former in &self.former_finalizers {
+            let problem = if !crate::names::is_prefixed_qualified_name(former) {
+                format!(
+                    "{former:?} is not a qualified name with a prefix, like example.com/finalizer"
+                )
+            } else if *former == self.finalizer {
+                format!("{former:?} is the current finalizer; migrate from another name")
+            } else {
+                continue;
+            };
+            return Err(Error::Invalid {
+                field: Setting::FormerFinalizer,
+                problem,
             });
         }
         if self.field_manager.is_empty() || self.field_manager.len() > 128 {
@@ -84,7 +105,6 @@ impl RuntimeBuilder {
                     problem: "ShardWatch::ServerSide places objects by their uid (the API server's selection); a shard key cannot be used with it".into(),
                 });
             }
-            #[cfg(feature = "operator")]
             if self.leader.is_some() {
                 return Err(Error::Invalid {
                     field: Setting::Sharding { option: "" },

@@ -61,6 +61,18 @@ pub struct GadgetSpec {
     pub refs: Vec<String>,
 }
 
+/// The test operator's finalizer: its names' ([`names`]).
+pub const FINALIZER: &str = "test.actorcile.dev/finalizer";
+/// The test operator's field manager: its names' ([`names`]).
+pub const FIELD_MANAGER: &str = "test-operator";
+
+/// The names of the operator the tests run.
+pub fn names() -> OperatorNames {
+    let names = OperatorNames::new(FIELD_MANAGER, "test.actorcile.dev");
+    assert_eq!(names.finalizer(), FINALIZER);
+    names
+}
+
 /// An in-process cluster with the Widget CRD installed.
 pub fn cluster() -> (ApiServer, Client) {
     with_crds(ApiServer::new())
@@ -112,14 +124,18 @@ pub async fn create(client: &Client, name: &str, size: i32) -> Widget {
 }
 
 pub async fn set_note(client: &Client, name: &str, note: &str) {
-    widgets(client)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"note": note}})),
-        )
-        .await
-        .expect("patch widget");
+    set_note_in(&widgets(client), name, note).await
+}
+
+/// [`set_note`] through `api` (of any namespace).
+pub async fn set_note_in(api: &Api<Widget>, name: &str, note: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"note": note}})),
+    )
+    .await
+    .expect("patch widget");
 }
 
 pub async fn delete(client: &Client, name: &str) {
@@ -198,7 +214,7 @@ pub async fn start_widgets(
     policy: SupervisorPolicy,
     tree: impl Provisioner<Widget> + 'static,
 ) -> RuntimeHandle {
-    Runtime::builder(client.clone())
+    Runtime::builder(client.clone(), crate::common::names())
         .policy(policy)
         .controller(Controller::<Widget>::new(tree))
         .start()

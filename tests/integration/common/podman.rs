@@ -14,12 +14,18 @@ use actorcile::providers::{NodeRole, NodeSpec};
 /// The node image every test container runs.
 pub const IMAGE: &str = "localhost/actorcile-node:test";
 
-/// A running `podman system service`; stopped on drop.
+/// A running `podman system service`; stopped on drop. One at a time in a test process: its
+/// socket's folder is named by the process, and two services on one folder replace each other's
+/// socket.
 pub struct Podman {
     pub socket: PathBuf,
     dir: PathBuf,
     service: Child,
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+/// Held by the one [`Podman`] of the process.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn podman() -> Command {
     let conf = dirs_cache().join("podman");
@@ -39,6 +45,8 @@ impl Podman {
     /// Podman or its configuration is missing: these machines have both once
     /// `scripts/install-test-deps.sh` ran.
     pub fn start() -> Podman {
+        // A test that failed holding it poisons it: the next one goes on.
+        let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         let conf = dirs_cache().join("podman/containers.conf");
         assert!(
             conf.exists(),
@@ -65,6 +73,7 @@ impl Podman {
             socket,
             dir,
             service,
+            _turn: turn,
         }
     }
 

@@ -53,7 +53,7 @@ async fn grant_roles(env: &Envtest) {
         Default::default(),
     ));
     let builder = operator::register(
-        Runtime::builder(admin.clone())
+        Runtime::builder(admin.clone(), operator::names())
             .namespace("default")
             .install_crds([Network::crd(), Cluster::crd()]),
         provider,
@@ -161,13 +161,13 @@ async fn manifests_are_admitted_by_pod_security_restricted(client: &kube::Client
     let deployment: Deployment = yaml
         .split("\n---\n")
         .find(|d| d.contains("kind: Deployment"))
-        .map(|d| serde_norway::from_str(d).expect("the Deployment parses"))
+        .map(|d| serde_saphyr::from_str(d).expect("the Deployment parses"))
         .expect("a Deployment among the manifests");
     // The NetworkPolicy is one the API server admits.
     let policy: k8s_openapi::api::networking::v1::NetworkPolicy = yaml
         .split("\n---\n")
         .find(|d| d.contains("kind: NetworkPolicy"))
-        .map(|d| serde_norway::from_str(d).expect("the NetworkPolicy parses"))
+        .map(|d| serde_saphyr::from_str(d).expect("the NetworkPolicy parses"))
         .expect("a NetworkPolicy among the manifests");
     Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), ns)
         .create(
@@ -353,10 +353,11 @@ async fn run() {
         let networks = networks.clone();
         async move {
             let n = networks.get(net).await.ok()?;
-            let names: Vec<String> = actorcile::references::referrers_of(&n)
-                .into_iter()
-                .map(|t| t.name)
-                .collect();
+            let names: Vec<String> =
+                actorcile::references::referrers_of(&n, &example_operator::operator::names())
+                    .into_iter()
+                    .map(|t| t.name)
+                    .collect();
             Some(names)
         }
     };
@@ -493,7 +494,10 @@ fn spawn_elected(
 async fn holder(client: &kube::Client) -> Option<String> {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), "default");
-    let lease = leases.get_opt("actorcile-leader").await.ok()??;
+    let lease = leases
+        .get_opt(&example_operator::operator::names().leader_lease())
+        .await
+        .ok()??;
     lease.spec?.holder_identity.filter(|h| !h.is_empty())
 }
 

@@ -83,12 +83,15 @@ impl Replicas {
     }
 }
 
+/// The replicas' sharding, as their flags set it up (the Lease prefix of the operator's names).
+fn sharding() -> Sharding {
+    Sharding::new(SHARDS, "default")
+        .lease_prefix(example_operator::operator::names().shard_lease_prefix())
+}
+
 /// Each shard's holder, from the Leases.
 async fn holders(client: &kube::Client) -> BTreeMap<u32, String> {
-    Sharding::new(SHARDS, "default")
-        .holders(client)
-        .await
-        .unwrap_or_default()
+    sharding().holders(client).await.unwrap_or_default()
 }
 
 /// Wait until exactly `ids` hold every shard, each ⌈12 / n⌉ at most.
@@ -136,7 +139,12 @@ async fn all_ready(networks: &Api<DynamicObject>, clusters: &Api<DynamicObject>,
 async fn run(held_only: bool) {
     let env = Envtest::builder().start().await.expect("start envtest");
     let client = env.client();
-    let dir = std::env::temp_dir().join(format!("example-operator-shards-{}", std::process::id()));
+    // One folder per test: `cargo test` runs both cases in one process.
+    let dir = std::env::temp_dir().join(format!(
+        "example-operator-shards-{}-{}",
+        std::process::id(),
+        if held_only { "held" } else { "all" }
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let policy = dir.join("policy.toml");
@@ -224,7 +232,7 @@ async fn run(held_only: bool) {
     }
     if held_only {
         // Every object carries its shard's label.
-        let key = actorcile::sharding::Sharding::new(SHARDS, "default").label_key();
+        let key = sharding().label_key();
         for api in [&networks, &clusters] {
             for o in api.list(&ListParams::default()).await.unwrap() {
                 let name = o.metadata.name.clone().unwrap();
@@ -235,7 +243,7 @@ async fn run(held_only: bool) {
         }
         // Every child they own carries its owner's shard, so that each replica's watch of
         // the children selects its own.
-        let owner_key = actorcile::sharding::Sharding::new(SHARDS, "default").owner_label_key();
+        let owner_key = sharding().owner_label_key();
         let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
             Api::namespaced(client.clone(), "default");
         let mut children = 0;
@@ -341,7 +349,8 @@ fn check(dir: &Path, killed: &HashMap<String, u64>) -> String {
         let shard = shard_of(&object_key(Some(ns), name), SHARDS);
         let within = holdings.get(&(p.replica.clone(), shard)).is_some_and(|h| {
             h.iter().any(|(from, to)| {
-                from.saturating_sub(SLACK_MICROS) <= p.start && p.start < to + SLACK_MICROS
+                from.saturating_sub(SLACK_MICROS) <= p.start
+                    && p.start < to.saturating_add(SLACK_MICROS)
             })
         });
         if !within {
