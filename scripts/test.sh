@@ -171,17 +171,54 @@ step "the library's feature sets, each checked on its own"
 # in a build without that feature (as a user's, or the fuzz targets'). The Kubernetes version is
 # the binary's choice: here the oldest the crate supports. Warnings are errors here too (an
 # item only one feature uses is dead code without it).
-for features in "" "--no-default-features" "--no-default-features --features operator" \
-  "--no-default-features --features docker" "--no-default-features --features fuzzing"; do
+for features in "" "--no-default-features" \
+  "--no-default-features --features metrics" "--no-default-features --features admin" \
+  "--no-default-features --features telemetry" "--no-default-features --features cli" \
+  "--no-default-features --features operator" "--no-default-features --features otel" \
+  "--no-default-features --features cluster" "--no-default-features --features envtest" \
+  "--no-default-features --features docker" "--no-default-features --features fuzzing" \
+  "--no-default-features --features rustls-tls,aws-lc-rs"; do
   # shellcheck disable=SC2086 # the feature flags split into words on purpose
   RUSTFLAGS="-D warnings" K8S_OPENAPI_ENABLED_VERSION=1.33 cargo check --quiet -p actorcile --lib $features
 done
 
+step "the MSRV: the library (every feature) and the CLI build with the stated rust-version"
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+if rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1; then
+  # A target folder of its own: another compiler's artifacts would only crowd the main one.
+  # Every feature but kube's other TLS stacks: openssl-tls brings parking_lot 0.13 (through
+  # hyper-openssl), which needs a newer Rust, and aws-lc-rs adds only a C build.
+  CARGO_TARGET_DIR=target/msrv RUSTFLAGS="-D warnings" cargo +"$msrv" check --quiet --locked \
+    -p actorcile --lib --features cluster,envtest,docker,operator,otel,fuzzing -p actorcile-cli
+else
+  echo "!!! SKIPPED: rustup cannot install Rust $msrv on this machine; the MSRV is not checked" >&2
+fi
+
+step "another Unix than Linux: the library, envtest and the CLI (with their tests) check for FreeBSD"
+# Linux reads /proc and uses pidfds; the other Unixes go another way (sysinfo), checked here by
+# compiling for one (the C parts, ring and mimalloc, build with the host's compiler; macOS's
+# need Apple's toolchain). The features are the MSRV check's.
+if rustup target add x86_64-unknown-freebsd >/dev/null 2>&1; then
+  RUSTFLAGS="-D warnings" cargo check --quiet --locked --target x86_64-unknown-freebsd \
+    -p actorcile --features cluster,envtest,docker,operator,otel,fuzzing \
+    -p actorcile-envtest -p actorcile-cli --all-targets
+else
+  echo "!!! SKIPPED: rustup cannot add the x86_64-unknown-freebsd target here; no other Unix is checked" >&2
+fi
+
+step "the library's unit tests without any feature"
+# The unit tests run on the in-process server (a dev-dependency), whatever the features.
+K8S_OPENAPI_ENABLED_VERSION=1.33 cargo test --quiet -p actorcile --lib --no-default-features
+
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
 
-step "cargo package: the published crates package (metadata, license, README, versions)"
-cargo package --quiet --no-verify --allow-dirty -p actorcile-apiserver -p actorcile-envtest -p actorcile
+step "cargo package: the published crates package and build from their tarballs"
+# Verified: each crate is built from its own tarball, the path dependencies among them through
+# a local registry of the others' tarballs (what a user gets from crates.io). The examples
+# (publish = false) are not packaged.
+cargo package --quiet --allow-dirty -p actorcile-apiserver -p actorcile-envtest -p actorcile \
+  -p actorcile-cli
 
 step "cargo-nextest"
 # Without its self-update (an HTTP client and an archive reader nobody runs here).
@@ -235,6 +272,34 @@ cargo check --quiet
 cli="${CARGO_TARGET_DIR:-target}/release/actorcile"
 "$cli" bench --objects 500 --repeat 1 > /dev/null
 "$cli" simulate --list > /dev/null
+
+step "the examples the docs tell users to run, small, and what they print"
+# Linked here (not in the tests' build, which has no examples): the dependencies are the tests'.
+cargo build "${test_build[@]}" --release --all-features --examples --quiet
+examples="${CARGO_TARGET_DIR:-target}/release/examples"
+# expect <text> <command...>: the command succeeds and prints <text>.
+expect() {
+  local text=$1 out
+  shift
+  if ! out=$("$@" 2>&1); then
+    printf '%s\n' "$out"
+    echo "failed: $*"
+    exit 1
+  fi
+  if ! grep -qF -- "$text" <<<"$out"; then
+    printf '%s\n' "$out"
+    echo "$* did not print: $text"
+    exit 1
+  fi
+}
+expect '"leaked_finalizers":0,"objects":50,"ready":50' "$examples/quickstart" --objects 50
+expect '"backend":"in-process","links":5,' "$examples/chain" --links 5 --yield-delay 50ms
+expect '"objects":100,"runs":' "$examples/config_fanout" --objects 100
+expect 'acme is gone: web no longer in the edge, 0 cluster registrations left' "$examples/remote_app"
+expect '"live_actors":0,"objects":200,"passivations":200' "$examples/idle_memory" --objects 200
+expect '"backend":"in-process","concurrency":32,' "$examples/write_ceiling" --objects 50
+expect 'summary: 4 networks and 24 clusters Ready' \
+  "${CARGO_TARGET_DIR:-target}/release/example-operator" demo
 
 step "doc tests (the API docs, README and user guide code blocks)"
 # In release, with the features of the tests above: the dependencies built for them are reused.
