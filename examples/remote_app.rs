@@ -145,7 +145,8 @@ async fn main() {
     create_namespace(&mgmt, "argocd").await;
     let stand_in = tokio::spawn(stand_in_argo_cd(mgmt.clone(), clusters.edge.clone()));
 
-    let argo = Arc::new(ArgoCd::new(mgmt.clone(), "argocd", "remote-app-operator"));
+    let names = OperatorNames::new("remote-app-operator", "example.actorcile.dev");
+    let argo = Arc::new(ArgoCd::new(mgmt.clone(), "argocd", &names));
     // Argo CD syncs in its own time: look again after a second, not the default 5 s.
     let policy = SupervisorPolicy {
         kind: actorcile::policy::KindPolicy {
@@ -154,18 +155,15 @@ async fn main() {
         },
         ..SupervisorPolicy::default()
     };
-    let runtime = Runtime::builder(
-        mgmt.clone(),
-        OperatorNames::new("remote-app-operator", "example.actorcile.dev"),
-    )
-    .policy(policy)
-    .controller(Controller::<Tenant>::new(tenant_tree(
-        argo,
-        clusters.edge_access.clone(),
-    )))
-    .start()
-    .await
-    .expect("start the runtime");
+    let runtime = Runtime::builder(mgmt.clone(), names)
+        .policy(policy)
+        .controller(Controller::<Tenant>::new(tenant_tree(
+            argo,
+            clusters.edge_access.clone(),
+        )))
+        .start()
+        .await
+        .expect("start the runtime");
 
     let tenants: Api<Tenant> = Api::namespaced(mgmt.clone(), "default");
     let acme = Tenant::new(

@@ -76,6 +76,8 @@ pub(crate) const STANDALONE_FIELD_MANAGER: &str = "actorcile";
 /// | a reference on its target ([`reference_prefix`](Self::reference_prefix)) | the domain | `ref.buckets.example.com/<hash>` |
 /// | the owner of a child no owner reference can name ([`owner_annotation`](Self::owner_annotation)) | the domain | `owner.buckets.example.com/uid` |
 /// | the annotation that stops an object's reconciles ([`ignore_annotation`](Self::ignore_annotation)) | the domain | `buckets.example.com/ignore` |
+/// | the labels of CD applications and the annotations of cluster registrations ([`app_label_prefix`](Self::app_label_prefix)) | the domain | `app.buckets.example.com/owner-name` |
+/// | the labels of sharding Leases and of sharded objects ([`Sharding`](crate::sharding::Sharding)) | the domain | `shard.buckets.example.com/<lease prefix>` |
 ///
 /// [`RuntimeBuilder::finalizer`](crate::runtime::RuntimeBuilder::finalizer) and
 /// [`field_manager`](crate::runtime::RuntimeBuilder::field_manager) override one name each. An
@@ -199,6 +201,13 @@ impl OperatorNames {
         format!("owner.{}/uid", self.domain)
     }
 
+    /// `app.<domain>/`: the prefix of the labels by which a CD driver finds an application
+    /// ([`AppIdentity`](crate::provisioners::cd::AppIdentity)) and of the annotations the Argo
+    /// CD driver keeps on cluster registrations.
+    pub fn app_label_prefix(&self) -> String {
+        format!("app.{}/", self.domain)
+    }
+
     /// `<domain>/ignore`: the annotation that makes the runtime skip an object's reconciles
     /// while it is `"true"`: no provision, no deprovision, no finalizer or status write. Its
     /// finalizer and status stay as they are; removing the annotation (or setting it to
@@ -233,6 +242,7 @@ impl OperatorNames {
             )
         });
         Keys {
+            names: self.clone(),
             reference: self.reference_prefix(),
             owner: self.owner_annotation(),
             ignore: self.ignore_annotation(),
@@ -245,6 +255,8 @@ impl OperatorNames {
 /// current domain's) and what it reads (the former domain's as well).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Keys {
+    /// The names the keys are made from.
+    pub(crate) names: OperatorNames,
     reference: String,
     owner: String,
     ignore: String,

@@ -298,6 +298,7 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
     fn identity(&self, cx: &Context<K>) -> AppIdentity {
         let o = cx.object();
         AppIdentity::new(
+            cx.names(),
             &K::kind(&()),
             o.meta().namespace.as_deref(),
             &o.name_any(),

@@ -18,9 +18,14 @@
 //!   [`Deletion::Gone`] as soon as the delete is accepted.
 //! - **Cluster registrations** are Secrets labelled `argocd.argoproj.io/secret-type: cluster`
 //!   with `name` (the remote's id, which Applications name as their destination), `server` and
-//!   `config`. Their users are kept on the Secret (annotation [`USERS_ANNOTATION`]), so a
-//!   registration survives restarts and is removed with its last user. Concurrent users are
-//!   serialised by resourceVersion preconditions.
+//!   `config`. Their users are kept on the Secret (annotation
+//!   [`users_annotation`](ArgoCd::users_annotation), `app.<domain>/users`), so a registration
+//!   survives restarts and is removed with its last user. Concurrent users are serialised by
+//!   resourceVersion preconditions.
+//! - **Names**: the labels and annotations are under the operator's domain
+//!   ([`OperatorNames::app_label_prefix`]); those written under its
+//!   [former domain](OperatorNames::former_domain) are still read, and moved to the current
+//!   ones when the driver next writes the object.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,8 +42,9 @@ use serde_json::{Value, json};
 
 use super::cd::{
     AppHealth, AppIdentity, AppSpec, CdDriver, CdError, ClusterRegistration, Deletion, Destination,
-    label_value,
+    label_value, labels,
 };
+use crate::names::OperatorNames;
 
 /// The `Application` CRD (reduced: open `spec` and `status`), for clusters where Argo CD itself
 /// is not installed, such as tests that play Argo CD's controller: `kubectl apply -f` it, or
@@ -58,13 +64,34 @@ pub const RESOURCES_FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
 /// The label that makes a Secret an Argo CD cluster registration.
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 
-/// The annotation on a cluster Secret that lists its users (a JSON array of strings).
-pub const USERS_ANNOTATION: &str = "app.actorcile.dev/users";
+/// The keys with which the driver marks a cluster Secret as a registration it wrote, under one
+/// domain: the cluster label (`app.<domain>/cluster`), the annotation that lists its users (a
+/// JSON array of strings, `app.<domain>/users`) and the one that holds the exact id of the
+/// registration (`app.<domain>/cluster-id`). The label and the id together mark the Secrets
+/// this driver wrote, the only ones it updates or deletes.
+#[derive(Clone, Debug)]
+struct Marks {
+    cluster: String,
+    users: String,
+    id: String,
+}
 
-/// The annotation on a cluster Secret that holds the exact id of the registration it is: with
-/// the cluster label ([`labels::CLUSTER`](super::cd::labels::CLUSTER)) it marks the Secrets this
-/// driver wrote, the only ones it updates or deletes.
-pub const CLUSTER_ID_ANNOTATION: &str = "app.actorcile.dev/cluster-id";
+impl Marks {
+    fn under(names: &OperatorNames) -> Self {
+        let p = names.app_label_prefix();
+        Self {
+            cluster: format!("{p}{}", labels::CLUSTER),
+            users: format!("{p}users"),
+            id: format!("{p}cluster-id"),
+        }
+    }
+
+    /// Whether `s` carries these marks of a registration of exactly `id`.
+    fn mark(&self, s: &Secret, id: &str) -> bool {
+        s.labels().get(&self.cluster) == Some(&label_value(id))
+            && s.annotations().get(&self.id).map(String::as_str) == Some(id)
+    }
+}
 
 /// Argo CD's name for the cluster it runs in. Registrations of it (and of the other names of
 /// the same Service) are refused: they would replace Argo CD's own.
@@ -80,7 +107,8 @@ const CONFLICT_RETRIES: usize = 5;
 /// use actorcile::provisioners::argocd::ArgoCd;
 ///
 /// # async fn f(client: kube::Client) {
-/// let argo = Arc::new(ArgoCd::new(client, "argocd", "bucket-operator").project("platform"));
+/// let names = OperatorNames::new("bucket-operator", "buckets.example.com");
+/// let argo = Arc::new(ArgoCd::new(client, "argocd", &names).project("platform"));
 /// # let _ = argo;
 /// # }
 /// ```
@@ -90,24 +118,73 @@ pub struct ArgoCd {
     namespace: String,
     project: String,
     field_manager: String,
+    marks: Marks,
+    former: Option<Marks>,
 }
 
 impl ArgoCd {
     /// A driver that keeps Applications and cluster Secrets in `namespace` (where Argo CD
-    /// watches them, usually `argocd`) through `client`, in the project `default`. Its writes
-    /// name `field_manager`: the operator's
-    /// ([`OperatorNames::field_manager`](crate::names::OperatorNames::field_manager)).
-    pub fn new(
-        client: Client,
-        namespace: impl Into<String>,
-        field_manager: impl Into<String>,
-    ) -> Self {
+    /// watches them, usually `argocd`) through `client`, in the project `default`, for the
+    /// operator `names`: its writes name the operator's field manager
+    /// ([`OperatorNames::field_manager`]), and its labels and annotations are under the
+    /// operator's domain (and read under its former domain too).
+    pub fn new(client: Client, namespace: impl Into<String>, names: &OperatorNames) -> Self {
         Self {
             client,
             namespace: namespace.into(),
             project: "default".into(),
-            field_manager: field_manager.into(),
+            field_manager: names.field_manager(),
+            marks: Marks::under(names),
+            former: names
+                .former()
+                .map(|d| Marks::under(&OperatorNames::new(names.name(), d))),
         }
+    }
+
+    /// The annotation on a cluster Secret that lists its users (a JSON array of strings):
+    /// `app.<domain>/users`.
+    pub fn users_annotation(&self) -> &str {
+        &self.marks.users
+    }
+
+    /// The annotation on a cluster Secret that holds the exact id of the registration it is:
+    /// `app.<domain>/cluster-id`.
+    pub fn cluster_id_annotation(&self) -> &str {
+        &self.marks.id
+    }
+
+    /// The marks of both domains, the current one first.
+    fn all_marks(&self) -> impl Iterator<Item = &Marks> {
+        std::iter::once(&self.marks).chain(&self.former)
+    }
+
+    /// Whether `s` is a registration of exactly `id` that this driver wrote (under either
+    /// domain).
+    fn is_registration_of(&self, s: &Secret, id: &str) -> bool {
+        self.all_marks().any(|m| m.mark(s, id))
+    }
+
+    /// Whether `s`, under the old name, registers exactly `id` (its data names it) and has no id
+    /// annotation (a Secret with one is a current registration, never a legacy one).
+    fn is_legacy_of(&self, s: &Secret, id: &str) -> bool {
+        self.all_marks()
+            .any(|m| s.labels().get(&m.cluster) == Some(&label_value(id)))
+            && !self
+                .all_marks()
+                .any(|m| s.annotations().contains_key(&m.id))
+            && s.data
+                .as_ref()
+                .and_then(|d| d.get("name"))
+                .is_some_and(|n| n.0 == id.as_bytes())
+    }
+
+    /// The users a registration Secret lists (under either domain).
+    fn users_of(&self, secret: &Secret) -> BTreeSet<String> {
+        self.all_marks()
+            .filter_map(|m| secret.annotations().get(&m.users))
+            .filter_map(|v| serde_json::from_str::<BTreeSet<String>>(v).ok())
+            .flatten()
+            .collect()
     }
 
     /// The Argo CD project the Applications belong to.
@@ -152,13 +229,21 @@ impl ArgoCd {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// The one Application with `identity`, if any.
+    /// The one Application with `identity`, if any: by its labels, else by the labels under the
+    /// former domain.
     async fn find(&self, identity: &AppIdentity) -> Result<Option<DynamicObject>, CdError> {
-        let mut list = self
-            .applications()
-            .list(&ListParams::default().labels(&identity.selector()))
-            .await?
-            .items;
+        let by = |selector: String| async move {
+            self.applications()
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map(|l| l.items)
+        };
+        let mut list = by(identity.selector()).await?;
+        if list.is_empty()
+            && let Some(former) = identity.former_selector()
+        {
+            list = by(former).await?;
+        }
         match list.len() {
             0 => Ok(None),
             1 => Ok(list.pop()),
@@ -255,7 +340,7 @@ impl ArgoCd {
         for _ in 0..CONFLICT_RETRIES {
             let mut current = api.get_opt(&name).await?;
             if let Some(s) = &current
-                && !is_registration_of(s, id)
+                && !self.is_registration_of(s, id)
             {
                 if registration.is_none() {
                     // Nothing of ours is there to unregister; theirs is left alone.
@@ -274,7 +359,7 @@ impl ArgoCd {
             let mut users = current
                 .as_ref()
                 .or(legacy.as_ref())
-                .map(users_of)
+                .map(|s| self.users_of(s))
                 .unwrap_or_default();
             let before = users.clone();
             change(&mut users);
@@ -295,7 +380,7 @@ impl ArgoCd {
                     api.delete(&s.name_any(), &exactly(&s)).await.map(|_| ())
                 }
                 (None, Some(r)) => {
-                    let secret = registration_secret(&name, id, r, &users)?;
+                    let secret = self.registration_secret(&name, id, r, &users)?;
                     match api.create(&self.post_params(), &secret).await {
                         Ok(_) => match &legacy {
                             Some(old) => self.delete_exactly(old).await,
@@ -307,20 +392,29 @@ impl ArgoCd {
                 (Some(mut s), r) => {
                     // Only a registration rewrites the data; an unregistration keeps it.
                     let wanted = r
-                        .map(|r| registration_secret(&name, id, r, &users))
+                        .map(|r| self.registration_secret(&name, id, r, &users))
                         .transpose()?;
                     let same_data = wanted.as_ref().is_none_or(|w| same_data(&s, w));
-                    if users == before && same_data {
+                    let current_marks = self.marks.mark(&s, id);
+                    if users == before && same_data && current_marks {
                         return Ok(());
                     }
                     if let Some(wanted) = wanted {
                         s.string_data = wanted.string_data;
                         s.data = None;
-                        s.labels_mut()
-                            .extend(wanted.metadata.labels.unwrap_or_default());
                     }
+                    // The marks of the former domain move to the current one.
+                    if let Some(f) = &self.former {
+                        s.labels_mut().remove(&f.cluster);
+                        s.annotations_mut()
+                            .retain(|k, _| *k != f.users && *k != f.id);
+                    }
+                    s.labels_mut()
+                        .insert(self.marks.cluster.clone(), label_value(id));
                     s.annotations_mut()
-                        .insert(USERS_ANNOTATION.into(), users_value(&users));
+                        .insert(self.marks.users.clone(), users_value(&users));
+                    s.annotations_mut()
+                        .insert(self.marks.id.clone(), id.to_string());
                     api.replace(&s.name_any(), &self.post_params(), &s)
                         .await
                         .map(|_| ())
@@ -349,7 +443,7 @@ impl ArgoCd {
             .secrets()
             .get_opt(&Self::legacy_secret_name(id))
             .await?;
-        Ok(old.filter(|s| is_legacy_of(s, id)))
+        Ok(old.filter(|s| self.is_legacy_of(s, id)))
     }
 
     /// Delete `secret`, and only that object (its uid and resourceVersion as preconditions).
@@ -372,7 +466,7 @@ impl ArgoCd {
         let legacy = Self::legacy_secret_name(id);
         for s in self.secrets().list(&lp).await? {
             let name = s.name_any();
-            if name == ours || (name == legacy && is_legacy_of(&s, id)) {
+            if name == ours || (name == legacy && self.is_legacy_of(&s, id)) {
                 continue;
             }
             if same_server(&s, server) {
@@ -402,26 +496,6 @@ fn exactly(secret: &Secret) -> DeleteParams {
         }),
         ..DeleteParams::default()
     }
-}
-
-/// Whether `s` is a registration of exactly `id` that this driver wrote.
-fn is_registration_of(s: &Secret, id: &str) -> bool {
-    s.labels().get(super::cd::labels::CLUSTER) == Some(&label_value(id))
-        && s.annotations()
-            .get(CLUSTER_ID_ANNOTATION)
-            .map(String::as_str)
-            == Some(id)
-}
-
-/// Whether `s`, under the old name, registers exactly `id` (its data names it) and has no id
-/// annotation (a Secret with one is a current registration, never a legacy one).
-fn is_legacy_of(s: &Secret, id: &str) -> bool {
-    s.labels().get(super::cd::labels::CLUSTER) == Some(&label_value(id))
-        && !s.annotations().contains_key(CLUSTER_ID_ANNOTATION)
-        && s.data
-            .as_ref()
-            .and_then(|d| d.get("name"))
-            .is_some_and(|n| n.0 == id.as_bytes())
 }
 
 /// Whether cluster Secret `s` registers `server` (trailing slashes aside).
@@ -478,47 +552,48 @@ fn dns_label(v: &str) -> String {
     if v.is_empty() { "unnamed".into() } else { v }
 }
 
-fn users_of(secret: &Secret) -> BTreeSet<String> {
-    secret
-        .annotations()
-        .get(USERS_ANNOTATION)
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or_default()
-}
-
 fn users_value(users: &BTreeSet<String>) -> String {
     serde_json::to_string(users).expect("a set of strings serialises")
 }
 
-fn registration_secret(
-    name: &str,
-    id: &str,
-    r: &ClusterRegistration,
-    users: &BTreeSet<String>,
-) -> Result<Secret, CdError> {
-    let config = serde_json::to_string(&r.config)
-        .map_err(|e| CdError::Invalid(format!("cluster config of {id}: {e}")))?;
-    Ok(Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(BTreeMap::from([
-                (SECRET_TYPE_LABEL.to_string(), "cluster".to_string()),
-                (super::cd::labels::CLUSTER.to_string(), label_value(id)),
+impl ArgoCd {
+    /// The registration Secret `name` of `id` for `r`, listing `users`, with the current marks.
+    fn registration_secret(
+        &self,
+        name: &str,
+        id: &str,
+        r: &ClusterRegistration,
+        users: &BTreeSet<String>,
+    ) -> Result<Secret, CdError> {
+        let config = serde_json::to_string(&r.config)
+            .map_err(|e| CdError::Invalid(format!("cluster config of {id}: {e}")))?;
+        Ok(Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                labels: Some(BTreeMap::from([
+                    (SECRET_TYPE_LABEL.to_string(), "cluster".to_string()),
+                    (self.marks.cluster.clone(), label_value(id)),
+                ])),
+                annotations: Some(BTreeMap::from([
+                    (self.marks.users.clone(), users_value(users)),
+                    (self.marks.id.clone(), id.to_string()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            type_: Some("Opaque".into()),
+            string_data: Some(BTreeMap::from([
+                ("name".to_string(), id.to_string()),
+                ("server".to_string(), r.server.clone()),
+                ("config".to_string(), config),
             ])),
-            annotations: Some(BTreeMap::from([
-                (USERS_ANNOTATION.to_string(), users_value(users)),
-                (CLUSTER_ID_ANNOTATION.to_string(), id.to_string()),
-            ])),
-            ..ObjectMeta::default()
-        },
-        type_: Some("Opaque".into()),
-        string_data: Some(BTreeMap::from([
-            ("name".to_string(), id.to_string()),
-            ("server".to_string(), r.server.clone()),
-            ("config".to_string(), config),
-        ])),
-        ..Secret::default()
-    })
+            ..Secret::default()
+        })
+    }
+}
+
+/// Whether `obj` carries every label of `labels`.
+fn labelled(obj: &DynamicObject, labels: &BTreeMap<String, String>) -> bool {
+    labels.iter().all(|(k, v)| obj.labels().get(k) == Some(v))
 }
 
 /// Whether `current` (as stored: `data`) holds the `string_data` of `wanted`.
@@ -619,11 +694,26 @@ impl CdDriver for ArgoCd {
                     .create(&self.post_params(), &obj)
                     .await?;
             }
-            Some(current) if current.data.get("spec") == Some(&spec) => {}
+            Some(current)
+                if current.data.get("spec") == Some(&spec)
+                    && labelled(&current, app.identity.labels()) => {}
             Some(mut current) => {
                 // Replace the whole spec (a merge patch would keep parameters and values that
-                // were removed), guarded by the resourceVersion read.
+                // were removed), guarded by the resourceVersion read; one found by the former
+                // domain's labels gets the current ones.
                 let name = current.name_any();
+                if !labelled(&current, app.identity.labels()) {
+                    let labels = current.labels_mut();
+                    for k in app
+                        .identity
+                        .former_labels()
+                        .into_iter()
+                        .flat_map(|f| f.keys())
+                    {
+                        labels.remove(k);
+                    }
+                    labels.extend(app.identity.labels().clone());
+                }
                 current.data["spec"] = spec;
                 self.applications()
                     .replace(&name, &self.post_params(), &current)

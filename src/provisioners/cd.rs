@@ -40,61 +40,85 @@
 //! }
 //!
 //! // Applications are found by labels derived from their owner, never by a fixed name.
-//! let id = AppIdentity::new("Tenant", Some("team-a"), "acme", "web", Some("edge"));
-//! assert!(id.selector().contains("app.actorcile.dev/owner-name=acme"));
+//! let names = actorcile::names::OperatorNames::new("tenant-operator", "tenants.example.com");
+//! let id = AppIdentity::new(&names, "Tenant", Some("team-a"), "acme", "web", Some("edge"));
+//! assert!(id.selector().contains("app.tenants.example.com/owner-name=acme"));
 //! ```
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-/// Label keys of an [`AppIdentity`].
+use crate::names::OperatorNames;
+
+/// The label keys of an [`AppIdentity`], each under the operator's domain:
+/// `app.<domain>/<key>` ([`OperatorNames::app_label_prefix`]).
 pub mod labels {
     /// The owning object's kind.
-    pub const OWNER_KIND: &str = "app.actorcile.dev/owner-kind";
+    pub const OWNER_KIND: &str = "owner-kind";
     /// The owning object's namespace (absent for a cluster-scoped owner).
-    pub const OWNER_NAMESPACE: &str = "app.actorcile.dev/owner-namespace";
+    pub const OWNER_NAMESPACE: &str = "owner-namespace";
     /// The owning object's name.
-    pub const OWNER_NAME: &str = "app.actorcile.dev/owner-name";
+    pub const OWNER_NAME: &str = "owner-name";
     /// The application's name within its owner's tree.
-    pub const APPLICATION: &str = "app.actorcile.dev/application";
+    pub const APPLICATION: &str = "application";
     /// The remote cluster the application deploys to (absent: the driver's own cluster).
-    pub const CLUSTER: &str = "app.actorcile.dev/cluster";
+    pub const CLUSTER: &str = "cluster";
 }
 
 /// Which CD application belongs to which object: a set of labels derived from the owning
 /// object's scope (kind, namespace, name), the application's name, and the remote cluster it
-/// deploys to, if any. Drivers find applications by these labels; two applications with one
-/// identity are an error ([`CdError::Ambiguous`]), never a random pick.
+/// deploys to, if any, under the operator's domain (`app.<domain>/owner-name`, …). Drivers
+/// find applications by these labels; two applications with one identity are an error
+/// ([`CdError::Ambiguous`]), never a random pick. For an operator that names a
+/// [former domain](OperatorNames::former_domain), the identity also has the labels an
+/// earlier version wrote ([`former_selector`](Self::former_selector)): a driver that finds
+/// no application by the current labels looks under those, and moves what it finds to the
+/// current labels.
 ///
 /// Label values are at most 63 characters: a longer value is cut and ends in a hash of the
 /// whole, so two long names stay apart.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AppIdentity {
     labels: BTreeMap<String, String>,
+    former: Option<BTreeMap<String, String>>,
 }
 
 impl AppIdentity {
     /// The identity of application `application` of the object `kind` `namespace`/`name`,
-    /// deployed to remote cluster `cluster` (`None`: the driver's own cluster).
+    /// deployed to remote cluster `cluster` (`None`: the driver's own cluster), for the
+    /// operator `names`.
     pub fn new(
+        names: &OperatorNames,
         kind: &str,
         namespace: Option<&str>,
         name: &str,
         application: &str,
         cluster: Option<&str>,
     ) -> Self {
-        let mut labels = BTreeMap::new();
-        labels.insert(labels::OWNER_KIND.to_string(), label_value(kind));
+        let mut values = vec![
+            (labels::OWNER_KIND, label_value(kind)),
+            (labels::OWNER_NAME, label_value(name)),
+            (labels::APPLICATION, label_value(application)),
+        ];
         if let Some(ns) = namespace {
-            labels.insert(labels::OWNER_NAMESPACE.to_string(), label_value(ns));
+            values.push((labels::OWNER_NAMESPACE, label_value(ns)));
         }
-        labels.insert(labels::OWNER_NAME.to_string(), label_value(name));
-        labels.insert(labels::APPLICATION.to_string(), label_value(application));
         if let Some(c) = cluster {
-            labels.insert(labels::CLUSTER.to_string(), label_value(c));
+            values.push((labels::CLUSTER, label_value(c)));
         }
-        Self { labels }
+        let under = |prefix: &str| {
+            values
+                .iter()
+                .map(|(k, v)| (format!("{prefix}{k}"), v.clone()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        Self {
+            labels: under(&names.app_label_prefix()),
+            former: names
+                .former()
+                .map(|d| under(&OperatorNames::new(names.name(), d).app_label_prefix())),
+        }
     }
 
     /// The labels.
@@ -102,14 +126,38 @@ impl AppIdentity {
         &self.labels
     }
 
-    /// The labels as a label selector (`k=v,k=v`).
-    pub fn selector(&self) -> String {
+    /// The value of the label `key` (one of [`labels`]), if the identity has it.
+    pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",")
+            .find(|(k, _)| k.rsplit_once('/').is_some_and(|(_, short)| short == key))
+            .map(|(_, v)| v.as_str())
     }
+
+    /// The labels as a label selector (`k=v,k=v`).
+    pub fn selector(&self) -> String {
+        selector_of(&self.labels)
+    }
+
+    /// The labels under the former domain, if the operator names one: those to remove from an
+    /// application found by [`former_selector`](Self::former_selector).
+    pub fn former_labels(&self) -> Option<&BTreeMap<String, String>> {
+        self.former.as_ref()
+    }
+
+    /// The selector of the labels an earlier version of the operator wrote under its
+    /// [former domain](OperatorNames::former_domain), if it names one.
+    pub fn former_selector(&self) -> Option<String> {
+        self.former.as_ref().map(selector_of)
+    }
+}
+
+fn selector_of(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl std::fmt::Display for AppIdentity {
@@ -404,20 +452,36 @@ mod tests {
     fn identity_labels_are_valid_label_values_and_long_names_stay_apart() {
         let long_a = format!("{}a", "x".repeat(80));
         let long_b = format!("{}b", "x".repeat(80));
-        let a = AppIdentity::new("Cluster", Some("ns"), &long_a, "cilium", None);
-        let b = AppIdentity::new("Cluster", Some("ns"), &long_b, "cilium", None);
+        let names = OperatorNames::new("op", "ops.example.com");
+        let a = AppIdentity::new(&names, "Cluster", Some("ns"), &long_a, "cilium", None);
+        let b = AppIdentity::new(&names, "Cluster", Some("ns"), &long_b, "cilium", None);
         assert_ne!(a, b);
         for v in a.labels().values() {
             assert!(v.len() <= 63, "{v}");
         }
-        let odd = AppIdentity::new("Cluster", None, "a/b c", "app", Some("remote:1"));
-        assert_eq!(odd.labels()[labels::OWNER_NAME], "a-b-c");
-        assert_eq!(odd.labels()[labels::CLUSTER], "remote-1");
-        assert!(!odd.labels().contains_key(labels::OWNER_NAMESPACE));
+        let odd = AppIdentity::new(&names, "Cluster", None, "a/b c", "app", Some("remote:1"));
+        assert_eq!(odd.label(labels::OWNER_NAME), Some("a-b-c"));
+        assert_eq!(odd.label(labels::CLUSTER), Some("remote-1"));
+        assert_eq!(odd.label(labels::OWNER_NAMESPACE), None);
         assert_eq!(
             odd.selector(),
-            "app.actorcile.dev/application=app,app.actorcile.dev/cluster=remote-1,\
-             app.actorcile.dev/owner-kind=Cluster,app.actorcile.dev/owner-name=a-b-c"
+            "app.ops.example.com/application=app,app.ops.example.com/cluster=remote-1,\
+             app.ops.example.com/owner-kind=Cluster,app.ops.example.com/owner-name=a-b-c"
         );
+        assert_eq!(odd.former_selector(), None);
+    }
+
+    #[test]
+    fn an_identity_of_an_operator_with_a_former_domain_has_its_labels_too() {
+        let names =
+            OperatorNames::new("op", "ops.example.com").former_domain(crate::names::LEGACY_DOMAIN);
+        let id = AppIdentity::new(&names, "Cluster", Some("ns"), "c", "cilium", None);
+        assert!(id.selector().contains("app.ops.example.com/owner-name=c"));
+        let former = id.former_selector().unwrap();
+        assert!(
+            former.contains("app.actorcile.dev/owner-name=c"),
+            "{former}"
+        );
+        assert_eq!(id.former_labels().unwrap().len(), id.labels().len());
     }
 }

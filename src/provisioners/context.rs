@@ -338,6 +338,12 @@ impl<K> Context<K> {
     pub fn field_manager(&self) -> &str {
         &self.inner.parts.field_manager
     }
+
+    /// The operator's names ([`RuntimeBuilder`](crate::runtime::RuntimeBuilder)'s), of which the
+    /// labels and annotations the runtime writes are made.
+    pub fn names(&self) -> &crate::names::OperatorNames {
+        &self.inner.parts.keys.names
+    }
 }
 
 impl<K: Resource<DynamicType = ()>> Context<K> {

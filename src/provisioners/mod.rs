@@ -50,7 +50,11 @@
 //! # struct TenantSpec { cluster: String, version: String }
 //!
 //! fn tree(client: kube::Client) -> impl Provisioner<Tenant> {
-//!     let argo = Arc::new(ArgoCd::new(client, "argocd", "tenant-operator"));
+//!     let argo = Arc::new(ArgoCd::new(
+//!         client,
+//!         "argocd",
+//!         &OperatorNames::new("tenant-operator", "tenants.example.com"),
+//!     ));
 //!     let charts = Arc::new(Catalog::new().chart("web", "1.2.0", "https://charts.example.com", "web"));
 //!     remote(
 //!         "workload-cluster",

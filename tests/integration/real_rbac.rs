@@ -437,7 +437,7 @@ async fn a_remote_registered_with_argo_cd_runs_on_its_roles() {
             let driver = Arc::new(ArgoCd::new(
                 client.clone(),
                 argo_ns,
-                crate::common::FIELD_MANAGER,
+                &crate::common::names(),
             ));
             let ns_of = ns.clone();
             let tree = remote(

@@ -17,9 +17,7 @@ use std::sync::atomic::Ordering;
 
 use actorcile::envtest::Envtest;
 use actorcile::prelude::*;
-use actorcile::provisioners::argocd::{
-    ArgoCd, SECRET_TYPE_LABEL, USERS_ANNOTATION, application_crd,
-};
+use actorcile::provisioners::argocd::{ArgoCd, SECRET_TYPE_LABEL, application_crd};
 use actorcile::provisioners::{
     AppRef, Catalog, FixedCluster, KubeconfigSecret, application, boxed, remote, resource,
 };
@@ -202,7 +200,8 @@ fn managers(meta: &kube::api::ObjectMeta) -> Vec<String> {
 async fn applications_of(argo_ns: &Api<DynamicObject>, owner: &str) -> Vec<DynamicObject> {
     argo_ns
         .list(&ListParams::default().labels(&format!(
-            "{}={owner}",
+            "{}{}={owner}",
+            crate::common::names().app_label_prefix(),
             actorcile::provisioners::cd::labels::OWNER_NAME
         )))
         .await
@@ -230,7 +229,11 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
         let mgmt = Ns::create(env.client(), "remote-apps").await;
         let fake = Arc::new(FakeArgo::default());
         let controller = fake.spawn(env.client(), "argocd");
-        let driver = Arc::new(ArgoCd::new(env.client(), "argocd", MANAGER));
+        let driver = Arc::new(ArgoCd::new(
+            env.client(),
+            "argocd",
+            &OperatorNames::new(MANAGER, crate::common::names().domain()),
+        ));
 
         // Widgets deploy `web` into the edge; a note `allow-degraded` accepts Degraded. Gadgets
         // do the same, deleting their application in the background.
@@ -411,7 +414,7 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
         );
         let users = cluster_secrets(&env.client()).await[0]
             .annotations()
-            .get(USERS_ANNOTATION)
+            .get(driver.users_annotation())
             .cloned()
             .unwrap_or_default();
         assert!(

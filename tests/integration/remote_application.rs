@@ -480,7 +480,15 @@ fn app_tree(cd: Arc<MemoryCd>) -> impl Provisioner<Widget> {
 }
 
 fn identity(name: &str) -> String {
-    AppIdentity::new("Widget", Some("default"), name, "web", None).selector()
+    AppIdentity::new(
+        &crate::common::names(),
+        "Widget",
+        Some("default"),
+        name,
+        "web",
+        None,
+    )
+    .selector()
 }
 
 async fn create_app(client: &Client, name: &str, note: &str, size: i32) {
@@ -579,7 +587,15 @@ async fn deleting_an_application_waits_for_the_cd_system_unless_in_the_backgroun
     })
     .await;
     cd.set_health(&identity("a"), AppHealth::Healthy);
-    let bg = AppIdentity::new("Widget", Some("default"), "a", "bg", None).selector();
+    let bg = AppIdentity::new(
+        &crate::common::names(),
+        "Widget",
+        Some("default"),
+        "a",
+        "bg",
+        None,
+    )
+    .selector();
     background.set_health(&bg, AppHealth::Healthy);
     wait_ready(&client, "a", LIMIT).await;
     delete(&client, "a").await;
@@ -625,7 +641,15 @@ async fn an_application_in_a_registered_remote_deploys_there_and_in_an_unregiste
     ];
     let rt = start(&client, tree).await;
     create_app(&client, "a", "1.0.0", 1).await;
-    let key = AppIdentity::new("Widget", Some("default"), "a", "web", Some("edge")).selector();
+    let key = AppIdentity::new(
+        &crate::common::names(),
+        "Widget",
+        Some("default"),
+        "a",
+        "web",
+        Some("edge"),
+    )
+    .selector();
     eventually("applied into edge", LIMIT, || async {
         cd.app_identities().contains(&key).then_some(())
     })

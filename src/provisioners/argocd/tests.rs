@@ -2,6 +2,10 @@
 
 use super::*;
 
+fn test_names() -> OperatorNames {
+    OperatorNames::new("test-operator", "test.example.com")
+}
+
 fn app(spec: Value, status: Value) -> DynamicObject {
     DynamicObject::new("a", &ArgoCd::application_resource())
         .data(json!({ "spec": spec, "status": status }))
@@ -41,7 +45,7 @@ fn health_needs_the_current_spec_compared_synced_and_healthy() {
 #[tokio::test]
 async fn a_registration_keeps_its_data_until_its_last_user_goes() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
+    let argo = ArgoCd::new(cluster.client(), "default", &test_names());
     let reg = ClusterRegistration {
         id: "edge".into(),
         server: "https://edge:6443".into(),
@@ -56,7 +60,7 @@ async fn a_registration_keeps_its_data_until_its_last_user_goes() {
         .get(&ArgoCd::cluster_secret_name("edge"))
         .await
         .unwrap();
-    assert_eq!(users_of(&secret), BTreeSet::from(["b".to_string()]));
+    assert_eq!(argo.users_of(&secret), BTreeSet::from(["b".to_string()]));
     let data = secret.data.unwrap_or_default();
     assert_eq!(data["name"].0, b"edge");
     assert_eq!(data["server"].0, b"https://edge:6443");
@@ -116,7 +120,7 @@ fn token_of(secret: &Secret) -> String {
 #[tokio::test]
 async fn ids_that_read_alike_keep_registrations_of_their_own() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
+    let argo = ArgoCd::new(cluster.client(), "default", &test_names());
     let (a, b) = ("team/a-x", "team-a/x");
     assert_ne!(
         ArgoCd::cluster_secret_name(a),
@@ -135,14 +139,14 @@ async fn ids_that_read_alike_keep_registrations_of_their_own() {
             .await
             .unwrap();
         assert_eq!(token_of(&s), token, "{id}");
-        assert_eq!(s.annotations()[CLUSTER_ID_ANNOTATION], id);
+        assert_eq!(s.annotations()[argo.cluster_id_annotation()], id);
     }
 }
 
 #[tokio::test]
 async fn secrets_the_driver_did_not_write_are_neither_overwritten_nor_deleted() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
+    let argo = ArgoCd::new(cluster.client(), "default", &test_names());
     let name = ArgoCd::cluster_secret_name("edge");
     // Someone's own cluster Secret under the name: refused, untouched.
     let hand_made = Secret {
@@ -208,16 +212,17 @@ async fn secrets_the_driver_did_not_write_are_neither_overwritten_nor_deleted() 
 #[tokio::test]
 async fn a_registration_under_the_old_name_moves_with_its_users() {
     let cluster = crate::cluster::ApiServer::new();
-    let argo = ArgoCd::new(cluster.client(), "default", "test-operator");
+    let argo = ArgoCd::new(cluster.client(), "default", &test_names());
     let reg = registration("edge", "https://edge:6443", "t");
-    let mut old = registration_secret(
-        "cluster-edge",
-        "edge",
-        &reg,
-        &BTreeSet::from(["a".to_string()]),
-    )
-    .unwrap();
-    old.annotations_mut().remove(CLUSTER_ID_ANNOTATION);
+    let mut old = argo
+        .registration_secret(
+            "cluster-edge",
+            "edge",
+            &reg,
+            &BTreeSet::from(["a".to_string()]),
+        )
+        .unwrap();
+    old.annotations_mut().remove(argo.cluster_id_annotation());
     argo.secrets()
         .create(&PostParams::default(), &old)
         .await
@@ -236,7 +241,7 @@ async fn a_registration_under_the_old_name_moves_with_its_users() {
         .await
         .unwrap();
     assert_eq!(
-        users_of(&moved),
+        argo.users_of(&moved),
         BTreeSet::from(["a".to_string(), "b".to_string()])
     );
 }
@@ -254,4 +259,91 @@ fn cluster_secret_names_are_valid_names() {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
         "{n}"
     );
+}
+
+#[tokio::test]
+async fn what_was_written_under_the_former_domain_is_found_and_moved_to_the_current_one() {
+    let cluster = crate::cluster::ApiServer::new();
+    cluster.install_crd(&application_crd()).unwrap();
+    let old_names = OperatorNames::new("test-operator", crate::names::LEGACY_DOMAIN);
+    let new_names = test_names().former_domain(crate::names::LEGACY_DOMAIN);
+    let (old, new) = (
+        ArgoCd::new(cluster.client(), "default", &old_names),
+        ArgoCd::new(cluster.client(), "default", &new_names),
+    );
+    // The earlier version registered a cluster and created an Application.
+    let reg = registration("edge", "https://edge:6443", "t");
+    old.register_cluster(&reg, "a").await.unwrap();
+    let spec = |names: &OperatorNames, version: &str| AppSpec {
+        identity: AppIdentity::new(names, "Tenant", Some("t"), "acme", "web", None),
+        repo: "https://charts.example.com".into(),
+        chart: "web".into(),
+        version: version.into(),
+        release: "web".into(),
+        namespace: "web".into(),
+        namespace_labels: BTreeMap::new(),
+        parameters: BTreeMap::new(),
+        values: None,
+        destination: Destination::InCluster,
+        allow_degraded: false,
+    };
+    old.apply(&spec(&old_names, "1.0.0")).await.unwrap();
+
+    // The upgraded one finds both: the Application is updated, not created again, and both
+    // carry the current domain's marks only.
+    let current = spec(&new_names, "1.1.0");
+    assert!(!matches!(
+        new.health(&current.identity).await.unwrap(),
+        AppHealth::Missing
+    ));
+    new.apply(&current).await.unwrap();
+    let apps = new
+        .applications()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(apps.items.len(), 1, "one Application: {apps:?}");
+    let labels = apps.items[0].labels();
+    assert!(
+        labels.keys().all(|k| !k.contains("actorcile.dev")),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels
+            .get("app.test.example.com/owner-name")
+            .map(String::as_str),
+        Some("acme")
+    );
+    new.register_cluster(&reg, "b").await.unwrap();
+    let secret = new
+        .secrets()
+        .get(&ArgoCd::cluster_secret_name("edge"))
+        .await
+        .unwrap();
+    assert_eq!(
+        new.users_of(&secret),
+        BTreeSet::from(["a".to_string(), "b".to_string()])
+    );
+    let marks: Vec<&String> = secret
+        .labels()
+        .keys()
+        .chain(secret.annotations().keys())
+        .collect();
+    assert!(
+        marks.iter().all(|k| !k.contains("actorcile.dev")),
+        "{marks:?}"
+    );
+    assert_eq!(secret.annotations()[new.cluster_id_annotation()], "edge");
+
+    // Without the former domain, an upgraded driver does not take the earlier one's Secret.
+    let unaware = ArgoCd::new(cluster.client(), "default", &test_names());
+    old.register_cluster(&registration("west", "https://west:6443", "t"), "a")
+        .await
+        .unwrap();
+    assert!(matches!(
+        unaware
+            .register_cluster(&registration("west", "https://west:6443", "t"), "b")
+            .await,
+        Err(CdError::NotOurs { .. })
+    ));
 }

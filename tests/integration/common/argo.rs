@@ -92,10 +92,14 @@ impl FakeArgo {
         app: DynamicObject,
     ) -> Result<(), String> {
         let name = app.name_any();
+        // The owner's name, under whichever operator's domain labelled the Application.
         let owner = app
             .labels()
-            .get(labels::OWNER_NAME)
-            .cloned()
+            .iter()
+            .find(|(k, _)| {
+                k.starts_with("app.") && k.ends_with(&format!("/{}", labels::OWNER_NAME))
+            })
+            .map(|(_, v)| v.clone())
             .unwrap_or_default();
         let spec = app.data.get("spec").cloned().unwrap_or(Value::Null);
         let release = spec
