@@ -268,9 +268,10 @@ impl RuntimeBuilder {
     /// [`RuntimeBuilder::run`]; not together with
     /// [leader election](RuntimeBuilder::leader_election) (sharding with one replica is the
     /// same as leading). The policy's `lease_duration`, `lease_renew_deadline` and
-    /// `lease_retry_period` set the timings.
+    /// `lease_retry_period` set the timings. What `sharding` does not set (the Lease prefix,
+    /// the labels' domain) comes from the runtime's names ([`Sharding::named`]).
     pub fn sharding(mut self, sharding: Sharding) -> Self {
-        self.sharding = Some(sharding);
+        self.sharding = Some(sharding.named(&self.names));
         self
     }
 

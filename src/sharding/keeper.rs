@@ -21,18 +21,13 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 use crate::lease::Observed;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::follow::sleep_until;
 use super::{Sharding, Shards, fnv1a};
 use crate::policy::SupervisorPolicy;
-
-/// The label naming a Lease's group (the lease prefix).
-pub const GROUP_LABEL: &str = "sharding.actorcile.dev/group";
-/// The label saying what a Lease is: `shard` or `member`.
-pub const ROLE_LABEL: &str = "sharding.actorcile.dev/role";
 
 /// Why a Lease write did not take.
 enum WriteError {
@@ -156,9 +151,9 @@ impl Keeper {
     /// One round: see the module docs.
     async fn round(&mut self) {
         let sent = Instant::now();
-        let lp = ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.cfg.lease_prefix));
-        let leases = match tokio::time::timeout(self.request_bound(), self.api.list(&lp)).await {
-            Ok(Ok(list)) => list.items,
+        let listed = self.cfg.list_leases(&self.api, None);
+        let leases = match tokio::time::timeout(self.request_bound(), listed).await {
+            Ok(Ok(list)) => list,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "sharding: cannot list the Leases; retrying");
                 return;
@@ -268,7 +263,9 @@ impl Keeper {
             .observed
             .iter()
             .filter(|(name, o)| {
-                by_name.get(*name).is_some_and(|l| is_role(l, "member"))
+                by_name
+                    .get(*name)
+                    .is_some_and(|l| self.is_role(l, "member"))
                     && **name != member
                     && !o.expired(now)
             })
@@ -367,13 +364,7 @@ impl Keeper {
                     let lease = Lease {
                         metadata: ObjectMeta {
                             name: Some(name.to_string()),
-                            labels: Some(
-                                [
-                                    (GROUP_LABEL.to_string(), self.cfg.lease_prefix.clone()),
-                                    (ROLE_LABEL.to_string(), role.to_string()),
-                                ]
-                                .into(),
-                            ),
+                            labels: Some(self.lease_labels(role)),
                             ..Default::default()
                         },
                         spec: Some(LeaseSpec {
@@ -389,6 +380,12 @@ impl Keeper {
                 }
                 Some(current) => {
                     let mut lease = current.clone();
+                    // A Lease labelled under the former domain gets the current labels too.
+                    lease
+                        .metadata
+                        .labels
+                        .get_or_insert_with(Default::default)
+                        .extend(self.lease_labels(role));
                     let spec = lease.spec.get_or_insert_with(Default::default);
                     if acquire || spec.holder_identity.as_deref() != Some(me.as_str()) {
                         spec.acquire_time = Some(now.clone());
@@ -496,7 +493,7 @@ impl Keeper {
     /// so the group does not grow with every restart. Preconditioned on what was listed.
     async fn remove_dead_members(&self, by_name: &HashMap<String, Lease>, now: Instant) {
         for (name, lease) in by_name {
-            let dead = is_role(lease, "member")
+            let dead = self.is_role(lease, "member")
                 && self
                     .observed
                     .get(name)
@@ -516,13 +513,33 @@ impl Keeper {
     }
 }
 
-fn is_role(lease: &Lease, role: &str) -> bool {
-    lease
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(ROLE_LABEL))
-        .is_some_and(|r| r == role)
+impl Keeper {
+    /// The labels of this group's Lease of `role`: under the domain and, while a former domain
+    /// is named, under it too, so that replicas of the earlier version count this one's Leases
+    /// during a rolling upgrade.
+    fn lease_labels(&self, role: &str) -> BTreeMap<String, String> {
+        let prefix = self.cfg.prefix().to_string();
+        let mut labels = BTreeMap::from([
+            (self.cfg.group_label_key(), prefix.clone()),
+            (self.cfg.role_label_key(), role.to_string()),
+        ]);
+        if let Some((group, role_key)) = self.cfg.former_lease_label_keys() {
+            labels.insert(group, prefix);
+            labels.insert(role_key, role.to_string());
+        }
+        labels
+    }
+
+    /// Whether `lease` is labelled `role` (under the domain or the former domain).
+    fn is_role(&self, lease: &Lease, role: &str) -> bool {
+        let Some(labels) = lease.metadata.labels.as_ref() else {
+            return false;
+        };
+        let former = self.cfg.former_lease_label_keys().map(|(_, r)| r);
+        std::iter::once(self.cfg.role_label_key())
+            .chain(former)
+            .any(|k| labels.get(&k).is_some_and(|r| r == role))
+    }
 }
 
 #[cfg(test)]

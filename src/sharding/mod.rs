@@ -39,7 +39,7 @@
 //! - **A shard key that changes** ([`Controller::shard_key`](crate::runtime::Controller::shard_key),
 //!   e.g. a tenant label edited) moves its object to another shard, perhaps another replica's.
 //!   The object carries the shard that last ran it, in the label
-//!   `shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>` (written with the finalizer, with
+//!   `shard.<domain>/<lease_prefix>: <shard>-of-<shards>` (written with the finalizer, with
 //!   a shard key or [`ShardWatch::HeldShards`]). An object whose label names another shard than
 //!   its key's is run by nobody until the holder of the labelled shard, once its reconcile in
 //!   flight has finished, writes the new shard into the label: then the new shard's replica
@@ -49,9 +49,9 @@
 //!   once, and a waiter on an object of another replica's shard is woken by that object's
 //!   watch event. With [`ShardWatch::HeldShards`] a replica watches only the objects of the
 //!   shards it holds, and objects nobody has placed yet: the replica that holds an object's
-//!   shard labels it `shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>` in the same
+//!   shard labels it `shard.<domain>/<lease_prefix>: <shard>-of-<shards>` in the same
 //!   write that adds the finalizer, and every replica's watch selects
-//!   `shard.actorcile.dev/<lease_prefix> notin (<the shards it does not hold>)` (an object
+//!   `shard.<domain>/<lease_prefix> notin (<the shards it does not hold>)` (an object
 //!   not placed yet, of a shard it does not hold, reaches its watch and is set aside, out of
 //!   its cache, until it is labelled or the replica takes its shard). Watch traffic,
 //!   decoding and the cache then split across replicas with the objects; the price is a relist
@@ -66,7 +66,7 @@
 //!   on a change of the held shards.
 //! - **Children** ([`Controller::owns`](crate::runtime::Controller::owns)). With
 //!   `HeldShards` or `ServerSide`, the runtime labels each child it writes with its owner's
-//!   shard (`owner-shard.actorcile.dev/<lease_prefix>: <shard>-of-<shards>`, in the child's
+//!   shard (`owner-shard.<domain>/<lease_prefix>: <shard>-of-<shards>`, in the child's
 //!   own write: [`Sharding::owner_label_key`]), and each replica's watch of the children
 //!   selects the children of the shards it holds and those without the label (written before,
 //!   or by someone else): a replica receives and keeps its share of the children, as of the
@@ -78,6 +78,17 @@
 //!
 //! The policy's `lease_duration`, `lease_renew_deadline` and `lease_retry_period` set the
 //! timings (defaults 15 s / 10 s / 2 s, as client-go's leader election).
+//!
+//! **Names.** The Leases are `<lease_prefix>-…`, labelled `sharding.<domain>/group:
+//! <lease_prefix>` and `sharding.<domain>/role: shard|member`; `<domain>` and, unless set,
+//! `<lease_prefix>` (`<name>-shards`) are the operator's ([`OperatorNames`], given to
+//! [`Sharding::named`], which [`RuntimeBuilder::sharding`](crate::runtime::RuntimeBuilder::sharding)
+//! calls). For an operator upgraded from another domain ([`OperatorNames::former_domain`]),
+//! the replicas also list the Leases labelled under the former domain and label those they
+//! write under both, so replicas of both versions see each other's Leases during a rolling
+//! upgrade; keep
+//! the Lease prefix across an upgrade (replicas with different prefixes are different groups,
+//! and both would run every object).
 //!
 //! ```no_run
 //! use actorcile::sharding::Sharding;
@@ -109,12 +120,12 @@ use tokio::time::Instant;
 
 pub use fence::ShardNotHeld;
 pub(crate) use fence::fenced_clients;
-pub use keeper::{GROUP_LABEL, ROLE_LABEL};
 pub(crate) use scope::{ShardKey, ShardScope};
 pub use server_side::shard_of_uid;
 
 use crate::Error;
 pub(crate) use crate::hash::fnv1a;
+use crate::names::OperatorNames;
 use crate::policy::SupervisorPolicy;
 
 /// How a runtime's objects are split across replicas, and this replica's identity.
@@ -126,8 +137,16 @@ pub struct Sharding {
     pub shards: u32,
     /// The namespace of the Leases.
     pub namespace: String,
-    /// The Leases' name prefix (`<prefix>-shard-<n>`, `<prefix>-member-<hash>`).
-    pub lease_prefix: String,
+    /// The Leases' name prefix (`<prefix>-shard-<n>`, `<prefix>-member-<hash>`); `None`: the
+    /// operator's [`shard_lease_prefix`](OperatorNames::shard_lease_prefix), set by
+    /// [`Sharding::named`].
+    pub lease_prefix: Option<String>,
+    /// The domain of the labels (`sharding.<domain>/group`, `shard.<domain>/<prefix>`, …);
+    /// `None`: the operator's, set by [`Sharding::named`].
+    pub domain: Option<String>,
+    /// The domain an earlier version labelled its Leases under, also read
+    /// ([`OperatorNames::former_domain`], set by [`Sharding::named`]).
+    pub former_domain: Option<String>,
     /// This replica's identity (the `holderIdentity` of the Leases it holds): unique among the
     /// replicas.
     pub identity: String,
@@ -159,24 +178,82 @@ pub enum ShardWatch {
     ServerSide,
 }
 
-/// The prefix of the shard label's key (the key is this followed by the Leases' prefix).
-pub const SHARD_LABEL_PREFIX: &str = "shard.actorcile.dev/";
-
-/// The prefix of the owner shard label's key, which the runtime puts on the children it writes
-/// (the key is this followed by the Leases' prefix; see [`Sharding::owner_label_key`]).
-pub const OWNER_SHARD_LABEL_PREFIX: &str = "owner-shard.actorcile.dev/";
+/// The Lease prefix of a [`Sharding`] never [named](Sharding::named): actorcile's former
+/// default.
+const UNNAMED_PREFIX: &str = "actorcile-shards";
 
 impl Sharding {
-    /// `shards` shards on Leases in `namespace`, prefix `actorcile-shards`, identity
-    /// `$POD_NAME` (else `$HOSTNAME`) and the process id.
+    /// `shards` shards on Leases in `namespace`, identity `$POD_NAME` (else `$HOSTNAME`) and
+    /// the process id; the Lease prefix and the labels' domain are the operator's
+    /// ([`Sharding::named`]; until named, actorcile's former defaults, `actorcile-shards` and
+    /// `actorcile.dev`).
     pub fn new(shards: u32, namespace: impl Into<String>) -> Self {
         Self {
             shards,
             namespace: namespace.into(),
-            lease_prefix: "actorcile-shards".into(),
+            lease_prefix: None,
+            domain: None,
+            former_domain: None,
             identity: crate::names::replica_identity(),
             watch: ShardWatch::Everything,
         }
+    }
+
+    /// Takes what is not set from the operator's names: the Lease prefix
+    /// ([`OperatorNames::shard_lease_prefix`]), the labels' domain and the former domain.
+    /// [`RuntimeBuilder::sharding`](crate::runtime::RuntimeBuilder::sharding) does it with the
+    /// runtime's names; a program that labels objects for a runtime's shards does it with the
+    /// same names.
+    ///
+    /// ```
+    /// use actorcile::names::OperatorNames;
+    /// use actorcile::sharding::Sharding;
+    ///
+    /// let names = OperatorNames::new("bucket-operator", "buckets.example.com");
+    /// let sharding = Sharding::new(12, "operators").named(&names);
+    /// assert_eq!(sharding.shard_lease_name(0), "bucket-operator-shards-shard-0");
+    /// assert_eq!(sharding.label_key(), "shard.buckets.example.com/bucket-operator-shards");
+    /// ```
+    pub fn named(mut self, names: &OperatorNames) -> Self {
+        self.lease_prefix
+            .get_or_insert_with(|| names.shard_lease_prefix());
+        self.domain
+            .get_or_insert_with(|| names.domain().to_string());
+        if self.former_domain.is_none() {
+            self.former_domain = names.former().map(str::to_string);
+        }
+        self
+    }
+
+    /// The Leases' name prefix.
+    pub fn prefix(&self) -> &str {
+        self.lease_prefix.as_deref().unwrap_or(UNNAMED_PREFIX)
+    }
+
+    /// The labels' domain.
+    fn label_domain(&self) -> &str {
+        self.domain
+            .as_deref()
+            .unwrap_or(crate::names::LEGACY_DOMAIN)
+    }
+
+    /// The key of the label naming a Lease's group (its value the Lease prefix):
+    /// `sharding.<domain>/group`.
+    pub fn group_label_key(&self) -> String {
+        format!("sharding.{}/group", self.label_domain())
+    }
+
+    /// The key of the label saying what a Lease is (`shard` or `member`):
+    /// `sharding.<domain>/role`.
+    pub fn role_label_key(&self) -> String {
+        format!("sharding.{}/role", self.label_domain())
+    }
+
+    /// The group and role label keys under the former domain, if one is named.
+    pub(crate) fn former_lease_label_keys(&self) -> Option<(String, String)> {
+        self.former_domain
+            .as_ref()
+            .map(|d| (format!("sharding.{d}/group"), format!("sharding.{d}/role")))
     }
 
     /// What each replica watches.
@@ -186,13 +263,13 @@ impl Sharding {
     }
 
     /// The key of the label that places an object in its shard
-    /// ([`ShardWatch::HeldShards`]): `shard.actorcile.dev/<lease_prefix>`.
+    /// ([`ShardWatch::HeldShards`]): `shard.<domain>/<lease_prefix>`.
     pub fn label_key(&self) -> String {
-        format!("{SHARD_LABEL_PREFIX}{}", self.lease_prefix)
+        format!("shard.{}/{}", self.label_domain(), self.prefix())
     }
 
     /// The key of the label that names the shard of a child's owner:
-    /// `owner-shard.actorcile.dev/<lease_prefix>`.
+    /// `owner-shard.<domain>/<lease_prefix>`.
     ///
     /// When replicas watch only their shards ([`ShardWatch::HeldShards`] or
     /// [`ShardWatch::ServerSide`]), the runtime writes this label, `<shard>-of-<shards>` of the
@@ -206,11 +283,13 @@ impl Sharding {
     ///
     /// ```
     /// use actorcile::sharding::Sharding;
-    /// let key = Sharding::new(12, "operators").owner_label_key();
-    /// assert_eq!(key, "owner-shard.actorcile.dev/actorcile-shards");
+    /// use actorcile::names::OperatorNames;
+    /// let names = OperatorNames::new("bucket-operator", "buckets.example.com");
+    /// let key = Sharding::new(12, "operators").named(&names).owner_label_key();
+    /// assert_eq!(key, "owner-shard.buckets.example.com/bucket-operator-shards");
     /// ```
     pub fn owner_label_key(&self) -> String {
-        format!("{OWNER_SHARD_LABEL_PREFIX}{}", self.lease_prefix)
+        format!("owner-shard.{}/{}", self.label_domain(), self.prefix())
     }
 
     /// Whether the objects' watches split across replicas, so that the children's watches do
@@ -230,10 +309,12 @@ impl Sharding {
     /// again when its holder labels it and it leaves their watches.
     ///
     /// ```
+    /// use actorcile::names::OperatorNames;
     /// use actorcile::sharding::{Sharding, object_key};
-    /// let sharding = Sharding::new(12, "operators");
+    /// let names = OperatorNames::new("bucket-operator", "buckets.example.com");
+    /// let sharding = Sharding::new(12, "operators").named(&names);
     /// let (key, value) = sharding.label(&object_key(Some("team-a"), "web"));
-    /// assert_eq!(key, "shard.actorcile.dev/actorcile-shards");
+    /// assert_eq!(key, "shard.buckets.example.com/bucket-operator-shards");
     /// assert!(value.ends_with("-of-12"));
     /// ```
     pub fn label(&self, shard_key: &str) -> (String, String) {
@@ -249,9 +330,9 @@ impl Sharding {
         self
     }
 
-    /// The Leases' name prefix.
+    /// The Leases' name prefix (instead of the operator's `<name>-shards`).
     pub fn lease_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.lease_prefix = prefix.into();
+        self.lease_prefix = Some(prefix.into());
         self
     }
 
@@ -268,15 +349,20 @@ impl Sharding {
             ));
         }
         // The longest name: `<prefix>-member-<16 hex digits>`.
-        let longest = format!("{}-member-{:016x}", self.lease_prefix, 0);
+        let longest = format!("{}-member-{:016x}", self.prefix(), 0);
         if !crate::names::is_dns_subdomain(&longest) {
             return Err(invalid(
                 "lease_prefix",
                 format!(
                     "{:?} does not make valid Lease names (e.g. {longest:?})",
-                    self.lease_prefix
+                    self.prefix()
                 ),
             ));
+        }
+        for d in self.domain.iter().chain(&self.former_domain) {
+            if !crate::names::is_dns_subdomain(d) {
+                return Err(invalid("domain", format!("{d:?} is not a DNS subdomain")));
+            }
         }
         if !crate::names::is_dns_subdomain(&self.namespace) {
             return Err(invalid(
@@ -300,7 +386,7 @@ impl Sharding {
                 "lease_prefix",
                 format!(
                     "{:?} does not make a valid label key ({key:?}; at most 63 characters after the /)",
-                    self.lease_prefix,
+                    self.prefix(),
                 ),
             ));
         }
@@ -320,10 +406,47 @@ impl Sharding {
     ///
     /// ```
     /// use actorcile::sharding::Sharding;
-    /// assert_eq!(Sharding::new(4, "ops").shard_lease_name(3), "actorcile-shards-shard-3");
+    /// let sharding = Sharding::new(4, "ops").lease_prefix("buckets");
+    /// assert_eq!(sharding.shard_lease_name(3), "buckets-shard-3");
     /// ```
     pub fn shard_lease_name(&self, shard: u32) -> String {
-        format!("{}-shard-{shard}", self.lease_prefix)
+        format!("{}-shard-{shard}", self.prefix())
+    }
+
+    /// The label selectors of this group's Leases of `role` (`None`: every role): under the
+    /// domain, and under the former domain if one is named.
+    pub(crate) fn lease_selectors(&self, role: Option<&str>) -> Vec<String> {
+        let of = |group: String, role_key: String| match role {
+            Some(r) => format!("{role_key}={r},{group}={}", self.prefix()),
+            None => format!("{group}={}", self.prefix()),
+        };
+        let mut selectors = vec![of(self.group_label_key(), self.role_label_key())];
+        if let Some((group, role_key)) = self.former_lease_label_keys() {
+            selectors.push(of(group, role_key));
+        }
+        selectors
+    }
+
+    /// The Leases of this group (of `role`, if named): those under the domain and, if one is
+    /// named, under the former domain, each once.
+    pub(crate) async fn list_leases(
+        &self,
+        api: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+        role: Option<&str>,
+    ) -> Result<Vec<k8s_openapi::api::coordination::v1::Lease>, kube::Error> {
+        let mut leases = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for selector in self.lease_selectors(role) {
+            let list = api
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?;
+            for l in list.items {
+                if seen.insert(l.metadata.name.clone().unwrap_or_default()) {
+                    leases.push(l);
+                }
+            }
+        }
+        Ok(leases)
     }
 
     /// The holder each shard's Lease names now, by shard; a shard whose Lease is missing or
@@ -341,15 +464,11 @@ impl Sharding {
     ) -> Result<std::collections::BTreeMap<u32, String>, kube::Error> {
         use k8s_openapi::api::coordination::v1::Lease;
         let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &self.namespace);
-        let selector = format!("{ROLE_LABEL}=shard,{GROUP_LABEL}={}", self.lease_prefix);
-        let list = leases
-            .list(&kube::api::ListParams::default().labels(&selector))
-            .await?;
+        let list = self.list_leases(&leases, Some("shard")).await?;
         let shards: std::collections::HashMap<String, u32> = (0..self.shards)
             .map(|s| (self.shard_lease_name(s), s))
             .collect();
         Ok(list
-            .items
             .into_iter()
             .filter_map(|l| {
                 let shard = *shards.get(l.metadata.name.as_deref()?)?;
@@ -360,11 +479,7 @@ impl Sharding {
     }
 
     pub(crate) fn member_lease(&self) -> String {
-        format!(
-            "{}-member-{:016x}",
-            self.lease_prefix,
-            fnv1a(&self.identity)
-        )
+        format!("{}-member-{:016x}", self.prefix(), fnv1a(&self.identity))
     }
 }
 

@@ -43,16 +43,22 @@ fn validation_names_the_field() {
 
 #[test]
 fn the_held_selector_excludes_the_other_shards_only() {
-    let key = Sharding::new(4, "default").label_key();
-    assert_eq!(key, "shard.actorcile.dev/actorcile-shards");
+    let names = crate::names::OperatorNames::new("op", "ops.example.com");
+    let key = Sharding::new(4, "default").named(&names).label_key();
+    assert_eq!(key, "shard.ops.example.com/op-shards");
     assert_eq!(
         held_selector(&key, &[1, 3], 4).as_deref(),
-        Some("shard.actorcile.dev/actorcile-shards notin (0-of-4,2-of-4)")
+        Some("shard.ops.example.com/op-shards notin (0-of-4,2-of-4)")
     );
     assert_eq!(held_selector(&key, &[0, 1, 2, 3], 4), None);
     assert_eq!(
         held_selector(&key, &[], 2).as_deref(),
-        Some("shard.actorcile.dev/actorcile-shards notin (0-of-2,1-of-2)")
+        Some("shard.ops.example.com/op-shards notin (0-of-2,1-of-2)")
+    );
+    // Unnamed (outside a runtime): actorcile's former defaults.
+    assert_eq!(
+        Sharding::new(4, "default").label_key(),
+        "shard.actorcile.dev/actorcile-shards"
     );
     let long = Sharding::new(4, "default")
         .lease_prefix(format!("{}.{}", "a".repeat(40), "b".repeat(30)))

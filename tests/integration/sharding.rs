@@ -108,7 +108,12 @@ async fn replica_watching(
             reconciles.clone(),
             hold,
         )))
-        .sharding(Sharding::new(SHARDS, "default").identity(id).watch(watch))
+        .sharding(
+            Sharding::new(SHARDS, "default")
+                .named(&common::names())
+                .identity(id)
+                .watch(watch),
+        )
         .start()
         .await
         .expect("start a replica")
@@ -134,6 +139,7 @@ async fn balanced(replicas: &[&RuntimeHandle]) -> Vec<Vec<u32>> {
 /// The shard Leases name replica `ids[i]` as the holder of `held[i]`'s shards, and no other.
 async fn leases_agree(client: &kube::Client, ids: &[&str], held: &[Vec<u32>]) {
     let holders = Sharding::new(SHARDS, "default")
+        .named(&common::names())
         .holders(client)
         .await
         .expect("list the shard Leases");
@@ -233,7 +239,7 @@ async fn split_run_and_hand_over(watch: ShardWatch) {
     if watch == ShardWatch::HeldShards {
         // Every object carries its shard's label (as `Sharding::label` tells a program that
         // creates objects), and each replica caches only its shards'.
-        let sharding = Sharding::new(SHARDS, "default");
+        let sharding = Sharding::new(SHARDS, "default").named(&common::names());
         for w in widgets(&client).list(&Default::default()).await.unwrap() {
             let (key, want) = sharding.label(&object_key(Some("default"), &w.name_any()));
             let label = w.labels().get(&key).cloned();
@@ -338,7 +344,9 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
     // its objects.
     let kept = shard("unplaced");
     let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), "default");
-    let lease_name = Sharding::new(SHARDS, "default").shard_lease_name(kept);
+    let lease_name = Sharding::new(SHARDS, "default")
+        .named(&common::names())
+        .shard_lease_name(kept);
     let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
     let mut lease = Lease {
         spec: Some(LeaseSpec {
@@ -351,12 +359,12 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
         ..Default::default()
     };
     lease.metadata.name = Some(lease_name.clone());
+    let named = Sharding::new(SHARDS, "default").named(&common::names());
     lease.metadata.labels = Some(
         [
-            (actorcile::sharding::GROUP_LABEL, "actorcile-shards"),
-            (actorcile::sharding::ROLE_LABEL, "shard"),
+            (named.group_label_key(), named.prefix().to_string()),
+            (named.role_label_key(), "shard".to_string()),
         ]
-        .map(|(k, v)| (k.to_string(), v.to_string()))
         .into(),
     );
     leases.create(&PostParams::default(), &lease).await.unwrap();
@@ -384,7 +392,7 @@ async fn an_unplaced_object_of_a_shard_held_elsewhere_is_not_cached_until_its_sh
     // that selects a's shards, so once it is Ready, a's watch follows the shards it holds.
     let probe = in_held("probe");
     let mut w = widget(&probe, 1);
-    let sharding = Sharding::new(SHARDS, "default");
+    let sharding = Sharding::new(SHARDS, "default").named(&common::names());
     w.metadata.labels = Some([sharding.label(&object_key(Some("default"), &probe))].into());
     widgets(&client)
         .create(&PostParams::default(), &w)
@@ -485,7 +493,9 @@ async fn each_replica_watches_the_children_of_its_shards_only() {
     use k8s_openapi::api::core::v1::ConfigMap;
     let (cluster, client) = cluster();
     let (reconciles, sent) = (Reconciles::default(), Sent::default());
-    let sharding = Sharding::new(SHARDS, "default").watch(ShardWatch::HeldShards);
+    let sharding = Sharding::new(SHARDS, "default")
+        .named(&common::names())
+        .watch(ShardWatch::HeldShards);
     let key = sharding.owner_label_key();
     let mut p = policy();
     p.kind.poll_interval = None;
@@ -585,6 +595,7 @@ async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard
             )
             .sharding(
                 Sharding::new(SHARDS, "default")
+                    .named(&common::names())
                     .identity(id)
                     .watch(ShardWatch::HeldShards),
             )
@@ -625,7 +636,9 @@ async fn an_object_whose_shard_key_changes_moves_to_the_replica_of_its_new_shard
         )
         .await
         .unwrap();
-    let key = Sharding::new(SHARDS, "default").label_key();
+    let key = Sharding::new(SHARDS, "default")
+        .named(&common::names())
+        .label_key();
     let want = format!("{}-of-{SHARDS}", shard_of(&tb, SHARDS));
     eventually("moved and run by b", LIMIT, || async {
         let w = widgets(&client).get("moving").await.ok()?;
@@ -676,7 +689,12 @@ async fn key_change_in_flight(watch: ShardWatch) {
         Runtime::builder(client.clone(), crate::common::names())
             .policy(policy())
             .controller(Controller::<Widget>::new(tree).shard_key(tenant))
-            .sharding(Sharding::new(SHARDS, "default").identity(id).watch(watch))
+            .sharding(
+                Sharding::new(SHARDS, "default")
+                    .named(&common::names())
+                    .identity(id)
+                    .watch(watch),
+            )
             .start()
     };
     let a = start("a").await.unwrap();
@@ -732,7 +750,9 @@ async fn key_change_in_flight(watch: ShardWatch) {
     );
 
     open.send_replace(true);
-    let key = Sharding::new(SHARDS, "default").label_key();
+    let key = Sharding::new(SHARDS, "default")
+        .named(&common::names())
+        .label_key();
     let want = format!("{}-of-{SHARDS}", shard_of(&tb, SHARDS));
     eventually("moved and run by b", LIMIT, || async {
         let w = widgets(&client).get("gated").await.ok()?;
@@ -905,7 +925,7 @@ async fn server_side_split(client: &kube::Client, server_selects: bool, limit: D
         assert!(
             !w.labels()
                 .keys()
-                .any(|k| k.starts_with(actorcile::sharding::SHARD_LABEL_PREFIX)),
+                .any(|k| k.starts_with("shard.")),
             "{} was labelled: {:?}",
             w.name_any(),
             w.labels()

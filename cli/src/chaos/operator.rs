@@ -51,6 +51,11 @@ pub const SECRET: &str = "chaos-credentials";
 pub const EFFECT: &str = "Effect";
 /// The runtime's name: field manager, Events' reporting controller, finalizer prefix.
 pub const NAME: &str = "actorcile-chaos";
+
+/// The chaos operator's names.
+pub fn names() -> OperatorNames {
+    OperatorNames::new(NAME, "chaos.actorcile.dev")
+}
 /// The suffix of each item's child ConfigMap.
 pub const CHILD_SUFFIX: &str = "-child";
 
@@ -327,7 +332,7 @@ pub fn builder(
         effects: record("effects")?,
         next_reconcile: AtomicU64::new(0),
     });
-    let builder = Runtime::builder(client, OperatorNames::new(NAME, "chaos.actorcile.dev"))
+    let builder = Runtime::builder(client, names())
         .policy(policy(args.hang_rate > 0.0))
         .finalizer(format!("chaos.actorcile.dev/{NAME}"))
         .events(NAME)

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use actorcile::sharding::{GROUP_LABEL, ROLE_LABEL};
+use actorcile::sharding::Sharding;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::ListParams;
@@ -77,8 +77,14 @@ impl ShardWatch {
         skew_of: impl Fn(&str) -> i64 + Send + 'static,
     ) -> Self {
         let leases: Api<Lease> = Api::namespaced(client, namespace);
-        let lp =
-            ListParams::default().labels(&format!("{GROUP_LABEL}={prefix},{ROLE_LABEL}=shard"));
+        let group = Sharding::new(1, namespace)
+            .lease_prefix(prefix)
+            .named(&super::operator::names());
+        let lp = ListParams::default().labels(&format!(
+            "{}={prefix},{}=shard",
+            group.group_label_key(),
+            group.role_label_key()
+        ));
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let mut seen: HashMap<String, Seen> = HashMap::new();

@@ -351,7 +351,7 @@ pub async fn run(args: ScaleoutArgs) -> Result<(), String> {
         let ns = format!("split-{watch}-{n}");
         // The replicas' sharding: their flags name the Leases from the operator's names.
         let sharding = actorcile::sharding::Sharding::new(args.shards, &ns)
-            .lease_prefix(example_operator::operator::names().shard_lease_prefix());
+            .named(&example_operator::operator::names());
         create_namespace(&client, &ns).await?;
         let api: Api<Network> = Api::namespaced(client.clone(), &ns);
         let start_replicas = |generation: usize| -> Vec<Replica> {

@@ -166,7 +166,8 @@ async fn a_holders_skewed_clock_neither_loses_a_live_shard_nor_keeps_a_dead_one(
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": name, "labels": {
-                    GROUP_LABEL: "actorcile-shards", ROLE_LABEL: "shard",
+                    "sharding.actorcile.dev/group": "actorcile-shards",
+                    "sharding.actorcile.dev/role": "shard",
                 }},
                 "spec": {
                     "holderIdentity": "skewed",
@@ -450,4 +451,57 @@ async fn a_request_without_an_answer_is_bounded_by_half_the_renew_deadline() {
     cluster.set_faults(crate::cluster::Faults::default());
     a.round().await;
     assert_eq!(a.state().0.len(), 12, "renewed at the next round");
+}
+
+/// A rolling upgrade to the operator's own domain, with the Lease prefix kept: the replica of
+/// the earlier version labelled its Leases under `actorcile.dev`; the upgraded one (naming it
+/// its former domain) and it count each other as members and share the shards; the upgraded
+/// one takes the others' shards when it leaves, and labels the Leases it writes under both.
+#[tokio::test(start_paused = true)]
+async fn an_upgraded_replica_and_one_of_the_former_domain_share_the_shards() {
+    let cluster = ApiServer::new();
+    let client = cluster.client();
+    let names = crate::names::OperatorNames::new("op", "ops.example.com")
+        .former_domain(crate::names::LEGACY_DOMAIN);
+    let (mut old, _) = keeper(&client, "old");
+    let new_cfg = Sharding::new(12, "default")
+        .identity("new")
+        .lease_prefix("actorcile-shards")
+        .named(&names);
+    let mut new = Keeper::new(
+        client.clone(),
+        new_cfg.clone(),
+        Arc::new(Shards::new(12)),
+        &policy(),
+    );
+    rounds(&mut [&mut old], 2).await;
+    assert_eq!(old.state().0.len(), 12);
+    rounds(&mut [&mut new, &mut old], 3).await;
+    let held = [old.state().0, new.state().0];
+    assert!(held.iter().all(|h| h.len() == 6), "{held:?}");
+    disjoint_and_complete(&held);
+
+    old.release_all().await;
+    rounds(&mut [&mut new], 2).await;
+    assert_eq!(new.state().0.len(), 12);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    for s in 0..12 {
+        let l = leases.get(&new_cfg.shard_lease_name(s)).await.unwrap();
+        let labels = l.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels
+                .get("sharding.ops.example.com/role")
+                .map(String::as_str),
+            Some("shard"),
+            "{labels:?}"
+        );
+        // And under the former domain, for replicas of the earlier version still running.
+        assert_eq!(
+            labels
+                .get("sharding.actorcile.dev/role")
+                .map(String::as_str),
+            Some("shard"),
+            "{labels:?}"
+        );
+    }
 }

@@ -85,8 +85,7 @@ impl Replicas {
 
 /// The replicas' sharding, as their flags set it up (the Lease prefix of the operator's names).
 fn sharding() -> Sharding {
-    Sharding::new(SHARDS, "default")
-        .lease_prefix(example_operator::operator::names().shard_lease_prefix())
+    Sharding::new(SHARDS, "default").named(&example_operator::operator::names())
 }
 
 /// Each shard's holder, from the Leases.
