@@ -22,6 +22,9 @@ pub struct EnvtestBuilder {
     controller_manager: bool,
     startup_timeout: Duration,
     feature_gates: String,
+    /// `None`: as `$USE_EXISTING_CLUSTER` says.
+    existing: Option<bool>,
+    kubeconfig: Option<PathBuf>,
 }
 
 impl Default for EnvtestBuilder {
@@ -35,6 +38,8 @@ impl Default for EnvtestBuilder {
             controller_manager: false,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             feature_gates: String::new(),
+            existing: None,
+            kubeconfig: None,
         }
     }
 }
@@ -103,6 +108,39 @@ impl EnvtestBuilder {
         self
     }
 
+    /// Use an existing cluster instead of starting one, as controller-runtime's
+    /// `UseExistingCluster`: the one [`kubeconfig`](Self::kubeconfig) names, else
+    /// `$KUBECONFIG`'s or `~/.kube/config`'s current context. The CRDs are installed into it;
+    /// nothing is started, and stopping stops nothing (the CRDs and what the tests created
+    /// stay). [`Envtest::user_client`] impersonates [`Envtest::user_name`] (the kubeconfig's
+    /// identity needs the `impersonate` permission, as a cluster admin has). Restarting a
+    /// component and [`start_detached`](Self::start_detached) are
+    /// [`EnvtestError::ExistingCluster`]. Default: what `$USE_EXISTING_CLUSTER`
+    /// ([`USE_EXISTING_CLUSTER`](crate::USE_EXISTING_CLUSTER)) says, so that a suite written
+    /// for envtest runs against a real cluster unchanged.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), actorcile_envtest::EnvtestError> {
+    /// let env = actorcile_envtest::Envtest::builder()
+    ///     .use_existing_cluster(true)
+    ///     .kubeconfig("/home/me/.kube/staging")
+    ///     .start()
+    ///     .await?;
+    /// assert!(env.is_existing_cluster());
+    /// # Ok(()) }
+    /// ```
+    pub fn use_existing_cluster(mut self, existing: bool) -> Self {
+        self.existing = Some(existing);
+        self
+    }
+
+    /// The kubeconfig of the [existing cluster](Self::use_existing_cluster) (default:
+    /// `$KUBECONFIG`, else `~/.kube/config`).
+    pub fn kubeconfig(mut self, path: impl Into<PathBuf>) -> Self {
+        self.kubeconfig = Some(path.into());
+        self
+    }
+
     /// Bound on start-up (etcd healthy, apiserver ready, `default` namespace present), and on each
     /// restart and each wait for CRDs to be Established (default 30 s).
     pub fn startup_timeout(mut self, timeout: Duration) -> Self {
@@ -122,6 +160,11 @@ impl EnvtestBuilder {
     /// [`EnvtestError::DetachedWithoutDir`] is returned), and records its state there (see [`DetachedEnvtest::load`]). Stop it with
     /// [`DetachedEnvtest::stop`].
     pub async fn start_detached(self) -> Result<DetachedEnvtest, EnvtestError> {
+        if self.wants_existing() {
+            return Err(EnvtestError::ExistingCluster {
+                what: "start detached",
+            });
+        }
         if self.dir.is_none() {
             return Err(EnvtestError::DetachedWithoutDir);
         }
@@ -133,6 +176,19 @@ impl EnvtestBuilder {
         // Read before anything starts: a bad file is an error, not a half-set-up cluster.
         for dir in &self.crd_dirs {
             self.crds.extend(crate::crds_from_dir(dir)?);
+        }
+        if self.wants_existing() {
+            let existing = crate::existing::connect(
+                self.kubeconfig.as_deref(),
+                self.dir.clone(),
+                self.keep_dir,
+            )
+            .await?;
+            let env = Envtest::of_existing(existing, self.startup_timeout);
+            if !self.crds.is_empty() {
+                env.install_crds(&self.crds).await?;
+            }
+            return Ok(env);
         }
         let binaries = match self.binaries.clone() {
             Some(b) => b,
@@ -163,6 +219,12 @@ impl EnvtestBuilder {
             env.install_crds(&self.crds).await?;
         }
         Ok(env)
+    }
+}
+
+impl EnvtestBuilder {
+    fn wants_existing(&self) -> bool {
+        self.existing.unwrap_or_else(crate::existing::asked_by_env)
     }
 }
 

@@ -23,7 +23,9 @@ pub struct Envtest {
     apiserver: Option<Proc>,
     etcd: Option<Proc>,
     work: files::WorkDir,
-    binaries: Binaries,
+    /// `None`: an existing cluster ([`EnvtestBuilder::use_existing_cluster`]), none of whose
+    /// processes are this test's.
+    pub(super) binaries: Option<Binaries>,
     version: KubeVersion,
     mode: SpawnMode,
     ports: Ports,
@@ -123,7 +125,7 @@ impl Envtest {
             apiserver: Some(api),
             etcd: Some(etcd),
             work,
-            binaries: binaries.clone(),
+            binaries: Some(binaries.clone()),
             version,
             mode,
             ports,
@@ -132,6 +134,32 @@ impl Envtest {
             startup_timeout,
             feature_gates: feature_gates.to_string(),
         })
+    }
+
+    /// An existing cluster's handle ([`EnvtestBuilder::use_existing_cluster`]): no process of
+    /// its own.
+    pub(super) fn of_existing(
+        existing: crate::existing::Existing,
+        startup_timeout: Duration,
+    ) -> Envtest {
+        Envtest {
+            controller_manager: None,
+            apiserver: None,
+            etcd: None,
+            work: existing.work,
+            binaries: None,
+            version: existing.version,
+            mode: SpawnMode::Attached,
+            ports: Ports {
+                etcd_client: 0,
+                etcd_peer: 0,
+                apiserver: 0,
+            },
+            config: existing.config,
+            user_config: existing.user_config,
+            startup_timeout,
+            feature_gates: String::new(),
+        }
     }
 
     fn client_checked(&self) -> Result<kube::Client, EnvtestError> {
@@ -191,9 +219,31 @@ impl Envtest {
         self.user_config.clone()
     }
 
-    /// The apiserver's URL (`https://127.0.0.1:PORT`).
+    /// The apiserver's URL (`https://127.0.0.1:PORT`; an existing cluster's as its kubeconfig
+    /// names it).
     pub fn server_url(&self) -> String {
+        if self.binaries.is_none() {
+            return self
+                .config
+                .cluster_url
+                .to_string()
+                .trim_end_matches('/')
+                .to_string();
+        }
         format!("https://127.0.0.1:{}", self.ports.apiserver)
+    }
+
+    /// Whether this is an existing cluster ([`EnvtestBuilder::use_existing_cluster`]) rather
+    /// than processes this test started.
+    pub fn is_existing_cluster(&self) -> bool {
+        self.binaries.is_none()
+    }
+
+    /// The binaries, or [`EnvtestError::ExistingCluster`] for `what`.
+    fn own_binaries(&self, what: &'static str) -> Result<&Binaries, EnvtestError> {
+        self.binaries
+            .as_ref()
+            .ok_or(EnvtestError::ExistingCluster { what })
     }
 
     /// Creates or updates (server-side apply) each CRD, then waits until each is Established (bounded
@@ -207,15 +257,20 @@ impl Envtest {
     }
 
     /// Kills and restarts kube-apiserver with the same etcd, port, certificates and tokens, and waits
-    /// until it is ready again. Existing clients keep working once it is back.
+    /// until it is ready again. Existing clients keep working once it is back. An existing
+    /// cluster's is not restarted: [`EnvtestError::ExistingCluster`].
     pub async fn restart_apiserver(&mut self) -> Result<(), EnvtestError> {
+        let binary = self
+            .own_binaries("restart kube-apiserver")?
+            .kube_apiserver
+            .clone();
         if let Some(p) = self.apiserver.take() {
             p.kill_and_wait();
         }
         let deadline = Instant::now() + self.startup_timeout;
         let mut api = Proc::spawn(
             Component::KubeApiserver,
-            &self.binaries.kube_apiserver,
+            &binary,
             &process::apiserver_args(&self.work, &self.ports, self.version, &self.feature_gates),
             &self.work,
             self.mode,
@@ -226,20 +281,15 @@ impl Envtest {
     }
 
     /// Kills and restarts etcd with the same data directory and ports, and waits until the apiserver
-    /// reports ready again.
+    /// reports ready again. An existing cluster's is not restarted:
+    /// [`EnvtestError::ExistingCluster`].
     pub async fn restart_etcd(&mut self) -> Result<(), EnvtestError> {
+        let binary = self.own_binaries("restart etcd")?.etcd.clone();
         if let Some(p) = self.etcd.take() {
             p.kill_and_wait();
         }
         let deadline = Instant::now() + self.startup_timeout;
-        let etcd = spawn_etcd(
-            &self.work,
-            &self.binaries.etcd,
-            &self.ports,
-            self.mode,
-            deadline,
-        )
-        .await?;
+        let etcd = spawn_etcd(&self.work, &binary, &self.ports, self.mode, deadline).await?;
         self.etcd = Some(etcd);
         match self.apiserver.as_mut() {
             Some(api) => process::wait_apiserver_ready(api, &self.config, deadline).await,
@@ -247,15 +297,16 @@ impl Envtest {
         }
     }
 
-    /// The Kubernetes release of the running kube-apiserver (as its binary reports it).
+    /// The Kubernetes release of the running kube-apiserver (as its binary reports it; an
+    /// existing cluster's as its `/version` does).
     pub fn version(&self) -> KubeVersion {
         self.version
     }
 
     /// Whether a kube-controller-manager runs beside the apiserver (see
-    /// [`EnvtestBuilder::controller_manager`]).
+    /// [`EnvtestBuilder::controller_manager`]); an existing cluster is taken to run one.
     pub fn has_controller_manager(&self) -> bool {
-        self.controller_manager.is_some()
+        self.binaries.is_none() || self.controller_manager.is_some()
     }
 
     /// The process ids of etcd and kube-apiserver, when running.
@@ -280,6 +331,7 @@ impl Envtest {
     }
 
     pub(super) fn into_detached(mut self) -> Result<DetachedEnvtest, EnvtestError> {
+        let binaries = self.own_binaries("start detached")?.clone();
         let (Some(etcd), Some(api)) = (self.etcd.take(), self.apiserver.take()) else {
             return Err(EnvtestError::NotRunning);
         };
@@ -290,7 +342,7 @@ impl Envtest {
             controller_manager_pid,
             // Recorded only for a controller manager that was started.
             controller_manager_binary: controller_manager_pid
-                .and(self.binaries.kube_controller_manager.clone()),
+                .and(binaries.kube_controller_manager.clone()),
             dir: self.work.path().to_path_buf(),
             etcd_pid: etcd.detach(),
             apiserver_pid: api.detach(),
@@ -300,8 +352,8 @@ impl Envtest {
             server_url: self.server_url(),
             kubeconfig: self.work.kubeconfig_path().to_path_buf(),
             user_kubeconfig: self.work.user_kubeconfig_path().to_path_buf(),
-            etcd_binary: self.binaries.etcd.clone(),
-            apiserver_binary: self.binaries.kube_apiserver.clone(),
+            etcd_binary: binaries.etcd.clone(),
+            apiserver_binary: binaries.kube_apiserver.clone(),
             feature_gates: self.feature_gates.clone(),
         };
         state.save()?;

@@ -154,7 +154,8 @@ pub fn crds_from_yaml(text: &str) -> Result<Vec<CustomResourceDefinition>, Envte
 }
 
 /// Reads the CustomResourceDefinitions of every `.yaml`, `.yml` and `.json` file in `dir` (not
-/// its subfolders), in the order of the files' names; other files are skipped.
+/// its subfolders), in the order of the files' names; other files are skipped. A file that
+/// holds anything else is an [`EnvtestError::CrdFile`] naming it.
 pub fn crds_from_dir(
     dir: impl AsRef<std::path::Path>,
 ) -> Result<Vec<CustomResourceDefinition>, EnvtestError> {
@@ -174,7 +175,10 @@ pub fn crds_from_dir(
     for file in files {
         let text = std::fs::read_to_string(&file)
             .map_err(|e| EnvtestError::io(format!("reading {}", file.display()), e))?;
-        out.extend(crds_from_yaml(&text)?);
+        out.extend(crds_from_yaml(&text).map_err(|e| EnvtestError::CrdFile {
+            path: file.clone(),
+            source: Box::new(e),
+        })?);
     }
     Ok(out)
 }
@@ -272,10 +276,13 @@ spec:
             .collect();
         assert_eq!(names, ["gadgets.example.com", "widgets.example.com"]);
         std::fs::write(dir.path().join("c.yml"), "metadata: 7").unwrap();
-        assert!(matches!(
-            crds_from_dir(dir.path()),
-            Err(EnvtestError::Yaml { .. })
-        ));
+        let err = crds_from_dir(dir.path()).unwrap_err();
+        assert!(
+            matches!(&err, EnvtestError::CrdFile { path, source }
+                if path.ends_with("c.yml") && matches!(**source, EnvtestError::Yaml { document: 1, .. })),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("c.yml"), "{err}");
         assert!(matches!(
             crds_from_dir(dir.path().join("missing")),
             Err(EnvtestError::Io { .. })

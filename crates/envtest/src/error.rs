@@ -51,6 +51,14 @@ pub enum EnvtestError {
     /// [`EnvtestBuilder::dir`](super::EnvtestBuilder::dir).
     #[error("start_detached needs an explicit dir (EnvtestBuilder::dir)")]
     DetachedWithoutDir,
+    /// What was asked of the control plane cannot be done to an existing cluster
+    /// ([`EnvtestBuilder::use_existing_cluster`](super::EnvtestBuilder::use_existing_cluster)):
+    /// its processes are not this test's.
+    #[error("{what}: the control plane is an existing cluster, not this test's processes")]
+    ExistingCluster {
+        /// What was asked (`restart kube-apiserver`, `start detached`, …).
+        what: &'static str,
+    },
     /// The control plane's processes are not running (when handing them over to a
     /// [`DetachedEnvtest`](super::DetachedEnvtest)).
     #[error("the control plane is not running")]
@@ -102,6 +110,16 @@ pub enum EnvtestError {
         /// The YAML library's error (boxed, so that this enum does not name the library).
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A file of a CRD folder ([`crds_from_dir`](crate::crds_from_dir)) holds something
+    /// other than CustomResourceDefinitions.
+    #[error("{}: {source}", path.display())]
+    CrdFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it (a [`Yaml`](EnvtestError::Yaml) error, naming the document).
+        #[source]
+        source: Box<EnvtestError>,
     },
     /// The state file of a detached control plane could not be read or written as JSON.
     #[error("detached control plane state {path}: {source}")]

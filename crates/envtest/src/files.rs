@@ -154,7 +154,7 @@ fn random_token() -> String {
         .collect()
 }
 
-fn write_private(path: &Path, data: &[u8]) -> Result<(), EnvtestError> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> Result<(), EnvtestError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()

@@ -28,6 +28,10 @@
 //! setup-envtest's own store ([`setup_envtest_store`]). CRDs are installed from values
 //! ([`EnvtestBuilder::crds`]) or from a folder of files ([`EnvtestBuilder::crd_dir`]).
 //!
+//! With `USE_EXISTING_CLUSTER=true` ([`USE_EXISTING_CLUSTER`], or
+//! [`EnvtestBuilder::use_existing_cluster`]) nothing is started: the tests run against the
+//! cluster of the current kubeconfig, as with controller-runtime's envtest.
+//!
 //! The child processes die with the test: [`Envtest::stop`] and `Drop` kill them and remove the
 //! directory, and on Linux they also receive `SIGKILL` when the process that started them exits for any
 //! reason (even when a static `Envtest` is never dropped, or the test binary is killed).
@@ -63,6 +67,7 @@ mod control_plane;
 mod crds;
 mod detached;
 mod error;
+mod existing;
 mod files;
 mod lookup;
 mod process;
@@ -75,6 +80,7 @@ pub use control_plane::Envtest;
 pub use crds::{FIELD_MANAGER, crds_from_dir, crds_from_yaml, install_crds, wait_for_openapi};
 pub use detached::{DetachedEnvtest, STATE_FILE};
 pub use error::EnvtestError;
+pub use existing::USE_EXISTING_CLUSTER;
 pub use lookup::{
     ACTORCILE_KUBE_ASSETS, Binaries, KUBEBUILDER_ASSETS, KubeVersion, binaries, cache_dir,
     setup_envtest_store,

@@ -429,3 +429,106 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// controller-runtime's `USE_EXISTING_CLUSTER`: a second handle on the first control plane,
+/// through its kubeconfig, starts nothing, installs its CRDs there, impersonates the non-admin
+/// user, refuses what only its own processes allow, and stops nothing.
+#[tokio::test]
+async fn an_existing_cluster_is_used_as_it_is() {
+    tokio::time::timeout(LIMIT, async {
+        let cluster = Envtest::start().await.unwrap();
+        let env = Envtest::builder()
+            .use_existing_cluster(true)
+            .kubeconfig(cluster.kubeconfig_path())
+            .crds(crds_from_yaml(super::crds::WIDGET_CRD).unwrap())
+            .start()
+            .await
+            .unwrap();
+        assert!(env.is_existing_cluster() && !cluster.is_existing_cluster());
+        assert_eq!(env.server_url(), cluster.server_url());
+        assert_eq!(env.version(), cluster.version());
+        assert_eq!(env.pids(), (None, None));
+
+        // Its CRDs are installed into the cluster; what its client writes is there.
+        assert!(
+            Api::<CustomResourceDefinition>::all(cluster.client())
+                .get_opt("widgets.example.com")
+                .await
+                .unwrap()
+                .is_some()
+        );
+        Api::<ConfigMap>::namespaced(env.client(), "default")
+            .create(&PostParams::default(), &config_map("existing"))
+            .await
+            .unwrap();
+        assert!(
+            Api::<ConfigMap>::namespaced(cluster.client(), "default")
+                .get_opt("existing")
+                .await
+                .unwrap()
+                .is_some()
+        );
+        // Its kubeconfig file works on its own.
+        let from_file = files::client_config(env.kubeconfig_path()).await.unwrap();
+        let cms: Api<ConfigMap> =
+            Api::namespaced(kube::Client::try_from(from_file).unwrap(), "default");
+        assert!(cms.get_opt("existing").await.unwrap().is_some());
+
+        // The user is the kubeconfig's identity impersonating `actorcile-user`: RBAC applies.
+        let user_cms: Api<ConfigMap> = Api::namespaced(env.user_client(), "default");
+        match user_cms.list(&ListParams::default()).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 403, "{s:?}");
+                assert!(s.message.contains(USER_NAME), "{s:?}");
+            }
+            other => panic!("expected 403, got {other:?}"),
+        }
+        grant_configmap_read(&env).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while let Err(e) = user_cms.list(&ListParams::default()).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the user still cannot list after the grant: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // Only the test's own processes restart or detach.
+        let mut env = env;
+        assert!(matches!(
+            env.restart_apiserver().await,
+            Err(EnvtestError::ExistingCluster { .. })
+        ));
+        assert!(matches!(
+            env.restart_etcd().await,
+            Err(EnvtestError::ExistingCluster { .. })
+        ));
+        let dir = env.dir().to_path_buf();
+        env.stop().await;
+        assert!(!dir.exists(), "{} should be removed", dir.display());
+        let detached = Envtest::builder()
+            .use_existing_cluster(true)
+            .kubeconfig(cluster.kubeconfig_path())
+            .dir(tempfile::tempdir().unwrap().path().join("d"))
+            .start_detached()
+            .await;
+        assert!(matches!(
+            detached,
+            Err(EnvtestError::ExistingCluster { .. })
+        ));
+
+        // Stopping it stopped nothing.
+        let (etcd, api) = cluster.pids();
+        assert!(alive(etcd.unwrap()) && alive(api.unwrap()));
+        assert!(
+            Api::<ConfigMap>::namespaced(cluster.client(), "default")
+                .get_opt("existing")
+                .await
+                .unwrap()
+                .is_some()
+        );
+        cluster.stop().await;
+    })
+    .await
+    .unwrap();
+}
