@@ -13,7 +13,7 @@ pub enum Workload {
     Noop,
     /// The reconcile writes status (phase, Ready condition, observedGeneration) when it changed.
     Status,
-    /// The reconcile yields `--yields` times, `--yield-interval-ms` apart, before it is done.
+    /// The reconcile yields `--yields` times, `--yield-interval` apart, before it is done.
     Yield,
     /// A driver updates `spec.stampMicros` at `--churn-rate` updates/s; measures event→run latency.
     Churn,
@@ -189,9 +189,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
     pub yields: u32,
 
-    /// `yield` workload: delay each yield asks for, in milliseconds.
-    #[arg(long, default_value_t = 1)]
-    pub yield_interval_ms: u64,
+    /// `yield` workload: delay each yield asks for (`1ms`, `5ms`, …).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub yield_interval: Duration,
 
     /// `churn` workload: spec updates per second (all objects together); `restart`: changes per
     /// second while the listed objects run.
@@ -217,9 +217,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=99))]
     pub repeat: u32,
 
-    /// Give up on a runtime that has not finished after this many seconds (at most a week's).
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
-    pub timeout_secs: u64,
+    /// Give up on a runtime that has not finished after this long (`90s`, `10m`; at most a
+    /// week).
+    #[arg(long, default_value = "10m", value_parser = parse_timeout)]
+    pub timeout: Duration,
 
     /// Let actorcile also add its finalizer (and, in every workload, write its status), as it
     /// does by default in an operator. Without this flag both runtimes do the same API work: no
@@ -283,16 +284,6 @@ impl BenchArgs {
         }
     }
 
-    /// Delay each yield asks for in the `yield` workload.
-    pub fn yield_interval(&self) -> Duration {
-        Duration::from_millis(self.yield_interval_ms)
-    }
-
-    /// The overall limit for one runtime.
-    pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout_secs)
-    }
-
     /// Arguments (after the binary name) that re-run this benchmark as a child for `runtime`.
     pub fn child_args(&self, runtime: RuntimeKind) -> Vec<String> {
         let mut args = vec![
@@ -307,16 +298,16 @@ impl BenchArgs {
             self.concurrency.to_string(),
             "--yields".into(),
             self.yields.to_string(),
-            "--yield-interval-ms".into(),
-            self.yield_interval_ms.to_string(),
+            "--yield-interval".into(),
+            format_duration(self.yield_interval),
             "--churn-rate".into(),
             self.churn_rate.to_string(),
             "--churn-updates".into(),
             self.churn_updates.to_string(),
             "--chain-length".into(),
             self.chain_length.to_string(),
-            "--timeout-secs".into(),
-            self.timeout_secs.to_string(),
+            "--timeout".into(),
+            format_duration(self.timeout),
             "--runtimes".into(),
             runtime.as_str().into(),
         ];
@@ -342,6 +333,26 @@ impl BenchArgs {
         }
         args
     }
+}
+
+/// A duration flag: humantime's form (`250ms`, `90s`, `10m`, `1h 30m`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime_serde::re::humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (e.g. 5ms, 90s, 10m)"))
+}
+
+/// `--timeout`: above zero and at most a week.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() || d > Duration::from_secs(7 * 24 * 3600) {
+        return Err("must be above zero and at most a week (168h)".into());
+    }
+    Ok(d)
+}
+
+/// `d` as the duration flags read it.
+fn format_duration(d: Duration) -> String {
+    humantime_serde::re::humantime::format_duration(d).to_string()
 }
 
 #[cfg(test)]
@@ -379,7 +390,8 @@ mod tests {
         assert!(!args.json);
         assert_eq!(args.backend(), Backend::InProcess);
         assert_eq!(args.yields, 10);
-        assert_eq!(args.yield_interval(), Duration::from_millis(1));
+        assert_eq!(args.yield_interval, Duration::from_millis(1));
+        assert_eq!(args.timeout, Duration::from_secs(600));
         assert_eq!(args.chain_length, 10);
         assert_eq!(args.repeat, 3);
         assert_eq!(
@@ -449,6 +461,10 @@ mod tests {
         assert!(parse(&["bench", "--runtimes", "go"]).is_err());
         assert!(parse(&["bench", "--chain-length", "0"]).is_err());
         assert!(parse(&["bench", "--chain-length", "x"]).is_err());
+        assert!(parse(&["bench", "--timeout", "0s"]).is_err());
+        assert!(parse(&["bench", "--timeout", "169h"]).is_err());
+        assert!(parse(&["bench", "--timeout", "600"]).is_err());
+        assert!(parse(&["bench", "--yield-interval", "fast"]).is_err());
     }
 
     #[test]
@@ -468,10 +484,10 @@ mod tests {
             "250.5",
             "--churn-updates",
             "3",
-            "--yield-interval-ms",
-            "4",
-            "--timeout-secs",
-            "9",
+            "--yield-interval",
+            "4ms",
+            "--timeout",
+            "9s",
             "--chain-length",
             "6",
         ])

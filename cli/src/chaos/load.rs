@@ -112,7 +112,7 @@ pub(super) async fn drive(
         api: super::ApiFaultRates::default(),
         ..args.clone()
     };
-    let planted = super::set_up(env, &args, records).await?;
+    let planted = super::setup::set_up(env, &args, records).await?;
     let admin = env.client();
     let items: Api<ChaosItem> = Api::namespaced(admin.clone(), NAMESPACE);
     let watch = super::order::Watch::start(items.clone());

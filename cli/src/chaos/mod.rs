@@ -37,6 +37,8 @@ pub mod operator;
 mod order;
 mod process;
 mod report;
+mod rounds;
+mod setup;
 mod shards;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -45,21 +47,21 @@ use std::time::{Duration, Instant};
 
 use actorcile::envtest::Envtest;
 use anyhow::{Context as _, Result, bail};
-use backon::{ConstantBuilder, Retryable};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::Subject;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::retry::idempotent;
-use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 pub use api_faults::ApiFaultRates;
-use operator::{CHILD_SUFFIX, ChaosItem, ChaosItemSpec, EFFECT, NAME, SECRET};
+use operator::{CHILD_SUFFIX, ChaosItem, ChaosItemSpec, EFFECT};
 use process::Operator;
 pub use report::{Report, Violations};
 use report::{print_load_report, print_report};
+use rounds::{drive, round_items};
+use setup::Planted;
 
 /// `actorcile chaos` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -70,10 +72,10 @@ pub struct ChaosArgs {
     /// Seed of every injected fault
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Run rounds until this many minutes have passed (a soak; at most a week); default one
-    /// round
-    #[arg(long, value_parser = parse_minutes)]
-    pub minutes: Option<f64>,
+    /// Run rounds until this long has passed (a soak: `10m`, `2h`; at most a week); default
+    /// one round
+    #[arg(long, value_parser = parse_soak)]
+    pub duration: Option<Duration>,
     /// Fraction of reconciles whose provisioner steps panic
     #[arg(long, default_value_t = 0.05, value_parser = fraction)]
     pub panic_rate: f64,
@@ -100,7 +102,7 @@ pub struct ChaosArgs {
     /// once; the operator stopped with SIGTERM once half of them started a reconcile, and started
     /// again; every item deleted once all are Ready. No other fault is injected. Reports the
     /// time to all Ready and to all gone, and the operator's peak RSS
-    #[arg(long, conflicts_with = "minutes")]
+    #[arg(long, conflicts_with = "duration")]
     pub load: bool,
     /// Keep the records (reconciles, effects, faults, operator logs) and the control plane's
     /// directory here; by default they are removed unless a check fails
@@ -232,279 +234,6 @@ async fn run(args: &ChaosArgs) -> Result<Report> {
     Ok(report)
 }
 
-/// The planted values: what must never appear where the runtime writes.
-struct Planted {
-    secret: String,
-    token: String,
-}
-
-async fn set_up(env: &Envtest, args: &ChaosArgs, records: &std::path::Path) -> Result<Planted> {
-    let seed = args.seed;
-    let admin = env.client();
-    env.install_crds(&[ChaosItem::crd()])
-        .await
-        .context("installing the ChaosItem CRD")?;
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NAMESPACE.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let namespaces: Api<Namespace> = Api::all(admin.clone());
-    create(&namespaces, &ns, "creating the namespace").await?;
-    let secret_value = format!(
-        "planted-secret-{:016x}",
-        fastrand::Rng::with_seed(seed).u64(..)
-    );
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(SECRET.into()),
-            ..Default::default()
-        },
-        string_data: Some([("token".to_string(), secret_value.clone())].into()),
-        ..Default::default()
-    };
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
-    create(&secrets, &secret, "creating the Secret").await?;
-
-    // The operator runs as the non-admin user, bound to the roles the runtime renders.
-    let probe = operator::OperatorArgs {
-        kubeconfig: env.user_kubeconfig_path().to_path_buf(),
-        dir: records.to_path_buf(),
-        incarnation: 0,
-        seed,
-        panic_rate: 0.0,
-        hang_rate: 0.0,
-        shards: args.shards(),
-        clock_skew: 0,
-        api: ApiFaultRates::default(),
-    };
-    let roles = operator::builder(admin.clone(), &probe)?.roles(NAME);
-    let user = Subject {
-        kind: "User".into(),
-        name: env.user_name().into(),
-        ..Default::default()
-    };
-    roles
-        .apply(&admin, user, "actorcile-chaos")
-        .await
-        .context("applying the operator's roles")?;
-    // RBAC reaches the authorizer through an informer: wait until the user can list items.
-    let user_items: Api<ChaosItem> = Api::namespaced(env.user_client(), NAMESPACE);
-    // Forbidden until then: any error is retried, for a minute at most.
-    (|| async {
-        user_items
-            .list(&ListParams::default().limit(1))
-            .await
-            .map(drop)
-    })
-    .retry(
-        ConstantBuilder::default()
-            .with_delay(Duration::from_millis(250))
-            .with_max_times(240),
-    )
-    .await
-    .context("waiting for the operator's roles to be in force")?;
-
-    let kubeconfig = std::fs::read_to_string(env.user_kubeconfig_path())?;
-    let token = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token:"))
-        .map(|t| t.trim().trim_matches('"').to_string())
-        .context("the user kubeconfig has no token")?;
-    Ok(Planted {
-        secret: secret_value,
-        token,
-    })
-}
-
-/// The items of round `round`: `(name, uses)`.
-fn round_items(round: u32, n: usize) -> Vec<(String, Option<String>)> {
-    let name = |i: usize| format!("r{round}-i{i}");
-    (0..n)
-        .map(|i| {
-            let uses = (i % 3 != 0).then(|| name(i - i % 3));
-            (name(i), uses)
-        })
-        .collect()
-}
-
-/// The items of a round to delete: the standalone items with an even index (and every item
-/// using them), and the users of the others with an odd index.
-fn to_delete(items: &[(String, Option<String>)]) -> HashSet<String> {
-    let base = |i: usize| (i - i % 3) / 3;
-    items
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| base(*i) % 2 == 0 || (i % 3 != 0 && i % 2 == 1))
-        .map(|(_, (n, _))| n.clone())
-        .collect()
-}
-
-async fn drive(args: &ChaosArgs, env: &mut Envtest, records: &std::path::Path) -> Result<Report> {
-    let planted = set_up(env, args, records).await?;
-    let admin = env.client();
-    let items: Api<ChaosItem> = Api::namespaced(admin.clone(), NAMESPACE);
-    let watch = order::Watch::start(items.clone());
-    let mut procs = Procs::default();
-    for _ in 0..args.replicas {
-        let operator = procs.start(env, args, records)?;
-        procs.operators.push(operator);
-    }
-    let hand_overs = (args.replicas > 1).then(|| {
-        let (namespace, prefix) = operator::SHARD_LEASES;
-        let skew = args.clock_skew;
-        shards::ShardWatch::start(admin.clone(), namespace, prefix, move |holder| {
-            process::skew_of_holder(holder, skew)
-        })
-    });
-    // When kube-apiserver or etcd was down, and which replica was frozen when (wall-clock
-    // microseconds).
-    let mut outages = Vec::new();
-    let mut pauses = Vec::new();
-    let mut report = Report {
-        seed: args.seed,
-        replicas: args.replicas,
-        ..Default::default()
-    };
-    report.faults.clock_skew_seconds = args.clock_skew;
-    let mut statuses = String::new();
-    let deadline = args
-        .minutes
-        .map(|m| Instant::now() + Duration::from_secs_f64(m * 60.0));
-    let mut round = 0;
-    loop {
-        let all = round_items(round, args.objects);
-        report.objects += all.len();
-
-        // Provision, through a kill -9 of the operator, a kube-apiserver and an etcd restart.
-        let since = lines::wall_micros();
-        let phase = Instant::now();
-        for (name, uses) in &all {
-            let item = ChaosItem::new(
-                name,
-                ChaosItemSpec {
-                    uses: uses.clone(),
-                    revision: 0,
-                },
-            );
-            create(&items, &item, "creating an item").await?;
-        }
-        reconciles_started(records, since, "provision", all.len() / 3, KILL_WAIT).await?;
-        let victim = round as usize % procs.operators.len();
-        procs.kill_and_restart(victim, env, args, records)?;
-        if procs.operators.len() > 1 {
-            // Another replica stands still past its Leases, then goes on: its shards have moved.
-            let paused = &procs.operators[(victim + 1) % procs.operators.len()];
-            let from = lines::wall_micros();
-            paused.pause(PAUSE).await;
-            pauses.push((paused.incarnation(), from, lines::wall_micros()));
-            report.faults.replicas_paused += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        restart(env, Component::Apiserver, &mut outages).await?;
-        report.faults.apiserver_restarts += 1;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        restart(env, Component::Etcd, &mut outages).await?;
-        report.faults.etcd_restarts += 1;
-        let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
-        converge(&items, &names, &mut report.violations, &mut statuses).await?;
-        report
-            .phases
-            .push(("provision".into(), phase.elapsed().as_secs_f64()));
-
-        // A new generation for every fourth item.
-        let phase = Instant::now();
-        let bumped: Vec<&str> = names.iter().copied().step_by(4).collect();
-        for name in &bumped {
-            let patch = Patch::Merge(serde_json::json!({ "spec": { "revision": 1 } }));
-            idempotent("changing an item", None, || async {
-                items
-                    .patch(name, &PatchParams::default(), &patch)
-                    .await
-                    .map(drop)
-            })
-            .await?;
-        }
-        converge(&items, &names, &mut report.violations, &mut statuses).await?;
-        report
-            .phases
-            .push(("update".into(), phase.elapsed().as_secs_f64()));
-
-        // Deprovision half, through a kill -9 and a kube-apiserver restart.
-        let doomed = to_delete(&all);
-        let since = lines::wall_micros();
-        let phase = Instant::now();
-        report.deleted += doomed.len();
-        for name in &doomed {
-            delete(&items, name).await?;
-        }
-        reconciles_started(records, since, "deprovision", doomed.len() / 3, KILL_WAIT).await?;
-        let victim = (round as usize + 1) % procs.operators.len();
-        // With replicas, kube-apiserver restarts below while the victim's shards move.
-        procs.kill_and_restart(victim, env, args, records)?;
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        restart(env, Component::Apiserver, &mut outages).await?;
-        report.faults.apiserver_restarts += 1;
-        let kept: Vec<&str> = names
-            .iter()
-            .copied()
-            .filter(|n| !doomed.contains(*n))
-            .collect();
-        wait_gone(&items, &doomed, &mut report.violations).await?;
-        report
-            .phases
-            .push(("deprovision".into(), phase.elapsed().as_secs_f64()));
-        converge(&items, &kept, &mut report.violations, &mut statuses).await?;
-        check_children(&admin, &items, &mut report.violations).await?;
-
-        round += 1;
-        if deadline.is_none_or(|d| Instant::now() >= d) {
-            break;
-        }
-    }
-    report.rounds = round;
-    report.faults.operator_kills = procs.killed.len() as u32;
-
-    // Clean up: every item deleted and gone, then the operator stopped with SIGTERM.
-    let left: Vec<String> = list(&items).await?.iter().map(|i| i.name_any()).collect();
-    for name in &left {
-        delete(&items, name).await?;
-    }
-    wait_gone(&items, &left.into_iter().collect(), &mut report.violations).await?;
-    check_children(&admin, &items, &mut report.violations).await?;
-    if let Some(watch) = hand_overs {
-        let mut figures = watch.stop().await;
-        figures.measure(&outages, operator::policy(false).lease.duration * 2);
-        report.violations.unowned_shards = figures.too_slow;
-        report.hand_overs = Some(figures);
-    }
-    for operator in std::mem::take(&mut procs.operators) {
-        let (incarnation, clean) = operator.stop().await;
-        procs.deaths.insert(incarnation, lines::wall_micros());
-        if !clean {
-            report.violations.unclean_shutdowns += 1;
-        }
-    }
-    report.violations.deletion_order = watch.stop().await;
-
-    check_records(
-        records,
-        Fates {
-            deaths: &procs.deaths,
-            killed: &procs.killed,
-            pauses: &pauses,
-        },
-        &planted,
-        &admin,
-        &statuses,
-        &mut report,
-    )
-    .await?;
-    Ok(report)
-}
-
 /// What happened to the operator processes of a run: when each died (killed or stopped), which
 /// were killed, and which was frozen when (incarnation, from, to).
 struct Fates<'a> {
@@ -609,14 +338,14 @@ async fn check_records(
     Ok(())
 }
 
-/// `--minutes`: a positive number of minutes, at most a week's.
-fn parse_minutes(s: &str) -> std::result::Result<f64, String> {
-    let m: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if m.is_finite() && m > 0.0 && m <= 7.0 * 24.0 * 60.0 {
-        Ok(m)
-    } else {
-        Err("must be a number of minutes above 0 and at most a week's (10080)".into())
+/// `--duration`: humantime's form (`10m`, `2h`), above zero and at most a week.
+fn parse_soak(s: &str) -> std::result::Result<Duration, String> {
+    let d = humantime_serde::re::humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (e.g. 10m, 2h)"))?;
+    if d.is_zero() || d > Duration::from_secs(7 * 24 * 3600) {
+        return Err("must be above zero and at most a week (168h)".into());
     }
+    Ok(d)
 }
 
 /// What `secret` looks like inside any base64 text (a Secret's `data`, an encoded kubeconfig):

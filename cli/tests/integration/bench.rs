@@ -16,8 +16,8 @@ fn bench_json(workload: &str, extra: &[&str]) -> Value {
         "--objects",
         "50",
         "--json",
-        "--timeout-secs",
-        "60",
+        "--timeout",
+        "60s",
     ];
     if !extra.contains(&"--repeat") {
         args.extend_from_slice(&["--repeat", "1"]);
@@ -299,8 +299,8 @@ fn table_is_the_default_output() {
             "20",
             "--runtimes",
             "kube-runtime",
-            "--timeout-secs",
-            "60",
+            "--timeout",
+            "60s",
             "--repeat",
             "1",
         ],
@@ -380,8 +380,8 @@ fn restart_measures_changes_during_the_list_for_both_runtimes() {
             "--repeat",
             "1",
             "--json",
-            "--timeout-secs",
-            "60",
+            "--timeout",
+            "60s",
         ],
         Duration::from_secs(180),
     );
@@ -426,8 +426,8 @@ fn a_sweep_reports_every_size_and_draws_the_plot() {
         "20,40",
         "--repeat",
         "1",
-        "--timeout-secs",
-        "60",
+        "--timeout",
+        "60s",
         "--plot",
         &plot_arg,
     ];
