@@ -923,9 +923,7 @@ async fn server_side_split(client: &kube::Client, server_selects: bool, limit: D
     };
     for w in &listed.items {
         assert!(
-            !w.labels()
-                .keys()
-                .any(|k| k.starts_with("shard.")),
+            !w.labels().keys().any(|k| k.starts_with("shard.")),
             "{} was labelled: {:?}",
             w.name_any(),
             w.labels()
