@@ -4,7 +4,6 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -141,27 +140,15 @@ fn field_conflict(kind: &str, name: &str, status: &kube::core::Status) -> Reason
     )
 }
 
-/// The field managers other than `ours` whose field sets a forced apply took from: their entry
-/// in `applied`'s managed fields differs from the one in `before` (or is gone). Entries are
-/// told apart by manager, operation and subresource.
-fn overridden(before: &ObjectMeta, applied: &ObjectMeta, ours: &str) -> Vec<String> {
-    use std::collections::BTreeSet;
-    let key = |e: &ManagedFieldsEntry| {
-        (
-            e.manager.clone().unwrap_or_default(),
-            e.operation.clone().unwrap_or_default(),
-            e.subresource.clone().unwrap_or_default(),
-        )
-    };
-    let after = applied.managed_fields.as_deref().unwrap_or_default();
-    let mut managers = BTreeSet::new();
-    for e in before.managed_fields.as_deref().unwrap_or_default() {
-        if e.manager.as_deref() == Some(ours) && e.operation.as_deref() == Some("Apply") {
-            continue;
-        }
-        let now = after.iter().find(|a| key(a) == key(e));
-        if now.is_none_or(|a| a.fields_v1 != e.fields_v1) {
-            managers.insert(e.manager.clone().unwrap_or_else(|| "(unnamed)".into()));
+/// The field managers an apply's conflicts name (`conflict with "kubectl-edit" using v1`, as
+/// kube-apiserver words each cause), each once.
+fn conflicting_managers(status: &kube::core::Status) -> Vec<String> {
+    let mut managers = std::collections::BTreeSet::new();
+    for c in status.details.iter().flat_map(|d| d.causes.iter()) {
+        if let Some(rest) = c.message.split("conflict with \"").nth(1)
+            && let Some(end) = rest.find('"')
+        {
+            managers.insert(rest[..end].to_string());
         }
     }
     managers.into_iter().collect()
@@ -266,29 +253,41 @@ where
         // Server-side apply needs apiVersion/kind in the body.
         value["apiVersion"] = C::api_version(&()).into();
         value["kind"] = C::kind(&()).into();
-        let mut params = PatchParams::apply(cx.field_manager());
-        if self.force {
-            params = params.force();
+        // Applied without force first: a conflict is the server's own word, atomic with the
+        // write, on which fields another manager changed and who (a diff of the child read
+        // before would miss an edit made between that read and the apply). Then, for a forced
+        // child, the apply is forced and the managers it overrode are named in an Event.
+        let params = PatchParams::apply(cx.field_manager());
+        let mut result = api.patch(&name, &params, &Patch::Apply(&value)).await;
+        if self.force
+            && let Err(kube::Error::Api(status)) = &result
+            && status.code == 409
+        {
+            let managers = conflicting_managers(status);
+            result = api
+                .patch(&name, &params.clone().force(), &Patch::Apply(&value))
+                .await;
+            if result.is_ok() && before.is_some() {
+                let who = if managers.is_empty() {
+                    "another field manager".to_string()
+                } else {
+                    managers.join(", ")
+                };
+                cx.event(
+                    EventType::Warning,
+                    "ChildFieldsOverridden",
+                    "Apply",
+                    Some(format!(
+                        "{} {name}: set back the fields that {who} changed",
+                        C::kind(&())
+                    )),
+                )
+                .await;
+            }
         }
-        match api.patch(&name, &params, &Patch::Apply(&value)).await {
+        match result {
             Ok(applied) => {
                 cx.wrote_child(&applied);
-                if let Some(before) = &before {
-                    let managers = overridden(before.meta(), applied.meta(), cx.field_manager());
-                    if !managers.is_empty() {
-                        cx.event(
-                            EventType::Warning,
-                            "ChildFieldsOverridden",
-                            "Apply",
-                            Some(format!(
-                                "{} {name}: set back the fields that {} changed",
-                                C::kind(&()),
-                                managers.join(", ")
-                            )),
-                        )
-                        .await;
-                    }
-                }
                 match &self.ready_when {
                     Some(ready) if !ready(&applied) => Outcome::yield_now(Reason::new(
                         "ChildNotReady",
