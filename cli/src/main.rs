@@ -11,7 +11,6 @@ static GLOBAL: allocator::Chosen = allocator::Chosen;
 mod allocator;
 mod bench;
 mod chaos;
-mod envtest_cmd;
 mod plot_file;
 mod retry;
 mod simulate;
@@ -42,7 +41,7 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// A real etcd + kube-apiserver for trying operators by hand.
     #[command(subcommand)]
-    Envtest(envtest_cmd::EnvtestCmd),
+    Envtest(actorcile_envtest::cli::EnvtestCmd),
     /// Run a mixed workload on a real etcd + kube-apiserver while injecting faults (provisioner
     /// panics and hangs, API errors, conflicts and throttling, kill -9 of the operator,
     /// kube-apiserver and etcd restarts), then count invariant violations.
@@ -119,7 +118,7 @@ fn main() -> ExitCode {
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(envtest_cmd::run(cmd))),
+            .and_then(|rt| rt.block_on(actorcile_envtest::cli::run(cmd, "actorcile envtest"))),
         Command::Chaos(args) => chaos::main(args),
         Command::ChaosOperator(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()

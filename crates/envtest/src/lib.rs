@@ -55,14 +55,18 @@
 //! Test binaries with many tests can share one control plane per process with [`Envtest::shared`]
 //! (give each test its own namespace).
 //!
-//! For a control plane that outlives the process (the `actorcile envtest up` command), see
-//! [`EnvtestBuilder::start_detached`] and [`DetachedEnvtest`].
+//! For a control plane that outlives the process, see [`EnvtestBuilder::start_detached`] and
+//! [`DetachedEnvtest`]; the `actorcile-envtest` binary (feature `cli`: `cargo install
+//! actorcile-envtest --features cli`) runs one from the command line: `actorcile-envtest up`,
+//! `status`, `restart`, `down`.
 
 // No unsafe code, but the control of its own child processes (kill, pidfd, atexit), each
 // allowed where it is, with its SAFETY note.
 #![deny(unsafe_code)]
 
 mod builder;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod control_plane;
 mod crds;
 mod detached;
