@@ -28,7 +28,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use kube::{Resource, ResourceExt};
 
-use super::cd::{AppHealth, AppIdentity, AppSpec, CdDriver, CdError, Deletion, Destination};
+use super::cd::{
+    AppHealth, AppIdentity, AppSource, AppSpec, CdDriver, CdError, Deletion, Destination,
+    IgnoreDifference,
+};
 use super::{BoxProvisioner, Context, Outcome, Provisioner, Reason};
 
 /// Which application and version an object asks for.
@@ -48,17 +51,6 @@ impl AppRef {
             version: version.into(),
         }
     }
-}
-
-/// Where a Helm chart is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chart {
-    /// The Helm repository URL.
-    pub repo: String,
-    /// The chart's name.
-    pub chart: String,
-    /// The chart's version.
-    pub version: String,
 }
 
 /// Why an application reference did not resolve.
@@ -81,18 +73,29 @@ pub enum ResolveError {
     Unavailable(String),
 }
 
-/// Resolves what an object asks for to a chart (e.g. from the operator's catalog kinds, a
-/// configuration file, or a fixed [`Catalog`]).
+/// Resolves what an object asks for to where its manifests are, a Helm chart or a folder of a
+/// git repository (e.g. from the operator's catalog kinds, a configuration file, or a fixed
+/// [`Catalog`]).
 #[async_trait]
 pub trait ApplicationResolver: Send + Sync {
-    /// The chart of `app`.
-    async fn resolve(&self, app: &AppRef) -> Result<Chart, ResolveError>;
+    /// The source of `app`.
+    async fn resolve(&self, app: &AppRef) -> Result<AppSource, ResolveError>;
 }
 
-/// A fixed catalog of applications and their versions.
+/// A fixed catalog of applications and their versions, each a Helm chart or a folder of a git
+/// repository.
+///
+/// ```
+/// use actorcile::provisioners::Catalog;
+///
+/// let catalog = Catalog::new()
+///     .chart("web", "1.2.0", "https://charts.example.com", "web")
+///     .git("cni", "1.16", "https://git.example.com/platform.git", "charts/cni", "v1.16.0");
+/// # let _ = catalog;
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Catalog {
-    charts: HashMap<String, HashMap<String, Chart>>,
+    charts: HashMap<String, HashMap<String, AppSource>>,
 }
 
 impl Catalog {
@@ -110,21 +113,35 @@ impl Catalog {
         chart: impl Into<String>,
     ) -> Self {
         let version = version.into();
-        self.charts.entry(name.into()).or_default().insert(
-            version.clone(),
-            Chart {
-                repo: repo.into(),
-                chart: chart.into(),
-                version,
-            },
-        );
+        let source = AppSource::helm(repo, chart, version.clone());
+        self.charts
+            .entry(name.into())
+            .or_default()
+            .insert(version, source);
+        self
+    }
+
+    /// Application `name` at `version` is folder `path` of git repository `repo` at
+    /// `revision` (a branch, tag or commit).
+    pub fn git(
+        mut self,
+        name: impl Into<String>,
+        version: impl Into<String>,
+        repo: impl Into<String>,
+        path: impl Into<String>,
+        revision: impl Into<String>,
+    ) -> Self {
+        self.charts
+            .entry(name.into())
+            .or_default()
+            .insert(version.into(), AppSource::git(repo, path, revision));
         self
     }
 }
 
 #[async_trait]
 impl ApplicationResolver for Catalog {
-    async fn resolve(&self, app: &AppRef) -> Result<Chart, ResolveError> {
+    async fn resolve(&self, app: &AppRef) -> Result<AppSource, ResolveError> {
         let versions = self
             .charts
             .get(&app.name)
@@ -161,7 +178,7 @@ type Of<K, T> = Box<dyn Fn(&K) -> T + Send + Sync>;
 type Hook<K, T> = Box<dyn Fn(&K) -> Result<T, AppHookError> + Send + Sync>;
 type Customize<K> = Box<dyn Fn(&K, &mut AppSpec) -> Result<(), AppHookError> + Send + Sync>;
 
-/// A CD-managed Helm application; see [`application`].
+/// A CD-managed application; see [`application`].
 pub struct Application<K> {
     name: String,
     driver: Arc<dyn CdDriver>,
@@ -170,6 +187,10 @@ pub struct Application<K> {
     release_name: Option<Of<K, String>>,
     namespace: Option<Of<K, String>>,
     namespace_labels: Option<Of<K, BTreeMap<String, String>>>,
+    namespace_annotations: Option<Of<K, BTreeMap<String, String>>>,
+    create_namespace: bool,
+    server_side_apply: bool,
+    ignore_differences: Vec<IgnoreDifference>,
     parameters: Option<Hook<K, BTreeMap<String, String>>>,
     values: Option<Hook<K, serde_json::Value>>,
     customize: Option<Customize<K>>,
@@ -179,8 +200,8 @@ pub struct Application<K> {
     background_delete: bool,
 }
 
-/// Deploy the Helm application `app(object)` asks for through `driver`, resolving it with
-/// `resolver`, into the current cluster scope: the driver's own cluster, or, inside a
+/// Deploy the application `app(object)` asks for (a Helm chart or a folder of a git repository,
+/// as `resolver` resolves it) through `driver`, into the current cluster scope: the driver's own cluster, or, inside a
 /// [`remote`](super::remote()) registered with a driver, that remote.
 ///
 /// Provision resolves the application (an unknown application or version is `Terminal` with
@@ -210,6 +231,10 @@ pub fn application<K>(
         release_name: None,
         namespace: None,
         namespace_labels: None,
+        namespace_annotations: None,
+        create_namespace: true,
+        server_side_apply: false,
+        ignore_differences: Vec::new(),
         parameters: None,
         values: None,
         customize: None,
@@ -239,6 +264,36 @@ impl<K> Application<K> {
         f: impl Fn(&K) -> BTreeMap<String, String> + Send + Sync + 'static,
     ) -> Self {
         self.namespace_labels = Some(Box::new(f));
+        self
+    }
+
+    /// Annotations of the release's namespace, when the CD system creates it.
+    pub fn namespace_annotations(
+        mut self,
+        f: impl Fn(&K) -> BTreeMap<String, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.namespace_annotations = Some(Box::new(f));
+        self
+    }
+
+    /// Whether the CD system creates the namespace when it is missing (default `true`; Argo
+    /// CD's `CreateNamespace` sync option).
+    pub fn create_namespace(mut self, create: bool) -> Self {
+        self.create_namespace = create;
+        self
+    }
+
+    /// Whether the CD system applies the manifests server-side (default `false`; Argo CD's
+    /// `ServerSideApply` sync option).
+    pub fn server_side_apply(mut self, server_side: bool) -> Self {
+        self.server_side_apply = server_side;
+        self
+    }
+
+    /// A difference the CD system ignores when it compares (Argo CD's `ignoreDifferences`);
+    /// may be given more than once.
+    pub fn ignore_difference(mut self, difference: IgnoreDifference) -> Self {
+        self.ignore_differences.push(difference);
         self
     }
 
@@ -338,7 +393,7 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
     async fn spec(&self, cx: &Context<K>) -> Result<AppSpec, Outcome> {
         let object = cx.object().as_ref();
         let wanted = (self.app)(object);
-        let chart = match self.resolver.resolve(&wanted).await {
+        let source = match self.resolver.resolve(&wanted).await {
             Ok(c) => c,
             Err(e @ ResolveError::NotFound(_)) => {
                 return Err(Outcome::Terminal(Reason::new(
@@ -353,7 +408,11 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
                 )));
             }
             Err(e @ ResolveError::Unavailable(_)) => {
-                return Err(self.failed("ApplicationResolveFailed", "cannot resolve its chart", e));
+                return Err(self.failed(
+                    "ApplicationResolveFailed",
+                    "cannot resolve its source",
+                    e,
+                ));
             }
         };
         let destination = match cx.remote() {
@@ -390,20 +449,26 @@ impl<K: Resource<DynamicType = ()>> Application<K> {
         };
         let mut spec = AppSpec {
             identity: self.identity(cx),
-            repo: chart.repo,
-            chart: chart.chart,
-            version: chart.version,
+            source,
             release: self
                 .release_name
                 .as_ref()
                 .map(|f| f(object))
                 .unwrap_or_else(|| wanted.name.clone()),
             namespace,
+            create_namespace: self.create_namespace,
             namespace_labels: self
                 .namespace_labels
                 .as_ref()
                 .map(|f| f(object))
                 .unwrap_or_default(),
+            namespace_annotations: self
+                .namespace_annotations
+                .as_ref()
+                .map(|f| f(object))
+                .unwrap_or_default(),
+            server_side_apply: self.server_side_apply,
+            ignore_differences: self.ignore_differences.clone(),
             parameters,
             values,
             destination,

@@ -6,8 +6,10 @@
 //!
 //! - **Applications** are created with `generateName` and the [`AppIdentity`] labels, and found
 //!   again by those labels only: two Applications with one identity are
-//!   [`CdError::Ambiguous`]. Their sync policy is automated (prune, self-heal, create the
-//!   namespace), so Argo CD converges them without being asked.
+//!   [`CdError::Ambiguous`]. Their sync policy is automated (prune, self-heal), so Argo CD
+//!   converges them without being asked; the [`AppSpec`]'s source (a Helm chart, or a path of
+//!   a git repository at a revision), namespace creation and metadata, server-side apply and
+//!   ignored differences are written as Argo CD reads them (`spec.rs`).
 //! - **Health**: an Application is [`AppHealth::Healthy`] when Argo CD has compared the current
 //!   source and destination (`status.sync.comparedTo`) and reports `status.sync.status` `Synced`
 //!   and `status.health.status` `Healthy`; `Degraded` health is [`AppHealth::Degraded`]; anything
@@ -38,11 +40,11 @@ use kube::api::{
     PatchParams, PostParams, Preconditions,
 };
 use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::cd::{
-    AppHealth, AppIdentity, AppSpec, CdDriver, CdError, ClusterRegistration, Deletion, Destination,
-    label_value, labels,
+    AppHealth, AppIdentity, AppSpec, CdDriver, CdError, ClusterRegistration, Deletion, label_value,
+    labels,
 };
 use crate::names::OperatorNames;
 
@@ -104,6 +106,7 @@ const CONFLICT_RETRIES: usize = 5;
 ///
 /// ```no_run
 /// use std::sync::Arc;
+/// use actorcile::names::OperatorNames;
 /// use actorcile::provisioners::argocd::ArgoCd;
 ///
 /// # async fn f(client: kube::Client) {
@@ -252,48 +255,6 @@ impl ArgoCd {
                 count,
             }),
         }
-    }
-
-    fn spec_of(&self, app: &AppSpec) -> Value {
-        let destination = match &app.destination {
-            Destination::InCluster => json!({
-                "server": IN_CLUSTER_SERVER,
-                "namespace": app.namespace,
-            }),
-            Destination::Registered(id) => json!({
-                "name": id,
-                "namespace": app.namespace,
-            }),
-        };
-        let mut helm = json!({ "releaseName": app.release });
-        if !app.parameters.is_empty() {
-            helm["parameters"] = app
-                .parameters
-                .iter()
-                .map(|(name, value)| json!({ "name": name, "value": value }))
-                .collect();
-        }
-        if let Some(values) = &app.values {
-            helm["valuesObject"] = values.clone();
-        }
-        let mut sync = json!({
-            "automated": { "prune": true, "selfHeal": true },
-            "syncOptions": ["CreateNamespace=true"],
-        });
-        if !app.namespace_labels.is_empty() {
-            sync["managedNamespaceMetadata"] = json!({ "labels": app.namespace_labels });
-        }
-        json!({
-            "project": self.project,
-            "source": {
-                "repoURL": app.repo,
-                "chart": app.chart,
-                "targetRevision": app.version,
-                "helm": helm,
-            },
-            "destination": destination,
-            "syncPolicy": sync,
-        })
     }
 
     /// The name of the Secret that registers cluster `id`: `cluster-`, a readable part of the
@@ -681,7 +642,7 @@ impl CdDriver for ArgoCd {
     }
 
     async fn apply(&self, app: &AppSpec) -> Result<(), CdError> {
-        let spec = self.spec_of(app);
+        let spec = spec::application_spec(app, &self.project);
         match self.find(&app.identity).await? {
             None => {
                 let mut obj = DynamicObject::new("", &Self::application_resource())
@@ -774,5 +735,6 @@ impl CdDriver for ArgoCd {
     }
 }
 
+mod spec;
 #[cfg(test)]
 mod tests;

@@ -196,23 +196,105 @@ pub enum Destination {
     Registered(String),
 }
 
-/// Everything a driver needs to create or update one Helm application.
+/// Where an application's manifests come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AppSource {
+    /// A chart of a Helm chart repository.
+    Helm {
+        /// The chart repository's URL.
+        repo: String,
+        /// The chart's name.
+        chart: String,
+        /// The chart's version.
+        version: String,
+    },
+    /// A folder of a git repository at a branch, tag or commit: the CD system renders what it
+    /// finds there (a Helm chart, Kustomize, plain manifests).
+    Git {
+        /// The repository's URL.
+        repo: String,
+        /// The folder within it.
+        path: String,
+        /// The branch, tag or commit.
+        revision: String,
+    },
+}
+
+impl AppSource {
+    /// A chart `chart` of repository `repo` at `version`.
+    pub fn helm(
+        repo: impl Into<String>,
+        chart: impl Into<String>,
+        version: impl Into<String>,
+    ) -> Self {
+        AppSource::Helm {
+            repo: repo.into(),
+            chart: chart.into(),
+            version: version.into(),
+        }
+    }
+
+    /// Folder `path` of git repository `repo` at `revision` (a branch, tag or commit).
+    pub fn git(
+        repo: impl Into<String>,
+        path: impl Into<String>,
+        revision: impl Into<String>,
+    ) -> Self {
+        AppSource::Git {
+            repo: repo.into(),
+            path: path.into(),
+            revision: revision.into(),
+        }
+    }
+}
+
+/// A difference the CD system ignores when it compares what it deployed with what is running
+/// (Argo CD's `ignoreDifferences`): in the objects of `group`/`kind` (and of `name` and
+/// `namespace`, when given), the fields that `json_pointers` or `jq_path_expressions` select, and
+/// those that the field managers `managed_fields_managers` own (a controller that scales a
+/// Deployment, a webhook that injects a CA bundle).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IgnoreDifference {
+    /// The objects' API group (`""` for the core group).
+    pub group: String,
+    /// The objects' kind.
+    pub kind: String,
+    /// Only the object of this name.
+    pub name: Option<String>,
+    /// Only objects in this namespace.
+    pub namespace: Option<String>,
+    /// Fields by JSON pointer (`/spec/replicas`).
+    pub json_pointers: Vec<String>,
+    /// Fields by jq path expression (`.spec.template.spec.containers[]?.image`).
+    pub jq_path_expressions: Vec<String>,
+    /// Fields these field managers own.
+    pub managed_fields_managers: Vec<String>,
+}
+
+/// Everything a driver needs to create or update one application.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct AppSpec {
     /// Which application this is.
     pub identity: AppIdentity,
-    /// The Helm chart repository URL.
-    pub repo: String,
-    /// The chart's name.
-    pub chart: String,
-    /// The chart's version.
-    pub version: String,
-    /// The Helm release name.
+    /// Where its manifests come from.
+    pub source: AppSource,
+    /// The Helm release name (for a git source, used when it holds a Helm chart and Helm
+    /// parameters or values are given).
     pub release: String,
-    /// The namespace the release is installed into (created if missing).
+    /// The namespace the application is installed into.
     pub namespace: String,
-    /// Labels for the namespace, when the driver creates it.
+    /// Whether the CD system creates the namespace when it is missing (default `true`).
+    pub create_namespace: bool,
+    /// Labels for the namespace, when the CD system creates it.
     pub namespace_labels: BTreeMap<String, String>,
+    /// Annotations for the namespace, when the CD system creates it.
+    pub namespace_annotations: BTreeMap<String, String>,
+    /// Whether the CD system applies the manifests server-side (default `false`).
+    pub server_side_apply: bool,
+    /// Differences the CD system ignores.
+    pub ignore_differences: Vec<IgnoreDifference>,
     /// Helm parameters (`--set name=value`).
     pub parameters: BTreeMap<String, String>,
     /// Helm values (a YAML/JSON object), if any.

@@ -128,8 +128,7 @@ mod step_error;
 use async_trait::async_trait;
 
 pub use application::{
-    AppHookError, AppRef, Application, ApplicationResolver, Catalog, Chart, ResolveError,
-    application,
+    AppHookError, AppRef, Application, ApplicationResolver, Catalog, ResolveError, application,
 };
 pub use combinators::{
     Concurrent, Conditional, PerReconcile, Serial, concurrent, conditional, per_reconcile, serial,

@@ -181,6 +181,17 @@ fn catalog() -> Arc<Catalog> {
     Arc::new(Catalog::new().chart("web", "1.0.0", "https://charts.example", "web"))
 }
 
+/// `web` from a folder of a git repository at a tag.
+fn git_catalog() -> Arc<Catalog> {
+    Arc::new(Catalog::new().git(
+        "web",
+        "1.0.0",
+        "https://git.example/apps.git",
+        "charts/web",
+        "v1.0.0",
+    ))
+}
+
 /// The field manager the test's Argo CD driver writes with.
 const MANAGER: &str = "remote-apps-operator";
 
@@ -261,11 +272,25 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
             remote(
                 "edge",
                 move |_g: &Gadget| FixedCluster::config("edge", edge_config.clone()),
+                // From a folder of a git repository, with Argo CD's switches.
                 vec![boxed(
-                    application("web", driver.clone(), catalog(), |_g: &Gadget| {
+                    application("web", driver.clone(), git_catalog(), |_g: &Gadget| {
                         AppRef::new("web", "1.0.0")
                     })
                     .release_name(|g: &Gadget| format!("web-{}", g.name_any()))
+                    .namespace_labels(|_g: &Gadget| {
+                        [("team".to_string(), "web".to_string())].into()
+                    })
+                    .namespace_annotations(|_g: &Gadget| {
+                        [("owner".to_string(), "web@example.com".to_string())].into()
+                    })
+                    .server_side_apply(true)
+                    .ignore_difference(actorcile::provisioners::cd::IgnoreDifference {
+                        group: "apps".into(),
+                        kind: "Deployment".into(),
+                        json_pointers: vec!["/spec/replicas".into()],
+                        ..Default::default()
+                    })
                     .background_delete(true),
                 )],
             )
@@ -384,6 +409,28 @@ async fn applications_through_argo_cd_into_a_registered_remote() {
             (g.status?.ready()?.status == "True").then_some(())
         })
         .await;
+        // Its Application, as the real server stores it: the git folder and every switch.
+        let app = applications_of(&apps, "bg").await;
+        let spec = &app[0].data["spec"];
+        assert_eq!(
+            spec["source"],
+            serde_json::json!({ "repoURL": "https://git.example/apps.git", "path": "charts/web",
+                                "targetRevision": "v1.0.0" })
+        );
+        assert_eq!(
+            spec["syncPolicy"]["syncOptions"],
+            serde_json::json!(["CreateNamespace=true", "ServerSideApply=true"])
+        );
+        assert_eq!(
+            spec["syncPolicy"]["managedNamespaceMetadata"],
+            serde_json::json!({ "labels": { "team": "web" },
+                                "annotations": { "owner": "web@example.com" } })
+        );
+        assert_eq!(
+            spec["ignoreDifferences"],
+            serde_json::json!([{ "group": "apps", "kind": "Deployment",
+                                 "jsonPointers": ["/spec/replicas"] }])
+        );
         gadgets
             .delete("bg", &DeleteParams::default())
             .await

@@ -5,7 +5,7 @@
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -526,8 +526,11 @@ async fn an_application_progresses_until_healthy_and_degraded_only_counts_when_a
     assert!(s.ready().unwrap().message.contains("crash-loops"));
     let spec = cd.apps.lock().unwrap()[&identity("a")].0.clone();
     assert_eq!(
-        (spec.version.as_str(), spec.release.as_str()),
-        ("2.0.0", "web-a")
+        (&spec.source, spec.release.as_str()),
+        (
+            &actorcile::provisioners::cd::AppSource::helm("https://charts.example", "web", "2.0.0"),
+            "web-a"
+        )
     );
     rt.shutdown().await;
 }
@@ -563,6 +566,101 @@ async fn unknown_applications_and_versions_are_terminal_and_hooks_and_ambiguity_
     create_app(&client, "x", "", 1).await;
     let s = wait_reason(&client, "x", "ApplicationNotFound", LIMIT).await;
     assert_eq!(s.phase, Some(Phase::Failed));
+    rt.shutdown().await;
+}
+
+/// Every hook and switch of `application` reaches the spec it applies; `post_provision` runs
+/// only once the application is healthy; on deletion `pre_deprovision` runs first, and while it
+/// does not end `Done` nothing is deleted.
+#[tokio::test(start_paused = true)]
+async fn every_hook_reaches_the_spec_and_the_provision_hooks_run_in_their_place() {
+    use actorcile::provisioners::cd::{AppSource, IgnoreDifference};
+    let (_mgmt, client) = cluster();
+    let cd = Arc::new(MemoryCd::default());
+    let after_healthy = Arc::new(AtomicUsize::new(0));
+    let drained = Arc::new(AtomicBool::new(false));
+    let catalog = Arc::new(Catalog::new().git(
+        "web",
+        "1.0.0",
+        "https://git.example/apps.git",
+        "web",
+        "v1.0.0",
+    ));
+    let (after, drain, log) = (after_healthy.clone(), drained.clone(), cd.clone());
+    let tree = application("web", cd.clone(), catalog, |_w: &Widget| {
+        AppRef::new("web", "1.0.0")
+    })
+    .namespace(|w: &Widget| format!("ns-{}", w.name_any()))
+    .namespace_labels(|w: &Widget| [("owner".to_string(), w.name_any())].into())
+    .namespace_annotations(|_w: &Widget| [("team".to_string(), "web".to_string())].into())
+    .parameters(|w: &Widget| Ok([("size".to_string(), w.spec.size.to_string())].into()))
+    .values(|w: &Widget| Ok(serde_json::json!({ "note": w.spec.note })))
+    .create_namespace(false)
+    .server_side_apply(true)
+    .ignore_difference(IgnoreDifference {
+        group: "apps".into(),
+        kind: "Deployment".into(),
+        json_pointers: vec!["/spec/replicas".into()],
+        ..Default::default()
+    })
+    .post_provision(step("after", move |_cx: Context<Widget>| {
+        let after = after.clone();
+        async move {
+            after.fetch_add(1, Ordering::SeqCst);
+            Outcome::Done
+        }
+    }))
+    .pre_deprovision(step("drain", move |_cx: Context<Widget>| {
+        let (drain, log) = (drain.clone(), log.clone());
+        async move {
+            log.log.lock().unwrap().push("drain".into());
+            if drain.load(Ordering::SeqCst) {
+                Outcome::Done
+            } else {
+                Outcome::failed(
+                    Reason::new("DrainFailed", "still serving"),
+                    std::io::Error::other("still serving"),
+                )
+            }
+        }
+    }));
+    let rt = start(&client, tree).await;
+    create_app(&client, "a", "hello", 3).await;
+    // Progressing: applied, and post_provision has not run (this reconcile saw it unhealthy).
+    wait_reason(&client, "a", "ApplicationProgressing", LIMIT).await;
+    assert_eq!(after_healthy.load(Ordering::SeqCst), 0);
+    let spec = cd.apps.lock().unwrap()[&identity("a")].0.clone();
+    assert_eq!(
+        spec.source,
+        AppSource::git("https://git.example/apps.git", "web", "v1.0.0")
+    );
+    assert_eq!(spec.namespace, "ns-a");
+    assert_eq!(spec.namespace_labels["owner"], "a");
+    assert_eq!(spec.namespace_annotations["team"], "web");
+    assert_eq!(spec.parameters["size"], "3");
+    assert_eq!(spec.values, Some(serde_json::json!({ "note": "hello" })));
+    assert!(!spec.create_namespace && spec.server_side_apply);
+    assert_eq!(spec.ignore_differences.len(), 1);
+    cd.set_health(&identity("a"), AppHealth::Healthy);
+    wait_ready(&client, "a", LIMIT).await;
+    assert!(after_healthy.load(Ordering::SeqCst) >= 1);
+
+    // Deletion: the drain fails, so the application stays; once it succeeds, it goes.
+    delete(&client, "a").await;
+    wait_reason(&client, "a", "DrainFailed", LIMIT).await;
+    assert!(cd.log().contains(&"drain".to_string()));
+    assert!(
+        !cd.log().iter().any(|l| l.starts_with("delete")),
+        "{:?}",
+        cd.log()
+    );
+    assert_eq!(cd.app_identities().len(), 1);
+    drained.store(true, Ordering::SeqCst);
+    wait_gone(&client, "a", LIMIT).await;
+    let log = cd.log();
+    let drain = log.iter().rposition(|l| l == "drain").unwrap();
+    let deleted = log.iter().position(|l| l.starts_with("delete")).unwrap();
+    assert!(drain < deleted, "{log:?}");
     rt.shutdown().await;
 }
 

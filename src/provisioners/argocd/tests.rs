@@ -1,6 +1,7 @@
 //! The tests of `provisioners/argocd.rs`.
 
 use super::*;
+use serde_json::Value;
 
 fn test_names() -> OperatorNames {
     OperatorNames::new("test-operator", "test.example.com")
@@ -276,15 +277,21 @@ async fn what_was_written_under_the_former_domain_is_found_and_moved_to_the_curr
     old.register_cluster(&reg, "a").await.unwrap();
     let spec = |names: &OperatorNames, version: &str| AppSpec {
         identity: AppIdentity::new(names, "Tenant", Some("t"), "acme", "web", None),
-        repo: "https://charts.example.com".into(),
-        chart: "web".into(),
-        version: version.into(),
+        source: crate::provisioners::cd::AppSource::helm(
+            "https://charts.example.com",
+            "web",
+            version,
+        ),
         release: "web".into(),
         namespace: "web".into(),
+        create_namespace: true,
         namespace_labels: BTreeMap::new(),
+        namespace_annotations: BTreeMap::new(),
+        server_side_apply: false,
+        ignore_differences: Vec::new(),
         parameters: BTreeMap::new(),
         values: None,
-        destination: Destination::InCluster,
+        destination: crate::provisioners::cd::Destination::InCluster,
         allow_degraded: false,
     };
     old.apply(&spec(&old_names, "1.0.0")).await.unwrap();
