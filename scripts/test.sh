@@ -217,6 +217,10 @@ step "cargo package: the published crates package and build from their tarballs"
 # Verified: each crate is built from its own tarball, the path dependencies among them through
 # a local registry of the others' tarballs (what a user gets from crates.io). The examples
 # (publish = false) are not packaged.
+# cargo unpacks the tarballs it builds against under the registry's source folder and reuses an
+# unpacked copy of the same version: without this, a second run builds a changed crate's
+# dependents against the first run's copy of it.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/actorcile{,-apiserver,-envtest,-cli}-0.1.0
 cargo package --quiet --allow-dirty -p actorcile-apiserver -p actorcile-envtest -p actorcile \
   -p actorcile-cli
 
