@@ -1,7 +1,10 @@
 //! The tests of `sharding/mod.rs`.
 
 use super::*;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 #[test]
 fn shard_of_is_stable_and_spread() {
