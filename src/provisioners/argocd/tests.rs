@@ -1,6 +1,9 @@
 //! The tests of `provisioners/argocd.rs`.
 
 use super::*;
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 fn test_names() -> OperatorNames {
