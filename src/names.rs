@@ -73,7 +73,8 @@ pub(crate) const STANDALONE_FIELD_MANAGER: &str = "actorcile";
 /// | the field manager of every write ([`field_manager`](Self::field_manager)) | the name | `bucket-operator` |
 /// | the leader election's Lease ([`leader_lease`](Self::leader_lease), with the flags) | the name | `bucket-operator-leader` |
 /// | the sharding Leases' prefix ([`shard_lease_prefix`](Self::shard_lease_prefix), with the flags) | the name | `bucket-operator-shards` |
-/// | a reference on its target ([`reference_prefix`](Self::reference_prefix)) | the domain | `ref.buckets.example.com/<hash>` |
+/// | a reference on its target ([`reference_prefix`](Self::reference_prefix)); on a target of a kind the runtime does not manage also a finalizer of that name | the domain | `ref.buckets.example.com/<hash>` |
+/// | the references a referrer holds on kinds the runtime does not manage ([`held_references_annotation`](Self::held_references_annotation)) | the domain | `buckets.example.com/held-references` |
 /// | the owner of a child no owner reference can name ([`owner_annotation`](Self::owner_annotation)) | the domain | `owner.buckets.example.com/uid` |
 /// | the annotation that stops an object's reconciles ([`ignore_annotation`](Self::ignore_annotation)) | the domain | `buckets.example.com/ignore` |
 /// | the labels of CD applications and the annotations of cluster registrations ([`app_label_prefix`](Self::app_label_prefix)) | the domain | `app.buckets.example.com/owner-name` |
@@ -194,6 +195,16 @@ impl OperatorNames {
         format!("ref.{}/", self.domain)
     }
 
+    /// `<domain>/held-references`: the annotation on a referrer that lists the targets of
+    /// kinds the runtime does not manage that it holds references on (a JSON list of
+    /// [`Target`](crate::references::Target)s). Each such target carries the referrer's
+    /// finalizer besides its reference annotation; the list, written on the referrer before
+    /// the finalizer goes onto the target, is how those finalizers are found and removed when
+    /// the referrer is deleted, after a restart or on another replica as well.
+    pub fn held_references_annotation(&self) -> String {
+        format!("{}/held-references", self.domain)
+    }
+
     /// `owner.<domain>/uid`: the annotation that marks a child as its owner's where an owner
     /// reference cannot (another namespace, cluster scope, a remote cluster); its value is the
     /// owner's uid.
@@ -239,6 +250,7 @@ impl OperatorNames {
                 f.reference_prefix(),
                 f.owner_annotation(),
                 f.ignore_annotation(),
+                f.held_references_annotation(),
             )
         });
         Keys {
@@ -246,6 +258,7 @@ impl OperatorNames {
             reference: self.reference_prefix(),
             owner: self.owner_annotation(),
             ignore: self.ignore_annotation(),
+            held: self.held_references_annotation(),
             former,
         }
     }
@@ -260,8 +273,10 @@ pub(crate) struct Keys {
     reference: String,
     owner: String,
     ignore: String,
-    /// The former domain's reference prefix, owner annotation and ignore annotation.
-    former: Option<(String, String, String)>,
+    held: String,
+    /// The former domain's reference prefix, owner annotation, ignore annotation and held
+    /// references annotation.
+    former: Option<(String, String, String, String)>,
 }
 
 impl Keys {
@@ -283,7 +298,7 @@ impl Keys {
         let key = |prefix: &str| format!("{prefix}{h:016x}");
         (
             key(&self.reference),
-            self.former.as_ref().map(|(r, _, _)| key(r)),
+            self.former.as_ref().map(|(r, _, _, _)| key(r)),
         )
     }
 
@@ -298,7 +313,39 @@ impl Keys {
             || self
                 .former
                 .as_ref()
-                .is_some_and(|(r, _, _)| key.starts_with(r.as_str()))
+                .is_some_and(|(r, _, _, _)| key.starts_with(r.as_str()))
+    }
+
+    /// The annotation a referrer lists its references on kinds the runtime does not manage
+    /// under ([`OperatorNames::held_references_annotation`]).
+    pub(crate) fn held(&self) -> &str {
+        &self.held
+    }
+
+    /// The targets of kinds the runtime does not manage that a referrer's annotations say it
+    /// holds references on (under the current domain's key and the former's). A value that
+    /// is not a list of targets reads as none: the referrer's own author may have edited it,
+    /// and what it names is only ever released, under this referrer's own key.
+    pub(crate) fn held_in(
+        &self,
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<crate::references::Target> {
+        let former = self.former.as_ref().map(|(_, _, _, h)| h.as_str());
+        let mut held: Vec<crate::references::Target> = std::iter::once(self.held.as_str())
+            .chain(former)
+            .filter_map(|k| annotations.get(k))
+            .filter_map(|v| serde_json::from_str::<Vec<crate::references::Target>>(v).ok())
+            .flatten()
+            .take(crate::references::MAX_FOREIGN_REFERENCES)
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        held
+    }
+
+    /// The former domain's held references annotation, if there is a former domain.
+    pub(crate) fn former_held(&self) -> Option<&str> {
+        self.former.as_ref().map(|(_, _, _, h)| h.as_str())
     }
 
     /// The owner annotation to write on a child.
@@ -314,7 +361,7 @@ impl Keys {
         annotations.get(&self.owner).or_else(|| {
             self.former
                 .as_ref()
-                .and_then(|(_, o, _)| annotations.get(o))
+                .and_then(|(_, o, _, _)| annotations.get(o))
         })
     }
 
@@ -324,7 +371,7 @@ impl Keys {
             return false;
         };
         let set = |k: &str| a.get(k).is_some_and(|v| v == "true");
-        set(&self.ignore) || self.former.as_ref().is_some_and(|(_, _, i)| set(i))
+        set(&self.ignore) || self.former.as_ref().is_some_and(|(_, _, i, _)| set(i))
     }
 }
 

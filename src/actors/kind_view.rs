@@ -82,6 +82,21 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
             })
             .unwrap_or_default()
     }
+    fn held_recorded(&self, from: &Target) -> Vec<Target> {
+        self.shared
+            .store
+            .get(&key_of::<K>(from))
+            .and_then(|o| {
+                o.meta()
+                    .annotations
+                    .as_ref()
+                    .map(|a| self.shared.references.keys().held_in(a))
+            })
+            .unwrap_or_default()
+    }
+    fn uses_finalizer(&self) -> bool {
+        self.shared.rules.use_finalizer
+    }
     fn notify(&self, target: &Target) {
         let key = key_of::<K>(target);
         if let Some(a) = self.shared.routes.get(&key)

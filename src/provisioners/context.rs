@@ -536,7 +536,10 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     }
 
     /// Record that this resource references `target`: the target's deletion waits until every
-    /// referrer released it. Persisted on the target (an annotation), so it survives restarts.
+    /// referrer released it. Persisted on the target (an annotation), so it survives restarts;
+    /// on a target of a kind this runtime does not manage also as a finalizer of this
+    /// resource's own, which that kind's controller honours (see the guide's references
+    /// chapter).
     ///
     /// Conflicting writes (other referrers changing the target at the same moment) are retried
     /// by the runtime;
@@ -589,9 +592,10 @@ impl<K: Resource<DynamicType = ()>> Context<K> {
     /// Hold references on exactly `targets` from this reconcile on: take the ones not held yet
     /// ([`Context::add_reference`]), and release every other one this resource holds, e.g.
     /// the target its spec named before it changed. State every reference on every reconcile (an
-    /// empty list releases them all). What a resource holds is known from the targets'
-    /// annotations, so a reference taken before a restart is released too; only targets of
-    /// kinds this runtime manages are known.
+    /// empty list releases them all), including those [`Context::set_references`] took: use
+    /// one or the other for a resource. What a resource holds is known from the targets'
+    /// annotations (for kinds this runtime manages) and from the resource's own list of the
+    /// targets of other kinds it holds, so a reference taken before a restart is released too.
     ///
     /// ```no_run
     /// # use actorcile::prelude::*;

@@ -22,7 +22,7 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::{Readiness, ReferenceIndex, Target};
+use super::{Readiness, ReferenceError, ReferenceIndex, Target};
 
 /// How long a readiness question waits for a newly started watch's first list; after that the
 /// object reads as not Ready, and its waiter is woken when the list is in.
@@ -97,6 +97,9 @@ pub(crate) struct ExternalKinds {
     idle: Duration,
     /// (apiVersion, kind, namespace) → its watch. A handful of kinds.
     kinds: Mutex<HashMap<WatchKey, Arc<ExternalKind>>>,
+    /// (apiVersion, kind) → its API resource and whether it is namespaced, from discovery:
+    /// what reference writes on objects of the kind go through.
+    resources: Mutex<HashMap<(String, String), (ApiResource, bool)>>,
 }
 
 /// A watch's kind (apiVersion, kind) and the one namespace it watches (`None`: all).
@@ -127,6 +130,52 @@ impl ExternalKinds {
             client,
             idle,
             kinds: Mutex::default(),
+            resources: Mutex::default(),
+        }
+    }
+
+    /// The API of `target`'s kind, in its namespace (every namespace for a namespaced kind
+    /// asked without one: only to list it), resolved by discovery once per kind. A kind the
+    /// server does not serve, or a cluster-scoped target named with a namespace, or a
+    /// namespaced one named without, is [`ReferenceError::TargetMissing`].
+    pub(crate) async fn api_for(
+        &self,
+        target: &Target,
+    ) -> Result<Api<DynamicObject>, ReferenceError> {
+        let key = (target.api_version.clone(), target.kind.clone());
+        let cached = self
+            .resources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let (ar, namespaced) = match cached {
+            Some(r) => r,
+            None => {
+                let (ar, caps) = match resolve_with_scope(&self.client, &key.0, &key.1).await {
+                    Ok(r) => r,
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        return Err(ReferenceError::TargetMissing(target.clone()));
+                    }
+                    Err(kube::Error::Discovery(_)) => {
+                        return Err(ReferenceError::TargetMissing(target.clone()));
+                    }
+                    Err(e) => return Err(ReferenceError::Kube(e)),
+                };
+                let namespaced = caps.scope == kube::discovery::Scope::Namespaced;
+                self.resources
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, (ar.clone(), namespaced));
+                (ar, namespaced)
+            }
+        };
+        let client = self.client.clone();
+        match (&target.namespace, namespaced) {
+            (Some(ns), true) => Ok(Api::namespaced_with(client, ns, &ar)),
+            (None, true) if target.name.is_empty() => Ok(Api::all_with(client, &ar)),
+            (None, false) => Ok(Api::all_with(client, &ar)),
+            _ => Err(ReferenceError::TargetMissing(target.clone())),
         }
     }
 
@@ -286,13 +335,22 @@ async fn resolve(
     api_version: &str,
     kind: &str,
 ) -> Result<ApiResource, kube::Error> {
+    Ok(resolve_with_scope(client, api_version, kind).await?.0)
+}
+
+/// The API resource of `api_version`/`kind` and its capabilities (its scope), from the
+/// server's discovery.
+async fn resolve_with_scope(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+) -> Result<(ApiResource, kube::discovery::ApiCapabilities), kube::Error> {
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g, v),
         None => ("", api_version),
     };
     let gvk = GroupVersionKind::gvk(group, version, kind);
-    let (ar, _) = kube::discovery::pinned_kind(client, &gvk).await?;
-    Ok(ar)
+    kube::discovery::pinned_kind(client, &gvk).await
 }
 
 /// The watch task of one kind: resolve the kind, then apply its events to `kind.objects` and

@@ -48,6 +48,17 @@ pub(crate) trait IndexedKind: Send + Sync {
     fn notify(&self, target: &Target);
     /// A dynamic API for patching the target's annotations.
     fn dynamic_api(&self, target: &Target) -> Api<DynamicObject>;
+    /// What the cached object `from` lists as its references on kinds this runtime does not
+    /// manage ([`Keys::held_in`](crate::names::Keys::held_in)).
+    fn held_recorded(&self, from: &Target) -> Vec<Target> {
+        let _ = from;
+        Vec::new()
+    }
+    /// Whether the kind's objects carry the runtime's finalizer (their deletion waits for
+    /// their deprovision, and for their references on other kinds to be released).
+    fn uses_finalizer(&self) -> bool {
+        true
+    }
     /// Whether the kind is watched in every namespace (or is cluster-scoped): then a watch of
     /// it for targets out of view may be cluster-wide; else it is of the target's namespace,
     /// where the operator's roles grant it.
@@ -88,6 +99,9 @@ pub(crate) struct ReferenceIndex {
     /// most [`MAX_WAITS_PER_RESOURCE`]: what its deletion takes out of them, so that those
     /// maps hold no more than the live resources' waits, whatever names they give.
     waits: DashMap<Target, std::collections::VecDeque<Target>, ahash::RandomState>,
+    /// referrer → the targets of kinds the runtime does not manage its own annotation lists
+    /// (as last written or read): see [`foreign`].
+    records: DashMap<Target, BTreeSet<Target>, ahash::RandomState>,
     /// The field manager of the reference writes (the runtime's).
     field_manager: String,
     /// The annotation keys references are persisted under.
@@ -126,6 +140,7 @@ impl ReferenceIndex {
             held: Default::default(),
             missing: Default::default(),
             waits: Default::default(),
+            records: Default::default(),
             field_manager: field_manager.into(),
             keys,
             external: None,
@@ -453,6 +468,7 @@ impl ReferenceIndex {
             k.set_said(target, None);
         }
         self.held.remove(target);
+        self.records.remove(target);
         self.wake_waiters(target);
     }
 
@@ -552,6 +568,7 @@ impl ReferenceIndex {
             self.notify_held(from);
             self.forget(from);
         }
+        self.records.remove(from);
         if let Some((_, targets)) = self.waits.remove(from) {
             for t in targets {
                 self.unregister(from, &t);
@@ -583,12 +600,13 @@ impl ReferenceIndex {
         released.into()
     }
 
-    /// Remove `from`'s reference annotation from `target` (a merge patch with `null`).
+    /// Remove `from`'s reference from `target`: on a managed kind its annotation (a merge
+    /// patch with `null`), on another its finalizer too ([`foreign`]).
     async fn remove_reference(&self, from: &Target, target: &Target) -> Result<(), ReferenceError> {
-        let Some(k) = self.kind(target) else {
-            return Err(ReferenceError::UnmanagedTarget(target.clone()));
-        };
-        let api = k.dynamic_api(target);
+        if self.is_foreign(target) {
+            return self.remove_foreign(from, target).await;
+        }
+        let api = self.target_api(target).await?;
         let patch = serde_json::json!({
             "metadata": { "annotations": self.released(from) }
         });
@@ -604,6 +622,7 @@ impl ReferenceIndex {
 }
 
 mod deletion;
+mod foreign;
 mod reference_api;
 
 /// How often a reference write is tried when the target keeps changing under it.

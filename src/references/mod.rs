@@ -15,10 +15,17 @@
 //! | `index.rs` | the runtime's index: readiness, waiters, references held (`index_tests.rs` beside it) |
 //! | `index/reference_api.rs` | the reference API the contexts call, served by the index |
 //! | `index/deletion.rs` | deletion ordering: foreground deletion, live referrers, cycles |
+//! | `index/foreign.rs` | references on kinds the runtime does not manage: the referrer's finalizer on the target, the referrer's list of what it holds |
 //! | `external.rs` | the shared watches of kinds the runtime does not manage, [`readiness_of`] |
 
 mod external;
 mod index;
+
+/// At most this many references one referrer holds on objects of kinds this runtime does not
+/// manage: they are listed in an annotation on the referrer
+/// ([`OperatorNames::held_references_annotation`](crate::names::OperatorNames::held_references_annotation)),
+/// which must stay well within the API server's 256 KiB of annotations.
+pub const MAX_FOREIGN_REFERENCES: usize = 256;
 
 pub use external::{ReadyWhen, readiness_of};
 #[cfg(feature = "metrics")]
@@ -33,9 +40,24 @@ pub enum ReferenceError {
     /// The API server answered with an error (other than the conflicts retried).
     #[error("kubernetes API error: {0}")]
     Kube(#[from] kube::Error),
-    /// A reference to a kind this runtime does not manage.
+    /// A reference to a kind this runtime does not manage, from an index that cannot reach
+    /// the API server (one built without a client). The runtime's own index takes such
+    /// references (a finalizer of the referrer's on the target).
     #[error("{0} is not of a kind managed by this runtime")]
     UnmanagedTarget(Target),
+    /// A reference to a kind this runtime does not manage from a referrer whose controller
+    /// runs without the runtime's finalizer: its deletion would not wait to remove the
+    /// finalizer the reference puts on the target, which would then hold the target for good.
+    #[error(
+        "{0} cannot reference objects of kinds this runtime does not manage: its controller runs without a finalizer"
+    )]
+    ReferrerWithoutFinalizer(Target),
+    /// A referrer would hold more than [`MAX_FOREIGN_REFERENCES`] references on kinds this
+    /// runtime does not manage.
+    #[error(
+        "{0} would hold more than {MAX_FOREIGN_REFERENCES} references on kinds this runtime does not manage"
+    )]
+    TooManyForeignReferences(Target),
     /// A reference to a target that does not exist.
     #[error("{0} does not exist")]
     TargetMissing(Target),

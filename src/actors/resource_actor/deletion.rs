@@ -119,6 +119,34 @@ impl<K: ManagedResource> ResourceActor<K> {
                 }
             }
         }
+        // References on kinds this runtime does not manage are finalizers on their targets,
+        // found from this object's own list: released while the object still exists, so a
+        // crash cannot leave them on targets nothing would find them on again.
+        if let Err(e) = shared
+            .references
+            .release_foreign(
+                &target,
+                obj.meta(),
+                shared.rules.policy.write_timeout,
+                &shared.io.metrics.write_timeouts,
+            )
+            .await
+        {
+            return Some(Reconciled {
+                outcome: Outcome::failed(
+                    Reason::new(
+                        "ReferenceReleaseFailed",
+                        "could not release a reference on an object of another kind",
+                    ),
+                    e,
+                ),
+                desired: Some(status.while_deprovisioning(
+                    ReadyReason::Errored,
+                    "retrying the release of references",
+                    generation,
+                )),
+            });
+        }
         let held = shared.references.take_held(&target);
         match writes::remove_finalizer(&shared.io, obj.as_ref()).await {
             Ok(left) => {
