@@ -35,7 +35,8 @@
 //! # Other clusters and CD-managed applications
 //!
 //! [`remote`](remote()) runs its children against another cluster ([`RemoteCluster`]: a
-//! kubeconfig held in a Secret, [`KubeconfigSecret`], or a [`FixedCluster`]), and registers it
+//! kubeconfig held in a Secret, [`KubeconfigSecret`], access requested from the platform,
+//! [`AccessRequest`], or a [`FixedCluster`]), and registers it
 //! with a CD driver first when asked; [`application`](application()) deploys a Helm
 //! application through a [`cd::CdDriver`] ([`argocd::ArgoCd`] for Argo CD) into the cluster in
 //! scope. `examples/remote_app.rs` runs this tree end to end.
@@ -140,7 +141,8 @@ pub use nodes::{NodeSet, Nodes, nodes};
 pub use outcome::{InvalidReason, Outcome, ProvisionError, Reason};
 pub use ownership::ChildRules;
 pub use remote::{
-    FixedCluster, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster, RemoteClusterError, remote,
+    AccessRequest, FixedCluster, Grant, KubeconfigSecret, Remote, RemoteAccess, RemoteCluster,
+    RemoteClusterError, openmcp_grant, remote,
 };
 pub use resource::{ResourceProvisioner, resource};
 pub use step::{Step, step};

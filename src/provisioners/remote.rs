@@ -1,5 +1,6 @@
-//! Provisioning into another cluster: [`RemoteCluster`], its two implementations, and the
-//! [`remote`] provisioner that runs its children there.
+//! Provisioning into another cluster: [`RemoteCluster`], its implementations (a kubeconfig
+//! Secret, a fixed client, access requested from a platform), and the [`remote`] provisioner
+//! that runs its children there.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -41,11 +42,13 @@ use super::context::RemoteScope;
 use super::{BoxProvisioner, Context, Outcome, Provisioner, Reason, Serial, serial};
 
 mod kubeconfig;
+mod requested;
 
 pub(crate) use kubeconfig::local_auth_field;
 pub use kubeconfig::{FixedCluster, KubeconfigSecret};
 #[cfg(test)]
 use kubeconfig::{REMOTE_CONNECT_TIMEOUT, REMOTE_IO_TIMEOUT};
+pub use requested::{AccessRequest, Grant, openmcp_grant};
 
 /// How to reach a remote cluster now: a client configuration, or a ready client (an in-process
 /// cluster has no URL), and a version that changes when the credentials do.
@@ -137,6 +140,12 @@ pub enum RemoteClusterError {
         /// What is wrong and where, for status (never the credentials themselves).
         what: String,
     },
+    /// Access was asked for and refused ([`AccessRequest`] denied): someone must act.
+    #[error("{what}")]
+    Denied {
+        /// What was refused and why, for status.
+        what: String,
+    },
 }
 
 /// A cluster that provisioners can run in (see [`remote`]).
@@ -157,6 +166,25 @@ pub trait RemoteCluster: Send + Sync {
     fn credentials_namespace(&self) -> Option<&str> {
         None
     }
+
+    /// How to reach the cluster to deprovision the children there: `Ok(None)` when the access
+    /// is gone for good and nothing can have been made through it since (an
+    /// [`AccessRequest`] that is gone or was never granted): the children's deprovision is
+    /// skipped. The default is [`access`](Self::access).
+    async fn access_to_deprovision(
+        &self,
+        scope: &Client,
+    ) -> Result<Option<RemoteAccess>, RemoteClusterError> {
+        self.access(scope).await.map(Some)
+    }
+
+    /// Give the access back once the children are deprovisioned (an [`AccessRequest`] deletes
+    /// its request): `Ok(true)` once it is given back, `Ok(false)` while that is under way (the
+    /// deprovision yields and asks again). The default has nothing to give back.
+    async fn release(&self, scope: &Client) -> Result<bool, RemoteClusterError> {
+        let _ = scope;
+        Ok(true)
+    }
 }
 
 type ClusterOf<K> = Box<dyn Fn(&K) -> Box<dyn RemoteCluster> + Send + Sync>;
@@ -175,6 +203,8 @@ pub struct Remote<K> {
     /// Remote id → (access version, client): one client per remote, rebuilt when its
     /// credentials change.
     clients: Mutex<HashMap<String, (u64, Client)>>,
+    /// The permissions its remote clusters need in the scope cluster ([`Remote::needs_in`]).
+    rules: Vec<crate::rbac::ScopedRule>,
 }
 
 /// Run `children` (in order, as [`serial`]) with [`Context::client`] talking to the cluster
@@ -213,6 +243,7 @@ where
         abandon_after: None,
         credentials_scope: crate::rbac::RuleScope::Object,
         clients: Mutex::default(),
+        rules: Vec::new(),
     }
 }
 
@@ -242,6 +273,18 @@ impl<K> Remote<K> {
     /// [`from_any_namespace`](KubeconfigSecret::from_any_namespace).
     pub fn credentials_scope(mut self, scope: crate::rbac::RuleScope) -> Self {
         self.credentials_scope = scope;
+        self
+    }
+
+    /// Declare a permission its remote clusters need in `scope` of the cluster the remote is
+    /// declared in, for the rendered RBAC: e.g. an [`AccessRequest`]'s `get`, `create`,
+    /// `patch` and `delete` on its request kind.
+    pub fn needs_in(
+        mut self,
+        scope: crate::rbac::RuleScope,
+        rule: k8s_openapi::api::rbac::v1::PolicyRule,
+    ) -> Self {
+        self.rules.push(crate::rbac::ScopedRule::new(scope, rule));
         self
     }
 
@@ -348,14 +391,32 @@ impl<K: Resource<DynamicType = ()>> Remote<K> {
     async fn enter(&self, cx: &Context<K>) -> Result<(String, RemoteAccess, Context<K>), Outcome> {
         let cluster = (self.cluster)(cx.object());
         let id = cluster.id();
-        // In the runtime's own cluster (not inside another remote, whose namespaces are not
-        // the object's), a namespaced object's credentials come from its own namespace.
+        if let Some(refused) = self.check_credentials(cx, cluster.as_ref(), &id) {
+            return Err(refused);
+        }
+        let access = cluster
+            .access(cx.client())
+            .await
+            .map_err(|e| unreachable(&id, e))?;
+        let inner = self.inner(cx, &id, &access).map_err(invalid)?;
+        Ok((id, access, inner))
+    }
+
+    /// In the runtime's own cluster (not inside another remote, whose namespaces are not the
+    /// object's), a namespaced object's credentials come from its own namespace: the outcome
+    /// that refuses them otherwise.
+    fn check_credentials(
+        &self,
+        cx: &Context<K>,
+        cluster: &dyn RemoteCluster,
+        id: &str,
+    ) -> Option<Outcome> {
         if cx.remote().is_none()
             && let (Some(own), Some(theirs)) =
                 (cx.object().namespace(), cluster.credentials_namespace())
             && own != theirs
         {
-            return Err(Outcome::Terminal(Reason::new(
+            return Some(Outcome::Terminal(Reason::new(
                 "KubeconfigInvalid",
                 format!(
                     "remote cluster {id}: its kubeconfig Secret is in namespace {theirs}, not in \
@@ -363,33 +424,51 @@ impl<K: Resource<DynamicType = ()>> Remote<K> {
                 ),
             )));
         }
-        let access = match cluster.access(cx.client()).await {
-            Ok(a) => a,
-            Err(RemoteClusterError::Unavailable { what, source }) => {
-                if let Some(e) = &source {
-                    tracing::debug!(remote = %id, error = %e, "remote cluster unavailable");
-                }
-                return Err(Outcome::yield_now(Reason::new(
-                    "RemoteClusterUnavailable",
-                    format!("remote cluster {id}: {what}"),
-                )));
-            }
-            Err(RemoteClusterError::Invalid { what }) => {
-                return Err(Outcome::Terminal(Reason::new(
-                    "KubeconfigInvalid",
-                    format!("remote cluster {id}: {what}"),
-                )));
-            }
-        };
-        let client = self
-            .client_for(&id, &access)
-            .map_err(|m| Outcome::Terminal(Reason::new("KubeconfigInvalid", m)))?;
+        None
+    }
+
+    /// The context the children run in, through `access` (`Err`: why no client can be built).
+    fn inner(
+        &self,
+        cx: &Context<K>,
+        id: &str,
+        access: &RemoteAccess,
+    ) -> Result<Context<K>, String> {
+        let client = self.client_for(id, access)?;
         let scope = RemoteScope {
-            id: id.clone(),
+            id: id.to_string(),
             registered: self.driver.is_some(),
         };
-        let inner = cx.in_remote(client, scope);
-        Ok((id, access, inner))
+        Ok(cx.in_remote(client, scope))
+    }
+}
+
+/// The outcome of credentials no client can be built from.
+fn invalid(why: String) -> Outcome {
+    Outcome::Terminal(Reason::new("KubeconfigInvalid", why))
+}
+
+/// The outcome of a remote that cannot be reached: a yield while it may become reachable,
+/// `Terminal` for unusable credentials, `UserActionRequired` for refused access.
+fn unreachable(id: &str, e: RemoteClusterError) -> Outcome {
+    match e {
+        RemoteClusterError::Unavailable { what, source } => {
+            if let Some(e) = &source {
+                tracing::debug!(remote = %id, error = %e, "remote cluster unavailable");
+            }
+            Outcome::yield_now(Reason::new(
+                "RemoteClusterUnavailable",
+                format!("remote cluster {id}: {what}"),
+            ))
+        }
+        RemoteClusterError::Invalid { what } => Outcome::Terminal(Reason::new(
+            "KubeconfigInvalid",
+            format!("remote cluster {id}: {what}"),
+        )),
+        RemoteClusterError::Denied { what } => Outcome::UserActionRequired(Reason::new(
+            "RemoteAccessDenied",
+            format!("remote cluster {id}: {what}"),
+        )),
     }
 }
 
@@ -409,6 +488,7 @@ where
             self.credentials_scope.clone(),
             crate::rbac::rule_for::<Secret>(&["get"]),
         )];
+        rules.extend(self.rules.iter().cloned());
         if let Some(d) = &self.driver {
             rules.extend(d.rules());
         }
@@ -468,13 +548,26 @@ where
     }
 
     async fn deprovision(&self, cx: &Context<K>) -> Outcome {
-        let (id, _access, inner) = match self.enter(cx).await {
-            Ok(entered) => entered,
-            Err(outcome) => return self.abandon_or(cx, outcome).await,
+        let cluster = (self.cluster)(cx.object());
+        let id = cluster.id();
+        if let Some(refused) = self.check_credentials(cx, cluster.as_ref(), &id) {
+            return self.abandon_or(cx, refused).await;
+        }
+        let access = match cluster.access_to_deprovision(cx.client()).await {
+            Ok(access) => access,
+            Err(e) => return self.abandon_or(cx, unreachable(&id, e)).await,
         };
-        let outcome = self.children.deprovision(&inner).await;
-        if !outcome.is_done() {
-            return self.abandon_or(cx, outcome).await;
+        // No access any more (a request that is gone or was never granted): nothing can be
+        // reached, or can have been made, through it.
+        if let Some(access) = access {
+            let inner = match self.inner(cx, &id, &access) {
+                Ok(inner) => inner,
+                Err(why) => return self.abandon_or(cx, invalid(why)).await,
+            };
+            let outcome = self.children.deprovision(&inner).await;
+            if !outcome.is_done() {
+                return self.abandon_or(cx, outcome).await;
+            }
         }
         if let Some(driver) = &self.driver
             && let Err(e) = driver.unregister_cluster(&id, &self.user(cx)).await
@@ -489,6 +582,16 @@ where
                 ),
                 e,
             );
+        }
+        match cluster.release(cx.client()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Outcome::yield_now(Reason::new(
+                    "RemoteReleasing",
+                    format!("remote cluster {id}: waiting for its access to be given back"),
+                ));
+            }
+            Err(e) => return self.abandon_or(cx, unreachable(&id, e)).await,
         }
         self.forget_client(&id);
         Outcome::Done

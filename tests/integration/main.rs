@@ -23,6 +23,7 @@ mod real_guard;
 mod real_podman;
 mod real_rbac;
 mod real_references;
+mod real_requested_access;
 mod real_remote;
 mod real_runtime;
 mod real_tenancy;
