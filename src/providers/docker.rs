@@ -3,7 +3,14 @@
 //!
 //! A node is a container named after the node, labelled with its cluster and role in one of
 //! four label schemes ([`LabelScheme`]), so the provider also sees clusters that kind, k3d or
-//! Talos made. A node's endpoints are its published ports (`host address:port`). Every engine call is bounded by the provider's timeout (default 30 s): an engine that
+//! Talos made. The networks and volumes a node names are created with the cluster's labels
+//! when missing, and removed when the cluster's last node is deleted (those of the cluster's
+//! labels only: a network another tool made is never removed). A node's endpoints are its
+//! published ports (`host address:port`), and its API endpoint the published port of the
+//! API server (container port 6443 unless [`DockerProvider::api_port`] says otherwise), which
+//! is the cluster's [`endpoint`](super::ClusterStatus::endpoint). Starting a running node or
+//! stopping a stopped one is [`ProviderError::Skip`] to the bulk operations (the engine
+//! answers `304`). Every engine call is bounded by the provider's timeout (default 30 s): an engine that
 //! does not answer, or a socket with nothing behind it, is
 //! [`ProviderError::ProviderUnavailable`] within it. Starting or stopping a cluster handles its
 //! nodes in name order under one shared deadline; deletion removes containers with force
@@ -28,13 +35,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as EngineError;
-use bollard::models::{ContainerCreateBody, ContainerSummaryStateEnum, HostConfig};
+use bollard::models::{
+    ContainerCreateBody, ContainerSummaryStateEnum, EndpointSettings, HostConfig, Mount, MountType,
+    NetworkCreateRequest, NetworkingConfig, PortBinding, VolumeCreateRequest,
+};
 use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
+    CreateContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions, StopContainerOptions,
 };
 use tokio::time::Instant;
 
-use super::{NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError, nodes_not_in};
+use super::{
+    NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError, for_each_node, nodes_not_in,
+};
 
 /// How a cluster's nodes are labelled: the cluster label, the role label, and the role values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,7 +138,12 @@ pub struct DockerProvider {
     scheme: LabelScheme,
     socket: String,
     timeout: Duration,
+    api_port: u16,
 }
+
+/// The container port of a node's Kubernetes API server, unless [`DockerProvider::api_port`]
+/// says otherwise (kind's, k3d's and Talos's).
+pub const DEFAULT_API_PORT: u16 = 6443;
 
 impl DockerProvider {
     /// A provider on the Docker Engine API socket at `socket` (a path, or `unix://` and a
@@ -146,7 +164,15 @@ impl DockerProvider {
             scheme,
             socket: socket.to_string(),
             timeout,
+            api_port: DEFAULT_API_PORT,
         })
+    }
+
+    /// The container port of the nodes' API server (default [`DEFAULT_API_PORT`]): its
+    /// published port is a control-plane node's [`api_endpoint`](NodeInfo::api_endpoint).
+    pub fn api_port(mut self, port: u16) -> Self {
+        self.api_port = port;
+        self
     }
 
     /// Bound every engine call (and a cluster's whole stop) by `timeout` (default 30 s).
@@ -246,6 +272,15 @@ impl DockerProvider {
                         .role_of(labels.get(self.scheme.role).map_or("", String::as_str)),
                     state: state_of(c.state),
                     endpoints: published(c.ports.as_deref().unwrap_or_default()),
+                    api_endpoint: published(
+                        &c.ports
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter(|p| p.private_port == self.api_port)
+                            .collect::<Vec<_>>(),
+                    )
+                    .first()
+                    .map(|e| format!("https://{e}")),
                 })
             })
             .collect();
@@ -255,6 +290,174 @@ impl DockerProvider {
 
     fn is_not_found(e: &ProviderError) -> bool {
         matches!(e, ProviderError::Refused { message, .. } if message.starts_with("404"))
+    }
+
+    /// The labels of everything the provider makes for `cluster`: the scheme's cluster label
+    /// and its own marks.
+    fn cluster_labels(&self, cluster: &str) -> HashMap<String, String> {
+        let mut labels = HashMap::from([(self.scheme.cluster.to_string(), cluster.to_string())]);
+        for (k, v) in self.scheme.extra {
+            labels.insert((*k).into(), (*v).into());
+        }
+        labels
+    }
+
+    fn label_filter(&self, cluster: &str) -> HashMap<String, Vec<String>> {
+        HashMap::from([(
+            "label".to_string(),
+            vec![format!("{}={cluster}", self.scheme.cluster)],
+        )])
+    }
+
+    /// Network `name`, created with `cluster`'s labels if there is none of that name.
+    async fn ensure_network(&self, cluster: &str, name: &str) -> Result<(), ProviderError> {
+        let options = ListNetworksOptions {
+            filters: Some(HashMap::from([(
+                "name".to_string(),
+                vec![name.to_string()],
+            )])),
+        };
+        let exists = |list: &[bollard::models::Network]| {
+            list.iter().any(|n| n.name.as_deref() == Some(name))
+        };
+        let list = self
+            .engine(
+                "list networks",
+                name,
+                self.docker.list_networks(Some(options.clone())),
+            )
+            .await?;
+        if exists(&list) {
+            return Ok(());
+        }
+        let request = NetworkCreateRequest {
+            name: name.to_string(),
+            labels: Some(self.cluster_labels(cluster)),
+            ..Default::default()
+        };
+        match self
+            .engine("create network", name, self.docker.create_network(request))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Made meanwhile by another node of the cluster: then it is there.
+            Err(e) => {
+                let list = self
+                    .engine(
+                        "list networks",
+                        name,
+                        self.docker.list_networks(Some(options)),
+                    )
+                    .await?;
+                if exists(&list) { Ok(()) } else { Err(e) }
+            }
+        }
+    }
+
+    /// Volume `name`, created with `cluster`'s labels if there is none of that name.
+    async fn ensure_volume(&self, cluster: &str, name: &str) -> Result<(), ProviderError> {
+        let options = ListVolumesOptions {
+            filters: Some(HashMap::from([(
+                "name".to_string(),
+                vec![name.to_string()],
+            )])),
+        };
+        let exists = |list: bollard::models::VolumeListResponse| {
+            list.volumes
+                .unwrap_or_default()
+                .iter()
+                .any(|v| v.name == name)
+        };
+        let list = self
+            .engine(
+                "list volumes",
+                name,
+                self.docker.list_volumes(Some(options.clone())),
+            )
+            .await?;
+        if exists(list) {
+            return Ok(());
+        }
+        let request = VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(self.cluster_labels(cluster)),
+            ..Default::default()
+        };
+        match self
+            .engine("create volume", name, self.docker.create_volume(request))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let list = self
+                    .engine(
+                        "list volumes",
+                        name,
+                        self.docker.list_volumes(Some(options)),
+                    )
+                    .await?;
+                if exists(list) { Ok(()) } else { Err(e) }
+            }
+        }
+    }
+
+    /// Remove the networks and volumes labelled with `cluster` (after its last node went).
+    async fn remove_cluster_resources(&self, cluster: &str) -> Result<(), ProviderError> {
+        let networks = self
+            .engine(
+                "list networks",
+                cluster,
+                self.docker.list_networks(Some(ListNetworksOptions {
+                    filters: Some(self.label_filter(cluster)),
+                })),
+            )
+            .await?;
+        for name in networks.into_iter().filter_map(|n| n.name) {
+            match self
+                .engine("remove network", &name, self.docker.remove_network(&name))
+                .await
+            {
+                Err(e) if !Self::is_not_found(&e) => return Err(e),
+                _ => {}
+            }
+        }
+        let volumes = self
+            .engine(
+                "list volumes",
+                cluster,
+                self.docker.list_volumes(Some(ListVolumesOptions {
+                    filters: Some(self.label_filter(cluster)),
+                })),
+            )
+            .await?;
+        for v in volumes.volumes.unwrap_or_default() {
+            match self
+                .engine(
+                    "remove volume",
+                    &v.name,
+                    self.docker
+                        .remove_volume(&v.name, None::<RemoveVolumeOptions>),
+                )
+                .await
+            {
+                Err(e) if !Self::is_not_found(&e) => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Refused` with status `304` (the engine had nothing to do: the container runs already, or
+/// is stopped already) as [`ProviderError::Skip`].
+fn skip_unchanged(r: Result<(), ProviderError>, node: &str) -> Result<(), ProviderError> {
+    match r {
+        Err(ProviderError::Refused { message, .. }) if message.starts_with("304") => {
+            Err(ProviderError::Skip {
+                node: node.to_string(),
+            })
+        }
+        other => other,
     }
 }
 
@@ -296,24 +499,69 @@ impl Provider for DockerProvider {
         &self.socket
     }
 
+    /// Creates the networks and volumes `spec` names first (with the cluster's labels, where
+    /// missing), then the container on them, its ports published.
     async fn create_node(&self, cluster: &str, spec: &NodeSpec) -> Result<NodeInfo, ProviderError> {
+        for n in &spec.networks {
+            self.ensure_network(cluster, n).await?;
+        }
+        for v in &spec.volumes {
+            self.ensure_volume(cluster, &v.volume).await?;
+        }
         let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
-        labels.insert(self.scheme.cluster.into(), cluster.into());
+        labels.extend(self.cluster_labels(cluster));
         labels.insert(
             self.scheme.role.into(),
             self.scheme.role_value(spec.role).into(),
         );
-        for (k, v) in self.scheme.extra {
-            labels.insert((*k).into(), (*v).into());
+        let port_key =
+            |p: &super::PortMapping| format!("{}/{}", p.container_port, p.protocol.as_str());
+        let mut bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
+        for p in &spec.ports {
+            bindings
+                .entry(port_key(p))
+                .or_insert_with(|| Some(Vec::new()))
+                .get_or_insert_with(Vec::new)
+                .push(PortBinding {
+                    host_ip: Some(p.host_ip.clone()),
+                    host_port: Some(p.host_port.map(|h| h.to_string()).unwrap_or_default()),
+                });
         }
+        let mounts: Vec<Mount> = spec
+            .volumes
+            .iter()
+            .map(|v| Mount {
+                typ: Some(MountType::VOLUME),
+                source: Some(v.volume.clone()),
+                target: Some(v.target.clone()),
+                read_only: Some(v.read_only),
+                ..Default::default()
+            })
+            .collect();
+        let network_mode = spec
+            .network_mode
+            .clone()
+            .or_else(|| spec.networks.first().cloned());
+        let endpoints: HashMap<String, EndpointSettings> = spec
+            .networks
+            .iter()
+            .map(|n| (n.clone(), EndpointSettings::default()))
+            .collect();
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: (!spec.command.is_empty()).then(|| spec.command.clone()),
             labels: Some(labels),
             hostname: Some(spec.name.clone()),
+            exposed_ports: (!spec.ports.is_empty())
+                .then(|| spec.ports.iter().map(port_key).collect()),
             host_config: Some(HostConfig {
-                network_mode: spec.network_mode.clone(),
+                network_mode,
+                port_bindings: (!bindings.is_empty()).then_some(bindings),
+                mounts: (!mounts.is_empty()).then_some(mounts),
                 ..Default::default()
+            }),
+            networking_config: (!endpoints.is_empty()).then_some(NetworkingConfig {
+                endpoints_config: Some(endpoints),
             }),
             ..Default::default()
         };
@@ -335,6 +583,7 @@ impl Provider for DockerProvider {
                 role: spec.role,
                 state: NodeState::Created,
                 endpoints: Vec::new(),
+                api_endpoint: None,
             }),
             // The name may be taken by the node itself, created by an earlier reconcile (Docker
             // answers 409, Podman 500): then it is the node.
@@ -373,46 +622,42 @@ impl Provider for DockerProvider {
         Ok(clusters)
     }
 
+    /// A running node is left as it is.
     async fn start_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
-        self.engine(
-            "start",
-            &node.name,
-            self.docker.start_container(&node.name, None),
-        )
-        .await
+        let deadline = Instant::now() + self.timeout;
+        match start_until(self, node, deadline).await {
+            Err(ProviderError::Skip { .. }) => Ok(()),
+            other => other,
+        }
     }
 
     async fn start_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
         let nodes = nodes_not_in(self, cluster, NodeState::Running).await?;
-        // One deadline for the whole cluster, in name order.
+        // One deadline for the whole cluster, in name order; a node that runs by now is skipped.
         let deadline = Instant::now() + self.timeout;
-        for n in &nodes {
-            self.engine_until(
-                "start",
-                &n.name,
-                deadline,
-                self.docker.start_container(&n.name, None),
-            )
-            .await?;
-        }
+        for_each_node(&nodes, |n| start_until(self, n, deadline)).await?;
         Ok(())
     }
 
+    /// A stopped node is left as it is.
     async fn stop_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
         let deadline = Instant::now() + self.timeout;
-        stop_until(self, node, deadline).await
+        match stop_until(self, node, deadline).await {
+            Err(ProviderError::Skip { .. }) => Ok(()),
+            other => other,
+        }
     }
 
     async fn stop_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
         let nodes = nodes_not_in(self, cluster, NodeState::Stopped).await?;
-        // One deadline for the whole cluster, in name order.
+        // One deadline for the whole cluster, in name order; a node stopped by now is skipped.
         let deadline = Instant::now() + self.timeout;
-        for n in &nodes {
-            stop_until(self, n, deadline).await?;
-        }
+        for_each_node(&nodes, |n| stop_until(self, n, deadline)).await?;
         Ok(())
     }
 
+    /// Removes the container; with the cluster's last node, also the networks and volumes
+    /// labelled with the cluster.
     async fn delete_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
         let options = RemoveContainerOptions {
             force: true,
@@ -426,13 +671,35 @@ impl Provider for DockerProvider {
             )
             .await
         {
-            Err(e) if Self::is_not_found(&e) => Ok(()),
-            other => other,
+            Err(e) if Self::is_not_found(&e) => {}
+            other => other?,
         }
+        if self.containers(Some(&node.cluster)).await?.is_empty() {
+            self.remove_cluster_resources(&node.cluster).await?;
+        }
+        Ok(())
     }
 }
 
-/// Stop `node`, giving its processes until `deadline` to exit before the engine kills them.
+/// Start `node` by `deadline`; [`ProviderError::Skip`] if it runs already.
+async fn start_until(
+    p: &DockerProvider,
+    node: &NodeInfo,
+    deadline: Instant,
+) -> Result<(), ProviderError> {
+    let started = p
+        .engine_until(
+            "start",
+            &node.name,
+            deadline,
+            p.docker.start_container(&node.name, None),
+        )
+        .await;
+    skip_unchanged(started, &node.name)
+}
+
+/// Stop `node`, giving its processes until `deadline` to exit before the engine kills them;
+/// [`ProviderError::Skip`] if it is stopped already.
 async fn stop_until(
     p: &DockerProvider,
     node: &NodeInfo,
@@ -448,13 +715,15 @@ async fn stop_until(
         t: Some(grace),
         ..Default::default()
     };
-    p.engine_until(
-        "stop",
-        &node.name,
-        deadline,
-        p.docker.stop_container(&node.name, Some(options)),
-    )
-    .await
+    let stopped = p
+        .engine_until(
+            "stop",
+            &node.name,
+            deadline,
+            p.docker.stop_container(&node.name, Some(options)),
+        )
+        .await;
+    skip_unchanged(stopped, &node.name)
 }
 
 #[cfg(test)]

@@ -28,6 +28,108 @@
 //! # Ok(()) }
 //! ```
 
+//! # A cloud provider
+//!
+//! ksail also drives Hetzner Cloud servers and Sidero Omni machines. Neither can be reached
+//! from the machines this crate is built and tested on, so neither is here; a cloud provider
+//! implements the same contract against its API. Its clusters are objects of their own, so an
+//! operation on one it does not have is [`ProviderError::ClusterNotFound`]; its machines are
+//! ready when the API says so, which [`ClusterStatus::build`] takes as the ready state; and
+//! its API reports the cluster's endpoint. With the cloud's API stood in by a map:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use std::sync::Mutex;
+//! use actorcile::providers::*;
+//!
+//! /// Servers by name; a server's cluster and whether the cloud reports it running.
+//! #[derive(Default)]
+//! struct Cloud {
+//!     servers: Mutex<BTreeMap<String, NodeInfo>>,
+//!     clusters: Mutex<BTreeMap<String, String>>, // cluster → its API endpoint
+//! }
+//!
+//! #[async_trait::async_trait]
+//! impl Provider for Cloud {
+//!     fn name(&self) -> &str { "cloud" }
+//!     async fn create_node(&self, cluster: &str, spec: &NodeSpec) -> Result<NodeInfo, ProviderError> {
+//!         self.clusters.lock().unwrap().entry(cluster.into())
+//!             .or_insert_with(|| format!("https://{cluster}.api.cloud.example:6443"));
+//!         let node = NodeInfo {
+//!             name: spec.name.clone(), cluster: cluster.into(), role: spec.role,
+//!             state: NodeState::Created, endpoints: vec![], api_endpoint: None,
+//!         };
+//!         Ok(self.servers.lock().unwrap().entry(spec.name.clone()).or_insert(node).clone())
+//!     }
+//!     async fn list_nodes(&self, cluster: &str) -> Result<Vec<NodeInfo>, ProviderError> {
+//!         Ok(self.servers.lock().unwrap().values().filter(|n| n.cluster == cluster).cloned().collect())
+//!     }
+//!     async fn list_clusters(&self) -> Result<Vec<String>, ProviderError> {
+//!         Ok(self.clusters.lock().unwrap().keys().cloned().collect())
+//!     }
+//!     async fn start_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
+//!         self.set(node, NodeState::Running)
+//!     }
+//!     async fn stop_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
+//!         self.set(node, NodeState::Stopped)
+//!     }
+//!     async fn delete_node(&self, node: &NodeInfo) -> Result<(), ProviderError> {
+//!         let mut servers = self.servers.lock().unwrap();
+//!         servers.remove(&node.name);
+//!         if !servers.values().any(|n| n.cluster == node.cluster) {
+//!             self.clusters.lock().unwrap().remove(&node.cluster);
+//!         }
+//!         Ok(())
+//!     }
+//!     /// The cloud knows its clusters: one it does not have is not found.
+//!     async fn cluster_status(&self, cluster: &str) -> Result<Option<ClusterStatus>, ProviderError> {
+//!         let Some(endpoint) = self.clusters.lock().unwrap().get(cluster).cloned() else {
+//!             return Ok(None);
+//!         };
+//!         let mut status = ClusterStatus::build(self.list_nodes(cluster).await?, NodeState::Running)
+//!             .ok_or_else(|| ProviderError::ClusterNotFound { cluster: cluster.into() })?;
+//!         status.endpoint = Some(endpoint);
+//!         Ok(Some(status))
+//!     }
+//!     async fn start_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
+//!         if !self.clusters.lock().unwrap().contains_key(cluster) {
+//!             return Err(ProviderError::ClusterNotFound { cluster: cluster.into() });
+//!         }
+//!         let nodes = self.list_nodes(cluster).await?;
+//!         for_each_node(&nodes, |n| async move {
+//!             if n.state == NodeState::Running {
+//!                 return Err(ProviderError::Skip { node: n.name.clone() }); // nothing to do
+//!             }
+//!             self.start_node(n).await
+//!         })
+//!         .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! impl Cloud {
+//!     fn set(&self, node: &NodeInfo, state: NodeState) -> Result<(), ProviderError> {
+//!         match self.servers.lock().unwrap().get_mut(&node.name) {
+//!             Some(n) => { n.state = state; Ok(()) }
+//!             None => Err(ProviderError::ClusterNotFound { cluster: node.cluster.clone() }),
+//!         }
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ProviderError> {
+//! let cloud = Cloud::default();
+//! assert!(matches!(cloud.start_nodes("prod").await, Err(ProviderError::ClusterNotFound { .. })));
+//! cloud.create_node("prod", &NodeSpec::new("prod-cp-0", NodeRole::ControlPlane, "ubuntu-24.04")).await?;
+//! cloud.start_nodes("prod").await?;
+//! let status = cloud.cluster_status("prod").await?.expect("the cluster exists");
+//! assert_eq!(status.phase, ClusterPhase::Ready);
+//! assert_eq!(status.endpoint.as_deref(), Some("https://prod.api.cloud.example:6443"));
+//! cloud.delete_nodes("prod").await?;
+//! assert!(cloud.cluster_status("prod").await?.is_none());
+//! # Ok(()) }
+//! ```
+
 #[cfg(feature = "docker")]
 pub mod docker;
 pub mod simulated;
@@ -90,17 +192,23 @@ pub struct NodeInfo {
     /// Where it can be reached from the provider's host, as `address:port`, where the provider
     /// knows it (a container's published ports); empty otherwise.
     pub endpoints: Vec<String>,
+    /// The URL of the Kubernetes API server the node serves, as reached from the provider's
+    /// host (`https://127.0.0.1:41234`: a control-plane container's published API port), where
+    /// the provider knows it.
+    pub api_endpoint: Option<String>,
 }
 
 /// A cluster's phase, derived from its nodes' states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClusterPhase {
-    /// Every node is running.
+    /// Every node is ready.
     Ready,
-    /// Some nodes are running, some not.
+    /// Nodes are starting, none is stopped: the cluster is on its way up.
+    Starting,
+    /// Some nodes are ready, some not (and none is starting).
     Degraded,
-    /// No node is running.
+    /// No node is ready or starting.
     Stopped,
 }
 
@@ -117,34 +225,134 @@ pub struct ClusterStatus {
     pub nodes_ready: usize,
     /// The nodes.
     pub nodes: Vec<NodeInfo>,
-    /// The provider's API endpoint of the cluster, for providers that have one.
+    /// The cluster's Kubernetes API endpoint: a control-plane node's
+    /// [`api_endpoint`](NodeInfo::api_endpoint) (a ready one's first), or the endpoint a cloud
+    /// provider's API reports.
     pub endpoint: Option<String>,
 }
 
 impl ClusterStatus {
-    /// The status of a cluster with `nodes`: all running ⇒ Ready, some ⇒ Degraded, none ⇒
-    /// Stopped; `None` without nodes (the cluster does not exist).
+    /// [`ClusterStatus::build`] with running nodes counted as ready.
     pub fn from_nodes(nodes: Vec<NodeInfo>) -> Option<Self> {
+        Self::build(nodes, NodeState::Running)
+    }
+
+    /// The status of a cluster with `nodes`, counting those in `ready_state` as ready (ksail's
+    /// `BuildClusterStatus(nodes, readyState)`: a provider whose nodes are ready in another
+    /// state than running says which). All ready ⇒ Ready; else any starting and none stopped
+    /// ⇒ Starting; else some ready ⇒ Degraded; else Stopped. `None` without nodes (the cluster
+    /// does not exist).
+    ///
+    /// ```
+    /// use actorcile::providers::{ClusterPhase, ClusterStatus, NodeInfo, NodeRole, NodeState};
+    /// let node = |name: &str, state| NodeInfo {
+    ///     name: name.into(),
+    ///     cluster: "dev".into(),
+    ///     role: NodeRole::ControlPlane,
+    ///     state,
+    ///     endpoints: vec![],
+    ///     api_endpoint: Some(format!("https://{name}:6443")),
+    /// };
+    /// let s = ClusterStatus::build(vec![node("a", NodeState::Running), node("b", NodeState::Starting)], NodeState::Running)
+    ///     .expect("the cluster has nodes");
+    /// assert_eq!((s.phase, s.nodes_ready, s.nodes_total), (ClusterPhase::Starting, 1, 2));
+    /// assert_eq!(s.endpoint.as_deref(), Some("https://a:6443"));
+    /// ```
+    pub fn build(nodes: Vec<NodeInfo>, ready_state: NodeState) -> Option<Self> {
         if nodes.is_empty() {
             return None;
         }
-        let ready = nodes
-            .iter()
-            .filter(|n| n.state == NodeState::Running)
-            .count();
+        let in_state = |s: NodeState| nodes.iter().filter(|n| n.state == s).count();
+        let ready = in_state(ready_state);
+        let starting = ready_state != NodeState::Starting && in_state(NodeState::Starting) > 0;
+        let stopped = ready_state != NodeState::Stopped && in_state(NodeState::Stopped) > 0;
         let phase = match ready {
-            0 => ClusterPhase::Stopped,
             r if r == nodes.len() => ClusterPhase::Ready,
+            _ if starting && !stopped => ClusterPhase::Starting,
+            0 => ClusterPhase::Stopped,
             _ => ClusterPhase::Degraded,
         };
+        let control_planes = || nodes.iter().filter(|n| n.role == NodeRole::ControlPlane);
+        let endpoint = control_planes()
+            .filter(|n| n.state == ready_state)
+            .chain(control_planes())
+            .find_map(|n| n.api_endpoint.clone());
         Some(Self {
             phase,
             ready: phase == ClusterPhase::Ready,
             nodes_total: nodes.len(),
             nodes_ready: ready,
             nodes,
-            endpoint: None,
+            endpoint,
         })
+    }
+}
+
+/// A named volume mounted into a node ([`NodeSpec::volumes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeMount {
+    /// The volume's name (created with the cluster's labels when missing).
+    pub volume: String,
+    /// Where it is mounted in the node.
+    pub target: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+impl VolumeMount {
+    /// Volume `volume` mounted read-write at `target`.
+    pub fn new(volume: impl Into<String>, target: impl Into<String>) -> Self {
+        Self {
+            volume: volume.into(),
+            target: target.into(),
+            read_only: false,
+        }
+    }
+}
+
+/// The protocol of a published port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PortProtocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl PortProtocol {
+    /// `tcp` or `udp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PortProtocol::Tcp => "tcp",
+            PortProtocol::Udp => "udp",
+        }
+    }
+}
+
+/// A node's port published on the provider's host ([`NodeSpec::ports`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortMapping {
+    /// The port in the node.
+    pub container_port: u16,
+    /// The port on the host (`None`: the engine picks a free one, as kind does for the API
+    /// server).
+    pub host_port: Option<u16>,
+    /// The host address it is published on: loopback unless set, so a node is not reachable
+    /// from other machines by default.
+    pub host_ip: String,
+    /// The protocol.
+    pub protocol: PortProtocol,
+}
+
+impl PortMapping {
+    /// TCP port `container_port` published on a free port of the host's loopback.
+    pub fn tcp(container_port: u16) -> Self {
+        Self {
+            container_port,
+            host_port: None,
+            host_ip: "127.0.0.1".into(),
+            protocol: PortProtocol::Tcp,
+        }
     }
 }
 
@@ -161,9 +369,19 @@ pub struct NodeSpec {
     pub labels: BTreeMap<String, String>,
     /// The command (empty: the image's).
     pub command: Vec<String>,
-    /// The container network mode (`None`: the engine's default; `"none"` keeps the engine
-    /// off the host's network).
+    /// The container network mode (`None`: the first of [`networks`](Self::networks), else the
+    /// engine's default; `"none"` keeps the engine off the host's network).
     pub network_mode: Option<String>,
+    /// Named networks the node joins, each created with the cluster's labels when missing
+    /// and removed with the cluster's last node (kind's `kind` network, k3d's
+    /// `k3d-<cluster>`).
+    pub networks: Vec<String>,
+    /// Named volumes mounted into the node, each created with the cluster's labels when
+    /// missing and removed with the cluster's last node.
+    pub volumes: Vec<VolumeMount>,
+    /// Ports published on the provider's host (the API server's, for the cluster's
+    /// [`endpoint`](ClusterStatus::endpoint)).
+    pub ports: Vec<PortMapping>,
 }
 
 impl NodeSpec {
@@ -176,6 +394,9 @@ impl NodeSpec {
             labels: BTreeMap::new(),
             command: Vec::new(),
             network_mode: None,
+            networks: Vec::new(),
+            volumes: Vec::new(),
+            ports: Vec::new(),
         }
     }
 }
@@ -198,11 +419,21 @@ pub enum ProviderError {
         /// Why.
         reason: String,
     },
-    /// An operation on one cluster whose nodes do not exist.
+    /// An operation on one cluster that does not exist, from a provider whose clusters are
+    /// objects of their own (a cloud's clusters, Omni's; ksail's `ErrClusterNotFound`). A
+    /// provider whose clusters are only their nodes answers [`ProviderError::NoNodes`]
+    /// instead; both say there is nothing to act on.
     #[error("cluster {cluster} not found")]
     ClusterNotFound {
         /// The cluster.
         cluster: String,
+    },
+    /// Nothing to do for this node (ksail's `ErrSkipAction`): returned by a per-node action
+    /// of a bulk operation ([`for_each_node`]), which goes on to the next node at once.
+    #[error("nothing to do for node {node}")]
+    Skip {
+        /// The node.
+        node: String,
     },
     /// A label scheme the provider does not know.
     #[error("unknown label scheme {name:?} (known: kind, k3d, talos, actorcile)")]
@@ -257,17 +488,15 @@ pub trait Provider: Send + Sync {
 
     /// Start every node of `cluster`, in name order; [`ProviderError::NoNodes`] without nodes.
     async fn start_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
-        for n in &nodes_not_in(self, cluster, NodeState::Running).await? {
-            self.start_node(n).await?;
-        }
+        let nodes = nodes_not_in(self, cluster, NodeState::Running).await?;
+        for_each_node(&nodes, |n| self.start_node(n)).await?;
         Ok(())
     }
 
     /// Stop every node of `cluster`, in name order; [`ProviderError::NoNodes`] without nodes.
     async fn stop_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
-        for n in &nodes_not_in(self, cluster, NodeState::Stopped).await? {
-            self.stop_node(n).await?;
-        }
+        let nodes = nodes_not_in(self, cluster, NodeState::Stopped).await?;
+        for_each_node(&nodes, |n| self.stop_node(n)).await?;
         Ok(())
     }
 
@@ -278,9 +507,8 @@ pub trait Provider: Send + Sync {
 
     /// Delete every node of `cluster`; a missing cluster is fine.
     async fn delete_nodes(&self, cluster: &str) -> Result<(), ProviderError> {
-        for n in self.list_nodes(cluster).await? {
-            self.delete_node(&n).await?;
-        }
+        let nodes = self.list_nodes(cluster).await?;
+        for_each_node(&nodes, |n| self.delete_node(n)).await?;
         Ok(())
     }
 
@@ -288,6 +516,48 @@ pub trait Provider: Send + Sync {
     async fn cluster_status(&self, cluster: &str) -> Result<Option<ClusterStatus>, ProviderError> {
         Ok(ClusterStatus::from_nodes(self.list_nodes(cluster).await?))
     }
+}
+
+/// Run `action` on each of `nodes` in order, stopping at the first error; a node whose action
+/// answers [`ProviderError::Skip`] is passed over (what a bulk operation does with ksail's
+/// skip sentinel). How many nodes were acted on, the skipped ones not counted.
+///
+/// ```
+/// use actorcile::providers::{NodeInfo, NodeRole, NodeState, ProviderError, for_each_node};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let node = |name: &str, state| NodeInfo {
+///     name: name.into(), cluster: "dev".into(), role: NodeRole::Worker, state,
+///     endpoints: vec![], api_endpoint: None,
+/// };
+/// let nodes = [node("a", NodeState::Running), node("b", NodeState::Stopped)];
+/// let started = for_each_node(&nodes, |n| async move {
+///     if n.state == NodeState::Running {
+///         return Err(ProviderError::Skip { node: n.name.clone() });
+///     }
+///     Ok(())
+/// })
+/// .await;
+/// assert_eq!(started.unwrap(), 1);
+/// # }
+/// ```
+pub async fn for_each_node<'a, F, Fut>(
+    nodes: &'a [NodeInfo],
+    mut action: F,
+) -> Result<usize, ProviderError>
+where
+    F: FnMut(&'a NodeInfo) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ProviderError>>,
+{
+    let mut acted = 0;
+    for n in nodes {
+        match action(n).await {
+            Ok(()) => acted += 1,
+            Err(ProviderError::Skip { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(acted)
 }
 
 /// The nodes of `cluster` not in `state` yet, in name order; [`ProviderError::NoNodes`] when
@@ -318,7 +588,46 @@ mod tests {
             role: NodeRole::Worker,
             state,
             endpoints: Vec::new(),
+            api_endpoint: None,
         }
+    }
+
+    #[test]
+    fn the_ready_state_is_a_parameter_and_starting_nodes_make_a_starting_cluster() {
+        let starting = ClusterStatus::from_nodes(vec![
+            node("a", NodeState::Running),
+            node("b", NodeState::Starting),
+        ])
+        .unwrap();
+        assert_eq!(starting.phase, ClusterPhase::Starting);
+        let with_a_stopped = ClusterStatus::from_nodes(vec![
+            node("a", NodeState::Starting),
+            node("b", NodeState::Stopped),
+        ])
+        .unwrap();
+        assert_eq!(with_a_stopped.phase, ClusterPhase::Stopped);
+        // A provider whose nodes are ready once created (a cloud's machines, say).
+        let created = ClusterStatus::build(
+            vec![node("a", NodeState::Created), node("b", NodeState::Created)],
+            NodeState::Created,
+        )
+        .unwrap();
+        assert_eq!(
+            (created.phase, created.nodes_ready),
+            (ClusterPhase::Ready, 2)
+        );
+        let mut cp = node("cp", NodeState::Stopped);
+        cp.role = NodeRole::ControlPlane;
+        cp.api_endpoint = Some("https://127.0.0.1:1".into());
+        let mut cp2 = node("cp2", NodeState::Running);
+        cp2.role = NodeRole::ControlPlane;
+        cp2.api_endpoint = Some("https://127.0.0.1:2".into());
+        let s = ClusterStatus::from_nodes(vec![cp, cp2, node("w", NodeState::Running)]).unwrap();
+        assert_eq!(
+            s.endpoint.as_deref(),
+            Some("https://127.0.0.1:2"),
+            "a ready control plane's API first"
+        );
     }
 
     #[test]

@@ -132,6 +132,7 @@ impl Provider for SimulatedProvider {
             role: spec.role,
             state: NodeState::Created,
             endpoints: Vec::new(),
+            api_endpoint: None,
         };
         st.nodes.insert(spec.name.clone(), node.clone());
         st.clusters

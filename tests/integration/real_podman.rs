@@ -15,7 +15,7 @@ use actorcile::providers::{ClusterPhase, NodeRole, NodeState, Provider, Provider
 use actorcile::provisioners::{NodeSet, nodes};
 use common::*;
 use kube::ResourceExt;
-use podman::{Cleanup, Podman, containers_with, node};
+use podman::{Cleanup, Podman, containers_with, listed_with, node};
 
 /// Everything the contract promises, under one label scheme.
 async fn contract(podman: &Podman, scheme: &str, cluster_label: &str) {
@@ -245,4 +245,59 @@ async fn twenty_objects_with_three_nodes_each_converge_on_podman_and_leave_nothi
         deleted.as_secs_f64()
     );
     rt.shutdown().await;
+}
+
+/// A node's networks, volumes and ports: created with the cluster's labels, the API port the
+/// cluster's endpoint, and removed with the cluster's last node, never before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn networks_volumes_and_ports_come_with_the_cluster_and_go_with_its_last_node() {
+    use actorcile::providers::{PortMapping, VolumeMount};
+    let podman = Podman::start();
+    let p = podman.provider("kind");
+    let cluster = format!("net-{}", std::process::id());
+    let label = format!("io.x-k8s.kind.cluster={cluster}");
+    let _cleanup = Cleanup(label.clone());
+    let (network, volume) = (format!("{cluster}-net"), format!("{cluster}-data"));
+    let on_network = |name: &str, role| {
+        let mut n = node(&format!("{cluster}-{name}"), role);
+        n.network_mode = None;
+        n.networks = vec![network.clone()];
+        n.volumes = vec![VolumeMount::new(&volume, "/data")];
+        n
+    };
+    let mut cp = on_network("cp", NodeRole::ControlPlane);
+    cp.ports = vec![PortMapping::tcp(6443)];
+    let worker = on_network("w", NodeRole::Worker);
+    p.create_node(&cluster, &cp).await.unwrap();
+    p.create_node(&cluster, &worker).await.unwrap();
+    assert_eq!(
+        listed_with("network", &label),
+        std::slice::from_ref(&network)
+    );
+    assert_eq!(listed_with("volume", &label), std::slice::from_ref(&volume));
+
+    p.start_nodes(&cluster).await.unwrap();
+    let status = p.cluster_status(&cluster).await.unwrap().unwrap();
+    assert_eq!(status.phase, ClusterPhase::Ready);
+    let endpoint = status.endpoint.expect("the API port is published");
+    let port: u16 = endpoint
+        .strip_prefix("https://127.0.0.1:")
+        .unwrap_or_else(|| panic!("published on loopback: {endpoint}"))
+        .parse()
+        .expect("a port");
+    assert_ne!(port, 0);
+    // Running already: the bulk start skips every node, the single start is a no-op.
+    p.start_nodes(&cluster).await.unwrap();
+    let nodes = p.list_nodes(&cluster).await.unwrap();
+    p.start_node(&nodes[0]).await.unwrap();
+
+    // The worker goes: the cluster still has a node, its network and volume stay.
+    let w = nodes.iter().find(|n| n.role == NodeRole::Worker).unwrap();
+    p.delete_node(w).await.unwrap();
+    assert_eq!(listed_with("network", &label), [network]);
+    assert_eq!(listed_with("volume", &label), [volume]);
+    p.delete_nodes(&cluster).await.unwrap();
+    assert!(listed_with("network", &label).is_empty());
+    assert!(listed_with("volume", &label).is_empty());
+    assert!(p.cluster_status(&cluster).await.unwrap().is_none());
 }

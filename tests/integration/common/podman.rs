@@ -91,17 +91,48 @@ impl Drop for Podman {
     }
 }
 
-/// Removes every container carrying `label` when dropped, even when the test panicked.
+/// Removes every container, network and volume carrying `label` when dropped, even when the
+/// test panicked.
 pub struct Cleanup(pub String);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = podman()
-            .args(["rm", "-f", "--filter", &format!("label={}", self.0)])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let filter = format!("label={}", self.0);
+        for args in [
+            vec!["rm", "-f", "--filter", &filter],
+            vec!["network", "prune", "-f", "--filter", &filter],
+            vec!["volume", "prune", "-f", "--filter", &filter],
+        ] {
+            let _ = podman()
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
     }
+}
+
+/// The names of the networks (`what` = `network`) or volumes (`volume`) carrying `label`, as
+/// Podman itself lists them.
+pub fn listed_with(what: &str, label: &str) -> Vec<String> {
+    let out = podman()
+        .args([
+            what,
+            "ls",
+            "--format",
+            "{{.Name}}",
+            "--filter",
+            &format!("label={label}"),
+        ])
+        .output()
+        .expect("podman ls");
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect();
+    names.sort();
+    names
 }
 
 /// The containers carrying `label` (names), as Podman itself lists them.
