@@ -1,5 +1,6 @@
 //! Combinator semantics: serial order and reverse deprovision, concurrent merge, conditional.
-//! These provisioners do no I/O, so the context's client is never called.
+//! These provisioners do no I/O, so the context's client is never called; the resource step's
+//! readiness and deletion run on an in-process cluster (the last test).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -312,4 +313,70 @@ async fn a_tree_built_per_reconcile_follows_the_object() {
         Outcome::Done
     ));
     assert_eq!(taken(&t), ["-dns"]);
+}
+
+/// `resource(..).ready_when` yields `ChildNotReady` until the applied child satisfies the
+/// predicate; deprovision deletes the child and yields `ChildDeleting` while another
+/// controller's finalizer holds it, `Done` once it is gone (in-process cluster).
+#[tokio::test]
+async fn a_resource_is_ready_by_its_predicate_and_its_deletion_waits_until_it_is_gone() {
+    use actorcile::provisioners::resource;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let cluster = actorcile::cluster::ApiServer::new();
+    let client = cluster.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut parent = ConfigMap::default();
+    parent.metadata.name = Some("parent".into());
+    let parent = cms
+        .create(&PostParams::default(), &parent)
+        .await
+        .expect("create the parent");
+    let child = resource("child", |_p: &ConfigMap| {
+        let mut c = ConfigMap::default();
+        c.metadata.name = Some("child".into());
+        c.metadata.namespace = Some("default".into());
+        c.data = Some([("made".to_string(), "by the parent".to_string())].into());
+        c
+    })
+    .ready_when(|c: &ConfigMap| {
+        c.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("ready"))
+            .is_some_and(|v| v == "yes")
+    });
+    let cx = Context::new(Arc::new(parent), client.clone());
+    let code = |o: &Outcome| o.reason().map(|r| r.code().to_string());
+    let out = child.provision(&cx).await;
+    assert_eq!(code(&out).as_deref(), Some("ChildNotReady"), "{out:?}");
+    assert!(cms.get_opt("child").await.unwrap().is_some(), "applied");
+    // Its own controller says it is ready.
+    let params = PatchParams::default();
+    let mark = serde_json::json!({ "metadata": { "annotations": { "ready": "yes" } } });
+    cms.patch("child", &params, &Patch::Merge(mark))
+        .await
+        .unwrap();
+    let out = child.provision(&cx).await;
+    assert!(out.is_done(), "{out:?}");
+
+    // Another controller's finalizer holds the child: deletion waits for it to go.
+    let hold = serde_json::json!({ "metadata": { "finalizers": ["example.com/hold"] } });
+    cms.patch("child", &params, &Patch::Merge(hold))
+        .await
+        .unwrap();
+    let out = child.deprovision(&cx).await;
+    assert_eq!(code(&out).as_deref(), Some("ChildDeleting"), "{out:?}");
+    let out = child.deprovision(&cx).await;
+    assert_eq!(
+        code(&out).as_deref(),
+        Some("ChildDeleting"),
+        "still there: {out:?}"
+    );
+    let release = serde_json::json!({ "metadata": { "finalizers": null } });
+    cms.patch("child", &params, &Patch::Merge(release))
+        .await
+        .unwrap();
+    assert!(cms.get_opt("child").await.unwrap().is_none(), "gone");
+    let out = child.deprovision(&cx).await;
+    assert!(out.is_done(), "{out:?}");
 }
