@@ -28,6 +28,8 @@ pub struct Context<K> {
     client: Arc<Client>,
     /// The remote cluster `client` talks to (`None`: the runtime's own cluster).
     remote: Option<Arc<RemoteScope>>,
+    /// The condition type the running step owns ([`Step::attached_condition`](super::Step::attached_condition)).
+    attached: Option<Arc<str>>,
 }
 
 /// The remote cluster a [`remote`](super::remote()) provisioner runs its children in.
@@ -184,6 +186,7 @@ impl<K> Clone for Context<K> {
             inner: self.inner.clone(),
             client: self.client.clone(),
             remote: self.remote.clone(),
+            attached: self.attached.clone(),
         }
     }
 }
@@ -239,6 +242,7 @@ impl<K> Context<K> {
             }),
             client,
             remote: None,
+            attached: None,
         }
     }
 
@@ -312,7 +316,22 @@ impl<K> Context<K> {
             inner: self.inner.clone(),
             client: Arc::new(client),
             remote: self.remote.clone(),
+            attached: self.attached.clone(),
         }
+    }
+
+    /// The same context in a step that owns condition `type_`.
+    pub(crate) fn with_attached(&self, type_: Arc<str>) -> Self {
+        Self {
+            attached: Some(type_),
+            ..self.clone()
+        }
+    }
+
+    /// The condition type the running step owns
+    /// ([`Step::attached_condition`](super::Step::attached_condition)), if it owns one.
+    pub fn attached_condition_type(&self) -> Option<&str> {
+        self.attached.as_deref()
     }
 
     /// The same context inside remote cluster `scope`, reached through `client`.
@@ -321,6 +340,7 @@ impl<K> Context<K> {
             inner: self.inner.clone(),
             client: Arc::new(client),
             remote: Some(Arc::new(scope)),
+            attached: self.attached.clone(),
         }
     }
 

@@ -108,6 +108,52 @@ impl<K: ManagedResource> Context<K> {
         })
     }
 
+    /// Set the condition the running step owns ([`Step::attached_condition`](super::Step::attached_condition))
+    /// to `status` with `reason`, as [`Context::set_condition`] does (sequencer's
+    /// `UpdateCondition`): a step that names its condition once does not repeat it at every
+    /// write. A step without an attached condition gets [`StepError::Invalid`] naming
+    /// [`Field::ConditionType`].
+    ///
+    /// ```no_run
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "Site", namespaced, status = "ResourceStatus")]
+    /// # struct SiteSpec { host: String }
+    /// let dns = step("dns", |cx: Context<Site>| async move {
+    ///     if cx.attached_condition().is_some_and(|c| c.status == "True") {
+    ///         return Outcome::Done; // recorded by an earlier reconcile
+    ///     }
+    ///     let done = Reason::new("RecordCreated", format!("{} created", cx.object().spec.host));
+    ///     match cx.update_condition(true, &done).await {
+    ///         Ok(()) => Outcome::Done,
+    ///         Err(e) => Outcome::failed(Reason::new("ConditionWriteFailed", "cannot write DnsRecord"), e),
+    ///     }
+    /// })
+    /// .attached_condition("DnsRecord");
+    /// # let _ = dns;
+    /// ```
+    pub async fn update_condition(
+        &self,
+        status: impl Into<ConditionStatus>,
+        reason: &Reason,
+    ) -> Result<(), StepError> {
+        let Some(type_) = self.attached_condition_type() else {
+            return Err(StepError::Invalid {
+                field: Field::ConditionType,
+                problem: "the step has no attached condition (Step::attached_condition)".into(),
+            });
+        };
+        let type_ = type_.to_string();
+        self.set_condition(&type_, status, reason).await
+    }
+
+    /// The condition the running step owns, on the newest version of the object this
+    /// reconcile knows (sequencer's `Condition()`); `None` when the step owns none or the
+    /// condition was never set.
+    pub fn attached_condition(&self) -> Option<Condition> {
+        self.condition(self.attached_condition_type()?)
+    }
+
     /// Set field `name` of the object's status to `value`, written by the reconcile's one status
     /// write, together with the runtime's `Ready` condition: no request of its own, none at all
     /// when the status already holds the value, and no reconcile for its echo. Set it again on every

@@ -15,6 +15,8 @@ pub struct Step<K> {
     provision: StepFn<K>,
     deprovision: Option<StepFn<K>>,
     rules: Vec<crate::rbac::ScopedRule>,
+    /// The condition type the step owns ([`Step::attached_condition`]).
+    condition: Option<std::sync::Arc<str>>,
 }
 
 fn boxed_fn<K, P, F>(f: P) -> StepFn<K>
@@ -51,6 +53,7 @@ where
         provision: boxed_fn(provision),
         deprovision: None,
         rules: Vec::new(),
+        condition: None,
     }
 }
 
@@ -88,6 +91,23 @@ impl<K: 'static> Step<K> {
         self.needs_in(crate::rbac::RuleScope::Object, rule)
     }
 
+    /// Attach condition `type_` to the step (sequencer's attached condition): its provision
+    /// and deprovision write it with [`Context::update_condition`] and read it back with
+    /// [`Context::attached_condition`]. The type follows the rules of
+    /// [`Context::set_condition`] (checked at the first write); `Ready` is the runtime's.
+    pub fn attached_condition(mut self, type_: impl Into<String>) -> Self {
+        self.condition = Some(type_.into().into());
+        self
+    }
+
+    /// The context the step's closures get: with its attached condition, if it has one.
+    fn context(&self, cx: &Context<K>) -> Context<K> {
+        match &self.condition {
+            Some(c) => cx.with_attached(c.clone()),
+            None => cx.clone(),
+        }
+    }
+
     /// Declare a permission the step needs in `scope` (see [`Step::needs`]).
     pub fn needs_in(
         mut self,
@@ -114,7 +134,7 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
         'b: 'r,
         Self: 'r,
     {
-        (self.provision)(cx.clone())
+        (self.provision)(self.context(cx))
     }
     fn deprovision<'a, 'b, 'r>(&'a self, cx: &'b Context<K>) -> BoxFuture<'r, Outcome>
     where
@@ -123,7 +143,7 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
         Self: 'r,
     {
         match &self.deprovision {
-            Some(d) => d(cx.clone()),
+            Some(d) => d(self.context(cx)),
             None => Box::pin(std::future::ready(Outcome::Done)),
         }
     }

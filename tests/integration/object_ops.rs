@@ -146,6 +146,76 @@ async fn steps_write_their_own_conditions_finalizers_and_children_without_clobbe
     rt.shutdown().await;
 }
 
+/// A step with an attached condition writes it without naming it and reads it back in the
+/// next reconcile; a step without one is told so, as a typed error.
+#[tokio::test(start_paused = true)]
+async fn a_step_writes_and_reads_back_the_condition_attached_to_it() {
+    let (_cluster, client) = cluster();
+    let seen = Arc::new(Mutex::new(Vec::<Option<String>>::new()));
+    let record = seen.clone();
+    let tree = serial![
+        step("dns", move |cx: Context<Widget>| {
+            let record = record.clone();
+            async move {
+                // What the last reconcile wrote, read back before this one writes.
+                record
+                    .lock()
+                    .unwrap()
+                    .push(cx.attached_condition().map(|c| c.message));
+                let r = Reason::new("RecordCreated", format!("size {}", cx.object().spec.size));
+                match cx.update_condition(true, &r).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => Outcome::failed(Reason::new("DnsWrite", "dns"), e),
+                }
+            }
+        })
+        .attached_condition("DnsRecord"),
+        step("plain", |cx: Context<Widget>| async move {
+            assert!(cx.attached_condition().is_none());
+            match cx.update_condition(true, &Reason::new("Up", "up")).await {
+                Err(actorcile::provisioners::StepError::Invalid {
+                    field: actorcile::provisioners::Field::ConditionType,
+                    ..
+                }) => Outcome::Done,
+                other => Outcome::Terminal(Reason::new("Unexpected", format!("{other:?}"))),
+            }
+        }),
+    ];
+    let rt = start_widgets(&client, test_policy(), tree).await;
+    create(&client, "w", 3).await;
+    wait_ready(&client, "w", LIMIT).await;
+    let w = widgets(&client).get("w").await.unwrap();
+    let dns = condition(&w, "DnsRecord").expect("the attached condition is written");
+    assert_eq!(
+        (
+            dns.status.as_str(),
+            dns.reason.as_str(),
+            dns.message.as_str()
+        ),
+        ("True", "RecordCreated", "size 3")
+    );
+    widgets(&client)
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"size": 4}})),
+        )
+        .await
+        .unwrap();
+    eventually("DnsRecord says size 4", LIMIT, || async {
+        let w = widgets(&client).get("w").await.ok()?;
+        (condition(&w, "DnsRecord")?.message == "size 4").then_some(())
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.first(), Some(&None), "nothing before the first write");
+    assert!(
+        seen.contains(&Some("size 3".to_string())),
+        "the second generation's reconcile read back the first's write: {seen:?}"
+    );
+    rt.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn bad_names_are_typed_errors_in_the_status_not_panics() {
     let (_cluster, client) = cluster();
