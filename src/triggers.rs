@@ -188,6 +188,19 @@ use crate::hash::FastMap;
 /// Which Secrets an object references ([`Controller::secrets`](crate::runtime::Controller::secrets)).
 pub(crate) type SecretRefs<K> = Box<dyn Fn(&K) -> Vec<ObjectRef<Secret>> + Send + Sync>;
 
+/// Whether a Secret of an object's namespace, by its metadata, re-runs the object
+/// ([`Controller::secrets_where`](crate::runtime::Controller::secrets_where)).
+pub(crate) type SecretMatch<K> = Box<dyn Fn(&K, &kube::api::ObjectMeta) -> bool + Send + Sync>;
+
+/// How a controller's objects re-run on Secrets: each names the ones it references, or a
+/// predicate chooses among the Secrets of its namespace.
+pub(crate) enum SecretsBy<K> {
+    /// [`Controller::secrets`](crate::runtime::Controller::secrets).
+    Refs(SecretRefs<K>),
+    /// [`Controller::secrets_where`](crate::runtime::Controller::secrets_where).
+    Matching(SecretMatch<K>),
+}
+
 /// Which objects reference which Secrets: kept current from the watch of the objects, read
 /// when a Secret changes.
 pub(crate) struct SecretIndex<K: kube::Resource<DynamicType = ()>> {

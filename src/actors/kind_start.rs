@@ -34,7 +34,7 @@ use crate::policy::SupervisorPolicy;
 use crate::provisioners::{BoxProvisioner, ControllerParts, Provisioner};
 use crate::references::{ReferenceApi, ReferenceIndex, Target};
 use crate::sharding::{ShardWatch, Sharding, Shards};
-use crate::triggers::SecretRefs;
+use crate::triggers::SecretsBy;
 use crate::watch_tasks::supervise;
 use crate::{Error, ManagedResource};
 
@@ -49,7 +49,7 @@ pub(crate) struct KindSpec<K: ManagedResource> {
     pub(crate) finalizer: bool,
     pub(crate) status: bool,
     pub(crate) config: Option<ConfigSpec>,
-    pub(crate) secrets: Option<SecretRefs<K>>,
+    pub(crate) secrets: Option<SecretsBy<K>>,
     pub(crate) upgrade: Option<Hook>,
     pub(crate) initialize: Option<Hook>,
     pub(crate) shard_key: Option<crate::sharding::ShardKey<K>>,

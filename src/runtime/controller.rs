@@ -287,10 +287,52 @@ impl<K: ManagedResource> Controller<K> {
     ) -> Self {
         // Called on objects anyone who can write `K` wrote: a panic on one says it references
         // nothing (an error log names it) instead of ending its kind's watch.
-        self.spec.secrets = Some(Box::new(move |obj: &K| {
-            let what = "the Secrets function";
-            on_untrusted(obj, what, "it re-runs on no Secret", || refs(obj), Vec::new)
-        }));
+        self.spec.secrets = Some(crate::triggers::SecretsBy::Refs(Box::new(
+            move |obj: &K| {
+                let what = "the Secrets function";
+                on_untrusted(obj, what, "it re-runs on no Secret", || refs(obj), Vec::new)
+            },
+        )));
+        self
+    }
+
+    /// Re-run an object when a Secret of its namespace that `referenced(object, secret)` says it
+    /// uses changes, appears or goes (openmcp's `IsReferencedSecret`): a predicate over the
+    /// Secrets, by their metadata (name, labels, annotations; never their data), instead of a
+    /// list of names. When a Secret changes, the predicate is asked for each object of the
+    /// kind in the Secret's namespace (every object, for a cluster-scoped kind); those it
+    /// answers `true` for re-run. The Secrets are watched as [`Controller::secrets`] watches
+    /// them (metadata only; `list` and `watch` on Secrets), and one of the two is the
+    /// controller's way.
+    ///
+    /// ```
+    /// use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "Tenant", namespaced, status = "ResourceStatus")]
+    /// # struct TenantSpec {}
+    /// # let tree = step("noop", |_cx: Context<Tenant>| async { Outcome::Done });
+    /// // Every Secret labelled for the tenants' platform re-runs the tenants of its namespace.
+    /// let controller = Controller::<Tenant>::new(tree).secrets_where(|_t: &Tenant, secret| {
+    ///     secret.labels.as_ref().is_some_and(|l| l.get("platform.example.com/credentials").is_some())
+    /// });
+    /// # let _ = controller;
+    /// ```
+    pub fn secrets_where(
+        mut self,
+        referenced: impl Fn(&K, &kube::api::ObjectMeta) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.spec.secrets = Some(crate::triggers::SecretsBy::Matching(Box::new(
+            move |obj: &K, secret: &kube::api::ObjectMeta| {
+                let what = "the Secrets predicate";
+                on_untrusted(
+                    obj,
+                    what,
+                    "this Secret re-runs it not",
+                    || referenced(obj, secret),
+                    || false,
+                )
+            },
+        )));
         self
     }
 

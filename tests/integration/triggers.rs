@@ -184,6 +184,71 @@ async fn a_missing_config_holds_objects_in_config_missing_until_it_exists() {
     rt.shutdown().await;
 }
 
+/// `secrets_where`: a predicate over the Secrets of an object's namespace (openmcp's
+/// `IsReferencedSecret`) chooses which objects a changed or deleted Secret re-runs.
+#[tokio::test(start_paused = true)]
+async fn a_secret_chosen_by_the_predicate_reconciles_the_objects_it_says() {
+    let (_cluster, client) = cluster();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    for (name, tier) in [("db-creds", "db"), ("web-creds", "web")] {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.labels = Some([("tier".to_string(), tier.to_string())].into());
+        s.string_data = Some([("k".to_string(), "v1".to_string())].into());
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let seen = Seen::default();
+    let tree = seen.step();
+    // A widget uses the Secrets labelled with the tier its note names.
+    let controller = Controller::<Widget>::new(tree).secrets_where(|w: &Widget, secret| {
+        !w.spec.note.is_empty()
+            && secret.labels.as_ref().and_then(|l| l.get("tier")) == Some(&w.spec.note)
+    });
+    let rt = Runtime::builder(client.clone(), crate::common::names())
+        .policy(test_policy())
+        .controller(controller)
+        .start()
+        .await
+        .unwrap();
+    let api = widgets(&client);
+    for (name, note) in [("app-db", "db"), ("app-web", "web"), ("plain", "")] {
+        let mut w = widget(name, 1);
+        w.spec.note = note.into();
+        api.create(&PostParams::default(), &w).await.unwrap();
+    }
+    wait_all_ready(&client, 3, LIMIT).await;
+    let patch = Patch::Merge(serde_json::json!({"stringData": {"k": "v2"}}));
+    secrets
+        .patch("db-creds", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    eventually("app-db ran again", LIMIT, || async {
+        (seen.runs("app-db") == 2).then_some(())
+    })
+    .await;
+    // The web Secret's change comes after the db one's: once it ran app-web, the db change
+    // had its chance to run anything else.
+    secrets
+        .patch("web-creds", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    eventually("app-web ran again", LIMIT, || async {
+        (seen.runs("app-web") == 2).then_some(())
+    })
+    .await;
+    assert_eq!(seen.runs("app-db"), 2, "the web Secret is not app-db's");
+    assert_eq!(seen.runs("plain"), 1, "no Secret is plain's");
+    secrets
+        .delete("db-creds", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("app-db ran on the deletion", LIMIT, || async {
+        (seen.runs("app-db") == 3).then_some(())
+    })
+    .await;
+    rt.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_changed_secret_reconciles_exactly_the_object_that_references_it() {
     let (_cluster, client) = cluster();

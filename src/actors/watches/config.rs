@@ -158,7 +158,7 @@ where
                 None => config_watch.await,
                 Some((api, refs)) => {
                     // A Secret the config names now: every object runs again.
-                    let changed = move |secret: &ObjectRef<Secret>| {
+                    let changed = move |secret: &ObjectRef<Secret>, _: &kube::api::ObjectMeta| {
                         if state
                             .get()
                             .is_some_and(|c| refs(c.as_ref()).contains(secret))

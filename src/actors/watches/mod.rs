@@ -32,7 +32,7 @@ use super::mailbox::Mailbox;
 use super::{FastMap, ManagedResource, Shared};
 use crate::lenient::Lenient;
 use crate::messages::{ManagerMsg, ResourceMsg};
-use crate::triggers::{ConfigRef, PollFrom, SecretIndex, SecretRefs};
+use crate::triggers::{ConfigRef, PollFrom, SecretIndex, SecretsBy};
 
 mod config;
 mod related;

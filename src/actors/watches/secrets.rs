@@ -15,25 +15,25 @@ pub(crate) async fn watch_secrets<K: ManagedResource>(
     let Some(trigger) = shared.secrets.as_ref() else {
         return;
     };
-    let changed = |secret: &ObjectRef<Secret>| {
-        let referrers = trigger.index().referrers(secret);
-        for key in referrers {
+    let changed = |secret: &ObjectRef<Secret>, meta: &kube::api::ObjectMeta| {
+        for key in trigger.referrers(&shared, secret, meta) {
             notify(&shared, &manager, key);
         }
     };
     watch_secret_changes(api, changed).await;
 }
 
-/// Calls `changed` for each Secret `api` watches that changes, appears or goes: not for the
-/// first list; a re-list compares each Secret's resourceVersion with the last one seen, so
-/// changes made while the watch was down are not missed.
+/// Calls `changed` with each Secret `api` watches that changes, appears or goes, and its
+/// metadata (without managed fields; the last seen for one gone): not for the first list; a
+/// re-list compares each Secret's resourceVersion with the last one seen, so changes made
+/// while the watch was down are not missed.
 pub(super) async fn watch_secret_changes(
     api: Api<PartialObjectMeta<Secret>>,
-    changed: impl Fn(&ObjectRef<Secret>),
+    changed: impl Fn(&ObjectRef<Secret>, &kube::api::ObjectMeta),
 ) {
     let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(events);
-    let mut known: FastMap<ObjectRef<Secret>, String> = FastMap::default();
+    let mut known: FastMap<ObjectRef<Secret>, kube::api::ObjectMeta> = FastMap::default();
     let mut first = true;
     let mut seen: Option<HashSet<ObjectRef<Secret>, ahash::RandomState>> = None;
     while let Some(event) = events.next().await {
@@ -47,7 +47,7 @@ pub(super) async fn watch_secret_changes(
             Ok(Event::Delete(m)) => {
                 let key = secret_key(&m.metadata);
                 known.remove(&key);
-                changed(&key);
+                changed(&key, &m.metadata);
                 continue;
             }
             Ok(Event::InitDone) => {
@@ -60,8 +60,9 @@ pub(super) async fn watch_secret_changes(
                         .cloned()
                         .collect();
                     for key in gone {
-                        known.remove(&key);
-                        changed(&key);
+                        if let Some(meta) = known.remove(&key) {
+                            changed(&key, &meta);
+                        }
                     }
                 }
                 first = false;
@@ -76,10 +77,15 @@ pub(super) async fn watch_secret_changes(
         if listing && let Some(seen) = &mut seen {
             seen.insert(key.clone());
         }
-        let rv = meta.metadata.resource_version.unwrap_or_default();
-        let before = known.insert(key.clone(), rv.clone());
-        if !(listing && first) && before.as_deref() != Some(rv.as_str()) {
-            changed(&key);
+        let mut metadata = meta.metadata;
+        metadata.managed_fields = None;
+        let rv = metadata.resource_version.clone();
+        let before = known.insert(key.clone(), metadata);
+        if !(listing && first)
+            && before.map(|b| b.resource_version) != Some(rv)
+            && let Some(m) = known.get(&key)
+        {
+            changed(&key, m);
         }
     }
 }
@@ -93,17 +99,38 @@ fn secret_key(meta: &kube::api::ObjectMeta) -> ObjectRef<Secret> {
 }
 
 /// The Secrets trigger of a controller: which Secrets an object references (the user's
-/// function), and the index of it the feeder keeps current.
+/// function, and the index of it the feeder keeps current), or the user's predicate.
 pub(crate) struct SecretTrigger<K: ManagedResource> {
-    refs: SecretRefs<K>,
+    by: SecretsBy<K>,
     index: std::sync::Mutex<SecretIndex<K>>,
 }
 
 impl<K: ManagedResource> SecretTrigger<K> {
-    pub(crate) fn new(refs: SecretRefs<K>) -> Self {
+    pub(crate) fn new(by: SecretsBy<K>) -> Self {
         Self {
-            refs,
+            by,
             index: std::sync::Mutex::default(),
+        }
+    }
+
+    /// The objects Secret `secret` (of metadata `meta`) re-runs: its indexed referrers, or the
+    /// objects of its namespace the predicate chooses.
+    fn referrers(
+        &self,
+        shared: &Shared<K>,
+        secret: &ObjectRef<Secret>,
+        meta: &kube::api::ObjectMeta,
+    ) -> Vec<ObjectRef<K>> {
+        match &self.by {
+            SecretsBy::Refs(_) => self.index().referrers(secret),
+            SecretsBy::Matching(referenced) => shared
+                .store
+                .state()
+                .into_iter()
+                .filter(|o| o.meta().namespace.is_none() || o.meta().namespace == secret.namespace)
+                .filter(|o| referenced(o, meta))
+                .map(|o| ObjectRef::from_obj(o.as_ref()))
+                .collect(),
         }
     }
 
@@ -115,8 +142,10 @@ impl<K: ManagedResource> SecretTrigger<K> {
 
     /// A version of the object came in: index what it references now.
     pub(crate) fn observed(&self, key: &ObjectRef<K>, obj: &K) {
-        let secrets = (self.refs)(obj);
-        self.index().set(key, secrets);
+        if let SecretsBy::Refs(refs) = &self.by {
+            let secrets = refs(obj);
+            self.index().set(key, secrets);
+        }
     }
 
     /// The object is gone.
