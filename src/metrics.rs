@@ -23,6 +23,7 @@
 //!
 //! | name | type | labels | what it counts | controller-runtime's |
 //! |---|---|---|---|---|
+//! | `actorcile_build_info` | gauge | `application`, `version`, `revision`, `actorcile_version` | always 1: what the operator is ([`RuntimeBuilder::service`](crate::runtime::RuntimeBuilder::service); without it the application is the operator's name, its version and revision `unknown`) | kubebuilder's `build_info` convention |
 //! | `actorcile_reconciles_total` | counter | `controller`, `result` | reconciles that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
 //! | `actorcile_reconcile_duration_seconds` | histogram | `controller` | how long a reconcile took | `controller_runtime_reconcile_time_seconds` |
 //! | `actorcile_reconcile_wait_seconds` | histogram | `controller` | from a reconcile becoming due to its start (waiting for a reconcile slot) | `workqueue_queue_duration_seconds` |
@@ -79,6 +80,8 @@ pub(crate) struct RuntimeCollector {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) health: Arc<crate::health::Health>,
     pub(crate) max_concurrent_reconciles: u64,
+    /// What the operator is ([`RuntimeBuilder::service`](crate::runtime::RuntimeBuilder::service)).
+    pub(crate) service: crate::names::ServiceDescriptor,
 }
 
 fn counter(
@@ -129,6 +132,22 @@ impl Collector for RuntimeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let kinds = self.metrics.kinds();
         let e = &mut encoder;
+        {
+            let mut family = e.encode_descriptor(
+                "actorcile_build_info",
+                "What the operator is: its application, version and revision, and the actorcile version (always 1)",
+                None,
+                MetricType::Gauge,
+            )?;
+            let s = &self.service;
+            let labels = [
+                ("application", s.application.as_str()),
+                ("version", s.version.as_str()),
+                ("revision", s.revision.as_str()),
+                ("actorcile_version", env!("CARGO_PKG_VERSION")),
+            ];
+            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        }
         {
             let mut family = e.encode_descriptor(
                 "actorcile_reconciles",

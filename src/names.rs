@@ -375,6 +375,75 @@ impl Keys {
     }
 }
 
+/// What the operator is, as unikorn's `ServiceDescriptor` says it: its application's name,
+/// version and source revision. Given to
+/// [`RuntimeBuilder::service`](crate::runtime::RuntimeBuilder::service), it is logged when the
+/// runtime starts, exported as the `actorcile_build_info` metric's labels, and the Events'
+/// reporting controller is the application. [`service_descriptor!`](crate::service_descriptor)
+/// makes one from the calling crate's Cargo name and version.
+///
+/// ```
+/// use actorcile::names::ServiceDescriptor;
+/// let service = ServiceDescriptor::new("bucket-operator", "1.4.2", "3f9c2ab");
+/// assert_eq!(service.to_string(), "bucket-operator 1.4.2 (3f9c2ab)");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceDescriptor {
+    /// The application's name.
+    pub application: String,
+    /// Its version.
+    pub version: String,
+    /// The source revision it was built from (a commit), or `unknown`.
+    pub revision: String,
+}
+
+impl ServiceDescriptor {
+    /// The descriptor of `application` at `version`, built from `revision`.
+    pub fn new(
+        application: impl Into<String>,
+        version: impl Into<String>,
+        revision: impl Into<String>,
+    ) -> Self {
+        Self {
+            application: application.into(),
+            version: version.into(),
+            revision: revision.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceDescriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} ({})",
+            self.application, self.version, self.revision
+        )
+    }
+}
+
+/// The [`ServiceDescriptor`] of the crate that calls it: its Cargo package name and version,
+/// and the revision the `GIT_REVISION` environment variable held at build time (`unknown`
+/// without it).
+///
+/// ```
+/// let service = actorcile::service_descriptor!();
+/// assert_eq!(service.application, env!("CARGO_PKG_NAME"));
+/// ```
+#[macro_export]
+macro_rules! service_descriptor {
+    () => {
+        $crate::names::ServiceDescriptor::new(
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION"),
+            match option_env!("GIT_REVISION") {
+                Some(r) => r,
+                None => "unknown",
+            },
+        )
+    };
+}
+
 /// This replica's name: `POD_NAME` (set it from the Pod's name with the downward API), else
 /// `HOSTNAME`, else `actorcile`. The base of the ids a runtime gives itself (guard lock
 /// holders, leader election identities), which add a suffix so two processes differ.

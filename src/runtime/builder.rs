@@ -35,6 +35,8 @@ pub struct RuntimeBuilder {
     former_finalizers: Vec<String>,
     field_manager: String,
     reporter: Option<Reporter>,
+    /// What the operator is ([`RuntimeBuilder::service`]).
+    service: Option<crate::names::ServiceDescriptor>,
     preflight: bool,
     namespace: Option<String>,
     crds: Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
@@ -125,6 +127,7 @@ impl Runtime {
             field_manager: names.field_manager(),
             names,
             reporter: None,
+            service: None,
             preflight: false,
             namespace: None,
             crds: Vec::new(),
@@ -193,6 +196,23 @@ impl RuntimeBuilder {
     /// [`field_manager`](crate::names::OperatorNames::field_manager), the operator's name).
     pub fn field_manager(mut self, name: impl Into<String>) -> Self {
         self.field_manager = name.into();
+        self
+    }
+
+    /// Say what the operator is: its application, version and revision
+    /// ([`ServiceDescriptor`](crate::names::ServiceDescriptor), e.g.
+    /// [`service_descriptor!()`](crate::service_descriptor)). The runtime logs it when it
+    /// starts and exports it as `actorcile_build_info{application, version, revision}`; and
+    /// it publishes Events as the application, unless [`events`](Self::events) names another
+    /// reporting controller.
+    pub fn service(mut self, service: crate::names::ServiceDescriptor) -> Self {
+        if self.reporter.is_none() {
+            self.reporter = Some(Reporter {
+                controller: service.application.clone(),
+                instance: std::env::var("POD_NAME").ok(),
+            });
+        }
+        self.service = Some(service);
         self
     }
 

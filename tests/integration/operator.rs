@@ -15,7 +15,7 @@ use actorcile::prelude::*;
 use actorcile::runtime::ReconcileResult;
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -246,6 +246,11 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
         .controller(Controller::<Widget>::new(terminal_when_negative()))
         .admin("127.0.0.1:0".parse().unwrap())
         .metrics_registry(registry)
+        .service(actorcile::names::ServiceDescriptor::new(
+            "widget-operator",
+            "2.0.1",
+            "abc123",
+        ))
         .start()
         .await
         .unwrap();
@@ -274,10 +279,25 @@ async fn the_admin_server_serves_probes_and_metrics_and_a_taken_address_fails_st
         r#"actorcile_reconcile_duration_seconds_count{controller="Widget"} 2"#,
         "actorcile_status_writes_total 2",
         "actorcile_write_timeouts_total 0",
+        &format!(
+            r#"actorcile_build_info{{application="widget-operator",version="2.0.1",revision="abc123",actorcile_version="{}"}} 1"#,
+            env!("CARGO_PKG_VERSION")
+        ),
         "# EOF",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
     }
+    // The Events are the application's.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    eventually("an Event reported by the application", LIMIT, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reporting_controller.as_deref() == Some("widget-operator"))
+            .then_some(())
+    })
+    .await;
     let k = &rt.kind_metrics()[0];
     assert_eq!(k.reconciles_with(ReconcileResult::Done), 1);
     assert_eq!(

@@ -6,6 +6,15 @@ impl RuntimeBuilder {
     /// The health state, the metrics and the admin server (bound now: a bind failure is a
     /// start-up error).
     pub(super) async fn prepare(&mut self) -> Result<Early, Error> {
+        if let Some(service) = &self.service {
+            tracing::info!(
+                application = %service.application,
+                version = %service.version,
+                revision = %service.revision,
+                actorcile = env!("CARGO_PKG_VERSION"),
+                "starting {service}"
+            );
+        }
         let health = Arc::new(Health::default());
         let metrics = Arc::new(Metrics::default());
         #[cfg(feature = "metrics")]
@@ -15,6 +24,9 @@ impl RuntimeBuilder {
                 metrics: metrics.clone(),
                 health: health.clone(),
                 max_concurrent_reconciles: self.policy.runtime.max_concurrent_reconciles as u64,
+                service: self.service.clone().unwrap_or_else(|| {
+                    crate::names::ServiceDescriptor::new(self.names.name(), "unknown", "unknown")
+                }),
             }));
             Arc::new(registry)
         };
