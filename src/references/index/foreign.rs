@@ -220,18 +220,10 @@ impl ReferenceIndex {
                 );
             }
             let written = self.json_patch(&api, target, ops).await?;
-            if written.metadata.deletion_timestamp.is_some() {
-                if let Err(e) = self.remove_foreign(from, target).await {
-                    tracing::warn!(from = %from, target = %target, error = %e, "could not take back a reference to a target being deleted");
-                }
-                return Err(ReferenceError::TargetDeleting(target.clone()));
-            }
+            return self.added(from, target, &written).await;
         }
-        self.held
-            .entry(from.clone())
-            .or_default()
-            .insert(target.clone());
-        Ok(())
+        // Carried already (taken before a restart): held.
+        self.added(from, target, &current).await
     }
 
     /// Remove `from`'s reference from `target`, of a kind the runtime does not manage: its

@@ -201,6 +201,17 @@ impl ReferenceIndex {
             }
             Err(e) => return Err(ReferenceError::Kube(e)),
         };
+        self.added(from, target, &written).await
+    }
+
+    /// After a write that put `from`'s reference on `target` and returned `written`: held, or,
+    /// when the target's deletion had begun before the write, taken back and refused.
+    pub(super) async fn added(
+        &self,
+        from: &Target,
+        target: &Target,
+        written: &DynamicObject,
+    ) -> Result<(), ReferenceError> {
         if written.metadata.deletion_timestamp.is_some() {
             if let Err(e) = self.remove_reference(from, target).await {
                 tracing::warn!(from = %from, target = %target, error = %e, "could not take back a reference to a target being deleted");
