@@ -163,14 +163,7 @@ impl ReferenceIndex {
         target: &Target,
     ) -> Result<(), ReferenceError> {
         let api = self.target_api(target).await?;
-        let current = match api.get_opt(&target.name).await {
-            Ok(Some(o)) => o,
-            Ok(None) => return Err(ReferenceError::TargetMissing(target.clone())),
-            Err(e) => return Err(ReferenceError::Kube(e)),
-        };
-        if current.metadata.deletion_timestamp.is_some() {
-            return Err(ReferenceError::TargetDeleting(target.clone()));
-        }
+        let current = self.live_target(&api, target).await?;
         let (key, _) = self.keys().reference_annotations(from);
         let value = serde_json::to_string(from)?;
         let meta = &current.metadata;

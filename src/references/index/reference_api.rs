@@ -174,14 +174,7 @@ impl ReferenceIndex {
         // reference is taken back and refused, so no reference is ever added to a target
         // whose deprovision may already have started. A deletion that begins after the write
         // sees the reference (its event comes after the write).
-        let current = match api.get_opt(&target.name).await {
-            Ok(Some(o)) => o,
-            Ok(None) => return Err(ReferenceError::TargetMissing(target.clone())),
-            Err(e) => return Err(ReferenceError::Kube(e)),
-        };
-        if current.metadata.deletion_timestamp.is_some() {
-            return Err(ReferenceError::TargetDeleting(target.clone()));
-        }
+        self.live_target(&api, target).await?;
         // Under the current domain. One the referrer holds under the former domain stays until
         // it is released (with this one): taking this one back below must not release it.
         let (key, _) = self.keys().reference_annotations(from);
@@ -202,6 +195,24 @@ impl ReferenceIndex {
             Err(e) => return Err(ReferenceError::Kube(e)),
         };
         self.added(from, target, &written).await
+    }
+
+    /// `target` as the server has it, to take a reference on: missing is
+    /// [`ReferenceError::TargetMissing`], being deleted [`ReferenceError::TargetDeleting`].
+    pub(super) async fn live_target(
+        &self,
+        api: &Api<DynamicObject>,
+        target: &Target,
+    ) -> Result<DynamicObject, ReferenceError> {
+        let current = match api.get_opt(&target.name).await {
+            Ok(Some(o)) => o,
+            Ok(None) => return Err(ReferenceError::TargetMissing(target.clone())),
+            Err(e) => return Err(ReferenceError::Kube(e)),
+        };
+        if current.metadata.deletion_timestamp.is_some() {
+            return Err(ReferenceError::TargetDeleting(target.clone()));
+        }
+        Ok(current)
     }
 
     /// After a write that put `from`'s reference on `target` and returned `written`: held, or,
