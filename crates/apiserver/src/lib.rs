@@ -145,8 +145,9 @@
 //!   `pattern`, `enum`, `maxLength`, …), CEL rules (`x-kubernetes-validations`) and their
 //!   ratcheting. Objects that break them are stored.
 //! * Admission: Pod Security, ResourceQuota, LimitRange, ServiceAccount, validating and mutating
-//!   admission policies and webhooks; no authentication or authorization (every request is an
-//!   admin's).
+//!   admission policies; no authentication or authorization (every request is an admin's).
+//!   Admission webhooks are not read from webhook configurations: a webhook registered with
+//!   [`ApiServer::register_webhook`] is called in process, for creates and updates.
 //! * CRD conversion between versions (every served version answers the stored object as it is),
 //!   `selectableFields`, the `scale` subresource.
 //! * Controllers: no controller-manager besides the inline garbage collector and namespace
@@ -200,6 +201,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod admission;
 mod apply;
 mod crd;
 mod deletion;
@@ -224,6 +226,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
+pub use admission::{AdmissionHook, ReviewFuture, Webhook};
 pub use error::ClusterError;
 pub use faults::Faults;
 pub use service::{ApiBody, ApiService};
@@ -236,6 +239,23 @@ pub(crate) struct Inner {
     pub(crate) store: Mutex<Store>,
     pub(crate) faults: Mutex<FaultState>,
     pub(crate) stats: Stats,
+    /// The admission webhooks, in order of registration.
+    pub(crate) webhooks: std::sync::RwLock<Vec<Webhook>>,
+}
+
+impl Inner {
+    /// The webhooks registered for the resource `group`/`plural`.
+    pub(crate) fn webhooks_for(&self, group: &str, plural: &str) -> Vec<Webhook> {
+        let webhooks = self.webhooks.read().unwrap_or_else(|p| p.into_inner());
+        if webhooks.is_empty() {
+            return Vec::new();
+        }
+        webhooks
+            .iter()
+            .filter(|w| w.group == group && w.resource == plural)
+            .cloned()
+            .collect()
+    }
 }
 
 #[derive(Default)]
@@ -343,6 +363,7 @@ impl ApiServerBuilder {
                 store: Mutex::new(Store::new(self.history, self.seed)),
                 faults: Mutex::new(FaultState::new(self.faults)),
                 stats: Stats::default(),
+                webhooks: Default::default(),
             }),
         }
     }
@@ -380,6 +401,18 @@ impl ApiServer {
         let value = serde_json::to_value(crd)?;
         let mut store = self.inner.store.lock().unwrap_or_else(|p| p.into_inner());
         store.install_crd(value).map_err(ClusterError::from)
+    }
+
+    /// Calls `webhook` before every create and update of its resource, as the real server
+    /// calls an admission webhook (see the module `admission` of the crate's source for what
+    /// is sent and how the answer is used). Webhooks are called in order of registration,
+    /// mutating ones first.
+    pub fn register_webhook(&self, webhook: Webhook) {
+        self.inner
+            .webhooks
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(webhook);
     }
 
     /// Replaces the injected faults (and reseeds the fault generator with `faults.seed`).
