@@ -36,6 +36,8 @@
 //!   all four): [`metrics`] (feature `metrics`, Prometheus), [`admin`] (feature `admin`:
 //!   `/metrics`, `/healthz`, `/readyz`), [`telemetry`] (feature `telemetry`, tracing set-up) and
 //!   [`cli`] (feature `cli`: the flags, with clap; it takes `admin` and `telemetry`).
+//! - [`webhooks`] (feature `webhooks`): admission (validating, defaulting) and conversion
+//!   webhooks for the managed kinds, served over TLS by the runtime.
 //! - Feature `otel`: the reconciles' spans exported over OTLP (`telemetry::Otlp`, and
 //!   `--otlp-endpoint` with `cli`).
 //!
@@ -121,6 +123,8 @@ pub mod telemetry;
 pub mod testing;
 pub mod triggers;
 mod watch_tasks;
+#[cfg(feature = "webhooks")]
+pub mod webhooks;
 mod writes;
 
 pub use object_api::KindScope;
