@@ -177,6 +177,7 @@ for features in "" "--no-default-features" \
   "--no-default-features --features operator" "--no-default-features --features otel" \
   "--no-default-features --features cluster" "--no-default-features --features envtest" \
   "--no-default-features --features docker" "--no-default-features --features fuzzing" \
+  "--no-default-features --features webhooks" "--no-default-features --features webhooks,ring" \
   "--no-default-features --features rustls-tls,aws-lc-rs"; do
   # shellcheck disable=SC2086 # the feature flags split into words on purpose
   RUSTFLAGS="-D warnings" K8S_OPENAPI_ENABLED_VERSION=1.33 cargo check --quiet -p actorcile --lib $features
@@ -189,7 +190,7 @@ if rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1; then
   # Every feature but kube's other TLS stacks: openssl-tls brings parking_lot 0.13 (through
   # hyper-openssl), which needs a newer Rust, and aws-lc-rs adds only a C build.
   CARGO_TARGET_DIR=target/msrv RUSTFLAGS="-D warnings" cargo +"$msrv" check --quiet --locked \
-    -p actorcile --lib --features cluster,envtest,docker,operator,otel,fuzzing -p actorcile-cli
+    -p actorcile --lib --features cluster,envtest,docker,operator,otel,fuzzing,webhooks -p actorcile-cli
 else
   echo "!!! SKIPPED: rustup cannot install Rust $msrv on this machine; the MSRV is not checked" >&2
 fi
@@ -200,7 +201,7 @@ step "another Unix than Linux: the library, envtest and the CLI (with their test
 # need Apple's toolchain). The features are the MSRV check's.
 if rustup target add x86_64-unknown-freebsd >/dev/null 2>&1; then
   RUSTFLAGS="-D warnings" cargo check --quiet --locked --target x86_64-unknown-freebsd \
-    -p actorcile --features cluster,envtest,docker,operator,otel,fuzzing \
+    -p actorcile --features cluster,envtest,docker,operator,otel,fuzzing,webhooks \
     -p actorcile-envtest -p actorcile-cli --all-targets
 else
   echo "!!! SKIPPED: rustup cannot add the x86_64-unknown-freebsd target here; no other Unix is checked" >&2
@@ -259,10 +260,10 @@ unset KUBEBUILDER_ASSETS ACTORCILE_KUBE_ASSETS
 cargo nextest run "${tests[@]}" --profile "$profile"
 
 oldest="$(cat "${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/oldest")"
-step "the conformance suite on the oldest supported Kubernetes release ($oldest)"
+step "the conformance suite and the conversion webhook on the oldest supported Kubernetes release ($oldest)"
 ACTORCILE_KUBE_ASSETS="${ACTORCILE_CACHE_DIR:-$HOME/.cache/actorcile}/k8s/$oldest/bin" \
   cargo nextest run "${test_build[@]}" --release --all-features --profile "$profile" --test integration \
-  -E 'test(/^conformance::real_apiserver::/)'
+  -E 'test(/^conformance::real_apiserver::/) | test(/^real_webhooks::conversion_/)'
 
 step "the README's main command (small): its build checked, then run from the tests' build"
 # `cargo run --release -- bench` builds the CLI with the default members' features at the release

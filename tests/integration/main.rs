@@ -29,6 +29,7 @@ mod real_runtime;
 mod real_streaming_fallback;
 mod real_tenancy;
 mod real_undecodable;
+mod real_webhooks;
 mod references;
 mod references_prop;
 mod remote_application;
