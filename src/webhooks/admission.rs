@@ -363,17 +363,17 @@ fn answer(response: AdmissionResponse) -> Value {
     }
     // kube encodes the patch as an array of byte values; the API server reads that too, but
     // base64 is the form every Kubernetes client writes, so the answer carries that.
-    if let Some(patch) = review.pointer_mut("/response/patch") {
-        if let Some(bytes) = patch.as_array().and_then(|values| {
+    if let Some(patch) = review.pointer_mut("/response/patch")
+        && let Some(bytes) = patch.as_array().and_then(|values| {
             values
                 .iter()
                 .map(|v| v.as_u64().and_then(|b| u8::try_from(b).ok()))
                 .collect::<Option<Vec<u8>>>()
-        }) {
-            *patch = base64::engine::general_purpose::STANDARD
-                .encode(bytes)
-                .into();
-        }
+        })
+    {
+        *patch = base64::engine::general_purpose::STANDARD
+            .encode(bytes)
+            .into();
     }
     review
 }

@@ -372,3 +372,293 @@ impl<H: 'static> ErasedConversion for Conversion<H> {
         Conversion::apply_to(self, crd, client)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
+        CustomResourceDefinitionVersion,
+    };
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    mod v1 {
+        /// The hub: what v1alpha1 held, and a colour it did not.
+        #[derive(
+            kube::CustomResource,
+            Clone,
+            Debug,
+            PartialEq,
+            serde::Deserialize,
+            serde::Serialize,
+            schemars::JsonSchema,
+        )]
+        #[kube(
+            group = "conv.example.com",
+            version = "v1",
+            kind = "Gadget",
+            namespaced
+        )]
+        pub struct GadgetSpec {
+            pub replicas: u32,
+            pub image: String,
+            pub color: Option<String>,
+        }
+    }
+
+    mod v1alpha1 {
+        #[derive(
+            kube::CustomResource,
+            Clone,
+            Debug,
+            PartialEq,
+            serde::Deserialize,
+            serde::Serialize,
+            schemars::JsonSchema,
+        )]
+        #[kube(
+            group = "conv.example.com",
+            version = "v1alpha1",
+            kind = "Gadget",
+            namespaced,
+            derive = "PartialEq"
+        )]
+        pub struct GadgetSpec {
+            pub size: u32,
+            pub image: String,
+        }
+    }
+
+    impl Convertible<v1::Gadget> for v1alpha1::Gadget {
+        fn to_hub(self) -> v1::Gadget {
+            if self.spec.image == "panic" {
+                panic!("no image called panic");
+            }
+            v1::Gadget::new(
+                "",
+                v1::GadgetSpec {
+                    replicas: self.spec.size,
+                    image: self.spec.image,
+                    color: None,
+                },
+            )
+        }
+        fn from_hub(hub: v1::Gadget) -> Self {
+            v1alpha1::Gadget::new(
+                "",
+                v1alpha1::GadgetSpec {
+                    size: hub.spec.replicas,
+                    image: hub.spec.image,
+                },
+            )
+        }
+    }
+
+    fn conversion() -> Conversion<v1::Gadget> {
+        Conversion::<v1::Gadget>::hub().spoke::<v1alpha1::Gadget>()
+    }
+
+    fn crd(kind: &str, versions: &[&str]) -> CustomResourceDefinition {
+        CustomResourceDefinition {
+            metadata: kube::core::ObjectMeta {
+                name: Some("gadgets.conv.example.com".into()),
+                ..Default::default()
+            },
+            spec: CustomResourceDefinitionSpec {
+                group: "conv.example.com".into(),
+                names: CustomResourceDefinitionNames {
+                    kind: kind.into(),
+                    plural: "gadgets".into(),
+                    ..Default::default()
+                },
+                scope: "Namespaced".into(),
+                versions: versions
+                    .iter()
+                    .map(|v| CustomResourceDefinitionVersion {
+                        name: (*v).into(),
+                        served: true,
+                        storage: *v == "v1",
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            status: None,
+        }
+    }
+
+    fn client() -> WebhookClientConfig {
+        WebhookClientConfig {
+            url: Some("https://webhooks.example.com/convert".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_crd_with_every_version_converted_gets_the_webhook_stanza() {
+        let crd = conversion()
+            .apply_to(crd("Gadget", &["v1alpha1", "v1"]), client())
+            .unwrap();
+        let stanza = crd.spec.conversion.unwrap();
+        assert_eq!(stanza.strategy, "Webhook");
+        let webhook = stanza.webhook.unwrap();
+        assert_eq!(webhook.conversion_review_versions, ["v1"]);
+        assert_eq!(
+            webhook.client_config.unwrap().url.as_deref(),
+            Some("https://webhooks.example.com/convert")
+        );
+    }
+
+    #[test]
+    fn a_version_without_a_conversion_is_refused_by_name() {
+        let error = conversion()
+            .apply_to(crd("Gadget", &["v1alpha1", "v1", "v2"]), client())
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ConversionError::NoPathToHub {
+                crd: "gadgets.conv.example.com".into(),
+                version: "v2".into(),
+                hub: "v1".into(),
+            }
+        );
+        assert!(error.to_string().contains("version v2 has no conversion"));
+    }
+
+    #[test]
+    fn a_crd_of_another_kind_or_without_the_hub_is_refused() {
+        let other = conversion().check(&crd("Widget", &["v1"])).unwrap_err();
+        assert!(matches!(other, ConversionError::OtherKind { .. }));
+        let no_hub = conversion()
+            .check(&crd("Gadget", &["v1alpha1"]))
+            .unwrap_err();
+        assert!(matches!(no_hub, ConversionError::OtherKind { .. }));
+    }
+
+    #[test]
+    fn conversion_keeps_the_objects_metadata_and_names_the_asked_version() {
+        let object = json!({
+            "apiVersion": "conv.example.com/v1alpha1",
+            "kind": "Gadget",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "u-1", "labels": {"a": "b"}},
+            "spec": {"size": 3, "image": "app:1"},
+        });
+        let hub = conversion()
+            .convert(object.clone(), "conv.example.com/v1")
+            .unwrap();
+        assert_eq!(hub["apiVersion"], "conv.example.com/v1");
+        assert_eq!(hub["kind"], "Gadget");
+        assert_eq!(hub["metadata"], object["metadata"]);
+        assert_eq!(
+            hub["spec"],
+            json!({"replicas": 3, "image": "app:1", "color": null})
+        );
+        let back = conversion()
+            .convert(hub, "conv.example.com/v1alpha1")
+            .unwrap();
+        assert_eq!(back, object);
+    }
+
+    #[test]
+    fn an_object_that_does_not_decode_as_its_version_fails_with_the_field() {
+        let object = json!({
+            "apiVersion": "conv.example.com/v1alpha1",
+            "kind": "Gadget",
+            "metadata": {"name": "g"},
+            "spec": {"size": "three", "image": "app:1"},
+        });
+        let error = conversion()
+            .convert(object, "conv.example.com/v1")
+            .unwrap_err();
+        assert!(error.contains("spec.size"), "{error}");
+        let error = conversion()
+            .convert(
+                json!({"apiVersion": "other.example.com/v1", "kind": "Gadget"}),
+                "conv.example.com/v1",
+            )
+            .unwrap_err();
+        assert!(
+            error.contains("not a version of group conv.example.com"),
+            "{error}"
+        );
+    }
+
+    fn review(objects: Value, desired: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "ConversionReview",
+            "request": {"uid": "r-1", "desiredAPIVersion": desired, "objects": objects},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_review_converts_every_object_and_a_panic_is_a_failure() {
+        let object = |image: &str| {
+            json!({
+                "apiVersion": "conv.example.com/v1alpha1",
+                "kind": "Gadget",
+                "metadata": {"name": image},
+                "spec": {"size": 1, "image": image},
+            })
+        };
+        let answer = conversion().review(&review(
+            json!([object("a"), object("b")]),
+            "conv.example.com/v1",
+        ));
+        assert_eq!(answer["kind"], "ConversionReview");
+        assert_eq!(answer["response"]["uid"], "r-1");
+        assert_eq!(answer["response"]["result"]["status"], "Success");
+        let converted = answer["response"]["convertedObjects"].as_array().unwrap();
+        assert_eq!(converted.len(), 2);
+        assert_eq!(converted[1]["spec"]["replicas"], 1);
+
+        let answer = conversion().review(&review(
+            json!([object("a"), object("panic")]),
+            "conv.example.com/v1",
+        ));
+        assert_eq!(answer["response"]["result"]["status"], "Failure");
+        let message = answer["response"]["result"]["message"].as_str().unwrap();
+        assert!(message.contains("no image called panic"), "{message}");
+
+        let answer = conversion().review(b"not json");
+        assert_eq!(answer["response"]["result"]["status"], "Failure");
+    }
+
+    proptest! {
+        /// spoke -> hub -> spoke is the identity on what the spoke holds, through the JSON the
+        /// API server sends.
+        #[test]
+        fn spoke_to_hub_and_back_is_identity(
+            size in any::<u32>(),
+            image in "[ -~]{0,40}",
+            name in "[a-z][a-z0-9-]{0,20}",
+        ) {
+            prop_assume!(image != "panic");
+            let mut spoke = v1alpha1::Gadget::new(&name, v1alpha1::GadgetSpec { size, image });
+            spoke.metadata.namespace = Some("ns".into());
+            let object = serde_json::to_value(&spoke).unwrap();
+            let hub = conversion().convert(object, "conv.example.com/v1").unwrap();
+            let back = conversion().convert(hub, "conv.example.com/v1alpha1").unwrap();
+            prop_assert_eq!(serde_json::from_value::<v1alpha1::Gadget>(back).unwrap(), spoke);
+        }
+
+        /// hub -> spoke -> hub keeps every field the spoke can hold.
+        #[test]
+        fn hub_to_spoke_and_back_keeps_what_the_spoke_holds(
+            replicas in any::<u32>(),
+            image in "[ -~]{0,40}",
+            color in proptest::option::of("[a-z]{1,8}"),
+        ) {
+            let hub = v1::Gadget::new("g", v1::GadgetSpec { replicas, image, color });
+            let object = serde_json::to_value(&hub).unwrap();
+            let spoke = conversion().convert(object, "conv.example.com/v1alpha1").unwrap();
+            let back = conversion().convert(spoke, "conv.example.com/v1").unwrap();
+            let back: v1::Gadget = serde_json::from_value(back).unwrap();
+            prop_assert_eq!(back.spec.replicas, hub.spec.replicas);
+            prop_assert_eq!(back.spec.image, hub.spec.image);
+            prop_assert_eq!(back.spec.color, None);
+        }
+    }
+}
