@@ -198,6 +198,8 @@ pub mod guide_doctests {
     pub struct References;
     #[doc = include_str!("../docs/src/policies.md")]
     pub struct Policies;
+    #[doc = include_str!("../docs/src/webhooks.md")]
+    pub struct Webhooks;
     #[doc = include_str!("../docs/src/testing.md")]
     pub struct Testing;
     #[doc = include_str!("../docs/src/production.md")]

@@ -193,6 +193,7 @@
 //! | `watch.rs` | watch events, the event history, watch resumption and 410 `Expired` |
 //! | `deletion.rs` | DELETE and deletecollection, preconditions, finalizers, namespace termination |
 //! | `gc.rs` | garbage collection by `ownerReferences` and propagation policies |
+//! | `admission.rs` | admission webhooks called in process: the reviews sent, patches applied, denials returned |
 //! | `selector.rs` | label and field selectors |
 //! | `error.rs` | `Status` errors and [`ClusterError`] |
 //! | `faults.rs` | fault injection ([`Faults`]) |
