@@ -325,3 +325,7 @@ async fn reload_loop(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;
