@@ -303,6 +303,7 @@ expect '"objects":100,"runs":' "$examples/config_fanout" --objects 100
 expect 'acme is gone: web no longer in the edge, 0 cluster registrations left' "$examples/remote_app"
 expect '"live_actors":0,"objects":200,"passivations":200' "$examples/idle_memory" --objects 200
 expect '"backend":"in-process","concurrency":32,' "$examples/write_ceiling" --objects 50
+expect 'webhooks       1' "$examples/webhook_latency" --objects 50 --rounds 1
 expect 'summary: 4 networks and 24 clusters Ready' \
   "${CARGO_TARGET_DIR:-target}/release/example-operator" demo
 
