@@ -4,7 +4,7 @@
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
@@ -73,15 +73,8 @@ impl Webhooks {
             let name = self.validating_name();
             let api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
             let what = inject(&api, &name, |config| {
-                let mut changed = false;
-                for webhook in config.webhooks.iter_mut().flatten() {
-                    if ours.contains(&webhook.name) && webhook.client_config.ca_bundle != bundle(ca)
-                    {
-                        webhook.client_config.ca_bundle = bundle(ca);
-                        changed = true;
-                    }
-                }
-                changed
+                let clients = config.webhooks.iter_mut().flatten();
+                set_bundles(clients.map(|w| (&w.name, &mut w.client_config)), &ours, ca)
             })
             .await?;
             done.push((name, what));
@@ -90,15 +83,8 @@ impl Webhooks {
             let name = self.mutating_name();
             let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
             let what = inject(&api, &name, |config| {
-                let mut changed = false;
-                for webhook in config.webhooks.iter_mut().flatten() {
-                    if ours.contains(&webhook.name) && webhook.client_config.ca_bundle != bundle(ca)
-                    {
-                        webhook.client_config.ca_bundle = bundle(ca);
-                        changed = true;
-                    }
-                }
-                changed
+                let clients = config.webhooks.iter_mut().flatten();
+                set_bundles(clients.map(|w| (&w.name, &mut w.client_config)), &ours, ca)
             })
             .await?;
             done.push((name, what));
@@ -127,4 +113,20 @@ impl Webhooks {
         }
         Ok(done)
     }
+}
+
+/// Sets `ca` on the clients of the webhooks named in `ours`; whether one changed.
+fn set_bundles<'a>(
+    clients: impl Iterator<Item = (&'a String, &'a mut WebhookClientConfig)>,
+    ours: &[String],
+    ca: &str,
+) -> bool {
+    let mut changed = false;
+    for (name, client) in clients {
+        if ours.contains(name) && client.ca_bundle != bundle(ca) {
+            client.ca_bundle = bundle(ca);
+            changed = true;
+        }
+    }
+    changed
 }
