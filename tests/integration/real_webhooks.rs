@@ -248,6 +248,25 @@ async fn serve(client: &Client) -> Served {
             })
     })
     .await;
+    // The API server reads webhook configurations and CA bundles from an informer: until a
+    // dry run is both defaulted and denied, a write could still pass the webhooks by.
+    let api: Api<v1::Gizmo> = Api::namespaced(client.clone(), "default");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    eventually("both webhooks to be called", || async {
+        let defaulted = api
+            .create(&dry_run, &gizmo("barrier", 3))
+            .await
+            .is_ok_and(|g| g.spec.color.as_deref() == Some("blue"));
+        let denied = matches!(
+            api.create(&dry_run, &gizmo("barrier", 20)).await,
+            Err(kube::Error::Api(s)) if s.code == 422
+        );
+        defaulted && denied
+    })
+    .await;
     Served { server, ca, dir }
 }
 
