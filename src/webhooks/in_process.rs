@@ -7,11 +7,11 @@ use actorcile_apiserver::{ApiServer, Webhook};
 use super::{FailurePolicy, Webhooks};
 
 impl Webhooks {
-    /// Makes `server` call these admission handlers before it stores a create or update of
-    /// their kinds, as a real API server calls the webhooks: the same reviews, the same
-    /// answers, the same denials (`admission webhook "<name>" denied the request: …`), in
-    /// process and without TLS. (Conversion is not called in process: the in-process server
-    /// serves every version of a kind as the object is stored.)
+    /// Makes `server` call these handlers as a real API server calls the webhooks, in process
+    /// and without TLS: the admission handlers before it stores a create or update of their
+    /// kinds (the same reviews, the same answers, the same denials, `admission webhook "<name>"
+    /// denied the request: …`), and the conversions whenever an object is read or written in
+    /// a version other than the one it is stored in (the CRD's storage version).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -54,11 +54,20 @@ impl Webhooks {
                 mutating: webhook.mutating,
                 group: webhook.kind.group.clone(),
                 resource: webhook.kind.plural.clone(),
+                version: Some(webhook.kind.version.clone()),
                 operations: webhook.operations.iter().map(|o| o.to_string()).collect(),
                 timeout: self.timeout,
                 fail_closed: self.failure_policy == FailurePolicy::Fail,
                 hook: Arc::new(move |review: Vec<u8>| handler(review, deadline)),
             });
+        }
+        for conversion in &self.conversions {
+            let converter = conversion.clone();
+            server.register_conversion(
+                conversion.group(),
+                conversion.kind(),
+                Arc::new(move |review: Vec<u8>| converter.review(&review)),
+            );
         }
     }
 }

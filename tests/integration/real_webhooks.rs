@@ -616,6 +616,76 @@ async fn admission_transcript(api: &Api<v1::Gizmo>) -> Vec<String> {
     transcript
 }
 
+/// What a client sees of writes and reads through both versions: each answer's version and
+/// spec, or its error's code and message.
+async fn conversion_transcript(client: &Client, ns: &str) -> Vec<String> {
+    fn seen<K: kube::Resource<DynamicType = ()> + std::fmt::Debug>(
+        result: Result<K, kube::Error>,
+        spec: impl Fn(&K) -> String,
+    ) -> String {
+        match result {
+            Ok(k) => format!("{} {}", K::version(&()), spec(&k)),
+            Err(kube::Error::Api(s)) => format!("{} {}", s.code, s.message),
+            Err(e) => format!("error {e}"),
+        }
+    }
+    let alpha_spec = |g: &v1alpha1::Gizmo| format!("{:?}", g.spec);
+    let v1_spec = |g: &v1::Gizmo| format!("{:?}", g.spec);
+    let old: Api<v1alpha1::Gizmo> = Api::namespaced(client.clone(), ns);
+    let new: Api<v1::Gizmo> = Api::namespaced(client.clone(), ns);
+    let alpha = |name: &str, size: i32, color: Option<&str>| {
+        let mut g = v1alpha1::Gizmo::new(
+            name,
+            v1alpha1::GizmoSpec {
+                size,
+                color: color.map(String::from),
+            },
+        );
+        g.metadata.namespace = None;
+        g
+    };
+    let post = PostParams::default();
+    let mut transcript = vec![
+        seen(
+            old.create(&post, &alpha("red", 4, Some("red"))).await,
+            alpha_spec,
+        ),
+        seen(new.get("red").await, v1_spec),
+        // Defaulted and judged by the v1 handlers, answered as v1alpha1.
+        seen(
+            old.create(&post, &alpha("plain", 2, None)).await,
+            alpha_spec,
+        ),
+        seen(
+            old.create(&post, &alpha("huge", 50, None)).await,
+            alpha_spec,
+        ),
+        seen(new.create(&post, &gizmo("one", 3)).await, v1_spec),
+        seen(old.get("one").await, alpha_spec),
+    ];
+    let bigger = Patch::Merge(serde_json::json!({"spec": {"size": 5}}));
+    transcript.push(seen(
+        old.patch("red", &PatchParams::default(), &bigger).await,
+        alpha_spec,
+    ));
+    transcript.push(seen(new.get("red").await, v1_spec));
+    let names = new.list(&Default::default()).await.map(|l| {
+        l.items
+            .iter()
+            .map(|g| {
+                format!(
+                    "{}={}",
+                    g.metadata.name.as_deref().unwrap_or(""),
+                    g.spec.replicas
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    transcript.push(format!("{names:?}"));
+    transcript
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_in_process_server_answers_writes_through_the_same_handlers_as_the_real_one() {
     bounded("admission conformance", async {
@@ -648,6 +718,31 @@ async fn the_in_process_server_answers_writes_through_the_same_handlers_as_the_r
         assert_eq!(
             in_process, real,
             "the in-process server answers as the real one"
+        );
+
+        create_namespace(&client, "versions").await;
+        create_namespace(&server.client(), "versions").await;
+        let real = conversion_transcript(&client, "versions").await;
+        let in_process = conversion_transcript(&server.client(), "versions").await;
+        assert_eq!(
+            real[..4],
+            [
+                "v1alpha1 GizmoSpec { size: 4, color: Some(\"red\") }".to_string(),
+                "v1 GizmoSpec { replicas: 4, color: Some(\"red\") }".into(),
+                "v1alpha1 GizmoSpec { size: 2, color: Some(\"blue\") }".into(),
+                "422 admission webhook \"vgizmo.webhooks.actorcile.test\" denied the request: \
+                 spec.replicas: 50 is more than 10"
+                    .into(),
+            ],
+            "{real:#?}"
+        );
+        assert_eq!(
+            real[7],
+            "v1 GizmoSpec { replicas: 5, color: Some(\"red\") }"
+        );
+        assert_eq!(
+            in_process, real,
+            "the in-process server converts as the real one"
         );
     })
     .await;

@@ -51,6 +51,10 @@ pub struct Webhook {
     pub group: String,
     /// The resource (plural) it is called for, in every version.
     pub resource: String,
+    /// The version it reads (`matchPolicy: Equivalent`): a write through another version is
+    /// converted to it for the call, by the kind's conversion hook, and back; `None`: the
+    /// version written.
+    pub version: Option<String>,
     /// The operations it is called for: `CREATE`, `UPDATE`.
     pub operations: Vec<String>,
     /// How long it is waited for; past it, the write fails (failure policy `Fail`) or goes on
@@ -70,6 +74,7 @@ impl std::fmt::Debug for Webhook {
             .field("mutating", &self.mutating)
             .field("group", &self.group)
             .field("resource", &self.resource)
+            .field("version", &self.version)
             .field("operations", &self.operations)
             .finish_non_exhaustive()
     }
@@ -123,13 +128,18 @@ fn denied(webhook: &str, status: &Value) -> ApiError {
     }
 }
 
+/// Converts an object to a version of its kind (`convert(object, version)`).
+pub(crate) type Convert<'a> = &'a (dyn Fn(&Value, &str) -> Result<Value, ApiError> + Sync);
+
 /// Runs `webhooks` (mutating first, then validating) on `object`; answers the object as the
-/// mutating ones left it, and the warnings, or the first denial.
+/// mutating ones left it, and the warnings, or the first denial. A webhook that reads another
+/// version than the one written is called with `object` (and `old`) converted by `convert`.
 pub(crate) async fn admit(
     webhooks: &[Webhook],
     subject: &Subject<'_>,
     mut object: Value,
     old: Option<&Value>,
+    convert: Convert<'_>,
 ) -> Result<(Value, Vec<String>), ApiError> {
     let mut warnings = Vec::new();
     let ordered = webhooks
@@ -138,21 +148,30 @@ pub(crate) async fn admit(
         .chain(webhooks.iter().filter(|w| !w.mutating));
     for webhook in ordered {
         let uid = format!("in-process-{}", UIDS.fetch_add(1, Ordering::Relaxed));
+        let version = webhook.version.as_deref().filter(|v| *v != subject.version);
+        let (seen, seen_old) = match version {
+            Some(v) => (
+                convert(&object, v)?,
+                old.map(|o| convert(o, v)).transpose()?,
+            ),
+            None => (object.clone(), old.cloned()),
+        };
+        let version = version.unwrap_or(subject.version);
         let review = json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "request": {
                 "uid": uid,
-                "kind": {"group": subject.group, "version": subject.version, "kind": subject.kind},
-                "resource": {"group": subject.group, "version": subject.version, "resource": subject.resource},
+                "kind": {"group": subject.group, "version": version, "kind": subject.kind},
+                "resource": {"group": subject.group, "version": version, "resource": subject.resource},
                 "requestKind": {"group": subject.group, "version": subject.version, "kind": subject.kind},
                 "requestResource": {"group": subject.group, "version": subject.version, "resource": subject.resource},
                 "name": subject.name,
                 "namespace": subject.namespace,
                 "operation": subject.operation,
                 "userInfo": {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]},
-                "object": object,
-                "oldObject": old,
+                "object": seen,
+                "oldObject": seen_old,
                 "dryRun": subject.dry_run,
             }
         });
@@ -202,12 +221,13 @@ pub(crate) async fn admit(
         let patch = patch_bytes(patch).and_then(|bytes| {
             serde_json::from_slice::<json_patch::Patch>(&bytes).map_err(|e| e.to_string())
         });
+        let mut seen = seen;
         match patch {
-            Ok(patch) => {
-                if let Err(e) = json_patch::patch(&mut object, &patch) {
-                    failed(format!("its patch does not apply: {e}"))?;
-                }
-            }
+            Ok(patch) => match json_patch::patch(&mut seen, &patch) {
+                Ok(()) if version == subject.version => object = seen,
+                Ok(()) => object = convert(&seen, subject.version)?,
+                Err(e) => failed(format!("its patch does not apply: {e}"))?,
+            },
             Err(e) => failed(format!("its patch does not decode: {e}"))?,
         }
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::apply::Ownership;
+use super::conversion::Converter;
 use super::error::ApiError;
 use super::kinds::{Gr, Kind};
 use super::object::{ObjRef, meta_str};
@@ -158,6 +159,22 @@ impl Store {
             .map(str::to_string)
             .unwrap_or_else(|| format!("{kind}List"));
         let namespaced = spec["scope"].as_str() == Some("Namespaced");
+        let storage = spec["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+            .and_then(|v| v["name"].as_str());
+        let conversion = match (
+            storage,
+            self.conversion_hooks.get(&(group.clone(), kind.clone())),
+        ) {
+            (Some(storage), Some(hook)) => Some(Converter {
+                storage: format!("{group}/{storage}"),
+                hook: hook.clone(),
+            }),
+            _ => None,
+        };
         self.routes
             .retain(|(g, _, p), _| !(g == &group && p == &plural));
         for v in spec["versions"].as_array().into_iter().flatten() {
@@ -181,7 +198,35 @@ impl Store {
                 // Gone at once → a success Status (real 1.20 servers do not answer the object here).
                 delete_returns_object: false,
                 schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
+                conversion: conversion.clone(),
             });
+        }
+    }
+
+    /// Calls `hook` to convert the objects of `group`'s `kind` from now on, serving its CRD again
+    /// if it is installed.
+    pub(crate) fn register_conversion(
+        &mut self,
+        group: &str,
+        kind: &str,
+        hook: Arc<dyn super::conversion::ConversionHook>,
+    ) {
+        self.conversion_hooks.insert(group, kind, hook);
+        let crds = Gr {
+            group: "apiextensions.k8s.io".into(),
+            plural: "customresourcedefinitions".into(),
+        };
+        let installed = self.tables.get(&crds).and_then(|t| {
+            t.objects
+                .values()
+                .find(|o| {
+                    o.value.pointer("/spec/group").and_then(Value::as_str) == Some(group)
+                        && o.value.pointer("/spec/names/kind").and_then(Value::as_str) == Some(kind)
+                })
+                .map(|o| o.value.clone())
+        });
+        if let Some(crd) = installed {
+            self.register_crd(&crd);
         }
     }
 
@@ -231,7 +276,7 @@ impl Store {
         crd["apiVersion"] = json!("apiextensions.k8s.io/v1");
         crd["kind"] = json!("CustomResourceDefinition");
         let name = meta_str(&crd, "name").unwrap_or_default().to_string();
-        if let Some(mut cur) = self.current(&kind, None, &name) {
+        if let Some(mut cur) = self.current(&kind, None, &name)? {
             cur["spec"] = crd.get("spec").cloned().unwrap_or(Value::Null);
             self.update(
                 &kind,

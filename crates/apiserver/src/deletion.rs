@@ -137,7 +137,7 @@ impl Store {
             let s = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details});
             return Ok(Bytes::from(serde_json::to_vec(&s).unwrap_or_default()));
         }
-        Ok(render(&obj.value, &obj.bytes, &kind.api_version))
+        render(&obj.value, &obj.bytes, kind)
     }
 
     /// DELETE of a collection: deletes every match, answers the list of what was deleted.
@@ -168,7 +168,7 @@ impl Store {
         let mut items = Vec::new();
         for r in refs {
             let (o, _) = self.delete_ref(&r, del.propagation);
-            items.push(render(&o.value, &o.bytes, &kind.api_version));
+            items.push(render(&o.value, &o.bytes, kind)?);
         }
         self.run_gc();
         let head = json!({"kind": kind.list_kind, "apiVersion": kind.api_version,

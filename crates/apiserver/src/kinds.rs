@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::conversion::Converter;
 use super::error::Subject;
 use super::store::Store;
 
@@ -36,9 +37,34 @@ pub(crate) struct Kind {
     pub(crate) delete_returns_object: bool,
     /// The structural schema (`openAPIV3Schema`) of a custom resource version: unknown fields are pruned.
     pub(crate) schema: Option<Arc<Value>>,
+    /// How a custom resource's versions convert (strategy `Webhook` with a hook registered),
+    /// else none: every version reads the stored object with its `apiVersion` rewritten.
+    pub(crate) conversion: Option<Converter>,
 }
 
 impl Kind {
+    /// A namespaced kind with no behaviour of its own, served at `group/version`.
+    #[cfg(test)]
+    pub(crate) fn plain(group: &str, version: &str, kind: &str) -> Kind {
+        Kind {
+            gr: Gr {
+                group: group.into(),
+                plural: format!("{}s", kind.to_lowercase()),
+            },
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            namespaced: true,
+            status: false,
+            generation: false,
+            custom: true,
+            delete_returns_object: false,
+            schema: None,
+            conversion: None,
+        }
+    }
+
     pub(super) fn subject<'a>(&'a self, name: &'a str) -> Subject<'a> {
         Subject {
             group: &self.gr.group,
@@ -75,6 +101,7 @@ impl Store {
             custom: false,
             delete_returns_object: false,
             schema: None,
+            conversion: None,
         };
         let mut ns = b("", "v1", "namespaces", "Namespace", false, true);
         ns.delete_returns_object = true;

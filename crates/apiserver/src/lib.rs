@@ -54,7 +54,8 @@
 //!   `ClusterRoleBinding`. Custom kinds: creating a CRD (by POST or
 //!   [`ApiServer::install_crd`]) serves its kind at once in every served version, with its scope and its
 //!   status subresource if declared; its status says `NamesAccepted` and `Established`. Versions share one
-//!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`).
+//!   storage; reads through another version only rewrite `apiVersion` (conversion strategy `None`),
+//!   or are converted by a hook ([`ApiServer::register_conversion`]).
 //!   Deleting a CRD deletes its objects and stops serving the kind. Unknown fields are pruned by each
 //!   version's structural schema (`properties`, `additionalProperties`, `items`,
 //!   `x-kubernetes-preserve-unknown-fields`), as the real server does; values are **not validated**
@@ -148,8 +149,9 @@
 //!   admission policies; no authentication or authorization (every request is an admin's).
 //!   Admission webhooks are not read from webhook configurations: a webhook registered with
 //!   [`ApiServer::register_webhook`] is called in process, for creates and updates.
-//! * CRD conversion between versions (every served version answers the stored object as it is),
-//!   `selectableFields`, the `scale` subresource.
+//! * CRD conversion is called in process, not read from the CRD's webhook address: a hook
+//!   registered with [`ApiServer::register_conversion`] converts a kind's versions. Without one, every served version answers the stored object as it is, with only
+//!   `apiVersion` rewritten. No `selectableFields`, no `scale` subresource.
 //! * Controllers: no controller-manager besides the inline garbage collector and namespace
 //!   deletion (no Deployments rolling out Pods, no Service endpoints).
 //! * Lists: no `remainingItemCount`, and pages after the first are not a snapshot (see above).
@@ -194,6 +196,7 @@
 //! | `deletion.rs` | DELETE and deletecollection, preconditions, finalizers, namespace termination |
 //! | `gc.rs` | garbage collection by `ownerReferences` and propagation policies |
 //! | `admission.rs` | admission webhooks called in process: the reviews sent, patches applied, denials returned |
+//! | `conversion.rs` | CRD conversion called in process: the storage version, the reviews sent, what a conversion must keep |
 //! | `selector.rs` | label and field selectors |
 //! | `error.rs` | `Status` errors and [`ClusterError`] |
 //! | `faults.rs` | fault injection ([`Faults`]) |
@@ -204,6 +207,7 @@ struct ReadmeDoctests;
 
 mod admission;
 mod apply;
+mod conversion;
 mod crd;
 mod deletion;
 mod error;
@@ -228,6 +232,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
 pub use admission::{AdmissionHook, ReviewFuture, Webhook};
+pub use conversion::ConversionHook;
 pub use error::ClusterError;
 pub use faults::Faults;
 pub use service::{ApiBody, ApiService};
@@ -414,6 +419,20 @@ impl ApiServer {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .push(webhook);
+    }
+
+    /// Makes the server convert the objects of `group`'s `kind` by `hook`, as a real server
+    /// calls a CRD's conversion webhook (the registration stands for the CRD's `conversion`
+    /// stanza): the kind's objects (its CRD installed before or after this call) are stored in
+    /// the storage version and converted when read or written through another version (see the module
+    /// `conversion` of the crate's source). The hook is called with the server's state locked: it
+    /// must be a quick, pure function of the review, and must not call the server.
+    pub fn register_conversion(&self, group: &str, kind: &str, hook: Arc<dyn ConversionHook>) {
+        self.inner
+            .store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .register_conversion(group, kind, hook);
     }
 
     /// Replaces the injected faults (and reseeds the fault generator with `faults.seed`).

@@ -113,12 +113,9 @@ impl Store {
                         .map(|(_, o)| o)
                         .collect(),
                 };
-                items.extend(
-                    candidates
-                        .into_iter()
-                        .filter(|o| matches(o))
-                        .map(|o| render(&o.value, &o.bytes, &kind.api_version)),
-                );
+                for o in candidates.into_iter().filter(|o| matches(o)) {
+                    items.push(render(&o.value, &o.bytes, kind)?);
+                }
             } else {
                 use std::ops::Bound;
                 let lower = match (&start, ns) {
@@ -139,7 +136,7 @@ impl Store {
                     }
                     last = Some(key);
                     if matches(o) {
-                        items.push(render(&o.value, &o.bytes, &kind.api_version));
+                        items.push(render(&o.value, &o.bytes, kind)?);
                     }
                 }
             }

@@ -2,12 +2,15 @@
 //! reader and watcher), references to stored objects, reading an object through another apiVersion, and
 //! the accessors of `metadata` that the other files use.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::kinds::Gr;
+use super::conversion::view;
+use super::error::ApiError;
+use super::kinds::{Gr, Kind};
 
 /// A stored object: its JSON value and its serialized bytes (serialized once per write).
 #[derive(Debug, Clone)]
@@ -35,17 +38,14 @@ pub(super) struct ObjRef {
     pub(super) name: String,
 }
 
-/// Serialized bytes of an object as seen through `api_version` (custom resources served in several
-/// versions are stored once; their apiVersion is rewritten, as the real server does without a conversion
-/// webhook).
-pub(super) fn render(value: &Value, bytes: &Bytes, api_version: &str) -> Bytes {
-    if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
-        bytes.clone()
-    } else {
-        let mut v = value.clone();
-        v["apiVersion"] = json!(api_version);
-        Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-    }
+/// Serialized bytes of an object as seen through `kind`'s version (custom resources served in
+/// several versions are stored once, and converted when read through another version; see
+/// `conversion.rs`).
+pub(super) fn render(value: &Value, bytes: &Bytes, kind: &Kind) -> Result<Bytes, ApiError> {
+    Ok(match view(kind, value)? {
+        Cow::Borrowed(_) => bytes.clone(),
+        Cow::Owned(v) => Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
+    })
 }
 
 /// The object's `metadata`, if it is an object.
@@ -75,14 +75,16 @@ mod tests {
     #[test]
     fn reading_through_another_api_version_rewrites_only_that() {
         let obj = Obj::new(json!({"apiVersion": "x.io/v1", "kind": "K", "spec": {"a": 1}}));
-        let same = render(&obj.value, &obj.bytes, "x.io/v1");
+        let same = render(&obj.value, &obj.bytes, &Kind::plain("x.io", "v1", "K")).unwrap();
         assert_eq!(
             same.as_ptr(),
             obj.bytes.as_ptr(),
             "the stored bytes are shared"
         );
-        let other: Value =
-            serde_json::from_slice(&render(&obj.value, &obj.bytes, "x.io/v2")).unwrap();
+        let other: Value = serde_json::from_slice(
+            &render(&obj.value, &obj.bytes, &Kind::plain("x.io", "v2", "K")).unwrap(),
+        )
+        .unwrap();
         assert_eq!(
             other,
             json!({"apiVersion": "x.io/v2", "kind": "K", "spec": {"a": 1}})

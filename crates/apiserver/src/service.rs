@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::Inner;
 use super::apply;
+use super::conversion;
 use super::error::ApiError;
 use super::kinds::Kind;
 use super::routing::{Route, Target, Verb, delete_opts, list_opts, parse_json, query_map, route};
@@ -362,7 +363,7 @@ async fn admit_and_execute(
                 .store
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .current(kind, ns, name),
+                .current(kind, ns, name)?,
         };
         let candidate = if verb == Verb::Patch {
             let mut dry = q.clone();
@@ -400,8 +401,18 @@ async fn admit_and_execute(
             operation,
             dry_run,
         };
+        let convert = |object: &Value, version: &str| {
+            let store = inner.store.lock().unwrap_or_else(|p| p.into_inner());
+            match store.resolve(&kind.gr.group, version, &kind.gr.plural) {
+                Some(to) => Ok(conversion::view(&to, object)?.into_owned()),
+                None => Err(ApiError::internal(format!(
+                    "{}/{version} {} is not served",
+                    kind.gr.group, kind.gr.plural
+                ))),
+            }
+        };
         let (object, warnings) =
-            admission::admit(&called, &subject, candidate.clone(), old.as_ref()).await?;
+            admission::admit(&called, &subject, candidate.clone(), old.as_ref(), &convert).await?;
         let written = if verb != Verb::Patch {
             let bytes = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
             execute(inner, parts, q, &bytes, route, verb, inject_conflict)
@@ -588,7 +599,7 @@ fn execute_locked(
                 .to_ascii_lowercase();
             let current = || {
                 store
-                    .current(kind, ns, name)
+                    .current(kind, ns, name)?
                     .ok_or_else(|| ApiError::not_found(kind_subject(kind, name)))
             };
             let mut ownership = apply::Ownership::Updated {
@@ -630,7 +641,7 @@ fn execute_locked(
                     if !patch.is_object() {
                         return Err(ApiError::bad_request("apply patch must be an object"));
                     }
-                    let current = store.current(kind, ns, name);
+                    let current = store.current(kind, ns, name)?;
                     if current.is_none() && route.status {
                         return Err(ApiError::not_found(kind_subject(kind, name)));
                     }

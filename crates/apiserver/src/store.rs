@@ -15,6 +15,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::apply::Ownership;
+use super::conversion::{ConversionHooks, to_storage, view};
 use super::deletion::{check_no_new_finalizers, finalizers, is_deleting};
 use super::error::ApiError;
 use super::gc::{Gc, owner_refs};
@@ -95,6 +96,8 @@ pub(crate) struct Store {
     pub(crate) dry_run: bool,
     /// Conflicts injected by fault injection so far.
     pub(crate) injected_conflicts: u64,
+    /// The conversion hooks registered, by (group, kind).
+    pub(super) conversion_hooks: ConversionHooks,
 }
 
 /// The object with everything except metadata (and status when it is a subresource): generation bumps
@@ -129,6 +132,7 @@ impl Store {
             gc: VecDeque::new(),
             dry_run: false,
             injected_conflicts: 0,
+            conversion_hooks: ConversionHooks::default(),
         };
         s.register_builtins();
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -278,7 +282,7 @@ impl Store {
         let o = self
             .lookup(&r)
             .ok_or_else(|| ApiError::not_found(kind.subject(name)))?;
-        Ok(render(&o.value, &o.bytes, &kind.api_version))
+        render(&o.value, &o.bytes, kind)
     }
 
     /// POST. `managed`: the `managedFields` to record (server-side apply), otherwise none.
@@ -366,13 +370,14 @@ impl Store {
         } else if kind.status && kind.gr.plural != "customresourcedefinitions" {
             body.as_object_mut().map(|o| o.remove("status"));
         }
+        let body = to_storage(kind, body)?;
         let obj = self.put(&r, body, EvType::Added);
         if kind.gr.plural == "customresourcedefinitions" && !self.dry_run {
             self.register_crd(&obj.value);
         }
         self.run_gc();
         Ok(Written {
-            bytes: render(&obj.value, &obj.bytes, &kind.api_version),
+            bytes: render(&obj.value, &obj.bytes, kind)?,
         })
     }
 
@@ -444,7 +449,9 @@ impl Store {
         if !status_only {
             check_immutable(kind, name, &old.value, &new)?;
         }
-        let old_v: &Value = &old.value;
+        // The stored object as this version reads it (it may be stored in another version).
+        let old_view = view(kind, &old.value)?;
+        let old_v: &Value = &old_view;
         // A write that sets `managedFields` (to something else than they are) is taken as
         // written, as on the real server; otherwise an update records who changed what.
         let mut wrote_managed = false;
@@ -535,10 +542,11 @@ impl Store {
                 .unwrap_or(0);
             meta_mut(&mut next).insert("generation".into(), json!(g + 1));
         }
-        if next == *old_v {
+        let next = to_storage(kind, next)?;
+        if next == *old.value {
             // No-op writes store nothing and send no event, as on the real server.
             return Ok(Written {
-                bytes: render(&old.value, &old.bytes, &kind.api_version),
+                bytes: render(&old.value, &old.bytes, kind)?,
             });
         }
         let obj = if is_deleting(&next)
@@ -560,16 +568,21 @@ impl Store {
         }
         self.run_gc();
         Ok(Written {
-            bytes: render(&obj.value, &obj.bytes, &kind.api_version),
+            bytes: render(&obj.value, &obj.bytes, kind)?,
         })
     }
 
-    /// The current object (for patches).
-    pub(crate) fn current(&self, kind: &Kind, ns: Option<&str>, name: &str) -> Option<Value> {
-        let o = self.lookup(&Self::objref(kind, ns, name))?;
-        let mut v = (*o.value).clone();
-        v["apiVersion"] = json!(kind.api_version);
-        Some(v)
+    /// The current object as `kind`'s version reads it (for patches), if it exists.
+    pub(crate) fn current(
+        &self,
+        kind: &Kind,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Value>, ApiError> {
+        match self.lookup(&Self::objref(kind, ns, name)) {
+            Some(o) => Ok(Some(view(kind, &o.value)?.into_owned())),
+            None => Ok(None),
+        }
     }
 }
 

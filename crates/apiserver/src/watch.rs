@@ -60,7 +60,7 @@ pub(super) struct Watcher {
     ns: Option<String>,
     labels: LabelSelector,
     fields: FieldSelector,
-    api_version: String,
+    kind: Kind,
     tx: mpsc::UnboundedSender<WatchItem>,
 }
 
@@ -98,8 +98,18 @@ impl Watcher {
         } else {
             ev.ty
         };
-        Some((ty, render(&ev.value, &ev.bytes, &self.api_version)))
+        Some(match render(&ev.value, &ev.bytes, &self.kind) {
+            Ok(bytes) => (ty, bytes),
+            // An object this version cannot be read in ends the watch with the error, as the
+            // real server's watch does.
+            Err(e) => (EvType::Error, error_event(&e)),
+        })
     }
+}
+
+/// A watch `ERROR` event's object: the error's `Status`.
+fn error_event(e: &ApiError) -> Bytes {
+    Bytes::from(serde_json::to_vec(&e.to_status()).unwrap_or_default())
 }
 
 impl Store {
@@ -142,7 +152,7 @@ impl Store {
             },
             labels,
             fields,
-            api_version: kind.api_version.clone(),
+            kind: kind.clone(),
             tx,
         };
         let mut first = Vec::new();
@@ -162,10 +172,10 @@ impl Store {
                     };
                     for (_, o) in iter {
                         if w.matches(&o.value) {
-                            first.push((
-                                EvType::Added,
-                                render(&o.value, &o.bytes, &kind.api_version),
-                            ));
+                            first.push(match render(&o.value, &o.bytes, kind) {
+                                Ok(bytes) => (EvType::Added, bytes),
+                                Err(e) => (EvType::Error, error_event(&e)),
+                            });
                         }
                     }
                 }
