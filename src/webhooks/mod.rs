@@ -15,6 +15,9 @@
 //!   ([`Certificates`]); it writes the CA bundle into the configurations and the CRDs, and
 //!   again when the CA changes.
 //!
+//! - [`Webhooks::local`]: the webhooks served on loopback to a real API server for a test
+//!   (envtest's `WebhookInstallOptions`), installed, and waited for until the API server calls
+//!   them.
 //! - [`migrate_storage_version`]: every stored object of a CRD written again in its storage
 //!   version, and the CRD's `storedVersions` set to it, after the storage version changed.
 //!
@@ -54,6 +57,7 @@ mod storage;
 mod tls;
 
 pub mod conversion;
+pub mod local;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +69,7 @@ use serde_json::Value;
 
 pub use admission::{Defaulter, Denial, Request, Validator, Warnings};
 pub use conversion::{Conversion, ConversionError, Convertible};
+pub use local::{LocalInstall, LocalWebhooks};
 pub use manifests::Endpoint;
 pub use server::{WebhookError, WebhookLimits, WebhookServer};
 pub use storage::{Migrated, migrate_storage_version};

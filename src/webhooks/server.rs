@@ -11,6 +11,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -75,6 +76,10 @@ pub enum WebhookError {
     /// Writing the CA bundle into the webhook configurations or CRDs failed.
     #[error("cannot write the CA bundle: {0}")]
     CaBundle(#[source] kube::Error),
+    /// Installing the webhooks for a local server ([`Webhooks::local`]) failed, or the API
+    /// server did not call them in time.
+    #[error("local webhooks: {0}")]
+    Install(String),
 }
 
 /// The running webhook server; stops when dropped.
@@ -82,7 +87,37 @@ pub enum WebhookError {
 pub struct WebhookServer {
     addr: SocketAddr,
     serving: ServingCert,
+    reviews: Arc<Reviews>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// How many reviews each path has answered.
+#[derive(Debug)]
+struct Reviews(Vec<(String, AtomicU64)>);
+
+impl Reviews {
+    fn of(webhooks: &Webhooks) -> Self {
+        Reviews(
+            webhooks
+                .paths()
+                .into_iter()
+                .map(|p| (p, AtomicU64::new(0)))
+                .collect(),
+        )
+    }
+
+    fn count(&self, path: &str) {
+        if let Some((_, n)) = self.0.iter().find(|(p, _)| p == path) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn get(&self, path: &str) -> u64 {
+        self.0
+            .iter()
+            .find(|(p, _)| p == path)
+            .map_or(0, |(_, n)| n.load(Ordering::Relaxed))
+    }
 }
 
 impl Drop for WebhookServer {
@@ -120,6 +155,7 @@ impl WebhookServer {
         let addr = listener
             .local_addr()
             .map_err(|source| WebhookError::Bind { addr, source })?;
+        let reviews = Arc::new(Reviews::of(&webhooks));
         let webhooks = Arc::new(webhooks);
         if let (Some(client), Some(ca)) = (&client, &ca) {
             let done = webhooks
@@ -134,6 +170,7 @@ impl WebhookServer {
             acceptor,
             webhooks.clone(),
             limits,
+            reviews.clone(),
         ))];
         if let Certificates::Files { files, reload } = certificates {
             tasks.push(tokio::spawn(reload_loop(
@@ -149,6 +186,7 @@ impl WebhookServer {
         Ok(WebhookServer {
             addr,
             serving,
+            reviews,
             tasks,
         })
     }
@@ -162,6 +200,11 @@ impl WebhookServer {
     pub fn serving_cert(&self) -> &ServingCert {
         &self.serving
     }
+
+    /// How many reviews posted to `path` it has answered so far (0 for a path not served).
+    pub fn reviews(&self, path: &str) -> u64 {
+        self.reviews.get(path)
+    }
 }
 
 async fn accept_loop(
@@ -169,6 +212,7 @@ async fn accept_loop(
     acceptor: TlsAcceptor,
     webhooks: Arc<Webhooks>,
     limits: WebhookLimits,
+    reviews: Arc<Reviews>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
@@ -184,7 +228,7 @@ async fn accept_loop(
             tracing::warn!(%peer, "webhook server: too many connections; one closed");
             continue;
         };
-        let (acceptor, webhooks) = (acceptor.clone(), webhooks.clone());
+        let (acceptor, webhooks, reviews) = (acceptor.clone(), webhooks.clone(), reviews.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let stream =
@@ -201,8 +245,8 @@ async fn accept_loop(
                     }
                 };
             let service = hyper::service::service_fn(move |req| {
-                let webhooks = webhooks.clone();
-                async move { Ok::<_, Infallible>(handle(req, &webhooks, limits).await) }
+                let (webhooks, reviews) = (webhooks.clone(), reviews.clone());
+                async move { Ok::<_, Infallible>(handle(req, &webhooks, limits, &reviews).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -228,6 +272,7 @@ async fn handle(
     req: Request<Incoming>,
     webhooks: &Webhooks,
     limits: WebhookLimits,
+    reviews: &Reviews,
 ) -> Response<Full<Bytes>> {
     if req.method() != http::Method::POST {
         return text(StatusCode::METHOD_NOT_ALLOWED, "POST only");
@@ -262,6 +307,7 @@ async fn handle(
     let Some(answer) = webhooks.answer(&path, &body).await else {
         return text(StatusCode::NOT_FOUND, "not a webhook path");
     };
+    reviews.count(&path);
     tracing::debug!(path, elapsed = ?started.elapsed(), "webhook answered");
     Response::builder()
         .status(StatusCode::OK)

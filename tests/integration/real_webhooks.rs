@@ -19,8 +19,8 @@ use std::time::Duration;
 use crate::common::real::*;
 
 use actorcile::webhooks::{
-    Certificates, Conversion, Convertible, Defaulter, Denial, Endpoint, GeneratedCa, Request,
-    Validator, Warnings, WebhookLimits, WebhookServer, Webhooks, migrate_storage_version,
+    Conversion, Convertible, Defaulter, Denial, GeneratedCa, LocalWebhooks, Request, Validator,
+    Warnings, Webhooks, migrate_storage_version,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -166,108 +166,16 @@ fn write_atomically(path: &Path, contents: &str) {
     std::fs::rename(&next, path).expect("rename a certificate file");
 }
 
-/// A free loopback port (the configurations must name it before the server binds it).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-struct Served {
-    server: WebhookServer,
-    ca: GeneratedCa,
-    dir: tempfile::TempDir,
-}
-
-/// Installs the CRD (stored as v1alpha1) and the webhook configurations without a CA bundle,
-/// as a chart would, then starts the server, which writes the bundle.
-async fn serve(client: &Client) -> Served {
-    let port = free_port();
-    let endpoint = Endpoint::Url(format!("https://127.0.0.1:{port}"));
-    let webhooks = webhooks();
-    let crds = webhooks
-        .crds(vec![gizmo_crd("v1alpha1")], &endpoint, None)
-        .expect("every version converts to the hub");
-    let crd_api = Api::<CustomResourceDefinition>::all(client.clone());
-    let params = PatchParams::apply("real-webhooks-test").force();
-    for crd in &crds {
-        let name = crd.metadata.name.clone().unwrap();
-        crd_api
-            .patch(&name, &params, &Patch::Apply(crd))
-            .await
-            .expect("install the CRD");
-    }
-    let validating = webhooks.validating_configuration(&endpoint, None).unwrap();
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .patch(
-            &webhooks.validating_name(),
-            &params,
-            &Patch::Apply(&validating),
-        )
+/// Serves the webhooks on loopback, with the CRD stored as v1alpha1, and waits until the API
+/// server calls them.
+async fn serve(client: &Client) -> LocalWebhooks {
+    webhooks()
+        .local()
+        .crds(vec![gizmo_crd("v1alpha1")])
+        .sample(&gizmo("barrier", 3))
+        .install(client)
         .await
-        .expect("install the validating configuration");
-    let mutating = webhooks.mutating_configuration(&endpoint, None).unwrap();
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .patch(&webhooks.mutating_name(), &params, &Patch::Apply(&mutating))
-        .await
-        .expect("install the mutating configuration");
-
-    let ca = GeneratedCa::new("gizmo-operator").expect("a CA");
-    let dir = tempfile::tempdir().expect("a certificate directory");
-    let pem = ca.issue(&["127.0.0.1"]).expect("a serving certificate");
-    write_atomically(&dir.path().join("tls.crt"), &pem.cert);
-    write_atomically(&dir.path().join("tls.key"), &pem.key);
-    write_atomically(&dir.path().join("ca.crt"), &ca.ca_pem());
-    let certificates = Certificates::Files {
-        files: actorcile::webhooks::CertFiles::in_dir(dir.path()),
-        reload: Duration::from_millis(100),
-    };
-    let server = WebhookServer::bind(
-        ([127, 0, 0, 1], port).into(),
-        webhooks,
-        certificates,
-        WebhookLimits::default(),
-        Some(client.clone()),
-    )
-    .await
-    .expect("start the webhook server");
-    // The CRD is served once Established; its conversion needs the bundle just written.
-    let crd_name = crds[0].metadata.name.clone().unwrap();
-    eventually("the CRD to be Established", || async {
-        crd_api
-            .get(&crd_name)
-            .await
-            .ok()
-            .and_then(|c| c.status)
-            .is_some_and(|s| {
-                s.conditions
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            })
-    })
-    .await;
-    // The API server reads webhook configurations and CA bundles from an informer: until a
-    // dry run is both defaulted and denied, a write could still pass the webhooks by.
-    let api: Api<v1::Gizmo> = Api::namespaced(client.clone(), "default");
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    eventually("both webhooks to be called", || async {
-        let defaulted = api
-            .create(&dry_run, &gizmo("barrier", 3))
-            .await
-            .is_ok_and(|g| g.spec.color.as_deref() == Some("blue"));
-        let denied = matches!(
-            api.create(&dry_run, &gizmo("barrier", 20)).await,
-            Err(kube::Error::Api(s)) if s.code == 422
-        );
-        defaulted && denied
-    })
-    .await;
-    Served { server, ca, dir }
+        .expect("serve the webhooks")
 }
 
 fn gizmo(name: &str, replicas: i32) -> v1::Gizmo {
@@ -504,12 +412,12 @@ async fn a_rotated_certificate_and_ca_are_picked_up_without_a_restart_or_a_faile
         });
 
         // A new serving certificate from the same CA (as cert-manager renews one).
-        let before = served.server.serving_cert().leaf();
-        let renewed = served.ca.issue(&["127.0.0.1"]).unwrap();
-        write_atomically(&served.dir.path().join("tls.key"), &renewed.key);
-        write_atomically(&served.dir.path().join("tls.crt"), &renewed.cert);
+        let before = served.server().serving_cert().leaf();
+        let renewed = served.ca().issue(&["127.0.0.1"]).unwrap();
+        write_atomically(&served.cert_dir().join("tls.key"), &renewed.key);
+        write_atomically(&served.cert_dir().join("tls.crt"), &renewed.cert);
         eventually("the renewed certificate to be served", || async {
-            served.server.serving_cert().leaf() != before
+            served.server().serving_cert().leaf() != before
         })
         .await;
         let at_renewal = written.load(Ordering::Relaxed);
@@ -520,8 +428,8 @@ async fn a_rotated_certificate_and_ca_are_picked_up_without_a_restart_or_a_faile
 
         // A new CA joins the bundle: the runtime writes it into every configuration and the CRD.
         let next_ca = GeneratedCa::new("gizmo-operator-next").unwrap();
-        let bundle = format!("{}{}", served.ca.ca_pem(), next_ca.ca_pem());
-        write_atomically(&served.dir.path().join("ca.crt"), &bundle);
+        let bundle = format!("{}{}", served.ca().ca_pem(), next_ca.ca_pem());
+        write_atomically(&served.cert_dir().join("ca.crt"), &bundle);
         let bytes = bundle.clone().into_bytes();
         eventually(
             "the new bundle in every configuration and the CRD",
