@@ -1,7 +1,7 @@
 //! An example operator on actorcile: `Network`s and the `Cluster`s that use them.
 //!
 //! ```text
-//! example-operator run [--install-crds] [runtime flags]   # the operator (see --help)
+//! example-operator run [--install-crds] [--webhook-addr ADDR] [runtime flags]   # the operator
 //! example-operator crds                                    # its CRDs, as YAML
 //! example-operator manifests [--image IMAGE]               # RBAC and a Deployment, as YAML
 //! example-operator demo [--networks N] [--clusters-per-network M] [--envtest]
@@ -12,6 +12,7 @@ use example_operator::{demo, manifests, operator, record};
 use std::process::ExitCode;
 
 use actorcile::cli::RuntimeArgs;
+use actorcile::webhooks::{Certificates, WebhookLimits, WebhookServer};
 use clap::{Parser, Subcommand};
 use kube::CustomResourceExt;
 
@@ -42,6 +43,18 @@ enum Command {
         /// (see `record.rs`; for tests).
         #[arg(long, hide = true, value_name = "PATH")]
         record_reconciles: Option<std::path::PathBuf>,
+        /// Serve the admission and conversion webhooks (see `webhooks.rs`) on this address,
+        /// over TLS with the certificate in --webhook-cert-dir.
+        #[arg(long, env = "EXAMPLE_OPERATOR_WEBHOOK_ADDR", value_name = "ADDR")]
+        webhook_addr: Option<std::net::SocketAddr>,
+        /// The webhook server's `tls.crt`, `tls.key` and `ca.crt` (a mounted Secret's
+        /// directory, read again when it changes).
+        #[arg(
+            long,
+            env = "EXAMPLE_OPERATOR_WEBHOOK_CERT_DIR",
+            default_value = "/tmp/k8s-webhook-server/serving-certs"
+        )]
+        webhook_cert_dir: std::path::PathBuf,
     },
     /// Print the CRDs as YAML.
     Crds,
@@ -67,7 +80,19 @@ async fn main() -> ExitCode {
             infrastructure,
             install_crds,
             record_reconciles,
-        } => run(*runtime, infrastructure, install_crds, record_reconciles).await,
+            webhook_addr,
+            webhook_cert_dir,
+        } => {
+            let webhooks = webhook_addr.map(|addr| (addr, webhook_cert_dir));
+            run(
+                *runtime,
+                infrastructure,
+                install_crds,
+                record_reconciles,
+                webhooks,
+            )
+            .await
+        }
         Command::Crds => actorcile::crds::to_yaml(&[Network::crd(), Cluster::crd()])
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),
@@ -90,6 +115,7 @@ async fn run(
     infrastructure: operator::ProviderArgs,
     install_crds: bool,
     record_reconciles: Option<std::path::PathBuf>,
+    webhooks: Option<(std::net::SocketAddr, std::path::PathBuf)>,
 ) -> Result<(), String> {
     match record_reconciles {
         None => args.init_tracing().map_err(|e| e.to_string())?,
@@ -114,6 +140,22 @@ async fn run(
         .client(Some(&mut registry))
         .await
         .map_err(|e| e.to_string())?;
+    // Served for as long as the operator runs; it writes its CA bundle into the webhook
+    // configurations and the Network CRD's conversion, which the deployment installs.
+    let _webhook_server = match webhooks {
+        Some((addr, dir)) => Some(
+            WebhookServer::bind(
+                addr,
+                example_operator::webhooks::webhooks(client.clone()),
+                Certificates::from_dir(dir),
+                WebhookLimits::default(),
+                Some(client.clone()),
+            )
+            .await
+            .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
     let mut builder = args
         .builder(client, operator::names())
         .map_err(|e| e.to_string())?;
