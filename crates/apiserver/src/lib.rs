@@ -195,6 +195,7 @@
 //! | `watch.rs` | watch events, the event history, watch resumption and 410 `Expired` |
 //! | `deletion.rs` | DELETE and deletecollection, preconditions, finalizers, namespace termination |
 //! | `gc.rs` | garbage collection by `ownerReferences` and propagation policies |
+//! | `service/admitted.rs` | writes sent to the admission webhooks before they are executed |
 //! | `admission.rs` | admission webhooks called in process: the reviews sent, patches applied, denials returned |
 //! | `conversion.rs` | CRD conversion called in process: the storage version, the reviews sent, what a conversion must keep |
 //! | `selector.rs` | label and field selectors |
