@@ -9,6 +9,7 @@
 //! left it (an update with the dry run's `resourceVersion`, made again on a conflict) when
 //! one did. Deletions and the status subresource are not sent to webhooks.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -149,12 +150,13 @@ pub(crate) async fn admit(
     for webhook in ordered {
         let uid = format!("in-process-{}", UIDS.fetch_add(1, Ordering::Relaxed));
         let version = webhook.version.as_deref().filter(|v| *v != subject.version);
-        let (seen, seen_old) = match version {
+        // What the webhook is asked about: borrowed unless converted to its version.
+        let (seen, seen_old): (Cow<'_, Value>, Option<Cow<'_, Value>>) = match version {
             Some(v) => (
-                convert(&object, v)?,
-                old.map(|o| convert(o, v)).transpose()?,
+                Cow::Owned(convert(&object, v)?),
+                old.map(|o| convert(o, v).map(Cow::Owned)).transpose()?,
             ),
-            None => (object.clone(), old.cloned()),
+            None => (Cow::Borrowed(&object), old.map(Cow::Borrowed)),
         };
         let version = version.unwrap_or(subject.version);
         let review = json!({
@@ -221,7 +223,7 @@ pub(crate) async fn admit(
         let patch = patch_bytes(patch).and_then(|bytes| {
             serde_json::from_slice::<json_patch::Patch>(&bytes).map_err(|e| e.to_string())
         });
-        let mut seen = seen;
+        let mut seen = seen.into_owned();
         match patch {
             Ok(patch) => match json_patch::patch(&mut seen, &patch) {
                 Ok(()) if version == subject.version => object = seen,
