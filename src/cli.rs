@@ -102,11 +102,21 @@ pub struct RuntimeArgs {
     )]
     pub log_filter: String,
 
-    /// Export the runtime's spans over OTLP/HTTP to this collector traces URL (plain http, e.g.
-    /// http://otel-collector:4318/v1/traces; feature `otel`)
+    /// Export the runtime's spans over OTLP/HTTP to this collector traces URL (e.g.
+    /// http://otel-collector:4318/v1/traces, or https:// for TLS; feature `otel`)
     #[cfg(feature = "otel")]
     #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+
+    /// With an https OTLP endpoint: trust only the CA certificates of this PEM file [default:
+    /// the system's roots] (feature `otel`)
+    #[cfg(feature = "otel")]
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        value_name = "PATH"
+    )]
+    pub otlp_ca_file: Option<PathBuf>,
 
     /// The service name of the exported spans (feature `otel`) [default: the executable's
     /// file name]
@@ -308,7 +318,10 @@ impl RuntimeArgs {
                 .otlp_service_name
                 .clone()
                 .unwrap_or_else(executable_name);
-            let otlp = crate::telemetry::Otlp::new(endpoint, &service)?;
+            let otlp = match &self.otlp_ca_file {
+                Some(ca) => crate::telemetry::Otlp::with_ca_file(endpoint, &service, ca)?,
+                None => crate::telemetry::Otlp::new(endpoint, &service)?,
+            };
             crate::telemetry::init_tracing_with_otlp(self.log_format, &self.log_filter, &otlp)?;
             crate::telemetry::keep_otlp(otlp);
             return Ok(());

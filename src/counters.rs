@@ -347,6 +347,23 @@ pub(crate) struct KindMetrics {
     pub(crate) due_to_start: Histogram,
     pub(crate) events: AtomicU64,
     pub(crate) events_dropped: AtomicU64,
+    /// When each running reconcile started, for the count and the longest running. A lock, taken
+    /// at each reconcile's start and end and at a scrape: the gauges need the oldest start of a
+    /// set that changes at every reconcile.
+    running: std::sync::Mutex<slab::Slab<tokio::time::Instant>>,
+}
+
+/// A reconcile of a kind, counted as running until dropped ([`KindMetrics::running`]).
+pub(crate) struct Running<'a> {
+    kind: &'a KindMetrics,
+    key: usize,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut running = self.kind.running.lock().unwrap_or_else(|e| e.into_inner());
+        running.try_remove(self.key);
+    }
 }
 
 impl std::fmt::Debug for KindMetrics {
@@ -367,7 +384,27 @@ impl KindMetrics {
             due_to_start: Histogram::default(),
             events: AtomicU64::new(0),
             events_dropped: AtomicU64::new(0),
+            running: Default::default(),
         }
+    }
+
+    /// A reconcile that started at `started`, running until the guard drops (its end, or its
+    /// abandonment when its shard is lost).
+    pub(crate) fn running(&self, started: tokio::time::Instant) -> Running<'_> {
+        let key = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(started);
+        Running { kind: self, key }
+    }
+
+    /// Reconciles running now, and how long the longest of them has run.
+    fn running_now(&self) -> (u64, std::time::Duration) {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = running.iter().map(|(_, started)| *started).min();
+        let longest = oldest.map_or(std::time::Duration::ZERO, |o| o.elapsed());
+        (running.len() as u64, longest)
     }
 
     pub(crate) fn reconciled(&self, result: ReconcileResult, took: std::time::Duration) {
@@ -378,9 +415,12 @@ impl KindMetrics {
     pub(crate) fn snapshot(&self) -> KindMetricsSnapshot {
         let (objects, wake_ups, waiting) = (self.gauges)();
         let results = summed(self.results.each());
+        let (running, longest_running) = self.running_now();
         KindMetricsSnapshot {
             wake_ups,
             waiting,
+            running,
+            longest_running,
             kind: self.kind.clone(),
             reconciles: ReconcileResult::ALL
                 .iter()
@@ -414,6 +454,10 @@ pub struct KindMetricsSnapshot {
     pub wake_ups: u64,
     /// Due reconciles and activations waiting for a reconcile slot.
     pub waiting: u64,
+    /// Reconciles of the kind running now.
+    pub running: u64,
+    /// How long the longest-running of them has run (zero when none runs).
+    pub longest_running: std::time::Duration,
     /// Kubernetes Events published for the kind's objects.
     pub events: u64,
     /// Events not published because their object was over its Event budget.
@@ -488,5 +532,20 @@ mod tests {
         assert_eq!(reconciles[&ReconcileResult::Failed], 3);
         assert_eq!(reconciles[&ReconcileResult::Done], 0);
         assert_eq!(snap.reconcile_duration.count, 33);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_running_reconcile_is_the_oldest_still_running() {
+        let k = KindMetrics::new("T", Box::new(|| (0, 0, 0)));
+        assert_eq!(k.running_now(), (0, Duration::ZERO));
+        let first = k.running(tokio::time::Instant::now());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let second = k.running(tokio::time::Instant::now());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(k.running_now(), (2, Duration::from_secs(15)));
+        drop(first);
+        assert_eq!(k.running_now(), (1, Duration::from_secs(5)));
+        drop(second);
+        assert_eq!(k.running_now(), (0, Duration::ZERO));
     }
 }

@@ -121,6 +121,8 @@ pub mod status;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
 pub mod testing;
+#[cfg(any(feature = "webhooks", feature = "otel"))]
+mod tls;
 pub mod triggers;
 mod watch_tasks;
 #[cfg(feature = "webhooks")]

@@ -73,14 +73,19 @@ where
     })
 }
 
-/// Spans exported over OTLP (plain HTTP, protobuf) to an OpenTelemetry collector, in batches from a
+/// Spans exported over OTLP/HTTP (protobuf) to an OpenTelemetry collector, in batches from a
 /// thread of their own (feature `otel`). [`Otlp::layer`] is a tracing layer to add to a
 /// subscriber; [`init_tracing_with_otlp`] installs one with it. Call [`Otlp::shutdown`]
-/// before the process ends, or the last batch is lost.
+/// before the process exits, or the last batch is lost.
+///
+/// An `https` endpoint is reached over TLS (rustls, with the crypto provider of kube's: the
+/// process's default, else the feature `ring`'s or `aws-lc-rs`'s), trusting the system's roots,
+/// or only the CA of [`Otlp::with_ca_file`] (a collector whose certificate a cluster's own CA
+/// signed, mounted from a Secret or ConfigMap).
 ///
 /// ```no_run
 /// use actorcile::telemetry::{LogFormat, Otlp, init_tracing_with_otlp};
-/// let otlp = Otlp::new("http://otel-collector:4318/v1/traces", "my-operator")
+/// let otlp = Otlp::new("https://otel-collector:4318/v1/traces", "my-operator")
 ///     .expect("a valid endpoint");
 /// init_tracing_with_otlp(LogFormat::Json, "info", &otlp).expect("a valid filter");
 /// // ... run the operator ...
@@ -94,31 +99,59 @@ pub struct Otlp {
 
 #[cfg(feature = "otel")]
 impl Otlp {
-    /// Export to `endpoint`, the collector's traces URL (e.g.
-    /// `http://otel-collector:4318/v1/traces`), as service `service_name`. Fails with
-    /// [`Error::Invalid`] on an endpoint that is not an `http` URL: the exporter is built
-    /// without TLS, for a collector agent on the node or a sidecar, which forwards further.
+    /// Export to `endpoint`, the collector's traces URL (`http://otel-collector:4318/v1/traces`,
+    /// or `https://…` for TLS with the system's roots), as service `service_name`. Fails with
+    /// [`Error::Invalid`] on an endpoint that is not an `http` or `https` URL, or an `https` one
+    /// without a crypto provider or system roots.
     pub fn new(endpoint: &str, service_name: &str) -> Result<Self, Error> {
-        use opentelemetry_otlp::{Protocol, WithExportConfig};
+        Self::build(endpoint, service_name, None)
+    }
+
+    /// As [`Otlp::new`], an `https` endpoint trusting only the certificates of the PEM file
+    /// `ca_file` (read once, now). Fails with [`Error::Invalid`] on an `http` endpoint (the CA
+    /// would go unused), or a file that cannot be read or holds no certificate.
+    pub fn with_ca_file(
+        endpoint: &str,
+        service_name: &str,
+        ca_file: &std::path::Path,
+    ) -> Result<Self, Error> {
+        Self::build(endpoint, service_name, Some(ca_file))
+    }
+
+    fn build(
+        endpoint: &str,
+        service_name: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, Error> {
+        use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
         let invalid = |problem: String| Error::Invalid {
             field: crate::runtime::Setting::OtlpEndpoint,
             problem,
         };
         let url = url::Url::parse(endpoint).map_err(|e| invalid(format!("{endpoint:?}: {e}")))?;
-        match url.scheme() {
-            "http" => {}
-            "https" => {
-                return Err(invalid(format!(
-                    "{endpoint:?}: https is not supported (no TLS in the exporter): export over \
-                     http to a collector agent on the node or a sidecar"
-                )));
-            }
-            _ => return Err(invalid(format!("{endpoint:?}: not an http URL"))),
-        }
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
+        let builder = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(endpoint)
+            .with_endpoint(endpoint);
+        // The exporter's HTTP client is always built here, given its TLS configuration: reqwest
+        // built without a crypto provider of its own panics building one without it.
+        let roots = match (url.scheme(), ca_file) {
+            ("http", None) => otlp_tls::Roots::Unused,
+            ("http", Some(_)) => {
+                return Err(invalid(format!(
+                    "{endpoint:?}: a CA file is given for an http endpoint (use https)"
+                )));
+            }
+            ("https", Some(ca_file)) => otlp_tls::Roots::File(ca_file),
+            ("https", None) => otlp_tls::Roots::System,
+            _ => return Err(invalid(format!("{endpoint:?}: not an http or https URL"))),
+        };
+        let tls = otlp_tls::client_config(roots).map_err(|e| Error::Invalid {
+            field: crate::runtime::Setting::OtlpCaFile,
+            problem: e,
+        })?;
+        let builder = builder.with_http_client(otlp_tls::http_client(tls).map_err(invalid)?);
+        let exporter = builder
             .build()
             .map_err(|e| invalid(format!("{endpoint:?}: {e}")))?;
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
@@ -156,6 +189,78 @@ impl Otlp {
             field: crate::runtime::Setting::OtlpExport,
             problem: e.to_string(),
         })
+    }
+}
+
+/// The OTLP exporter's TLS: a rustls client configuration and the blocking HTTP client built
+/// on it.
+#[cfg(feature = "otel")]
+mod otlp_tls {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    /// The certificates a collector's is checked against.
+    pub(super) enum Roots<'a> {
+        /// None: a plain http endpoint.
+        Unused,
+        /// Only those of a PEM file.
+        File(&'a std::path::Path),
+        /// The system's.
+        System,
+    }
+
+    /// A rustls configuration trusting `roots`.
+    pub(super) fn client_config(which: Roots<'_>) -> Result<rustls::ClientConfig, String> {
+        let provider = crate::tls::crypto_provider().ok_or(
+            "no rustls crypto provider is installed, and neither feature ring nor aws-lc-rs is on",
+        )?;
+        let mut roots = rustls::RootCertStore::empty();
+        match which {
+            Roots::Unused => {}
+            Roots::File(path) => {
+                let certs = CertificateDer::pem_file_iter(path)
+                    .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                if certs.is_empty() {
+                    return Err(format!("{}: no certificate in the file", path.display()));
+                }
+                for cert in certs {
+                    roots
+                        .add(cert)
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                }
+            }
+            Roots::System => {
+                let found = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(found.certs);
+                if roots.is_empty() {
+                    return Err(format!(
+                        "no system root certificate found ({:?}): name the collector's CA",
+                        found.errors
+                    ));
+                }
+            }
+        }
+        Ok(rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth())
+    }
+
+    /// A blocking client over `tls`. Built on a thread of its own: reqwest's blocking client
+    /// starts a runtime of its own, which panics inside another's (the caller's `#[tokio::main]`).
+    pub(super) fn http_client(
+        tls: rustls::ClientConfig,
+    ) -> Result<reqwest::blocking::Client, String> {
+        std::thread::spawn(move || {
+            reqwest::blocking::Client::builder()
+                .tls_backend_preconfigured(tls)
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .join()
+        .map_err(|_| "building the HTTP client panicked".to_string())?
     }
 }
 

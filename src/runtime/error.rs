@@ -133,6 +133,8 @@ pub enum Setting {
     TracingSubscriber,
     /// The OTLP endpoint.
     OtlpEndpoint,
+    /// The CA certificates an `https` OTLP endpoint is checked against.
+    OtlpCaFile,
     /// The OTLP exporter, flushed or shut down.
     OtlpExport,
     /// The process's signal handlers.
@@ -185,6 +187,7 @@ impl fmt::Display for Setting {
             Setting::LogFilter => f.write_str("log filter"),
             Setting::TracingSubscriber => f.write_str("tracing subscriber"),
             Setting::OtlpEndpoint => f.write_str("OTLP endpoint"),
+            Setting::OtlpCaFile => f.write_str("OTLP CA file"),
             Setting::OtlpExport => f.write_str("OTLP export"),
             Setting::SignalHandling => f.write_str("signal handling"),
         }

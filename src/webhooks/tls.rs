@@ -48,17 +48,9 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
 }
 
-/// The crypto provider: the process's default, else the one the features bring.
+/// The crypto provider ([`crate::tls::crypto_provider`]).
 pub(crate) fn provider() -> Result<Arc<CryptoProvider>, TlsError> {
-    if let Some(provider) = CryptoProvider::get_default() {
-        return Ok(provider.clone());
-    }
-    #[cfg(feature = "aws-lc-rs")]
-    return Ok(Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
-    #[cfg(all(feature = "ring", not(feature = "aws-lc-rs")))]
-    return Ok(Arc::new(rustls::crypto::ring::default_provider()));
-    #[cfg(not(any(feature = "ring", feature = "aws-lc-rs")))]
-    Err(TlsError::NoCryptoProvider)
+    crate::tls::crypto_provider().ok_or(TlsError::NoCryptoProvider)
 }
 
 /// A certificate chain and its key, in PEM.

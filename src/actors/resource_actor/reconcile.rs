@@ -109,6 +109,7 @@ impl<K: ManagedResource> ResourceActor<K> {
         }
         // Boxed: the reconcile's state machine is large, and inline it would make every idle
         // actor's task that large.
+        let running = self.shared.io.kind_metrics.running(started);
         let ran = {
             let mut reconcile = Box::pin(self.reconcile(myself, st, slot)).instrument(span.clone());
             match fence.as_mut() {
@@ -135,6 +136,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         };
         drop(fence);
+        drop(running);
         let Some(result) = ran else {
             tracing::info!(object = %st.key, "shard lost: reconcile abandoned");
             self.abandon(myself, st);

@@ -20,6 +20,7 @@ impl RuntimeBuilder {
         #[cfg(feature = "metrics")]
         let registry = {
             let mut registry = self.registry.take().unwrap_or_default();
+            registry.register_collector(Box::new(crate::metrics::ProcessCollector::new()));
             registry.register_collector(Box::new(crate::metrics::RuntimeCollector {
                 metrics: metrics.clone(),
                 health: health.clone(),

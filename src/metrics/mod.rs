@@ -30,9 +30,11 @@
 //! | `actorcile_objects` | gauge | `controller` | objects in the runtime's cache | — |
 //! | `actorcile_wake_ups` | gauge | `controller` | wake-ups armed by live actors (yields, backoffs, polls) | `workqueue_depth` counts these too, once due |
 //! | `actorcile_reconciles_waiting` | gauge | `controller` | due reconciles and activations waiting for a reconcile slot | `workqueue_depth` |
+//! | `actorcile_reconciles_running` | gauge | `controller` | reconciles running now | `controller_runtime_active_workers` |
+//! | `actorcile_reconcile_longest_running_seconds` | gauge | `controller` | how long the longest-running reconcile has run (0 when none runs) | `workqueue_longest_running_processor_seconds` |
 //! | `actorcile_events_total` | counter | `controller` | Kubernetes Events published | — |
 //! | `actorcile_events_dropped_total` | counter | `controller` | Events not published: the object's Event budget was spent | — |
-//! | `actorcile_reconciles_in_flight` | gauge | | reconciles running now | `controller_runtime_active_workers` |
+//! | `actorcile_reconciles_in_flight` | gauge | | reconciles running now, over every controller | the sum of `controller_runtime_active_workers` |
 //! | `actorcile_max_concurrent_reconciles` | gauge | | the reconcile slots | `controller_runtime_max_concurrent_reconciles` |
 //! | `actorcile_leader` | gauge | | 1 while this replica runs the controllers (it leads, or there is no election) | `leader_election_master_status` |
 //! | `actorcile_shards` | gauge | | with sharding: how many shards there are | |
@@ -52,7 +54,10 @@
 //! | `actorcile_status_rejected_total` | counter | | status patches refused as invalid (422: a CRD validation rule or the schema), retried with backoff | — |
 //! | `actorcile_write_timeouts_total` | counter | | writes of the runtime's own (status, finalizer, Event…) abandoned unanswered at the policy's `write_timeout`, each retried | — |
 //! | `actorcile_api_requests_total` | counter | `verb`, `code` | API requests of a client built with [`ApiMetrics`] | `rest_client_requests_total` (`method`, `code`) |
+//! | `actorcile_api_request_duration_seconds` | histogram | `verb`, `resource`, `code` | latency of the API requests of a client built with [`ApiMetrics`], until the answer's headers | `rest_client_request_duration_seconds` (`verb`, `host`) |
 //! | `actorcile_api_response_bytes_total` | counter | `verb` | bytes of the answers' bodies (watch streams included) of a client built with [`ApiMetrics`] | `rest_client_response_size_bytes` (a histogram, watches not counted) |
+//!
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, `process_threads`, `process_start_time_seconds` | | | the operator process ([`ProcessCollector`]) | the same names (client_golang's process collector) |
 //!
 //! `controller_runtime_reconcile_errors_total` is `actorcile_reconciles_total{result="failed"}`.
 //! Passive objects (no live actor) are `actorcile_objects` minus `actorcile_actors_live`.
@@ -61,16 +66,20 @@
 //! [`RuntimeBuilder::admin`]: crate::runtime::RuntimeBuilder::admin
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 pub use prometheus_client;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 pub use prometheus_client::registry::Registry;
+
+mod api;
+mod process;
+
+pub use api::{ApiLabels, ApiMetrics, ApiMetricsService, CountedBody, LatencyLabels, VerbLabel};
+pub use process::ProcessCollector;
 
 use crate::counters::{KindMetricsSnapshot, Metrics, MetricsSnapshot};
 
@@ -215,6 +224,27 @@ impl Collector for RuntimeCollector {
         per_kind(
             e,
             &kinds,
+            "actorcile_reconciles_running",
+            "Reconciles running now",
+            MetricType::Gauge,
+            |k| k.running,
+        )?;
+        {
+            let mut family = e.encode_descriptor(
+                "actorcile_reconcile_longest_running_seconds",
+                "How long the longest-running reconcile has run (0 when none runs)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for k in &kinds {
+                let labels = [("controller", k.kind.as_str())];
+                ConstGauge::new(k.longest_running.as_secs_f64())
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        per_kind(
+            e,
+            &kinds,
             "actorcile_events",
             "Kubernetes Events published",
             MetricType::Counter,
@@ -354,247 +384,5 @@ impl Collector for RuntimeCollector {
             m.write_timeouts,
         )?;
         Ok(())
-    }
-}
-
-/// The labels of `actorcile_api_requests_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ApiLabels {
-    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`, or
-    /// the HTTP method in lower case for anything else.
-    pub verb: String,
-    /// The HTTP status code, or `error` when no response came (connection refused, timeout).
-    pub code: String,
-}
-
-/// Counts a client's API requests by verb and status code, as `actorcile_api_requests_total`:
-/// a tower layer for [`kube::client::ClientBuilder::with_layer`].
-///
-/// ```
-/// # async fn build() -> Result<(), Box<dyn std::error::Error>> {
-/// use actorcile::metrics::{ApiMetrics, Registry};
-///
-/// let mut registry = Registry::default();
-/// let api_metrics = ApiMetrics::new(&mut registry);
-/// let config = kube::Config::infer().await?;
-/// let client: kube::Client = kube::client::ClientBuilder::try_from(config)?
-///     .with_layer(&api_metrics)
-///     .build();
-/// # Ok(()) }
-/// ```
-///
-/// It also counts the bytes of the answers' bodies, watch streams included, by verb, as
-/// `actorcile_api_response_bytes_total` (what the API server sent this client, before TLS).
-#[derive(Clone, Debug)]
-pub struct ApiMetrics {
-    requests: Family<ApiLabels, Counter>,
-    bytes: Family<VerbLabel, Counter>,
-}
-
-/// The label of `actorcile_api_response_bytes_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VerbLabel {
-    /// As [`ApiLabels::verb`].
-    pub verb: String,
-}
-
-impl ApiMetrics {
-    /// Register `actorcile_api_requests_total` and `actorcile_api_response_bytes_total` in
-    /// `registry`.
-    pub fn new(registry: &mut Registry) -> Self {
-        let requests = Family::<ApiLabels, Counter>::default();
-        registry.register(
-            "actorcile_api_requests",
-            "Kubernetes API requests, by verb and status code",
-            requests.clone(),
-        );
-        let bytes = Family::<VerbLabel, Counter>::default();
-        registry.register(
-            "actorcile_api_response_bytes",
-            "Bytes of the Kubernetes API's answer bodies (watch streams included), by verb",
-            bytes.clone(),
-        );
-        Self { requests, bytes }
-    }
-
-    /// Answer bytes counted for `verb` so far.
-    pub fn response_bytes(&self, verb: &str) -> u64 {
-        self.bytes
-            .get_or_create(&VerbLabel { verb: verb.into() })
-            .get()
-    }
-
-    /// Requests counted with `verb` and `code` so far.
-    pub fn count(&self, verb: &str, code: &str) -> u64 {
-        self.requests
-            .get_or_create(&ApiLabels {
-                verb: verb.into(),
-                code: code.into(),
-            })
-            .get()
-    }
-}
-
-impl<S> tower::Layer<S> for ApiMetrics {
-    type Service = ApiMetricsService<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        ApiMetricsService {
-            inner,
-            requests: self.requests.clone(),
-            bytes: self.bytes.clone(),
-        }
-    }
-}
-
-/// The service of [`ApiMetrics`].
-#[derive(Clone, Debug)]
-pub struct ApiMetricsService<S> {
-    inner: S,
-    requests: Family<ApiLabels, Counter>,
-    bytes: Family<VerbLabel, Counter>,
-}
-
-/// An answer's body as [`ApiMetricsService`] reconciles it on: counted as it is read.
-pub type CountedBody<E> = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, E>;
-
-impl<S, B, R> tower::Service<http::Request<B>> for ApiMetricsService<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
-    R: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-{
-    type Response = http::Response<CountedBody<R::Error>>;
-    type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<Self::Response, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        use http_body_util::BodyExt;
-        let verb = verb_of(req.method(), req.uri());
-        let requests = self.requests.clone();
-        let bytes = self.bytes.clone();
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let res = fut.await;
-            let code = match &res {
-                Ok(r) => r.status().as_u16().to_string(),
-                Err(_) => "error".to_string(),
-            };
-            let counter = bytes
-                .get_or_create(&VerbLabel { verb: verb.clone() })
-                .clone();
-            requests.get_or_create(&ApiLabels { verb, code }).inc();
-            res.map(|r| {
-                r.map(|body| {
-                    body.map_frame(move |frame| {
-                        if let Some(data) = frame.data_ref() {
-                            counter.inc_by(data.len() as u64);
-                        }
-                        frame
-                    })
-                    .boxed_unsync()
-                })
-            })
-        })
-    }
-}
-
-/// The Kubernetes verb of a request: from its method, whether its path names one object or a
-/// collection, and its `watch` parameter.
-fn verb_of(method: &http::Method, uri: &http::Uri) -> String {
-    let watch = uri
-        .query()
-        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
-    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
-    // /api/v1/... or /apis/group/version/...; then namespaces/<ns>/ for namespaced kinds.
-    let mut rest: &[&str] = match segments.first() {
-        Some(&"api") => segments.get(2..).unwrap_or_default(),
-        Some(&"apis") => segments.get(3..).unwrap_or_default(),
-        _ => &[],
-    };
-    if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
-        rest = &rest[2..];
-    }
-    let collection = rest.len() == 1;
-    match *method {
-        http::Method::GET if watch => "watch",
-        http::Method::GET if collection => "list",
-        http::Method::GET => "get",
-        http::Method::POST => "create",
-        http::Method::PUT => "update",
-        http::Method::PATCH => "patch",
-        http::Method::DELETE if collection => "deletecollection",
-        http::Method::DELETE => "delete",
-        ref other => return other.as_str().to_lowercase(),
-    }
-    .to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn verbs_of_requests() {
-        let cases = [
-            (
-                "GET",
-                "/api/v1/namespaces/a/configmaps?watch=true&rv=1",
-                "watch",
-            ),
-            ("GET", "/api/v1/namespaces/a/configmaps", "list"),
-            ("GET", "/apis/example.com/v1/widgets?limit=500", "list"),
-            ("GET", "/api/v1/namespaces/a/configmaps/x", "get"),
-            ("GET", "/api/v1/namespaces/a", "get"),
-            ("GET", "/api/v1/namespaces", "list"),
-            (
-                "PATCH",
-                "/apis/example.com/v1/namespaces/a/widgets/x/status",
-                "patch",
-            ),
-            ("POST", "/api/v1/namespaces/a/events", "create"),
-            (
-                "PUT",
-                "/apis/coordination.k8s.io/v1/namespaces/a/leases/l",
-                "update",
-            ),
-            ("DELETE", "/api/v1/namespaces/a/configmaps/x", "delete"),
-            (
-                "DELETE",
-                "/api/v1/namespaces/a/configmaps",
-                "deletecollection",
-            ),
-        ];
-        for (method, uri, verb) in cases {
-            let m: http::Method = method.parse().unwrap();
-            let u: http::Uri = uri.parse().unwrap();
-            assert_eq!(verb_of(&m, &u), verb, "{method} {uri}");
-        }
-    }
-
-    #[tokio::test]
-    async fn answer_bytes_are_counted_by_verb_as_they_are_read() {
-        let cluster = crate::cluster::ApiServer::new();
-        let mut registry = Registry::default();
-        let metrics = ApiMetrics::new(&mut registry);
-        let service = tower::ServiceBuilder::new()
-            .layer(&metrics)
-            .service(cluster.service());
-        let client = kube::Client::new(service, "default");
-        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-            kube::Api::namespaced(client.clone(), "default");
-        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
-        cm.metadata.name = Some("a".into());
-        api.create(&Default::default(), &cm).await.unwrap();
-        assert!(metrics.response_bytes("create") > 0);
-        let req = http::Request::get("/api/v1/namespaces/default/configmaps")
-            .body(Vec::new())
-            .unwrap();
-        let text = client.request_text(req).await.unwrap();
-        assert_eq!(metrics.response_bytes("list"), text.len() as u64);
-        assert_eq!(metrics.count("list", "200"), 1);
     }
 }
