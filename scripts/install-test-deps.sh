@@ -8,6 +8,8 @@
 #     (kube-apiserver and etcd side by side);
 #   * the controller-runtime side of `actorcile bench` (tools/bench-controller-runtime), built the
 #     same way into ~/.cache/actorcile/bench/;
+#   * Helm and promtool (tools/helm, tools/promtool: Go modules that pin them), for the example
+#     operator's chart and alert rules, into ~/.cache/actorcile/tools/<name>/;
 #   * libfaketime, with which the chaos suite sets the operator processes' wall clocks apart;
 #   * podman + runc + busybox-static, with a containers.conf / storage.conf that work on these machines
 #     written to ~/.cache/actorcile/podman/ (the service is not started).
@@ -172,11 +174,42 @@ build_bench_controller_runtime() {
     echo "$want" >"$dir/.stamp"
 }
 
+# build_go_tool NAME PACKAGE MODULE [LDFLAGS]: the command PACKAGE of the Go module pinned in
+# tools/NAME/ (go.mod's `tool` line; MODULE is the module whose version it reports) into
+# $CACHE_DIR/tools/NAME/NAME, unless a build from the same go.mod and go.sum is there and runs.
+build_go_tool() {
+    local name="$1" pkg="$2" module="$3" ldflags="${4:-}" src="$REPO_DIR/tools/$1" dir="$CACHE_DIR/tools/$1"
+    local want have started version
+    version="$(awk -v m="$module" '$1 == m {print $2; exit}' "$src/go.mod")"
+    want="$(cd "$src" && cat go.mod go.sum | sha256sum | awk '{print $1}')"
+    have="$(cat "$dir/.stamp" 2>/dev/null || true)"
+    step "checking the cached $name build in $dir"
+    if [ "$want" = "$have" ] && "$dir/$name" --help >/dev/null 2>&1; then
+        echo "    reusing $name ($module $version)"
+        return 0
+    fi
+    step "building $name from $module $version (tools/$name)"
+    mkdir -p "$dir"
+    rm -f "$dir/.stamp"
+    started=$SECONDS
+    (cd "$src" && "$GO" build -ldflags="-s -w ${ldflags//@VERSION@/$version}" -o "$dir/$name" "$pkg")
+    "$dir/$name" --help >/dev/null 2>&1
+    echo "    built $name ($module $version)"
+    echo "    took $((SECONDS - started)) s"
+    echo "$want" >"$dir/.stamp"
+}
+
 NEWEST="$(pinned go.mod k8s.io/kubernetes)"
 OLDEST="$(pinned oldest.mod k8s.io/kubernetes)"
 build_control_plane go.mod kube-apiserver kube-controller-manager etcd
 build_control_plane oldest.mod kube-apiserver
 build_bench_controller_runtime
+# The deploy kit's tools: Helm (lint, template and install of the example operator's chart) and
+# promtool (the alert rules' check and unit tests).
+build_go_tool helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4 \
+    "-X helm.sh/helm/v4/internal/version.version=@VERSION@"
+build_go_tool promtool github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus \
+    "-X github.com/prometheus/common/version.Version=@VERSION@"
 # The oldest apiserver runs on the newest etcd (the etcd v3 API is stable across these releases):
 # KUBEBUILDER_ASSETS needs both in one folder.
 ln -sf "$K8S_DIR/$NEWEST/bin/etcd" "$K8S_DIR/$OLDEST/bin/etcd"
@@ -187,4 +220,6 @@ echo "$OLDEST" >"$K8S_DIR/oldest"
 step "done"
 echo "    newest: KUBEBUILDER_ASSETS=$K8S_DIR/$NEWEST/bin (kube-apiserver, kube-controller-manager, etcd)"
 echo "    oldest: KUBEBUILDER_ASSETS=$K8S_DIR/$OLDEST/bin (kube-apiserver, etcd)"
+echo "    helm:     $CACHE_DIR/tools/helm/helm"
+echo "    promtool: $CACHE_DIR/tools/promtool/promtool"
 echo "    podman:         $(command -v podman) (CONTAINERS_CONF=$PODMAN_DIR/containers.conf CONTAINERS_STORAGE_CONF=$PODMAN_DIR/storage.conf)"
