@@ -94,6 +94,24 @@ impl Health {
         ));
     }
 
+    /// Each kind, and whether its first list is in the cache (`false` while it lists, or while
+    /// the API server refuses its list or watch).
+    pub(crate) fn kinds_synced(&self) -> Vec<(String, bool)> {
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        kinds
+            .iter()
+            .map(|(k, synced, _)| (k.clone(), synced.load(Ordering::Acquire)))
+            .collect()
+    }
+
+    /// How many watch tasks stopped and wait for their restart.
+    pub(crate) fn watches_down(&self) -> usize {
+        self.watches_down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
     pub(crate) fn set_shards(&self, shards: Arc<Shards>) {
         let _ = self.shards.set(shards);
     }

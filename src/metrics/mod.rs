@@ -50,6 +50,8 @@
 //! | `actorcile_reference_index_missing` | gauge | | targets resources found missing (re-checked when they appear) | — |
 //! | `actorcile_reference_index_waiting` | gauge | | resources waiting on a target (each remembers at most 64 targets; older waits fall back to the dependency poll) | — |
 //! | `actorcile_reference_index_holding` | gauge | | resources holding references | — |
+//! | `actorcile_kind_synced` | gauge | `controller` | 1 once the controller's first list is in the cache; 0 while it lists, or while the API server refuses its list or watch | — |
+//! | `actorcile_watches_down` | gauge | | watch tasks that stopped and wait for their restart (`/readyz` fails meanwhile) | — |
 //! | `actorcile_watch_restarts_total` | counter | | watch tasks started again after they stopped (a panic, or their stream ended); `/readyz` fails until each runs again | — |
 //! | `actorcile_status_rejected_total` | counter | | status patches refused as invalid (422: a CRD validation rule or the schema), retried with backoff | — |
 //! | `actorcile_write_timeouts_total` | counter | | writes of the runtime's own (status, finalizer, Event…) abandoned unanswered at the policy's `write_timeout`, each retried | — |
@@ -257,6 +259,24 @@ impl Collector for RuntimeCollector {
             "Events not published: the object's Event budget was spent",
             MetricType::Counter,
             |k| k.events_dropped,
+        )?;
+        {
+            let mut family = e.encode_descriptor(
+                "actorcile_kind_synced",
+                "1 once the controller's first list is in the cache; 0 while it lists, or while the API server refuses its list or watch",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (kind, synced) in self.health.kinds_synced() {
+                let labels = [("controller", kind.as_str())];
+                ConstGauge::new(i64::from(synced)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        gauge(
+            e,
+            "actorcile_watches_down",
+            "Watch tasks that stopped and wait for their restart (/readyz fails meanwhile)",
+            self.health.watches_down() as u64,
         )?;
         let m: MetricsSnapshot = self.metrics.snapshot();
         gauge(

@@ -2,6 +2,7 @@
 //! webhooks, and the demo and reconcile recording its binary runs. Its tests build the
 //! same runtime the binary runs from here (the roles it needs, for one).
 
+pub mod dashboard;
 pub mod demo;
 pub mod manifests;
 pub mod operator;

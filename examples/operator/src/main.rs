@@ -58,6 +58,13 @@ enum Command {
     },
     /// Print the CRDs as YAML.
     Crds,
+    /// Print the Helm chart's RBAC template (examples/operator/chart/templates/rbac.yaml),
+    /// generated from the roles the runtime renders.
+    #[command(hide = true)]
+    ChartRbac,
+    /// Print the Helm chart's Grafana dashboard (examples/operator/chart/files/dashboard.json).
+    #[command(hide = true)]
+    ChartDashboard,
     /// Print the ServiceAccount, ClusterRole, ClusterRoleBinding and Deployment as YAML.
     Manifests {
         /// The operator's container image.
@@ -96,6 +103,11 @@ async fn main() -> ExitCode {
         Command::Crds => actorcile::crds::to_yaml(&[Network::crd(), Cluster::crd()])
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),
+        Command::ChartDashboard => {
+            print!("{}", example_operator::dashboard::to_json());
+            Ok(())
+        }
+        Command::ChartRbac => manifests::chart_rbac().map(|y| print!("{y}")),
         Command::Manifests { image, namespace } => {
             manifests::render(&image, &namespace).map(|y| print!("{y}"))
         }
