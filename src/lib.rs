@@ -206,6 +206,8 @@ pub mod guide_doctests {
     pub struct Testing;
     #[doc = include_str!("../docs/src/production.md")]
     pub struct Production;
+    #[doc = include_str!("../docs/src/deploying.md")]
+    pub struct Deploying;
     #[doc = include_str!("../docs/src/migrating.md")]
     pub struct Migrating;
 }
