@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The full test suite, on a fresh Debian 12 machine or a prepared one:
 #   1. installs what the tests need (the newest Kubernetes control plane and the oldest supported
-#      kube-apiserver, built from Go modules once and cached under ~/.cache/actorcile/k8s/, and
-#      Podman) via scripts/install-test-deps.sh;
+#      kube-apiserver, built from Go modules once and cached under ~/.cache/actorcile/k8s/, Helm
+#      and promtool the same way under ~/.cache/actorcile/tools/, and Podman) via
+#      scripts/install-test-deps.sh;
 #   2. checks formatting, lints, docs and that the published crates package;
 #   3. runs every test (unit, in-process cluster, real control plane of the newest release) in
 #      release mode with cargo-nextest (per-test time limit in .config/nextest.toml), the
