@@ -118,6 +118,20 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) ->
     )?)
 }
 
+/// A snapshot's cumulative buckets as counts per bucket: prometheus-client's encoder sums them
+/// into the cumulative `_bucket` series itself.
+fn per_bucket(cumulative: &[(f64, u64)]) -> Vec<(f64, u64)> {
+    let mut below = 0;
+    cumulative
+        .iter()
+        .map(|&(le, n)| {
+            let here = n.saturating_sub(below);
+            below = n;
+            (le, here)
+        })
+        .collect()
+}
+
 /// One family over the controllers: `value` of each, labelled with its kind.
 fn per_kind(
     encoder: &mut DescriptorEncoder,
@@ -194,7 +208,7 @@ impl Collector for RuntimeCollector {
                     .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
                         h.sum_seconds,
                         h.count,
-                        &h.buckets,
+                        &per_bucket(&h.buckets),
                         None,
                     )?;
             }
@@ -404,5 +418,50 @@ impl Collector for RuntimeCollector {
             m.write_timeouts,
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The encoded `_bucket` series are the snapshot's cumulative counts, `+Inf` the count.
+    #[test]
+    fn histogram_buckets_are_encoded_cumulative_once() {
+        let snapshot = [(0.1, 2), (0.5, 5), (f64::INFINITY, 6)];
+        assert_eq!(
+            per_bucket(&snapshot),
+            [(0.1, 2), (0.5, 3), (f64::INFINITY, 1)]
+        );
+        struct One;
+        impl std::fmt::Debug for One {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("One")
+            }
+        }
+        impl Collector for One {
+            fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+                encoder
+                    .encode_descriptor("h", "h", None, MetricType::Histogram)?
+                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                        1.0,
+                        6,
+                        &per_bucket(&[(0.1, 2), (0.5, 5), (f64::INFINITY, 6)]),
+                        None,
+                    )
+            }
+        }
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(One));
+        let mut scrape = String::new();
+        prometheus_client::encoding::text::encode(&mut scrape, &registry).unwrap();
+        for line in [
+            r#"h_bucket{le="0.1"} 2"#,
+            r#"h_bucket{le="0.5"} 5"#,
+            r#"h_bucket{le="+Inf"} 6"#,
+            "h_count 6",
+        ] {
+            assert!(scrape.contains(line), "{line} not in\n{scrape}");
+        }
     }
 }

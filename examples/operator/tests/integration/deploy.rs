@@ -720,8 +720,32 @@ fn samples(scrape: &str) -> Vec<(String, BTreeMap<String, String>)> {
         .collect()
 }
 
-/// Every metric the dashboard's queries read is in the scrape.
+/// Every metric the dashboard's queries read is in the scrape, and every histogram's `+Inf`
+/// bucket is its count (the quantile panels read the buckets).
 fn check_dashboard(scrape: &str) {
+    let values: BTreeMap<&str, &str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .collect();
+    let mut histograms = 0;
+    for (series, value) in &values {
+        if let Some((name, labels)) = series.split_once("_bucket{le=\"+Inf\"") {
+            let rest = labels.trim_start_matches(',');
+            let count = if rest == "}" {
+                format!("{name}_count")
+            } else {
+                format!("{name}_count{{{rest}")
+            };
+            assert_eq!(
+                values.get(count.as_str()),
+                Some(value),
+                "{series} is not {count}"
+            );
+            histograms += 1;
+        }
+    }
+    assert!(histograms >= 3, "{histograms} histograms checked");
     let names: BTreeSet<String> = samples(scrape).into_iter().map(|(n, _)| n).collect();
     let read = example_operator::dashboard::metrics_read();
     assert!(read.len() >= 15, "{read:?}");
