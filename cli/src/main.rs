@@ -11,6 +11,7 @@ static GLOBAL: allocator::Chosen = allocator::Chosen;
 mod allocator;
 mod bench;
 mod chaos;
+mod dashboard_plot;
 mod plot_file;
 mod retry;
 mod simulate;
@@ -46,6 +47,9 @@ enum Command {
     /// panics and hangs, API errors, conflicts and throttling, kill -9 of the operator,
     /// kube-apiserver and etcd restarts), then count invariant violations.
     Chaos(chaos::ChaosArgs),
+    /// Draw the main panels of the example operator's dashboard from timed scrapes of its
+    /// /metrics (`example-operator demo --scrape-to FILE`).
+    PlotDashboard(dashboard_plot::PlotDashboardArgs),
     /// The operator `chaos` drives, as its own process (started by `chaos`).
     #[command(hide = true)]
     ChaosOperator(chaos::operator::OperatorArgs),
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(actorcile_envtest::cli::run(cmd, "actorcile envtest"))),
         Command::Chaos(args) => chaos::main(args),
+        Command::PlotDashboard(args) => dashboard_plot::run(args).map_err(anyhow::Error::msg),
         Command::ChaosOperator(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

@@ -27,6 +27,11 @@ pub struct DemoArgs {
     /// and deleted at the end.
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<std::path::PathBuf>,
+    /// Scrape the runtime's /metrics every 250 ms while the demo runs, and write the scrapes to
+    /// this file (each after a line `# at SECONDS`): the input of `actorcile plot-dashboard`.
+    /// (In process only.)
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["envtest", "kubeconfig"])]
+    scrape_to: Option<std::path::PathBuf>,
     #[command(flatten)]
     infrastructure: operator::ProviderArgs,
 }
@@ -34,6 +39,12 @@ pub struct DemoArgs {
 /// Run the demo.
 pub async fn run(args: DemoArgs) -> Result<(), String> {
     let crds = vec![Network::crd(), Cluster::crd()];
+    // With --scrape-to: the runtime's metrics and the client's API requests, in one registry.
+    let mut registry = args
+        .scrape_to
+        .as_ref()
+        .map(|_| actorcile::metrics::Registry::default());
+    let api_metrics = registry.as_mut().map(actorcile::metrics::ApiMetrics::new);
     let (client, _guard): (kube::Client, Box<dyn std::any::Any>) = if let Some(path) =
         &args.kubeconfig
     {
@@ -58,10 +69,28 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
         for crd in &crds {
             cluster.install_crd(crd).map_err(|e| e.to_string())?;
         }
-        (cluster.client(), Box::new(cluster))
+        let client = match &api_metrics {
+            Some(m) => kube::Client::new(
+                tower::ServiceBuilder::new()
+                    .layer(m)
+                    .service(cluster.service()),
+                "default",
+            ),
+            None => cluster.client(),
+        };
+        (client, Box::new(cluster))
     };
+    let mut builder = Runtime::builder(client.clone(), operator::names());
+    let mut scraper = None;
+    if let (Some(path), Some(registry)) = (&args.scrape_to, registry) {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?;
+        builder = builder.metrics_registry(registry).admin(addr);
+        scraper = Some(tokio::spawn(scrape(addr, path.clone())));
+    }
     let rt = operator::register(
-        Runtime::builder(client.clone(), operator::names()),
+        builder,
         args.infrastructure.provider()?,
         &args.infrastructure.allowed_images,
     )
@@ -169,8 +198,50 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
             k.events
         );
     }
+    if let Some(scraper) = scraper {
+        // One last scrape after the deletions.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        scraper.abort();
+    }
     rt.shutdown().await;
     Ok(())
+}
+
+/// `GET /metrics` on `addr` every 250 ms, each answer appended to `path` after `# at SECONDS`.
+async fn scrape(addr: std::net::SocketAddr, path: std::path::PathBuf) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = Instant::now();
+    let mut file = match tokio::fs::File::create(&path).await {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+            continue;
+        };
+        let req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+        let mut answer = String::new();
+        if s.write_all(req.as_bytes()).await.is_err()
+            || s.read_to_string(&mut answer).await.is_err()
+        {
+            continue;
+        }
+        let Some((_, body)) = answer.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let at = format!("# at {:.3}\n", started.elapsed().as_secs_f64());
+        if file.write_all(at.as_bytes()).await.is_err()
+            || file.write_all(body.as_bytes()).await.is_err()
+        {
+            return;
+        }
+        let _ = file.flush().await;
+    }
 }
 
 async fn count<K>(api: &Api<K>, f: impl Fn(&K) -> bool) -> Result<usize, String>
