@@ -1,7 +1,8 @@
 //! The `actorcile` command line: `bench` (reconcile throughput of actorcile side by side with
 //! kube-runtime's `Controller`), `simulate` (supervisor policies compared on a seeded scenario in
 //! virtual time), `envtest` (a real etcd + kube-apiserver), `chaos` (faults injected on a real
-//! control plane, invariants counted).
+//! control plane, invariants counted), `plot-dashboard` (the example operator's dashboard panels
+//! from timed scrapes).
 
 /// mimalloc unless `ACTORCILE_ALLOCATOR=system` (see `allocator.rs` and BENCHMARKS.md:
 /// allocation-heavy actor spawning; memory returned to the OS).

@@ -109,6 +109,7 @@ fn counter(
     )?)
 }
 
+/// One gauge of `value`, without labels.
 fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> std::fmt::Result {
     ConstGauge::new(value as i64).encode(encoder.encode_descriptor(
         name,

@@ -13,8 +13,9 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
+
+use super::gauge;
 
 /// The operator process's CPU, memory, file descriptors, threads and start time, read at each
 /// scrape. The runtime registers one in its registry; register it yourself in a registry the
@@ -92,15 +93,6 @@ struct Figures {
     max_fds: Option<u64>,
     threads: Option<u64>,
     start_time: u64,
-}
-
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> std::fmt::Result {
-    ConstGauge::new(value as i64).encode(encoder.encode_descriptor(
-        name,
-        help,
-        None,
-        MetricType::Gauge,
-    )?)
 }
 
 impl Collector for ProcessCollector {

@@ -516,10 +516,10 @@ async fn the_chart_installs_and_its_image_converges_objects_as_the_chart_s_servi
     );
     let (repository, tag) = image.rsplit_once(':').unwrap();
     let image_values = format!("image.repository={repository},image.tag={tag}");
-    run(
-        &helm,
-        &[
-            "install",
+    // `helm install` or `helm upgrade` of the release, with the test's image and `values`.
+    let release = |verb: &str, values: &[&str]| {
+        let mut args = vec![
+            verb,
             "ex",
             chart.to_str().unwrap(),
             "-n",
@@ -528,8 +528,13 @@ async fn the_chart_installs_and_its_image_converges_objects_as_the_chart_s_servi
             &kubeconfig,
             "--set",
             &image_values,
-        ],
-    );
+        ];
+        for v in values {
+            args.extend(["--set", v]);
+        }
+        run(&helm, &args);
+    };
+    release("install", &[]);
 
     // A Pod of the Deployment as the ReplicaSet controller would make it is admitted; one that
     // drops the security context is not (the enforcement is on).
@@ -579,22 +584,7 @@ async fn the_chart_installs_and_its_image_converges_objects_as_the_chart_s_servi
     let mut scrapes = String::new();
     for (round, upgrade) in [(0, None), (1, Some("sharding.shards=2"))] {
         if let Some(values) = upgrade {
-            run(
-                &helm,
-                &[
-                    "upgrade",
-                    "ex",
-                    chart.to_str().unwrap(),
-                    "-n",
-                    namespace,
-                    "--kubeconfig",
-                    &kubeconfig,
-                    "--set",
-                    &image_values,
-                    "--set",
-                    values,
-                ],
-            );
+            release("upgrade", &[values]);
         }
         let rendered =
             serde_json::to_value(deployments.get("example-operator").await.unwrap()).unwrap();
