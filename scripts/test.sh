@@ -307,6 +307,12 @@ expect '"backend":"in-process","concurrency":32,' "$examples/write_ceiling" --ob
 expect 'webhooks       1' "$examples/webhook_latency" --objects 50 --rounds 1
 expect 'summary: 4 networks and 24 clusters Ready' \
   "${CARGO_TARGET_DIR:-target}/release/example-operator" demo
+# The production chapter's dashboard picture, drawn the way the chapter says (smaller).
+expect 'summary: 20 networks and 1000 clusters Ready' \
+  "${CARGO_TARGET_DIR:-target}/release/example-operator" demo --networks 20 \
+  --clusters-per-network 50 --scrape-to target/scrapes-check.txt
+expect 'target/dashboard-check.png: ' "$cli" plot-dashboard target/scrapes-check.txt \
+  --out target/dashboard-check.png
 
 step "doc tests (the API docs, README and user guide code blocks)"
 # In release, with the features of the tests above: the dependencies built for them are reused.

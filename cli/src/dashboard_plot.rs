@@ -233,9 +233,9 @@ pub fn run(args: PlotDashboardArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.scrapes)
         .map_err(|e| format!("{}: {e}", args.scrapes.display()))?;
     let scrapes = parse(&text);
-    if scrapes.len() < 6 {
+    if scrapes.len() < 3 {
         return Err(format!(
-            "{}: {} scrapes; at least 6 are needed (a longer run)",
+            "{}: {} scrapes; at least 3 are needed (a longer run)",
             args.scrapes.display(),
             scrapes.len()
         ));
