@@ -94,8 +94,9 @@ impl Health {
         ));
     }
 
-    /// Each kind, and whether its first list is in the cache (`false` while it lists, or while
+    /// Each kind, and whether its first list is in the cache (for the metrics) (`false` while it lists, or while
     /// the API server refuses its list or watch).
+    #[cfg(feature = "metrics")]
     pub(crate) fn kinds_synced(&self) -> Vec<(String, bool)> {
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
         kinds
@@ -104,7 +105,8 @@ impl Health {
             .collect()
     }
 
-    /// How many watch tasks stopped and wait for their restart.
+    /// How many watch tasks stopped and wait for their restart (for the metrics).
+    #[cfg(feature = "metrics")]
     pub(crate) fn watches_down(&self) -> usize {
         self.watches_down
             .lock()
