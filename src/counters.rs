@@ -189,21 +189,25 @@ pub enum ReconcileResult {
     Terminal,
     /// [`Outcome::UserActionRequired`](crate::provisioners::Outcome::UserActionRequired).
     UserActionRequired,
+    /// Cut because the object moved on (a new generation or a deletion arrived); it runs again
+    /// at once ([`Controller::cancel_on_change`](crate::runtime::Controller::cancel_on_change)).
+    Cancelled,
 }
 
 impl ReconcileResult {
     /// Every result, in label order.
-    pub const ALL: [ReconcileResult; 6] = [
+    pub const ALL: [ReconcileResult; 7] = [
         ReconcileResult::Done,
         ReconcileResult::Yield,
         ReconcileResult::Waiting,
         ReconcileResult::Failed,
         ReconcileResult::Terminal,
         ReconcileResult::UserActionRequired,
+        ReconcileResult::Cancelled,
     ];
 
     /// The label value (`done`, `yield`, `waiting`, `failed`, `terminal`,
-    /// `user_action_required`).
+    /// `user_action_required`, `cancelled`).
     pub fn as_str(self) -> &'static str {
         match self {
             ReconcileResult::Done => "done",
@@ -212,6 +216,7 @@ impl ReconcileResult {
             ReconcileResult::Failed => "failed",
             ReconcileResult::Terminal => "terminal",
             ReconcileResult::UserActionRequired => "user_action_required",
+            ReconcileResult::Cancelled => "cancelled",
         }
     }
 

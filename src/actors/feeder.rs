@@ -47,6 +47,9 @@ fn route<K: ManagedResource>(
     if let Some(secrets) = &shared.secrets {
         secrets.observed(&key, obj.as_ref());
     }
+    shared
+        .in_flight
+        .observed(&key, kube::Resource::meta(obj.as_ref()));
     if let Some(actor) = shared.routes.get(&key)
         && actor.cast(ResourceMsg::Observed(obj)).is_ok()
     {
@@ -90,6 +93,7 @@ fn route_gone<K: ManagedResource>(
     if let Some(secrets) = &shared.secrets {
         secrets.forget(&key);
     }
+    shared.in_flight.gone(&key);
     // Most deletions are of objects that hold and wait on nothing: no target is built for them.
     if shared.references.holds_or_waits_any() {
         shared.references.gone(&crate::references::Target::new(

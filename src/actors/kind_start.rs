@@ -55,6 +55,9 @@ pub(crate) struct KindSpec<K: ManagedResource> {
     pub(crate) shard_key: Option<crate::sharding::ShardKey<K>>,
     pub(crate) related: Vec<RelatedSpec<K>>,
     pub(crate) max_concurrent_reconciles: Option<usize>,
+    /// Whether a provision reconcile is cancelled when its object moves on
+    /// ([`Controller::cancel_on_change`](crate::runtime::Controller::cancel_on_change)).
+    pub(crate) cancel_on_change: bool,
     /// Whether the cached copies drop what the API server keeps for itself
     /// ([`Controller::prune_cache`](crate::runtime::Controller::prune_cache)).
     pub(crate) prune_cache: bool,
@@ -141,6 +144,7 @@ impl<K: ManagedResource> KindSpec<K> {
             shard_key: None,
             related: Vec::new(),
             max_concurrent_reconciles: None,
+            cancel_on_change: true,
             prune_cache: true,
             encode_passive: true,
         }
@@ -466,6 +470,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             slots,
             store,
             routes: DashMap::default(),
+            in_flight: crate::scheduling::moved_on::InFlight::new(self.cancel_on_change),
             status_checks: Default::default(),
             references: cx.references.clone(),
             timers,

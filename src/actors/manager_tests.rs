@@ -29,7 +29,12 @@ async fn changes_during_a_reconcile_coalesce_into_one_follow_up_reconcile() {
             Outcome::Done
         }
     });
-    let kind = start_kind(tree, test_policy()).await;
+    // Not cut by the changes (`cancel_on_change`): they arrive while it runs, and coalesce.
+    let spec = super::KindSpec {
+        cancel_on_change: false,
+        ..super::KindSpec::new(Arc::new(tree))
+    };
+    let kind = super::test_kind::start_spec(spec, test_policy()).await;
     kind.create("c").await;
     entered.notified().await;
     for i in 0..100 {

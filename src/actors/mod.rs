@@ -142,6 +142,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub store: KindStore<K>,
     /// The live actors, by object.
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
+    /// The provision reconciles that run now, cancelled by the feeder when their object moves on.
+    pub in_flight: crate::scheduling::moved_on::InFlight<K>,
     /// What the runtime found out about the kind's status subresource (served at all, and
     /// keeping what the runtime writes).
     pub status_checks: crate::writes::StatusChecks,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 
-use super::test_kind::{ReconcileLog, Widget, start_kind, test_policy};
+use super::test_kind::{LIMIT, ReconcileLog, Widget, start_kind, test_policy};
 use crate::policy::KindPolicy;
 use crate::prelude::*;
 
@@ -127,5 +127,151 @@ async fn errors_back_off_growing_and_a_success_resets_the_backoff() {
         near(gaps[5], 100) && near(gaps[6], 200),
         "reset by the success: {gaps:?}"
     );
+    kind.stop().await;
+}
+
+/// When each phase of the slow-step tests happened.
+#[derive(Clone, Default)]
+struct Phases {
+    slow_started: Arc<tokio::sync::Notify>,
+    deprovision_started: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    deprovisioned: Arc<tokio::sync::Notify>,
+    guard_runs: Arc<AtomicU32>,
+}
+
+/// A guarded task, then a step whose provision awaits a ten-minute call.
+fn slow_tree(phases: Phases) -> impl Provisioner<Widget> {
+    let (p1, p2) = (phases.clone(), phases);
+    serial![
+        crate::provisioners::guard("Record", move |_cx: Context<Widget>| {
+            let p = p1.clone();
+            async move {
+                p.guard_runs.fetch_add(1, Ordering::SeqCst);
+                Outcome::Done
+            }
+        }),
+        step("slow-call", {
+            let p = p2.clone();
+            move |_cx: Context<Widget>| {
+                let p = p.clone();
+                async move {
+                    p.slow_started.notify_one();
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                    Outcome::Done
+                }
+            }
+        })
+        .on_delete(move |_cx: Context<Widget>| {
+            let p = p2.clone();
+            async move {
+                p.deprovision_started
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(tokio::time::Instant::now);
+                p.deprovisioned.notify_one();
+                Outcome::Done
+            }
+        }),
+    ]
+}
+
+/// Create `w`, wait until its slow step awaits, delete it; how long after the deletion its
+/// deprovision started, and the kind's cancelled reconciles.
+async fn delete_during_the_slow_call(cancel_on_change: bool) -> (Duration, u32, u64) {
+    let phases = Phases::default();
+    let spec = super::KindSpec {
+        cancel_on_change,
+        ..super::KindSpec::new(Arc::new(slow_tree(phases.clone())))
+    };
+    let kind = super::test_kind::start_spec(spec, test_policy()).await;
+    kind.create("w").await;
+    phases.slow_started.notified().await;
+    let deleted = tokio::time::Instant::now();
+    kind.delete("w").await;
+    tokio::time::timeout(Duration::from_secs(1200), phases.deprovisioned.notified())
+        .await
+        .expect("the deprovision runs");
+    kind.wait_gone("w").await;
+    let started = phases
+        .deprovision_started
+        .lock()
+        .unwrap()
+        .expect("the deprovision ran");
+    let cancelled = kind.cancelled();
+    kind.stop().await;
+    (
+        started - deleted,
+        phases.guard_runs.load(Ordering::SeqCst),
+        cancelled,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deletion_cuts_a_slow_reconcile_and_deprovisions_at_once() {
+    let (after, guard_runs, cancelled) = delete_during_the_slow_call(true).await;
+    assert!(
+        after < Duration::from_secs(1),
+        "the deprovision starts within a scheduling round, not after the ten-minute call: {after:?}"
+    );
+    assert_eq!(guard_runs, 1, "the guarded task ran once");
+    assert_eq!(cancelled, 1, "the cut reconcile counts as cancelled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_controller_that_opts_out_runs_its_reconcile_to_the_end() {
+    let (after, guard_runs, cancelled) = delete_during_the_slow_call(false).await;
+    assert!(
+        after >= Duration::from_secs(600),
+        "the ten-minute call ran to its end first: {after:?}"
+    );
+    assert_eq!((guard_runs, cancelled), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_generation_never_cuts_a_guarded_task_between_its_effect_and_its_record() {
+    // The task records which generation it ran for, after a minute's call.
+    let started = Arc::new(tokio::sync::Notify::new());
+    let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tree = {
+        let (started, finished) = (started.clone(), finished.clone());
+        crate::provisioners::guard("Record", move |cx: Context<Widget>| {
+            let (started, finished) = (started.clone(), finished.clone());
+            async move {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                finished
+                    .lock()
+                    .unwrap()
+                    .push(cx.object().metadata.generation);
+                Outcome::Done
+            }
+        })
+    };
+    let kind = start_kind(tree, test_policy()).await;
+    kind.create("g").await;
+    started.notified().await;
+    kind.set_note("g", "new intent").await;
+    // The second generation's task starts after the first's ended and was recorded.
+    started.notified().await;
+    let status =
+        crate::testing::eventually("g's guard recorded for generation 2", LIMIT, || async {
+            let status = kind.wait_reason("g", "Provisioned").await;
+            let recorded = status
+                .condition("Record")
+                .is_some_and(|c| c.reason == "Done" && c.observed_generation == Some(2));
+            recorded.then_some(status)
+        })
+        .await;
+    assert_eq!(
+        *finished.lock().unwrap(),
+        vec![Some(1), Some(2)],
+        "the first task was not cut: each generation's ran once, to its end"
+    );
+    let record = status.condition("Record").expect("the guard's condition");
+    assert_eq!(
+        (record.reason.as_str(), record.observed_generation),
+        ("Done", Some(2))
+    );
+    assert_eq!(kind.cancelled(), 0, "no reconcile was cut");
     kind.stop().await;
 }

@@ -110,6 +110,15 @@ impl Kind {
         (self.started.encoded)()
     }
 
+    /// The kind's reconciles cut because their object moved on.
+    pub(crate) fn cancelled(&self) -> u64 {
+        self.metrics
+            .kinds()
+            .iter()
+            .map(|k| k.reconciles_with(crate::counters::ReconcileResult::Cancelled))
+            .sum()
+    }
+
     /// The runtime-wide counters.
     pub(crate) fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()

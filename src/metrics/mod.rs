@@ -24,7 +24,7 @@
 //! | name | type | labels | what it counts | controller-runtime's |
 //! |---|---|---|---|---|
 //! | `actorcile_build_info` | gauge | `application`, `version`, `revision`, `actorcile_version` | always 1: what the operator is ([`RuntimeBuilder::service`](crate::runtime::RuntimeBuilder::service); without it the application is the operator's name, its version and revision `unknown`) | kubebuilder's `build_info` convention |
-//! | `actorcile_reconciles_total` | counter | `controller`, `result` | reconciles that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
+//! | `actorcile_reconciles_total` | counter | `controller`, `result` | reconciles that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`, `cancelled`: cut because its object moved on) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
 //! | `actorcile_reconcile_duration_seconds` | histogram | `controller` | how long a reconcile took | `controller_runtime_reconcile_time_seconds` |
 //! | `actorcile_reconcile_wait_seconds` | histogram | `controller` | from a reconcile becoming due to its start (waiting for a reconcile slot) | `workqueue_queue_duration_seconds` |
 //! | `actorcile_objects` | gauge | `controller` | objects in the runtime's cache | — |

@@ -208,6 +208,9 @@ impl<K: ManagedResource> Context<K> {
     /// 5. Record its outcome on the condition (`Done`, or the outcome's reason), retrying
     ///    conflicts on fresh reads as long as the lock is still this runtime's; return it.
     ///
+    /// All of it runs [shielded](Context::shielded): a reconcile cancelled because its object
+    /// moved on is cut after the result is recorded, never between the task and its record.
+    ///
     /// A runtime that dies in the middle of a task leaves the lock behind; after its expiry the
     /// next run takes it and runs the task again. So the task must be idempotent, or look
     /// first whether its effect is already there (the DNS record exists), and `lock_expiry`
@@ -232,7 +235,10 @@ impl<K: ManagedResource> Context<K> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Outcome>,
     {
-        self.guarded(type_, Intent::Provision, task).await
+        // Shielded: a reconcile cut because its object moved on never falls between the
+        // lock, the task and its record.
+        self.shielded(self.guarded(type_, Intent::Provision, task))
+            .await
     }
 
     /// [`Context::guard`] for a deprovision task: the condition records `Deprovisioned` when
@@ -242,7 +248,8 @@ impl<K: ManagedResource> Context<K> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Outcome>,
     {
-        self.guarded(type_, Intent::Deprovision, task).await
+        self.shielded(self.guarded(type_, Intent::Deprovision, task))
+            .await
     }
 
     async fn guarded<F, Fut>(&self, type_: &str, intent: Intent, task: F) -> Outcome

@@ -396,6 +396,38 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
+    /// Whether a provision reconcile is cancelled when its object moves on (default `true`).
+    ///
+    /// A reconcile whose steps still await (a slow call to a cloud API, a remote cluster) when
+    /// a new generation of its object or its deletion arrives is cut at its next await point,
+    /// and the object runs again at once on what arrived: a deleted object starts
+    /// deprovisioning without waiting for a call made for the intent it no longer has. Only the
+    /// provisioner tree is cut, never the runtime's own status write, nor a step's
+    /// [`Context::shielded`](crate::provisioners::Context::shielded) work
+    /// ([`Context::guard`](crate::provisioners::Context::guard)'s lock, task and record
+    /// are shielded). What the cut steps wrote stays written; their outcome is not recorded.
+    /// A cut reconcile counts as `cancelled` in `actorcile_reconciles_total`, and is logged at
+    /// `info`. A deprovision reconcile is never cut.
+    ///
+    /// Steps must be safe to stop at an await point, as any Rust future (the policy's
+    /// `reconcile_timeout` stops them there too). A step that changes its own object's spec
+    /// cancels its own reconcile, which then runs again on the new generation. `false` keeps
+    /// every reconcile running to its end.
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// let tree = step("migrate-the-database", |_cx: Context<App>| async { Outcome::Done });
+    /// // A migration half done is worse than a late one: never cut.
+    /// let controller = Controller::<App>::new(tree).cancel_on_change(false);
+    /// ```
+    pub fn cancel_on_change(mut self, cancel: bool) -> Self {
+        self.spec.cancel_on_change = cancel;
+        self
+    }
+
     /// Whether the runtime's cached copy of each object is pruned (default `true`): without
     /// `metadata.managedFields` and the `kubectl.kubernetes.io/last-applied-configuration`
     /// annotation, which the API server and `kubectl` keep for themselves. On a real cluster

@@ -1,6 +1,6 @@
 //! When reconciles start: the reconcile slots every reconcile needs, who gets the next one, the
 //! timer task that delivers wake-ups with their slots, the manager's activation queue, and a
-//! reconcile's deadline.
+//! reconcile's deadline and cancellation.
 //! Plain data and one tokio task each; nothing here knows an actor's state, only the
 //! [`ActorRef`](ractor::ActorRef) a delivery goes to.
 //!
@@ -12,12 +12,14 @@
 //! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
 //! | `passive_timers.rs` | the wake-ups of passive objects (no actor), one task per manager |
 //! | `deadline.rs` | a reconcile stopped at the policy's `reconcile_timeout` |
+//! | `moved_on.rs` | a provision reconcile cancelled when its object moves on (new generation, deletion) |
 //!
 //! The words (reconcile slot, wake-up, activation, held back) are the glossary's in
 //! [`crate::actors`].
 
 mod activation_queue;
 pub(crate) mod deadline;
+pub(crate) mod moved_on;
 mod passive_timers;
 mod slots;
 mod timers;

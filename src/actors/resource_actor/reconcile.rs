@@ -284,12 +284,26 @@ impl<K: ManagedResource> ResourceActor<K> {
                         .take()
                         .filter(|cx| cx.has_parts(&obj, &status) && cx.has_config(&config))
                         .unwrap_or_else(|| self.context(obj.clone(), status.clone(), config));
-                    let outcome = deadline::within(
+                    let run = deadline::within(
                         shared.rules.policy.reconcile_timeout,
                         shared.rules.tree.provision(&cx),
-                    )
-                    .await;
+                    );
+                    // Cut when a new generation or the deletion arrives meanwhile (see
+                    // `scheduling::moved_on`), outside the steps' shielded work.
+                    let outcome = match shared.in_flight.start(&st.key, generation) {
+                        Some(running) => running.unless_moved_on(run, || cx.is_shielded()).await,
+                        None => Ok(run.await),
+                    };
                     saw_others = Self::take_written(st, &cx);
+                    let outcome = match outcome {
+                        Ok(outcome) => outcome,
+                        Err(why) => {
+                            tracing::info!(object = %st.target, why = why.as_str(), "the object moved on: reconcile cancelled, running again");
+                            st.last_outcome = None;
+                            st.trigger_reconcile(myself);
+                            return Some(ReconcileResult::Cancelled);
+                        }
+                    };
                     st.cx = Some(cx);
                     outcome
                 }
