@@ -101,7 +101,10 @@ impl Health {
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
         kinds
             .iter()
-            .map(|(k, synced, _)| (k.clone(), synced.load(Ordering::Acquire)))
+            .map(|(k, synced, refused)| {
+                let refused = refused.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+                (k.clone(), synced.load(Ordering::Acquire) && !refused)
+            })
             .collect()
     }
 
@@ -227,11 +230,12 @@ impl Health {
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
         let listing: Vec<String> = kinds
             .iter()
-            .filter(|(_, synced, _)| !synced.load(Ordering::Acquire))
-            .map(|(k, _, refused)| {
+            .filter_map(|(k, synced, refused)| {
+                // Refused after its first list too: a kind whose CRD was deleted, or whose
+                // permission was revoked, is not watched now.
                 match refused.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
-                    Some(why) => format!("{k} (refused: {why})"),
-                    None => k.clone(),
+                    Some(why) => Some(format!("{k} (refused: {why})")),
+                    None => (!synced.load(Ordering::Acquire)).then(|| k.clone()),
                 }
             })
             .collect();
@@ -253,7 +257,7 @@ impl Health {
         } else {
             Probe {
                 ok: false,
-                detail: format!("first list not complete: {}", listing.join(", ")),
+                detail: format!("kinds not listed: {}", listing.join(", ")),
             }
         }
     }

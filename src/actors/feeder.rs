@@ -519,12 +519,23 @@ impl<K: ManagedResource> Watch<'_, K> {
                 }
             }
             Err(e) => match refusal::<K>(&e) {
-                Some(why) => {
+                Some((why, served)) => {
                     let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-                    if refused.as_deref() != Some(why.as_str()) {
-                        tracing::error!(kind = %K::kind(&()), refusal = %why, "the API server refuses to list or watch the kind; /readyz fails until it does (the controller starts by itself then)");
-                        *refused = Some(why);
+                    if refused.as_deref() == Some(why.as_str()) {
+                        return; // said already; the watcher retries with its backoff
                     }
+                    tracing::error!(kind = %K::kind(&()), refusal = %why, "the API server refuses to list or watch the kind; /readyz fails naming it until it does (the controller starts by itself then)");
+                    if !served {
+                        // Not served: its CRD is not installed, or was deleted (the API server
+                        // deletes every object of a kind before its CRD). Nothing of it exists,
+                        // so the cache empties as for an empty list: the manager stops the
+                        // kind's actors and timers, and waiters on its objects see them gone.
+                        drop(refused);
+                        self.apply(writer, Ok(Event::Init), list, first_list, listed);
+                        self.apply(writer, Ok(Event::InitDone), list, first_list, listed);
+                        refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+                    }
+                    *refused = Some(why);
                 }
                 None => {
                     tracing::warn!(error = %e, kind = %K::kind(&()), "watch error; retrying with backoff")
@@ -534,10 +545,11 @@ impl<K: ManagedResource> Watch<'_, K> {
     }
 }
 
-/// Why the API server refuses a list or watch of kind `K` for good until someone acts: the
-/// operator lacks the permission (403, the server's message names it), or the server does not
-/// serve the kind (404: its CRD is not installed yet).
-fn refusal<K: ManagedResource>(e: &watcher::Error) -> Option<String> {
+/// Why the API server refuses a list or watch of kind `K` for good until someone acts, and
+/// whether it serves the kind: the operator lacks the permission (403, the server's message
+/// names it), or the server does not serve the kind (404: its CRD is not installed, or was
+/// deleted).
+fn refusal<K: ManagedResource>(e: &watcher::Error) -> Option<(String, bool)> {
     let s = match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s,
@@ -545,10 +557,13 @@ fn refusal<K: ManagedResource>(e: &watcher::Error) -> Option<String> {
         _ => return None,
     };
     match s.code {
-        403 => Some(s.message.clone()),
-        404 => Some(format!(
-            "the API server does not serve {} (is its CRD installed?)",
-            K::api_version(&())
+        403 => Some((s.message.clone(), true)),
+        404 => Some((
+            format!(
+                "the API server does not serve {} (is its CRD installed?)",
+                K::api_version(&())
+            ),
+            false,
         )),
         _ => None,
     }

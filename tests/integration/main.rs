@@ -20,6 +20,7 @@ mod otel;
 mod provisioners;
 mod real_foreign_references;
 mod real_guard;
+mod real_kinds;
 mod real_podman;
 mod real_rbac;
 mod real_references;
