@@ -58,6 +58,8 @@ pub(crate) struct KindSpec<K: ManagedResource> {
     /// Whether a provision reconcile is cancelled when its object moves on
     /// ([`Controller::cancel_on_change`](crate::runtime::Controller::cancel_on_change)).
     pub(crate) cancel_on_change: bool,
+    /// Who each object's tenant is ([`Controller::tenant`](crate::runtime::Controller::tenant)).
+    pub(crate) tenants: crate::scheduling::fair::Tenants<K>,
     /// Whether the cached copies drop what the API server keeps for itself
     /// ([`Controller::prune_cache`](crate::runtime::Controller::prune_cache)).
     pub(crate) prune_cache: bool,
@@ -145,6 +147,7 @@ impl<K: ManagedResource> KindSpec<K> {
             related: Vec::new(),
             max_concurrent_reconciles: None,
             cancel_on_change: true,
+            tenants: Default::default(),
             prune_cache: true,
             encode_passive: true,
         }
@@ -465,6 +468,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
                 write_status: self.status,
                 prune_cache: self.prune_cache,
                 encode_passive: self.encode_passive,
+                tenants: self.tenants,
             },
             io,
             slots,

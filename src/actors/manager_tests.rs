@@ -215,3 +215,65 @@ async fn a_passive_object_is_cached_encoded_and_its_wake_up_reads_it_whole() {
     assert_eq!(kind.encoded(), 1, "passive again, and encoded again");
     kind.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tenants_burst_does_not_hold_other_tenants_objects_behind_it() {
+    use kube::api::{Api, PostParams};
+    let log = ReconcileLog::default();
+    let l = log.clone();
+    // Each reconcile takes 100 ms, two at a time: the burst alone takes two seconds.
+    let tree = step("slow", move |cx: Context<Widget>| {
+        let l = l.clone();
+        async move {
+            let _reconcile = l.record(&format!(
+                "{}/{}",
+                cx.object().namespace().unwrap_or_default(),
+                cx.object().name_any()
+            ));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Outcome::Done
+        }
+    });
+    let mut policy = test_policy();
+    policy.runtime.max_concurrent_reconciles = 2;
+    let kind = start_kind(tree, policy).await;
+    let create = |ns: &'static str, name: String| {
+        let api: Api<Widget> = Api::namespaced(kind.client.clone(), ns);
+        async move {
+            let w = Widget::new(&name, Default::default());
+            api.create(&PostParams::default(), &w)
+                .await
+                .expect("create");
+        }
+    };
+    for ns in ["burst", "small"] {
+        let mut n = k8s_openapi::api::core::v1::Namespace::default();
+        n.metadata.name = Some(ns.into());
+        Api::all(kind.client.clone())
+            .create(&PostParams::default(), &n)
+            .await
+            .expect("create the namespace");
+    }
+    for i in 0..40 {
+        create("burst", format!("b{i}")).await;
+    }
+    for i in 0..2 {
+        create("small", format!("s{i}")).await;
+    }
+    crate::testing::eventually(
+        "every object reconciled",
+        super::test_kind::LIMIT,
+        || async { (log.total() == 42).then_some(()) },
+    )
+    .await;
+    let order: Vec<String> = log.entries().into_iter().map(|e| e.name).collect();
+    let last_small = order
+        .iter()
+        .rposition(|n| n.starts_with("small/"))
+        .expect("the small tenant's objects ran");
+    assert!(
+        last_small < 8,
+        "the small tenant's objects start within a few turns, not behind the burst: {order:?}"
+    );
+    kind.stop().await;
+}

@@ -126,6 +126,8 @@ pub(crate) struct KindRules<K: ManagedResource> {
     pub prune_cache: bool,
     /// Whether passive objects' cached copies are held encoded ([`KindStore::encode`]).
     pub encode_passive: bool,
+    /// Who each object's tenant is, for fair activation ([`crate::scheduling::fair`]).
+    pub tenants: crate::scheduling::fair::Tenants<K>,
 }
 
 /// Everything the manager, its resource actors and its feeder share for one kind, in three
@@ -157,6 +159,16 @@ pub(crate) struct Shared<K: ManagedResource> {
 }
 
 impl<K: ManagedResource> Shared<K> {
+    /// The tenant share `key`'s activation queues under.
+    pub(crate) fn share_of(&self, key: &ObjectRef<K>) -> crate::scheduling::fair::Share {
+        let tenants = &self.rules.tenants;
+        let obj = tenants
+            .needs_object()
+            .then(|| self.store.get(key))
+            .flatten();
+        tenants.share(key.namespace.as_deref(), obj.as_deref())
+    }
+
     /// Whether this replica runs the object at `key` now: always without sharding; with it,
     /// when it holds the object's shard (an object not in the store counts as run here: there
     /// is nothing of it to run, and its removal is handled as usual).

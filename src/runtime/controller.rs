@@ -396,6 +396,51 @@ impl<K: ManagedResource> Controller<K> {
         self
     }
 
+    /// Name each object's tenant with `by` (default: its namespace), for fair shares of the
+    /// runtime's starts.
+    ///
+    /// Objects waiting for a live actor (new objects, changes to objects that ran before, and
+    /// the start-up list, each class in its order) are served tenant by tenant in turn, each
+    /// tenant's oldest first: a tenant that creates ten thousand objects at once delays another
+    /// tenant's next object by one turn of every tenant waiting, not by its whole burst. With
+    /// one tenant the order is first in, first out. Weights: [`Controller::tenant_weight`].
+    /// The name is read from the cached object when it is queued (an object not cached counts
+    /// under its namespace).
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// use kube::ResourceExt;
+    /// let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+    /// // Tenants are teams, named by a label; objects without it share one tenant.
+    /// let controller = Controller::<App>::new(tree).tenant(|app: &App| {
+    ///     app.labels().get("example.com/team").cloned().unwrap_or_default()
+    /// });
+    /// ```
+    pub fn tenant(mut self, by: impl Fn(&K) -> String + Send + Sync + 'static) -> Self {
+        self.spec.tenants.by = Some(std::sync::Arc::new(by));
+        self
+    }
+
+    /// Give tenant `name` `weight` starts per turn (default 1; 0 counts as 1): a tenant of
+    /// weight 3 gets three starts for every one of a tenant of weight 1 while both wait.
+    /// The name is a namespace, or what [`Controller::tenant`] returns.
+    ///
+    /// ```
+    /// # use actorcile::prelude::*;
+    /// # #[derive(kube::CustomResource, Clone, Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
+    /// # #[kube(group = "example.com", version = "v1", kind = "App", namespaced, status = "ResourceStatus")]
+    /// # struct AppSpec {}
+    /// let tree = step("deploy", |_cx: Context<App>| async { Outcome::Done });
+    /// let controller = Controller::<App>::new(tree).tenant_weight("platform", 4);
+    /// ```
+    pub fn tenant_weight(mut self, name: impl Into<String>, weight: u32) -> Self {
+        self.spec.tenants.weights.insert(name.into(), weight);
+        self
+    }
+
     /// Whether a provision reconcile is cancelled when its object moves on (default `true`).
     ///
     /// A reconcile whose steps still await (a slow call to a cloud API, a remote cluster) when

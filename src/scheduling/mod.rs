@@ -9,6 +9,7 @@
 //! | `slots.rs` | what a reconcile slot is ([`ReconcileSlots`]), and who gets the next one, with the lateness heuristic (plain data) |
 //! | `timers.rs` | the timer task: delivers wake-ups at their deadline, hands out reconcile slots ([`Timers`]) |
 //! | `activation_queue.rs` | who gets a live actor next: changes before the start-up list (plain data) |
+//! | `fair.rs` | fair shares across tenants: a queue that serves its tenants in turn, by weight (plain data) |
 //! | `wake_up.rs` | a resource actor's one pending wake-up (plain data) |
 //! | `passive_timers.rs` | the wake-ups of passive objects (no actor), one task per manager |
 //! | `deadline.rs` | a reconcile stopped at the policy's `reconcile_timeout` |
@@ -19,6 +20,7 @@
 
 mod activation_queue;
 pub(crate) mod deadline;
+pub(crate) mod fair;
 pub(crate) mod moved_on;
 mod passive_timers;
 mod slots;

@@ -34,12 +34,13 @@ impl<K: ManagedResource> Manager<K> {
         {
             st.passive_timers.cancel(key.clone());
         }
+        let share = self.shared.share_of(&key);
         if listed {
-            st.activations.push_listed(key);
+            st.activations.push_listed(share, key);
         } else if passive.is_some() {
-            st.activations.push_again(key);
+            st.activations.push_again(share, key);
         } else {
-            st.activations.push_new(key);
+            st.activations.push_new(share, key);
         }
         entry.life = Life::Queued {
             passive: passive.map(Box::new),

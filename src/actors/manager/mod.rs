@@ -296,7 +296,8 @@ impl<K: ManagedResource> Manager<K> {
                     // now (its entry in the listed queue goes stale once it starts).
                     Life::Queued { listed, .. } if *listed => {
                         *listed = false;
-                        st.activations.push_again(key);
+                        let share = self.shared.share_of(&key);
+                        st.activations.push_again(share, key);
                         self.drain(myself, st);
                     }
                     // The actor to come reads the store.
