@@ -37,97 +37,21 @@ use bollard::Docker;
 use bollard::errors::Error as EngineError;
 use bollard::models::{
     ContainerCreateBody, ContainerSummaryStateEnum, EndpointSettings, HostConfig, Mount, MountType,
-    NetworkCreateRequest, NetworkingConfig, PortBinding, VolumeCreateRequest,
+    NetworkingConfig, PortBinding,
 };
 use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
-    RemoveContainerOptions, RemoveVolumeOptions, StopContainerOptions,
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions,
 };
 use tokio::time::Instant;
+
+mod labels;
+mod resources;
+
+pub use labels::LabelScheme;
 
 use super::{
     NodeInfo, NodeRole, NodeSpec, NodeState, Provider, ProviderError, for_each_node, nodes_not_in,
 };
-
-/// How a cluster's nodes are labelled: the cluster label, the role label, and the role values.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LabelScheme {
-    /// Its name (`kind`, `k3d`, `talos`, `actorcile`).
-    pub name: &'static str,
-    /// The label holding the cluster's name.
-    pub cluster: &'static str,
-    /// The label holding the node's role.
-    pub role: &'static str,
-    /// The role label's value for a control-plane node.
-    pub control_plane: &'static str,
-    /// The role label's value for a worker node.
-    pub worker: &'static str,
-    /// Labels every node of the scheme carries besides (Talos marks its own).
-    pub extra: &'static [(&'static str, &'static str)],
-}
-
-impl LabelScheme {
-    /// kind's labels.
-    pub const KIND: LabelScheme = LabelScheme {
-        name: "kind",
-        cluster: "io.x-k8s.kind.cluster",
-        role: "io.x-k8s.kind.role",
-        control_plane: "control-plane",
-        worker: "worker",
-        extra: &[],
-    };
-    /// k3d's labels (servers and agents).
-    pub const K3D: LabelScheme = LabelScheme {
-        name: "k3d",
-        cluster: "k3d.cluster",
-        role: "k3d.role",
-        control_plane: "server",
-        worker: "agent",
-        extra: &[],
-    };
-    /// Talos's (`talosctl cluster create --provisioner docker`): the cluster's name, the
-    /// machine type, and the mark of a container Talos owns.
-    pub const TALOS: LabelScheme = LabelScheme {
-        name: "talos",
-        cluster: "talos.cluster.name",
-        role: "talos.type",
-        control_plane: "controlplane",
-        worker: "worker",
-        extra: &[("talos.owned", "true")],
-    };
-    /// actorcile's own.
-    pub const ACTORCILE: LabelScheme = LabelScheme {
-        name: "actorcile",
-        cluster: "actorcile.dev/cluster",
-        role: "actorcile.dev/role",
-        control_plane: "control-plane",
-        worker: "worker",
-        extra: &[],
-    };
-
-    /// The scheme named `name`; [`ProviderError::UnknownLabelScheme`] for any other name.
-    pub fn named(name: &str) -> Result<LabelScheme, ProviderError> {
-        [Self::KIND, Self::K3D, Self::TALOS, Self::ACTORCILE]
-            .into_iter()
-            .find(|s| s.name == name)
-            .ok_or_else(|| ProviderError::UnknownLabelScheme { name: name.into() })
-    }
-
-    fn role_value(&self, role: NodeRole) -> &'static str {
-        match role {
-            NodeRole::ControlPlane => self.control_plane,
-            NodeRole::Worker => self.worker,
-        }
-    }
-
-    fn role_of(&self, value: &str) -> NodeRole {
-        if value == self.control_plane {
-            NodeRole::ControlPlane
-        } else {
-            NodeRole::Worker
-        }
-    }
-}
 
 /// How long to wait before listing again when a container's state did not decode.
 const TRANSIENT_STATE_RETRY: Duration = Duration::from_millis(100);
@@ -307,144 +231,6 @@ impl DockerProvider {
             "label".to_string(),
             vec![format!("{}={cluster}", self.scheme.cluster)],
         )])
-    }
-
-    /// Network `name`, created with `cluster`'s labels if there is none of that name.
-    async fn ensure_network(&self, cluster: &str, name: &str) -> Result<(), ProviderError> {
-        let options = ListNetworksOptions {
-            filters: Some(HashMap::from([(
-                "name".to_string(),
-                vec![name.to_string()],
-            )])),
-        };
-        let exists = |list: &[bollard::models::Network]| {
-            list.iter().any(|n| n.name.as_deref() == Some(name))
-        };
-        let list = self
-            .engine(
-                "list networks",
-                name,
-                self.docker.list_networks(Some(options.clone())),
-            )
-            .await?;
-        if exists(&list) {
-            return Ok(());
-        }
-        let request = NetworkCreateRequest {
-            name: name.to_string(),
-            labels: Some(self.cluster_labels(cluster)),
-            ..Default::default()
-        };
-        match self
-            .engine("create network", name, self.docker.create_network(request))
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Made meanwhile by another node of the cluster: then it is there.
-            Err(e) => {
-                let list = self
-                    .engine(
-                        "list networks",
-                        name,
-                        self.docker.list_networks(Some(options)),
-                    )
-                    .await?;
-                if exists(&list) { Ok(()) } else { Err(e) }
-            }
-        }
-    }
-
-    /// Volume `name`, created with `cluster`'s labels if there is none of that name.
-    async fn ensure_volume(&self, cluster: &str, name: &str) -> Result<(), ProviderError> {
-        let options = ListVolumesOptions {
-            filters: Some(HashMap::from([(
-                "name".to_string(),
-                vec![name.to_string()],
-            )])),
-        };
-        let exists = |list: bollard::models::VolumeListResponse| {
-            list.volumes
-                .unwrap_or_default()
-                .iter()
-                .any(|v| v.name == name)
-        };
-        let list = self
-            .engine(
-                "list volumes",
-                name,
-                self.docker.list_volumes(Some(options.clone())),
-            )
-            .await?;
-        if exists(list) {
-            return Ok(());
-        }
-        let request = VolumeCreateRequest {
-            name: Some(name.to_string()),
-            labels: Some(self.cluster_labels(cluster)),
-            ..Default::default()
-        };
-        match self
-            .engine("create volume", name, self.docker.create_volume(request))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let list = self
-                    .engine(
-                        "list volumes",
-                        name,
-                        self.docker.list_volumes(Some(options)),
-                    )
-                    .await?;
-                if exists(list) { Ok(()) } else { Err(e) }
-            }
-        }
-    }
-
-    /// Remove the networks and volumes labelled with `cluster` (after its last node went).
-    async fn remove_cluster_resources(&self, cluster: &str) -> Result<(), ProviderError> {
-        let networks = self
-            .engine(
-                "list networks",
-                cluster,
-                self.docker.list_networks(Some(ListNetworksOptions {
-                    filters: Some(self.label_filter(cluster)),
-                })),
-            )
-            .await?;
-        for name in networks.into_iter().filter_map(|n| n.name) {
-            match self
-                .engine("remove network", &name, self.docker.remove_network(&name))
-                .await
-            {
-                Err(e) if !Self::is_not_found(&e) => return Err(e),
-                _ => {}
-            }
-        }
-        let volumes = self
-            .engine(
-                "list volumes",
-                cluster,
-                self.docker.list_volumes(Some(ListVolumesOptions {
-                    filters: Some(self.label_filter(cluster)),
-                })),
-            )
-            .await?;
-        for v in volumes.volumes.unwrap_or_default() {
-            match self
-                .engine(
-                    "remove volume",
-                    &v.name,
-                    self.docker
-                        .remove_volume(&v.name, None::<RemoveVolumeOptions>),
-                )
-                .await
-            {
-                Err(e) if !Self::is_not_found(&e) => return Err(e),
-                _ => {}
-            }
-        }
-        Ok(())
     }
 }
 
@@ -727,49 +513,4 @@ async fn stop_until(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_schemes_are_chosen_by_name() {
-        assert_eq!(LabelScheme::named("k3d").unwrap().cluster, "k3d.cluster");
-        assert_eq!(
-            LabelScheme::named("kind").unwrap().role,
-            "io.x-k8s.kind.role"
-        );
-        assert!(matches!(
-            LabelScheme::named("minikube"),
-            Err(ProviderError::UnknownLabelScheme { name }) if name == "minikube"
-        ));
-        let k3d = LabelScheme::K3D;
-        assert_eq!(k3d.role_of("server"), NodeRole::ControlPlane);
-        assert_eq!(k3d.role_value(NodeRole::Worker), "agent");
-        // Talos's docker provisioner: `talos.cluster.name`, `talos.type`, `talos.owned`.
-        let talos = LabelScheme::named("talos").unwrap();
-        assert_eq!(talos.cluster, "talos.cluster.name");
-        assert_eq!(talos.role_of("controlplane"), NodeRole::ControlPlane);
-        assert_eq!(talos.role_value(NodeRole::Worker), "worker");
-        assert_eq!(talos.extra, &[("talos.owned", "true")]);
-    }
-
-    #[test]
-    fn published_ports_are_endpoints_on_the_host() {
-        let port = |ip: Option<&str>, public: Option<u16>| bollard::models::PortSummary {
-            ip: ip.map(str::to_string),
-            private_port: 6443,
-            public_port: public,
-            typ: None,
-        };
-        let ports = [
-            port(Some("0.0.0.0"), Some(41234)),
-            port(Some("::"), Some(41234)),
-            port(Some("192.0.2.7"), Some(6443)),
-            port(None, None), // exposed, not published
-            port(Some("0.0.0.0"), Some(41234)),
-        ];
-        assert_eq!(
-            published(&ports),
-            ["127.0.0.1:41234", "192.0.2.7:6443", "[::1]:41234"]
-        );
-    }
-}
+mod tests;
