@@ -688,7 +688,13 @@ async fn key_change_in_flight(watch: ShardWatch) {
         });
         Runtime::builder(client.clone(), crate::common::names())
             .policy(policy())
-            .controller(Controller::<Widget>::new(tree).shard_key(tenant))
+            // Kept running through the key change (which is also a spec change, and would
+            // otherwise cut it): the reconcile in flight is what this test is about.
+            .controller(
+                Controller::<Widget>::new(tree)
+                    .shard_key(tenant)
+                    .cancel_on_change(false),
+            )
             .sharding(
                 Sharding::new(SHARDS, "default")
                     .named(&common::names())
