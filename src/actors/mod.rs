@@ -10,7 +10,8 @@
 //!
 //! | file | what it holds |
 //! |---|---|
-//! | `kind_start.rs` | one kind's start-up: watches, store, manager, triggers, from what [`Controller`](crate::runtime::Controller) collected |
+//! | `kind_spec.rs` | one kind as [`Controller`](crate::runtime::Controller) collects it: its tree, options and type-erased parts |
+//! | `kind_start.rs` | one kind's start-up: watches, store, manager, triggers, from its `KindSpec` |
 //! | `kind_view.rs` | a kind as the reference index sees it: readiness, existence, notification |
 //! | `root.rs` | the root actor, parent of every manager; escalations end there |
 //! | `manager/` | the manager supervisor: message handling and routing (`mod.rs`), activation, passivation, supervision |
@@ -65,12 +66,12 @@
 mod feeder;
 #[cfg(test)]
 mod feeder_tests;
+mod kind_spec;
 mod kind_start;
 pub(crate) mod mailbox;
-pub use kind_start::HookError;
-pub(crate) use kind_start::{
-    ConfigSpec, KindSpec, RelatedSpec, ShardClients, Start, StartCx, Started, boxed_hook,
-};
+pub use kind_spec::HookError;
+pub(crate) use kind_spec::{ConfigSpec, KindSpec, RelatedSpec, boxed_hook};
+pub(crate) use kind_start::{ShardClients, Start, StartCx, Started};
 mod kind_view;
 mod manager;
 #[cfg(test)]

@@ -123,6 +123,7 @@ mod outcome;
 mod ownership;
 mod remote;
 mod resource;
+mod shield;
 mod step;
 mod step_error;
 
