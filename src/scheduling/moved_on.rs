@@ -87,11 +87,11 @@ where
 
     /// A provision reconcile of `key` at `generation` starts; `None` when the controller
     /// opted out. Dropping the registration ends it.
-    pub(crate) fn start(
-        &self,
-        key: &ObjectRef<K>,
+    pub(crate) fn start<'a>(
+        &'a self,
+        key: &'a ObjectRef<K>,
         generation: Option<i64>,
-    ) -> Option<Registration<'_, K>> {
+    ) -> Option<Registration<'a, K>> {
         if !self.enabled {
             return None;
         }
@@ -105,7 +105,7 @@ where
         }
         Some(Registration {
             map: self,
-            key: key.clone(),
+            key,
             running,
         })
     }
@@ -147,7 +147,7 @@ where
     K::DynamicType: std::hash::Hash + Eq,
 {
     map: &'a InFlight<K>,
-    key: ObjectRef<K>,
+    key: &'a ObjectRef<K>,
     running: std::sync::Arc<Running>,
 }
 
@@ -188,7 +188,7 @@ where
         let ours = |_: &ObjectRef<K>, r: &std::sync::Arc<Running>| {
             std::sync::Arc::ptr_eq(r, &self.running)
         };
-        if self.map.running.remove_if(&self.key, ours).is_some() {
+        if self.map.running.remove_if(self.key, ours).is_some() {
             self.map.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
