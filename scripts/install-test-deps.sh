@@ -109,6 +109,18 @@ fi
 echo "    $GO ($("$GO" env GOVERSION))"
 # No toolchain download behind our back; go.sum is checked, never rewritten.
 export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -trimpath -buildvcs=false" CGO_ENABLED=0
+# The builds' module and build caches in a folder of their own, removed when the script ends: what
+# is kept are the binaries (their stamps decide when one is rebuilt), and the caches of these
+# module graphs (several GB) would otherwise stay on the machine's disk beside the tests' builds.
+GO_WORK_DIR="$(mktemp -d "${TMPDIR:-/tmp}/actorcile-go.XXXXXX")"
+export GOCACHE="$GO_WORK_DIR/build" GOMODCACHE="$GO_WORK_DIR/mod" GOFLAGS="$GOFLAGS -modcacherw"
+trap 'rm -rf "$GO_WORK_DIR"' EXIT
+# go_build ARGS...: `go build ARGS...`, then its build cache dropped: the builds below share little
+# (other versions of the same modules), so the disk holds one build's cache at a time.
+go_build() {
+    "$GO" build "$@"
+    rm -rf "$GOCACHE"
+}
 
 # The version of k8s.io/kubernetes (or etcd) a module file pins.
 pinned() { awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$CONTROL_PLANE_SRC/$1"; }
@@ -143,7 +155,7 @@ build_control_plane() {
     started=$SECONDS
     local pkgs=()
     for c in "$@"; do pkgs+=("./$c"); done
-    (cd "$CONTROL_PLANE_SRC" && "$GO" build -modfile="$modfile" -ldflags="$ldflags" -o "$dir/" "${pkgs[@]}")
+    (cd "$CONTROL_PLANE_SRC" && go_build -modfile="$modfile" -ldflags="$ldflags" -o "$dir/" "${pkgs[@]}")
     for c in "$@"; do
         "$dir/$c" --version >/dev/null 2>&1
         echo "    built $c: $("$dir/$c" --version 2>&1 | awk 'NR == 1')"
@@ -168,7 +180,7 @@ build_bench_controller_runtime() {
     mkdir -p "$dir"
     rm -f "$dir/.stamp"
     started=$SECONDS
-    (cd "$src" && "$GO" build -ldflags="-s -w" -o "$dir/bench-controller-runtime" .)
+    (cd "$src" && go_build -ldflags="-s -w" -o "$dir/bench-controller-runtime" .)
     echo "    built bench-controller-runtime ($(awk '$1 == "sigs.k8s.io/controller-runtime" {print $2}' "$src/go.mod"))"
     echo "    took $((SECONDS - started)) s"
     echo "$want" >"$dir/.stamp"
@@ -192,7 +204,7 @@ build_go_tool() {
     mkdir -p "$dir"
     rm -f "$dir/.stamp"
     started=$SECONDS
-    (cd "$src" && "$GO" build -ldflags="-s -w ${ldflags//@VERSION@/$version}" -o "$dir/$name" "$pkg")
+    (cd "$src" && go_build -ldflags="-s -w ${ldflags//@VERSION@/$version}" -o "$dir/$name" "$pkg")
     "$dir/$name" --help >/dev/null 2>&1
     echo "    built $name ($module $version)"
     echo "    took $((SECONDS - started)) s"

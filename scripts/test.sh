@@ -25,6 +25,10 @@ mkdir -p target
 # they are built once and run, never profiled, and debug info only lengthens build and link.
 # (The release profile keeps them for `cargo run --release` under a profiler.)
 export CARGO_PROFILE_RELEASE_DEBUG=false
+# The unoptimised builds (the unit tests without features, the packaged crates' builds, the fuzz
+# targets) with line tables only, and no build incremental: both are for a developer's next
+# rebuild, and here they only fill the disk (together about half of the target folder).
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_INCREMENTAL=0
 # The tests' builds: the workspace's crates at opt-level 1 (scripts/test-build.toml says why).
 test_build=(--config scripts/test-build.toml)
 
@@ -47,6 +51,7 @@ report_timings() {
   end_step
   step_name=""
   printf '\n==> time per step (%d s in all)\n%s' "$((SECONDS - suite_start))" "$timings"
+  df -h . | awk 'NR == 2 {print "disk: " $4 " free of " $2 " where the target folder is"}'
 }
 on_exit() {
   local pid
@@ -187,11 +192,13 @@ done
 step "the MSRV: the library (every feature) and the CLI build with the stated rust-version"
 msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
 if rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1; then
-  # A target folder of its own: another compiler's artifacts would only crowd the main one.
+  # A target folder of its own, removed after: another compiler's artifacts would only crowd the
+  # main one.
   # Every feature but kube's other TLS stacks: openssl-tls brings parking_lot 0.13 (through
   # hyper-openssl), which needs a newer Rust, and aws-lc-rs adds only a C build.
   CARGO_TARGET_DIR=target/msrv RUSTFLAGS="-D warnings" cargo +"$msrv" check --quiet --locked \
     -p actorcile --lib --features cluster,envtest,docker,operator,otel,fuzzing,webhooks -p actorcile-cli
+  rm -rf target/msrv
 else
   echo "!!! SKIPPED: rustup cannot install Rust $msrv on this machine; the MSRV is not checked" >&2
 fi
@@ -204,6 +211,8 @@ if rustup target add x86_64-unknown-freebsd >/dev/null 2>&1; then
   RUSTFLAGS="-D warnings" cargo check --quiet --locked --target x86_64-unknown-freebsd \
     -p actorcile --features cluster,envtest,docker,operator,otel,fuzzing,webhooks \
     -p actorcile-envtest -p actorcile-cli --all-targets
+  # Only checked: its metadata would stay on the disk through the release build.
+  rm -rf target/x86_64-unknown-freebsd
 else
   echo "!!! SKIPPED: rustup cannot add the x86_64-unknown-freebsd target here; no other Unix is checked" >&2
 fi
@@ -225,6 +234,7 @@ step "cargo package: the published crates package and build from their tarballs"
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/actorcile{,-apiserver,-envtest,-cli}-0.1.0
 cargo package --quiet --allow-dirty -p actorcile-apiserver -p actorcile-envtest -p actorcile \
   -p actorcile-cli
+rm -rf target/package
 
 step "cargo-nextest"
 # Without its self-update (an HTTP client and an archive reader nobody runs here).
