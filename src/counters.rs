@@ -5,6 +5,7 @@ use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicU64, Ordering};
 use thread_local::ThreadLocal;
 
+use crate::messages::Trigger;
 use serde::Serialize;
 
 /// Runtime-wide counters, shared by every controller. Cheap atomics; read with
@@ -348,6 +349,7 @@ pub(crate) struct KindMetrics {
     pub(crate) kind: String,
     gauges: ReadGauges,
     results: PerThread<[AtomicU64; ReconcileResult::ALL.len()]>,
+    triggers: PerThread<[AtomicU64; Trigger::ALL.len()]>,
     pub(crate) reconcile_duration: Histogram,
     pub(crate) due_to_start: Histogram,
     pub(crate) events: AtomicU64,
@@ -385,6 +387,7 @@ impl KindMetrics {
             kind: kind.to_string(),
             gauges,
             results: Default::default(),
+            triggers: Default::default(),
             reconcile_duration: Histogram::default(),
             due_to_start: Histogram::default(),
             events: AtomicU64::new(0),
@@ -412,6 +415,11 @@ impl KindMetrics {
         (running.len() as u64, longest)
     }
 
+    /// A reconcile started, for `trigger`.
+    pub(crate) fn triggered(&self, trigger: Trigger) {
+        bump(&self.triggers.local()[trigger as usize], 1);
+    }
+
     pub(crate) fn reconciled(&self, result: ReconcileResult, took: std::time::Duration) {
         bump(&self.results.local()[result as usize], 1);
         self.reconcile_duration.observe(took);
@@ -420,6 +428,7 @@ impl KindMetrics {
     pub(crate) fn snapshot(&self) -> KindMetricsSnapshot {
         let (objects, wake_ups, waiting) = (self.gauges)();
         let results = summed(self.results.each());
+        let triggers = summed(self.triggers.each());
         let (running, longest_running) = self.running_now();
         KindMetricsSnapshot {
             wake_ups,
@@ -430,6 +439,10 @@ impl KindMetrics {
             reconciles: ReconcileResult::ALL
                 .iter()
                 .map(|&r| (r, results[r as usize]))
+                .collect(),
+            triggers: Trigger::ALL
+                .iter()
+                .map(|&t| (t, triggers[t as usize]))
                 .collect(),
             reconcile_duration: self.reconcile_duration.snapshot(),
             due_to_start: self.due_to_start.snapshot(),
@@ -448,6 +461,8 @@ pub struct KindMetricsSnapshot {
     pub kind: String,
     /// Reconciles that ended, by how they ended (every [`ReconcileResult`], zeros included).
     pub reconciles: Vec<(ReconcileResult, u64)>,
+    /// Reconciles that started, by why they ran (every [`Trigger`], zeros included).
+    pub triggers: Vec<(Trigger, u64)>,
     /// How long reconciles took.
     pub reconcile_duration: HistogramSnapshot,
     /// From a reconcile becoming due in the object's actor (a watch event with news, a
@@ -470,6 +485,14 @@ pub struct KindMetricsSnapshot {
 }
 
 impl KindMetricsSnapshot {
+    /// Reconciles that started for `trigger`.
+    pub fn triggered_by(&self, trigger: Trigger) -> u64 {
+        self.triggers
+            .iter()
+            .find(|(t, _)| *t == trigger)
+            .map_or(0, |(_, n)| *n)
+    }
+
     /// Reconciles that ended with `result`.
     pub fn reconciles_with(&self, result: ReconcileResult) -> u64 {
         self.reconciles

@@ -117,6 +117,8 @@ pub mod runtime;
 mod scheduling;
 pub mod sharding;
 mod signals;
+#[cfg(test)]
+mod span_capture;
 pub mod status;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;

@@ -1,8 +1,12 @@
 //! Tracing set-up for an operator binary (feature `operator`): plain or JSON lines on stderr,
 //! filtered like `RUST_LOG`. Optional: an operator with its own subscriber skips it.
 //!
-//! Every reconcile runs in a span `reconcile` with the fields `kind`, `namespace`, `name`, `generation` and
-//! (once it ended) `outcome`, so each log line of a reconcile names its object.
+//! Every reconcile runs in a span `reconcile` with the fields `kind`, `namespace`, `name`,
+//! `generation`, `trigger` (why it ran: a [`Trigger`](crate::triggers::Trigger)),
+//! `trigger_object` (the object that caused it, when one did: `Secret shop/tls`, a related
+//! object, a reference) and (once it ended) `outcome`, so each log line of a reconcile names
+//! its object and its cause. With [`ApiMetrics`](crate::metrics::ApiMetrics) on the client, each
+//! write the reconcile makes is a child span `api_write` (verb, resource, namespace, name, code).
 //!
 //! ```no_run
 //! use actorcile::telemetry::{LogFormat, init_tracing};

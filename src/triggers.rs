@@ -43,6 +43,7 @@
 //!     });
 //! ```
 
+pub use crate::messages::{Cause, Trigger};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,7 +11,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::ManagedResource;
 use crate::actors::Shared;
 use crate::actors::mailbox::Mailbox;
-use crate::messages::{ManagerMsg, ResourceMsg};
+use crate::messages::{Cause, ManagerMsg, ResourceMsg};
 use crate::references::{IndexedKind, Readiness, Target};
 
 /// What the reference index sees of one kind: its store, its routes and its manager.
@@ -97,15 +97,15 @@ impl<K: ManagedResource> IndexedKind for KindView<K> {
     fn uses_finalizer(&self) -> bool {
         self.shared.rules.use_finalizer
     }
-    fn notify(&self, target: &Target) {
+    fn notify(&self, target: &Target, cause: Cause) {
         let key = key_of::<K>(target);
         if let Some(a) = self.shared.routes.get(&key)
-            && a.cast(ResourceMsg::Notify).is_ok()
+            && a.cast(ResourceMsg::Notify(cause.clone())).is_ok()
         {
             return;
         }
         if let Some(m) = self.manager.get() {
-            m.send(ManagerMsg::Notify(key));
+            m.send(ManagerMsg::Notify(key, cause));
         }
     }
     fn dynamic_api(&self, target: &Target) -> Api<DynamicObject> {

@@ -2,7 +2,7 @@
 //! manager's memory, so the common case — nothing pending, no failures, at most one of the
 //! actor's own writes still to recognise — is kept inline in 32 bytes, and only the rest boxed.
 
-use crate::messages::PassiveState;
+use crate::messages::{Cause, PassiveState, Trigger};
 
 /// A passive object's [`PassiveState`], as the manager keeps it.
 #[derive(Debug)]
@@ -98,6 +98,7 @@ impl Kept {
             let mut ps = self.take();
             *self = Kept::default();
             ps.reconcile_due = true;
+            ps.due = Some(Cause::of(ps.wake_for.take().unwrap_or(Trigger::Requeue)));
             ps.wake_in = None;
             ps
         })

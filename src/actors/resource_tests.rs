@@ -275,3 +275,63 @@ async fn a_new_generation_never_cuts_a_guarded_task_between_its_effect_and_its_r
     assert_eq!(kind.cancelled(), 0, "no reconcile was cut");
     kind.stop().await;
 }
+
+/// Waits (virtual time) until `name` has had `n` reconciles.
+async fn reconciles(log: &ReconcileLog, name: &str, n: usize) {
+    tokio::time::timeout(LIMIT, async {
+        while log.starts(name).len() < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} had {} reconciles, not {n}", log.starts(name).len()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_reconcile_says_why_it_ran_in_its_span_and_its_count() {
+    use crate::triggers::Trigger;
+    let spans = crate::span_capture::Spans::default();
+    let _capture = spans.capture();
+    let log = ReconcileLog::default();
+    let tree = counting(log.clone(), |n| match n {
+        0 => Outcome::yield_after(Duration::from_secs(5), Reason::new("Wait", "five seconds")),
+        _ => Outcome::Done,
+    });
+    let kind = start_kind(tree, test_policy()).await;
+    kind.create("t").await;
+    kind.wait_ready("t").await;
+    kind.set_note("t", "second").await;
+    reconciles(&log, "t", 3).await;
+    kind.label("t", "x").await;
+    reconciles(&log, "t", 4).await;
+    kind.reconcile("t");
+    reconciles(&log, "t", 5).await;
+    kind.delete("t").await;
+    kind.wait_gone("t").await;
+    let seen: Vec<String> = spans
+        .named("reconcile")
+        .iter()
+        .map(|s| s.field("trigger").unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            "created", "yield", "spec", "changed", "external", "deletion"
+        ],
+        "each reconcile's span names why it ran"
+    );
+    let mut counted = kind.triggers();
+    counted.sort_by_key(|(t, _)| *t as usize);
+    assert_eq!(
+        counted,
+        [
+            (Trigger::Created, 1),
+            (Trigger::Spec, 1),
+            (Trigger::Deletion, 1),
+            (Trigger::Changed, 1),
+            (Trigger::External, 1),
+            (Trigger::Yield, 1),
+        ]
+    );
+    kind.stop().await;
+}

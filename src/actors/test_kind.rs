@@ -119,6 +119,39 @@ impl Kind {
             .sum()
     }
 
+    /// The kind's reconciles by why they ran, those that ran at all.
+    pub(crate) fn triggers(&self) -> Vec<(crate::triggers::Trigger, u64)> {
+        let kinds = self.metrics.kinds();
+        kinds[0]
+            .triggers
+            .iter()
+            .copied()
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// Asks for a reconcile of `name` from outside, as
+    /// [`RuntimeHandle::reconcile`](crate::runtime::RuntimeHandle::reconcile) does.
+    pub(crate) fn reconcile(&self, name: &str) {
+        let target = crate::references::Target::new(
+            "test.actorcile.dev/v1",
+            "Widget",
+            Some("default"),
+            name,
+        );
+        let cause = crate::triggers::Cause::of(crate::triggers::Trigger::External);
+        assert!(self.references.wake(&target, cause), "Widget is managed");
+    }
+
+    /// Sets a label on `name` (a change without a new generation).
+    pub(crate) async fn label(&self, name: &str, value: &str) {
+        let patch = serde_json::json!({ "metadata": { "labels": { "test": value } } });
+        self.api()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch");
+    }
+
     /// The runtime-wide counters.
     pub(crate) fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()

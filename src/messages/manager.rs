@@ -6,7 +6,7 @@ use std::time::Duration;
 use kube::runtime::reflector::ObjectRef;
 use ractor::ActorRef;
 
-use super::{ReconcilePermit, ResourceMsg};
+use super::{Cause, ReconcilePermit, ResourceMsg, Trigger};
 
 /// What a resource actor remembers across passivation (everything else is in the reflector
 /// store): the versions it has already handled, so a re-activation does not redo finished work.
@@ -22,6 +22,13 @@ pub struct PassiveState {
     pub wake_in: Option<Duration>,
     /// A reconcile was due when the actor passivated (re-activate at once).
     pub reconcile_due: bool,
+    /// Why the reconcile is due, when it is.
+    pub due: Option<Cause>,
+    /// What the pending wake-up is for (with `wake_in`).
+    pub wake_for: Option<Trigger>,
+    /// `metadata.generation` of the object the last reconcile ran on (a re-activation tells a
+    /// spec change from another change by it).
+    pub last_generation: Option<i64>,
 }
 
 /// The only ractor message of a manager: its mailbox has mail (see `src/actors/mailbox.rs`).
@@ -46,8 +53,9 @@ pub enum ManagerMsg<K: kube::Resource<DynamicType = ()>> {
     Resync(HashSet<ObjectRef<K>, ahash::RandomState>, Option<String>),
     /// The restart backoff of this key elapsed.
     Restart(ObjectRef<K>),
-    /// Wake this key (dependency ready, reference released, or a passive timer fired).
-    Notify(ObjectRef<K>),
+    /// Wake this key, for this cause (dependency ready, reference released, a related object
+    /// or a Secret changed, someone asked).
+    Notify(ObjectRef<K>, Cause),
     /// Re-run every known object (the controller's provider config changed). Each is woken as
     /// by [`ManagerMsg::Notify`], so their reconciles wait for reconcile slots like any other.
     Broadcast,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::{PassiveState, ReconcilePermit, ReconcileSlot, TimerMsg};
+use super::{Cause, PassiveState, ReconcilePermit, ReconcileSlot, TimerMsg, Trigger};
 
 /// What a resource actor handles, one at a time, so one object never has two runs at once.
 #[derive(Debug)]
@@ -25,8 +25,9 @@ pub enum ResourceMsg<K: kube::Resource<DynamicType = ()>> {
     Wake(u64, Option<ReconcileSlot>),
     /// The reconcile slot a reconcile that found none free asked the timer task for.
     Slot(Option<ReconcileSlot>),
-    /// A dependency became Ready, or a referrer released this object: run now.
-    Notify,
+    /// Run now, for this cause: a dependency became Ready, a referrer released this object, a
+    /// related object or a Secret changed, the config changed, or someone asked.
+    Notify(Cause),
     /// Self-message, sent once the actor has removed its route (so nothing new is routed here):
     /// hand the object back to the manager now, as a [`PassiveState`](super::PassiveState) in
     /// [`ManagerMsg::Passivated`](super::ManagerMsg::Passivated). Everything routed here before
@@ -47,6 +48,9 @@ pub struct Activation<K: kube::Resource<DynamicType = ()>> {
     pub passive: Option<PassiveState>,
     /// The reconcile slot the manager acquired for the first reconcile.
     pub permit: Option<ReconcilePermit>,
+    /// Why the object was activated, when it has no passive state (a new object, a listed
+    /// one, a restart, a shard acquired); a passive one says in its [`PassiveState::due`].
+    pub trigger: Trigger,
 }
 
 /// Timer deliveries ([`ResourceMsg::Wake`]) and reconcile slots asked for ([`ResourceMsg::Slot`])

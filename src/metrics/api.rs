@@ -45,6 +45,13 @@ pub struct ApiLabels {
 /// which has the verb and the host). The resource is the path's: `configmaps`, or
 /// `clusters/status` for a subresource; never an object's name, so the series stay as few as the
 /// kinds the operator talks to.
+///
+/// Each write (`create`, `update`, `patch`, `delete`, `deletecollection`) also runs in a span
+/// `api_write` (level `info`), a child of the caller's span, with the fields `verb`,
+/// `resource`, `namespace`, `name` (empty for a create, whose path names none) and `code`: a
+/// reconcile's writes are children of its `reconcile` span (see
+/// [`telemetry`](crate::telemetry)), so a trace runs from why the reconcile ran (its `trigger`)
+/// to each write it made and how long each took. Reads and watches have no span of their own.
 #[derive(Clone, Debug)]
 pub struct ApiMetrics {
     requests: Family<ApiLabels, Counter>,
@@ -169,44 +176,76 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         use http_body_util::BodyExt;
+        use tracing::Instrument;
         let verb = verb_of(req.method(), req.uri());
         let resource = resource_of(req.uri());
+        let span = write_span(&verb, &resource, req.uri());
+        let write = span.clone();
         let requests = self.requests.clone();
         let bytes = self.bytes.clone();
         let latency = self.latency.clone();
         let sent = Instant::now();
         let fut = self.inner.call(req);
-        Box::pin(async move {
-            let res = fut.await;
-            let took = sent.elapsed();
-            let code = match &res {
-                Ok(r) => r.status().as_u16().to_string(),
-                Err(_) => "error".to_string(),
-            };
-            let counter = bytes
-                .get_or_create(&VerbLabel { verb: verb.clone() })
-                .clone();
-            latency
-                .get_or_create(&LatencyLabels {
-                    verb: verb.clone(),
-                    resource,
-                    code: code.clone(),
-                })
-                .observe(took.as_secs_f64());
-            requests.get_or_create(&ApiLabels { verb, code }).inc();
-            res.map(|r| {
-                r.map(|body| {
-                    body.map_frame(move |frame| {
-                        if let Some(data) = frame.data_ref() {
-                            counter.inc_by(data.len() as u64);
-                        }
-                        frame
+        Box::pin(
+            async move {
+                let res = fut.await;
+                let took = sent.elapsed();
+                let code = match &res {
+                    Ok(r) => r.status().as_u16().to_string(),
+                    Err(_) => "error".to_string(),
+                };
+                write.record("code", code.as_str());
+                let counter = bytes
+                    .get_or_create(&VerbLabel { verb: verb.clone() })
+                    .clone();
+                latency
+                    .get_or_create(&LatencyLabels {
+                        verb: verb.clone(),
+                        resource,
+                        code: code.clone(),
                     })
-                    .boxed_unsync()
+                    .observe(took.as_secs_f64());
+                requests.get_or_create(&ApiLabels { verb, code }).inc();
+                res.map(|r| {
+                    r.map(|body| {
+                        body.map_frame(move |frame| {
+                            if let Some(data) = frame.data_ref() {
+                                counter.inc_by(data.len() as u64);
+                            }
+                            frame
+                        })
+                        .boxed_unsync()
+                    })
                 })
-            })
-        })
+            }
+            .instrument(span),
+        )
     }
+}
+
+/// The span of a write request (none for a read or a watch), a child of the current span.
+fn write_span(verb: &str, resource: &str, uri: &http::Uri) -> tracing::Span {
+    if !matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    ) {
+        return tracing::Span::none();
+    }
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    let rest = resource_segments(&segments);
+    let namespace = match segments.iter().position(|s| *s == "namespaces") {
+        Some(i) if segments.len() > i + 2 => segments[i + 1],
+        _ => "",
+    };
+    let name = rest.get(1).copied().unwrap_or("");
+    tracing::info_span!(
+        "api_write",
+        verb,
+        resource,
+        namespace,
+        name,
+        code = tracing::field::Empty,
+    )
 }
 
 /// The Kubernetes verb of a request: from its method, whether its path names one object or a
@@ -261,6 +300,7 @@ fn resource_of(uri: &http::Uri) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing::Instrument;
 
     #[test]
     fn verbs_of_requests() {
@@ -352,5 +392,57 @@ mod tests {
         ] {
             assert!(scrape.contains(series), "{series} not in\n{scrape}");
         }
+    }
+
+    #[tokio::test]
+    async fn each_write_is_a_span_of_its_own_under_the_callers() {
+        let spans = crate::span_capture::Spans::default();
+        let _capture = spans.capture();
+        let cluster = crate::cluster::ApiServer::new();
+        let metrics = ApiMetrics::new(&mut Registry::default());
+        let service = tower::ServiceBuilder::new()
+            .layer(&metrics)
+            .service(cluster.service());
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(kube::Client::new(service, "default"), "default");
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.name = Some("settings".into());
+        async {
+            api.create(&Default::default(), &cm).await.unwrap();
+            api.get("settings").await.unwrap();
+            api.delete("settings", &Default::default()).await.unwrap();
+            assert!(api.get("settings").await.is_err());
+        }
+        .instrument(tracing::info_span!("reconcile"))
+        .await;
+        let writes = spans.named("api_write");
+        let seen: Vec<_> = writes
+            .iter()
+            .map(|s| {
+                (
+                    s.field("verb").unwrap_or_default(),
+                    s.field("resource").unwrap_or_default(),
+                    s.field("namespace").unwrap_or_default(),
+                    s.field("name").unwrap_or_default(),
+                    s.field("code").unwrap_or_default(),
+                    s.parent.as_deref().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("create", "configmaps", "default", "", "201", "reconcile"),
+                (
+                    "delete",
+                    "configmaps",
+                    "default",
+                    "settings",
+                    "200",
+                    "reconcile"
+                ),
+            ],
+            "the reads have no span; each write has one, under the caller's"
+        );
     }
 }

@@ -25,6 +25,7 @@
 //! |---|---|---|---|---|
 //! | `actorcile_build_info` | gauge | `application`, `version`, `revision`, `actorcile_version` | always 1: what the operator is ([`RuntimeBuilder::service`](crate::runtime::RuntimeBuilder::service); without it the application is the operator's name, its version and revision `unknown`) | kubebuilder's `build_info` convention |
 //! | `actorcile_reconciles_total` | counter | `controller`, `result` | reconciles that ended, by result (`done`, `yield`, `waiting`, `failed`, `terminal`, `user_action_required`, `cancelled`: cut because its object moved on) | `controller_runtime_reconcile_total` (`result`: `success`, `requeue`, `requeue_after`, `error`) |
+//! | `actorcile_reconcile_triggers_total` | counter | `controller`, `trigger` | reconciles that started, by why they ran ([`Trigger`](crate::triggers::Trigger): `created`, `listed`, `spec`, `deletion`, `changed`, `related`, `secret`, `config`, `reference`, `external`, `yield`, `requeue`, `poll`, `backoff`, `restart`, `shard`, `again`) | — |
 //! | `actorcile_reconcile_duration_seconds` | histogram | `controller` | how long a reconcile took | `controller_runtime_reconcile_time_seconds` |
 //! | `actorcile_reconcile_wait_seconds` | histogram | `controller` | from a reconcile becoming due to its start (waiting for a reconcile slot) | `workqueue_queue_duration_seconds` |
 //! | `actorcile_objects` | gauge | `controller` | objects in the runtime's cache | — |
@@ -184,6 +185,23 @@ impl Collector for RuntimeCollector {
             for k in &kinds {
                 for (result, n) in &k.reconciles {
                     let labels = [("controller", k.kind.as_str()), ("result", result.as_str())];
+                    ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let mut family = e.encode_descriptor(
+                "actorcile_reconcile_triggers",
+                "Reconciles that started, by controller and why they ran",
+                None,
+                MetricType::Counter,
+            )?;
+            for k in &kinds {
+                for (trigger, n) in &k.triggers {
+                    let labels = [
+                        ("controller", k.kind.as_str()),
+                        ("trigger", trigger.as_str()),
+                    ];
                     ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
                 }
             }

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 
 use super::external;
 use super::{Readiness, ReadyWhen, ReferenceApi, ReferenceError, Selection, Target, referrers_in};
+use crate::messages::{Cause, Trigger};
 
 /// What the index needs from each managed kind (implemented by the runtime per controller).
 pub(crate) trait IndexedKind: Send + Sync {
@@ -44,8 +45,8 @@ pub(crate) trait IndexedKind: Send + Sync {
     fn deleting(&self, target: &Target) -> bool;
     /// The persisted referrers of the target (from its annotations in the store).
     fn referrers(&self, target: &Target) -> Vec<Target>;
-    /// Wake the target's actor (activating it if passive).
-    fn notify(&self, target: &Target);
+    /// Wake the target's actor (activating it if passive), for `cause`.
+    fn notify(&self, target: &Target, cause: Cause);
     /// A dynamic API for patching the target's annotations.
     fn dynamic_api(&self, target: &Target) -> Api<DynamicObject>;
     /// What the cached object `from` lists as its references on kinds this runtime does not
@@ -219,8 +220,9 @@ impl ReferenceIndex {
     pub(super) fn wake_waiters_of(&self, target: &Target) {
         let waiting = self.waiters.remove(target).map(|(_, w)| w);
         let missed = self.missing.remove(target).map(|(_, w)| w);
+        let cause = about(target);
         for w in waiting.into_iter().chain(missed).flatten() {
-            self.wake(&w);
+            self.wake(&w, cause.clone());
         }
     }
 
@@ -391,14 +393,20 @@ impl ReferenceIndex {
         for r in gone {
             self.notify_held(&r);
         }
-        let waited_for: Vec<Target> = self
+        let waited_for: Vec<(Target, Cause)> = self
             .waiters
             .iter()
             .filter(|e| absent(e.key()))
-            .flat_map(|e| e.value().iter().cloned().collect::<Vec<_>>())
+            .flat_map(|e| {
+                let cause = about(e.key());
+                e.value()
+                    .iter()
+                    .map(|w| (w.clone(), cause.clone()))
+                    .collect::<Vec<_>>()
+            })
             .collect();
-        for w in waited_for {
-            self.wake(&w);
+        for (w, cause) in waited_for {
+            self.wake(&w, cause);
         }
     }
 
@@ -432,8 +440,9 @@ impl ReferenceIndex {
     /// Wake (and forget) everyone waiting on `target`.
     fn wake_waiters(&self, target: &Target) {
         if let Some((_, waiters)) = self.waiters.remove(target) {
+            let cause = about(target);
             for w in waiters {
-                self.wake(&w);
+                self.wake(&w, cause.clone());
             }
         }
     }
@@ -456,8 +465,9 @@ impl ReferenceIndex {
     /// that found it missing just as it appeared keeps that status until it is Ready.)
     pub(crate) fn appeared(&self, target: &Target) {
         if let Some((_, waiters)) = self.missing.remove(target) {
+            let cause = about(target);
             for w in waiters {
-                self.wake(&w);
+                self.wake(&w, cause.clone());
             }
         }
     }
@@ -483,18 +493,19 @@ impl ReferenceIndex {
     /// Wake every target `from` holds a reference on (their deletion state may depend on
     /// `from`'s, e.g. a cycle that just closed).
     pub(crate) fn notify_held(&self, from: &Target) {
+        let cause = about(from);
         for t in self.held_by(from) {
-            self.wake(&t);
+            self.wake(&t, cause.clone());
         }
     }
 
     /// Wake `t`'s actor (through its kind's runtime), which runs its reconcile: whether its
     /// kind is managed here. (Also what [`RuntimeHandle::reconcile`](crate::runtime::RuntimeHandle::reconcile)
     /// asks from outside.)
-    pub(crate) fn wake(&self, t: &Target) -> bool {
+    pub(crate) fn wake(&self, t: &Target, cause: Cause) -> bool {
         match self.kind(t) {
             Some(k) => {
-                k.notify(t);
+                k.notify(t, cause);
                 true
             }
             None => false,
@@ -553,8 +564,9 @@ impl ReferenceIndex {
                 .entry(from.clone())
                 .or_default()
                 .extend(kept.iter().cloned());
+            let cause = about(from);
             for t in &kept {
-                self.wake(t);
+                self.wake(t, cause.clone());
             }
         }
     }
@@ -631,3 +643,9 @@ pub(crate) const REFERENCE_WRITE_ATTEMPTS: usize = 10;
 #[cfg(test)]
 #[path = "index_tests.rs"]
 mod tests;
+
+/// A wake-up of a reference's other end, `t` (the target that changed, or the referrer that
+/// released it).
+pub(crate) fn about(t: &Target) -> Cause {
+    Cause::about(Trigger::Reference, &t.kind, t.namespace.as_deref(), &t.name)
+}

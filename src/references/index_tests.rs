@@ -97,7 +97,7 @@ impl IndexedKind for FakeKind {
             .map(|o| o.referrers.clone())
             .unwrap_or_default()
     }
-    fn notify(&self, t: &Target) {
+    fn notify(&self, t: &Target, _cause: crate::messages::Cause) {
         self.woken.lock().unwrap().push(t.clone());
     }
     fn dynamic_api(&self, t: &Target) -> Api<DynamicObject> {

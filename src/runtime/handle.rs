@@ -171,7 +171,10 @@ impl RuntimeHandle {
     /// ```
     #[must_use = "false: the kind is not one of this runtime's controllers"]
     pub fn reconcile(&self, target: &crate::references::Target) -> bool {
-        self.references.wake(target)
+        self.references.wake(
+            target,
+            crate::messages::Cause::of(crate::messages::Trigger::External),
+        )
     }
 
     /// Run the reconcile of every target `triggers` yields, as [`reconcile`](Self::reconcile)
@@ -197,7 +200,10 @@ impl RuntimeHandle {
         self.external.push(tokio::spawn(async move {
             let mut triggers = std::pin::pin!(triggers);
             while let Some(target) = triggers.next().await {
-                if !references.wake(&target) {
+                if !references.wake(
+                    &target,
+                    crate::messages::Cause::of(crate::messages::Trigger::External),
+                ) {
                     tracing::warn!(
                         target = %format_args!("{} {}", target.api_version, target.kind),
                         name = %target.name,

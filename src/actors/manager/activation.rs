@@ -5,7 +5,8 @@ use super::*;
 
 impl<K: ManagedResource> Manager<K> {
     /// Queue `key` for a live actor (`passive`: the state its last actor handed over), behind
-    /// changes if it was `listed` (see [`ActivationQueue`]).
+    /// changes if it was `listed` (see [`ActivationQueue`]). `trigger`: why, for an object
+    /// without a passive state (a passive one carries its own, [`PassiveState::due`]).
     pub(super) fn activate(
         &self,
         myself: &ActorRef<MailWaiting>,
@@ -13,6 +14,7 @@ impl<K: ManagedResource> Manager<K> {
         key: ObjectRef<K>,
         passive: Option<PassiveState>,
         listed: bool,
+        trigger: Trigger,
     ) {
         if !self.shared.owns(&key) {
             self.unowned(st, key);
@@ -45,6 +47,7 @@ impl<K: ManagedResource> Manager<K> {
         entry.life = Life::Queued {
             passive: passive.map(Box::new),
             listed,
+            trigger,
         };
         self.drain(myself, st);
     }
@@ -149,8 +152,10 @@ impl<K: ManagedResource> Manager<K> {
             // Shutting down: a slot handed out before the runs closed starts nothing new.
             return;
         }
-        let passive = match st.objects.get_mut(&key).map(|s| &mut s.life) {
-            Some(Life::Queued { passive, .. }) => passive.take().map(|ps| *ps),
+        let (passive, trigger) = match st.objects.get_mut(&key).map(|s| &mut s.life) {
+            Some(Life::Queued {
+                passive, trigger, ..
+            }) => (passive.take().map(|ps| *ps), *trigger),
             _ => return,
         };
         if !self.shared.store.contains(&key) {
@@ -161,6 +166,7 @@ impl<K: ManagedResource> Manager<K> {
             key: key.clone(),
             passive,
             permit: Some(permit),
+            trigger,
         };
         // An idle actor adopts it if there is one: a message instead of a spawn, a stop and two
         // supervision events (see the module docs).

@@ -40,7 +40,9 @@ use super::object_map::ObjectMap;
 use super::passive_state::Kept;
 use super::resource_actor::{ResourceActor, ResourceArgs, key_hash};
 use super::{FastMap, ManagedResource, Metrics, Shared, version_of};
-use crate::messages::{Activation, ManagerMsg, PassiveState, ReconcilePermit, ResourceMsg};
+use crate::messages::{
+    Activation, Cause, ManagerMsg, PassiveState, ReconcilePermit, ResourceMsg, Trigger,
+};
 use crate::policy::Exhausted;
 use crate::policy::restarts::{AfterFailure, Escalation, RestartTracker};
 use crate::scheduling::ActivationQueue;
@@ -74,6 +76,8 @@ enum Life {
     Queued {
         passive: Option<Box<PassiveState>>,
         listed: bool,
+        /// Why, without a passive state (see [`Activation::trigger`]).
+        trigger: Trigger,
     },
     /// A live actor. `notified`: a notification found no route because the actor is
     /// passivating; it re-activates at once when it has stopped.
@@ -191,9 +195,9 @@ impl<K: ManagedResource> Manager<K> {
             let mut key = ObjectRef::from_obj(obj.as_ref());
             key.extra = Default::default(); // as the feeder's keys: nothing reads it
             if st.objects.contains_key(&key) {
-                self.notify(myself, st, key);
+                self.notify(myself, st, key, Cause::of(Trigger::Shard));
             } else {
-                self.activate(myself, st, key, None, true);
+                self.activate(myself, st, key, None, true, Trigger::Shard);
             }
         }
     }
@@ -227,23 +231,29 @@ impl<K: ManagedResource> Manager<K> {
 
     /// Wake `key`: its live actor runs a reconcile, a passive one is re-activated (through the
     /// activation queue, so it waits for a reconcile slot).
-    fn notify(&self, myself: &ActorRef<MailWaiting>, st: &mut ManagerState<K>, key: ObjectRef<K>) {
+    fn notify(
+        &self,
+        myself: &ActorRef<MailWaiting>,
+        st: &mut ManagerState<K>,
+        key: ObjectRef<K>,
+        cause: Cause,
+    ) {
         if let Some(entry) = st.objects.get_mut(&key) {
             match &mut entry.life {
                 Life::Live { notified, .. } => {
-                    if !self.forward(&key, ResourceMsg::Notify) {
+                    if !self.forward(&key, ResourceMsg::Notify(cause)) {
                         *notified = true; // passivating: run again once stopped
                     }
                 }
                 Life::Passive(kept) => {
                     let mut ps = kept.take();
-                    ps.reconcile_due = true;
-                    self.activate(myself, st, key, Some(ps), false);
+                    due_for(&mut ps, cause);
+                    self.activate(myself, st, key, Some(ps), false, Trigger::Again);
                 }
                 // A first activation runs anyway; a re-activation is told to.
                 Life::Queued { passive, .. } => {
                     if let Some(ps) = passive {
-                        ps.reconcile_due = true;
+                        due_for(ps, cause);
                     }
                 }
                 Life::Restarting | Life::Quarantined { .. } => {}
@@ -261,14 +271,14 @@ impl<K: ManagedResource> Manager<K> {
         match msg {
             ManagerMsg::Listed(key) => {
                 if !st.objects.contains_key(&key) {
-                    self.activate(myself, st, key, None, true);
+                    self.activate(myself, st, key, None, true, Trigger::Listed);
                 }
             }
             ManagerMsg::Event(key) => {
                 let Some(entry) = st.objects.get_mut(&key) else {
                     // New: the feeder stored it before routing it here. (Deleted since, it is
                     // dropped from the queue when its turn comes: `start` reads the store.)
-                    self.activate(myself, st, key, None, false);
+                    self.activate(myself, st, key, None, false, Trigger::Created);
                     return Ok(());
                 };
                 match &mut entry.life {
@@ -309,11 +319,15 @@ impl<K: ManagedResource> Manager<K> {
                         let Some(obj) = self.shared.store.get(&key) else {
                             return Ok(());
                         };
-                        let changed = obj.meta().generation != *generation
-                            || (obj.meta().deletion_timestamp.is_some() && !*deleting);
-                        if changed {
+                        let deletion = obj.meta().deletion_timestamp.is_some() && !*deleting;
+                        if deletion || obj.meta().generation != *generation {
                             entry.restarts = None;
-                            self.activate(myself, st, key, None, false);
+                            let trigger = if deletion {
+                                Trigger::Deletion
+                            } else {
+                                Trigger::Spec
+                            };
+                            self.activate(myself, st, key, None, false, trigger);
                         }
                     }
                 }
@@ -339,17 +353,17 @@ impl<K: ManagedResource> Manager<K> {
                 ) {
                     if self.shared.store.contains(&key) {
                         Metrics::inc(&self.shared.io.metrics.restarts);
-                        self.activate(myself, st, key, None, false);
+                        self.activate(myself, st, key, None, false, Trigger::Restart);
                     } else {
                         st.objects.remove(&key);
                     }
                 }
             }
-            ManagerMsg::Notify(key) => self.notify(myself, st, key),
+            ManagerMsg::Notify(key, cause) => self.notify(myself, st, key, cause),
             ManagerMsg::Broadcast => {
                 let keys: Vec<ObjectRef<K>> = st.objects.keys().collect();
                 for key in keys {
-                    self.notify(myself, st, key);
+                    self.notify(myself, st, key, Cause::of(Trigger::Config));
                 }
             }
             ManagerMsg::PassiveWake(key, token) => {
@@ -359,7 +373,7 @@ impl<K: ManagedResource> Manager<K> {
                 }) = st.objects.get_mut(&key)
                     && let Some(ps) = kept.fired(token)
                 {
-                    self.activate(myself, st, key, Some(ps), false);
+                    self.activate(myself, st, key, Some(ps), false, Trigger::Again);
                 }
             }
             ManagerMsg::Passivated(actor, ps) => self.passivated(myself, st, actor, ps),
@@ -454,4 +468,12 @@ impl<K: ManagedResource> Actor for Manager<K> {
         self.encode_passive(st);
         result
     }
+}
+
+/// A passive object's reconcile is due, for `cause` (unless it already was, for another).
+fn due_for(ps: &mut PassiveState, cause: Cause) {
+    if !ps.reconcile_due || ps.due.is_none() {
+        ps.due = Some(cause);
+    }
+    ps.reconcile_due = true;
 }

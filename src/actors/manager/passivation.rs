@@ -51,7 +51,8 @@ impl<K: ManagedResource> Manager<K> {
                 st.objects.remove(&key);
             }
             if !st.objects.contains_key(&key) && self.shared.store.contains(&key) {
-                self.activate(myself, st, key, None, false);
+                // Created again under the same name.
+                self.activate(myself, st, key, None, false, Trigger::Created);
             }
         }
         // An actor is at hand now for an activation that waited for one.
@@ -106,9 +107,12 @@ impl<K: ManagedResource> Manager<K> {
             self.unowned(st, key);
             return;
         }
-        ps.reconcile_due |= notified;
+        if notified && !ps.reconcile_due {
+            ps.reconcile_due = true;
+            ps.due = Some(Cause::of(Trigger::Again));
+        }
         if ps.reconcile_due || is_news(&ps, version_of(obj.as_ref())) {
-            self.activate(myself, st, key, Some(ps), false);
+            self.activate(myself, st, key, Some(ps), false, Trigger::Changed);
             return;
         }
         let timer = ps.wake_in.map(|d| {

@@ -44,7 +44,8 @@ impl<K: ManagedResource> ResourceActor<K> {
         )
         .await;
         if Self::take_written(st, &cx) {
-            st.mark_due(); // a step's write met someone else's: run again on theirs
+            // A step's write met someone else's: run again on theirs.
+            st.mark_due(Cause::of(Trigger::Again));
         }
         // The steps' own writes (conditions, their finalizers) are the object now; its status
         // is parsed again only if they wrote.

@@ -64,6 +64,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             key,
             passive,
             permit,
+            trigger,
         } = activation;
         // The actor's own route, not the manager's: it must exist before the first reconcile can end
         // in a passivation that removes it.
@@ -88,6 +89,9 @@ impl<K: ManagedResource> ResourceActor<K> {
             status_fields: serde_json::Map::new(),
             dirty: false,
             due_since: None,
+            cause: None,
+            wake_for: None,
+            generation: None,
             reconcile_queued: false,
             queued: false,
             wake,
@@ -108,16 +112,21 @@ impl<K: ManagedResource> ResourceActor<K> {
         if passive.is_none() {
             self.shared.references.appeared(&st.target);
         }
-        if let Some(p) = passive {
-            if p.reconcile_due {
-                st.mark_due();
+        match passive {
+            Some(p) => {
+                if p.reconcile_due {
+                    st.mark_due(p.due.unwrap_or(Cause::of(Trigger::Again)));
+                }
+                st.last_reconciled_version = p.last_reconciled_version;
+                st.own_writes = p.own_writes;
+                st.error_attempts = p.error_attempts;
+                st.generation = p.last_generation;
+                if let Some(d) = p.wake_in {
+                    let wake_for = p.wake_for.unwrap_or(Trigger::Requeue);
+                    self.schedule_wake(myself, &mut st, d, wake_for);
+                }
             }
-            st.last_reconciled_version = p.last_reconciled_version;
-            st.own_writes = p.own_writes;
-            st.error_attempts = p.error_attempts;
-            if let Some(d) = p.wake_in {
-                self.schedule_wake(myself, &mut st, d);
-            }
+            None => st.cause = Some(Cause::of(trigger)),
         }
         st
     }
@@ -139,8 +148,15 @@ impl<K: ManagedResource> ResourceActor<K> {
         };
         if st.dirty || st.is_news(version) {
             // The first reconcile runs right here, on the manager's reconcile slot (no `Reconcile` hop); what
-            // arrives meanwhile coalesces into one follow-up run.
-            st.mark_due();
+            // arrives meanwhile coalesces into one follow-up run. Why: the activation's, or a
+            // passivated object's change since its last reconcile.
+            let cause = st.cause.take().unwrap_or_else(|| {
+                Cause::of(match (&st.object, &st.undecodable) {
+                    (Some(obj), None) => change_since(obj.as_ref(), st.generation, false),
+                    _ => Trigger::Changed,
+                })
+            });
+            st.mark_due(cause);
             self.reconcile_if_due(myself, st, None).await;
         }
         self.maybe_passivate(myself, st);
@@ -173,6 +189,9 @@ impl<K: ManagedResource> ResourceActor<K> {
                 .deadline()
                 .map(|at| at.saturating_duration_since(Instant::now())),
             reconcile_due: st.dirty || st.reconcile_queued,
+            due: st.cause.take(),
+            wake_for: st.wake_for,
+            last_generation: st.object.as_ref().and_then(|o| o.meta().generation),
         };
         // The manager keeps the wake-up now (the actor's timer would reach the next object).
         self.let_go(myself, st);

@@ -36,7 +36,9 @@ use crate::after_reconcile::{
     self, At, Backoff, Delays, Ended, OutcomeKey, StatusPlan, StatusWrite, Wake,
 };
 use crate::counters::ReconcileResult;
-use crate::messages::{Activation, ManagerMsg, PassiveState, ReconcilePermit, ResourceMsg};
+use crate::messages::{
+    Activation, Cause, ManagerMsg, PassiveState, ReconcilePermit, ResourceMsg, Trigger,
+};
 use crate::provisioners::{Context, Outcome, Reason};
 use crate::references::Target;
 use crate::scheduling::PendingWakeUp;
@@ -79,6 +81,13 @@ pub(crate) struct ResourceState<K: ManagedResource> {
     dirty: bool,
     /// Since when a reconcile is due (for the due-to-start histogram).
     due_since: Option<Instant>,
+    /// Why the reconcile is due: the first cause since the last one started.
+    cause: Option<Cause>,
+    /// What the pending wake-up is for.
+    wake_for: Option<Trigger>,
+    /// `metadata.generation` of the object before the newest known one, or of the object the
+    /// last reconcile of a passivated activation ran on: a change of it is a spec change.
+    generation: Option<i64>,
     /// A `Reconcile` self-message is queued.
     reconcile_queued: bool,
     /// A reconcile found no free reconcile slot and asked the timer task for one ([`ResourceMsg::Slot`]).
@@ -120,28 +129,50 @@ pub(crate) struct ResourceState<K: ManagedResource> {
 }
 
 impl<K: ManagedResource> ResourceState<K> {
-    fn trigger_reconcile(&mut self, myself: &ActorRef<ResourceMsg<K>>)
+    fn trigger_reconcile(&mut self, myself: &ActorRef<ResourceMsg<K>>, cause: Cause)
     where
         K: ManagedResource,
     {
-        self.mark_due();
+        self.mark_due(cause);
         if !self.reconcile_queued {
             self.reconcile_queued = true;
             let _ = myself.cast(ResourceMsg::Reconcile);
         }
     }
 
-    /// A reconcile is due (from now, unless it already was).
-    fn mark_due(&mut self) {
-        self.mark_due_since(Instant::now);
+    /// A reconcile is due, for `cause` (from now, unless it already was).
+    fn mark_due(&mut self, cause: Cause) {
+        self.mark_due_since(cause, Instant::now);
     }
 
-    /// A reconcile is due since `since()` (read only if it was not due already).
-    fn mark_due_since(&mut self, since: impl FnOnce() -> Instant) {
+    /// A reconcile is due since `since()`, for `cause` (both kept only if it was not due
+    /// already: the first cause is the reconcile's).
+    fn mark_due_since(&mut self, cause: Cause, since: impl FnOnce() -> Instant) {
         if !self.dirty {
             self.dirty = true;
             self.due_since = Some(since());
         }
+        if self.cause.is_none() {
+            self.cause = Some(cause);
+        }
+    }
+
+    /// Why `obj`, a version not handled yet, makes a reconcile due: its deletion, a spec
+    /// change, or another change (against the newest version known before it).
+    fn change_of(&self, obj: &K) -> Trigger
+    where
+        K: ManagedResource,
+    {
+        let was_deleting = self
+            .object
+            .as_ref()
+            .is_some_and(|o| o.meta().deletion_timestamp.is_some());
+        let generation = self
+            .object
+            .as_ref()
+            .and_then(|o| o.meta().generation)
+            .or(self.generation);
+        change_since(obj, generation, was_deleting)
     }
 
     /// Whether a version we have not handled yet (and did not write ourselves).
@@ -201,7 +232,9 @@ impl<K: ManagedResource> ResourceActor<K> {
         myself: &ActorRef<ResourceMsg<K>>,
         st: &mut ResourceState<K>,
         delay: Duration,
+        wake_for: Trigger,
     ) {
+        st.wake_for = Some(wake_for);
         let at = Instant::now() + crate::scheduling::bounded_delay(delay);
         if let Some(token) = st.wake.schedule(at) {
             self.shared
@@ -258,6 +291,23 @@ where
 {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     BuildHasherDefault::<DefaultHasher>::default().hash_one(key)
+}
+
+/// Why `obj` needs a reconcile, against what was known before it (`generation`, and whether it
+/// was already being deleted): its deletion began, its spec changed, or something else did.
+fn change_since<K: kube::Resource>(
+    obj: &K,
+    generation: Option<i64>,
+    was_deleting: bool,
+) -> Trigger {
+    let meta = obj.meta();
+    if meta.deletion_timestamp.is_some() && !was_deleting {
+        Trigger::Deletion
+    } else if meta.generation.is_some() && meta.generation != generation {
+        Trigger::Spec
+    } else {
+        Trigger::Changed
+    }
 }
 
 /// `d` stretched by up to `fraction`; reproducible when seeded (the policy's `seed`).
@@ -329,10 +379,11 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
         match msg {
             ResourceMsg::Observed(obj) => {
                 let news = st.is_news(version_of(obj.as_ref()));
+                let change = news.then(|| st.change_of(&obj));
                 st.undecodable = None;
                 st.remember(obj);
-                if news {
-                    st.trigger_reconcile(&myself);
+                if let Some(change) = change {
+                    st.trigger_reconcile(&myself, Cause::of(change));
                 }
             }
             ResourceMsg::Undecodable => {
@@ -340,7 +391,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                     let news = st.is_news(crate::object_api::meta_version(&u.meta));
                     st.undecodable = Some(u);
                     if news {
-                        st.trigger_reconcile(&myself);
+                        st.trigger_reconcile(&myself, Cause::of(Trigger::Changed));
                     }
                 }
             }
@@ -362,7 +413,8 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                         let sent = slot.as_ref().map_or(due, |s| s.given_at);
                         self.shared.timers.woke(sent);
                     }
-                    st.mark_due_since(|| due.unwrap_or_else(Instant::now));
+                    let wake_for = st.wake_for.take().unwrap_or(Trigger::Requeue);
+                    st.mark_due_since(Cause::of(wake_for), || due.unwrap_or_else(Instant::now));
                 }
                 self.reconcile_if_due(&myself, st, slot.map(|s| s.permit))
                     .await;
@@ -372,7 +424,7 @@ impl<K: ManagedResource> Actor for ResourceActor<K> {
                 self.reconcile_if_due(&myself, st, slot.map(|s| s.permit))
                     .await;
             }
-            ResourceMsg::Notify => st.trigger_reconcile(&myself),
+            ResourceMsg::Notify(cause) => st.trigger_reconcile(&myself, cause),
             ResourceMsg::Passivate => {
                 self.hand_back(&myself, st);
                 return Ok(());

@@ -85,8 +85,10 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
         }
         st.dirty = false;
+        let cause = st.cause.take().unwrap_or(Cause::of(Trigger::Again));
         self.cancel_wake(myself, st);
         let started = Instant::now();
+        self.shared.io.kind_metrics.triggered(cause.trigger);
         if let Some(due) = st.due_since.take() {
             self.shared
                 .io
@@ -100,12 +102,17 @@ impl<K: ManagedResource> ResourceActor<K> {
             namespace = st.key.namespace.as_deref().unwrap_or(""),
             name = %st.key.name,
             generation = tracing::field::Empty,
+            trigger = cause.trigger.as_str(),
+            trigger_object = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        if !span.is_disabled()
-            && let Some(g) = st.object.as_ref().and_then(|o| o.meta().generation)
-        {
-            span.record("generation", g);
+        if !span.is_disabled() {
+            if let Some(g) = st.object.as_ref().and_then(|o| o.meta().generation) {
+                span.record("generation", g);
+            }
+            if let Some(about) = &cause.object {
+                span.record("trigger_object", about.as_ref());
+            }
         }
         // Boxed: the reconcile's state machine is large, and inline it would make every idle
         // actor's task that large.
@@ -300,7 +307,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                         Err(why) => {
                             tracing::info!(object = %st.target, why = why.as_str(), "the object moved on: reconcile cancelled, running again");
                             st.last_outcome = None;
-                            st.trigger_reconcile(myself);
+                            st.trigger_reconcile(myself, Cause::of(Trigger::Again));
                             return Some(ReconcileResult::Cancelled);
                         }
                     };
@@ -403,12 +410,12 @@ impl<K: ManagedResource> ResourceActor<K> {
             None => {}
         }
         if let Some(retry) = next.retry {
-            self.schedule_wake(myself, st, retry);
+            self.schedule_wake(myself, st, retry, Trigger::Again);
         }
         match next.backoff {
             Backoff::Grow => {
                 let retry = self.next_error_backoff(st);
-                self.schedule_wake(myself, st, retry);
+                self.schedule_wake(myself, st, retry, Trigger::Backoff);
             }
             Backoff::Reset => {
                 st.error_backoff = None;
@@ -416,6 +423,11 @@ impl<K: ManagedResource> ResourceActor<K> {
             }
             Backoff::Keep => {}
         }
+        let wake_for = match (&next.wake, &outcome) {
+            (Some(Wake::Poll), _) => Trigger::Poll,
+            (_, Outcome::Yield { .. }) => Trigger::Yield,
+            _ => Trigger::Requeue,
+        };
         let wake = match next.wake {
             Some(Wake::After(d)) => Some(d),
             Some(Wake::Poll) => {
@@ -434,11 +446,11 @@ impl<K: ManagedResource> ResourceActor<K> {
             None => None,
         };
         if let Some(d) = wake {
-            self.schedule_wake(myself, st, d);
+            self.schedule_wake(myself, st, d, wake_for);
         }
         if next.reconcile_again {
             // A step's write met someone else's: run again on what they wrote.
-            st.trigger_reconcile(myself);
+            st.trigger_reconcile(myself, Cause::of(Trigger::Again));
         }
         if st.wake.deadline().is_none() {
             st.cx = None; // nothing due soon: an idle actor keeps no context

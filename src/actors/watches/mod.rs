@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use super::mailbox::Mailbox;
 use super::{FastMap, ManagedResource, Shared};
 use crate::lenient::Lenient;
-use crate::messages::{ManagerMsg, ResourceMsg};
+use crate::messages::{Cause, ManagerMsg, ResourceMsg, Trigger};
 use crate::triggers::{ConfigRef, PollFrom, SecretIndex, SecretsBy};
 
 mod config;
@@ -43,16 +43,17 @@ pub(crate) use config::{ConfigView, StartConfigWatch};
 pub(crate) use related::{TestInput, drive_related, owners_of};
 pub(crate) use secrets::{SecretTrigger, watch_secrets};
 
-/// Re-run `key`: at its live actor, or through the manager.
+/// Re-run `key`, for `cause`: at its live actor, or through the manager.
 pub(crate) fn notify<K: ManagedResource>(
     shared: &Shared<K>,
     manager: &Mailbox<ManagerMsg<K>>,
     key: ObjectRef<K>,
+    cause: Cause,
 ) {
     if let Some(a) = shared.routes.get(&key)
-        && a.cast(ResourceMsg::Notify).is_ok()
+        && a.cast(ResourceMsg::Notify(cause.clone())).is_ok()
     {
         return;
     }
-    manager.send(ManagerMsg::Notify(key));
+    manager.send(ManagerMsg::Notify(key, cause));
 }

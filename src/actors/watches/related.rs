@@ -256,12 +256,17 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
         self.seen = None;
     }
 
-    /// Each object once, whatever number of keys named it.
-    fn run(&self, mut owners: Vec<ObjectRef<K>>) {
+    /// Each object once, whatever number of keys named it, for a change of the related object
+    /// `key`.
+    fn run(&self, mut owners: Vec<ObjectRef<K>>, key: &(Option<String>, String)) {
+        if owners.is_empty() {
+            return;
+        }
         owners.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         owners.dedup();
+        let cause = Cause::about(Trigger::Related, &R::kind(&()), key.0.as_deref(), &key.1);
         for o in owners {
-            notify(&self.shared, &self.manager, o);
+            notify(&self.shared, &self.manager, o, cause.clone());
         }
     }
 
@@ -290,7 +295,7 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
                     owners.extend(before.owners);
                 }
                 if !self.echo(&key, crate::provisioners::context::OwnWrites::DELETED) {
-                    self.run(owners);
+                    self.run(owners, &key);
                 }
                 return;
             }
@@ -306,7 +311,7 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
                         .collect();
                     for key in gone {
                         if let Some(before) = self.known.remove(&key) {
-                            self.run(before.owners);
+                            self.run(before.owners, &key);
                         }
                     }
                 }
@@ -346,7 +351,7 @@ impl<K: ManagedResource, R: Resource<DynamicType = ()>> Related<K, R> {
             if let Some(before) = before {
                 all.extend(before.owners);
             }
-            self.run(all);
+            self.run(all, &key);
         }
     }
 }

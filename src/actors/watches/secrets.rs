@@ -16,8 +16,19 @@ pub(crate) async fn watch_secrets<K: ManagedResource>(
         return;
     };
     let changed = |secret: &ObjectRef<Secret>, meta: &kube::api::ObjectMeta| {
-        for key in trigger.referrers(&shared, secret, meta) {
-            notify(&shared, &manager, key);
+        let referrers = trigger.referrers(&shared, secret, meta);
+        if referrers.is_empty() {
+            return;
+        }
+        // The Secret's name, never anything of its data.
+        let cause = Cause::about(
+            Trigger::Secret,
+            "Secret",
+            secret.namespace.as_deref(),
+            &secret.name,
+        );
+        for key in referrers {
+            notify(&shared, &manager, key, cause.clone());
         }
     };
     watch_secret_changes(api, changed).await;

@@ -154,7 +154,7 @@ impl ReferenceIndex {
         if let Some(mut s) = self.held.get_mut(from) {
             s.remove(target);
         }
-        self.wake(target);
+        self.wake(target, super::about(from));
         Ok(())
     }
 
