@@ -114,17 +114,33 @@ impl AdminServer {
         endpoints: Endpoints,
         limits: AdminLimits,
     ) -> Result<Self, Error> {
+        let served = Served::Admin {
+            registry,
+            health,
+            endpoints,
+        };
+        Self::serve(addr, served, limits).await
+    }
+
+    /// Bind `addr` and serve the runtime's introspection on it ([`crate::introspect`]):
+    /// `/objects` and `/objects/<Kind>/[<namespace>/]<name>`, within `limits`. An address of
+    /// its own, never the probes': it names objects, which a kubelet has no need of.
+    pub async fn bind_introspection(
+        addr: SocketAddr,
+        introspection: Arc<crate::introspect::Introspection>,
+        limits: AdminLimits,
+    ) -> Result<Self, Error> {
+        Self::serve(addr, Served::Objects(introspection), limits).await
+    }
+
+    async fn serve(addr: SocketAddr, served: Served, limits: AdminLimits) -> Result<Self, Error> {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Admin { addr, source })?;
         let addr = listener
             .local_addr()
             .map_err(|source| Error::Admin { addr, source })?;
-        let paths = match endpoints {
-            Endpoints::All => "/metrics, /healthz, /readyz",
-            Endpoints::Probes => "/healthz, /readyz",
-            Endpoints::Metrics => "/metrics",
-        };
+        let paths = served.paths();
         tracing::info!(%addr, paths, "admin server listening");
         let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
         let peers = PeerSlots::new(limits.max_connections_per_peer.max(1));
@@ -148,11 +164,11 @@ impl AdminServer {
                     drop(stream);
                     continue;
                 };
-                let (registry, health) = (registry.clone(), health.clone());
+                let served = served.clone();
                 tokio::spawn(async move {
                     let _slots = (slot, peer_slot);
                     let service = hyper::service::service_fn(move |req| {
-                        let answer = answer(&req, endpoints, &registry, &health);
+                        let answer = answer(&req, &served);
                         async move { Ok::<_, Infallible>(answer) }
                     });
                     let connection = hyper::server::conn::http1::Builder::new()
@@ -231,19 +247,98 @@ impl Drop for AdminServer {
     }
 }
 
-fn answer(
+/// What one listener answers.
+#[derive(Clone)]
+enum Served {
+    Admin {
+        registry: Arc<Registry>,
+        health: Arc<Health>,
+        endpoints: Endpoints,
+    },
+    Objects(Arc<crate::introspect::Introspection>),
+}
+
+impl Served {
+    fn paths(&self) -> &'static str {
+        match self {
+            Served::Admin { endpoints, .. } => match endpoints {
+                Endpoints::All => "/metrics, /healthz, /readyz",
+                Endpoints::Probes => "/healthz, /readyz",
+                Endpoints::Metrics => "/metrics",
+            },
+            Served::Objects(_) => "/objects, /objects/<Kind>/[<namespace>/]<name>",
+        }
+    }
+}
+
+fn answer(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
+    if req.method() != http::Method::GET {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+    }
+    match served {
+        Served::Admin {
+            registry,
+            health,
+            endpoints,
+        } => answer_admin(req, *endpoints, registry, health),
+        Served::Objects(introspection) => answer_objects(req.uri().path(), introspection),
+    }
+}
+
+fn plain(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts")
+}
+
+/// `/objects`: the kinds; `/objects/<Kind>/<namespace>/<name>` (or `/objects/<Kind>/<name>`):
+/// one object's report, as JSON.
+fn answer_objects(
+    path: &str,
+    introspection: &crate::introspect::Introspection,
+) -> Response<Full<Bytes>> {
+    let json = |body: Vec<u8>| {
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("static response parts")
+    };
+    let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (kind, namespace, name) = match parts.as_slice() {
+        ["objects"] => {
+            return json(serde_json::to_vec(&introspection.kinds()).unwrap_or_default());
+        }
+        ["objects", kind, name] => (*kind, None, *name),
+        ["objects", kind, namespace, name] => (*kind, Some(*namespace), *name),
+        _ => {
+            return plain(
+                StatusCode::NOT_FOUND,
+                "not found: /objects, /objects/<Kind>/[<namespace>/]<name>\n".into(),
+            );
+        }
+    };
+    match introspection.object(kind, namespace, name) {
+        Some(report) => json(serde_json::to_vec(&report).unwrap_or_default()),
+        None => plain(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no {kind} {} here\n",
+                namespace.map_or(name.to_string(), |ns| format!("{ns}/{name}"))
+            ),
+        ),
+    }
+}
+
+fn answer_admin(
     req: &Request<Incoming>,
     endpoints: Endpoints,
     registry: &Registry,
     health: &Health,
 ) -> Response<Full<Bytes>> {
-    let text = |status: StatusCode, body: String| {
-        Response::builder()
-            .status(status)
-            .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-            .body(Full::new(Bytes::from(body)))
-            .expect("static response parts")
-    };
+    let text = plain;
     let probe = |p: Probe| {
         let status = if p.ok {
             StatusCode::OK
@@ -252,9 +347,6 @@ fn answer(
         };
         text(status, p.detail + "\n")
     };
-    if req.method() != http::Method::GET {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
-    }
     let (probes, metrics) = match endpoints {
         Endpoints::All => (true, true),
         Endpoints::Probes => (true, false),

@@ -100,6 +100,7 @@ mod event_recorder;
 pub mod fuzzing;
 mod hash;
 pub mod health;
+pub mod introspect;
 pub mod leader;
 mod lease;
 mod lenient;

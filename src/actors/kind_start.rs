@@ -74,6 +74,8 @@ pub(crate) struct StartCx {
     /// With sharding: the shards held, a fenced client per shard, and the settings (what each
     /// replica watches, the label key and the Leases' namespace).
     pub(crate) shards: Option<(Arc<Shards>, ShardClients, Arc<Sharding>)>,
+    /// The runtime's introspection, when it is on: each kind adds its reporter.
+    pub(crate) introspection: Option<Arc<crate::introspect::Introspection>>,
 }
 
 /// A fenced client per shard, in shard order.
@@ -261,6 +263,7 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             lock_expiry: policy.lock_expiry,
             locks_seen: Default::default(),
             unrecorded: Default::default(),
+            log_steps: cx.introspection.is_some(),
         });
         let kind = K::kind(&()).into_owned();
         let (config, start_config) = match self.config {
@@ -348,7 +351,12 @@ impl<K: ManagedResource> Start for KindSpec<K> {
             timers,
             config,
             secrets: self.secrets.map(SecretTrigger::new),
+            reports: cx.introspection.as_ref().map(|_| Default::default()),
         });
+        if let Some(introspection) = &cx.introspection {
+            let reporter = super::inspect::reporter(shared.clone(), cx.holder.clone());
+            introspection.add(&kind, reporter);
+        }
         let synced = Arc::new(AtomicBool::new(false));
         // What `/readyz` checks for each watch: whether its first list is in (the kind's, with
         // one watch), and why the server refuses it; named by the kind, and its namespace with

@@ -20,6 +20,7 @@
 //! | `mailbox.rs` | the manager's batching mailbox, in three lanes that take turns |
 //! | `resource_actor/` | the resource actor: its messages (`mod.rs`), activation and passivation (`lifecycle.rs`), one reconcile and its status (`reconcile.rs`), deletion (`deletion.rs`) |
 //! | `feeder.rs` | watch events into messages, routed by a concurrent map |
+//! | `inspect.rs` | what the introspection ([`crate::introspect`]) reports of an object: its last reconcile, as its actor recorded it, with what the rest of the kind knows |
 //! | `watches/` | the watches behind a controller's triggers: its provider config (`config.rs`), the Secrets its objects reference (`secrets.rs`), its children and related objects (`related.rs`) |
 //! | `*_tests.rs`, `test_kind.rs` | the tests of the feeder, the manager and the reconcile, beside them; `test_kind.rs` starts one kind through `kind_start.rs` on the in-process API server |
 //!
@@ -66,6 +67,7 @@
 mod feeder;
 #[cfg(test)]
 mod feeder_tests;
+mod inspect;
 mod kind_spec;
 mod kind_start;
 pub(crate) mod mailbox;
@@ -147,6 +149,8 @@ pub(crate) struct Shared<K: ManagedResource> {
     pub routes: DashMap<ObjectRef<K>, ActorRef<ResourceMsg<K>>, ahash::RandomState>,
     /// The provision reconciles that run now, cancelled by the feeder when their object moves on.
     pub in_flight: crate::scheduling::moved_on::InFlight<K>,
+    /// What each object's last reconcile recorded, while the runtime's introspection is on.
+    pub reports: Option<inspect::Reports<K>>,
     /// What the runtime found out about the kind's status subresource (served at all, and
     /// keeping what the runtime writes).
     pub status_checks: crate::writes::StatusChecks,

@@ -88,6 +88,7 @@ pub(crate) async fn start_spec(spec: KindSpec<Widget>, policy: SupervisorPolicy)
         holder: Arc::from("test"),
         health: Arc::new(Health::default()),
         shards: None,
+        introspection: None,
     };
     let started = Box::new(spec).start(&cx).await.expect("start the kind");
     Kind {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 /// Why a reconcile ran, as its span's `trigger` attribute and the `trigger` label of
 /// `actorcile_reconcile_triggers_total`. When several things make one reconcile due before it
 /// starts, the first is the one recorded (the rest coalesce into the same run).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Trigger {

@@ -59,6 +59,8 @@ pub(crate) struct ControllerParts {
     /// The children this controller wrote, when it watches them
     /// ([`Controller::owns`](crate::runtime::Controller::owns)).
     pub own_writes: Option<Arc<OwnWrites>>,
+    /// Each reconcile logs its steps' runs (the runtime's introspection is on).
+    pub log_steps: bool,
 }
 
 /// What the runtime last wrote of each child it owns, so that the watch of the children
@@ -130,6 +132,7 @@ impl ControllerParts {
             locks_seen: Default::default(),
             unrecorded: Default::default(),
             own_writes: None,
+            log_steps: false,
         }
     }
 }
@@ -181,6 +184,8 @@ struct Inner<K> {
     /// How many [`Context::shielded`] futures of this reconcile are running: while any is, the
     /// runtime does not cut the reconcile when its object moves on.
     shield: std::sync::atomic::AtomicU32,
+    /// The steps' runs, when the controller logs them.
+    steps: Option<super::step_log::StepLog>,
 }
 
 impl<K> Clone for Context<K> {
@@ -233,6 +238,7 @@ impl<K> Context<K> {
         config: Option<Arc<dyn Any + Send + Sync>>,
         child_label: Option<(Arc<str>, String)>,
     ) -> Self {
+        let steps = parts.log_steps.then(Default::default);
         Self {
             inner: Arc::new(Inner {
                 object,
@@ -243,11 +249,17 @@ impl<K> Context<K> {
                 child_label,
                 written: Mutex::default(),
                 shield: Default::default(),
+                steps,
             }),
             client,
             remote: None,
             attached: None,
         }
+    }
+
+    /// The log of this reconcile's steps, when the controller keeps one.
+    pub(crate) fn step_log(&self) -> Option<&super::step_log::StepLog> {
+        self.inner.steps.as_ref()
     }
 
     /// The count of this reconcile's running [`Context::shielded`] futures.

@@ -126,6 +126,7 @@ mod resource;
 mod shield;
 mod step;
 mod step_error;
+pub(crate) mod step_log;
 
 use async_trait::async_trait;
 
@@ -148,6 +149,7 @@ pub use remote::{
 pub use resource::{ResourceProvisioner, resource};
 pub use step::{Step, step};
 pub use step_error::{Field, StepError};
+pub use step_log::StepRun;
 
 /// One idempotent step of a resource's provisioning.
 ///

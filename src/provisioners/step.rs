@@ -134,7 +134,7 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
         'b: 'r,
         Self: 'r,
     {
-        (self.provision)(self.context(cx))
+        super::step_log::logged(cx, &self.name, (self.provision)(self.context(cx)))
     }
     fn deprovision<'a, 'b, 'r>(&'a self, cx: &'b Context<K>) -> BoxFuture<'r, Outcome>
     where
@@ -143,7 +143,7 @@ impl<K: Send + Sync + 'static> Provisioner<K> for Step<K> {
         Self: 'r,
     {
         match &self.deprovision {
-            Some(d) => d(self.context(cx)),
+            Some(d) => super::step_log::logged(cx, &self.name, d(self.context(cx))),
             None => Box::pin(std::future::ready(Outcome::Done)),
         }
     }

@@ -490,6 +490,23 @@ impl ReferenceIndex {
             .unwrap_or_default()
     }
 
+    /// What `t` waits on to become Ready, the targets its references hold, and the objects
+    /// whose references hold it (for the runtime's introspection).
+    pub(crate) fn relations(&self, t: &Target) -> [Vec<Target>; 3] {
+        let waits = self
+            .waits
+            .get(t)
+            .map(|w| {
+                w.iter()
+                    .filter(|x| self.waiters.get(*x).is_some_and(|ws| ws.contains(t)))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let referrers = self.kind(t).map(|k| k.referrers(t)).unwrap_or_default();
+        [waits, self.held_by(t), referrers]
+    }
+
     /// Wake every target `from` holds a reference on (their deletion state may depend on
     /// `from`'s, e.g. a cycle that just closed).
     pub(crate) fn notify_held(&self, from: &Target) {

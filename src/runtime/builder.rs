@@ -44,6 +44,8 @@ pub struct RuntimeBuilder {
     admin: Option<std::net::SocketAddr>,
     #[cfg(feature = "admin")]
     metrics_addr: Option<std::net::SocketAddr>,
+    #[cfg(feature = "admin")]
+    introspection: Option<std::net::SocketAddr>,
     #[cfg(feature = "metrics")]
     registry: Option<crate::metrics::Registry>,
     leader: Option<crate::leader::LeaderElection>,
@@ -67,6 +69,11 @@ enum Standby {
 pub(super) struct AdminServers {
     pub(super) main: Option<crate::admin::AdminServer>,
     pub(super) metrics: Option<crate::admin::AdminServer>,
+    /// The one of [`RuntimeBuilder::introspection`], and what it serves.
+    pub(super) objects: Option<(
+        crate::admin::AdminServer,
+        Arc<crate::introspect::Introspection>,
+    )>,
 }
 
 /// What serves the probes and metrics, set up before the controllers start.
@@ -135,6 +142,8 @@ impl Runtime {
             admin: None,
             #[cfg(feature = "admin")]
             metrics_addr: None,
+            #[cfg(feature = "admin")]
+            introspection: None,
             #[cfg(feature = "metrics")]
             registry: None,
             leader: None,
@@ -260,6 +269,29 @@ impl RuntimeBuilder {
     #[cfg(feature = "admin")]
     pub fn metrics_addr(mut self, addr: std::net::SocketAddr) -> Self {
         self.metrics_addr = Some(addr);
+        self
+    }
+
+    /// Serve the runtime's introspection on `addr`: what it knows of each object now, as
+    /// `GET /objects/<Kind>/<namespace>/<name>` (see [`crate::introspect`]). An address of its
+    /// own, apart from the probes; keep it on loopback (`127.0.0.1:8081`) and read it with
+    /// `kubectl port-forward` and `actorcile why`. With it on, each reconcile also times its
+    /// steps and the runtime keeps each object's last reconcile (a few hundred bytes per
+    /// object). Bound before any controller starts.
+    ///
+    /// ```no_run
+    /// # async fn f(client: kube::Client) -> Result<(), actorcile::Error> {
+    /// use actorcile::prelude::*;
+    /// let names = actorcile::names::OperatorNames::new("bucket-operator", "buckets.example.com");
+    /// let builder = Runtime::builder(client, names)
+    ///     .admin("0.0.0.0:8080".parse().unwrap())
+    ///     .introspection("127.0.0.1:8081".parse().unwrap());
+    /// # let _ = builder;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "admin")]
+    pub fn introspection(mut self, addr: std::net::SocketAddr) -> Self {
+        self.introspection = Some(addr);
         self
     }
 

@@ -101,6 +101,27 @@ impl RuntimeHandle {
         self.admin.main.as_ref().map(|a| a.local_addr())
     }
 
+    /// The address the introspection is served on (with
+    /// [`RuntimeBuilder::introspection`](super::RuntimeBuilder::introspection)).
+    #[cfg(feature = "admin")]
+    pub fn introspection_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.objects.as_ref().map(|(a, _)| a.local_addr())
+    }
+
+    /// What the runtime knows of one object now (with
+    /// [`RuntimeBuilder::introspection`](super::RuntimeBuilder::introspection); `None` without
+    /// it, or when the runtime does not have the object): what the introspection address serves.
+    #[cfg(feature = "admin")]
+    pub fn introspect(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<crate::introspect::ObjectReport> {
+        let (_, introspection) = self.admin.objects.as_ref()?;
+        introspection.object(kind, namespace, name)
+    }
+
     /// The address metrics are served on apart (with [`RuntimeBuilder::metrics_addr`](super::RuntimeBuilder::metrics_addr)).
     #[cfg(feature = "admin")]
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {

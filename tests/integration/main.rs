@@ -14,6 +14,7 @@ mod cluster_api;
 mod conformance;
 mod external_dependencies;
 mod foreign_references;
+mod introspection;
 mod object_ops;
 mod operator;
 mod otel;

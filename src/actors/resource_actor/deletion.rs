@@ -43,6 +43,7 @@ impl<K: ManagedResource> ResourceActor<K> {
             shared.rules.tree.deprovision(&cx),
         )
         .await;
+        self.log_steps(st, &cx);
         if Self::take_written(st, &cx) {
             // A step's write met someone else's: run again on theirs.
             st.mark_due(Cause::of(Trigger::Again));

@@ -211,6 +211,9 @@ impl<K: ManagedResource> ResourceActor<K> {
     /// the route went is stale, and an idle actor ignores it: the manager looks at the store
     /// for an object re-created under the same name.
     pub(super) fn vacate(&self, myself: &ActorRef<ResourceMsg<K>>, st: &mut ResourceState<K>) {
+        if let Some(reports) = &self.shared.reports {
+            reports.gone(&st.key);
+        }
         let id = myself.get_id();
         self.shared
             .routes

@@ -156,6 +156,29 @@ impl<K: ManagedResource> ResourceActor<K> {
                 .kind_metrics
                 .reconciled(result, started.elapsed());
         }
+        if let Some(reports) = &self.shared.reports {
+            let deprovision = st
+                .object
+                .as_ref()
+                .is_some_and(|o| o.meta().deletion_timestamp.is_some());
+            let wake_for = st.wake_for.unwrap_or(Trigger::Requeue);
+            reports.ended(
+                &st.key,
+                cause,
+                result.map_or("skipped", ReconcileResult::as_str),
+                deprovision,
+                started.elapsed(),
+                st.wake.deadline().map(|at| (at, wake_for)),
+                st.error_attempts,
+            );
+        }
+    }
+
+    /// What the reconcile's steps returned, for the introspection (when it is on).
+    pub(super) fn log_steps(&self, st: &ResourceState<K>, cx: &Context<K>) {
+        if let (Some(reports), Some(log)) = (&self.shared.reports, cx.step_log()) {
+            reports.steps(&st.key, log.take());
+        }
     }
 
     /// The object's actorcile status, parsed once per object version.
@@ -302,6 +325,7 @@ impl<K: ManagedResource> ResourceActor<K> {
                         None => Ok(run.await),
                     };
                     saw_others = Self::take_written(st, &cx);
+                    self.log_steps(st, &cx);
                     let outcome = match outcome {
                         Ok(outcome) => outcome,
                         Err(why) => {

@@ -57,6 +57,19 @@ impl RuntimeBuilder {
                     Some(addr) => Some(bind(addr, Endpoints::Metrics).await?),
                     None => None,
                 },
+                objects: match self.introspection {
+                    Some(addr) => {
+                        let introspection = crate::introspect::Introspection::new();
+                        let server = AdminServer::bind_introspection(
+                            addr,
+                            introspection.clone(),
+                            AdminLimits::default(),
+                        )
+                        .await?;
+                        Some((server, introspection))
+                    }
+                    None => None,
+                },
             }
         };
         Ok(Early {
@@ -166,6 +179,10 @@ impl RuntimeBuilder {
             holder: Arc::from(new_holder_id().as_str()),
             health: health.clone(),
             shards,
+            #[cfg(feature = "admin")]
+            introspection: admin.objects.as_ref().map(|(_, i)| i.clone()),
+            #[cfg(not(feature = "admin"))]
+            introspection: None,
         };
         let mut handle = RuntimeHandle {
             holder: cx.holder.clone(),
