@@ -87,6 +87,16 @@ pub struct RuntimeArgs {
     )]
     pub metrics_addr: Option<SocketAddr>,
 
+    /// Serve the runtime's introspection (what it knows of each object now, read with
+    /// `actorcile why`) on this address; off unless set. Keep it on loopback: it names objects
+    #[arg(
+        long,
+        env = "ACTORCILE_INTROSPECTION_ADDR",
+        value_name = "ADDR",
+        value_parser = parse_addr
+    )]
+    pub introspection_addr: Option<SocketAddr>,
+
     /// Log line format
     #[arg(long, env = "ACTORCILE_LOG_FORMAT", value_enum, default_value_t)]
     pub log_format: LogFormat,
@@ -406,6 +416,9 @@ impl RuntimeArgs {
         }
         if let Some(addr) = self.metrics_addr {
             builder = builder.metrics_addr(addr);
+        }
+        if let Some(addr) = self.introspection_addr {
+            builder = builder.introspection(addr);
         }
         let pod_namespace = |flag: &Option<String>| {
             flag.clone()

@@ -16,6 +16,7 @@ mod dashboard_plot;
 mod plot_file;
 mod retry;
 mod simulate;
+mod why;
 
 use std::process::ExitCode;
 
@@ -51,6 +52,10 @@ enum Command {
     /// Draw the main panels of the example operator's dashboard from timed scrapes of its
     /// /metrics (`example-operator demo --scrape-to FILE`).
     PlotDashboard(dashboard_plot::PlotDashboardArgs),
+    /// Why is it not Ready? One object's live state, from a running operator's introspection
+    /// address (`--introspection-addr`), as a tree: its last reconcile's cause, outcome and
+    /// steps, its next wake-up, what it waits on and what holds it.
+    Why(why::WhyArgs),
     /// The operator `chaos` drives, as its own process (started by `chaos`).
     #[command(hide = true)]
     ChaosOperator(chaos::operator::OperatorArgs),
@@ -126,6 +131,7 @@ fn main() -> ExitCode {
             .and_then(|rt| rt.block_on(actorcile_envtest::cli::run(cmd, "actorcile envtest"))),
         Command::Chaos(args) => chaos::main(args),
         Command::PlotDashboard(args) => dashboard_plot::run(args).map_err(anyhow::Error::msg),
+        Command::Why(args) => why::run(args),
         Command::ChaosOperator(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
