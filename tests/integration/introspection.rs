@@ -14,7 +14,6 @@ use actorcile::prelude::*;
 use actorcile::triggers::Trigger;
 use common::*;
 use kube::api::{Patch, PatchParams, PostParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -48,16 +47,6 @@ fn tree() -> impl Provisioner<Widget> {
             Outcome::Done
         }),
     ]
-}
-
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
-    let status = buf.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, buf.split_once("\r\n\r\n").unwrap().1.to_string())
 }
 
 /// The report of `name` once `until` holds of it.

@@ -30,16 +30,6 @@ fn terminal_when_negative() -> impl Provisioner<Widget> {
     })
 }
 
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.unwrap();
-    let status = buf.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, buf.split_once("\r\n\r\n").unwrap().1.to_string())
-}
-
 #[tokio::test]
 async fn metrics_on_an_address_of_their_own_leave_the_admin_address_the_probes() {
     let (_cluster, client) = cluster();

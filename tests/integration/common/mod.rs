@@ -286,3 +286,15 @@ impl Requests {
             .count()
     }
 }
+
+/// `GET path` on `addr` over plain HTTP/1.1 (an admin address): the status and the body.
+pub async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let status = buf.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, buf.split_once("\r\n\r\n").unwrap().1.to_string())
+}
