@@ -36,6 +36,13 @@
 //!   all four): [`metrics`] (feature `metrics`, Prometheus), [`admin`] (feature `admin`:
 //!   `/metrics`, `/healthz`, `/readyz`), [`telemetry`] (feature `telemetry`, tracing set-up) and
 //!   [`cli`] (feature `cli`: the flags, with clap; it takes `admin` and `telemetry`).
+//! - [`triggers`]: what re-runs objects besides their own changes, and why each reconcile ran
+//!   ([`Trigger`](triggers::Trigger)).
+//! - [`introspect`]: "why is it not Ready?": what the runtime knows of one object now, served
+//!   on an address of its own ([`RuntimeBuilder::introspection`](runtime::RuntimeBuilder::introspection),
+//!   feature `admin`).
+//! - [`adaptive`]: reconcile slots that follow what the API server can take (additive increase,
+//!   multiplicative decrease on 429s and rising latency).
 //! - [`webhooks`] (feature `webhooks`): admission (validating, defaulting) and conversion
 //!   webhooks for the managed kinds, served over TLS by the runtime.
 //! - Feature `otel`: the reconciles' spans exported over OTLP (`telemetry::Otlp`, and
@@ -75,6 +82,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod actors;
+pub mod adaptive;
 #[cfg(feature = "admin")]
 pub mod admin;
 mod after_reconcile;

@@ -46,6 +46,7 @@ pub struct RuntimeBuilder {
     metrics_addr: Option<std::net::SocketAddr>,
     #[cfg(feature = "admin")]
     introspection: Option<std::net::SocketAddr>,
+    adaptive: Option<crate::adaptive::AdaptiveConcurrency>,
     #[cfg(feature = "metrics")]
     registry: Option<crate::metrics::Registry>,
     leader: Option<crate::leader::LeaderElection>,
@@ -144,6 +145,7 @@ impl Runtime {
             metrics_addr: None,
             #[cfg(feature = "admin")]
             introspection: None,
+            adaptive: None,
             #[cfg(feature = "metrics")]
             registry: None,
             leader: None,
@@ -269,6 +271,15 @@ impl RuntimeBuilder {
     #[cfg(feature = "admin")]
     pub fn metrics_addr(mut self, addr: std::net::SocketAddr) -> Self {
         self.metrics_addr = Some(addr);
+        self
+    }
+
+    /// Let the reconcile slots follow `limit`, an [`AdaptiveConcurrency`](crate::adaptive::AdaptiveConcurrency)
+    /// that is also a layer of the client (see [`crate::adaptive`]): between its minimum and
+    /// the policy's `max_concurrent_reconciles`, up while every slot is in use and the API
+    /// server answers promptly, down on 429s and rising latency.
+    pub fn adaptive_concurrency(mut self, limit: crate::adaptive::AdaptiveConcurrency) -> Self {
+        self.adaptive = Some(limit);
         self
     }
 

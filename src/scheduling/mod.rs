@@ -14,11 +14,13 @@
 //! | `passive_timers.rs` | the wake-ups of passive objects (no actor), one task per manager |
 //! | `deadline.rs` | a reconcile stopped at the policy's `reconcile_timeout` |
 //! | `moved_on.rs` | a provision reconcile cancelled when its object moves on (new generation, deletion) |
+//! | `aimd.rs` | the adaptive concurrency limit's rule: additive increase, multiplicative decrease on 429s and rising latency (plain data; [`crate::adaptive`] applies it) |
 //!
 //! The words (reconcile slot, wake-up, activation, held back) are the glossary's in
 //! [`crate::actors`].
 
 mod activation_queue;
+pub(crate) mod aimd;
 pub(crate) mod deadline;
 pub(crate) mod fair;
 pub(crate) mod moved_on;

@@ -10,6 +10,7 @@
 
 mod common;
 
+mod adaptive;
 mod cluster_api;
 mod conformance;
 mod external_dependencies;

@@ -187,6 +187,7 @@ fn minus(a: ApiServerStats, b: ApiServerStats) -> ApiServerStats {
         total: a.total - b.total,
         injected_errors: a.injected_errors - b.injected_errors,
         injected_conflicts: a.injected_conflicts - b.injected_conflicts,
+        throttled: a.throttled - b.throttled,
     }
 }
 

@@ -181,6 +181,16 @@ impl ApiError {
         ApiError::new(500, "", message)
     }
 
+    /// What kube-apiserver answers when the request's priority level has no seat or queue
+    /// room for it.
+    pub(crate) fn too_many_requests() -> ApiError {
+        ApiError::new(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.",
+        )
+    }
+
     pub(crate) fn forbidden(message: impl Into<String>) -> ApiError {
         ApiError::new(403, "Forbidden", message)
     }

@@ -201,12 +201,14 @@
 //! | `selector.rs` | label and field selectors |
 //! | `error.rs` | `Status` errors and [`ClusterError`] |
 //! | `faults.rs` | fault injection ([`Faults`]) |
+//! | `apf.rs` | a concurrency limit that answers 429 past its queue, as API Priority and Fairness ([`Apf`]) |
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 mod admission;
+mod apf;
 mod apply;
 mod conversion;
 mod crd;
@@ -233,6 +235,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
 pub use admission::{AdmissionHook, ReviewFuture, Webhook};
+pub use apf::Apf;
 pub use conversion::ConversionHook;
 pub use error::ClusterError;
 pub use faults::Faults;
@@ -248,6 +251,8 @@ pub(crate) struct Inner {
     pub(crate) stats: Stats,
     /// The admission webhooks, in order of registration.
     pub(crate) webhooks: std::sync::RwLock<Vec<Webhook>>,
+    /// The concurrency limit ([`ApiServer::set_apf`]), if one is set.
+    pub(crate) apf: Mutex<Option<Arc<apf::Gate>>>,
 }
 
 impl Inner {
@@ -276,6 +281,7 @@ pub(crate) struct Stats {
     pub(crate) delete: AtomicU64,
     pub(crate) total: AtomicU64,
     pub(crate) injected_errors: AtomicU64,
+    pub(crate) throttled: AtomicU64,
 }
 
 /// Request counters of an [`ApiServer`], by verb.
@@ -301,6 +307,8 @@ pub struct ApiServerStats {
     pub injected_errors: u64,
     /// Writes answered with an injected 409.
     pub injected_conflicts: u64,
+    /// Requests answered 429 by the concurrency limit ([`ApiServer::set_apf`]).
+    pub throttled: u64,
 }
 
 /// An in-process Kubernetes API server. Cheap to clone: clones share the same cluster.
@@ -371,6 +379,7 @@ impl ApiServerBuilder {
                 faults: Mutex::new(FaultState::new(self.faults)),
                 stats: Stats::default(),
                 webhooks: Default::default(),
+                apf: Mutex::new(None),
             }),
         }
     }
@@ -441,6 +450,23 @@ impl ApiServer {
         *self.inner.faults.lock().unwrap_or_else(|p| p.into_inner()) = FaultState::new(faults);
     }
 
+    /// Limit the requests served at once as kube-apiserver's API Priority and Fairness does
+    /// ([`Apf`]): past `seats`, requests wait; past `queue` more, they are answered
+    /// `429 TooManyRequests` with `Retry-After: 1` (counted in [`ApiServerStats::throttled`]).
+    /// `None` lifts the limit. Requests already waiting keep the setting they met.
+    ///
+    /// ```
+    /// # use actorcile_apiserver::{ApiServer, Apf, Faults};
+    /// let cluster = ApiServer::new();
+    /// // 8 requests at once, each served in 2 ms: at most 4 000 a second, as a busy server.
+    /// cluster.set_apf(Some(Apf { seats: 8, queue: 16 }));
+    /// cluster.set_faults(Faults { latency: std::time::Duration::from_millis(2), ..Faults::default() });
+    /// ```
+    pub fn set_apf(&self, apf: Option<Apf>) {
+        *self.inner.apf.lock().unwrap_or_else(|p| p.into_inner()) =
+            apf.map(|a| Arc::new(apf::Gate::new(a)));
+    }
+
     /// The current faults.
     pub fn faults(&self) -> Faults {
         self.inner
@@ -465,6 +491,7 @@ impl ApiServer {
             delete: l(&s.delete),
             total: l(&s.total),
             injected_errors: l(&s.injected_errors),
+            throttled: l(&s.throttled),
             injected_conflicts: self
                 .inner
                 .store

@@ -293,6 +293,26 @@ async fn handle(inner: &Arc<Inner>, parts: http::request::Parts, body: Bytes) ->
             ApiError::method_not_allowed()
         });
     }
+    // A seat for the request's whole service (its injected latency included).
+    let gate = match verb {
+        Verb::Watch => None,
+        _ => inner.apf.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+    };
+    let _seat = match gate {
+        Some(gate) => match gate.enter().await {
+            Some(seat) => Some(seat),
+            None => {
+                inner.stats.throttled.fetch_add(1, Ordering::Relaxed);
+                let mut r = error_response(&ApiError::too_many_requests());
+                r.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("1"),
+                );
+                return r;
+            }
+        },
+        None => None,
+    };
     let decision = inner
         .faults
         .lock()

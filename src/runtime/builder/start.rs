@@ -184,6 +184,12 @@ impl RuntimeBuilder {
             #[cfg(not(feature = "admin"))]
             introspection: None,
         };
+        if let Some(limit) = &self.adaptive {
+            limit.attach(
+                cx.slots.clone(),
+                self.policy.runtime.max_concurrent_reconciles,
+            );
+        }
         let mut handle = RuntimeHandle {
             holder: cx.holder.clone(),
             started: Vec::new(),
