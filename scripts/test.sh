@@ -315,6 +315,7 @@ expect 'acme is gone: web no longer in the edge, 0 cluster registrations left' "
 expect '"live_actors":0,"objects":200,"passivations":200' "$examples/idle_memory" --objects 200
 expect '"backend":"in-process","concurrency":32,' "$examples/write_ceiling" --objects 50
 expect 'webhooks       1' "$examples/webhook_latency" --objects 50 --rounds 1
+expect 'adaptive (≤32)' "$examples/adaptive" --objects 200 --fixed 8,32
 expect 'summary: 4 networks and 24 clusters Ready' \
   "${CARGO_TARGET_DIR:-target}/release/example-operator" demo
 # The production chapter's dashboard picture, drawn the way the chapter says (smaller).
