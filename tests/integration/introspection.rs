@@ -17,11 +17,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn wt(name: &str) -> Target {
-    Target::for_kind::<Widget>(Some("default"), name)
-}
-
-/// `validate` (a negative size is terminal), then `deps`: waits on `needs`, references `refs`.
+/// `validate` (a negative size is terminal), then `deps` (`common::deps_step`).
 fn tree() -> impl Provisioner<Widget> {
     serial![
         step("validate", |cx: Context<Widget>| async move {
@@ -30,22 +26,7 @@ fn tree() -> impl Provisioner<Widget> {
             }
             Outcome::Done
         }),
-        step("deps", |cx: Context<Widget>| async move {
-            for n in &cx.object().spec.needs {
-                if let Some(wait) = cx.require_ready(&wt(n)).await {
-                    return wait;
-                }
-            }
-            for n in &cx.object().spec.refs {
-                if let Err(e) = cx.add_reference(&wt(n)).await {
-                    return Outcome::yield_after(
-                        Duration::from_millis(100),
-                        Reason::new("ReferencePending", e.to_string()),
-                    );
-                }
-            }
-            Outcome::Done
-        }),
+        deps_step(),
     ]
 }
 

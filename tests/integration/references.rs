@@ -35,23 +35,7 @@ fn wt(name: &str) -> Target {
 /// needs → require_ready; refs → add_reference; deprovision logged as "-name".
 fn widget_tree(events: Events) -> impl Provisioner<Widget> {
     let ev = events.clone();
-    step("deps", |cx: Context<Widget>| async move {
-        for n in &cx.object().spec.needs {
-            if let Some(wait) = cx.require_ready(&wt(n)).await {
-                return wait;
-            }
-        }
-        for n in &cx.object().spec.refs {
-            if let Err(e) = cx.add_reference(&wt(n)).await {
-                return Outcome::yield_after(
-                    Duration::from_millis(100),
-                    Reason::new("ReferencePending", e.to_string()),
-                );
-            }
-        }
-        Outcome::Done
-    })
-    .on_delete(move |cx: Context<Widget>| {
+    deps_step().on_delete(move |cx: Context<Widget>| {
         let ev = ev.clone();
         async move {
             ev.lock()

@@ -298,3 +298,25 @@ pub async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let status = buf.split(' ').nth(1).unwrap().parse().unwrap();
     (status, buf.split_once("\r\n\r\n").unwrap().1.to_string())
 }
+
+/// A step `deps`: each of the Widget's `needs` (in `default`) must be Ready; then it takes a
+/// reference on each of its `refs` (a refused reference yields for 100 ms).
+pub fn deps_step() -> actorcile::provisioners::Step<Widget> {
+    let wt = |name: &str| Target::for_kind::<Widget>(Some("default"), name);
+    step("deps", move |cx: Context<Widget>| async move {
+        for n in &cx.object().spec.needs {
+            if let Some(wait) = cx.require_ready(&wt(n)).await {
+                return wait;
+            }
+        }
+        for n in &cx.object().spec.refs {
+            if let Err(e) = cx.add_reference(&wt(n)).await {
+                return Outcome::yield_after(
+                    Duration::from_millis(100),
+                    Reason::new("ReferencePending", e.to_string()),
+                );
+            }
+        }
+        Outcome::Done
+    })
+}
