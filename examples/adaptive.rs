@@ -2,14 +2,22 @@
 //! ConfigMaps (and then its status), on an in-process API server that serves `--seats`
 //! requests at once in `--latency-ms` each and queues `--queue` more, answering 429 past that (as
 //! API Priority and Fairness does). Each run starts with every object created and reports the
-//! time until all are Ready, objects per second, the 429s the server answered, and this
+//! time until all are Ready, objects per second, the 429s the runtime was answered, and this
 //! process's CPU seconds, for fixed reconcile slots (`--fixed`, each a run) and for the
 //! adaptive limit (`actorcile::adaptive`, bounded by the largest fixed setting).
 //!
+//! With `--envtest` (feature `envtest`) the server is a real etcd + kube-apiserver, and the
+//! runtime runs as a user of its own whose requests a FlowSchema sends to a priority level of
+//! `--shares` nominal concurrency shares (no borrowing) with one queue of `--queue`; the run
+//! reports the seats the server gave it. CPU is then this process's only.
+//!
 //! ```text
 //! cargo run --release --example adaptive --features cluster -- --objects 2000
+//! cargo run --release --example adaptive --features cluster,envtest -- --envtest --objects 1000
 //! ```
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use actorcile::adaptive::{AdaptiveConcurrency, AimdPolicy};
@@ -55,6 +63,22 @@ struct Args {
     /// The fixed reconcile-slot settings, one run each.
     #[arg(long, value_delimiter = ',', default_value = "4,8,16,32,64,128")]
     fixed: Vec<usize>,
+    /// Run on a real etcd + kube-apiserver (feature `envtest`).
+    #[arg(long)]
+    envtest: bool,
+    /// With `--envtest`: the nominal concurrency shares of the runtime's priority level.
+    #[arg(long, default_value_t = 4)]
+    shares: u32,
+}
+
+/// The label that tells one run's objects from another's on a shared control plane.
+const RUN: &str = "adaptive.actorcile.dev/run";
+
+/// Where the runs go: a fresh in-process server each, or one control plane.
+enum Backend {
+    InProcess,
+    #[cfg(feature = "envtest")]
+    Envtest(Box<actorcile::envtest::Envtest>),
 }
 
 fn cpu_seconds() -> f64 {
@@ -103,18 +127,51 @@ struct Run {
     limit: Option<usize>,
 }
 
-async fn run(args: &Args, fixed: Option<usize>, max: usize) -> Run {
+/// Counts the 429s a client is answered.
+fn count_429s<B>(
+    count: Arc<AtomicU64>,
+) -> tower::util::MapResponseLayer<impl Fn(http::Response<B>) -> http::Response<B> + Clone> {
+    tower::util::MapResponseLayer::new(move |r: http::Response<B>| {
+        if r.status() == http::StatusCode::TOO_MANY_REQUESTS {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    })
+}
+
+async fn run(args: &Args, backend: &Backend, no: usize, fixed: Option<usize>, max: usize) -> Run {
     let server = ApiServer::new();
-    server.install_crd(&Site::crd()).expect("install the CRD");
-    let client = server.client();
-    let sites: Api<Site> = Api::namespaced(client.clone(), "default");
-    for n in 0..args.objects {
-        let site = Site::new(&format!("site-{n}"), SiteSpec { n });
-        sites
-            .create(&PostParams::default(), &site)
-            .await
-            .expect("create");
-    }
+    let (client, ns) = match backend {
+        Backend::InProcess => {
+            server.install_crd(&Site::crd()).expect("install the CRD");
+            (server.client(), "default".to_string())
+        }
+        #[cfg(feature = "envtest")]
+        Backend::Envtest(env) => {
+            let ns = format!("run-{no}");
+            let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client());
+            let mut namespace = k8s_openapi::api::core::v1::Namespace::default();
+            namespace.metadata.name = Some(ns.clone());
+            api.create(&PostParams::default(), &namespace)
+                .await
+                .expect("create the run's namespace");
+            (env.client(), ns)
+        }
+    };
+    let sites: Api<Site> = Api::namespaced(client.clone(), &ns);
+    futures::stream::iter(0..args.objects)
+        .for_each_concurrent(32, |n| {
+            let sites = sites.clone();
+            async move {
+                let mut site = Site::new(&format!("site-{n}"), SiteSpec { n });
+                site.metadata.labels = Some([(RUN.to_string(), no.to_string())].into());
+                sites
+                    .create(&PostParams::default(), &site)
+                    .await
+                    .expect("create");
+            }
+        })
+        .await;
     // Readiness is read from a watch (exempt from the limit), listed before the limit is set.
     let (listed_tx, listed) = tokio::sync::oneshot::channel::<()>();
     let objects = args.objects as usize;
@@ -145,26 +202,34 @@ async fn run(args: &Args, fixed: Option<usize>, max: usize) -> Run {
         }
     });
     listed.await.expect("the readiness watch listed");
-    server.set_apf(Some(Apf {
-        seats: args.seats,
-        queue: args.queue,
-    }));
-    server.set_faults(Faults {
-        latency: Duration::from_secs_f64(args.latency_ms / 1000.0),
-        ..Faults::default()
-    });
-    let before = server.stats().throttled;
     let adaptive = fixed
         .is_none()
         .then(|| AdaptiveConcurrency::new(AimdPolicy::default()));
-    let runtime_client = match &adaptive {
-        Some(a) => kube::Client::new(
-            tower::ServiceBuilder::new()
-                .layer(a)
-                .service(server.service()),
-            "default",
-        ),
-        None => server.client(),
+    let throttled = Arc::new(AtomicU64::new(0));
+    let runtime_client = match backend {
+        Backend::InProcess => {
+            server.set_apf(Some(Apf {
+                seats: args.seats,
+                queue: args.queue,
+            }));
+            server.set_faults(Faults {
+                latency: Duration::from_secs_f64(args.latency_ms / 1000.0),
+                ..Faults::default()
+            });
+            kube::Client::new(
+                tower::ServiceBuilder::new()
+                    .layer(count_429s(throttled.clone()))
+                    .option_layer(adaptive.clone())
+                    .service(server.service()),
+                "default",
+            )
+        }
+        #[cfg(feature = "envtest")]
+        Backend::Envtest(env) => kube::client::ClientBuilder::try_from(env.user_config())
+            .expect("the user's client")
+            .with_layer(&count_429s(throttled.clone()))
+            .with_layer(&tower::util::option_layer(adaptive.clone()))
+            .build(),
     };
     let mut policy = SupervisorPolicy::default();
     policy.runtime.max_concurrent_reconciles = fixed.unwrap_or(max);
@@ -174,7 +239,11 @@ async fn run(args: &Args, fixed: Option<usize>, max: usize) -> Run {
         OperatorNames::new("adaptive-bench", "adaptive.actorcile.dev"),
     )
     .policy(policy)
-    .controller(Controller::<Site>::new(tree(args.writes)).without_finalizer());
+    .controller(
+        Controller::<Site>::new(tree(args.writes))
+            .without_finalizer()
+            .watcher_config(watcher::Config::default().labels(&format!("{RUN}={no}"))),
+    );
     if let Some(a) = &adaptive {
         builder = builder.adaptive_concurrency(a.clone());
     }
@@ -187,9 +256,41 @@ async fn run(args: &Args, fixed: Option<usize>, max: usize) -> Run {
         slots: fixed.map_or_else(|| format!("adaptive (≤{max})"), |n| n.to_string()),
         wall,
         cpu,
-        throttled: server.stats().throttled - before,
+        throttled: throttled.load(Ordering::Relaxed),
         limit,
     }
+}
+
+/// A control plane whose user (the runtime's) may do anything, in a priority level of
+/// `shares` nominal shares with one queue of `queue`; returns it and the level's seats.
+#[cfg(feature = "envtest")]
+async fn control_plane(shares: u32, queue: usize) -> (actorcile::envtest::Envtest, u64) {
+    use actorcile::envtest::{Envtest, PriorityLevel};
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let env = Envtest::builder()
+        .crds(vec![Site::crd()])
+        .start()
+        .await
+        .expect("start etcd + kube-apiserver");
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "adaptive-bench" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin" },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": env.user_name() }],
+    }))
+    .expect("a ClusterRoleBinding");
+    Api::<ClusterRoleBinding>::all(env.client())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("bind the user");
+    let level = PriorityLevel {
+        shares,
+        queue: queue as u32,
+    };
+    let seats = env
+        .limit_user(env.user_name(), level)
+        .await
+        .expect("the user's priority level");
+    (env, seats)
 }
 
 #[tokio::main]
@@ -197,18 +298,38 @@ async fn main() {
     let args = Args::parse();
     let max = args.fixed.iter().copied().max().unwrap_or(64);
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "{} objects × {} writes; the server: {} seats, {} queued, {} ms a request; {cpus} CPUs",
-        args.objects, args.writes, args.seats, args.queue, args.latency_ms
-    );
+    let backend = if args.envtest {
+        #[cfg(feature = "envtest")]
+        {
+            let (env, seats) = control_plane(args.shares, args.queue).await;
+            println!(
+                "{} objects × {} writes; etcd + kube-apiserver {}: the runtime's priority level {} \
+                 shares, {seats} seats, a queue of {}; {cpus} CPUs",
+                args.objects,
+                args.writes,
+                env.version(),
+                args.shares,
+                args.queue
+            );
+            Backend::Envtest(Box::new(env))
+        }
+        #[cfg(not(feature = "envtest"))]
+        panic!("--envtest needs the feature envtest")
+    } else {
+        println!(
+            "{} objects × {} writes; the server: {} seats, {} queued, {} ms a request; {cpus} CPUs",
+            args.objects, args.writes, args.seats, args.queue, args.latency_ms
+        );
+        Backend::InProcess
+    };
     println!(
         "{:>16} {:>9} {:>11} {:>8} {:>7} {:>11}",
         "slots", "wall s", "objects/s", "429s", "CPU s", "final limit"
     );
     let mut settings: Vec<Option<usize>> = args.fixed.iter().copied().map(Some).collect();
     settings.push(None);
-    for fixed in settings {
-        let r = run(&args, fixed, max).await;
+    for (no, fixed) in settings.into_iter().enumerate() {
+        let r = run(&args, &backend, no, fixed, max).await;
         println!(
             "{:>16} {:>9.2} {:>11.0} {:>8} {:>7.2} {:>11}",
             r.slots,

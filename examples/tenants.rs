@@ -8,12 +8,16 @@
 //! - `actorcile`: tenants are namespaces (the default);
 //! - `actorcile-fifo`: one tenant for every object (`Controller::tenant(|_| "")`), the order
 //!   actorcile had before tenants;
-//! - `kube-runtime`: kube's `Controller`, its scheduler's order (by time).
+//! - `kube-runtime`: kube's `Controller`, its scheduler's order (by time);
+//! - `controller-runtime` (with `--envtest` only: a Go process of its own, the `tenants`
+//!   workload of `tools/bench-controller-runtime`, which `scripts/install-test-deps.sh` builds
+//!   into the cache): its default queue.
 //!
 //! Each runtime runs `alone` (the small tenants only) and `burst` (with the burst), on the
 //! in-process API server, or with `--envtest` on a real etcd + kube-apiserver (feature
-//! `envtest`). controller-runtime is not run here: its bench child in `actorcile bench`
-//! serves objects created before it starts.
+//! `envtest`). Before each run's clock starts, the runtime has made one object Ready (so its
+//! start-up is not measured), and the CPU is this process's plus, for controller-runtime, the
+//! Go process's over the same time.
 //!
 //! ```text
 //! cargo run --release --example tenants --features cluster -- --burst 3000 --tenants 4 --each 5
@@ -75,6 +79,7 @@ enum Contender {
     Actorcile,
     ActorcileFifo,
     Kube,
+    ControllerRuntime,
 }
 
 impl Contender {
@@ -83,8 +88,15 @@ impl Contender {
             Contender::Actorcile => "actorcile",
             Contender::ActorcileFifo => "actorcile-fifo",
             Contender::Kube => "kube-runtime",
+            Contender::ControllerRuntime => "controller-runtime",
         }
     }
+}
+
+/// A started runtime: how to stop it, and the process it runs in when not this one.
+struct Started {
+    stop: Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()>>,
+    pid: Option<u32>,
 }
 
 /// When each object was created and first seen Ready.
@@ -94,8 +106,9 @@ struct Times {
     ready: HashMap<String, Instant>,
 }
 
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// The CPU time of the process `pid` names (`self`: this one), user plus system.
+fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // After the command's closing parenthesis: utime and stime are fields 14 and 15.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
@@ -149,13 +162,39 @@ async fn create_all(client: &Client, ns: &str, n: u32, run: &str, times: &Arc<Mu
         .await;
 }
 
-/// Starts `runtime` over every namespace; returns a stop function.
+/// This process's and `other`'s CPU time.
+fn cpu_seconds(other: Option<u32>) -> f64 {
+    cpu_seconds_of("self") + other.map_or(0.0, |pid| cpu_seconds_of(&pid.to_string()))
+}
+
+/// The Go program that runs the workload under controller-runtime: the bench's variable, else
+/// the cache's build.
+fn controller_runtime_binary() -> std::path::PathBuf {
+    let cached = || {
+        #[cfg(feature = "envtest")]
+        return actorcile::envtest::cache_dir()
+            .map(|d| d.join("bench").join("bench-controller-runtime"));
+        #[cfg(not(feature = "envtest"))]
+        None
+    };
+    std::env::var_os("ACTORCILE_BENCH_CONTROLLER_RUNTIME")
+        .map(Into::into)
+        .or_else(cached)
+        .filter(|p| p.is_file())
+        .expect(
+            "controller-runtime's side is not built: run scripts/install-test-deps.sh, or set \
+             ACTORCILE_BENCH_CONTROLLER_RUNTIME",
+        )
+}
+
+/// Starts `runtime` over every namespace (controller-runtime with the cluster `kubeconfig`).
 async fn start(
     runtime: Contender,
     client: Client,
     run: &str,
     args: &Args,
-) -> Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()>> {
+    kubeconfig: Option<&std::path::Path>,
+) -> Started {
     let work = args.work;
     let selected = watcher::Config::default().labels(&format!("{RUN}={run}"));
     match runtime {
@@ -181,7 +220,33 @@ async fn start(
             .start()
             .await
             .expect("start actorcile");
-            Box::new(move || Box::pin(handle.shutdown()))
+            Started {
+                stop: Box::new(move || Box::pin(handle.shutdown())),
+                pid: None,
+            }
+        }
+        Contender::ControllerRuntime => {
+            let kubeconfig = kubeconfig.expect("controller-runtime runs with --envtest");
+            let mut child = std::process::Command::new(controller_runtime_binary())
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["--workload", "tenants"])
+                .args(["--selector", &format!("{RUN}={run}")])
+                .args(["--work", &format!("{}us", work.as_micros())])
+                .args(["--concurrency", &args.concurrency.to_string()])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("start the controller-runtime process");
+            let pid = child.id();
+            Started {
+                stop: Box::new(move || {
+                    Box::pin(async move {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    })
+                }),
+                pid: Some(pid),
+            }
         }
         Contender::Kube => {
             let api: Api<Job> = Api::all(client.clone());
@@ -215,21 +280,32 @@ async fn start(
                     )
                     .for_each(|_| async {}),
             );
-            Box::new(move || {
-                Box::pin(async move {
-                    let _ = stop.send(());
-                    let _ = task.await;
-                })
-            })
+            Started {
+                stop: Box::new(move || {
+                    Box::pin(async move {
+                        let _ = stop.send(());
+                        let _ = task.await;
+                    })
+                }),
+                pid: None,
+            }
         }
     }
 }
 
 /// One run: `runtime`, with the burst or `alone`; returns its report line.
-async fn run(runtime: Contender, burst: bool, client: Client, prefix: &str, args: &Args) -> String {
+async fn run(
+    runtime: Contender,
+    burst: bool,
+    client: Client,
+    prefix: &str,
+    args: &Args,
+    kubeconfig: Option<&std::path::Path>,
+) -> String {
     let times = Arc::new(Mutex::new(Times::default()));
     let run_label = prefix.trim_end_matches('-').to_string();
     let expected = args.tenants * args.each + if burst { args.burst } else { 0 };
+    let ready = |times: &Mutex<Times>| times.lock().unwrap().ready.len();
     // The observer: every object's first Ready, as a watch of all namespaces sees it.
     let observer = {
         let (times, api) = (times.clone(), Api::<Job>::all(client.clone()));
@@ -257,8 +333,26 @@ async fn run(runtime: Contender, burst: bool, client: Client, prefix: &str, args
             }
         })
     };
-    let stop = start(runtime, client.clone(), &run_label, args).await;
-    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let started = start(runtime, client.clone(), &run_label, args, kubeconfig).await;
+    // One object Ready first: the runtime has started and listed.
+    create(
+        &client,
+        &format!("{prefix}warm"),
+        "w0".into(),
+        &run_label,
+        &times,
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ready(&times) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "{}: did not start",
+            runtime.name()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (cpu0, t0) = (cpu_seconds(started.pid), Instant::now());
     let burst_ns = format!("{prefix}burst");
     let bursting = {
         let (client, times, n) = (
@@ -280,7 +374,7 @@ async fn run(runtime: Contender, burst: bool, client: Client, prefix: &str, args
     .await;
     bursting.await.expect("the burst's creates");
     let deadline = Instant::now() + Duration::from_secs(600);
-    while times.lock().unwrap().ready.len() < expected as usize {
+    while ready(&times) < expected as usize + 1 {
         assert!(
             Instant::now() < deadline,
             "{}: not every object Ready in 10 min",
@@ -288,8 +382,8 @@ async fn run(runtime: Contender, burst: bool, client: Client, prefix: &str, args
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (wall, cpu) = (t0.elapsed(), cpu_seconds() - cpu0);
-    stop().await;
+    let (wall, cpu) = (t0.elapsed(), cpu_seconds(started.pid) - cpu0);
+    (started.stop)().await;
     observer.abort();
     let t = times.lock().unwrap();
     let latency = |ns: &str| -> Vec<Duration> {
@@ -328,7 +422,8 @@ async fn run(runtime: Contender, burst: bool, client: Client, prefix: &str, args
 
 async fn namespaces(client: &Client, prefix: &str, args: &Args) {
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let names = std::iter::once(format!("{prefix}burst"))
+    let names = [format!("{prefix}burst"), format!("{prefix}warm")]
+        .into_iter()
         .chain((0..args.tenants).map(|t| format!("{prefix}t{t}")));
     for name in names {
         let mut ns = k8s_openapi::api::core::v1::Namespace::default();
@@ -377,11 +472,15 @@ async fn main() {
     #[cfg(not(feature = "envtest"))]
     assert!(!args.envtest, "--envtest needs the feature envtest");
     let mut run_no = 0;
-    for runtime in [
+    let mut contenders = vec![
         Contender::Actorcile,
         Contender::ActorcileFifo,
         Contender::Kube,
-    ] {
+    ];
+    if args.envtest {
+        contenders.push(Contender::ControllerRuntime);
+    }
+    for runtime in contenders {
         for burst in [false, true] {
             run_no += 1;
             let prefix = format!("r{run_no}-");
@@ -401,7 +500,20 @@ async fn main() {
                 server.client()
             };
             namespaces(&client, &prefix, &args).await;
-            println!("{}", run(runtime, burst, client, &prefix, &args).await);
+            #[cfg(feature = "envtest")]
+            let kubeconfig = env.as_ref().map(|e| e.kubeconfig_path().to_path_buf());
+            #[cfg(not(feature = "envtest"))]
+            let kubeconfig: Option<std::path::PathBuf> = None;
+            let line = run(
+                runtime,
+                burst,
+                client,
+                &prefix,
+                &args,
+                kubeconfig.as_deref(),
+            )
+            .await;
+            println!("{line}");
         }
     }
 }

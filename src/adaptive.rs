@@ -1,13 +1,16 @@
 //! Adaptive concurrency: a reconcile-slot limit that follows what the API server can take,
 //! instead of a fixed `max_concurrent_reconciles` chosen in advance. Too many reconciles at
-//! once and kube-apiserver's API Priority and Fairness answers 429 and every request waits
-//! longer; too few and objects wait for slots while the server idles.
+//! once and kube-apiserver's API Priority and Fairness queues their requests and then answers
+//! 429, and every request waits longer; too few and objects wait for slots while the server
+//! idles.
 //!
 //! [`AdaptiveConcurrency`] is a tower layer for the runtime's client (it sees every API answer:
-//! its latency and whether it was a 429) and the limit the runtime's reconcile slots follow:
-//! additive increase while every slot is in use and answers come promptly, multiplicative
-//! decrease on a 429 or when answers take longer than [`AimdPolicy::latency_tolerance`] × the
-//! fastest recent one, between [`AimdPolicy::min`] and the policy's
+//! its latency, whether it was a 429, and how many requests were in flight) and the limit the
+//! runtime's reconcile slots follow. Once a round (as many answers as the limit) the limit
+//! moves: halved after a 429; a tenth lower when the server queues more than
+//! [`AimdPolicy::queue_tolerance`] × log10(limit) of its requests (estimated as TCP Vegas
+//! does, from the round's fastest answer against the fastest recent one); one higher when the
+//! slots were in use and next to nothing queued; between [`AimdPolicy::min`] and the policy's
 //! `max_concurrent_reconciles`. Opt-in: without it the slots are fixed.
 //!
 //! ```no_run
@@ -45,11 +48,13 @@ pub struct AimdPolicy {
     pub initial: usize,
     /// A 429 multiplies the limit by this (default 0.5).
     pub on_throttle: f64,
-    /// Latency past the tolerance multiplies it by this (default 0.9).
-    pub on_latency: f64,
-    /// Answers slower than this × the fastest recent one mean the server is queueing
-    /// (default 2.0).
-    pub latency_tolerance: f64,
+    /// A queue past the tolerance multiplies it by this (default 0.9).
+    pub on_queue: f64,
+    /// How many of the runtime's requests may wait at the server, per decade of the limit,
+    /// before the limit goes down (default 6: 7 queued at 16 slots, 11 at 64); below half
+    /// that the limit may grow. The queue is the requests in flight times
+    /// `1 - fastest recent answer / a round's fastest answer`.
+    pub queue_tolerance: f64,
     /// How long the fastest answer stays the baseline before it is measured again (default
     /// 10 s): a server that got slower for good is followed.
     pub baseline_window: Duration,
@@ -61,8 +66,8 @@ impl Default for AimdPolicy {
             min: 2,
             initial: 8,
             on_throttle: 0.5,
-            on_latency: 0.9,
-            latency_tolerance: 2.0,
+            on_queue: 0.9,
+            queue_tolerance: 6.0,
             baseline_window: Duration::from_secs(10),
         }
     }
@@ -80,11 +85,13 @@ struct Inner {
     rule: Mutex<Option<Aimd>>,
     /// The runtime's reconcile slots, once it started ([`AdaptiveConcurrency::attach`]).
     slots: OnceLock<(Arc<Semaphore>, usize)>,
-    /// Slots held back from reconciles: `max - limit` of them once the parking task caught up.
-    parked: Mutex<Vec<OwnedSemaphorePermit>>,
+    /// Slots to hold back from reconciles (`max - limit`), which the parking task holds as
+    /// reconciles give them back.
     want_parked: AtomicUsize,
     changed: Notify,
     limit: AtomicUsize,
+    /// Requests sent through the layer and not answered yet (watches not counted).
+    in_flight: AtomicUsize,
 }
 
 impl AdaptiveConcurrency {
@@ -96,10 +103,10 @@ impl AdaptiveConcurrency {
                 policy,
                 rule: Mutex::new(None),
                 slots: OnceLock::new(),
-                parked: Mutex::new(Vec::new()),
                 want_parked: AtomicUsize::new(0),
                 changed: Notify::new(),
                 limit: AtomicUsize::new(0),
+                in_flight: AtomicUsize::new(0),
             }),
         }
     }
@@ -123,8 +130,8 @@ impl AdaptiveConcurrency {
             min: p.min.clamp(1, max) as f64,
             max: max as f64,
             on_throttle: p.on_throttle.clamp(0.05, 1.0),
-            on_latency: p.on_latency.clamp(0.05, 1.0),
-            tolerance: p.latency_tolerance.max(1.0),
+            on_queue: p.on_queue.clamp(0.05, 1.0),
+            queue_tolerance: p.queue_tolerance.max(0.5),
             baseline_window: p.baseline_window,
         };
         let aimd = Aimd::new(rule, p.initial as f64);
@@ -146,8 +153,9 @@ impl AdaptiveConcurrency {
         }
     }
 
-    /// One answer of the API server, `latency` after its request, a 429 or not.
-    fn answered(&self, latency: Duration, throttled: bool) {
+    /// One answer of the API server, `latency` after its request, a 429 or not, `in_flight`
+    /// requests out (this one included).
+    fn answered(&self, latency: Duration, throttled: bool, in_flight: usize) {
         let Some((slots, _)) = self.inner.slots.get() else {
             return;
         };
@@ -155,7 +163,7 @@ impl AdaptiveConcurrency {
         let limit = {
             let mut rule = self.inner.rule.lock().unwrap_or_else(|e| e.into_inner());
             match rule.as_mut() {
-                Some(r) => r.answer(latency, throttled, saturated),
+                Some(r) => r.answer(latency, throttled, saturated, in_flight),
                 None => return,
             }
         };
@@ -163,37 +171,56 @@ impl AdaptiveConcurrency {
     }
 }
 
-/// Holds back as many slots as the limit leaves out: takes them as reconciles give them back,
-/// and gives them back when the limit rises. Ends when the slots close (the runtime stopped).
+/// Holds back as many slots as the limit leaves out, and gives them back when the limit
+/// rises. Ends when the slots close (the runtime stopped).
+///
+/// When the limit falls, it waits for the slots it left out in one request: tokio's semaphore
+/// is fair, so the slots reconciles give back go to it before any other reconcile starts, and
+/// the reconciles running come down to the limit as fast as they end. It keeps its place in
+/// line while the limit falls further, and asks for the rest after.
 async fn park(inner: Arc<Inner>, slots: Arc<Semaphore>) {
+    let mut parked: Option<OwnedSemaphorePermit> = None;
     loop {
-        if slots.is_closed() {
-            return;
-        }
+        let have = parked.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
         let want = inner.want_parked.load(Ordering::Relaxed);
-        let have = inner.parked.lock().unwrap_or_else(|e| e.into_inner()).len();
         if have > want {
-            inner
-                .parked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .truncate(want);
+            match parked.as_mut() {
+                Some(p) if want > 0 => drop(p.split(have - want)),
+                _ => parked = None,
+            }
             continue;
         }
-        let tick = tokio::time::sleep(Duration::from_secs(1));
-        if have < want {
-            tokio::select! {
-                permit = slots.clone().acquire_owned() => match permit {
-                    Ok(p) => inner.parked.lock().unwrap_or_else(|e| e.into_inner()).push(p),
-                    Err(_) => return,
-                },
-                _ = inner.changed.notified() => {}
-                _ = tick => {}
+        if have == want {
+            if slots.is_closed() {
+                return;
             }
-        } else {
             tokio::select! {
                 _ = inner.changed.notified() => {}
-                _ = tick => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            continue;
+        }
+        let need = want - have;
+        let acquire = slots
+            .clone()
+            .acquire_many_owned(u32::try_from(need).unwrap_or(u32::MAX));
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                got = &mut acquire => {
+                    let Ok(got) = got else { return };
+                    match parked.as_mut() {
+                        Some(p) => p.merge(got),
+                        None => parked = Some(got),
+                    }
+                    break;
+                }
+                _ = inner.changed.notified() => {
+                    // The limit rose meanwhile: ask again for fewer.
+                    if inner.want_parked.load(Ordering::Relaxed) < want {
+                        break;
+                    }
+                }
             }
         }
     }
@@ -237,15 +264,39 @@ where
             .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
         let limit = self.limit.clone();
         let sent = Instant::now();
+        let out = (!watch).then(|| InFlight::new(&limit.inner));
         let fut = self.inner.call(req);
         Box::pin(async move {
             let res = fut.await;
-            if !watch && let Ok(r) = &res {
+            if let Some(out) = out
+                && let Ok(r) = &res
+            {
                 let throttled = r.status() == http::StatusCode::TOO_MANY_REQUESTS;
-                limit.answered(sent.elapsed(), throttled);
+                limit.answered(sent.elapsed(), throttled, out.count());
             }
             res
         })
+    }
+}
+
+/// One request counted in flight until it is answered or dropped.
+struct InFlight(Arc<Inner>);
+
+impl InFlight {
+    fn new(inner: &Arc<Inner>) -> Self {
+        inner.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(inner.clone())
+    }
+
+    /// The requests in flight now, this one included.
+    fn count(&self) -> usize {
+        self.0.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -277,14 +328,14 @@ mod tests {
         assert_eq!(adaptive.limit(), 16);
         // A 429 while reconciles hold every slot: half the limit, once they give theirs back.
         let held = slots.clone().acquire_many_owned(16).await.unwrap();
-        adaptive.answered(Duration::from_millis(2), true);
+        adaptive.answered(Duration::from_millis(2), true, 16);
         assert_eq!(adaptive.limit(), 8);
         drop(held);
         settled(8).await;
         // Prompt answers while the 8 are in use: it grows again, one a round.
         let held = slots.clone().acquire_many_owned(8).await.unwrap();
         for _ in 0..40 {
-            adaptive.answered(Duration::from_millis(2), false);
+            adaptive.answered(Duration::from_millis(2), false, 8);
         }
         assert!(adaptive.limit() > 8, "{}", adaptive.limit());
         drop(held);

@@ -92,6 +92,8 @@ pub(crate) struct RuntimeCollector {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) health: Arc<crate::health::Health>,
     pub(crate) max_concurrent_reconciles: u64,
+    /// The adaptive limit on the reconcile slots, when the runtime has one.
+    pub(crate) adaptive: Option<crate::adaptive::AdaptiveConcurrency>,
     /// What the operator is ([`RuntimeBuilder::service`](crate::runtime::RuntimeBuilder::service)).
     pub(crate) service: crate::names::ServiceDescriptor,
 }
@@ -376,6 +378,14 @@ impl Collector for RuntimeCollector {
             "Reconcile slots: the most reconciles running at once",
             self.max_concurrent_reconciles,
         )?;
+        if let Some(adaptive) = &self.adaptive {
+            gauge(
+                e,
+                "actorcile_reconcile_slots_limit",
+                "Reconcile slots the adaptive concurrency limit lets reconciles use now (with adaptive concurrency)",
+                adaptive.limit() as u64,
+            )?;
+        }
         gauge(
             e,
             "actorcile_actors_live",

@@ -1,9 +1,18 @@
 //! The adaptive concurrency limit's rule (plain arithmetic over what API answers were seen):
-//! additive increase while the limit is in use and the server answers promptly, multiplicative
-//! decrease on a 429 or on latency rising past its baseline, within bounds. One decrease per
-//! round (as many answers as the limit): one overload seen by many requests at once counts once.
-//! Until the first decrease the limit doubles each round instead (TCP's slow start), so a
-//! runtime that starts low reaches the server's capacity in a few rounds, not one slot a round.
+//! additive increase while the limit is in use and the server is not queueing, multiplicative
+//! decrease on a 429 or on a queue building up, within bounds.
+//!
+//! The rule decides once a round (as many answers as the limit), and after a decrease it waits
+//! out the answers to the requests that were already in flight: one overload seen by many
+//! requests at once counts once. The server's queue is estimated as TCP Vegas estimates a
+//! path's: the requests in flight times `1 - baseline / latency`, where the baseline is the
+//! fastest answer of the last windows (the server with nothing queued) and the latency is the
+//! round's fastest answer (a server that queues delays every answer; a busy CPU on the
+//! client's side delays some, and the fastest of a round filters those out). A queue past
+//! `queue_tolerance × log10(limit)` requests lowers the limit; below half that, a round whose
+//! slots were in use raises it. Until the first decrease or the first queue, the limit grows
+//! by half each round instead (TCP's slow start), so a runtime that starts low reaches the
+//! server's capacity in a few rounds, not one slot a round.
 
 use std::time::Duration;
 
@@ -16,14 +25,27 @@ pub(crate) struct Rule {
     pub max: f64,
     /// The factor a 429 multiplies the limit by.
     pub on_throttle: f64,
-    /// The factor latency past `tolerance` × its baseline multiplies the limit by.
-    pub on_latency: f64,
-    pub tolerance: f64,
+    /// The factor a queue past the tolerance multiplies the limit by.
+    pub on_queue: f64,
+    /// Requests queued at the server, per decade of the limit, that lower it.
+    pub queue_tolerance: f64,
     /// How long the latency baseline (the fastest answer) is kept before it is measured again.
     pub baseline_window: Duration,
 }
 
-/// The limit and what it is computed from.
+/// What one round's answers showed.
+#[derive(Debug, Default)]
+struct Round {
+    answers: u64,
+    throttled: bool,
+    /// Answers that came while every slot was in use.
+    saturated: u64,
+    fastest: Option<Duration>,
+    /// The sum of the requests in flight at each answer.
+    in_flight: u64,
+}
+
+/// The limit (a whole number of slots) and what it is computed from.
 #[derive(Debug)]
 pub(crate) struct Aimd {
     rule: Rule,
@@ -32,27 +54,24 @@ pub(crate) struct Aimd {
     baseline: Option<Duration>,
     window_fastest: Option<Duration>,
     window_start: Instant,
-    /// A moving average of recent answers' latency, in seconds.
-    recent: Option<f64>,
-    /// Answers left before another decrease may happen.
-    cooldown: u64,
-    /// No decrease yet: the limit doubles each round.
+    round: Round,
+    /// Answers left, after a decrease, to requests sent before it: they tell of the limit
+    /// before it and do not count.
+    draining: u64,
+    /// No decrease and no queue yet: the limit grows by half each round.
     slow_start: bool,
 }
-
-/// How much one answer weighs in the moving average.
-const RECENT_WEIGHT: f64 = 0.1;
 
 impl Aimd {
     pub(crate) fn new(rule: Rule, initial: f64) -> Self {
         Aimd {
             rule,
-            limit: initial.clamp(rule.min, rule.max),
+            limit: initial.floor().clamp(rule.min, rule.max),
             baseline: None,
             window_fastest: None,
             window_start: Instant::now(),
-            recent: None,
-            cooldown: 0,
+            round: Round::default(),
+            draining: 0,
             slow_start: true,
         }
     }
@@ -62,46 +81,78 @@ impl Aimd {
         self.limit.floor() as usize
     }
 
-    /// One answer: its latency, whether it was a 429, and whether every slot of the limit was
-    /// in use when it came. The limit after it.
-    pub(crate) fn answer(&mut self, latency: Duration, throttled: bool, saturated: bool) -> usize {
+    /// One answer: its latency, whether it was a 429, whether every slot of the limit was in
+    /// use when it came, and how many requests were in flight (this one included). The limit
+    /// after it.
+    pub(crate) fn answer(
+        &mut self,
+        latency: Duration,
+        throttled: bool,
+        saturated: bool,
+        in_flight: usize,
+    ) -> usize {
         let now = Instant::now();
-        self.cooldown = self.cooldown.saturating_sub(1);
         if !throttled {
             self.learn(now, latency);
         }
-        let slow = match (self.baseline, self.recent) {
-            (Some(base), Some(recent)) => recent > base.as_secs_f64() * self.rule.tolerance,
-            _ => false,
-        };
-        if (throttled || slow) && self.cooldown == 0 {
-            let factor = if throttled {
-                self.rule.on_throttle
-            } else {
-                self.rule.on_latency
-            };
-            self.limit = (self.limit * factor).max(self.rule.min);
-            self.cooldown = self.limit.ceil() as u64;
-            self.slow_start = false;
-            // The queue that built up drains at the lower limit: measure latency afresh.
-            self.recent = None;
-        } else if !throttled && !slow && saturated {
-            let step = if self.slow_start {
-                1.0
-            } else {
-                1.0 / self.limit
-            };
-            self.limit = (self.limit + step).min(self.rule.max);
+        if self.draining > 0 {
+            self.draining -= 1;
+            return self.limit();
+        }
+        let r = &mut self.round;
+        r.answers += 1;
+        r.saturated += u64::from(saturated);
+        r.in_flight += in_flight as u64;
+        if throttled {
+            r.throttled = true;
+        } else {
+            r.fastest = Some(r.fastest.map_or(latency, |f| f.min(latency)));
+        }
+        // A 429 ends the round at once: the server refuses work now.
+        if (throttled || r.answers >= self.limit as u64) && self.decide() {
+            // The other requests out were sent under the old limit.
+            self.draining = in_flight.saturating_sub(1) as u64;
         }
         self.limit()
     }
 
+    /// The end of a round: its answers move the limit. Whether it went down.
+    fn decide(&mut self) -> bool {
+        let round = std::mem::take(&mut self.round);
+        let queue = match (self.baseline, round.fastest) {
+            (Some(base), Some(fastest)) if !fastest.is_zero() => {
+                let in_flight = round.in_flight as f64 / round.answers as f64;
+                in_flight * (1.0 - base.as_secs_f64() / fastest.as_secs_f64()).max(0.0)
+            }
+            _ => 0.0,
+        };
+        let tolerated = self.rule.queue_tolerance * self.limit.max(10.0).log10();
+        let r = &self.rule;
+        if round.throttled || queue > tolerated {
+            let factor = if round.throttled {
+                r.on_throttle
+            } else {
+                r.on_queue
+            };
+            self.limit = (self.limit * factor).floor().max(r.min);
+            self.slow_start = false;
+            return true;
+        }
+        if queue > tolerated / 2.0 {
+            // The server has begun to queue: the limit stays, and grows one a round from here.
+            self.slow_start = false;
+        } else if round.saturated * 2 > round.answers {
+            let step = if self.slow_start {
+                (self.limit / 2.0).floor()
+            } else {
+                1.0
+            };
+            self.limit = (self.limit + step.max(1.0)).min(r.max);
+        }
+        false
+    }
+
     fn learn(&mut self, now: Instant, latency: Duration) {
-        let s = latency.as_secs_f64();
-        self.recent = Some(match self.recent {
-            Some(r) => r + RECENT_WEIGHT * (s - r),
-            None => s,
-        });
         self.window_fastest = Some(self.window_fastest.map_or(latency, |f| f.min(latency)));
         self.baseline = Some(self.baseline.map_or(latency, |b| b.min(latency)));
         if now.saturating_duration_since(self.window_start) >= self.rule.baseline_window {
@@ -122,109 +173,124 @@ mod tests {
             min: 2.0,
             max: 100.0,
             on_throttle: 0.5,
-            on_latency: 0.9,
-            tolerance: 2.0,
+            on_queue: 0.9,
+            queue_tolerance: 6.0,
             baseline_window: Duration::from_secs(5),
         }
     }
 
     const FAST: Duration = Duration::from_millis(2);
 
+    /// `n` answers of `latency` while every slot is in use, `in_flight` requests out.
+    fn busy(a: &mut Aimd, n: usize, latency: Duration, in_flight: usize) -> usize {
+        for _ in 0..n {
+            a.answer(latency, false, true, in_flight);
+        }
+        a.limit()
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn doubles_each_round_until_the_first_decrease() {
+    async fn grows_by_half_a_round_until_the_first_decrease() {
         let mut a = Aimd::new(rule(), 10.0);
         for _ in 0..10 {
-            a.answer(FAST, false, false);
+            a.answer(FAST, false, false, 3);
         }
         assert_eq!(a.limit(), 10, "not in use: no growth");
-        for _ in 0..10 {
-            a.answer(FAST, false, true);
-        }
-        assert_eq!(a.limit(), 20, "a round at 10: doubled");
-        assert_eq!(a.answer(FAST, true, true), 10, "a 429 halves it");
-        for _ in 0..10 {
-            a.answer(FAST, false, true);
-        }
-        assert_eq!(a.limit(), 10, "then one a round: just short of 11");
+        assert_eq!(
+            busy(&mut a, 10, FAST, 10),
+            15,
+            "a round at 10: half as much more"
+        );
+        assert_eq!(busy(&mut a, 15, FAST, 15), 22);
+        assert_eq!(a.answer(FAST, true, true, 1), 11, "a 429 halves it at once");
+        assert_eq!(busy(&mut a, 11, FAST, 11), 12, "then one a round");
+        assert_eq!(busy(&mut a, 12, FAST, 12), 13);
     }
 
     #[tokio::test(start_paused = true)]
     async fn grows_by_one_a_round_while_in_use_and_not_when_idle() {
         let mut a = Aimd::new(rule(), 20.0);
-        a.answer(FAST, true, true);
+        a.answer(FAST, true, true, 1);
         assert_eq!(a.limit(), 10, "past slow start");
-        for _ in 0..10 {
-            a.answer(FAST, false, false);
+        for _ in 0..30 {
+            a.answer(FAST, false, false, 4);
         }
         assert_eq!(a.limit(), 10, "not in use: no growth");
-        for _ in 0..10 {
-            a.answer(FAST, false, true);
-        }
-        assert_eq!(a.limit(), 10, "about one per round: just short of 11");
-        for _ in 0..12 {
-            a.answer(FAST, false, true);
-        }
-        assert_eq!(a.limit(), 12);
+        assert_eq!(busy(&mut a, 10, FAST, 10), 11);
         for _ in 0..100_000 {
-            a.answer(FAST, false, true);
+            a.answer(FAST, false, true, 8);
         }
         assert_eq!(a.limit(), 100, "bounded");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_burst_of_429s_halves_it_once_a_round() {
+    async fn a_burst_of_429s_halves_it_once_for_the_requests_then_out() {
         let mut a = Aimd::new(rule(), 40.0);
-        assert_eq!(a.answer(FAST, true, true), 20);
-        for _ in 0..19 {
-            assert_eq!(a.answer(FAST, true, true), 20, "the same overload");
+        assert_eq!(a.answer(FAST, true, true, 40), 20);
+        for _ in 0..39 {
+            assert_eq!(
+                a.answer(FAST, true, true, 40),
+                20,
+                "sent before the decrease"
+            );
         }
-        assert_eq!(a.answer(FAST, true, true), 10, "a round later: again");
-        for _ in 0..100 {
-            a.answer(FAST, true, true);
+        assert_eq!(a.answer(FAST, true, true, 20), 10, "sent after it: again");
+        for _ in 0..1000 {
+            a.answer(FAST, true, true, 20);
         }
         assert_eq!(a.limit(), 2, "never below the minimum");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn latency_past_twice_its_baseline_lowers_it() {
-        let mut a = Aimd::new(rule(), 40.0);
-        for _ in 0..50 {
-            a.answer(FAST, false, false);
+    async fn a_queue_at_the_server_stops_growth_and_then_lowers_the_limit() {
+        // A server of 16 seats, each answer 2 ms alone: n in flight wait n/16 × 2 ms.
+        let served = |n: usize| FAST.mul_f64((n as f64 / 16.0).max(1.0));
+        let mut a = Aimd::new(rule(), 8.0);
+        busy(&mut a, 8, served(8), 8);
+        // Slow start: 8, 12, 18, 27; at 27 in flight 11 are queued (past 6 × log10 27 = 8.6).
+        let mut seen = vec![a.limit()];
+        for _ in 0..20 {
+            let n = a.limit();
+            seen.push(busy(&mut a, n, served(n), n));
         }
-        let slow = FAST * 3;
-        let mut limit = 40;
-        for _ in 0..30 {
-            limit = a.answer(slow, false, false);
+        assert_eq!(&seen[..4], &[12, 18, 27, 24], "{seen:?}");
+        let settled = *seen.last().unwrap();
+        assert!(
+            (18..=24).contains(&settled),
+            "it holds a few requests queued past the 16 seats: {seen:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_answers_with_nothing_queued_do_not_lower_it() {
+        // A client whose CPU is busy: most answers late, the fastest of each round prompt.
+        let mut a = Aimd::new(rule(), 20.0);
+        a.answer(FAST, true, true, 1);
+        for round in 0..20 {
+            for i in 0..a.limit() {
+                let late = if i == round % 5 { FAST } else { FAST * 3 };
+                a.answer(late, false, true, a.limit());
+            }
         }
-        assert!(limit < 40, "{limit}");
-        // Latency within the tolerance does not.
-        let mut b = Aimd::new(rule(), 40.0);
-        for _ in 0..50 {
-            b.answer(FAST, false, false);
-        }
-        for _ in 0..30 {
-            b.answer(FAST.mul_f64(1.5), false, false);
-        }
-        assert_eq!(b.limit(), 40);
+        assert_eq!(a.limit(), 30, "one a round, twenty rounds");
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_baseline_follows_a_server_that_got_slower_for_good() {
         let mut a = Aimd::new(rule(), 20.0);
-        for _ in 0..20 {
-            a.answer(FAST, false, false);
-        }
+        a.answer(FAST, true, true, 1);
+        busy(&mut a, 10, FAST, 10);
         // From now on every answer takes 10 ms, whatever the load.
         let slower = Duration::from_millis(10);
         for _ in 0..3 {
             tokio::time::advance(Duration::from_secs(5)).await;
-            for _ in 0..100 {
-                a.answer(slower, false, true);
-            }
+            let n = a.limit();
+            busy(&mut a, n, slower, n);
         }
         let before = a.limit();
-        for _ in 0..200 {
-            a.answer(slower, false, true);
+        for _ in 0..5 {
+            let n = a.limit();
+            busy(&mut a, n, slower, n);
         }
         assert!(a.limit() > before, "grows again: {before} → {}", a.limit());
     }

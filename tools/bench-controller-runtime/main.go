@@ -3,11 +3,13 @@
 // BenchObject, a Reconciler on a manager with its default options (its cache, its default
 // controller options and queue), the finalizer added and removed with controllerutil and
 // Update, the child ConfigMap server-side applied, the status written with Status().Update.
+// The `tenants` workload (tenants.go) is examples/tenants.rs's: Jobs in every namespace that
+// match a label selector, each reconcile an external call and then the Ready status.
 //
-// actorcile's bench starts it as a child process once the bench objects exist, reads nothing
-// from it while it runs (the bench's own observer watches the objects), stops it with SIGTERM,
-// and reads the one JSON line it then prints on stdout: its reconciles, its API requests and
-// its CPU time and peak resident memory.
+// actorcile's bench starts it as a child process once the bench objects exist (the tenants
+// example, before it creates them), reads nothing from it while it runs (the caller's own
+// observer watches the objects), stops it with SIGTERM, and reads the one JSON line it then
+// prints on stdout: its reconciles, its API requests and its CPU time and peak resident memory.
 package main
 
 import (
@@ -21,18 +23,21 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -54,7 +59,7 @@ const (
 type Reconciler struct {
 	client.Client
 	workload   string
-	reconciles atomic.Uint64
+	reconciles *atomic.Uint64
 }
 
 // Reconcile is one reconcile of one BenchObject.
@@ -157,20 +162,34 @@ func main() {
 	flags := flag.NewFlagSet("bench-controller-runtime", flag.ExitOnError)
 	kubeconfig := flags.String("kubeconfig", "", "the cluster's kubeconfig (required)")
 	namespace := flags.String("namespace", "", "the namespace of the bench objects (required)")
-	workload := flags.String("workload", "operator", "operator or status")
+	workload := flags.String("workload", "operator", "operator, status or tenants")
 	concurrency := flags.Int("concurrency", 64, "MaxConcurrentReconciles")
+	selector := flags.String("selector", "", "tenants: the label selector of the Jobs (every namespace)")
+	work := flags.Duration("work", 2*time.Millisecond, "tenants: the external call each reconcile makes")
 	_ = flags.Parse(os.Args[1:])
-	if *kubeconfig == "" || *namespace == "" || (*workload != "operator" && *workload != "status") {
+	known := *workload == "operator" || *workload == "status" || *workload == "tenants"
+	if *kubeconfig == "" || !known || (*namespace == "" && *workload != "tenants") {
 		flags.Usage()
 		os.Exit(2)
 	}
-	if err := run(*kubeconfig, *namespace, *workload, *concurrency); err != nil {
+	opts := options{
+		workload: *workload, namespace: *namespace, concurrency: *concurrency,
+		selector: *selector, work: *work,
+	}
+	if err := run(*kubeconfig, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-controller-runtime:", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig, namespace, workload string, concurrency int) error {
+// options are the command's flags.
+type options struct {
+	workload, namespace, selector string
+	concurrency                   int
+	work                          time.Duration
+}
+
+func run(kubeconfig string, o options) error {
 	log.SetLogger(logr.Discard())
 	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
@@ -191,22 +210,41 @@ func run(kubeconfig, namespace, workload string, concurrency int) error {
 	if err := AddToScheme(scheme); err != nil {
 		return err
 	}
+	if err := AddTenantsToScheme(scheme); err != nil {
+		return err
+	}
+	var cacheOptions cache.Options
+	if o.workload == "tenants" {
+		selected, err := labels.Parse(o.selector)
+		if err != nil {
+			return fmt.Errorf("the selector %q: %w", o.selector, err)
+		}
+		cacheOptions.ByObject = map[client.Object]cache.ByObject{&Job{}: {Label: selected}}
+	} else {
+		cacheOptions.DefaultNamespaces = map[string]cache.Config{o.namespace: {}}
+	}
 	mgr, err := ctrl.NewManager(config, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache: cache.Options{
-			DefaultNamespaces: map[string]cache.Config{namespace: {}},
-		},
+		Cache:                  cacheOptions,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	r := &Reconciler{Client: mgr.GetClient(), workload: workload}
-	err = ctrl.NewControllerManagedBy(mgr).
-		For(&BenchObject{}).
-		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
-		Complete(r)
+	var reconciles atomic.Uint64
+	var b *builder.Builder
+	var r interface {
+		Reconcile(context.Context, ctrl.Request) (ctrl.Result, error)
+	}
+	if o.workload == "tenants" {
+		b = ctrl.NewControllerManagedBy(mgr).For(&Job{})
+		r = &TenantsReconciler{Client: mgr.GetClient(), work: o.work, reconciles: &reconciles}
+	} else {
+		b = ctrl.NewControllerManagedBy(mgr).For(&BenchObject{})
+		r = &Reconciler{Client: mgr.GetClient(), workload: o.workload, reconciles: &reconciles}
+	}
+	err = b.WithOptions(controller.Options{MaxConcurrentReconciles: o.concurrency}).Complete(r)
 	if err != nil {
 		return fmt.Errorf("creating the controller: %w", err)
 	}
@@ -221,7 +259,7 @@ func run(kubeconfig, namespace, workload string, concurrency int) error {
 	}
 	seconds := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
 	return json.NewEncoder(os.Stdout).Encode(Report{
-		Reconciles:   r.reconciles.Load(),
+		Reconciles:   reconciles.Load(),
 		APIRequests:  requests.Load(),
 		StatusWrites: statusWrites.Load(),
 		CPUSeconds:   seconds(usage.Utime) + seconds(usage.Stime),

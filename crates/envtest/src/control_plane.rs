@@ -31,7 +31,7 @@ pub struct Envtest {
     ports: Ports,
     config: kube::Config,
     user_config: kube::Config,
-    startup_timeout: Duration,
+    pub(super) startup_timeout: Duration,
     feature_gates: String,
 }
 

@@ -99,6 +99,15 @@ pub enum EnvtestError {
         /// How long was waited.
         timeout: Duration,
     },
+    /// The server did not classify a user's requests into the priority level made for them
+    /// ([`Envtest::limit_user`](super::Envtest::limit_user)) in time.
+    #[error("the API server did not send requests to priority level {name} within {timeout:?}")]
+    PriorityLevelNotApplied {
+        /// The priority level's name.
+        name: String,
+        /// How long was waited.
+        timeout: Duration,
+    },
     /// A CustomResourceDefinition has no `metadata.name`.
     #[error("a CustomResourceDefinition has no metadata.name")]
     CrdWithoutName,

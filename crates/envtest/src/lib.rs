@@ -15,7 +15,9 @@
 //! v1.24 removed `--insecure-port`, for example. It is tested with v1.34 and v1.37, the oldest
 //! and newest releases the repository builds.
 //! RBAC is enforced, so a test can check that an operator's ClusterRole suffices by binding it to
-//! [`Envtest::user_name`] and using [`Envtest::user_client`].
+//! [`Envtest::user_name`] and using [`Envtest::user_client`]. API Priority and Fairness is on,
+//! as in any cluster: [`Envtest::limit_user`] gives one user a small priority level of its own,
+//! so that a test meets the queueing and the 429s of a busy server.
 //!
 //! By default there is no controller-manager: nothing garbage-collects by ownerReferences and
 //! namespaces never finish deleting. [`EnvtestBuilder::controller_manager`] adds one that runs the
@@ -64,6 +66,7 @@
 // allowed where it is, with its SAFETY note.
 #![deny(unsafe_code)]
 
+mod apf;
 mod builder;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -79,6 +82,7 @@ mod procs;
 
 use std::time::Duration;
 
+pub use apf::PriorityLevel;
 pub use builder::EnvtestBuilder;
 pub use control_plane::Envtest;
 pub use crds::{FIELD_MANAGER, crds_from_dir, crds_from_yaml, install_crds, wait_for_openapi};

@@ -25,6 +25,7 @@ impl RuntimeBuilder {
                 metrics: metrics.clone(),
                 health: health.clone(),
                 max_concurrent_reconciles: self.policy.runtime.max_concurrent_reconciles as u64,
+                adaptive: self.adaptive.clone(),
                 service: self.service.clone().unwrap_or_else(|| {
                     crate::names::ServiceDescriptor::new(self.names.name(), "unknown", "unknown")
                 }),
