@@ -82,18 +82,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, err
 		}
 	}
-	if statusIsCurrent(&obj) {
+	if obj.Status.readyFor(obj.Generation) {
 		return ctrl.Result{}, nil
 	}
-	obj.Status.Phase = "Ready"
-	obj.Status.ObservedGeneration = obj.Generation
-	meta.SetStatusCondition(&obj.Status.Conditions, metav1.Condition{
-		Type:               "Ready",
-		Status:             metav1.ConditionTrue,
-		Reason:             "Provisioned",
-		Message:            "provisioned",
-		ObservedGeneration: obj.Generation,
-	})
+	obj.Status.markReady(obj.Generation)
 	return ctrl.Result{}, r.Status().Update(ctx, &obj)
 }
 
@@ -126,11 +118,23 @@ func (r *Reconciler) cleanUp(ctx context.Context, obj *BenchObject) error {
 	return r.Update(ctx, obj)
 }
 
-// statusIsCurrent: obj's status already says Ready for its generation.
-func statusIsCurrent(obj *BenchObject) bool {
-	return obj.Status.Phase == "Ready" &&
-		obj.Status.ObservedGeneration == obj.Generation &&
-		meta.IsStatusConditionTrue(obj.Status.Conditions, "Ready")
+// readyFor: the status already says Ready for generation.
+func (s *BenchObjectStatus) readyFor(generation int64) bool {
+	return s.Phase == "Ready" && s.ObservedGeneration == generation &&
+		meta.IsStatusConditionTrue(s.Conditions, "Ready")
+}
+
+// markReady makes the status say Ready for generation.
+func (s *BenchObjectStatus) markReady(generation int64) {
+	s.Phase = "Ready"
+	s.ObservedGeneration = generation
+	meta.SetStatusCondition(&s.Conditions, metav1.Condition{
+		Type:               "Ready",
+		Status:             metav1.ConditionTrue,
+		Reason:             "Provisioned",
+		Message:            "provisioned",
+		ObservedGeneration: generation,
+	})
 }
 
 // counting counts the requests a client sends (a watch counts once), and its status writes.
