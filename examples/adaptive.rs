@@ -2,8 +2,9 @@
 //! ConfigMaps (and then its status), on an in-process API server that serves `--seats`
 //! requests at once in `--latency-ms` each and queues `--queue` more, answering 429 past that (as
 //! API Priority and Fairness does). Each run starts with every object created and reports the
-//! time until all are Ready, objects per second, the 429s the runtime was answered, and this
-//! process's CPU seconds, for fixed reconcile slots (`--fixed`, each a run) and for the
+//! time until all are Ready, objects per second, the 429s the runtime was answered (each
+//! attempt: the client is kube's, which retries a 429 after the server's `Retry-After`), and
+//! this process's CPU seconds, for fixed reconcile slots (`--fixed`, each a run) and for the
 //! adaptive limit (`actorcile::adaptive`, bounded by the largest fixed setting).
 //!
 //! With `--envtest` (feature `envtest`) the server is a real etcd + kube-apiserver, and the
@@ -16,21 +17,22 @@
 //! cargo run --release --example adaptive --features cluster,envtest -- --envtest --objects 1000
 //! ```
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use actorcile::adaptive::{AdaptiveConcurrency, AimdPolicy};
 use actorcile::cluster::{Apf, ApiServer, Faults};
 use actorcile::prelude::*;
+use actorcile::testing::CountThrottled;
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::client::retry::RetryPolicy;
 use kube::runtime::watcher;
 use kube::{CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use tower::retry::RetryLayer;
 
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[kube(
@@ -97,8 +99,9 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Each reconcile applies `writes` ConfigMaps of its own; a refused write (a 429) fails it, and
-/// the runtime's error backoff runs it again.
+/// Each reconcile applies `writes` ConfigMaps of its own. The client retries a 429 after the
+/// server's `Retry-After`; a write refused past its retries fails the reconcile, and the
+/// runtime's error backoff runs it again.
 fn tree(writes: u32) -> impl Provisioner<Site> {
     step("apply", move |cx: Context<Site>| async move {
         let ns = cx.object().namespace().unwrap_or_default();
@@ -125,18 +128,6 @@ struct Run {
     cpu: f64,
     throttled: u64,
     limit: Option<usize>,
-}
-
-/// Counts the 429s a client is answered.
-fn count_429s<B>(
-    count: Arc<AtomicU64>,
-) -> tower::util::MapResponseLayer<impl Fn(http::Response<B>) -> http::Response<B> + Clone> {
-    tower::util::MapResponseLayer::new(move |r: http::Response<B>| {
-        if r.status() == http::StatusCode::TOO_MANY_REQUESTS {
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-        r
-    })
 }
 
 async fn run(args: &Args, backend: &Backend, no: usize, fixed: Option<usize>, max: usize) -> Run {
@@ -205,7 +196,11 @@ async fn run(args: &Args, backend: &Backend, no: usize, fixed: Option<usize>, ma
     let adaptive = fixed
         .is_none()
         .then(|| AdaptiveConcurrency::new(AimdPolicy::default()));
-    let throttled = Arc::new(AtomicU64::new(0));
+    let throttled = CountThrottled::default();
+    // kube's retries of 429s (which wait for the server's `Retry-After`) above the adaptive
+    // layer and the count, so that both see every attempt: the stack
+    // `AdaptiveConcurrency::client_with` builds, here with the adaptive layer optional.
+    let retries = RetryLayer::new(RetryPolicy::server_retry());
     let runtime_client = match backend {
         Backend::InProcess => {
             server.set_apf(Some(Apf {
@@ -218,18 +213,26 @@ async fn run(args: &Args, backend: &Backend, no: usize, fixed: Option<usize>, ma
             });
             kube::Client::new(
                 tower::ServiceBuilder::new()
-                    .layer(count_429s(throttled.clone()))
+                    .layer(retries)
                     .option_layer(adaptive.clone())
+                    .layer(throttled.clone())
+                    .map_err(tower::BoxError::from)
                     .service(server.service()),
                 "default",
             )
         }
         #[cfg(feature = "envtest")]
-        Backend::Envtest(env) => kube::client::ClientBuilder::try_from(env.user_config())
-            .expect("the user's client")
-            .with_layer(&count_429s(throttled.clone()))
-            .with_layer(&tower::util::option_layer(adaptive.clone()))
-            .build(),
+        Backend::Envtest(env) => {
+            let mut config = env.user_config();
+            config.default_retry = false;
+            kube::client::ClientBuilder::try_from(config)
+                .expect("the user's client")
+                .with_layer(&throttled)
+                .with_layer(&tower::util::option_layer(adaptive.clone()))
+                .with_layer(&tower::buffer::BufferLayer::new(1024))
+                .with_layer(&retries)
+                .build()
+        }
     };
     let mut policy = SupervisorPolicy::default();
     policy.runtime.max_concurrent_reconciles = fixed.unwrap_or(max);
@@ -256,7 +259,7 @@ async fn run(args: &Args, backend: &Backend, no: usize, fixed: Option<usize>, ma
         slots: fixed.map_or_else(|| format!("adaptive (≤{max})"), |n| n.to_string()),
         wall,
         cpu,
-        throttled: throttled.load(Ordering::Relaxed),
+        throttled: throttled.count(),
         limit,
     }
 }

@@ -9,7 +9,7 @@
 //! runtime's reconcile slots follow. Once a round (as many answers as the limit) the limit
 //! moves: halved after a 429; a tenth lower when the server queues more than
 //! [`AimdPolicy::queue_tolerance`] × log10(limit) of its requests (estimated as TCP Vegas
-//! does, from the round's fastest answer against the fastest recent one); one higher when the
+//! does, from the round's mean latency against the fastest recent answer); one higher when the
 //! slots were in use and next to nothing queued; between [`AimdPolicy::min`] and the policy's
 //! `max_concurrent_reconciles`. Opt-in: without it the slots are fixed.
 //!
@@ -19,10 +19,8 @@
 //! use actorcile::prelude::*;
 //!
 //! let adaptive = AdaptiveConcurrency::new(AimdPolicy::default());
-//! let config = kube::Config::infer().await?;
-//! let client: kube::Client = kube::client::ClientBuilder::try_from(config)?
-//!     .with_layer(&adaptive)
-//!     .build();
+//! // kube's client with its retries of 429s above the adaptive layer, which so sees each one.
+//! let client = adaptive.client(kube::Config::infer().await?)?;
 //! let names = actorcile::names::OperatorNames::new("bucket-operator", "buckets.example.com");
 //! let builder = Runtime::builder(client, names).adaptive_concurrency(adaptive);
 //! # let _ = builder;
@@ -53,7 +51,7 @@ pub struct AimdPolicy {
     /// How many of the runtime's requests may wait at the server, per decade of the limit,
     /// before the limit goes down (default 6: 7 queued at 16 slots, 11 at 64); below half
     /// that the limit may grow. The queue is the requests in flight times
-    /// `1 - fastest recent answer / a round's fastest answer`.
+    /// `1 - fastest recent answer / a round's mean latency`.
     pub queue_tolerance: f64,
     /// How long the fastest answer stays the baseline before it is measured again (default
     /// 10 s): a server that got slower for good is followed.
@@ -109,6 +107,56 @@ impl AdaptiveConcurrency {
                 in_flight: AtomicUsize::new(0),
             }),
         }
+    }
+
+    /// A client for `config` whose every request this limit sees: kube's default stack with
+    /// its retries of 429, 503 and 504 answers moved outside this layer. Inside it (where
+    /// [`ClientBuilder::with_layer`](kube::client::ClientBuilder::with_layer) alone leaves
+    /// them), a 429 is retried before this layer sees it and reaches it only as a slow answer.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use actorcile::adaptive::{AdaptiveConcurrency, AimdPolicy};
+    ///
+    /// let adaptive = AdaptiveConcurrency::new(AimdPolicy::default());
+    /// let client = adaptive.client(kube::Config::infer().await?)?;
+    /// # let _ = client;
+    /// # Ok(()) }
+    /// ```
+    pub fn client(&self, config: kube::Config) -> Result<kube::Client, kube::Error> {
+        self.client_with(config, tower::layer::util::Identity::new())
+    }
+
+    /// [`client`](Self::client) with `layer` between kube's stack and this limit's layer, so
+    /// that it too sees every attempt of a retried request: the runtime's
+    /// [`ApiMetrics`](crate::metrics::ApiMetrics), say.
+    pub fn client_with<L, B>(
+        &self,
+        mut config: kube::Config,
+        layer: L,
+    ) -> Result<kube::Client, kube::Error>
+    where
+        L: tower::Layer<KubeStack>,
+        L::Service: tower::Service<
+                http::Request<kube::client::Body>,
+                Response = http::Response<B>,
+                Error = tower::BoxError,
+            > + Send
+            + 'static,
+        <L::Service as tower::Service<http::Request<kube::client::Body>>>::Future: Send + 'static,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<tower::BoxError>,
+    {
+        config.default_retry = false;
+        Ok(kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&layer)
+            .with_layer(self)
+            // The retries clone the service under them; kube's own stack is not `Clone`.
+            .with_layer(&tower::buffer::BufferLayer::new(1024))
+            .with_layer(&tower::retry::RetryLayer::new(
+                kube::client::retry::RetryPolicy::server_retry(),
+            ))
+            .build())
     }
 
     /// The limit now (0 before the runtime started).
@@ -235,6 +283,14 @@ impl<S> tower::Layer<S> for AdaptiveConcurrency {
         }
     }
 }
+
+/// The service [`ClientBuilder::try_from`](kube::client::ClientBuilder) builds from a
+/// `kube::Config`: what the layer given to [`AdaptiveConcurrency::client_with`] wraps.
+pub type KubeStack = tower::util::BoxService<
+    http::Request<kube::client::Body>,
+    http::Response<Box<kube::client::DynBody>>,
+    tower::BoxError,
+>;
 
 /// The service of [`AdaptiveConcurrency`]: times each request to its answer's headers.
 #[derive(Clone, Debug)]

@@ -36,6 +36,7 @@
 //! ```
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -265,5 +266,80 @@ impl ReconcileLog {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<LoggedReconcile>> {
         // A panicking test step poisons nothing the log's readers cannot use.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A tower layer that counts the 429 (Too Many Requests) answers of the requests through it:
+/// under kube's retries (see [`AdaptiveConcurrency::client_with`]), every refused attempt.
+///
+/// [`AdaptiveConcurrency::client_with`]: crate::adaptive::AdaptiveConcurrency::client_with
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use actorcile::adaptive::{AdaptiveConcurrency, AimdPolicy};
+/// use actorcile::testing::CountThrottled;
+///
+/// let throttled = CountThrottled::default();
+/// let adaptive = AdaptiveConcurrency::new(AimdPolicy::default());
+/// let client = adaptive.client_with(kube::Config::infer().await?, throttled.clone())?;
+/// # let _ = client;
+/// println!("{} requests answered 429", throttled.count());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct CountThrottled(Arc<AtomicU64>);
+
+impl CountThrottled {
+    /// The 429 answers so far, through every clone.
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl<S> tower::Layer<S> for CountThrottled {
+    type Service = CountThrottledService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        CountThrottledService {
+            inner,
+            count: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`CountThrottled`].
+#[derive(Clone, Debug)]
+pub struct CountThrottledService<S> {
+    inner: S,
+    count: Arc<AtomicU64>,
+}
+
+impl<S, Req, B> tower::Service<Req> for CountThrottledService<S>
+where
+    S: tower::Service<Req, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let count = self.count.clone();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let answer = answer.await;
+            if let Ok(r) = &answer
+                && r.status() == http::StatusCode::TOO_MANY_REQUESTS
+            {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            answer
+        })
     }
 }
