@@ -41,7 +41,6 @@ struct Round {
     throttled: bool,
     /// Answers that came while every slot was in use.
     saturated: u64,
-    fastest: Option<Duration>,
     /// The sum of the latencies of the answers that were not 429s.
     latency_sum: Duration,
     /// The sum of the requests in flight at each answer.
@@ -109,7 +108,6 @@ impl Aimd {
         if throttled {
             r.throttled = true;
         } else {
-            r.fastest = Some(r.fastest.map_or(latency, |f| f.min(latency)));
             r.latency_sum += latency;
         }
         // A 429 ends the round at once: the server refuses work now.
@@ -123,8 +121,8 @@ impl Aimd {
     /// The end of a round: its answers move the limit. Whether it went down.
     fn decide(&mut self) -> bool {
         let round = std::mem::take(&mut self.round);
-        let queue = match (self.baseline, round.fastest) {
-            (Some(base), Some(_)) if !round.latency_sum.is_zero() => {
+        let queue = match self.baseline {
+            Some(base) if !round.latency_sum.is_zero() => {
                 let in_flight = round.in_flight as f64 / round.answers as f64;
                 let mean = round.latency_sum.as_secs_f64() / round.answers as f64;
                 in_flight * (1.0 - base.as_secs_f64() / mean).max(0.0)
